@@ -1,0 +1,39 @@
+# The two set-up commands of README.md. Each installs what is missing (Debian
+# packages, through tools/install-deps.sh), builds with Bazel, and runs.
+SHELL := /bin/bash
+BAZEL ?= bazel
+STATE_DIR ?= $(HOME)/.local/state/tandem
+DATA_ROOT ?= /usr/share
+LISTEN ?= 127.0.0.1:50051
+METRICS_LISTEN ?= 127.0.0.1:9464
+
+.PHONY: all deps build run test bench clean
+
+all: build
+
+deps:
+	tools/install-deps.sh test
+
+build: deps
+	$(BAZEL) build //...
+
+# tandemd in the foreground; Ctrl-C (SIGINT) shuts it down cleanly.
+run: deps
+	$(BAZEL) build //server:tandemd //clients/cli:tandem
+	mkdir -p "$(STATE_DIR)"
+	exec bazel-bin/server/tandemd --listen=$(LISTEN) --metrics_listen=$(METRICS_LISTEN) \
+	  --state_dir="$(STATE_DIR)" --data_root="$(DATA_ROOT)"
+
+# Every test; ends with GoogleTest-style totals over all test cases.
+test: deps
+	$(BAZEL) test //... ; status=$$?; \
+	  /usr/bin/python3 tools/test_summary.py || status=1; \
+	  exit $$status
+
+# Benchmarks against their peers (PyTorch on CPU, ZeRO-Offload in the planner).
+bench:
+	tools/install-deps.sh bench
+	bench/run_all.sh
+
+clean:
+	$(BAZEL) clean

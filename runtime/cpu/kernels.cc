@@ -1,0 +1,154 @@
+#include "runtime/cpu/kernels.h"
+
+#include <cstring>
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "runtime/core/random.h"
+
+// Function multiversioning: GCC emits AVX-512, AVX2 and baseline clones of each
+// loop and picks one at load time from the CPU's features.
+#define TANDEM_VECTORIZED __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace tandem::cpu {
+
+TANDEM_VECTORIZED
+void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate) {
+  // Columns are split across threads so each db[j] has one writer and the sum
+  // order is fixed (deterministic for a given thread count).
+#pragma omp parallel
+  {
+    const int threads = omp_get_num_threads();
+    const int t = omp_get_thread_num();
+    const int64_t chunk = (cols + threads - 1) / threads;
+    const int64_t begin = std::min<int64_t>(cols, t * chunk), end = std::min<int64_t>(cols, begin + chunk);
+    if (!accumulate) {
+      for (int64_t j = begin; j < end; ++j) db[j] = 0.0f;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = dy + i * cols;
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) db[j] += row[j];
+    }
+  }
+}
+
+TANDEM_VECTORIZED
+void Add(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+TANDEM_VECTORIZED
+void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate) {
+  if (accumulate) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] += a[i];
+  } else if (a != out) {
+    std::memcpy(out, a, n * sizeof(float));
+  }
+}
+
+namespace {
+
+template <typename Apply>
+void ForEachKept(int64_t n, float p, uint64_t seed, uint64_t stream, Apply apply) {
+  // Blocks of 4 share one Philox call; threads take whole blocks.
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < (n + 3) / 4; ++block) {
+    const auto r = Philox4x32(seed, stream, static_cast<uint64_t>(block));
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = block * 4 + j;
+      if (i >= n) break;
+      const float u = static_cast<float>(r[j] >> 8) * (1.0f / 16777216.0f);
+      apply(i, u >= p);
+    }
+  }
+}
+
+}  // namespace
+
+void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
+  const float scale = 1.0f / (1.0f - p);
+  ForEachKept(n, p, seed, stream, [&](int64_t i, bool keep) { y[i] = keep ? x[i] * scale : 0.0f; });
+}
+
+void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
+                     uint64_t stream) {
+  const float scale = 1.0f / (1.0f - p);
+  ForEachKept(n, p, seed, stream,
+              [&](int64_t i, bool keep) { dx[i] = keep ? dy[i] * scale : 0.0f; });
+}
+
+void SplitHeads(const float* qkv, float* q, float* k, float* v, int64_t B, int64_t T, int64_t H,
+                int64_t hs) {
+  const int64_t C = H * hs;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = qkv + (b * T + t) * 3 * C + h * hs;
+        const int64_t o = ((b * H + h) * T + t) * hs;
+        std::memcpy(q + o, row, hs * sizeof(float));
+        std::memcpy(k + o, row + C, hs * sizeof(float));
+        std::memcpy(v + o, row + 2 * C, hs * sizeof(float));
+      }
+    }
+  }
+}
+
+void MergeHeadGradients(const float* dq, const float* dk, const float* dv, float* dqkv, int64_t B,
+                        int64_t T, int64_t H, int64_t hs) {
+  const int64_t C = H * hs;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = dqkv + (b * T + t) * 3 * C;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t o = ((b * H + h) * T + t) * hs;
+        std::memcpy(row + h * hs, dq + o, hs * sizeof(float));
+        std::memcpy(row + C + h * hs, dk + o, hs * sizeof(float));
+        std::memcpy(row + 2 * C + h * hs, dv + o, hs * sizeof(float));
+      }
+    }
+  }
+}
+
+void HeadsToRows(const float* in, float* out, int64_t B, int64_t T, int64_t H, int64_t hs) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        std::memcpy(out + (b * T + t) * H * hs + h * hs, in + ((b * H + h) * T + t) * hs,
+                    hs * sizeof(float));
+      }
+    }
+  }
+}
+
+void RowsToHeads(const float* in, float* out, int64_t B, int64_t T, int64_t H, int64_t hs) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        std::memcpy(out + ((b * H + h) * T + t) * hs, in + (b * T + t) * H * hs + h * hs,
+                    hs * sizeof(float));
+      }
+    }
+  }
+}
+
+void CausalMask(float* scores, int64_t BH, int64_t T) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    for (int64_t i = 0; i < T; ++i) {
+      float* row = scores + (bh * T + i) * T;
+      for (int64_t j = i + 1; j < T; ++j) row[j] = neg_inf;
+    }
+  }
+}
+
+}  // namespace tandem::cpu

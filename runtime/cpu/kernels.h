@@ -1,0 +1,47 @@
+// Small fused CPU kernels the layers share where oneDNN has no primitive:
+// reductions, residual adds, dropout masks, layout permutes. OpenMP-parallel over
+// the outer dimension, vectorised by the compiler for AVX-512 or AVX2 (chosen at
+// run time through function multiversioning). Thread-safe (no shared state).
+#ifndef TANDEM_RUNTIME_CPU_KERNELS_H_
+#define TANDEM_RUNTIME_CPU_KERNELS_H_
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+// db[j] (+)= sum_i dy[i, j] for dy [rows, cols].
+void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate);
+
+// out[i] = a[i] + b[i].
+void Add(const float* a, const float* b, float* out, int64_t n);
+// out[i] (+)= a[i].
+void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate);
+
+// Inverted dropout with a counter-based mask: element i is kept with probability
+// 1-p (Philox at (seed, stream, i)) and scaled by 1/(1-p). Backward uses the same
+// mask, regenerated.
+void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream);
+void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
+                     uint64_t stream);
+
+// Attention layouts. qkv [B, T, 3C] -> q, k, v each [B, H, T, hs] (C = H*hs),
+// and back (the backward of the split writes dqkv from dq, dk, dv).
+void SplitHeads(const float* qkv, float* q, float* k, float* v, int64_t B, int64_t T, int64_t H,
+                int64_t hs);
+void MergeHeadGradients(const float* dq, const float* dk, const float* dv, float* dqkv, int64_t B,
+                        int64_t T, int64_t H, int64_t hs);
+// [B, H, T, hs] <-> [B, T, H*hs].
+void HeadsToRows(const float* in, float* out, int64_t B, int64_t T, int64_t H, int64_t hs);
+void RowsToHeads(const float* in, float* out, int64_t B, int64_t T, int64_t H, int64_t hs);
+// Sets scores[b, i, j] = -inf for j > i (causal mask), scores [BH, T, T].
+void CausalMask(float* scores, int64_t BH, int64_t T);
+
+// Sub-buffers carved from one workspace start on this boundary, in bytes.
+constexpr int64_t kWorkspaceAlign = 64;
+constexpr int64_t AlignWorkspace(int64_t bytes) {
+  return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_RUNTIME_CPU_KERNELS_H_

@@ -1,0 +1,98 @@
+#include "runtime/cpu/matmul.h"
+
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/cpu/onednn.h"
+
+namespace tandem::cpu {
+namespace {
+
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, bool, bool, float>;
+
+Key MakeKey(const MatmulShape& s) {
+  return Key(s.batch, s.m, s.n, s.k, s.trans_a, s.trans_b, s.lda, s.ldb, s.ldc, s.batch_stride_a,
+             s.batch_stride_b, s.batch_stride_c, s.bias, s.accumulate, s.alpha);
+}
+
+struct Entry {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, bias;
+};
+
+Entry Create(const MatmulShape& s) {
+  const int64_t lda = s.lda ? s.lda : (s.trans_a ? s.m : s.k);
+  const int64_t ldb = s.ldb ? s.ldb : (s.trans_b ? s.k : s.n);
+  const int64_t ldc = s.ldc ? s.ldc : s.n;
+  const int64_t bsa = s.batch_stride_a ? s.batch_stride_a : s.m * s.k;
+  const int64_t bsb = s.batch_stride_b ? s.batch_stride_b : s.k * s.n;
+  const int64_t bsc = s.batch_stride_c ? s.batch_stride_c : s.m * s.n;
+  // op(A) is m x k: element (i, p) sits at i*lda + p, or p*lda + i when transposed.
+  const dnnl::memory::dims a_strides =
+      s.trans_a ? dnnl::memory::dims{bsa, 1, lda} : dnnl::memory::dims{bsa, lda, 1};
+  const dnnl::memory::dims b_strides =
+      s.trans_b ? dnnl::memory::dims{bsb, 1, ldb} : dnnl::memory::dims{bsb, ldb, 1};
+  Entry e;
+  e.a = StridedF32({s.batch, s.m, s.k}, a_strides);
+  e.b = StridedF32({s.batch, s.k, s.n}, b_strides);
+  e.c = StridedF32({s.batch, s.m, s.n}, {bsc, ldc, 1});
+  if (s.bias) e.bias = StridedF32({1, 1, s.n}, {s.n, s.n, 1});
+  dnnl::primitive_attr attr;
+  if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
+  if (s.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::desc desc = s.bias ? dnnl::matmul::desc(e.a, e.b, e.bias, e.c)
+                                   : dnnl::matmul::desc(e.a, e.b, e.c);
+  e.pd = dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
+  e.prim = dnnl::matmul(e.pd);
+  return e;
+}
+
+class MatmulCache {
+ public:
+  const Entry& Get(const MatmulShape& s) {
+    const Key key = MakeKey(s);
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) return *it->second;
+    }
+    auto entry = std::make_unique<Entry>(Create(s));
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
+    return *it->second;
+  }
+
+ private:
+  absl::Mutex mu_;
+  // Entries are never evicted: a model has a handful of shapes per batch size.
+  absl::flat_hash_map<Key, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+MatmulCache& Cache() {
+  static auto* cache = new MatmulCache();
+  return *cache;
+}
+
+}  // namespace
+
+void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c,
+            const float* bias) {
+  const Entry& e = Cache().Get(shape);
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, Wrap(e.a, a)}, {DNNL_ARG_WEIGHTS, Wrap(e.b, b)}, {DNNL_ARG_DST, Wrap(e.c, c)}};
+  if (shape.bias) args.emplace(DNNL_ARG_BIAS, Wrap(e.bias, bias));
+  Execute(e.prim, args);
+}
+
+std::string MatmulImplementation(const MatmulShape& shape) {
+  return Cache().Get(shape).pd.impl_info_str();
+}
+
+}  // namespace tandem::cpu

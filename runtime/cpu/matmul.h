@@ -1,0 +1,40 @@
+// Matrix products on the CPU through oneDNN's matmul primitive (brgemm kernels
+// on AVX-512), with primitives cached by shape.
+//
+//   C[b] = alpha * op(A[b]) * op(B[b]) (+ bias) (+ C[b] if accumulate)
+//
+// for b < batch, op(X) = X or X^T, A is m x k after op, B is k x n, C is m x n,
+// all row-major with leading dimensions (row strides) and batch strides in
+// elements. Every GEMM of the CPU layers goes through here. Thread-safe.
+#ifndef TANDEM_RUNTIME_CPU_MATMUL_H_
+#define TANDEM_RUNTIME_CPU_MATMUL_H_
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::cpu {
+
+struct MatmulShape {
+  int64_t batch = 1;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  // Row strides; 0 = dense (k or m for A, n or k for B, n for C).
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  // Batch strides; 0 = dense.
+  int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;
+  bool bias = false;
+  bool accumulate = false;
+  float alpha = 1.0f;
+};
+
+void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c,
+            const float* bias = nullptr);
+
+// The oneDNN implementation chosen for a shape, e.g. "brg:avx512_core"; for tests
+// and the profiler, which flag reference ("ref") fallbacks.
+std::string MatmulImplementation(const MatmulShape& shape);
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_RUNTIME_CPU_MATMUL_H_

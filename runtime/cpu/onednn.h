@@ -1,0 +1,47 @@
+// The process's oneDNN CPU engine and per-thread streams, plus small helpers.
+// oneDNN here runs on OpenMP; a stream is used only by the thread that owns it.
+// Thread-safe.
+#ifndef TANDEM_RUNTIME_CPU_ONEDNN_H_
+#define TANDEM_RUNTIME_CPU_ONEDNN_H_
+
+#include <string>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace tandem::cpu {
+
+const dnnl::engine& CpuEngine();
+// The calling thread's stream on CpuEngine().
+dnnl::stream& ThreadStream();
+
+// "2.6.3".
+std::string OneDnnVersion();
+
+// oneDNN dims from int64 values.
+inline dnnl::memory::dims Dims(std::initializer_list<int64_t> d) {
+  return dnnl::memory::dims(d.begin(), d.end());
+}
+
+// An f32 memory descriptor with explicit strides (elements).
+inline dnnl::memory::desc StridedF32(const dnnl::memory::dims& dims,
+                                     const dnnl::memory::dims& strides) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, strides);
+}
+
+// A dense f32 descriptor in the given plain layout.
+inline dnnl::memory::desc PlainF32(const dnnl::memory::dims& dims, dnnl::memory::format_tag tag) {
+  return dnnl::memory::desc(dims, dnnl::memory::data_type::f32, tag);
+}
+
+// Wraps caller memory (no copy).
+inline dnnl::memory Wrap(const dnnl::memory::desc& md, const void* ptr) {
+  return dnnl::memory(md, CpuEngine(), const_cast<void*>(ptr));
+}
+
+// Runs `prim` on the calling thread's stream and waits.
+void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::memory>& args);
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_RUNTIME_CPU_ONEDNN_H_

@@ -1,0 +1,40 @@
+// Per-layer caches of oneDNN primitives keyed by batch size: creating a primitive
+// costs far more than running a small one, and a layer sees only a few batch
+// sizes (training, the last partial batch, evaluation). Thread-safe; entries live
+// as long as the cache.
+#ifndef TANDEM_RUNTIME_CPU_PRIMITIVE_CACHE_H_
+#define TANDEM_RUNTIME_CPU_PRIMITIVE_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+
+namespace tandem::cpu {
+
+template <typename T>
+class PrimitiveCache {
+ public:
+  // The entry for `key`, built by `make()` on first use.
+  template <typename Make>
+  const T& Get(int64_t key, Make make) const {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) return *it->second;
+    }
+    auto entry = std::make_unique<T>(make());
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
+    return *it->second;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<int64_t, std::unique_ptr<T>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_RUNTIME_CPU_PRIMITIVE_CACHE_H_

@@ -1,0 +1,438 @@
+#include "runtime/layers/blocks.h"
+
+#include <algorithm>
+
+#include "runtime/core/random.h"
+#include "runtime/cpu/kernels.h"
+#include "runtime/layers/carver.h"
+
+namespace tandem {
+namespace {
+
+// The context of sub-layer `part` of a composite: its slices of the parameters,
+// gradients and buffers, which follow the sub-layers' order.
+class PartContexts {
+ public:
+  PartContexts(const LayerContext& ctx, const std::vector<const Layer*>& parts) : ctx_(ctx) {
+    int64_t p = 0, b = 0;
+    for (const Layer* part : parts) {
+      param_offsets_.push_back(p);
+      buffer_offsets_.push_back(b);
+      p += part->ParamCount();
+      b += part->BufferCount();
+    }
+  }
+  LayerContext Get(int part, uint64_t rng_salt = 0) const {
+    LayerContext c = ctx_;
+    if (ctx_.params) c.params = ctx_.params + param_offsets_[part];
+    if (ctx_.grads) c.grads = ctx_.grads + param_offsets_[part];
+    if (ctx_.buffers) c.buffers = ctx_.buffers + buffer_offsets_[part];
+    c.rng_stream = MixStream(ctx_.rng_stream, part, rng_salt);
+    return c;
+  }
+
+ private:
+  const LayerContext& ctx_;
+  std::vector<int64_t> param_offsets_, buffer_offsets_;
+};
+
+std::vector<ParamSpec> PrefixedParams(const std::vector<const Layer*>& parts,
+                                      const std::vector<const char*>& names) {
+  std::vector<ParamSpec> out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (const ParamSpec& p : parts[i]->Params()) {
+      out.push_back({std::string(names[i]) + "." + p.name, p.shape});
+    }
+  }
+  return out;
+}
+
+void InitializeParts(const std::vector<const Layer*>& parts, float* params, float* buffers,
+                     uint64_t seed, uint64_t stream) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    parts[i]->Initialize(params, buffers, seed, MixStream(stream, i));
+    params += parts[i]->ParamCount();
+    buffers += parts[i]->BufferCount();
+  }
+}
+
+LayerCost SumCosts(const std::vector<const Layer*>& parts, int64_t batch) {
+  LayerCost total;
+  for (const Layer* p : parts) {
+    const LayerCost c = p->Cost(batch);
+    total.forward_flops += c.forward_flops;
+    total.backward_flops += c.backward_flops;
+    total.forward_bytes += c.forward_bytes;
+    total.backward_bytes += c.backward_bytes;
+  }
+  return total;
+}
+
+int64_t MaxWorkspace(const std::vector<const Layer*>& parts, int64_t batch) {
+  int64_t w = 0;
+  for (const Layer* p : parts) w = std::max(w, p->WorkspaceBytes(batch));
+  return w;
+}
+
+Tensor F32(float* p, const Shape& sample, int64_t batch) {
+  return Tensor::F32(p, sample.WithBatch(batch));
+}
+
+Tensor None() { return Tensor(); }
+
+}  // namespace
+
+void ResidualAdd::Forward(const float* a, const float* b, float* y, int64_t n) {
+  cpu::Add(a, b, y, n);
+}
+
+void ResidualAdd::Backward(const float* dy, float* da, float* db, int64_t n, bool accumulate) {
+  if (da != nullptr) cpu::CopyOrAccumulate(dy, da, n, accumulate);
+  if (db != nullptr) cpu::CopyOrAccumulate(dy, db, n, accumulate);
+}
+
+// ---------------------------------------------------------------------------
+// TransformerBlock
+
+TransformerBlock::TransformerBlock(TransformerBlockOptions options) : options_(options) {}
+
+absl::StatusOr<Shape> TransformerBlock::InferOutput(const Shape& input) {
+  if (input.rank() != 2) return absl::InvalidArgumentError("needs a sequence input [T, C]");
+  T_ = input[0];
+  C_ = input[1];
+  hidden_ = options_.mlp_hidden > 0 ? options_.mlp_hidden : 4 * C_;
+  const InitOptions init{InitKind::kNormal, options_.init_stddev};
+  ln1_ = std::make_unique<LayerNorm>();
+  ln2_ = std::make_unique<LayerNorm>();
+  attn_ = std::make_unique<Attention>(AttentionOptions{
+      .n_head = options_.n_head, .init = init, .projection_stddev = options_.residual_init_stddev});
+  fc1_ = std::make_unique<Linear>(LinearOptions{.out_features = hidden_, .bias = true, .init = init});
+  gelu_ = std::make_unique<Activation>(ActivationKind::kGelu);
+  fc2_ = std::make_unique<Linear>(LinearOptions{
+      .out_features = C_, .bias = true, .init = {InitKind::kNormal, options_.residual_init_stddev}});
+  drop1_ = std::make_unique<Dropout>(options_.dropout);
+  drop2_ = std::make_unique<Dropout>(options_.dropout);
+  const Shape hidden_shape({T_, hidden_});
+  for (auto [layer, shape] : std::vector<std::pair<Layer*, Shape>>{{ln1_.get(), input},
+                                                                   {attn_.get(), input},
+                                                                   {ln2_.get(), input},
+                                                                   {fc1_.get(), input},
+                                                                   {gelu_.get(), hidden_shape},
+                                                                   {fc2_.get(), hidden_shape},
+                                                                   {drop1_.get(), input},
+                                                                   {drop2_.get(), input}}) {
+    const absl::Status s = layer->Build(shape);
+    if (!s.ok()) return s;
+  }
+  return input;
+}
+
+std::vector<const Layer*> TransformerBlock::Parts() const {
+  return {ln1_.get(), attn_.get(), ln2_.get(), fc1_.get(), fc2_.get()};
+}
+
+std::vector<ParamSpec> TransformerBlock::Params() const {
+  return PrefixedParams(Parts(), {"ln1", "attn", "ln2", "fc1", "fc2"});
+}
+
+void TransformerBlock::Initialize(float* params, float* buffers, uint64_t seed,
+                                  uint64_t stream) const {
+  InitializeParts(Parts(), params, buffers, seed, stream);
+}
+
+LayerCost TransformerBlock::Cost(int64_t batch) const {
+  std::vector<const Layer*> all = Parts();
+  all.push_back(gelu_.get());
+  LayerCost c = SumCosts(all, batch);
+  const double n = static_cast<double>(batch * T_ * C_);
+  c.forward_flops += 2 * n;  // the two residual adds
+  c.backward_flops += 2 * n;
+  c.forward_bytes += 2 * 12 * n;
+  c.backward_bytes += 2 * 12 * n;
+  return c;
+}
+
+// Saved layout: ln1_out, ln1 stats, attention's, res1, ln2_out, ln2 stats, fc1_out,
+// gelu_out.
+int64_t TransformerBlock::SavedBytes(int64_t batch) const {
+  const int64_t btc = batch * T_ * C_, bth = batch * T_ * hidden_;
+  return 3 * Carver::Floats(btc) + cpu::AlignWorkspace(ln1_->SavedBytes(batch)) +
+         cpu::AlignWorkspace(attn_->SavedBytes(batch)) +
+         cpu::AlignWorkspace(ln2_->SavedBytes(batch)) + 2 * Carver::Floats(bth);
+}
+
+// Workspace layout: three [B, T, C] temporaries, one [B, T, hidden], then the
+// sub-layers' shared scratch.
+int64_t TransformerBlock::WorkspaceBytes(int64_t batch) const {
+  std::vector<const Layer*> all = Parts();
+  all.push_back(gelu_.get());
+  return 3 * Carver::Floats(batch * T_ * C_) + Carver::Floats(batch * T_ * hidden_) +
+         MaxWorkspace(all, batch);
+}
+
+void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
+                               void* saved) const {
+  const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
+  const Shape seq({T_, C_}), hid({T_, hidden_});
+  Carver s(saved);
+  float* ln1_out = s.Take(btc);
+  void* ln1_saved = s.TakeBytes(ln1_->SavedBytes(B));
+  void* attn_saved = s.TakeBytes(attn_->SavedBytes(B));
+  float* res1 = s.Take(btc);
+  float* ln2_out = s.Take(btc);
+  void* ln2_saved = s.TakeBytes(ln2_->SavedBytes(B));
+  float* fc1_out = s.Take(bth);
+  float* gelu_out = s.Take(bth);
+  Carver w(ctx.workspace);
+  float* branch = w.Take(btc);
+  float* dropped = w.Take(btc);
+  w.Take(btc);
+  w.Take(bth);
+  void* scratch = w.TakeBytes(0);
+
+  PartContexts parts(ctx, Parts());
+  auto part = [&](int i) {
+    LayerContext c = parts.Get(i);
+    c.workspace = scratch;
+    return c;
+  };
+  ln1_->Forward(part(0), x, F32(ln1_out, seq, B), ln1_saved);
+  attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), attn_saved);
+  drop1_->Forward(parts.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  ResidualAdd::Forward(x.f32(), dropped, res1, btc);
+  ln2_->Forward(part(2), F32(res1, seq, B), F32(ln2_out, seq, B), ln2_saved);
+  fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(fc1_out, hid, B), nullptr);
+  gelu_->Forward(part(3), F32(fc1_out, hid, B), F32(gelu_out, hid, B), nullptr);
+  fc2_->Forward(part(4), F32(gelu_out, hid, B), F32(branch, seq, B), nullptr);
+  drop2_->Forward(parts.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  ResidualAdd::Forward(res1, dropped, y.f32(), btc);
+}
+
+void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
+                                const void* saved, const Tensor& dy, const Tensor& dx) const {
+  const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
+  const Shape seq({T_, C_}), hid({T_, hidden_});
+  Carver s(saved);
+  float* ln1_out = s.Take(btc);
+  void* ln1_saved = s.TakeBytes(ln1_->SavedBytes(B));
+  void* attn_saved = s.TakeBytes(attn_->SavedBytes(B));
+  float* res1 = s.Take(btc);
+  float* ln2_out = s.Take(btc);
+  void* ln2_saved = s.TakeBytes(ln2_->SavedBytes(B));
+  float* fc1_out = s.Take(bth);
+  float* gelu_out = s.Take(bth);
+  Carver w(ctx.workspace);
+  float* d_branch = w.Take(btc);
+  float* d_res1 = w.Take(btc);
+  float* d_tmp = w.Take(btc);
+  float* d_hidden = w.Take(bth);
+  void* scratch = w.TakeBytes(0);
+
+  PartContexts parts(ctx, Parts());
+  auto part = [&](int i) {
+    LayerContext c = parts.Get(i);
+    c.workspace = scratch;
+    return c;
+  };
+  // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
+  drop2_->Backward(parts.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
+  fc2_->Backward(part(4), F32(gelu_out, hid, B), None(), nullptr, F32(d_branch, seq, B),
+                 F32(d_hidden, hid, B));
+  gelu_->Backward(part(3), F32(fc1_out, hid, B), F32(gelu_out, hid, B), nullptr,
+                  F32(d_hidden, hid, B), F32(d_hidden, hid, B));
+  fc1_->Backward(part(3), F32(ln2_out, seq, B), None(), nullptr, F32(d_hidden, hid, B),
+                 F32(d_tmp, seq, B));
+  ln2_->Backward(part(2), F32(res1, seq, B), None(), ln2_saved, F32(d_tmp, seq, B),
+                 F32(d_res1, seq, B));
+  cpu::CopyOrAccumulate(dy.f32(), d_res1, btc, /*accumulate=*/true);
+  // res1 = x + drop1(attn(ln1(x))).
+  drop1_->Backward(parts.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
+                   F32(d_branch, seq, B));
+  attn_->Backward(part(1), F32(ln1_out, seq, B), None(), attn_saved, F32(d_branch, seq, B),
+                  F32(d_tmp, seq, B));
+  if (dx.data != nullptr) {
+    ln1_->Backward(part(0), x, None(), ln1_saved, F32(d_tmp, seq, B), dx);
+    cpu::CopyOrAccumulate(d_res1, dx.f32(), btc, /*accumulate=*/true);
+  } else {
+    ln1_->Backward(part(0), x, None(), ln1_saved, F32(d_tmp, seq, B), None());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ResidualBlock
+
+ResidualBlock::ResidualBlock(ResidualBlockOptions options) : options_(options) {}
+
+absl::StatusOr<Shape> ResidualBlock::InferOutput(const Shape& input) {
+  if (input.rank() != 3) return absl::InvalidArgumentError("needs an image input [H, W, C]");
+  const int64_t out = options_.out_channels;
+  if (out <= 0) return absl::InvalidArgumentError("out_channels must be > 0");
+  conv1_ = std::make_unique<Conv2d>(Conv2dOptions{
+      .out_channels = out, .kernel_size = 3, .stride = options_.stride, .padding = 1, .bias = false});
+  bn1_ = std::make_unique<BatchNorm2d>();
+  relu_ = std::make_unique<Activation>(ActivationKind::kRelu);
+  conv2_ = std::make_unique<Conv2d>(
+      Conv2dOptions{.out_channels = out, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false});
+  bn2_ = std::make_unique<BatchNorm2d>();
+  absl::Status s = conv1_->Build(input);
+  if (s.ok()) s = bn1_->Build(conv1_->output_shape());
+  if (s.ok()) s = relu_->Build(conv1_->output_shape());
+  if (s.ok()) s = conv2_->Build(conv1_->output_shape());
+  if (s.ok()) s = bn2_->Build(conv2_->output_shape());
+  if (!s.ok()) return s;
+  if (options_.stride != 1 || input[2] != out) {
+    conv_skip_ = std::make_unique<Conv2d>(Conv2dOptions{
+        .out_channels = out, .kernel_size = 1, .stride = options_.stride, .padding = 0, .bias = false});
+    bn_skip_ = std::make_unique<BatchNorm2d>();
+    s = conv_skip_->Build(input);
+    if (s.ok()) s = bn_skip_->Build(conv_skip_->output_shape());
+    if (!s.ok()) return s;
+    if (conv_skip_->output_shape() != conv2_->output_shape()) {
+      return absl::InvalidArgumentError("skip and main paths disagree in shape");
+    }
+  } else {
+    conv_skip_.reset();
+    bn_skip_.reset();
+  }
+  return conv2_->output_shape();
+}
+
+std::vector<const Layer*> ResidualBlock::Parts() const {
+  std::vector<const Layer*> p = {conv1_.get(), bn1_.get(), conv2_.get(), bn2_.get()};
+  if (conv_skip_) {
+    p.push_back(conv_skip_.get());
+    p.push_back(bn_skip_.get());
+  }
+  return p;
+}
+
+std::vector<ParamSpec> ResidualBlock::Params() const {
+  return PrefixedParams(Parts(), {"conv1", "bn1", "conv2", "bn2", "skip_conv", "skip_bn"});
+}
+
+int64_t ResidualBlock::BufferCount() const {
+  int64_t n = 0;
+  for (const Layer* p : Parts()) n += p->BufferCount();
+  return n;
+}
+
+void ResidualBlock::Initialize(float* params, float* buffers, uint64_t seed,
+                               uint64_t stream) const {
+  InitializeParts(Parts(), params, buffers, seed, stream);
+}
+
+LayerCost ResidualBlock::Cost(int64_t batch) const {
+  std::vector<const Layer*> all = Parts();
+  all.push_back(relu_.get());
+  all.push_back(relu_.get());
+  return SumCosts(all, batch);
+}
+
+// Saved layout: c1, bn1 stats, b1, r1, c2, bn2 stats, b2, then (projection) cs,
+// bns stats, bs.
+int64_t ResidualBlock::SavedBytes(int64_t batch) const {
+  const int64_t n = batch * output_shape().elements();
+  int64_t bytes = 5 * Carver::Floats(n) + cpu::AlignWorkspace(bn1_->SavedBytes(batch)) +
+                  cpu::AlignWorkspace(bn2_->SavedBytes(batch));
+  if (conv_skip_) bytes += 2 * Carver::Floats(n) + cpu::AlignWorkspace(bn_skip_->SavedBytes(batch));
+  return bytes;
+}
+
+// Workspace: three output-sized temporaries, then the sub-layers' scratch.
+int64_t ResidualBlock::WorkspaceBytes(int64_t batch) const {
+  return 3 * Carver::Floats(batch * output_shape().elements()) +
+         Carver::Floats(batch * input_shape().elements()) + MaxWorkspace(Parts(), batch);
+}
+
+void ResidualBlock::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
+                            void* saved) const {
+  const int64_t B = x.batch(), n = B * output_shape().elements();
+  const Shape& os = output_shape();
+  Carver s(saved);
+  float* c1 = s.Take(n);
+  void* bn1_saved = s.TakeBytes(bn1_->SavedBytes(B));
+  float* b1 = s.Take(n);
+  float* r1 = s.Take(n);
+  float* c2 = s.Take(n);
+  void* bn2_saved = s.TakeBytes(bn2_->SavedBytes(B));
+  float* b2 = s.Take(n);
+  Carver w(ctx.workspace);
+  float* sum = w.Take(n);
+  w.Take(n);
+  w.Take(n);
+  w.Take(B * input_shape().elements());
+  void* scratch = w.TakeBytes(0);
+  PartContexts parts(ctx, Parts());
+  auto part = [&](int i) {
+    LayerContext c = parts.Get(i);
+    c.workspace = scratch;
+    return c;
+  };
+  conv1_->Forward(part(0), x, F32(c1, os, B), nullptr);
+  bn1_->Forward(part(1), F32(c1, os, B), F32(b1, os, B), bn1_saved);
+  relu_->Forward(part(1), F32(b1, os, B), F32(r1, os, B), nullptr);
+  conv2_->Forward(part(2), F32(r1, os, B), F32(c2, os, B), nullptr);
+  bn2_->Forward(part(3), F32(c2, os, B), F32(b2, os, B), bn2_saved);
+  const float* skip = x.f32();
+  if (conv_skip_) {
+    float* cs = s.Take(n);
+    void* bns_saved = s.TakeBytes(bn_skip_->SavedBytes(B));
+    float* bs = s.Take(n);
+    conv_skip_->Forward(part(4), x, F32(cs, os, B), nullptr);
+    bn_skip_->Forward(part(5), F32(cs, os, B), F32(bs, os, B), bns_saved);
+    skip = bs;
+  }
+  ResidualAdd::Forward(b2, skip, sum, n);
+  relu_->Forward(part(1), F32(sum, os, B), y, nullptr);
+}
+
+void ResidualBlock::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
+                             const void* saved, const Tensor& dy, const Tensor& dx) const {
+  const int64_t B = x.batch(), n = B * output_shape().elements();
+  const Shape& os = output_shape();
+  const Shape& is = input_shape();
+  Carver s(saved);
+  float* c1 = s.Take(n);
+  void* bn1_saved = s.TakeBytes(bn1_->SavedBytes(B));
+  float* b1 = s.Take(n);
+  float* r1 = s.Take(n);
+  float* c2 = s.Take(n);
+  void* bn2_saved = s.TakeBytes(bn2_->SavedBytes(B));
+  float* b2 = s.Take(n);
+  Carver w(ctx.workspace);
+  float* d_sum = w.Take(n);
+  float* d_a = w.Take(n);
+  float* d_b = w.Take(n);
+  float* d_in = w.Take(B * is.elements());
+  void* scratch = w.TakeBytes(0);
+  PartContexts parts(ctx, Parts());
+  auto part = [&](int i) {
+    LayerContext c = parts.Get(i);
+    c.workspace = scratch;
+    return c;
+  };
+  relu_->Backward(part(1), None(), y, nullptr, dy, F32(d_sum, os, B));
+  // Main path: d_sum -> bn2 -> conv2 -> relu -> bn1 -> conv1.
+  bn2_->Backward(part(3), F32(c2, os, B), F32(b2, os, B), bn2_saved, F32(d_sum, os, B),
+                 F32(d_a, os, B));
+  conv2_->Backward(part(2), F32(r1, os, B), None(), nullptr, F32(d_a, os, B), F32(d_b, os, B));
+  relu_->Backward(part(1), None(), F32(r1, os, B), nullptr, F32(d_b, os, B), F32(d_b, os, B));
+  bn1_->Backward(part(1), F32(c1, os, B), F32(b1, os, B), bn1_saved, F32(d_b, os, B),
+                 F32(d_a, os, B));
+  conv1_->Backward(part(0), x, None(), nullptr, F32(d_a, os, B),
+                   dx.data != nullptr ? dx : None());
+  if (conv_skip_) {
+    float* cs = s.Take(n);
+    void* bns_saved = s.TakeBytes(bn_skip_->SavedBytes(B));
+    float* bs = s.Take(n);
+    bn_skip_->Backward(part(5), F32(cs, os, B), F32(bs, os, B), bns_saved, F32(d_sum, os, B),
+                       F32(d_a, os, B));
+    conv_skip_->Backward(part(4), x, None(), nullptr, F32(d_a, os, B),
+                         dx.data != nullptr ? F32(d_in, is, B) : None());
+    if (dx.data != nullptr) cpu::CopyOrAccumulate(d_in, dx.f32(), B * is.elements(), true);
+  } else if (dx.data != nullptr) {
+    cpu::CopyOrAccumulate(d_sum, dx.f32(), n, true);
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,336 @@
+#include "runtime/layers/conv.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cpu/kernels.h"
+#include "runtime/cpu/onednn.h"
+#include "runtime/cpu/primitive_cache.h"
+
+namespace tandem {
+namespace {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+
+int64_t OutSize(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+// An NHWC activation descriptor for oneDNN, whose logical order is NCHW.
+memory::desc Nhwc(int64_t n, const Shape& hwc) {
+  return cpu::PlainF32({n, hwc[2], hwc[0], hwc[1]}, tag::nhwc);
+}
+
+dnnl::reorder MakeReorder(const memory::desc& from, const memory::desc& to, bool accumulate) {
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl::reorder(dnnl::reorder::primitive_desc(cpu::CpuEngine(), from, cpu::CpuEngine(), to, attr));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Conv2d
+
+struct Conv2d::Primitives {
+  memory::desc src, dst, weights_plain, bias;
+  dnnl::convolution_forward forward;
+  memory::desc forward_weights;
+  dnnl::reorder to_forward_weights;  // Valid when forward_weights != weights_plain.
+  dnnl::convolution_backward_data backward_data;
+  memory::desc backward_data_weights;
+  dnnl::reorder to_backward_data_weights;
+  dnnl::convolution_backward_weights backward_weights;
+  memory::desc diff_weights;
+  dnnl::reorder diff_weights_to_plain, diff_weights_add_to_plain;
+  int64_t workspace_bytes = 0;
+};
+
+struct Conv2d::Cache {
+  cpu::PrimitiveCache<Primitives> primitives;
+};
+
+Conv2d::Conv2d(Conv2dOptions options) : options_(options), cache_(std::make_unique<Cache>()) {}
+Conv2d::~Conv2d() = default;
+
+absl::StatusOr<Shape> Conv2d::InferOutput(const Shape& input) {
+  const Conv2dOptions& o = options_;
+  if (o.out_channels <= 0) return absl::InvalidArgumentError("out_channels must be > 0");
+  if (o.kernel_size <= 0) return absl::InvalidArgumentError("kernel_size must be > 0");
+  if (o.stride <= 0) return absl::InvalidArgumentError("stride must be > 0");
+  if (o.padding < 0) return absl::InvalidArgumentError("padding must be >= 0");
+  if (input.rank() != 3) {
+    return absl::InvalidArgumentError("needs an image input [H, W, C]");
+  }
+  const int64_t oh = OutSize(input[0], o.kernel_size, o.stride, o.padding);
+  const int64_t ow = OutSize(input[1], o.kernel_size, o.stride, o.padding);
+  if (oh <= 0 || ow <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("kernel ", o.kernel_size,
+                                                   " does not fit the padded image"));
+  }
+  return Shape({oh, ow, o.out_channels});
+}
+
+std::vector<ParamSpec> Conv2d::Params() const {
+  const Shape& in = input_shape();
+  std::vector<ParamSpec> p = {
+      {"weight", Shape({options_.out_channels, in[2], options_.kernel_size, options_.kernel_size})}};
+  if (options_.bias) p.push_back({"bias", Shape({options_.out_channels})});
+  return p;
+}
+
+void Conv2d::Initialize(float* params, float*, uint64_t seed, uint64_t stream) const {
+  const int64_t fan_in = input_shape()[2] * options_.kernel_size * options_.kernel_size;
+  const int64_t nw = options_.out_channels * fan_in;
+  InitWeightAndBias(options_.init, fan_in, params, nw, params + nw,
+                    options_.bias ? options_.out_channels : 0, seed, stream);
+}
+
+LayerCost Conv2d::Cost(int64_t batch) const {
+  const Shape& in = input_shape();
+  const Shape& out = output_shape();
+  const double k2c = static_cast<double>(options_.kernel_size * options_.kernel_size * in[2]);
+  const double outputs = static_cast<double>(batch * out.elements());
+  LayerCost c;
+  c.forward_flops = 2 * outputs * k2c;
+  c.backward_flops = 4 * outputs * k2c;
+  const double params = static_cast<double>(ParamCount());
+  c.forward_bytes = 4 * (batch * in.elements() + outputs + params);
+  c.backward_bytes = 4 * (2 * batch * in.elements() + 2 * outputs + 2 * params);
+  return c;
+}
+
+const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
+  return cache_->primitives.Get(batch, [&] {
+    const Conv2dOptions& o = options_;
+    const Shape& in = input_shape();
+    const memory::dims strides = {o.stride, o.stride}, pad = {o.padding, o.padding};
+    Primitives p;
+    p.src = Nhwc(batch, in);
+    p.dst = Nhwc(batch, output_shape());
+    p.weights_plain =
+        cpu::PlainF32({o.out_channels, in[2], o.kernel_size, o.kernel_size}, tag::oihw);
+    p.bias = cpu::PlainF32({o.out_channels}, tag::x);
+    const memory::desc any_weights(p.weights_plain.dims(), memory::data_type::f32, tag::any);
+    const memory::desc none;
+    const auto alg = dnnl::algorithm::convolution_direct;
+
+    dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, any_weights,
+                                        o.bias ? p.bias : none, p.dst, strides, pad, pad),
+        cpu::CpuEngine());
+    p.forward = dnnl::convolution_forward(fwd);
+    p.forward_weights = fwd.weights_desc();
+    if (p.forward_weights != p.weights_plain) {
+      p.to_forward_weights = MakeReorder(p.weights_plain, p.forward_weights, false);
+    }
+
+    dnnl::convolution_backward_data::primitive_desc bwd_data(
+        dnnl::convolution_backward_data::desc(alg, p.src, any_weights, p.dst, strides, pad, pad),
+        cpu::CpuEngine(), fwd);
+    p.backward_data = dnnl::convolution_backward_data(bwd_data);
+    p.backward_data_weights = bwd_data.weights_desc();
+    if (p.backward_data_weights != p.weights_plain) {
+      p.to_backward_data_weights = MakeReorder(p.weights_plain, p.backward_data_weights, false);
+    }
+
+    dnnl::convolution_backward_weights::primitive_desc bwd_weights(
+        dnnl::convolution_backward_weights::desc(alg, p.src, any_weights, o.bias ? p.bias : none,
+                                                 p.dst, strides, pad, pad),
+        cpu::CpuEngine(), fwd);
+    p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
+    p.diff_weights = bwd_weights.diff_weights_desc();
+    p.diff_weights_to_plain = MakeReorder(p.diff_weights, p.weights_plain, false);
+    p.diff_weights_add_to_plain = MakeReorder(p.diff_weights, p.weights_plain, true);
+
+    const int64_t forward_ws = p.forward_weights.get_size();
+    const int64_t backward_ws = p.backward_data_weights.get_size() + p.diff_weights.get_size() +
+                                4 * o.out_channels + 2 * cpu::kWorkspaceAlign;
+    p.workspace_bytes = std::max(forward_ws, backward_ws);
+    return p;
+  });
+}
+
+int64_t Conv2d::WorkspaceBytes(int64_t batch) const { return Get(batch).workspace_bytes; }
+
+void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+  const Primitives& p = Get(x.batch());
+  const float* weights = ctx.params;
+  if (p.forward_weights != p.weights_plain) {
+    cpu::Execute(p.to_forward_weights, {{DNNL_ARG_FROM, cpu::Wrap(p.weights_plain, weights)},
+                                        {DNNL_ARG_TO, cpu::Wrap(p.forward_weights, ctx.workspace)}});
+    weights = static_cast<const float*>(ctx.workspace);
+  }
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
+                                          {DNNL_ARG_WEIGHTS, cpu::Wrap(p.forward_weights, weights)},
+                                          {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
+  if (options_.bias) {
+    args.emplace(DNNL_ARG_BIAS,
+                 cpu::Wrap(p.bias, ctx.params + options_.out_channels * input_shape()[2] *
+                                                    options_.kernel_size * options_.kernel_size));
+  }
+  cpu::Execute(p.forward, args);
+}
+
+void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
+                      const Tensor& dy, const Tensor& dx) const {
+  const Primitives& p = Get(x.batch());
+  char* ws = static_cast<char*>(ctx.workspace);
+  float* bwd_weights = reinterpret_cast<float*>(ws);
+  float* diff_weights =
+      reinterpret_cast<float*>(ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()));
+  float* diff_bias = reinterpret_cast<float*>(
+      ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
+      cpu::AlignWorkspace(p.diff_weights.get_size()));
+  const int64_t n_weights = p.weights_plain.get_size() / 4;
+
+  if (dx.data != nullptr) {
+    const float* weights = ctx.params;
+    if (p.backward_data_weights != p.weights_plain) {
+      cpu::Execute(p.to_backward_data_weights,
+                   {{DNNL_ARG_FROM, cpu::Wrap(p.weights_plain, weights)},
+                    {DNNL_ARG_TO, cpu::Wrap(p.backward_data_weights, bwd_weights)}});
+      weights = bwd_weights;
+    }
+    cpu::Execute(p.backward_data, {{DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
+                                   {DNNL_ARG_WEIGHTS, cpu::Wrap(p.backward_data_weights, weights)},
+                                   {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.src, dx.data)}});
+  }
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
+                                          {DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
+                                          {DNNL_ARG_DIFF_WEIGHTS, cpu::Wrap(p.diff_weights, diff_weights)}};
+  if (options_.bias) args.emplace(DNNL_ARG_DIFF_BIAS, cpu::Wrap(p.bias, diff_bias));
+  cpu::Execute(p.backward_weights, args);
+  cpu::Execute(ctx.accumulate_grads ? p.diff_weights_add_to_plain : p.diff_weights_to_plain,
+               {{DNNL_ARG_FROM, cpu::Wrap(p.diff_weights, diff_weights)},
+                {DNNL_ARG_TO, cpu::Wrap(p.weights_plain, ctx.grads)}});
+  if (options_.bias) {
+    cpu::CopyOrAccumulate(diff_bias, ctx.grads + n_weights, options_.out_channels,
+                          ctx.accumulate_grads);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Pool2d
+
+struct Pool2d::Primitives {
+  memory::desc src, dst, workspace;
+  dnnl::pooling_forward forward;
+  dnnl::pooling_backward backward;
+};
+
+struct Pool2d::Cache {
+  cpu::PrimitiveCache<Primitives> primitives;
+};
+
+Pool2d::Pool2d(Pool2dOptions options) : options_(options), cache_(std::make_unique<Cache>()) {
+  if (options_.stride == 0) options_.stride = options_.kernel_size;
+}
+Pool2d::~Pool2d() = default;
+
+const char* Pool2d::kind() const {
+  return options_.pool == PoolKind::kMax ? "max_pool2d" : "avg_pool2d";
+}
+
+absl::StatusOr<Shape> Pool2d::InferOutput(const Shape& input) {
+  if (input.rank() != 3) return absl::InvalidArgumentError("needs an image input [H, W, C]");
+  if (global_) {
+    options_.kernel_size = input[0];
+    options_.stride = 1;
+    options_.padding = 0;
+  }
+  if (options_.kernel_size <= 0) return absl::InvalidArgumentError("kernel_size must be > 0");
+  if (options_.stride <= 0) return absl::InvalidArgumentError("stride must be > 0");
+  if (options_.padding < 0 || options_.padding * 2 > options_.kernel_size) {
+    return absl::InvalidArgumentError("padding must be in [0, kernel_size / 2]");
+  }
+  const int64_t kw = global_ ? input[1] : options_.kernel_size;
+  const int64_t oh = OutSize(input[0], options_.kernel_size, options_.stride, options_.padding);
+  const int64_t ow = OutSize(input[1], kw, options_.stride, options_.padding);
+  if (oh <= 0 || ow <= 0) return absl::InvalidArgumentError("window does not fit the image");
+  return Shape({oh, ow, input[2]});
+}
+
+LayerCost Pool2d::Cost(int64_t batch) const {
+  const double in = static_cast<double>(batch * input_shape().elements());
+  const double out = static_cast<double>(batch * output_shape().elements());
+  const double window = static_cast<double>(options_.kernel_size * options_.kernel_size);
+  return LayerCost{out * window, in + out * window, 4 * (in + out), 4 * (2 * in + out)};
+}
+
+const Pool2d::Primitives& Pool2d::Get(int64_t batch) const {
+  return cache_->primitives.Get(batch, [&] {
+    const Shape& in = input_shape();
+    const int64_t kh = options_.kernel_size, kw = global_ ? in[1] : options_.kernel_size;
+    const memory::dims strides = {options_.stride, options_.stride}, kernel = {kh, kw},
+                       pad = {options_.padding, options_.padding};
+    const auto alg = options_.pool == PoolKind::kMax ? dnnl::algorithm::pooling_max
+                                                     : dnnl::algorithm::pooling_avg_include_padding;
+    Primitives p;
+    p.src = Nhwc(batch, in);
+    p.dst = Nhwc(batch, output_shape());
+    dnnl::pooling_forward::primitive_desc fwd(
+        dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, p.dst, strides,
+                                    kernel, pad, pad),
+        cpu::CpuEngine());
+    p.workspace = fwd.workspace_desc();
+    p.forward = dnnl::pooling_forward(fwd);
+    p.backward = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(
+        dnnl::pooling_backward::desc(alg, p.src, p.dst, strides, kernel, pad, pad),
+        cpu::CpuEngine(), fwd));
+    return p;
+  });
+}
+
+int64_t Pool2d::SavedBytes(int64_t batch) const {
+  // Max pooling keeps oneDNN's argmax workspace for backward.
+  return options_.pool == PoolKind::kMax ? Get(batch).workspace.get_size() : 0;
+}
+
+void Pool2d::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void* saved) const {
+  const Primitives& p = Get(x.batch());
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
+                                          {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
+  if (options_.pool == PoolKind::kMax) args.emplace(DNNL_ARG_WORKSPACE, cpu::Wrap(p.workspace, saved));
+  cpu::Execute(p.forward, args);
+}
+
+void Pool2d::Backward(const LayerContext&, const Tensor& x, const Tensor&, const void* saved,
+                      const Tensor& dy, const Tensor& dx) const {
+  if (dx.data == nullptr) return;
+  const Primitives& p = Get(x.batch());
+  std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
+                                          {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.src, dx.data)}};
+  if (options_.pool == PoolKind::kMax) args.emplace(DNNL_ARG_WORKSPACE, cpu::Wrap(p.workspace, saved));
+  cpu::Execute(p.backward, args);
+}
+
+// ---------------------------------------------------------------------------
+// GlobalAvgPool
+
+GlobalAvgPool::GlobalAvgPool() : pool_({.pool = PoolKind::kAvg, .kernel_size = 1}) {
+  pool_.global_ = true;
+}
+
+absl::StatusOr<Shape> GlobalAvgPool::InferOutput(const Shape& input) {
+  if (input.rank() != 3) return absl::InvalidArgumentError("needs an image input [H, W, C]");
+  const absl::Status s = pool_.Build(input);
+  if (!s.ok()) return s;
+  return Shape({input[2]});
+}
+
+void GlobalAvgPool::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
+                            void* saved) const {
+  pool_.Forward(ctx, x, Tensor::F32(y.f32(), pool_.output_shape().WithBatch(x.batch())), saved);
+}
+
+void GlobalAvgPool::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
+                             const void* saved, const Tensor& dy, const Tensor& dx) const {
+  pool_.Backward(ctx, x, y, saved, Tensor::F32(dy.f32(), pool_.output_shape().WithBatch(x.batch())),
+                 dx);
+}
+
+}  // namespace tandem

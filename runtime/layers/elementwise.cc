@@ -1,0 +1,126 @@
+#include "runtime/layers/elementwise.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cpu/kernels.h"
+#include "runtime/cpu/onednn.h"
+#include "runtime/cpu/primitive_cache.h"
+
+namespace tandem {
+
+struct Activation::Primitives {
+  dnnl::memory::desc md;
+  dnnl::eltwise_forward forward;
+  dnnl::eltwise_backward backward;
+};
+
+struct Activation::Cache {
+  cpu::PrimitiveCache<Primitives> primitives;
+};
+
+Activation::Activation(ActivationKind activation)
+    : activation_(activation), cache_(std::make_unique<Cache>()) {}
+
+Activation::~Activation() = default;
+
+const char* Activation::kind() const {
+  return activation_ == ActivationKind::kRelu ? "relu" : "gelu";
+}
+
+LayerCost Activation::Cost(int64_t batch) const {
+  const double n = static_cast<double>(batch * input_shape().elements());
+  LayerCost cost;
+  cost.forward_flops = activation_ == ActivationKind::kRelu ? n : 15 * n;
+  cost.backward_flops = activation_ == ActivationKind::kRelu ? n : 20 * n;
+  cost.forward_bytes = 8 * n;
+  cost.backward_bytes = 12 * n;
+  return cost;
+}
+
+const Activation::Primitives& Activation::Get(int64_t elements) const {
+  return cache_->primitives.Get(elements, [&] {
+    // ReLU's backward reads its output (y), GELU's its input (x).
+    const auto alg = activation_ == ActivationKind::kRelu
+                         ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd
+                         : dnnl::algorithm::eltwise_gelu_tanh;
+    Primitives p;
+    p.md = cpu::PlainF32({elements}, dnnl::memory::format_tag::a);
+    dnnl::eltwise_forward::primitive_desc fwd(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, p.md, 0.0f, 0.0f),
+        cpu::CpuEngine());
+    dnnl::eltwise_backward::primitive_desc bwd(
+        dnnl::eltwise_backward::desc(alg, p.md, p.md, 0.0f, 0.0f), cpu::CpuEngine(), fwd);
+    p.forward = dnnl::eltwise_forward(fwd);
+    p.backward = dnnl::eltwise_backward(bwd);
+    return p;
+  });
+}
+
+void Activation::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void*) const {
+  const Primitives& p = Get(x.elements());
+  cpu::Execute(p.forward, {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)},
+                           {DNNL_ARG_DST, cpu::Wrap(p.md, y.data)}});
+}
+
+void Activation::Backward(const LayerContext&, const Tensor& x, const Tensor& y, const void*,
+                          const Tensor& dy, const Tensor& dx) const {
+  if (dx.data == nullptr) return;
+  // Sized from dy: ReLU's callers may pass no x, since it needs only y.
+  const Primitives& p = Get(dy.elements());
+  const int which = activation_ == ActivationKind::kRelu ? DNNL_ARG_DST : DNNL_ARG_SRC;
+  const void* kept = activation_ == ActivationKind::kRelu ? y.data : x.data;
+  cpu::Execute(p.backward, {{which, cpu::Wrap(p.md, kept)},
+                            {DNNL_ARG_DIFF_DST, cpu::Wrap(p.md, dy.data)},
+                            {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.md, dx.data)}});
+}
+
+absl::StatusOr<Shape> Dropout::InferOutput(const Shape& input) {
+  if (!(p_ >= 0.0f && p_ < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("probability must be in [0, 1), got ", p_));
+  }
+  return input;
+}
+
+LayerCost Dropout::Cost(int64_t batch) const {
+  const double n = static_cast<double>(batch * input_shape().elements());
+  return LayerCost{2 * n, n, 8 * n, 8 * n};
+}
+
+void Dropout::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+  if (!ctx.training || p_ == 0.0f) {
+    cpu::CopyOrAccumulate(x.f32(), y.f32(), x.elements(), false);
+    return;
+  }
+  cpu::DropoutForward(x.f32(), y.f32(), x.elements(), p_, ctx.seed, ctx.rng_stream);
+}
+
+void Dropout::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, const void*,
+                       const Tensor& dy, const Tensor& dx) const {
+  if (dx.data == nullptr) return;
+  if (!ctx.training || p_ == 0.0f) {
+    cpu::CopyOrAccumulate(dy.f32(), dx.f32(), dy.elements(), false);
+    return;
+  }
+  cpu::DropoutBackward(dy.f32(), dx.f32(), dy.elements(), p_, ctx.seed, ctx.rng_stream);
+}
+
+absl::StatusOr<Shape> Flatten::InferOutput(const Shape& input) {
+  return Shape({input.elements()});
+}
+
+LayerCost Flatten::Cost(int64_t batch) const {
+  const double n = static_cast<double>(batch * input_shape().elements());
+  return LayerCost{0, 0, 8 * n, 8 * n};
+}
+
+void Flatten::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void*) const {
+  cpu::CopyOrAccumulate(x.f32(), y.f32(), x.elements(), false);
+}
+
+void Flatten::Backward(const LayerContext&, const Tensor&, const Tensor&, const void*,
+                       const Tensor& dy, const Tensor& dx) const {
+  if (dx.data != nullptr) cpu::CopyOrAccumulate(dy.f32(), dx.f32(), dy.elements(), false);
+}
+
+}  // namespace tandem

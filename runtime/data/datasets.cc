@@ -1,0 +1,435 @@
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/core/random.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/data/dataset.h"
+
+namespace tandem {
+namespace {
+
+using tandem::v1::DatasetSpec;
+
+absl::Status FieldError(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+absl::StatusOr<std::string> Resolve(const PathResolver& resolve, const std::string& field,
+                                    const std::string& path) {
+  if (path.empty()) return FieldError(field, "is required");
+  if (resolve) return resolve(field, path);
+  return path;
+}
+
+// Reads a whole file, gunzipping when it is gzip (zlib reads plain files as is).
+// At most `max_bytes` are read; `*truncated_read` tells whether more was there.
+absl::StatusOr<std::string> ReadMaybeGzip(const std::string& field, const std::string& path,
+                                          int64_t max_bytes = int64_t{1} << 34) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(errno)));
+  }
+  std::string data;
+  char chunk[1 << 16];
+  while (static_cast<int64_t>(data.size()) < max_bytes) {
+    const int n = gzread(f, chunk, sizeof(chunk));
+    if (n < 0) {
+      int errnum = 0;
+      const std::string msg = gzerror(f, &errnum);
+      gzclose(f);
+      return absl::DataLossError(absl::StrCat(field, ": '", path, "' is corrupt: ", msg));
+    }
+    if (n == 0) break;
+    data.append(chunk, n);
+  }
+  gzclose(f);
+  return data;
+}
+
+uint32_t BigEndian32(const std::string& s, size_t at) {
+  return (static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 24) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 1])) << 16) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 2])) << 8) |
+         static_cast<uint32_t>(static_cast<uint8_t>(s[at + 3]));
+}
+
+struct IdxArray {
+  std::vector<int64_t> dims;
+  std::string bytes;  // The u8 payload only.
+};
+
+// Parses an IDX file of unsigned bytes with `want_dims` dimensions.
+absl::StatusOr<IdxArray> ParseIdx(const std::string& field, const std::string& path,
+                                  std::string data, int want_dims) {
+  if (data.size() < 4 || data[0] != 0 || data[1] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is not an IDX file (bad magic number)"));
+  }
+  if (static_cast<uint8_t>(data[2]) != 0x08) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": '", path, "' holds IDX type 0x", absl::Hex(static_cast<uint8_t>(data[2])),
+        "; only unsigned bytes (0x08) are supported"));
+  }
+  const int ndims = static_cast<uint8_t>(data[3]);
+  if (ndims != want_dims) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' has ", ndims,
+                                                   " dimensions, expected ", want_dims));
+  }
+  const size_t header = 4 + 4 * static_cast<size_t>(ndims);
+  if (data.size() < header) {
+    return absl::DataLossError(absl::StrCat(field, ": '", path, "' is truncated in its header"));
+  }
+  IdxArray out;
+  int64_t elements = 1;
+  for (int i = 0; i < ndims; ++i) {
+    const int64_t d = BigEndian32(data, 4 + 4 * i);
+    if (d <= 0 || d > (int64_t{1} << 28)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": '", path, "' has an implausible dimension ", d));
+    }
+    out.dims.push_back(d);
+    elements *= d;
+  }
+  const int64_t payload = static_cast<int64_t>(data.size() - header);
+  if (payload < elements) {
+    return absl::DataLossError(absl::StrCat(field, ": '", path, "' is truncated: its header promises ",
+                                            elements, " bytes of data, the file holds ", payload));
+  }
+  out.bytes = data.substr(header, elements);
+  return out;
+}
+
+class IdxDataset final : public Dataset {
+ public:
+  IdxDataset(std::string name, IdxArray images, IdxArray labels, int64_t limit, int64_t classes)
+      : name_(std::move(name)), images_(std::move(images)), labels_(std::move(labels)) {
+    size_ = images_.dims[0];
+    if (limit > 0) size_ = std::min(size_, limit);
+    info_.sample_shape = Shape({images_.dims[1], images_.dims[2], 1});
+    info_.input_dtype = DType::kF32;
+    info_.num_classes = classes;
+  }
+  int64_t size() const override { return size_; }
+  const DataInfo& info() const override { return info_; }
+  void Fill(int64_t, const int64_t* ids, int64_t n, void* inputs,
+            int32_t* targets) const override {
+    const int64_t pixels = info_.sample_shape.elements();
+    float* out = static_cast<float*>(inputs);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(images_.bytes.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* img = src + ids[i] * pixels;
+      float* o = out + i * pixels;
+      for (int64_t p = 0; p < pixels; ++p) o[p] = static_cast<float>(img[p]) * (1.0f / 255.0f);
+      targets[i] = static_cast<uint8_t>(labels_.bytes[ids[i]]);
+    }
+  }
+  std::string Describe() const override {
+    return absl::StrCat(name_, " (", size_, " samples of ", info_.sample_shape.ToString(), ", ",
+                        info_.num_classes, " classes)");
+  }
+
+ private:
+  std::string name_;
+  IdxArray images_, labels_;
+  int64_t size_ = 0;
+  DataInfo info_;
+};
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxSplit(const std::string& field_prefix,
+                                                      const std::string& images_path,
+                                                      const std::string& labels_path,
+                                                      int64_t limit, const std::string& name) {
+  TANDEM_ASSIGN_OR_RETURN(std::string raw_images,
+                          ReadMaybeGzip(field_prefix + "_images", images_path));
+  TANDEM_ASSIGN_OR_RETURN(IdxArray images,
+                          ParseIdx(field_prefix + "_images", images_path, std::move(raw_images), 3));
+  TANDEM_ASSIGN_OR_RETURN(std::string raw_labels,
+                          ReadMaybeGzip(field_prefix + "_labels", labels_path));
+  TANDEM_ASSIGN_OR_RETURN(IdxArray labels,
+                          ParseIdx(field_prefix + "_labels", labels_path, std::move(raw_labels), 1));
+  if (labels.dims[0] != images.dims[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(field_prefix, "_labels: '", labels_path, "' has ",
+                                                   labels.dims[0], " labels for ", images.dims[0],
+                                                   " images in '", images_path, "'"));
+  }
+  int max_label = 0;
+  for (char c : labels.bytes) max_label = std::max(max_label, static_cast<int>(static_cast<uint8_t>(c)));
+  // MNIST-style data has 10 classes; more labels widen the output.
+  const int64_t classes = std::max(10, max_label + 1);
+  return std::unique_ptr<Dataset>(
+      new IdxDataset(name, std::move(images), std::move(labels), limit, classes));
+}
+
+class TextDataset final : public Dataset {
+ public:
+  // `text` is the split's bytes; `train` splits draw random windows per epoch,
+  // test splits use fixed consecutive windows.
+  TextDataset(std::string name, std::shared_ptr<const std::string> text, int64_t begin,
+              int64_t end, int64_t context, bool train, int64_t samples, uint64_t seed)
+      : name_(std::move(name)), text_(std::move(text)), begin_(begin), end_(end),
+        context_(context), train_(train), seed_(seed) {
+    const int64_t windows = std::max<int64_t>(0, (end_ - begin_ - 1) / context_);
+    size_ = samples > 0 ? samples : windows;
+    info_.sample_shape = Shape({context_});
+    info_.input_dtype = DType::kI32;
+    info_.num_classes = 256;
+    info_.targets_per_sample = context_;
+  }
+  int64_t size() const override { return size_; }
+  const DataInfo& info() const override { return info_; }
+  void Fill(int64_t epoch, const int64_t* ids, int64_t n, void* inputs,
+            int32_t* targets) const override {
+    int32_t* x = static_cast<int32_t*>(inputs);
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(text_->data());
+    const uint64_t span = static_cast<uint64_t>(end_ - begin_ - context_);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t offset;
+      if (train_) {
+        const auto r = Philox4x32(seed_, MixStream(0x7e47, static_cast<uint64_t>(epoch)),
+                                  static_cast<uint64_t>(ids[i]));
+        offset = begin_ + static_cast<int64_t>(((static_cast<uint64_t>(r[0]) << 32) | r[1]) % span);
+      } else {
+        offset = begin_ + (ids[i] * context_) % static_cast<int64_t>(span);
+      }
+      for (int64_t t = 0; t < context_; ++t) {
+        x[i * context_ + t] = bytes[offset + t];
+        targets[i * context_ + t] = bytes[offset + t + 1];
+      }
+    }
+  }
+  std::string Describe() const override {
+    return absl::StrCat(name_, " (", size_, " windows of ", context_, " bytes from ",
+                        end_ - begin_, " bytes)");
+  }
+
+ private:
+  std::string name_;
+  std::shared_ptr<const std::string> text_;
+  int64_t begin_, end_, context_;
+  bool train_;
+  uint64_t seed_;
+  int64_t size_ = 0;
+  DataInfo info_;
+};
+
+class SyntheticDataset final : public Dataset {
+ public:
+  SyntheticDataset(std::string name, DataInfo info, int64_t size, uint64_t seed, uint64_t split)
+      : name_(std::move(name)), info_(std::move(info)), size_(size), seed_(seed), split_(split) {
+    const int64_t features = info_.sample_shape.elements();
+    if (info_.input_dtype == DType::kF32) {
+      teacher_.resize(info_.num_classes * features);
+      FillNormal(teacher_.data(), teacher_.size(), 0.0f, 1.0f, seed_, 0x7eac);
+    } else {
+      std::vector<int64_t> perm = Permutation(info_.num_classes, seed_, 0x7eac);
+      next_.assign(perm.begin(), perm.end());
+    }
+  }
+  int64_t size() const override { return size_; }
+  const DataInfo& info() const override { return info_; }
+  void Fill(int64_t, const int64_t* ids, int64_t n, void* inputs,
+            int32_t* targets) const override {
+    const int64_t features = info_.sample_shape.elements();
+    const uint64_t stream = MixStream(split_, 0x5a3);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t sample_stream = MixStream(stream, static_cast<uint64_t>(ids[i]));
+      if (info_.input_dtype == DType::kF32) {
+        float* x = static_cast<float*>(inputs) + i * features;
+        FillUniform(x, features, 0.0f, 1.0f, seed_, sample_stream);
+        // Centre the inputs before the teacher so classes are balanced.
+        int best = 0;
+        double best_score = -1e300;
+        for (int64_t c = 0; c < info_.num_classes; ++c) {
+          double score = 0;
+          for (int64_t f = 0; f < features; ++f) score += teacher_[c * features + f] * (x[f] - 0.5f);
+          if (score > best_score) {
+            best_score = score;
+            best = static_cast<int>(c);
+          }
+        }
+        targets[i] = best;
+      } else {
+        int32_t* x = static_cast<int32_t*>(inputs) + i * features;
+        for (int64_t t = 0; t < features; ++t) {
+          x[t] = static_cast<int32_t>(UniformAt(seed_, sample_stream, t) * info_.num_classes) %
+                 static_cast<int32_t>(info_.num_classes);
+          targets[i * features + t] = static_cast<int32_t>(next_[x[t]]);
+        }
+      }
+    }
+  }
+  std::string Describe() const override {
+    return absl::StrCat(name_, " (", size_, " synthetic samples of ",
+                        info_.sample_shape.ToString(), ", ", info_.num_classes, " classes)");
+  }
+
+ private:
+  std::string name_;
+  DataInfo info_;
+  int64_t size_;
+  uint64_t seed_, split_;
+  std::vector<float> teacher_;
+  std::vector<int64_t> next_;
+};
+
+absl::StatusOr<DataInfo> SyntheticInfo(const tandem::v1::SyntheticDataset& s) {
+  DataInfo info;
+  if (s.sample_shape_size() == 0 || s.sample_shape_size() > 3) {
+    return FieldError("data.synthetic.sample_shape", "needs 1 to 3 dimensions");
+  }
+  std::vector<int64_t> dims;
+  int64_t elements = 1;
+  for (int i = 0; i < s.sample_shape_size(); ++i) {
+    if (s.sample_shape(i) <= 0 || s.sample_shape(i) > 65536) {
+      return FieldError(absl::StrCat("data.synthetic.sample_shape[", i, "]"),
+                        absl::StrCat("must be in [1, 65536], got ", s.sample_shape(i)));
+    }
+    dims.push_back(s.sample_shape(i));
+    elements *= s.sample_shape(i);
+  }
+  if (elements > (int64_t{1} << 24)) {
+    return FieldError("data.synthetic.sample_shape", "has more than 16M elements per sample");
+  }
+  if (s.num_classes() < 2 || s.num_classes() > 1000000) {
+    return FieldError("data.synthetic.num_classes",
+                      absl::StrCat("must be in [2, 1000000], got ", s.num_classes()));
+  }
+  info.sample_shape = Shape(dims);
+  info.num_classes = s.num_classes();
+  if (s.tokens()) {
+    if (dims.size() != 1) return FieldError("data.synthetic.sample_shape", "token samples are [T]");
+    info.input_dtype = DType::kI32;
+    info.targets_per_sample = dims[0];
+  }
+  return info;
+}
+
+constexpr int64_t kMaxSyntheticSamples = int64_t{1} << 30;
+
+}  // namespace
+
+absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathResolver& resolve,
+                                          int64_t context) {
+  switch (spec.source_case()) {
+    case DatasetSpec::kIdx: {
+      TANDEM_ASSIGN_OR_RETURN(const std::string path,
+                              Resolve(resolve, "data.idx.train_images", spec.idx().train_images()));
+      TANDEM_ASSIGN_OR_RETURN(std::string head, ReadMaybeGzip("data.idx.train_images", path, 16));
+      if (head.size() < 16) {
+        return absl::DataLossError(absl::StrCat("data.idx.train_images: '", path, "' is truncated"));
+      }
+      // Parse the header only: dims [N, H, W].
+      if (head[0] != 0 || head[1] != 0 || static_cast<uint8_t>(head[2]) != 0x08 || head[3] != 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.idx.train_images: '", path, "' is not an IDX image file"));
+      }
+      DataInfo info;
+      info.sample_shape = Shape({BigEndian32(head, 8), BigEndian32(head, 12), 1});
+      info.num_classes = 10;
+      return info;
+    }
+    case DatasetSpec::kText: {
+      const auto& t = spec.text();
+      TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
+      std::ifstream f(path);
+      if (!f) return absl::NotFoundError(absl::StrCat("data.text.path: cannot open '", path, "'"));
+      if (context <= 0) return FieldError("model.gpt.context", "a text dataset needs a context length");
+      DataInfo info;
+      info.sample_shape = Shape({context});
+      info.input_dtype = DType::kI32;
+      info.num_classes = 256;
+      info.targets_per_sample = context;
+      return info;
+    }
+    case DatasetSpec::kSynthetic:
+      return SyntheticInfo(spec.synthetic());
+    case DatasetSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return FieldError("data", "is required: set one of idx, text, synthetic");
+}
+
+absl::StatusOr<Datasets> OpenTextDatasets(const tandem::v1::TextDataset& t, int64_t context,
+                                          uint64_t seed, const PathResolver& resolve) {
+  TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
+  TANDEM_ASSIGN_OR_RETURN(std::string bytes, ReadMaybeGzip("data.text.path", path));
+  const float fraction = t.has_test_fraction() ? t.test_fraction() : 0.1f;
+  if (!(fraction >= 0.0f && fraction <= 0.5f)) {
+    return FieldError("data.text.test_fraction", absl::StrCat("must be in [0, 0.5], got ", fraction));
+  }
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  const int64_t test_bytes = static_cast<int64_t>(static_cast<double>(n) * fraction);
+  const int64_t train_bytes = n - test_bytes;
+  if (train_bytes < 2 * (context + 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("data.text.path: '", path, "' has ", n,
+                                                   " bytes, too few for context ", context));
+  }
+  if (t.samples_per_epoch() < 0 || t.samples_per_epoch() > kMaxSyntheticSamples) {
+    return FieldError("data.text.samples_per_epoch", "must be in [0, 2^30]");
+  }
+  auto shared = std::make_shared<const std::string>(std::move(bytes));
+  Datasets out;
+  out.train = std::make_unique<TextDataset>(absl::StrCat(path, " train"), shared, 0, train_bytes,
+                                            context, true, t.samples_per_epoch(), seed);
+  if (test_bytes >= 2 * (context + 1)) {
+    out.test = std::make_unique<TextDataset>(absl::StrCat(path, " test"), shared, train_bytes, n,
+                                             context, false, 0, seed);
+  }
+  return out;
+}
+
+absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
+                                      const PathResolver& resolve, int64_t context) {
+  switch (spec.source_case()) {
+    case DatasetSpec::kIdx: {
+      const auto& idx = spec.idx();
+      if (idx.max_train_samples() < 0) return FieldError("data.idx.max_train_samples", "must be >= 0");
+      if (idx.max_test_samples() < 0) return FieldError("data.idx.max_test_samples", "must be >= 0");
+      TANDEM_ASSIGN_OR_RETURN(const std::string ti, Resolve(resolve, "data.idx.train_images", idx.train_images()));
+      TANDEM_ASSIGN_OR_RETURN(const std::string tl, Resolve(resolve, "data.idx.train_labels", idx.train_labels()));
+      Datasets out;
+      TANDEM_ASSIGN_OR_RETURN(out.train, OpenIdxSplit("data.idx.train", ti, tl, idx.max_train_samples(),
+                                                      "idx train"));
+      if (!idx.test_images().empty() || !idx.test_labels().empty()) {
+        TANDEM_ASSIGN_OR_RETURN(const std::string vi, Resolve(resolve, "data.idx.test_images", idx.test_images()));
+        TANDEM_ASSIGN_OR_RETURN(const std::string vl, Resolve(resolve, "data.idx.test_labels", idx.test_labels()));
+        TANDEM_ASSIGN_OR_RETURN(out.test, OpenIdxSplit("data.idx.test", vi, vl, idx.max_test_samples(),
+                                                       "idx test"));
+        if (out.test->info().sample_shape != out.train->info().sample_shape) {
+          return FieldError("data.idx.test_images", "image size differs from the training split");
+        }
+      }
+      return out;
+    }
+    case DatasetSpec::kText:
+      if (context <= 0) return FieldError("model.gpt.context", "a text dataset needs a context length");
+      return OpenTextDatasets(spec.text(), context, seed, resolve);
+    case DatasetSpec::kSynthetic: {
+      const auto& s = spec.synthetic();
+      TANDEM_ASSIGN_OR_RETURN(const DataInfo info, SyntheticInfo(s));
+      if (s.train_samples() < 0 || s.train_samples() > kMaxSyntheticSamples) {
+        return FieldError("data.synthetic.train_samples", "must be in [0, 2^30]");
+      }
+      if (s.test_samples() < 0 || s.test_samples() > kMaxSyntheticSamples) {
+        return FieldError("data.synthetic.test_samples", "must be in [0, 2^30]");
+      }
+      const uint64_t data_seed = s.seed() != 0 ? s.seed() : seed;
+      Datasets out;
+      out.train = std::make_unique<SyntheticDataset>(
+          "synthetic train", info, s.train_samples() > 0 ? s.train_samples() : 10000, data_seed, 1);
+      out.test = std::make_unique<SyntheticDataset>(
+          "synthetic test", info, s.test_samples() > 0 ? s.test_samples() : 2000, data_seed, 2);
+      return out;
+    }
+    case DatasetSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return FieldError("data", "is required: set one of idx, text, synthetic");
+}
+
+}  // namespace tandem

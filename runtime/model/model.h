@@ -1,0 +1,109 @@
+// A model: a chain of layers built from a ModelSpec, and the layout of its
+// state in contiguous buffers (llm.c's one-allocation-per-state): every layer's
+// parameters are one 64-byte-aligned slice of the parameter buffer, and its
+// gradients, optimizer moments and non-trainable buffers sit at the same offsets
+// of their own buffers. Moving a layer's whole state is one copy per buffer.
+//
+// A Model is immutable after Build and safe to use from several threads; the
+// state it describes is owned elsewhere (ModelState, the executor).
+#ifndef TANDEM_RUNTIME_MODEL_MODEL_H_
+#define TANDEM_RUNTIME_MODEL_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/core/allocator.h"
+#include "runtime/layers/layer.h"
+#include "runtime/layers/loss.h"
+#include "tandem/v1/model.pb.h"
+
+namespace tandem {
+
+// What a model needs to know about its data.
+struct DataInfo {
+  // One input sample: [H, W, C] images, [features], or [T] tokens.
+  Shape sample_shape;
+  DType input_dtype = DType::kF32;
+  // Classes (or vocabulary for token targets).
+  int64_t num_classes = 0;
+  // Targets per sample: 1 for classification, T for language modelling.
+  int64_t targets_per_sample = 1;
+};
+
+class Model {
+ public:
+  // Builds the chain for `spec` on data described by `data`; the loss layer is
+  // appended. INVALID_ARGUMENT names the offending field ("model.gpt.n_head").
+  static absl::StatusOr<std::unique_ptr<Model>> Build(const tandem::v1::ModelSpec& spec,
+                                                      const DataInfo& data);
+  // From explicit layers (tests); the last must be the loss.
+  static absl::StatusOr<std::unique_ptr<Model>> FromLayers(
+      std::vector<std::unique_ptr<Layer>> layers, const DataInfo& data);
+
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  const Layer& layer(int l) const { return *layers_[l]; }
+  const CrossEntropy& loss() const { return *loss_; }
+  const DataInfo& data() const { return data_; }
+
+  // Elements of each contiguous buffer (slices padded to 64 bytes).
+  int64_t parameter_elements() const { return param_offsets_.back(); }
+  int64_t buffer_elements() const { return buffer_offsets_.back(); }
+  // Trainable parameters, unpadded.
+  int64_t parameter_count() const { return parameter_count_; }
+  // Offset (elements) of layer l's slice; offset(num_layers()) is the total.
+  int64_t param_offset(int l) const { return param_offsets_[l]; }
+  int64_t buffer_offset(int l) const { return buffer_offsets_[l]; }
+  int64_t param_slice(int l) const { return param_offsets_[l + 1] - param_offsets_[l]; }
+  int64_t buffer_slice(int l) const { return buffer_offsets_[l + 1] - buffer_offsets_[l]; }
+
+  // Deterministic initial parameters and buffers from `seed`.
+  void Initialize(float* params, float* buffers, uint64_t seed) const;
+
+  // Largest workspace any layer needs at this batch size, in bytes.
+  int64_t MaxWorkspaceBytes(int64_t batch) const;
+  // Activation bytes one forward keeps for backward: outputs and saved tensors.
+  int64_t ActivationBytes(int64_t batch) const;
+
+  // Hex digest of the architecture (kinds, shapes, parameter layout); equal
+  // models hash equal. Checkpoints and profiles are keyed by it.
+  const std::string& fingerprint() const { return fingerprint_; }
+  // One line per layer: "3 linear1 [784] -> [1024] 803,840 params".
+  std::string Summary() const;
+
+ private:
+  Model() = default;
+  absl::Status Finish();
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  const CrossEntropy* loss_ = nullptr;
+  DataInfo data_;
+  std::vector<int64_t> param_offsets_, buffer_offsets_;
+  int64_t parameter_count_ = 0;
+  std::string fingerprint_;
+};
+
+// The host copy of a model's state: parameters, gradients and non-trainable
+// buffers, each one contiguous allocation. Optimizer moments belong to the
+// optimizer (optimizer.h). Not synchronised.
+class ModelState {
+ public:
+  static absl::StatusOr<ModelState> Allocate(const Model& model, Allocator* allocator);
+
+  float* params() const { return params_.f32(); }
+  float* grads() const { return grads_.f32(); }
+  float* buffers() const { return buffers_.f32(); }
+  float* layer_params(const Model& m, int l) const { return params() + m.param_offset(l); }
+  float* layer_grads(const Model& m, int l) const { return grads() + m.param_offset(l); }
+  float* layer_buffers(const Model& m, int l) const {
+    return buffers_.empty() ? nullptr : buffers() + m.buffer_offset(l);
+  }
+
+ private:
+  Buffer params_, grads_, buffers_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_MODEL_MODEL_H_

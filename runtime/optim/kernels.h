@@ -1,0 +1,53 @@
+// Fused optimizer kernels over contiguous fp32 buffers: one pass reads and writes
+// each element once. AVX-512, AVX2 or scalar, chosen at run time (cpu_features.h);
+// multi-threaded with OpenMP over contiguous chunks. The arithmetic follows
+// PyTorch's torch.optim implementations (single-tensor path), so runs match it to
+// rounding. Thread-safe.
+#ifndef TANDEM_RUNTIME_OPTIM_KERNELS_H_
+#define TANDEM_RUNTIME_OPTIM_KERNELS_H_
+
+#include <cstdint>
+
+namespace tandem::optim {
+
+// Adam / AdamW for step t (1-based):
+//   g' = grad_scale * g (+ weight_decay * p when !decoupled)
+//   p  = p * (1 - lr * weight_decay)                   (decoupled, AdamW)
+//   m  = beta1 m + (1 - beta1) g';   v = beta2 v + (1 - beta2) g'^2
+//   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+struct AdamStep {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled = false;
+  float grad_scale = 1.0f;
+  int64_t t = 1;
+};
+void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s);
+
+// SGD with optional momentum (PyTorch, dampening 0):
+//   g' = grad_scale * g + weight_decay * p
+//   buf = g' on the first step, else momentum * buf + g'
+//   p -= lr * (nesterov ? g' + momentum * buf : buf)      (momentum > 0)
+//   p -= lr * g'                                           (momentum = 0; buf unused)
+struct SgdStep {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+  bool first_step = true;
+};
+void SgdUpdate(float* p, const float* g, float* buf, int64_t n, const SgdStep& s);
+
+// sum_i x[i]^2, accumulated in double per thread.
+double SumOfSquares(const float* x, int64_t n);
+
+// For tests and benchmarks: which implementation the dispatch picks.
+const char* AdamImplementation();
+
+}  // namespace tandem::optim
+
+#endif  // TANDEM_RUNTIME_OPTIM_KERNELS_H_

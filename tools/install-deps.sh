@@ -19,7 +19,7 @@ build_packages=(
 )
 test_packages=(
   python3 python3-grpcio python3-protobuf python3-yaml prometheus
-  dataset-fashion-mnist ca-certificates procps
+  dataset-fashion-mnist vim-runtime ca-certificates procps
 )
 bench_packages=(
   python3-torch libopenblas0-pthread linux-perf

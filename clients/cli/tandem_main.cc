@@ -1,19 +1,16 @@
 // tandem: the command-line client of tandemd, and `tandem train` to run a job
-// in-process without a daemon. Each command is a function; main only dispatches.
+// in-process without a daemon. main only parses flags and dispatches.
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "clients/cli/rpc_client.h"
-#include "runtime/base/build_info.h"
+#include "clients/cli/commands.h"
+#include "google/protobuf/util/json_util.h"
 #include "runtime/base/flags_usage.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tandemd address (host:port).");
@@ -26,29 +23,14 @@ namespace {
 struct Command {
   const char* usage;
   const char* help;
-  std::function<absl::Status(const std::vector<std::string>& args)> run;
+  absl::StatusOr<int> (*run)(const Args&);
 };
-
-RpcClient MakeClient() {
-  ClientOptions options;
-  options.server = absl::GetFlag(FLAGS_server);
-  options.token = absl::GetFlag(FLAGS_token);
-  return RpcClient(options);
-}
-
-absl::Status RunNode(const std::vector<std::string>&) {
-  RpcClient client = MakeClient();
-  tandem::v1::NodeInfo node;
-  auto context = client.UnaryContext();
-  grpc::Status status = client.stub().GetNode(context.get(), tandem::v1::GetNodeRequest(), &node);
-  if (!status.ok()) return ToAbsl(status, absl::GetFlag(FLAGS_server));
-  std::printf("%s\n", node.DebugString().c_str());
-  return absl::OkStatus();
-}
 
 const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
+      {"train",
+       {"train FILE", "Run a job file in this process, without a daemon.", RunTrain}},
   };
   return *commands;
 }
@@ -59,18 +41,40 @@ std::string UsageText() {
       "Usage: tandem [--server=HOST:PORT] [--token=T] [--output=text|json] COMMAND ARGS...\n\n"
       "Commands:\n";
   for (const auto& [name, command] : Commands()) {
-    absl::StrAppend(&text, "  ", absl::StrFormat("%-22s", command.usage), command.help, "\n");
+    absl::StrAppend(&text, "  ", absl::StrFormat("%-24s", command.usage), command.help, "\n");
   }
   return text;
 }
 
+Globals globals;
+
 }  // namespace
+
+const Globals& GetGlobals() { return globals; }
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  while (!json.empty() && json.back() == '\n') json.pop_back();
+  return json;
+}
+
 }  // namespace tandem::cli
 
 int main(int argc, char** argv) {
   const std::string usage = tandem::cli::UsageText();
   tandem::InstallFlagsUsage(usage.c_str());
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  tandem::cli::globals = {absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_token),
+                          absl::GetFlag(FLAGS_output)};
+  if (tandem::cli::globals.output != "text" && tandem::cli::globals.output != "json") {
+    std::fprintf(stderr, "tandem: --output must be text or json, got '%s'\n",
+                 tandem::cli::globals.output.c_str());
+    return 2;
+  }
   if (positional.size() < 2) {
     std::fprintf(stderr, "%s", usage.c_str());
     return 2;
@@ -82,11 +86,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", name.c_str(), usage.c_str());
     return 2;
   }
-  std::vector<std::string> args(positional.begin() + 2, positional.end());
-  absl::Status status = it->second.run(args);
-  if (!status.ok()) {
-    std::fprintf(stderr, "tandem %s: %s\n", name.c_str(), status.ToString().c_str());
+  const std::vector<std::string> args(positional.begin() + 2, positional.end());
+  absl::StatusOr<int> code = it->second.run(args);
+  if (!code.ok()) {
+    std::fprintf(stderr, "tandem %s: %s\n", name.c_str(), code.status().ToString().c_str());
     return 1;
   }
-  return 0;
+  return *code;
 }

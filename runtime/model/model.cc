@@ -18,6 +18,12 @@ namespace {
 
 using tandem::v1::ModelSpec;
 
+// Preset defaults (the proto comments of model.proto).
+constexpr int64_t kMlpHidden = 1024, kMlpHiddenLayers = 2;
+constexpr int64_t kCnnConv1 = 32, kCnnConv2 = 64, kCnnHidden = 512, kCnnKernel = 5;
+constexpr int64_t kResNetBase = 16, kResNetStages = 3, kResNetBlocks = 2;
+constexpr int64_t kGptLayers = 4, kGptHeads = 4, kGptWidth = 256;
+
 absl::Status FieldError(const std::string& field, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
 }
@@ -56,7 +62,7 @@ absl::StatusOr<Layers> BuildMlp(const tandem::v1::MlpSpec& s, const DataInfo& da
   }
   TANDEM_RETURN_IF_ERROR(CheckProbability(s.dropout(), "model.mlp.dropout"));
   std::vector<int64_t> hidden(s.hidden_sizes().begin(), s.hidden_sizes().end());
-  if (hidden.empty()) hidden = {1024, 1024};
+  if (hidden.empty()) hidden.assign(kMlpHiddenLayers, kMlpHidden);
   if (hidden.size() > 64) return FieldError("model.mlp.hidden_sizes", "at most 64 layers");
   Layers layers;
   layers.push_back(std::make_unique<Flatten>());
@@ -75,10 +81,10 @@ absl::StatusOr<Layers> BuildMlp(const tandem::v1::MlpSpec& s, const DataInfo& da
 
 absl::StatusOr<Layers> BuildCnn(const tandem::v1::CnnSpec& s, const DataInfo& data) {
   TANDEM_RETURN_IF_ERROR(NeedImages(data, "model.cnn"));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t c1, PositiveOr(s.conv1_channels(), 32, "model.cnn.conv1_channels", 4096));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t c2, PositiveOr(s.conv2_channels(), 64, "model.cnn.conv2_channels", 4096));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t h, PositiveOr(s.hidden_size(), 512, "model.cnn.hidden_size"));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t k, PositiveOr(s.kernel_size(), 5, "model.cnn.kernel_size", 31));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t c1, PositiveOr(s.conv1_channels(), kCnnConv1, "model.cnn.conv1_channels", 4096));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t c2, PositiveOr(s.conv2_channels(), kCnnConv2, "model.cnn.conv2_channels", 4096));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t h, PositiveOr(s.hidden_size(), kCnnHidden, "model.cnn.hidden_size"));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t k, PositiveOr(s.kernel_size(), kCnnKernel, "model.cnn.kernel_size", 31));
   if (k % 2 == 0) return FieldError("model.cnn.kernel_size", absl::StrCat("must be odd, got ", k));
   Layers layers;
   for (int64_t channels : {c1, c2}) {
@@ -96,9 +102,9 @@ absl::StatusOr<Layers> BuildCnn(const tandem::v1::CnnSpec& s, const DataInfo& da
 
 absl::StatusOr<Layers> BuildResNet(const tandem::v1::ResNetSpec& s, const DataInfo& data) {
   TANDEM_RETURN_IF_ERROR(NeedImages(data, "model.resnet"));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t base, PositiveOr(s.base_channels(), 16, "model.resnet.base_channels", 1024));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t stages, PositiveOr(s.stages(), 3, "model.resnet.stages", 6));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t blocks, PositiveOr(s.blocks_per_stage(), 2, "model.resnet.blocks_per_stage", 32));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t base, PositiveOr(s.base_channels(), kResNetBase, "model.resnet.base_channels", 1024));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t stages, PositiveOr(s.stages(), kResNetStages, "model.resnet.stages", 6));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t blocks, PositiveOr(s.blocks_per_stage(), kResNetBlocks, "model.resnet.blocks_per_stage", 32));
   Layers layers;
   layers.push_back(std::make_unique<Conv2d>(
       Conv2dOptions{.out_channels = base, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false}));
@@ -122,9 +128,9 @@ absl::StatusOr<Layers> BuildGpt(const tandem::v1::GptSpec& s, const DataInfo& da
   if (data.input_dtype != DType::kI32 || data.sample_shape.rank() != 1) {
     return FieldError("model.gpt", "needs token sequences (a text or synthetic token dataset)");
   }
-  TANDEM_ASSIGN_OR_RETURN(const int64_t n_layer, PositiveOr(s.n_layer(), 4, "model.gpt.n_layer", 1024));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t n_head, PositiveOr(s.n_head(), 4, "model.gpt.n_head", 1024));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t d_model, PositiveOr(s.d_model(), 256, "model.gpt.d_model", 65536));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t n_layer, PositiveOr(s.n_layer(), kGptLayers, "model.gpt.n_layer", 1024));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t n_head, PositiveOr(s.n_head(), kGptHeads, "model.gpt.n_head", 1024));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t d_model, PositiveOr(s.d_model(), kGptWidth, "model.gpt.d_model", 65536));
   TANDEM_ASSIGN_OR_RETURN(const int64_t vocab,
                           PositiveOr(s.vocab_size(), data.num_classes, "model.gpt.vocab_size"));
   TANDEM_RETURN_IF_ERROR(CheckProbability(s.dropout(), "model.gpt.dropout"));
@@ -245,6 +251,55 @@ uint64_t Fnv1a(const std::string& s, uint64_t h) {
 }
 
 }  // namespace
+
+ModelSpec WithPresetDefaults(const ModelSpec& spec, const DataInfo& data) {
+  ModelSpec out = spec;
+  auto fill = [](auto* msg, auto getter, auto setter, int64_t value) {
+    if ((msg->*getter)() == 0) (msg->*setter)(static_cast<int32_t>(value));
+  };
+  switch (out.model_case()) {
+    case ModelSpec::kMlp: {
+      auto* m = out.mutable_mlp();
+      if (m->hidden_sizes_size() == 0) {
+        for (int i = 0; i < kMlpHiddenLayers; ++i) m->add_hidden_sizes(kMlpHidden);
+      }
+      if (m->activation() == tandem::v1::ACTIVATION_UNSPECIFIED) {
+        m->set_activation(tandem::v1::ACTIVATION_RELU);
+      }
+      break;
+    }
+    case ModelSpec::kCnn: {
+      auto* m = out.mutable_cnn();
+      using C = tandem::v1::CnnSpec;
+      fill(m, &C::conv1_channels, &C::set_conv1_channels, kCnnConv1);
+      fill(m, &C::conv2_channels, &C::set_conv2_channels, kCnnConv2);
+      fill(m, &C::hidden_size, &C::set_hidden_size, kCnnHidden);
+      fill(m, &C::kernel_size, &C::set_kernel_size, kCnnKernel);
+      break;
+    }
+    case ModelSpec::kResnet: {
+      auto* m = out.mutable_resnet();
+      using R = tandem::v1::ResNetSpec;
+      fill(m, &R::base_channels, &R::set_base_channels, kResNetBase);
+      fill(m, &R::stages, &R::set_stages, kResNetStages);
+      fill(m, &R::blocks_per_stage, &R::set_blocks_per_stage, kResNetBlocks);
+      break;
+    }
+    case ModelSpec::kGpt: {
+      auto* m = out.mutable_gpt();
+      using G = tandem::v1::GptSpec;
+      fill(m, &G::n_layer, &G::set_n_layer, kGptLayers);
+      fill(m, &G::n_head, &G::set_n_head, kGptHeads);
+      fill(m, &G::d_model, &G::set_d_model, kGptWidth);
+      fill(m, &G::context, &G::set_context, kDefaultGptContext);
+      fill(m, &G::vocab_size, &G::set_vocab_size, data.num_classes);
+      break;
+    }
+    default:
+      break;
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const DataInfo& data) {
   if (data.num_classes < 2) {

@@ -1,0 +1,35 @@
+// The tandem CLI's commands. Each takes its positional arguments and returns the
+// process exit code (0 success; for `--watch`, the job's outcome), or an error
+// that main prints. Global flags (--server, --token, --output) are read through
+// Globals().
+#ifndef TANDEM_CLIENTS_CLI_COMMANDS_H_
+#define TANDEM_CLIENTS_CLI_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "google/protobuf/message.h"
+
+namespace tandem::cli {
+
+struct Globals {
+  std::string server;
+  std::string token;
+  // "text" or "json".
+  std::string output;
+  bool json() const { return output == "json"; }
+};
+const Globals& GetGlobals();
+
+using Args = std::vector<std::string>;
+
+absl::StatusOr<int> RunTrain(const Args& args);
+absl::StatusOr<int> RunNode(const Args& args);
+
+// A message as pretty JSON (the protobuf JSON mapping, field names as in .proto).
+std::string ToJson(const google::protobuf::Message& message);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_CLIENTS_CLI_COMMANDS_H_

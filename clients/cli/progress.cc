@@ -1,0 +1,75 @@
+#include "clients/cli/progress.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem::cli {
+
+std::string FormatDuration(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+void ProgressPrinter::Line(const std::string& text) {
+  Finish();
+  std::fprintf(out_, "%s\n", text.c_str());
+  std::fflush(out_);
+}
+
+void ProgressPrinter::Finish() {
+  if (live_) {
+    std::fprintf(out_, "\n");
+    live_ = false;
+  }
+}
+
+void ProgressPrinter::Step(const tandem::v1::JobEvent::StepProgress& p) {
+  const double fraction =
+      p.total_steps() > 0 ? static_cast<double>(p.step()) / static_cast<double>(p.total_steps()) : 0;
+  if (!tty_) {
+    std::fprintf(out_, "step %d/%d epoch %d loss %.4f %.0f samples/s eta %s\n", p.step(),
+                 p.total_steps(), p.epoch(), p.loss(), p.samples_per_second(),
+                 FormatDuration(p.eta_seconds()).c_str());
+    std::fflush(out_);
+    return;
+  }
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(fraction * kWidth);
+  std::string bar(filled, '#');
+  bar.append(kWidth - filled, '.');
+  std::fprintf(out_, "\r\033[K[%s] %3.0f%% step %d/%d loss %.4f %.0f samples/s eta %s", bar.c_str(),
+               100 * fraction, p.step(), p.total_steps(), p.loss(), p.samples_per_second(),
+               FormatDuration(p.eta_seconds()).c_str());
+  std::fflush(out_);
+  live_ = true;
+}
+
+void ProgressPrinter::Eval(const tandem::v1::JobEvent::EvalResult& e) {
+  Line(absl::StrFormat("eval step %d: loss %.4f accuracy %.4f (%d samples)", e.step(), e.loss(),
+                       e.accuracy(), e.samples()));
+}
+
+void ProgressPrinter::Log(tandem::v1::LogSeverity severity, const std::string& message) {
+  const char* tag = severity == tandem::v1::LOG_SEVERITY_ERROR     ? "error: "
+                    : severity == tandem::v1::LOG_SEVERITY_WARNING ? "warning: "
+                                                                   : "";
+  Line(absl::StrCat(tag, message));
+}
+
+void ProgressPrinter::Checkpoint(const tandem::v1::JobEvent::CheckpointSaved& c) {
+  if (tty_) return;  // Too chatty for a live display.
+  Line(absl::StrFormat("checkpoint step %d: %s (%d bytes)", c.step(), c.path(), c.bytes()));
+}
+
+void ProgressPrinter::State(const tandem::v1::JobEvent::StateChange& s) {
+  std::string line = absl::StrCat("state ", tandem::v1::JobState_Name(s.to()));
+  if (!s.reason().empty()) absl::StrAppend(&line, ": ", s.reason());
+  Line(line);
+}
+
+}  // namespace tandem::cli

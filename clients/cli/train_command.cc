@@ -1,0 +1,80 @@
+// `tandem train FILE`: runs a job in this process, without a daemon.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/progress.h"
+#include "google/protobuf/util/time_util.h"
+#include "runtime/cuda/device_query.h"
+#include "runtime/train/job_spec.h"
+#include "runtime/train/trainer.h"
+
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "tandem train: write checkpoints here and resume from the newest one; empty = none.");
+ABSL_FLAG(int, threads, 0, "tandem train: CPU threads (0 = all cores, or training.threads).");
+
+namespace tandem::cli {
+
+absl::StatusOr<int> RunTrain(const Args& args) {
+  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem train FILE");
+  absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  if (!spec.ok()) return spec.status();
+  const bool json = GetGlobals().json();
+  // Progress goes to stderr with --output=json so stdout holds only the Job.
+  FILE* out = json ? stderr : stdout;
+  ProgressPrinter printer(out, ::isatty(::fileno(out)) != 0);
+
+  TrainerOptions options;
+  options.job_id = "local";
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
+                                                     : spec->training().threads();
+  options.has_accelerator = !cuda::QueryCudaDevices().empty();
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const auto& p) { printer.Step(p); };
+  callbacks.on_eval = [&](const auto& e) { printer.Eval(e); };
+  callbacks.on_log = [&](auto severity, const std::string& m) { printer.Log(severity, m); };
+  callbacks.on_checkpoint = [&](const auto& c) { printer.Checkpoint(c); };
+
+  tandem::v1::Job job;
+  job.set_id("local");
+  *job.mutable_spec() = *spec;
+  *job.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  *job.mutable_start_time() = job.create_time();
+  job.set_attempts(1);
+
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options, callbacks);
+  if (!trainer.ok()) return trainer.status();
+  const absl::Status status = (*trainer)->Run();
+  printer.Finish();
+  *job.mutable_resolved_spec() = (*trainer)->resolved_spec();
+  *job.mutable_progress() = (*trainer)->progress();
+  *job.mutable_metrics() = (*trainer)->metrics();
+  job.set_checkpoint_step((*trainer)->checkpoint_step());
+  job.set_checkpoint_path((*trainer)->checkpoint_path());
+  *job.mutable_plan() = (*trainer)->runner().plan();
+  *job.mutable_end_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  job.set_state(status.ok() ? tandem::v1::JOB_STATE_SUCCEEDED
+                            : status.code() == absl::StatusCode::kCancelled
+                                  ? tandem::v1::JOB_STATE_CANCELLED
+                                  : tandem::v1::JOB_STATE_FAILED);
+  if (!status.ok()) job.set_reason(std::string(status.message()));
+
+  if (json) {
+    std::printf("%s\n", ToJson(job).c_str());
+  } else {
+    const auto& m = job.metrics();
+    std::printf("%s after %d steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
+                tandem::v1::JobState_Name(job.state()).c_str(), job.progress().step(),
+                FormatDuration(m.train_seconds()).c_str(), m.loss(), m.eval_accuracy(),
+                m.eval_loss(), m.mean_samples_per_second());
+    if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
+  }
+  return status.ok() ? 0 : 1;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,152 @@
+#include "runtime/exec/cpu_runner.h"
+
+#include <cmath>
+
+#include "runtime/core/clock.h"
+#include "runtime/core/random.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/optim/kernels.h"
+
+namespace tandem {
+
+int64_t CountCorrect(const float* logits, const int32_t* targets, int64_t rows, int64_t classes) {
+  int64_t correct = 0;
+#pragma omp parallel for reduction(+ : correct) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits + r * classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c) {
+      if (row[c] > row[best]) best = c;
+    }
+    if (best == targets[r]) ++correct;
+  }
+  return correct;
+}
+
+absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
+    const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
+    uint64_t init_seed, Allocator* allocator) {
+  std::unique_ptr<CpuRunner> r(new CpuRunner(model, allocator));
+  r->max_batch_ = max_batch;
+  TANDEM_ASSIGN_OR_RETURN(r->state_, ModelState::Allocate(model, allocator));
+  model.Initialize(r->state_.params(), r->state_.buffers(), init_seed);
+  TANDEM_ASSIGN_OR_RETURN(r->optimizer_,
+                          Optimizer::Create(optimizer, model.parameter_elements(), allocator));
+  int64_t max_grad = model.data().sample_shape.elements() * 4 * max_batch;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    const Layer& layer = model.layer(l);
+    TANDEM_ASSIGN_OR_RETURN(Buffer out, Buffer::Allocate(allocator, layer.OutputBytes(max_batch),
+                                                         MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(Buffer saved, Buffer::Allocate(allocator, layer.SavedBytes(max_batch),
+                                                           MemoryCategory::kActivations));
+    r->outputs_.push_back(std::move(out));
+    r->saved_.push_back(std::move(saved));
+    max_grad = std::max(max_grad, layer.OutputBytes(max_batch));
+  }
+  TANDEM_ASSIGN_OR_RETURN(r->grad_a_, Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(r->grad_b_, Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(r->workspace_, Buffer::Allocate(allocator, model.MaxWorkspaceBytes(max_batch),
+                                                          MemoryCategory::kWorkspace));
+  return r;
+}
+
+LayerContext CpuRunner::Context(int l, bool training, const StepOptions& options,
+                                const int32_t* targets) {
+  LayerContext ctx;
+  ctx.params = state_.layer_params(model_, l);
+  ctx.grads = state_.layer_grads(model_, l);
+  ctx.buffers = state_.layer_buffers(model_, l);
+  ctx.training = training;
+  ctx.seed = options.seed;
+  // Dropout differs per step and per layer; resuming at the same step gives the
+  // same masks.
+  ctx.rng_stream = MixStream(0xd209, static_cast<uint64_t>(options.step), static_cast<uint64_t>(l));
+  ctx.workspace = workspace_.data();
+  ctx.targets = targets;
+  return ctx;
+}
+
+const float* CpuRunner::Forward(const Batch& batch, bool training, const StepOptions& options) {
+  const int64_t B = batch.size;
+  Tensor x(const_cast<float*>(batch.inputs.data()), batch.input_dtype,
+           model_.data().sample_shape.WithBatch(B));
+  for (int l = 0; l < model_.num_layers(); ++l) {
+    const Layer& layer = model_.layer(l);
+    const Tensor y = Tensor::F32(outputs_[l].f32(), layer.output_shape().WithBatch(B));
+    const double start = timing_sink_ ? WallSeconds() : 0;
+    layer.Forward(Context(l, training, options, batch.targets.data()), x, y, saved_[l].data());
+    if (timing_sink_) timing_sink_->Record(l, Phase::kForward, WallSeconds() - start);
+    x = y;
+  }
+  return outputs_.back().f32();
+}
+
+absl::StatusOr<StepResult> CpuRunner::TrainStep(const Batch& batch, const StepOptions& options) {
+  if (batch.size > max_batch_ || batch.size <= 0) {
+    return absl::InvalidArgumentError("batch larger than the runner was sized for");
+  }
+  const int64_t B = batch.size;
+  const int L = model_.num_layers();
+  const float* losses = Forward(batch, true, options);
+  StepResult result;
+  result.samples = B;
+  double sum = 0;
+  for (int64_t b = 0; b < B; ++b) sum += losses[b];
+  result.loss = sum / static_cast<double>(B);
+
+  // d(mean loss)/d(per-sample loss) = 1/B.
+  float* dy = grad_a_.f32();
+  float* dx = grad_b_.f32();
+  for (int64_t b = 0; b < B; ++b) dy[b] = 1.0f / static_cast<float>(B);
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& layer = model_.layer(l);
+    const Tensor x =
+        l == 0 ? Tensor(const_cast<float*>(batch.inputs.data()), batch.input_dtype,
+                        model_.data().sample_shape.WithBatch(B))
+               : Tensor::F32(outputs_[l - 1].f32(), layer.input_shape().WithBatch(B));
+    const Tensor y = Tensor::F32(outputs_[l].f32(), layer.output_shape().WithBatch(B));
+    // The first layer's input needs no gradient.
+    const Tensor dxt = l == 0 ? Tensor() : Tensor::F32(dx, layer.input_shape().WithBatch(B));
+    const double start = timing_sink_ ? WallSeconds() : 0;
+    layer.Backward(Context(l, true, options, batch.targets.data()), x, y, saved_[l].data(),
+                   Tensor::F32(dy, layer.output_shape().WithBatch(B)), dxt);
+    if (timing_sink_) timing_sink_->Record(l, Phase::kBackward, WallSeconds() - start);
+    std::swap(dy, dx);
+  }
+
+  float scale = 1.0f;
+  if (optimizer_->spec().max_grad_norm() > 0) {
+    result.grad_norm = std::sqrt(optim::SumOfSquares(state_.grads(), model_.parameter_elements()));
+    scale = Optimizer::ClipScale(result.grad_norm, optimizer_->spec().max_grad_norm());
+  }
+  const double start = timing_sink_ ? WallSeconds() : 0;
+  optimizer_->Step(state_.params(), state_.grads(), options.learning_rate, scale);
+  if (timing_sink_) timing_sink_->Record(-1, Phase::kUpdate, WallSeconds() - start);
+  return result;
+}
+
+absl::StatusOr<EvalResult> CpuRunner::EvalBatch(const Batch& batch) {
+  if (batch.size > max_batch_ || batch.size <= 0) {
+    return absl::InvalidArgumentError("batch larger than the runner was sized for");
+  }
+  StepOptions options;
+  const float* losses = Forward(batch, false, options);
+  EvalResult r;
+  r.samples = batch.size;
+  for (int64_t b = 0; b < batch.size; ++b) r.loss_sum += losses[b];
+  const CrossEntropy& loss = model_.loss();
+  r.positions = batch.size * loss.positions();
+  r.correct = CountCorrect(logits(), batch.targets.data(), r.positions, loss.classes());
+  return r;
+}
+
+HostStateView CpuRunner::host_state() {
+  HostStateView v;
+  v.params = state_.params();
+  v.buffers = state_.buffers();
+  for (int i = 0; i < optimizer_->state_count(); ++i) v.moments.push_back(optimizer_->state(i));
+  v.optimizer = optimizer_.get();
+  return v;
+}
+
+}  // namespace tandem

@@ -1,0 +1,98 @@
+// The seam between the training loop and whatever runs a step: the CPU engine
+// (cpu_runner.h) or the hybrid plan executor. A runner owns the model state
+// wherever the plan puts it, and keeps a host copy current on request for
+// checkpoints. Runners are driven by one thread (the trainer's).
+#ifndef TANDEM_RUNTIME_EXEC_STEP_RUNNER_H_
+#define TANDEM_RUNTIME_EXEC_STEP_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/core/allocator.h"
+#include "runtime/data/loader.h"
+#include "runtime/model/model.h"
+#include "runtime/optim/optimizer.h"
+#include "tandem/v1/plan.pb.h"
+
+namespace tandem {
+
+enum class Phase : uint8_t { kForward = 0, kBackward = 1, kUpdate = 2 };
+
+// Receives the wall time of each layer's phases as they run (the profiler's
+// always-on mode). Called from the thread running the phase.
+class LayerTimingSink {
+ public:
+  virtual ~LayerTimingSink() = default;
+  virtual void Record(int layer, Phase phase, double seconds) = 0;
+};
+
+struct StepOptions {
+  // Optimizer step index, from 0 (seeds dropout; picks the learning rate).
+  int64_t step = 0;
+  float learning_rate = 1e-3f;
+  uint64_t seed = 0;
+};
+
+struct StepResult {
+  // Mean loss over the batch, in nats per sample.
+  double loss = 0;
+  // Global gradient L2 norm before clipping; 0 when clipping is off (not computed).
+  double grad_norm = 0;
+  int64_t samples = 0;
+};
+
+struct EvalResult {
+  // Sum over samples of each sample's mean loss.
+  double loss_sum = 0;
+  // Positions predicted correctly (argmax), and positions evaluated.
+  int64_t correct = 0;
+  int64_t positions = 0;
+  int64_t samples = 0;
+};
+
+// The host copy of the training state, laid out as the model describes.
+struct HostStateView {
+  float* params = nullptr;
+  float* buffers = nullptr;
+  // Optimizer moments (state_count of them), each parameter_elements long.
+  std::vector<float*> moments;
+  Optimizer* optimizer = nullptr;
+};
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+
+  // Forward, backward and the optimizer update on one batch.
+  virtual absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) = 0;
+  // Forward only, in evaluation mode.
+  virtual absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) = 0;
+
+  // Makes host_state() current (copies device-resident state back).
+  virtual absl::Status SyncStateToHost() = 0;
+  virtual HostStateView host_state() = 0;
+  // After host_state() was overwritten (a checkpoint load), pushes it to wherever
+  // the state lives.
+  virtual absl::Status StateChangedOnHost() = 0;
+
+  // Peak bytes allocated per device since the runner started.
+  virtual int64_t peak_host_bytes() const = 0;
+  virtual int64_t peak_accelerator_bytes() const { return 0; }
+  // The plan the runner executes (empty for the plain CPU engine).
+  virtual tandem::v1::Plan plan() const { return tandem::v1::Plan(); }
+  // The measured timeline of the latest step, when the runner records one.
+  virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
+
+  void set_timing_sink(LayerTimingSink* sink) { timing_sink_ = sink; }
+
+ protected:
+  LayerTimingSink* timing_sink_ = nullptr;
+};
+
+// Argmax of each position's logits against its target. logits: rows x classes.
+int64_t CountCorrect(const float* logits, const int32_t* targets, int64_t rows, int64_t classes);
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_EXEC_STEP_RUNNER_H_

@@ -1,0 +1,178 @@
+#include "runtime/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/core/status_macros.h"
+
+namespace tandem {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'N', 'D', 'M', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kFormatVersion = 1;
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+// Writes all of `data` to `fd`, updating `crc`.
+absl::Status WriteAll(int fd, const void* data, size_t n, uLong* crc, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  if (crc != nullptr) {
+    // zlib's crc32 takes uInt lengths; feed it in chunks.
+    for (size_t done = 0; done < n;) {
+      const uInt chunk = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
+      *crc = crc32(*crc, reinterpret_cast<const Bytef*>(p + done), chunk);
+      done += chunk;
+    }
+  }
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot write", path);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Errno("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Errno("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+// Writes a file through `write(fd, crc)` to a temporary name, then renames it.
+template <typename Writer>
+absl::StatusOr<int64_t> AtomicWrite(const std::string& path, Writer write) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  absl::Status s = write(fd);
+  if (s.ok() && ::fsync(fd) != 0) s = Errno("cannot fsync", tmp);
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (::close(fd) != 0 && s.ok()) s = Errno("cannot close", tmp);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = Errno("cannot rename to", path);
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  TANDEM_RETURN_IF_ERROR(SyncDirectory(DirName(path)));
+  return static_cast<int64_t>(size);
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  return AtomicWrite(path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size(), nullptr, path); })
+      .status();
+}
+
+absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
+                                        tandem::v1::CheckpointHeader header,
+                                        const std::vector<NamedTensor>& tensors) {
+  header.set_format_version(kFormatVersion);
+  header.clear_tensors();
+  int64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    auto* entry = header.add_tensors();
+    entry->set_name(t.name);
+    entry->set_dtype("f32");
+    entry->set_elements(t.elements);
+    entry->set_offset(offset);
+    offset += t.elements * 4;
+  }
+  const std::string header_bytes = header.SerializeAsString();
+  return AtomicWrite(path, [&](int fd) -> absl::Status {
+    uLong crc = crc32(0, nullptr, 0);
+    const uint32_t version = kFormatVersion;
+    const uint64_t header_len = header_bytes.size();
+    TANDEM_RETURN_IF_ERROR(WriteAll(fd, kMagic, sizeof(kMagic), &crc, path));
+    TANDEM_RETURN_IF_ERROR(WriteAll(fd, &version, sizeof(version), &crc, path));
+    TANDEM_RETURN_IF_ERROR(WriteAll(fd, &header_len, sizeof(header_len), &crc, path));
+    TANDEM_RETURN_IF_ERROR(WriteAll(fd, header_bytes.data(), header_bytes.size(), &crc, path));
+    for (const NamedTensor& t : tensors) {
+      TANDEM_RETURN_IF_ERROR(WriteAll(fd, t.data, t.elements * 4, &crc, path));
+    }
+    const uint32_t crc32_value = static_cast<uint32_t>(crc);
+    return WriteAll(fd, &crc32_value, sizeof(crc32_value), nullptr, path);
+  });
+}
+
+absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& path,
+                                                            const std::string& fingerprint,
+                                                            const std::vector<NamedTensor>& into) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open checkpoint '", path, "'"));
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t fixed = sizeof(kMagic) + 4 + 8;
+  if (bytes.size() < fixed + 4 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is not a Tandem checkpoint"));
+  }
+  uint32_t stored_crc;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  const uLong crc = crc32(crc32(0, nullptr, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+                          static_cast<uInt>(bytes.size() - 4));
+  if (static_cast<uint32_t>(crc) != stored_crc) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", path, "' is damaged (CRC mismatch)"));
+  }
+  uint32_t version;
+  uint64_t header_len;
+  std::memcpy(&version, bytes.data() + sizeof(kMagic), 4);
+  std::memcpy(&header_len, bytes.data() + sizeof(kMagic) + 4, 8);
+  if (version != kFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", path, "' has format version ", version, "; this build reads ",
+                     kFormatVersion));
+  }
+  if (header_len > bytes.size() - fixed - 4) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has a bad header length"));
+  }
+  tandem::v1::CheckpointHeader header;
+  if (!header.ParseFromArray(bytes.data() + fixed, static_cast<int>(header_len))) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has an unreadable header"));
+  }
+  if (!fingerprint.empty() && header.model_fingerprint() != fingerprint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint '", path, "' belongs to model ", header.model_fingerprint(),
+                     ", not ", fingerprint));
+  }
+  const char* data = bytes.data() + fixed + header_len;
+  const int64_t data_bytes = static_cast<int64_t>(bytes.size() - fixed - header_len - 4);
+  for (const NamedTensor& t : into) {
+    const tandem::v1::CheckpointTensor* found = nullptr;
+    for (const auto& entry : header.tensors()) {
+      if (entry.name() == t.name) found = &entry;
+    }
+    if (found == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint '", path, "' has no tensor '", t.name, "'"));
+    }
+    if (found->elements() != t.elements || found->offset() < 0 ||
+        found->offset() + found->elements() * 4 > data_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint '", path, "': tensor '", t.name,
+                                                        "' has ", found->elements(),
+                                                        " elements, expected ", t.elements));
+    }
+    std::memcpy(t.data, data + found->offset(), t.elements * 4);
+  }
+  return header;
+}
+
+}  // namespace tandem

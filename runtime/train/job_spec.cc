@@ -1,0 +1,308 @@
+#include "runtime/train/job_spec.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/core/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace tandem {
+namespace {
+
+using tandem::v1::JobSpec;
+
+absl::Status FieldError(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+template <typename T>
+absl::Status InRange(const std::string& field, T value, T lo, T hi) {
+  if (!(value >= lo && value <= hi)) {
+    return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+std::string JsonQuote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// A plain YAML scalar as JSON: numbers, true/false and null keep their type.
+std::string PlainScalarToJson(const std::string& v) {
+  const std::string lower = absl::AsciiStrToLower(v);
+  if (lower == "true" || lower == "false") return lower;
+  if (lower == "null" || v == "~" || v.empty()) return "null";
+  double d;
+  if (absl::SimpleAtod(v, &d) && std::isfinite(d) && !absl::StartsWith(lower, "0x") &&
+      lower.find_first_not_of("0123456789+-.e") == std::string::npos) {
+    return v;
+  }
+  return JsonQuote(v);
+}
+
+void AppendJson(const YAML::Node& node, std::string* out) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      *out += "null";
+      return;
+    case YAML::NodeType::Scalar:
+      // Quoted scalars carry the "!" tag: they stay strings.
+      *out += node.Tag() == "!" ? JsonQuote(node.Scalar()) : PlainScalarToJson(node.Scalar());
+      return;
+    case YAML::NodeType::Sequence: {
+      *out += "[";
+      bool first = true;
+      for (const YAML::Node& item : node) {
+        if (!first) *out += ",";
+        first = false;
+        AppendJson(item, out);
+      }
+      *out += "]";
+      return;
+    }
+    case YAML::NodeType::Map: {
+      *out += "{";
+      bool first = true;
+      for (const auto& kv : node) {
+        if (!first) *out += ",";
+        first = false;
+        *out += JsonQuote(kv.first.as<std::string>());
+        *out += ":";
+        AppendJson(kv.second, out);
+      }
+      *out += "}";
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> YamlToJson(const std::string& yaml, const std::string& filename) {
+  try {
+    const YAML::Node root = YAML::Load(yaml);
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat(filename, ": a job file must be a mapping"));
+    }
+    std::string json;
+    AppendJson(root, &json);
+    return json;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(filename, ":", e.mark.line + 1, ":",
+                                                   e.mark.column + 1, ": ", e.msg));
+  }
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text, const std::string& filename) {
+  const std::string trimmed(absl::StripLeadingAsciiWhitespace(text));
+  std::string json;
+  if (absl::EndsWith(filename, ".json") || absl::StartsWith(trimmed, "{")) {
+    json = text;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(json, YamlToJson(text, filename));
+  }
+  JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(filename, ": not a valid JobSpec: ", std::string(status.message())));
+  }
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open job file '", path, "'"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (ss.str().size() > (4 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": job files are at most 4 MiB"));
+  }
+  return ParseJobSpec(ss.str(), path);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  if (spec.display_name().size() > 128) {
+    return FieldError("display_name", absl::StrCat("at most 128 characters, got ", spec.display_name().size()));
+  }
+  if (spec.labels_size() > 32) return FieldError("labels", "at most 32 entries");
+  for (const auto& [k, v] : spec.labels()) {
+    if (k.empty() || k.size() > 128) return FieldError("labels", "keys must have 1 to 128 characters");
+    if (v.size() > 128) return FieldError(absl::StrCat("labels[", k, "]"), "at most 128 characters");
+  }
+  if (spec.model().model_case() == tandem::v1::ModelSpec::MODEL_NOT_SET) {
+    return FieldError("model", "is required: set one of mlp, cnn, resnet, gpt, layers");
+  }
+  if (spec.data().source_case() == tandem::v1::DatasetSpec::SOURCE_NOT_SET) {
+    return FieldError("data", "is required: set one of idx, text, synthetic");
+  }
+  const auto& o = spec.optimizer();
+  if (!tandem::v1::OptimizerKind_IsValid(o.kind())) {
+    return FieldError("optimizer.kind", absl::StrCat("unknown value ", o.kind()));
+  }
+  if (!tandem::v1::LearningRateSchedule_IsValid(o.schedule())) {
+    return FieldError("optimizer.schedule", absl::StrCat("unknown value ", o.schedule()));
+  }
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.learning_rate", o.learning_rate(), 0.0f, 10.0f));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.momentum", o.momentum(), 0.0f, 0.999999f));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.beta1", o.beta1(), 0.0f, 0.999999f));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.beta2", o.beta2(), 0.0f, 0.999999f));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.epsilon", o.epsilon(), 0.0f, 1.0f));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.weight_decay", o.weight_decay(), 0.0f, 10.0f));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.max_grad_norm", o.max_grad_norm(), 0.0f, 1e9f));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("optimizer.warmup_steps", o.warmup_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(InRange("optimizer.min_learning_rate", o.min_learning_rate(), 0.0f, 10.0f));
+
+  const auto& t = spec.training();
+  if (t.batch_size() == 0) return FieldError("training.batch_size", "is required (samples per step)");
+  TANDEM_RETURN_IF_ERROR(InRange("training.batch_size", t.batch_size(), 1, 65536));
+  switch (t.duration_case()) {
+    case tandem::v1::TrainingSpec::kSteps:
+      TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.steps", t.steps(), 1, 1000000000));
+      break;
+    case tandem::v1::TrainingSpec::kEpochs:
+      TANDEM_RETURN_IF_ERROR(InRange("training.epochs", t.epochs(), 1, 100000));
+      break;
+    case tandem::v1::TrainingSpec::DURATION_NOT_SET:
+      return FieldError("training", "set steps or epochs");
+  }
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.eval_interval_steps", t.eval_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.checkpoint_interval_steps", t.checkpoint_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.log_interval_steps", t.log_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(InRange("training.eval_batch_size", t.eval_batch_size(), 0, 65536));
+  TANDEM_RETURN_IF_ERROR(InRange("training.threads", t.threads(), 0, 1024));
+
+  const auto& p = spec.placement();
+  if (!tandem::v1::Strategy_IsValid(p.strategy())) {
+    return FieldError("placement.strategy", absl::StrCat("unknown value ", p.strategy()));
+  }
+  if (!tandem::v1::AcceleratorKind_IsValid(p.accelerator())) {
+    return FieldError("placement.accelerator", absl::StrCat("unknown value ", p.accelerator()));
+  }
+  TANDEM_RETURN_IF_ERROR(InRange("placement.micro_batch_size", p.micro_batch_size(), 0, 65536));
+  if (p.micro_batch_size() > 0 && t.batch_size() % p.micro_batch_size() != 0) {
+    return FieldError("placement.micro_batch_size",
+                      absl::StrCat(p.micro_batch_size(), " does not divide training.batch_size ",
+                                   t.batch_size()));
+  }
+  const auto& r = spec.resources();
+  constexpr int64_t kMaxBytes = int64_t{1} << 50;
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("resources.accelerator_memory_bytes", r.accelerator_memory_bytes(), 0, kMaxBytes));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("resources.host_memory_bytes", r.host_memory_bytes(), 0, kMaxBytes));
+  TANDEM_RETURN_IF_ERROR(InRange("resources.emulated_link_bytes_per_second", r.emulated_link_bytes_per_second(), 0.0, 1e15));
+  TANDEM_RETURN_IF_ERROR(InRange("priority", spec.priority(), -1000, 1000));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator) {
+  TANDEM_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  JobSpec r = spec;
+  auto* o = r.mutable_optimizer();
+  if (o->kind() == tandem::v1::OPTIMIZER_KIND_UNSPECIFIED) o->set_kind(tandem::v1::OPTIMIZER_KIND_ADAM);
+  const bool sgd = o->kind() == tandem::v1::OPTIMIZER_KIND_SGD;
+  if (o->learning_rate() == 0) o->set_learning_rate(sgd ? 1e-2f : 1e-3f);
+  if (!sgd) {
+    if (o->beta1() == 0) o->set_beta1(0.9f);
+    if (o->beta2() == 0) o->set_beta2(0.999f);
+    if (o->epsilon() == 0) o->set_epsilon(1e-8f);
+  }
+  if (!o->has_weight_decay()) {
+    o->set_weight_decay(o->kind() == tandem::v1::OPTIMIZER_KIND_ADAMW ? 0.01f : 0.0f);
+  }
+  if (o->schedule() == tandem::v1::LEARNING_RATE_SCHEDULE_UNSPECIFIED) {
+    o->set_schedule(tandem::v1::LEARNING_RATE_SCHEDULE_CONSTANT);
+  }
+  auto* t = r.mutable_training();
+  if (t->checkpoint_interval_steps() == 0 && !t->checkpoint_disabled()) {
+    t->set_checkpoint_interval_steps(500);
+  }
+  if (t->log_interval_steps() == 0) t->set_log_interval_steps(1);
+  if (t->eval_batch_size() == 0) t->set_eval_batch_size(t->batch_size());
+  if (!r.data().has_shuffle()) r.mutable_data()->set_shuffle(true);
+  if (r.data().has_text() && !r.data().text().has_test_fraction()) {
+    r.mutable_data()->mutable_text()->set_test_fraction(0.1f);
+  }
+  auto* p = r.mutable_placement();
+  if (p->accelerator() == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED) {
+    p->set_accelerator(has_accelerator ? tandem::v1::ACCELERATOR_KIND_CUDA
+                                       : tandem::v1::ACCELERATOR_KIND_NONE);
+  }
+  const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
+  if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
+    p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE : tandem::v1::STRATEGY_CPU_ONLY);
+  }
+  if (!accelerated && p->strategy() != tandem::v1::STRATEGY_CPU_ONLY &&
+      p->strategy() != tandem::v1::STRATEGY_AUTO) {
+    return FieldError("placement.strategy",
+                      absl::StrCat(tandem::v1::Strategy_Name(p->strategy()),
+                                   " needs an accelerator, and placement.accelerator is NONE"));
+  }
+  return r;
+}
+
+int64_t TotalSteps(const JobSpec& resolved, int64_t samples) {
+  const auto& t = resolved.training();
+  if (t.duration_case() == tandem::v1::TrainingSpec::kSteps) return t.steps();
+  const int64_t per_epoch = (samples + t.batch_size() - 1) / t.batch_size();
+  return per_epoch * t.epochs();
+}
+
+int64_t ModelContext(const JobSpec& resolved) {
+  if (resolved.model().has_gpt()) {
+    return resolved.model().gpt().context() > 0 ? resolved.model().gpt().context()
+                                                : kDefaultGptContext;
+  }
+  if (resolved.model().has_layers()) {
+    for (const auto& layer : resolved.model().layers().layers()) {
+      if (layer.has_embedding() && layer.embedding().max_positions() > 0) {
+        return layer.embedding().max_positions();
+      }
+    }
+    return kDefaultGptContext;
+  }
+  return 0;
+}
+
+absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve) {
+  JobModel out;
+  TANDEM_ASSIGN_OR_RETURN(out.data, DescribeDatasets(resolved.data(), resolve, ModelContext(resolved)));
+  TANDEM_ASSIGN_OR_RETURN(out.model, Model::Build(resolved.model(), out.data));
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,56 @@
+// JobSpec handling shared by `tandem train` and tandemd: reading YAML or JSON
+// files, validating every field with errors that name its path
+// ("training.batch_size: must be in [1, 65536], got 0"), and filling defaults so
+// the effective configuration is explicit (Job.resolved_spec). Every default of
+// the API (proto comments) is applied here and nowhere else, except the model
+// presets' sizes, which live with the model builder (model.h).
+#ifndef TANDEM_RUNTIME_TRAIN_JOB_SPEC_H_
+#define TANDEM_RUNTIME_TRAIN_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/data/dataset.h"
+#include "runtime/model/model.h"
+#include "tandem/v1/job.pb.h"
+
+namespace tandem {
+
+// Parses a job file: JSON (by extension .json or a leading '{') or YAML, both in
+// the protobuf JSON mapping of JobSpec (field names in snake_case or camelCase,
+// enums by name). Errors name the file and, for YAML, the line.
+absl::StatusOr<tandem::v1::JobSpec> ParseJobSpec(const std::string& text,
+                                                 const std::string& filename);
+absl::StatusOr<tandem::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// YAML (a superset of JSON) to a JSON string; quoted scalars stay strings, plain
+// ones become numbers, booleans or null when they read as such.
+absl::StatusOr<std::string> YamlToJson(const std::string& yaml, const std::string& filename);
+
+// Checks ranges and enums of every field that needs no files. Field paths are
+// relative to the spec ("optimizer.beta1").
+absl::Status ValidateJobSpec(const tandem::v1::JobSpec& spec);
+
+// Validates, then fills every default. `has_accelerator` decides what an
+// unspecified strategy means.
+absl::StatusOr<tandem::v1::JobSpec> ResolveJobSpec(const tandem::v1::JobSpec& spec,
+                                                   bool has_accelerator);
+
+// Total optimizer steps of a resolved spec for a training split of `samples`.
+int64_t TotalSteps(const tandem::v1::JobSpec& resolved, int64_t samples);
+
+// The sequence length a resolved spec's model expects (text datasets), or 0.
+int64_t ModelContext(const tandem::v1::JobSpec& resolved);
+
+// Everything needed to run or plan a job without loading its data: the data
+// description and the built model. Reads only dataset headers.
+struct JobModel {
+  DataInfo data;
+  std::unique_ptr<Model> model;
+};
+absl::StatusOr<JobModel> BuildJobModel(const tandem::v1::JobSpec& resolved,
+                                       const PathResolver& resolve = nullptr);
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_TRAIN_JOB_SPEC_H_

@@ -1,0 +1,117 @@
+// Job files: YAML and JSON parsing, validation errors naming the field, defaults.
+#include "runtime/train/job_spec.h"
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+const char kValid[] = R"(
+display_name: "123"
+model: {mlp: {}}
+data: {synthetic: {sample_shape: [8], num_classes: 3}}
+training: {batch_size: 4, steps: 2}
+)";
+
+TEST(JobSpecTest, YamlAndJsonGiveTheSameSpec) {
+  absl::StatusOr<tandem::v1::JobSpec> yaml = ParseJobSpec(kValid, "job.yaml");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_EQ(yaml->display_name(), "123");  // Quoted: stays a string.
+  absl::StatusOr<tandem::v1::JobSpec> json = ParseJobSpec(
+      R"({"displayName": "123", "model": {"mlp": {}}, "data": {"synthetic": {"sampleShape": [8],
+          "numClasses": 3}}, "training": {"batchSize": 4, "steps": "2"}})",
+      "job.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(yaml->SerializeAsString(), json->SerializeAsString());
+}
+
+TEST(JobSpecTest, UnknownFieldsAndEnumsAreRejected) {
+  absl::Status s = ParseJobSpec("model: {mlp: {}}\nbatch: 3\n", "x.yaml").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("batch"), std::string::npos) << s;
+  s = ParseJobSpec("optimizer: {kind: OPTIMIZER_KIND_LION}\n", "x.yaml").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("OPTIMIZER_KIND_LION"), std::string::npos) << s;
+}
+
+TEST(JobSpecTest, YamlSyntaxErrorsGiveTheLine) {
+  const absl::Status s = ParseJobSpec("model:\n  mlp: {\n", "bad.yaml").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bad.yaml:"), std::string::npos) << s;
+}
+
+struct BadCase {
+  const char* yaml;
+  const char* field;
+};
+
+class InvalidSpecTest : public testing::TestWithParam<BadCase> {};
+
+TEST_P(InvalidSpecTest, NamesTheField) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<tandem::v1::JobSpec> patch = ParseJobSpec(GetParam().yaml, "patch.yaml");
+  ASSERT_TRUE(patch.ok()) << patch.status();
+  spec->MergeFrom(*patch);
+  const absl::Status s = ResolveJobSpec(*spec, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(GetParam().field), std::string::npos) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, InvalidSpecTest,
+    testing::Values(BadCase{"training: {batch_size: -1}", "training.batch_size"},
+                    BadCase{"training: {batch_size: 100000}", "training.batch_size"},
+                    BadCase{"training: {steps: -5}", "training.steps"},
+                    BadCase{"training: {epochs: -1}", "training.epochs"},
+                    BadCase{"optimizer: {learning_rate: -1}", "optimizer.learning_rate"},
+                    BadCase{"optimizer: {beta1: 1.5}", "optimizer.beta1"},
+                    BadCase{"optimizer: {weight_decay: -0.1}", "optimizer.weight_decay"},
+                    BadCase{"placement: {micro_batch_size: 3}", "placement.micro_batch_size"},
+                    BadCase{"placement: {strategy: STRATEGY_GPU_ONLY, accelerator: ACCELERATOR_KIND_NONE}",
+                            "placement.strategy"},
+                    BadCase{"resources: {host_memory_bytes: -1}", "resources.host_memory_bytes"},
+                    BadCase{"priority: 5000", "priority"},
+                    BadCase{"training: {threads: -2}", "training.threads"}));
+
+TEST(JobSpecTest, MissingModelAndDataAreNamed) {
+  tandem::v1::JobSpec spec;
+  spec.mutable_training()->set_batch_size(1);
+  spec.mutable_training()->set_steps(1);
+  EXPECT_NE(ValidateJobSpec(spec).message().find("model"), std::string::npos);
+  spec.mutable_model()->mutable_mlp();
+  EXPECT_NE(ValidateJobSpec(spec).message().find("data"), std::string::npos);
+}
+
+TEST(JobSpecTest, ResolveFillsDefaults) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, /*has_accelerator=*/false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->optimizer().kind(), tandem::v1::OPTIMIZER_KIND_ADAM);
+  EXPECT_FLOAT_EQ(r->optimizer().learning_rate(), 1e-3f);
+  EXPECT_FLOAT_EQ(r->optimizer().beta2(), 0.999f);
+  EXPECT_EQ(r->training().checkpoint_interval_steps(), 500);
+  EXPECT_EQ(r->training().eval_batch_size(), 4);
+  EXPECT_TRUE(r->data().shuffle());
+  EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_CPU_ONLY);
+  absl::StatusOr<tandem::v1::JobSpec> gpu = ResolveJobSpec(*spec, /*has_accelerator=*/true);
+  EXPECT_EQ(gpu->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+}
+
+TEST(JobSpecTest, ModelErrorsNameThePresetField) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(
+model: {gpt: {n_head: 3, d_model: 32}}
+data: {synthetic: {sample_shape: [8], num_classes: 10, tokens: true}}
+training: {batch_size: 4, steps: 2}
+)", "gpt.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, false);
+  ASSERT_TRUE(r.ok());
+  const absl::Status s = BuildJobModel(*r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("model.gpt"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tandem

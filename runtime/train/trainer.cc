@@ -1,0 +1,290 @@
+#include "runtime/train/trainer.h"
+
+#include <dirent.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/time_util.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/exec/cpu_runner.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/job_spec.h"
+
+namespace tandem {
+namespace {
+
+using tandem::v1::JobEvent;
+using tandem::v1::LogSeverity;
+
+constexpr char kCheckpointPrefix[] = "ckpt-";
+constexpr char kCheckpointSuffix[] = ".tdm";
+// Checkpoints kept: the newest and one before it, in case the newest is damaged.
+constexpr int kCheckpointsKept = 2;
+
+// Checkpoint files in `dir`, newest step first.
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, kCheckpointPrefix) || !absl::EndsWith(name, kCheckpointSuffix)) continue;
+    int64_t step;
+    const std::string digits = name.substr(std::strlen(kCheckpointPrefix),
+                                           name.size() - std::strlen(kCheckpointPrefix) -
+                                               std::strlen(kCheckpointSuffix));
+    if (absl::SimpleAtoi(digits, &step)) out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+}  // namespace
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSpec& spec,
+                                                         TrainerOptions options,
+                                                         TrainerCallbacks callbacks) {
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->options_ = std::move(options);
+  t->callbacks_ = std::move(callbacks);
+  TANDEM_ASSIGN_OR_RETURN(t->resolved_, ResolveJobSpec(spec, t->options_.has_accelerator));
+  const auto& training = t->resolved_.training();
+  if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
+  TANDEM_ASSIGN_OR_RETURN(t->data_, OpenDatasets(t->resolved_.data(), training.seed(),
+                                                 t->options_.resolve_path,
+                                                 ModelContext(t->resolved_)));
+  TANDEM_ASSIGN_OR_RETURN(t->model_, Model::Build(t->resolved_.model(), t->data_.train->info()));
+  *t->resolved_.mutable_model() = WithPresetDefaults(t->resolved_.model(), t->data_.train->info());
+
+  t->host_allocator_ = t->options_.host_allocator;
+  if (t->host_allocator_ == nullptr) {
+    t->owned_allocator_ = std::make_unique<HostAllocator>(t->resolved_.resources().host_memory_bytes());
+    t->host_allocator_ = t->owned_allocator_.get();
+  }
+  const int64_t max_batch = std::max(training.batch_size(), training.eval_batch_size());
+  if (t->options_.make_runner) {
+    TANDEM_ASSIGN_OR_RETURN(t->runner_, t->options_.make_runner(*t->model_, t->resolved_, max_batch,
+                                                                t->host_allocator_));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(t->runner_, CpuRunner::Create(*t->model_, t->resolved_.optimizer(),
+                                                          max_batch, training.seed(),
+                                                          t->host_allocator_));
+  }
+  t->runner_->set_timing_sink(t->options_.timing_sink);
+  t->loader_ = std::make_unique<BatchLoader>(*t->data_.train, training.batch_size(),
+                                             t->resolved_.data().shuffle(), training.seed());
+  t->total_steps_ = TotalSteps(t->resolved_, t->data_.train->size());
+  t->progress_.set_total_steps(t->total_steps_);
+  if (!t->options_.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(t->options_.checkpoint_dir, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("cannot create checkpoint directory '",
+                                              t->options_.checkpoint_dir, "': ", ec.message()));
+    }
+    if (t->options_.resume) TANDEM_RETURN_IF_ERROR(t->LoadNewestCheckpoint());
+  }
+  t->Log(tandem::v1::LOG_SEVERITY_INFO,
+         absl::StrCat("model ", t->model_->fingerprint().substr(0, 12), ": ",
+                      t->model_->num_layers(), " layers, ", t->model_->parameter_count(),
+                      " parameters; data ", t->data_.train->Describe()));
+  return t;
+}
+
+void Trainer::Log(LogSeverity severity, const std::string& message) {
+  if (callbacks_.on_log) callbacks_.on_log(severity, message);
+}
+
+absl::Status Trainer::LoadNewestCheckpoint() {
+  HostStateView state = runner_->host_state();
+  std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
+                                      {"buffers", state.buffers, model_->buffer_elements()}};
+  for (size_t i = 0; i < state.moments.size(); ++i) {
+    tensors.push_back({absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
+  }
+  for (const auto& [step, path] : ListCheckpoints(options_.checkpoint_dir)) {
+    absl::StatusOr<tandem::v1::CheckpointHeader> header =
+        ReadCheckpoint(path, model_->fingerprint(), tensors);
+    if (!header.ok()) {
+      // A damaged newest checkpoint falls back to the previous one.
+      Log(tandem::v1::LOG_SEVERITY_WARNING, absl::StrCat("skipping checkpoint: ", header.status().message()));
+      if (header.status().code() == absl::StatusCode::kFailedPrecondition) return header.status();
+      continue;
+    }
+    step_ = header->step();
+    samples_ = header->samples();
+    state.optimizer->set_step(header->optimizer_step());
+    loader_->Seek(header->epoch(), header->epoch_offset());
+    TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
+    checkpoint_path_ = path;
+    checkpoint_step_ = step_;
+    progress_.set_step(step_);
+    Log(tandem::v1::LOG_SEVERITY_INFO,
+        absl::StrCat("resumed from checkpoint at step ", step_, " (", path, ")"));
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveCheckpoint() {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
+  HostStateView state = runner_->host_state();
+  tandem::v1::CheckpointHeader header;
+  header.set_job_id(options_.job_id);
+  header.set_model_fingerprint(model_->fingerprint());
+  header.set_step(step_);
+  header.set_epoch(loader_->epoch());
+  header.set_epoch_offset(loader_->offset());
+  header.set_samples(samples_);
+  header.set_optimizer_step(state.optimizer->step());
+  *header.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
+                                      {"buffers", state.buffers, model_->buffer_elements()}};
+  for (size_t i = 0; i < state.moments.size(); ++i) {
+    tensors.push_back({absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
+  }
+  const std::string path = absl::StrFormat("%s/%s%010d%s", options_.checkpoint_dir,
+                                           kCheckpointPrefix, step_, kCheckpointSuffix);
+  TANDEM_ASSIGN_OR_RETURN(const int64_t bytes, WriteCheckpoint(path, header, tensors));
+  checkpoint_path_ = path;
+  checkpoint_step_ = step_;
+  const auto all = ListCheckpoints(options_.checkpoint_dir);
+  for (size_t i = kCheckpointsKept; i < all.size(); ++i) ::unlink(all[i].second.c_str());
+  if (callbacks_.on_checkpoint) {
+    JobEvent::CheckpointSaved saved;
+    saved.set_step(step_);
+    saved.set_path(path);
+    saved.set_bytes(bytes);
+    callbacks_.on_checkpoint(saved);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobEvent::EvalResult> Trainer::Evaluate() {
+  JobEvent::EvalResult result;
+  result.set_step(step_);
+  if (data_.test == nullptr) return result;
+  BatchLoader loader(*data_.test, resolved_.training().eval_batch_size(), /*shuffle=*/false, 0);
+  EvalResult total;
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    TANDEM_ASSIGN_OR_RETURN(const EvalResult r, runner_->EvalBatch(loader.Next()));
+    total.loss_sum += r.loss_sum;
+    total.correct += r.correct;
+    total.positions += r.positions;
+    total.samples += r.samples;
+  }
+  result.set_loss(total.loss_sum / std::max<int64_t>(1, total.samples));
+  result.set_accuracy(static_cast<double>(total.correct) / std::max<int64_t>(1, total.positions));
+  result.set_samples(total.samples);
+  metrics_.set_eval_loss(result.loss());
+  metrics_.set_eval_accuracy(result.accuracy());
+  metrics_.set_eval_step(step_);
+  if (callbacks_.on_eval) callbacks_.on_eval(result);
+  return result;
+}
+
+absl::Status Trainer::Run() {
+  if (options_.threads > 0) omp_set_num_threads(options_.threads);
+  const auto& training = resolved_.training();
+  const double run_start = WallSeconds();
+  double window_start = run_start;
+  int64_t window_steps = 0, window_samples = 0;
+  int64_t run_samples = 0, run_steps = 0;
+  double run_step_seconds = 0;
+  double last_loss = 0;
+  const int64_t steps_per_epoch = loader_->batches_per_epoch();
+  while (step_ < total_steps_) {
+    if (callbacks_.should_stop && callbacks_.should_stop()) {
+      TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+      return absl::CancelledError(absl::StrCat("stopped at step ", step_, " of ", total_steps_));
+    }
+    const Batch& batch = loader_->Next();
+    StepOptions options;
+    options.step = step_;
+    options.seed = training.seed();
+    options.learning_rate = runner_->host_state().optimizer->LearningRate(step_, total_steps_);
+    const double step_start = WallSeconds();
+    absl::StatusOr<StepResult> result = runner_->TrainStep(batch, options);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(),
+                          absl::StrCat("step ", step_ + 1, ": ", result.status().message()));
+    }
+    const double step_seconds = WallSeconds() - step_start;
+    if (!std::isfinite(result->loss)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "loss became %s at step %d (learning rate %g, previous loss %g): training diverged; "
+          "lower optimizer.learning_rate or set optimizer.max_grad_norm",
+          std::isnan(result->loss) ? "NaN" : "infinite", step_ + 1, options.learning_rate,
+          last_loss));
+    }
+    last_loss = result->loss;
+    ++step_;
+    samples_ += batch.size;
+    run_samples += batch.size;
+    ++run_steps;
+    run_step_seconds += step_seconds;
+    ++window_steps;
+    window_samples += batch.size;
+
+    const double now = WallSeconds();
+    metrics_.set_loss(result->loss);
+    progress_.set_step(step_);
+    progress_.set_epoch(step_ / std::max<int64_t>(1, steps_per_epoch));
+    progress_.set_samples(samples_);
+    progress_.set_fraction(static_cast<double>(step_) / static_cast<double>(total_steps_));
+    if (step_ % training.log_interval_steps() == 0 || step_ == total_steps_) {
+      const double window = std::max(now - window_start, 1e-9);
+      const double step_mean = window / static_cast<double>(window_steps);
+      metrics_.set_samples_per_second(static_cast<double>(window_samples) / window);
+      metrics_.set_step_seconds(step_mean);
+      progress_.set_eta_seconds(step_mean * static_cast<double>(total_steps_ - step_));
+      if (callbacks_.on_step) {
+        JobEvent::StepProgress p;
+        p.set_step(step_);
+        p.set_total_steps(total_steps_);
+        p.set_loss(result->loss);
+        p.set_samples_per_second(metrics_.samples_per_second());
+        p.set_step_seconds(step_seconds);
+        p.set_learning_rate(options.learning_rate);
+        p.set_grad_norm(result->grad_norm);
+        p.set_eta_seconds(progress_.eta_seconds());
+        p.set_epoch(progress_.epoch());
+        callbacks_.on_step(p);
+      }
+      window_start = now;
+      window_steps = 0;
+      window_samples = 0;
+    }
+    metrics_.set_train_seconds(now - run_start);
+    metrics_.set_mean_samples_per_second(static_cast<double>(run_samples) / std::max(now - run_start, 1e-9));
+    metrics_.set_measured_step_seconds(run_step_seconds / static_cast<double>(run_steps));
+    if (step_ < total_steps_) {
+      if (training.eval_interval_steps() > 0 && step_ % training.eval_interval_steps() == 0) {
+        TANDEM_RETURN_IF_ERROR(Evaluate().status());
+      }
+      if (!training.checkpoint_disabled() && training.checkpoint_interval_steps() > 0 &&
+          step_ % training.checkpoint_interval_steps() == 0) {
+        TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+      }
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(Evaluate().status());
+  if (!training.checkpoint_disabled()) TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+  metrics_.set_peak_host_bytes(runner_->peak_host_bytes());
+  metrics_.set_peak_accelerator_bytes(runner_->peak_accelerator_bytes());
+  progress_.set_eta_seconds(0);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,106 @@
+// The training loop of one job, used in-process by `tandem train` and by tandemd:
+// builds the model and data from a JobSpec, runs steps through a StepRunner
+// (the CPU engine, or the hybrid executor when a factory is given), evaluates on
+// the test split, checkpoints atomically and resumes exactly (the same batches,
+// dropout masks and optimizer state as an uninterrupted run), and stops with a
+// clear error when the loss stops being finite. Progress flows out through
+// callbacks. Run() is driven by one thread; the callbacks run on it.
+#ifndef TANDEM_RUNTIME_TRAIN_TRAINER_H_
+#define TANDEM_RUNTIME_TRAIN_TRAINER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
+#include "runtime/exec/step_runner.h"
+#include "runtime/model/model.h"
+#include "tandem/v1/job.pb.h"
+
+namespace tandem {
+
+using RunnerFactory = std::function<absl::StatusOr<std::unique_ptr<StepRunner>>(
+    const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
+    Allocator* host_allocator)>;
+
+struct TrainerOptions {
+  std::string job_id;
+  // Where checkpoints go; empty = none.
+  std::string checkpoint_dir;
+  // Continue from the newest valid checkpoint in checkpoint_dir, if any.
+  bool resume = true;
+  // Maps dataset paths (e.g. confines them to --data_root); null = as written.
+  PathResolver resolve_path;
+  // Whether the node has an accelerator (decides an unspecified strategy).
+  bool has_accelerator = false;
+  // OpenMP threads for the job's compute; 0 = the process default.
+  int threads = 0;
+  // Host memory; null = a HostAllocator with resources.host_memory_bytes as budget.
+  Allocator* host_allocator = nullptr;
+  // Always-on per-layer timing, when set.
+  LayerTimingSink* timing_sink = nullptr;
+  // Null = the CPU engine.
+  RunnerFactory make_runner;
+};
+
+struct TrainerCallbacks {
+  std::function<void(const tandem::v1::JobEvent::StepProgress&)> on_step;
+  std::function<void(const tandem::v1::JobEvent::EvalResult&)> on_eval;
+  std::function<void(tandem::v1::LogSeverity, const std::string&)> on_log;
+  std::function<void(const tandem::v1::JobEvent::CheckpointSaved&)> on_checkpoint;
+  // Polled at every step boundary; true stops the run after a final checkpoint.
+  std::function<bool()> should_stop;
+};
+
+class Trainer {
+ public:
+  // Validates and resolves `spec`, opens the data, builds the model and the
+  // runner, and loads the newest checkpoint when resuming. Errors name the field.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const tandem::v1::JobSpec& spec,
+                                                         TrainerOptions options,
+                                                         TrainerCallbacks callbacks);
+  ~Trainer();
+
+  // Trains to the end. OK when done; CANCELLED when should_stop() asked (after
+  // a checkpoint); another error when the job failed (FAILED_PRECONDITION for a
+  // diverged loss, RESOURCE_EXHAUSTED for memory, ...).
+  absl::Status Run();
+
+  const tandem::v1::JobSpec& resolved_spec() const { return resolved_; }
+  const Model& model() const { return *model_; }
+  const tandem::v1::JobProgress& progress() const { return progress_; }
+  const tandem::v1::JobMetrics& metrics() const { return metrics_; }
+  StepRunner& runner() { return *runner_; }
+  // Path and step of the newest checkpoint written or loaded ("" / 0 for none).
+  const std::string& checkpoint_path() const { return checkpoint_path_; }
+  int64_t checkpoint_step() const { return checkpoint_step_; }
+  // Full evaluation of the current parameters on the test split.
+  absl::StatusOr<tandem::v1::JobEvent::EvalResult> Evaluate();
+
+ private:
+  Trainer() = default;
+  absl::Status SaveCheckpoint();
+  absl::Status LoadNewestCheckpoint();
+  void Log(tandem::v1::LogSeverity severity, const std::string& message);
+
+  tandem::v1::JobSpec resolved_;
+  TrainerOptions options_;
+  TrainerCallbacks callbacks_;
+  Datasets data_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Allocator> owned_allocator_;
+  Allocator* host_allocator_ = nullptr;
+  std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<BatchLoader> loader_;
+  int64_t step_ = 0, total_steps_ = 0, samples_ = 0;
+  std::string checkpoint_path_;
+  int64_t checkpoint_step_ = 0;
+  tandem::v1::JobProgress progress_;
+  tandem::v1::JobMetrics metrics_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_TRAIN_TRAINER_H_

@@ -1,0 +1,146 @@
+// The training loop: exact resume from a checkpoint, a diverging loss stopping
+// with a clear error, damaged checkpoints, and losses that fall.
+#include "runtime/train/trainer.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "runtime/exec/cpu_runner.h"
+#include "runtime/train/job_spec.h"
+
+namespace tandem {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+tandem::v1::JobSpec SyntheticMlp(int steps) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(
+model:
+  mlp: {hidden_sizes: [32, 32], dropout: 0.1}
+data:
+  synthetic: {sample_shape: [12], num_classes: 4, train_samples: 200, test_samples: 64}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}
+training: {batch_size: 16, steps: 30, seed: 5, checkpoint_interval_steps: 4}
+)", "test.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_training()->set_steps(steps);
+  return *spec;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  absl::Status status;
+  int64_t checkpoint_step = 0;
+};
+
+TrainRun Train(const tandem::v1::JobSpec& spec, const std::string& dir, int stop_after = -1,
+               RunnerFactory factory = nullptr) {
+  TrainRun run;
+  TrainerOptions options;
+  options.checkpoint_dir = dir;
+  options.make_runner = factory;
+  TrainerCallbacks callbacks;
+  int steps = 0;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+    run.losses.push_back(p.loss());
+    ++steps;
+  };
+  callbacks.should_stop = [&] { return stop_after >= 0 && steps >= stop_after; };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+  if (!trainer.ok()) {
+    run.status = trainer.status();
+    return run;
+  }
+  run.status = (*trainer)->Run();
+  run.checkpoint_step = (*trainer)->checkpoint_step();
+  return run;
+}
+
+TEST(TrainerTest, ResumeContinuesTheSameLossTrajectory) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(30);
+  const TrainRun whole = Train(spec, "");
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  ASSERT_EQ(whole.losses.size(), 30u);
+
+  const std::string dir = TempDir("resume");
+  const TrainRun first = Train(spec, dir, /*stop_after=*/13);
+  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
+  EXPECT_EQ(first.checkpoint_step, 13);
+  const TrainRun second = Train(spec, dir);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  ASSERT_EQ(second.losses.size(), 17u);
+  for (size_t i = 0; i < 13; ++i) EXPECT_EQ(first.losses[i], whole.losses[i]) << i;
+  // Bitwise: same batches, dropout masks, parameters and Adam moments.
+  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
+}
+
+TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(10);
+  const std::string dir = TempDir("damaged");
+  ASSERT_TRUE(Train(spec, dir, 9).status.code() == absl::StatusCode::kCancelled);
+  // Checkpoints at steps 8 (interval 4) and 9 (the stop). Damage step 9's.
+  std::string newest;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().string() > newest) newest = e.path().string();
+  }
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.write("garbage!", 8);
+  }
+  const TrainRun resumed = Train(spec, dir);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status;
+  EXPECT_EQ(resumed.losses.size(), 2u);  // Resumed from step 8.
+}
+
+TEST(TrainerTest, NonFiniteLossFailsWithAClearError) {
+  // A weight poisoned with NaN, as a diverging run ends up: the first loss is NaN.
+  RunnerFactory poisoned = [](const Model& model, const tandem::v1::JobSpec& spec,
+                              int64_t max_batch, Allocator* allocator)
+      -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+    absl::StatusOr<std::unique_ptr<CpuRunner>> r =
+        CpuRunner::Create(model, spec.optimizer(), max_batch, 1, allocator);
+    if (!r.ok()) return r.status();
+    // The output layer: a ReLU after a poisoned weight would turn NaN into 0.
+    (*r)->host_state().params[model.param_offset(model.num_layers() - 2)] = std::nanf("");
+    return std::unique_ptr<StepRunner>(std::move(*r));
+  };
+  const TrainRun run = Train(SyntheticMlp(5), "", -1, poisoned);
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << run.status;
+  EXPECT_NE(run.status.message().find("loss became NaN at step 1"), std::string::npos) << run.status;
+  EXPECT_NE(run.status.message().find("learning_rate"), std::string::npos) << run.status;
+}
+
+TEST(TrainerTest, GptLossFallsOnLearnableTokens) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(
+model: {gpt: {n_layer: 2, n_head: 2, d_model: 32, context: 16}}
+data: {synthetic: {sample_shape: [16], num_classes: 20, tokens: true, train_samples: 256}}
+optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.003}
+training: {batch_size: 16, steps: 60, seed: 2, checkpoint_disabled: true}
+)", "gpt.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const TrainRun run = Train(*spec, "");
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) first += run.losses[i] / 5;
+  for (int i = 55; i < 60; ++i) last += run.losses[i] / 5;
+  EXPECT_NEAR(first, std::log(20.0), 0.5);
+  EXPECT_LT(last, 0.5 * first);
+}
+
+TEST(TrainerTest, HostBudgetRefusalIsAClearError) {
+  tandem::v1::JobSpec spec = SyntheticMlp(5);
+  spec.mutable_resources()->set_host_memory_bytes(4096);
+  const TrainRun run = Train(spec, "");
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kResourceExhausted) << run.status;
+  EXPECT_NE(run.status.message().find("memory budget exceeded"), std::string::npos) << run.status;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""The PyTorch peer of train_throughput.cc: the same mlp, cnn and gpt, the same
+batch sizes, Adam, fixed synthetic batches, 2 threads. Prints one JSON object per
+model. Run with Debian's python3-torch (and libopenblas0-pthread installed, or
+its matrix products use the reference BLAS)."""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024),
+                         nn.ReLU(), nn.Linear(1024, 10))
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(64 * 7 * 7, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+class Block(nn.Module):
+    """Pre-norm GPT-2 block, as runtime/layers/blocks.h."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        hs = C // self.heads
+        q = q.view(B, T, self.heads, hs).transpose(1, 2)
+        k = k.view(B, T, self.heads, hs).transpose(1, 2)
+        v = v.view(B, T, self.heads, hs).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab=256, d=256, layers=4, heads=4, context=128):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+def bench(name, seconds):
+    torch.manual_seed(0)
+    if name == "gpt":
+        model, batch = Gpt(), 16
+        x = torch.randint(0, 256, (batch, 128))
+        y = torch.randint(0, 256, (batch, 128))
+        loss_fn = lambda out: F.cross_entropy(out.view(-1, 256), y.view(-1))
+    else:
+        model, batch = (mlp() if name == "mlp" else cnn()), 128
+        x = torch.rand(batch, 1, 28, 28)
+        y = torch.randint(0, 10, (batch,))
+        loss_fn = lambda out: F.cross_entropy(out, y)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x)).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or steps < 3:
+        step()
+        steps += 1
+    step_seconds = (time.perf_counter() - start) / steps
+    params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"model": name, "impl": "pytorch", "batch": batch, "steps": steps,
+                      "step_ms": round(1e3 * step_seconds, 3),
+                      "samples_per_second": round(batch / step_seconds, 1),
+                      "parameters": params}), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="mlp,cnn,gpt")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.models.split(","):
+        bench(name, args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Every benchmark, each against its peer measured in the same run (`make bench`).
+# Benchmarks print figures and ratios; they never fail on a timing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bazel build //bench/... //clients/cli:tandem
+py=/usr/bin/python3
+
+echo "== CPU training throughput: Tandem vs PyTorch (2 threads) =="
+$py bench/cpu_training/run.py --tandem bazel-bin/bench/cpu_training/train_throughput
+
+echo "== CPU Adam, 100M parameters: Tandem vs STREAM triad and torch.optim.Adam =="
+$py bench/cpu_adam/run.py --tandem bazel-bin/bench/cpu_adam/adam_bench
+
+echo "== Fashion-MNIST accuracy: Tandem vs PyTorch, and Tandem's 10-epoch curve =="
+$py bench/fmnist/run.py --tandem bazel-bin/clients/cli/tandem
+
+for extra in bench/*/run_extra.sh; do
+  [ -x "$extra" ] && "$extra"
+done

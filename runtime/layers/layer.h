@@ -24,11 +24,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/core/device_kind.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/shape.h"
 #include "runtime/core/tensor.h"
 
 namespace tandem {
+
+namespace cuda {
+// Stream, cuBLAS/cuDNN handles and scratch of one CUDA device (runtime/cuda/).
+struct CudaContext;
+}  // namespace cuda
 
 // What one call costs, analytically, for a given batch.
 struct LayerCost {
@@ -41,8 +47,12 @@ struct LayerCost {
   double backward_bytes = 0;
 };
 
-// Where a call runs, what it may touch, and how.
+// Where a call runs, what it may touch, and how. All pointers (state, tensors,
+// workspace) are in the memory of `device`.
 struct LayerContext {
+  // kCpu and kEmulated run the CPU kernels; kCuda runs CUDA kernels on `cuda`.
+  DeviceKind device = DeviceKind::kCpu;
+  cuda::CudaContext* cuda = nullptr;
   // This layer's slices of the model state; null for parameterless layers.
   const float* params = nullptr;
   float* grads = nullptr;

@@ -1,42 +1,63 @@
-// tandemd: wires the gRPC service, health and reflection, and shuts down cleanly
-// on SIGTERM or SIGINT. The work lives in the components; main only wires.
+// tandemd: wires the job store, the job manager, the gRPC service (with health
+// and reflection), the metrics endpoint, and a graceful stop on SIGTERM/SIGINT.
+// The work lives in the components; main only wires.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "google/protobuf/util/time_util.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "runtime/base/build_info.h"
 #include "runtime/base/flags_usage.h"
+#include "runtime/cpu/onednn.h"
+#include "runtime/cuda/device_query.h"
+#include "server/auth.h"
+#include "server/job_manager.h"
+#include "server/metrics/http_exporter.h"
+#include "server/node_info.h"
+#include "server/path_policy.h"
+#include "server/server_metrics.h"
+#include "server/store/job_store.h"
 #include "server/tandem_service.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port; port 0 picks one).");
 ABSL_FLAG(std::string, port_file, "",
           "Once serving, write the bound gRPC port here (for --listen=HOST:0).");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus metrics listen address (host:port); empty disables.");
-ABSL_FLAG(std::string, state_dir, "", "Directory for the job store and checkpoints.");
+ABSL_FLAG(std::string, metrics_port_file, "", "Once serving, write the bound metrics port here.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for the job store and checkpoints (required; created if missing).");
 ABSL_FLAG(std::string, data_root, "/usr/share/datasets",
           "Jobs may only read datasets under this directory.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every RPC but health must present; empty = no auth.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS; empty = plaintext.");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert).");
 ABSL_FLAG(int64_t, gpu_memory_budget, 0,
           "Accelerator bytes all jobs together may use; 0 = 90% of the device's memory.");
 ABSL_FLAG(int64_t, host_memory_budget, 0,
           "Host bytes all jobs together may use; 0 = 75% of physical memory.");
+ABSL_FLAG(int, max_receive_message_bytes, 16 << 20, "Largest request the server accepts, in bytes.");
+ABSL_FLAG(int, job_threads, 0, "CPU threads per job that sets none; 0 = all cores.");
 
 namespace {
 
-// Blocks SIGTERM/SIGINT in every thread (gRPC's included, since they inherit the
+// Blocks SIGTERM/SIGINT in every thread (the ones started later inherit the
 // mask) and returns the set, to be waited on by main alone.
 sigset_t BlockShutdownSignals() {
   sigset_t signals;
@@ -47,48 +68,129 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
+bool WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return true;
+  // A temporary name and a rename, so a reader never sees half a number.
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tandemd: %s\n", message.c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tandem::InstallFlagsUsage(
       "trains neural networks on this node's CPU and GPU together.\n"
-      "Serves tandem.v1.Tandem over gRPC, grpc.health.v1 and server reflection.\n"
-      "Usage: tandemd [--listen=HOST:PORT] [--state_dir=DIR] [--data_root=DIR] ...");
+      "Serves tandem.v1.Tandem over gRPC, grpc.health.v1 and server reflection, and\n"
+      "Prometheus metrics over HTTP.\n"
+      "Usage: tandemd --state_dir=DIR [--listen=HOST:PORT] [--data_root=DIR] ...");
   absl::ParseCommandLine(argc, argv);
   const sigset_t shutdown_signals = BlockShutdownSignals();
+  using namespace tandem::server;
+
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) return Fail("--state_dir is required");
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir + "/jobs", ec);
+  if (ec) return Fail(absl::StrCat("--state_dir '", state_dir, "': ", ec.message()));
+
+  absl::StatusOr<PathPolicy> data_policy = PathPolicy::Create(absl::GetFlag(FLAGS_data_root));
+  if (!data_policy.ok()) return Fail(std::string(data_policy.status().message()));
+  Authenticator auth;
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    absl::StatusOr<Authenticator> a = Authenticator::FromFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!a.ok()) return Fail(std::string(a.status().message()));
+    auth = *a;
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir + "/jobs.db");
+  if (!store.ok()) return Fail(std::string(store.status().message()));
+
+  const NodeResources resources = DetectNodeResources();
+  tandem::metrics::Registry registry;
+  ServerMetrics metrics(registry);
+
+  JobManagerOptions jm_options{.state_dir = state_dir, .data_policy = *data_policy};
+  jm_options.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget) > 0
+                                            ? absl::GetFlag(FLAGS_host_memory_budget)
+                                            : resources.host_memory_bytes * 3 / 4;
+  jm_options.has_accelerator = !resources.cuda_devices.empty();
+  jm_options.accelerator_memory_budget_bytes =
+      absl::GetFlag(FLAGS_gpu_memory_budget) > 0
+          ? absl::GetFlag(FLAGS_gpu_memory_budget)
+          : (resources.cuda_devices.empty() ? 0 : resources.cuda_devices[0].memory_bytes * 9 / 10);
+  jm_options.default_threads = absl::GetFlag(FLAGS_job_threads);
+  JobManager jobs(jm_options, store->get(), &metrics);
+  if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(absl::StrCat("recovery: ", s.ToString()));
+  jobs.Start();
+
+  const google::protobuf::Timestamp start_time = google::protobuf::util::TimeUtil::GetCurrentTime();
+  ServiceOptions service_options;
+  service_options.auth = auth;
+  service_options.node_info = [&] { return BuildNodeInfo(resources, jobs, start_time); };
+  TandemService service(&jobs, &metrics, service_options);
+
+  std::unique_ptr<tandem::metrics::HttpExporter> exporter;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    exporter = std::make_unique<tandem::metrics::HttpExporter>(&registry, [&] {
+      metrics.SampleProcess();
+      ExportNodeMetrics(jobs, &metrics);
+    });
+    absl::StatusOr<int> port = exporter->Start(absl::GetFlag(FLAGS_metrics_listen));
+    if (!port.ok()) return Fail(std::string(port.status().message()));
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), *port);
+    std::fprintf(stderr, "tandemd: metrics on http://%s/metrics (port %d)\n",
+                 absl::GetFlag(FLAGS_metrics_listen).c_str(), *port);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-
-  tandem::server::TandemService service;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty()) {
+    const std::string cert = ReadFile(absl::GetFlag(FLAGS_tls_cert));
+    const std::string key = ReadFile(absl::GetFlag(FLAGS_tls_key));
+    if (cert.empty() || key.empty()) return Fail("--tls_cert and --tls_key must both name readable PEM files");
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &bound_port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_message_bytes));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
-    std::fprintf(stderr, "tandemd: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());
-    return 1;
+    jobs.Shutdown();
+    return Fail(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
   }
-  std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d)\n",
-               tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), bound_port);
-  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
-    // Written to a temporary name and renamed, so a reader never sees half a number.
-    const std::string tmp = port_file + ".tmp";
-    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
-      std::fprintf(f, "%d\n", bound_port);
-      std::fclose(f);
-      std::rename(tmp.c_str(), port_file.c_str());
-    }
-  }
+  std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d), state in %s, data under %s%s%s\n",
+               tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), bound_port,
+               state_dir.c_str(), data_policy->root().c_str(), auth.enabled() ? ", token auth" : "",
+               absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS");
+  WritePortFile(absl::GetFlag(FLAGS_port_file), bound_port);
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
-  std::fprintf(stderr, "tandemd: %s received, shutting down\n", strsignal(signal_number));
-  server->GetHealthCheckService()->Shutdown();
+  std::fprintf(stderr, "tandemd: %s received: draining\n", strsignal(signal_number));
+  // Health says NOT_SERVING; no new jobs; running jobs checkpoint and re-queue;
+  // watch streams end; in-flight RPCs get up to 10 s.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  jobs.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
-  std::fprintf(stderr, "tandemd: stopped\n");
+  if (exporter) exporter->Stop();
+  std::fprintf(stderr, "tandemd: shutting down cleanly\n");
   return 0;
 }

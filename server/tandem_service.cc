@@ -1,78 +1,362 @@
 #include "server/tandem_service.h"
 
-#include <string>
+#include <deque>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace tandem::server {
 namespace {
 
-// The one stub the foundation allows: an RPC whose issue has not landed yet says
-// so, and which component will answer it.
-grpc::ServerUnaryReactor* Unimplemented(grpc::CallbackServerContext* context,
-                                        const std::string& method, const std::string& owner) {
-  auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                               method + " is not implemented yet: it arrives with the " + owner));
-  return reactor;
+using tandem::v1::JobEvent;
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
+  }
 }
 
-class UnimplementedWatch : public grpc::ServerWriteReactor<tandem::v1::JobEvent> {
- public:
-  UnimplementedWatch() {
-    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "WatchJob is not implemented yet: it arrives with the job service"));
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+// Job ids are "job-" and digits; anything else cannot name a job.
+grpc::Status CheckJobId(const std::string& id, const char* field) {
+  if (id.empty()) return Invalid(absl::StrCat(field, ": is required"));
+  if (id.size() > 64 || JobStore::SequenceOf(id) <= 0) {
+    return Invalid(absl::StrCat(field, ": '", id.substr(0, 64), "' is not a job id (job-NNNNNN)"));
   }
-  void OnDone() override { delete this; }
+  return grpc::Status::OK;
+}
+
+// Streams a job's events: the backlog from `from_sequence` (memory or store),
+// then live ones as they are appended. One write in flight at a time; the log
+// never waits for this watcher.
+class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
+ public:
+  WatchReactor(TandemService* service, grpc::CallbackServerContext* context,
+               const tandem::v1::WatchJobRequest* request)
+      : service_(service), start_(absl::Now()), shared_(std::make_shared<Shared>()) {
+    shared_->reactor = this;
+    grpc::Status status = service->auth().Check(*context);
+    if (status.ok()) status = CheckJobId(request->job_id(), "job_id");
+    if (status.ok()) {
+      absl::StatusOr<std::shared_ptr<EventLog>> log = service->jobs()->Events(request->job_id());
+      if (log.ok()) {
+        log_ = *log;
+      } else {
+        status = ToGrpc(log.status());
+      }
+    }
+    if (!status.ok()) {
+      FinishOnce(status);
+      return;
+    }
+    job_id_ = request->job_id();
+    cursor_ = std::max<uint64_t>(1, request->from_sequence());
+    follow_ = !request->has_follow() || request->follow();
+    absl::MutexLock lock(&shared_->mu);
+    PumpLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&shared_->mu);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away"));
+      return;
+    }
+    cursor_ = buffer_.front().sequence() + 1;
+    buffer_.pop_front();
+    PumpLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&shared_->mu);
+    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (log_ && wait_handle_ != 0) log_->CancelWait(wait_handle_);
+      shared_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  // What the log's wake-up callback holds: it outlives the reactor.
+  struct Shared {
+    absl::Mutex mu;
+    WatchReactor* reactor = nullptr;
+  };
+
+  void FinishOnce(const grpc::Status& status) {
+    finished_ = true;
+    service_->Record("WatchJob", start_, status);
+    Finish(status);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) {
+    if (finished_) return;
+    if (wait_handle_ != 0) {
+      log_->CancelWait(wait_handle_);
+      wait_handle_ = 0;
+    }
+    FinishOnce(status);
+  }
+
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) {
+    while (!finished_ && !writing_) {
+      if (buffer_.empty()) Refill();
+      if (!buffer_.empty()) {
+        writing_ = true;
+        StartWrite(&buffer_.front());
+        return;
+      }
+      if (log_->closed()) {
+        if (log_->shutting_down()) {
+          FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    absl::StrCat("tandemd is shutting down; watch again from sequence ",
+                                                 cursor_)));
+        } else {
+          FinishLocked(grpc::Status::OK);
+        }
+        return;
+      }
+      if (!follow_) {
+        FinishLocked(grpc::Status::OK);
+        return;
+      }
+      std::shared_ptr<Shared> shared = shared_;
+      wait_handle_ = log_->WaitFor(cursor_, [shared] {
+        absl::MutexLock lock(&shared->mu);
+        if (shared->reactor != nullptr) {
+          shared->reactor->wait_handle_ = 0;
+          shared->reactor->PumpLocked();
+        }
+      });
+      if (wait_handle_ != 0) return;  // Woken later; otherwise read again.
+    }
+  }
+
+  void Refill() {
+    uint64_t first_in_memory = 0;
+    std::vector<JobEvent> events = log_->Read(cursor_, 64, &first_in_memory);
+    if (cursor_ < first_in_memory) {
+      absl::StatusOr<std::vector<JobEvent>> stored = service_->jobs()->store()->ReadEvents(
+          job_id_, cursor_, static_cast<int>(std::min<uint64_t>(64, first_in_memory - cursor_)));
+      if (stored.ok() && !stored->empty()) {
+        events = std::move(*stored);
+      } else if (stored.ok()) {
+        // Nothing on disk below memory (events lost in a crash): skip ahead.
+        cursor_ = first_in_memory;
+        events = log_->Read(cursor_, 64, &first_in_memory);
+      }
+    }
+    for (JobEvent& e : events) buffer_.push_back(std::move(e));
+  }
+
+  TandemService* const service_;
+  const absl::Time start_;
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<EventLog> log_;
+  std::string job_id_;
+  uint64_t cursor_ = 1;
+  bool follow_ = true;
+  bool writing_ = false;
+  bool finished_ = false;
+  int64_t wait_handle_ = 0;
+  std::deque<JobEvent> buffer_;
 };
 
 }  // namespace
 
-TandemService::TandemService() = default;
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+TandemService::TandemService(JobManager* jobs, ServerMetrics* metrics, ServiceOptions options)
+    : jobs_(jobs),
+      metrics_(metrics),
+      options_(std::move(options)),
+      workers_(options_.worker_threads, "rpc") {}
+
+TandemService::~TandemService() = default;
+
+void TandemService::Record(const char* method, absl::Time start, const grpc::Status& status) {
+  const char* code = CodeName(status.error_code());
+  metrics_->rpc_requests.Add({{"method", method}, {"code", code}}).Increment();
+  metrics_->rpc_duration.Add({{"method", method}, {"code", code}})
+      .Observe(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+grpc::ServerUnaryReactor* TandemService::Unary(grpc::CallbackServerContext* context,
+                                               const char* method,
+                                               std::function<grpc::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  const grpc::Status auth = options_.auth.Check(*context);
+  if (!auth.ok()) {
+    Record(method, start, auth);
+    reactor->Finish(auth);
+    return reactor;
+  }
+  workers_.Schedule([this, reactor, method, start, work = std::move(work)] {
+    const grpc::Status status = work();
+    Record(method, start, status);
+    reactor->Finish(status);
+  });
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* TandemService::SubmitJob(grpc::CallbackServerContext* context,
-                                                   const tandem::v1::SubmitJobRequest*,
-                                                   tandem::v1::SubmitJobResponse*) {
-  return Unimplemented(context, "SubmitJob", "job service");
+                                                   const tandem::v1::SubmitJobRequest* request,
+                                                   tandem::v1::SubmitJobResponse* response) {
+  return Unary(context, "SubmitJob", [this, request, response]() -> grpc::Status {
+    if (!request->has_spec()) return Invalid("spec: is required");
+    absl::StatusOr<JobManager::Submitted> submitted = jobs_->Submit(request->spec(), request->request_id());
+    if (!submitted.ok()) return ToGrpc(submitted.status());
+    *response->mutable_job() = submitted->job;
+    response->set_created(submitted->created);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* TandemService::GetJob(grpc::CallbackServerContext* context,
-                                                const tandem::v1::GetJobRequest*,
-                                                tandem::v1::Job*) {
-  return Unimplemented(context, "GetJob", "job service");
+                                                const tandem::v1::GetJobRequest* request,
+                                                tandem::v1::Job* response) {
+  return Unary(context, "GetJob", [this, request, response]() -> grpc::Status {
+    grpc::Status s = CheckJobId(request->job_id(), "job_id");
+    if (!s.ok()) return s;
+    absl::StatusOr<tandem::v1::Job> job = jobs_->Get(request->job_id());
+    if (!job.ok()) return ToGrpc(job.status());
+    *response = *job;
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* TandemService::ListJobs(grpc::CallbackServerContext* context,
-                                                  const tandem::v1::ListJobsRequest*,
-                                                  tandem::v1::ListJobsResponse*) {
-  return Unimplemented(context, "ListJobs", "job service");
+                                                  const tandem::v1::ListJobsRequest* request,
+                                                  tandem::v1::ListJobsResponse* response) {
+  return Unary(context, "ListJobs", [this, request, response]() -> grpc::Status {
+    JobFilter filter;
+    if (request->page_size() < 0 || request->page_size() > 1000) {
+      return Invalid(absl::StrCat("page_size: must be in [0, 1000], got ", request->page_size()));
+    }
+    filter.limit = request->page_size() == 0 ? 100 : request->page_size();
+    for (int i = 0; i < request->states_size(); ++i) {
+      const int s = request->states(i);
+      if (!tandem::v1::JobState_IsValid(s) || s == tandem::v1::JOB_STATE_UNSPECIFIED) {
+        return Invalid(absl::StrCat("states[", i, "]: unknown job state ", s));
+      }
+      filter.states.push_back(static_cast<tandem::v1::JobState>(s));
+    }
+    for (const auto& [k, v] : request->labels()) filter.labels[k] = v;
+    if (!request->page_token().empty()) {
+      int64_t before = 0;
+      if (request->page_token().size() > 24 || request->page_token()[0] != 'p' ||
+          !absl::SimpleAtoi(request->page_token().substr(1), &before) || before <= 0) {
+        return Invalid("page_token: not a token from ListJobsResponse.next_page_token");
+      }
+      filter.before_sequence = before;
+    }
+    absl::StatusOr<JobPage> page = jobs_->List(filter);
+    if (!page.ok()) return ToGrpc(page.status());
+    for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
+    if (page->next_before > 0) response->set_next_page_token(absl::StrCat("p", page->next_before));
+    response->set_total_size(page->total);
+    return grpc::Status::OK;
+  });
 }
 
-grpc::ServerWriteReactor<tandem::v1::JobEvent>* TandemService::WatchJob(
-    grpc::CallbackServerContext*, const tandem::v1::WatchJobRequest*) {
-  return new UnimplementedWatch();
+grpc::ServerWriteReactor<JobEvent>* TandemService::WatchJob(
+    grpc::CallbackServerContext* context, const tandem::v1::WatchJobRequest* request) {
+  return new WatchReactor(this, context, request);
 }
 
 grpc::ServerUnaryReactor* TandemService::CancelJob(grpc::CallbackServerContext* context,
-                                                   const tandem::v1::CancelJobRequest*,
-                                                   tandem::v1::Job*) {
-  return Unimplemented(context, "CancelJob", "job service");
+                                                   const tandem::v1::CancelJobRequest* request,
+                                                   tandem::v1::Job* response) {
+  return Unary(context, "CancelJob", [this, request, response]() -> grpc::Status {
+    grpc::Status s = CheckJobId(request->job_id(), "job_id");
+    if (!s.ok()) return s;
+    absl::StatusOr<tandem::v1::Job> job = jobs_->Cancel(request->job_id(), request->reason());
+    if (!job.ok()) return ToGrpc(job.status());
+    *response = *job;
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* TandemService::ProfileModel(grpc::CallbackServerContext* context,
-                                                      const tandem::v1::ProfileModelRequest*,
-                                                      tandem::v1::ProfileModelResponse*) {
-  return Unimplemented(context, "ProfileModel", "profiler");
+                                                      const tandem::v1::ProfileModelRequest* request,
+                                                      tandem::v1::ProfileModelResponse* response) {
+  return Unary(context, "ProfileModel", [this, request, response]() -> grpc::Status {
+    if (!options_.profile) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "ProfileModel is not implemented yet: it arrives with the profiler");
+    }
+    return options_.profile(*request, response);
+  });
 }
 
 grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* context,
-                                                   const tandem::v1::PlanModelRequest*,
-                                                   tandem::v1::PlanModelResponse*) {
-  return Unimplemented(context, "PlanModel", "planner");
+                                                   const tandem::v1::PlanModelRequest* request,
+                                                   tandem::v1::PlanModelResponse* response) {
+  return Unary(context, "PlanModel", [this, request, response]() -> grpc::Status {
+    if (!options_.plan) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "PlanModel is not implemented yet: it arrives with the planner");
+    }
+    return options_.plan(*request, response);
+  });
 }
 
 grpc::ServerUnaryReactor* TandemService::GetNode(grpc::CallbackServerContext* context,
                                                  const tandem::v1::GetNodeRequest*,
-                                                 tandem::v1::NodeInfo*) {
-  return Unimplemented(context, "GetNode", "job service");
+                                                 tandem::v1::NodeInfo* response) {
+  return Unary(context, "GetNode", [this, response]() -> grpc::Status {
+    *response = options_.node_info();
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace tandem::server

@@ -331,19 +331,25 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
       DataInfo info;
       info.sample_shape = Shape({BigEndian32(head, 8), BigEndian32(head, 12), 1});
       info.num_classes = 10;
+      // u8 pixels and labels of the training split, and a test split of up to a
+      // sixth of it (MNIST's proportions) when one is named.
+      const int64_t train = static_cast<int64_t>(BigEndian32(head, 4)) * (info.sample_shape.elements() + 1);
+      info.memory_bytes = spec.idx().test_images().empty() ? train : train + train / 6;
       return info;
     }
     case DatasetSpec::kText: {
       const auto& t = spec.text();
       TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
-      std::ifstream f(path);
+      std::ifstream f(path, std::ios::binary | std::ios::ate);
       if (!f) return absl::NotFoundError(absl::StrCat("data.text.path: cannot open '", path, "'"));
+      const int64_t file_bytes = static_cast<int64_t>(f.tellg());
       if (context <= 0) return FieldError("model.gpt.context", "a text dataset needs a context length");
       DataInfo info;
       info.sample_shape = Shape({context});
       info.input_dtype = DType::kI32;
       info.num_classes = 256;
       info.targets_per_sample = context;
+      info.memory_bytes = file_bytes;
       return info;
     }
     case DatasetSpec::kSynthetic:

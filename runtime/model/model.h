@@ -30,6 +30,8 @@ struct DataInfo {
   int64_t num_classes = 0;
   // Targets per sample: 1 for classification, T for language modelling.
   int64_t targets_per_sample = 1;
+  // Host bytes the opened dataset holds (estimate, both splits); 0 if unknown.
+  int64_t memory_bytes = 0;
 };
 
 // `spec` with every preset size that was left at zero set to its default

@@ -1,0 +1,681 @@
+#include "server/job_manager.h"
+
+#include <algorithm>
+#include <deque>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/util/time_util.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/train/job_spec.h"
+
+namespace tandem::server {
+
+using google::protobuf::util::TimeUtil;
+using tandem::v1::Job;
+using tandem::v1::JobEvent;
+using tandem::v1::JobState;
+
+namespace {
+
+constexpr int kMaxRequestIdLength = 128;
+// Per-job metric series of finished jobs kept for dashboards; older ones go.
+constexpr size_t kFinishedSeriesKept = 50;
+
+bool IsTerminal(JobState s) {
+  return s == tandem::v1::JOB_STATE_SUCCEEDED || s == tandem::v1::JOB_STATE_FAILED ||
+         s == tandem::v1::JOB_STATE_CANCELLED;
+}
+
+const char* StateLabel(JobState s) {
+  switch (s) {
+    case tandem::v1::JOB_STATE_QUEUED:
+      return "queued";
+    case tandem::v1::JOB_STATE_RUNNING:
+      return "running";
+    case tandem::v1::JOB_STATE_SUCCEEDED:
+      return "succeeded";
+    case tandem::v1::JOB_STATE_FAILED:
+      return "failed";
+    case tandem::v1::JOB_STATE_CANCELLED:
+      return "cancelled";
+    default:
+      return "unspecified";
+  }
+}
+
+// Prefixes a spec-relative field path with "spec." and makes every
+// data problem an INVALID_ARGUMENT about its field.
+absl::Status AsSpecError(const absl::Status& s) {
+  if (s.ok()) return s;
+  absl::StatusCode code = s.code();
+  if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kDataLoss) {
+    code = absl::StatusCode::kInvalidArgument;
+  }
+  if (code != absl::StatusCode::kInvalidArgument) return s;
+  return absl::Status(code, absl::StrCat("spec.", s.message()));
+}
+
+absl::Status ValidateRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: at most ", kMaxRequestIdLength, " characters, got ", id.size()));
+  }
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-')) {
+      return absl::InvalidArgumentError("request_id: only [A-Za-z0-9._:-] are allowed");
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool SameSpec(const tandem::v1::JobSpec& a, const tandem::v1::JobSpec& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+std::string Gib(int64_t bytes) { return FormatBytes(bytes); }
+
+}  // namespace
+
+std::string MemoryEstimate::Describe() const {
+  return absl::StrCat("parameters and gradients ", Gib(parameter_bytes), ", optimizer state ",
+                      Gib(optimizer_state_bytes), ", activations ", Gib(activation_bytes),
+                      ", data ", Gib(data_bytes));
+}
+
+struct JobManager::Entry {
+  Job job;
+  std::shared_ptr<EventLog> log;
+  MemoryEstimate estimate;
+  std::atomic<bool> stop{false};
+  bool cancel_requested = false;
+  std::string cancel_reason;
+  bool running = false;
+  // Set by the runner thread as its last action, so the thread can be joined.
+  std::atomic<bool> runner_done{false};
+  std::unique_ptr<HostAllocator> allocator;
+  int64_t seq = 0;
+};
+
+JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics)
+    : options_(std::move(options)), store_(store), metrics_(metrics) {
+  persister_ = std::thread([this] { PersistLoop(); });
+  metrics_->device_memory_budget.Add({{"device", "cpu"}}).Set(options_.host_memory_budget_bytes);
+}
+
+JobManager::~JobManager() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&persist_mu_);
+    persist_stop_ = true;
+  }
+  if (persister_.joinable()) persister_.join();
+}
+
+absl::StatusOr<tandem::v1::JobSpec> JobManager::ResolveSpec(const tandem::v1::JobSpec& spec) const {
+  absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
+  if (!resolved.ok()) return AsSpecError(resolved.status());
+  const PathPolicy& policy = options_.data_policy;
+  absl::StatusOr<JobModel> jm = BuildJobModel(
+      *resolved, [&policy](const std::string& field, const std::string& path) {
+        return policy.Resolve(field, path);
+      });
+  if (!jm.ok()) return AsSpecError(jm.status());
+  *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
+  return resolved;
+}
+
+absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved) const {
+  const PathPolicy& policy = options_.data_policy;
+  TANDEM_ASSIGN_OR_RETURN(JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f,
+                                                                         const std::string& p) {
+                            return policy.Resolve(f, p);
+                          }));
+  const Model& m = *jm.model;
+  const int64_t max_batch =
+      std::max(resolved.training().batch_size(), resolved.training().eval_batch_size());
+  MemoryEstimate e;
+  e.parameter_bytes = 2 * m.parameter_elements() * 4 + m.buffer_elements() * 4;
+  int states = 2;
+  if (resolved.optimizer().kind() == tandem::v1::OPTIMIZER_KIND_SGD) {
+    states = resolved.optimizer().momentum() > 0 ? 1 : 0;
+  }
+  e.optimizer_state_bytes = states * m.parameter_elements() * 4;
+  int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
+  for (int l = 0; l < m.num_layers(); ++l) max_output = std::max(max_output, m.layer(l).OutputBytes(max_batch));
+  e.activation_bytes = m.ActivationBytes(max_batch) + 2 * max_output + m.MaxWorkspaceBytes(max_batch);
+  e.data_bytes = jm.data.memory_bytes;
+  // Allocations are 64-byte aligned, one per layer buffer: a small margin.
+  const int64_t margin = 64 * 4 * m.num_layers() + (1 << 20);
+  e.host_bytes = e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
+  if (resolved.resources().host_memory_bytes() > 0) e.host_bytes = resolved.resources().host_memory_bytes();
+  return e;
+}
+
+absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSpec& spec,
+                                                         const std::string& request_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!accepting_) return absl::UnavailableError("tandemd is shutting down and accepts no new jobs");
+  }
+  TANDEM_RETURN_IF_ERROR(ValidateRequestId(request_id));
+  auto existing = [&]() -> absl::StatusOr<std::optional<Submitted>> {
+    if (request_id.empty()) return std::optional<Submitted>();
+    TANDEM_ASSIGN_OR_RETURN(std::optional<Job> found, store_->FindByRequestId(request_id));
+    if (!found) return std::optional<Submitted>();
+    if (!SameSpec(found->spec(), spec)) {
+      return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id, "' was used for ",
+                                                   found->id(), " with a different spec"));
+    }
+    absl::StatusOr<Job> live = Get(found->id());
+    return std::optional<Submitted>(Submitted{live.ok() ? *live : *found, false});
+  };
+  TANDEM_ASSIGN_OR_RETURN(std::optional<Submitted> previous, existing());
+  if (previous) return *previous;
+
+  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec resolved, ResolveSpec(spec));
+  TANDEM_ASSIGN_OR_RETURN(const MemoryEstimate estimate, Estimate(resolved));
+  if (options_.host_memory_budget_bytes > 0 && estimate.host_bytes > options_.host_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job needs ", Gib(estimate.host_bytes), " of host memory (", estimate.Describe(),
+        ") but this node's host budget is ", Gib(options_.host_memory_budget_bytes),
+        " (--host_memory_budget)"));
+  }
+  if (estimate.accelerator_bytes > 0 && estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job needs ", Gib(estimate.accelerator_bytes), " of accelerator memory but the budget is ",
+        Gib(options_.accelerator_memory_budget_bytes), " (--gpu_memory_budget)"));
+  }
+
+  Job job;
+  job.set_request_id(request_id);
+  *job.mutable_spec() = spec;
+  *job.mutable_resolved_spec() = resolved;
+  job.set_state(tandem::v1::JOB_STATE_QUEUED);
+  job.set_reason("queued");
+  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+  *job.mutable_update_time() = job.create_time();
+  job.mutable_progress()->set_total_steps(resolved.training().duration_case() ==
+                                                  tandem::v1::TrainingSpec::kSteps
+                                              ? resolved.training().steps()
+                                              : 0);
+  JobEvent queued;
+  queued.set_sequence(1);
+  *queued.mutable_time() = job.create_time();
+  queued.mutable_state_change()->set_to(tandem::v1::JOB_STATE_QUEUED);
+  queued.mutable_state_change()->set_reason("submitted");
+  absl::StatusOr<Job> stored = store_->InsertJob(job, {queued});
+  if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
+    // A concurrent submit with the same request id won the race.
+    TANDEM_ASSIGN_OR_RETURN(previous, existing());
+    if (previous) return *previous;
+  }
+  if (!stored.ok()) return stored.status();
+
+  auto entry = std::make_shared<Entry>();
+  entry->job = *stored;
+  entry->seq = JobStore::SequenceOf(stored->id());
+  entry->estimate = estimate;
+  entry->log = std::make_shared<EventLog>(stored->id(), 0);
+  queued.set_job_id(stored->id());
+  entry->log->Append(queued);
+  absl::MutexLock lock(&mu_);
+  live_[stored->id()] = entry;
+  dirty_ = true;
+  return Submitted{entry->job, true};
+}
+
+absl::StatusOr<Job> JobManager::Get(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(id);
+    if (it != live_.end()) return it->second->job;
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<Job> job, store_->GetJob(id));
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return *job;
+}
+
+absl::StatusOr<JobPage> JobManager::List(const JobFilter& filter) {
+  TANDEM_ASSIGN_OR_RETURN(JobPage page, store_->ListJobs(filter));
+  absl::MutexLock lock(&mu_);
+  for (Job& job : page.jobs) {
+    auto it = live_.find(job.id());
+    if (it != live_.end()) job = it->second->job;
+  }
+  return page;
+}
+
+absl::StatusOr<std::shared_ptr<EventLog>> JobManager::Events(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(id);
+    if (it != live_.end()) return it->second->log;
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<Job> job, store_->GetJob(id));
+  if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  FlushEvents();
+  TANDEM_ASSIGN_OR_RETURN(const uint64_t last, store_->LastEventSequence(id));
+  // A finished job's log: everything is on disk, nothing more will come.
+  auto log = std::make_shared<EventLog>(id, last);
+  log->Close();
+  return log;
+}
+
+absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string& reason) {
+  if (reason.size() > 1024) return absl::InvalidArgumentError("reason: at most 1024 characters");
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(id);
+    if (it != live_.end()) return CancelLocked(it->second, reason);
+  }
+  absl::StatusOr<std::optional<Job>> job = store_->GetJob(id);
+  if (!job.ok()) return job.status();
+  if (!*job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", id, " already ended in ", tandem::v1::JobState_Name((*job)->state())));
+}
+
+absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared, const std::string& reason) {
+  Entry& entry = *shared;
+  const std::string why = reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
+  if (entry.job.state() == tandem::v1::JOB_STATE_QUEUED) {
+    TANDEM_RETURN_IF_ERROR(Transition(entry, tandem::v1::JOB_STATE_CANCELLED, why));
+    Job job = entry.job;
+    entry.log->Close();
+    live_.erase(job.id());
+    dirty_ = true;
+    return job;
+  }
+  entry.cancel_requested = true;
+  entry.cancel_reason = why;
+  entry.stop = true;
+  entry.job.set_reason("cancelling at the next step boundary");
+  return entry.job;
+}
+
+absl::Status JobManager::Transition(Entry& entry, JobState state, const std::string& reason) {
+  JobEvent event;
+  event.mutable_state_change()->set_from(entry.job.state());
+  event.mutable_state_change()->set_to(state);
+  event.mutable_state_change()->set_reason(reason);
+  event = entry.log->Append(event);
+  entry.job.set_state(state);
+  entry.job.set_reason(reason);
+  entry.job.set_last_event_sequence(event.sequence());
+  *entry.job.mutable_update_time() = event.time();
+  if (state == tandem::v1::JOB_STATE_RUNNING) *entry.job.mutable_start_time() = event.time();
+  if (IsTerminal(state)) {
+    *entry.job.mutable_end_time() = event.time();
+    metrics_->jobs_finished.Add({{"state", StateLabel(state)}}).Increment();
+  }
+  return store_->UpdateJob(entry.job, {event});
+}
+
+void JobManager::AppendEvent(Entry& entry, JobEvent event) {
+  event = entry.log->Append(std::move(event));
+  absl::MutexLock lock(&persist_mu_);
+  pending_events_.push_back(std::move(event));
+}
+
+void JobManager::PersistLoop() {
+  while (true) {
+    bool stop;
+    {
+      absl::MutexLock lock(&persist_mu_);
+      persist_mu_.AwaitWithTimeout(absl::Condition(&persist_stop_), absl::Milliseconds(200));
+      stop = persist_stop_;
+    }
+    FlushEvents();
+    if (stop) return;
+  }
+}
+
+void JobManager::FlushEvents() {
+  std::vector<JobEvent> batch;
+  {
+    absl::MutexLock lock(&persist_mu_);
+    batch.swap(pending_events_);
+  }
+  if (batch.empty()) return;
+  const absl::Status s = store_->AppendEvents(batch);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandemd: could not persist %zu job events: %s\n", batch.size(),
+                 s.ToString().c_str());
+  }
+}
+
+absl::Status JobManager::Recover() {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<Job> jobs, store_->LoadUnfinished());
+  for (Job& job : jobs) {
+    auto entry = std::make_shared<Entry>();
+    entry->seq = JobStore::SequenceOf(job.id());
+    TANDEM_ASSIGN_OR_RETURN(const uint64_t last, store_->LastEventSequence(job.id()));
+    entry->log = std::make_shared<EventLog>(job.id(), last);
+    absl::StatusOr<MemoryEstimate> estimate = Estimate(job.resolved_spec());
+    entry->job = std::move(job);
+    absl::MutexLock lock(&mu_);
+    if (!estimate.ok()) {
+      TANDEM_RETURN_IF_ERROR(Transition(*entry, tandem::v1::JOB_STATE_FAILED,
+                                        absl::StrCat("cannot resume after restart: ",
+                                                     estimate.status().message())));
+      continue;
+    }
+    entry->estimate = *estimate;
+    if (entry->job.state() == tandem::v1::JOB_STATE_RUNNING) {
+      TANDEM_RETURN_IF_ERROR(Transition(
+          *entry, tandem::v1::JOB_STATE_QUEUED,
+          absl::StrCat("tandemd restarted while the job ran; it resumes from its checkpoint at step ",
+                       entry->job.checkpoint_step())));
+    }
+    live_[entry->job.id()] = entry;
+    dirty_ = true;
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::Start() {
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+void JobManager::SchedulerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](JobManager* m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                               return m->dirty_ || m->stopping_;
+                             },
+                             this),
+                         absl::Seconds(1));
+    if (stopping_) return;
+    dirty_ = false;
+    ScheduleLocked();
+    // Join runner threads that finished.
+    std::vector<std::thread> done;
+    for (auto it = runners_.begin(); it != runners_.end();) {
+      if (it->first->runner_done) {
+        done.push_back(std::move(it->second));
+        it = runners_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    mu_.Unlock();
+    for (std::thread& t : done) t.join();
+    mu_.Lock();
+  }
+}
+
+void JobManager::ScheduleLocked() {
+  std::vector<Entry*> queue;
+  for (auto& [id, e] : live_) {
+    if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) queue.push_back(e.get());
+  }
+  std::sort(queue.begin(), queue.end(), [](const Entry* a, const Entry* b) {
+    const int pa = a->job.spec().priority(), pb = b->job.spec().priority();
+    return pa != pb ? pa > pb : a->seq < b->seq;
+  });
+  const Entry* blocked = nullptr;
+  for (Entry* e : queue) {
+    if (blocked != nullptr) {
+      e->job.set_reason(absl::StrCat("waiting behind ", blocked->job.id(), " (priority ",
+                                     blocked->job.spec().priority(), ")"));
+      continue;
+    }
+    const int64_t host_free = options_.host_memory_budget_bytes - reserved_host_;
+    const int64_t accel_free = options_.accelerator_memory_budget_bytes - reserved_accelerator_;
+    if (options_.host_memory_budget_bytes > 0 && e->estimate.host_bytes > host_free) {
+      e->job.set_reason(absl::StrCat("waiting for ", Gib(e->estimate.host_bytes - host_free),
+                                     " of host memory (", Gib(reserved_host_), " of ",
+                                     Gib(options_.host_memory_budget_bytes),
+                                     " reserved by running jobs)"));
+      blocked = e;
+      continue;
+    }
+    if (e->estimate.accelerator_bytes > 0 && e->estimate.accelerator_bytes > accel_free) {
+      e->job.set_reason(absl::StrCat("waiting for ", Gib(e->estimate.accelerator_bytes - accel_free),
+                                     " of accelerator memory"));
+      blocked = e;
+      continue;
+    }
+    // Admit.
+    reserved_host_ += e->estimate.host_bytes;
+    reserved_accelerator_ += e->estimate.accelerator_bytes;
+    e->job.set_reserved_host_bytes(e->estimate.host_bytes);
+    e->job.set_reserved_accelerator_bytes(e->estimate.accelerator_bytes);
+    e->job.set_attempts(e->job.attempts() + 1);
+    e->running = true;
+    e->stop = false;
+    const absl::Status s = Transition(*e, tandem::v1::JOB_STATE_RUNNING,
+                                      e->job.attempts() > 1 ? "resumed" : "started");
+    if (!s.ok()) {
+      std::fprintf(stderr, "tandemd: cannot record the start of %s: %s\n", e->job.id().c_str(),
+                   s.ToString().c_str());
+    }
+    std::shared_ptr<Entry> shared = live_[e->job.id()];
+    metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+    shared->runner_done = false;
+    runners_.emplace_back(shared, std::thread([this, shared] {
+                            RunJob(shared);
+                            shared->runner_done = true;
+                          }));
+  }
+  metrics_->queue_length.Add({}).Set(0);
+  int64_t queued = 0;
+  for (auto& [id, e] : live_) queued += e->job.state() == tandem::v1::JOB_STATE_QUEUED;
+  metrics_->queue_length.Add({}).Set(static_cast<double>(queued));
+}
+
+void JobManager::UpdateJobMetrics(const Entry& entry) {
+  const metrics::Labels labels = {{"job_id", entry.job.id()}};
+  const auto& m = entry.job.metrics();
+  metrics_->job_loss.Add(labels).Set(m.loss());
+  metrics_->job_samples_per_second.Add(labels).Set(m.samples_per_second());
+  metrics_->job_step_seconds.Add(labels).Set(m.step_seconds());
+  metrics_->job_progress.Add(labels).Set(entry.job.progress().fraction());
+  if (m.eval_step() > 0) metrics_->job_eval_accuracy.Add(labels).Set(m.eval_accuracy());
+  if (m.predicted_step_seconds() > 0) {
+    metrics_->job_predicted_step_seconds.Add(labels).Set(m.predicted_step_seconds());
+  }
+}
+
+void JobManager::RunJob(std::shared_ptr<Entry> entry) {
+  Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = entry->job;
+    entry->allocator = std::make_unique<HostAllocator>(entry->estimate.host_bytes - entry->estimate.data_bytes);
+  }
+  const std::string id = job.id();
+  const metrics::Labels labels = {{"job_id", id}};
+  auto& step_duration = metrics_->job_step_duration.Add(labels);
+  auto& steps_total = metrics_->job_steps.Add(labels);
+
+  TrainerOptions options;
+  options.job_id = id;
+  options.checkpoint_dir = absl::StrCat(options_.state_dir, "/jobs/", id, "/checkpoints");
+  options.resume = true;
+  const PathPolicy& policy = options_.data_policy;
+  options.resolve_path = [&policy](const std::string& f, const std::string& p) { return policy.Resolve(f, p); };
+  options.has_accelerator = options_.has_accelerator;
+  options.threads = job.resolved_spec().training().threads() > 0 ? job.resolved_spec().training().threads()
+                                                                 : options_.default_threads;
+  options.host_allocator = entry->allocator.get();
+  options.make_runner = options_.make_runner;
+
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const JobEvent::StepProgress& p) {
+    JobEvent e;
+    *e.mutable_step() = p;
+    AppendEvent(*entry, e);
+    step_duration.Observe(p.step_seconds());
+    absl::MutexLock lock(&mu_);
+    auto* progress = entry->job.mutable_progress();
+    steps_total.Increment(static_cast<double>(p.step() - progress->step()));
+    progress->set_step(p.step());
+    progress->set_total_steps(p.total_steps());
+    progress->set_epoch(p.epoch());
+    progress->set_fraction(p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps() : 0);
+    progress->set_eta_seconds(p.eta_seconds());
+    auto* m = entry->job.mutable_metrics();
+    m->set_loss(p.loss());
+    m->set_samples_per_second(p.samples_per_second());
+    m->set_step_seconds(p.step_seconds());
+    entry->job.set_last_event_sequence(entry->log->last_sequence());
+    UpdateJobMetrics(*entry);
+  };
+  callbacks.on_eval = [&](const JobEvent::EvalResult& r) {
+    JobEvent e;
+    *e.mutable_eval() = r;
+    AppendEvent(*entry, e);
+    absl::MutexLock lock(&mu_);
+    entry->job.mutable_metrics()->set_eval_loss(r.loss());
+    entry->job.mutable_metrics()->set_eval_accuracy(r.accuracy());
+    entry->job.mutable_metrics()->set_eval_step(r.step());
+    UpdateJobMetrics(*entry);
+  };
+  callbacks.on_log = [&](tandem::v1::LogSeverity severity, const std::string& message) {
+    JobEvent e;
+    e.mutable_log()->set_severity(severity);
+    e.mutable_log()->set_message(message);
+    AppendEvent(*entry, e);
+  };
+  callbacks.on_checkpoint = [&](const JobEvent::CheckpointSaved& c) {
+    JobEvent e;
+    *e.mutable_checkpoint() = c;
+    AppendEvent(*entry, e);
+    FlushEvents();
+    absl::MutexLock lock(&mu_);
+    entry->job.set_checkpoint_step(c.step());
+    entry->job.set_checkpoint_path(c.path());
+    *entry->job.mutable_update_time() = TimeUtil::GetCurrentTime();
+    // The record on disk follows checkpoints, so a recovered job reports where it resumes.
+    const absl::Status s = store_->UpdateJob(entry->job);
+    if (!s.ok()) std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", id.c_str(), s.ToString().c_str());
+  };
+  callbacks.should_stop = [&] { return entry->stop.load(); };
+
+  absl::Status status;
+  std::unique_ptr<Trainer> trainer;
+  {
+    absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(job.spec(), options, callbacks);
+    if (created.ok()) {
+      trainer = std::move(*created);
+      status = trainer->Run();
+    } else {
+      status = created.status();
+    }
+  }
+  FlushEvents();
+
+  absl::MutexLock lock(&mu_);
+  Job& record = entry->job;
+  if (trainer) {
+    *record.mutable_progress() = trainer->progress();
+    *record.mutable_metrics() = trainer->metrics();
+    record.set_checkpoint_step(trainer->checkpoint_step());
+    record.set_checkpoint_path(trainer->checkpoint_path());
+    *record.mutable_plan() = trainer->runner().plan();
+    *record.mutable_measured_timeline() = trainer->runner().last_timeline();
+  }
+  reserved_host_ -= entry->estimate.host_bytes;
+  reserved_accelerator_ -= entry->estimate.accelerator_bytes;
+  metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+  entry->running = false;
+  JobState next;
+  std::string reason;
+  if (status.ok()) {
+    next = tandem::v1::JOB_STATE_SUCCEEDED;
+    reason = absl::StrFormat("finished %d steps", record.progress().step());
+  } else if (status.code() == absl::StatusCode::kCancelled && entry->cancel_requested) {
+    next = tandem::v1::JOB_STATE_CANCELLED;
+    reason = entry->cancel_reason;
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    next = tandem::v1::JOB_STATE_QUEUED;
+    reason = absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
+                          record.checkpoint_step());
+  } else {
+    next = tandem::v1::JOB_STATE_FAILED;
+    reason = std::string(status.message());
+  }
+  if (next == tandem::v1::JOB_STATE_FAILED) {
+    JobEvent e;
+    e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_ERROR);
+    e.mutable_log()->set_message(reason);
+    entry->log->Append(e);
+  }
+  const absl::Status s = Transition(*entry, next, reason);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandemd: cannot record the end of %s: %s\n", id.c_str(), s.ToString().c_str());
+  }
+  UpdateJobMetrics(*entry);
+  if (IsTerminal(next)) {
+    entry->log->Close();
+    live_.erase(id);
+    finished_series_.push_back(id);
+    if (finished_series_.size() > kFinishedSeriesKept) {
+      const metrics::Labels old = {{"job_id", finished_series_.front()}};
+      for (auto* f : {&metrics_->job_loss, &metrics_->job_samples_per_second, &metrics_->job_step_seconds,
+                      &metrics_->job_progress, &metrics_->job_eval_accuracy,
+                      &metrics_->job_predicted_step_seconds}) {
+        f->Remove(old);
+      }
+      metrics_->job_step_duration.Remove(old);
+      metrics_->job_steps.Remove(old);
+      finished_series_.pop_front();
+    }
+  }
+  // The trainer's buffers belong to the job's allocator: free them first.
+  trainer.reset();
+  entry->allocator.reset();
+  dirty_ = true;
+}
+
+void JobManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    accepting_ = false;
+    stopping_ = true;
+    for (auto& [id, e] : live_) {
+      if (e->running) e->stop = true;
+    }
+  }
+  if (scheduler_.joinable()) scheduler_.join();
+  // Wait for runners to checkpoint and re-queue their jobs.
+  std::vector<std::thread> runners;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [entry, thread] : runners_) runners.push_back(std::move(thread));
+    runners_.clear();
+  }
+  for (std::thread& t : runners) t.join();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : live_) e->log->Close(/*shutting_down=*/true);
+  }
+  FlushEvents();
+}
+
+JobManager::Snapshot JobManager::TakeSnapshot() {
+  Snapshot s;
+  absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
+  if (counts.ok()) s.jobs_by_state = *counts;
+  absl::MutexLock lock(&mu_);
+  s.accepting = accepting_;
+  s.reserved_host_bytes = reserved_host_;
+  s.reserved_accelerator_bytes = reserved_accelerator_;
+  for (auto& [id, e] : live_) {
+    if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) ++s.queued;
+    if (e->allocator) {
+      const MemoryStats m = e->allocator->stats();
+      for (int c = 0; c < kMemoryCategoryCount; ++c) s.host_memory.in_use_bytes[c] += m.in_use_bytes[c];
+      s.host_memory.total_in_use_bytes += m.total_in_use_bytes;
+    }
+  }
+  return s;
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,145 @@
+// Jobs from submission to their end: validation, durable acceptance, the queue
+// (priority, then submit order), admission by memory against the daemon's host
+// and accelerator budgets (so concurrent jobs never oversubscribe), one runner
+// thread per running job, cancellation at step boundaries, recovery after a
+// crash, and a graceful stop that checkpoints running jobs and re-queues them.
+//
+// State lives in the JobStore; the latest record of every unfinished job is
+// also kept here, with its EventLog, so GetJob and WatchJob see live progress.
+// Thread-safe: RPC handlers, the scheduler and runner threads all call in.
+#ifndef TANDEM_SERVER_JOB_MANAGER_H_
+#define TANDEM_SERVER_JOB_MANAGER_H_
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/core/allocator.h"
+#include "runtime/train/trainer.h"
+#include "server/event_log.h"
+#include "server/path_policy.h"
+#include "server/server_metrics.h"
+#include "server/store/job_store.h"
+
+namespace tandem::server {
+
+struct JobManagerOptions {
+  // Checkpoints go to <state_dir>/jobs/<id>/checkpoints.
+  std::string state_dir;
+  PathPolicy data_policy;
+  int64_t host_memory_budget_bytes = 0;
+  int64_t accelerator_memory_budget_bytes = 0;
+  bool has_accelerator = false;
+  // OpenMP threads of a job that does not say; 0 = all cores.
+  int default_threads = 0;
+  // Optional factory for hybrid runners (the plan executor); null = CPU engine.
+  RunnerFactory make_runner;
+};
+
+// Memory a job needs, estimated from its model before it runs, in bytes.
+struct MemoryEstimate {
+  int64_t parameter_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t activation_bytes = 0;
+  int64_t data_bytes = 0;
+  int64_t host_bytes = 0;
+  int64_t accelerator_bytes = 0;
+  std::string Describe() const;
+};
+
+class JobManager {
+ public:
+  JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics);
+  ~JobManager();
+
+  // Loads unfinished jobs: QUEUED stay queued; RUNNING (an unclean stop) are
+  // re-queued to resume from their last checkpoint. Call once before Start().
+  absl::Status Recover();
+  // Starts the scheduler.
+  void Start();
+  // Stops admitting, asks running jobs to checkpoint and stop, re-queues them for
+  // the next start, ends every watch stream, and waits for the runners.
+  void Shutdown();
+
+  struct Submitted {
+    tandem::v1::Job job;
+    bool created = false;
+  };
+  // Validates (INVALID_ARGUMENT naming "spec.<field>"), checks the job fits the
+  // budgets (RESOURCE_EXHAUSTED with the numbers), applies request_id
+  // idempotency (ALREADY_EXISTS on a different spec), and stores the job durably
+  // before returning. UNAVAILABLE while shutting down.
+  absl::StatusOr<Submitted> Submit(const tandem::v1::JobSpec& spec, const std::string& request_id);
+  absl::StatusOr<tandem::v1::Job> Get(const std::string& id);
+  absl::StatusOr<JobPage> List(const JobFilter& filter);
+  absl::StatusOr<tandem::v1::Job> Cancel(const std::string& id, const std::string& reason);
+  // The event log of a job (opened from the store for jobs not held here).
+  absl::StatusOr<std::shared_ptr<EventLog>> Events(const std::string& id);
+  JobStore* store() { return store_; }
+
+  // Validation and the estimate alone, for PlanModel/ProfileModel and tests.
+  absl::StatusOr<tandem::v1::JobSpec> ResolveSpec(const tandem::v1::JobSpec& spec) const;
+  absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved) const;
+
+  struct Snapshot {
+    std::map<tandem::v1::JobState, int64_t> jobs_by_state;
+    int64_t queued = 0;
+    int64_t reserved_host_bytes = 0;
+    int64_t reserved_accelerator_bytes = 0;
+    // Summed over running jobs' allocators, by category.
+    MemoryStats host_memory;
+    bool accepting = true;
+  };
+  Snapshot TakeSnapshot();
+  const JobManagerOptions& options() const { return options_; }
+
+ private:
+  struct Entry;
+  void SchedulerLoop();
+  // Starts every queued job that fits, in queue order; explains the rest.
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunJob(std::shared_ptr<Entry> entry);
+  absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a job to `state`, appends the state event and persists both.
+  absl::Status Transition(Entry& entry, tandem::v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AppendEvent(Entry& entry, tandem::v1::JobEvent event);
+  void PersistLoop();
+  void FlushEvents();
+  void UpdateJobMetrics(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const JobManagerOptions options_;
+  JobStore* const store_;
+  ServerMetrics* const metrics_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reserved_accelerator_ ABSL_GUARDED_BY(mu_) = 0;
+  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Runner threads with their entries; joined once the entry says it is done.
+  std::vector<std::pair<std::shared_ptr<Entry>, std::thread>> runners_ ABSL_GUARDED_BY(mu_);
+  // Finished jobs whose per-job metric series are still exported, oldest first.
+  std::deque<std::string> finished_series_ ABSL_GUARDED_BY(mu_);
+  std::thread scheduler_;
+
+  // Events waiting to be written by the persister (batched, off the training path).
+  absl::Mutex persist_mu_;
+  std::vector<tandem::v1::JobEvent> pending_events_ ABSL_GUARDED_BY(persist_mu_);
+  bool persist_stop_ ABSL_GUARDED_BY(persist_mu_) = false;
+  std::thread persister_;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_JOB_MANAGER_H_

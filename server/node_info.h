@@ -1,0 +1,36 @@
+// What this node has (detected once at start) and what it is doing (sampled on
+// request): GetNode's answer and the node's gauges on each metrics scrape.
+#ifndef TANDEM_SERVER_NODE_INFO_H_
+#define TANDEM_SERVER_NODE_INFO_H_
+
+#include <string>
+#include <vector>
+
+#include "google/protobuf/timestamp.pb.h"
+#include "runtime/cuda/device_query.h"
+#include "server/job_manager.h"
+#include "server/server_metrics.h"
+#include "tandem/v1/node.pb.h"
+
+namespace tandem::server {
+
+struct NodeResources {
+  std::string hostname;
+  std::string cpu_name;
+  int cpu_threads = 0;
+  int64_t host_memory_bytes = 0;
+  std::vector<cuda::CudaDeviceInfo> cuda_devices;
+  std::string cuda_note;
+};
+
+NodeResources DetectNodeResources();
+
+tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& jobs,
+                                   const google::protobuf::Timestamp& start_time);
+
+// Refreshes jobs-by-state and per-device memory gauges.
+void ExportNodeMetrics(JobManager& jobs, ServerMetrics* metrics);
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_NODE_INFO_H_

@@ -1,0 +1,129 @@
+#include "server/server_metrics.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "runtime/base/build_info.h"
+
+namespace tandem::server {
+
+using metrics::BuildCounter;
+using metrics::BuildGauge;
+using metrics::BuildHistogram;
+using metrics::ExponentialBuckets;
+
+ServerMetrics::ServerMetrics(metrics::Registry& r)
+    : registry(r),
+      build_info(BuildGauge()
+                     .Name("tandem_build_info")
+                     .Help("Always 1; labels give the version and commit of this tandemd.")
+                     .Register(r)),
+      rpc_requests(BuildCounter()
+                       .Name("tandem_rpc_requests_total")
+                       .Help("RPCs answered, by method and gRPC status code.")
+                       .Register(r)),
+      rpc_duration(BuildHistogram()
+                       .Name("tandem_rpc_duration_seconds")
+                       .Help("RPC latency from arrival to status, by method and code.")
+                       .Buckets(ExponentialBuckets(0.0001, 2.5, 14))
+                       .Register(r)),
+      jobs(BuildGauge().Name("tandem_jobs").Help("Jobs known to this daemon, by state.").Register(r)),
+      queue_length(BuildGauge()
+                       .Name("tandem_job_queue_length")
+                       .Help("Jobs waiting to run.")
+                       .Register(r)),
+      jobs_finished(BuildCounter()
+                        .Name("tandem_jobs_finished_total")
+                        .Help("Jobs that ended, by final state.")
+                        .Register(r)),
+      job_step_seconds(BuildGauge()
+                           .Name("tandem_job_step_seconds")
+                           .Help("Mean wall time of a training step over the latest window.")
+                           .Register(r)),
+      job_step_duration(BuildHistogram()
+                            .Name("tandem_job_step_duration_seconds")
+                            .Help("Wall time of each training step.")
+                            .Buckets(ExponentialBuckets(0.001, 2, 16))
+                            .Register(r)),
+      job_loss(BuildGauge().Name("tandem_job_loss").Help("Training loss of the latest step, in nats.").Register(r)),
+      job_eval_accuracy(BuildGauge()
+                            .Name("tandem_job_eval_accuracy_ratio")
+                            .Help("Test accuracy of the latest evaluation.")
+                            .Register(r)),
+      job_samples_per_second(BuildGauge()
+                                 .Name("tandem_job_samples_per_second")
+                                 .Help("Training throughput over the latest window.")
+                                 .Register(r)),
+      job_progress(BuildGauge()
+                       .Name("tandem_job_progress_ratio")
+                       .Help("Steps completed over total steps.")
+                       .Register(r)),
+      job_steps(BuildCounter()
+                    .Name("tandem_job_steps_total")
+                    .Help("Optimizer steps completed by the job in this process.")
+                    .Register(r)),
+      job_predicted_step_seconds(BuildGauge()
+                                     .Name("tandem_job_predicted_step_seconds")
+                                     .Help("Step time the job's plan predicted.")
+                                     .Register(r)),
+      layer_step(BuildHistogram()
+                     .Name("tandem_layer_step_seconds")
+                     .Help("Wall time of one layer's phase in a training step (always-on profiler).")
+                     .Buckets(ExponentialBuckets(0.00001, 3, 14))
+                     .Register(r)),
+      device_memory(BuildGauge()
+                        .Name("tandem_device_memory_bytes")
+                        .Help("Memory allocated by running jobs, by device and category.")
+                        .Register(r)),
+      device_memory_budget(BuildGauge()
+                               .Name("tandem_device_memory_budget_bytes")
+                               .Help("Memory all jobs together may use, by device.")
+                               .Register(r)),
+      device_memory_reserved(BuildGauge()
+                                 .Name("tandem_device_memory_reserved_bytes")
+                                 .Help("Memory reserved by admitted jobs, by device.")
+                                 .Register(r)),
+      process_cpu(BuildCounter()
+                      .Name("tandem_process_cpu_seconds_total")
+                      .Help("CPU time consumed by tandemd (user and system).")
+                      .Register(r)),
+      process_resident(BuildGauge()
+                           .Name("tandem_process_resident_memory_bytes")
+                           .Help("Resident set size of tandemd.")
+                           .Register(r)),
+      process_start_time(BuildGauge()
+                             .Name("tandem_process_start_time_seconds")
+                             .Help("Start time of tandemd since the Unix epoch.")
+                             .Register(r)) {
+  build_info.Add({{"version", TandemVersion()}, {"commit", GitCommit()}}).Set(1);
+  process_start_time.Add({}).Set(static_cast<double>(::time(nullptr)));
+}
+
+void ServerMetrics::SampleProcess() {
+  absl::MutexLock lock(&sample_mu_);
+  std::ifstream stat("/proc/self/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Fields after the parenthesised command: state is field 3; utime 14, stime 15.
+  const size_t close = content.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream fields(content.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i == 14) utime = std::stod(field);
+      if (i == 15) stime = std::stod(field);
+    }
+    const double cpu = (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+    process_cpu.Add({}).Increment(cpu - last_cpu_seconds_);
+    last_cpu_seconds_ = cpu;
+  }
+  std::ifstream statm("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  if (statm >> pages_total >> pages_resident) {
+    process_resident.Add({}).Set(static_cast<double>(pages_resident) * sysconf(_SC_PAGESIZE));
+  }
+}
+
+}  // namespace tandem::server

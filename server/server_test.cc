@@ -1,0 +1,317 @@
+// The daemon's components without gRPC: authentication, path confinement, the
+// event log, and the job manager running real (small, synthetic) jobs on a real
+// store: idempotency, validation, admission, priorities, cancellation, graceful
+// stop and recovery.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "runtime/train/job_spec.h"
+#include "server/auth.h"
+#include "server/event_log.h"
+#include "server/job_manager.h"
+#include "server/path_policy.h"
+
+namespace tandem::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/server_test/" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(AuthTest, ConstantTimeEquals) {
+  EXPECT_TRUE(ConstantTimeEquals("secret-token", "secret-token"));
+  EXPECT_FALSE(ConstantTimeEquals("secret-token", "secret-tokeN"));
+  EXPECT_FALSE(ConstantTimeEquals("secret-token", "secret-token-longer"));
+  EXPECT_FALSE(ConstantTimeEquals("", "x"));
+}
+
+TEST(AuthTest, BearerHeaderChecks) {
+  Authenticator none;
+  EXPECT_TRUE(none.CheckHeader("", false).ok());
+  Authenticator a = Authenticator::WithToken("0123456789abcdef");
+  EXPECT_EQ(a.CheckHeader("", false).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(a.CheckHeader("Basic abc", true).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(a.CheckHeader("Bearer wrong", true).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(a.CheckHeader("Bearer 0123456789abcdef", true).ok());
+}
+
+TEST(AuthTest, ShortTokenFileIsRefused) {
+  const std::string path = TempDir("auth") + "/token";
+  std::ofstream(path) << "short\n";
+  EXPECT_EQ(Authenticator::FromFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(path) << "  0123456789abcdef0123  \n";
+  absl::StatusOr<Authenticator> a = Authenticator::FromFile(path);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->CheckHeader("Bearer 0123456789abcdef0123", true).ok());
+}
+
+TEST(PathPolicyTest, ConfinesToTheRoot) {
+  const std::string root = TempDir("paths");
+  fs::create_directories(root + "/data");
+  std::ofstream(root + "/data/a.txt") << "x";
+  fs::create_symlink("/etc", root + "/data/escape");
+  PathPolicy policy = *PathPolicy::Create(root + "/data");
+  EXPECT_TRUE(policy.Resolve("f", "a.txt").ok());
+  EXPECT_TRUE(policy.Resolve("f", root + "/data/a.txt").ok());
+  EXPECT_TRUE(policy.Resolve("f", "not/yet/there").ok());
+  for (const std::string bad : {"../x", "/etc/passwd", "escape/passwd", "a/../../x"}) {
+    const absl::Status s = policy.Resolve("data.text.path", bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("data.text.path"), std::string::npos) << s;
+  }
+  EXPECT_FALSE(policy.Resolve("f", std::string("a\0b", 3)).ok());
+}
+
+TEST(EventLogTest, NumbersEventsAndWakesWaiters) {
+  EventLog log("job-000001", 0);
+  tandem::v1::JobEvent e;
+  e.mutable_log()->set_message("one");
+  EXPECT_EQ(log.Append(e).sequence(), 1u);
+  uint64_t first = 0;
+  EXPECT_EQ(log.Read(1, 10, &first).size(), 1u);
+  EXPECT_EQ(first, 1u);
+  // Already satisfied: nothing is registered.
+  EXPECT_EQ(log.WaitFor(1, [] {}), 0);
+  int woken = 0;
+  EXPECT_NE(log.WaitFor(2, [&] { ++woken; }), 0);
+  log.Append(e);
+  EXPECT_EQ(woken, 1);
+  const int64_t h = log.WaitFor(3, [&] { ++woken; });
+  log.CancelWait(h);
+  log.Append(e);
+  EXPECT_EQ(woken, 1);
+  EXPECT_NE(log.WaitFor(4, [&] { ++woken; }), 0);
+  log.Close();
+  EXPECT_EQ(woken, 2);
+  EXPECT_TRUE(log.closed());
+  EXPECT_EQ(log.last_sequence(), 3u);
+}
+
+tandem::v1::JobSpec Spec(int steps, int priority = 0, int batch = 16) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(
+model: {mlp: {hidden_sizes: [16]}}
+data: {synthetic: {sample_shape: [8], num_classes: 3, train_samples: 256}}
+training: {batch_size: 16, steps: 10, checkpoint_interval_steps: 5}
+)", "job.yaml");
+  spec->mutable_training()->set_steps(steps);
+  spec->mutable_training()->set_batch_size(batch);
+  spec->set_priority(priority);
+  return *spec;
+}
+
+class JobManagerTest : public testing::Test {
+ protected:
+  void Open(const std::string& name, int64_t host_budget = int64_t{1} << 32, bool fresh = true) {
+    dir_ = fresh ? TempDir(name) : dir_;
+    store_ = *JobStore::Open(dir_ + "/jobs.db");
+    JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
+    options.host_memory_budget_bytes = host_budget;
+    options.default_threads = 1;
+    jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
+  }
+  void Close() {
+    jobs_.reset();
+    store_.reset();
+  }
+  tandem::v1::Job WaitFor(const std::string& id, tandem::v1::JobState state, int seconds = 60) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
+    tandem::v1::Job job;
+    while (absl::Now() < deadline) {
+      job = *jobs_->Get(id);
+      if (job.state() == state) return job;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ADD_FAILURE() << id << " never reached " << tandem::v1::JobState_Name(state) << ": "
+                  << job.ShortDebugString();
+    return job;
+  }
+
+  std::string dir_;
+  metrics::Registry registry_;
+  ServerMetrics metrics_{registry_};
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> jobs_;
+};
+
+TEST_F(JobManagerTest, RunsAJobToSuccessWithEvents) {
+  Open("success");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(Spec(12), "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->created);
+  EXPECT_EQ(s->job.state(), tandem::v1::JOB_STATE_QUEUED);
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.progress().step(), 12);
+  EXPECT_GT(done.metrics().eval_accuracy(), 0.0);
+  EXPECT_EQ(done.attempts(), 1);
+  // The stream: queued, running, steps, eval, checkpoints, succeeded. The job
+  // ended, so its events are read back from the store.
+  ASSERT_TRUE(jobs_->Events(s->job.id()).ok());
+  std::vector<tandem::v1::JobEvent> events = *store_->ReadEvents(s->job.id(), 1, 1000);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().state_change().to(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(events.back().state_change().to(), tandem::v1::JOB_STATE_SUCCEEDED);
+  int steps = 0;
+  for (const auto& e : events) steps += e.has_step();
+  EXPECT_EQ(steps, 12);
+}
+
+TEST_F(JobManagerTest, RequestIdsAreIdempotent) {
+  Open("idempotent");
+  auto first = jobs_->Submit(Spec(3), "req-1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = jobs_->Submit(Spec(3), "req-1");
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->job.id(), first->job.id());
+  const absl::Status different = jobs_->Submit(Spec(4), "req-1").status();
+  EXPECT_EQ(different.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(different.message().find(first->job.id()), std::string::npos) << different;
+  EXPECT_EQ(jobs_->Submit(Spec(3), "bad id!").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, InvalidSpecsNameTheField) {
+  Open("invalid");
+  tandem::v1::JobSpec spec = Spec(3);
+  spec.mutable_training()->set_batch_size(0);
+  absl::Status s = jobs_->Submit(spec, "").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("spec.training.batch_size"), std::string::npos) << s;
+  spec = Spec(3);
+  spec.mutable_data()->Clear();
+  spec.mutable_data()->mutable_text()->set_path("../../etc/passwd");
+  spec.mutable_model()->Clear();
+  spec.mutable_model()->mutable_gpt();
+  s = jobs_->Submit(spec, "").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("spec.data.text.path"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("outside the data root"), std::string::npos) << s;
+}
+
+TEST_F(JobManagerTest, AJobLargerThanTheBudgetIsResourceExhausted) {
+  Open("too-big", /*host_budget=*/1 << 20);
+  tandem::v1::JobSpec spec = Spec(3);
+  spec.mutable_model()->mutable_mlp()->set_hidden_sizes(0, 4096);
+  const absl::Status s = jobs_->Submit(spec, "").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("host memory"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("1.0 MiB"), std::string::npos) << s;
+}
+
+TEST_F(JobManagerTest, AdmissionNeverOversubscribesAndExplainsTheWait) {
+  // Room for one job at a time: the second waits with a reason.
+  Open("admission");
+  const MemoryEstimate one = *jobs_->Estimate(*jobs_->ResolveSpec(Spec(200)));
+  Close();
+  Open("admission", one.host_bytes + one.host_bytes / 2);
+  jobs_->Start();
+  auto a = jobs_->Submit(Spec(200), "");
+  WaitFor(a->job.id(), tandem::v1::JOB_STATE_RUNNING);
+  auto b = jobs_->Submit(Spec(3), "");
+  absl::SleepFor(absl::Milliseconds(300));
+  const tandem::v1::Job waiting = *jobs_->Get(b->job.id());
+  EXPECT_EQ(waiting.state(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(waiting.reason().find("waiting for"), std::string::npos) << waiting.reason();
+  EXPECT_NE(waiting.reason().find("of host memory"), std::string::npos) << waiting.reason();
+  WaitFor(b->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(jobs_->Get(a->job.id())->state(), tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, HigherPriorityRunsFirst) {
+  Open("priority");
+  auto low = jobs_->Submit(Spec(3, 0), "");
+  auto high = jobs_->Submit(Spec(3, 5), "");
+  jobs_->Start();
+  const tandem::v1::Job h = WaitFor(high->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  const tandem::v1::Job l = WaitFor(low->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_LE(h.start_time().seconds() * 1000000000ll + h.start_time().nanos(),
+            l.start_time().seconds() * 1000000000ll + l.start_time().nanos());
+}
+
+TEST_F(JobManagerTest, CancelQueuedAtOnceAndRunningAtAStepBoundary) {
+  Open("cancel");
+  auto queued = jobs_->Submit(Spec(5), "");
+  const tandem::v1::Job cancelled = *jobs_->Cancel(queued->job.id(), "not needed");
+  EXPECT_EQ(cancelled.state(), tandem::v1::JOB_STATE_CANCELLED);
+  EXPECT_NE(cancelled.reason().find("not needed"), std::string::npos);
+  EXPECT_EQ(jobs_->Cancel(queued->job.id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_->Cancel("job-999999", "").status().code(), absl::StatusCode::kNotFound);
+
+  jobs_->Start();
+  auto running = jobs_->Submit(Spec(100000), "");
+  WaitFor(running->job.id(), tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs_->Cancel(running->job.id(), "").ok());
+  const tandem::v1::Job stopped = WaitFor(running->job.id(), tandem::v1::JOB_STATE_CANCELLED);
+  // A final checkpoint at the step it stopped on.
+  EXPECT_GT(stopped.checkpoint_step(), 0);
+  EXPECT_EQ(stopped.checkpoint_step(), stopped.progress().step());
+}
+
+TEST_F(JobManagerTest, GracefulStopRequeuesAndRestartResumes) {
+  Open("restart");
+  jobs_->Start();
+  auto s = jobs_->Submit(Spec(400), "");
+  const std::string id = s->job.id();
+  // Let it run some steps, then stop the daemon.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (jobs_->Get(id)->progress().step() < 20 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  jobs_->Shutdown();
+  const tandem::v1::Job paused = *jobs_->Get(id);
+  EXPECT_EQ(paused.state(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(paused.reason().find("resumes from its checkpoint"), std::string::npos) << paused.reason();
+  const int64_t at = paused.checkpoint_step();
+  EXPECT_GT(at, 0);
+  Close();
+
+  Open("restart", int64_t{1} << 32, /*fresh=*/false);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  const tandem::v1::Job done = WaitFor(id, tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.attempts(), 2);
+  EXPECT_EQ(done.progress().step(), 400);
+  // It resumed: the second attempt's log says so.
+  ASSERT_TRUE(jobs_->Events(id).ok());
+  bool resumed = false;
+  std::string logs;
+  const std::vector<tandem::v1::JobEvent> events = *store_->ReadEvents(id, 1, 10000);
+  for (const auto& e : events) {
+    if (e.has_log()) logs += e.log().message() + "\n";
+    if (e.has_log() && e.log().message().find("resumed from checkpoint at step") != std::string::npos) {
+      resumed = true;
+    }
+  }
+  EXPECT_TRUE(resumed) << logs;
+}
+
+TEST_F(JobManagerTest, RecoveryRequeuesJobsLeftRunningByACrash) {
+  Open("crash");
+  auto s = jobs_->Submit(Spec(5), "");
+  // What kill -9 leaves behind: the record says RUNNING.
+  tandem::v1::Job record = *store_->GetJob(s->job.id()).value();
+  record.set_state(tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  Close();
+  Open("crash", int64_t{1} << 32, /*fresh=*/false);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  const tandem::v1::Job recovered = *jobs_->Get(s->job.id());
+  EXPECT_EQ(recovered.state(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(recovered.reason().find("restarted"), std::string::npos) << recovered.reason();
+  jobs_->Start();
+  WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace tandem::server

@@ -1,0 +1,353 @@
+#include "server/store/job_store.h"
+
+#include <sqlite3.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "runtime/core/status_macros.h"
+
+namespace tandem::server {
+namespace {
+
+using tandem::v1::Job;
+using tandem::v1::JobEvent;
+
+absl::Status SqlError(sqlite3* db, const std::string& what) {
+  return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+absl::Status Exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string message = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("job store: ", message, " in: ", sql));
+  }
+  return absl::OkStatus();
+}
+
+// A prepared statement, finalised on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) stmt_ = nullptr;
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  bool ok() const { return stmt_ != nullptr; }
+  sqlite3_stmt* get() { return stmt_; }
+  void Bind(int i, const std::string& s) { sqlite3_bind_text(stmt_, i, s.data(), s.size(), SQLITE_TRANSIENT); }
+  void BindBlob(int i, const std::string& s) { sqlite3_bind_blob(stmt_, i, s.data(), s.size(), SQLITE_TRANSIENT); }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
+  int Step() { return sqlite3_step(stmt_); }
+  std::string Blob(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col));
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+int64_t MicrosOf(const google::protobuf::Timestamp& t) {
+  return t.seconds() * 1000000 + t.nanos() / 1000;
+}
+
+absl::Status InsertEvents(sqlite3* db, const std::vector<JobEvent>& events) {
+  Statement s(db, "INSERT OR REPLACE INTO events(job_seq, sequence, event) VALUES(?, ?, ?)");
+  if (!s.ok()) return SqlError(db, "prepare event insert");
+  for (const JobEvent& e : events) {
+    sqlite3_reset(s.get());
+    s.Bind(1, JobStore::SequenceOf(e.job_id()));
+    s.Bind(2, static_cast<int64_t>(e.sequence()));
+    s.BindBlob(3, e.SerializeAsString());
+    if (s.Step() != SQLITE_DONE) return SqlError(db, "insert event");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteJobRow(sqlite3* db, const Job& job, bool insert) {
+  Statement s(db, insert ? "INSERT INTO jobs(seq, request_id, state, priority, create_us, job) "
+                           "VALUES(?, ?, ?, ?, ?, ?)"
+                         : "UPDATE jobs SET request_id = ?2, state = ?3, priority = ?4, "
+                           "create_us = ?5, job = ?6 WHERE seq = ?1");
+  if (!s.ok()) return SqlError(db, "prepare job write");
+  s.Bind(1, JobStore::SequenceOf(job.id()));
+  if (job.request_id().empty()) {
+    s.BindNull(2);
+  } else {
+    s.Bind(2, job.request_id());
+  }
+  s.Bind(3, static_cast<int64_t>(job.state()));
+  s.Bind(4, static_cast<int64_t>(job.spec().priority()));
+  s.Bind(5, MicrosOf(job.create_time()));
+  s.BindBlob(6, job.SerializeAsString());
+  const int rc = s.Step();
+  if (rc == SQLITE_CONSTRAINT) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", job.request_id(), "' is taken"));
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, insert ? "insert job" : "update job");
+  if (!insert && sqlite3_changes(db) != 1) return absl::NotFoundError(absl::StrCat("no job ", job.id()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<sqlite3*> OpenConnection(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                      nullptr) != SQLITE_OK) {
+    const std::string message = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open job store '", path, "': ", message));
+  }
+  sqlite3_busy_timeout(db, 10000);
+  return db;
+}
+
+}  // namespace
+
+struct JobStore::Writer {
+  JobStore* store = nullptr;
+  Op op;
+  absl::Status status;
+  bool done = false;
+};
+
+int64_t JobStore::SequenceOf(const std::string& job_id) {
+  int64_t seq = 0;
+  if (job_id.size() > 4 && job_id.compare(0, 4, "job-") == 0 && absl::SimpleAtoi(job_id.substr(4), &seq)) {
+    return seq;
+  }
+  return 0;
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  std::unique_ptr<JobStore> store(new JobStore());
+  TANDEM_ASSIGN_OR_RETURN(store->write_db_, OpenConnection(path));
+  sqlite3* db = store->write_db_;
+  TANDEM_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL"));
+  // FULL: in WAL mode, every commit fsyncs the log before returning.
+  TANDEM_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous=FULL"));
+  TANDEM_RETURN_IF_ERROR(Exec(db, R"sql(
+    CREATE TABLE IF NOT EXISTS jobs (
+      seq INTEGER PRIMARY KEY,
+      request_id TEXT UNIQUE,
+      state INTEGER NOT NULL,
+      priority INTEGER NOT NULL,
+      create_us INTEGER NOT NULL,
+      job BLOB NOT NULL);
+    CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+    CREATE TABLE IF NOT EXISTS events (
+      job_seq INTEGER NOT NULL,
+      sequence INTEGER NOT NULL,
+      event BLOB NOT NULL,
+      PRIMARY KEY (job_seq, sequence)) WITHOUT ROWID;
+  )sql"));
+  {
+    Statement s(db, "SELECT COALESCE(MAX(seq), 0) FROM jobs");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "read job count");
+    absl::MutexLock lock(&store->write_mu_);
+    store->next_sequence_ = s.Int(0) + 1;
+  }
+  absl::MutexLock lock(&store->read_mu_);
+  TANDEM_ASSIGN_OR_RETURN(store->read_db_, OpenConnection(path));
+  return store;
+}
+
+JobStore::~JobStore() {
+  sqlite3_close(write_db_);
+  absl::MutexLock lock(&read_mu_);
+  sqlite3_close(read_db_);
+}
+
+absl::Status JobStore::Write(Op op) {
+  Writer w;
+  w.store = this;
+  w.op = std::move(op);
+  absl::MutexLock lock(&write_mu_);
+  writers_.push_back(&w);
+  // Wait to be done by a leader, or to become the leader.
+  write_mu_.Await(absl::Condition(
+      +[](Writer* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return self->done || self->store->writers_.front() == self;
+      },
+      &w));
+  if (w.done) return w.status;
+  // Leader: commit everything queued so far in one transaction. Writers that
+  // arrive meanwhile wait for the next round.
+  std::vector<Writer*> batch(writers_.begin(), writers_.end());
+  write_mu_.Unlock();
+  absl::Status txn = Exec(write_db_, "BEGIN IMMEDIATE");
+  if (txn.ok()) {
+    for (Writer* each : batch) {
+      Exec(write_db_, "SAVEPOINT op").IgnoreError();
+      each->status = each->op(write_db_);
+      Exec(write_db_, each->status.ok() ? "RELEASE op" : "ROLLBACK TO op; RELEASE op")
+          .IgnoreError();
+    }
+    txn = Exec(write_db_, "COMMIT");
+    if (!txn.ok()) Exec(write_db_, "ROLLBACK").IgnoreError();
+  }
+  write_mu_.Lock();
+  for (Writer* each : batch) {
+    if (!txn.ok()) each->status = txn;
+    each->done = true;
+    writers_.pop_front();
+  }
+  return w.status;
+}
+
+absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
+  {
+    absl::MutexLock lock(&write_mu_);
+    job.set_id(absl::StrFormat("job-%06d", next_sequence_++));
+  }
+  for (JobEvent& e : events) e.set_job_id(job.id());
+  if (!events.empty()) job.set_last_event_sequence(events.back().sequence());
+  TANDEM_RETURN_IF_ERROR(Write([&](sqlite3* db) -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(WriteJobRow(db, job, /*insert=*/true));
+    return InsertEvents(db, events);
+  }));
+  return job;
+}
+
+absl::Status JobStore::UpdateJob(const Job& job, const std::vector<JobEvent>& events) {
+  std::vector<JobEvent> owned = events;
+  for (JobEvent& e : owned) e.set_job_id(job.id());
+  return Write([&](sqlite3* db) -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(WriteJobRow(db, job, /*insert=*/false));
+    return InsertEvents(db, owned);
+  });
+}
+
+absl::Status JobStore::AppendEvents(const std::vector<JobEvent>& events) {
+  if (events.empty()) return absl::OkStatus();
+  return Write([&](sqlite3* db) { return InsertEvents(db, events); });
+}
+
+absl::StatusOr<std::optional<Job>> JobStore::GetJob(const std::string& id) {
+  const int64_t seq = SequenceOf(id);
+  if (seq == 0) return std::optional<Job>();
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_, "SELECT job FROM jobs WHERE seq = ?");
+  if (!s.ok()) return SqlError(read_db_, "prepare get");
+  s.Bind(1, seq);
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return std::optional<Job>();
+  if (rc != SQLITE_ROW) return SqlError(read_db_, "get job");
+  Job job;
+  if (!job.ParseFromString(s.Blob(0))) return absl::DataLossError(absl::StrCat("job store: job ", id, " is unreadable"));
+  return std::optional<Job>(std::move(job));
+}
+
+absl::StatusOr<std::optional<Job>> JobStore::FindByRequestId(const std::string& request_id) {
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_, "SELECT job FROM jobs WHERE request_id = ?");
+  if (!s.ok()) return SqlError(read_db_, "prepare find");
+  s.Bind(1, request_id);
+  const int rc = s.Step();
+  if (rc == SQLITE_DONE) return std::optional<Job>();
+  if (rc != SQLITE_ROW) return SqlError(read_db_, "find job");
+  Job job;
+  if (!job.ParseFromString(s.Blob(0))) return absl::DataLossError("job store: unreadable job");
+  return std::optional<Job>(std::move(job));
+}
+
+absl::StatusOr<JobPage> JobStore::ListJobs(const JobFilter& filter) {
+  std::string where = "1";
+  if (!filter.states.empty()) {
+    std::vector<std::string> states;
+    for (auto s : filter.states) states.push_back(absl::StrCat(static_cast<int>(s)));
+    absl::StrAppend(&where, " AND state IN (", absl::StrJoin(states, ","), ")");
+  }
+  absl::MutexLock lock(&read_mu_);
+  JobPage page;
+  // Labels are matched after decoding, so the total honours them too.
+  Statement s(read_db_, absl::StrCat("SELECT seq, job FROM jobs WHERE ", where, " ORDER BY seq DESC").c_str());
+  if (!s.ok()) return SqlError(read_db_, "prepare list");
+  bool more = false;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    const int64_t seq = s.Int(0);
+    Job job;
+    if (!job.ParseFromString(s.Blob(1))) continue;
+    bool match = true;
+    for (const auto& [k, v] : filter.labels) {
+      auto it = job.spec().labels().find(k);
+      if (it == job.spec().labels().end() || it->second != v) match = false;
+    }
+    if (!match) continue;
+    ++page.total;
+    if (filter.before_sequence > 0 && seq >= filter.before_sequence) continue;
+    if (static_cast<int>(page.jobs.size()) < filter.limit) {
+      page.jobs.push_back(std::move(job));
+      page.next_before = seq;
+    } else {
+      more = true;
+    }
+  }
+  if (rc != SQLITE_DONE) return SqlError(read_db_, "list jobs");
+  if (!more) page.next_before = 0;
+  return page;
+}
+
+absl::StatusOr<std::vector<Job>> JobStore::LoadUnfinished() {
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_, "SELECT job FROM jobs WHERE state IN (?, ?) ORDER BY seq ASC");
+  if (!s.ok()) return SqlError(read_db_, "prepare unfinished");
+  s.Bind(1, static_cast<int64_t>(tandem::v1::JOB_STATE_QUEUED));
+  s.Bind(2, static_cast<int64_t>(tandem::v1::JOB_STATE_RUNNING));
+  std::vector<Job> jobs;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    Job job;
+    if (job.ParseFromString(s.Blob(0))) jobs.push_back(std::move(job));
+  }
+  if (rc != SQLITE_DONE) return SqlError(read_db_, "load unfinished");
+  return jobs;
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobStore::ReadEvents(const std::string& job_id,
+                                                           uint64_t from, int max) {
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_,
+              "SELECT event FROM events WHERE job_seq = ? AND sequence >= ? ORDER BY sequence LIMIT ?");
+  if (!s.ok()) return SqlError(read_db_, "prepare events");
+  s.Bind(1, SequenceOf(job_id));
+  s.Bind(2, static_cast<int64_t>(from));
+  s.Bind(3, static_cast<int64_t>(max));
+  std::vector<JobEvent> events;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    JobEvent e;
+    if (e.ParseFromString(s.Blob(0))) events.push_back(std::move(e));
+  }
+  if (rc != SQLITE_DONE) return SqlError(read_db_, "read events");
+  return events;
+}
+
+absl::StatusOr<std::map<tandem::v1::JobState, int64_t>> JobStore::CountByState() {
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  if (!s.ok()) return SqlError(read_db_, "prepare count");
+  std::map<tandem::v1::JobState, int64_t> counts;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) counts[static_cast<tandem::v1::JobState>(s.Int(0))] = s.Int(1);
+  if (rc != SQLITE_DONE) return SqlError(read_db_, "count jobs");
+  return counts;
+}
+
+absl::StatusOr<uint64_t> JobStore::LastEventSequence(const std::string& job_id) {
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_, "SELECT COALESCE(MAX(sequence), 0) FROM events WHERE job_seq = ?");
+  if (!s.ok()) return SqlError(read_db_, "prepare last event");
+  s.Bind(1, SequenceOf(job_id));
+  if (s.Step() != SQLITE_ROW) return SqlError(read_db_, "last event");
+  return static_cast<uint64_t>(s.Int(0));
+}
+
+}  // namespace tandem::server

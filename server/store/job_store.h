@@ -1,0 +1,94 @@
+// The daemon's durable state: jobs and their events in SQLite (WAL mode,
+// synchronous=FULL), under --state_dir. A write returns only after its
+// transaction is on disk, so an acknowledged job survives kill -9 and power loss.
+//
+// Writes are group-committed as LevelDB does: concurrent writers queue, the
+// writer at the front commits everyone's operations in one transaction (each in
+// its own savepoint, so one failure does not undo the others), and wakes them.
+// Many concurrent submits therefore share one fsync. Reads use a second
+// connection and never wait for writers (WAL). Thread-safe.
+#ifndef TANDEM_SERVER_STORE_JOB_STORE_H_
+#define TANDEM_SERVER_STORE_JOB_STORE_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "tandem/v1/job.pb.h"
+
+struct sqlite3;
+
+namespace tandem::server {
+
+struct JobFilter {
+  // Empty = all states.
+  std::vector<tandem::v1::JobState> states;
+  // Jobs whose labels include all of these.
+  std::map<std::string, std::string> labels;
+  // Jobs created before this job sequence number (paging); 0 = no bound.
+  int64_t before_sequence = 0;
+  int limit = 100;
+};
+
+struct JobPage {
+  std::vector<tandem::v1::Job> jobs;
+  // Sequence number of the last job returned, for the next page; 0 when done.
+  int64_t next_before = 0;
+  int64_t total = 0;
+};
+
+class JobStore {
+ public:
+  // Opens or creates `path` (its directory must exist).
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+
+  // Assigns the job an id ("job-000042") and stores it with `events` (their
+  // job_id is filled in). ALREADY_EXISTS when job.request_id is taken.
+  absl::StatusOr<tandem::v1::Job> InsertJob(tandem::v1::Job job,
+                                            std::vector<tandem::v1::JobEvent> events);
+  // Replaces a job's record and appends events, in one transaction.
+  absl::Status UpdateJob(const tandem::v1::Job& job,
+                         const std::vector<tandem::v1::JobEvent>& events = {});
+  absl::Status AppendEvents(const std::vector<tandem::v1::JobEvent>& events);
+
+  absl::StatusOr<std::optional<tandem::v1::Job>> GetJob(const std::string& id);
+  absl::StatusOr<std::optional<tandem::v1::Job>> FindByRequestId(const std::string& request_id);
+  absl::StatusOr<JobPage> ListJobs(const JobFilter& filter);
+  // Jobs in QUEUED or RUNNING, oldest first.
+  absl::StatusOr<std::vector<tandem::v1::Job>> LoadUnfinished();
+  // Events of a job with sequence >= from, in order, at most `max`.
+  absl::StatusOr<std::vector<tandem::v1::JobEvent>> ReadEvents(const std::string& job_id,
+                                                               uint64_t from, int max);
+  // Jobs per state, over all jobs.
+  absl::StatusOr<std::map<tandem::v1::JobState, int64_t>> CountByState();
+  // The highest event sequence stored for a job (0 when none).
+  absl::StatusOr<uint64_t> LastEventSequence(const std::string& job_id);
+  // Sequence number behind a job id ("job-000042" -> 42), or 0.
+  static int64_t SequenceOf(const std::string& job_id);
+
+ private:
+  using Op = std::function<absl::Status(sqlite3*)>;
+  struct Writer;
+  JobStore() = default;
+  absl::Status Write(Op op);
+
+  sqlite3* write_db_ = nullptr;
+  absl::Mutex write_mu_;
+  std::deque<Writer*> writers_ ABSL_GUARDED_BY(write_mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(write_mu_) = 1;
+
+  absl::Mutex read_mu_;
+  sqlite3* read_db_ ABSL_GUARDED_BY(read_mu_) = nullptr;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_STORE_JOB_STORE_H_

@@ -1,0 +1,128 @@
+#include "server/store/job_store.h"
+
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace tandem::server {
+namespace {
+
+std::string Db(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir + "/jobs.db";
+}
+
+tandem::v1::Job NewJob(const std::string& request_id, int priority = 0) {
+  tandem::v1::Job job;
+  job.set_request_id(request_id);
+  job.set_state(tandem::v1::JOB_STATE_QUEUED);
+  job.mutable_spec()->set_priority(priority);
+  return job;
+}
+
+tandem::v1::JobEvent StateEvent(uint64_t seq) {
+  tandem::v1::JobEvent e;
+  e.set_sequence(seq);
+  e.mutable_state_change()->set_to(tandem::v1::JOB_STATE_QUEUED);
+  return e;
+}
+
+TEST(JobStoreTest, InsertGetAndReopen) {
+  const std::string path = Db("reopen");
+  std::string id;
+  {
+    auto store = *JobStore::Open(path);
+    absl::StatusOr<tandem::v1::Job> job = store->InsertJob(NewJob("r1"), {StateEvent(1)});
+    ASSERT_TRUE(job.ok()) << job.status();
+    id = job->id();
+    EXPECT_EQ(id, "job-000001");
+    EXPECT_EQ(job->last_event_sequence(), 1u);
+  }
+  auto store = *JobStore::Open(path);
+  auto got = *store->GetJob(id);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->request_id(), "r1");
+  auto events = *store->ReadEvents(id, 1, 10);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].job_id(), id);
+  // Ids continue after a reopen.
+  EXPECT_EQ(store->InsertJob(NewJob("r2"), {})->id(), "job-000002");
+}
+
+TEST(JobStoreTest, RequestIdIsUnique) {
+  auto store = *JobStore::Open(Db("unique"));
+  ASSERT_TRUE(store->InsertJob(NewJob("same"), {}).ok());
+  EXPECT_EQ(store->InsertJob(NewJob("same"), {}).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(store->FindByRequestId("same")->has_value());
+  EXPECT_FALSE(store->FindByRequestId("other")->has_value());
+  // Empty request ids never collide.
+  EXPECT_TRUE(store->InsertJob(NewJob(""), {}).ok());
+  EXPECT_TRUE(store->InsertJob(NewJob(""), {}).ok());
+}
+
+TEST(JobStoreTest, ConcurrentInsertsAreGroupCommittedWithoutLoss) {
+  auto store = *JobStore::Open(Db("concurrent"));
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        if (!store->InsertJob(NewJob("t" + std::to_string(t) + "-" + std::to_string(i)), {StateEvent(1)}).ok()) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  JobFilter all;
+  all.limit = 1000;
+  EXPECT_EQ(store->ListJobs(all)->total, 200);
+}
+
+TEST(JobStoreTest, ListFiltersAndPagesNewestFirst) {
+  auto store = *JobStore::Open(Db("list"));
+  for (int i = 0; i < 7; ++i) {
+    tandem::v1::Job job = NewJob("");
+    if (i % 2 == 0) job.set_state(tandem::v1::JOB_STATE_SUCCEEDED);
+    (*job.mutable_spec()->mutable_labels())["team"] = i < 5 ? "a" : "b";
+    ASSERT_TRUE(store->InsertJob(job, {}).ok());
+  }
+  JobFilter f;
+  f.limit = 3;
+  JobPage p1 = *store->ListJobs(f);
+  ASSERT_EQ(p1.jobs.size(), 3u);
+  EXPECT_EQ(p1.jobs[0].id(), "job-000007");
+  EXPECT_EQ(p1.total, 7);
+  f.before_sequence = p1.next_before;
+  JobPage p2 = *store->ListJobs(f);
+  EXPECT_EQ(p2.jobs[0].id(), "job-000004");
+  f.before_sequence = p2.next_before;
+  JobPage p3 = *store->ListJobs(f);
+  EXPECT_EQ(p3.jobs.size(), 1u);
+  EXPECT_EQ(p3.next_before, 0);
+  JobFilter succeeded_a;
+  succeeded_a.states = {tandem::v1::JOB_STATE_SUCCEEDED};
+  succeeded_a.labels = {{"team", "a"}};
+  EXPECT_EQ(store->ListJobs(succeeded_a)->total, 3);  // jobs 1, 3, 5
+}
+
+TEST(JobStoreTest, UpdateReplacesTheRecordAndAppendsEvents) {
+  auto store = *JobStore::Open(Db("update"));
+  tandem::v1::Job job = *store->InsertJob(NewJob("u"), {StateEvent(1)});
+  job.set_state(tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(store->UpdateJob(job, {StateEvent(2), StateEvent(3)}).ok());
+  EXPECT_EQ((*store->GetJob(job.id()))->state(), tandem::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(store->ReadEvents(job.id(), 2, 10)->size(), 2u);
+  EXPECT_EQ(store->LoadUnfinished()->size(), 1u);
+  tandem::v1::Job ghost = job;
+  ghost.set_id("job-999999");
+  EXPECT_EQ(store->UpdateJob(ghost).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tandem::server

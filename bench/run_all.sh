@@ -18,3 +18,6 @@ $py bench/fmnist/run.py --tandem bazel-bin/clients/cli/tandem
 for extra in bench/*/run_extra.sh; do
   [ -x "$extra" ] && "$extra"
 done
+
+echo "== SubmitJob latency on loopback (target p99 <= 5 ms) =="
+$py bench/server/submit_latency.py --tandemd bazel-bin/server/tandemd

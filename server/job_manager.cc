@@ -114,25 +114,10 @@ JobManager::~JobManager() {
   if (persister_.joinable()) persister_.join();
 }
 
-absl::StatusOr<tandem::v1::JobSpec> JobManager::ResolveSpec(const tandem::v1::JobSpec& spec) const {
-  absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
-  if (!resolved.ok()) return AsSpecError(resolved.status());
-  const PathPolicy& policy = options_.data_policy;
-  absl::StatusOr<JobModel> jm = BuildJobModel(
-      *resolved, [&policy](const std::string& field, const std::string& path) {
-        return policy.Resolve(field, path);
-      });
-  if (!jm.ok()) return AsSpecError(jm.status());
-  *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
-  return resolved;
-}
+namespace {
 
-absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved) const {
-  const PathPolicy& policy = options_.data_policy;
-  TANDEM_ASSIGN_OR_RETURN(JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f,
-                                                                         const std::string& p) {
-                            return policy.Resolve(f, p);
-                          }));
+// Memory of a built model at the spec's batch sizes.
+MemoryEstimate EstimateModel(const tandem::v1::JobSpec& resolved, const JobModel& jm) {
   const Model& m = *jm.model;
   const int64_t max_batch =
       std::max(resolved.training().batch_size(), resolved.training().eval_batch_size());
@@ -152,6 +137,35 @@ absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& r
   e.host_bytes = e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
   if (resolved.resources().host_memory_bytes() > 0) e.host_bytes = resolved.resources().host_memory_bytes();
   return e;
+}
+
+}  // namespace
+
+absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec) const {
+  absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
+  if (!resolved.ok()) return AsSpecError(resolved.status());
+  const PathPolicy& policy = options_.data_policy;
+  absl::StatusOr<JobModel> jm = BuildJobModel(
+      *resolved, [&policy](const std::string& field, const std::string& path) {
+        return policy.Resolve(field, path);
+      });
+  if (!jm.ok()) return AsSpecError(jm.status());
+  *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
+  return Resolved{*resolved, EstimateModel(*resolved, *jm)};
+}
+
+absl::StatusOr<tandem::v1::JobSpec> JobManager::ResolveSpec(const tandem::v1::JobSpec& spec) const {
+  TANDEM_ASSIGN_OR_RETURN(Resolved r, Resolve(spec));
+  return r.spec;
+}
+
+absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved) const {
+  const PathPolicy& policy = options_.data_policy;
+  TANDEM_ASSIGN_OR_RETURN(JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f,
+                                                                         const std::string& p) {
+                            return policy.Resolve(f, p);
+                          }));
+  return EstimateModel(resolved, jm);
 }
 
 absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSpec& spec,
@@ -175,8 +189,9 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   TANDEM_ASSIGN_OR_RETURN(std::optional<Submitted> previous, existing());
   if (previous) return *previous;
 
-  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec resolved, ResolveSpec(spec));
-  TANDEM_ASSIGN_OR_RETURN(const MemoryEstimate estimate, Estimate(resolved));
+  TANDEM_ASSIGN_OR_RETURN(const Resolved r, Resolve(spec));
+  const tandem::v1::JobSpec& resolved = r.spec;
+  const MemoryEstimate& estimate = r.estimate;
   if (options_.host_memory_budget_bytes > 0 && estimate.host_bytes > options_.host_memory_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the job needs ", Gib(estimate.host_bytes), " of host memory (", estimate.Describe(),
@@ -424,6 +439,12 @@ void JobManager::ScheduleLocked() {
                                      blocked->job.spec().priority(), ")"));
       continue;
     }
+    if (options_.max_running_jobs > 0 && running_ >= options_.max_running_jobs) {
+      e->job.set_reason(absl::StrCat("waiting for a run slot (", running_, " of ",
+                                     options_.max_running_jobs, " jobs running)"));
+      blocked = e;
+      continue;
+    }
     const int64_t host_free = options_.host_memory_budget_bytes - reserved_host_;
     const int64_t accel_free = options_.accelerator_memory_budget_bytes - reserved_accelerator_;
     if (options_.host_memory_budget_bytes > 0 && e->estimate.host_bytes > host_free) {
@@ -447,6 +468,7 @@ void JobManager::ScheduleLocked() {
     e->job.set_reserved_accelerator_bytes(e->estimate.accelerator_bytes);
     e->job.set_attempts(e->job.attempts() + 1);
     e->running = true;
+    ++running_;
     e->stop = false;
     const absl::Status s = Transition(*e, tandem::v1::JOB_STATE_RUNNING,
                                       e->job.attempts() > 1 ? "resumed" : "started");
@@ -584,6 +606,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   reserved_accelerator_ -= entry->estimate.accelerator_bytes;
   metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
   entry->running = false;
+  --running_;
   JobState next;
   std::string reason;
   if (status.ok()) {

@@ -39,6 +39,8 @@ struct JobManagerOptions {
   bool has_accelerator = false;
   // OpenMP threads of a job that does not say; 0 = all cores.
   int default_threads = 0;
+  // Jobs running at once; more wait for a slot (memory permitting). 0 = no limit.
+  int max_running_jobs = 0;
   // Optional factory for hybrid runners (the plan executor); null = CPU engine.
   RunnerFactory make_runner;
 };
@@ -85,6 +87,11 @@ class JobManager {
   JobStore* store() { return store_; }
 
   // Validation and the estimate alone, for PlanModel/ProfileModel and tests.
+  struct Resolved {
+    tandem::v1::JobSpec spec;
+    MemoryEstimate estimate;
+  };
+  absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec) const;
   absl::StatusOr<tandem::v1::JobSpec> ResolveSpec(const tandem::v1::JobSpec& spec) const;
   absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved) const;
 
@@ -124,6 +131,7 @@ class JobManager {
   std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_accelerator_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;

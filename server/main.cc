@@ -54,6 +54,11 @@ ABSL_FLAG(int64_t, host_memory_budget, 0,
           "Host bytes all jobs together may use; 0 = 75% of physical memory.");
 ABSL_FLAG(int, max_receive_message_bytes, 16 << 20, "Largest request the server accepts, in bytes.");
 ABSL_FLAG(int, job_threads, 0, "CPU threads per job that sets none; 0 = all cores.");
+ABSL_FLAG(std::string, store_sync, "full",
+          "full: fsync every store commit (acknowledged jobs survive power loss); normal: "
+          "survive a crash or kill -9 of tandemd only, for disks with slow fsync.");
+ABSL_FLAG(int, max_running_jobs, -1,
+          "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 
 namespace {
 
@@ -114,7 +119,10 @@ int main(int argc, char** argv) {
     if (!a.ok()) return Fail(std::string(a.status().message()));
     auth = *a;
   }
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir + "/jobs.db");
+  const std::string sync = absl::GetFlag(FLAGS_store_sync);
+  if (sync != "full" && sync != "normal") return Fail("--store_sync must be full or normal");
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(
+      state_dir + "/jobs.db", sync == "full" ? JobStore::Sync::kFull : JobStore::Sync::kNormal);
   if (!store.ok()) return Fail(std::string(store.status().message()));
 
   const NodeResources resources = DetectNodeResources();
@@ -131,6 +139,9 @@ int main(int argc, char** argv) {
           ? absl::GetFlag(FLAGS_gpu_memory_budget)
           : (resources.cuda_devices.empty() ? 0 : resources.cuda_devices[0].memory_bytes * 9 / 10);
   jm_options.default_threads = absl::GetFlag(FLAGS_job_threads);
+  jm_options.max_running_jobs = absl::GetFlag(FLAGS_max_running_jobs) >= 0
+                                    ? absl::GetFlag(FLAGS_max_running_jobs)
+                                    : std::max(1, resources.cpu_threads);
   JobManager jobs(jm_options, store->get(), &metrics);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();

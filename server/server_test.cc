@@ -251,6 +251,7 @@ TEST_F(JobManagerTest, CancelQueuedAtOnceAndRunningAtAStepBoundary) {
   jobs_->Start();
   auto running = jobs_->Submit(Spec(100000), "");
   WaitFor(running->job.id(), tandem::v1::JOB_STATE_RUNNING);
+  while (jobs_->Get(running->job.id())->progress().step() < 1) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_TRUE(jobs_->Cancel(running->job.id(), "").ok());
   const tandem::v1::Job stopped = WaitFor(running->job.id(), tandem::v1::JOB_STATE_CANCELLED);
   // A final checkpoint at the step it stopped on.

@@ -26,6 +26,11 @@ using Args = std::vector<std::string>;
 
 absl::StatusOr<int> RunTrain(const Args& args);
 absl::StatusOr<int> RunNode(const Args& args);
+absl::StatusOr<int> RunSubmit(const Args& args);
+absl::StatusOr<int> RunJobs(const Args& args);
+absl::StatusOr<int> RunStatus(const Args& args);
+absl::StatusOr<int> RunWatch(const Args& args);
+absl::StatusOr<int> RunCancel(const Args& args);
 
 // A message as pretty JSON (the protobuf JSON mapping, field names as in .proto).
 std::string ToJson(const google::protobuf::Message& message);

@@ -28,6 +28,15 @@ struct Command {
 
 const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
+      {"submit",
+       {"submit FILE [--watch]",
+        "Submit a job file (YAML or JSON). With --watch, follow it; exit 0 if it succeeds, 1 if it "
+        "fails, 3 if cancelled.",
+        RunSubmit}},
+      {"jobs", {"jobs [--state=S]", "List jobs, newest first.", RunJobs}},
+      {"status", {"status ID", "Show one job.", RunStatus}},
+      {"watch", {"watch ID [--from=N]", "Follow a job's events live (exit code as submit --watch).", RunWatch}},
+      {"cancel", {"cancel ID", "Cancel a job (queued: now; running: at the next step).", RunCancel}},
       {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
       {"train",
        {"train FILE", "Run a job file in this process, without a daemon.", RunTrain}},

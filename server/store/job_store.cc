@@ -125,13 +125,14 @@ int64_t JobStore::SequenceOf(const std::string& job_id) {
   return 0;
 }
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, Sync sync) {
   std::unique_ptr<JobStore> store(new JobStore());
   TANDEM_ASSIGN_OR_RETURN(store->write_db_, OpenConnection(path));
   sqlite3* db = store->write_db_;
   TANDEM_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL"));
-  // FULL: in WAL mode, every commit fsyncs the log before returning.
-  TANDEM_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous=FULL"));
+  // FULL: in WAL mode, every commit fsyncs the log before returning. NORMAL: the
+  // log is written (so it survives the process) and fsynced at checkpoints.
+  TANDEM_RETURN_IF_ERROR(Exec(db, sync == Sync::kFull ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
   TANDEM_RETURN_IF_ERROR(Exec(db, R"sql(
     CREATE TABLE IF NOT EXISTS jobs (
       seq INTEGER PRIMARY KEY,

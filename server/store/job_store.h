@@ -1,6 +1,7 @@
-// The daemon's durable state: jobs and their events in SQLite (WAL mode,
-// synchronous=FULL), under --state_dir. A write returns only after its
-// transaction is on disk, so an acknowledged job survives kill -9 and power loss.
+// The daemon's durable state: jobs and their events in SQLite (WAL mode), under
+// --state_dir. With Sync::kFull (the default) a write returns only after its
+// transaction is fsynced, so an acknowledged job survives kill -9 and power
+// loss; with Sync::kNormal it survives kill -9.
 //
 // Writes are group-committed as LevelDB does: concurrent writers queue, the
 // writer at the front commits everyone's operations in one transaction (each in
@@ -46,8 +47,14 @@ struct JobPage {
 
 class JobStore {
  public:
+  // How a commit reaches the disk. kFull fsyncs every commit (durable across power
+  // loss); kNormal leaves the WAL to the OS until a checkpoint (durable across a
+  // crash or kill -9 of tandemd, not a power loss), for disks whose fsync is slow.
+  enum class Sync { kFull, kNormal };
+
   // Opens or creates `path` (its directory must exist).
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        Sync sync = Sync::kFull);
   ~JobStore();
 
   // Assigns the job an id ("job-000042") and stores it with `events` (their

@@ -1,0 +1,262 @@
+// The job commands of the CLI: submit, jobs, status, watch, cancel.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "clients/cli/commands.h"
+#include "clients/cli/progress.h"
+#include "clients/cli/rpc_client.h"
+#include "runtime/train/job_spec.h"
+
+ABSL_FLAG(bool, watch, false, "tandem submit: follow the job until it ends; exit with its outcome.");
+ABSL_FLAG(std::string, request_id, "",
+          "tandem submit: idempotency key; the same key and spec return the same job.");
+ABSL_FLAG(std::string, state, "", "tandem jobs: only these states, e.g. QUEUED,RUNNING.");
+ABSL_FLAG(int, limit, 50, "tandem jobs: at most this many jobs.");
+ABSL_FLAG(int64_t, from, 1, "tandem watch: first event sequence to show.");
+ABSL_FLAG(std::string, reason, "", "tandem cancel: recorded in the job's reason.");
+
+namespace tandem::cli {
+namespace {
+
+using tandem::v1::Job;
+using tandem::v1::JobEvent;
+using tandem::v1::JobState;
+
+// Exit codes of `submit --watch` and `watch`: the job's outcome.
+constexpr int kExitSucceeded = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitCancelled = 3;
+constexpr int kExitLostContact = 4;
+
+RpcClient Client() { return RpcClient({.server = GetGlobals().server, .token = GetGlobals().token}); }
+
+std::string ShortState(JobState s) {
+  return std::string(absl::StripPrefix(tandem::v1::JobState_Name(s), "JOB_STATE_"));
+}
+
+int ExitCodeFor(JobState s) {
+  switch (s) {
+    case tandem::v1::JOB_STATE_SUCCEEDED:
+      return kExitSucceeded;
+    case tandem::v1::JOB_STATE_CANCELLED:
+      return kExitCancelled;
+    default:
+      return kExitFailed;
+  }
+}
+
+bool Terminal(JobState s) {
+  return s == tandem::v1::JOB_STATE_SUCCEEDED || s == tandem::v1::JOB_STATE_FAILED ||
+         s == tandem::v1::JOB_STATE_CANCELLED;
+}
+
+void PrintJobText(const Job& job) {
+  const auto& p = job.progress();
+  const auto& m = job.metrics();
+  std::printf("%s  %s%s\n", job.id().c_str(), ShortState(job.state()).c_str(),
+              job.spec().display_name().empty() ? "" : ("  " + job.spec().display_name()).c_str());
+  if (!job.reason().empty()) std::printf("  reason:    %s\n", job.reason().c_str());
+  std::printf("  progress:  step %ld of %ld (%.1f%%), epoch %ld\n", static_cast<long>(p.step()),
+              static_cast<long>(p.total_steps()), 100 * p.fraction(), static_cast<long>(p.epoch()));
+  if (p.step() > 0) {
+    std::printf("  training:  loss %.4f, %.0f samples/s, %.4f s/step\n", m.loss(),
+                m.samples_per_second(), m.step_seconds());
+  }
+  if (m.eval_step() > 0) {
+    std::printf("  eval:      accuracy %.4f, loss %.4f at step %ld\n", m.eval_accuracy(), m.eval_loss(),
+                static_cast<long>(m.eval_step()));
+  }
+  if (job.checkpoint_step() > 0) {
+    std::printf("  checkpoint step %ld: %s\n", static_cast<long>(job.checkpoint_step()),
+                job.checkpoint_path().c_str());
+  }
+  std::printf("  attempts:  %d\n", job.attempts());
+}
+
+// Follows a job's events from `from`, printing them; reconnects (resuming at
+// the next sequence) when the daemon restarts. Returns the job's final state.
+absl::StatusOr<JobState> Follow(const std::string& job_id, uint64_t from, bool json) {
+  FILE* out = stdout;
+  ProgressPrinter printer(out, !json && ::isatty(::fileno(out)) != 0);
+  RpcClient client = Client();
+  uint64_t next = from;
+  JobState last = tandem::v1::JOB_STATE_UNSPECIFIED;
+  const absl::Duration kReconnectFor = absl::Seconds(120);
+  absl::Time lost_since = absl::InfiniteFuture();
+  while (true) {
+    tandem::v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    request.set_from_sequence(next);
+    auto context = client.StreamContext();
+    std::unique_ptr<grpc::ClientReader<JobEvent>> reader = client.stub().WatchJob(context.get(), request);
+    JobEvent event;
+    while (reader->Read(&event)) {
+      lost_since = absl::InfiniteFuture();
+      next = event.sequence() + 1;
+      if (json) {
+        std::printf("%s\n", ToJson(event).c_str());
+        std::fflush(stdout);
+      } else {
+        switch (event.payload_case()) {
+          case JobEvent::kStep:
+            printer.Step(event.step());
+            break;
+          case JobEvent::kEval:
+            printer.Eval(event.eval());
+            break;
+          case JobEvent::kLog:
+            printer.Log(event.log().severity(), event.log().message());
+            break;
+          case JobEvent::kCheckpoint:
+            printer.Checkpoint(event.checkpoint());
+            break;
+          case JobEvent::kStateChange:
+            printer.State(event.state_change());
+            break;
+          default:
+            break;
+        }
+      }
+      if (event.has_state_change()) last = event.state_change().to();
+    }
+    const grpc::Status status = reader->Finish();
+    printer.Finish();
+    if (status.ok()) {
+      if (Terminal(last)) return last;
+      // The stream ended without a final state (a replay with follow off): ask.
+      tandem::v1::GetJobRequest get;
+      get.set_job_id(job_id);
+      Job job;
+      auto unary = client.UnaryContext();
+      const grpc::Status s = client.stub().GetJob(unary.get(), get, &job);
+      if (!s.ok()) return ToAbsl(s, GetGlobals().server);
+      return job.state();
+    }
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return ToAbsl(status, GetGlobals().server);
+    // The daemon went away (restart, upgrade): reconnect from where we were.
+    if (lost_since == absl::InfiniteFuture()) {
+      lost_since = absl::Now();
+      std::fprintf(stderr, "tandem: lost the daemon (%s); reconnecting...\n", status.error_message().c_str());
+    }
+    if (absl::Now() - lost_since > kReconnectFor) return ToAbsl(status, GetGlobals().server);
+    absl::SleepFor(absl::Seconds(1));
+  }
+}
+
+int WatchExit(const absl::StatusOr<JobState>& state) {
+  if (!state.ok()) {
+    std::fprintf(stderr, "tandem: %s\n", state.status().ToString().c_str());
+    return kExitLostContact;
+  }
+  std::fprintf(stderr, "job ended %s\n", ShortState(*state).c_str());
+  return ExitCodeFor(*state);
+}
+
+}  // namespace
+
+absl::StatusOr<int> RunSubmit(const Args& args) {
+  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem submit FILE [--watch]");
+  absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  if (!spec.ok()) return spec.status();
+  RpcClient client = Client();
+  tandem::v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  tandem::v1::SubmitJobResponse response;
+  auto context = client.UnaryContext();
+  const grpc::Status status = client.stub().SubmitJob(context.get(), request, &response);
+  if (!status.ok()) return ToAbsl(status, GetGlobals().server);
+  const bool json = GetGlobals().json();
+  if (json && !absl::GetFlag(FLAGS_watch)) {
+    std::printf("%s\n", ToJson(response.job()).c_str());
+  } else {
+    std::fprintf(json ? stderr : stdout, "%s %s%s\n", response.created() ? "submitted" : "already submitted as",
+                 response.job().id().c_str(),
+                 response.job().reason().empty() ? "" : (" (" + response.job().reason() + ")").c_str());
+  }
+  if (!absl::GetFlag(FLAGS_watch)) return 0;
+  return WatchExit(Follow(response.job().id(), 1, json));
+}
+
+absl::StatusOr<int> RunWatch(const Args& args) {
+  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem watch ID [--from=N]");
+  return WatchExit(Follow(args[0], static_cast<uint64_t>(absl::GetFlag(FLAGS_from)), GetGlobals().json()));
+}
+
+absl::StatusOr<int> RunStatus(const Args& args) {
+  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem status ID");
+  RpcClient client = Client();
+  tandem::v1::GetJobRequest request;
+  request.set_job_id(args[0]);
+  Job job;
+  auto context = client.UnaryContext();
+  const grpc::Status status = client.stub().GetJob(context.get(), request, &job);
+  if (!status.ok()) return ToAbsl(status, GetGlobals().server);
+  if (GetGlobals().json()) {
+    std::printf("%s\n", ToJson(job).c_str());
+  } else {
+    PrintJobText(job);
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunJobs(const Args& args) {
+  if (!args.empty()) return absl::InvalidArgumentError("usage: tandem jobs [--state=S1,S2] [--limit=N]");
+  RpcClient client = Client();
+  tandem::v1::ListJobsRequest request;
+  request.set_page_size(std::min(1000, std::max(1, absl::GetFlag(FLAGS_limit))));
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
+    tandem::v1::JobState state;
+    if (!tandem::v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)), &state)) {
+      return absl::InvalidArgumentError(absl::StrCat("--state: unknown state '", name, "'"));
+    }
+    request.add_states(state);
+  }
+  tandem::v1::ListJobsResponse response;
+  auto context = client.UnaryContext();
+  const grpc::Status status = client.stub().ListJobs(context.get(), request, &response);
+  if (!status.ok()) return ToAbsl(status, GetGlobals().server);
+  if (GetGlobals().json()) {
+    std::printf("%s\n", ToJson(response).c_str());
+    return 0;
+  }
+  std::printf("%-11s %-10s %-15s %-9s %-20s %s\n", "ID", "STATE", "STEP", "LOSS", "NAME", "REASON");
+  for (const Job& job : response.jobs()) {
+    std::printf("%-11s %-10s %-15s %-9s %-20s %s\n", job.id().c_str(), ShortState(job.state()).c_str(),
+                absl::StrFormat("%d/%d", job.progress().step(), job.progress().total_steps()).c_str(),
+                job.progress().step() > 0 ? absl::StrFormat("%.4f", job.metrics().loss()).c_str() : "-",
+                job.spec().display_name().substr(0, 20).c_str(), job.reason().c_str());
+  }
+  std::printf("%d of %ld jobs\n", response.jobs_size(), static_cast<long>(response.total_size()));
+  return 0;
+}
+
+absl::StatusOr<int> RunCancel(const Args& args) {
+  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem cancel ID [--reason=TEXT]");
+  RpcClient client = Client();
+  tandem::v1::CancelJobRequest request;
+  request.set_job_id(args[0]);
+  request.set_reason(absl::GetFlag(FLAGS_reason));
+  Job job;
+  auto context = client.UnaryContext();
+  const grpc::Status status = client.stub().CancelJob(context.get(), request, &job);
+  if (!status.ok()) return ToAbsl(status, GetGlobals().server);
+  if (GetGlobals().json()) {
+    std::printf("%s\n", ToJson(job).c_str());
+  } else {
+    std::printf("%s %s: %s\n", job.id().c_str(), ShortState(job.state()).c_str(), job.reason().c_str());
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli

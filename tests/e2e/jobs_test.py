@@ -1,0 +1,137 @@
+"""Jobs end to end: the tandem CLI against a real tandemd on loopback."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import junit_runner
+from tandem_stubs import (FASHION, metadata, spec_from_dict, stub, synthetic_spec,
+                          tandem_service_pb2, wait_for_state, job_pb2)
+from tandemd_fixture import Tandemd
+
+TANDEMD = TANDEM = None
+
+
+def cli(daemon, *args):
+    return subprocess.run([TANDEM, "--server=" + daemon.address] + list(args), capture_output=True,
+                          text=True, timeout=600)
+
+
+class JobsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Tandemd(TANDEMD).start()
+        cls.channel, cls.client = stub(cls.daemon.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.daemon.stop() == 0, cls.daemon.logs()
+        cls.daemon.cleanup()
+
+    def write_job(self, text):
+        f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, dir=self.daemon.workdir)
+        f.write(text)
+        f.close()
+        return f.name
+
+    def test_fashion_mnist_job_submitted_by_the_cli_succeeds_with_its_accuracy(self):
+        job_file = self.write_job("""
+display_name: e2e-fmnist
+model: {mlp: {}}
+data:
+  idx:
+    train_images: %(d)strain-images-idx3-ubyte.gz
+    train_labels: %(d)strain-labels-idx1-ubyte.gz
+    test_images: %(d)st10k-images-idx3-ubyte.gz
+    test_labels: %(d)st10k-labels-idx1-ubyte.gz
+    max_train_samples: 20000
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
+training: {batch_size: 128, epochs: 1, seed: 1, log_interval_steps: 25}
+""" % {"d": FASHION})
+        result = cli(self.daemon, "submit", job_file, "--watch")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr + self.daemon.logs())
+        self.assertIn("state JOB_STATE_SUCCEEDED", result.stdout)
+        job_id = result.stdout.split()[1]
+        status = cli(self.daemon, "--output=json", "status", job_id)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        job = json.loads(status.stdout)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(int(job["progress"]["step"]), 157)
+        # Accuracy is in the job record: one epoch on a third of the data.
+        self.assertGreater(job["metrics"]["eval_accuracy"], 0.75)
+        self.assertGreater(job["metrics"]["mean_samples_per_second"], 0)
+
+    def test_watch_replays_from_a_sequence_number_without_gaps(self):
+        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=6)),
+                                    timeout=30).job
+        wait_for_state(self.client, job.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        events = list(self.client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job.id, from_sequence=3),
+                                           timeout=30))
+        self.assertEqual(events[0].sequence, 3)
+        self.assertEqual([e.sequence for e in events], list(range(3, 3 + len(events))))
+        self.assertEqual(events[-1].state_change.to, job_pb2.JOB_STATE_SUCCEEDED)
+        self.assertEqual(sum(1 for e in events if e.HasField("step")), 6)
+
+    def test_cancel_a_running_job_stops_at_a_step_with_a_checkpoint(self):
+        spec = synthetic_spec(steps=1000000)
+        spec.training.checkpoint_disabled = False
+        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        wait_for_state(self.client, job.id, [job_pb2.JOB_STATE_RUNNING])
+        result = cli(self.daemon, "cancel", job.id, "--reason=e2e test")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        done = wait_for_state(self.client, job.id, [job_pb2.JOB_STATE_CANCELLED])
+        self.assertIn("e2e test", done.reason)
+        self.assertGreater(done.checkpoint_step, 0)
+        self.assertEqual(done.checkpoint_step, done.progress.step)
+
+    def test_a_failing_job_ends_failed_and_watch_exits_one(self):
+        # Host memory too small for the model: the allocator refuses at start.
+        spec = synthetic_spec(steps=5)
+        spec.resources.host_memory_bytes = 4096
+        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        result = cli(self.daemon, "watch", job.id)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        done = wait_for_state(self.client, job.id, [job_pb2.JOB_STATE_FAILED])
+        self.assertIn("memory budget exceeded", done.reason)
+        # The daemon keeps serving.
+        self.assertTrue(self.client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10).accepting_jobs)
+
+    def test_list_filters_by_state_and_pages(self):
+        ids = [self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1)),
+                                     timeout=30).job.id for _ in range(3)]
+        for i in ids:
+            wait_for_state(self.client, i, [job_pb2.JOB_STATE_SUCCEEDED])
+        page = self.client.ListJobs(tandem_service_pb2.ListJobsRequest(
+            states=[job_pb2.JOB_STATE_SUCCEEDED], page_size=2), timeout=10)
+        self.assertEqual(len(page.jobs), 2)
+        self.assertTrue(page.next_page_token)
+        rest = self.client.ListJobs(tandem_service_pb2.ListJobsRequest(
+            states=[job_pb2.JOB_STATE_SUCCEEDED], page_size=1000, page_token=page.next_page_token),
+            timeout=10)
+        seen = [j.id for j in page.jobs] + [j.id for j in rest.jobs]
+        self.assertEqual(len(seen), len(set(seen)))
+        for i in ids:
+            self.assertIn(i, seen)
+        self.assertTrue(all(j.state == job_pb2.JOB_STATE_SUCCEEDED for j in list(page.jobs) + list(rest.jobs)))
+
+    def test_submit_is_idempotent_on_the_request_id(self):
+        a = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1),
+                                                                      request_id="e2e-idem"), timeout=30)
+        b = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1),
+                                                                      request_id="e2e-idem"), timeout=30)
+        self.assertTrue(a.created)
+        self.assertFalse(b.created)
+        self.assertEqual(a.job.id, b.job.id)
+        import grpc
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=2),
+                                                                      request_id="e2e-idem"), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+
+
+if __name__ == "__main__":
+    TANDEMD, TANDEM = sys.argv.pop(1), sys.argv.pop(1)
+    junit_runner.main()

@@ -1,0 +1,55 @@
+"""Tandem's generated Python stubs (from //proto:tandem_py_proto) and helpers
+shared by the end-to-end tests."""
+import os
+import sys
+import time
+
+# The stubs live under <runfiles>/proto/tandem/v1/; their imports are
+# "tandem.v1.x_pb2", so <runfiles>/proto goes on the path.
+_RUNFILES = os.environ.get("TEST_SRCDIR")
+for root in ([os.path.join(_RUNFILES, "tandem", "proto")] if _RUNFILES else []) + [
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bazel-bin", "proto")]:
+    if os.path.isdir(os.path.join(root, "tandem", "v1")):
+        sys.path.insert(0, root)
+        break
+
+import grpc  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from tandem.v1 import job_pb2, tandem_service_pb2, tandem_service_pb2_grpc  # noqa: E402,F401
+
+FASHION = "/usr/share/datasets/fashion-mnist/"
+
+
+def stub(address, token=None):
+    channel = grpc.insecure_channel(address)
+    return channel, tandem_service_pb2_grpc.TandemStub(channel)
+
+
+def metadata(token):
+    return (("authorization", "Bearer " + token),) if token else None
+
+
+def spec_from_dict(d):
+    return json_format.ParseDict(d, job_pb2.JobSpec())
+
+
+def synthetic_spec(steps=3, batch=8, **extra):
+    d = {
+        "model": {"mlp": {"hidden_sizes": [16]}},
+        "data": {"synthetic": {"sample_shape": [8], "num_classes": 3, "train_samples": 64,
+                               "test_samples": 16}},
+        "training": {"batch_size": batch, "steps": steps, "checkpoint_disabled": True},
+    }
+    d.update(extra)
+    return spec_from_dict(d)
+
+
+def wait_for_state(client, job_id, states, timeout=300, token=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job_id), timeout=10,
+                            metadata=metadata(token))
+        if job.state in states:
+            return job
+        time.sleep(0.1)
+    raise AssertionError("%s did not reach %s in %ds; last: %s" % (job_id, states, timeout, job))

@@ -1,5 +1,7 @@
 #include "runtime/cuda/context.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/core/status_macros.h"
 

@@ -52,8 +52,8 @@ class FakeDeviceMemory final : public DeviceMemory {
 
 std::unique_ptr<CachingAllocator> MakeAllocator(int64_t capacity, int64_t budget,
                                                 FakeDeviceMemory::Counters* counters) {
-  return std::make_unique<CachingAllocator>(
-      std::make_unique<FakeDeviceMemory>(capacity, counters), "fake:0", budget);
+  return std::make_unique<CachingAllocator>(std::make_unique<FakeDeviceMemory>(capacity, counters),
+                                            "fake:0", budget);
 }
 
 TEST(SizeClassTest, RoundsUpByAtMostAnEighthAndTwoMiB) {
@@ -103,7 +103,8 @@ TEST(CachingAllocatorTest, BudgetBehavesExactlyLikeTheHostAllocator) {
   FakeDeviceMemory::Counters device;
   auto cached = MakeAllocator(1 << 30, 4096, &device);
   HostAllocator host(4096);
-  for (Allocator* allocator : {static_cast<Allocator*>(cached.get()), static_cast<Allocator*>(&host)}) {
+  for (Allocator* allocator :
+       {static_cast<Allocator*>(cached.get()), static_cast<Allocator*>(&host)}) {
     void* a = *allocator->Allocate(3000, MemoryCategory::kGradients);
     absl::StatusOr<void*> b = allocator->Allocate(2000, MemoryCategory::kWorkspace);
     ASSERT_FALSE(b.ok());

@@ -18,18 +18,18 @@ absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& s, const float* a,
   const int64_t bsc = s.batch_stride_c ? s.batch_stride_c : s.m * s.n;
   for (int64_t v : {s.m, s.n, s.k, s.batch, lda, ldb, ldc}) {
     if (v < 0 || v > INT_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GEMM dimension ", v, " out of cuBLAS's int range (m=", s.m, " n=", s.n, " k=", s.k,
-          " batch=", s.batch, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GEMM dimension ", v, " out of cuBLAS's int range (m=", s.m, " n=", s.n,
+                       " k=", s.k, " batch=", s.batch, ")"));
     }
   }
   if (s.m == 0 || s.n == 0 || s.batch == 0) return absl::OkStatus();
   bool accumulate = s.accumulate;
   if (s.bias) {
     if (bias == nullptr) return absl::InvalidArgumentError("GEMM with bias but no bias pointer");
-    TANDEM_RETURN_IF_ERROR(CudaStatus(
-        BroadcastBias(c, bias, s.batch, s.m, s.n, ldc, bsc, s.accumulate, ctx->stream),
-        "BroadcastBias"));
+    TANDEM_RETURN_IF_ERROR(
+        CudaStatus(BroadcastBias(c, bias, s.batch, s.m, s.n, ldc, bsc, s.accumulate, ctx->stream),
+                   "BroadcastBias"));
     accumulate = true;
   }
   const float alpha = s.alpha, beta = accumulate ? 1.0f : 0.0f;
@@ -42,10 +42,9 @@ absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& s, const float* a,
     // No products: C = beta * C (+ bias already there).
     if (!accumulate) {
       for (int64_t i = 0; i < s.batch; ++i) {
-        TANDEM_RETURN_IF_ERROR(CudaStatus(
-            cudaMemset2DAsync(c + i * bsc, ldc * sizeof(float), 0, s.n * sizeof(float), s.m,
-                              ctx->stream),
-            "cudaMemset2DAsync"));
+        TANDEM_RETURN_IF_ERROR(CudaStatus(cudaMemset2DAsync(c + i * bsc, ldc * sizeof(float), 0,
+                                                            s.n * sizeof(float), s.m, ctx->stream),
+                                          "cudaMemset2DAsync"));
       }
     }
     return absl::OkStatus();
@@ -53,8 +52,8 @@ absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& s, const float* a,
   return CublasStatus(
       cublasSgemmStridedBatched(ctx->cublas, op_b, op_a, static_cast<int>(s.n),
                                 static_cast<int>(s.m), static_cast<int>(s.k), &alpha, b,
-                                static_cast<int>(ldb), bsb, a, static_cast<int>(lda), bsa, &beta,
-                                c, static_cast<int>(ldc), bsc, static_cast<int>(s.batch)),
+                                static_cast<int>(ldb), bsb, a, static_cast<int>(lda), bsa, &beta, c,
+                                static_cast<int>(ldc), bsc, static_cast<int>(s.batch)),
       "cublasSgemmStridedBatched");
 }
 

@@ -26,8 +26,8 @@ namespace tandem::cuda {
 // All pointers are device memory. INVALID_ARGUMENT for shapes cuBLAS cannot take
 // (dimensions or strides beyond int32); errors from cuBLAS otherwise. Nothing is
 // recorded in ctx: callers decide (layers use ctx->Check).
-absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& shape, const float* a,
-                    const float* b, float* c, const float* bias = nullptr);
+absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
+                    float* c, const float* bias = nullptr);
 
 }  // namespace tandem::cuda
 

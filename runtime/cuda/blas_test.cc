@@ -87,7 +87,8 @@ void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_ou
   std::vector<float> expected = c0;
   cpu::Matmul(s, a.data(), b.data(), expected.data(), s.bias ? bias.data() : nullptr);
   Buffer da = Upload(ctx, a), db = Upload(ctx, b), dc = Upload(ctx, c0), dbias = Upload(ctx, bias);
-  const absl::Status st = Matmul(ctx, s, da.f32(), db.f32(), dc.f32(), s.bias ? dbias.f32() : nullptr);
+  const absl::Status st =
+      Matmul(ctx, s, da.f32(), db.f32(), dc.f32(), s.bias ? dbias.f32() : nullptr);
   ASSERT_TRUE(st.ok()) << c.name << ": " << st;
   std::vector<float> got = Download<float>(ctx, dc.data(), nc);
   // Whole buffers: the padding between rows and batches must be left as it was.

@@ -9,8 +9,8 @@ namespace tandem::cuda {
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorString(error), " (",
-                                           cudaGetErrorName(error), ")");
+  const std::string message =
+      absl::StrCat(what, ": ", cudaGetErrorString(error), " (", cudaGetErrorName(error), ")");
   switch (error) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -88,18 +88,19 @@ absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(
   ctx->device = ordinal;
   ctx->allocator = allocator;
   TANDEM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
-  TANDEM_RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
+                                    "cudaStreamCreate"));
   TANDEM_RETURN_IF_ERROR(CublasStatus(cublasCreate(&ctx->cublas), "cublasCreate"));
-  TANDEM_RETURN_IF_ERROR(CublasStatus(cublasSetStream(ctx->cublas, ctx->stream), "cublasSetStream"));
+  TANDEM_RETURN_IF_ERROR(
+      CublasStatus(cublasSetStream(ctx->cublas, ctx->stream), "cublasSetStream"));
   if (options.cublas_workspace_bytes > 0) {
-    TANDEM_ASSIGN_OR_RETURN(ctx->cublas_workspace_,
-                            Buffer::Allocate(allocator, options.cublas_workspace_bytes,
-                                             MemoryCategory::kWorkspace));
-    TANDEM_RETURN_IF_ERROR(CublasStatus(
-        cublasSetWorkspace(ctx->cublas, ctx->cublas_workspace_.data(),
-                           static_cast<size_t>(options.cublas_workspace_bytes)),
-        "cublasSetWorkspace"));
+    TANDEM_ASSIGN_OR_RETURN(
+        ctx->cublas_workspace_,
+        Buffer::Allocate(allocator, options.cublas_workspace_bytes, MemoryCategory::kWorkspace));
+    TANDEM_RETURN_IF_ERROR(
+        CublasStatus(cublasSetWorkspace(ctx->cublas, ctx->cublas_workspace_.data(),
+                                        static_cast<size_t>(options.cublas_workspace_bytes)),
+                     "cublasSetWorkspace"));
   }
   TANDEM_RETURN_IF_ERROR(ctx->SetAllowTf32(options.allow_tf32));
   TANDEM_RETURN_IF_ERROR(CudnnStatus(cudnnCreate(&ctx->cudnn), "cudnnCreate"));
@@ -184,9 +185,9 @@ absl::Status CudaContext::Synchronize() {
 absl::StatusOr<CudaStream> CudaStream::Create(int ordinal, int priority) {
   TANDEM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
   CudaStream s;
-  TANDEM_RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithPriority(&s.stream_, cudaStreamNonBlocking, priority),
-      "cudaStreamCreateWithPriority"));
+  TANDEM_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithPriority(&s.stream_, cudaStreamNonBlocking, priority),
+                 "cudaStreamCreateWithPriority"));
   return s;
 }
 

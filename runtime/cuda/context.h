@@ -6,9 +6,14 @@
 //
 // Errors. Layer::Forward/Backward return nothing and CUDA work is asynchronous,
 // so the CUDA code paths of the layers record the first failure in the context
-// (RecordError/Check) and carry on without launching more work that depends on
-// it; the executor reads it with status() or Synchronize() after a step. A
-// kernel fault that surfaces only at the next synchronisation is reported there.
+// (RecordError/Check), skip the rest of that layer call, and return; later calls
+// still run (on meaningless data). The executor reads the error with status() or
+// Synchronize() after a step and discards the step. A kernel fault that surfaces
+// only at the next synchronisation is reported there.
+//
+// Streams. `stream` is non-blocking: it is not ordered with the legacy default
+// stream, so host<->device copies for its kernels go on `stream` (CopyAsync), not
+// through plain cudaMemcpy/cudaMemset.
 //
 // Threads. A CudaContext is used by one host thread at a time (its scratch and
 // handles are not synchronised), and that thread's current device must be
@@ -20,13 +25,13 @@
 #ifndef TANDEM_RUNTIME_CUDA_CONTEXT_H_
 #define TANDEM_RUNTIME_CUDA_CONTEXT_H_
 
-#include <cstdint>
-#include <memory>
-#include <string>
-
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

@@ -29,16 +29,19 @@ struct TensorDesc {
     if (d) cudnnDestroyTensorDescriptor(d);
   }
   absl::Status Nhwc(int64_t n, int64_t h, int64_t w, int64_t c) {
-    TANDEM_RETURN_IF_ERROR(CudnnStatus(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor"));
+    TANDEM_RETURN_IF_ERROR(
+        CudnnStatus(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor"));
     TANDEM_ASSIGN_OR_RETURN(int in, ToInt(n, "batch"));
     TANDEM_ASSIGN_OR_RETURN(int ih, ToInt(h, "height"));
     TANDEM_ASSIGN_OR_RETURN(int iw, ToInt(w, "width"));
     TANDEM_ASSIGN_OR_RETURN(int ic, ToInt(c, "channels"));
-    return CudnnStatus(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, in, ic, ih, iw),
-                       "cudnnSetTensor4dDescriptor");
+    return CudnnStatus(
+        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, in, ic, ih, iw),
+        "cudnnSetTensor4dDescriptor");
   }
   absl::Status Nchw(int64_t n, int64_t c, int64_t h, int64_t w) {
-    TANDEM_RETURN_IF_ERROR(CudnnStatus(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor"));
+    TANDEM_RETURN_IF_ERROR(
+        CudnnStatus(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor"));
     TANDEM_ASSIGN_OR_RETURN(int in, ToInt(n, "rows"));
     TANDEM_ASSIGN_OR_RETURN(int ic, ToInt(c, "channels"));
     return CudnnStatus(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, in, ic,
@@ -86,11 +89,11 @@ absl::StatusOr<Perf> Choose(const std::vector<Perf>& results, size_t max_ws, boo
 absl::Status NewConvDesc(const ConvGeometry& g, cudnnConvolutionDescriptor_t* d) {
   TANDEM_RETURN_IF_ERROR(
       CudnnStatus(cudnnCreateConvolutionDescriptor(d), "cudnnCreateConvolutionDescriptor"));
-  return CudnnStatus(cudnnSetConvolution2dDescriptor(
-                         *d, static_cast<int>(g.padding), static_cast<int>(g.padding),
-                         static_cast<int>(g.stride), static_cast<int>(g.stride), 1, 1,
-                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-                     "cudnnSetConvolution2dDescriptor");
+  return CudnnStatus(
+      cudnnSetConvolution2dDescriptor(*d, static_cast<int>(g.padding), static_cast<int>(g.padding),
+                                      static_cast<int>(g.stride), static_cast<int>(g.stride), 1, 1,
+                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+      "cudnnSetConvolution2dDescriptor");
 }
 
 // Sets the math type the chosen algorithm asks for; FMA only when TF32 is off
@@ -130,9 +133,8 @@ absl::StatusOr<std::unique_ptr<ConvPlan>> MakeConvPlan(CudaContext* ctx, const C
   {
     std::vector<cudnnConvolutionFwdAlgoPerf_t> r(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
     TANDEM_RETURN_IF_ERROR(CudnnStatus(
-        cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, plan->x.d, plan->w, plan->fwd,
-                                               plan->y.d, static_cast<int>(r.size()), &returned,
-                                               r.data()),
+        cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, plan->x.d, plan->w, plan->fwd, plan->y.d,
+                                               static_cast<int>(r.size()), &returned, r.data()),
         "cudnnGetConvolutionForwardAlgorithm_v7"));
     r.resize(returned);
     TANDEM_ASSIGN_OR_RETURN(auto p, Choose(r, max_ws, tf32, false, "forward"));
@@ -143,9 +145,9 @@ absl::StatusOr<std::unique_ptr<ConvPlan>> MakeConvPlan(CudaContext* ctx, const C
   {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
     TANDEM_RETURN_IF_ERROR(CudnnStatus(
-        cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, plan->w, plan->y.d,
-                                                    plan->bwd_data, plan->x.d,
-                                                    static_cast<int>(r.size()), &returned, r.data()),
+        cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx->cudnn, plan->w, plan->y.d, plan->bwd_data,
+                                                    plan->x.d, static_cast<int>(r.size()),
+                                                    &returned, r.data()),
         "cudnnGetConvolutionBackwardDataAlgorithm_v7"));
     r.resize(returned);
     TANDEM_ASSIGN_OR_RETURN(auto p, Choose(r, max_ws, tf32, true, "backward-data"));
@@ -155,12 +157,11 @@ absl::StatusOr<std::unique_ptr<ConvPlan>> MakeConvPlan(CudaContext* ctx, const C
   }
   {
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-    TANDEM_RETURN_IF_ERROR(CudnnStatus(
-        cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx->cudnn, plan->x.d, plan->y.d,
-                                                      plan->bwd_filter, plan->w,
-                                                      static_cast<int>(r.size()), &returned,
-                                                      r.data()),
-        "cudnnGetConvolutionBackwardFilterAlgorithm_v7"));
+    TANDEM_RETURN_IF_ERROR(
+        CudnnStatus(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                        ctx->cudnn, plan->x.d, plan->y.d, plan->bwd_filter, plan->w,
+                        static_cast<int>(r.size()), &returned, r.data()),
+                    "cudnnGetConvolutionBackwardFilterAlgorithm_v7"));
     r.resize(returned);
     TANDEM_ASSIGN_OR_RETURN(auto p, Choose(r, max_ws, tf32, true, "backward-filter"));
     plan->bwd_filter_algo = p.algo;
@@ -218,13 +219,13 @@ struct PoolPlan {
   }
 };
 
-using PoolKey = std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t>;
+using PoolKey =
+    std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 absl::StatusOr<const PoolPlan*> GetPoolPlan(const PoolGeometry& g) {
   static auto* cache = new PlanCache<PoolKey, PoolPlan>();
-  const PoolKey key(g.max, g.batch, g.height, g.width, g.channels, g.window_h, g.window_w,
-                    g.stride, g.padding);
+  const PoolKey key(g.max, g.batch, g.height, g.width, g.channels, g.window_h, g.window_w, g.stride,
+                    g.padding);
   return cache->Get(key, [&]() -> absl::StatusOr<std::unique_ptr<PoolPlan>> {
     for (int64_t v : {g.window_h, g.window_w, g.stride, g.padding}) {
       TANDEM_RETURN_IF_ERROR(ToInt(v, "pooling window").status());
@@ -257,8 +258,8 @@ absl::StatusOr<const BatchNormPlan*> GetBatchNormPlan(const BatchNormGeometry& g
     // NHWC [B, H, W, C] is NCHW [B*H*W, C, 1, 1] in memory; spatial batch norm
     // reduces over N, H, W, i.e. over the B*H*W rows.
     TANDEM_RETURN_IF_ERROR(plan->x.Nchw(g.rows, g.channels, 1, 1));
-    TANDEM_RETURN_IF_ERROR(CudnnStatus(cudnnCreateTensorDescriptor(&plan->stats.d),
-                                       "cudnnCreateTensorDescriptor"));
+    TANDEM_RETURN_IF_ERROR(
+        CudnnStatus(cudnnCreateTensorDescriptor(&plan->stats.d), "cudnnCreateTensorDescriptor"));
     TANDEM_RETURN_IF_ERROR(CudnnStatus(
         cudnnDeriveBNTensorDescriptor(plan->stats.d, plan->x.d, CUDNN_BATCHNORM_SPATIAL),
         "cudnnDeriveBNTensorDescriptor"));
@@ -291,11 +292,10 @@ absl::Status ConvolutionBackwardFilter(CudaContext* ctx, const ConvGeometry& g, 
                                        const float* dy, float* dw_ohwi) {
   TANDEM_ASSIGN_OR_RETURN(const ConvPlan* p, GetConvPlan(ctx, g));
   TANDEM_ASSIGN_OR_RETURN(void* ws, Workspace(ctx, p->bwd_filter_ws));
-  return CudnnStatus(
-      cudnnConvolutionBackwardFilter(ctx->cudnn, &kOne, p->x.d, x, p->y.d, dy, p->bwd_filter,
-                                     p->bwd_filter_algo, ws, p->bwd_filter_ws, &kZero, p->w,
-                                     dw_ohwi),
-      "cudnnConvolutionBackwardFilter");
+  return CudnnStatus(cudnnConvolutionBackwardFilter(ctx->cudnn, &kOne, p->x.d, x, p->y.d, dy,
+                                                    p->bwd_filter, p->bwd_filter_algo, ws,
+                                                    p->bwd_filter_ws, &kZero, p->w, dw_ohwi),
+                     "cudnnConvolutionBackwardFilter");
 }
 
 absl::StatusOr<std::string> ConvolutionAlgorithms(CudaContext* ctx, const ConvGeometry& g) {
@@ -314,8 +314,8 @@ absl::Status PoolingForward(CudaContext* ctx, const PoolGeometry& g, const float
 absl::Status PoolingBackward(CudaContext* ctx, const PoolGeometry& g, const float* x,
                              const float* y, const float* dy, float* dx) {
   TANDEM_ASSIGN_OR_RETURN(const PoolPlan* p, GetPoolPlan(g));
-  return CudnnStatus(cudnnPoolingBackward(ctx->cudnn, p->pool, &kOne, p->y.d, y, p->y.d, dy,
-                                          p->x.d, x, &kZero, p->x.d, dx),
+  return CudnnStatus(cudnnPoolingBackward(ctx->cudnn, p->pool, &kOne, p->y.d, y, p->y.d, dy, p->x.d,
+                                          x, &kZero, p->x.d, dx),
                      "cudnnPoolingBackward");
 }
 
@@ -332,10 +332,9 @@ absl::Status BatchNormForwardTraining(CudaContext* ctx, const BatchNormGeometry&
                      "cudnnBatchNormalizationForwardTraining");
 }
 
-absl::Status BatchNormForwardInference(CudaContext* ctx, const BatchNormGeometry& g,
-                                       const float* x, float* y, const float* scale,
-                                       const float* shift, const float* mean,
-                                       const float* variance) {
+absl::Status BatchNormForwardInference(CudaContext* ctx, const BatchNormGeometry& g, const float* x,
+                                       float* y, const float* scale, const float* shift,
+                                       const float* mean, const float* variance) {
   TANDEM_ASSIGN_OR_RETURN(const BatchNormPlan* p, GetBatchNormPlan(g));
   return CudnnStatus(cudnnBatchNormalizationForwardInference(
                          ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p->x.d, x, p->x.d, y,
@@ -349,12 +348,11 @@ absl::Status BatchNormBackward(CudaContext* ctx, const BatchNormGeometry& g, con
                                bool accumulate_params) {
   TANDEM_ASSIGN_OR_RETURN(const BatchNormPlan* p, GetBatchNormPlan(g));
   const float param_beta = accumulate_params ? 1.0f : 0.0f;
-  return CudnnStatus(
-      cudnnBatchNormalizationBackward(ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne,
-                                      &param_beta, p->x.d, x, p->x.d, dy, p->x.d, dx, p->stats.d,
-                                      scale, dscale, dshift, static_cast<double>(g.epsilon),
-                                      save_mean, save_inv_std),
-      "cudnnBatchNormalizationBackward");
+  return CudnnStatus(cudnnBatchNormalizationBackward(
+                         ctx->cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &param_beta,
+                         p->x.d, x, p->x.d, dy, p->x.d, dx, p->stats.d, scale, dscale, dshift,
+                         static_cast<double>(g.epsilon), save_mean, save_inv_std),
+                     "cudnnBatchNormalizationBackward");
 }
 
 }  // namespace tandem::cuda

@@ -84,10 +84,9 @@ absl::Status BatchNormForwardTraining(CudaContext* ctx, const BatchNormGeometry&
                                       float* y, const float* scale, const float* shift,
                                       float* save_mean, float* save_inv_std);
 // Evaluation with given statistics (the running ones).
-absl::Status BatchNormForwardInference(CudaContext* ctx, const BatchNormGeometry& g,
-                                       const float* x, float* y, const float* scale,
-                                       const float* shift, const float* mean,
-                                       const float* variance);
+absl::Status BatchNormForwardInference(CudaContext* ctx, const BatchNormGeometry& g, const float* x,
+                                       float* y, const float* scale, const float* shift,
+                                       const float* mean, const float* variance);
 // dx (overwritten; required), dscale and dshift (added to when accumulate_params).
 absl::Status BatchNormBackward(CudaContext* ctx, const BatchNormGeometry& g, const float* x,
                                const float* dy, const float* scale, const float* save_mean,

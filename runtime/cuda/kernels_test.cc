@@ -1,12 +1,13 @@
 // The custom kernels against their CPU references (cpu/kernels.h, core/random.h,
 // or plain loops where the CPU reference lives inside a layer; the layers
 // themselves are compared in layers_cuda_test.cc). Skipped without a GPU.
+#include "runtime/cpu/kernels.h"
+
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "runtime/core/random.h"
-#include "runtime/cpu/kernels.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/cuda/kernels/activation.h"
 #include "runtime/cuda/kernels/attention.h"
@@ -73,8 +74,10 @@ TEST(ElementwiseKernelTest, ColumnSumMatchesTheCpuAndIsDeterministic) {
       ASSERT_EQ(ColumnSum(out.f32(), in.f32(), rows, cols, true, d.ctx->stream), cudaSuccess);
       std::vector<float> got = Download<float>(d.ctx.get(), out.data(), cols);
       EXPECT_TRUE(Close(expected, got, 1e-5, "column sum"));
-      if (run == 0) first = got;
-      else EXPECT_TRUE(BitwiseEqual(first, got, "second run"));
+      if (run == 0)
+        first = got;
+      else
+        EXPECT_TRUE(BitwiseEqual(first, got, "second run"));
     }
   }
 }
@@ -156,7 +159,8 @@ TEST(SoftmaxKernelTest, CausalSoftmaxMatchesMaskThenSoftmax) {
       for (int64_t j = 0; j <= i; ++j) m = std::max(m, static_cast<double>(s[j]));
       for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
       for (int64_t j = 0; j < T; ++j) att[row * T + j] = j <= i ? std::exp(s[j] - m) / sum : 0.0;
-      for (int64_t j = 0; j < T; ++j) dot += static_cast<double>(att[row * T + j]) * datt[row * T + j];
+      for (int64_t j = 0; j < T; ++j)
+        dot += static_cast<double>(att[row * T + j]) * datt[row * T + j];
       for (int64_t j = 0; j < T; ++j) {
         dscores[row * T + j] = static_cast<float>(att[row * T + j] * (datt[row * T + j] - dot));
       }

@@ -115,8 +115,8 @@ Outputs RunCpu(const Layer& layer, Inputs in, const Options& o) {
   ctx.targets = in.targets.empty() ? nullptr : in.targets.data();
   const Shape in_shape = layer.input_shape().WithBatch(o.batch);
   const Shape out_shape = layer.output_shape().WithBatch(o.batch);
-  const Tensor x = in.ids.empty() ? Tensor::F32(in.x.data(), in_shape)
-                                  : Tensor::I32(in.ids.data(), in_shape);
+  const Tensor x =
+      in.ids.empty() ? Tensor::F32(in.x.data(), in_shape) : Tensor::I32(in.ids.data(), in_shape);
   const Tensor y = Tensor::F32(out.y.data(), out_shape);
   layer.Forward(ctx, x, y, out.saved.data());
   if (o.backward) {
@@ -224,9 +224,9 @@ TEST(LayersOnCudaTest, Linear) {
   ExpectDevicesAgree(a, Shape({7}),
                      {.batch = 3, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
   Linear b({.out_features = 96, .bias = false});
-  ExpectDevicesAgree(b, Shape({16, 64}),
-                     {.batch = 4, .accumulate = true, .fp32_tolerance = kGemmFp32,
-                      .tf32_tolerance = kGemmTf32});
+  ExpectDevicesAgree(
+      b, Shape({16, 64}),
+      {.batch = 4, .accumulate = true, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
 }
 
 TEST(LayersOnCudaTest, ReluAndGelu) {
@@ -260,7 +260,10 @@ TEST(LayersOnCudaTest, EmbeddingGradientsAreBitwiseTheCpus) {
   // Few distinct tokens: long runs of the same id in the sorted order.
   Embedding repeats({.vocab_size = 1000, .dim = 300});
   ExpectDevicesAgree(repeats, Shape({64}),
-                     {.batch = 5, .accumulate = true, .int_input_limit = 7, .check_input = false,
+                     {.batch = 5,
+                      .accumulate = true,
+                      .int_input_limit = 7,
+                      .check_input = false,
                       .bitwise = true});
 }
 
@@ -270,27 +273,38 @@ TEST(LayersOnCudaTest, LayerNormSavesMeanAndVarianceLikeTheCpu) {
   ExpectDevicesAgree(a, Shape({3, 8}), {.fp32_tolerance = kUlps, .tf32_tolerance = kUlps});
   LayerNorm b;
   ExpectDevicesAgree(b, Shape({33, 300}),
-                     {.batch = 3, .accumulate = true, .input_range = 3.0f,
-                      .fp32_tolerance = kUlps, .tf32_tolerance = kUlps});
+                     {.batch = 3,
+                      .accumulate = true,
+                      .input_range = 3.0f,
+                      .fp32_tolerance = kUlps,
+                      .tf32_tolerance = kUlps});
 }
 
 TEST(LayersOnCudaTest, BatchNormTrainingUpdatesRunningStatisticsLikeTheCpu) {
   SKIP_WITHOUT_GPU();
   BatchNorm2d layer;
-  ExpectDevicesAgree(layer, Shape({3, 3, 4}), {.batch = 3, .fp32_tolerance = 1e-4,
-                                               .tf32_tolerance = 1e-4});
+  ExpectDevicesAgree(layer, Shape({3, 3, 4}),
+                     {.batch = 3, .fp32_tolerance = 1e-4, .tf32_tolerance = 1e-4});
   BatchNorm2d accumulate;
   ExpectDevicesAgree(accumulate, Shape({8, 8, 16}),
-                     {.batch = 4, .accumulate = true, .input_range = 2.0f,
-                      .fp32_tolerance = 1e-4, .tf32_tolerance = 1e-4});
+                     {.batch = 4,
+                      .accumulate = true,
+                      .input_range = 2.0f,
+                      .fp32_tolerance = 1e-4,
+                      .tf32_tolerance = 1e-4});
 }
 
 TEST(LayersOnCudaTest, BatchNormEvaluationUsesRunningStatistics) {
   SKIP_WITHOUT_GPU();
   BatchNorm2d layer;
   ExpectDevicesAgree(layer, Shape({4, 4, 5}),
-                     {.batch = 2, .training = false, .check_input = false, .backward = false,
-                      .compare_saved = false, .fp32_tolerance = kUlps, .tf32_tolerance = kUlps});
+                     {.batch = 2,
+                      .training = false,
+                      .check_input = false,
+                      .backward = false,
+                      .compare_saved = false,
+                      .fp32_tolerance = kUlps,
+                      .tf32_tolerance = kUlps});
 }
 
 TEST(LayersOnCudaTest, Conv2d) {
@@ -299,9 +313,9 @@ TEST(LayersOnCudaTest, Conv2d) {
   ExpectDevicesAgree(same, Shape({5, 5, 3}),
                      {.fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
   Conv2d strided({.out_channels = 3, .kernel_size = 3, .stride = 2, .padding = 0, .bias = false});
-  ExpectDevicesAgree(strided, Shape({7, 7, 2}),
-                     {.accumulate = true, .fp32_tolerance = kGemmFp32,
-                      .tf32_tolerance = kGemmTf32});
+  ExpectDevicesAgree(
+      strided, Shape({7, 7, 2}),
+      {.accumulate = true, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
   Conv2d wide({.out_channels = 32, .kernel_size = 3, .stride = 1, .padding = 1});
   ExpectDevicesAgree(wide, Shape({16, 16, 16}),
                      {.batch = 4, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
@@ -333,20 +347,28 @@ TEST(LayersOnCudaTest, Attention) {
   ExpectDevicesAgree(small, Shape({5, 8}),
                      {.fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
   Attention larger({.n_head = 4});
-  ExpectDevicesAgree(larger, Shape({64, 32}),
-                     {.batch = 3, .accumulate = true, .fp32_tolerance = kGemmFp32,
-                      .tf32_tolerance = kGemmTf32});
+  ExpectDevicesAgree(
+      larger, Shape({64, 32}),
+      {.batch = 3, .accumulate = true, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
 }
 
 TEST(LayersOnCudaTest, CrossEntropy) {
   SKIP_WITHOUT_GPU();
   CrossEntropy classes;
-  ExpectDevicesAgree(classes, Shape({10}), {.batch = 4, .input_range = 3.0f, .target_limit = 10,
-                                            .fp32_tolerance = kUlps, .tf32_tolerance = kUlps});
+  ExpectDevicesAgree(classes, Shape({10}),
+                     {.batch = 4,
+                      .input_range = 3.0f,
+                      .target_limit = 10,
+                      .fp32_tolerance = kUlps,
+                      .tf32_tolerance = kUlps});
   CrossEntropy sequence;
   ExpectDevicesAgree(sequence, Shape({16, 1000}),
-                     {.batch = 2, .input_range = 5.0f, .target_limit = 1000,
-                      .targets_per_sample = 16, .fp32_tolerance = kUlps, .tf32_tolerance = kUlps});
+                     {.batch = 2,
+                      .input_range = 5.0f,
+                      .target_limit = 1000,
+                      .targets_per_sample = 16,
+                      .fp32_tolerance = kUlps,
+                      .tf32_tolerance = kUlps});
 }
 
 TEST(LayersOnCudaTest, TransformerBlock) {
@@ -356,7 +378,9 @@ TEST(LayersOnCudaTest, TransformerBlock) {
                      {.fp32_tolerance = 2 * kGemmFp32, .tf32_tolerance = kGemmTf32});
   TransformerBlock dropout({.n_head = 4, .dropout = 0.2f});
   ExpectDevicesAgree(dropout, Shape({32, 64}),
-                     {.batch = 2, .accumulate = true, .fp32_tolerance = 2 * kGemmFp32,
+                     {.batch = 2,
+                      .accumulate = true,
+                      .fp32_tolerance = 2 * kGemmFp32,
                       .tf32_tolerance = kGemmTf32});
 }
 
@@ -368,7 +392,9 @@ TEST(LayersOnCudaTest, ResidualBlock) {
                      {.batch = 3, .fp32_tolerance = 2 * kGemmFp32, .tf32_tolerance = kGemmTf32});
   ResidualBlock projection({.out_channels = 8, .stride = 2});
   ExpectDevicesAgree(projection, Shape({8, 8, 4}),
-                     {.batch = 3, .accumulate = true, .fp32_tolerance = 2 * kGemmFp32,
+                     {.batch = 3,
+                      .accumulate = true,
+                      .fp32_tolerance = 2 * kGemmFp32,
                       .tf32_tolerance = kGemmTf32});
 }
 

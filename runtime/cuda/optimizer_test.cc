@@ -59,8 +59,8 @@ void CompareSteps(const tandem::v1::OptimizerSpec& spec, int steps, double toler
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) differ += std::memcmp(&p[i], &got[i], 4) != 0;
   ::testing::Test::RecordProperty("bitwise_mismatches", std::to_string(differ));
-  std::cout << "optimizer " << spec.kind() << " (CPU " << optim::AdamImplementation() << "): "
-            << differ << " of " << n << " parameters differ in some bit\n";
+  std::cout << "optimizer " << spec.kind() << " (CPU " << optim::AdamImplementation()
+            << "): " << differ << " of " << n << " parameters differ in some bit\n";
 }
 
 tandem::v1::OptimizerSpec Spec(tandem::v1::OptimizerKind kind) {

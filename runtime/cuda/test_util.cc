@@ -19,9 +19,9 @@ absl::StatusOr<TestDevice> MakeTestDevice(bool allow_tf32) {
 }
 
 Buffer DeviceZeros(CudaContext* ctx, int64_t bytes) {
-  Buffer b = *Buffer::Allocate(ctx->allocator, std::max<int64_t>(bytes, 1),
-                               MemoryCategory::kWorkspace);
-  EXPECT_EQ(cudaMemset(b.data(), 0, static_cast<size_t>(b.bytes())), cudaSuccess);
+  Buffer b =
+      *Buffer::Allocate(ctx->allocator, std::max<int64_t>(bytes, 1), MemoryCategory::kWorkspace);
+  EXPECT_EQ(cudaMemsetAsync(b.data(), 0, static_cast<size_t>(b.bytes()), ctx->stream), cudaSuccess);
   return b;
 }
 
@@ -73,9 +73,9 @@ double ScaledMaxError(const std::vector<float>& expected, const std::vector<floa
     }
   }
   if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << differ << " of " << expected.size()
-                                       << " elements differ; first " << first << " is "
-                                       << actual[first] << ", expected " << expected[first];
+  return ::testing::AssertionFailure()
+         << what << ": " << differ << " of " << expected.size() << " elements differ; first "
+         << first << " is " << actual[first] << ", expected " << expected[first];
 }
 
 }  // namespace tandem::cuda

@@ -24,14 +24,19 @@ struct TestDevice {
 };
 absl::StatusOr<TestDevice> MakeTestDevice(bool allow_tf32 = false);
 
-// Device copies of host data (synchronous); an empty vector gives an empty Buffer.
+// Device copies of host data, complete on return; an empty vector gives an empty
+// Buffer. Copies go through ctx->stream: the context's stream is non-blocking,
+// so work on the legacy default stream (plain cudaMemcpy/cudaMemset) would not
+// be ordered before its kernels.
 template <typename T>
 Buffer Upload(CudaContext* ctx, const std::vector<T>& host) {
   Buffer b = *Buffer::Allocate(ctx->allocator, static_cast<int64_t>(host.size() * sizeof(T)),
                                MemoryCategory::kActivations);
   if (!host.empty()) {
-    EXPECT_EQ(cudaMemcpy(b.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+    EXPECT_EQ(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(T),
+                              cudaMemcpyHostToDevice, ctx->stream),
               cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(ctx->stream), cudaSuccess);
   }
   return b;
 }
@@ -47,7 +52,7 @@ std::vector<T> Download(CudaContext* ctx, const void* device, int64_t n) {
   return host;
 }
 
-// Device memory of `bytes` (at least one byte), zeroed.
+// Device memory of `bytes` (at least one byte), zeroed on ctx->stream.
 Buffer DeviceZeros(CudaContext* ctx, int64_t bytes);
 
 // max |actual - expected| / max(max |expected|, floor): the error relative to

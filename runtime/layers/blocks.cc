@@ -441,7 +441,9 @@ void ResidualBlock::Backward(const LayerContext& ctx, const Tensor& x, const Ten
                        F32(d_a, os, B));
     conv_skip_->Backward(part(4), x, None(), nullptr, F32(d_a, os, B),
                          dx.data != nullptr ? F32(d_in, is, B) : None());
-    if (dx.data != nullptr) device_ops::CopyOrAccumulate(ctx, d_in, dx.f32(), B * is.elements(), true);
+    if (dx.data != nullptr) {
+      device_ops::CopyOrAccumulate(ctx, d_in, dx.f32(), B * is.elements(), true);
+    }
   } else if (dx.data != nullptr) {
     device_ops::CopyOrAccumulate(ctx, d_sum, dx.f32(), n, true);
   }

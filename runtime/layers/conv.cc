@@ -180,8 +180,8 @@ const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
 // The CPU's oneDNN weight reorders, or on CUDA the weights and their gradient
 // transposed to OHWI (the cuDNN algorithm's own scratch comes from the context).
 int64_t Conv2d::WorkspaceBytes(int64_t batch) const {
-  const int64_t weights = options_.out_channels * input_shape()[2] * options_.kernel_size *
-                          options_.kernel_size;
+  const int64_t weights =
+      options_.out_channels * input_shape()[2] * options_.kernel_size * options_.kernel_size;
   return std::max(Get(batch).workspace_bytes, 2 * cpu::AlignWorkspace(weights * 4));
 }
 
@@ -201,9 +201,8 @@ void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
     }
     if (o.bias) {
       const int64_t rows = x.batch() * g.out_height * g.out_width;
-      ctx.cuda->Check(cuda::BroadcastBias(y.f32(), ctx.params + n_weights, 1, rows,
-                                          o.out_channels, o.out_channels, 0,
-                                          /*accumulate=*/true, stream),
+      ctx.cuda->Check(cuda::BroadcastBias(y.f32(), ctx.params + n_weights, 1, rows, o.out_channels,
+                                          o.out_channels, 0, /*accumulate=*/true, stream),
                       "BroadcastBias");
     }
     return;
@@ -242,22 +241,24 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
       if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
                                             o.kernel_size, o.kernel_size, stream),
                            "OihwToOhwi") ||
-          !ctx.cuda->Check(cuda::ConvolutionBackwardData(ctx.cuda, g, dy.f32(), w_ohwi, dx.f32()))) {
+          !ctx.cuda->Check(
+              cuda::ConvolutionBackwardData(ctx.cuda, g, dy.f32(), w_ohwi, dx.f32()))) {
         return;
       }
     }
-    if (!ctx.cuda->Check(cuda::ConvolutionBackwardFilter(ctx.cuda, g, x.f32(), dy.f32(), dw_ohwi)) ||
-        !ctx.cuda->Check(cuda::OhwiToOihw(ctx.grads, dw_ohwi, o.out_channels, g.in_channels,
-                                          o.kernel_size, o.kernel_size, ctx.accumulate_grads,
-                                          stream),
-                         "OhwiToOihw")) {
+    if (!ctx.cuda->Check(
+            cuda::ConvolutionBackwardFilter(ctx.cuda, g, x.f32(), dy.f32(), dw_ohwi)) ||
+        !ctx.cuda->Check(
+            cuda::OhwiToOihw(ctx.grads, dw_ohwi, o.out_channels, g.in_channels, o.kernel_size,
+                             o.kernel_size, ctx.accumulate_grads, stream),
+            "OhwiToOihw")) {
       return;
     }
     if (o.bias) {
-      ctx.cuda->Check(cuda::ColumnSum(ctx.grads + n_weights, dy.f32(),
-                                      x.batch() * g.out_height * g.out_width, o.out_channels,
-                                      ctx.accumulate_grads, stream),
-                      "ColumnSum");
+      ctx.cuda->Check(
+          cuda::ColumnSum(ctx.grads + n_weights, dy.f32(), x.batch() * g.out_height * g.out_width,
+                          o.out_channels, ctx.accumulate_grads, stream),
+          "ColumnSum");
     }
     return;
   }
@@ -398,8 +399,7 @@ cuda::PoolGeometry PoolGeometryOf(const Pool2dOptions& o, bool global, const Sha
 }  // namespace
 #endif
 
-void Pool2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
-                     void* saved) const {
+void Pool2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void* saved) const {
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
     // Nothing is saved: cuDNN's backward finds the maxima again from x and y.
@@ -416,8 +416,8 @@ void Pool2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
   cpu::Execute(p.forward, args);
 }
 
-void Pool2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
-                      const void* saved, const Tensor& dy, const Tensor& dx) const {
+void Pool2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y, const void* saved,
+                      const Tensor& dy, const Tensor& dx) const {
   if (dx.data == nullptr) return;
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {

@@ -13,10 +13,10 @@
 namespace tandem::device_ops {
 
 #ifdef TANDEM_HAVE_CUDA
-#define TANDEM_ON_CUDA(ctx, call, what)                                  \
-  if ((ctx).device == DeviceKind::kCuda) {                               \
-    (ctx).cuda->Check(call, what);                                       \
-    return;                                                              \
+#define TANDEM_ON_CUDA(ctx, call, what)    \
+  if ((ctx).device == DeviceKind::kCuda) { \
+    (ctx).cuda->Check(call, what);         \
+    return;                                \
   }
 #else
 #define TANDEM_ON_CUDA(ctx, call, what)
@@ -53,16 +53,15 @@ void CopyOrAccumulate(const LayerContext& ctx, const float* a, float* out, int64
 }
 
 void DropoutForward(const LayerContext& ctx, const float* x, float* y, int64_t n, float p) {
-  TANDEM_ON_CUDA(
-      ctx, cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
-      "DropoutForward");
+  TANDEM_ON_CUDA(ctx, cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
+                 "DropoutForward");
   cpu::DropoutForward(x, y, n, p, ctx.seed, ctx.rng_stream);
 }
 
 void DropoutBackward(const LayerContext& ctx, const float* dy, float* dx, int64_t n, float p) {
-  TANDEM_ON_CUDA(
-      ctx, cuda::DropoutBackward(dx, dy, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
-      "DropoutBackward");
+  TANDEM_ON_CUDA(ctx,
+                 cuda::DropoutBackward(dx, dy, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
+                 "DropoutBackward");
   cpu::DropoutBackward(dy, dx, n, p, ctx.seed, ctx.rng_stream);
 }
 

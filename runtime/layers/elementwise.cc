@@ -149,7 +149,9 @@ void Flatten::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
 
 void Flatten::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, const void*,
                        const Tensor& dy, const Tensor& dx) const {
-  if (dx.data != nullptr) device_ops::CopyOrAccumulate(ctx, dy.f32(), dx.f32(), dy.elements(), false);
+  if (dx.data != nullptr) {
+    device_ops::CopyOrAccumulate(ctx, dy.f32(), dx.f32(), dy.elements(), false);
+  }
 }
 
 }  // namespace tandem

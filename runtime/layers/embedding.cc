@@ -87,10 +87,10 @@ void Embedding::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
     }
     void* scratch = ctx.cuda->Scratch(static_cast<int64_t>(bytes));
     if (scratch == nullptr) return;
-    ctx.cuda->Check(cuda::EmbeddingBackward(dwte, dwpe, dy.f32(), x.i32(), B, T, C, V,
-                                            options_.max_positions, ctx.accumulate_grads, scratch,
-                                            bytes, ctx.cuda->stream),
-                    "EmbeddingBackward");
+    ctx.cuda->Check(
+        cuda::EmbeddingBackward(dwte, dwpe, dy.f32(), x.i32(), B, T, C, V, options_.max_positions,
+                                ctx.accumulate_grads, scratch, bytes, ctx.cuda->stream),
+        "EmbeddingBackward");
     return;
   }
 #endif

@@ -59,9 +59,9 @@ void CrossEntropy::Forward(const LayerContext& ctx, const Tensor& x, const Tenso
     cudaStream_t stream = ctx.cuda->stream;
     if (ctx.cuda->Check(cuda::LogSoftmaxForward(logp, x.f32(), B * positions_, classes_, stream),
                         "LogSoftmaxForward")) {
-      ctx.cuda->Check(cuda::CrossEntropyForward(y.f32(), logp, ctx.targets, B, positions_,
-                                                classes_, stream),
-                      "CrossEntropyForward");
+      ctx.cuda->Check(
+          cuda::CrossEntropyForward(y.f32(), logp, ctx.targets, B, positions_, classes_, stream),
+          "CrossEntropyForward");
     }
     return;
   }

@@ -113,16 +113,16 @@ void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor
     // cuDNN saves the inverse standard deviation where the CPU saves the variance;
     // BatchNormFinishForward turns it into the variance and updates the running
     // statistics with the CPU's formula below.
-    if (!ctx.cuda->Check(cuda::BatchNormForwardTraining(ctx.cuda, g, x.f32(), y.f32(), scale,
-                                                        shift, mean, variance))) {
+    if (!ctx.cuda->Check(cuda::BatchNormForwardTraining(ctx.cuda, g, x.f32(), y.f32(), scale, shift,
+                                                        mean, variance))) {
       return;
     }
     const double n = static_cast<double>(g.rows);
     const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
-    ctx.cuda->Check(cuda::BatchNormFinishForward(variance, mean, running_mean, running_var,
-                                                 channels_, epsilon_, momentum_, unbias,
-                                                 ctx.cuda->stream),
-                    "BatchNormFinishForward");
+    ctx.cuda->Check(
+        cuda::BatchNormFinishForward(variance, mean, running_mean, running_var, channels_, epsilon_,
+                                     momentum_, unbias, ctx.cuda->stream),
+        "BatchNormFinishForward");
     return;
   }
 #endif
@@ -163,9 +163,9 @@ void BatchNorm2d::Backward(const LayerContext& ctx, const Tensor& x, const Tenso
     float* diff_src = dx.data != nullptr
                           ? dx.f32()
                           : reinterpret_cast<float*>(ws + 2 * cpu::AlignWorkspace(channels_ * 4));
-    if (ctx.cuda->Check(cuda::BatchNormInvStd(inv_std, mean + channels_, channels_, epsilon_,
-                                              ctx.cuda->stream),
-                        "BatchNormInvStd")) {
+    if (ctx.cuda->Check(
+            cuda::BatchNormInvStd(inv_std, mean + channels_, channels_, epsilon_, ctx.cuda->stream),
+            "BatchNormInvStd")) {
       ctx.cuda->Check(cuda::BatchNormBackward(ctx.cuda, g, x.f32(), dy.f32(), ctx.params, mean,
                                               inv_std, diff_src, ctx.grads, ctx.grads + channels_,
                                               ctx.accumulate_grads));
@@ -266,10 +266,10 @@ void LayerNorm::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
     const int64_t rows = Rows(x.batch());
-    ctx.cuda->Check(cuda::LayerNormForward(y.f32(), mean, mean + rows, x.f32(), ctx.params,
-                                           ctx.params + width_, rows, width_, epsilon_,
-                                           ctx.cuda->stream),
-                    "LayerNormForward");
+    ctx.cuda->Check(
+        cuda::LayerNormForward(y.f32(), mean, mean + rows, x.f32(), ctx.params, ctx.params + width_,
+                               rows, width_, epsilon_, ctx.cuda->stream),
+        "LayerNormForward");
     return;
   }
 #endif
@@ -282,8 +282,8 @@ void LayerNorm::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
                            {DNNL_ARG_VARIANCE, cpu::Wrap(p.stat, mean + Rows(x.batch()))}});
 }
 
-void LayerNorm::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
-                         const void* saved, const Tensor& dy, const Tensor& dx) const {
+void LayerNorm::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void* saved,
+                         const Tensor& dy, const Tensor& dx) const {
   const float* mean = static_cast<const float*>(saved);
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {

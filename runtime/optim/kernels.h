@@ -33,8 +33,8 @@ void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const A
 //   m = beta1 m + one_minus_beta1 g';  v = beta2 v + one_minus_beta2 g'^2
 //   p = decay p - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps)
 struct AdamConstants {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_sqrt_bc2, decay,
-      l2, grad_scale;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_sqrt_bc2, decay, l2,
+      grad_scale;
 };
 AdamConstants MakeAdamConstants(const AdamStep& s);
 

@@ -1,5 +1,4 @@
 #include "runtime/cuda/kernels/activation.h"
-
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {
@@ -78,9 +77,8 @@ __device__ __forceinline__ void ForEachUniform(int64_t n, uint64_t seed, uint64_
 __global__ void DropoutKernel(float* out, const float* inp, int64_t n, float p, float scale,
                               uint64_t seed, uint64_t stream_id) {
   // __fmul_rn: the product is rounded once, as on the CPU (no contraction).
-  ForEachUniform(n, seed, stream_id, [&](int64_t i, float u) {
-    out[i] = u >= p ? __fmul_rn(inp[i], scale) : 0.0f;
-  });
+  ForEachUniform(n, seed, stream_id,
+                 [&](int64_t i, float u) { out[i] = u >= p ? __fmul_rn(inp[i], scale) : 0.0f; });
 }
 
 __global__ void UniformKernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id) {

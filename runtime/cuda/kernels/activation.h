@@ -5,9 +5,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_ACTIVATION_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_ACTIVATION_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 

@@ -1,5 +1,4 @@
 #include "runtime/cuda/kernels/attention.h"
-
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {
@@ -62,14 +61,14 @@ cudaError_t MergeHeadGradients(float* dqkv, const float* dq, const float* dk, co
   return cudaGetLastError();
 }
 
-cudaError_t HeadsToRows(float* out, const float* inp, int64_t B, int64_t T, int64_t NH,
-                        int64_t HS, cudaStream_t stream) {
+cudaError_t HeadsToRows(float* out, const float* inp, int64_t B, int64_t T, int64_t NH, int64_t HS,
+                        cudaStream_t stream) {
   HeadsToRowsKernel<<<GridSize(B * T * NH * HS), kBlockSize, 0, stream>>>(out, inp, B, T, NH, HS);
   return cudaGetLastError();
 }
 
-cudaError_t RowsToHeads(float* out, const float* inp, int64_t B, int64_t T, int64_t NH,
-                        int64_t HS, cudaStream_t stream) {
+cudaError_t RowsToHeads(float* out, const float* inp, int64_t B, int64_t T, int64_t NH, int64_t HS,
+                        cudaStream_t stream) {
   RowsToHeadsKernel<<<GridSize(B * T * NH * HS), kBlockSize, 0, stream>>>(out, inp, B, T, NH, HS);
   return cudaGetLastError();
 }

@@ -6,9 +6,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_ATTENTION_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_ATTENTION_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 
@@ -22,10 +22,10 @@ cudaError_t MergeHeadGradients(float* dqkv, const float* dq, const float* dk, co
 
 // [B, NH, T, HS] -> [B, T, C] (the heads' outputs side by side), and back (its
 // backward).
-cudaError_t HeadsToRows(float* out, const float* inp, int64_t B, int64_t T, int64_t NH,
-                        int64_t HS, cudaStream_t stream);
-cudaError_t RowsToHeads(float* out, const float* inp, int64_t B, int64_t T, int64_t NH,
-                        int64_t HS, cudaStream_t stream);
+cudaError_t HeadsToRows(float* out, const float* inp, int64_t B, int64_t T, int64_t NH, int64_t HS,
+                        cudaStream_t stream);
+cudaError_t RowsToHeads(float* out, const float* inp, int64_t B, int64_t T, int64_t NH, int64_t HS,
+                        cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

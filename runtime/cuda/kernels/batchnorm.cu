@@ -1,5 +1,4 @@
 #include "runtime/cuda/kernels/batchnorm.h"
-
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {
@@ -29,8 +28,8 @@ __global__ void InvStdKernel(float* inv_std, const float* var, int64_t C, float 
 cudaError_t BatchNormFinishForward(float* inv_std_to_var, const float* mean, float* running_mean,
                                    float* running_var, int64_t C, float eps, float momentum,
                                    float unbias, cudaStream_t stream) {
-  FinishForwardKernel<<<GridSize(C), kBlockSize, 0, stream>>>(inv_std_to_var, mean, running_mean,
-                                                              running_var, C, eps, momentum, unbias);
+  FinishForwardKernel<<<GridSize(C), kBlockSize, 0, stream>>>(
+      inv_std_to_var, mean, running_mean, running_var, C, eps, momentum, unbias);
   return cudaGetLastError();
 }
 

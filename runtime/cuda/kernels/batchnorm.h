@@ -8,9 +8,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_BATCHNORM_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_BATCHNORM_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 

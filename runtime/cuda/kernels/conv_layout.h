@@ -7,9 +7,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_CONV_LAYOUT_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_CONV_LAYOUT_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 

@@ -5,9 +5,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_DEVICE_UTIL_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_DEVICE_UTIL_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 
@@ -28,8 +28,8 @@ inline int RowBlockSize(int64_t width) {
   return threads;
 }
 
-#define TANDEM_GRID_STRIDE_LOOP(i, n)                                             \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n);      \
+#define TANDEM_GRID_STRIDE_LOOP(i, n)                                       \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -98,7 +98,8 @@ __device__ __forceinline__ void ColumnReduce(int64_t rows, int64_t cols, Value v
   if (threadIdx.y == 0 && col < cols) {
     for (int o = 0; o < kOutputs; ++o) {
       if (out[o] == nullptr) continue;
-      out[o][col] = accumulate ? out[o][col] + partial[o][0][threadIdx.x] : partial[o][0][threadIdx.x];
+      out[o][col] =
+          accumulate ? out[o][col] + partial[o][0][threadIdx.x] : partial[o][0][threadIdx.x];
     }
   }
 }

@@ -1,15 +1,16 @@
-#include "runtime/cuda/kernels/embedding.h"
-
 #include <cub/device/device_radix_sort.cuh>
 
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/embedding.h"
 
 namespace tandem::cuda {
 namespace {
 
 constexpr size_t kScratchAlign = 256;
 
-size_t AlignScratch(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+size_t AlignScratch(size_t bytes) {
+  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
 
 int EndBit(int64_t V) {
   int bits = 1;
@@ -92,7 +93,8 @@ cudaError_t EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const
   cudaError_t err;
   if (!accumulate) {
     err = cudaMemsetAsync(dwte, 0, V * C * sizeof(float), stream);
-    if (err == cudaSuccess) err = cudaMemsetAsync(dwpe, 0, max_positions * C * sizeof(float), stream);
+    if (err == cudaSuccess)
+      err = cudaMemsetAsync(dwpe, 0, max_positions * C * sizeof(float), stream);
     if (err != cudaSuccess) return err;
   }
   if (n == 0) return cudaSuccess;
@@ -109,12 +111,12 @@ cudaError_t EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   // Token ids are non-negative, so their bits sort as unsigned; the radix sort is
   // stable, so each token's positions stay in increasing order.
-  err = cub::DeviceRadixSort::SortPairs(s.cub_temp, s.cub_bytes,
-                                        reinterpret_cast<const uint32_t*>(inp), s.ids_sorted,
-                                        s.positions_in, s.positions_sorted, static_cast<int>(n), 0,
-                                        EndBit(V), stream);
+  err = cub::DeviceRadixSort::SortPairs(
+      s.cub_temp, s.cub_bytes, reinterpret_cast<const uint32_t*>(inp), s.ids_sorted, s.positions_in,
+      s.positions_sorted, static_cast<int>(n), 0, EndBit(V), stream);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((C + kBlockSize - 1) / kBlockSize));
+  const dim3 grid(static_cast<unsigned>(n),
+                  static_cast<unsigned>((C + kBlockSize - 1) / kBlockSize));
   TokenGradKernel<<<grid, kBlockSize, 0, stream>>>(dwte, dout, s.ids_sorted, s.positions_sorted, n,
                                                    C);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;

@@ -4,10 +4,10 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_EMBEDDING_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_EMBEDDING_H_
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime.h>
 
 namespace tandem::cuda {
 

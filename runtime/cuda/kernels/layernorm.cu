@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/layernorm.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/layernorm.h"
 
 namespace tandem::cuda {
 namespace {
@@ -77,8 +76,8 @@ cudaError_t LayerNormForward(float* out, float* mean, float* var, const float* i
                              const float* weight, const float* bias, int64_t BT, int64_t C,
                              float eps, cudaStream_t stream) {
   if (BT == 0) return cudaSuccess;
-  LayerNormForwardKernel<<<static_cast<unsigned>(BT), RowBlockSize(C < 256 ? C : 256), 0,
-                           stream>>>(out, mean, var, inp, weight, bias, C, eps);
+  LayerNormForwardKernel<<<static_cast<unsigned>(BT), RowBlockSize(C < 256 ? C : 256), 0, stream>>>(
+      out, mean, var, inp, weight, bias, C, eps);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/optimizer.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/optimizer.h"
 
 namespace tandem::cuda {
 namespace {
@@ -18,8 +17,7 @@ __global__ void AdamKernel(float* p, const float* g, float* m, float* v, int64_t
     const float pi = p[i];
     const float grad = __fmaf_rn(g[i], c.grad_scale, __fmul_rn(c.l2, pi));
     const float mi = __fmaf_rn(c.beta1, m[i], __fmul_rn(c.one_minus_beta1, grad));
-    const float vi =
-        __fmaf_rn(c.beta2, v[i], __fmul_rn(c.one_minus_beta2, __fmul_rn(grad, grad)));
+    const float vi = __fmaf_rn(c.beta2, v[i], __fmul_rn(c.one_minus_beta2, __fmul_rn(grad, grad)));
     m[i] = mi;
     v[i] = vi;
     const float denom = __fmaf_rn(__fsqrt_rn(vi), c.inv_sqrt_bc2, c.eps);

@@ -8,9 +8,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_OPTIMIZER_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_OPTIMIZER_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "runtime/optim/kernels.h"
 

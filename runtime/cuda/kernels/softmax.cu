@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/softmax.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/softmax.h"
 
 namespace tandem::cuda {
 namespace {
@@ -49,9 +48,8 @@ __global__ void LogSoftmaxKernel(float* logp, const float* logits, int64_t V) {
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) logp[row * V + v] = x[v] - m - log_sum;
 }
 
-__global__ void CrossEntropyForwardKernel(float* losses, const float* logp,
-                                          const int32_t* targets, int64_t B, int64_t P,
-                                          int64_t V) {
+__global__ void CrossEntropyForwardKernel(float* losses, const float* logp, const int32_t* targets,
+                                          int64_t B, int64_t P, int64_t V) {
   TANDEM_GRID_STRIDE_LOOP(b, B) {
     double sum = 0;
     for (int64_t t = 0; t < P; ++t) {
@@ -63,8 +61,8 @@ __global__ void CrossEntropyForwardKernel(float* losses, const float* logp,
 }
 
 __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* logp,
-                                           const int32_t* targets, const float* dlosses,
-                                           int64_t B, int64_t P, int64_t V) {
+                                           const int32_t* targets, const float* dlosses, int64_t B,
+                                           int64_t P, int64_t V) {
   TANDEM_GRID_STRIDE_LOOP(i, B * P * V) {
     const int64_t row = i / V, v = i % V;
     const float scale = dlosses[row / P] / static_cast<float>(P);
@@ -78,16 +76,16 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* logp,
 
 cudaError_t CausalSoftmaxForward(float* att, int64_t BH, int64_t T, cudaStream_t stream) {
   if (BH * T == 0) return cudaSuccess;
-  CausalSoftmaxForwardKernel<<<static_cast<unsigned>(BH * T), RowBlockSize(T < 256 ? T : 256),
-                               0, stream>>>(att, T);
+  CausalSoftmaxForwardKernel<<<static_cast<unsigned>(BH * T), RowBlockSize(T < 256 ? T : 256), 0,
+                               stream>>>(att, T);
   return cudaGetLastError();
 }
 
 cudaError_t CausalSoftmaxBackward(float* datt, const float* att, int64_t BH, int64_t T,
                                   cudaStream_t stream) {
   if (BH * T == 0) return cudaSuccess;
-  CausalSoftmaxBackwardKernel<<<static_cast<unsigned>(BH * T), RowBlockSize(T < 256 ? T : 256),
-                                0, stream>>>(datt, att, T);
+  CausalSoftmaxBackwardKernel<<<static_cast<unsigned>(BH * T), RowBlockSize(T < 256 ? T : 256), 0,
+                                stream>>>(datt, att, T);
   return cudaGetLastError();
 }
 
@@ -99,8 +97,8 @@ cudaError_t LogSoftmaxForward(float* logp, const float* logits, int64_t rows, in
   return cudaGetLastError();
 }
 
-cudaError_t CrossEntropyForward(float* losses, const float* logp, const int32_t* targets,
-                                int64_t B, int64_t P, int64_t V, cudaStream_t stream) {
+cudaError_t CrossEntropyForward(float* losses, const float* logp, const int32_t* targets, int64_t B,
+                                int64_t P, int64_t V, cudaStream_t stream) {
   CrossEntropyForwardKernel<<<GridSize(B, 128), 128, 0, stream>>>(losses, logp, targets, B, P, V);
   return cudaGetLastError();
 }
@@ -108,8 +106,8 @@ cudaError_t CrossEntropyForward(float* losses, const float* logp, const int32_t*
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logp, const int32_t* targets,
                                  const float* dlosses, int64_t B, int64_t P, int64_t V,
                                  cudaStream_t stream) {
-  CrossEntropyBackwardKernel<<<GridSize(B * P * V), kBlockSize, 0, stream>>>(
-      dlogits, logp, targets, dlosses, B, P, V);
+  CrossEntropyBackwardKernel<<<GridSize(B * P * V), kBlockSize, 0, stream>>>(dlogits, logp, targets,
+                                                                             dlosses, B, P, V);
   return cudaGetLastError();
 }
 

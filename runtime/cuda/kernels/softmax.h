@@ -5,9 +5,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_SOFTMAX_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_SOFTMAX_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 
@@ -29,8 +29,8 @@ cudaError_t LogSoftmaxForward(float* logp, const float* logits, int64_t rows, in
 // Cross-entropy from log-probabilities [B, P, V] and targets [B, P] (ids in
 // [0, V)): losses[b] = -(1/P) sum_t logp[b, t, targets[b, t]], summed in double
 // in position order, as the CPU does.
-cudaError_t CrossEntropyForward(float* losses, const float* logp, const int32_t* targets,
-                                int64_t B, int64_t P, int64_t V, cudaStream_t stream);
+cudaError_t CrossEntropyForward(float* losses, const float* logp, const int32_t* targets, int64_t B,
+                                int64_t P, int64_t V, cudaStream_t stream);
 // dlogits[b, t, v] = (exp(logp[b, t, v]) - [v == target]) * dlosses[b] / P.
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logp, const int32_t* targets,
                                  const float* dlosses, int64_t B, int64_t P, int64_t V,

@@ -215,11 +215,8 @@ constexpr double kUlps = 1e-5;
 constexpr double kGemmFp32 = 1e-4;
 constexpr double kGemmTf32 = 2e-2;
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device"
-
 TEST(LayersOnCudaTest, Linear) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Linear a({.out_features = 5});
   ExpectDevicesAgree(a, Shape({7}),
                      {.batch = 3, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
@@ -230,7 +227,7 @@ TEST(LayersOnCudaTest, Linear) {
 }
 
 TEST(LayersOnCudaTest, ReluAndGelu) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Activation relu(ActivationKind::kRelu);
   ExpectDevicesAgree(relu, Shape({1000}), {.batch = 3, .fp32_tolerance = 0, .tf32_tolerance = 0});
   Activation gelu(ActivationKind::kGelu);
@@ -239,7 +236,7 @@ TEST(LayersOnCudaTest, ReluAndGelu) {
 }
 
 TEST(LayersOnCudaTest, DropoutMasksAreBitwiseTheCpus) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Dropout train(0.3f);
   ExpectDevicesAgree(train, Shape({10001}), {.batch = 2, .bitwise = true});
   Dropout eval(0.3f);
@@ -247,13 +244,13 @@ TEST(LayersOnCudaTest, DropoutMasksAreBitwiseTheCpus) {
 }
 
 TEST(LayersOnCudaTest, Flatten) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Flatten layer;
   ExpectDevicesAgree(layer, Shape({2, 3, 4}), {.bitwise = true});
 }
 
 TEST(LayersOnCudaTest, EmbeddingGradientsAreBitwiseTheCpus) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Embedding small({.vocab_size = 11, .dim = 6, .max_positions = 8});
   ExpectDevicesAgree(small, Shape({5}),
                      {.batch = 3, .int_input_limit = 11, .check_input = false, .bitwise = true});
@@ -268,7 +265,7 @@ TEST(LayersOnCudaTest, EmbeddingGradientsAreBitwiseTheCpus) {
 }
 
 TEST(LayersOnCudaTest, LayerNormSavesMeanAndVarianceLikeTheCpu) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   LayerNorm a;
   ExpectDevicesAgree(a, Shape({3, 8}), {.fp32_tolerance = kUlps, .tf32_tolerance = kUlps});
   LayerNorm b;
@@ -281,7 +278,7 @@ TEST(LayersOnCudaTest, LayerNormSavesMeanAndVarianceLikeTheCpu) {
 }
 
 TEST(LayersOnCudaTest, BatchNormTrainingUpdatesRunningStatisticsLikeTheCpu) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   BatchNorm2d layer;
   ExpectDevicesAgree(layer, Shape({3, 3, 4}),
                      {.batch = 3, .fp32_tolerance = 1e-4, .tf32_tolerance = 1e-4});
@@ -295,7 +292,7 @@ TEST(LayersOnCudaTest, BatchNormTrainingUpdatesRunningStatisticsLikeTheCpu) {
 }
 
 TEST(LayersOnCudaTest, BatchNormEvaluationUsesRunningStatistics) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   BatchNorm2d layer;
   ExpectDevicesAgree(layer, Shape({4, 4, 5}),
                      {.batch = 2,
@@ -308,7 +305,7 @@ TEST(LayersOnCudaTest, BatchNormEvaluationUsesRunningStatistics) {
 }
 
 TEST(LayersOnCudaTest, Conv2d) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Conv2d same({.out_channels = 4, .kernel_size = 3, .stride = 1, .padding = 1});
   ExpectDevicesAgree(same, Shape({5, 5, 3}),
                      {.fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
@@ -325,7 +322,7 @@ TEST(LayersOnCudaTest, Conv2d) {
 }
 
 TEST(LayersOnCudaTest, Pooling) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   // Max pooling saves oneDNN's argmax on the CPU and nothing on CUDA.
   Pool2d max({.pool = PoolKind::kMax, .kernel_size = 2});
   ExpectDevicesAgree(max, Shape({8, 8, 3}),
@@ -342,7 +339,7 @@ TEST(LayersOnCudaTest, Pooling) {
 }
 
 TEST(LayersOnCudaTest, Attention) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   Attention small({.n_head = 2});
   ExpectDevicesAgree(small, Shape({5, 8}),
                      {.fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
@@ -353,7 +350,7 @@ TEST(LayersOnCudaTest, Attention) {
 }
 
 TEST(LayersOnCudaTest, CrossEntropy) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   CrossEntropy classes;
   ExpectDevicesAgree(classes, Shape({10}),
                      {.batch = 4,
@@ -372,7 +369,7 @@ TEST(LayersOnCudaTest, CrossEntropy) {
 }
 
 TEST(LayersOnCudaTest, TransformerBlock) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   TransformerBlock plain({.n_head = 2});
   ExpectDevicesAgree(plain, Shape({4, 8}),
                      {.fp32_tolerance = 2 * kGemmFp32, .tf32_tolerance = kGemmTf32});
@@ -385,7 +382,7 @@ TEST(LayersOnCudaTest, TransformerBlock) {
 }
 
 TEST(LayersOnCudaTest, ResidualBlock) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   // Saved holds activations and batch statistics: comparable.
   ResidualBlock identity({.out_channels = 3, .stride = 1});
   ExpectDevicesAgree(identity, Shape({6, 6, 3}),
@@ -399,7 +396,7 @@ TEST(LayersOnCudaTest, ResidualBlock) {
 }
 
 TEST(LayersOnCudaTest, MaxPoolBackwardWithoutTheOutputIsAnError) {
-  SKIP_WITHOUT_GPU();
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   cuda::TestDevice d = *cuda::MakeTestDevice();
   Pool2d layer({.pool = PoolKind::kMax, .kernel_size = 2});
   ASSERT_TRUE(layer.Build(Shape({4, 4, 1})).ok());

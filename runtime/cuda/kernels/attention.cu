@@ -1,4 +1,5 @@
 #include "runtime/cuda/kernels/attention.h"
+
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {

@@ -1,4 +1,5 @@
 #include "runtime/cuda/kernels/batchnorm.h"
+
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {

@@ -1,5 +1,6 @@
-#include "runtime/cuda/kernels/device_util.h"
 #include "runtime/cuda/kernels/layernorm.h"
+
+#include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {
 namespace {

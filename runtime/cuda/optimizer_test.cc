@@ -118,5 +118,24 @@ TEST(CudaOptimizerTest, FusedAdamKernelEqualsAdamUpdateOnOneStep) {
   EXPECT_TRUE(Close(v, Download<float>(d.ctx.get(), dv.data(), n), 1e-6, "v"));
 }
 
+TEST(CudaOptimizerTest, SumOfSquaresMatchesTheCpuAndIsDeterministic) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  TestDevice d = *MakeTestDevice();
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{3000017}}) {
+    const std::vector<float> x = Uniform(n, 5, -2, 2);
+    const double expected = optim::SumOfSquares(x.data(), n);
+    Buffer dx = Upload(d.ctx.get(), x);
+    Buffer scratch = DeviceZeros(d.ctx.get(), (kSumOfSquaresPartials + 1) * sizeof(double));
+    double* result = static_cast<double*>(scratch.data());
+    std::vector<double> runs;
+    for (int run = 0; run < 2; ++run) {
+      ASSERT_EQ(SumOfSquares(result, dx.f32(), n, result + 1, d.ctx->stream), cudaSuccess);
+      runs.push_back(Download<double>(d.ctx.get(), result, 1)[0]);
+    }
+    EXPECT_NEAR(runs[0], expected, 1e-6 * expected) << n;
+    EXPECT_EQ(runs[0], runs[1]) << n;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cuda

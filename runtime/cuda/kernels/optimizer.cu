@@ -42,7 +42,44 @@ __global__ void SgdKernel(float* p, const float* g, float* buf, int64_t n, float
   }
 }
 
+__device__ __forceinline__ double WarpSumDouble(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void SumOfSquaresPartialKernel(double* partials, const float* x, int64_t n) {
+  __shared__ double warp_sums[kBlockSize / 32];
+  double acc = 0;
+  TANDEM_GRID_STRIDE_LOOP(i, n) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  acc = WarpSumDouble(acc);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < kBlockSize / 32; ++w) total += warp_sums[w];
+    partials[blockIdx.x] = total;
+  }
+}
+
+__global__ void SumPartialsKernel(double* result, const double* partials, int count) {
+  double total = 0;
+  for (int i = 0; i < count; ++i) total += partials[i];
+  *result = total;
+}
+
 }  // namespace
+
+cudaError_t SumOfSquares(double* result, const float* x, int64_t n, double* partials,
+                         cudaStream_t stream) {
+  SumOfSquaresPartialKernel<<<kSumOfSquaresPartials, kBlockSize, 0, stream>>>(partials, x, n);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  SumPartialsKernel<<<1, 1, 0, stream>>>(result, partials, kSumOfSquaresPartials);
+  return cudaGetLastError();
+}
 
 cudaError_t AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n,
                        const optim::AdamStep& step, cudaStream_t stream) {

@@ -25,6 +25,15 @@ cudaError_t AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n,
 cudaError_t SgdUpdate(float* p, const float* g, float* buf, int64_t n, const optim::SgdStep& step,
                       cudaStream_t stream);
 
+// Gradient clipping's global norm, as optim::SumOfSquares: *result (device
+// memory) = sum_i x[i]^2 over n elements, accumulated in double. A fixed grid of
+// kSumOfSquaresPartials blocks writes one partial each into `partials` (device
+// scratch of that many doubles) and one thread adds them in order, so the
+// result is the same on every run.
+constexpr int kSumOfSquaresPartials = 1024;
+cudaError_t SumOfSquares(double* result, const float* x, int64_t n, double* partials,
+                         cudaStream_t stream);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_RUNTIME_CUDA_KERNELS_OPTIMIZER_H_

@@ -15,7 +15,8 @@ CUDA_ARCH_FLAGS = [
     "-gencode=arch=compute_90,code=compute_90",
 ]
 
-def tandem_cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
+def tandem_cuda_library(name, srcs, hdrs = [], deps = [], extra_hdrs = [], visibility = None):
+    """extra_hdrs: headers of other packages that the .cu files include (nvcc inputs)."""
     if not CUDA_AVAILABLE:
         native.cc_library(name = name, hdrs = hdrs, visibility = visibility)
         return
@@ -24,7 +25,7 @@ def tandem_cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
         obj = src[:-len(".cu")] + ".cu.o"
         native.genrule(
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
-            srcs = [src] + hdrs,
+            srcs = [src] + hdrs + extra_hdrs,
             outs = [obj],
             cmd = " ".join([
                 NVCC,

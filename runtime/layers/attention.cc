@@ -9,6 +9,12 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
 #include "runtime/layers/carver.h"
+#include "runtime/layers/device_ops.h"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/kernels/softmax.h"
+#endif
 
 namespace tandem {
 
@@ -120,7 +126,7 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
 
   LayerContext sub = ctx;
   qkv_.Forward(sub, x, Tensor::F32(qkv, Shape({B, T_, 3 * C_})), nullptr);
-  cpu::SplitHeads(qkv, q, k, v, B, T_, H, hs_);
+  device_ops::SplitHeads(ctx, qkv, q, k, v, B, T_, H, hs_);
 
   cpu::MatmulShape scores;  // att[bh] = q[bh] k[bh]^T / sqrt(hs)
   scores.batch = B * H;
@@ -129,18 +135,27 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   scores.k = hs_;
   scores.trans_b = true;
   scores.alpha = 1.0f / std::sqrt(static_cast<float>(hs_));
-  cpu::Matmul(scores, q, k, att);
-  cpu::CausalMask(att, B * H, T_);
-  const Softmax& sm = GetSoftmax(B);
-  cpu::Execute(sm.forward, {{DNNL_ARG_SRC, cpu::Wrap(sm.md, att)}, {DNNL_ARG_DST, cpu::Wrap(sm.md, att)}});
+  device_ops::Matmul(ctx, scores, q, k, att);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    ctx.cuda->Check(cuda::CausalSoftmaxForward(att, B * H, T_, ctx.cuda->stream),
+                    "CausalSoftmaxForward");
+  } else  // The CPU path, unchanged, below.
+#endif
+  {
+    cpu::CausalMask(att, B * H, T_);
+    const Softmax& sm = GetSoftmax(B);
+    cpu::Execute(sm.forward,
+                 {{DNNL_ARG_SRC, cpu::Wrap(sm.md, att)}, {DNNL_ARG_DST, cpu::Wrap(sm.md, att)}});
+  }
 
   cpu::MatmulShape av;  // o[bh] = att[bh] v[bh]
   av.batch = B * H;
   av.m = T_;
   av.n = hs_;
   av.k = T_;
-  cpu::Matmul(av, att, v, o);
-  cpu::HeadsToRows(o, atty, B, T_, H, hs_);
+  device_ops::Matmul(ctx, av, att, v, o);
+  device_ops::HeadsToRows(ctx, o, atty, B, T_, H, hs_);
 
   sub.params = ctx.params + qkv_.ParamCount();
   proj_.Forward(sub, Tensor::F32(atty, Shape({B, T_, C_})), y, nullptr);
@@ -170,7 +185,7 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   const Shape btc_shape({B, T_, C_});
   proj_.Backward(sub, Tensor::F32(const_cast<float*>(atty), btc_shape), Tensor(), nullptr, dy,
                  Tensor::F32(d_atty, btc_shape));
-  cpu::RowsToHeads(d_atty, d_o, B, T_, H, hs_);
+  device_ops::RowsToHeads(ctx, d_atty, d_o, B, T_, H, hs_);
 
   cpu::MatmulShape dv;  // dv[bh] = att[bh]^T dO[bh]
   dv.batch = B * H;
@@ -178,7 +193,7 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   dv.n = hs_;
   dv.k = T_;
   dv.trans_a = true;
-  cpu::Matmul(dv, att, d_o, d_v);
+  device_ops::Matmul(ctx, dv, att, d_o, d_v);
 
   cpu::MatmulShape datt;  // datt[bh] = dO[bh] v[bh]^T
   datt.batch = B * H;
@@ -186,11 +201,19 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   datt.n = T_;
   datt.k = hs_;
   datt.trans_b = true;
-  cpu::Matmul(datt, d_o, v, d_att);
-  const Softmax& sm = GetSoftmax(B);
-  cpu::Execute(sm.backward, {{DNNL_ARG_DST, cpu::Wrap(sm.md, att)},
-                             {DNNL_ARG_DIFF_DST, cpu::Wrap(sm.md, d_att)},
-                             {DNNL_ARG_DIFF_SRC, cpu::Wrap(sm.md, d_att)}});
+  device_ops::Matmul(ctx, datt, d_o, v, d_att);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    ctx.cuda->Check(cuda::CausalSoftmaxBackward(d_att, att, B * H, T_, ctx.cuda->stream),
+                    "CausalSoftmaxBackward");
+  } else  // The CPU path, unchanged, below.
+#endif
+  {
+    const Softmax& sm = GetSoftmax(B);
+    cpu::Execute(sm.backward, {{DNNL_ARG_DST, cpu::Wrap(sm.md, att)},
+                               {DNNL_ARG_DIFF_DST, cpu::Wrap(sm.md, d_att)},
+                               {DNNL_ARG_DIFF_SRC, cpu::Wrap(sm.md, d_att)}});
+  }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs_));
   cpu::MatmulShape dq;  // dq[bh] = scale * dS[bh] k[bh]
@@ -199,11 +222,11 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   dq.n = hs_;
   dq.k = T_;
   dq.alpha = scale;
-  cpu::Matmul(dq, d_att, k, d_q);
+  device_ops::Matmul(ctx, dq, d_att, k, d_q);
   cpu::MatmulShape dk = dq;  // dk[bh] = scale * dS[bh]^T q[bh]
   dk.trans_a = true;
-  cpu::Matmul(dk, d_att, q, d_k);
-  cpu::MergeHeadGradients(d_q, d_k, d_v, d_qkv, B, T_, H, hs_);
+  device_ops::Matmul(ctx, dk, d_att, q, d_k);
+  device_ops::MergeHeadGradients(ctx, d_q, d_k, d_v, d_qkv, B, T_, H, hs_);
 
   sub.params = ctx.params;
   sub.grads = ctx.grads;

@@ -5,6 +5,7 @@
 #include "runtime/core/random.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/layers/carver.h"
+#include "runtime/layers/device_ops.h"
 
 namespace tandem {
 namespace {
@@ -89,6 +90,17 @@ void ResidualAdd::Forward(const float* a, const float* b, float* y, int64_t n) {
 void ResidualAdd::Backward(const float* dy, float* da, float* db, int64_t n, bool accumulate) {
   if (da != nullptr) cpu::CopyOrAccumulate(dy, da, n, accumulate);
   if (db != nullptr) cpu::CopyOrAccumulate(dy, db, n, accumulate);
+}
+
+void ResidualAdd::Forward(const LayerContext& ctx, const float* a, const float* b, float* y,
+                          int64_t n) {
+  device_ops::Add(ctx, a, b, y, n);
+}
+
+void ResidualAdd::Backward(const LayerContext& ctx, const float* dy, float* da, float* db,
+                           int64_t n, bool accumulate) {
+  if (da != nullptr) device_ops::CopyOrAccumulate(ctx, dy, da, n, accumulate);
+  if (db != nullptr) device_ops::CopyOrAccumulate(ctx, dy, db, n, accumulate);
 }
 
 // ---------------------------------------------------------------------------
@@ -199,13 +211,13 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
   ln1_->Forward(part(0), x, F32(ln1_out, seq, B), ln1_saved);
   attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), attn_saved);
   drop1_->Forward(parts.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(x.f32(), dropped, res1, btc);
+  ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
   ln2_->Forward(part(2), F32(res1, seq, B), F32(ln2_out, seq, B), ln2_saved);
   fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(fc1_out, hid, B), nullptr);
   gelu_->Forward(part(3), F32(fc1_out, hid, B), F32(gelu_out, hid, B), nullptr);
   fc2_->Forward(part(4), F32(gelu_out, hid, B), F32(branch, seq, B), nullptr);
   drop2_->Forward(parts.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(res1, dropped, y.f32(), btc);
+  ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
 }
 
 void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
@@ -244,7 +256,7 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
                  F32(d_tmp, seq, B));
   ln2_->Backward(part(2), F32(res1, seq, B), None(), ln2_saved, F32(d_tmp, seq, B),
                  F32(d_res1, seq, B));
-  cpu::CopyOrAccumulate(dy.f32(), d_res1, btc, /*accumulate=*/true);
+  device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
   // res1 = x + drop1(attn(ln1(x))).
   drop1_->Backward(parts.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
                    F32(d_branch, seq, B));
@@ -252,7 +264,7 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
                   F32(d_tmp, seq, B));
   if (dx.data != nullptr) {
     ln1_->Backward(part(0), x, None(), ln1_saved, F32(d_tmp, seq, B), dx);
-    cpu::CopyOrAccumulate(d_res1, dx.f32(), btc, /*accumulate=*/true);
+    device_ops::CopyOrAccumulate(ctx, d_res1, dx.f32(), btc, /*accumulate=*/true);
   } else {
     ln1_->Backward(part(0), x, None(), ln1_saved, F32(d_tmp, seq, B), None());
   }
@@ -382,7 +394,7 @@ void ResidualBlock::Forward(const LayerContext& ctx, const Tensor& x, const Tens
     bn_skip_->Forward(part(5), F32(cs, os, B), F32(bs, os, B), bns_saved);
     skip = bs;
   }
-  ResidualAdd::Forward(b2, skip, sum, n);
+  ResidualAdd::Forward(ctx, b2, skip, sum, n);
   relu_->Forward(part(1), F32(sum, os, B), y, nullptr);
 }
 
@@ -429,9 +441,11 @@ void ResidualBlock::Backward(const LayerContext& ctx, const Tensor& x, const Ten
                        F32(d_a, os, B));
     conv_skip_->Backward(part(4), x, None(), nullptr, F32(d_a, os, B),
                          dx.data != nullptr ? F32(d_in, is, B) : None());
-    if (dx.data != nullptr) cpu::CopyOrAccumulate(d_in, dx.f32(), B * is.elements(), true);
+    if (dx.data != nullptr) {
+      device_ops::CopyOrAccumulate(ctx, d_in, dx.f32(), B * is.elements(), true);
+    }
   } else if (dx.data != nullptr) {
-    cpu::CopyOrAccumulate(d_sum, dx.f32(), n, true);
+    device_ops::CopyOrAccumulate(ctx, d_sum, dx.f32(), n, true);
   }
 }
 

@@ -23,10 +23,13 @@
 namespace tandem {
 
 // y = a + b, and its backward: both inputs receive dy (added into their
-// gradients when `accumulate`).
+// gradients when `accumulate`). With a context, on ctx.device; without, on the CPU.
 struct ResidualAdd {
   static void Forward(const float* a, const float* b, float* y, int64_t n);
   static void Backward(const float* dy, float* da, float* db, int64_t n, bool accumulate);
+  static void Forward(const LayerContext& ctx, const float* a, const float* b, float* y, int64_t n);
+  static void Backward(const LayerContext& ctx, const float* dy, float* da, float* db, int64_t n,
+                       bool accumulate);
 };
 
 struct TransformerBlockOptions {

@@ -5,6 +5,13 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
 
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_ops.h"
+#include "runtime/cuda/kernels/conv_layout.h"
+#include "runtime/cuda/kernels/elementwise.h"
+#endif
+
 namespace tandem {
 namespace {
 
@@ -29,6 +36,22 @@ dnnl::reorder MakeReorder(const memory::desc& from, const memory::desc& to, bool
   }
   return dnnl::reorder(dnnl::reorder::primitive_desc(cpu::CpuEngine(), from, cpu::CpuEngine(), to, attr));
 }
+
+#ifdef TANDEM_HAVE_CUDA
+cuda::ConvGeometry ConvGeometryOf(const Conv2dOptions& o, const Shape& in, const Shape& out,
+                                  int64_t batch) {
+  return {.batch = batch,
+          .height = in[0],
+          .width = in[1],
+          .in_channels = in[2],
+          .out_channels = o.out_channels,
+          .kernel = o.kernel_size,
+          .stride = o.stride,
+          .padding = o.padding,
+          .out_height = out[0],
+          .out_width = out[1]};
+}
+#endif
 
 }  // namespace
 
@@ -154,9 +177,37 @@ const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
   });
 }
 
-int64_t Conv2d::WorkspaceBytes(int64_t batch) const { return Get(batch).workspace_bytes; }
+// The CPU's oneDNN weight reorders, or on CUDA the weights and their gradient
+// transposed to OHWI (the cuDNN algorithm's own scratch comes from the context).
+int64_t Conv2d::WorkspaceBytes(int64_t batch) const {
+  const int64_t weights =
+      options_.out_channels * input_shape()[2] * options_.kernel_size * options_.kernel_size;
+  return std::max(Get(batch).workspace_bytes, 2 * cpu::AlignWorkspace(weights * 4));
+}
 
 void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    const Conv2dOptions& o = options_;
+    const cuda::ConvGeometry g = ConvGeometryOf(o, input_shape(), output_shape(), x.batch());
+    const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
+    float* w_ohwi = static_cast<float*>(ctx.workspace);
+    cudaStream_t stream = ctx.cuda->stream;
+    if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
+                                          o.kernel_size, o.kernel_size, stream),
+                         "OihwToOhwi") ||
+        !ctx.cuda->Check(cuda::ConvolutionForward(ctx.cuda, g, x.f32(), w_ohwi, y.f32()))) {
+      return;
+    }
+    if (o.bias) {
+      const int64_t rows = x.batch() * g.out_height * g.out_width;
+      ctx.cuda->Check(cuda::BroadcastBias(y.f32(), ctx.params + n_weights, 1, rows, o.out_channels,
+                                          o.out_channels, 0, /*accumulate=*/true, stream),
+                      "BroadcastBias");
+    }
+    return;
+  }
+#endif
   const Primitives& p = Get(x.batch());
   const float* weights = ctx.params;
   if (p.forward_weights != p.weights_plain) {
@@ -177,6 +228,41 @@ void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
 
 void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
                       const Tensor& dy, const Tensor& dx) const {
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    const Conv2dOptions& o = options_;
+    const cuda::ConvGeometry g = ConvGeometryOf(o, input_shape(), output_shape(), x.batch());
+    const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
+    float* w_ohwi = static_cast<float*>(ctx.workspace);
+    float* dw_ohwi = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
+                                              cpu::AlignWorkspace(n_weights * 4));
+    cudaStream_t stream = ctx.cuda->stream;
+    if (dx.data != nullptr) {
+      if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
+                                            o.kernel_size, o.kernel_size, stream),
+                           "OihwToOhwi") ||
+          !ctx.cuda->Check(
+              cuda::ConvolutionBackwardData(ctx.cuda, g, dy.f32(), w_ohwi, dx.f32()))) {
+        return;
+      }
+    }
+    if (!ctx.cuda->Check(
+            cuda::ConvolutionBackwardFilter(ctx.cuda, g, x.f32(), dy.f32(), dw_ohwi)) ||
+        !ctx.cuda->Check(
+            cuda::OhwiToOihw(ctx.grads, dw_ohwi, o.out_channels, g.in_channels, o.kernel_size,
+                             o.kernel_size, ctx.accumulate_grads, stream),
+            "OhwiToOihw")) {
+      return;
+    }
+    if (o.bias) {
+      ctx.cuda->Check(
+          cuda::ColumnSum(ctx.grads + n_weights, dy.f32(), x.batch() * g.out_height * g.out_width,
+                          o.out_channels, ctx.accumulate_grads, stream),
+          "ColumnSum");
+    }
+    return;
+  }
+#endif
   const Primitives& p = Get(x.batch());
   char* ws = static_cast<char*>(ctx.workspace);
   float* bwd_weights = reinterpret_cast<float*>(ws);
@@ -286,11 +372,43 @@ const Pool2d::Primitives& Pool2d::Get(int64_t batch) const {
 }
 
 int64_t Pool2d::SavedBytes(int64_t batch) const {
-  // Max pooling keeps oneDNN's argmax workspace for backward.
+  // Max pooling keeps oneDNN's argmax workspace for backward on the CPU. On CUDA
+  // nothing is written there (cuDNN's backward reads x and y instead); the size
+  // is the same so a plan's figure holds on either device.
   return options_.pool == PoolKind::kMax ? Get(batch).workspace.get_size() : 0;
 }
 
-void Pool2d::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void* saved) const {
+#ifdef TANDEM_HAVE_CUDA
+namespace {
+
+cuda::PoolGeometry PoolGeometryOf(const Pool2dOptions& o, bool global, const Shape& in,
+                                  const Shape& out, int64_t batch) {
+  return {.max = o.pool == PoolKind::kMax,
+          .batch = batch,
+          .height = in[0],
+          .width = in[1],
+          .channels = in[2],
+          .window_h = o.kernel_size,
+          .window_w = global ? in[1] : o.kernel_size,
+          .stride = o.stride,
+          .padding = o.padding,
+          .out_height = out[0],
+          .out_width = out[1]};
+}
+
+}  // namespace
+#endif
+
+void Pool2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void* saved) const {
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    // Nothing is saved: cuDNN's backward finds the maxima again from x and y.
+    ctx.cuda->Check(cuda::PoolingForward(
+        ctx.cuda, PoolGeometryOf(options_, global_, input_shape(), output_shape(), x.batch()),
+        x.f32(), y.f32()));
+    return;
+  }
+#endif
   const Primitives& p = Get(x.batch());
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
                                           {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
@@ -298,9 +416,22 @@ void Pool2d::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void
   cpu::Execute(p.forward, args);
 }
 
-void Pool2d::Backward(const LayerContext&, const Tensor& x, const Tensor&, const void* saved,
+void Pool2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y, const void* saved,
                       const Tensor& dy, const Tensor& dx) const {
   if (dx.data == nullptr) return;
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    if (x.data == nullptr || y.data == nullptr) {
+      ctx.cuda->RecordError(absl::InvalidArgumentError(
+          absl::StrCat(kind(), " backward on CUDA needs the forward's input and output")));
+      return;
+    }
+    ctx.cuda->Check(cuda::PoolingBackward(
+        ctx.cuda, PoolGeometryOf(options_, global_, input_shape(), output_shape(), x.batch()),
+        x.f32(), y.f32(), dy.f32(), dx.f32()));
+    return;
+  }
+#endif
   const Primitives& p = Get(x.batch());
   std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
                                           {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.src, dx.data)}};

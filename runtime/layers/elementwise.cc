@@ -3,9 +3,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
+#include "runtime/layers/device_ops.h"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/kernels/activation.h"
+#endif
 
 namespace tandem {
 
@@ -57,15 +62,39 @@ const Activation::Primitives& Activation::Get(int64_t elements) const {
   });
 }
 
-void Activation::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void*) const {
+void Activation::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    cudaStream_t stream = ctx.cuda->stream;
+    if (activation_ == ActivationKind::kRelu) {
+      ctx.cuda->Check(cuda::ReluForward(y.f32(), x.f32(), x.elements(), stream), "ReluForward");
+    } else {
+      ctx.cuda->Check(cuda::GeluForward(y.f32(), x.f32(), x.elements(), stream), "GeluForward");
+    }
+    return;
+  }
+#endif
   const Primitives& p = Get(x.elements());
   cpu::Execute(p.forward, {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)},
                            {DNNL_ARG_DST, cpu::Wrap(p.md, y.data)}});
 }
 
-void Activation::Backward(const LayerContext&, const Tensor& x, const Tensor& y, const void*,
+void Activation::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y, const void*,
                           const Tensor& dy, const Tensor& dx) const {
   if (dx.data == nullptr) return;
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    cudaStream_t stream = ctx.cuda->stream;
+    if (activation_ == ActivationKind::kRelu) {
+      ctx.cuda->Check(cuda::ReluBackward(dx.f32(), y.f32(), dy.f32(), dy.elements(), stream),
+                      "ReluBackward");
+    } else {
+      ctx.cuda->Check(cuda::GeluBackward(dx.f32(), x.f32(), dy.f32(), dy.elements(), stream),
+                      "GeluBackward");
+    }
+    return;
+  }
+#endif
   // Sized from dy: ReLU's callers may pass no x, since it needs only y.
   const Primitives& p = Get(dy.elements());
   const int which = activation_ == ActivationKind::kRelu ? DNNL_ARG_DST : DNNL_ARG_SRC;
@@ -89,20 +118,20 @@ LayerCost Dropout::Cost(int64_t batch) const {
 
 void Dropout::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
   if (!ctx.training || p_ == 0.0f) {
-    cpu::CopyOrAccumulate(x.f32(), y.f32(), x.elements(), false);
+    device_ops::CopyOrAccumulate(ctx, x.f32(), y.f32(), x.elements(), false);
     return;
   }
-  cpu::DropoutForward(x.f32(), y.f32(), x.elements(), p_, ctx.seed, ctx.rng_stream);
+  device_ops::DropoutForward(ctx, x.f32(), y.f32(), x.elements(), p_);
 }
 
 void Dropout::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, const void*,
                        const Tensor& dy, const Tensor& dx) const {
   if (dx.data == nullptr) return;
   if (!ctx.training || p_ == 0.0f) {
-    cpu::CopyOrAccumulate(dy.f32(), dx.f32(), dy.elements(), false);
+    device_ops::CopyOrAccumulate(ctx, dy.f32(), dx.f32(), dy.elements(), false);
     return;
   }
-  cpu::DropoutBackward(dy.f32(), dx.f32(), dy.elements(), p_, ctx.seed, ctx.rng_stream);
+  device_ops::DropoutBackward(ctx, dy.f32(), dx.f32(), dy.elements(), p_);
 }
 
 absl::StatusOr<Shape> Flatten::InferOutput(const Shape& input) {
@@ -114,13 +143,15 @@ LayerCost Flatten::Cost(int64_t batch) const {
   return LayerCost{0, 0, 8 * n, 8 * n};
 }
 
-void Flatten::Forward(const LayerContext&, const Tensor& x, const Tensor& y, void*) const {
-  cpu::CopyOrAccumulate(x.f32(), y.f32(), x.elements(), false);
+void Flatten::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+  device_ops::CopyOrAccumulate(ctx, x.f32(), y.f32(), x.elements(), false);
 }
 
-void Flatten::Backward(const LayerContext&, const Tensor&, const Tensor&, const void*,
+void Flatten::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, const void*,
                        const Tensor& dy, const Tensor& dx) const {
-  if (dx.data != nullptr) cpu::CopyOrAccumulate(dy.f32(), dx.f32(), dy.elements(), false);
+  if (dx.data != nullptr) {
+    device_ops::CopyOrAccumulate(ctx, dy.f32(), dx.f32(), dy.elements(), false);
+  }
 }
 
 }  // namespace tandem

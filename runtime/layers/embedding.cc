@@ -8,6 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/core/random.h"
 
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/kernels/embedding.h"
+#endif
+
 namespace tandem {
 
 absl::StatusOr<Shape> Embedding::InferOutput(const Shape& input) {
@@ -44,6 +49,13 @@ void Embedding::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   const int64_t B = x.batch(), T = input_shape()[0], C = options_.dim;
   const float* wte = ctx.params;
   const float* wpe = ctx.params + options_.vocab_size * C;
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    ctx.cuda->Check(cuda::EmbeddingForward(y.f32(), x.i32(), wte, wpe, B, T, C, ctx.cuda->stream),
+                    "EmbeddingForward");
+    return;
+  }
+#endif
   const int32_t* ids = x.i32();
   float* out = y.f32();
 #pragma omp parallel for collapse(2) schedule(static)
@@ -64,6 +76,24 @@ void Embedding::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   const int64_t V = options_.vocab_size;
   float* dwte = ctx.grads;
   float* dwpe = ctx.grads + V * C;
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    // The sort's scratch size is CUB's to say, so it comes from the context's
+    // scratch rather than the layer's workspace (WorkspaceBytes stays 0).
+    size_t bytes = 0;
+    if (!ctx.cuda->Check(cuda::EmbeddingBackwardScratchBytes(B, T, V, &bytes),
+                         "EmbeddingBackwardScratchBytes")) {
+      return;
+    }
+    void* scratch = ctx.cuda->Scratch(static_cast<int64_t>(bytes));
+    if (scratch == nullptr) return;
+    ctx.cuda->Check(
+        cuda::EmbeddingBackward(dwte, dwpe, dy.f32(), x.i32(), B, T, C, V, options_.max_positions,
+                                ctx.accumulate_grads, scratch, bytes, ctx.cuda->stream),
+        "EmbeddingBackward");
+    return;
+  }
+#endif
   const int32_t* ids = x.i32();
   const float* g = dy.f32();
   // Each thread owns a range of channels of both tables: no two threads write

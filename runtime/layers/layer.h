@@ -66,6 +66,8 @@ struct LayerContext {
   uint64_t seed = 0;
   uint64_t rng_stream = 0;
   // Scratch of at least WorkspaceBytes(batch) bytes, valid for the call only.
+  // On CUDA, device memory; library scratch whose size is known only at run time
+  // (cuDNN algorithms, CUB sorts) comes from the CudaContext instead.
   void* workspace = nullptr;
   // Class ids for the loss layer: i32 [batch] or [batch, T].
   const int32_t* targets = nullptr;
@@ -103,9 +105,12 @@ class Layer {
   virtual void Initialize(float* params, float* buffers, uint64_t seed, uint64_t stream) const {}
 
   virtual LayerCost Cost(int64_t batch) const = 0;
-  // Bytes written into `saved` by Forward for Backward.
+  // Bytes written into `saved` by Forward for Backward. The same size on every
+  // device, holding the same values up to rounding, except max pooling's argmax,
+  // which only the CPU writes (CUDA recomputes it from x and y).
   virtual int64_t SavedBytes(int64_t batch) const { return 0; }
-  // Scratch bytes a Forward or Backward call needs.
+  // Scratch bytes a Forward or Backward call needs: the largest any device's
+  // code path needs (see runtime/cuda/README.md).
   virtual int64_t WorkspaceBytes(int64_t batch) const { return 0; }
   int64_t OutputBytes(int64_t batch) const { return batch * output_shape_.elements() * 4; }
 

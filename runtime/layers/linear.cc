@@ -1,8 +1,8 @@
 #include "runtime/layers/linear.h"
 
 #include "absl/strings/str_cat.h"
-#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/matmul.h"
+#include "runtime/layers/device_ops.h"
 
 namespace tandem {
 
@@ -51,7 +51,8 @@ void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
   s.k = in_;
   s.trans_b = true;  // W is [out, in]: op(B) = W^T.
   s.bias = options_.bias;
-  cpu::Matmul(s, x.f32(), ctx.params, y.f32(), options_.bias ? ctx.params + s.n * s.k : nullptr);
+  device_ops::Matmul(ctx, s, x.f32(), ctx.params, y.f32(),
+                     options_.bias ? ctx.params + s.n * s.k : nullptr);
 }
 
 void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
@@ -62,7 +63,7 @@ void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
     s.m = rows;
     s.n = in_;
     s.k = out;
-    cpu::Matmul(s, dy.f32(), ctx.params, dx.f32());
+    device_ops::Matmul(ctx, s, dy.f32(), ctx.params, dx.f32());
   }
   cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
   s.m = out;
@@ -70,9 +71,9 @@ void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
   s.k = rows;
   s.trans_a = true;
   s.accumulate = ctx.accumulate_grads;
-  cpu::Matmul(s, dy.f32(), x.f32(), ctx.grads);
+  device_ops::Matmul(ctx, s, dy.f32(), x.f32(), ctx.grads);
   if (options_.bias) {
-    cpu::ColumnSum(dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
+    device_ops::ColumnSum(ctx, dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
   }
 }
 

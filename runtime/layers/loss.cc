@@ -5,6 +5,11 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
 
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/kernels/softmax.h"
+#endif
+
 namespace tandem {
 
 struct CrossEntropy::Primitives {
@@ -47,8 +52,21 @@ const CrossEntropy::Primitives& CrossEntropy::Get(int64_t batch) const {
 void CrossEntropy::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                            void* saved) const {
   const int64_t B = x.batch();
-  const Primitives& p = Get(B);
   float* logp = static_cast<float*>(saved);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    // Targets are device memory, like every pointer of a CUDA call.
+    cudaStream_t stream = ctx.cuda->stream;
+    if (ctx.cuda->Check(cuda::LogSoftmaxForward(logp, x.f32(), B * positions_, classes_, stream),
+                        "LogSoftmaxForward")) {
+      ctx.cuda->Check(
+          cuda::CrossEntropyForward(y.f32(), logp, ctx.targets, B, positions_, classes_, stream),
+          "CrossEntropyForward");
+    }
+    return;
+  }
+#endif
+  const Primitives& p = Get(B);
   cpu::Execute(p.forward, {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)}, {DNNL_ARG_DST, cpu::Wrap(p.md, logp)}});
   const int32_t* targets = ctx.targets;
   float* loss = y.f32();
@@ -69,6 +87,14 @@ void CrossEntropy::Backward(const LayerContext& ctx, const Tensor& x, const Tens
   if (dx.data == nullptr) return;
   const int64_t B = x.batch(), P = positions_, V = classes_;
   const float* logp = static_cast<const float*>(saved);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    ctx.cuda->Check(cuda::CrossEntropyBackward(dx.f32(), logp, ctx.targets, dy.f32(), B, P, V,
+                                               ctx.cuda->stream),
+                    "CrossEntropyBackward");
+    return;
+  }
+#endif
   const int32_t* targets = ctx.targets;
   const float* g = dy.f32();
   float* out = dx.f32();

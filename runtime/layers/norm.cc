@@ -4,6 +4,13 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
 
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_ops.h"
+#include "runtime/cuda/kernels/batchnorm.h"
+#include "runtime/cuda/kernels/layernorm.h"
+#endif
+
 namespace tandem {
 namespace {
 
@@ -89,11 +96,37 @@ const BatchNorm2d::Primitives& BatchNorm2d::Get(int64_t batch) const {
 
 void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                           void* saved) const {
-  const Primitives& p = Get(x.batch());
   float* mean = static_cast<float*>(saved);
   float* variance = mean + channels_;
   float* running_mean = ctx.buffers;
   float* running_var = ctx.buffers + channels_;
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    const cuda::BatchNormGeometry g{x.elements() / channels_, channels_, epsilon_};
+    const float* scale = ctx.params;
+    const float* shift = ctx.params + channels_;
+    if (!ctx.training) {
+      ctx.cuda->Check(cuda::BatchNormForwardInference(ctx.cuda, g, x.f32(), y.f32(), scale, shift,
+                                                      running_mean, running_var));
+      return;
+    }
+    // cuDNN saves the inverse standard deviation where the CPU saves the variance;
+    // BatchNormFinishForward turns it into the variance and updates the running
+    // statistics with the CPU's formula below.
+    if (!ctx.cuda->Check(cuda::BatchNormForwardTraining(ctx.cuda, g, x.f32(), y.f32(), scale, shift,
+                                                        mean, variance))) {
+      return;
+    }
+    const double n = static_cast<double>(g.rows);
+    const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
+    ctx.cuda->Check(
+        cuda::BatchNormFinishForward(variance, mean, running_mean, running_var, channels_, epsilon_,
+                                     momentum_, unbias, ctx.cuda->stream),
+        "BatchNormFinishForward");
+    return;
+  }
+#endif
+  const Primitives& p = Get(x.batch());
   std::unordered_map<int, memory> args = {
       {DNNL_ARG_SRC, cpu::Wrap(p.data, x.data)},
       {DNNL_ARG_DST, cpu::Wrap(p.data, y.data)},
@@ -119,9 +152,28 @@ void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor
 
 void BatchNorm2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
                            const void* saved, const Tensor& dy, const Tensor& dx) const {
-  const Primitives& p = Get(x.batch());
   const float* mean = static_cast<const float*>(saved);
   char* ws = static_cast<char*>(ctx.workspace);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    // Workspace: cuDNN's inverse standard deviation, then dx when the caller
+    // wants none (cuDNN always writes one); within the CPU's layout.
+    const cuda::BatchNormGeometry g{x.elements() / channels_, channels_, epsilon_};
+    float* inv_std = reinterpret_cast<float*>(ws);
+    float* diff_src = dx.data != nullptr
+                          ? dx.f32()
+                          : reinterpret_cast<float*>(ws + 2 * cpu::AlignWorkspace(channels_ * 4));
+    if (ctx.cuda->Check(
+            cuda::BatchNormInvStd(inv_std, mean + channels_, channels_, epsilon_, ctx.cuda->stream),
+            "BatchNormInvStd")) {
+      ctx.cuda->Check(cuda::BatchNormBackward(ctx.cuda, g, x.f32(), dy.f32(), ctx.params, mean,
+                                              inv_std, diff_src, ctx.grads, ctx.grads + channels_,
+                                              ctx.accumulate_grads));
+    }
+    return;
+  }
+#endif
+  const Primitives& p = Get(x.batch());
   float* diff_scale = ctx.accumulate_grads ? reinterpret_cast<float*>(ws) : ctx.grads;
   float* diff_shift = ctx.accumulate_grads
                           ? reinterpret_cast<float*>(ws + cpu::AlignWorkspace(channels_ * 4))
@@ -210,8 +262,18 @@ const LayerNorm::Primitives& LayerNorm::Get(int64_t batch) const {
 
 void LayerNorm::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                         void* saved) const {
-  const Primitives& p = Get(x.batch());
   float* mean = static_cast<float*>(saved);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    const int64_t rows = Rows(x.batch());
+    ctx.cuda->Check(
+        cuda::LayerNormForward(y.f32(), mean, mean + rows, x.f32(), ctx.params, ctx.params + width_,
+                               rows, width_, epsilon_, ctx.cuda->stream),
+        "LayerNormForward");
+    return;
+  }
+#endif
+  const Primitives& p = Get(x.batch());
   cpu::Execute(p.forward, {{DNNL_ARG_SRC, cpu::Wrap(p.data, x.data)},
                            {DNNL_ARG_DST, cpu::Wrap(p.data, y.data)},
                            {DNNL_ARG_SCALE, cpu::Wrap(p.channel, ctx.params)},
@@ -220,10 +282,22 @@ void LayerNorm::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
                            {DNNL_ARG_VARIANCE, cpu::Wrap(p.stat, mean + Rows(x.batch()))}});
 }
 
-void LayerNorm::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
-                         const void* saved, const Tensor& dy, const Tensor& dx) const {
-  const Primitives& p = Get(x.batch());
+void LayerNorm::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void* saved,
+                         const Tensor& dy, const Tensor& dx) const {
   const float* mean = static_cast<const float*>(saved);
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    // No workspace: the kernels skip dx when the caller wants none and add into
+    // the parameter gradients directly.
+    const int64_t rows = Rows(x.batch());
+    ctx.cuda->Check(cuda::LayerNormBackward(dx.f32(), ctx.grads, ctx.grads + width_, dy.f32(),
+                                            x.f32(), ctx.params, mean, mean + rows, rows, width_,
+                                            epsilon_, ctx.accumulate_grads, ctx.cuda->stream),
+                    "LayerNormBackward");
+    return;
+  }
+#endif
+  const Primitives& p = Get(x.batch());
   char* ws = static_cast<char*>(ctx.workspace);
   float* diff_scale = ctx.accumulate_grads ? reinterpret_cast<float*>(ws) : ctx.grads;
   float* diff_shift = ctx.accumulate_grads

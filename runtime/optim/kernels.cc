@@ -25,28 +25,6 @@ void ParallelChunks(int64_t n, Body body) {
   }
 }
 
-struct AdamConstants {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_sqrt_bc2, decay,
-      l2, grad_scale;
-};
-
-AdamConstants MakeConstants(const AdamStep& s) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(s.t));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(s.t));
-  AdamConstants c;
-  c.beta1 = s.beta1;
-  c.one_minus_beta1 = 1.0f - s.beta1;
-  c.beta2 = s.beta2;
-  c.one_minus_beta2 = 1.0f - s.beta2;
-  c.eps = s.eps;
-  c.step_size = static_cast<float>(s.lr / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.decay = s.decoupled ? 1.0f - s.lr * s.weight_decay : 1.0f;
-  c.l2 = s.decoupled ? 0.0f : s.weight_decay;
-  c.grad_scale = s.grad_scale;
-  return c;
-}
-
 inline void AdamScalar(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
                        const AdamConstants& c) {
   for (int64_t i = begin; i < end; ++i) {
@@ -108,8 +86,25 @@ __attribute__((target("avx512f"))) void AdamAvx512(float* p, const float* g, flo
 
 }  // namespace
 
+AdamConstants MakeAdamConstants(const AdamStep& s) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(s.beta1), static_cast<double>(s.t));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(s.beta2), static_cast<double>(s.t));
+  AdamConstants c;
+  c.beta1 = s.beta1;
+  c.one_minus_beta1 = 1.0f - s.beta1;
+  c.beta2 = s.beta2;
+  c.one_minus_beta2 = 1.0f - s.beta2;
+  c.eps = s.eps;
+  c.step_size = static_cast<float>(s.lr / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.decay = s.decoupled ? 1.0f - s.lr * s.weight_decay : 1.0f;
+  c.l2 = s.decoupled ? 0.0f : s.weight_decay;
+  c.grad_scale = s.grad_scale;
+  return c;
+}
+
 void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s) {
-  const AdamConstants c = MakeConstants(s);
+  const AdamConstants c = MakeAdamConstants(s);
   const CpuIsa isa = ActiveCpuIsa();
   ParallelChunks(n, [&](int64_t begin, int64_t end) {
     if (isa == CpuIsa::kAvx512) {

@@ -27,6 +27,17 @@ struct AdamStep {
 };
 void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s);
 
+// The per-step constants every Adam implementation (AVX-512, AVX2, scalar, the
+// fused CUDA kernel) uses, derived once: bias corrections in double, the rest in
+// fp32. Per element, with g' = grad_scale * g + l2 * p:
+//   m = beta1 m + one_minus_beta1 g';  v = beta2 v + one_minus_beta2 g'^2
+//   p = decay p - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps)
+struct AdamConstants {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_sqrt_bc2, decay, l2,
+      grad_scale;
+};
+AdamConstants MakeAdamConstants(const AdamStep& s);
+
 // SGD with optional momentum (PyTorch, dampening 0):
 //   g' = grad_scale * g + weight_decay * p
 //   buf = g' on the first step, else momentum * buf + g'

@@ -1,38 +1,85 @@
 #include "runtime/cuda/kernels/elementwise.h"
 
+#include "runtime/cuda/kernels/device_util.h"
+
 namespace tandem::cuda {
 namespace {
 
-constexpr int kBlock = 256;
-
 __global__ void FillKernel(float* out, float value, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = value;
-  }
+  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = value;
 }
 
 __global__ void ScaleKernel(float* x, float scale, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    x[i] *= scale;
+  TANDEM_GRID_STRIDE_LOOP(i, n) x[i] *= scale;
+}
+
+__global__ void AddKernel(float* out, const float* a, const float* b, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void AccumulateKernel(float* dinp, const float* dout, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) dinp[i] += dout[i];
+}
+
+__global__ void BroadcastBiasKernel(float* out, const float* bias, int64_t batch, int64_t rows,
+                                    int64_t cols, int64_t ld, int64_t batch_stride,
+                                    bool accumulate) {
+  TANDEM_GRID_STRIDE_LOOP(i, batch * rows * cols) {
+    const int64_t c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
+    float* o = out + b * batch_stride + r * ld + c;
+    *o = accumulate ? *o + bias[c] : bias[c];
   }
 }
 
-int Blocks(int64_t n) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+__global__ void ColumnSumKernel(float* dbias, const float* dout, int64_t rows, int64_t cols,
+                                bool accumulate) {
+  float* outs[1] = {dbias};
+  ColumnReduce<1>(
+      rows, cols, [&](int64_t r, int64_t c, float* v) { v[0] = dout[r * cols + c]; }, outs,
+      accumulate);
 }
 
 }  // namespace
 
 cudaError_t FillF32(float* out, float value, int64_t n, cudaStream_t stream) {
-  FillKernel<<<Blocks(n), kBlock, 0, stream>>>(out, value, n);
+  FillKernel<<<GridSize(n), kBlockSize, 0, stream>>>(out, value, n);
   return cudaGetLastError();
 }
 
 cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream) {
-  ScaleKernel<<<Blocks(n), kBlock, 0, stream>>>(x, scale, n);
+  ScaleKernel<<<GridSize(n), kBlockSize, 0, stream>>>(x, scale, n);
+  return cudaGetLastError();
+}
+
+cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N,
+                       cudaStream_t stream) {
+  AddKernel<<<GridSize(N), kBlockSize, 0, stream>>>(out, a, b, N);
+  return cudaGetLastError();
+}
+
+cudaError_t CopyOrAccumulate(float* dinp, const float* dout, int64_t N, bool accumulate,
+                             cudaStream_t stream) {
+  if (!accumulate) {
+    if (dinp == dout || N == 0) return cudaSuccess;
+    return cudaMemcpyAsync(dinp, dout, N * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+  }
+  AccumulateKernel<<<GridSize(N), kBlockSize, 0, stream>>>(dinp, dout, N);
+  return cudaGetLastError();
+}
+
+cudaError_t BroadcastBias(float* out, const float* bias, int64_t batch, int64_t rows,
+                          int64_t cols, int64_t ld, int64_t batch_stride, bool accumulate,
+                          cudaStream_t stream) {
+  BroadcastBiasKernel<<<GridSize(batch * rows * cols), kBlockSize, 0, stream>>>(
+      out, bias, batch, rows, cols, ld, batch_stride, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t ColumnSum(float* dbias, const float* dout, int64_t rows, int64_t cols,
+                      bool accumulate, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  ColumnSumKernel<<<ColumnReduceGrid(cols), ColumnReduceBlock(), 0, stream>>>(dbias, dout, rows,
+                                                                              cols, accumulate);
   return cudaGetLastError();
 }
 

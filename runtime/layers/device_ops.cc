@@ -1,0 +1,93 @@
+#include "runtime/layers/device_ops.h"
+
+#include "runtime/cpu/kernels.h"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "runtime/cuda/blas.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/kernels/activation.h"
+#include "runtime/cuda/kernels/attention.h"
+#include "runtime/cuda/kernels/elementwise.h"
+#endif
+
+namespace tandem::device_ops {
+
+#ifdef TANDEM_HAVE_CUDA
+#define TANDEM_ON_CUDA(ctx, call, what)    \
+  if ((ctx).device == DeviceKind::kCuda) { \
+    (ctx).cuda->Check(call, what);         \
+    return;                                \
+  }
+#else
+#define TANDEM_ON_CUDA(ctx, call, what)
+#endif
+
+void Matmul(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
+            float* c, const float* bias) {
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    ctx.cuda->Check(cuda::Matmul(ctx.cuda, shape, a, b, c, bias));
+    return;
+  }
+#endif
+  cpu::Matmul(shape, a, b, c, bias);
+}
+
+void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
+               bool accumulate) {
+  TANDEM_ON_CUDA(ctx, cuda::ColumnSum(db, dy, rows, cols, accumulate, ctx.cuda->stream),
+                 "ColumnSum");
+  cpu::ColumnSum(dy, rows, cols, db, accumulate);
+}
+
+void Add(const LayerContext& ctx, const float* a, const float* b, float* out, int64_t n) {
+  TANDEM_ON_CUDA(ctx, cuda::AddForward(out, a, b, n, ctx.cuda->stream), "AddForward");
+  cpu::Add(a, b, out, n);
+}
+
+void CopyOrAccumulate(const LayerContext& ctx, const float* a, float* out, int64_t n,
+                      bool accumulate) {
+  TANDEM_ON_CUDA(ctx, cuda::CopyOrAccumulate(out, a, n, accumulate, ctx.cuda->stream),
+                 "CopyOrAccumulate");
+  cpu::CopyOrAccumulate(a, out, n, accumulate);
+}
+
+void DropoutForward(const LayerContext& ctx, const float* x, float* y, int64_t n, float p) {
+  TANDEM_ON_CUDA(ctx, cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
+                 "DropoutForward");
+  cpu::DropoutForward(x, y, n, p, ctx.seed, ctx.rng_stream);
+}
+
+void DropoutBackward(const LayerContext& ctx, const float* dy, float* dx, int64_t n, float p) {
+  TANDEM_ON_CUDA(ctx,
+                 cuda::DropoutBackward(dx, dy, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
+                 "DropoutBackward");
+  cpu::DropoutBackward(dy, dx, n, p, ctx.seed, ctx.rng_stream);
+}
+
+void SplitHeads(const LayerContext& ctx, const float* qkv, float* q, float* k, float* v, int64_t B,
+                int64_t T, int64_t H, int64_t hs) {
+  TANDEM_ON_CUDA(ctx, cuda::SplitHeads(q, k, v, qkv, B, T, H, hs, ctx.cuda->stream), "SplitHeads");
+  cpu::SplitHeads(qkv, q, k, v, B, T, H, hs);
+}
+
+void MergeHeadGradients(const LayerContext& ctx, const float* dq, const float* dk, const float* dv,
+                        float* dqkv, int64_t B, int64_t T, int64_t H, int64_t hs) {
+  TANDEM_ON_CUDA(ctx, cuda::MergeHeadGradients(dqkv, dq, dk, dv, B, T, H, hs, ctx.cuda->stream),
+                 "MergeHeadGradients");
+  cpu::MergeHeadGradients(dq, dk, dv, dqkv, B, T, H, hs);
+}
+
+void HeadsToRows(const LayerContext& ctx, const float* in, float* out, int64_t B, int64_t T,
+                 int64_t H, int64_t hs) {
+  TANDEM_ON_CUDA(ctx, cuda::HeadsToRows(out, in, B, T, H, hs, ctx.cuda->stream), "HeadsToRows");
+  cpu::HeadsToRows(in, out, B, T, H, hs);
+}
+
+void RowsToHeads(const LayerContext& ctx, const float* in, float* out, int64_t B, int64_t T,
+                 int64_t H, int64_t hs) {
+  TANDEM_ON_CUDA(ctx, cuda::RowsToHeads(out, in, B, T, H, hs, ctx.cuda->stream), "RowsToHeads");
+  cpu::RowsToHeads(in, out, B, T, H, hs);
+}
+
+}  // namespace tandem::device_ops

@@ -1,0 +1,45 @@
+// The operations several layers share that have a kernel on every device: GEMM,
+// bias gradient, residual adds and copies, dropout and attention's layout
+// permutes. Each runs where ctx.device says: the CPU kernels (cpu/) for kCpu and
+// kEmulated, the CUDA kernels (cuda/) on ctx.cuda's stream for kCuda, with
+// failures recorded in ctx.cuda (see cuda/context.h). Layers whose CPU path is a
+// oneDNN primitive (activations, norms, convolution, pooling, softmax) branch on
+// the device themselves. Thread-safe as the kernels are.
+#ifndef TANDEM_RUNTIME_LAYERS_DEVICE_OPS_H_
+#define TANDEM_RUNTIME_LAYERS_DEVICE_OPS_H_
+
+#include <cstdint>
+
+#include "runtime/cpu/matmul.h"
+#include "runtime/layers/layer.h"
+
+namespace tandem::device_ops {
+
+// cpu::Matmul's contract, on either device (cuBLAS on CUDA).
+void Matmul(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
+            float* c, const float* bias = nullptr);
+// db[j] (+)= sum_i dy[i, j], dy [rows, cols].
+void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
+               bool accumulate);
+// out = a + b.
+void Add(const LayerContext& ctx, const float* a, const float* b, float* out, int64_t n);
+// out (+)= a.
+void CopyOrAccumulate(const LayerContext& ctx, const float* a, float* out, int64_t n,
+                      bool accumulate);
+// Inverted dropout with the counter-based mask of (ctx.seed, ctx.rng_stream);
+// the same mask on every device.
+void DropoutForward(const LayerContext& ctx, const float* x, float* y, int64_t n, float p);
+void DropoutBackward(const LayerContext& ctx, const float* dy, float* dx, int64_t n, float p);
+// Attention layouts, as cpu::SplitHeads and friends.
+void SplitHeads(const LayerContext& ctx, const float* qkv, float* q, float* k, float* v, int64_t B,
+                int64_t T, int64_t H, int64_t hs);
+void MergeHeadGradients(const LayerContext& ctx, const float* dq, const float* dk, const float* dv,
+                        float* dqkv, int64_t B, int64_t T, int64_t H, int64_t hs);
+void HeadsToRows(const LayerContext& ctx, const float* in, float* out, int64_t B, int64_t T,
+                 int64_t H, int64_t hs);
+void RowsToHeads(const LayerContext& ctx, const float* in, float* out, int64_t B, int64_t T,
+                 int64_t H, int64_t hs);
+
+}  // namespace tandem::device_ops
+
+#endif  // TANDEM_RUNTIME_LAYERS_DEVICE_OPS_H_

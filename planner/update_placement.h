@@ -1,0 +1,115 @@
+// The reuse_distance decision: which layers update on the accelerator (their
+// optimizer state moves there) and which on the host, minimising the
+// iteration time under the accelerator memory budget (DESIGN.md, "Reuse
+// distance"; CoTrain's fine-grained scheme).
+//
+// ChainEvaluator scores a choice in O(iterations * micro-batches * layers)
+// without building a span graph. It is exact — equal to PlanSimulator to the
+// last bit, a test holds it to that — for schedules where every layer computes
+// on the accelerator with resident parameters and keeps or recomputes its
+// activations (no OFFLOAD, no HOST_STREAMED): there the copy engines and the
+// host pool carry only the gradient/update/weight chain, whose FIFO order is
+// the backward order, so the simulator's event run reduces to recurrences.
+// Other schedules are scored by the simulator itself (SimulatorPlacementScorer).
+//
+// SearchUpdatePlacement is the solver. It is a local search, not an exact
+// method (the budget makes it a knapsack):
+//   1. order the eligible layers by reuse distance (ascending: layer 0 first,
+//      since RD(l) = sum_{k<l} (fwd(k) + bwd(k)) + boundary grows along the
+//      chain);
+//   2. for runs of that order from either end (the shortest reuse distances,
+//      CoTrain's choice; and the head of the host update queue, whose removal
+//      lets every later host update start earlier), binary-search the longest
+//      run that fits the budget, then the fastest run below it (integer
+//      ternary search on the unimodal time, then neighbours);
+//   3. greedy fill after the shortest-reuse-distance run: later layers join
+//      when they fit and shorten the iteration;
+//   4. from each of three starts (that run, the queue-head run, nothing on the
+//      accelerator): steepest descent over single flips of layers within
+//      kWindow of either run's boundary, and at a local optimum the first
+//      improving pair flip (add two, drop two, swap), until neither improves;
+//   5. kicks: flip one (then two) window layers of the best answer and
+//      descend again without flipping the first back, keeping what improves,
+//      while fewer than 4000 evaluations were spent.
+// Iteration times are compared first; the costlier memory peak is computed
+// only for a move about to be taken. A test checks the result against
+// exhaustive search on random chains of up to 12 layers.
+//
+// ChainEvaluator keeps scratch buffers: one instance per thread.
+#ifndef TANDEM_PLANNER_UPDATE_PLACEMENT_H_
+#define TANDEM_PLANNER_UPDATE_PLACEMENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "planner/cost_model.h"
+#include "planner/schedule.h"
+#include "planner/simulator.h"
+#include "planner/steady_state.h"
+
+namespace tandem::planner {
+
+struct PlacementScore {
+  double iteration_seconds = 0;
+  // Only when asked for; -1 otherwise.
+  int64_t accelerator_peak_bytes = -1;
+};
+
+// Scores "these layers update on the accelerator" (true) or the host.
+using PlacementScorer =
+    std::function<PlacementScore(const std::vector<bool>& on_accelerator, bool need_peak)>;
+
+class ChainEvaluator {
+ public:
+  // Whether `schedule` is in the class this evaluator is exact for.
+  static bool Supports(const Schedule& schedule);
+
+  // `base` gives everything but the update placements; it must be Supported.
+  ChainEvaluator(const CostModel& cost, const Schedule& base);
+
+  PlacementScore Score(const std::vector<bool>& on_accelerator, bool need_peak);
+
+ private:
+  void Run(const std::vector<bool>& on_accelerator, int iterations, bool need_peak);
+  double ClosedFormSeconds(const std::vector<bool>& on_accelerator) const;
+
+  struct Layer {
+    double fwd, bwd, upd_acc, upd_host, grad_d2h, param_h2d;
+    int64_t param, grad, opt, act, ckpt, ws;
+    bool has_params, recompute;
+  };
+  std::vector<Layer> layers_;
+  int micro_batches_;
+  bool delayed_;
+  std::vector<double> forward_start_;
+  double program_before_last_backward_ = 0;
+  // Scratch.
+  std::vector<double> starts_;
+  std::vector<double> returned_;
+  std::vector<MemoryChange> compute_changes_;
+  std::vector<MemoryChange> d2h_changes_;
+  std::vector<MemoryChange> merged_;
+};
+
+// Scores with PlanSimulator (any schedule): `base` with the update placements
+// replaced; layers not eligible keep theirs.
+PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Schedule& base);
+
+struct PlacementSearchResult {
+  bool feasible = false;
+  std::vector<bool> on_accelerator;
+  double iteration_seconds = 0;
+  int64_t accelerator_peak_bytes = 0;
+  int64_t evaluations = 0;
+};
+
+// Layers with eligible[l] false always update on the host. Infeasible when
+// neither "all on the host" nor any single window layer on the accelerator
+// fits `budget_bytes`.
+PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, int64_t budget_bytes,
+                                            const PlacementScorer& score);
+
+}  // namespace tandem::planner
+
+#endif  // TANDEM_PLANNER_UPDATE_PLACEMENT_H_

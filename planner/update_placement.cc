@@ -15,8 +15,6 @@ constexpr tandem::v1::Placement kHost = tandem::v1::PLACEMENT_HOST;
 constexpr int kWindow = 8;
 // Passes of the local search; each takes at least one improving move.
 constexpr int kMaxLocalPasses = 64;
-// Kicks stop once the search has spent this many evaluations.
-constexpr int64_t kMaxKickEvaluations = 4000;
 
 bool Shorter(double a, double b) { return a < b - 1e-12 * std::max(1.0, std::fabs(b)); }
 
@@ -206,7 +204,8 @@ PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const S
 }
 
 PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, int64_t budget_bytes,
-                                            const PlacementScorer& score) {
+                                            const PlacementScorer& score,
+                                            const PlacementSearchOptions& options) {
   const int L = static_cast<int>(eligible.size());
   PlacementSearchResult best;
   std::vector<int> order;  // Eligible layers by reuse distance.
@@ -285,7 +284,8 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
   // descent must not simply undo it.
   auto descend = [&](std::vector<bool> current, int tabu) {
     double t_current = evaluate(current, false).iteration_seconds;
-    for (int pass = 0; pass < kMaxLocalPasses; ++pass) {
+    for (int pass = 0; pass < kMaxLocalPasses && best.evaluations < options.max_evaluations;
+         ++pass) {
       std::vector<std::pair<double, int>> moves;
       for (int a = 0; a < W; ++a) {
         if (a == tabu) continue;
@@ -304,7 +304,7 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
           break;
         }
       }
-      for (int a = 0; a < W && !improved; ++a) {
+      for (int a = 0; a < W && !improved && best.evaluations < options.max_evaluations; ++a) {
         for (int b = a + 1; b < W && !improved; ++b) {
           if (a == tabu || b == tabu) continue;
           std::vector<bool> trial = current;
@@ -356,8 +356,8 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
   }
   // 5. Kicks: flip one window layer of the best answer, then two (even for
   // the worse, if it still fits), and descend again without undoing the
-  // first; keep what improves. Bounded by kMaxKickEvaluations so that long
-  // chains stay within the solve-time target.
+  // first; keep what improves. Bounded by options.max_kick_evaluations so
+  // that long chains stay within the solve-time target.
   auto kick = [&](int a, int b) {
     std::vector<bool> kicked_start = winner.second;
     kicked_start[order[window[a]]] = !kicked_start[order[window[a]]];
@@ -368,7 +368,7 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
     winner = std::move(other);
     return true;
   };
-  auto budget_left = [&] { return best.evaluations < kMaxKickEvaluations; };
+  auto budget_left = [&] { return best.evaluations < options.max_kick_evaluations; };
   bool kicked = true;
   while (kicked && budget_left()) {
     kicked = false;

@@ -30,7 +30,7 @@
 //      improving pair flip (add two, drop two, swap), until neither improves;
 //   5. kicks: flip one (then two) window layers of the best answer and
 //      descend again without flipping the first back, keeping what improves,
-//      while fewer than 4000 evaluations were spent.
+//      while fewer than options.max_kick_evaluations were spent.
 // Iteration times are compared first; the costlier memory peak is computed
 // only for a move about to be taken. A test checks the result against
 // exhaustive search on random chains of up to 12 layers.
@@ -104,11 +104,19 @@ struct PlacementSearchResult {
   int64_t evaluations = 0;
 };
 
+struct PlacementSearchOptions {
+  // Descents stop taking moves past this many evaluations in all.
+  int64_t max_evaluations = 100000;
+  // Kicks start only below this many.
+  int64_t max_kick_evaluations = 4000;
+};
+
 // Layers with eligible[l] false always update on the host. Infeasible when
 // neither "all on the host" nor any single window layer on the accelerator
 // fits `budget_bytes`.
 PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, int64_t budget_bytes,
-                                            const PlacementScorer& score);
+                                            const PlacementScorer& score,
+                                            const PlacementSearchOptions& options = {});
 
 }  // namespace tandem::planner
 

@@ -151,7 +151,7 @@ TEST(SolvePlanTest, AnInfeasibleStrategyReportsTheSmallestBudgetThatWorks) {
       ASSERT_FALSE(plan.feasible());
       const int64_t min_bytes = plan.min_accelerator_memory_bytes();
       ASSERT_GT(min_bytes, kMiB);
-      EXPECT_NE(plan.solver().note().find("GiB"), std::string::npos) << plan.solver().note();
+      EXPECT_NE(plan.solver().note().find("needs "), std::string::npos) << plan.solver().note();
       PlanRequest at = r;
       at.compare = {plan.strategy()};
       at.accelerator_memory_bytes = min_bytes;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "planner/memory_fit.h"
+#include "planner/units.h"
 #include "planner/update_placement.h"
 
 namespace tandem::planner {
@@ -30,9 +31,6 @@ class Stopwatch {
  private:
   std::chrono::steady_clock::time_point start_;
 };
-
-std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / 1073741824.0); }
-std::string Ms(double seconds) { return absl::StrFormat("%.2f ms", seconds * 1e3); }
 
 MemoryBudget Budget(const StrategyContext& c, int64_t accelerator_bytes) {
   return {accelerator_bytes, c.host_budget_bytes};
@@ -96,8 +94,8 @@ void ResolveInfeasible(const StrategyContext& c, const FitResult& fit,
   if (!unlimited.feasible) {
     out->min_accelerator_memory_bytes = 0;
     out->note = absl::StrCat("does not fit any accelerator budget: host memory needs ",
-                             GiB(unlimited.simulation.prediction.host_peak_bytes()),
-                             ", host budget ", GiB(c.host_budget_bytes));
+                             FormatBytes(unlimited.simulation.prediction.host_peak_bytes()),
+                             ", host budget ", FormatBytes(c.host_budget_bytes));
     return;
   }
   const int64_t min_bytes = MinimumFeasibleBudget(
@@ -111,8 +109,9 @@ void ResolveInfeasible(const StrategyContext& c, const FitResult& fit,
   FitResult at_min = fit_at(min_bytes);
   out->plans_evaluated += at_min.plans_evaluated;
   if (at_min.feasible) Adopt(at_min.schedule, at_min.simulation, out);
-  out->note = absl::StrCat("needs ", GiB(min_bytes), " of accelerator memory (",
-                           Describe(out->schedule), "); budget ", GiB(c.accelerator_budget_bytes));
+  out->note =
+      absl::StrCat("needs ", FormatBytes(min_bytes), " of accelerator memory (",
+                   Describe(out->schedule), "); budget ", FormatBytes(c.accelerator_budget_bytes));
 }
 
 StrategyOutcome NoAccelerator(tandem::v1::Strategy strategy, const StrategyContext& c) {
@@ -213,9 +212,9 @@ StrategyOutcome SolveCpuOnly(const StrategyContext& c) {
     Adopt(s, *r, &out);
     const int64_t host = r->prediction.host_peak_bytes();
     out.feasible = c.host_budget_bytes <= 0 || host <= c.host_budget_bytes;
-    out.note = out.feasible ? absl::StrCat("host holds ", GiB(host))
-                            : absl::StrCat("host memory needs ", GiB(host), ", host budget ",
-                                           GiB(c.host_budget_bytes));
+    out.note = out.feasible ? absl::StrCat("host holds ", FormatBytes(host))
+                            : absl::StrCat("host memory needs ", FormatBytes(host),
+                                           ", host budget ", FormatBytes(c.host_budget_bytes));
   }
   Finalize(c, &out);
   out.solve_seconds = clock.seconds();
@@ -328,8 +327,9 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   out.note = absl::StrCat(
       on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
       "accelerator [", which, "] (", candidates[best].origin, "); ",
-      Ms(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
-      Ms(zero_offload.simulation.prediction.iteration_seconds()), "; ", Describe(out.schedule));
+      FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
+      FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
+      Describe(out.schedule));
   Finalize(c, &out);
   out.solve_seconds = clock.seconds();
   return out;
@@ -407,10 +407,10 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
         }
       }
     }
-    out.note =
-        absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ", B,
-                     " samples, host ", B - out.schedule.accelerator_batch_share,
-                     "; gradient sync spans ", Ms(sync), " per step; ", Describe(out.schedule));
+    out.note = absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ", B,
+                            " samples, host ", B - out.schedule.accelerator_batch_share,
+                            "; gradient sync spans ", FormatSeconds(sync), " per step; ",
+                            Describe(out.schedule));
   } else {
     ResolveInfeasible(
         c, last, [&](int64_t bytes) { return fit_share(1, bytes); }, &out);

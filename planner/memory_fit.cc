@@ -48,45 +48,78 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Schedul
   const int L = static_cast<int>(s.layers.size());
   const int m = s.micro_batch_size;
   const double M = s.micro_batches();
+  const auto d2h = tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST;
+  const auto h2d = tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE;
   std::vector<double> fwd(L), bwd(L);
+  double compute = 0, chain_copies = 0;
   for (int l = 0; l < L; ++l) {
     fwd[l] = cost.ForwardSeconds(l, kAcc, m);
     bwd[l] = cost.BackwardSeconds(l, kAcc, m);
+    compute += fwd[l] + bwd[l];
+    if (s.layers[l].update != kAcc && cost.ParameterBytes(l) > 0) {
+      chain_copies += std::max(cost.CopySeconds(d2h, cost.GradientBytes(l)),
+                               cost.CopySeconds(h2d, cost.ParameterBytes(l)));
+    }
   }
   // Compute between layer l's forward and its backward: layers after it.
   std::vector<double> after(L + 1, 0.0);
   for (int l = L - 1; l >= 0; --l) after[l] = after[l + 1] + fwd[l] + bwd[l];
+  // Each copy engine has one micro-batch's compute to hide copies behind,
+  // less the gradient and weight copies the step already puts on it. Copies
+  // past that are paid in full: offloads and streams are charged in the
+  // order they hide best (earliest layers first, then largest weights).
+  double link_left = std::max(0.0, compute - chain_copies / M);
+  std::vector<double> offload_lost(L, -1.0);
+  if (choices.offload) {
+    for (int l = 0; l < L; ++l) {
+      const int64_t act = cost.ActivationBytes(l, m);
+      if (act <= 0) continue;
+      const double one_way = std::max(cost.CopySeconds(d2h, act), cost.CopySeconds(h2d, act));
+      const double both = cost.CopySeconds(d2h, act) + cost.CopySeconds(h2d, act);
+      link_left -= one_way;
+      offload_lost[l] = link_left >= 0 ? M * std::max(0.0, both - after[l + 1]) : M * both;
+    }
+  }
 
   std::vector<MemoryAction> actions;
   for (int l = 0; l < L; ++l) {
-    const LayerSchedule& d = s.layers[l];
     const int64_t act = cost.ActivationBytes(l, m);
     const int64_t ckpt = l == 0 ? 0 : std::min(act, cost.OutputBytes(l - 1, m));
     std::vector<MemoryAction> options;
     if (choices.recompute && act - ckpt > 0) {
       options.push_back({l, MemoryAction::kRecompute, static_cast<double>(act - ckpt), M * fwd[l]});
     }
-    if (choices.offload && act > 0) {
-      const double copies = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, act) +
-                            cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, act);
-      options.push_back({l, MemoryAction::kOffload, static_cast<double>(act),
-                         M * std::max(0.0, copies - after[l + 1])});
+    if (offload_lost[l] >= 0) {
+      options.push_back({l, MemoryAction::kOffload, static_cast<double>(act), offload_lost[l]});
     }
-    if (!options.empty()) {
-      std::sort(options.begin(), options.end(), [](const MemoryAction& a, const MemoryAction& b) {
-        return Ratio(a) != Ratio(b) ? Ratio(a) > Ratio(b) : a.bytes_saved > b.bytes_saved;
-      });
-      actions.push_back(options[0]);
+    if (options.empty()) continue;
+    std::sort(options.begin(), options.end(), [](const MemoryAction& x, const MemoryAction& y) {
+      return Ratio(x) != Ratio(y) ? Ratio(x) > Ratio(y) : x.bytes_saved > y.bytes_saved;
+    });
+    actions.push_back(options[0]);
+  }
+  if (choices.stream) {
+    std::vector<int> by_size;
+    for (int l = 0; l < L; ++l) {
+      const LayerSchedule& d = s.layers[l];
+      if (cost.ParameterBytes(l) > 0 && d.update != kAcc &&
+          d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+        by_size.push_back(l);
+      }
     }
-    const int64_t param = cost.ParameterBytes(l);
-    if (choices.stream && param > 0 && d.update != kAcc &&
-        d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
-      const double copy = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, param);
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](int x, int y) { return cost.ParameterBytes(x) > cost.ParameterBytes(y); });
+    for (int l : by_size) {
+      const double copy = cost.CopySeconds(h2d, cost.ParameterBytes(l));
       const double before_forward = l > 0 ? fwd[l - 1] : 0.0;
       const double before_backward = l + 1 < L ? bwd[l + 1] : fwd[l];
+      link_left -= 2 * copy;
+      const double lost =
+          link_left >= 0
+              ? M * (std::max(0.0, copy - before_forward) + std::max(0.0, copy - before_backward))
+              : M * 2 * copy;
       actions.push_back(
-          {l, MemoryAction::kStream, static_cast<double>(param),
-           M * (std::max(0.0, copy - before_forward) + std::max(0.0, copy - before_backward))});
+          {l, MemoryAction::kStream, static_cast<double>(cost.ParameterBytes(l)), lost});
     }
   }
   std::stable_sort(actions.begin(), actions.end(),

@@ -13,6 +13,10 @@
 //   stream l      (layers updated on the host) frees its weights, costs
 //                 M * the part of each of its two copies that the previous
 //                 layer's compute does not hide.
+// The copy engines are shared: each has one micro-batch's compute time to
+// hide copies behind, less the gradient and weight traffic already on it.
+// Offloads (earliest layers first) and then streams (largest first) use that
+// up; past it a copy is charged in full (M * its copy time).
 // A layer takes the better of recompute and offload. For each micro-batch
 // size (the largest first; divisors of the replica's samples, each at most
 // half the previous), the plan with no action is simulated; if it fits, the

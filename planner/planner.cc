@@ -105,8 +105,9 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   // Solved in dependency order: reuse_distance builds on the other two.
   std::map<Strategy, StrategyOutcome> outcomes;
   const bool need_reuse = wanted(tandem::v1::STRATEGY_REUSE_DISTANCE);
-  if (wanted(tandem::v1::STRATEGY_GPU_ONLY) || need_reuse) {
-    outcomes[tandem::v1::STRATEGY_GPU_ONLY] = SolveGpuOnly(c);
+  const bool gpu_wanted = wanted(tandem::v1::STRATEGY_GPU_ONLY);
+  if (gpu_wanted || need_reuse) {
+    outcomes[tandem::v1::STRATEGY_GPU_ONLY] = SolveGpuOnly(c, /*find_min_budget=*/gpu_wanted);
   }
   if (wanted(tandem::v1::STRATEGY_CPU_ONLY))
     outcomes[tandem::v1::STRATEGY_CPU_ONLY] = SolveCpuOnly(c);

@@ -123,8 +123,23 @@ StrategyOutcome NoAccelerator(tandem::v1::Strategy strategy, const StrategyConte
   return out;
 }
 
+// Bytes every plan of `base` holds on the accelerator for the whole step:
+// resident weights and accelerator-side optimizer state. A budget below it
+// cannot fit, whatever else is decided.
+int64_t ResidentBytes(const CostModel& cost, const Schedule& base) {
+  int64_t bytes = 0;
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    if (base.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+      bytes += cost.ParameterBytes(l);
+    }
+    if (base.layers[l].update == PLACEMENT_ACCELERATOR) bytes += cost.OptimizerStateBytes(l);
+  }
+  return bytes;
+}
+
 StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strategy strategy,
-                                   const Schedule& base, const MemoryChoices& choices) {
+                                   const Schedule& base, const MemoryChoices& choices,
+                                   bool find_min_budget) {
   Stopwatch clock;
   StrategyOutcome out;
   out.strategy = strategy;
@@ -132,6 +147,15 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   auto fit_at = [&](int64_t bytes) {
     return FitToBudget(*c.simulator, base, Budget(c, bytes), choices, c.micro_batch_size);
   };
+  if (!choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes &&
+      !find_min_budget) {
+    out.schedule = base;
+    out.note =
+        absl::StrCat("resident state alone needs ", FormatBytes(ResidentBytes(c.cost(), base)),
+                     "; budget ", FormatBytes(c.accelerator_budget_bytes));
+    out.solve_seconds = clock.seconds();
+    return out;
+  }
   FitResult fit = fit_at(c.accelerator_budget_bytes);
   out.plans_evaluated = fit.plans_evaluated;
   if (fit.feasible) {
@@ -167,13 +191,14 @@ std::string StrategyName(tandem::v1::Strategy strategy) {
   }
 }
 
-StrategyOutcome SolveGpuOnly(const StrategyContext& c) {
+StrategyOutcome SolveGpuOnly(const StrategyContext& c, bool find_min_budget) {
   if (!c.cost().has_accelerator()) return NoAccelerator(tandem::v1::STRATEGY_GPU_ONLY, c);
   MemoryChoices choices;
   choices.recompute = true;
   return SolveWithMemoryFit(
       c, tandem::v1::STRATEGY_GPU_ONLY,
-      AcceleratorBase(c, tandem::v1::STRATEGY_GPU_ONLY, PLACEMENT_ACCELERATOR), choices);
+      AcceleratorBase(c, tandem::v1::STRATEGY_GPU_ONLY, PLACEMENT_ACCELERATOR), choices,
+      find_min_budget);
 }
 
 StrategyOutcome SolveZeroOffload(const StrategyContext& c) {
@@ -182,7 +207,7 @@ StrategyOutcome SolveZeroOffload(const StrategyContext& c) {
   choices.offload = choices.recompute = choices.stream = true;
   return SolveWithMemoryFit(c, tandem::v1::STRATEGY_ZERO_OFFLOAD,
                             AcceleratorBase(c, tandem::v1::STRATEGY_ZERO_OFFLOAD, PLACEMENT_HOST),
-                            choices);
+                            choices, /*find_min_budget=*/true);
 }
 
 StrategyOutcome SolveCpuOnly(const StrategyContext& c) {
@@ -290,7 +315,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       if (eligible[l])
         s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
     }
-    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
+    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s);
     ++out.plans_evaluated;
     if (!r.ok() || r->prediction.accelerator_peak_bytes() > c.accelerator_budget_bytes ||
         (c.host_budget_bytes > 0 && r->prediction.host_peak_bytes() > c.host_budget_bytes)) {
@@ -330,7 +355,6 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
       FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
       Describe(out.schedule));
-  Finalize(c, &out);
   out.solve_seconds = clock.seconds();
   return out;
 }

@@ -70,7 +70,9 @@ struct StrategyOutcome {
   double solve_seconds = 0;
 };
 
-StrategyOutcome SolveGpuOnly(const StrategyContext& context);
+// With find_min_budget false an infeasible outcome skips the search for the
+// smallest budget (reuse_distance only needs to know whether it fits).
+StrategyOutcome SolveGpuOnly(const StrategyContext& context, bool find_min_budget = true);
 StrategyOutcome SolveCpuOnly(const StrategyContext& context);
 StrategyOutcome SolveZeroOffload(const StrategyContext& context);
 // Reuses the zero_offload and gpu_only outcomes solved under the same context.

@@ -368,7 +368,11 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
     winner = std::move(other);
     return true;
   };
-  auto budget_left = [&] { return best.evaluations < options.max_kick_evaluations; };
+  // Kicks get a budget of layer-evaluations, so they cost the same on long
+  // chains as on short ones.
+  const int64_t kick_limit = std::min<int64_t>(options.max_kick_evaluations,
+                                               options.kick_layer_evaluations / std::max(1, L));
+  auto budget_left = [&] { return best.evaluations < kick_limit; };
   bool kicked = true;
   while (kicked && budget_left()) {
     kicked = false;

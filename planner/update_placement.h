@@ -30,7 +30,8 @@
 //      improving pair flip (add two, drop two, swap), until neither improves;
 //   5. kicks: flip one (then two) window layers of the best answer and
 //      descend again without flipping the first back, keeping what improves,
-//      while fewer than options.max_kick_evaluations were spent.
+//      while the evaluations spent are below options.max_kick_evaluations and
+//      options.kick_layer_evaluations / layers.
 // Iteration times are compared first; the costlier memory peak is computed
 // only for a move about to be taken. A test checks the result against
 // exhaustive search on random chains of up to 12 layers.
@@ -107,8 +108,10 @@ struct PlacementSearchResult {
 struct PlacementSearchOptions {
   // Descents stop taking moves past this many evaluations in all.
   int64_t max_evaluations = 100000;
-  // Kicks start only below this many.
+  // Kicks start only below this many evaluations, and below
+  // kick_layer_evaluations / layers (evaluations cost O(layers)).
   int64_t max_kick_evaluations = 4000;
+  int64_t kick_layer_evaluations = 200000;
 };
 
 // Layers with eligible[l] false always update on the host. Infeasible when

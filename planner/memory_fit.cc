@@ -74,10 +74,15 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Schedul
     for (int l = 0; l < L; ++l) {
       const int64_t act = cost.ActivationBytes(l, m);
       if (act <= 0) continue;
-      const double one_way = std::max(cost.CopySeconds(d2h, act), cost.CopySeconds(h2d, act));
-      const double both = cost.CopySeconds(d2h, act) + cost.CopySeconds(h2d, act);
-      link_left -= one_way;
-      offload_lost[l] = link_left >= 0 ? M * std::max(0.0, both - after[l + 1]) : M * both;
+      const double out = cost.CopySeconds(d2h, act), in = cost.CopySeconds(h2d, act);
+      // The copy out overlaps everything after the layer; the copy back is
+      // issued one layer ahead, so only the next layer's backward hides it.
+      const double hidden_out = after[l + 1];
+      const double hidden_in = l + 1 < L ? bwd[l + 1] : 0.0;
+      link_left -= std::max(out, in);
+      offload_lost[l] = link_left >= 0
+                            ? M * (std::max(0.0, out - hidden_out) + std::max(0.0, in - hidden_in))
+                            : M * (out + in);
     }
   }
 
@@ -214,6 +219,20 @@ FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
     result.smallest_peak_bytes = 0;
   }
   return result;
+}
+
+int64_t SmallestPeakGuess(const PlanSimulator& simulator, const Schedule& base,
+                          const MemoryChoices& choices, int fixed_micro_batch_size) {
+  const std::vector<int> sizes = MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size);
+  if (sizes.empty()) return 0;
+  Schedule s = base;
+  s.micro_batch_size = sizes.back();
+  const std::vector<MemoryAction> actions = RankMemoryActions(simulator.cost(), s, choices);
+  SimulationOptions quiet;
+  quiet.record_timeline = false;
+  absl::StatusOr<SimulationResult> r =
+      simulator.Simulate(Apply(s, actions, static_cast<int>(actions.size())), quiet);
+  return r.ok() ? r->prediction.accelerator_peak_bytes() : 0;
 }
 
 int64_t MinimumFeasibleBudget(const std::function<bool(int64_t)>& feasible,

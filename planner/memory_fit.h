@@ -7,9 +7,10 @@
 // seconds it is estimated to cost, ranked by bytes saved per second lost, as
 // Capuchin and Checkmate do:
 //   recompute l   frees A_l - C_l (its checkpoint stays), costs M * fwd_l;
-//   offload l     frees A_l, costs M * max(0, copy out + copy in - the
-//                 compute between its forward and its backward, which hides
-//                 the copies);
+//   offload l     frees A_l, costs M * (the copy out not hidden by the
+//                 compute after the layer + the copy back not hidden by the
+//                 next layer's backward, since it is prefetched one layer
+//                 ahead);
 //   stream l      (layers updated on the host) frees its weights, costs
 //                 M * the part of each of its two copies that the previous
 //                 layer's compute does not hide.
@@ -86,6 +87,12 @@ std::vector<int> MicroBatchSizes(int samples, int fixed);
 FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
                       const MemoryBudget& budget, const MemoryChoices& choices,
                       int fixed_micro_batch_size);
+
+// The accelerator peak of `base` with every ranked saving applied at the
+// smallest micro-batch size: one simulation, a guess at the least memory
+// FitToBudget can reach (0 when it cannot be simulated).
+int64_t SmallestPeakGuess(const PlanSimulator& simulator, const Schedule& base,
+                          const MemoryChoices& choices, int fixed_micro_batch_size);
 
 // The smallest accelerator budget (to 1 MiB) under which `feasible` holds,
 // given that it fails at `infeasible_bytes` and `guess_bytes` is a likely

@@ -85,7 +85,7 @@ void Finalize(const StrategyContext& c, StrategyOutcome* out) {
 
 // Fills the minimum budget and the plan it would run, when the strategy does
 // not fit. `fit_at` solves the strategy's memory problem at a budget.
-void ResolveInfeasible(const StrategyContext& c, const FitResult& fit,
+void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, int64_t guess_bytes,
                        const std::function<FitResult(int64_t)>& fit_at, StrategyOutcome* out) {
   out->feasible = false;
   if (fit.plans_evaluated > 0) Adopt(fit.schedule, fit.simulation, out);
@@ -104,7 +104,7 @@ void ResolveInfeasible(const StrategyContext& c, const FitResult& fit,
         out->plans_evaluated += f.plans_evaluated;
         return f.feasible;
       },
-      c.accelerator_budget_bytes, fit.smallest_peak_bytes);
+      c.accelerator_budget_bytes, guess_bytes);
   out->min_accelerator_memory_bytes = min_bytes;
   FitResult at_min = fit_at(min_bytes);
   out->plans_evaluated += at_min.plans_evaluated;
@@ -147,8 +147,9 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   auto fit_at = [&](int64_t bytes) {
     return FitToBudget(*c.simulator, base, Budget(c, bytes), choices, c.micro_batch_size);
   };
-  if (!choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes &&
-      !find_min_budget) {
+  const bool resident_too_big =
+      !choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes;
+  if (resident_too_big && !find_min_budget) {
     out.schedule = base;
     out.note =
         absl::StrCat("resident state alone needs ", FormatBytes(ResidentBytes(c.cost(), base)),
@@ -156,14 +157,20 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
     out.solve_seconds = clock.seconds();
     return out;
   }
-  FitResult fit = fit_at(c.accelerator_budget_bytes);
+  // When the resident state alone is over budget no fit can succeed: go
+  // straight to the smallest budget that works.
+  FitResult fit;
+  if (!resident_too_big) fit = fit_at(c.accelerator_budget_bytes);
   out.plans_evaluated = fit.plans_evaluated;
   if (fit.feasible) {
     out.feasible = true;
     Adopt(fit.schedule, fit.simulation, &out);
     out.note = Describe(fit.schedule);
   } else {
-    ResolveInfeasible(c, fit, fit_at, &out);
+    const int64_t guess = resident_too_big
+                              ? SmallestPeakGuess(*c.simulator, base, choices, c.micro_batch_size)
+                              : fit.smallest_peak_bytes;
+    ResolveInfeasible(c, fit, guess, fit_at, &out);
   }
   Finalize(c, &out);
   out.solve_seconds = clock.seconds();
@@ -295,6 +302,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     PlacementSearchResult found;
     if (ChainEvaluator::Supports(config)) {
       auto evaluator = std::make_shared<ChainEvaluator>(cost, config);
+      evaluator->set_peak_limit(c.accelerator_budget_bytes);
       found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
                                     [evaluator](const std::vector<bool>& acc, bool need_peak) {
                                       return evaluator->Score(acc, need_peak);
@@ -408,6 +416,11 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
   };
   bool found = false;
   FitResult last;
+  Schedule one_sample = base;
+  one_sample.accelerator_batch_share = 1;
+  // The replica keeps every weight and optimizer state resident: over the
+  // budget, no share fits.
+  if (ResidentBytes(cost, base) > c.accelerator_budget_bytes) shares.clear();
   for (size_t i = 0; i < shares.size(); ++i) {
     if (found && i >= balanced) break;
     FitResult fit = fit_share(shares[i], c.accelerator_budget_bytes);
@@ -436,8 +449,11 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
                             "; gradient sync spans ", FormatSeconds(sync), " per step; ",
                             Describe(out.schedule));
   } else {
+    const int64_t guess = last.plans_evaluated > 0
+                              ? last.smallest_peak_bytes
+                              : SmallestPeakGuess(*c.simulator, one_sample, choices, 0);
     ResolveInfeasible(
-        c, last, [&](int64_t bytes) { return fit_share(1, bytes); }, &out);
+        c, last, guess, [&](int64_t bytes) { return fit_share(1, bytes); }, &out);
     Finalize(c, &out);
   }
   out.solve_seconds = clock.seconds();

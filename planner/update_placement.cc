@@ -154,6 +154,16 @@ double ChainEvaluator::ClosedFormSeconds(const std::vector<bool>& acc) const {
 
 PlacementScore ChainEvaluator::Score(const std::vector<bool>& acc, bool need_peak) {
   if (!need_peak && !delayed_) return {ClosedFormSeconds(acc), -1};
+  if (need_peak && !delayed_) {
+    int64_t floor = dynamic_floor_bytes_;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      floor += layers_[l].param + (layers_[l].has_params && acc[l] ? layers_[l].opt : 0);
+    }
+    auto cached = peaks_.find(acc);
+    if (floor > peak_limit_ || cached != peaks_.end()) {
+      return {ClosedFormSeconds(acc), cached != peaks_.end() ? cached->second : floor};
+    }
+  }
   int iterations = InitialSimulatedIterations(delayed_);
   while (true) {
     Run(acc, iterations, need_peak);
@@ -177,6 +187,7 @@ PlacementScore ChainEvaluator::Score(const std::vector<bool>& acc, bool need_pea
                });
     score.accelerator_peak_bytes =
         PeakInWindow(merged_, base, starts_[k], starts_[k + 1], /*samples=*/nullptr);
+    if (!delayed_) peaks_[acc] = score.accelerator_peak_bytes;
   }
   return score;
 }
@@ -295,6 +306,9 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
         if (Shorter(t, t_current)) moves.push_back({t, a});
       }
       std::sort(moves.begin(), moves.end());
+      if (moves.size() > static_cast<size_t>(options.fit_checks_per_step)) {
+        moves.resize(options.fit_checks_per_step);
+      }
       bool improved = false;
       for (const auto& [t, a] : moves) {
         std::vector<bool> trial = current;
@@ -304,16 +318,19 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
           break;
         }
       }
-      for (int a = 0; a < W && !improved && best.evaluations < options.max_evaluations; ++a) {
-        for (int b = a + 1; b < W && !improved; ++b) {
+      int pair_checks = 0;
+      for (int a = 0; a < W && !improved && best.evaluations < options.max_evaluations &&
+                      pair_checks < options.fit_checks_per_step;
+           ++a) {
+        for (int b = a + 1; b < W && !improved && pair_checks < options.fit_checks_per_step; ++b) {
           if (a == tabu || b == tabu) continue;
           std::vector<bool> trial = current;
           trial[order[window[a]]] = !trial[order[window[a]]];
           trial[order[window[b]]] = !trial[order[window[b]]];
           const double t = evaluate(trial, false).iteration_seconds;
-          if (Shorter(t, t_current) && fits(trial)) {
-            current = std::move(trial), t_current = t, improved = true;
-          }
+          if (!Shorter(t, t_current)) continue;
+          ++pair_checks;
+          if (fits(trial)) current = std::move(trial), t_current = t, improved = true;
         }
       }
       if (!improved) break;

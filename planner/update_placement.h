@@ -33,7 +33,8 @@
 //      while the evaluations spent are below options.max_kick_evaluations and
 //      options.kick_layer_evaluations / layers.
 // Iteration times are compared first; the costlier memory peak is computed
-// only for a move about to be taken. A test checks the result against
+// only for a move about to be taken, at most fit_checks_per_step times per
+// step. A test checks the result against
 // exhaustive search on random chains of up to 12 layers.
 //
 // ChainEvaluator keeps scratch buffers: one instance per thread.
@@ -42,6 +43,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "planner/cost_model.h"
@@ -71,6 +73,15 @@ class ChainEvaluator {
 
   PlacementScore Score(const std::vector<bool>& on_accelerator, bool need_peak);
 
+  // Peaks above `bytes` need not be exact: when a lower bound on the peak
+  // already exceeds it, Score returns the bound instead of running the
+  // iterations. The bound is the level when the last micro-batch's first
+  // backward starts: resident weights, accelerator optimizer state, every
+  // activation still held (checkpoints of recomputed layers), that
+  // backward's workspace and the gradients then allocated — all but what the
+  // previous iteration may still hold.
+  void set_peak_limit(int64_t bytes) { peak_limit_ = bytes; }
+
  private:
   void Run(const std::vector<bool>& on_accelerator, int iterations, bool need_peak);
   double ClosedFormSeconds(const std::vector<bool>& on_accelerator) const;
@@ -83,6 +94,10 @@ class ChainEvaluator {
   std::vector<Layer> layers_;
   int micro_batches_;
   bool delayed_;
+  int64_t peak_limit_ = INT64_MAX;
+  // The bound above, less resident weights and optimizer state.
+  int64_t dynamic_floor_bytes_ = 0;
+  std::unordered_map<std::vector<bool>, int64_t> peaks_;
   std::vector<double> forward_start_;
   double program_before_last_backward_ = 0;
   // Scratch.
@@ -112,6 +127,10 @@ struct PlacementSearchOptions {
   // kick_layer_evaluations / layers (evaluations cost O(layers)).
   int64_t max_kick_evaluations = 4000;
   int64_t kick_layer_evaluations = 200000;
+  // Memory checks per descent step (single flips, then pair flips) before
+  // the step gives up: under a binding budget most faster moves do not fit,
+  // and each check simulates memory.
+  int fit_checks_per_step = 6;
 };
 
 // Layers with eligible[l] false always update on the host. Infeasible when

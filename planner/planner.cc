@@ -112,7 +112,8 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   if (wanted(tandem::v1::STRATEGY_CPU_ONLY))
     outcomes[tandem::v1::STRATEGY_CPU_ONLY] = SolveCpuOnly(c);
   if (wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD) || need_reuse) {
-    outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD] = SolveZeroOffload(c);
+    outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD] =
+        SolveZeroOffload(c, /*record_timeline=*/wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD));
   }
   if (need_reuse) {
     outcomes[tandem::v1::STRATEGY_REUSE_DISTANCE] = SolveReuseDistance(

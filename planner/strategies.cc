@@ -139,7 +139,7 @@ int64_t ResidentBytes(const CostModel& cost, const Schedule& base) {
 
 StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strategy strategy,
                                    const Schedule& base, const MemoryChoices& choices,
-                                   bool find_min_budget) {
+                                   bool find_min_budget, bool record_timeline = true) {
   Stopwatch clock;
   StrategyOutcome out;
   out.strategy = strategy;
@@ -172,7 +172,7 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
                               : fit.smallest_peak_bytes;
     ResolveInfeasible(c, fit, guess, fit_at, &out);
   }
-  Finalize(c, &out);
+  if (record_timeline) Finalize(c, &out);
   out.solve_seconds = clock.seconds();
   return out;
 }
@@ -208,13 +208,13 @@ StrategyOutcome SolveGpuOnly(const StrategyContext& c, bool find_min_budget) {
       find_min_budget);
 }
 
-StrategyOutcome SolveZeroOffload(const StrategyContext& c) {
+StrategyOutcome SolveZeroOffload(const StrategyContext& c, bool record_timeline) {
   if (!c.cost().has_accelerator()) return NoAccelerator(tandem::v1::STRATEGY_ZERO_OFFLOAD, c);
   MemoryChoices choices;
   choices.offload = choices.recompute = choices.stream = true;
   return SolveWithMemoryFit(c, tandem::v1::STRATEGY_ZERO_OFFLOAD,
                             AcceleratorBase(c, tandem::v1::STRATEGY_ZERO_OFFLOAD, PLACEMENT_HOST),
-                            choices, /*find_min_budget=*/true);
+                            choices, /*find_min_budget=*/true, record_timeline);
 }
 
 StrategyOutcome SolveCpuOnly(const StrategyContext& c) {
@@ -270,6 +270,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     out.simulated = zero_offload.simulated;
     out.min_accelerator_memory_bytes = zero_offload.min_accelerator_memory_bytes;
     out.note = absl::StrCat("as zero_offload: ", zero_offload.note);
+    if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
     out.solve_seconds = clock.seconds();
     return out;
   }
@@ -287,12 +288,8 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       {zero_offload.schedule, zero_offload.simulation, "no layer gains from the accelerator"}};
   std::vector<Schedule> configs = {zero_offload.schedule};
   const int m = zero_offload.schedule.micro_batch_size;
-  if (c.micro_batch_size == 0 && m % 2 == 0) {
-    Schedule half = zero_offload.schedule;
-    half.micro_batch_size = m / 2;
-    configs.push_back(half);
-  }
-  for (Schedule config : configs) {
+  for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
+    Schedule config = configs[config_index];
     config.strategy = out.strategy;
     std::vector<bool> eligible(L);
     for (int l = 0; l < L; ++l) {
@@ -329,7 +326,16 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
         (c.host_budget_bytes > 0 && r->prediction.host_peak_bytes() > c.host_budget_bytes)) {
       continue;
     }
+    // When host updates still stall the accelerator, the budget stopped the
+    // search: try again with half the micro-batch, whose activations leave
+    // room for more optimizer state.
+    const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
     candidates.push_back({s, *std::move(r), "search over update placements"});
+    if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
+      Schedule half = zero_offload.schedule;
+      half.micro_batch_size = m / 2;
+      configs.push_back(half);
+    }
   }
   if (gpu_only.feasible) {
     candidates.push_back(
@@ -344,6 +350,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   }
   out.feasible = true;
   Adopt(candidates[best].schedule, candidates[best].simulation, &out);
+  if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
   std::vector<int> on_accelerator;
   for (int l = 0; l < L; ++l) {
     if (cost.ParameterBytes(l) > 0 && out.schedule.layers[l].update == PLACEMENT_ACCELERATOR) {

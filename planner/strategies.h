@@ -13,8 +13,9 @@
 //   reuse_distance  CoTrain: zero_offload's memory settings, then
 //                   SearchUpdatePlacement moves the optimizer state and
 //                   update of chosen layers to the accelerator, within the
-//                   budget; also tried with half the micro-batch (freeing
-//                   activation memory for optimizer state), and gpu_only's
+//                   budget; when that leaves the accelerator stalling, also
+//                   with half the micro-batch (freeing activation memory for
+//                   optimizer state); and gpu_only's
 //                   plan (every layer on the accelerator) competes. So it is
 //                   never slower than zero_offload or gpu_only when those fit.
 //   hetero_dp       an accelerator replica and a host replica split each
@@ -74,7 +75,9 @@ struct StrategyOutcome {
 // smallest budget (reuse_distance only needs to know whether it fits).
 StrategyOutcome SolveGpuOnly(const StrategyContext& context, bool find_min_budget = true);
 StrategyOutcome SolveCpuOnly(const StrategyContext& context);
-StrategyOutcome SolveZeroOffload(const StrategyContext& context);
+// With record_timeline false the outcome's simulation has no timeline (for
+// when only reuse_distance, which builds on it, is wanted).
+StrategyOutcome SolveZeroOffload(const StrategyContext& context, bool record_timeline = true);
 // Reuses the zero_offload and gpu_only outcomes solved under the same context.
 StrategyOutcome SolveReuseDistance(const StrategyContext& context,
                                    const StrategyOutcome& zero_offload,

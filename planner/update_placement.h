@@ -4,8 +4,10 @@
 // distance"; CoTrain's fine-grained scheme).
 //
 // ChainEvaluator scores a choice in O(iterations * micro-batches * layers)
-// without building a span graph. It is exact — equal to PlanSimulator to the
-// last bit, a test holds it to that — for schedules where every layer computes
+// without building a span graph (O(layers) for the iteration time alone
+// without delayed updates, by a closed form equal to it up to rounding). It is
+// exact — equal to PlanSimulator to the last bit, a test holds it to that —
+// for schedules where every layer computes
 // on the accelerator with resident parameters and keeps or recomputes its
 // activations (no OFFLOAD, no HOST_STREAMED): there the copy engines and the
 // host pool carry only the gradient/update/weight chain, whose FIFO order is

@@ -7,9 +7,8 @@
 // without building a span graph (O(layers) for the iteration time alone
 // without delayed updates, by a closed form equal to it up to rounding). It is
 // exact — equal to PlanSimulator to the last bit, a test holds it to that —
-// for schedules where every layer computes
-// on the accelerator with resident parameters and keeps or recomputes its
-// activations (no OFFLOAD, no HOST_STREAMED): there the copy engines and the
+// for schedules where every layer computes on the accelerator with resident
+// parameters and keeps or recomputes its activations (no OFFLOAD, no HOST_STREAMED): there the copy engines and the
 // host pool carry only the gradient/update/weight chain, whose FIFO order is
 // the backward order, so the simulator's event run reduces to recurrences.
 // Other schedules are scored by the simulator itself (SimulatorPlacementScorer).

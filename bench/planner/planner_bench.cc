@@ -1,0 +1,182 @@
+// Planner benchmarks: how long SolvePlan takes on chains of 10 to 10,000
+// layers (simulation included), and what the planner predicts for GPT-style
+// models on the shipped H100 SXM node when the accelerator holds 25%, 50% or
+// 100% of the model state: reuse_distance against zero_offload, measured in
+// the same run. Prints results; asserts nothing about time.
+//
+//   bazel run -c opt //bench/planner:planner_bench [-- HARDWARE_SPEC]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "planner/cost_model.h"
+#include "planner/planner.h"
+#include "planner/spec_files.h"
+#include "planner/strategies.h"
+#include "planner/testing/synthetic_models.h"
+#include "planner/units.h"
+
+namespace tandem::planner {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+const tandem::v1::Plan* Find(const tandem::v1::PlanModelResponse& r, tandem::v1::Strategy s) {
+  for (const tandem::v1::Plan& p : r.alternatives()) {
+    if (p.strategy() == s) return &p;
+  }
+  return nullptr;
+}
+
+double WallSeconds(const PlanRequest& request, tandem::v1::PlanModelResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<tandem::v1::PlanModelResponse> r = SolvePlan(request);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!r.ok()) {
+    std::fprintf(stderr, "SolvePlan: %s\n", std::string(r.status().message()).c_str());
+    std::exit(1);
+  }
+  *response = *std::move(r);
+  return seconds;
+}
+
+int64_t ModelState(const tandem::v1::Profile& p) {
+  int64_t total = 0;
+  for (const auto& l : p.layers()) {
+    total += l.analytic_memory().parameter_bytes() + l.analytic_memory().gradient_bytes() +
+             l.analytic_memory().optimizer_state_bytes();
+  }
+  return total;
+}
+
+void SolveTimes(const tandem::v1::HardwareSpec& spec) {
+  std::printf(
+      "== Solve time, uniform chains of linear 1024x1024 layers + loss, batch 64, %s,\n"
+      "   accelerator budget = 50%% of model state. Wall time of SolvePlan (cost model,\n"
+      "   every simulation, protos), median of N runs.\n\n",
+      spec.name().c_str());
+  std::printf("%7s %4s  %14s  %14s  %-70s\n", "layers", "N", "reuse_distance", "all 5 (N)",
+              "per strategy, inside the all-5 solve");
+  for (int layers : {10, 100, 1000, 10000}) {
+    PlanRequest request;
+    request.profile = testing::UniformChainProfile(layers, 1024, 64);
+    request.hardware = spec;
+    request.accelerator_memory_bytes = ModelState(request.profile) / 2;
+    const int runs = layers >= 10000 ? 3 : layers >= 1000 ? 11 : 31;
+    const int all_runs = layers >= 10000 ? 1 : runs;
+    std::vector<double> reuse_only, all;
+    tandem::v1::PlanModelResponse response;
+    PlanRequest reuse_request = request;
+    reuse_request.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
+    reuse_request.compare = {tandem::v1::STRATEGY_REUSE_DISTANCE};
+    for (int i = 0; i < runs; ++i) reuse_only.push_back(WallSeconds(reuse_request, &response));
+    for (int i = 0; i < all_runs; ++i) all.push_back(WallSeconds(request, &response));
+    std::string per;
+    for (const tandem::v1::Plan& p : response.alternatives()) {
+      per += StrategyName(p.strategy()) + " " + FormatSeconds(p.solver().solve_seconds()) + " (" +
+             std::to_string(p.solver().plans_evaluated()) + ")  ";
+    }
+    std::printf("%7d %4d  %14s  %10s (%d)  %s\n", layers, runs,
+                FormatSeconds(Median(reuse_only)).c_str(), FormatSeconds(Median(all)).c_str(),
+                all_runs, per.c_str());
+  }
+  std::printf(
+      "\n  (n) = candidate plans evaluated (simulations or fast evaluations). reuse_distance\n"
+      "  includes the gpu_only and zero_offload solves it builds on.\n\n");
+}
+
+struct Gpt {
+  const char* name;
+  testing::GptShape shape;
+};
+
+void GptSpeedups(const tandem::v1::HardwareSpec& spec) {
+  const Gpt models[] = {
+      {"GPT-2 XL 1.6B (48 x 1600, untied head)", {8, 1024, 1600, 48, 25, 50257}},
+      {"GPT-2 XL 1.6B", {2, 1024, 1600, 48, 25, 50257}},
+      {"GPT-2 XL 1.6B", {32, 1024, 1600, 48, 25, 50257}},
+      {"GPT 2.7B (32 x 2560, untied head)", {8, 1024, 2560, 32, 32, 50257}},
+  };
+  std::printf(
+      "== GPT-style models on %s: fp32, Adam, context 1024. Budget = share of\n"
+      "   model state (params + grads + Adam state = 16 bytes/param), capped at the GPU.\n\n",
+      spec.name().c_str());
+  for (const Gpt& m : models) {
+    const tandem::v1::Profile profile = testing::GptProfile(m.shape);
+    const int64_t state = ModelState(profile);
+    absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(profile, spec);
+    if (!cost.ok()) std::exit(1);
+    // Why: one batch's accelerator backward vs the host's Adam over every
+    // layer vs the gradient and weight copies, all layers.
+    double fwd = 0, bwd = 0, host_update = 0, copies = 0;
+    for (int l = 0; l < cost->num_layers(); ++l) {
+      fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
+      bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
+      host_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_HOST, cost->host_threads());
+      copies +=
+          cost->CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost->GradientBytes(l));
+    }
+    std::printf(
+        "%s, batch %d: model state %s; per step: accelerator fwd %s + bwd %s, host Adam\n"
+        "  over all layers %s, gradient D2H (= weight H2D) %s\n",
+        m.name, m.shape.batch_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
+        FormatSeconds(bwd).c_str(), FormatSeconds(host_update).c_str(),
+        FormatSeconds(copies).c_str());
+    std::printf("  %6s %10s  %13s %13s %8s  %s\n", "budget", "GiB", "zero_offload", "reuse_dist",
+                "speedup", "reuse_distance plan");
+    for (double share : {0.25, 0.5, 1.0}) {
+      PlanRequest request;
+      request.profile = profile;
+      request.hardware = spec;
+      request.accelerator_memory_bytes =
+          std::min<int64_t>(static_cast<int64_t>(share * state), cost->accelerator_memory_bytes());
+      request.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
+                         tandem::v1::STRATEGY_REUSE_DISTANCE};
+      tandem::v1::PlanModelResponse response;
+      WallSeconds(request, &response);
+      const tandem::v1::Plan* zero = Find(response, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+      const tandem::v1::Plan* reuse = Find(response, tandem::v1::STRATEGY_REUSE_DISTANCE);
+      const tandem::v1::Plan* gpu = Find(response, tandem::v1::STRATEGY_GPU_ONLY);
+      if (!zero->feasible()) {
+        std::printf("  %5.0f%% %10.2f  infeasible: %s\n", share * 100,
+                    request.accelerator_memory_bytes / 1073741824.0, zero->solver().note().c_str());
+        continue;
+      }
+      std::printf("  %5.0f%% %10.2f  %13s %13s %7.3fx  %s%s\n", share * 100,
+                  request.accelerator_memory_bytes / 1073741824.0,
+                  FormatSeconds(zero->prediction().iteration_seconds()).c_str(),
+                  FormatSeconds(reuse->prediction().iteration_seconds()).c_str(),
+                  zero->prediction().iteration_seconds() / reuse->prediction().iteration_seconds(),
+                  reuse->solver().note().c_str(), gpu->feasible() ? " [gpu_only fits]" : "");
+      std::printf("  %18s zero_offload: stall %s, accelerator idle %s, host pool idle %s; %s\n", "",
+                  FormatSeconds(zero->prediction().accelerator_stall_seconds()).c_str(),
+                  FormatSeconds(zero->prediction().accelerator_idle_seconds()).c_str(),
+                  FormatSeconds(zero->prediction().host_update_idle_seconds()).c_str(),
+                  zero->solver().note().c_str());
+    }
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+}  // namespace tandem::planner
+
+// Usage: planner_bench [HARDWARE_SPEC [gpt]]; "gpt" skips the solve times.
+int main(int argc, char** argv) {
+  const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
+  const bool gpt_only = argc > 2 && std::string(argv[2]) == "gpt";
+  absl::StatusOr<tandem::v1::HardwareSpec> spec = tandem::planner::LoadHardwareSpec(path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
+    return 1;
+  }
+  if (!gpt_only) tandem::planner::SolveTimes(*spec);
+  tandem::planner::GptSpeedups(*spec);
+  return 0;
+}

@@ -1,0 +1,86 @@
+#include "planner/pipeline_partitioner.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::planner {
+
+double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages) {
+  double worst = 0;
+  for (const tandem::v1::PipelineStage& s : stages) {
+    worst = std::max({worst, s.compute_seconds(), 2 * s.communication_seconds()});
+  }
+  return worst;
+}
+
+absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const CostModel& cost,
+                                                                         const PipelineRequest& r) {
+  const int L = cost.num_layers();
+  if (r.devices < 1) return absl::InvalidArgumentError("pipeline_devices: must be >= 1");
+  if (r.micro_batch_size < 1 || r.micro_batches < 1) {
+    return absl::InvalidArgumentError("micro_batch_size: must be >= 1");
+  }
+  const int S = std::min(r.devices, L);
+  const int m = r.micro_batch_size;
+  std::vector<double> time(L + 1, 0.0);
+  std::vector<int64_t> state(L + 1, 0), activation(L + 1, 0);
+  for (int l = 0; l < L; ++l) {
+    time[l + 1] = time[l] + cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
+                  cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
+    state[l + 1] =
+        state[l] + cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
+    activation[l + 1] = activation[l] + cost.ActivationBytes(l, m);
+  }
+  // Sending layer l's output one way.
+  auto send = [&](int l) { return cost.PeerCopySeconds(cost.OutputBytes(l, m)); };
+  // Stage k holding layers [i, j).
+  auto stage_memory = [&](int k, int i, int j) {
+    const int64_t in_flight = std::min(S - k, r.micro_batches);
+    return state[j] - state[i] + in_flight * (activation[j] - activation[i]);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][j]: slowest stage when layers [0, j) form stages 0..s-1.
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> cut(S + 1, std::vector<int>(L + 1, -1));
+  best[0][0] = 0;
+  for (int s = 1; s <= S; ++s) {
+    for (int j = s; j <= L - (S - s); ++j) {
+      for (int i = s - 1; i < j; ++i) {
+        if (best[s - 1][i] == inf) continue;
+        if (r.device_memory_bytes > 0 && stage_memory(s - 1, i, j) > r.device_memory_bytes) {
+          continue;
+        }
+        const double boundary = i > 0 ? 2 * send(i - 1) : 0.0;
+        const double slowest = std::max({best[s - 1][i], boundary, time[j] - time[i]});
+        if (slowest < best[s][j]) {
+          best[s][j] = slowest;
+          cut[s][j] = i;
+        }
+      }
+    }
+  }
+  if (best[S][L] == inf) {
+    return absl::ResourceExhaustedError(absl::StrCat("no partition of ", L, " layers over ", S,
+                                                     " accelerators fits ", r.device_memory_bytes,
+                                                     " bytes per device"));
+  }
+  std::vector<tandem::v1::PipelineStage> stages(S);
+  int j = L;
+  for (int s = S; s >= 1; --s) {
+    const int i = cut[s][j];
+    tandem::v1::PipelineStage& stage = stages[s - 1];
+    stage.set_device_index(s - 1);
+    stage.set_first_layer(i);
+    stage.set_last_layer(j - 1);
+    stage.set_compute_seconds(time[j] - time[i]);
+    stage.set_communication_seconds(j < L ? send(j - 1) : 0.0);
+    stage.set_memory_bytes(stage_memory(s - 1, i, j));
+    j = i;
+  }
+  return stages;
+}
+
+}  // namespace tandem::planner

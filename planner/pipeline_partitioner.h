@@ -1,0 +1,48 @@
+// PipeDream's partitioner (Narayanan et al., SOSP'19): split a chain of layers
+// into contiguous stages, one per accelerator, minimising the slowest stage,
+// where a stage's time is the larger of its compute (forward + backward of
+// one micro-batch) and the time to exchange its boundary tensors (its output
+// forward and that output's gradient backward, over the peer link). Dynamic
+// program over (layers so far, stages so far):
+//
+//   A(j, s) = min_{i<j} max(A(i, s-1), 2 * C(i-1), T(i..j-1))
+//
+// with prefix sums for T, so O(S * L^2). A stage must fit its device: its
+// parameters, gradients and optimizer state, plus the activations of the
+// micro-batches in flight under 1F1B (S - k for stage k, at most the number
+// of micro-batches). Every accelerator takes at least one layer; with fewer
+// layers than devices, some devices stay idle.
+//
+// Free function; thread-compatible.
+#ifndef TANDEM_PLANNER_PIPELINE_PARTITIONER_H_
+#define TANDEM_PLANNER_PIPELINE_PARTITIONER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost_model.h"
+#include "tandem/v1/plan.pb.h"
+
+namespace tandem::planner {
+
+struct PipelineRequest {
+  int devices = 2;
+  int micro_batch_size = 1;
+  int micro_batches = 1;
+  // Per device, in bytes.
+  int64_t device_memory_bytes = 0;
+};
+
+// Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED
+// when no partition fits the devices' memory.
+absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
+    const CostModel& cost, const PipelineRequest& request);
+
+// The slowest stage's time: what bounds the pipeline's throughput, in
+// seconds per micro-batch.
+double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages);
+
+}  // namespace tandem::planner
+
+#endif  // TANDEM_PLANNER_PIPELINE_PARTITIONER_H_

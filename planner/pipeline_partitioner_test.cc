@@ -1,0 +1,110 @@
+#include "planner/pipeline_partitioner.h"
+
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "planner/testing/synthetic_models.h"
+
+namespace tandem::planner {
+namespace {
+
+// Layer times and sizes from `rng`; a peer link at 100 bytes per second.
+CostModel RandomChain(int layers, std::mt19937* rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<testing::SyntheticLayer> chain;
+  for (int l = 0; l < layers; ++l) {
+    testing::SyntheticLayer x;
+    x.name = "l";
+    x.accelerator_forward_seconds = 0.1 + u(*rng);
+    x.accelerator_backward_seconds = 2 * x.accelerator_forward_seconds;
+    x.host_forward_seconds = x.host_backward_seconds = 1;
+    x.parameter_bytes = 100 + static_cast<int64_t>(900 * u(*rng));
+    x.activation_bytes = static_cast<int64_t>(500 * u(*rng));
+    x.output_bytes = static_cast<int64_t>(200 * u(*rng));
+    chain.push_back(x);
+  }
+  tandem::v1::Profile profile = testing::MeasuredChainProfile(chain, 4);
+  tandem::v1::LinkProfile* peer = profile.add_links();
+  peer->set_direction(tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE);
+  peer->set_pinned(true);
+  peer->set_bandwidth_bytes_per_second(100);
+  absl::StatusOr<CostModel> cost = CostModel::FromMeasuredProfile(profile);
+  EXPECT_TRUE(cost.ok()) << cost.status();
+  return *std::move(cost);
+}
+
+// Every split of `layers` into `stages` contiguous non-empty ranges.
+double BruteForce(const CostModel& cost, const PipelineRequest& r) {
+  const int L = cost.num_layers();
+  const int S = std::min(r.devices, L);
+  const int m = r.micro_batch_size;
+  double best = HUGE_VAL;
+  std::vector<int> starts = {0};
+  std::function<void(int)> split = [&](int from) {
+    if (static_cast<int>(starts.size()) == S) {
+      double slowest = 0;
+      bool fits = true;
+      for (int k = 0; k < S; ++k) {
+        const int i = starts[k], j = k + 1 < S ? starts[k + 1] : L;
+        double t = 0;
+        int64_t state = 0, act = 0;
+        for (int l = i; l < j; ++l) {
+          t += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
+               cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
+          state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
+          act += cost.ActivationBytes(l, m);
+        }
+        const int64_t in_flight = std::min(S - k, r.micro_batches);
+        if (r.device_memory_bytes > 0 && state + in_flight * act > r.device_memory_bytes) {
+          fits = false;
+        }
+        slowest = std::max(slowest, t);
+        if (j < L)
+          slowest = std::max(slowest, 2 * cost.PeerCopySeconds(cost.OutputBytes(j - 1, m)));
+      }
+      if (fits) best = std::min(best, slowest);
+      return;
+    }
+    for (int next = from + 1; next < L; ++next) {
+      starts.push_back(next);
+      split(next);
+      starts.pop_back();
+    }
+  };
+  split(0);
+  return best;
+}
+
+TEST(PipelinePartitionerTest, MatchesBruteForce) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int layers = 2 + trial % 9;
+    const CostModel cost = RandomChain(layers, &rng);
+    PipelineRequest r;
+    r.devices = 2 + trial % 3;
+    r.micro_batch_size = 4;
+    r.micro_batches = 1 + trial % 4;
+    // Half the trials have a memory limit that rules some splits out.
+    r.device_memory_bytes = trial % 2 ? 0 : 2500 + static_cast<int64_t>(rng() % 4000);
+    const double truth = BruteForce(cost, r);
+    absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(cost, r);
+    if (truth == HUGE_VAL) {
+      ASSERT_FALSE(stages.ok()) << "trial " << trial;
+      EXPECT_EQ(stages.status().code(), absl::StatusCode::kResourceExhausted);
+      continue;
+    }
+    ASSERT_TRUE(stages.ok()) << "trial " << trial << ": " << stages.status();
+    EXPECT_NEAR(BottleneckSeconds(*stages), truth, 1e-12) << "trial " << trial;
+    ASSERT_EQ(static_cast<int>(stages->size()), std::min(r.devices, layers));
+    EXPECT_EQ(stages->front().first_layer(), 0);
+    EXPECT_EQ(stages->back().last_layer(), layers - 1);
+    for (const tandem::v1::PipelineStage& s : *stages) {
+      if (r.device_memory_bytes > 0) EXPECT_LE(s.memory_bytes(), r.device_memory_bytes);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::planner

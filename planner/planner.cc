@@ -1,0 +1,225 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "planner/cost_model.h"
+#include "planner/pipeline_partitioner.h"
+#include "planner/simulator.h"
+#include "planner/strategies.h"
+
+namespace tandem::planner {
+namespace {
+
+using tandem::v1::Strategy;
+
+// The concrete strategies, in the order alternatives are reported.
+constexpr Strategy kConcrete[] = {
+    tandem::v1::STRATEGY_GPU_ONLY,     tandem::v1::STRATEGY_CPU_ONLY,
+    tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::STRATEGY_REUSE_DISTANCE,
+    tandem::v1::STRATEGY_HETERO_DP,
+};
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::Status ValidateRequest(const PlanRequest& r) {
+  if (r.batch_size < 0 || r.batch_size > 65536)
+    return Invalid("batch_size", "must be in [1, 65536]");
+  if (r.accelerator_memory_bytes < 0) return Invalid("accelerator_memory_bytes", "must be >= 0");
+  if (r.host_memory_bytes < 0) return Invalid("host_memory_bytes", "must be >= 0");
+  if (r.micro_batch_size < 0) return Invalid("micro_batch_size", "must be >= 0");
+  if (r.host_update_threads < 0) return Invalid("host_update_threads", "must be >= 0");
+  if (r.pipeline_devices < 0 || r.pipeline_devices > 1024) {
+    return Invalid("pipeline_devices", "must be in [0, 1024]");
+  }
+  if (!tandem::v1::Strategy_IsValid(r.strategy)) return Invalid("strategy", "unknown value");
+  for (size_t i = 0; i < r.compare.size(); ++i) {
+    if (!tandem::v1::Strategy_IsValid(r.compare[i]) ||
+        r.compare[i] == tandem::v1::STRATEGY_UNSPECIFIED) {
+      return Invalid(absl::StrCat("compare[", i, "]"), "must name a strategy");
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Faster(const tandem::v1::Plan& a, const tandem::v1::Plan& b) {
+  return a.prediction().iteration_seconds() < b.prediction().iteration_seconds();
+}
+
+}  // namespace
+
+absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
+  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+  absl::StatusOr<CostModel> cost =
+      request.hardware.has_value() ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
+                                   : CostModel::FromMeasuredProfile(request.profile);
+  if (!cost.ok()) return cost.status();
+  if (request.pipeline_devices > 1 && request.pipeline_devices > cost->accelerator_count()) {
+    return Invalid("pipeline_devices",
+                   absl::StrCat(request.pipeline_devices, " exceeds the ",
+                                cost->accelerator_count(), " accelerators of the cost source"));
+  }
+  const PlanSimulator simulator(*cost);
+
+  StrategyContext c;
+  c.simulator = &simulator;
+  c.batch_size = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+  if (c.batch_size > 65536) return Invalid("batch_size", "must be in [1, 65536]");
+  if (request.micro_batch_size > 0 && c.batch_size % request.micro_batch_size != 0) {
+    return Invalid("micro_batch_size", absl::StrCat("must divide batch_size (", c.batch_size,
+                                                    "), got ", request.micro_batch_size));
+  }
+  c.micro_batch_size = request.micro_batch_size;
+  c.accelerator_budget_bytes = request.accelerator_memory_bytes > 0
+                                   ? request.accelerator_memory_bytes
+                                   : cost->accelerator_memory_bytes();
+  if (cost->has_accelerator() && c.accelerator_budget_bytes <= 0) {
+    return Invalid("accelerator_memory_bytes",
+                   "required: the cost source does not give the accelerator's capacity");
+  }
+  c.host_budget_bytes =
+      request.host_memory_bytes > 0 ? request.host_memory_bytes : cost->host_memory_bytes();
+  c.delayed_parameter_update = request.delayed_parameter_update;
+  c.host_update_threads =
+      request.host_update_threads > 0 ? request.host_update_threads : cost->host_threads();
+
+  Strategy requested = request.strategy;
+  if (requested == tandem::v1::STRATEGY_UNSPECIFIED) {
+    requested = cost->has_accelerator() ? tandem::v1::STRATEGY_REUSE_DISTANCE
+                                        : tandem::v1::STRATEGY_CPU_ONLY;
+  }
+  std::vector<Strategy> compare = request.compare;
+  if (compare.empty()) compare.assign(std::begin(kConcrete), std::end(kConcrete));
+  auto wanted = [&](Strategy s) {
+    return requested == s || requested == tandem::v1::STRATEGY_AUTO ||
+           std::find(compare.begin(), compare.end(), s) != compare.end() ||
+           std::find(compare.begin(), compare.end(), tandem::v1::STRATEGY_AUTO) != compare.end();
+  };
+
+  // Solved in dependency order: reuse_distance builds on the other two.
+  std::map<Strategy, StrategyOutcome> outcomes;
+  const bool need_reuse = wanted(tandem::v1::STRATEGY_REUSE_DISTANCE);
+  const bool gpu_wanted = wanted(tandem::v1::STRATEGY_GPU_ONLY);
+  if (gpu_wanted || need_reuse) {
+    outcomes[tandem::v1::STRATEGY_GPU_ONLY] = SolveGpuOnly(c, /*find_min_budget=*/gpu_wanted);
+  }
+  if (wanted(tandem::v1::STRATEGY_CPU_ONLY))
+    outcomes[tandem::v1::STRATEGY_CPU_ONLY] = SolveCpuOnly(c);
+  if (wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD) || need_reuse) {
+    outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD] =
+        SolveZeroOffload(c, /*record_timeline=*/wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD));
+  }
+  if (need_reuse) {
+    outcomes[tandem::v1::STRATEGY_REUSE_DISTANCE] = SolveReuseDistance(
+        c, outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD], outcomes[tandem::v1::STRATEGY_GPU_ONLY]);
+  }
+  if (wanted(tandem::v1::STRATEGY_HETERO_DP)) {
+    outcomes[tandem::v1::STRATEGY_HETERO_DP] = SolveHeteroDp(c);
+  }
+  std::map<Strategy, tandem::v1::Plan> plans;
+  for (const auto& [strategy, outcome] : outcomes) plans[strategy] = ToPlan(c, outcome);
+
+  // auto: the fastest feasible.
+  tandem::v1::Plan auto_plan;
+  {
+    const tandem::v1::Plan* best = nullptr;
+    double total_seconds = 0;
+    for (Strategy s : kConcrete) {
+      auto it = plans.find(s);
+      if (it == plans.end()) continue;
+      total_seconds += it->second.solver().solve_seconds();
+      if (it->second.feasible() && (best == nullptr || Faster(it->second, *best))) {
+        best = &it->second;
+      }
+    }
+    const Strategy fallback = cost->has_accelerator() ? tandem::v1::STRATEGY_REUSE_DISTANCE
+                                                      : tandem::v1::STRATEGY_CPU_ONLY;
+    if (best == nullptr && plans.count(fallback)) best = &plans[fallback];
+    if (best != nullptr) {
+      auto_plan = *best;
+      auto_plan.mutable_solver()->set_solve_seconds(total_seconds);
+      auto_plan.mutable_solver()->set_note(
+          best->feasible()
+              ? absl::StrCat("auto: chose ", StrategyName(best->strategy()), " (",
+                             absl::StrFormat("%.3f", best->prediction().iteration_seconds() * 1e3),
+                             " ms per step) as the fastest feasible; ", best->solver().note())
+              : absl::StrCat("auto: no strategy fits; ", best->solver().note()));
+    }
+  }
+
+  tandem::v1::PlanModelResponse response;
+  *response.mutable_plan() = requested == tandem::v1::STRATEGY_AUTO ? auto_plan : plans[requested];
+  for (Strategy s : kConcrete) {
+    if (std::find(compare.begin(), compare.end(), s) != compare.end()) {
+      *response.add_alternatives() = plans[s];
+    }
+  }
+  if (std::find(compare.begin(), compare.end(), tandem::v1::STRATEGY_AUTO) != compare.end()) {
+    *response.add_alternatives() = auto_plan;
+  }
+
+  if (request.pipeline_devices > 1) {
+    tandem::v1::Plan* plan = response.mutable_plan();
+    PipelineRequest p;
+    p.devices = request.pipeline_devices;
+    p.micro_batch_size = std::max(1, plan->micro_batch_size());
+    p.micro_batches = std::max(1, plan->micro_batches());
+    p.device_memory_bytes = c.accelerator_budget_bytes;
+    std::string note;
+    absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
+    if (stages.ok()) {
+      for (const tandem::v1::PipelineStage& s : *stages) *plan->add_pipeline() = s;
+      // 1F1B: (micro-batches + stages - 1) slots of the slowest stage.
+      const double bottleneck = BottleneckSeconds(*stages);
+      note = absl::StrFormat(
+          "pipeline over %d accelerators: slowest stage %.3f ms per "
+          "micro-batch, ~%.3f ms per step with 1F1B",
+          static_cast<int>(stages->size()), bottleneck * 1e3,
+          (p.micro_batches + stages->size() - 1) * bottleneck * 1e3);
+    } else {
+      note = absl::StrCat("pipeline: ", stages.status().message());
+    }
+    plan->mutable_solver()->set_note(absl::StrCat(plan->solver().note(), "; ", note));
+  }
+  return response;
+}
+
+absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelRequest& rpc,
+                                               const tandem::v1::Profile& model_profile) {
+  PlanRequest r;
+  switch (rpc.cost_source_case()) {
+    case tandem::v1::PlanModelRequest::kProfile:
+      r.profile = rpc.profile();
+      break;
+    case tandem::v1::PlanModelRequest::kHardware:
+      r.profile = model_profile;
+      r.hardware = rpc.hardware();
+      break;
+    default:
+      r.profile = model_profile;
+      break;
+  }
+  const tandem::v1::JobSpec& spec = rpc.spec();
+  r.batch_size = spec.training().batch_size();
+  if (r.batch_size < 0) return Invalid("spec.training.batch_size", "must be in [1, 65536]");
+  r.accelerator_memory_bytes = rpc.accelerator_memory_bytes() > 0
+                                   ? rpc.accelerator_memory_bytes()
+                                   : spec.resources().accelerator_memory_bytes();
+  r.host_memory_bytes =
+      rpc.host_memory_bytes() > 0 ? rpc.host_memory_bytes() : spec.resources().host_memory_bytes();
+  r.strategy = spec.placement().strategy();
+  r.micro_batch_size = spec.placement().micro_batch_size();
+  r.delayed_parameter_update = spec.placement().delayed_parameter_update();
+  r.host_update_threads = spec.training().threads();
+  for (int s : rpc.compare()) r.compare.push_back(static_cast<Strategy>(s));
+  r.pipeline_devices = rpc.pipeline_devices() > 0 ? rpc.pipeline_devices() : 1;
+  return r;
+}
+
+}  // namespace tandem::planner

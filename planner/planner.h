@@ -1,0 +1,70 @@
+// The planner's entry point, for the PlanModel RPC and `tandem plan`: from a
+// Profile (measured, or analytic plus a HardwareSpec) and the budgets, solve
+// the requested strategy and the ones to compare, each simulated, and answer
+// with a PlanModelResponse. The planner never links the runtime: whoever
+// calls it supplies the profile (the node's cached one, or the runtime's
+// analytic export of a model for a hardware description).
+//
+// Defaults: batch_size 0 = the profile's; accelerator budget 0 = the
+// accelerator's capacity from the cost source; host budget 0 = the host's
+// capacity (no limit when unknown); host_update_threads 0 = every host
+// thread; strategy STRATEGY_UNSPECIFIED = reuse_distance when there is an
+// accelerator, else cpu_only; compare empty = all five concrete strategies;
+// micro_batch_size 0 = the solver's choice; pipeline_devices 0 or 1 = no
+// pipeline.
+//
+// STRATEGY_AUTO answers with the fastest feasible plan (its `strategy` field
+// names the one chosen, its solver note says so); when none fits, with the
+// reuse_distance (or cpu_only) plan marked infeasible. An infeasible plan is
+// a normal answer, not an error: feasible=false with
+// min_accelerator_memory_bytes and the numbers in solver.note. Errors are
+// INVALID_ARGUMENT naming the field ("batch_size: ...",
+// "profile.layers[3].forward_flops: must be ...") or FAILED_PRECONDITION for a
+// measured profile missing timings.
+//
+// Thread-safe: SolvePlan keeps no state.
+#ifndef TANDEM_PLANNER_PLANNER_H_
+#define TANDEM_PLANNER_PLANNER_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/plan.pb.h"
+#include "tandem/v1/profile.pb.h"
+#include "tandem/v1/tandem_service.pb.h"
+
+namespace tandem::planner {
+
+struct PlanRequest {
+  // Layers with analytic fields at least; measured device timings are used
+  // when no hardware spec is given.
+  tandem::v1::Profile profile;
+  std::optional<tandem::v1::HardwareSpec> hardware;
+  // Samples per optimizer step; 0 = profile.batch_size.
+  int batch_size = 0;
+  // In bytes; 0 = the capacity the cost source gives.
+  int64_t accelerator_memory_bytes = 0;
+  int64_t host_memory_bytes = 0;
+  tandem::v1::Strategy strategy = tandem::v1::STRATEGY_UNSPECIFIED;
+  std::vector<tandem::v1::Strategy> compare;
+  // Samples per micro-batch; must divide batch_size; 0 = the solver's choice.
+  int micro_batch_size = 0;
+  bool delayed_parameter_update = false;
+  int host_update_threads = 0;
+  // Accelerators for a pipeline-parallel split (Plan.pipeline).
+  int pipeline_devices = 1;
+};
+
+absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request);
+
+// The request the RPC describes. `model_profile` is the model's profile when
+// the RPC carries none (cost source unset: the node's cached profile;
+// hardware: the runtime's analytic export for spec.model).
+absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelRequest& rpc,
+                                               const tandem::v1::Profile& model_profile);
+
+}  // namespace tandem::planner
+
+#endif  // TANDEM_PLANNER_PLANNER_H_

@@ -1,0 +1,48 @@
+#include "planner/schedule.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::planner {
+
+absl::StatusOr<Schedule> ScheduleFromPlan(const tandem::v1::Plan& plan, int num_layers) {
+  if (plan.layers_size() != num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.layers: has ", plan.layers_size(),
+                                                   " layers, the model has ", num_layers));
+  }
+  Schedule s;
+  s.strategy = plan.strategy();
+  s.batch_size = plan.batch_size();
+  s.micro_batch_size = plan.micro_batch_size();
+  s.accelerator_batch_share = plan.accelerator_batch_share();
+  s.delayed_parameter_update = plan.delayed_parameter_update();
+  s.host_update_threads = plan.host_update_threads();
+  s.layers.resize(num_layers);
+  for (int i = 0; i < num_layers; ++i) {
+    const tandem::v1::LayerPlan& l = plan.layers(i);
+    s.layers[i] = {l.compute(), l.parameter_home(), l.update(), l.activation_policy()};
+  }
+  return s;
+}
+
+void WriteScheduleToPlan(const Schedule& schedule, tandem::v1::Plan* plan) {
+  plan->set_strategy(schedule.strategy);
+  plan->set_batch_size(schedule.batch_size);
+  plan->set_micro_batch_size(schedule.micro_batch_size);
+  plan->set_micro_batches(schedule.micro_batches());
+  plan->set_accelerator_batch_share(schedule.accelerator_batch_share);
+  plan->set_delayed_parameter_update(schedule.delayed_parameter_update);
+  plan->set_host_update_threads(schedule.host_update_threads);
+  while (plan->layers_size() < static_cast<int>(schedule.layers.size())) plan->add_layers();
+  for (int i = 0; i < static_cast<int>(schedule.layers.size()); ++i) {
+    tandem::v1::LayerPlan* l = plan->mutable_layers(i);
+    const LayerSchedule& d = schedule.layers[i];
+    l->set_index(i);
+    l->set_compute(d.compute);
+    l->set_parameter_home(d.parameter_home);
+    l->set_update(d.update);
+    l->set_activation_policy(d.activation);
+  }
+}
+
+}  // namespace tandem::planner

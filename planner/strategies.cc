@@ -1,0 +1,514 @@
+#include "planner/strategies.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "planner/memory_fit.h"
+#include "planner/units.h"
+#include "planner/update_placement.h"
+
+namespace tandem::planner {
+namespace {
+
+using tandem::v1::PLACEMENT_ACCELERATOR;
+using tandem::v1::PLACEMENT_HOST;
+
+constexpr int64_t kUnlimitedBytes = int64_t{1} << 52;
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+MemoryBudget Budget(const StrategyContext& c, int64_t accelerator_bytes) {
+  return {accelerator_bytes, c.host_budget_bytes};
+}
+
+// Every layer computes on the accelerator with resident state; `update`
+// says where layers with parameters update.
+Schedule AcceleratorBase(const StrategyContext& c, tandem::v1::Strategy strategy,
+                         tandem::v1::Placement update) {
+  const CostModel& cost = c.cost();
+  Schedule s;
+  s.strategy = strategy;
+  s.layers.resize(cost.num_layers());
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    const bool has_params = cost.ParameterBytes(l) > 0 || cost.GradientBytes(l) > 0;
+    s.layers[l].update = has_params ? update : PLACEMENT_ACCELERATOR;
+  }
+  s.batch_size = c.batch_size;
+  s.micro_batch_size = c.batch_size;
+  s.delayed_parameter_update = c.delayed_parameter_update && update == PLACEMENT_HOST;
+  s.host_update_threads = c.host_update_threads;
+  return s;
+}
+
+// What a fitted schedule did to save memory, for notes.
+std::string Describe(const Schedule& s) {
+  int offload = 0, recompute = 0, streamed = 0, on_accelerator = 0;
+  for (const LayerSchedule& l : s.layers) {
+    offload += l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD;
+    recompute += l.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
+    streamed += l.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+    on_accelerator += l.update == PLACEMENT_ACCELERATOR;
+  }
+  return absl::StrCat("micro-batch ", s.micro_batch_size, " x ", s.micro_batches(), "; ", offload,
+                      " offloaded, ", recompute, " recomputed, ", streamed, " streamed layers");
+}
+
+void Adopt(const Schedule& s, const SimulationResult& r, StrategyOutcome* out) {
+  out->schedule = s;
+  out->schedule.strategy = out->strategy;
+  out->simulation = r;
+  out->simulated = true;
+}
+
+// Simulates the chosen plan once more, recording its timeline (the search
+// simulates without).
+void Finalize(const StrategyContext& c, StrategyOutcome* out) {
+  if (!out->simulated) return;
+  absl::StatusOr<SimulationResult> r = c.simulator->Simulate(out->schedule);
+  if (r.ok()) out->simulation = *std::move(r);
+}
+
+// Fills the minimum budget and the plan it would run, when the strategy does
+// not fit. `fit_at` solves the strategy's memory problem at a budget.
+void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, int64_t guess_bytes,
+                       const std::function<FitResult(int64_t)>& fit_at, StrategyOutcome* out) {
+  out->feasible = false;
+  if (fit.plans_evaluated > 0) Adopt(fit.schedule, fit.simulation, out);
+  FitResult unlimited = fit_at(kUnlimitedBytes);
+  out->plans_evaluated += unlimited.plans_evaluated;
+  if (!unlimited.feasible) {
+    out->min_accelerator_memory_bytes = 0;
+    out->note = absl::StrCat("does not fit any accelerator budget: host memory needs ",
+                             FormatBytes(unlimited.simulation.prediction.host_peak_bytes()),
+                             ", host budget ", FormatBytes(c.host_budget_bytes));
+    return;
+  }
+  const int64_t min_bytes = MinimumFeasibleBudget(
+      [&](int64_t b) {
+        FitResult f = fit_at(b);
+        out->plans_evaluated += f.plans_evaluated;
+        return f.feasible;
+      },
+      c.accelerator_budget_bytes, guess_bytes);
+  out->min_accelerator_memory_bytes = min_bytes;
+  FitResult at_min = fit_at(min_bytes);
+  out->plans_evaluated += at_min.plans_evaluated;
+  if (at_min.feasible) Adopt(at_min.schedule, at_min.simulation, out);
+  out->note =
+      absl::StrCat("needs ", FormatBytes(min_bytes), " of accelerator memory (",
+                   Describe(out->schedule), "); budget ", FormatBytes(c.accelerator_budget_bytes));
+}
+
+StrategyOutcome NoAccelerator(tandem::v1::Strategy strategy, const StrategyContext& c) {
+  StrategyOutcome out;
+  out.strategy = strategy;
+  out.schedule = AcceleratorBase(c, strategy, PLACEMENT_ACCELERATOR);
+  out.method = "none";
+  out.note = "the cost source has no accelerator";
+  return out;
+}
+
+// Bytes every plan of `base` holds on the accelerator for the whole step:
+// resident weights and accelerator-side optimizer state. A budget below it
+// cannot fit, whatever else is decided.
+int64_t ResidentBytes(const CostModel& cost, const Schedule& base) {
+  int64_t bytes = 0;
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    if (base.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+      bytes += cost.ParameterBytes(l);
+    }
+    if (base.layers[l].update == PLACEMENT_ACCELERATOR) bytes += cost.OptimizerStateBytes(l);
+  }
+  return bytes;
+}
+
+StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strategy strategy,
+                                   const Schedule& base, const MemoryChoices& choices,
+                                   bool find_min_budget, bool record_timeline = true) {
+  Stopwatch clock;
+  StrategyOutcome out;
+  out.strategy = strategy;
+  out.method = "memory-fit";
+  auto fit_at = [&](int64_t bytes) {
+    return FitToBudget(*c.simulator, base, Budget(c, bytes), choices, c.micro_batch_size);
+  };
+  const bool resident_too_big =
+      !choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes;
+  if (resident_too_big && !find_min_budget) {
+    out.schedule = base;
+    out.note =
+        absl::StrCat("resident state alone needs ", FormatBytes(ResidentBytes(c.cost(), base)),
+                     "; budget ", FormatBytes(c.accelerator_budget_bytes));
+    out.solve_seconds = clock.seconds();
+    return out;
+  }
+  // When the resident state alone is over budget no fit can succeed: go
+  // straight to the smallest budget that works.
+  FitResult fit;
+  if (!resident_too_big) fit = fit_at(c.accelerator_budget_bytes);
+  out.plans_evaluated = fit.plans_evaluated;
+  if (fit.feasible) {
+    out.feasible = true;
+    Adopt(fit.schedule, fit.simulation, &out);
+    out.note = Describe(fit.schedule);
+  } else {
+    const int64_t guess = resident_too_big
+                              ? SmallestPeakGuess(*c.simulator, base, choices, c.micro_batch_size)
+                              : fit.smallest_peak_bytes;
+    ResolveInfeasible(c, fit, guess, fit_at, &out);
+  }
+  if (record_timeline) Finalize(c, &out);
+  out.solve_seconds = clock.seconds();
+  return out;
+}
+
+}  // namespace
+
+std::string StrategyName(tandem::v1::Strategy strategy) {
+  switch (strategy) {
+    case tandem::v1::STRATEGY_AUTO:
+      return "auto";
+    case tandem::v1::STRATEGY_GPU_ONLY:
+      return "gpu_only";
+    case tandem::v1::STRATEGY_CPU_ONLY:
+      return "cpu_only";
+    case tandem::v1::STRATEGY_ZERO_OFFLOAD:
+      return "zero_offload";
+    case tandem::v1::STRATEGY_REUSE_DISTANCE:
+      return "reuse_distance";
+    case tandem::v1::STRATEGY_HETERO_DP:
+      return "hetero_dp";
+    default:
+      return "unspecified";
+  }
+}
+
+StrategyOutcome SolveGpuOnly(const StrategyContext& c, bool find_min_budget) {
+  if (!c.cost().has_accelerator()) return NoAccelerator(tandem::v1::STRATEGY_GPU_ONLY, c);
+  MemoryChoices choices;
+  choices.recompute = true;
+  return SolveWithMemoryFit(
+      c, tandem::v1::STRATEGY_GPU_ONLY,
+      AcceleratorBase(c, tandem::v1::STRATEGY_GPU_ONLY, PLACEMENT_ACCELERATOR), choices,
+      find_min_budget);
+}
+
+StrategyOutcome SolveZeroOffload(const StrategyContext& c, bool record_timeline) {
+  if (!c.cost().has_accelerator()) return NoAccelerator(tandem::v1::STRATEGY_ZERO_OFFLOAD, c);
+  MemoryChoices choices;
+  choices.offload = choices.recompute = choices.stream = true;
+  return SolveWithMemoryFit(c, tandem::v1::STRATEGY_ZERO_OFFLOAD,
+                            AcceleratorBase(c, tandem::v1::STRATEGY_ZERO_OFFLOAD, PLACEMENT_HOST),
+                            choices, /*find_min_budget=*/true, record_timeline);
+}
+
+StrategyOutcome SolveCpuOnly(const StrategyContext& c) {
+  Stopwatch clock;
+  StrategyOutcome out;
+  out.strategy = tandem::v1::STRATEGY_CPU_ONLY;
+  out.method = "fixed";
+  Schedule s;
+  s.strategy = out.strategy;
+  s.layers.resize(c.cost().num_layers());
+  for (LayerSchedule& l : s.layers) {
+    l.compute = PLACEMENT_HOST;
+    l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
+    l.update = PLACEMENT_HOST;
+  }
+  s.batch_size = c.batch_size;
+  s.micro_batch_size = c.micro_batch_size > 0 ? c.micro_batch_size : c.batch_size;
+  s.host_update_threads = c.host_update_threads;
+  out.schedule = s;
+  SimulationOptions quiet;
+  quiet.record_timeline = false;
+  absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
+  out.plans_evaluated = 1;
+  if (!r.ok()) {
+    out.note = std::string(r.status().message());
+  } else {
+    Adopt(s, *r, &out);
+    const int64_t host = r->prediction.host_peak_bytes();
+    out.feasible = c.host_budget_bytes <= 0 || host <= c.host_budget_bytes;
+    out.note = out.feasible ? absl::StrCat("host holds ", FormatBytes(host))
+                            : absl::StrCat("host memory needs ", FormatBytes(host),
+                                           ", host budget ", FormatBytes(c.host_budget_bytes));
+  }
+  Finalize(c, &out);
+  out.solve_seconds = clock.seconds();
+  return out;
+}
+
+StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutcome& zero_offload,
+                                   const StrategyOutcome& gpu_only) {
+  Stopwatch clock;
+  StrategyOutcome out;
+  out.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
+  out.method = "reuse-distance search";
+  if (!c.cost().has_accelerator()) return NoAccelerator(out.strategy, c);
+  if (!zero_offload.feasible) {
+    // Every layer updating on the host is the least accelerator memory this
+    // strategy can use, so it fits exactly when zero_offload does.
+    out.feasible = false;
+    out.schedule = zero_offload.schedule;
+    out.schedule.strategy = out.strategy;
+    out.simulation = zero_offload.simulation;
+    out.simulated = zero_offload.simulated;
+    out.min_accelerator_memory_bytes = zero_offload.min_accelerator_memory_bytes;
+    out.note = absl::StrCat("as zero_offload: ", zero_offload.note);
+    if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
+    out.solve_seconds = clock.seconds();
+    return out;
+  }
+  const CostModel& cost = c.cost();
+  const int L = cost.num_layers();
+  SimulationOptions quiet;
+  quiet.record_timeline = false;
+
+  struct Candidate {
+    Schedule schedule;
+    SimulationResult simulation;
+    std::string origin;
+  };
+  std::vector<Candidate> candidates = {
+      {zero_offload.schedule, zero_offload.simulation, "no layer gains from the accelerator"}};
+  std::vector<Schedule> configs = {zero_offload.schedule};
+  const int m = zero_offload.schedule.micro_batch_size;
+  for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
+    Schedule config = configs[config_index];
+    config.strategy = out.strategy;
+    std::vector<bool> eligible(L);
+    for (int l = 0; l < L; ++l) {
+      eligible[l] = cost.ParameterBytes(l) > 0 &&
+                    config.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR;
+    }
+    PlacementSearchResult found;
+    if (ChainEvaluator::Supports(config)) {
+      auto evaluator = std::make_shared<ChainEvaluator>(cost, config);
+      evaluator->set_peak_limit(c.accelerator_budget_bytes);
+      found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
+                                    [evaluator](const std::vector<bool>& acc, bool need_peak) {
+                                      return evaluator->Score(acc, need_peak);
+                                    });
+    } else {
+      // Offloaded activations or streamed weights share the copy engines
+      // with the gradient chain: score with the simulator itself, fewer times.
+      PlacementSearchOptions options;
+      options.max_evaluations = 400;
+      options.max_kick_evaluations = 0;
+      found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
+                                    SimulatorPlacementScorer(*c.simulator, config), options);
+    }
+    out.plans_evaluated += found.evaluations;
+    if (!found.feasible) continue;
+    Schedule s = config;
+    for (int l = 0; l < L; ++l) {
+      if (eligible[l])
+        s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
+    }
+    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s);
+    ++out.plans_evaluated;
+    if (!r.ok() || r->prediction.accelerator_peak_bytes() > c.accelerator_budget_bytes ||
+        (c.host_budget_bytes > 0 && r->prediction.host_peak_bytes() > c.host_budget_bytes)) {
+      continue;
+    }
+    // When host updates still stall the accelerator, the budget stopped the
+    // search: try again with half the micro-batch, whose activations leave
+    // room for more optimizer state.
+    const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
+    candidates.push_back({s, *std::move(r), "search over update placements"});
+    if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
+      Schedule half = zero_offload.schedule;
+      half.micro_batch_size = m / 2;
+      configs.push_back(half);
+    }
+  }
+  if (gpu_only.feasible) {
+    candidates.push_back(
+        {gpu_only.schedule, gpu_only.simulation, "every layer fits on the accelerator"});
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    if (candidates[i].simulation.prediction.iteration_seconds() <
+        candidates[best].simulation.prediction.iteration_seconds()) {
+      best = i;
+    }
+  }
+  out.feasible = true;
+  Adopt(candidates[best].schedule, candidates[best].simulation, &out);
+  if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
+  std::vector<int> on_accelerator;
+  for (int l = 0; l < L; ++l) {
+    if (cost.ParameterBytes(l) > 0 && out.schedule.layers[l].update == PLACEMENT_ACCELERATOR) {
+      on_accelerator.push_back(l);
+    }
+  }
+  int with_params = 0;
+  for (int l = 0; l < L; ++l) with_params += cost.ParameterBytes(l) > 0;
+  std::string which;
+  for (size_t i = 0; i < on_accelerator.size() && i < 12; ++i) {
+    absl::StrAppend(&which, i ? "," : "", on_accelerator[i]);
+  }
+  if (on_accelerator.size() > 12) absl::StrAppend(&which, ",...");
+  out.note = absl::StrCat(
+      on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
+      "accelerator [", which, "] (", candidates[best].origin, "); ",
+      FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
+      FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
+      Describe(out.schedule));
+  out.solve_seconds = clock.seconds();
+  return out;
+}
+
+StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
+  Stopwatch clock;
+  StrategyOutcome out;
+  out.strategy = tandem::v1::STRATEGY_HETERO_DP;
+  out.method = "split search + memory-fit";
+  if (!c.cost().has_accelerator()) return NoAccelerator(out.strategy, c);
+  Schedule base = AcceleratorBase(c, out.strategy, PLACEMENT_ACCELERATOR);
+  if (c.batch_size < 2) {
+    out.schedule = base;
+    out.note = "a batch of 1 sample cannot be split between two replicas";
+    return out;
+  }
+  const CostModel& cost = c.cost();
+  const int B = c.batch_size;
+  auto compute = [&](tandem::v1::Placement device, int samples) {
+    double t = 0;
+    for (int l = 0; l < cost.num_layers(); ++l) {
+      t += cost.ForwardSeconds(l, device, samples) + cost.BackwardSeconds(l, device, samples);
+    }
+    return t;
+  };
+  // The smallest accelerator share whose compute is no shorter than the
+  // host's on the rest: compute times are monotone in samples.
+  int lo = 1, hi = B - 1;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (compute(PLACEMENT_ACCELERATOR, mid) >= compute(PLACEMENT_HOST, B - mid)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::vector<int> shares = {lo};
+  if (lo - 1 >= 1) shares.push_back(lo - 1);
+  const size_t balanced = shares.size();
+  for (int a = lo / 2; a >= 1; a /= 2) shares.push_back(a);
+  if (shares.back() != 1) shares.push_back(1);
+
+  MemoryChoices choices;
+  choices.recompute = true;
+  auto fit_share = [&](int share, int64_t bytes) {
+    Schedule s = base;
+    s.accelerator_batch_share = share;
+    const int fixed =
+        c.micro_batch_size > 0 && share % c.micro_batch_size == 0 ? c.micro_batch_size : 0;
+    return FitToBudget(*c.simulator, s, Budget(c, bytes), choices, fixed);
+  };
+  bool found = false;
+  FitResult last;
+  Schedule one_sample = base;
+  one_sample.accelerator_batch_share = 1;
+  // The replica keeps every weight and optimizer state resident: over the
+  // budget, no share fits.
+  if (ResidentBytes(cost, base) > c.accelerator_budget_bytes) shares.clear();
+  for (size_t i = 0; i < shares.size(); ++i) {
+    if (found && i >= balanced) break;
+    FitResult fit = fit_share(shares[i], c.accelerator_budget_bytes);
+    out.plans_evaluated += fit.plans_evaluated;
+    last = fit;
+    if (!fit.feasible) continue;
+    if (!found || fit.simulation.prediction.iteration_seconds() <
+                      out.simulation.prediction.iteration_seconds()) {
+      Adopt(fit.schedule, fit.simulation, &out);
+    }
+    found = true;
+  }
+  if (found) {
+    out.feasible = true;
+    Finalize(c, &out);
+    double sync = 0;
+    {
+      for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
+        if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
+          sync += span.end_seconds() - span.start_seconds();
+        }
+      }
+    }
+    out.note = absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ", B,
+                            " samples, host ", B - out.schedule.accelerator_batch_share,
+                            "; gradient sync spans ", FormatSeconds(sync), " per step; ",
+                            Describe(out.schedule));
+  } else {
+    const int64_t guess = last.plans_evaluated > 0
+                              ? last.smallest_peak_bytes
+                              : SmallestPeakGuess(*c.simulator, one_sample, choices, 0);
+    ResolveInfeasible(
+        c, last, guess, [&](int64_t bytes) { return fit_share(1, bytes); }, &out);
+    Finalize(c, &out);
+  }
+  out.solve_seconds = clock.seconds();
+  return out;
+}
+
+tandem::v1::Plan ToPlan(const StrategyContext& c, const StrategyOutcome& o) {
+  const CostModel& cost = c.cost();
+  tandem::v1::Plan plan;
+  Schedule s = o.schedule;
+  s.strategy = o.strategy;
+  if (s.layers.empty()) s.layers.resize(cost.num_layers());
+  WriteScheduleToPlan(s, &plan);
+  plan.set_accelerator(cost.accelerator_kind());
+  const bool host_compute = !s.layers.empty() && s.layers[0].compute == PLACEMENT_HOST;
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    tandem::v1::LayerPlan* lp = plan.mutable_layers(l);
+    lp->set_name(cost.layer_name(l));
+    if (o.simulated && l < static_cast<int>(o.simulation.layers.size())) {
+      lp->set_reuse_distance_seconds(o.simulation.layers[l].reuse_distance_seconds);
+      lp->set_slack_seconds(o.simulation.layers[l].slack_seconds);
+    }
+    if (host_compute || !cost.has_accelerator()) continue;
+    const LayerSchedule& d = s.layers[l];
+    const int m = std::max(1, s.micro_batch_size);
+    tandem::v1::LayerMemory* mem = lp->mutable_accelerator_memory();
+    mem->set_parameter_bytes(cost.ParameterBytes(l));
+    mem->set_gradient_bytes(cost.GradientBytes(l));
+    mem->set_optimizer_state_bytes(d.update == PLACEMENT_ACCELERATOR ? cost.OptimizerStateBytes(l)
+                                                                     : 0);
+    mem->set_activation_bytes(cost.ActivationBytes(l, m));
+    mem->set_workspace_bytes(cost.WorkspaceBytes(l, m));
+    mem->set_output_bytes(cost.OutputBytes(l, m));
+  }
+  plan.set_accelerator_memory_budget_bytes(c.accelerator_budget_bytes);
+  plan.set_host_memory_budget_bytes(c.host_budget_bytes);
+  plan.set_feasible(o.feasible);
+  plan.set_min_accelerator_memory_bytes(o.feasible ? 0 : o.min_accelerator_memory_bytes);
+  if (o.simulated) {
+    *plan.mutable_prediction() = o.simulation.prediction;
+    *plan.mutable_timeline() = o.simulation.timeline;
+  }
+  tandem::v1::SolverStats* solver = plan.mutable_solver();
+  solver->set_solve_seconds(o.solve_seconds);
+  solver->set_plans_evaluated(o.plans_evaluated);
+  solver->set_method(o.method);
+  solver->set_note(o.note);
+  return plan;
+}
+
+}  // namespace tandem::planner

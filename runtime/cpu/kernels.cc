@@ -54,13 +54,16 @@ void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate) {
 namespace {
 
 template <typename Apply>
-void ForEachKept(int64_t n, float p, uint64_t seed, uint64_t stream, Apply apply) {
-  // Blocks of 4 share one Philox call; threads take whole blocks.
+void ForEachKept(int64_t n, float p, uint64_t seed, uint64_t stream, uint64_t offset, Apply apply) {
+  // Blocks of 4 global indices share one Philox call; threads take whole blocks.
+  const int64_t first = static_cast<int64_t>(offset / 4);
+  const int64_t last = static_cast<int64_t>((offset + n + 3) / 4);
 #pragma omp parallel for schedule(static)
-  for (int64_t block = 0; block < (n + 3) / 4; ++block) {
+  for (int64_t block = first; block < last; ++block) {
     const auto r = Philox4x32(seed, stream, static_cast<uint64_t>(block));
     for (int j = 0; j < 4; ++j) {
-      const int64_t i = block * 4 + j;
+      const int64_t i = block * 4 + j - static_cast<int64_t>(offset);
+      if (i < 0) continue;
       if (i >= n) break;
       const float u = static_cast<float>(r[j] >> 8) * (1.0f / 16777216.0f);
       apply(i, u >= p);
@@ -70,15 +73,17 @@ void ForEachKept(int64_t n, float p, uint64_t seed, uint64_t stream, Apply apply
 
 }  // namespace
 
-void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream) {
+void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
+                    uint64_t offset) {
   const float scale = 1.0f / (1.0f - p);
-  ForEachKept(n, p, seed, stream, [&](int64_t i, bool keep) { y[i] = keep ? x[i] * scale : 0.0f; });
+  ForEachKept(n, p, seed, stream, offset,
+              [&](int64_t i, bool keep) { y[i] = keep ? x[i] * scale : 0.0f; });
 }
 
 void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
-                     uint64_t stream) {
+                     uint64_t stream, uint64_t offset) {
   const float scale = 1.0f / (1.0f - p);
-  ForEachKept(n, p, seed, stream,
+  ForEachKept(n, p, seed, stream, offset,
               [&](int64_t i, bool keep) { dx[i] = keep ? dy[i] * scale : 0.0f; });
 }
 

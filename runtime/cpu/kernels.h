@@ -18,11 +18,13 @@ void Add(const float* a, const float* b, float* out, int64_t n);
 void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate);
 
 // Inverted dropout with a counter-based mask: element i is kept with probability
-// 1-p (Philox at (seed, stream, i)) and scaled by 1/(1-p). Backward uses the same
-// mask, regenerated.
-void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream);
+// 1-p (Philox at (seed, stream, offset + i)) and scaled by 1/(1-p). `offset` is
+// the global index of element 0, so a micro-batch or a data-parallel share gets
+// the same mask as the whole batch. Backward uses the same mask, regenerated.
+void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
+                    uint64_t offset = 0);
 void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
-                     uint64_t stream);
+                     uint64_t stream, uint64_t offset = 0);
 
 // Attention layouts. qkv [B, T, 3C] -> q, k, v each [B, H, T, hs] (C = H*hs),
 // and back (the backward of the split writes dqkv from dq, dk, dv).

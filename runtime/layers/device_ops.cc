@@ -52,17 +52,23 @@ void CopyOrAccumulate(const LayerContext& ctx, const float* a, float* out, int64
   cpu::CopyOrAccumulate(a, out, n, accumulate);
 }
 
+// The mask's element offset: this call's first sample within the whole batch.
+uint64_t DropoutOffset(const LayerContext& ctx) { return ctx.sample_offset * ctx.sample_elements; }
+
 void DropoutForward(const LayerContext& ctx, const float* x, float* y, int64_t n, float p) {
-  TANDEM_ON_CUDA(ctx, cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
+  const uint64_t offset = DropoutOffset(ctx);
+  TANDEM_ON_CUDA(ctx,
+                 cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream, offset),
                  "DropoutForward");
-  cpu::DropoutForward(x, y, n, p, ctx.seed, ctx.rng_stream);
+  cpu::DropoutForward(x, y, n, p, ctx.seed, ctx.rng_stream, offset);
 }
 
 void DropoutBackward(const LayerContext& ctx, const float* dy, float* dx, int64_t n, float p) {
-  TANDEM_ON_CUDA(ctx,
-                 cuda::DropoutBackward(dx, dy, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream),
-                 "DropoutBackward");
-  cpu::DropoutBackward(dy, dx, n, p, ctx.seed, ctx.rng_stream);
+  const uint64_t offset = DropoutOffset(ctx);
+  TANDEM_ON_CUDA(
+      ctx, cuda::DropoutBackward(dx, dy, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream, offset),
+      "DropoutBackward");
+  cpu::DropoutBackward(dy, dx, n, p, ctx.seed, ctx.rng_stream, offset);
 }
 
 void SplitHeads(const LayerContext& ctx, const float* qkv, float* q, float* k, float* v, int64_t B,

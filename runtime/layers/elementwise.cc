@@ -121,7 +121,9 @@ void Dropout::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
     device_ops::CopyOrAccumulate(ctx, x.f32(), y.f32(), x.elements(), false);
     return;
   }
-  device_ops::DropoutForward(ctx, x.f32(), y.f32(), x.elements(), p_);
+  LayerContext c = ctx;
+  c.sample_elements = static_cast<uint64_t>(input_shape().elements());
+  device_ops::DropoutForward(c, x.f32(), y.f32(), x.elements(), p_);
 }
 
 void Dropout::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, const void*,
@@ -131,7 +133,9 @@ void Dropout::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, co
     device_ops::CopyOrAccumulate(ctx, dy.f32(), dx.f32(), dy.elements(), false);
     return;
   }
-  device_ops::DropoutBackward(ctx, dy.f32(), dx.f32(), dy.elements(), p_);
+  LayerContext c = ctx;
+  c.sample_elements = static_cast<uint64_t>(input_shape().elements());
+  device_ops::DropoutBackward(c, dy.f32(), dx.f32(), dy.elements(), p_);
 }
 
 absl::StatusOr<Shape> Flatten::InferOutput(const Shape& input) {

@@ -65,6 +65,12 @@ struct LayerContext {
   // Randomness for this call (dropout): a counter-based stream, see random.h.
   uint64_t seed = 0;
   uint64_t rng_stream = 0;
+  // Index of this call's first sample within the whole batch (micro-batches and
+  // data-parallel shares), so per-element randomness matches a full-batch call.
+  uint64_t sample_offset = 0;
+  // Elements per sample of the tensor the randomness applies to; set by the
+  // layer that draws (see Dropout).
+  uint64_t sample_elements = 0;
   // Scratch of at least WorkspaceBytes(batch) bytes, valid for the call only.
   // On CUDA, device memory; library scratch whose size is known only at run time
   // (cuDNN algorithms, CUB sorts) comes from the CudaContext instead.

@@ -264,3 +264,26 @@ TEST(CrossEntropyTest, UniformLogitsGiveLogClasses) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(DropoutTest, AMicroBatchGetsTheSameMaskAsTheWholeBatch) {
+  Dropout layer(0.4f);
+  ASSERT_TRUE(layer.Build(Shape({7})).ok());
+  std::vector<float> x(5 * 7), whole(5 * 7), part(3 * 7);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + static_cast<float>(i);
+  LayerContext ctx;
+  ctx.seed = 11;
+  ctx.rng_stream = 3;
+  layer.Forward(ctx, Tensor::F32(x.data(), Shape({5, 7})), Tensor::F32(whole.data(), Shape({5, 7})),
+                nullptr);
+  // Samples 2..4 as a micro-batch of their own.
+  ctx.sample_offset = 2;
+  layer.Forward(ctx, Tensor::F32(x.data() + 14, Shape({3, 7})), Tensor::F32(part.data(), Shape({3, 7})),
+                nullptr);
+  for (int i = 0; i < 21; ++i) EXPECT_EQ(part[i], whole[14 + i]) << i;
+}
+
+}  // namespace
+}  // namespace tandem

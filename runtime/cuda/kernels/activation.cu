@@ -61,29 +61,34 @@ __device__ __forceinline__ float ToUnit(uint32_t x) {
 }
 
 // One thread per block of four elements, which share a Philox call.
+// Global indices offset..offset+n-1 in blocks of four that share a Philox call;
+// apply(i, u) gets the local index i.
 template <typename Apply>
 __device__ __forceinline__ void ForEachUniform(int64_t n, uint64_t seed, uint64_t stream_id,
-                                               Apply apply) {
-  TANDEM_GRID_STRIDE_LOOP(block, (n + 3) / 4) {
+                                               uint64_t offset, Apply apply) {
+  const int64_t first = static_cast<int64_t>(offset / 4);
+  const int64_t blocks = static_cast<int64_t>((offset + n + 3) / 4) - first;
+  TANDEM_GRID_STRIDE_LOOP(b, blocks) {
+    const int64_t block = first + b;
     const uint4 r = Philox4x32(seed, stream_id, static_cast<uint64_t>(block));
     const uint32_t words[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int64_t i = block * 4 + j;
-      if (i < n) apply(i, ToUnit(words[j]));
+      const int64_t i = block * 4 + j - static_cast<int64_t>(offset);
+      if (i >= 0 && i < n) apply(i, ToUnit(words[j]));
     }
   }
 }
 
 __global__ void DropoutKernel(float* out, const float* inp, int64_t n, float p, float scale,
-                              uint64_t seed, uint64_t stream_id) {
+                              uint64_t seed, uint64_t stream_id, uint64_t offset) {
   // __fmul_rn: the product is rounded once, as on the CPU (no contraction).
-  ForEachUniform(n, seed, stream_id,
+  ForEachUniform(n, seed, stream_id, offset,
                  [&](int64_t i, float u) { out[i] = u >= p ? __fmul_rn(inp[i], scale) : 0.0f; });
 }
 
 __global__ void UniformKernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id) {
-  ForEachUniform(n, seed, stream_id, [&](int64_t i, float u) { out[i] = u; });
+  ForEachUniform(n, seed, stream_id, 0, [&](int64_t i, float u) { out[i] = u; });
 }
 
 }  // namespace
@@ -111,17 +116,17 @@ cudaError_t ReluBackward(float* dinp, const float* out, const float* dout, int64
 }
 
 cudaError_t DropoutForward(float* out, const float* inp, int64_t N, float p, uint64_t seed,
-                           uint64_t stream_id, cudaStream_t stream) {
+                           uint64_t stream_id, cudaStream_t stream, uint64_t offset) {
   const float scale = 1.0f / (1.0f - p);
-  DropoutKernel<<<GridSize((N + 3) / 4), kBlockSize, 0, stream>>>(out, inp, N, p, scale, seed,
-                                                                  stream_id);
+  DropoutKernel<<<GridSize((N + 3) / 4 + 1), kBlockSize, 0, stream>>>(out, inp, N, p, scale, seed,
+                                                                      stream_id, offset);
   return cudaGetLastError();
 }
 
 cudaError_t DropoutBackward(float* dinp, const float* dout, int64_t N, float p, uint64_t seed,
-                            uint64_t stream_id, cudaStream_t stream) {
+                            uint64_t stream_id, cudaStream_t stream, uint64_t offset) {
   // dx = dy * mask / (1 - p): the forward applied to dy.
-  return DropoutForward(dinp, dout, N, p, seed, stream_id, stream);
+  return DropoutForward(dinp, dout, N, p, seed, stream_id, stream, offset);
 }
 
 cudaError_t PhiloxUniforms(float* out, int64_t N, uint64_t seed, uint64_t stream_id,

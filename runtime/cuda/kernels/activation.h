@@ -30,10 +30,11 @@ cudaError_t ReluBackward(float* dinp, const float* out, const float* dout, int64
 // kept iff u_i >= p, u_i = (Philox4x32-10(key=seed, counter=(stream, i/4))[i%4] >> 8)
 // / 2^24, and kept elements are scaled by 1/(1-p) (computed in fp32 as the CPU
 // does). The mask is bitwise the CPU's; the backward regenerates it.
+// `offset` is the global index of element 0 (see cpu::DropoutForward).
 cudaError_t DropoutForward(float* out, const float* inp, int64_t N, float p, uint64_t seed,
-                           uint64_t stream_id, cudaStream_t stream);
+                           uint64_t stream_id, cudaStream_t stream, uint64_t offset = 0);
 cudaError_t DropoutBackward(float* dinp, const float* dout, int64_t N, float p, uint64_t seed,
-                            uint64_t stream_id, cudaStream_t stream);
+                            uint64_t stream_id, cudaStream_t stream, uint64_t offset = 0);
 
 // For tests: the uniforms u_i of (seed, stream_id) for i < N, as the CPU's UniformAt.
 cudaError_t PhiloxUniforms(float* out, int64_t N, uint64_t seed, uint64_t stream_id,

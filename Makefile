@@ -24,9 +24,11 @@ run: deps
 	exec bazel-bin/server/tandemd --listen=$(LISTEN) --metrics_listen=$(METRICS_LISTEN) \
 	  --state_dir="$(STATE_DIR)" --data_root="$(DATA_ROOT)"
 
-# Every test; ends with GoogleTest-style totals over all test cases.
+# Every test, then the executor's randomised stress again under ThreadSanitizer;
+# ends with GoogleTest-style totals over all test cases.
 test: deps
 	$(BAZEL) test //... ; status=$$?; \
+	  $(BAZEL) test --config=tsan //runtime/exec:plan_executor_stress_test || status=1; \
 	  /usr/bin/python3 tools/test_summary.py || status=1; \
 	  exit $$status
 

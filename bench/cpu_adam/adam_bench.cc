@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "runtime/core/cpu_features.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "runtime/core/allocator.h"
@@ -23,7 +24,7 @@ ABSL_FLAG(int, repeats, 7, "Timed repetitions; the median is reported.");
 namespace tandem {
 namespace {
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+TANDEM_TARGET_CLONES
 void Triad(float* a, const float* b, const float* c, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];

@@ -41,7 +41,7 @@ absl::StatusOr<void*> AccountingAllocator::Allocate(int64_t bytes, MemoryCategor
   if (bytes == 0) return nullptr;
   const int c = static_cast<int>(category);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stats_.budget_bytes > 0 && stats_.total_in_use_bytes + bytes > stats_.budget_bytes) {
       ++stats_.refusals;
       std::string in_use;
@@ -59,7 +59,7 @@ absl::StatusOr<void*> AccountingAllocator::Allocate(int64_t bytes, MemoryCategor
     stats_.in_use_bytes[c] += bytes;
   }
   void* ptr = RawAllocate(bytes);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (ptr == nullptr) {
     stats_.total_in_use_bytes -= bytes;
     stats_.in_use_bytes[c] -= bytes;
@@ -77,24 +77,24 @@ absl::StatusOr<void*> AccountingAllocator::Allocate(int64_t bytes, MemoryCategor
 void AccountingAllocator::Free(void* ptr, int64_t bytes, MemoryCategory category) {
   if (ptr == nullptr) return;
   RawFree(ptr, bytes);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stats_.total_in_use_bytes -= bytes;
   stats_.in_use_bytes[static_cast<int>(category)] -= bytes;
 }
 
 MemoryStats AccountingAllocator::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
 void AccountingAllocator::ResetPeak() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stats_.peak_total_bytes = stats_.total_in_use_bytes;
   stats_.peak_bytes = stats_.in_use_bytes;
 }
 
 void AccountingAllocator::set_budget_bytes(int64_t bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stats_.budget_bytes = bytes;
 }
 

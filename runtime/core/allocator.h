@@ -17,7 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "runtime/core/mutex.h"
 
 namespace tandem {
 
@@ -88,7 +88,7 @@ class AccountingAllocator : public Allocator {
 
  private:
   const std::string device_id_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   MemoryStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -5,6 +5,15 @@
 #ifndef TANDEM_RUNTIME_CORE_CPU_FEATURES_H_
 #define TANDEM_RUNTIME_CORE_CPU_FEATURES_H_
 
+// Function multiversioning: GCC emits AVX-512, AVX2 and baseline clones of a
+// function and picks one at load time. Sanitizer builds use the baseline only:
+// the clones' ifunc resolvers run before the sanitizer runtime starts.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define TANDEM_TARGET_CLONES
+#else
+#define TANDEM_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 namespace tandem {
 
 enum class CpuIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };

@@ -1,4 +1,5 @@
 #include "runtime/cpu/kernels.h"
+#include "runtime/core/cpu_features.h"
 
 #include <cstring>
 #include <omp.h>
@@ -8,13 +9,10 @@
 
 #include "runtime/core/random.h"
 
-// Function multiversioning: GCC emits AVX-512, AVX2 and baseline clones of each
-// loop and picks one at load time from the CPU's features.
-#define TANDEM_VECTORIZED __attribute__((target_clones("avx512f", "avx2", "default")))
 
 namespace tandem::cpu {
 
-TANDEM_VECTORIZED
+TANDEM_TARGET_CLONES
 void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate) {
   // Columns are split across threads so each db[j] has one writer and the sum
   // order is fixed (deterministic for a given thread count).
@@ -35,13 +33,13 @@ void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accu
   }
 }
 
-TANDEM_VECTORIZED
+TANDEM_TARGET_CLONES
 void Add(const float* a, const float* b, float* out, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-TANDEM_VECTORIZED
+TANDEM_TARGET_CLONES
 void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate) {
   if (accumulate) {
 #pragma omp parallel for simd schedule(static)

@@ -3,7 +3,7 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "runtime/core/mutex.h"
 #include "runtime/cpu/onednn.h"
 
 namespace tandem::cpu {
@@ -59,18 +59,18 @@ class MatmulCache {
   const Entry& Get(const MatmulShape& s) {
     const Key key = MakeKey(s);
     {
-      absl::ReaderMutexLock lock(&mu_);
+      ReaderMutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) return *it->second;
     }
     auto entry = std::make_unique<Entry>(Create(s));
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
     return *it->second;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   // Entries are never evicted: a model has a handful of shapes per batch size.
   absl::flat_hash_map<Key, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
 };

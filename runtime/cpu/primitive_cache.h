@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "runtime/core/mutex.h"
 
 namespace tandem::cpu {
 
@@ -20,18 +20,18 @@ class PrimitiveCache {
   template <typename Make>
   const T& Get(int64_t key, Make make) const {
     {
-      absl::ReaderMutexLock lock(&mu_);
+      ReaderMutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) return *it->second;
     }
     auto entry = std::make_unique<T>(make());
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
     return *it->second;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   mutable absl::flat_hash_map<int64_t, std::unique_ptr<T>> entries_ ABSL_GUARDED_BY(mu_);
 };
 

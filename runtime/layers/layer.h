@@ -62,6 +62,9 @@ struct LayerContext {
   // Backward adds into `grads` instead of overwriting them (micro-batches after
   // the first of a step).
   bool accumulate_grads = false;
+  // This forward repeats one already run (activation recompute): it must produce
+  // the same result and leave state alone (no running-statistics update).
+  bool recompute = false;
   // Randomness for this call (dropout): a counter-based stream, see random.h.
   uint64_t seed = 0;
   uint64_t rng_stream = 0;

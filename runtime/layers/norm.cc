@@ -121,7 +121,7 @@ void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor
     const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
     ctx.cuda->Check(
         cuda::BatchNormFinishForward(variance, mean, running_mean, running_var, channels_, epsilon_,
-                                     momentum_, unbias, ctx.cuda->stream),
+                                     ctx.recompute ? 0.0f : momentum_, unbias, ctx.cuda->stream),
         "BatchNormFinishForward");
     return;
   }
@@ -142,6 +142,7 @@ void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor
   args.emplace(DNNL_ARG_VARIANCE, cpu::Wrap(p.channel, variance));
   cpu::Execute(p.training, args);
   // PyTorch's running statistics: the variance is the unbiased estimate.
+  if (ctx.recompute) return;  // The first run already updated the running statistics.
   const double n = static_cast<double>(x.elements() / channels_);
   const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
   for (int64_t c = 0; c < channels_; ++c) {

@@ -119,7 +119,7 @@ void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const A
 
 const char* AdamImplementation() { return CpuIsaName(ActiveCpuIsa()); }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+TANDEM_TARGET_CLONES
 void SgdUpdate(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
   const float lr = s.lr, mom = s.momentum, wd = s.weight_decay, scale = s.grad_scale;
   const bool first = s.first_step, nesterov = s.nesterov;
@@ -137,7 +137,7 @@ void SgdUpdate(float* p, const float* g, float* buf, int64_t n, const SgdStep& s
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default")))
+TANDEM_TARGET_CLONES
 double SumOfSquares(const float* x, int64_t n) {
   double total = 0;
 #pragma omp parallel reduction(+ : total)

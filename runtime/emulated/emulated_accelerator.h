@@ -1,0 +1,85 @@
+// The emulated accelerator (DESIGN.md, "Devices"): for tests and CPU-only
+// development, never reported as a GPU. Its memory is a separate arena of host
+// memory with a hard capacity; its compute runs the CPU kernels on that memory
+// from the executor's compute thread; its link to the host is a copy engine
+// with an optional bandwidth cap (each copy takes at least bytes / cap).
+//
+// The arena is one mapping sub-allocated best-fit with coalescing, so device
+// pointers are recognisably the device's (copies check them) and fragmentation
+// behaves like a real device's. The hard capacity is enforced on accounted bytes
+// (AccountingAllocator), with the arena sized above it so fragmentation alone
+// never refuses an allocation the budget allows. Thread-safe.
+#ifndef TANDEM_RUNTIME_EMULATED_EMULATED_ACCELERATOR_H_
+#define TANDEM_RUNTIME_EMULATED_EMULATED_ACCELERATOR_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "runtime/core/mutex.h"
+#include "runtime/device/accelerator.h"
+
+namespace tandem {
+
+// Sub-allocates one region; thread-safe.
+class ArenaAllocator final : public AccountingAllocator {
+ public:
+  // A region of `region_bytes`, charged against `budget_bytes`.
+  ArenaAllocator(std::string device_id, int64_t region_bytes, int64_t budget_bytes);
+  ~ArenaAllocator() override;
+  bool Contains(const void* ptr, int64_t bytes) const;
+  int64_t region_bytes() const { return region_bytes_; }
+
+ protected:
+  void* RawAllocate(int64_t bytes) override;
+  void RawFree(void* ptr, int64_t bytes) override;
+
+ private:
+  char* base_ = nullptr;
+  const int64_t region_bytes_;
+  Mutex mu_;
+  // Free blocks by offset -> size, and by size for best fit.
+  std::map<int64_t, int64_t> free_by_offset_ ABSL_GUARDED_BY(mu_);
+  std::multimap<int64_t, int64_t> free_by_size_ ABSL_GUARDED_BY(mu_);
+};
+
+struct EmulatedOptions {
+  // Hard capacity of device memory, in bytes.
+  int64_t capacity_bytes = int64_t{1} << 30;
+  // Copy-engine bandwidth cap, in bytes per second; 0 = as fast as memcpy.
+  double link_bytes_per_second = 0;
+  // Fixed cost of each copy, in seconds (a DMA setup).
+  double link_latency_seconds = 0;
+};
+
+class EmulatedAccelerator final : public Accelerator {
+ public:
+  explicit EmulatedAccelerator(EmulatedOptions options, int ordinal = 0);
+
+  DeviceKind kind() const override { return DeviceKind::kEmulated; }
+  const std::string& id() const override { return id_; }
+  Allocator* allocator() override { return &arena_; }
+  Allocator* host_staging_allocator() override { return DefaultHostAllocator(); }
+  LayerContext ComputeContext() override;
+  absl::Status FinishCompute() override { return absl::OkStatus(); }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override;
+  absl::Status Fill(float* dst, float value, int64_t n) override;
+  absl::Status UpdateSlice(const StepConstants& step, float* params, const float* grads,
+                           float* const* states, int64_t n) override;
+  absl::StatusOr<double> SumOfSquares(const float* x, int64_t n) override;
+
+  const EmulatedOptions& options() const { return options_; }
+
+ private:
+  absl::Status Copy(void* dst, const void* src, int64_t bytes);
+
+  const EmulatedOptions options_;
+  const std::string id_;
+  ArenaAllocator arena_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_EMULATED_EMULATED_ACCELERATOR_H_

@@ -1,0 +1,344 @@
+// The plan executor on the emulated accelerator: every kind of plan trains to
+// the CPU engine's loss trajectory, the device's capacity is never exceeded, an
+// allocation the device refuses is a clear error, and a randomised stress of
+// plans and link speeds shows no race (run it under --config=tsan too).
+#include "runtime/exec/plan_executor.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
+#include "runtime/emulated/emulated_accelerator.h"
+#include "runtime/exec/cpu_runner.h"
+#include "runtime/train/job_spec.h"
+
+namespace tandem {
+namespace {
+
+using tandem::v1::Plan;
+
+struct Fixture {
+  tandem::v1::JobSpec spec;
+  std::unique_ptr<Model> model;
+  Datasets data;
+};
+
+Fixture Make(const std::string& yaml) {
+  Fixture f;
+  f.spec = *ResolveJobSpec(*ParseJobSpec(yaml, "test.yaml"), false);
+  JobModel jm = *BuildJobModel(f.spec);
+  f.model = std::move(jm.model);
+  f.data = *OpenDatasets(f.spec.data(), 1, nullptr, ModelContext(f.spec));
+  return f;
+}
+
+const char kMlp[] = R"(
+model: {mlp: {hidden_sizes: [48, 40], dropout: 0.1}}
+data: {synthetic: {sample_shape: [12], num_classes: 5, train_samples: 512}}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}
+training: {batch_size: 32, steps: 50, seed: 3}
+)";
+
+const char kGpt[] = R"(
+model: {gpt: {n_layer: 2, n_head: 2, d_model: 16, context: 8, dropout: 0.1}}
+data: {synthetic: {sample_shape: [8], num_classes: 12, tokens: true, train_samples: 256}}
+optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.01, max_grad_norm: 1.0}
+training: {batch_size: 16, steps: 50, seed: 4}
+)";
+
+std::vector<double> RunSteps(const Fixture& f, StepRunner& runner, int steps) {
+  BatchLoader loader(*f.data.train, f.spec.training().batch_size(), true, f.spec.training().seed(), false);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    StepOptions o;
+    o.step = s;
+    o.seed = f.spec.training().seed();
+    o.learning_rate = f.spec.optimizer().learning_rate();
+    absl::StatusOr<StepResult> r = runner.TrainStep(loader.Next(), o);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      return losses;
+    }
+    losses.push_back(r->loss);
+  }
+  return losses;
+}
+
+std::vector<double> Reference(const Fixture& f, int steps) {
+  HostAllocator host;
+  auto cpu = *CpuRunner::Create(*f.model, f.spec.optimizer(), f.spec.training().batch_size(),
+                                f.spec.training().seed(), &host);
+  return RunSteps(f, *cpu, steps);
+}
+
+// A plan in which every layer gets `make(l)`.
+Plan MakePlan(const Model& m, tandem::v1::Strategy strategy, int batch, int micro,
+              const std::function<void(int, tandem::v1::LayerPlan*)>& make) {
+  Plan p;
+  p.set_strategy(strategy);
+  p.set_batch_size(batch);
+  p.set_micro_batch_size(micro);
+  p.set_micro_batches(batch / micro);
+  p.set_host_update_threads(1);
+  for (int l = 0; l < m.num_layers(); ++l) {
+    auto* lp = p.add_layers();
+    lp->set_index(l);
+    lp->set_compute(tandem::v1::PLACEMENT_ACCELERATOR);
+    lp->set_parameter_home(tandem::v1::PARAMETER_HOME_ACCELERATOR);
+    lp->set_update(tandem::v1::PLACEMENT_ACCELERATOR);
+    lp->set_activation_policy(tandem::v1::ACTIVATION_POLICY_KEEP);
+    make(l, lp);
+  }
+  return p;
+}
+
+struct Case {
+  std::string name;
+  std::function<Plan(const Model&, int batch)> plan;
+  double rtol;
+};
+
+std::vector<Case> Cases() {
+  using namespace tandem::v1;
+  return {
+      {"gpu_only", [](const Model& m, int b) { return MakePlan(m, STRATEGY_GPU_ONLY, b, b, [](int, LayerPlan*) {}); }, 0},
+      {"zero_offload", [](const Model& m, int b) {
+         return MakePlan(m, STRATEGY_ZERO_OFFLOAD, b, b, [](int, LayerPlan* lp) { lp->set_update(PLACEMENT_HOST); });
+       }, 0},
+      {"reuse_distance", [](const Model& m, int b) {
+         // The first layers (shortest reuse distance) update on the device.
+         return MakePlan(m, STRATEGY_REUSE_DISTANCE, b, b, [&m](int l, LayerPlan* lp) {
+           if (l >= m.num_layers() / 2) lp->set_update(PLACEMENT_HOST);
+         });
+       }, 0},
+      {"streamed_offload_recompute", [](const Model& m, int b) {
+         return MakePlan(m, STRATEGY_REUSE_DISTANCE, b, b, [](int l, LayerPlan* lp) {
+           if (l % 2 == 1) {
+             lp->set_parameter_home(PARAMETER_HOME_HOST_STREAMED);
+             lp->set_update(PLACEMENT_HOST);
+           }
+           lp->set_activation_policy(l % 3 == 0 ? ACTIVATION_POLICY_OFFLOAD
+                                                : l % 3 == 1 ? ACTIVATION_POLICY_RECOMPUTE
+                                                             : ACTIVATION_POLICY_KEEP);
+         });
+       }, 0},
+      // Gradients accumulate over micro-batches: only the summation order changes.
+      {"micro_batches", [](const Model& m, int b) {
+         return MakePlan(m, STRATEGY_ZERO_OFFLOAD, b, b / 4, [](int l, LayerPlan* lp) {
+           if (l % 2 == 0) lp->set_update(PLACEMENT_HOST);
+           if (l % 2 == 1) lp->set_activation_policy(ACTIVATION_POLICY_RECOMPUTE);
+         });
+       }, 1e-5},
+      {"cpu_only", [](const Model& m, int b) {
+         return MakePlan(m, STRATEGY_CPU_ONLY, b, b, [](int, LayerPlan* lp) {
+           lp->set_compute(PLACEMENT_HOST);
+           lp->set_parameter_home(PARAMETER_HOME_HOST);
+           lp->set_update(PLACEMENT_HOST);
+         });
+       }, 0},
+      // Two replicas' gradients are summed: only the summation order changes.
+      {"hetero_dp", [](const Model& m, int b) {
+         Plan p = MakePlan(m, STRATEGY_HETERO_DP, b, b / 2, [](int, LayerPlan*) {});
+         p.set_accelerator_batch_share(b * 5 / 8);
+         p.set_micro_batch_size(b * 5 / 16);
+         return p;
+       }, 1e-5},
+  };
+}
+
+class ExecutorMatchesCpuTest : public testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
+  const auto [yaml, which] = GetParam();
+  const Fixture f = Make(yaml);
+  const Case c = Cases()[which];
+  const int steps = 50;
+  const std::vector<double> reference = Reference(f, steps);
+  HostAllocator host;
+  EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9});
+  ExecutorOptions options;
+  options.plan = c.plan(*f.model, f.spec.training().batch_size());
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = f.spec.training().batch_size();
+  options.init_seed = f.spec.training().seed();
+  options.host_allocator = &host;
+  options.accelerator = &device;
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = PlanExecutor::Create(*f.model, options);
+  ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
+  const std::vector<double> losses = RunSteps(f, **executor, steps);
+  ASSERT_EQ(losses.size(), reference.size()) << c.name;
+  // Clipping sums the gradient norm where each gradient is, in another order than
+  // the CPU engine's one flat buffer: equal to rounding, not bitwise.
+  const double rtol = f.spec.optimizer().max_grad_norm() > 0 ? std::max(c.rtol, 1e-5) : c.rtol;
+  for (int s = 0; s < steps; ++s) {
+    if (rtol == 0) {
+      EXPECT_EQ(losses[s], reference[s]) << c.name << " step " << s;
+    } else {
+      EXPECT_NEAR(losses[s], reference[s], rtol * std::fabs(reference[s])) << c.name << " step " << s;
+    }
+  }
+  EXPECT_LT(losses.back(), losses.front()) << c.name;
+  EXPECT_LE(device.allocator()->stats().peak_total_bytes, 64 << 20);
+  // The measured timeline of a finished step is there, in the simulator's format.
+  const tandem::v1::Timeline t = (*executor)->last_timeline();
+  EXPECT_EQ(t.source(), "measured") << c.name;
+  EXPECT_GT(t.iteration_seconds(), 0) << c.name;
+  EXPECT_GT(t.spans_size(), 0) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuTest,
+                         testing::Combine(testing::Values(kMlp, kGpt), testing::Range(0, 7)),
+                         [](const testing::TestParamInfo<std::tuple<const char*, int>>& info) {
+                           return std::string(std::get<0>(info.param) == kMlp ? "mlp_" : "gpt_") +
+                                  Cases()[std::get<1>(info.param)].name;
+                         });
+
+TEST(ExecutorTest, CheckpointStateRoundTripsThroughTheHost) {
+  const Fixture f = Make(kMlp);
+  HostAllocator host;
+  EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+  ExecutorOptions options;
+  options.plan = Cases()[2].plan(*f.model, 32);
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = 32;
+  options.init_seed = 3;
+  options.host_allocator = &host;
+  options.accelerator = &device;
+  auto a = *PlanExecutor::Create(*f.model, options);
+  RunSteps(f, *a, 5);
+  ASSERT_TRUE(a->SyncStateToHost().ok());
+  // A second executor loads the first one's state and continues identically.
+  auto b = *PlanExecutor::Create(*f.model, options);
+  HostStateView from = a->host_state(), to = b->host_state();
+  std::copy(from.params, from.params + f.model->parameter_elements(), to.params);
+  for (size_t i = 0; i < from.moments.size(); ++i) {
+    std::copy(from.moments[i], from.moments[i] + f.model->parameter_elements(), to.moments[i]);
+  }
+  to.optimizer->set_step(from.optimizer->step());
+  ASSERT_TRUE(b->StateChangedOnHost().ok());
+  BatchLoader loader(*f.data.train, 32, false, 1, false);
+  const Batch& batch = loader.Next();
+  StepOptions o;
+  o.step = 5;
+  o.learning_rate = 0.01f;
+  EXPECT_EQ(a->TrainStep(batch, o)->loss, b->TrainStep(batch, o)->loss);
+}
+
+TEST(ExecutorTest, DeviceRefusalIsAClearError) {
+  const Fixture f = Make(kMlp);
+  HostAllocator host;
+  // Room for the weights but not the activations of a batch.
+  EmulatedAccelerator device({.capacity_bytes = 20 << 10});
+  ExecutorOptions options;
+  options.plan = Cases()[1].plan(*f.model, 32);
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = 32;
+  options.host_allocator = &host;
+  options.accelerator = &device;
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> e = PlanExecutor::Create(*f.model, options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  BatchLoader loader(*f.data.train, 32, false, 1, false);
+  absl::StatusOr<StepResult> r = (*e)->TrainStep(loader.Next(), StepOptions());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("emulated:0 memory budget exceeded"), std::string::npos) << r.status();
+  EXPECT_LE(device.allocator()->stats().peak_total_bytes, 20 << 10);
+  // And it stays failed rather than running on in a broken state.
+  EXPECT_FALSE((*e)->TrainStep(loader.Next(), StepOptions()).ok());
+}
+
+TEST(ExecutorTest, DelayedUpdatesUseWeightsOneUpdateOld) {
+  const Fixture f = Make(kMlp);
+  HostAllocator host;
+  EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+  ExecutorOptions options;
+  options.plan = Cases()[1].plan(*f.model, 32);
+  options.plan.set_delayed_parameter_update(true);
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = 32;
+  options.init_seed = 3;
+  options.host_allocator = &host;
+  options.accelerator = &device;
+  auto e = *PlanExecutor::Create(*f.model, options);
+  const std::vector<double> delayed = RunSteps(f, *e, 50);
+  // The same rule on the CPU engine, by hand: W[k+1] = Step(W[k], g(W[k-1])),
+  // with W[-1] = W[0] (step k's gradient comes from weights one update old).
+  HostAllocator host2;
+  auto cpu = *CpuRunner::Create(*f.model, f.spec.optimizer(), 32, 3, &host2);
+  const int64_t P = f.model->parameter_elements();
+  float* params = cpu->state().params();
+  std::vector<float> w_prev(params, params + P), w_cur = w_prev;
+  HostStateView view = cpu->host_state();
+  BatchLoader loader(*f.data.train, 32, true, f.spec.training().seed(), false);
+  for (int s = 0; s < 50; ++s) {
+    std::copy(w_prev.begin(), w_prev.end(), params);
+    std::vector<std::vector<float>> moments;
+    for (float* m : view.moments) moments.emplace_back(m, m + P);
+    const int64_t t = view.optimizer->step();
+    StepOptions o;
+    o.step = s;
+    o.seed = f.spec.training().seed();
+    o.learning_rate = f.spec.optimizer().learning_rate();
+    absl::StatusOr<StepResult> r = cpu->TrainStep(loader.Next(), o);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(delayed[s], r->loss) << "step " << s;
+    // Undo TrainStep's own update; apply the gradient to the newest weights.
+    for (size_t i = 0; i < moments.size(); ++i) std::copy(moments[i].begin(), moments[i].end(), view.moments[i]);
+    view.optimizer->set_step(t);
+    std::copy(w_cur.begin(), w_cur.end(), params);
+    view.optimizer->Step(params, cpu->state().grads(), o.learning_rate, 1.0f);
+    w_prev = w_cur;
+    w_cur.assign(params, params + P);
+  }
+}
+
+TEST(ExecutorStressTest, RandomPlansAndLinkSpeedsMatchTheReference) {
+  // 1,000 steps over randomised plans and bandwidth caps, each segment checked
+  // against the CPU engine. Races show up as mismatches (or as TSAN reports).
+  const Fixture f = Make(kMlp);
+  const int kSteps = 1000, kSegment = 25;
+  const std::vector<double> reference = Reference(f, kSegment);
+  std::mt19937 rng(1234);
+  int total = 0;
+  while (total < kSteps) {
+    const Model& m = *f.model;
+    const int micro = std::vector<int>{32, 16, 8}[rng() % 3];
+    Plan plan = MakePlan(m, tandem::v1::STRATEGY_REUSE_DISTANCE, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
+      switch (rng() % 3) {
+        case 0:
+          break;
+        case 1:
+          lp->set_update(tandem::v1::PLACEMENT_HOST);
+          break;
+        case 2:
+          lp->set_update(tandem::v1::PLACEMENT_HOST);
+          lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST_STREAMED);
+          break;
+      }
+      lp->set_activation_policy(static_cast<tandem::v1::ActivationPolicy>(1 + rng() % 3));
+    });
+    HostAllocator host;
+    EmulatedAccelerator device({.capacity_bytes = 64 << 20,
+                                .link_bytes_per_second = std::vector<double>{0, 2e9, 2e8}[rng() % 3]});
+    ExecutorOptions options;
+    options.plan = plan;
+    options.optimizer = f.spec.optimizer();
+    options.max_batch = 32;
+    options.init_seed = f.spec.training().seed();
+    options.host_allocator = &host;
+    options.accelerator = &device;
+    auto e = *PlanExecutor::Create(m, options);
+    const std::vector<double> losses = RunSteps(f, *e, kSegment);
+    ASSERT_EQ(losses.size(), reference.size());
+    for (int s = 0; s < kSegment; ++s) {
+      ASSERT_NEAR(losses[s], reference[s], 1e-5 * std::fabs(reference[s]))
+          << "segment at step " << total << ", step " << s << ", micro-batch " << micro;
+    }
+    total += kSegment;
+  }
+}
+
+}  // namespace
+}  // namespace tandem

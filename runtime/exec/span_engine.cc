@@ -1,0 +1,150 @@
+#include "runtime/exec/span_engine.h"
+
+#include <pthread.h>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/core/clock.h"
+
+namespace tandem {
+
+SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
+                       std::function<void(tandem::v1::TimelineResource)> setup) {
+  for (auto r : resources) queues_[r];
+  for (auto r : resources) {
+    workers_.emplace_back([this, r, setup] {
+      const std::string name = tandem::v1::TimelineResource_Name(r).substr(18, 15);
+      pthread_setname_np(pthread_self(), name.c_str());
+      if (setup) setup(r);
+      WorkerLoop(r);
+    });
+  }
+}
+
+SpanEngine::~SpanEngine() {
+  WaitAll().IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [r, q] : queues_) q.cv.notify_all();
+  }
+  for (std::thread& t : workers_) t.join();
+}
+
+SpanId SpanEngine::Add(const SpanInfo& info, std::vector<SpanId> deps,
+                       std::function<absl::Status()> work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const SpanId id = next_id_++;
+  Span& span = spans_[id];
+  span.info = info;
+  span.work = std::move(work);
+  for (SpanId d : deps) {
+    if (d <= 0 || d < collected_below_) continue;
+    auto it = spans_.find(d);
+    if (it == spans_.end() || it->second.done) continue;
+    it->second.dependents.push_back(id);
+    ++span.pending;
+  }
+  if (span.pending == 0) Issue(id);
+  return id;
+}
+
+void SpanEngine::Issue(SpanId id) {
+  Span& span = spans_[id];
+  auto q = queues_.find(span.info.resource);
+  if (q == queues_.end()) {
+    // A resource this engine does not run: a programming error, reported as such.
+    if (status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat("span for resource ",
+                                                 tandem::v1::TimelineResource_Name(span.info.resource),
+                                                 " which this executor does not run"));
+    }
+    span.done = true;
+    done_cv_.notify_all();
+    return;
+  }
+  q->second.ready.push_back(id);
+  q->second.cv.notify_one();
+}
+
+void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
+  Queue& q = queues_[resource];
+  while (true) {
+    SpanId id;
+    std::function<absl::Status()> work;
+    bool skip;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      q.cv.wait(lock, [&] { return stopping_ || !q.ready.empty(); });
+      if (q.ready.empty()) return;
+      id = q.ready.front();
+      q.ready.pop_front();
+      work = std::move(spans_[id].work);
+      skip = !status_.ok();
+    }
+    SpanRecord record;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      record.info = spans_[id].info;
+    }
+    record.start = WallSeconds();
+    absl::Status s = skip ? absl::OkStatus() : work();
+    record.end = WallSeconds();
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status_.ok()) status_ = s;
+    }
+    Complete(id, skip ? SpanRecord{} : record);
+  }
+}
+
+void SpanEngine::Complete(SpanId id, const SpanRecord& record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Span& span = spans_[id];
+  span.done = true;
+  span.work = nullptr;
+  if (record.end > 0) records_.push_back(record);
+  for (SpanId d : span.dependents) {
+    auto it = spans_.find(d);
+    if (it != spans_.end() && --it->second.pending == 0) Issue(d);
+  }
+  span.dependents.clear();
+  Collect();
+  done_cv_.notify_all();
+}
+
+void SpanEngine::Collect() {
+  while (!spans_.empty() && spans_.begin()->second.done) {
+    collected_below_ = spans_.begin()->first + 1;
+    spans_.erase(spans_.begin());
+  }
+}
+
+absl::Status SpanEngine::Wait(SpanId id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] {
+    if (id < collected_below_) return true;
+    auto it = spans_.find(id);
+    return it == spans_.end() || it->second.done;
+  });
+  return status_;
+}
+
+absl::Status SpanEngine::WaitAll() {
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return spans_.empty(); });
+  return status_;
+}
+
+absl::Status SpanEngine::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+std::vector<SpanRecord> SpanEngine::TakeRecords() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SpanRecord> out;
+  out.swap(records_);
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,103 @@
+// Runs a growing graph of spans (a layer's forward on the compute stream, a
+// gradient copy on the D2H engine, a CPU update...) on one worker thread per
+// resource, with the issue rule of the planner's simulator (planner/simulator.h):
+// a span is issued to its resource the moment its last dependency completes,
+// and each resource runs its issued spans one at a time in issue order (FIFO).
+// Compute streams get program order by depending on their previous span.
+//
+// Spans may be added while others run (the next iteration's forward while the
+// previous iteration's CPU updates still go on). The first span that fails
+// stops the graph: later spans are marked done without running and the error
+// is reported by status(). Every span's start and end are recorded for the
+// measured timeline. Thread-safe.
+#ifndef TANDEM_RUNTIME_EXEC_SPAN_ENGINE_H_
+#define TANDEM_RUNTIME_EXEC_SPAN_ENGINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tandem/v1/plan.pb.h"
+
+namespace tandem {
+
+using SpanId = int64_t;
+
+struct SpanInfo {
+  tandem::v1::TimelineResource resource = tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+  tandem::v1::TimelinePhase phase = tandem::v1::TIMELINE_PHASE_UNSPECIFIED;
+  int layer = -1;
+  int micro_batch = 0;
+  int64_t bytes = 0;
+  // Which training iteration the span belongs to (for the timeline).
+  int64_t iteration = 0;
+};
+
+struct SpanRecord {
+  SpanInfo info;
+  // Wall-clock seconds (clock.h WallSeconds).
+  double start = 0, end = 0;
+};
+
+class SpanEngine {
+ public:
+  // One worker per resource in `resources`; `setup(resource)` runs first on each
+  // worker thread (e.g. to set its OpenMP thread count).
+  SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
+             std::function<void(tandem::v1::TimelineResource)> setup = nullptr);
+  // Waits for every span, then stops the workers.
+  ~SpanEngine();
+
+  // Adds a span that runs `work` on its resource after all `deps` completed.
+  // Dependencies that already completed (or were collected) count as met.
+  SpanId Add(const SpanInfo& info, std::vector<SpanId> deps, std::function<absl::Status()> work);
+
+  // Blocks until `id` (or everything) is done. Returns the graph's status.
+  absl::Status Wait(SpanId id);
+  absl::Status WaitAll();
+  absl::Status status() const;
+
+  // Records of spans finished since the last call, and drops them.
+  std::vector<SpanRecord> TakeRecords();
+
+ private:
+  struct Span {
+    SpanInfo info;
+    std::function<absl::Status()> work;
+    int pending = 0;
+    bool done = false;
+    std::vector<SpanId> dependents;
+  };
+  struct Queue {
+    std::deque<SpanId> ready;
+    std::condition_variable cv;
+  };
+
+  void Issue(SpanId id);  // mu_ held
+  void Complete(SpanId id, const SpanRecord& record);
+  void WorkerLoop(tandem::v1::TimelineResource resource);
+  void Collect();  // mu_ held
+
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;
+  std::map<SpanId, Span> spans_;
+  SpanId next_id_ = 1;
+  // Spans below this id are all done and collected.
+  SpanId collected_below_ = 1;
+  std::map<tandem::v1::TimelineResource, Queue> queues_;
+  std::vector<SpanRecord> records_;
+  absl::Status status_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_EXEC_SPAN_ENGINE_H_

@@ -26,10 +26,12 @@ run: deps
 
 # Every test, then the executor's randomised stress again under ThreadSanitizer;
 # ends with GoogleTest-style totals over all test cases.
+TSAN_TESTS := //runtime/exec:plan_executor_stress_test
+
 test: deps
-	$(BAZEL) test //... ; status=$$?; \
-	  $(BAZEL) test --config=tsan //runtime/exec:plan_executor_stress_test || status=1; \
-	  /usr/bin/python3 tools/test_summary.py || status=1; \
+	$(BAZEL) test --config=tsan $(TSAN_TESTS); status=$$?; \
+	  $(BAZEL) test //... || status=1; \
+	  /usr/bin/python3 tools/test_summary.py --extra=bazel-out/k8-opt-tsan/testlogs || status=1; \
 	  exit $$status
 
 # Benchmarks against their peers (PyTorch on CPU, ZeRO-Offload in the planner).

@@ -23,14 +23,24 @@ def current_targets():
     return {label[2:].replace(":", "/") for label in out.split()}
 
 
+def result_files(root, extras):
+    """(label, path) of every result: the main logs, then extra configurations'
+    (e.g. ThreadSanitizer), labelled with their directory."""
+    for path in sorted(glob.glob(os.path.join(root, "**", "test.xml"), recursive=True)):
+        yield os.path.relpath(os.path.dirname(path), root), path, True
+    for extra in extras:
+        for path in sorted(glob.glob(os.path.join(extra, "**", "test.xml"), recursive=True)):
+            yield "%s (%s)" % (os.path.relpath(os.path.dirname(path), extra), extra), path, False
+
+
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else "bazel-testlogs"
+    root = "bazel-testlogs"
+    extras = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--extra=")]
     targets = passed = failed = skipped = 0
     failures = []
     wanted = current_targets()
-    for path in sorted(glob.glob(os.path.join(root, "**", "test.xml"), recursive=True)):
-        target = os.path.relpath(os.path.dirname(path), root)
-        if wanted is not None and target not in wanted:
+    for target, path, main_config in result_files(root, extras):
+        if main_config and wanted is not None and target not in wanted:
             continue
         targets += 1
         try:

@@ -26,6 +26,7 @@ using Args = std::vector<std::string>;
 
 absl::StatusOr<int> RunTrain(const Args& args);
 absl::StatusOr<int> RunNode(const Args& args);
+absl::StatusOr<int> RunProfile(const Args& args);
 
 // A message as pretty JSON (the protobuf JSON mapping, field names as in .proto).
 std::string ToJson(const google::protobuf::Message& message);

@@ -29,6 +29,8 @@ struct Command {
 const std::map<std::string, Command>& Commands() {
   static const auto* commands = new std::map<std::string, Command>{
       {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
+      {"profile",
+       {"profile FILE", "Profile a job file's model layer by layer on this machine.", RunProfile}},
       {"train",
        {"train FILE", "Run a job file in this process, without a daemon.", RunTrain}},
   };

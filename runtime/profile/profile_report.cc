@@ -71,6 +71,9 @@ std::string CounterCell(const Counter* c) {
 }
 
 std::string CounterHeading(const Counter& c) {
+  if (c.name() == "task_clock") return "task-clock ms";
+  if (c.name() == "page_faults") return "faults";
+  if (c.name() == "context_switches") return "ctx-sw";
   if (c.unit() == "seconds") return absl::StrCat(c.name(), " ms");
   return c.name();
 }
@@ -157,8 +160,8 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
   absl::StrAppend(out, "\n  time per call on ", device.id(),
                   ", ms: median ±half the p10-p90 range; GFLOP/s = analytic FLOPs / median\n");
   rows.clear();
-  rows.push_back({"#", "layer", "kind", "forward", "backward", "update", "fwd GFLOP/s",
-                  "bwd GFLOP/s", "thread cpu fwd/bwd"});
+  rows.push_back(
+      {"#", "layer", "kind", "forward", "backward", "update", "fwd GFLOP/s", "bwd GFLOP/s"});
   double total_fwd = 0, total_bwd = 0, total_upd = 0;
   int samples = 0;
   for (const LayerProfile& layer : profile.layers()) {
@@ -168,14 +171,9 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
     if (b != nullptr) total_bwd += b->timing().median_seconds();
     if (u != nullptr) total_upd += u->timing().median_seconds();
     if (f != nullptr) samples = f->timing().samples();
-    std::string cpu = "-";
-    if (f != nullptr && b != nullptr && device.kind() == tandem::v1::DEVICE_KIND_CPU) {
-      cpu = absl::StrCat(Ms(f->timing().thread_cpu_seconds()), " / ",
-                         Ms(b->timing().thread_cpu_seconds()));
-    }
     rows.push_back({absl::StrCat(layer.index()), layer.name(), layer.kind(), TimingCell(f),
                     TimingCell(b), TimingCell(u), Rate(layer.forward_flops(), f),
-                    Rate(layer.backward_flops(), b), cpu});
+                    Rate(layer.backward_flops(), b)});
   }
   rows.push_back({"", "sum of medians", "", Ms(total_fwd), Ms(total_bwd), Ms(total_upd)});
   absl::StrAppend(out, Table(rows));
@@ -196,29 +194,35 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
       }
     }
   }
-  if (kinds.empty()) {
+  // The calling thread's CPU time is a CPU device's own figure.
+  const bool thread_cpu = device.kind() == tandem::v1::DEVICE_KIND_CPU;
+  if (kinds.empty() && !thread_cpu) {
     absl::StrAppend(out, "\n  counters on ", device.id(), ": none (",
                     device.counter_note().empty() ? "no counter source" : device.counter_note(),
                     ")\n");
-  } else {
-    absl::StrAppend(out, "\n  counters on ", device.id(), ", median per call (",
-                    SourceName(kinds[0].source()), ")\n");
-    rows.clear();
-    std::vector<std::string> heading = {"#", "layer"};
-    for (const char* phase : {"fwd", "bwd"}) {
-      for (const Counter& k : kinds) heading.push_back(absl::StrCat(phase, " ", CounterHeading(k)));
-    }
-    rows.push_back(heading);
-    for (const LayerProfile& layer : profile.layers()) {
-      const LayerDeviceProfile* d = OnDevice(layer, device.id());
-      std::vector<std::string> row = {absl::StrCat(layer.index()), layer.name()};
-      for (const PhaseProfile* p : {Forward(d), Backward(d)}) {
-        for (const Counter& k : kinds) row.push_back(CounterCell(FindCounter(p, k.name())));
-      }
-      rows.push_back(row);
-    }
-    absl::StrAppend(out, Table(rows));
+    return;
   }
+  absl::StrAppend(
+      out, "\n  counters on ", device.id(), ", median per call (",
+      kinds.empty() ? "no counters" : SourceName(kinds[0].source()),
+      thread_cpu ? "; thread cpu = the calling thread's CPU time, workers excluded" : "", ")\n");
+  rows.clear();
+  std::vector<std::string> heading = {"#", "layer"};
+  for (const char* phase : {"fwd", "bwd"}) {
+    if (thread_cpu) heading.push_back(absl::StrCat(phase, " thread cpu ms"));
+    for (const Counter& k : kinds) heading.push_back(absl::StrCat(phase, " ", CounterHeading(k)));
+  }
+  rows.push_back(heading);
+  for (const LayerProfile& layer : profile.layers()) {
+    const LayerDeviceProfile* d = OnDevice(layer, device.id());
+    std::vector<std::string> row = {absl::StrCat(layer.index()), layer.name()};
+    for (const PhaseProfile* p : {Forward(d), Backward(d)}) {
+      if (thread_cpu) row.push_back(p == nullptr ? "-" : Ms(p->timing().thread_cpu_seconds()));
+      for (const Counter& k : kinds) row.push_back(CounterCell(FindCounter(p, k.name())));
+    }
+    rows.push_back(row);
+  }
+  absl::StrAppend(out, Table(rows));
 }
 
 void AppendMemory(const tandem::v1::Profile& profile, std::string* out) {

@@ -243,10 +243,13 @@ class LayerRun {
       device_.BeginPhase(l_, phase, r, timed);
       const double start = WallSeconds();
       call();
-      const absl::Status synced = device_.Synchronize();
-      const double seconds = WallSeconds() - start;
+      // EndPhase marks the end of the work issued (a CUDA event must be
+      // recorded before the wait); its own host time is not the phase's.
+      const double issued = WallSeconds();
       device_.EndPhase(l_, phase, r, timed);
-      TANDEM_RETURN_IF_ERROR(synced);
+      const double end_phase_seconds = WallSeconds() - issued;
+      TANDEM_RETURN_IF_ERROR(device_.Synchronize());
+      const double seconds = WallSeconds() - start - end_phase_seconds;
       if (timed) wall->push_back(seconds);
     }
     return absl::OkStatus();

@@ -11,7 +11,7 @@
 // are random of the right type (token ids for an embedding, targets for the
 // loss). Then forward runs warm-up + N times, backward (on forward's saved
 // state) warm-up + N times, and the optimizer update of the layer's slice
-// warm-up + N times; each call is timed on the wall clock after the device has
+// warm-up + N times; each call is timed on the wall clock until the device has
 // synchronised, and the device adds its counters. A parameterless layer has no
 // update phase: it is absent, never zero.
 //

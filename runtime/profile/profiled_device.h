@@ -79,8 +79,11 @@ class ProfiledDevice {
   }
   virtual void FreePinnedHost(void* ptr, int64_t bytes) {}
 
-  // Bracket each call of a layer's phase, warm-up included (`timed` false);
-  // EndPhase comes after Synchronize(). `layer` is the chain index.
+  // Bracket each call of a layer's phase, warm-up included (`timed` false).
+  // EndPhase comes right after the phase's work was issued and before
+  // Synchronize() (so a GPU records its end event on the stream); the host
+  // time EndPhase itself takes is left out of the phase's wall time. `layer` is
+  // the chain index.
   virtual void BeginPhase(int layer, Phase phase, int repetition, bool timed) = 0;
   virtual void EndPhase(int layer, Phase phase, int repetition, bool timed) = 0;
   // After all of a layer's phases: adds what the device measured around the

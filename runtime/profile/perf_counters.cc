@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -17,8 +18,6 @@
 
 namespace tandem::profile {
 namespace {
-
-using tandem::v1::CounterSource_Name;
 
 class LinuxPerfEventApi final : public PerfEventApi {
  public:

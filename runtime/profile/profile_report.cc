@@ -115,7 +115,7 @@ std::string Table(const std::vector<std::vector<std::string>>& rows, int indent 
   return out;
 }
 
-std::string Shape(const google::protobuf::RepeatedField<int64_t>& dims) {
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
@@ -319,7 +319,7 @@ std::string FormatProfileReport(const tandem::v1::Profile& profile, const Report
   for (const LayerProfile& layer : profile.layers()) parameters += layer.parameter_count();
   absl::StrAppend(&out, "model ", profile.model_fingerprint().substr(0, 12), ": ",
                   profile.layers_size(), " layers, ", parameters, " parameters; batch ",
-                  profile.batch_size(), " x ", Shape(profile.sample_shape()), "; ",
+                  profile.batch_size(), " x ", ShapeText(profile.sample_shape()), "; ",
                   profile.optimizer_state_per_parameter(), " optimizer moments per parameter\n");
   const auto& p = profile.provenance();
   if (p.source() == "measured") {

@@ -37,7 +37,6 @@ class FakePerfEventApi final : public PerfEventApi {
 
   int Open(uint32_t type, uint64_t config, bool exclude_kernel) override {
     absl::MutexLock lock(&mu_);
-    ++opens_;
     auto it = refused_.find(type);
     if (it != refused_.end()) return -it->second;
     if (refuse_kernel_ && !exclude_kernel) return -EACCES;
@@ -83,7 +82,6 @@ class FakePerfEventApi final : public PerfEventApi {
   bool refuse_kernel_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 10;
   int next_fd_ ABSL_GUARDED_BY(mu_) = 100;
-  int opens_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, Event> events_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -145,7 +143,6 @@ class FakeAccelerator final : public ProfiledDevice {
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     if (fail_copies_) return absl::InternalError("copy engine fault");
     std::memcpy(dst, src, bytes);
-    ++copies_;
     return absl::OkStatus();
   }
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
@@ -205,7 +202,6 @@ class FakeAccelerator final : public ProfiledDevice {
   const bool pinned_;
   bool fail_copies_ = false;
   int64_t budget_bytes_ = 0;
-  int64_t copies_ = 0;
   std::pair<int, Phase> open_{-2, Phase::kForward};
   int begun_ = 0, mismatched_ = 0;
   std::map<std::pair<int, Phase>, int> timed_calls_;

@@ -37,7 +37,9 @@ struct ProfilerEnvironment {
   // The node's devices, not owned; the profile lists them in this order. Empty
   // = the host alone, as a CpuProfiledDevice made for the call.
   std::vector<ProfiledDevice*> devices;
-  // OpenMP threads of the calling thread for CPU work; 0 = as it is.
+  // OpenMP threads of the calling thread for CPU work; 0 = as it is. A CPU
+  // device passed in `devices` opened its counters on the team it was created
+  // under: create it under the same thread count.
   int threads = 0;
   // A line per step, for progress displays.
   std::function<void(const std::string&)> on_progress;

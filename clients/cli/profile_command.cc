@@ -60,6 +60,11 @@ absl::StatusOr<int> RunProfile(const Args& args) {
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return spec.status();
 
+  // The API reads 0 as "the default"; on the command line it is a mistake.
+  if (absl::GetFlag(FLAGS_iterations) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--iterations: must be in [1, 1000], got ", absl::GetFlag(FLAGS_iterations)));
+  }
   tandem::v1::ProfileModelRequest request;
   *request.mutable_spec() = *spec;
   request.set_iterations(absl::GetFlag(FLAGS_iterations));

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "runtime/core/clock.h"
@@ -83,6 +84,22 @@ std::string HostCpuName() {
   return "unknown CPU";
 }
 
+int64_t LastLevelCacheBytes() {
+  int64_t best = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream f(absl::StrCat("/sys/devices/system/cpu/cpu0/cache/index", index, "/size"));
+    std::string size;
+    if (!(f >> size) || size.empty()) continue;
+    int64_t multiplier = 1;
+    if (size.back() == 'K') multiplier = 1 << 10;
+    if (size.back() == 'M') multiplier = 1 << 20;
+    if (multiplier != 1) size.pop_back();
+    int64_t value = 0;
+    if (absl::SimpleAtoi(size, &value)) best = std::max(best, value * multiplier);
+  }
+  return best > 0 ? best : int64_t{32} << 20;
+}
+
 std::unique_ptr<CpuProfiledDevice> CpuProfiledDevice::Create(CpuDeviceOptions options) {
   return std::make_unique<CpuProfiledDevice>(OpenPerfCounters(), options);
 }
@@ -115,6 +132,15 @@ absl::Status CpuProfiledDevice::UpdateSlice(const StepConstants& c, float* param
                                             const float* grads, float* const* states, int64_t n) {
   Optimizer::UpdateSlice(c, params, grads, states, n);
   return absl::OkStatus();
+}
+
+void CpuProfiledDevice::EvictCaches() {
+  if (eviction_.empty()) eviction_.resize(2 * LastLevelCacheBytes() / sizeof(float));
+  float* p = eviction_.data();
+  const int64_t n = static_cast<int64_t>(eviction_.size());
+  const float value = ++eviction_generation_;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
 }
 
 absl::Status CpuProfiledDevice::CopyToDevice(void* device_dst, const void* host_src,

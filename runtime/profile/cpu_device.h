@@ -11,7 +11,9 @@
 //     with its source; none at all when perf refuses everything, and the
 //     DeviceProfile's counter_note says why.
 //
-// The host has no link to itself, so no links are measured for it. Driven by
+// Before each update call it evicts the caches (EvictCaches), so per-layer
+// update times are those of state last touched an iteration ago. The host has
+// no link to itself, so no links are measured for it. Driven by
 // one thread (the profiler's), like every ProfiledDevice.
 #ifndef TANDEM_RUNTIME_PROFILE_CPU_DEVICE_H_
 #define TANDEM_RUNTIME_PROFILE_CPU_DEVICE_H_
@@ -50,6 +52,8 @@ class CpuProfiledDevice final : public ProfiledDevice {
   absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
                            float* const* states, int64_t n) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  // Writes a buffer of twice the last-level cache from every team thread.
+  void EvictCaches() override;
 
   absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
@@ -79,7 +83,12 @@ class CpuProfiledDevice final : public ProfiledDevice {
   double begin_cpu_seconds_ = 0;
   std::vector<double> begin_counters_, end_counters_;
   std::map<std::pair<int, Phase>, Samples> samples_;
+  std::vector<float> eviction_;
+  float eviction_generation_ = 0;
 };
+
+// The last-level cache of CPU 0, in bytes, from sysfs; 32 MiB when unknown.
+int64_t LastLevelCacheBytes();
 
 // "AMD EPYC 7B13", from /proc/cpuinfo; "unknown CPU" when it says nothing.
 std::string HostCpuName();

@@ -65,14 +65,14 @@ class LayerRun {
     TANDEM_RETURN_IF_ERROR(FillCanary(b_.saved));
     TANDEM_RETURN_IF_ERROR(FillCanary(b_.workspace));
     std::vector<double> wall;
-    TANDEM_RETURN_IF_ERROR(Repeat(Phase::kForward, &wall, [&] { Forward(); }));
+    TANDEM_RETURN_IF_ERROR(Repeat(Phase::kForward, &wall, /*cold=*/false, [&] { Forward(); }));
     *out->mutable_forward()->mutable_timing() = SummarizeTimings(wall);
     TANDEM_RETURN_IF_ERROR(AddScan(b_.saved, "saved_bytes_written", out->mutable_forward()));
     TANDEM_RETURN_IF_ERROR(
         AddScan(b_.workspace, "workspace_bytes_written", out->mutable_forward()));
 
     TANDEM_RETURN_IF_ERROR(FillCanary(b_.workspace));
-    TANDEM_RETURN_IF_ERROR(Repeat(Phase::kBackward, &wall, [&] { Backward(); }));
+    TANDEM_RETURN_IF_ERROR(Repeat(Phase::kBackward, &wall, /*cold=*/false, [&] { Backward(); }));
     *out->mutable_backward()->mutable_timing() = SummarizeTimings(wall);
     TANDEM_RETURN_IF_ERROR(
         AddScan(b_.workspace, "workspace_bytes_written", out->mutable_backward()));
@@ -82,7 +82,7 @@ class LayerRun {
       std::vector<float*> states;
       for (const Buffer& s : b_.states) states.push_back(s.f32());
       absl::Status update_status;
-      TANDEM_RETURN_IF_ERROR(Repeat(Phase::kUpdate, &wall, [&] {
+      TANDEM_RETURN_IF_ERROR(Repeat(Phase::kUpdate, &wall, /*cold=*/true, [&] {
         const StepConstants& c = optimizer->BeginStep(1e-3f, 1.0f);
         absl::Status s = device_.UpdateSlice(c, b_.params.f32(), b_.grads.f32(), states.data(),
                                              model_.param_slice(l_));
@@ -233,13 +233,16 @@ class LayerRun {
                     Tensor::F32(b_.output_grad.f32(), layer_.output_shape().WithBatch(batch_)), dx);
   }
 
+  // Calls `call` warm-up + N times; `cold` evicts the device's caches before
+  // each call.
   template <typename F>
-  absl::Status Repeat(Phase phase, std::vector<double>* wall, F call) {
+  absl::Status Repeat(Phase phase, std::vector<double>* wall, bool cold, F call) {
     wall->clear();
     const int total = options_.warmup + options_.iterations;
     for (int r = 0; r < total; ++r) {
       const bool timed = r >= options_.warmup;
       repetition_ = r;
+      if (cold) device_.EvictCaches();
       device_.BeginPhase(l_, phase, r, timed);
       const double start = WallSeconds();
       call();

@@ -11,8 +11,10 @@
 // are random of the right type (token ids for an embedding, targets for the
 // loss). Then forward runs warm-up + N times, backward (on forward's saved
 // state) warm-up + N times, and the optimizer update of the layer's slice
-// warm-up + N times; each call is timed on the wall clock until the device has
-// synchronised, and the device adds its counters. A parameterless layer has no
+// warm-up + N times, each update after the device evicted its caches (in
+// training a layer's weights and moments were last touched an iteration ago,
+// while its input was just written by the layer before); each call is timed on the wall clock until
+// the device has synchronised, and the device adds its counters. A parameterless layer has no
 // update phase: it is absent, never zero.
 //
 // The saved and workspace regions are filled with a canary pattern before the

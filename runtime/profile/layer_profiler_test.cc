@@ -265,6 +265,8 @@ TEST(MeasureOnDeviceTest, AnAcceleratorGetsEveryPhaseBracketed) {
   }
   EXPECT_EQ(updates, 4);  // conv, conv, linear, linear.
   EXPECT_EQ(device.begun(), (1 + 3) * (2 * model.num_layers() + updates));
+  // Caches are evicted before every update call, and only then.
+  EXPECT_EQ(device.evictions(), (1 + 3) * updates);
   EXPECT_EQ(p.devices(0).kind(), tandem::v1::DEVICE_KIND_EMULATED);
 }
 

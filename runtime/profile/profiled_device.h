@@ -64,6 +64,12 @@ class ProfiledDevice {
                                    float* const* states, int64_t n) = 0;
   // Returns when all work issued to the device so far has finished.
   virtual absl::Status Synchronize() = 0;
+  // Called before every optimizer-update call, untimed: leaves the device's
+  // caches holding none of the layer's state, as in training, where a layer's
+  // weights and moments were last touched an iteration ago. Without it a slice
+  // smaller than the last-level cache would be timed from the cache. Default:
+  // nothing.
+  virtual void EvictCaches() {}
 
   // Copies between host memory and this device's memory, synchronously. The
   // host side may be pageable or from AllocatePinnedHost.

@@ -140,6 +140,7 @@ class FakeAccelerator final : public ProfiledDevice {
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  void EvictCaches() override { ++evictions_; }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     if (fail_copies_) return absl::InternalError("copy engine fault");
     std::memcpy(dst, src, bytes);
@@ -195,6 +196,7 @@ class FakeAccelerator final : public ProfiledDevice {
   void set_budget_bytes(int64_t bytes) { budget_bytes_ = bytes; }
   int mismatched_brackets() const { return mismatched_; }
   int begun() const { return begun_; }
+  int evictions() const { return evictions_; }
   int live_pinned_buffers() const { return static_cast<int>(pinned_live_.size()); }
 
  private:
@@ -203,7 +205,7 @@ class FakeAccelerator final : public ProfiledDevice {
   bool fail_copies_ = false;
   int64_t budget_bytes_ = 0;
   std::pair<int, Phase> open_{-2, Phase::kForward};
-  int begun_ = 0, mismatched_ = 0;
+  int begun_ = 0, mismatched_ = 0, evictions_ = 0;
   std::map<std::pair<int, Phase>, int> timed_calls_;
   std::set<void*> pinned_live_;
 };

@@ -31,6 +31,7 @@ absl::StatusOr<int> RunJobs(const Args& args);
 absl::StatusOr<int> RunStatus(const Args& args);
 absl::StatusOr<int> RunWatch(const Args& args);
 absl::StatusOr<int> RunCancel(const Args& args);
+absl::StatusOr<int> RunProfile(const Args& args);
 
 // A message as pretty JSON (the protobuf JSON mapping, field names as in .proto).
 std::string ToJson(const google::protobuf::Message& message);

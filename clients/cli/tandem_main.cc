@@ -38,6 +38,8 @@ const std::map<std::string, Command>& Commands() {
       {"watch", {"watch ID [--from=N]", "Follow a job's events live (exit code as submit --watch).", RunWatch}},
       {"cancel", {"cancel ID", "Cancel a job (queued: now; running: at the next step).", RunCancel}},
       {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
+      {"profile",
+       {"profile FILE", "Profile a job file's model layer by layer on this machine.", RunProfile}},
       {"train",
        {"train FILE", "Run a job file in this process, without a daemon.", RunTrain}},
   };

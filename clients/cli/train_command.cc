@@ -15,7 +15,8 @@
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "tandem train: write checkpoints here and resume from the newest one; empty = none.");
-ABSL_FLAG(int, threads, 0, "tandem train: CPU threads (0 = all cores, or training.threads).");
+ABSL_FLAG(int, threads, 0,
+          "tandem train, tandem profile: CPU threads (0 = all cores, or training.threads).");
 
 namespace tandem::cli {
 

@@ -1,0 +1,248 @@
+#include "runtime/profile/cpu_device.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/cpu_features.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/cpu/onednn.h"
+#include "runtime/exec/cpu_runner.h"
+#include "runtime/profile/synthetic_inputs.h"
+#include "runtime/profile/timing_stats.h"
+
+namespace tandem::profile {
+namespace {
+
+tandem::v1::TimelinePhase TimelinePhaseOf(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return tandem::v1::TIMELINE_PHASE_FORWARD;
+    case Phase::kBackward:
+      return tandem::v1::TIMELINE_PHASE_BACKWARD;
+    case Phase::kUpdate:
+      return tandem::v1::TIMELINE_PHASE_UPDATE;
+  }
+  return tandem::v1::TIMELINE_PHASE_UNSPECIFIED;
+}
+
+// Turns the runner's per-phase timings into spans: a phase ends when it is
+// reported, so it started `seconds` before.
+class TimelineRecorder final : public LayerTimingSink {
+ public:
+  explicit TimelineRecorder(double start_seconds) : start_seconds_(start_seconds) {}
+  void Record(int layer, Phase phase, double seconds) override {
+    const double end = WallSeconds() - start_seconds_;
+    tandem::v1::TimelineSpan* span = timeline_.add_spans();
+    span->set_resource(phase == Phase::kUpdate ? tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE
+                                               : tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE);
+    span->set_layer(layer);
+    span->set_phase(TimelinePhaseOf(phase));
+    span->set_start_seconds(std::max(0.0, end - seconds));
+    span->set_end_seconds(end);
+  }
+  tandem::v1::Timeline& timeline() { return timeline_; }
+
+ private:
+  const double start_seconds_;
+  tandem::v1::Timeline timeline_;
+};
+
+tandem::v1::PhaseProfile* MutablePhase(Phase phase, tandem::v1::LayerDeviceProfile* out) {
+  switch (phase) {
+    case Phase::kForward:
+      return out->mutable_forward();
+    case Phase::kBackward:
+      return out->mutable_backward();
+    case Phase::kUpdate:
+      return out->mutable_update();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string HostCpuName() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (absl::StartsWith(line, "model name")) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        return std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+      }
+    }
+  }
+  return "unknown CPU";
+}
+
+int64_t LastLevelCacheBytes() {
+  int64_t best = 0;
+  for (int index = 0; index < 8; ++index) {
+    std::ifstream f(absl::StrCat("/sys/devices/system/cpu/cpu0/cache/index", index, "/size"));
+    std::string size;
+    if (!(f >> size) || size.empty()) continue;
+    int64_t multiplier = 1;
+    if (size.back() == 'K') multiplier = 1 << 10;
+    if (size.back() == 'M') multiplier = 1 << 20;
+    if (multiplier != 1) size.pop_back();
+    int64_t value = 0;
+    if (absl::SimpleAtoi(size, &value)) best = std::max(best, value * multiplier);
+  }
+  return best > 0 ? best : int64_t{32} << 20;
+}
+
+std::unique_ptr<CpuProfiledDevice> CpuProfiledDevice::Create(CpuDeviceOptions options) {
+  return std::make_unique<CpuProfiledDevice>(OpenPerfCounters(), options);
+}
+
+CpuProfiledDevice::CpuProfiledDevice(std::unique_ptr<CounterSource> counters,
+                                     CpuDeviceOptions options)
+    : counters_(std::move(counters)), options_(options) {}
+
+tandem::v1::DeviceProfile CpuProfiledDevice::Describe() const {
+  tandem::v1::DeviceProfile d;
+  const int threads = omp_get_max_threads();
+  d.set_id(id_);
+  d.set_kind(tandem::v1::DEVICE_KIND_CPU);
+  d.set_name(absl::StrCat(HostCpuName(), " (", threads, " thread", threads == 1 ? "" : "s", ")"));
+  d.set_threads(threads);
+  d.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+                     static_cast<int64_t>(sysconf(_SC_PAGESIZE)));
+  return d;
+}
+
+std::map<std::string, std::string> CpuProfiledDevice::Versions() const {
+  return {{"onednn", cpu::OneDnnVersion()}, {"cpu_isa", CpuIsaName(ActiveCpuIsa())}};
+}
+
+std::unique_ptr<Allocator> CpuProfiledDevice::NewAllocator() {
+  return std::make_unique<HostAllocator>(0, id_);
+}
+
+absl::Status CpuProfiledDevice::UpdateSlice(const StepConstants& c, float* params,
+                                            const float* grads, float* const* states, int64_t n) {
+  Optimizer::UpdateSlice(c, params, grads, states, n);
+  return absl::OkStatus();
+}
+
+void CpuProfiledDevice::EvictCaches() {
+  if (eviction_.empty()) eviction_.resize(2 * LastLevelCacheBytes() / sizeof(float));
+  float* p = eviction_.data();
+  const int64_t n = static_cast<int64_t>(eviction_.size());
+  const float value = ++eviction_generation_;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+absl::Status CpuProfiledDevice::CopyToDevice(void* device_dst, const void* host_src,
+                                             int64_t bytes) {
+  if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuProfiledDevice::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
+  return absl::OkStatus();
+}
+
+void CpuProfiledDevice::BeginPhase(int layer, Phase phase, int repetition, bool timed) {
+  if (!timed) return;
+  counters_->Read(&begin_counters_);
+  begin_cpu_seconds_ = ThreadCpuSeconds();
+}
+
+void CpuProfiledDevice::EndPhase(int layer, Phase phase, int repetition, bool timed) {
+  if (!timed) return;
+  const double cpu_seconds = ThreadCpuSeconds() - begin_cpu_seconds_;
+  counters_->Read(&end_counters_);
+  Samples& s = samples_[{layer, phase}];
+  s.thread_cpu_seconds.push_back(cpu_seconds);
+  std::vector<double> delta(end_counters_.size());
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = end_counters_[i] - begin_counters_[i];
+  s.counters.push_back(std::move(delta));
+}
+
+absl::Status CpuProfiledDevice::CollectLayer(int layer, tandem::v1::LayerDeviceProfile* out) {
+  const std::vector<CounterInfo>& infos = counters_->counters();
+  for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kUpdate}) {
+    auto it = samples_.find({layer, phase});
+    if (it == samples_.end()) continue;
+    const Samples& s = it->second;
+    tandem::v1::PhaseProfile* p = MutablePhase(phase, out);
+    p->mutable_timing()->set_thread_cpu_seconds(Median(s.thread_cpu_seconds));
+    for (size_t c = 0; c < infos.size(); ++c) {
+      std::vector<double> values;
+      for (const std::vector<double>& call : s.counters) {
+        if (std::isfinite(call[c])) values.push_back(call[c]);
+      }
+      // A counter never scheduled in any call has no value: leave it out
+      // rather than report zero.
+      if (values.empty()) continue;
+      tandem::v1::Counter* counter = p->add_counters();
+      counter->set_name(infos[c].name);
+      counter->set_value(Median(values));
+      counter->set_unit(infos[c].unit);
+      counter->set_source(infos[c].source);
+    }
+    samples_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
+  TANDEM_ASSIGN_OR_RETURN(const double gemm, MeasureGemmFlopsPerSecond(options_.gemm));
+  TANDEM_ASSIGN_OR_RETURN(const double triad, MeasureTriadBytesPerSecond(options_.triad));
+  out->set_gemm_flops_per_second(gemm);
+  out->set_memory_bandwidth_bytes_per_second(triad);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IterationRecord> CpuProfiledDevice::RunIteration(
+    const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t batch, uint64_t seed) {
+  HostAllocator allocator(0, id_);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> runner,
+                          CpuRunner::Create(model, optimizer, batch, seed, &allocator));
+  const Batch data = SyntheticBatch(model.data(), batch, seed);
+  StepOptions options;
+  options.seed = seed;
+  // The first step builds oneDNN primitives; the recorded one is the second.
+  TANDEM_RETURN_IF_ERROR(runner->TrainStep(data, options).status());
+  options.step = 1;
+  const int64_t in_use = allocator.stats().total_in_use_bytes;
+  const double start = WallSeconds();
+  TimelineRecorder recorder(start);
+  runner->set_timing_sink(&recorder);
+  TANDEM_RETURN_IF_ERROR(runner->TrainStep(data, options).status());
+  const double seconds = WallSeconds() - start;
+  runner->set_timing_sink(nullptr);
+
+  IterationRecord record;
+  record.peak_bytes = allocator.stats().peak_total_bytes;
+  record.timeline = std::move(recorder.timeline());
+  record.timeline.set_iteration_seconds(seconds);
+  record.timeline.set_source("measured");
+  // The CPU engine allocates everything up front: host memory is flat over the
+  // step.
+  for (double t : {0.0, seconds}) {
+    tandem::v1::MemorySample* m = record.timeline.add_host_memory();
+    m->set_time_seconds(t);
+    m->set_bytes(in_use);
+  }
+  return record;
+}
+
+void CpuProfiledDevice::FinishProfile(tandem::v1::DeviceProfile* out) {
+  out->set_counter_source(counters_->source());
+  out->set_counter_note(counters_->note());
+}
+
+}  // namespace tandem::profile

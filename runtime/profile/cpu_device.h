@@ -1,0 +1,98 @@
+// The host as a ProfiledDevice: host memory through a HostAllocator, layers on
+// the oneDNN CPU kernels of the calling thread's OpenMP team, the fused
+// optimizer kernels for updates, and per phase:
+//
+//   - thread_cpu_seconds: CPU time of the calling thread alone
+//     (CLOCK_THREAD_CPUTIME_ID), as TimingStats defines it. OpenMP workers'
+//     time is not in it; the task_clock counter (software events) sums the
+//     whole team's.
+//   - counters from a CounterSource: perf events on the team (perf_counters.h),
+//     hardware where the kernel allows, software otherwise, each Counter marked
+//     with its source; none at all when perf refuses everything, and the
+//     DeviceProfile's counter_note says why.
+//
+// Before each update call it evicts the caches (EvictCaches), so per-layer
+// update times are those of state last touched an iteration ago. The host has
+// no link to itself, so no links are measured for it. Driven by
+// one thread (the profiler's), like every ProfiledDevice.
+#ifndef TANDEM_RUNTIME_PROFILE_CPU_DEVICE_H_
+#define TANDEM_RUNTIME_PROFILE_CPU_DEVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/profile/cpu_peaks.h"
+#include "runtime/profile/perf_counters.h"
+#include "runtime/profile/profiled_device.h"
+
+namespace tandem::profile {
+
+struct CpuDeviceOptions {
+  TriadOptions triad;
+  GemmOptions gemm;
+};
+
+class CpuProfiledDevice final : public ProfiledDevice {
+ public:
+  // Counts with OpenPerfCounters() on the calling thread's OpenMP team: set
+  // the thread count before creating it.
+  static std::unique_ptr<CpuProfiledDevice> Create(CpuDeviceOptions options = {});
+  CpuProfiledDevice(std::unique_ptr<CounterSource> counters, CpuDeviceOptions options);
+
+  const std::string& id() const override { return id_; }
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  tandem::v1::DeviceProfile Describe() const override;
+  std::map<std::string, std::string> Versions() const override;
+
+  std::unique_ptr<Allocator> NewAllocator() override;
+  void PrepareContext(LayerContext* ctx) override { ctx->device = DeviceKind::kCpu; }
+  absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
+                           float* const* states, int64_t n) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  // Writes a buffer of twice the last-level cache from every team thread.
+  void EvictCaches() override;
+
+  absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
+  bool has_host_link() const override { return false; }
+
+  void BeginPhase(int layer, Phase phase, int repetition, bool timed) override;
+  void EndPhase(int layer, Phase phase, int repetition, bool timed) override;
+  absl::Status CollectLayer(int layer, tandem::v1::LayerDeviceProfile* out) override;
+
+  absl::Status MeasurePeaks(tandem::v1::DeviceProfile* out) override;
+  absl::StatusOr<IterationRecord> RunIteration(const Model& model,
+                                               const tandem::v1::OptimizerSpec& optimizer,
+                                               int64_t batch, uint64_t seed) override;
+  void FinishProfile(tandem::v1::DeviceProfile* out) override;
+
+ private:
+  // Timed calls of one phase of one layer: thread CPU seconds and counter
+  // deltas per call.
+  struct Samples {
+    std::vector<double> thread_cpu_seconds;
+    std::vector<std::vector<double>> counters;
+  };
+
+  const std::string id_ = "cpu";
+  std::unique_ptr<CounterSource> counters_;
+  CpuDeviceOptions options_;
+  double begin_cpu_seconds_ = 0;
+  std::vector<double> begin_counters_, end_counters_;
+  std::map<std::pair<int, Phase>, Samples> samples_;
+  std::vector<float> eviction_;
+  float eviction_generation_ = 0;
+};
+
+// The last-level cache of CPU 0, in bytes, from sysfs; 32 MiB when unknown.
+int64_t LastLevelCacheBytes();
+
+// "AMD EPYC 7B13", from /proc/cpuinfo; "unknown CPU" when it says nothing.
+std::string HostCpuName();
+
+}  // namespace tandem::profile
+
+#endif  // TANDEM_RUNTIME_PROFILE_CPU_DEVICE_H_

@@ -1,0 +1,81 @@
+// Profiles a model layer by layer: what each layer costs analytically (from the
+// layer's own Cost, SavedBytes, WorkspaceBytes and OutputBytes), and what it
+// costs measured on a ProfiledDevice.
+//
+// The method, per layer and device: allocate the layer's state (its parameter,
+// gradient and optimizer-state slices, padded to 64 bytes as the model lays
+// them out), its output, saved tensors and workspace through a fresh allocator
+// of the device, so the allocator's accounting is the layer's measured memory;
+// the input, the incoming gradient and the outgoing gradient come from a second
+// allocator, since in training they belong to the neighbouring layers. Inputs
+// are random of the right type (token ids for an embedding, targets for the
+// loss). Then forward runs warm-up + N times, backward (on forward's saved
+// state) warm-up + N times, and the optimizer update of the layer's slice
+// warm-up + N times, each update after the device evicted its caches (in
+// training a layer's weights and moments were last touched an iteration ago,
+// while its input was just written by the layer before); each call is timed on the wall clock until
+// the device has synchronised, and the device adds its counters. A parameterless layer has no
+// update phase: it is absent, never zero.
+//
+// The saved and workspace regions are filled with a canary pattern before the
+// first forward (and the workspace again before the first backward) and
+// scanned afterwards: the highest byte a phase wrote is reported as a
+// MEMORY_SCAN counter ("saved_bytes_written", "workspace_bytes_written"), so a
+// layer that declares more scratch than it uses shows up.
+//
+// Stateless functions; a call drives one device from the calling thread.
+#ifndef TANDEM_RUNTIME_PROFILE_LAYER_PROFILER_H_
+#define TANDEM_RUNTIME_PROFILE_LAYER_PROFILER_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/data/dataset.h"
+#include "runtime/model/model.h"
+#include "runtime/profile/profiled_device.h"
+#include "tandem/v1/job.pb.h"
+#include "tandem/v1/profile.pb.h"
+
+namespace tandem::profile {
+
+struct LayerProfilerOptions {
+  // Timed calls per phase, and untimed calls before them.
+  int iterations = 10;
+  int warmup = 3;
+  uint64_t seed = 1;
+  // A line per layer as it is measured, e.g. "cpu: layer 3 of 11 (conv2d1)".
+  std::function<void(const std::string&)> on_progress;
+};
+
+// The analytic profile of `model` at `batch` samples per batch: every layer with
+// its kind, parameter count, FLOPs and memory traffic per phase, analytic
+// memory and batch shapes; the model fingerprint, batch and sample shape, and
+// optimizer_state_per_parameter (moments per parameter: 2 for Adam). No device
+// figures; provenance.source is "analytic". The planner plans from this and a
+// HardwareSpec.
+//
+// Analytic memory per layer: parameters and gradients ParamCount * 4 bytes,
+// optimizer state ParamCount * 4 * moments, activations OutputBytes +
+// SavedBytes, workspace WorkspaceBytes, output OutputBytes.
+tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+                                    int64_t batch);
+
+// The same from a resolved JobSpec (model, data, training.batch_size,
+// optimizer), reading only dataset headers.
+absl::StatusOr<tandem::v1::Profile> AnalyticProfileForJob(const tandem::v1::JobSpec& resolved,
+                                                          const PathResolver& resolve = nullptr);
+
+// Measures every layer of `model` on `device` and records it in `profile`
+// (made by AnalyticProfile for the same model, optimizer and batch): a
+// LayerDeviceProfile per layer, and a DeviceProfile with peaks, the iteration
+// peak, and the device's counter source. `iteration`, when not null, receives
+// the measured training iteration (its timeline feeds the Chrome trace).
+absl::Status MeasureOnDevice(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+                             int64_t batch, const LayerProfilerOptions& options,
+                             ProfiledDevice& device, tandem::v1::Profile* profile,
+                             IterationRecord* iteration = nullptr);
+
+}  // namespace tandem::profile
+
+#endif  // TANDEM_RUNTIME_PROFILE_LAYER_PROFILER_H_

@@ -1,0 +1,69 @@
+// The ProfileModel entry point: what the tandem.v1.Tandem/ProfileModel RPC and
+// `tandem profile FILE` both call. Validates the request, builds the model from
+// the spec's model, data (headers only), batch size and optimizer, and returns
+// the cached profile for the same key (profile_cache.h) unless asked to
+// refresh; otherwise measures every layer on every requested device
+// (layer_profiler.h), the devices' peak rates, one whole iteration (its peak
+// memory and timeline), and the host links of devices that have one, then
+// caches the result.
+//
+// Errors: INVALID_ARGUMENT naming the field ("iterations: must be in [1, 1000],
+// got 0", "spec.training.batch_size: ...", "device_ids[1]: unknown device
+// 'cuda:3'; this node has cpu"), NOT_FOUND for unreadable data files (their
+// headers give the sample shape), RESOURCE_EXHAUSTED when a device cannot hold
+// a layer. Not thread-safe with itself: concurrent calls would measure each
+// other (the daemon serialises them).
+#ifndef TANDEM_RUNTIME_PROFILE_PROFILE_MODEL_H_
+#define TANDEM_RUNTIME_PROFILE_PROFILE_MODEL_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/data/dataset.h"
+#include "runtime/profile/cpu_device.h"
+#include "runtime/profile/link_bandwidth.h"
+#include "runtime/profile/profiled_device.h"
+#include "tandem/v1/tandem_service.pb.h"
+
+namespace tandem::profile {
+
+struct ProfilerEnvironment {
+  // Where profiles are cached; empty = no cache.
+  std::string cache_dir;
+  // Maps dataset paths of the spec (the daemon confines them to --data_root).
+  PathResolver resolve_path;
+  // The node's devices, not owned; the profile lists them in this order. Empty
+  // = the host alone, as a CpuProfiledDevice made for the call.
+  std::vector<ProfiledDevice*> devices;
+  // OpenMP threads of the calling thread for CPU work; 0 = as it is. A CPU
+  // device passed in `devices` opened its counters on the team it was created
+  // under: create it under the same thread count.
+  int threads = 0;
+  // A line per step, for progress displays.
+  std::function<void(const std::string&)> on_progress;
+  // How links and (for the device made here) CPU peaks are measured.
+  LinkOptions links;
+  CpuDeviceOptions cpu;
+};
+
+struct ProfileResult {
+  tandem::v1::Profile profile;
+  // The profile came from the cache, unmeasured.
+  bool cached = false;
+  // One measured iteration as Chrome trace JSON, when request.include_trace.
+  std::string chrome_trace_json;
+};
+
+absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest& request,
+                                           const ProfilerEnvironment& env);
+
+// The iterations and warm-up a request asks for, defaults applied, or
+// INVALID_ARGUMENT naming the field.
+absl::Status ResolveProfileRequest(const tandem::v1::ProfileModelRequest& request, int* iterations,
+                                   int* warmup);
+
+}  // namespace tandem::profile
+
+#endif  // TANDEM_RUNTIME_PROFILE_PROFILE_MODEL_H_

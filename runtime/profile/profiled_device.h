@@ -1,0 +1,113 @@
+// A device as the profiler sees it: memory with accounting, a place to run a
+// layer's phases and an optimizer step, a way to wait for them, copies across
+// its link to the host, and per-phase measurements beyond wall time (perf
+// counters on the CPU; CUPTI kernels and CUDA events on a GPU).
+//
+// The profiler (layer_profiler.h) owns the method: it allocates through
+// NewAllocator(), fills inputs on the host and copies them over, brackets every
+// phase call with BeginPhase / EndPhase after Synchronize(), times it on the
+// wall clock, and asks CollectLayer() for what the device measured besides.
+// CpuProfiledDevice (cpu_device.h) is the host; the CUDA backend and the
+// emulated accelerator implement this interface with their own memory and
+// streams (runtime/profile/cupti/gpu_phase_probe.h does the CUPTI and
+// CUDA-event part for the former).
+//
+// A ProfiledDevice is driven by one thread at a time (the profiler's).
+#ifndef TANDEM_RUNTIME_PROFILE_PROFILED_DEVICE_H_
+#define TANDEM_RUNTIME_PROFILE_PROFILED_DEVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/device_kind.h"
+#include "runtime/exec/step_runner.h"
+#include "runtime/layers/layer.h"
+#include "runtime/model/model.h"
+#include "runtime/optim/optimizer.h"
+#include "tandem/v1/plan.pb.h"
+#include "tandem/v1/profile.pb.h"
+
+namespace tandem::profile {
+
+// One training iteration of a whole model on a device.
+struct IterationRecord {
+  // Peak bytes the device allocator held during the iteration, all categories.
+  int64_t peak_bytes = 0;
+  // A span per layer phase, relative to the start of the iteration.
+  tandem::v1::Timeline timeline;
+};
+
+class ProfiledDevice {
+ public:
+  virtual ~ProfiledDevice() = default;
+
+  // "cpu", "cuda:0", "emulated:0".
+  virtual const std::string& id() const = 0;
+  virtual DeviceKind kind() const = 0;
+  // What is known without measuring: id, kind, name, threads, memory_bytes.
+  virtual tandem::v1::DeviceProfile Describe() const = 0;
+  // Libraries whose versions change this device's figures, for the profile's
+  // provenance and cache key: {"onednn": "2.7.3"}, {"cuda": "13.0", ...}.
+  virtual std::map<std::string, std::string> Versions() const = 0;
+
+  // A fresh allocator of this device's memory with its own accounting (peaks
+  // from zero), so one layer's bytes can be measured alone.
+  virtual std::unique_ptr<Allocator> NewAllocator() = 0;
+  // Sets the device fields of a layer call's context (device kind, stream).
+  virtual void PrepareContext(LayerContext* ctx) = 0;
+  // The optimizer step of one contiguous slice of `n` elements in this
+  // device's memory (`states` has c's state count pointers).
+  virtual absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
+                                   float* const* states, int64_t n) = 0;
+  // Returns when all work issued to the device so far has finished.
+  virtual absl::Status Synchronize() = 0;
+  // Called before every optimizer-update call, untimed: leaves the device's
+  // caches holding none of the layer's state, as in training, where a layer's
+  // weights and moments were last touched an iteration ago. Without it a slice
+  // smaller than the last-level cache would be timed from the cache. Default:
+  // nothing.
+  virtual void EvictCaches() {}
+
+  // Copies between host memory and this device's memory, synchronously. The
+  // host side may be pageable or from AllocatePinnedHost.
+  virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
+  // Whether this device is separate from the host (false for the CPU itself):
+  // only then are its links measured.
+  virtual bool has_host_link() const = 0;
+  // Page-locked host memory for pinned transfers; UNIMPLEMENTED where the
+  // device has no such notion.
+  virtual absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) {
+    return absl::UnimplementedError(id() + " has no pinned host memory");
+  }
+  virtual void FreePinnedHost(void* ptr, int64_t bytes) {}
+
+  // Bracket each call of a layer's phase, warm-up included (`timed` false).
+  // EndPhase comes right after the phase's work was issued and before
+  // Synchronize() (so a GPU records its end event on the stream); the host
+  // time EndPhase itself takes is left out of the phase's wall time. `layer` is
+  // the chain index.
+  virtual void BeginPhase(int layer, Phase phase, int repetition, bool timed) = 0;
+  virtual void EndPhase(int layer, Phase phase, int repetition, bool timed) = 0;
+  // After all of a layer's phases: adds what the device measured around the
+  // timed calls (counters, thread CPU time) to the phases of `out` that ran.
+  // Phases that did not run stay absent.
+  virtual absl::Status CollectLayer(int layer, tandem::v1::LayerDeviceProfile* out) = 0;
+
+  // Device-wide figures: GEMM FLOP/s and memory bandwidth.
+  virtual absl::Status MeasurePeaks(tandem::v1::DeviceProfile* out) = 0;
+  // One training iteration of `model` at `batch` samples, on a fresh
+  // allocator: its peak bytes and its measured timeline.
+  virtual absl::StatusOr<IterationRecord> RunIteration(const Model& model,
+                                                       const tandem::v1::OptimizerSpec& optimizer,
+                                                       int64_t batch, uint64_t seed) = 0;
+  // Last: the counter source and its note, profiler overhead, dropped records.
+  virtual void FinishProfile(tandem::v1::DeviceProfile* out) = 0;
+};
+
+}  // namespace tandem::profile
+
+#endif  // TANDEM_RUNTIME_PROFILE_PROFILED_DEVICE_H_

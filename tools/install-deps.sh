@@ -4,12 +4,56 @@
 # files all call it.
 #
 #   tools/install-deps.sh [build|test|bench|all]   (default: test)
+#   tools/install-deps.sh runtime-packages BINARY...
+#   tools/install-deps.sh runtime PACKAGES_FILE
 #
 # build: compile everything. test: build + what the tests run against (real
 # Prometheus, Python gRPC client, Fashion-MNIST). bench: test + the PyTorch peer.
+#
+# The container images (deploy/docker/) build with `build`, then ship only the
+# binaries and the shared libraries they link. Those packages are not named
+# here: `runtime-packages` derives them, in the build stage, from `ldd` and the
+# dpkg database, so they are right for whichever distribution the image is based
+# on (Debian bookworm for CPU, NVIDIA's Ubuntu-based CUDA images for GPU), and
+# `runtime` installs that list in the runtime stage. A library no package owns
+# (a toolkit unpacked by hand) is reported on stderr: the runtime base image
+# must provide it.
 set -euo pipefail
 
 group="${1:-test}"
+
+# The Debian package that owns a file, or nothing. On merged-/usr systems ldd
+# may report /lib/... while dpkg recorded /usr/lib/... (or the symlink's target).
+owner_of() {
+  local f="$1" candidate out
+  for candidate in "$f" "/usr$f" "$(readlink -f "$f")"; do
+    if out="$(dpkg-query -S "$candidate" 2>/dev/null | head -n 1)" && [ -n "$out" ]; then
+      out="${out%%: *}"   # "libfoo1:amd64: /path" or "libfoo1, libfoo1-bar: /path"
+      out="${out%%,*}"
+      echo "${out%%:*}"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if [ "$group" = runtime-packages ]; then
+  shift
+  if [ "$#" -eq 0 ]; then
+    echo "usage: $0 runtime-packages BINARY..." >&2
+    exit 2
+  fi
+  libs="$(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u)"
+  if ldd "$@" | grep -q "not found"; then
+    echo "install-deps: unresolved libraries:" >&2
+    ldd "$@" | grep "not found" >&2
+    exit 1
+  fi
+  for lib in $libs; do
+    owner_of "$lib" || echo "install-deps: $lib belongs to no package; the runtime base image must provide it" >&2
+  done | sort -u
+  exit 0
+fi
 
 build_packages=(
   bazel-bootstrap bazel-rules-java g++ make
@@ -29,8 +73,15 @@ case "$group" in
   build) wanted=("${build_packages[@]}") ;;
   test) wanted=("${build_packages[@]}" "${test_packages[@]}") ;;
   bench | all) wanted=("${build_packages[@]}" "${test_packages[@]}" "${bench_packages[@]}") ;;
+  runtime)
+    if [ "$#" -ne 2 ] || [ ! -r "$2" ]; then
+      echo "usage: $0 runtime PACKAGES_FILE (from runtime-packages)" >&2
+      exit 2
+    fi
+    mapfile -t wanted < <(grep -v '^[[:space:]]*$' "$2")
+    ;;
   *)
-    echo "usage: $0 [build|test|bench|all]" >&2
+    echo "usage: $0 [build|test|bench|all] | runtime-packages BINARY... | runtime PACKAGES_FILE" >&2
     exit 2
     ;;
 esac

@@ -8,7 +8,8 @@
 #   tools/install-deps.sh runtime PACKAGES_FILE
 #
 # build: compile everything. test: build + what the tests run against (real
-# Prometheus, Python gRPC client, Fashion-MNIST). bench: test + the PyTorch peer.
+# Prometheus and promtool, Python gRPC client, Fashion-MNIST, systemd-analyze for
+# the unit in deploy/). bench: test + the PyTorch peer.
 #
 # The container images (deploy/docker/) build with `build`, then ship only the
 # binaries and the shared libraries they link. Those packages are not named
@@ -22,35 +23,44 @@ set -euo pipefail
 
 group="${1:-test}"
 
-# The Debian package that owns a file, or nothing. On merged-/usr systems ldd
-# may report /lib/... while dpkg recorded /usr/lib/... (or the symlink's target).
-owner_of() {
-  local f="$1" candidate out
-  for candidate in "$f" "/usr$f" "$(readlink -f "$f")"; do
-    if out="$(dpkg-query -S "$candidate" 2>/dev/null | head -n 1)" && [ -n "$out" ]; then
-      out="${out%%: *}"   # "libfoo1:amd64: /path" or "libfoo1, libfoo1-bar: /path"
-      out="${out%%,*}"
-      echo "${out%%:*}"
-      return 0
-    fi
-  done
-  return 1
-}
-
 if [ "$group" = runtime-packages ]; then
   shift
   if [ "$#" -eq 0 ]; then
     echo "usage: $0 runtime-packages BINARY..." >&2
     exit 2
   fi
-  libs="$(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u)"
   if ldd "$@" | grep -q "not found"; then
     echo "install-deps: unresolved libraries:" >&2
     ldd "$@" | grep "not found" >&2
     exit 1
   fi
-  for lib in $libs; do
-    owner_of "$lib" || echo "install-deps: $lib belongs to no package; the runtime base image must provide it" >&2
+  mapfile -t libs < <(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $1 !~ /:$/ {print $1}' | sort -u)
+  # On merged-/usr systems ldd may report /lib/... while dpkg recorded
+  # /usr/lib/... or the symlink's target: ask for all three, in one query.
+  candidates=()
+  for lib in "${libs[@]}"; do
+    candidates+=("$lib" "/usr$lib" "$(readlink -f "$lib")")
+  done
+  declare -A owner=()
+  while IFS= read -r line; do
+    case "$line" in diversion*) continue ;; esac
+    packages="${line%%: /*}"   # "libfoo1:amd64" or "libfoo1, libfoo1-bar"
+    package="${packages%%,*}"
+    owner["/${line#*: /}"]="${package%%:*}"
+  done < <(dpkg-query -S "${candidates[@]}" 2>/dev/null || true)
+  for lib in "${libs[@]}"; do
+    found=""
+    for candidate in "$lib" "/usr$lib" "$(readlink -f "$lib")"; do
+      if [ -n "${owner[$candidate]:-}" ]; then
+        found="${owner[$candidate]}"
+        break
+      fi
+    done
+    if [ -n "$found" ]; then
+      echo "$found"
+    else
+      echo "install-deps: $lib belongs to no package; the runtime base image must provide it" >&2
+    fi
   done | sort -u
   exit 0
 fi
@@ -63,7 +73,7 @@ build_packages=(
 )
 test_packages=(
   python3 python3-grpcio python3-protobuf python3-yaml prometheus
-  dataset-fashion-mnist vim-runtime ca-certificates procps
+  dataset-fashion-mnist vim-runtime ca-certificates procps systemd
 )
 bench_packages=(
   python3-torch libopenblas0-pthread linux-perf

@@ -284,6 +284,10 @@ absl::Status PlanExecutor::Init() {
     // compute streams use the job's threads; copy engines one.
     omp_set_num_threads(r == kHostUpdate ? update_threads : (r == kH2D || r == kD2H) ? 1 : compute_threads);
   });
+  if (accel_ != nullptr) {
+    device_alloc_ = std::make_unique<BackpressureAllocator>(
+        accel_->allocator(), [engine = engine_.get()] { return engine->active(); });
+  }
   return absl::OkStatus();
 }
 
@@ -320,7 +324,7 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
   it->step = optimizer_->BeginStep(options.learning_rate, 1.0f);
   const int L = model_.num_layers();
   const tandem::v1::Plan& plan = options_.plan;
-  Side accel_side{accel_, accel_ ? accel_->allocator() : nullptr, kAccel};
+  Side accel_side{accel_, device_alloc_.get(), kAccel};
   Side host_side{nullptr, options_.host_allocator, kHostCompute};
   last_spans_.clear();
   last_backward_[0].assign(L, 0);
@@ -799,7 +803,7 @@ absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
   const int L = model_.num_layers();
   const Shape& sample = model_.data().sample_shape;
   const bool on_accel = !host_only_ && !hetero_;
-  Side side = on_accel ? Side{accel_, accel_->allocator(), kAccel} : Side{nullptr, options_.host_allocator, kHostCompute};
+  Side side = on_accel ? Side{accel_, device_alloc_.get(), kAccel} : Side{nullptr, options_.host_allocator, kHostCompute};
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(options_.plan.micro_batch_size(), batch.size));
   EvalResult result;
   result.samples = batch.size;
@@ -915,6 +919,24 @@ int64_t PlanExecutor::peak_accelerator_bytes() const {
 
 void PlanExecutor::CollectTimelines() {
   for (SpanRecord& r : engine_->TakeRecords()) {
+    // The always-on per-layer histograms: every forward, backward and update
+    // span of a layer, wherever it ran (recompute, copies and syncs are not
+    // layer phases).
+    if (timing_sink_ != nullptr && r.info.layer >= 0) {
+      switch (r.info.phase) {
+        case tandem::v1::TIMELINE_PHASE_FORWARD:
+          timing_sink_->Record(r.info.layer, Phase::kForward, r.end - r.start);
+          break;
+        case tandem::v1::TIMELINE_PHASE_BACKWARD:
+          timing_sink_->Record(r.info.layer, Phase::kBackward, r.end - r.start);
+          break;
+        case tandem::v1::TIMELINE_PHASE_UPDATE:
+          timing_sink_->Record(r.info.layer, Phase::kUpdate, r.end - r.start);
+          break;
+        default:
+          break;
+      }
+    }
     records_[r.info.iteration].push_back(r);
     --iteration_spans_[r.info.iteration];
   }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "runtime/device/accelerator.h"
+#include "runtime/exec/backpressure_allocator.h"
 #include "runtime/exec/span_engine.h"
 #include "runtime/exec/step_runner.h"
 
@@ -105,6 +106,9 @@ class PlanExecutor final : public StepRunner {
   ExecutorOptions options_;
   Accelerator* const accel_;
   std::unique_ptr<Optimizer> optimizer_;
+  // The accelerator's memory as spans allocate it: a refusal waits for copies
+  // in flight (backpressure_allocator.h). Outlives every span's buffers.
+  std::unique_ptr<BackpressureAllocator> device_alloc_;
   std::vector<std::unique_ptr<Layer>> layers_;
   // Host copies: master weights, gradients (the accelerator's, when they come
   // down), optimizer moments, running statistics; hetero_dp's host replica

@@ -6,6 +6,16 @@
 #include "runtime/core/clock.h"
 
 namespace tandem {
+namespace {
+thread_local bool on_worker_thread = false;
+}  // namespace
+
+bool SpanEngine::OnWorkerThread() { return on_worker_thread; }
+
+int64_t SpanEngine::active() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_;
+}
 
 SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
                        std::function<void(tandem::v1::TimelineResource)> setup) {
@@ -14,6 +24,7 @@ SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resource
     workers_.emplace_back([this, r, setup] {
       const std::string name = tandem::v1::TimelineResource_Name(r).substr(18, 15);
       pthread_setname_np(pthread_self(), name.c_str());
+      on_worker_thread = true;
       if (setup) setup(r);
       WorkerLoop(r);
     });
@@ -62,6 +73,7 @@ void SpanEngine::Issue(SpanId id) {
     done_cv_.notify_all();
     return;
   }
+  ++active_;
   q->second.ready.push_back(id);
   q->second.cv.notify_one();
 }
@@ -102,6 +114,7 @@ void SpanEngine::Complete(SpanId id, const SpanRecord& record) {
   Span& span = spans_[id];
   span.done = true;
   span.work = nullptr;
+  --active_;
   if (record.end > 0) records_.push_back(record);
   for (SpanId d : span.dependents) {
     auto it = spans_.find(d);

@@ -67,6 +67,12 @@ class SpanEngine {
   // Records of spans finished since the last call, and drops them.
   std::vector<SpanRecord> TakeRecords();
 
+  // Spans issued to a worker (queued or running) and not yet complete: the
+  // work that can still make progress without anything new being added.
+  int64_t active() const;
+  // Whether the calling thread is one of this process's span workers.
+  static bool OnWorkerThread();
+
  private:
   struct Span {
     SpanInfo info;
@@ -94,6 +100,7 @@ class SpanEngine {
   std::map<tandem::v1::TimelineResource, Queue> queues_;
   std::vector<SpanRecord> records_;
   absl::Status status_;
+  int64_t active_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

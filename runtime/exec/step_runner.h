@@ -84,7 +84,8 @@ class StepRunner {
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 
-  void set_timing_sink(LayerTimingSink* sink) { timing_sink_ = sink; }
+  // Virtual so that a runner wrapping another can pass the sink on.
+  virtual void set_timing_sink(LayerTimingSink* sink) { timing_sink_ = sink; }
 
  protected:
   LayerTimingSink* timing_sink_ = nullptr;

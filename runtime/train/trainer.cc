@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
                                                           t->host_allocator_));
   }
   t->runner_->set_timing_sink(t->options_.timing_sink);
+  t->metrics_.set_predicted_step_seconds(t->runner_->plan().prediction().iteration_seconds());
   t->loader_ = std::make_unique<BatchLoader>(*t->data_.train, training.batch_size(),
                                              t->resolved_.data().shuffle(), training.seed());
   t->total_steps_ = TotalSteps(t->resolved_, t->data_.train->size());

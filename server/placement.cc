@@ -1,0 +1,395 @@
+#include "server/placement.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "planner/strategies.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/emulated/emulated_accelerator.h"
+#include "runtime/exec/cpu_runner.h"
+#include "runtime/exec/plan_executor.h"
+#include "runtime/profile/cpu_peaks.h"
+#include "runtime/profile/layer_profiler.h"
+#include "runtime/train/job_spec.h"
+
+namespace tandem::server {
+namespace {
+
+using tandem::v1::AcceleratorKind;
+using tandem::v1::HardwareSpec;
+using tandem::v1::JobSpec;
+using tandem::v1::Plan;
+using tandem::v1::PlanModelResponse;
+using tandem::v1::ProcessorSpec;
+using tandem::v1::Strategy;
+
+std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+// The accelerator a resolved spec runs with (the spec is resolved, so never
+// UNSPECIFIED).
+AcceleratorKind KindOf(const JobSpec& resolved) { return resolved.placement().accelerator(); }
+
+// Whether the job runs on the plain CPU engine, without a plan.
+bool PlainCpu(const JobSpec& resolved) {
+  const Strategy s = resolved.placement().strategy();
+  return KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE &&
+         (s == tandem::v1::STRATEGY_CPU_ONLY || s == tandem::v1::STRATEGY_AUTO) &&
+         !resolved.placement().has_plan();
+}
+
+// The accelerator capacity a cost source states, for the margin: a hardware
+// spec's first accelerator, or a measured profile's first non-CPU device.
+int64_t SourceCapacity(const planner::PlanRequest& request) {
+  if (request.hardware.has_value()) {
+    return request.hardware->accelerators_size() > 0
+               ? request.hardware->accelerators(0).memory_bytes()
+               : 0;
+  }
+  for (const auto& d : request.profile.devices()) {
+    if (d.kind() != tandem::v1::DEVICE_KIND_CPU) return d.memory_bytes();
+  }
+  return 0;
+}
+
+// Wraps the plan executor with the accelerator it runs on, which it must
+// outlive.
+class HybridRunner final : public StepRunner {
+ public:
+  HybridRunner(std::unique_ptr<Accelerator> accelerator, std::unique_ptr<PlanExecutor> executor)
+      : accelerator_(std::move(accelerator)), executor_(std::move(executor)) {}
+
+  absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override {
+    return executor_->TrainStep(batch, options);
+  }
+  absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override {
+    return executor_->EvalBatch(batch);
+  }
+  absl::Status SyncStateToHost() override { return executor_->SyncStateToHost(); }
+  HostStateView host_state() override { return executor_->host_state(); }
+  absl::Status StateChangedOnHost() override { return executor_->StateChangedOnHost(); }
+  int64_t peak_host_bytes() const override { return executor_->peak_host_bytes(); }
+  int64_t peak_accelerator_bytes() const override { return executor_->peak_accelerator_bytes(); }
+  Plan plan() const override { return executor_->plan(); }
+  tandem::v1::Timeline last_timeline() const override { return executor_->last_timeline(); }
+  void set_timing_sink(LayerTimingSink* sink) override { executor_->set_timing_sink(sink); }
+
+ private:
+  // Declared first: destroyed after the executor.
+  std::unique_ptr<Accelerator> accelerator_;
+  std::unique_ptr<PlanExecutor> executor_;
+};
+
+absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& resolved,
+                                                               int64_t capacity) {
+  switch (KindOf(resolved)) {
+    case tandem::v1::ACCELERATOR_KIND_EMULATED: {
+      EmulatedOptions options;
+      options.capacity_bytes = capacity;
+      options.link_bytes_per_second = resolved.resources().emulated_link_bytes_per_second();
+      return std::unique_ptr<Accelerator>(std::make_unique<EmulatedAccelerator>(options));
+    }
+    case tandem::v1::ACCELERATOR_KIND_CUDA:
+      return absl::UnimplementedError(
+          "placement.accelerator: CUDA plans need the CUDA accelerator of the plan executor, "
+          "which this build does not have yet; use EMULATED or NONE");
+    default:
+      return absl::InvalidArgumentError("placement.accelerator: the job has no accelerator");
+  }
+}
+
+}  // namespace
+
+ProcessorSpec MeasureHostProcessor() {
+  static std::once_flag once;
+  static ProcessorSpec* spec = nullptr;
+  std::call_once(once, [] {
+    auto* s = new ProcessorSpec();
+    s->set_kind(tandem::v1::DEVICE_KIND_CPU);
+    s->set_threads(omp_get_max_threads());
+    s->set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+    s->set_launch_overhead_seconds(1e-6);
+    profile::GemmOptions gemm;
+    gemm.repeats = 3;
+    profile::TriadOptions triad;
+    triad.elements = int64_t{8} << 20;
+    triad.repeats = 3;
+    absl::StatusOr<double> flops = profile::MeasureGemmFlopsPerSecond(gemm);
+    absl::StatusOr<double> bandwidth = profile::MeasureTriadBytesPerSecond(triad);
+    // A measurement failure (no memory for the buffers) is not fatal: a plan
+    // from conservative figures still runs correctly, only less well placed.
+    const double f = flops.ok() ? *flops : 20e9 * s->threads();
+    const double b = bandwidth.ok() ? *bandwidth : 10e9;
+    s->set_peak_matmul_flops_per_second(f);
+    s->set_peak_vector_flops_per_second(f);
+    s->set_memory_bandwidth_bytes_per_second(b);
+    s->set_name(absl::StrFormat("host, %d threads (measured: GEMM %.0f GFLOP/s, triad %.1f GB/s%s)",
+                                s->threads(), f / 1e9, b / 1e9,
+                                flops.ok() && bandwidth.ok() ? "" : "; estimated after a failure"));
+    spec = s;
+  });
+  return *spec;
+}
+
+NodeOffer DetectNodeOffer(int64_t accelerator_memory_budget_bytes) {
+  NodeOffer node;
+  node.host = MeasureHostProcessor();
+  node.cuda_devices = cuda::QueryCudaDevices();
+  node.accelerator_memory_budget_bytes = accelerator_memory_budget_bytes;
+  return node;
+}
+
+absl::StatusOr<int64_t> AcceleratorCapacity(const JobSpec& resolved, const NodeOffer& node) {
+  const int64_t asked = resolved.resources().accelerator_memory_bytes();
+  switch (KindOf(resolved)) {
+    case tandem::v1::ACCELERATOR_KIND_EMULATED:
+      if (asked > 0) return asked;
+      if (node.accelerator_memory_budget_bytes > 0) return node.accelerator_memory_budget_bytes;
+      return absl::InvalidArgumentError(
+          "resources.accelerator_memory_bytes: the emulated accelerator needs a capacity (set it "
+          "here, or start tandemd with --gpu_memory_budget)");
+    case tandem::v1::ACCELERATOR_KIND_CUDA: {
+      if (node.cuda_devices.empty()) {
+        return absl::FailedPreconditionError(
+            "placement.accelerator: CUDA, but this node has no CUDA device");
+      }
+      const int64_t device = node.cuda_devices[0].memory_bytes;
+      const int64_t budget =
+          node.accelerator_memory_budget_bytes > 0 ? node.accelerator_memory_budget_bytes : device;
+      if (asked > budget) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("resources.accelerator_memory_bytes: ", Mib(asked), " exceeds the node's ",
+                         Mib(budget), " of accelerator memory"));
+      }
+      return asked > 0 ? asked : budget;
+    }
+    default:
+      return 0;
+  }
+}
+
+ProcessorSpec AcceleratorSpec(const cuda::CudaDeviceInfo& device) {
+  ProcessorSpec s;
+  s.set_name(device.name);
+  s.set_kind(tandem::v1::DEVICE_KIND_CUDA);
+  s.set_memory_bytes(device.memory_bytes);
+  s.set_threads(device.multiprocessors);
+  s.set_launch_overhead_seconds(5e-6);
+  // Dense TF32 tensor-core and FP32 rates, HBM bandwidth (NVIDIA datasheets;
+  // the same figures as planner/hardware/*.textproto).
+  struct Known {
+    const char* match;
+    const char* also;
+    double tf32, fp32, bandwidth;
+  };
+  static const Known kKnown[] = {
+      {"H200", "", 494.7e12, 67e12, 4.8e12},
+      {"H100", "PCIe", 378e12, 51e12, 2.0e12},
+      {"H100", "", 494.7e12, 67e12, 3.35e12},
+  };
+  for (const Known& k : kKnown) {
+    if (absl::StrContains(device.name, k.match) &&
+        (k.also[0] == '\0' || absl::StrContains(device.name, k.also))) {
+      s.set_peak_matmul_flops_per_second(k.tf32);
+      s.set_peak_vector_flops_per_second(k.fp32);
+      s.set_memory_bandwidth_bytes_per_second(k.bandwidth);
+      return s;
+    }
+  }
+  // Unknown: per SM per clock, 2048 TF32 FLOPs from Hopper on, 1024 on Ampere,
+  // 256 FP32 FLOPs; a 1.5 GHz clock; bandwidth a guess between generations.
+  const double clock = 1.5e9, sms = std::max(1, device.multiprocessors);
+  const double per_sm = device.compute_major >= 9 ? 2048 : device.compute_major >= 8 ? 1024 : 256;
+  s.set_peak_matmul_flops_per_second(sms * per_sm * clock);
+  s.set_peak_vector_flops_per_second(sms * 256 * clock);
+  s.set_memory_bandwidth_bytes_per_second(device.compute_major >= 9 ? 3e12 : 1.5e12);
+  s.set_name(absl::StrCat(device.name, " (rates estimated from SM count and compute capability)"));
+  return s;
+}
+
+absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOffer& node,
+                                          int64_t capacity) {
+  HardwareSpec hw;
+  hw.set_name("this node");
+  *hw.mutable_host() = node.host;
+  const AcceleratorKind kind = KindOf(resolved);
+  if (kind == tandem::v1::ACCELERATOR_KIND_NONE) return hw;
+  ProcessorSpec* accel = hw.add_accelerators();
+  if (kind == tandem::v1::ACCELERATOR_KIND_EMULATED) {
+    // It computes on the host's cores, copies at memcpy speed (two bytes of
+    // traffic per byte moved) or at its cap. It shares those cores with host
+    // work, which the planner does not model: its plans there are correct but
+    // their predicted overlap is optimistic. Never a GPU figure (DESIGN.md).
+    *accel = node.host;
+    accel->set_kind(tandem::v1::DEVICE_KIND_EMULATED);
+    accel->set_name("emulated accelerator (host cores)");
+    accel->set_memory_bytes(capacity);
+    const double cap = resolved.resources().emulated_link_bytes_per_second();
+    const double memcpy = node.host.memory_bandwidth_bytes_per_second() / 2;
+    const double link = cap > 0 ? std::min(cap, memcpy) : memcpy;
+    hw.mutable_host_to_accelerator()->set_bandwidth_bytes_per_second(link);
+    hw.mutable_accelerator_to_host()->set_bandwidth_bytes_per_second(link);
+    hw.set_description("the host with the emulated accelerator");
+  } else {
+    if (node.cuda_devices.empty()) {
+      return absl::FailedPreconditionError(
+          "placement.accelerator: CUDA, but this node has no CUDA device");
+    }
+    *accel = AcceleratorSpec(node.cuda_devices[0]);
+    accel->set_memory_bytes(capacity);
+    // Pinned-memory copies over PCIe: ~50 GB/s on Gen5 x16 (Hopper), ~25 GB/s
+    // on Gen4 x16, with ~10 us per transfer.
+    const double link = node.cuda_devices[0].compute_major >= 9 ? 50e9 : 25e9;
+    for (auto* l : {hw.mutable_host_to_accelerator(), hw.mutable_accelerator_to_host()}) {
+      l->set_bandwidth_bytes_per_second(link);
+      l->set_latency_seconds(10e-6);
+    }
+    hw.set_description(absl::StrCat("the host with ", node.cuda_devices[0].name));
+  }
+  return hw;
+}
+
+absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::PlanRequest request,
+                                                   int64_t capacity) {
+  if (capacity <= 0) capacity = SourceCapacity(request);
+  if (capacity <= 0) return planner::SolvePlan(request);
+  const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+  auto solve = [&](int micro_batch) -> absl::StatusOr<PlanModelResponse> {
+    const int64_t margin = ExecutorMemoryMargin(model, micro_batch > 0 ? micro_batch : batch);
+    planner::PlanRequest r = request;
+    r.micro_batch_size = micro_batch;
+    r.accelerator_memory_bytes = std::max<int64_t>(1, capacity - margin);
+    TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, planner::SolvePlan(r));
+    const std::string note =
+        absl::StrCat(Mib(margin), " of the accelerator's ", Mib(capacity),
+                     " kept for the executor's transient buffers (inputs, gradients between "
+                     "layers, prefetch slack)");
+    auto annotate = [&](Plan& plan) {
+      if (plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY) return;
+      if (plan.min_accelerator_memory_bytes() > 0) {
+        plan.set_min_accelerator_memory_bytes(plan.min_accelerator_memory_bytes() + margin);
+      }
+      plan.mutable_solver()->set_note(absl::StrCat(plan.solver().note(), "; ", note));
+    };
+    annotate(*response.mutable_plan());
+    for (Plan& p : *response.mutable_alternatives()) annotate(p);
+    return response;
+  };
+  TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, solve(request.micro_batch_size));
+  if (response.plan().feasible() || request.micro_batch_size > 0 || batch <= 1) return response;
+  // The margin scales with the micro-batch: try smaller ones, largest first.
+  for (int m = batch / 2; m >= 1; --m) {
+    if (batch % m != 0) continue;
+    TANDEM_ASSIGN_OR_RETURN(PlanModelResponse smaller, solve(m));
+    if (smaller.plan().feasible()) return smaller;
+  }
+  return response;
+}
+
+absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node) {
+  if (PlainCpu(resolved)) return Plan();
+  const auto& placement = resolved.placement();
+  if (placement.has_plan()) {
+    if (placement.plan().layers_size() != model.num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("placement.plan.layers: ",
+                                                     placement.plan().layers_size(),
+                                                     " layers, but the model has ",
+                                                     model.num_layers()));
+    }
+    return placement.plan();
+  }
+  TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
+  planner::PlanRequest request;
+  request.profile = profile::AnalyticProfile(model, resolved.optimizer(),
+                                             resolved.training().batch_size());
+  TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
+  request.batch_size = resolved.training().batch_size();
+  request.host_memory_bytes = resolved.resources().host_memory_bytes();
+  request.strategy = placement.strategy();
+  request.compare = {placement.strategy()};
+  request.micro_batch_size = placement.micro_batch_size();
+  request.delayed_parameter_update = placement.delayed_parameter_update();
+  request.host_update_threads = resolved.training().threads();
+  TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, SolveForExecutor(model, request, capacity));
+  const Plan& plan = response.plan();
+  if (!plan.feasible()) {
+    const std::string name = planner::StrategyName(placement.strategy());
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "placement.strategy: no ", name, " plan fits ", Mib(capacity), " of accelerator memory",
+        plan.min_accelerator_memory_bytes() > 0
+            ? absl::StrCat("; it needs at least ", Mib(plan.min_accelerator_memory_bytes()),
+                           " (resources.accelerator_memory_bytes)")
+            : "",
+        ": ", plan.solver().note()));
+  }
+  return plan;
+}
+
+absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
+                                            const NodeOffer& node, const PathResolver& resolve) {
+  auto spec_error = [](const absl::Status& s) {
+    if (s.code() != absl::StatusCode::kInvalidArgument && s.code() != absl::StatusCode::kNotFound) {
+      return s;
+    }
+    return absl::InvalidArgumentError(absl::StrCat("spec.", s.message()));
+  };
+  // Planning for another machine assumes it has an accelerator.
+  const bool remote = rpc.cost_source_case() != tandem::v1::PlanModelRequest::COST_SOURCE_NOT_SET;
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(rpc.spec(), remote || !node.cuda_devices.empty());
+  if (!resolved.ok()) return spec_error(resolved.status());
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, resolve);
+  if (!jm.ok()) return spec_error(jm.status());
+  const Model& model = *jm->model;
+  const tandem::v1::Profile analytic = profile::AnalyticProfile(
+      model, resolved->optimizer(), resolved->training().batch_size());
+  TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
+  int64_t capacity = request.accelerator_memory_bytes;
+  if (!remote) {
+    if (KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE && capacity == 0) {
+      TANDEM_ASSIGN_OR_RETURN(capacity, AcceleratorCapacity(*resolved, node));
+    }
+    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
+  }
+  return SolveForExecutor(model, std::move(request), capacity);
+}
+
+RunnerFactory MakeRunnerFactory(NodeOffer node) {
+  return [node = std::move(node)](const Model& model, const JobSpec& resolved, int64_t max_batch,
+                                  Allocator* host_allocator)
+             -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+    const uint64_t seed = resolved.training().seed();
+    TANDEM_ASSIGN_OR_RETURN(Plan plan, PlanJob(model, resolved, node));
+    if (plan.layers_size() == 0) {
+      TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu,
+                              CpuRunner::Create(model, resolved.optimizer(), max_batch, seed,
+                                                host_allocator));
+      return std::unique_ptr<StepRunner>(std::move(cpu));
+    }
+    std::unique_ptr<Accelerator> accelerator;
+    if (KindOf(resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
+      TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
+      TANDEM_ASSIGN_OR_RETURN(accelerator, CreateAccelerator(resolved, capacity));
+    }
+    ExecutorOptions options;
+    options.plan = std::move(plan);
+    options.optimizer = resolved.optimizer();
+    options.max_batch = max_batch;
+    options.init_seed = seed;
+    options.host_allocator = host_allocator;
+    options.accelerator = accelerator.get();
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<PlanExecutor> executor,
+                            PlanExecutor::Create(model, std::move(options)));
+    return std::unique_ptr<StepRunner>(
+        std::make_unique<HybridRunner>(std::move(accelerator), std::move(executor)));
+  };
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,105 @@
+// Where a job runs: the node's hardware as the planner sees it, the plan for a
+// job's model on it, and the runner that executes that plan. Used by tandemd
+// (admission, PlanModel, job runners) and by `tandem train` / `tandem plan`.
+//
+// The plan a job runs under is solved from the model's analytic profile
+// (runtime/profile/layer_profiler.h AnalyticProfile) and the node's hardware:
+// the host's measured GEMM and triad rates, and the job's accelerator — the
+// node's CUDA GPU (rates from its model name, see AcceleratorSpec) or the
+// emulated accelerator (the host's rates, the job's link cap). The planner is
+// given the accelerator's capacity minus ExecutorMemoryMargin, the executor's
+// own transient buffers, so a plan the planner accepts never exceeds the
+// device budget at run time.
+//
+// Thread-safe: every function keeps no state but the host measurement, taken
+// once per process.
+#ifndef TANDEM_SERVER_PLACEMENT_H_
+#define TANDEM_SERVER_PLACEMENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/planner.h"
+#include "runtime/cuda/device_query.h"
+#include "runtime/model/model.h"
+#include "runtime/train/trainer.h"
+#include "tandem/v1/job.pb.h"
+#include "tandem/v1/profile.pb.h"
+#include "tandem/v1/tandem_service.pb.h"
+
+namespace tandem::server {
+
+// What this node offers jobs.
+struct NodeOffer {
+  // The host as the planner sees it (MeasureHostProcessor).
+  tandem::v1::ProcessorSpec host;
+  std::vector<cuda::CudaDeviceInfo> cuda_devices;
+  // Accelerator memory a job gets when its spec says none (tandemd's
+  // --gpu_memory_budget); also the emulated accelerator's default capacity.
+  // 0 = the GPU's memory for CUDA; the emulated accelerator then needs
+  // resources.accelerator_memory_bytes.
+  int64_t accelerator_memory_budget_bytes = 0;
+};
+
+// The host's fp32 GEMM rate (oneDNN) and triad bandwidth, measured once per
+// process on the calling thread's OpenMP team (about half a second), with the
+// thread count and physical memory.
+tandem::v1::ProcessorSpec MeasureHostProcessor();
+
+// The node as DetectNodeResources and MeasureHostProcessor see it.
+NodeOffer DetectNodeOffer(int64_t accelerator_memory_budget_bytes);
+
+// The accelerator capacity `resolved` gets, in bytes: resources.
+// accelerator_memory_bytes, else the node's budget, else (CUDA) the device's
+// memory. 0 when the job has no accelerator. INVALID_ARGUMENT naming
+// resources.accelerator_memory_bytes for an emulated job with no capacity
+// anywhere; FAILED_PRECONDITION for CUDA on a node without a CUDA device.
+absl::StatusOr<int64_t> AcceleratorCapacity(const tandem::v1::JobSpec& resolved,
+                                            const NodeOffer& node);
+
+// A ProcessorSpec for a CUDA device: dense TF32 and FP32 rates and memory
+// bandwidth from NVIDIA's datasheets for the H100 (SXM, PCIe) and H200, else
+// estimated from the SM count and compute capability.
+tandem::v1::ProcessorSpec AcceleratorSpec(const cuda::CudaDeviceInfo& device);
+
+// The hardware `resolved` runs on here: the host, plus the job's accelerator
+// with `capacity` bytes (none for placement.accelerator NONE).
+absl::StatusOr<tandem::v1::HardwareSpec> NodeHardware(const tandem::v1::JobSpec& resolved,
+                                                      const NodeOffer& node, int64_t capacity);
+
+// SolvePlan with the executor's margin kept out of the accelerator budget:
+// `capacity` (0 = the cost source's) less ExecutorMemoryMargin(model, micro-
+// batch). When the requested plan is infeasible and the spec fixes no micro-
+// batch, smaller micro-batches (divisors of the batch) are tried, whose margin
+// is smaller. An infeasible plan's min_accelerator_memory_bytes includes the
+// margin; its solver note says so.
+absl::StatusOr<tandem::v1::PlanModelResponse> SolveForExecutor(const Model& model,
+                                                               planner::PlanRequest request,
+                                                               int64_t capacity);
+
+// The plan `resolved` would run under on this node: its placement.plan when
+// given (checked against the model), else solved for placement.strategy alone.
+// Empty for a job without an accelerator on the plain CPU engine (cpu_only).
+// RESOURCE_EXHAUSTED when no plan of the strategy fits the accelerator, with
+// the smallest capacity that would.
+absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::JobSpec& resolved,
+                                         const NodeOffer& node);
+
+// The PlanModel RPC (and `tandem plan`): the spec's model planned against the
+// request's cost source (a profile, a hardware spec, or this node), every
+// strategy asked for compared. Errors name the request field.
+absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(
+    const tandem::v1::PlanModelRequest& request, const NodeOffer& node,
+    const PathResolver& resolve = nullptr);
+
+// The runner factory for Trainer: the plain CPU engine for jobs without an
+// accelerator, else the plan executor on the job's accelerator under PlanJob's
+// plan.
+RunnerFactory MakeRunnerFactory(NodeOffer node);
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_PLACEMENT_H_

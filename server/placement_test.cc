@@ -1,0 +1,306 @@
+// Planning a job for this node and running it under the plan: every strategy
+// on the emulated accelerator at a quarter of the model state trains to the
+// CPU engine's losses within rounding and never exceeds the device's budget;
+// gpu_only, which cannot fit there, is refused with the capacity it needs; bad
+// placements are refused naming the field; the PlanModel entry point compares
+// strategies for this node and for a machine described by a HardwareSpec.
+#include "server/placement.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "runtime/profile/layer_profiler.h"
+#include "runtime/train/job_spec.h"
+#include "runtime/train/trainer.h"
+
+namespace tandem::server {
+namespace {
+
+using tandem::v1::JobSpec;
+using tandem::v1::Strategy;
+
+// Fixed host figures, so plans do not depend on this machine's speed.
+NodeOffer TestNode() {
+  NodeOffer node;
+  node.host.set_kind(tandem::v1::DEVICE_KIND_CPU);
+  node.host.set_name("test host");
+  node.host.set_threads(2);
+  node.host.set_peak_matmul_flops_per_second(100e9);
+  node.host.set_peak_vector_flops_per_second(100e9);
+  node.host.set_memory_bandwidth_bytes_per_second(20e9);
+  node.host.set_memory_bytes(int64_t{16} << 30);
+  return node;
+}
+
+JobSpec Spec(const std::string& yaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(yaml, "test.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+// Models whose state is mostly parameters (small batches, short contexts), so
+// that a quarter of it leaves the planner real choices beyond the executor's
+// transient buffers.
+JobSpec Gpt(Strategy strategy, int64_t capacity, int steps = 4) {
+  JobSpec spec = Spec(R"(
+model: {gpt: {n_layer: 6, n_head: 4, d_model: 128, context: 8, dropout: 0.1}}
+data: {synthetic: {sample_shape: [8], num_classes: 40, tokens: true, train_samples: 64, test_samples: 8}}
+optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.003}
+training: {batch_size: 4, seed: 3, checkpoint_disabled: true}
+placement: {accelerator: ACCELERATOR_KIND_EMULATED}
+)");
+  spec.mutable_training()->set_steps(steps);
+  spec.mutable_training()->set_eval_interval_steps(steps);
+  spec.mutable_placement()->set_strategy(strategy);
+  spec.mutable_resources()->set_accelerator_memory_bytes(capacity);
+  return spec;
+}
+
+JobSpec Mlp(Strategy strategy, int64_t capacity, int steps = 4) {
+  JobSpec spec = Spec(R"(
+model: {mlp: {hidden_sizes: [384, 384, 384], dropout: 0.1}}
+data: {synthetic: {sample_shape: [192], num_classes: 10, train_samples: 256, test_samples: 32}}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
+training: {batch_size: 8, seed: 4, checkpoint_disabled: true}
+placement: {accelerator: ACCELERATOR_KIND_EMULATED}
+)");
+  spec.mutable_training()->set_steps(steps);
+  spec.mutable_training()->set_eval_interval_steps(steps);
+  spec.mutable_placement()->set_strategy(strategy);
+  spec.mutable_resources()->set_accelerator_memory_bytes(capacity);
+  return spec;
+}
+
+struct TrainRun {
+  absl::Status status;
+  std::vector<double> losses;
+  double eval_loss = 0;
+  tandem::v1::JobMetrics metrics;
+  tandem::v1::Plan plan;
+};
+
+TrainRun Train(const JobSpec& spec, RunnerFactory factory) {
+  TrainRun run;
+  TrainerOptions options;
+  options.make_runner = std::move(factory);
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+    run.losses.push_back(p.loss());
+  };
+  callbacks.on_eval = [&](const tandem::v1::JobEvent::EvalResult& e) { run.eval_loss = e.loss(); };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+  if (!trainer.ok()) {
+    run.status = trainer.status();
+    return run;
+  }
+  run.status = (*trainer)->Run();
+  run.metrics = (*trainer)->metrics();
+  run.plan = (*trainer)->runner().plan();
+  return run;
+}
+
+// Weights, gradients and two Adam moments: the model state in bytes.
+int64_t ModelStateBytes(const JobSpec& spec) {
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  EXPECT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  EXPECT_TRUE(jm.ok()) << jm.status();
+  return jm->model->parameter_elements() * 4 * 4;
+}
+
+// The smallest capacity the planner accepts for the spec's strategy.
+int64_t MinimumCapacity(const JobSpec& spec, const NodeOffer& node) {
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  EXPECT_TRUE(resolved.ok());
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  EXPECT_TRUE(jm.ok());
+  const int64_t capacity = resolved->resources().accelerator_memory_bytes();
+  planner::PlanRequest request;
+  request.profile = profile::AnalyticProfile(*jm->model, resolved->optimizer(),
+                                             resolved->training().batch_size());
+  absl::StatusOr<tandem::v1::HardwareSpec> hw = NodeHardware(*resolved, node, capacity);
+  EXPECT_TRUE(hw.ok());
+  request.hardware = *hw;
+  request.strategy = resolved->placement().strategy();
+  request.compare = {request.strategy};
+  absl::StatusOr<tandem::v1::PlanModelResponse> answer =
+      SolveForExecutor(*jm->model, request, capacity);
+  EXPECT_TRUE(answer.ok()) << answer.status();
+  return answer.ok() ? answer->plan().min_accelerator_memory_bytes() : 0;
+}
+
+// Each strategy at a quarter of the model state, 50 steps, against the CPU
+// engine. A strategy whose plans cannot fit there (gpu_only keeps everything
+// on the device) must be refused with the capacity it needs, and then run at
+// that capacity.
+void EveryStrategyAtAQuarter(JobSpec (*make)(Strategy, int64_t, int)) {
+  constexpr int kSteps = 50;
+  const int64_t capacity = ModelStateBytes(make(tandem::v1::STRATEGY_AUTO, 1, kSteps)) / 4;
+  JobSpec cpu_spec = make(tandem::v1::STRATEGY_CPU_ONLY, 0, kSteps);
+  cpu_spec.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_NONE);
+  const TrainRun reference = Train(cpu_spec, nullptr);
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  ASSERT_EQ(reference.losses.size(), size_t{kSteps});
+
+  const NodeOffer node = TestNode();
+  for (Strategy s : {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
+                     tandem::v1::STRATEGY_REUSE_DISTANCE, tandem::v1::STRATEGY_HETERO_DP,
+                     tandem::v1::STRATEGY_CPU_ONLY, tandem::v1::STRATEGY_AUTO}) {
+    SCOPED_TRACE(tandem::v1::Strategy_Name(s));
+    JobSpec spec = make(s, capacity, kSteps);
+    TrainRun run = Train(spec, MakeRunnerFactory(node));
+    std::printf("%-24s at %lld bytes (25%% of the state): %s\n",
+                tandem::v1::Strategy_Name(s).c_str(), static_cast<long long>(capacity),
+                run.status.ok() ? "trains" : std::string(run.status.message()).c_str());
+    if (!run.status.ok()) {
+      ASSERT_EQ(run.status.code(), absl::StatusCode::kResourceExhausted) << run.status;
+      EXPECT_NE(run.status.message().find("it needs at least"), std::string::npos) << run.status;
+      const int64_t needed = MinimumCapacity(spec, node);
+      ASSERT_GT(needed, capacity);
+      spec.mutable_resources()->set_accelerator_memory_bytes(needed);
+      run = Train(spec, MakeRunnerFactory(node));
+      std::printf("%-24s at %lld bytes (its minimum): %s\n", tandem::v1::Strategy_Name(s).c_str(),
+                  static_cast<long long>(needed), run.status.ok() ? "trains" : "refused");
+      ASSERT_TRUE(run.status.ok()) << run.status;
+    }
+    const int64_t budget = spec.resources().accelerator_memory_bytes();
+    ASSERT_EQ(run.losses.size(), reference.losses.size());
+    for (size_t i = 0; i < run.losses.size(); ++i) {
+      ASSERT_NEAR(run.losses[i], reference.losses[i], 1e-5 * std::abs(reference.losses[i]))
+          << "step " << i;
+    }
+    EXPECT_NEAR(run.eval_loss, reference.eval_loss, 1e-5 * std::abs(reference.eval_loss));
+    EXPECT_TRUE(run.plan.feasible());
+    EXPECT_LE(run.metrics.peak_accelerator_bytes(), budget);
+    if (s != tandem::v1::STRATEGY_AUTO) {
+      EXPECT_EQ(run.plan.strategy(), s);
+    }
+    if (run.plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY) {
+      EXPECT_GT(run.metrics.peak_accelerator_bytes(), 0);
+      EXPECT_GT(run.metrics.predicted_step_seconds(), 0);
+    }
+  }
+}
+
+TEST(PlacementTest, GptEveryStrategyAtAQuarterOfTheStateMatchesTheCpuEngine) {
+  EveryStrategyAtAQuarter(Gpt);
+}
+
+TEST(PlacementTest, MlpEveryStrategyAtAQuarterOfTheStateMatchesTheCpuEngine) {
+  EveryStrategyAtAQuarter(Mlp);
+}
+
+TEST(PlacementTest, GpuOnlyThatCannotFitIsRefusedWithTheCapacityItNeeds) {
+  const int64_t capacity = ModelStateBytes(Gpt(tandem::v1::STRATEGY_AUTO, 1)) / 4;
+  const TrainRun run = Train(Gpt(tandem::v1::STRATEGY_GPU_ONLY, capacity), MakeRunnerFactory(TestNode()));
+  ASSERT_EQ(run.status.code(), absl::StatusCode::kResourceExhausted) << run.status;
+  EXPECT_NE(run.status.message().find("placement.strategy: no gpu_only plan fits"),
+            std::string::npos)
+      << run.status;
+  EXPECT_NE(run.status.message().find("it needs at least"), std::string::npos) << run.status;
+
+  // With what it asked for, it plans and trains.
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(Gpt(tandem::v1::STRATEGY_GPU_ONLY, capacity), false);
+  ASSERT_TRUE(resolved.ok());
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok());
+  const NodeOffer node = TestNode();
+  absl::StatusOr<tandem::v1::Plan> refused = PlanJob(*jm->model, *resolved, node);
+  ASSERT_FALSE(refused.ok());
+  planner::PlanRequest request;
+  request.profile = profile::AnalyticProfile(*jm->model, resolved->optimizer(), 8);
+  absl::StatusOr<tandem::v1::HardwareSpec> hw = NodeHardware(*resolved, node, capacity);
+  ASSERT_TRUE(hw.ok());
+  request.hardware = *hw;
+  request.strategy = tandem::v1::STRATEGY_GPU_ONLY;
+  request.compare = {tandem::v1::STRATEGY_GPU_ONLY};
+  absl::StatusOr<tandem::v1::PlanModelResponse> answer =
+      SolveForExecutor(*jm->model, request, capacity);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  const int64_t needed = answer->plan().min_accelerator_memory_bytes();
+  ASSERT_GT(needed, capacity);
+  const TrainRun enough = Train(Gpt(tandem::v1::STRATEGY_GPU_ONLY, needed), MakeRunnerFactory(node));
+  ASSERT_TRUE(enough.status.ok()) << enough.status;
+  EXPECT_LE(enough.metrics.peak_accelerator_bytes(), needed);
+}
+
+TEST(PlacementTest, BadPlacementsNameTheField) {
+  NodeOffer node = TestNode();
+  JobSpec no_capacity = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, 0);
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(no_capacity, false);
+  ASSERT_TRUE(resolved.ok());
+  absl::StatusOr<int64_t> capacity = AcceleratorCapacity(*resolved, node);
+  EXPECT_EQ(capacity.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(capacity.status().message().find("resources.accelerator_memory_bytes"),
+            std::string::npos);
+  node.accelerator_memory_budget_bytes = int64_t{64} << 20;
+  capacity = AcceleratorCapacity(*resolved, node);
+  ASSERT_TRUE(capacity.ok());
+  EXPECT_EQ(*capacity, int64_t{64} << 20);
+
+  JobSpec cuda = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, 0);
+  cuda.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_CUDA);
+  resolved = ResolveJobSpec(cuda, false);
+  ASSERT_TRUE(resolved.ok());
+  capacity = AcceleratorCapacity(*resolved, TestNode());
+  EXPECT_EQ(capacity.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(capacity.status().message().find("placement.accelerator"), std::string::npos);
+
+  // A forced plan for another model.
+  JobSpec forced = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, int64_t{64} << 20);
+  forced.mutable_placement()->mutable_plan()->add_layers();
+  resolved = ResolveJobSpec(forced, false);
+  ASSERT_TRUE(resolved.ok());
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok());
+  absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, TestNode());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("placement.plan.layers"), std::string::npos);
+}
+
+TEST(PlacementTest, CpuJobsRunOnThePlainEngine) {
+  JobSpec spec = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, 0);
+  spec.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_NONE);
+  const TrainRun run = Train(spec, MakeRunnerFactory(TestNode()));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.plan.layers_size(), 0);
+  EXPECT_EQ(run.metrics.peak_accelerator_bytes(), 0);
+}
+
+TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
+  tandem::v1::PlanModelRequest here;
+  *here.mutable_spec() = Gpt(tandem::v1::STRATEGY_AUTO, int64_t{1} << 20);
+  absl::StatusOr<tandem::v1::PlanModelResponse> local = PlanModel(here, TestNode());
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->alternatives_size(), 5);
+  EXPECT_TRUE(local->plan().feasible());
+  EXPECT_NE(local->plan().solver().note().find("auto: chose"), std::string::npos);
+
+  // An 80 GiB GPU machine: everything fits, gpu_only among the feasible.
+  tandem::v1::PlanModelRequest remote;
+  *remote.mutable_spec() = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, 0);
+  remote.mutable_spec()->mutable_placement()->clear_accelerator();
+  tandem::v1::HardwareSpec* hw = remote.mutable_hardware();
+  *hw->mutable_host() = TestNode().host;
+  cuda::CudaDeviceInfo h100{0, "NVIDIA H100 80GB HBM3", int64_t{80} << 30, 132, 9, 0};
+  *hw->add_accelerators() = AcceleratorSpec(h100);
+  hw->mutable_host_to_accelerator()->set_bandwidth_bytes_per_second(50e9);
+  hw->mutable_accelerator_to_host()->set_bandwidth_bytes_per_second(50e9);
+  absl::StatusOr<tandem::v1::PlanModelResponse> answer = PlanModel(remote, TestNode());
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->plan().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+  for (const auto& p : answer->alternatives()) {
+    EXPECT_TRUE(p.feasible()) << tandem::v1::Strategy_Name(p.strategy());
+  }
+  EXPECT_EQ(AcceleratorSpec(h100).peak_matmul_flops_per_second(), 494.7e12);
+
+  tandem::v1::PlanModelRequest bad = here;
+  bad.mutable_spec()->mutable_training()->set_batch_size(0);
+  answer = PlanModel(bad, TestNode());
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(answer.status().message().find("spec.training.batch_size"), std::string::npos)
+      << answer.status();
+}
+
+}  // namespace
+}  // namespace tandem::server

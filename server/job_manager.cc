@@ -24,6 +24,17 @@ constexpr int kMaxRequestIdLength = 128;
 // Per-job metric series of finished jobs kept for dashboards; older ones go.
 constexpr size_t kFinishedSeriesKept = 50;
 
+// Copies one job's per-layer histograms into tandem_layer_step_seconds.
+void MirrorLayerTimes(ServerMetrics& metrics, const std::string& job_id,
+                      const profile::LayerHistograms& times) {
+  const profile::LayerHistogramSnapshot snapshot = times.Snapshot();
+  for (const profile::LayerPhaseHistogram& h : snapshot.series) {
+    metrics.layer_step
+        .Add({{"job_id", job_id}, {"layer", h.layer_name}, {"phase", profile::PhaseLabel(h.phase)}})
+        .Assign(h.cumulative_counts, h.sum_seconds);
+  }
+}
+
 bool IsTerminal(JobState s) {
   return s == tandem::v1::JOB_STATE_SUCCEEDED || s == tandem::v1::JOB_STATE_FAILED ||
          s == tandem::v1::JOB_STATE_CANCELLED;
@@ -96,6 +107,8 @@ struct JobManager::Entry {
   // Set by the runner thread as its last action, so the thread can be joined.
   std::atomic<bool> runner_done{false};
   std::unique_ptr<HostAllocator> allocator;
+  // The always-on per-layer timings of the current run (null before it starts).
+  std::shared_ptr<profile::LayerHistograms> layer_times;
   int64_t seq = 0;
 };
 
@@ -117,7 +130,8 @@ JobManager::~JobManager() {
 namespace {
 
 // Memory of a built model at the spec's batch sizes.
-MemoryEstimate EstimateModel(const tandem::v1::JobSpec& resolved, const JobModel& jm) {
+absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved, const JobModel& jm,
+                                             const std::optional<NodeOffer>& node) {
   const Model& m = *jm.model;
   const int64_t max_batch =
       std::max(resolved.training().batch_size(), resolved.training().eval_batch_size());
@@ -136,6 +150,21 @@ MemoryEstimate EstimateModel(const tandem::v1::JobSpec& resolved, const JobModel
   const int64_t margin = 64 * 4 * m.num_layers() + (1 << 20);
   e.host_bytes = e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
   if (resolved.resources().host_memory_bytes() > 0) e.host_bytes = resolved.resources().host_memory_bytes();
+  const auto kind = resolved.placement().accelerator();
+  if (kind != tandem::v1::ACCELERATOR_KIND_NONE) {
+    if (!node) {
+      return absl::FailedPreconditionError(
+          "placement.accelerator: this tandemd runs every job on the CPU engine; use "
+          "ACCELERATOR_KIND_NONE");
+    }
+    TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, *node));
+    if (kind == tandem::v1::ACCELERATOR_KIND_EMULATED) {
+      e.emulated_bytes = capacity;
+      e.host_bytes += capacity;
+    } else {
+      e.accelerator_bytes = capacity;
+    }
+  }
   return e;
 }
 
@@ -151,7 +180,15 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
       });
   if (!jm.ok()) return AsSpecError(jm.status());
   *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
-  return Resolved{*resolved, EstimateModel(*resolved, *jm)};
+  absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, options_.node);
+  if (!estimate.ok()) return AsSpecError(estimate.status());
+  Resolved r{*resolved, *estimate, tandem::v1::Plan()};
+  if (options_.node) {
+    absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, *options_.node);
+    if (!plan.ok()) return AsSpecError(plan.status());
+    r.plan = *std::move(plan);
+  }
+  return r;
 }
 
 absl::StatusOr<tandem::v1::JobSpec> JobManager::ResolveSpec(const tandem::v1::JobSpec& spec) const {
@@ -165,7 +202,7 @@ absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& r
                                                                          const std::string& p) {
                             return policy.Resolve(f, p);
                           }));
-  return EstimateModel(resolved, jm);
+  return EstimateModel(resolved, jm, options_.node);
 }
 
 absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSpec& spec,
@@ -210,6 +247,8 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   *job.mutable_resolved_spec() = resolved;
   job.set_state(tandem::v1::JOB_STATE_QUEUED);
   job.set_reason("queued");
+  *job.mutable_plan() = r.plan;
+  job.mutable_metrics()->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
   *job.mutable_create_time() = TimeUtil::GetCurrentTime();
   *job.mutable_update_time() = job.create_time();
   job.mutable_progress()->set_total_steps(resolved.training().duration_case() ==
@@ -508,7 +547,8 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   {
     absl::MutexLock lock(&mu_);
     job = entry->job;
-    entry->allocator = std::make_unique<HostAllocator>(entry->estimate.host_bytes - entry->estimate.data_bytes);
+    entry->allocator = std::make_unique<HostAllocator>(
+        entry->estimate.host_bytes - entry->estimate.data_bytes - entry->estimate.emulated_bytes);
   }
   const std::string id = job.id();
   const metrics::Labels labels = {{"job_id", id}};
@@ -526,6 +566,16 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
                                                                  : options_.default_threads;
   options.host_allocator = entry->allocator.get();
   options.make_runner = options_.make_runner;
+  if (!options.make_runner && options_.node) options.make_runner = MakeRunnerFactory(*options_.node);
+  // Layer names for the always-on timings (a model without data: headers only).
+  if (absl::StatusOr<JobModel> jm = BuildJobModel(job.resolved_spec(), options.resolve_path); jm.ok()) {
+    std::vector<std::string> names;
+    for (int l = 0; l < jm->model->num_layers(); ++l) names.push_back(jm->model->layer(l).name());
+    auto times = std::make_shared<profile::LayerHistograms>(std::move(names));
+    options.timing_sink = times.get();
+    absl::MutexLock lock(&mu_);
+    entry->layer_times = std::move(times);
+  }
 
   TrainerCallbacks callbacks;
   callbacks.on_step = [&](const JobEvent::StepProgress& p) {
@@ -634,6 +684,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     std::fprintf(stderr, "tandemd: cannot record the end of %s: %s\n", id.c_str(), s.ToString().c_str());
   }
   UpdateJobMetrics(*entry);
+  if (entry->layer_times) MirrorLayerTimes(*metrics_, id, *entry->layer_times);
   if (IsTerminal(next)) {
     entry->log->Close();
     live_.erase(id);
@@ -647,6 +698,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
       }
       metrics_->job_step_duration.Remove(old);
       metrics_->job_steps.Remove(old);
+      metrics_->layer_step.RemoveWhere("job_id", finished_series_.front());
       finished_series_.pop_front();
     }
   }
@@ -654,6 +706,17 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   trainer.reset();
   entry->allocator.reset();
   dirty_ = true;
+}
+
+void JobManager::ExportLayerTimings() {
+  std::vector<std::pair<std::string, std::shared_ptr<profile::LayerHistograms>>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : live_) {
+      if (e->layer_times) jobs.emplace_back(id, e->layer_times);
+    }
+  }
+  for (const auto& [id, times] : jobs) MirrorLayerTimes(*metrics_, id, *times);
 }
 
 void JobManager::Shutdown() {

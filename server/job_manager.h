@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,8 +23,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/core/allocator.h"
+#include "runtime/profile/layer_histograms.h"
 #include "runtime/train/trainer.h"
 #include "server/event_log.h"
+#include "server/placement.h"
 #include "server/path_policy.h"
 #include "server/server_metrics.h"
 #include "server/store/job_store.h"
@@ -41,7 +44,13 @@ struct JobManagerOptions {
   int default_threads = 0;
   // Jobs running at once; more wait for a slot (memory permitting). 0 = no limit.
   int max_running_jobs = 0;
-  // Optional factory for hybrid runners (the plan executor); null = CPU engine.
+  // The node's hardware. When set, jobs with an accelerator are planned at
+  // submission (refused with RESOURCE_EXHAUSTED when no plan fits, the plan
+  // recorded in the job) and run through the plan executor. Unset: every job
+  // runs on the CPU engine and jobs asking for an accelerator are refused.
+  std::optional<NodeOffer> node;
+  // Overrides the runner (tests); null = placement's MakeRunnerFactory when
+  // `node` is set, else the CPU engine.
   RunnerFactory make_runner;
 };
 
@@ -51,6 +60,10 @@ struct MemoryEstimate {
   int64_t optimizer_state_bytes = 0;
   int64_t activation_bytes = 0;
   int64_t data_bytes = 0;
+  // The emulated accelerator's arena: host memory, but not the job's host
+  // allocator's.
+  int64_t emulated_bytes = 0;
+  // All of the above on the host, and the accelerator's capacity for the job.
   int64_t host_bytes = 0;
   int64_t accelerator_bytes = 0;
   std::string Describe() const;
@@ -90,6 +103,8 @@ class JobManager {
   struct Resolved {
     tandem::v1::JobSpec spec;
     MemoryEstimate estimate;
+    // The plan the job would run under (empty on the CPU engine).
+    tandem::v1::Plan plan;
   };
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec) const;
   absl::StatusOr<tandem::v1::JobSpec> ResolveSpec(const tandem::v1::JobSpec& spec) const;
@@ -105,6 +120,9 @@ class JobManager {
     bool accepting = true;
   };
   Snapshot TakeSnapshot();
+  // Mirrors running (and recently finished) jobs' per-layer timings into
+  // tandem_layer_step_seconds; called on each metrics scrape.
+  void ExportLayerTimings();
   const JobManagerOptions& options() const { return options_; }
 
  private:

@@ -25,11 +25,13 @@
 #include "runtime/base/flags_usage.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
+#include "runtime/profile/profile_model.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/metrics/http_exporter.h"
 #include "server/node_info.h"
 #include "server/path_policy.h"
+#include "server/placement.h"
 #include "server/server_metrics.h"
 #include "server/store/job_store.h"
 #include "server/tandem_service.h"
@@ -139,6 +141,13 @@ int main(int argc, char** argv) {
           ? absl::GetFlag(FLAGS_gpu_memory_budget)
           : (resources.cuda_devices.empty() ? 0 : resources.cuda_devices[0].memory_bytes * 9 / 10);
   jm_options.default_threads = absl::GetFlag(FLAGS_job_threads);
+  // The host's GEMM and triad rates, measured once now (about half a second),
+  // are what the planner plans hybrid jobs with.
+  jm_options.node = DetectNodeOffer(absl::GetFlag(FLAGS_gpu_memory_budget));
+  std::fprintf(stderr, "tandemd: planning with %s%s\n", jm_options.node->host.name().c_str(),
+               resources.cuda_devices.empty()
+                   ? "; no CUDA device (jobs may use the emulated accelerator)"
+                   : absl::StrCat(" and ", resources.cuda_devices[0].name).c_str());
   jm_options.max_running_jobs = absl::GetFlag(FLAGS_max_running_jobs) >= 0
                                     ? absl::GetFlag(FLAGS_max_running_jobs)
                                     : std::max(1, resources.cpu_threads);
@@ -150,6 +159,34 @@ int main(int argc, char** argv) {
   ServiceOptions service_options;
   service_options.auth = auth;
   service_options.node_info = [&] { return BuildNodeInfo(resources, jobs, start_time); };
+  const PathPolicy& policy = *data_policy;
+  const tandem::PathResolver resolve = [&policy](const std::string& field, const std::string& path) {
+    return policy.Resolve(field, path);
+  };
+  service_options.plan = [&](const tandem::v1::PlanModelRequest& request,
+                             tandem::v1::PlanModelResponse* response) {
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer = PlanModel(request, *jm_options.node, resolve);
+    if (!answer.ok()) return ToGrpc(answer.status());
+    *response = *std::move(answer);
+    return grpc::Status::OK;
+  };
+  // Profiles are measured one at a time (concurrent ones would measure each
+  // other) and cached under the state directory.
+  absl::Mutex profile_mu;
+  service_options.profile = [&](const tandem::v1::ProfileModelRequest& request,
+                                tandem::v1::ProfileModelResponse* response) {
+    tandem::profile::ProfilerEnvironment env;
+    env.cache_dir = state_dir + "/profiles";
+    env.resolve_path = resolve;
+    env.threads = absl::GetFlag(FLAGS_job_threads);
+    absl::MutexLock lock(&profile_mu);
+    absl::StatusOr<tandem::profile::ProfileResult> result = tandem::profile::ProfileModel(request, env);
+    if (!result.ok()) return ToGrpc(result.status());
+    *response->mutable_profile() = std::move(result->profile);
+    response->set_cached(result->cached);
+    response->set_chrome_trace_json(std::move(result->chrome_trace_json));
+    return grpc::Status::OK;
+  };
   TandemService service(&jobs, &metrics, service_options);
 
   std::unique_ptr<tandem::metrics::HttpExporter> exporter;

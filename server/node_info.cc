@@ -104,6 +104,13 @@ void ExportNodeMetrics(JobManager& jobs, ServerMetrics* metrics) {
         .Set(static_cast<double>(s.host_memory.in_use_bytes[c]));
   }
   metrics->device_memory_reserved.Add({{"device", "cpu"}}).Set(static_cast<double>(s.reserved_host_bytes));
+  if (jobs.options().node && !jobs.options().node->cuda_devices.empty()) {
+    metrics->device_memory_reserved.Add({{"device", "cuda:0"}})
+        .Set(static_cast<double>(s.reserved_accelerator_bytes));
+    metrics->device_memory_budget.Add({{"device", "cuda:0"}})
+        .Set(static_cast<double>(jobs.options().accelerator_memory_budget_bytes));
+  }
+  jobs.ExportLayerTimings();
 }
 
 }  // namespace tandem::server

@@ -269,9 +269,13 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
     r.accelerator_memory_bytes = std::max<int64_t>(1, capacity - margin);
     TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, planner::SolvePlan(r));
     const std::string note =
-        absl::StrCat(Mib(margin), " of the accelerator's ", Mib(capacity),
-                     " kept for the executor's transient buffers (inputs, gradients between "
-                     "layers, prefetch slack)");
+        margin >= capacity
+            ? absl::StrCat("the executor's transient buffers (inputs, gradients between layers, "
+                           "prefetch slack) alone need ",
+                           Mib(margin), " of the accelerator's ", Mib(capacity))
+            : absl::StrCat(Mib(margin), " of the accelerator's ", Mib(capacity),
+                           " kept for the executor's transient buffers (inputs, gradients between "
+                           "layers, prefetch slack)");
     auto annotate = [&](Plan& plan) {
       if (plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY) return;
       if (plan.min_accelerator_memory_bytes() > 0) {
@@ -286,12 +290,19 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, solve(request.micro_batch_size));
   if (response.plan().feasible() || request.micro_batch_size > 0 || batch <= 1) return response;
   // The margin scales with the micro-batch: try smaller ones, largest first.
+  // When none fits, answer with the one that needs the least memory.
+  PlanModelResponse least = response;
   for (int m = batch / 2; m >= 1; --m) {
     if (batch % m != 0) continue;
     TANDEM_ASSIGN_OR_RETURN(PlanModelResponse smaller, solve(m));
     if (smaller.plan().feasible()) return smaller;
+    const int64_t need = smaller.plan().min_accelerator_memory_bytes();
+    if (need > 0 && (least.plan().min_accelerator_memory_bytes() == 0 ||
+                     need < least.plan().min_accelerator_memory_bytes())) {
+      least = std::move(smaller);
+    }
   }
-  return response;
+  return least;
 }
 
 absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "runtime/base/build_info.h"
+#include "runtime/profile/layer_histograms.h"
 
 namespace tandem::server {
 
@@ -70,8 +71,10 @@ ServerMetrics::ServerMetrics(metrics::Registry& r)
                                      .Register(r)),
       layer_step(BuildHistogram()
                      .Name("tandem_layer_step_seconds")
-                     .Help("Wall time of one layer's phase in a training step (always-on profiler).")
-                     .Buckets(ExponentialBuckets(0.00001, 3, 14))
+                     .Help("Wall time of one layer's phase (forward, backward, update) in a "
+                           "training step, from the always-on profiler.")
+                     .Buckets(std::vector<double>(profile::kLayerStepBucketsSeconds.begin(),
+                                                  profile::kLayerStepBucketsSeconds.end()))
                      .Register(r)),
       device_memory(BuildGauge()
                         .Name("tandem_device_memory_bytes")

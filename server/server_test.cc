@@ -1,11 +1,15 @@
 // The daemon's components without gRPC: authentication, path confinement, the
 // event log, and the job manager running real (small, synthetic) jobs on a real
 // store: idempotency, validation, admission, priorities, cancellation, graceful
-// stop and recovery.
+// stop and recovery; jobs on the emulated accelerator planned at submission and
+// run through the plan executor, with their per-layer timings exported.
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -111,12 +115,14 @@ training: {batch_size: 16, steps: 10, checkpoint_interval_steps: 5}
 
 class JobManagerTest : public testing::Test {
  protected:
-  void Open(const std::string& name, int64_t host_budget = int64_t{1} << 32, bool fresh = true) {
+  void Open(const std::string& name, int64_t host_budget = int64_t{1} << 32, bool fresh = true,
+            std::optional<NodeOffer> node = std::nullopt) {
     dir_ = fresh ? TempDir(name) : dir_;
     store_ = *JobStore::Open(dir_ + "/jobs.db");
     JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
     options.host_memory_budget_bytes = host_budget;
     options.default_threads = 1;
+    options.node = std::move(node);
     jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
   }
   void Close() {
@@ -314,6 +320,90 @@ TEST_F(JobManagerTest, RecoveryRequeuesJobsLeftRunningByACrash) {
   EXPECT_NE(recovered.reason().find("restarted"), std::string::npos) << recovered.reason();
   jobs_->Start();
   WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace tandem::server
+
+namespace tandem::server {
+namespace {
+
+// Fixed host figures, so plans do not depend on this machine's speed.
+NodeOffer TestNode() {
+  NodeOffer node;
+  node.host.set_kind(tandem::v1::DEVICE_KIND_CPU);
+  node.host.set_threads(1);
+  node.host.set_peak_matmul_flops_per_second(50e9);
+  node.host.set_peak_vector_flops_per_second(50e9);
+  node.host.set_memory_bandwidth_bytes_per_second(10e9);
+  node.host.set_memory_bytes(int64_t{8} << 30);
+  return node;
+}
+
+tandem::v1::JobSpec EmulatedSpec(int64_t capacity) {
+  tandem::v1::JobSpec spec = Spec(6);
+  spec.mutable_model()->mutable_mlp()->clear_hidden_sizes();
+  for (int i = 0; i < 3; ++i) spec.mutable_model()->mutable_mlp()->add_hidden_sizes(256);
+  spec.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_EMULATED);
+  spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_REUSE_DISTANCE);
+  spec.mutable_resources()->set_accelerator_memory_bytes(capacity);
+  return spec;
+}
+
+TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {
+  Open("hybrid", int64_t{1} << 32, true, TestNode());
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  // Too small for any reuse_distance plan: refused at once, with what it needs.
+  absl::Status refused = jobs_->Submit(EmulatedSpec(64 << 10), "").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("it needs at least"), std::string::npos) << refused;
+  // CUDA on a node without one.
+  tandem::v1::JobSpec cuda = EmulatedSpec(0);
+  cuda.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_CUDA);
+  refused = jobs_->Submit(cuda, "").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("placement.accelerator"), std::string::npos) << refused;
+
+  const int64_t capacity = 1 << 20;
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(capacity), "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->job.plan().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+  EXPECT_TRUE(s->job.plan().feasible());
+  EXPECT_GT(s->job.metrics().predicted_step_seconds(), 0);
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.progress().step(), 6);
+  EXPECT_GT(done.metrics().peak_accelerator_bytes(), 0);
+  EXPECT_LE(done.metrics().peak_accelerator_bytes(), capacity);
+  EXPECT_EQ(done.plan().layers_size(), s->job.plan().layers_size());
+  EXPECT_EQ(done.measured_timeline().source(), "measured");
+  EXPECT_GT(done.measured_timeline().spans_size(), 0);
+  // The arena's capacity was reserved on the host while it ran.
+  EXPECT_GE(done.reserved_host_bytes(), capacity);
+
+  // Per-layer timings reached the metrics: forward, backward and update series.
+  jobs_->ExportLayerTimings();
+  const std::string text = registry_.Serialize();
+  for (const char* phase : {"forward", "backward", "update"}) {
+    const std::string series = absl::StrCat("tandem_layer_step_seconds_count{job_id=\"",
+                                            done.id(), "\",layer=\"linear1\",phase=\"", phase, "\"}");
+    EXPECT_NE(text.find(series), std::string::npos) << series << " not among\n" << [&] {
+      std::string counts;
+      for (absl::string_view line : absl::StrSplit(text, '\n')) {
+        if (absl::StartsWith(line, "tandem_layer_step_seconds_count")) absl::StrAppend(&counts, line, "\n");
+      }
+      return counts;
+    }();
+  }
+  EXPECT_NE(text.find(absl::StrCat("tandem_job_predicted_step_seconds{job_id=\"", done.id())),
+            std::string::npos);
+}
+
+TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {
+  Open("no-node");
+  const absl::Status s = jobs_->Submit(EmulatedSpec(1 << 20), "").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("placement.accelerator"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ absl::StatusOr<int> RunStatus(const Args& args);
 absl::StatusOr<int> RunWatch(const Args& args);
 absl::StatusOr<int> RunCancel(const Args& args);
 absl::StatusOr<int> RunProfile(const Args& args);
+absl::StatusOr<int> RunPlan(const Args& args);
 
 // A message as pretty JSON (the protobuf JSON mapping, field names as in .proto).
 std::string ToJson(const google::protobuf::Message& message);

@@ -38,6 +38,11 @@ const std::map<std::string, Command>& Commands() {
       {"watch", {"watch ID [--from=N]", "Follow a job's events live (exit code as submit --watch).", RunWatch}},
       {"cancel", {"cancel ID", "Cancel a job (queued: now; running: at the next step).", RunCancel}},
       {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
+      {"plan",
+       {"plan FILE",
+        "Plan a job file's model: every strategy compared on this machine, a --hardware spec or a "
+        "--profile; exit 3 when the chosen strategy does not fit.",
+        RunPlan}},
       {"profile",
        {"profile FILE", "Profile a job file's model layer by layer on this machine.", RunProfile}},
       {"train",

@@ -12,6 +12,7 @@
 #include "runtime/cuda/device_query.h"
 #include "runtime/train/job_spec.h"
 #include "runtime/train/trainer.h"
+#include "server/placement.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "tandem train: write checkpoints here and resume from the newest one; empty = none.");
@@ -35,6 +36,16 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   options.threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
                                                      : spec->training().threads();
   options.has_accelerator = !cuda::QueryCudaDevices().empty();
+  // A job with an accelerator (the node's GPU, or the emulated one) runs under
+  // the planner's plan through the plan executor; the host is measured once
+  // for it (about half a second). CPU jobs go straight to the CPU engine.
+  const auto accelerator = spec->placement().accelerator();
+  if (accelerator == tandem::v1::ACCELERATOR_KIND_EMULATED ||
+      accelerator == tandem::v1::ACCELERATOR_KIND_CUDA ||
+      (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
+      spec->placement().has_plan()) {
+    options.make_runner = server::MakeRunnerFactory(server::DetectNodeOffer(0));
+  }
   TrainerCallbacks callbacks;
   callbacks.on_step = [&](const auto& p) { printer.Step(p); };
   callbacks.on_eval = [&](const auto& e) { printer.Eval(e); };
@@ -58,6 +69,7 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   job.set_checkpoint_step((*trainer)->checkpoint_step());
   job.set_checkpoint_path((*trainer)->checkpoint_path());
   *job.mutable_plan() = (*trainer)->runner().plan();
+  *job.mutable_measured_timeline() = (*trainer)->runner().last_timeline();
   *job.mutable_end_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   job.set_state(status.ok() ? tandem::v1::JOB_STATE_SUCCEEDED
                             : status.code() == absl::StatusCode::kCancelled
@@ -73,7 +85,16 @@ absl::StatusOr<int> RunTrain(const Args& args) {
                 tandem::v1::JobState_Name(job.state()).c_str(), job.progress().step(),
                 FormatDuration(m.train_seconds()).c_str(), m.loss(), m.eval_accuracy(),
                 m.eval_loss(), m.mean_samples_per_second());
-    if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
+    if (job.plan().layers_size() > 0) {
+      const tandem::v1::Plan& plan = job.plan();
+      std::printf("plan: %s, micro-batch %d x %d; step time predicted %.2f ms, measured %.2f ms; "
+                  "peak accelerator memory %.1f of %.1f MiB\n",
+                  tandem::v1::Strategy_Name(plan.strategy()).c_str(), plan.micro_batch_size(),
+                  plan.micro_batches(), m.predicted_step_seconds() * 1e3,
+                  m.measured_step_seconds() * 1e3, m.peak_accelerator_bytes() / 1048576.0,
+                  job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
+    }
+        if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
   }
   return status.ok() ? 0 : 1;
 }

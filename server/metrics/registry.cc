@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -79,6 +80,12 @@ std::string FormatValue(double value) {
   if (value == std::floor(value) && std::fabs(value) < 1e15) {
     return absl::StrFormat("%.0f", value);
   }
+  // The shortest form that reads back as the same double (1e-05, not
+  // 1.0000000000000001e-05).
+  for (int digits = 6; digits < 17; ++digits) {
+    const std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
   return absl::StrFormat("%.17g", value);
 }
 
@@ -98,6 +105,17 @@ void Histogram::Observe(double value) {
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
   AtomicAdd(sum_, value);
   count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Histogram::Assign(const std::vector<uint64_t>& cumulative, double sum) {
+  if (cumulative.size() != bounds_.size() + 1) return;
+  uint64_t previous = 0;
+  for (size_t i = 0; i < cumulative.size(); ++i) {
+    buckets_[i].store(cumulative[i] - previous, std::memory_order_relaxed);
+    previous = cumulative[i];
+  }
+  sum_.store(sum, std::memory_order_relaxed);
+  count_.store(previous, std::memory_order_relaxed);
 }
 
 Histogram::Snapshot Histogram::Collect() const {
@@ -159,6 +177,19 @@ template <typename T>
 void Family<T>::Remove(const Labels& labels) {
   absl::MutexLock lock(&mu_);
   series_.erase(labels);
+}
+
+template <typename T>
+void Family<T>::RemoveWhere(const std::string& name, const std::string& value) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = series_.begin(); it != series_.end();) {
+    auto label = it->first.find(name);
+    if (label != it->first.end() && label->second == value) {
+      it = series_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 template <typename T>

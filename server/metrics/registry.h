@@ -52,6 +52,11 @@ class Histogram {
   // Upper bounds, strictly increasing; +Inf is implicit.
   explicit Histogram(std::vector<double> bounds);
   void Observe(double value);
+  // Overwrites the series with observations counted elsewhere (a histogram
+  // mirrored at scrape time, e.g. the profiler's per-layer timings):
+  // `cumulative` as in Snapshot, one entry per bound plus +Inf. Ignored when
+  // its length does not match the bounds.
+  void Assign(const std::vector<uint64_t>& cumulative, double sum);
   // Cumulative counts per bound (and +Inf last), the sum and the count.
   struct Snapshot {
     std::vector<double> bounds;
@@ -103,6 +108,8 @@ class Family : public Registry::FamilyBase {
   T& Add(const Labels& labels);
   // Histogram families take the bucket bounds of new series from the builder.
   void Remove(const Labels& labels);
+  // Removes every series whose label `name` has `value`.
+  void RemoveWhere(const std::string& name, const std::string& value);
   void Serialize(std::string* out) const override;
 
  private:

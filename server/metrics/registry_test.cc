@@ -70,6 +70,21 @@ TEST(RegistryTest, ConcurrentUpdatesAreNotLost) {
   EXPECT_EQ(h.Collect().sum, 20000);
 }
 
+TEST(RegistryTest, AssignMirrorsAHistogramKeptElsewhere) {
+  Registry registry;
+  Histogram& h = BuildHistogram().Name("m_seconds").Help("m").Buckets({0.1, 1}).Register(registry).Add({});
+  h.Observe(5);
+  h.Assign({2, 3, 7}, 4.5);
+  const Histogram::Snapshot s = h.Collect();
+  EXPECT_EQ(s.cumulative, (std::vector<uint64_t>{2, 3, 7}));
+  EXPECT_EQ(s.count, 7u);
+  EXPECT_EQ(s.sum, 4.5);
+  h.Assign({1, 2}, 9);  // wrong length: ignored
+  EXPECT_EQ(h.Collect().count, 7u);
+  EXPECT_NE(registry.Serialize().find("m_seconds_bucket{le=\"1\"} 3\n"), std::string::npos)
+      << registry.Serialize();
+}
+
 TEST(HttpExporterTest, ServesMetricsOverHttp) {
   Registry registry;
   BuildGauge().Name("tandem_up").Help("up").Register(registry).Add({}).Set(1);

@@ -158,8 +158,9 @@ TEST(CudaAcceleratorTest, CopiesRoundTripConcurrentlyFromTwoThreadsWhileComputeR
   }
   // Host sides: pinned staging for even buffers, pageable memory for odd ones.
   auto host_buffer = [&](int b) {
-    if (b % 2 == 1)
+    if (b % 2 == 1) {
       return Buffer::Allocate(DefaultHostAllocator(), n * 4, MemoryCategory::kActivations);
+    }
     return Buffer::Allocate(a->host_staging_allocator(), n * 4, MemoryCategory::kActivations);
   };
   std::vector<std::string> errors[3];

@@ -138,9 +138,12 @@ absl::Status CudaContext::SetAllowTf32(bool allow) {
 void* CudaContext::Scratch(int64_t bytes) {
   if (bytes <= scratch_.bytes()) return scratch_.data();
   // Grow by half again so a sequence of slightly larger requests reallocates
-  // rarely. The old block goes back to the cache; work already queued on
-  // `stream` that uses it runs before anything that reuses it.
+  // rarely. The old block goes back to the cache, from which another thread may
+  // take it at once for a copy on another stream (CudaAccelerator's copy
+  // workers): stream order alone does not protect the kernels still queued on
+  // `stream` that use it, so they finish first. Growth is rare; the wait is too.
   const int64_t want = std::max(bytes, scratch_.bytes() + scratch_.bytes() / 2);
+  if (!scratch_.empty()) Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   scratch_.Reset();
   absl::StatusOr<Buffer> grown = Buffer::Allocate(allocator, want, MemoryCategory::kWorkspace);
   if (!grown.ok()) grown = Buffer::Allocate(allocator, bytes, MemoryCategory::kWorkspace);

@@ -90,7 +90,8 @@ struct CudaContext {
   const CudaContextOptions& options() const { return options_; }
 
   // Device memory of at least `bytes`, valid until the next Scratch call; grown
-  // (from the allocator, as workspace) when too small. For the library calls
+  // (from the allocator, as workspace) when too small, after waiting for
+  // `stream`, since the old block may go to another stream. For the library calls
   // whose scratch size is only known at run time (cuDNN algorithms, CUB sorts).
   // Null, with the error recorded, when the allocator refuses.
   void* Scratch(int64_t bytes);

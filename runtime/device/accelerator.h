@@ -1,7 +1,9 @@
 // The accelerator side of a node as the plan executor sees it: memory with
 // byte accounting and a hard budget, a compute context for layers, and copies
 // between host and device. The emulated accelerator (runtime/emulated/) and the
-// CUDA GPU (runtime/cuda/cuda_accelerator.h) implement it.
+// CUDA GPU (runtime/cuda/cuda_accelerator.h) implement it; code built with or
+// without the CUDA toolkit opens a GPU with CreateCudaAccelerator
+// (runtime/cuda/accelerator_factory.h).
 //
 // Execution model: the executor runs each resource (compute, H2D, D2H) on its
 // own thread and calls these methods from it; every method returns when its

@@ -12,147 +12,27 @@
 #include "runtime/data/loader.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/exec/plan_test_util.h"
 
 namespace tandem {
 namespace {
 
+using exec_test::Case;
+using exec_test::Cases;
+using exec_test::Fixture;
+using exec_test::kGpt;
+using exec_test::kMlp;
+using exec_test::MakeFixture;
+using exec_test::MakePlan;
+using exec_test::Reference;
+using exec_test::RunSteps;
 using tandem::v1::Plan;
-
-struct Fixture {
-  tandem::v1::JobSpec spec;
-  std::unique_ptr<Model> model;
-  Datasets data;
-};
-
-Fixture Make(const std::string& yaml) {
-  Fixture f;
-  f.spec = *ResolveJobSpec(*ParseJobSpec(yaml, "test.yaml"), false);
-  JobModel jm = *BuildJobModel(f.spec);
-  f.model = std::move(jm.model);
-  f.data = *OpenDatasets(f.spec.data(), 1, nullptr, ModelContext(f.spec));
-  return f;
-}
-
-const char kMlp[] = R"(
-model: {mlp: {hidden_sizes: [48, 40], dropout: 0.1}}
-data: {synthetic: {sample_shape: [12], num_classes: 5, train_samples: 512}}
-optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}
-training: {batch_size: 32, steps: 50, seed: 3}
-)";
-
-const char kGpt[] = R"(
-model: {gpt: {n_layer: 2, n_head: 2, d_model: 16, context: 8, dropout: 0.1}}
-data: {synthetic: {sample_shape: [8], num_classes: 12, tokens: true, train_samples: 256}}
-optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.01, max_grad_norm: 1.0}
-training: {batch_size: 16, steps: 50, seed: 4}
-)";
-
-std::vector<double> RunSteps(const Fixture& f, StepRunner& runner, int steps) {
-  BatchLoader loader(*f.data.train, f.spec.training().batch_size(), true, f.spec.training().seed(), false);
-  std::vector<double> losses;
-  for (int s = 0; s < steps; ++s) {
-    StepOptions o;
-    o.step = s;
-    o.seed = f.spec.training().seed();
-    o.learning_rate = f.spec.optimizer().learning_rate();
-    absl::StatusOr<StepResult> r = runner.TrainStep(loader.Next(), o);
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status();
-      return losses;
-    }
-    losses.push_back(r->loss);
-  }
-  return losses;
-}
-
-std::vector<double> Reference(const Fixture& f, int steps) {
-  HostAllocator host;
-  auto cpu = *CpuRunner::Create(*f.model, f.spec.optimizer(), f.spec.training().batch_size(),
-                                f.spec.training().seed(), &host);
-  return RunSteps(f, *cpu, steps);
-}
-
-// A plan in which every layer gets `make(l)`.
-Plan MakePlan(const Model& m, tandem::v1::Strategy strategy, int batch, int micro,
-              const std::function<void(int, tandem::v1::LayerPlan*)>& make) {
-  Plan p;
-  p.set_strategy(strategy);
-  p.set_batch_size(batch);
-  p.set_micro_batch_size(micro);
-  p.set_micro_batches(batch / micro);
-  p.set_host_update_threads(1);
-  for (int l = 0; l < m.num_layers(); ++l) {
-    auto* lp = p.add_layers();
-    lp->set_index(l);
-    lp->set_compute(tandem::v1::PLACEMENT_ACCELERATOR);
-    lp->set_parameter_home(tandem::v1::PARAMETER_HOME_ACCELERATOR);
-    lp->set_update(tandem::v1::PLACEMENT_ACCELERATOR);
-    lp->set_activation_policy(tandem::v1::ACTIVATION_POLICY_KEEP);
-    make(l, lp);
-  }
-  return p;
-}
-
-struct Case {
-  std::string name;
-  std::function<Plan(const Model&, int batch)> plan;
-  double rtol;
-};
-
-std::vector<Case> Cases() {
-  using namespace tandem::v1;
-  return {
-      {"gpu_only", [](const Model& m, int b) { return MakePlan(m, STRATEGY_GPU_ONLY, b, b, [](int, LayerPlan*) {}); }, 0},
-      {"zero_offload", [](const Model& m, int b) {
-         return MakePlan(m, STRATEGY_ZERO_OFFLOAD, b, b, [](int, LayerPlan* lp) { lp->set_update(PLACEMENT_HOST); });
-       }, 0},
-      {"reuse_distance", [](const Model& m, int b) {
-         // The first layers (shortest reuse distance) update on the device.
-         return MakePlan(m, STRATEGY_REUSE_DISTANCE, b, b, [&m](int l, LayerPlan* lp) {
-           if (l >= m.num_layers() / 2) lp->set_update(PLACEMENT_HOST);
-         });
-       }, 0},
-      {"streamed_offload_recompute", [](const Model& m, int b) {
-         return MakePlan(m, STRATEGY_REUSE_DISTANCE, b, b, [](int l, LayerPlan* lp) {
-           if (l % 2 == 1) {
-             lp->set_parameter_home(PARAMETER_HOME_HOST_STREAMED);
-             lp->set_update(PLACEMENT_HOST);
-           }
-           lp->set_activation_policy(l % 3 == 0 ? ACTIVATION_POLICY_OFFLOAD
-                                                : l % 3 == 1 ? ACTIVATION_POLICY_RECOMPUTE
-                                                             : ACTIVATION_POLICY_KEEP);
-         });
-       }, 0},
-      // Gradients accumulate over micro-batches: only the summation order changes.
-      {"micro_batches", [](const Model& m, int b) {
-         return MakePlan(m, STRATEGY_ZERO_OFFLOAD, b, b / 4, [](int l, LayerPlan* lp) {
-           if (l % 2 == 0) lp->set_update(PLACEMENT_HOST);
-           if (l % 2 == 1) lp->set_activation_policy(ACTIVATION_POLICY_RECOMPUTE);
-         });
-       }, 1e-5},
-      {"cpu_only", [](const Model& m, int b) {
-         return MakePlan(m, STRATEGY_CPU_ONLY, b, b, [](int, LayerPlan* lp) {
-           lp->set_compute(PLACEMENT_HOST);
-           lp->set_parameter_home(PARAMETER_HOME_HOST);
-           lp->set_update(PLACEMENT_HOST);
-         });
-       }, 0},
-      // Two replicas' gradients are summed: only the summation order changes.
-      {"hetero_dp", [](const Model& m, int b) {
-         Plan p = MakePlan(m, STRATEGY_HETERO_DP, b, b / 2, [](int, LayerPlan*) {});
-         p.set_accelerator_batch_share(b * 5 / 8);
-         p.set_micro_batch_size(b * 5 / 16);
-         return p;
-       }, 1e-5},
-  };
-}
 
 class ExecutorMatchesCpuTest : public testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
   const auto [yaml, which] = GetParam();
-  const Fixture f = Make(yaml);
+  const Fixture f = MakeFixture(yaml);
   const Case c = Cases()[which];
   const int steps = 50;
   const std::vector<double> reference = Reference(f, steps);
@@ -196,7 +76,7 @@ INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuTest,
                          });
 
 TEST(ExecutorTest, CheckpointStateRoundTripsThroughTheHost) {
-  const Fixture f = Make(kMlp);
+  const Fixture f = MakeFixture(kMlp);
   HostAllocator host;
   EmulatedAccelerator device({.capacity_bytes = 64 << 20});
   ExecutorOptions options;
@@ -227,7 +107,7 @@ TEST(ExecutorTest, CheckpointStateRoundTripsThroughTheHost) {
 }
 
 TEST(ExecutorTest, DeviceRefusalIsAClearError) {
-  const Fixture f = Make(kMlp);
+  const Fixture f = MakeFixture(kMlp);
   HostAllocator host;
   // Room for the weights but not the activations of a batch.
   EmulatedAccelerator device({.capacity_bytes = 20 << 10});
@@ -250,7 +130,7 @@ TEST(ExecutorTest, DeviceRefusalIsAClearError) {
 }
 
 TEST(ExecutorTest, DelayedUpdatesUseWeightsOneUpdateOld) {
-  const Fixture f = Make(kMlp);
+  const Fixture f = MakeFixture(kMlp);
   HostAllocator host;
   EmulatedAccelerator device({.capacity_bytes = 64 << 20});
   ExecutorOptions options;
@@ -297,7 +177,7 @@ TEST(ExecutorTest, DelayedUpdatesUseWeightsOneUpdateOld) {
 TEST(ExecutorStressTest, RandomPlansAndLinkSpeedsMatchTheReference) {
   // 1,000 steps over randomised plans and bandwidth caps, each segment checked
   // against the CPU engine. Races show up as mismatches (or as TSAN reports).
-  const Fixture f = Make(kMlp);
+  const Fixture f = MakeFixture(kMlp);
   const int kSteps = 1000, kSegment = 25;
   const std::vector<double> reference = Reference(f, kSegment);
   std::mt19937 rng(1234);

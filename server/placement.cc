@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "planner/strategies.h"
 #include "runtime/core/status_macros.h"
+#include "runtime/cuda/accelerator_factory.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/exec/plan_executor.h"
@@ -31,6 +32,11 @@ using tandem::v1::Plan;
 using tandem::v1::PlanModelResponse;
 using tandem::v1::ProcessorSpec;
 using tandem::v1::Strategy;
+
+// What a CUDA accelerator holds from the moment it opens, inside its budget:
+// cuBLAS's 32 MiB workspace and reduction scratch (accelerator_factory.h),
+// rounded up.
+constexpr int64_t kCudaFixedBytes = int64_t{33} << 20;
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
@@ -98,9 +104,7 @@ absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& re
       return std::unique_ptr<Accelerator>(std::make_unique<EmulatedAccelerator>(options));
     }
     case tandem::v1::ACCELERATOR_KIND_CUDA:
-      return absl::UnimplementedError(
-          "placement.accelerator: CUDA plans need the CUDA accelerator of the plan executor, "
-          "which this build does not have yet; use EMULATED or NONE");
+      return cuda::CreateCudaAccelerator(0, capacity);
     default:
       return absl::InvalidArgumentError("placement.accelerator: the job has no accelerator");
   }
@@ -317,7 +321,15 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
     }
     return placement.plan();
   }
-  TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
+  TANDEM_ASSIGN_OR_RETURN(int64_t capacity, AcceleratorCapacity(resolved, node));
+  if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_CUDA) {
+    if (capacity <= kCudaFixedBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "resources.accelerator_memory_bytes: ", Mib(capacity), " does not hold the GPU's own ",
+          Mib(kCudaFixedBytes), " of cuBLAS workspace"));
+    }
+    capacity -= kCudaFixedBytes;
+  }
   planner::PlanRequest request;
   request.profile = profile::AnalyticProfile(model, resolved.optimizer(),
                                              resolved.training().batch_size());
@@ -366,6 +378,9 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   if (!remote) {
     if (KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE && capacity == 0) {
       TANDEM_ASSIGN_OR_RETURN(capacity, AcceleratorCapacity(*resolved, node));
+    }
+    if (KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_CUDA && capacity > kCudaFixedBytes) {
+      capacity -= kCudaFixedBytes;  // as PlanJob: what the GPU holds for itself
     }
     TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
   }

@@ -84,7 +84,8 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolveForExecutor(const Model& mode
 // given (checked against the model), else solved for placement.strategy alone.
 // Empty for a job without an accelerator on the plain CPU engine (cpu_only).
 // RESOURCE_EXHAUSTED when no plan of the strategy fits the accelerator, with
-// the smallest capacity that would.
+// the smallest capacity that would. On a CUDA GPU the capacity planned under
+// excludes the 33 MiB the device holds for itself (cuBLAS's workspace).
 absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::JobSpec& resolved,
                                          const NodeOffer& node);
 

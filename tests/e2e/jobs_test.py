@@ -7,6 +7,7 @@ import tempfile
 import unittest
 
 import junit_runner
+import repo_files
 from tandem_stubs import (FASHION, metadata, spec_from_dict, stub, synthetic_spec,
                           tandem_service_pb2, wait_for_state, job_pb2)
 from tandemd_fixture import Tandemd
@@ -116,6 +117,74 @@ training: {batch_size: 128, epochs: 1, seed: 1, log_interval_steps: 25}
         for i in ids:
             self.assertIn(i, seen)
         self.assertTrue(all(j.state == job_pb2.JOB_STATE_SUCCEEDED for j in list(page.jobs) + list(rest.jobs)))
+
+    def test_a_job_on_the_emulated_accelerator_runs_under_its_plan(self):
+        spec = synthetic_spec(steps=8)
+        spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+        spec.placement.strategy = 5  # STRATEGY_REUSE_DISTANCE
+        spec.resources.accelerator_memory_bytes = 8 << 20
+        submitted = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        # Planned at submission: the plan and its prediction are in the record at once.
+        self.assertTrue(submitted.plan.feasible)
+        self.assertGreater(submitted.metrics.predicted_step_seconds, 0)
+        done = wait_for_state(self.client, submitted.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        self.assertEqual(done.progress.step, 8)
+        self.assertGreater(done.metrics.peak_accelerator_bytes, 0)
+        self.assertLessEqual(done.metrics.peak_accelerator_bytes, 8 << 20)
+        self.assertEqual(done.measured_timeline.source, "measured")
+        self.assertGreater(len(done.measured_timeline.spans), 0)
+
+    def test_a_job_no_plan_fits_is_refused_with_the_capacity_it_needs(self):
+        import grpc
+        spec = synthetic_spec(steps=8)
+        spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+        spec.placement.strategy = 2  # STRATEGY_GPU_ONLY
+        spec.resources.accelerator_memory_bytes = 4096
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("it needs at least", e.exception.details())
+
+    def test_plan_model_for_this_node_and_the_cli_plan(self):
+        spec = synthetic_spec(steps=8)
+        spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+        spec.resources.accelerator_memory_bytes = 8 << 20
+        answer = self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=spec), timeout=60)
+        self.assertTrue(answer.plan.feasible)
+        self.assertEqual(len(answer.alternatives), 5)
+        job_file = self.write_job("""
+model: {gpt: {n_layer: 2, n_head: 2, d_model: 64, context: 32}}
+data: {synthetic: {sample_shape: [32], num_classes: 256, tokens: true}}
+training: {batch_size: 8, steps: 10}
+placement: {strategy: STRATEGY_AUTO}
+""")
+        result = cli(self.daemon, "plan", job_file, "--hardware=" + repo_files.path("planner/hardware/h100_sxm_node.textproto"),
+                     "--gpu_memory=1GiB")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertRegex(result.stdout, r"^Plan: \w+, feasible")
+        for strategy in ("gpu_only", "cpu_only", "zero_offload", "reuse_distance", "hetero_dp"):
+            self.assertIn(strategy, result.stdout)
+        result = cli(self.daemon, "plan", job_file, "--on_server", "--compare=zero_offload,reuse_distance")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        result = cli(self.daemon, "plan", job_file, "--compare=fastest")
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("--compare: unknown strategy 'fastest'", result.stderr)
+
+    def test_profile_model_measures_every_layer_and_caches(self):
+        request = tandem_service_pb2.ProfileModelRequest(spec=synthetic_spec(steps=1), iterations=2,
+                                                         warmup_iterations=1)
+        first = self.client.ProfileModel(request, timeout=300)
+        self.assertFalse(first.cached)
+        self.assertGreater(len(first.profile.layers), 0)
+        self.assertTrue(all(len(layer.devices) > 0 for layer in first.profile.layers))
+        again = self.client.ProfileModel(request, timeout=60)
+        self.assertTrue(again.cached)
+        import grpc
+        bad = tandem_service_pb2.ProfileModelRequest(spec=synthetic_spec(steps=1), iterations=5000)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.ProfileModel(bad, timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("iterations", e.exception.details())
 
     def test_submit_is_idempotent_on_the_request_id(self):
         a = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1),

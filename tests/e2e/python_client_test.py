@@ -1,6 +1,6 @@
 """The Python client (clients/python/tandem_client) end to end against a real
 tandemd: submit from a dict, a YAML file or a JobSpec; watch with a callback
-that sees every event once, in order, across a daemon restart; cancel; plan;
+that sees every event once, in order, across a daemon restart; cancel; plan (a described machine, and a bad field);
 errors that carry the gRPC code and the server's message; auth; the example
 script."""
 import os
@@ -181,17 +181,20 @@ training: {batch_size: 8, steps: 2, checkpoint_disabled: true}
                     self.assertEqual(caught.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED, name)
                     self.assertLess(time.monotonic() - start, 5, name)
 
-    def test_plan_answers_a_plan_or_unimplemented_naming_the_planner(self):
+    def test_plan_for_a_described_machine_compares_every_strategy(self):
         hardware = repo_files.path("planner/hardware/h100_sxm_node.textproto")
-        try:
-            response = self.client.plan(spec(steps=10), hardware=hardware)
-        except TandemError as e:
-            # Before the planner is wired into tandemd.
-            self.assertEqual(e.code, grpc.StatusCode.UNIMPLEMENTED, str(e))
-            self.assertIn("planner", e.message)
-            return
+        response = self.client.plan(spec(steps=10), hardware=hardware)
         self.assertGreater(len(response.plan.layers), 0)
+        self.assertTrue(response.plan.feasible)
         self.assertGreater(response.plan.prediction.iteration_seconds, 0)
+        self.assertEqual(len(response.alternatives), 5)
+        # A bad field is named, with INVALID_ARGUMENT.
+        bad = spec(steps=10)
+        bad["training"]["batch_size"] = 0
+        with self.assertRaises(TandemError) as caught:
+            self.client.plan(bad, hardware=hardware)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.training.batch_size", caught.exception.message)
 
     def test_node_and_list(self):
         node = self.client.node()

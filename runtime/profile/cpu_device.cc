@@ -56,18 +56,6 @@ class TimelineRecorder final : public LayerTimingSink {
   tandem::v1::Timeline timeline_;
 };
 
-tandem::v1::PhaseProfile* MutablePhase(Phase phase, tandem::v1::LayerDeviceProfile* out) {
-  switch (phase) {
-    case Phase::kForward:
-      return out->mutable_forward();
-    case Phase::kBackward:
-      return out->mutable_backward();
-    case Phase::kUpdate:
-      return out->mutable_update();
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 std::string HostCpuName() {

@@ -40,6 +40,19 @@ struct IterationRecord {
   tandem::v1::Timeline timeline;
 };
 
+// The phase of `out` that `phase` names, for devices filling CollectLayer.
+inline tandem::v1::PhaseProfile* MutablePhase(Phase phase, tandem::v1::LayerDeviceProfile* out) {
+  switch (phase) {
+    case Phase::kForward:
+      return out->mutable_forward();
+    case Phase::kBackward:
+      return out->mutable_backward();
+    case Phase::kUpdate:
+      return out->mutable_update();
+  }
+  return out->mutable_forward();
+}
+
 class ProfiledDevice {
  public:
   virtual ~ProfiledDevice() = default;

@@ -1,6 +1,7 @@
 #include "runtime/profile/cupti/gpu_phase_probe.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/profile/profiled_device.h"
 #include "runtime/profile/timing_stats.h"
 
 namespace tandem::profile {
@@ -21,18 +22,6 @@ double MedianOf(const std::vector<GpuPhaseTotals>& calls, F field) {
   std::vector<double> values;
   for (const GpuPhaseTotals& t : calls) values.push_back(static_cast<double>(field(t)));
   return Median(values);
-}
-
-tandem::v1::PhaseProfile* MutablePhase(Phase phase, tandem::v1::LayerDeviceProfile* out) {
-  switch (phase) {
-    case Phase::kForward:
-      return out->mutable_forward();
-    case Phase::kBackward:
-      return out->mutable_backward();
-    case Phase::kUpdate:
-      return out->mutable_update();
-  }
-  return nullptr;
 }
 
 }  // namespace

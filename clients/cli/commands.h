@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
+#include "tandem/v1/job.pb.h"
 
 namespace tandem::cli {
 
@@ -33,6 +34,11 @@ absl::StatusOr<int> RunWatch(const Args& args);
 absl::StatusOr<int> RunCancel(const Args& args);
 absl::StatusOr<int> RunProfile(const Args& args);
 absl::StatusOr<int> RunPlan(const Args& args);
+
+// Writes a job's measured timeline as Chrome trace JSON to `path`, and the
+// plan's predicted one to `path`.predicted.json; FAILED_PRECONDITION when the
+// job has no measured timeline.
+absl::Status WriteJobTraces(const tandem::v1::Job& job, const std::string& path);
 
 // A message as pretty JSON (the protobuf JSON mapping, field names as in .proto).
 std::string ToJson(const google::protobuf::Message& message);

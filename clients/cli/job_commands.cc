@@ -1,11 +1,14 @@
 // The job commands of the CLI: submit, jobs, status, watch, cancel.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,7 +18,10 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/progress.h"
 #include "clients/cli/rpc_client.h"
+#include "runtime/profile/chrome_trace.h"
 #include "runtime/train/job_spec.h"
+
+ABSL_DECLARE_FLAG(std::string, trace_out);
 
 ABSL_FLAG(bool, watch, false, "tandem submit: follow the job until it ends; exit with its outcome.");
 ABSL_FLAG(std::string, request_id, "",
@@ -80,8 +86,25 @@ void PrintJobText(const Job& job) {
     std::printf("  checkpoint step %ld: %s\n", static_cast<long>(job.checkpoint_step()),
                 job.checkpoint_path().c_str());
   }
+  if (job.plan().layers_size() > 0) {
+    const tandem::v1::Plan& plan = job.plan();
+    std::printf("  plan:      %s, micro-batch %d x %d, accelerator budget %.1f MiB\n",
+                tandem::v1::Strategy_Name(plan.strategy()).c_str(), plan.micro_batch_size(),
+                plan.micro_batches(), plan.accelerator_memory_budget_bytes() / 1048576.0);
+    std::printf("  step time: predicted %.2f ms", m.predicted_step_seconds() * 1e3);
+    if (m.measured_step_seconds() > 0) {
+      std::printf(", measured %.2f ms (%.2fx)", m.measured_step_seconds() * 1e3,
+                  m.measured_step_seconds() / std::max(m.predicted_step_seconds(), 1e-12));
+    }
+    std::printf("\n");
+  }
+  if (m.peak_accelerator_bytes() > 0) {
+    std::printf("  memory:    peak host %.1f MiB, peak accelerator %.1f MiB\n",
+                m.peak_host_bytes() / 1048576.0, m.peak_accelerator_bytes() / 1048576.0);
+  }
   std::printf("  attempts:  %d\n", job.attempts());
 }
+
 
 // Follows a job's events from `from`, printing them; reconnects (resuming at
 // the next sequence) when the daemon restarts. Returns the job's final state.
@@ -164,6 +187,46 @@ int WatchExit(const absl::StatusOr<JobState>& state) {
 
 }  // namespace
 
+// Writes a job's measured timeline (and, beside it, the plan's predicted one)
+// as Chrome trace JSON.
+absl::Status WriteJobTraces(const Job& job, const std::string& path) {
+  profile::ChromeTraceOptions options;
+  for (const auto& layer : job.plan().layers()) options.layer_names.push_back(layer.name());
+  options.accelerator_id = job.plan().accelerator() == tandem::v1::DEVICE_KIND_EMULATED
+                               ? "emulated:0 (never a GPU figure)"
+                               : job.plan().accelerator() == tandem::v1::DEVICE_KIND_CUDA
+                                     ? "cuda:0"
+                                     : "accelerator";
+  options.title = absl::StrCat(job.id(), " measured");
+  auto write = [](const std::string& file, const std::string& text) -> absl::Status {
+    std::ofstream f(file);
+    f << text;
+    f.close();
+    if (!f) return absl::InternalError(absl::StrCat("--trace_out: cannot write '", file, "'"));
+    return absl::OkStatus();
+  };
+  if (job.measured_timeline().spans_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--trace_out: ", job.id(), " has no measured timeline (it runs on the CPU engine, or has "
+        "not finished a step under its plan yet)"));
+  }
+  if (absl::Status s = write(path, profile::TimelineToChromeTrace(job.measured_timeline(), options));
+      !s.ok()) {
+    return s;
+  }
+  std::fprintf(stderr, "measured timeline: %s\n", path.c_str());
+  if (job.plan().timeline().spans_size() > 0) {
+    options.title = absl::StrCat(job.id(), " predicted");
+    const std::string predicted = absl::StrCat(path, ".predicted.json");
+    if (absl::Status s = write(predicted, profile::TimelineToChromeTrace(job.plan().timeline(), options));
+        !s.ok()) {
+      return s;
+    }
+    std::fprintf(stderr, "predicted timeline: %s\n", predicted.c_str());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> RunSubmit(const Args& args) {
   if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem submit FILE [--watch]");
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -206,6 +269,9 @@ absl::StatusOr<int> RunStatus(const Args& args) {
     std::printf("%s\n", ToJson(job).c_str());
   } else {
     PrintJobText(job);
+  }
+  if (!absl::GetFlag(FLAGS_trace_out).empty()) {
+    if (absl::Status s = WriteJobTraces(job, absl::GetFlag(FLAGS_trace_out)); !s.ok()) return s;
   }
   return 0;
 }

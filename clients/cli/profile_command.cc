@@ -24,8 +24,9 @@ ABSL_FLAG(int, warmup, 3,
           "default, 3).");
 ABSL_FLAG(bool, refresh, false, "tandem profile: measure again even when a profile is cached.");
 ABSL_FLAG(std::string, trace_out, "",
-          "tandem profile: also write one measured iteration as Chrome trace JSON to this file "
-          "(open it in ui.perfetto.dev or chrome://tracing).");
+          "tandem profile, status, train: also write one measured iteration as Chrome trace JSON "
+          "to this file (open it in ui.perfetto.dev or chrome://tracing); status and train write "
+          "the plan's predicted iteration beside it, as FILE.predicted.json.");
 ABSL_FLAG(std::string, profile_cache, "",
           "tandem profile: directory of cached profiles; empty = $XDG_CACHE_HOME/tandem/profiles "
           "or ~/.cache/tandem/profiles; 'none' = no cache.");

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,6 +19,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "tandem train: write checkpoints here and resume from the newest one; empty = none.");
 ABSL_FLAG(int, threads, 0,
           "tandem train, tandem profile: CPU threads (0 = all cores, or training.threads).");
+
+ABSL_DECLARE_FLAG(std::string, trace_out);
 
 namespace tandem::cli {
 
@@ -95,6 +98,9 @@ absl::StatusOr<int> RunTrain(const Args& args) {
                   job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
     }
         if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
+  }
+  if (!absl::GetFlag(FLAGS_trace_out).empty()) {
+    if (absl::Status s = WriteJobTraces(job, absl::GetFlag(FLAGS_trace_out)); !s.ok()) return s;
   }
   return status.ok() ? 0 : 1;
 }

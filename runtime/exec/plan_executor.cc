@@ -445,9 +445,35 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
                });
   };
 
-  // ---- Forward, micro-batch by micro-batch ----
-  std::map<std::pair<int, int>, SpanId> offloaded;  // (layer, micro-batch) -> its D2H
+  // Offloaded activations: (layer, micro-batch) -> its D2H.
+  std::map<std::pair<int, int>, SpanId> offloaded;
+  // An offloaded layer comes back before the first backward that reads it: the
+  // next layer's (its input) or its own recompute.
+  std::map<std::pair<int, int>, SpanId> restored;
+  auto restore = [&](int p, int j) -> SpanId {
+    if (p < 0 || !offloaded.count({p, j})) return 0;
+    if (restored.count({p, j})) return restored[{p, j}];
+    const int64_t bytes = layers_[p]->layer->OutputBytes(r->mb_size[j]) + layers_[p]->layer->SavedBytes(r->mb_size[j]);
+    return restored[{p, j}] = Add(
+               it, kH2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, p, j, bytes, {offloaded[{p, j}], prefetch_point()},
+               [r, p, j]() -> absl::Status {
+                 for (auto [dst, src] : {std::make_pair(&r->out[p][j], &r->host_out[p][j]),
+                                         std::make_pair(&r->saved[p][j], &r->host_saved[p][j])}) {
+                   if (src->empty()) continue;
+                   TANDEM_ASSIGN_OR_RETURN(*dst, Buffer::Allocate(r->side.alloc, src->bytes(), MemoryCategory::kActivations));
+                   TANDEM_RETURN_IF_ERROR(r->side.FromHost(dst->data(), src->data(), src->bytes()));
+                   src->Reset();
+                 }
+                 return absl::OkStatus();
+               });
+  };
+  std::vector<SpanId> d2h_spans;
+  std::vector<int> deferred_accel_updates, deferred_host_compute_updates;
+  std::vector<std::pair<int, SpanId>> deferred_host_updates;
+  // Each micro-batch runs forward then backward before the next starts (the
+  // simulator's program), so only one micro-batch's activations are live.
   for (int j = 0; j < M; ++j) {
+    // ---- Forward of micro-batch j ----
     for (int l = 0; l < L; ++l) {
       Layer& layer = *layers_[l];
       std::vector<SpanId> deps;
@@ -506,33 +532,7 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
                                 });
       }
     }
-  }
-
-  // ---- Backward ----
-  // An offloaded layer comes back before the first backward that reads it: the
-  // next layer's (its input) or its own recompute.
-  std::map<std::pair<int, int>, SpanId> restored;
-  auto restore = [&](int p, int j) -> SpanId {
-    if (p < 0 || !offloaded.count({p, j})) return 0;
-    if (restored.count({p, j})) return restored[{p, j}];
-    const int64_t bytes = layers_[p]->layer->OutputBytes(r->mb_size[j]) + layers_[p]->layer->SavedBytes(r->mb_size[j]);
-    return restored[{p, j}] = Add(
-               it, kH2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, p, j, bytes, {offloaded[{p, j}], prefetch_point()},
-               [r, p, j]() -> absl::Status {
-                 for (auto [dst, src] : {std::make_pair(&r->out[p][j], &r->host_out[p][j]),
-                                         std::make_pair(&r->saved[p][j], &r->host_saved[p][j])}) {
-                   if (src->empty()) continue;
-                   TANDEM_ASSIGN_OR_RETURN(*dst, Buffer::Allocate(r->side.alloc, src->bytes(), MemoryCategory::kActivations));
-                   TANDEM_RETURN_IF_ERROR(r->side.FromHost(dst->data(), src->data(), src->bytes()));
-                   src->Reset();
-                 }
-                 return absl::OkStatus();
-               });
-  };
-  std::vector<SpanId> d2h_spans;
-  std::vector<int> deferred_accel_updates, deferred_host_compute_updates;
-  std::vector<std::pair<int, SpanId>> deferred_host_updates;
-  for (int j = 0; j < M; ++j) {
+    // ---- Backward of micro-batch j; after the last, each layer's update ----
     for (int l = L - 1; l >= 0; --l) {
       Layer& layer = *layers_[l];
       std::vector<SpanId> deps;

@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <cctype>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/core/clock.h"
 
@@ -102,6 +104,13 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
     absl::Status s = skip ? absl::OkStatus() : work();
     record.end = WallSeconds();
     if (!s.ok()) {
+      // Say which span failed: "layer 3 backward (micro-batch 2): ...".
+      std::string phase = tandem::v1::TimelinePhase_Name(record.info.phase).substr(15);
+      for (char& c : phase) c = c == '_' ? ' ' : static_cast<char>(std::tolower(c));
+      std::string where = record.info.layer >= 0 ? absl::StrCat("layer ", record.info.layer, " ", phase)
+                                                 : phase;
+      if (record.info.micro_batch >= 0) absl::StrAppend(&where, " (micro-batch ", record.info.micro_batch, ")");
+      s = absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
       std::lock_guard<std::mutex> lock(mu_);
       if (status_.ok()) status_ = s;
     }

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "runtime/exec/plan_executor.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/train/job_spec.h"
 #include "runtime/train/trainer.h"
@@ -188,6 +189,44 @@ TEST(PlacementTest, GptEveryStrategyAtAQuarterOfTheStateMatchesTheCpuEngine) {
 
 TEST(PlacementTest, MlpEveryStrategyAtAQuarterOfTheStateMatchesTheCpuEngine) {
   EveryStrategyAtAQuarter(Mlp);
+}
+
+// With memory to spare, the executor's own peak under a plan stays within what
+// the planner predicted plus the executor's margin: the two agree on what is
+// live when (micro-batches run forward then backward one at a time, offloaded
+// activations leave after the next layer's forward, streamed weights one layer
+// ahead), so the budget the planner enforces is the one the device sees.
+TEST(PlacementTest, TheExecutorsPeakIsThePlannersPlusTheMargin) {
+  const NodeOffer node = TestNode();
+  for (Strategy s : {tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::STRATEGY_REUSE_DISTANCE,
+                     tandem::v1::STRATEGY_GPU_ONLY}) {
+    SCOPED_TRACE(tandem::v1::Strategy_Name(s));
+    JobSpec spec = Gpt(s, 0, 3);
+    spec.mutable_placement()->set_micro_batch_size(1);
+    const int64_t tight = s == tandem::v1::STRATEGY_GPU_ONLY ? ModelStateBytes(spec) * 2
+                                                             : ModelStateBytes(spec) / 2;
+    spec.mutable_resources()->set_accelerator_memory_bytes(tight);
+    absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+    ASSERT_TRUE(resolved.ok());
+    absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+    ASSERT_TRUE(jm.ok());
+    absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, node);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->micro_batches(), 4);
+    const int64_t margin = ExecutorMemoryMargin(*jm->model, 1);
+    // The same plan, forced, on a device ten times larger.
+    *spec.mutable_placement()->mutable_plan() = *plan;
+    spec.mutable_resources()->set_accelerator_memory_bytes(tight * 10);
+    const TrainRun run = Train(spec, MakeRunnerFactory(node));
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    std::printf("%-24s predicted peak %lld + margin %lld, executor peak %lld\n",
+                tandem::v1::Strategy_Name(s).c_str(),
+                static_cast<long long>(plan->prediction().accelerator_peak_bytes()),
+                static_cast<long long>(margin),
+                static_cast<long long>(run.metrics.peak_accelerator_bytes()));
+    EXPECT_LE(run.metrics.peak_accelerator_bytes(),
+              plan->prediction().accelerator_peak_bytes() + margin);
+  }
 }
 
 TEST(PlacementTest, GpuOnlyThatCannotFitIsRefusedWithTheCapacityItNeeds) {

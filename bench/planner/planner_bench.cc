@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,35 @@ void SolveTimes(const tandem::v1::HardwareSpec& spec) {
       "  includes the gpu_only and zero_offload solves it builds on.\n\n");
 }
 
+// One chain length, `runs` times: for profilers.
+void SolveOne(const tandem::v1::HardwareSpec& spec, int layers, int runs, bool all) {
+  PlanRequest request;
+  request.profile = testing::UniformChainProfile(layers, 1024, 64);
+  request.hardware = spec;
+  request.accelerator_memory_bytes = ModelState(request.profile) / 2;
+  if (!all) {
+    request.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
+    request.compare = {tandem::v1::STRATEGY_REUSE_DISTANCE};
+  }
+  std::vector<double> times;
+  tandem::v1::PlanModelResponse response;
+  for (int i = 0; i < runs; ++i) times.push_back(WallSeconds(request, &response));
+  std::string per;
+  for (const tandem::v1::Plan& p : response.alternatives()) {
+    per += StrategyName(p.strategy()) + " " + FormatSeconds(p.solver().solve_seconds()) + " (" +
+           std::to_string(p.solver().plans_evaluated()) + ")  ";
+  }
+  std::printf("%d layers, %s: median %s, min %s of %d; %s\n", layers,
+              all ? "all 5" : "reuse_distance", FormatSeconds(Median(times)).c_str(),
+              FormatSeconds(*std::min_element(times.begin(), times.end())).c_str(), runs,
+              per.c_str());
+  if (std::getenv("PLANNER_BENCH_NOTES") != nullptr) {
+    for (const tandem::v1::Plan& p : response.alternatives()) {
+      std::printf("  %s: %s\n", StrategyName(p.strategy()).c_str(), p.solver().note().c_str());
+    }
+  }
+}
+
 struct Gpt {
   const char* name;
   testing::GptShape shape;
@@ -167,7 +197,8 @@ void GptSpeedups(const tandem::v1::HardwareSpec& spec) {
 }  // namespace
 }  // namespace tandem::planner
 
-// Usage: planner_bench [HARDWARE_SPEC [gpt]]; "gpt" skips the solve times.
+// Usage: planner_bench [HARDWARE_SPEC [gpt | solve LAYERS RUNS [all]]]; "gpt" skips the
+// solve times; "solve" times one chain length only (for profilers).
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
   const bool gpt_only = argc > 2 && std::string(argv[2]) == "gpt";
@@ -175,6 +206,11 @@ int main(int argc, char** argv) {
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
     return 1;
+  }
+  if (argc > 4 && std::string(argv[2]) == "solve") {
+    tandem::planner::SolveOne(*spec, std::atoi(argv[3]), std::atoi(argv[4]),
+                              argc > 5 && std::string(argv[5]) == "all");
+    return 0;
   }
   if (!gpt_only) tandem::planner::SolveTimes(*spec);
   tandem::planner::GptSpeedups(*spec);

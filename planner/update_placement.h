@@ -44,70 +44,18 @@
 
 #include <cstdint>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
+#include "planner/chain_evaluator.h"
 #include "planner/cost_model.h"
 #include "planner/schedule.h"
 #include "planner/simulator.h"
-#include "planner/steady_state.h"
 
 namespace tandem::planner {
-
-struct PlacementScore {
-  double iteration_seconds = 0;
-  // Only when asked for; -1 otherwise.
-  int64_t accelerator_peak_bytes = -1;
-};
 
 // Scores "these layers update on the accelerator" (true) or the host.
 using PlacementScorer =
     std::function<PlacementScore(const std::vector<bool>& on_accelerator, bool need_peak)>;
-
-class ChainEvaluator {
- public:
-  // Whether `schedule` is in the class this evaluator is exact for.
-  static bool Supports(const Schedule& schedule);
-
-  // `base` gives everything but the update placements; it must be Supported.
-  ChainEvaluator(const CostModel& cost, const Schedule& base);
-
-  PlacementScore Score(const std::vector<bool>& on_accelerator, bool need_peak);
-
-  // Peaks above `bytes` need not be exact: when a lower bound on the peak
-  // already exceeds it, Score returns the bound instead of running the
-  // iterations. The bound is the level when the last micro-batch's first
-  // backward starts: resident weights, accelerator optimizer state, every
-  // activation still held (checkpoints of recomputed layers), that
-  // backward's workspace and the gradients then allocated — all but what the
-  // previous iteration may still hold.
-  void set_peak_limit(int64_t bytes) { peak_limit_ = bytes; }
-
- private:
-  void Run(const std::vector<bool>& on_accelerator, int iterations, bool need_peak);
-  double ClosedFormSeconds(const std::vector<bool>& on_accelerator) const;
-
-  struct Layer {
-    double fwd, bwd, upd_acc, upd_host, grad_d2h, param_h2d;
-    int64_t param, grad, opt, act, ckpt, ws;
-    bool has_params, recompute;
-  };
-  std::vector<Layer> layers_;
-  int micro_batches_;
-  bool delayed_;
-  int64_t peak_limit_ = INT64_MAX;
-  // The bound above, less resident weights and optimizer state.
-  int64_t dynamic_floor_bytes_ = 0;
-  std::unordered_map<std::vector<bool>, int64_t> peaks_;
-  std::vector<double> forward_start_;
-  double program_before_last_backward_ = 0;
-  // Scratch.
-  std::vector<double> starts_;
-  std::vector<double> returned_;
-  std::vector<MemoryChange> compute_changes_;
-  std::vector<MemoryChange> d2h_changes_;
-  std::vector<MemoryChange> merged_;
-};
 
 // Scores with PlanSimulator (any schedule): `base` with the update placements
 // replaced; layers not eligible keep theirs.

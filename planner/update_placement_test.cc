@@ -6,110 +6,21 @@
 
 #include "gtest/gtest.h"
 #include "planner/simulator.h"
-#include "planner/testing/synthetic_models.h"
+#include "planner/testing/random_chains.h"
 
 namespace tandem::planner {
 namespace {
 
-using testing::MeasuredChainProfile;
-using testing::SyntheticLayer;
-using testing::SyntheticNode;
+using testing::LayersWithParameters;
+using testing::RandomChain;
+using testing::RandomResidentChain;
+using testing::WithUpdates;
 
-struct Instance {
-  CostModel cost;
-  Schedule base;
-};
+using Instance = RandomChain;
 
-// A random chain: layer times, sizes, link and host speeds, micro-batches,
-// recompute and DPU all drawn from `rng`; every layer resident on the
-// accelerator and updated on the host (the caller flips updates).
-Instance RandomInstance(int layers, std::mt19937* rng) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  std::vector<SyntheticLayer> chain;
-  for (int l = 0; l < layers; ++l) {
-    SyntheticLayer x;
-    x.name = "l";
-    x.accelerator_forward_seconds = 0.1 + 1.9 * u(*rng);
-    x.accelerator_backward_seconds = x.accelerator_forward_seconds * (1.5 + u(*rng));
-    x.accelerator_update_seconds = 0.01 + 0.3 * u(*rng);
-    x.host_forward_seconds = 10 * x.accelerator_forward_seconds;
-    x.host_backward_seconds = 10 * x.accelerator_backward_seconds;
-    x.host_update_seconds = 0.1 + 3 * u(*rng);
-    // One layer in five has no parameters (an activation function).
-    x.parameter_bytes = u(*rng) < 0.2 ? 0 : 10 + static_cast<int64_t>(990 * u(*rng));
-    x.activation_bytes = static_cast<int64_t>(500 * u(*rng));
-    x.workspace_bytes = static_cast<int64_t>(50 * u(*rng));
-    x.output_bytes = static_cast<int64_t>(100 * u(*rng));
-    chain.push_back(x);
-  }
-  SyntheticNode node;
-  node.h2d_bytes_per_second = 100 + 400 * u(*rng);
-  node.d2h_bytes_per_second = 100 + 400 * u(*rng);
-  node.link_latency_seconds = 0.01 * u(*rng);
-  absl::StatusOr<CostModel> cost =
-      CostModel::FromMeasuredProfile(MeasuredChainProfile(chain, /*batch_size=*/2, node));
-  EXPECT_TRUE(cost.ok()) << cost.status();
-  Schedule s;
-  s.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
-  s.layers.resize(layers);
-  for (LayerSchedule& l : s.layers) {
-    l.update = tandem::v1::PLACEMENT_HOST;
-    if (u(*rng) < 0.25) l.activation = tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
-  }
-  s.batch_size = 2;
-  s.micro_batch_size = u(*rng) < 0.3 ? 1 : 2;
-  s.delayed_parameter_update = u(*rng) < 0.3;
-  s.host_update_threads = 1;
-  return {*std::move(cost), s};
-}
+Instance RandomInstance(int layers, std::mt19937* rng) { return RandomResidentChain(layers, rng); }
 
-Schedule WithUpdates(Schedule s, const std::vector<bool>& acc) {
-  for (size_t l = 0; l < s.layers.size(); ++l) {
-    s.layers[l].update = acc[l] ? tandem::v1::PLACEMENT_ACCELERATOR : tandem::v1::PLACEMENT_HOST;
-  }
-  return s;
-}
-
-std::vector<bool> Eligible(const CostModel& cost) {
-  std::vector<bool> eligible(cost.num_layers());
-  for (int l = 0; l < cost.num_layers(); ++l) eligible[l] = cost.ParameterBytes(l) > 0;
-  return eligible;
-}
-
-TEST(ChainEvaluatorTest, AgreesWithTheSimulatorExactly) {
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 300; ++trial) {
-    const int layers = 1 + trial % 9;
-    Instance inst = RandomInstance(layers, &rng);
-    std::vector<bool> acc(layers);
-    for (int l = 0; l < layers; ++l) acc[l] = (rng() & 1) != 0;
-    ASSERT_TRUE(ChainEvaluator::Supports(inst.base));
-    ChainEvaluator evaluator(inst.cost, inst.base);
-    const PlacementScore fast = evaluator.Score(acc, /*need_peak=*/true);
-    PlanSimulator sim(inst.cost);
-    absl::StatusOr<SimulationResult> exact = sim.Simulate(WithUpdates(inst.base, acc));
-    ASSERT_TRUE(exact.ok()) << exact.status();
-    ASSERT_EQ(fast.iteration_seconds, exact->prediction.iteration_seconds()) << "trial " << trial;
-    ASSERT_EQ(fast.accelerator_peak_bytes, exact->prediction.accelerator_peak_bytes())
-        << "trial " << trial;
-    // Without the peak, the closed form (or the same run with DPU).
-    const double quick = evaluator.Score(acc, /*need_peak=*/false).iteration_seconds;
-    ASSERT_NEAR(quick, exact->prediction.iteration_seconds(),
-                1e-12 * exact->prediction.iteration_seconds())
-        << "trial " << trial;
-  }
-}
-
-TEST(ChainEvaluatorTest, DoesNotClaimOffloadOrStreaming) {
-  Schedule s;
-  s.layers.resize(2);
-  EXPECT_TRUE(ChainEvaluator::Supports(s));
-  s.layers[1].activation = tandem::v1::ACTIVATION_POLICY_OFFLOAD;
-  EXPECT_FALSE(ChainEvaluator::Supports(s));
-  s.layers[1].activation = tandem::v1::ACTIVATION_POLICY_KEEP;
-  s.layers[0].parameter_home = tandem::v1::PARAMETER_HOME_HOST_STREAMED;
-  EXPECT_FALSE(ChainEvaluator::Supports(s));
-}
+std::vector<bool> Eligible(const CostModel& cost) { return LayersWithParameters(cost); }
 
 // The best choice over all 2^E subsets of eligible layers, by the simulator.
 struct Exhaustive {

@@ -94,6 +94,7 @@ class ChainEvaluator {
   };
   const std::vector<Layer>& layers() const { return layers_; }
   bool delayed_parameter_update() const { return chain_.delayed_parameter_update(); }
+  int micro_batches() const { return chain_.micro_batches(); }
   // The program before the last micro-batch's backward, unstalled.
   double program_before_last_backward() const { return program_before_last_backward_; }
   // Resident weights: every plan holds them.

@@ -282,8 +282,7 @@ void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, LevelTracker* m
           const double update_end = t + x.upd_acc;
           change(update_end, -x.grad);
           if (window != nullptr) {
-            window->Compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, j, t, update_end,
-                            x.update_bytes);
+            window->Compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, j, t, update_end, x.update_bytes);
           }
           prefix += x.upd_acc;
           if (window != nullptr) window->prefix_after[l] = prefix;
@@ -394,8 +393,8 @@ SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool reco
   p.set_d2h_bytes(record.d2h_bytes);
   p.set_accelerator_peak_bytes(record.peak);
   tandem::v1::Timeline* timeline = record_timeline ? &result.timeline : nullptr;
-  p.set_host_peak_bytes(PeakInWindow({}, static_host, t0, t1,
-                                     timeline ? timeline->mutable_host_memory() : nullptr));
+  p.set_host_peak_bytes(
+      PeakInWindow({}, static_host, t0, t1, timeline ? timeline->mutable_host_memory() : nullptr));
   if (timeline != nullptr) {
     timeline->set_iteration_seconds(period);
     timeline->set_source("simulated");

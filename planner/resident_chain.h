@@ -72,8 +72,7 @@ class ResidentChain {
   struct Record;
   class LevelTracker;
   // One run of `iterations` iterations, stopped where the last one starts.
-  void RunOnce(const std::vector<bool>& acc, int iterations, LevelTracker* memory,
-               Record* record);
+  void RunOnce(const std::vector<bool>& acc, int iterations, LevelTracker* memory, Record* record);
 
   std::vector<ResidentLayer> layers_;
   int micro_batches_ = 1;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "planner/simulator.h"
 #include "planner/testing/synthetic_models.h"
 
 namespace tandem::planner::testing {
@@ -20,9 +21,8 @@ RandomChain RandomResidentChain(int layers, std::mt19937* rng, const RandomChain
     SyntheticLayer x;
     x.name = "l";
     x.accelerator_forward_seconds = seconds(0.1, 1.9);
-    x.accelerator_backward_seconds = options.coarse_times
-                                         ? seconds(0.1, 3.9)
-                                         : x.accelerator_forward_seconds * (1.5 + u(*rng));
+    x.accelerator_backward_seconds =
+        options.coarse_times ? seconds(0.1, 3.9) : x.accelerator_forward_seconds * (1.5 + u(*rng));
     x.accelerator_update_seconds = seconds(0.01, 0.3);
     x.host_forward_seconds = 10 * x.accelerator_forward_seconds;
     x.host_backward_seconds = 10 * x.accelerator_backward_seconds;
@@ -72,6 +72,25 @@ std::vector<bool> LayersWithParameters(const CostModel& cost) {
   std::vector<bool> eligible(cost.num_layers());
   for (int l = 0; l < cost.num_layers(); ++l) eligible[l] = cost.ParameterBytes(l) > 0;
   return eligible;
+}
+
+PlacementProblem RandomPlacementProblem(int trial, std::mt19937* rng) {
+  const int layers = 1 + trial % 12;
+  PlacementProblem p{RandomResidentChain(layers, rng), {}, 0};
+  p.eligible = LayersWithParameters(p.chain.cost);
+  const PlanSimulator simulator(p.chain.cost);
+  SimulationOptions quiet;
+  quiet.record_timeline = false;
+  auto peak = [&](const std::vector<bool>& acc) {
+    absl::StatusOr<SimulationResult> r = simulator.Simulate(WithUpdates(p.chain.base, acc), quiet);
+    if (!r.ok()) std::abort();
+    return r->prediction.accelerator_peak_bytes();
+  };
+  const int64_t low = peak(std::vector<bool>(layers, false));
+  const int64_t high = peak(p.eligible);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  p.budget_bytes = low + static_cast<int64_t>((high - low) * (1.2 * u(*rng) - 0.1));
+  return p;
 }
 
 }  // namespace tandem::planner::testing

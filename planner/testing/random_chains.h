@@ -5,6 +5,7 @@
 #ifndef TANDEM_PLANNER_TESTING_RANDOM_CHAINS_H_
 #define TANDEM_PLANNER_TESTING_RANDOM_CHAINS_H_
 
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -35,6 +36,19 @@ Schedule WithUpdates(Schedule s, const std::vector<bool>& on_accelerator);
 
 // Layers that may update on the accelerator: those with parameters.
 std::vector<bool> LayersWithParameters(const CostModel& cost);
+
+// An update-placement problem: a chain and a budget.
+struct PlacementProblem {
+  RandomChain chain;
+  std::vector<bool> eligible;
+  int64_t budget_bytes = 0;
+};
+
+// Problem number `trial` of a stream (placement_stress's): 1 + trial % 12
+// layers, and a budget drawn from [low - 10%, high + 10%] of the way between
+// the peak with every update on the host (low) and every eligible update on
+// the accelerator (high).
+PlacementProblem RandomPlacementProblem(int trial, std::mt19937* rng);
 
 }  // namespace tandem::planner::testing
 

@@ -279,15 +279,24 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   SimulationOptions quiet;
   quiet.record_timeline = false;
 
+  // Plans that compete: zero_offload's, the search's (per configuration)
+  // and gpu_only's. Search results are simulated without a timeline; the
+  // winner gets one at the end.
   struct Candidate {
     Schedule schedule;
     SimulationResult simulation;
+    // zero_offload's or gpu_only's, not copied.
+    const SimulationResult* borrowed = nullptr;
     std::string origin;
+    const SimulationResult& result() const { return borrowed ? *borrowed : simulation; }
   };
-  std::vector<Candidate> candidates = {
-      {zero_offload.schedule, zero_offload.simulation, "no layer gains from the accelerator"}};
+  std::vector<Candidate> candidates;
+  candidates.push_back(
+      {zero_offload.schedule, {}, &zero_offload.simulation, "no layer gains from the accelerator"});
   std::vector<Schedule> configs = {zero_offload.schedule};
   const int m = zero_offload.schedule.micro_batch_size;
+  out.placement_proven_optimal = true;
+  int64_t search_nodes = 0;
   for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
     Schedule config = configs[config_index];
     config.strategy = out.strategy;
@@ -298,12 +307,10 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     }
     PlacementSearchResult found;
     if (ChainEvaluator::Supports(config)) {
-      auto evaluator = std::make_shared<ChainEvaluator>(cost, config);
-      evaluator->set_peak_limit(c.accelerator_budget_bytes);
-      found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
-                                    [evaluator](const std::vector<bool>& acc, bool need_peak) {
-                                      return evaluator->Score(acc, need_peak);
-                                    });
+      ChainEvaluator evaluator(cost, config);
+      found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_budget_bytes);
+      search_nodes += found.search_nodes;
+      out.placement_proven_optimal = out.placement_proven_optimal && found.proven_optimal;
     } else {
       // Offloaded activations or streamed weights share the copy engines
       // with the gradient chain: score with the simulator itself, fewer times.
@@ -312,6 +319,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       options.max_kick_evaluations = 0;
       found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
                                     SimulatorPlacementScorer(*c.simulator, config), options);
+      out.placement_proven_optimal = false;
     }
     out.plans_evaluated += found.evaluations;
     if (!found.feasible) continue;
@@ -320,7 +328,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       if (eligible[l])
         s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
     }
-    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s);
+    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
     ++out.plans_evaluated;
     if (!r.ok() || r->prediction.accelerator_peak_bytes() > c.accelerator_budget_bytes ||
         (c.host_budget_bytes > 0 && r->prediction.host_peak_bytes() > c.host_budget_bytes)) {
@@ -330,7 +338,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     // search: try again with half the micro-batch, whose activations leave
     // room for more optimizer state.
     const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
-    candidates.push_back({s, *std::move(r), "search over update placements"});
+    candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
     if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
       Schedule half = zero_offload.schedule;
       half.micro_batch_size = m / 2;
@@ -339,17 +347,21 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   }
   if (gpu_only.feasible) {
     candidates.push_back(
-        {gpu_only.schedule, gpu_only.simulation, "every layer fits on the accelerator"});
+        {gpu_only.schedule, {}, &gpu_only.simulation, "every layer fits on the accelerator"});
   }
   size_t best = 0;
   for (size_t i = 1; i < candidates.size(); ++i) {
-    if (candidates[i].simulation.prediction.iteration_seconds() <
-        candidates[best].simulation.prediction.iteration_seconds()) {
+    if (candidates[i].result().prediction.iteration_seconds() <
+        candidates[best].result().prediction.iteration_seconds()) {
       best = i;
     }
   }
   out.feasible = true;
-  Adopt(candidates[best].schedule, candidates[best].simulation, &out);
+  Candidate& winner = candidates[best];
+  out.schedule = std::move(winner.schedule);
+  out.schedule.strategy = out.strategy;
+  out.simulation = winner.borrowed ? *winner.borrowed : std::move(winner.simulation);
+  out.simulated = true;
   if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
   std::vector<int> on_accelerator;
   for (int l = 0; l < L; ++l) {
@@ -366,10 +378,13 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   if (on_accelerator.size() > 12) absl::StrAppend(&which, ",...");
   out.note = absl::StrCat(
       on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
-      "accelerator [", which, "] (", candidates[best].origin, "); ",
+      "accelerator [", which, "] (", winner.origin, "); ",
       FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
       FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
-      Describe(out.schedule));
+      Describe(out.schedule), "; ",
+      out.placement_proven_optimal
+          ? absl::StrCat("placement proven optimal (", search_nodes, " search nodes)")
+          : "placement from local search (exact search stopped)");
   out.solve_seconds = clock.seconds();
   return out;
 }
@@ -467,7 +482,7 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
   return out;
 }
 
-tandem::v1::Plan ToPlan(const StrategyContext& c, const StrategyOutcome& o) {
+tandem::v1::Plan ToPlan(const StrategyContext& c, StrategyOutcome o) {
   const CostModel& cost = c.cost();
   tandem::v1::Plan plan;
   Schedule s = o.schedule;
@@ -500,8 +515,8 @@ tandem::v1::Plan ToPlan(const StrategyContext& c, const StrategyOutcome& o) {
   plan.set_feasible(o.feasible);
   plan.set_min_accelerator_memory_bytes(o.feasible ? 0 : o.min_accelerator_memory_bytes);
   if (o.simulated) {
-    *plan.mutable_prediction() = o.simulation.prediction;
-    *plan.mutable_timeline() = o.simulation.timeline;
+    *plan.mutable_prediction() = std::move(o.simulation.prediction);
+    *plan.mutable_timeline() = std::move(o.simulation.timeline);
   }
   tandem::v1::SolverStats* solver = plan.mutable_solver();
   solver->set_solve_seconds(o.solve_seconds);

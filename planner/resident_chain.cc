@@ -15,82 +15,6 @@ constexpr tandem::v1::Placement kHost = tandem::v1::PLACEMENT_HOST;
 
 }  // namespace
 
-// The accelerator's allocation level, fed in time order, read as PeakInWindow
-// reads it: the level at a time counts every change at or before it, so
-// changes at equal times form one group; the peak is the level at the window
-// start or after any group inside the window.
-class ResidentChain::LevelTracker {
- public:
-  LevelTracker(int64_t base, google::protobuf::RepeatedPtrField<tandem::v1::MemorySample>* samples)
-      : level_(base), samples_(samples) {}
-
-  // Times must not decrease from one call to the next.
-  void Feed(double t, int64_t delta) {
-    if (open_ && t != group_time_) Close();
-    if (!open_) {
-      open_ = true;
-      group_time_ = t;
-      level_before_ = level_;
-    }
-    level_ += delta;
-  }
-  // Before any change at or after `t` is fed.
-  void SetWindowStart(double t) {
-    window_start_ = t;
-    has_start_ = true;
-  }
-  // Whether a change at `t` counts for a window ending at `window_end`.
-  bool Inside(double t, double window_end) const { return t < window_end || t <= window_start_; }
-  int64_t peak() const { return peak_; }
-  // Ends the window; changes fed at or after `window_end` do not count.
-  int64_t Finish(double window_end) {
-    if (open_) {
-      if (Inside(group_time_, window_end)) {
-        Close();
-      } else {
-        level_ = level_before_;
-        open_ = false;
-      }
-    }
-    if (!initial_done_) Initial(level_);
-    return peak_;
-  }
-
- private:
-  void Close() {
-    open_ = false;
-    if (!has_start_ || group_time_ < window_start_) return;
-    if (group_time_ == window_start_) {
-      Initial(level_);
-      return;
-    }
-    if (!initial_done_) Initial(level_before_);
-    peak_ = std::max(peak_, level_);
-    Sample(group_time_, level_);
-  }
-  void Initial(int64_t level) {
-    initial_done_ = true;
-    peak_ = level;
-    Sample(window_start_, level);
-  }
-  void Sample(double t, int64_t level) {
-    if (samples_ == nullptr) return;
-    tandem::v1::MemorySample* s = samples_->Add();
-    s->set_time_seconds(t - window_start_);
-    s->set_bytes(level);
-  }
-
-  int64_t level_;
-  google::protobuf::RepeatedPtrField<tandem::v1::MemorySample>* samples_;
-  bool open_ = false;
-  double group_time_ = 0;
-  int64_t level_before_ = 0;
-  bool has_start_ = false;
-  double window_start_ = 0;
-  bool initial_done_ = false;
-  int64_t peak_ = 0;
-};
-
 // What the full simulation keeps besides the times: the reported iteration's
 // spans, busy time, stall and bytes, the copy-engine and host-pool spans that
 // may overlap its window, and per layer the figures its reuse distance and
@@ -169,7 +93,7 @@ ResidentChain::ResidentChain(const CostModel& cost, const Schedule& base)
   }
 }
 
-void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, LevelTracker* memory,
+void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* memory,
                             Record* record) {
   const int L = num_layers();
   const int M = micro_batches_;
@@ -327,7 +251,7 @@ ResidentChain::Timing ResidentChain::Run(const std::vector<bool>& acc, bool need
   int n = InitialSimulatedIterations(delayed_);
   Timing timing;
   while (true) {
-    LevelTracker memory(base, nullptr);
+    WindowLevel memory(base, nullptr);
     RunOnce(acc, n, need_peak ? &memory : nullptr, nullptr);
     if (need_peak) timing.accelerator_peak_bytes = memory.peak();
     if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
@@ -360,8 +284,8 @@ SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool reco
     record.delivered.assign(L, 0.0);
     record.prefix_after.assign(L, 0.0);
     record.prefix_before.assign(L, 0.0);
-    LevelTracker memory(static_acc,
-                        record_timeline ? result.timeline.mutable_accelerator_memory() : nullptr);
+    WindowLevel memory(static_acc,
+                       record_timeline ? result.timeline.mutable_accelerator_memory() : nullptr);
     RunOnce(acc, n, &memory, &record);
     if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
     n *= 2;

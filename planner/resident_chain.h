@@ -70,9 +70,8 @@ class ResidentChain {
 
  private:
   struct Record;
-  class LevelTracker;
   // One run of `iterations` iterations, stopped where the last one starts.
-  void RunOnce(const std::vector<bool>& acc, int iterations, LevelTracker* memory, Record* record);
+  void RunOnce(const std::vector<bool>& acc, int iterations, WindowLevel* memory, Record* record);
 
   std::vector<ResidentLayer> layers_;
   int micro_batches_ = 1;

@@ -125,9 +125,10 @@ struct SimulationOptions {
   // Fill SimulationResult.timeline (spans and memory samples). Solvers that
   // only need the prediction turn it off.
   bool record_timeline = true;
-  // Run the general event graph even for a schedule ResidentChain covers
-  // (resident_chain.h), whose recurrences give the same result bit for bit,
-  // faster. For tests that compare the two.
+  // Run the general event graph even for a schedule ResidentChain or
+  // HeteroReplicas covers (resident_chain.h, hetero_replicas.h), whose
+  // recurrences give the same result bit for bit, faster. For tests that
+  // compare the two.
   bool use_event_graph = false;
 };
 

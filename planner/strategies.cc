@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -19,8 +19,6 @@ namespace {
 using tandem::v1::PLACEMENT_ACCELERATOR;
 using tandem::v1::PLACEMENT_HOST;
 
-constexpr int64_t kUnlimitedBytes = int64_t{1} << 52;
-
 class Stopwatch {
  public:
   Stopwatch() : start_(std::chrono::steady_clock::now()) {}
@@ -31,10 +29,6 @@ class Stopwatch {
  private:
   std::chrono::steady_clock::time_point start_;
 };
-
-MemoryBudget Budget(const StrategyContext& c, int64_t accelerator_bytes) {
-  return {accelerator_bytes, c.host_budget_bytes};
-}
 
 // Every layer computes on the accelerator with resident state; `update`
 // says where layers with parameters update.
@@ -76,41 +70,35 @@ void Adopt(const Schedule& s, const SimulationResult& r, StrategyOutcome* out) {
 }
 
 // Simulates the chosen plan once more, recording its timeline (the search
-// simulates without).
+// simulates without). Infeasible plans keep their prediction without one:
+// nobody runs them, and at the minimum budget they can have many
+// micro-batches.
 void Finalize(const StrategyContext& c, StrategyOutcome* out) {
-  if (!out->simulated) return;
+  if (!out->simulated || !out->feasible) return;
   absl::StatusOr<SimulationResult> r = c.simulator->Simulate(out->schedule);
   if (r.ok()) out->simulation = *std::move(r);
 }
 
 // Fills the minimum budget and the plan it would run, when the strategy does
-// not fit. `fit_at` solves the strategy's memory problem at a budget.
-void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, int64_t guess_bytes,
-                       const std::function<FitResult(int64_t)>& fit_at, StrategyOutcome* out) {
+// not fit. `fitter` solves the strategy's memory problem at any budget; `fit`
+// is what it answered at the budget, if it was asked.
+void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, MemoryFitter* fitter,
+                       StrategyOutcome* out) {
   out->feasible = false;
   if (fit.plans_evaluated > 0) Adopt(fit.schedule, fit.simulation, out);
-  FitResult unlimited = fit_at(kUnlimitedBytes);
-  out->plans_evaluated += unlimited.plans_evaluated;
-  if (!unlimited.feasible) {
+  const MemoryFitter::Minimum minimum = fitter->MinimumBudget();
+  if (minimum.accelerator_bytes == 0) {
     out->min_accelerator_memory_bytes = 0;
     out->note = absl::StrCat("does not fit any accelerator budget: host memory needs ",
-                             FormatBytes(unlimited.simulation.prediction.host_peak_bytes()),
-                             ", host budget ", FormatBytes(c.host_budget_bytes));
+                             FormatBytes(minimum.host_bytes), ", host budget ",
+                             FormatBytes(c.host_budget_bytes));
     return;
   }
-  const int64_t min_bytes = MinimumFeasibleBudget(
-      [&](int64_t b) {
-        FitResult f = fit_at(b);
-        out->plans_evaluated += f.plans_evaluated;
-        return f.feasible;
-      },
-      c.accelerator_budget_bytes, guess_bytes);
-  out->min_accelerator_memory_bytes = min_bytes;
-  FitResult at_min = fit_at(min_bytes);
-  out->plans_evaluated += at_min.plans_evaluated;
+  out->min_accelerator_memory_bytes = minimum.accelerator_bytes;
+  FitResult at_min = fitter->Fit(minimum.accelerator_bytes);
   if (at_min.feasible) Adopt(at_min.schedule, at_min.simulation, out);
   out->note =
-      absl::StrCat("needs ", FormatBytes(min_bytes), " of accelerator memory (",
+      absl::StrCat("needs ", FormatBytes(minimum.accelerator_bytes), " of accelerator memory (",
                    Describe(out->schedule), "); budget ", FormatBytes(c.accelerator_budget_bytes));
 }
 
@@ -144,9 +132,7 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   StrategyOutcome out;
   out.strategy = strategy;
   out.method = "memory-fit";
-  auto fit_at = [&](int64_t bytes) {
-    return FitToBudget(*c.simulator, base, Budget(c, bytes), choices, c.micro_batch_size);
-  };
+  MemoryFitter fitter(*c.simulator, base, choices, c.micro_batch_size, c.host_budget_bytes);
   const bool resident_too_big =
       !choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes;
   if (resident_too_big && !find_min_budget) {
@@ -160,18 +146,15 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   // When the resident state alone is over budget no fit can succeed: go
   // straight to the smallest budget that works.
   FitResult fit;
-  if (!resident_too_big) fit = fit_at(c.accelerator_budget_bytes);
-  out.plans_evaluated = fit.plans_evaluated;
+  if (!resident_too_big) fit = fitter.Fit(c.accelerator_budget_bytes);
   if (fit.feasible) {
     out.feasible = true;
     Adopt(fit.schedule, fit.simulation, &out);
     out.note = Describe(fit.schedule);
   } else {
-    const int64_t guess = resident_too_big
-                              ? SmallestPeakGuess(*c.simulator, base, choices, c.micro_batch_size)
-                              : fit.smallest_peak_bytes;
-    ResolveInfeasible(c, fit, guess, fit_at, &out);
+    ResolveInfeasible(c, fit, &fitter, &out);
   }
+  out.plans_evaluated = fitter.plans_evaluated();
   if (record_timeline) Finalize(c, &out);
   out.solve_seconds = clock.seconds();
   return out;
@@ -429,24 +412,26 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
 
   MemoryChoices choices;
   choices.recompute = true;
-  auto fit_share = [&](int share, int64_t bytes) {
+  // One fitter per accelerator share.
+  std::map<int, MemoryFitter> fitters;
+  auto fitter_of = [&](int share) -> MemoryFitter& {
+    auto it = fitters.find(share);
+    if (it != fitters.end()) return it->second;
     Schedule s = base;
     s.accelerator_batch_share = share;
     const int fixed =
         c.micro_batch_size > 0 && share % c.micro_batch_size == 0 ? c.micro_batch_size : 0;
-    return FitToBudget(*c.simulator, s, Budget(c, bytes), choices, fixed);
+    return fitters.try_emplace(share, *c.simulator, s, choices, fixed, c.host_budget_bytes)
+        .first->second;
   };
   bool found = false;
   FitResult last;
-  Schedule one_sample = base;
-  one_sample.accelerator_batch_share = 1;
   // The replica keeps every weight and optimizer state resident: over the
   // budget, no share fits.
   if (ResidentBytes(cost, base) > c.accelerator_budget_bytes) shares.clear();
   for (size_t i = 0; i < shares.size(); ++i) {
     if (found && i >= balanced) break;
-    FitResult fit = fit_share(shares[i], c.accelerator_budget_bytes);
-    out.plans_evaluated += fit.plans_evaluated;
+    FitResult fit = fitter_of(shares[i]).Fit(c.accelerator_budget_bytes);
     last = fit;
     if (!fit.feasible) continue;
     if (!found || fit.simulation.prediction.iteration_seconds() <
@@ -459,11 +444,9 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
     out.feasible = true;
     Finalize(c, &out);
     double sync = 0;
-    {
-      for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
-        if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
-          sync += span.end_seconds() - span.start_seconds();
-        }
+    for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
+      if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
+        sync += span.end_seconds() - span.start_seconds();
       }
     }
     out.note = absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ", B,
@@ -471,13 +454,11 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
                             "; gradient sync spans ", FormatSeconds(sync), " per step; ",
                             Describe(out.schedule));
   } else {
-    const int64_t guess = last.plans_evaluated > 0
-                              ? last.smallest_peak_bytes
-                              : SmallestPeakGuess(*c.simulator, one_sample, choices, 0);
-    ResolveInfeasible(
-        c, last, guess, [&](int64_t bytes) { return fit_share(1, bytes); }, &out);
-    Finalize(c, &out);
+    // The smallest budget is the one-sample share's: every other share needs
+    // at least its activations.
+    ResolveInfeasible(c, last, &fitter_of(1), &out);
   }
+  for (const auto& [share, fitter] : fitters) out.plans_evaluated += fitter.plans_evaluated();
   out.solve_seconds = clock.seconds();
   return out;
 }

@@ -25,8 +25,9 @@
 //                   the host each step (GRADIENT_SYNC spans).
 //
 // An infeasible strategy reports the smallest accelerator budget under which
-// it would fit (MinimumFeasibleBudget, searched with the strategy itself) and
-// the plan it would run there, with the numbers in its note.
+// it would fit, to the byte (MemoryFitter::MinimumBudget, computed from the
+// strategy's own plans rather than searched), and the plan it would run
+// there, with the numbers in its note: its prediction, but no timeline.
 //
 // Free functions; thread-compatible.
 #ifndef TANDEM_PLANNER_STRATEGIES_H_

@@ -151,16 +151,21 @@ std::vector<int> MicroBatchSizes(int samples, int fixed) {
 MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Schedule& base,
                            const MemoryChoices& choices, int fixed_micro_batch_size,
                            int64_t host_budget_bytes)
-    : simulator_(simulator), base_(base), host_budget_bytes_(host_budget_bytes) {
+    : simulator_(simulator), base_(base), choices_(choices), host_budget_bytes_(host_budget_bytes) {
   for (int m : MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size)) {
-    Size size;
-    size.micro_batch_size = m;
-    Schedule s = base;
-    s.micro_batch_size = m;
-    size.actions = RankMemoryActions(simulator.cost(), s, choices);
-    size.plans.resize(size.actions.size() + 1);
-    sizes_.push_back(std::move(size));
+    sizes_.emplace_back();
+    sizes_.back().micro_batch_size = m;
   }
+}
+
+const std::vector<MemoryAction>& MemoryFitter::Actions(Size* size) {
+  if (!size->ranked) {
+    Schedule s = base_;
+    s.micro_batch_size = size->micro_batch_size;
+    size->actions = RankMemoryActions(simulator_.cost(), s, choices_);
+    size->ranked = true;
+  }
+  return size->actions;
 }
 
 Schedule MemoryFitter::PlanAt(const Size& size, int actions) const {
@@ -229,7 +234,7 @@ FitResult MemoryFitter::Fit(int64_t accelerator_bytes) {
       record(size, 0, none.simulation);
       break;
     }
-    const int n = static_cast<int>(size.actions.size());
+    const int n = static_cast<int>(Actions(&size).size());
     if (n == 0) continue;
     const Candidate& all = consider(&size, n);
     if (!all.ok || !Fits(all.simulation, budget)) continue;
@@ -254,7 +259,7 @@ MemoryFitter::Minimum MemoryFitter::MinimumBudget() {
   Minimum minimum;
   int64_t least_host = std::numeric_limits<int64_t>::max();
   for (Size& size : sizes_) {
-    const int n = static_cast<int>(size.actions.size());
+    const int n = static_cast<int>(Actions(&size).size());
     for (int actions : {0, n}) {
       if (actions == n && n == 0) continue;
       const Candidate& c = Simulated(&size, actions);

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -120,16 +121,20 @@ class MemoryFitter {
   };
   struct Size {
     int micro_batch_size = 0;
+    bool ranked = false;
     std::vector<MemoryAction> actions;
-    // By number of ranked actions applied.
-    std::vector<Candidate> plans;
+    // By number of ranked actions applied; only those simulated.
+    std::map<int, Candidate> plans;
   };
+  // The ranked savings of `size`, computed on first use.
+  const std::vector<MemoryAction>& Actions(Size* size);
   Schedule PlanAt(const Size& size, int actions) const;
   const Candidate& Simulated(Size* size, int actions);
   bool HostFits(const SimulationResult& r) const;
 
   const PlanSimulator& simulator_;
   Schedule base_;
+  MemoryChoices choices_;
   int64_t host_budget_bytes_;
   std::vector<Size> sizes_;
   int64_t plans_evaluated_ = 0;

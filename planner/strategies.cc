@@ -280,6 +280,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   const int m = zero_offload.schedule.micro_batch_size;
   out.placement_proven_optimal = true;
   int64_t search_nodes = 0;
+  bool simulator_scored = false;
   for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
     Schedule config = configs[config_index];
     config.strategy = out.strategy;
@@ -303,6 +304,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
                                     SimulatorPlacementScorer(*c.simulator, config), options);
       out.placement_proven_optimal = false;
+      simulator_scored = true;
     }
     out.plans_evaluated += found.evaluations;
     if (!found.feasible) continue;
@@ -367,7 +369,10 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       Describe(out.schedule), "; ",
       out.placement_proven_optimal
           ? absl::StrCat("placement proven optimal (", search_nodes, " search nodes)")
-          : "placement from local search (exact search stopped)");
+      : simulator_scored
+          ? "placement by local search (offloaded activations or streamed weights: no exact search)"
+          : absl::StrCat("placement by local search (exact search stopped after ", search_nodes,
+                         " nodes)"));
   out.solve_seconds = clock.seconds();
   return out;
 }

@@ -226,7 +226,8 @@ FitResult MemoryFitter::Fit(int64_t accelerator_bytes) {
     for (int l = 0; l < cost.num_layers(); ++l) {
       compute += cost.ForwardSeconds(l, kAcc, m) + cost.BackwardSeconds(l, kAcc, m);
     }
-    compute *= base_.replica_samples() / m;
+    const int micro_batches = base_.replica_samples() / m;
+    compute *= micro_batches;
     if (have_best && result.simulation.prediction.iteration_seconds() <= compute) break;
 
     const Candidate& none = consider(&size, 0);

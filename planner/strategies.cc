@@ -310,8 +310,9 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     if (!found.feasible) continue;
     Schedule s = config;
     for (int l = 0; l < L; ++l) {
-      if (eligible[l])
+      if (eligible[l]) {
         s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
+      }
     }
     absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
     ++out.plans_evaluated;
@@ -345,7 +346,11 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   Candidate& winner = candidates[best];
   out.schedule = std::move(winner.schedule);
   out.schedule.strategy = out.strategy;
-  out.simulation = winner.borrowed ? *winner.borrowed : std::move(winner.simulation);
+  if (winner.borrowed != nullptr) {
+    out.simulation = *winner.borrowed;
+  } else {
+    out.simulation = std::move(winner.simulation);
+  }
   out.simulated = true;
   if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
   std::vector<int> on_accelerator;

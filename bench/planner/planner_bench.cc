@@ -149,9 +149,9 @@ void SolveOne(const tandem::v1::HardwareSpec& spec, int layers, int runs, bool a
     request.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
     request.compare = {tandem::v1::STRATEGY_REUSE_DISTANCE};
   }
-  std::vector<double> times;
+  std::vector<double> times(runs);
   tandem::v1::PlanModelResponse response;
-  for (int i = 0; i < runs; ++i) times.push_back(WallSeconds(request, &response));
+  for (double& t : times) t = WallSeconds(request, &response);
   std::string per;
   for (const tandem::v1::Plan& p : response.alternatives()) {
     per += StrategyName(p.strategy()) + " " + FormatSeconds(p.solver().solve_seconds()) + " (" +

@@ -10,7 +10,6 @@ namespace tandem::planner {
 namespace {
 
 constexpr tandem::v1::Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
-constexpr int64_t kMiB = int64_t{1} << 20;
 
 bool Fits(const SimulationResult& r, const MemoryBudget& budget) {
   return r.prediction.accelerator_peak_bytes() <= budget.accelerator_bytes &&
@@ -149,112 +148,141 @@ std::vector<int> MicroBatchSizes(int samples, int fixed) {
   return sizes;
 }
 
-FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
-                      const MemoryBudget& budget, const MemoryChoices& choices,
-                      int fixed_micro_batch_size) {
-  const CostModel& cost = simulator.cost();
-  FitResult result;
-  result.smallest_peak_bytes = std::numeric_limits<int64_t>::max();
+MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Schedule& base,
+                           const MemoryChoices& choices, int fixed_micro_batch_size,
+                           int64_t host_budget_bytes)
+    : simulator_(simulator), base_(base), choices_(choices), host_budget_bytes_(host_budget_bytes) {
+  for (int m : MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size)) {
+    sizes_.emplace_back();
+    sizes_.back().micro_batch_size = m;
+  }
+}
+
+const std::vector<MemoryAction>& MemoryFitter::Actions(Size* size) {
+  if (!size->ranked) {
+    Schedule s = base_;
+    s.micro_batch_size = size->micro_batch_size;
+    size->actions = RankMemoryActions(simulator_.cost(), s, choices_);
+    size->ranked = true;
+  }
+  return size->actions;
+}
+
+Schedule MemoryFitter::PlanAt(const Size& size, int actions) const {
+  Schedule s = base_;
+  s.micro_batch_size = size.micro_batch_size;
+  return Apply(std::move(s), size.actions, actions);
+}
+
+const MemoryFitter::Candidate& MemoryFitter::Simulated(Size* size, int actions) {
+  Candidate& c = size->plans[actions];
+  if (c.simulated) return c;
   SimulationOptions quiet;
   quiet.record_timeline = false;
+  absl::StatusOr<SimulationResult> r = simulator_.Simulate(PlanAt(*size, actions), quiet);
+  ++plans_evaluated_;
+  c.simulated = true;
+  c.ok = r.ok();
+  if (c.ok) c.simulation = *std::move(r);
+  return c;
+}
+
+bool MemoryFitter::HostFits(const SimulationResult& r) const {
+  return host_budget_bytes_ <= 0 || r.prediction.host_peak_bytes() <= host_budget_bytes_;
+}
+
+FitResult MemoryFitter::Fit(int64_t accelerator_bytes) {
+  const CostModel& cost = simulator_.cost();
+  const MemoryBudget budget = {accelerator_bytes, host_budget_bytes_};
+  const int64_t evaluated_before = plans_evaluated_;
+  FitResult result;
+  int64_t smallest_peak = std::numeric_limits<int64_t>::max();
   bool have_best = false;
-  auto simulate = [&](const Schedule& s) {
-    ++result.plans_evaluated;
-    absl::StatusOr<SimulationResult> r = simulator.Simulate(s, quiet);
-    if (!r.ok()) return std::pair<bool, SimulationResult>{false, SimulationResult{}};
-    const int64_t peak = r->prediction.accelerator_peak_bytes();
-    if (peak < result.smallest_peak_bytes) {
-      result.smallest_peak_bytes = peak;
-      if (!have_best) result.schedule = s, result.simulation = *r;
+  // Every plan simulated for this budget passes here: the smallest peak is
+  // the answer when nothing fits.
+  auto consider = [&](Size* size, int actions) -> const Candidate& {
+    const Candidate& c = Simulated(size, actions);
+    if (c.ok && !have_best && c.simulation.prediction.accelerator_peak_bytes() < smallest_peak) {
+      smallest_peak = c.simulation.prediction.accelerator_peak_bytes();
+      result.schedule = PlanAt(*size, actions);
+      result.simulation = c.simulation;
     }
-    return std::pair<bool, SimulationResult>{true, *std::move(r)};
+    return c;
   };
-  auto record = [&](const Schedule& s, const SimulationResult& r) {
+  auto record = [&](const Size& size, int actions, const SimulationResult& r) {
     if (!have_best ||
         r.prediction.iteration_seconds() < result.simulation.prediction.iteration_seconds()) {
-      result.schedule = s;
+      result.schedule = PlanAt(size, actions);
       result.simulation = r;
     }
     have_best = true;
   };
 
-  for (int m : MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size)) {
-    Schedule s = base;
-    s.micro_batch_size = m;
+  for (Size& size : sizes_) {
+    const int m = size.micro_batch_size;
     // Compute alone bounds the iteration from below; smaller micro-batches
     // only raise it.
     double compute = 0;
     for (int l = 0; l < cost.num_layers(); ++l) {
       compute += cost.ForwardSeconds(l, kAcc, m) + cost.BackwardSeconds(l, kAcc, m);
     }
-    compute *= s.micro_batches();
+    const int micro_batches = base_.replica_samples() / m;
+    compute *= micro_batches;
     if (have_best && result.simulation.prediction.iteration_seconds() <= compute) break;
 
-    auto [ok, none] = simulate(s);
-    if (ok && Fits(none, budget)) {
-      record(s, none);
+    const Candidate& none = consider(&size, 0);
+    if (none.ok && Fits(none.simulation, budget)) {
+      record(size, 0, none.simulation);
       break;
     }
-    const std::vector<MemoryAction> actions = RankMemoryActions(cost, s, choices);
-    const int n = static_cast<int>(actions.size());
+    const int n = static_cast<int>(Actions(&size).size());
     if (n == 0) continue;
-    auto [all_ok, all] = simulate(Apply(s, actions, n));
-    if (!all_ok || !Fits(all, budget)) continue;
+    const Candidate& all = consider(&size, n);
+    if (!all.ok || !Fits(all.simulation, budget)) continue;
     int lo = 0, hi = n;
-    SimulationResult at_hi = all;
     while (hi - lo > 1) {
       const int mid = lo + (hi - lo) / 2;
-      auto [mid_ok, r] = simulate(Apply(s, actions, mid));
-      if (mid_ok && Fits(r, budget)) {
+      const Candidate& c = consider(&size, mid);
+      if (c.ok && Fits(c.simulation, budget)) {
         hi = mid;
-        at_hi = std::move(r);
       } else {
         lo = mid;
       }
     }
-    record(Apply(s, actions, hi), at_hi);
+    record(size, hi, size.plans[hi].simulation);
   }
   result.feasible = have_best;
-  if (result.smallest_peak_bytes == std::numeric_limits<int64_t>::max()) {
-    result.smallest_peak_bytes = 0;
-  }
+  result.plans_evaluated = plans_evaluated_ - evaluated_before;
   return result;
 }
 
-int64_t SmallestPeakGuess(const PlanSimulator& simulator, const Schedule& base,
-                          const MemoryChoices& choices, int fixed_micro_batch_size) {
-  const std::vector<int> sizes = MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size);
-  if (sizes.empty()) return 0;
-  Schedule s = base;
-  s.micro_batch_size = sizes.back();
-  const std::vector<MemoryAction> actions = RankMemoryActions(simulator.cost(), s, choices);
-  SimulationOptions quiet;
-  quiet.record_timeline = false;
-  absl::StatusOr<SimulationResult> r =
-      simulator.Simulate(Apply(s, actions, static_cast<int>(actions.size())), quiet);
-  return r.ok() ? r->prediction.accelerator_peak_bytes() : 0;
+MemoryFitter::Minimum MemoryFitter::MinimumBudget() {
+  Minimum minimum;
+  int64_t least_host = std::numeric_limits<int64_t>::max();
+  for (Size& size : sizes_) {
+    const int n = static_cast<int>(Actions(&size).size());
+    for (int actions : {0, n}) {
+      if (actions == n && n == 0) continue;
+      const Candidate& c = Simulated(&size, actions);
+      if (!c.ok) continue;
+      const tandem::v1::PlanPrediction& p = c.simulation.prediction;
+      least_host = std::min(least_host, p.host_peak_bytes());
+      if (!HostFits(c.simulation)) continue;
+      if (minimum.accelerator_bytes == 0 ||
+          p.accelerator_peak_bytes() < minimum.accelerator_bytes) {
+        minimum.accelerator_bytes = std::max<int64_t>(1, p.accelerator_peak_bytes());
+      }
+    }
+  }
+  minimum.host_bytes = least_host == std::numeric_limits<int64_t>::max() ? 0 : least_host;
+  return minimum;
 }
 
-int64_t MinimumFeasibleBudget(const std::function<bool(int64_t)>& feasible,
-                              int64_t infeasible_bytes, int64_t guess_bytes) {
-  constexpr int64_t kLimit = int64_t{1} << 52;
-  int64_t lo = std::max<int64_t>(0, infeasible_bytes);
-  int64_t hi = std::max(guess_bytes, lo + kMiB);
-  while (!feasible(hi)) {
-    lo = hi;
-    if (hi >= kLimit) return 0;
-    hi = std::min(kLimit, 2 * hi);
-  }
-  // The usual case: the guess is the answer.
-  if (hi - kMiB > lo && !feasible(hi - kMiB)) return hi;
-  while (hi - lo > kMiB) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (feasible(mid) ? hi : lo) = mid;
-  }
-  // Bisection assumed feasibility grows with the budget; make sure one MiB
-  // less really fails.
-  for (int i = 0; i < 64 && hi > kMiB && feasible(hi - kMiB); ++i) hi -= kMiB;
-  return hi;
+FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
+                      const MemoryBudget& budget, const MemoryChoices& choices,
+                      int fixed_micro_batch_size) {
+  return MemoryFitter(simulator, base, choices, fixed_micro_batch_size, budget.host_bytes)
+      .Fit(budget.accelerator_bytes);
 }
 
 }  // namespace tandem::planner

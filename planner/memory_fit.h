@@ -24,14 +24,18 @@
 // search stops (smaller micro-batches only add per-call overhead). Otherwise
 // the shortest prefix of the ranked actions that fits is binary-searched with
 // the simulator. The fastest plan that fits wins. Predictions come only from
-// the simulator.
+// the simulator (which simulates resident-weight and hetero_dp schedules by
+// exact recurrences, fast enough to simulate every candidate).
 //
-// Free functions; thread-compatible.
+// MemoryFitter keeps the plans it simulated, so fitting the same base at
+// several budgets (and finding the smallest that works) simulates each plan
+// once. Free functions are thread-compatible.
 #ifndef TANDEM_PLANNER_MEMORY_FIT_H_
 #define TANDEM_PLANNER_MEMORY_FIT_H_
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,11 +61,10 @@ struct MemoryBudget {
 struct FitResult {
   bool feasible = false;
   // The fastest schedule that fits; when none does, the one with the
-  // smallest accelerator peak.
+  // smallest accelerator peak among those simulated.
   Schedule schedule;
+  // Simulated without a timeline.
   SimulationResult simulation;
-  // The smallest accelerator peak among the plans tried, in bytes.
-  int64_t smallest_peak_bytes = 0;
   int64_t plans_evaluated = 0;
 };
 
@@ -82,24 +85,65 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Schedul
 // previous, down to 1.
 std::vector<int> MicroBatchSizes(int samples, int fixed);
 
-// `base` with its micro-batch size and memory policies chosen to fit `budget`.
-// `fixed_micro_batch_size` > 0 pins the micro-batch size.
+// The fitting above for one base schedule, at any accelerator budget, with
+// the plans it simulates kept for the next call. Not thread-safe.
+class MemoryFitter {
+ public:
+  // `fixed_micro_batch_size` > 0 pins the micro-batch size; host_budget_bytes
+  // 0 = no host limit. Keeps a reference to `simulator`.
+  MemoryFitter(const PlanSimulator& simulator, const Schedule& base, const MemoryChoices& choices,
+               int fixed_micro_batch_size, int64_t host_budget_bytes);
+
+  FitResult Fit(int64_t accelerator_bytes);
+
+  struct Minimum {
+    // The smallest accelerator budget under which Fit finds a plan, to the
+    // byte; 0 when host memory rules out every plan.
+    int64_t accelerator_bytes = 0;
+    // The least host memory any plan Fit can choose needs.
+    int64_t host_bytes = 0;
+  };
+  // Fit succeeds exactly when, for some micro-batch size it tries, the plan
+  // with no saving or the plan with every saving fits (the binary search
+  // between them starts from a fitting end), so the minimum is the least
+  // accelerator peak of those plans among the ones within the host budget:
+  // two simulations per micro-batch size, no search over budgets.
+  Minimum MinimumBudget();
+
+  // Simulations run so far.
+  int64_t plans_evaluated() const { return plans_evaluated_; }
+
+ private:
+  struct Candidate {
+    bool simulated = false;
+    bool ok = false;
+    SimulationResult simulation;
+  };
+  struct Size {
+    int micro_batch_size = 0;
+    bool ranked = false;
+    std::vector<MemoryAction> actions;
+    // By number of ranked actions applied; only those simulated.
+    std::map<int, Candidate> plans;
+  };
+  // The ranked savings of `size`, computed on first use.
+  const std::vector<MemoryAction>& Actions(Size* size);
+  Schedule PlanAt(const Size& size, int actions) const;
+  const Candidate& Simulated(Size* size, int actions);
+  bool HostFits(const SimulationResult& r) const;
+
+  const PlanSimulator& simulator_;
+  Schedule base_;
+  MemoryChoices choices_;
+  int64_t host_budget_bytes_;
+  std::vector<Size> sizes_;
+  int64_t plans_evaluated_ = 0;
+};
+
+// MemoryFitter(...).Fit(budget.accelerator_bytes), for one budget.
 FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
                       const MemoryBudget& budget, const MemoryChoices& choices,
                       int fixed_micro_batch_size);
-
-// The accelerator peak of `base` with every ranked saving applied at the
-// smallest micro-batch size: one simulation, a guess at the least memory
-// FitToBudget can reach (0 when it cannot be simulated).
-int64_t SmallestPeakGuess(const PlanSimulator& simulator, const Schedule& base,
-                          const MemoryChoices& choices, int fixed_micro_batch_size);
-
-// The smallest accelerator budget (to 1 MiB) under which `feasible` holds,
-// given that it fails at `infeasible_bytes` and `guess_bytes` is a likely
-// answer: feasible(result) and !feasible(result - 1 MiB). 0 when no budget up
-// to 2^52 bytes works.
-int64_t MinimumFeasibleBudget(const std::function<bool(int64_t)>& feasible,
-                              int64_t infeasible_bytes, int64_t guess_bytes);
 
 }  // namespace tandem::planner
 

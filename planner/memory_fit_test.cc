@@ -1,14 +1,14 @@
 #include "planner/memory_fit.h"
 
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "planner/testing/random_chains.h"
 #include "planner/testing/synthetic_models.h"
 
 namespace tandem::planner {
 namespace {
-
-constexpr int64_t kMiB = int64_t{1} << 20;
 
 TEST(MicroBatchSizesTest, HalvesThroughDivisors) {
   EXPECT_EQ(MicroBatchSizes(64, 0), (std::vector<int>{64, 32, 16, 8, 4, 2, 1}));
@@ -18,18 +18,61 @@ TEST(MicroBatchSizesTest, HalvesThroughDivisors) {
   EXPECT_TRUE(MicroBatchSizes(12, 5).empty());
 }
 
-TEST(MinimumFeasibleBudgetTest, FindsTheThresholdToOneMiB) {
-  for (int64_t threshold : {int64_t{5} * kMiB + 123, int64_t{3} << 30, int64_t{77} << 30}) {
-    auto feasible = [&](int64_t b) { return b >= threshold; };
-    // An exact guess, a low one and a high one.
-    for (int64_t guess : {threshold, threshold / 3, threshold * 5}) {
-      const int64_t found = MinimumFeasibleBudget(feasible, kMiB, guess);
-      EXPECT_TRUE(feasible(found)) << threshold << " " << guess;
-      EXPECT_FALSE(feasible(found - kMiB)) << threshold << " " << guess;
+// The minimum is exact to the byte: Fit succeeds there and fails one byte
+// below, for plans that update on the accelerator (gpu_only's choices), on
+// the host (zero_offload's) and for a hetero_dp split.
+TEST(MemoryFitterTest, MinimumBudgetIsTheSmallestThatFits) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 60; ++trial) {
+    testing::RandomChain chain = testing::RandomResidentChain(2 + trial % 7, &rng);
+    PlanSimulator simulator(chain.cost);
+    Schedule base = chain.base;
+    MemoryChoices choices;
+    choices.recompute = true;
+    switch (trial % 3) {
+      case 0:
+        base.strategy = tandem::v1::STRATEGY_GPU_ONLY;
+        base.delayed_parameter_update = false;
+        for (LayerSchedule& l : base.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
+        break;
+      case 1:
+        base.strategy = tandem::v1::STRATEGY_ZERO_OFFLOAD;
+        choices.offload = choices.stream = true;
+        break;
+      case 2:
+        base.strategy = tandem::v1::STRATEGY_HETERO_DP;
+        base.delayed_parameter_update = false;
+        base.accelerator_batch_share = 1;
+        for (LayerSchedule& l : base.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
+        break;
     }
+    for (LayerSchedule& l : base.layers) l.activation = tandem::v1::ACTIVATION_POLICY_KEEP;
+    MemoryFitter fitter(simulator, base, choices, /*fixed_micro_batch_size=*/0,
+                        /*host_budget_bytes=*/0);
+    const int64_t minimum = fitter.MinimumBudget().accelerator_bytes;
+    ASSERT_GT(minimum, 0) << trial;
+    const FitResult at = fitter.Fit(minimum);
+    ASSERT_TRUE(at.feasible) << trial;
+    EXPECT_LE(at.simulation.prediction.accelerator_peak_bytes(), minimum) << trial;
+    EXPECT_FALSE(fitter.Fit(minimum - 1).feasible) << trial;
+    // A fresh fitter (no cached plans) agrees.
+    EXPECT_TRUE(FitToBudget(simulator, base, {minimum, 0}, choices, 0).feasible) << trial;
+    EXPECT_FALSE(FitToBudget(simulator, base, {minimum - 1, 0}, choices, 0).feasible) << trial;
   }
-  // Nothing works.
-  EXPECT_EQ(MinimumFeasibleBudget([](int64_t) { return false; }, kMiB, 10 * kMiB), 0);
+}
+
+// With a host budget no plan meets, no accelerator budget helps.
+TEST(MemoryFitterTest, NoMinimumWhenTheHostCannotHoldAnyPlan) {
+  std::mt19937 rng(18);
+  testing::RandomChain chain = testing::RandomResidentChain(4, &rng);
+  PlanSimulator simulator(chain.cost);
+  MemoryChoices choices;
+  choices.recompute = choices.offload = choices.stream = true;
+  MemoryFitter fitter(simulator, chain.base, choices, 0, /*host_budget_bytes=*/1);
+  const MemoryFitter::Minimum minimum = fitter.MinimumBudget();
+  EXPECT_EQ(minimum.accelerator_bytes, 0);
+  EXPECT_GT(minimum.host_bytes, 1);
+  EXPECT_FALSE(fitter.Fit(int64_t{1} << 50).feasible);
 }
 
 TEST(RankMemoryActionsTest, PrefersCheapSavingsAndHonoursTheChoices) {

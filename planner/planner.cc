@@ -123,7 +123,10 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
     outcomes[tandem::v1::STRATEGY_HETERO_DP] = SolveHeteroDp(c);
   }
   std::map<Strategy, tandem::v1::Plan> plans;
-  for (const auto& [strategy, outcome] : outcomes) plans[strategy] = ToPlan(c, outcome);
+  for (auto& [strategy, outcome] : outcomes) {
+    // gpu_only and zero_offload may be solved only for reuse_distance.
+    if (wanted(strategy)) plans[strategy] = ToPlan(c, std::move(outcome));
+  }
 
   // auto: the fastest feasible.
   tandem::v1::Plan auto_plan;
@@ -154,7 +157,6 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   }
 
   tandem::v1::PlanModelResponse response;
-  *response.mutable_plan() = requested == tandem::v1::STRATEGY_AUTO ? auto_plan : plans[requested];
   for (Strategy s : kConcrete) {
     if (std::find(compare.begin(), compare.end(), s) != compare.end()) {
       *response.add_alternatives() = plans[s];
@@ -163,6 +165,9 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   if (std::find(compare.begin(), compare.end(), tandem::v1::STRATEGY_AUTO) != compare.end()) {
     *response.add_alternatives() = auto_plan;
   }
+  // Last, so that its timeline moves rather than copies.
+  *response.mutable_plan() =
+      requested == tandem::v1::STRATEGY_AUTO ? std::move(auto_plan) : std::move(plans[requested]);
 
   if (request.pipeline_devices > 1) {
     tandem::v1::Plan* plan = response.mutable_plan();

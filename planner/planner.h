@@ -17,7 +17,8 @@
 // names the one chosen, its solver note says so); when none fits, with the
 // reuse_distance (or cpu_only) plan marked infeasible. An infeasible plan is
 // a normal answer, not an error: feasible=false with
-// min_accelerator_memory_bytes and the numbers in solver.note. Errors are
+// min_accelerator_memory_bytes, the prediction at that budget (no timeline)
+// and the numbers in solver.note. Errors are
 // INVALID_ARGUMENT naming the field ("batch_size: ...",
 // "profile.layers[3].forward_flops: must be ...") or FAILED_PRECONDITION for a
 // measured profile missing timings.

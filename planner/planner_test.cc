@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "planner/schedule.h"
 #include "planner/simulator.h"
 #include "planner/strategies.h"
 #include "planner/testing/synthetic_models.h"
@@ -133,6 +134,57 @@ TEST(SolvePlanTest, ReuseDistanceIsNeverWorseThanZeroOffloadOrGpuOnly) {
   // The instances are drawn so that host updates matter: the search must
   // actually find something in a good share of them.
   EXPECT_GE(strictly_better, 10);
+}
+
+// End to end on small MLPs (up to 8 layers with parameters): the
+// reuse_distance plan is at least as fast as the best of every placement of
+// updates under zero_offload's memory settings, by exhaustive simulation.
+TEST(SolvePlanTest, ReuseDistanceMatchesExhaustivePlacementOnSmallModels) {
+  std::mt19937 rng(15);
+  int compared = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    PlanRequest r = RandomRequest(&rng);
+    const double fraction = std::uniform_real_distribution<double>(0.3, 1.2)(rng);
+    r.accelerator_memory_bytes = static_cast<int64_t>(fraction * ModelStateBytes(r.profile));
+    r.compare = {tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::STRATEGY_REUSE_DISTANCE};
+    absl::StatusOr<tandem::v1::PlanModelResponse> response = SolvePlan(r);
+    ASSERT_TRUE(response.ok()) << response.status();
+    const tandem::v1::Plan& zero = PlanOf(*response, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+    const tandem::v1::Plan& reuse = PlanOf(*response, tandem::v1::STRATEGY_REUSE_DISTANCE);
+    if (!zero.feasible()) continue;
+    absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(r.profile, *r.hardware);
+    ASSERT_TRUE(cost.ok());
+    absl::StatusOr<Schedule> base = ScheduleFromPlan(zero, cost->num_layers());
+    ASSERT_TRUE(base.ok()) << base.status();
+    std::vector<int> eligible;
+    for (int l = 0; l < cost->num_layers(); ++l) {
+      if (cost->ParameterBytes(l) > 0 &&
+          base->layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+        eligible.push_back(l);
+      }
+    }
+    PlanSimulator sim(*cost);
+    SimulationOptions quiet;
+    quiet.record_timeline = false;
+    double best = HUGE_VAL;
+    for (uint32_t mask = 0; mask < (1u << eligible.size()); ++mask) {
+      Schedule s = *base;
+      s.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
+      for (size_t i = 0; i < eligible.size(); ++i) {
+        s.layers[eligible[i]].update =
+            (mask >> i) & 1 ? tandem::v1::PLACEMENT_ACCELERATOR : tandem::v1::PLACEMENT_HOST;
+      }
+      absl::StatusOr<SimulationResult> sr = sim.Simulate(s, quiet);
+      ASSERT_TRUE(sr.ok()) << sr.status();
+      if (sr->prediction.accelerator_peak_bytes() > r.accelerator_memory_bytes) continue;
+      best = std::min(best, sr->prediction.iteration_seconds());
+    }
+    ASSERT_TRUE(reuse.feasible()) << trial;
+    EXPECT_LE(reuse.prediction().iteration_seconds(), best * (1 + 1e-9))
+        << "trial " << trial << ": " << reuse.solver().note();
+    ++compared;
+  }
+  EXPECT_GE(compared, 20);
 }
 
 TEST(SolvePlanTest, AnInfeasibleStrategyReportsTheSmallestBudgetThatWorks) {

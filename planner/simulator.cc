@@ -10,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "planner/hetero_replicas.h"
+#include "planner/resident_chain.h"
 #include "planner/steady_state.h"
 
 namespace tandem::planner {
@@ -605,6 +607,14 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const tandem::v1::Plan&
 absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Schedule& s,
                                                          const SimulationOptions& options) const {
   if (absl::Status v = Validate(s); !v.ok()) return v;
+  if (!options.use_event_graph && ResidentChain::Covers(s)) {
+    std::vector<bool> on_accelerator(s.layers.size());
+    for (size_t l = 0; l < s.layers.size(); ++l) on_accelerator[l] = s.layers[l].update == kAcc;
+    return ResidentChain(cost_, s).Simulate(on_accelerator, options.record_timeline);
+  }
+  if (!options.use_event_graph && HeteroReplicas::Covers(s)) {
+    return HeteroReplicas(cost_, s).Simulate(options.record_timeline);
+  }
   const Mode mode = ModeOf(s);
   const int L = cost_.num_layers();
 

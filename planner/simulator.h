@@ -108,6 +108,15 @@
 // or update end + copy time for streamed layers); 0 for layers that update
 // where they compute.
 //
+// IMPLEMENTATION. The rules above are an event graph over every span of every
+// simulated iteration, and the general path builds and runs exactly that.
+// Two classes of schedule are run instead as recurrences that perform the
+// same floating-point operations, so their results are bit-for-bit the
+// graph's (tests compare every field on random schedules): resident-weight
+// accelerator plans without offload or streaming (resident_chain.h) and
+// hetero_dp (hetero_replicas.h). SimulationOptions.use_event_graph forces the
+// general path.
+//
 // Thread-safe: Simulate is const and keeps no state between calls.
 #ifndef TANDEM_PLANNER_SIMULATOR_H_
 #define TANDEM_PLANNER_SIMULATOR_H_
@@ -125,6 +134,11 @@ struct SimulationOptions {
   // Fill SimulationResult.timeline (spans and memory samples). Solvers that
   // only need the prediction turn it off.
   bool record_timeline = true;
+  // Run the general event graph even for a schedule ResidentChain or
+  // HeteroReplicas covers (resident_chain.h, hetero_replicas.h), whose
+  // recurrences give the same result bit for bit, faster. For tests that
+  // compare the two.
+  bool use_event_graph = false;
 };
 
 struct LayerTiming {

@@ -37,4 +37,55 @@ int64_t PeakInWindow(const std::vector<MemoryChange>& changes, int64_t base, dou
   return peak;
 }
 
+// The level at a time counts every change at or before it, so changes at
+// equal times form one group; the peak is the level at the window start or
+// after any group inside the window.
+void WindowLevel::Feed(double t, int64_t delta) {
+  if (open_ && t != group_time_) Close();
+  if (!open_) {
+    open_ = true;
+    group_time_ = t;
+    level_before_ = level_;
+  }
+  level_ += delta;
+}
+
+int64_t WindowLevel::Finish(double window_end) {
+  if (open_) {
+    if (Inside(group_time_, window_end)) {
+      Close();
+    } else {
+      level_ = level_before_;
+      open_ = false;
+    }
+  }
+  if (!initial_done_) Initial(level_);
+  return peak_;
+}
+
+void WindowLevel::Close() {
+  open_ = false;
+  if (!has_start_ || group_time_ < window_start_) return;
+  if (group_time_ == window_start_) {
+    Initial(level_);
+    return;
+  }
+  if (!initial_done_) Initial(level_before_);
+  peak_ = std::max(peak_, level_);
+  Sample(group_time_, level_);
+}
+
+void WindowLevel::Initial(int64_t level) {
+  initial_done_ = true;
+  peak_ = level;
+  Sample(window_start_, level);
+}
+
+void WindowLevel::Sample(double t, int64_t level) {
+  if (samples_ == nullptr) return;
+  tandem::v1::MemorySample* s = samples_->Add();
+  s->set_time_seconds(t - window_start_);
+  s->set_bytes(level);
+}
+
 }  // namespace tandem::planner

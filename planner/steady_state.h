@@ -41,6 +41,46 @@ int64_t PeakInWindow(const std::vector<MemoryChange>& changes, int64_t base, dou
                      double window_end,
                      google::protobuf::RepeatedPtrField<tandem::v1::MemorySample>* samples);
 
+// PeakInWindow computed while the changes are produced: fed in time order,
+// with the window start given before any change at or after it, and the
+// window end at Finish. Same peak and samples as PeakInWindow over the same
+// changes, without storing them.
+class WindowLevel {
+ public:
+  // `samples` may be null.
+  WindowLevel(int64_t base, google::protobuf::RepeatedPtrField<tandem::v1::MemorySample>* samples)
+      : level_(base), samples_(samples) {}
+
+  // Times must not decrease from one call to the next.
+  void Feed(double t, int64_t delta);
+  // Before any change at or after `t` is fed.
+  void SetWindowStart(double t) {
+    window_start_ = t;
+    has_start_ = true;
+  }
+  // Whether a change at `t` counts for a window ending at `window_end`.
+  bool Inside(double t, double window_end) const { return t < window_end || t <= window_start_; }
+  // Ends the window; of the changes fed, those at or after `window_end` do
+  // not count (feed no more than one time's worth of them). Returns the peak.
+  int64_t Finish(double window_end);
+  int64_t peak() const { return peak_; }
+
+ private:
+  void Close();
+  void Initial(int64_t level);
+  void Sample(double t, int64_t level);
+
+  int64_t level_;
+  google::protobuf::RepeatedPtrField<tandem::v1::MemorySample>* samples_;
+  bool open_ = false;
+  double group_time_ = 0;
+  int64_t level_before_ = 0;
+  bool has_start_ = false;
+  double window_start_ = 0;
+  bool initial_done_ = false;
+  int64_t peak_ = 0;
+};
+
 }  // namespace tandem::planner
 
 #endif  // TANDEM_PLANNER_STEADY_STATE_H_

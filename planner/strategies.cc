@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -19,8 +19,6 @@ namespace {
 using tandem::v1::PLACEMENT_ACCELERATOR;
 using tandem::v1::PLACEMENT_HOST;
 
-constexpr int64_t kUnlimitedBytes = int64_t{1} << 52;
-
 class Stopwatch {
  public:
   Stopwatch() : start_(std::chrono::steady_clock::now()) {}
@@ -31,10 +29,6 @@ class Stopwatch {
  private:
   std::chrono::steady_clock::time_point start_;
 };
-
-MemoryBudget Budget(const StrategyContext& c, int64_t accelerator_bytes) {
-  return {accelerator_bytes, c.host_budget_bytes};
-}
 
 // Every layer computes on the accelerator with resident state; `update`
 // says where layers with parameters update.
@@ -76,41 +70,35 @@ void Adopt(const Schedule& s, const SimulationResult& r, StrategyOutcome* out) {
 }
 
 // Simulates the chosen plan once more, recording its timeline (the search
-// simulates without).
+// simulates without). Infeasible plans keep their prediction without one:
+// nobody runs them, and at the minimum budget they can have many
+// micro-batches.
 void Finalize(const StrategyContext& c, StrategyOutcome* out) {
-  if (!out->simulated) return;
+  if (!out->simulated || !out->feasible) return;
   absl::StatusOr<SimulationResult> r = c.simulator->Simulate(out->schedule);
   if (r.ok()) out->simulation = *std::move(r);
 }
 
 // Fills the minimum budget and the plan it would run, when the strategy does
-// not fit. `fit_at` solves the strategy's memory problem at a budget.
-void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, int64_t guess_bytes,
-                       const std::function<FitResult(int64_t)>& fit_at, StrategyOutcome* out) {
+// not fit. `fitter` solves the strategy's memory problem at any budget; `fit`
+// is what it answered at the budget, if it was asked.
+void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, MemoryFitter* fitter,
+                       StrategyOutcome* out) {
   out->feasible = false;
   if (fit.plans_evaluated > 0) Adopt(fit.schedule, fit.simulation, out);
-  FitResult unlimited = fit_at(kUnlimitedBytes);
-  out->plans_evaluated += unlimited.plans_evaluated;
-  if (!unlimited.feasible) {
+  const MemoryFitter::Minimum minimum = fitter->MinimumBudget();
+  if (minimum.accelerator_bytes == 0) {
     out->min_accelerator_memory_bytes = 0;
     out->note = absl::StrCat("does not fit any accelerator budget: host memory needs ",
-                             FormatBytes(unlimited.simulation.prediction.host_peak_bytes()),
-                             ", host budget ", FormatBytes(c.host_budget_bytes));
+                             FormatBytes(minimum.host_bytes), ", host budget ",
+                             FormatBytes(c.host_budget_bytes));
     return;
   }
-  const int64_t min_bytes = MinimumFeasibleBudget(
-      [&](int64_t b) {
-        FitResult f = fit_at(b);
-        out->plans_evaluated += f.plans_evaluated;
-        return f.feasible;
-      },
-      c.accelerator_budget_bytes, guess_bytes);
-  out->min_accelerator_memory_bytes = min_bytes;
-  FitResult at_min = fit_at(min_bytes);
-  out->plans_evaluated += at_min.plans_evaluated;
+  out->min_accelerator_memory_bytes = minimum.accelerator_bytes;
+  FitResult at_min = fitter->Fit(minimum.accelerator_bytes);
   if (at_min.feasible) Adopt(at_min.schedule, at_min.simulation, out);
   out->note =
-      absl::StrCat("needs ", FormatBytes(min_bytes), " of accelerator memory (",
+      absl::StrCat("needs ", FormatBytes(minimum.accelerator_bytes), " of accelerator memory (",
                    Describe(out->schedule), "); budget ", FormatBytes(c.accelerator_budget_bytes));
 }
 
@@ -144,9 +132,7 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   StrategyOutcome out;
   out.strategy = strategy;
   out.method = "memory-fit";
-  auto fit_at = [&](int64_t bytes) {
-    return FitToBudget(*c.simulator, base, Budget(c, bytes), choices, c.micro_batch_size);
-  };
+  MemoryFitter fitter(*c.simulator, base, choices, c.micro_batch_size, c.host_budget_bytes);
   const bool resident_too_big =
       !choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes;
   if (resident_too_big && !find_min_budget) {
@@ -160,18 +146,15 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   // When the resident state alone is over budget no fit can succeed: go
   // straight to the smallest budget that works.
   FitResult fit;
-  if (!resident_too_big) fit = fit_at(c.accelerator_budget_bytes);
-  out.plans_evaluated = fit.plans_evaluated;
+  if (!resident_too_big) fit = fitter.Fit(c.accelerator_budget_bytes);
   if (fit.feasible) {
     out.feasible = true;
     Adopt(fit.schedule, fit.simulation, &out);
     out.note = Describe(fit.schedule);
   } else {
-    const int64_t guess = resident_too_big
-                              ? SmallestPeakGuess(*c.simulator, base, choices, c.micro_batch_size)
-                              : fit.smallest_peak_bytes;
-    ResolveInfeasible(c, fit, guess, fit_at, &out);
+    ResolveInfeasible(c, fit, &fitter, &out);
   }
+  out.plans_evaluated = fitter.plans_evaluated();
   if (record_timeline) Finalize(c, &out);
   out.solve_seconds = clock.seconds();
   return out;
@@ -279,15 +262,25 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   SimulationOptions quiet;
   quiet.record_timeline = false;
 
+  // Plans that compete: zero_offload's, the search's (per configuration)
+  // and gpu_only's. Search results are simulated without a timeline; the
+  // winner gets one at the end.
   struct Candidate {
     Schedule schedule;
     SimulationResult simulation;
+    // zero_offload's or gpu_only's, not copied.
+    const SimulationResult* borrowed = nullptr;
     std::string origin;
+    const SimulationResult& result() const { return borrowed ? *borrowed : simulation; }
   };
-  std::vector<Candidate> candidates = {
-      {zero_offload.schedule, zero_offload.simulation, "no layer gains from the accelerator"}};
+  std::vector<Candidate> candidates;
+  candidates.push_back(
+      {zero_offload.schedule, {}, &zero_offload.simulation, "no layer gains from the accelerator"});
   std::vector<Schedule> configs = {zero_offload.schedule};
   const int m = zero_offload.schedule.micro_batch_size;
+  out.placement_proven_optimal = true;
+  int64_t search_nodes = 0;
+  bool simulator_scored = false;
   for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
     Schedule config = configs[config_index];
     config.strategy = out.strategy;
@@ -298,12 +291,10 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     }
     PlacementSearchResult found;
     if (ChainEvaluator::Supports(config)) {
-      auto evaluator = std::make_shared<ChainEvaluator>(cost, config);
-      evaluator->set_peak_limit(c.accelerator_budget_bytes);
-      found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
-                                    [evaluator](const std::vector<bool>& acc, bool need_peak) {
-                                      return evaluator->Score(acc, need_peak);
-                                    });
+      ChainEvaluator evaluator(cost, config);
+      found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_budget_bytes);
+      search_nodes += found.search_nodes;
+      out.placement_proven_optimal = out.placement_proven_optimal && found.proven_optimal;
     } else {
       // Offloaded activations or streamed weights share the copy engines
       // with the gradient chain: score with the simulator itself, fewer times.
@@ -312,15 +303,18 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
       options.max_kick_evaluations = 0;
       found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
                                     SimulatorPlacementScorer(*c.simulator, config), options);
+      out.placement_proven_optimal = false;
+      simulator_scored = true;
     }
     out.plans_evaluated += found.evaluations;
     if (!found.feasible) continue;
     Schedule s = config;
     for (int l = 0; l < L; ++l) {
-      if (eligible[l])
+      if (eligible[l]) {
         s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
+      }
     }
-    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s);
+    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
     ++out.plans_evaluated;
     if (!r.ok() || r->prediction.accelerator_peak_bytes() > c.accelerator_budget_bytes ||
         (c.host_budget_bytes > 0 && r->prediction.host_peak_bytes() > c.host_budget_bytes)) {
@@ -330,7 +324,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     // search: try again with half the micro-batch, whose activations leave
     // room for more optimizer state.
     const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
-    candidates.push_back({s, *std::move(r), "search over update placements"});
+    candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
     if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
       Schedule half = zero_offload.schedule;
       half.micro_batch_size = m / 2;
@@ -339,17 +333,25 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   }
   if (gpu_only.feasible) {
     candidates.push_back(
-        {gpu_only.schedule, gpu_only.simulation, "every layer fits on the accelerator"});
+        {gpu_only.schedule, {}, &gpu_only.simulation, "every layer fits on the accelerator"});
   }
   size_t best = 0;
   for (size_t i = 1; i < candidates.size(); ++i) {
-    if (candidates[i].simulation.prediction.iteration_seconds() <
-        candidates[best].simulation.prediction.iteration_seconds()) {
+    if (candidates[i].result().prediction.iteration_seconds() <
+        candidates[best].result().prediction.iteration_seconds()) {
       best = i;
     }
   }
   out.feasible = true;
-  Adopt(candidates[best].schedule, candidates[best].simulation, &out);
+  Candidate& winner = candidates[best];
+  out.schedule = std::move(winner.schedule);
+  out.schedule.strategy = out.strategy;
+  if (winner.borrowed != nullptr) {
+    out.simulation = *winner.borrowed;
+  } else {
+    out.simulation = std::move(winner.simulation);
+  }
+  out.simulated = true;
   if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
   std::vector<int> on_accelerator;
   for (int l = 0; l < L; ++l) {
@@ -366,10 +368,16 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   if (on_accelerator.size() > 12) absl::StrAppend(&which, ",...");
   out.note = absl::StrCat(
       on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
-      "accelerator [", which, "] (", candidates[best].origin, "); ",
+      "accelerator [", which, "] (", winner.origin, "); ",
       FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
       FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
-      Describe(out.schedule));
+      Describe(out.schedule), "; ",
+      out.placement_proven_optimal
+          ? absl::StrCat("placement proven optimal (", search_nodes, " search nodes)")
+      : simulator_scored
+          ? "placement by local search (offloaded activations or streamed weights: no exact search)"
+          : absl::StrCat("placement by local search (exact search stopped after ", search_nodes,
+                         " nodes)"));
   out.solve_seconds = clock.seconds();
   return out;
 }
@@ -414,24 +422,26 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
 
   MemoryChoices choices;
   choices.recompute = true;
-  auto fit_share = [&](int share, int64_t bytes) {
+  // One fitter per accelerator share.
+  std::map<int, MemoryFitter> fitters;
+  auto fitter_of = [&](int share) -> MemoryFitter& {
+    auto it = fitters.find(share);
+    if (it != fitters.end()) return it->second;
     Schedule s = base;
     s.accelerator_batch_share = share;
     const int fixed =
         c.micro_batch_size > 0 && share % c.micro_batch_size == 0 ? c.micro_batch_size : 0;
-    return FitToBudget(*c.simulator, s, Budget(c, bytes), choices, fixed);
+    return fitters.try_emplace(share, *c.simulator, s, choices, fixed, c.host_budget_bytes)
+        .first->second;
   };
   bool found = false;
   FitResult last;
-  Schedule one_sample = base;
-  one_sample.accelerator_batch_share = 1;
   // The replica keeps every weight and optimizer state resident: over the
   // budget, no share fits.
   if (ResidentBytes(cost, base) > c.accelerator_budget_bytes) shares.clear();
   for (size_t i = 0; i < shares.size(); ++i) {
     if (found && i >= balanced) break;
-    FitResult fit = fit_share(shares[i], c.accelerator_budget_bytes);
-    out.plans_evaluated += fit.plans_evaluated;
+    FitResult fit = fitter_of(shares[i]).Fit(c.accelerator_budget_bytes);
     last = fit;
     if (!fit.feasible) continue;
     if (!found || fit.simulation.prediction.iteration_seconds() <
@@ -444,11 +454,9 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
     out.feasible = true;
     Finalize(c, &out);
     double sync = 0;
-    {
-      for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
-        if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
-          sync += span.end_seconds() - span.start_seconds();
-        }
+    for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
+      if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
+        sync += span.end_seconds() - span.start_seconds();
       }
     }
     out.note = absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ", B,
@@ -456,18 +464,16 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
                             "; gradient sync spans ", FormatSeconds(sync), " per step; ",
                             Describe(out.schedule));
   } else {
-    const int64_t guess = last.plans_evaluated > 0
-                              ? last.smallest_peak_bytes
-                              : SmallestPeakGuess(*c.simulator, one_sample, choices, 0);
-    ResolveInfeasible(
-        c, last, guess, [&](int64_t bytes) { return fit_share(1, bytes); }, &out);
-    Finalize(c, &out);
+    // The smallest budget is the one-sample share's: every other share needs
+    // at least its activations.
+    ResolveInfeasible(c, last, &fitter_of(1), &out);
   }
+  for (const auto& [share, fitter] : fitters) out.plans_evaluated += fitter.plans_evaluated();
   out.solve_seconds = clock.seconds();
   return out;
 }
 
-tandem::v1::Plan ToPlan(const StrategyContext& c, const StrategyOutcome& o) {
+tandem::v1::Plan ToPlan(const StrategyContext& c, StrategyOutcome o) {
   const CostModel& cost = c.cost();
   tandem::v1::Plan plan;
   Schedule s = o.schedule;
@@ -500,8 +506,8 @@ tandem::v1::Plan ToPlan(const StrategyContext& c, const StrategyOutcome& o) {
   plan.set_feasible(o.feasible);
   plan.set_min_accelerator_memory_bytes(o.feasible ? 0 : o.min_accelerator_memory_bytes);
   if (o.simulated) {
-    *plan.mutable_prediction() = o.simulation.prediction;
-    *plan.mutable_timeline() = o.simulation.timeline;
+    *plan.mutable_prediction() = std::move(o.simulation.prediction);
+    *plan.mutable_timeline() = std::move(o.simulation.timeline);
   }
   tandem::v1::SolverStats* solver = plan.mutable_solver();
   solver->set_solve_seconds(o.solve_seconds);

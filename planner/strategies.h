@@ -25,8 +25,9 @@
 //                   the host each step (GRADIENT_SYNC spans).
 //
 // An infeasible strategy reports the smallest accelerator budget under which
-// it would fit (MinimumFeasibleBudget, searched with the strategy itself) and
-// the plan it would run there, with the numbers in its note.
+// it would fit, to the byte (MemoryFitter::MinimumBudget, computed from the
+// strategy's own plans rather than searched), and the plan it would run
+// there, with the numbers in its note: its prediction, but no timeline.
 //
 // Free functions; thread-compatible.
 #ifndef TANDEM_PLANNER_STRATEGIES_H_
@@ -69,6 +70,9 @@ struct StrategyOutcome {
   std::string note;
   int64_t plans_evaluated = 0;
   double solve_seconds = 0;
+  // reuse_distance: the exact placement search finished for every memory
+  // configuration searched, so no placement of updates is faster under them.
+  bool placement_proven_optimal = false;
 };
 
 // With find_min_budget false an infeasible outcome skips the search for the
@@ -86,7 +90,8 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& context);
 
 // The Plan proto of an outcome: decisions, layer names, reuse distances,
 // slack, per-layer accelerator bytes, budgets, prediction, timeline, solver.
-tandem::v1::Plan ToPlan(const StrategyContext& context, const StrategyOutcome& outcome);
+// Pass the outcome by std::move to hand over its timeline without a copy.
+tandem::v1::Plan ToPlan(const StrategyContext& context, StrategyOutcome outcome);
 
 // "gpu_only", "reuse_distance", ...
 std::string StrategyName(tandem::v1::Strategy strategy);

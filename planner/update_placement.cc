@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include "planner/exact_placement.h"
+
 namespace tandem::planner {
 namespace {
 
@@ -19,178 +21,6 @@ constexpr int kMaxLocalPasses = 64;
 bool Shorter(double a, double b) { return a < b - 1e-12 * std::max(1.0, std::fabs(b)); }
 
 }  // namespace
-
-bool ChainEvaluator::Supports(const Schedule& s) {
-  if (s.strategy == tandem::v1::STRATEGY_HETERO_DP) return false;
-  for (const LayerSchedule& l : s.layers) {
-    if (l.compute != kAcc || l.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR ||
-        l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD) {
-      return false;
-    }
-  }
-  return true;
-}
-
-ChainEvaluator::ChainEvaluator(const CostModel& cost, const Schedule& base)
-    : micro_batches_(base.micro_batches()), delayed_(base.delayed_parameter_update) {
-  const int m = base.micro_batch_size;
-  const int L = cost.num_layers();
-  layers_.resize(L);
-  for (int l = 0; l < L; ++l) {
-    Layer& x = layers_[l];
-    x.fwd = cost.ForwardSeconds(l, kAcc, m);
-    x.bwd = cost.BackwardSeconds(l, kAcc, m);
-    x.upd_acc = cost.UpdateSeconds(l, kAcc, base.host_update_threads);
-    x.upd_host = cost.UpdateSeconds(l, kHost, base.host_update_threads);
-    x.param = cost.ParameterBytes(l);
-    x.grad = cost.GradientBytes(l);
-    x.opt = cost.OptimizerStateBytes(l);
-    x.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, x.grad);
-    x.param_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, x.param);
-    x.act = cost.ActivationBytes(l, m);
-    x.ws = cost.WorkspaceBytes(l, m);
-    x.ckpt = l == 0 ? 0 : std::min(x.act, cost.OutputBytes(l - 1, m));
-    x.has_params = x.param > 0 || x.grad > 0;
-    x.recompute = base.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
-  }
-  // Unstalled program times: forward starts of micro-batch 0, and everything
-  // before the last micro-batch's backward.
-  forward_start_.resize(L);
-  double t = 0;
-  for (int l = 0; l < L; ++l) forward_start_[l] = t, t += layers_[l].fwd;
-  const double forward = t, backward_no_updates = [&] {
-    double b = 0;
-    for (const Layer& x : layers_) b += x.bwd + (x.recompute ? x.fwd : 0.0);
-    return b;
-  }();
-  program_before_last_backward_ =
-      micro_batches_ * forward + (micro_batches_ - 1) * backward_no_updates;
-}
-
-// The simulator's accelerator program (simulator.h) as recurrences: the
-// compute stream is sequential; the D2H engine, host pool and H2D engine each
-// serve the gradient chain in backward order, so each is "start when both the
-// input and the resource are ready".
-void ChainEvaluator::Run(const std::vector<bool>& acc, int iterations, bool need_peak) {
-  const int L = static_cast<int>(layers_.size());
-  const int M = micro_batches_;
-  const int lag = delayed_ ? 2 : 1;
-  starts_.assign(iterations, 0.0);
-  returned_.assign(static_cast<size_t>(iterations) * L, 0.0);
-  compute_changes_.clear();
-  d2h_changes_.clear();
-  auto change = [&](double t, int64_t delta) {
-    if (need_peak && delta != 0) compute_changes_.push_back({t, delta});
-  };
-  double t = 0, d2h_free = 0, pool_free = 0, h2d_free = 0;
-  for (int i = 0; i < iterations; ++i) {
-    for (int j = 0; j < M; ++j) {
-      for (int l = 0; l < L; ++l) {
-        const Layer& x = layers_[l];
-        double start = t;
-        if (j == 0 && x.has_params && !acc[l] && i - lag >= 0) {
-          start = std::max(start, returned_[static_cast<size_t>(i - lag) * L + l]);
-        }
-        if (j == 0 && l == 0) starts_[i] = start;
-        t = start + x.fwd;
-        change(start, x.act + x.ws);
-        change(t, -x.ws);
-        if (l > 0 && layers_[l - 1].recompute)
-          change(t, -(layers_[l - 1].act - layers_[l - 1].ckpt));
-        if (l == L - 1 && x.recompute) change(t, -(x.act - x.ckpt));
-      }
-      for (int l = L - 1; l >= 0; --l) {
-        const Layer& x = layers_[l];
-        if (x.recompute) {
-          change(t, x.act - x.ckpt + x.ws);
-          t += x.fwd;
-          change(t, -x.ws);
-        }
-        change(t, x.ws + (j == 0 ? x.grad : 0));
-        t += x.bwd;
-        change(t, -x.ws - x.act);
-        if (j != M - 1 || !x.has_params) continue;
-        if (acc[l]) {
-          t += x.upd_acc;
-          change(t, -x.grad);
-        } else {
-          d2h_free = std::max(t, d2h_free) + x.grad_d2h;
-          if (need_peak && x.grad != 0) d2h_changes_.push_back({d2h_free, -x.grad});
-          pool_free = std::max(d2h_free, pool_free) + x.upd_host;
-          h2d_free = std::max(pool_free, h2d_free) + x.param_h2d;
-          returned_[static_cast<size_t>(i) * L + l] = h2d_free;
-        }
-      }
-    }
-  }
-}
-
-// Without delayed updates the steady period has a closed form. Each
-// iteration's chain starts on idle resources (the previous chain of layer l
-// ended before its forward), so measured on an unstalled iteration with
-// program time P and layer l's forward starting at F_l, the next iteration
-// waits for the latest weights: T = max(P, max_l (returned_l - F_l)). Equal to
-// Run's period up to rounding (1e-12 relative; a test holds it to that).
-double ChainEvaluator::ClosedFormSeconds(const std::vector<bool>& acc) const {
-  const int L = static_cast<int>(layers_.size());
-  double t = program_before_last_backward_;
-  double d2h_free = 0, pool_free = 0, h2d_free = 0, latest = 0;
-  for (int l = L - 1; l >= 0; --l) {
-    const Layer& x = layers_[l];
-    if (x.recompute) t += x.fwd;
-    t += x.bwd;
-    if (!x.has_params) continue;
-    if (acc[l]) {
-      t += x.upd_acc;
-      continue;
-    }
-    d2h_free = std::max(t, d2h_free) + x.grad_d2h;
-    pool_free = std::max(d2h_free, pool_free) + x.upd_host;
-    h2d_free = std::max(pool_free, h2d_free) + x.param_h2d;
-    latest = std::max(latest, h2d_free - forward_start_[l]);
-  }
-  return std::max(t, latest);
-}
-
-PlacementScore ChainEvaluator::Score(const std::vector<bool>& acc, bool need_peak) {
-  if (!need_peak && !delayed_) return {ClosedFormSeconds(acc), -1};
-  if (need_peak && !delayed_) {
-    int64_t floor = dynamic_floor_bytes_;
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      floor += layers_[l].param + (layers_[l].has_params && acc[l] ? layers_[l].opt : 0);
-    }
-    auto cached = peaks_.find(acc);
-    if (floor > peak_limit_ || cached != peaks_.end()) {
-      return {ClosedFormSeconds(acc), cached != peaks_.end() ? cached->second : floor};
-    }
-  }
-  int iterations = InitialSimulatedIterations(delayed_);
-  while (true) {
-    Run(acc, iterations, need_peak);
-    if (PeriodSettled(starts_) || iterations >= kMaxSimulatedIterations) break;
-    iterations *= 2;
-  }
-  const int k = iterations - 2;
-  PlacementScore score;
-  score.iteration_seconds = starts_[k + 1] - starts_[k];
-  if (need_peak) {
-    int64_t base = 0;
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      base += layers_[l].param;
-      if (layers_[l].has_params && acc[l]) base += layers_[l].opt;
-    }
-    merged_.resize(compute_changes_.size() + d2h_changes_.size());
-    std::merge(compute_changes_.begin(), compute_changes_.end(), d2h_changes_.begin(),
-               d2h_changes_.end(), merged_.begin(),
-               [](const MemoryChange& a, const MemoryChange& b) {
-                 return a.time_seconds < b.time_seconds;
-               });
-    score.accelerator_peak_bytes =
-        PeakInWindow(merged_, base, starts_[k], starts_[k + 1], /*samples=*/nullptr);
-    if (!delayed_) peaks_[acc] = score.accelerator_peak_bytes;
-  }
-  return score;
-}
 
 PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Schedule& base) {
   return [&simulator, base](const std::vector<bool>& acc, bool need_peak) {
@@ -214,48 +44,152 @@ PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const S
   };
 }
 
-PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, int64_t budget_bytes,
-                                            const PlacementScorer& score,
-                                            const PlacementSearchOptions& options) {
-  const int L = static_cast<int>(eligible.size());
-  PlacementSearchResult best;
-  std::vector<int> order;  // Eligible layers by reuse distance.
-  for (int l = 0; l < L; ++l) {
-    if (eligible[l]) order.push_back(l);
-  }
-  const int E = static_cast<int>(order.size());
-  auto evaluate = [&](const std::vector<bool>& acc, bool need_peak) {
-    ++best.evaluations;
-    return score(acc, need_peak);
-  };
-  auto fits = [&](const std::vector<bool>& acc) {
-    return evaluate(acc, true).accelerator_peak_bytes <= budget_bytes;
-  };
-  const std::vector<bool> none(L, false);
-  const bool none_fits = evaluate(none, true).accelerator_peak_bytes <= budget_bytes;
+namespace {
 
-  // The first k layers of `seq` (positions into `order`) on the accelerator.
-  auto take = [&](const std::vector<int>& seq, int k) {
-    std::vector<bool> acc(L, false);
-    for (int i = 0; i < k; ++i) acc[order[seq[i]]] = true;
+// A placement and its iteration time.
+struct Candidate {
+  double seconds = 0;
+  std::vector<bool> on_accelerator;
+};
+
+// The local search of update_placement.h: BestStart is steps 1-3, Improve
+// steps 4-5.
+class LocalSearch {
+ public:
+  LocalSearch(const std::vector<bool>& eligible, int64_t budget, const PlacementScorer& score,
+              const PlacementSearchOptions& options, int64_t* evaluations)
+      : L_(static_cast<int>(eligible.size())),
+        budget_(budget),
+        score_(score),
+        options_(options),
+        evaluations_(*evaluations) {
+    for (int l = 0; l < L_; ++l) {
+      if (eligible[l]) order_.push_back(l);
+    }
+    E_ = static_cast<int>(order_.size());
+  }
+
+  // The fastest of the structured starts that fit; false when none does.
+  bool BestStart(Candidate* best) {
+    const std::vector<bool> none(L_, false);
+    const bool none_fits = Fits(none);
+    std::vector<int> ascending(E_), descending(E_);
+    for (int i = 0; i < E_; ++i) ascending[i] = i, descending[i] = E_ - 1 - i;
+    // The runs assume that nothing on the accelerator fits.
+    const int k_prefix = none_fits ? BestRun(ascending) : 0;
+    const int k_suffix = none_fits ? BestRun(descending) : 0;
+    // Positions the local search may move: around the prefix boundary and
+    // around the suffix boundary (the head of the host update queue).
+    for (int i = 0; i < E_; ++i) {
+      if (std::abs(i - k_prefix) < kWindow || std::abs(i - (E_ - k_suffix)) < kWindow) {
+        window_.push_back(i);
+      }
+    }
+    // When even "all on the host" exceeds the budget, an accelerator update
+    // can still lower the peak (its gradient leaves at once instead of
+    // waiting in the D2H queue): start from the single window flip with the
+    // lowest peak, if it fits.
+    std::vector<bool> prefix = none_fits ? Take(ascending, k_prefix) : none;
+    if (!none_fits) {
+      int64_t lowest = INT64_MAX;
+      for (int w : window_) {
+        std::vector<bool> trial = none;
+        trial[order_[w]] = true;
+        const int64_t peak = Evaluate(trial, true).accelerator_peak_bytes;
+        if (peak < lowest) lowest = peak, prefix = std::move(trial);
+      }
+      if (lowest > budget_) return false;
+    }
+    // 3. Greedy fill past the prefix, in reuse-distance order.
+    double t_prefix = Seconds(prefix);
+    for (int i = k_prefix; i < std::min(E_, k_prefix + 2 * kWindow); ++i) {
+      std::vector<bool> trial = prefix;
+      trial[order_[i]] = true;
+      const double t = Seconds(trial);
+      if (Shorter(t, t_prefix) && Fits(trial)) prefix = std::move(trial), t_prefix = t;
+    }
+    *best = {t_prefix, std::move(prefix)};
+    if (none_fits) {
+      for (std::vector<bool> other : {Take(descending, k_suffix), none}) {
+        const double t = Seconds(other);
+        if (Shorter(t, best->seconds)) *best = {t, std::move(other)};
+      }
+    }
+    return true;
+  }
+
+  // 4-5. Descent from `start` (which fits), then kicks.
+  Candidate Improve(Candidate start) {
+    Candidate winner = Descend(std::move(start.on_accelerator), -1);
+    const int W = static_cast<int>(window_.size());
+    // Kicks: flip one window layer of the best answer, then two (even for
+    // the worse, if it still fits), and descend again without undoing the
+    // first; keep what improves. Kicks get a budget of layer-evaluations,
+    // so they cost the same on long chains as on short ones.
+    const int64_t kick_limit = std::min<int64_t>(options_.max_kick_evaluations,
+                                                 options_.kick_layer_evaluations / std::max(1, L_));
+    auto budget_left = [&] { return evaluations_ < kick_limit; };
+    auto kick = [&](int a, int b) {
+      std::vector<bool> kicked = winner.on_accelerator;
+      kicked[order_[window_[a]]] = !kicked[order_[window_[a]]];
+      if (b >= 0) kicked[order_[window_[b]]] = !kicked[order_[window_[b]]];
+      if (!Fits(kicked)) return false;
+      Candidate other = Descend(std::move(kicked), a);
+      if (!Shorter(other.seconds, winner.seconds)) return false;
+      winner = std::move(other);
+      return true;
+    };
+    bool kicked = true;
+    while (kicked && budget_left()) {
+      kicked = false;
+      for (int a = 0; a < W && !kicked && budget_left(); ++a) kicked = kick(a, -1);
+      for (int a = 0; a < W && !kicked && budget_left(); ++a) {
+        for (int b = 0; b < W && !kicked && budget_left(); ++b) {
+          if (b != a) kicked = kick(a, b);
+        }
+      }
+    }
+    return winner;
+  }
+
+  PlacementScore Evaluate(const std::vector<bool>& acc, bool need_peak) {
+    ++evaluations_;
+    return score_(acc, need_peak);
+  }
+
+ private:
+  // Layers on each side of a run's boundary the descent may move.
+  static constexpr int kWindow = 8;
+  // Passes of a descent; each takes at least one improving move.
+  static constexpr int kMaxLocalPasses = 64;
+
+  double Seconds(const std::vector<bool>& acc) { return Evaluate(acc, false).iteration_seconds; }
+  bool Fits(const std::vector<bool>& acc) {
+    return Evaluate(acc, true).accelerator_peak_bytes <= budget_;
+  }
+  // The first k layers of `seq` (positions into order_) on the accelerator.
+  std::vector<bool> Take(const std::vector<int>& seq, int k) const {
+    std::vector<bool> acc(L_, false);
+    for (int i = 0; i < k; ++i) acc[order_[seq[i]]] = true;
     return acc;
-  };
-  // 2. The best feasible run of `seq`: the longest that fits (binary search),
-  // then the fastest below it (ternary search on the unimodal time, then
-  // neighbours). Returns its length.
-  auto best_run = [&](const std::vector<int>& seq) {
+  }
+
+  // 2. The best feasible run of `seq`: the longest that fits (binary
+  // search), then the fastest below it (ternary search on the unimodal
+  // time, then neighbours). Returns its length.
+  int BestRun(const std::vector<int>& seq) {
     int k_max = 0;
-    if (E > 0 && fits(take(seq, E))) {
-      k_max = E;
+    if (E_ > 0 && Fits(Take(seq, E_))) {
+      k_max = E_;
     } else {
-      int lo = 0, hi = E;
+      int lo = 0, hi = E_;
       while (hi - lo > 1) {
         const int mid = lo + (hi - lo) / 2;
-        (fits(take(seq, mid)) ? lo : hi) = mid;
+        (Fits(Take(seq, mid)) ? lo : hi) = mid;
       }
       k_max = lo;
     }
-    auto time_of = [&](int k) { return evaluate(take(seq, k), false).iteration_seconds; };
+    auto time_of = [&](int k) { return Seconds(Take(seq, k)); };
     int lo = 0, hi = k_max;
     while (hi - lo > 2) {
       const int m1 = lo + (hi - lo) / 3, m2 = hi - (hi - lo) / 3;
@@ -271,141 +205,119 @@ PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, i
       const double t = time_of(k);
       if (Shorter(t, t_best)) k_best = k, t_best = t;
     }
-    return fits(take(seq, k_best)) ? k_best : 0;
-  };
-  std::vector<int> ascending(E), descending(E);
-  for (int i = 0; i < E; ++i) ascending[i] = i, descending[i] = E - 1 - i;
-  // The runs assume that nothing on the accelerator fits.
-  const int k_prefix = none_fits ? best_run(ascending) : 0;
-  const int k_suffix = none_fits ? best_run(descending) : 0;
-
-  // Positions the local search may move: around the prefix boundary and
-  // around the suffix boundary (the head of the host update queue).
-  std::vector<int> window;
-  for (int i = 0; i < E; ++i) {
-    if (std::abs(i - k_prefix) < kWindow || std::abs(i - (E - k_suffix)) < kWindow) {
-      window.push_back(i);
-    }
+    return Fits(Take(seq, k_best)) ? k_best : 0;
   }
-  const int W = static_cast<int>(window.size());
 
-  // 4. From each start: steepest descent over single flips; at a local
-  // optimum, the first improving pair flip; until neither improves.
-  // `tabu` (a window index, or -1) may not be flipped: after a kick, the
-  // descent must not simply undo it.
-  auto descend = [&](std::vector<bool> current, int tabu) {
-    double t_current = evaluate(current, false).iteration_seconds;
-    for (int pass = 0; pass < kMaxLocalPasses && best.evaluations < options.max_evaluations;
-         ++pass) {
+  // 4. Steepest descent over single flips of window layers; at a local
+  // optimum, the first improving pair flip; until neither improves. `tabu`
+  // (a window index, or -1) may not be flipped: after a kick, the descent
+  // must not simply undo it.
+  Candidate Descend(std::vector<bool> current, int tabu) {
+    const int W = static_cast<int>(window_.size());
+    double t_current = Seconds(current);
+    for (int pass = 0; pass < kMaxLocalPasses && evaluations_ < options_.max_evaluations; ++pass) {
       std::vector<std::pair<double, int>> moves;
       for (int a = 0; a < W; ++a) {
         if (a == tabu) continue;
         std::vector<bool> trial = current;
-        trial[order[window[a]]] = !trial[order[window[a]]];
-        const double t = evaluate(trial, false).iteration_seconds;
+        trial[order_[window_[a]]] = !trial[order_[window_[a]]];
+        const double t = Seconds(trial);
         if (Shorter(t, t_current)) moves.push_back({t, a});
       }
       std::sort(moves.begin(), moves.end());
-      if (moves.size() > static_cast<size_t>(options.fit_checks_per_step)) {
-        moves.resize(options.fit_checks_per_step);
+      if (moves.size() > static_cast<size_t>(options_.fit_checks_per_step)) {
+        moves.resize(options_.fit_checks_per_step);
       }
       bool improved = false;
       for (const auto& [t, a] : moves) {
         std::vector<bool> trial = current;
-        trial[order[window[a]]] = !trial[order[window[a]]];
-        if (fits(trial)) {
+        trial[order_[window_[a]]] = !trial[order_[window_[a]]];
+        if (Fits(trial)) {
           current = std::move(trial), t_current = t, improved = true;
           break;
         }
       }
       int pair_checks = 0;
-      for (int a = 0; a < W && !improved && best.evaluations < options.max_evaluations &&
-                      pair_checks < options.fit_checks_per_step;
+      for (int a = 0; a < W && !improved && evaluations_ < options_.max_evaluations &&
+                      pair_checks < options_.fit_checks_per_step;
            ++a) {
-        for (int b = a + 1; b < W && !improved && pair_checks < options.fit_checks_per_step; ++b) {
+        for (int b = a + 1; b < W && !improved && pair_checks < options_.fit_checks_per_step; ++b) {
           if (a == tabu || b == tabu) continue;
           std::vector<bool> trial = current;
-          trial[order[window[a]]] = !trial[order[window[a]]];
-          trial[order[window[b]]] = !trial[order[window[b]]];
-          const double t = evaluate(trial, false).iteration_seconds;
+          trial[order_[window_[a]]] = !trial[order_[window_[a]]];
+          trial[order_[window_[b]]] = !trial[order_[window_[b]]];
+          const double t = Seconds(trial);
           if (!Shorter(t, t_current)) continue;
           ++pair_checks;
-          if (fits(trial)) current = std::move(trial), t_current = t, improved = true;
+          if (Fits(trial)) current = std::move(trial), t_current = t, improved = true;
         }
       }
       if (!improved) break;
     }
-    return std::make_pair(t_current, current);
+    return {t_current, std::move(current)};
+  }
+
+  const int L_;
+  const int64_t budget_;
+  const PlacementScorer& score_;
+  const PlacementSearchOptions& options_;
+  int64_t& evaluations_;
+  std::vector<int> order_;  // Eligible layers by reuse distance.
+  int E_ = 0;
+  std::vector<int> window_;  // Positions into order_.
+};
+
+// The result for `acc`, with its exact time and peak.
+void Finish(const std::vector<bool>& acc, LocalSearch* search, PlacementSearchResult* result) {
+  const PlacementScore s = search->Evaluate(acc, true);
+  result->feasible = true;
+  result->on_accelerator = acc;
+  result->iteration_seconds = s.iteration_seconds;
+  result->accelerator_peak_bytes = s.accelerator_peak_bytes;
+}
+
+}  // namespace
+
+PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, int64_t budget_bytes,
+                                            const PlacementScorer& score,
+                                            const PlacementSearchOptions& options) {
+  PlacementSearchResult result;
+  LocalSearch search(eligible, budget_bytes, score, options, &result.evaluations);
+  Candidate start;
+  if (!search.BestStart(&start)) return result;
+  Finish(search.Improve(std::move(start)).on_accelerator, &search, &result);
+  return result;
+}
+
+PlacementSearchResult SearchChainUpdatePlacement(ChainEvaluator* evaluator,
+                                                 const std::vector<bool>& eligible,
+                                                 int64_t budget_bytes,
+                                                 const PlacementSearchOptions& options) {
+  evaluator->set_peak_limit(budget_bytes);
+  PlacementSearchResult result;
+  const PlacementScorer score = [evaluator](const std::vector<bool>& acc, bool need_peak) {
+    return evaluator->Score(acc, need_peak);
   };
-
-  // When even "all on the host" exceeds the budget, an accelerator update
-  // can still lower the peak (its gradient leaves at once instead of waiting
-  // in the D2H queue): start from the single window flip with the lowest
-  // peak, if it fits.
-  std::vector<bool> start = none;
-  if (!none_fits) {
-    int64_t lowest = INT64_MAX;
-    for (int a = 0; a < W; ++a) {
-      std::vector<bool> trial = none;
-      trial[order[window[a]]] = true;
-      const int64_t peak = evaluate(trial, true).accelerator_peak_bytes;
-      if (peak < lowest) lowest = peak, start = std::move(trial);
-    }
-    if (lowest > budget_bytes) return best;
+  LocalSearch search(eligible, budget_bytes, score, options, &result.evaluations);
+  Candidate start;
+  const bool have_start = search.BestStart(&start);
+  const ExactPlacementResult exact = SearchExactPlacement(
+      evaluator, eligible, budget_bytes, have_start ? start.on_accelerator : std::vector<bool>(),
+      options.max_exact_nodes, options.max_exact_work);
+  result.proven_optimal = exact.complete;
+  result.search_nodes = exact.nodes;
+  result.search_work = exact.work;
+  result.evaluations += exact.exact_runs;
+  if (exact.improved) {
+    start = {evaluator->Score(exact.on_accelerator, false).iteration_seconds, exact.on_accelerator};
+  } else if (!have_start) {
+    return result;  // Nothing fits: the exact search found no placement either.
   }
-  best.feasible = true;
-
-  std::vector<bool> prefix = none_fits ? take(ascending, k_prefix) : start;
-  // 3. Greedy fill past the prefix, in reuse-distance order.
-  double t_prefix = evaluate(prefix, false).iteration_seconds;
-  for (int i = k_prefix; i < std::min(E, k_prefix + 2 * kWindow); ++i) {
-    std::vector<bool> trial = prefix;
-    trial[order[i]] = true;
-    const double t = evaluate(trial, false).iteration_seconds;
-    if (Shorter(t, t_prefix) && fits(trial)) prefix = std::move(trial), t_prefix = t;
-  }
-  std::pair<double, std::vector<bool>> winner = descend(prefix, -1);
-  if (none_fits) {
-    for (const std::vector<bool>& other_start : {take(descending, k_suffix), none}) {
-      std::pair<double, std::vector<bool>> other = descend(other_start, -1);
-      if (Shorter(other.first, winner.first)) winner = std::move(other);
-    }
-  }
-  // 5. Kicks: flip one window layer of the best answer, then two (even for
-  // the worse, if it still fits), and descend again without undoing the
-  // first; keep what improves. Bounded by options.max_kick_evaluations so
-  // that long chains stay within the solve-time target.
-  auto kick = [&](int a, int b) {
-    std::vector<bool> kicked_start = winner.second;
-    kicked_start[order[window[a]]] = !kicked_start[order[window[a]]];
-    if (b >= 0) kicked_start[order[window[b]]] = !kicked_start[order[window[b]]];
-    if (!fits(kicked_start)) return false;
-    std::pair<double, std::vector<bool>> other = descend(std::move(kicked_start), a);
-    if (!Shorter(other.first, winner.first)) return false;
-    winner = std::move(other);
-    return true;
-  };
-  // Kicks get a budget of layer-evaluations, so they cost the same on long
-  // chains as on short ones.
-  const int64_t kick_limit = std::min<int64_t>(options.max_kick_evaluations,
-                                               options.kick_layer_evaluations / std::max(1, L));
-  auto budget_left = [&] { return best.evaluations < kick_limit; };
-  bool kicked = true;
-  while (kicked && budget_left()) {
-    kicked = false;
-    for (int a = 0; a < W && !kicked && budget_left(); ++a) kicked = kick(a, -1);
-    for (int a = 0; a < W && !kicked && budget_left(); ++a) {
-      for (int b = 0; b < W && !kicked && budget_left(); ++b) {
-        if (b != a) kicked = kick(a, b);
-      }
-    }
-  }
-
-  const PlacementScore final_score = evaluate(winner.second, true);
-  best.on_accelerator = std::move(winner.second);
-  best.iteration_seconds = final_score.iteration_seconds;
-  best.accelerator_peak_bytes = final_score.accelerator_peak_bytes;
-  return best;
+  // A proven optimum needs no local search; otherwise improve on the best
+  // known placement.
+  Finish(exact.complete ? start.on_accelerator : search.Improve(std::move(start)).on_accelerator,
+         &search, &result);
+  return result;
 }
 
 }  // namespace tandem::planner

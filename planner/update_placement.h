@@ -3,18 +3,21 @@
 // iteration time under the accelerator memory budget (DESIGN.md, "Reuse
 // distance"; CoTrain's fine-grained scheme).
 //
-// ChainEvaluator scores a choice in O(iterations * micro-batches * layers)
-// without building a span graph (O(layers) for the iteration time alone
-// without delayed updates, by a closed form equal to it up to rounding). It is
-// exact — equal to PlanSimulator to the last bit, a test holds it to that —
-// for schedules where every layer computes on the accelerator with resident
-// parameters and keeps or recomputes its activations (no OFFLOAD, no HOST_STREAMED): there the copy engines and the
-// host pool carry only the gradient/update/weight chain, whose FIFO order is
-// the backward order, so the simulator's event run reduces to recurrences.
-// Other schedules are scored by the simulator itself (SimulatorPlacementScorer).
+// Two solvers share one local search:
 //
-// SearchUpdatePlacement is the solver. It is a local search, not an exact
-// method (the budget makes it a knapsack):
+// SearchChainUpdatePlacement, for schedules ChainEvaluator supports (resident
+// weights, activations kept or recomputed: most plans). Steps 1-3 below give a
+// start; the exact search (exact_placement.h) runs from it; when that search
+// finishes its answer is optimal and is returned, otherwise steps 4-5 improve
+// on the best placement known. On random chains of up to 12 layers the exact
+// search has always finished (bench/planner/placement_stress: 100,000 random
+// instances, none slower than exhaustive search, ~25 nodes each; a test holds
+// 600 of them and the ones earlier searches got wrong); on long chains it
+// stops at its limit and the local search decides, which the result reports.
+//
+// SearchUpdatePlacement, for any PlacementScorer (the simulator itself, for
+// schedules that offload activations or stream weights): steps 1-5.
+//
 //   1. order the eligible layers by reuse distance (ascending: layer 0 first,
 //      since RD(l) = sum_{k<l} (fwd(k) + bwd(k)) + boundary grows along the
 //      chain);
@@ -24,90 +27,37 @@
 //      run that fits the budget, then the fastest run below it (integer
 //      ternary search on the unimodal time, then neighbours);
 //   3. greedy fill after the shortest-reuse-distance run: later layers join
-//      when they fit and shorten the iteration;
-//   4. from each of three starts (that run, the queue-head run, nothing on the
-//      accelerator): steepest descent over single flips of layers within
-//      kWindow of either run's boundary, and at a local optimum the first
-//      improving pair flip (add two, drop two, swap), until neither improves;
+//      when they fit and shorten the iteration; the start is the fastest of
+//      that, the queue-head run and nothing on the accelerator (or, when even
+//      that exceeds the budget, the single window layer on the accelerator
+//      with the lowest peak);
+//   4. steepest descent over single flips of layers within kWindow of either
+//      run's boundary, and at a local optimum the first improving pair flip
+//      (add two, drop two, swap), until neither improves;
 //   5. kicks: flip one (then two) window layers of the best answer and
 //      descend again without flipping the first back, keeping what improves,
 //      while the evaluations spent are below options.max_kick_evaluations and
 //      options.kick_layer_evaluations / layers.
 // Iteration times are compared first; the costlier memory peak is computed
 // only for a move about to be taken, at most fit_checks_per_step times per
-// step. A test checks the result against
-// exhaustive search on random chains of up to 12 layers.
-//
-// ChainEvaluator keeps scratch buffers: one instance per thread.
+// step.
 #ifndef TANDEM_PLANNER_UPDATE_PLACEMENT_H_
 #define TANDEM_PLANNER_UPDATE_PLACEMENT_H_
 
 #include <cstdint>
 #include <functional>
-#include <unordered_map>
 #include <vector>
 
+#include "planner/chain_evaluator.h"
 #include "planner/cost_model.h"
 #include "planner/schedule.h"
 #include "planner/simulator.h"
-#include "planner/steady_state.h"
 
 namespace tandem::planner {
-
-struct PlacementScore {
-  double iteration_seconds = 0;
-  // Only when asked for; -1 otherwise.
-  int64_t accelerator_peak_bytes = -1;
-};
 
 // Scores "these layers update on the accelerator" (true) or the host.
 using PlacementScorer =
     std::function<PlacementScore(const std::vector<bool>& on_accelerator, bool need_peak)>;
-
-class ChainEvaluator {
- public:
-  // Whether `schedule` is in the class this evaluator is exact for.
-  static bool Supports(const Schedule& schedule);
-
-  // `base` gives everything but the update placements; it must be Supported.
-  ChainEvaluator(const CostModel& cost, const Schedule& base);
-
-  PlacementScore Score(const std::vector<bool>& on_accelerator, bool need_peak);
-
-  // Peaks above `bytes` need not be exact: when a lower bound on the peak
-  // already exceeds it, Score returns the bound instead of running the
-  // iterations. The bound is the level when the last micro-batch's first
-  // backward starts: resident weights, accelerator optimizer state, every
-  // activation still held (checkpoints of recomputed layers), that
-  // backward's workspace and the gradients then allocated — all but what the
-  // previous iteration may still hold.
-  void set_peak_limit(int64_t bytes) { peak_limit_ = bytes; }
-
- private:
-  void Run(const std::vector<bool>& on_accelerator, int iterations, bool need_peak);
-  double ClosedFormSeconds(const std::vector<bool>& on_accelerator) const;
-
-  struct Layer {
-    double fwd, bwd, upd_acc, upd_host, grad_d2h, param_h2d;
-    int64_t param, grad, opt, act, ckpt, ws;
-    bool has_params, recompute;
-  };
-  std::vector<Layer> layers_;
-  int micro_batches_;
-  bool delayed_;
-  int64_t peak_limit_ = INT64_MAX;
-  // The bound above, less resident weights and optimizer state.
-  int64_t dynamic_floor_bytes_ = 0;
-  std::unordered_map<std::vector<bool>, int64_t> peaks_;
-  std::vector<double> forward_start_;
-  double program_before_last_backward_ = 0;
-  // Scratch.
-  std::vector<double> starts_;
-  std::vector<double> returned_;
-  std::vector<MemoryChange> compute_changes_;
-  std::vector<MemoryChange> d2h_changes_;
-  std::vector<MemoryChange> merged_;
-};
 
 // Scores with PlanSimulator (any schedule): `base` with the update placements
 // replaced; layers not eligible keep theirs.
@@ -119,6 +69,11 @@ struct PlacementSearchResult {
   double iteration_seconds = 0;
   int64_t accelerator_peak_bytes = 0;
   int64_t evaluations = 0;
+  // The exact search finished: no placement within the budget is faster.
+  bool proven_optimal = false;
+  // Nodes the exact search visited, and its work (exact_placement.h).
+  int64_t search_nodes = 0;
+  int64_t search_work = 0;
 };
 
 struct PlacementSearchOptions {
@@ -132,6 +87,11 @@ struct PlacementSearchOptions {
   // the step gives up: under a binding budget most faster moves do not fit,
   // and each check simulates memory.
   int fit_checks_per_step = 6;
+  // SearchChainUpdatePlacement's exact search stops after this many nodes or
+  // this much work (exact_placement.h), whichever comes first; the largest
+  // work seen on the 12-layer stress instances is ~2^17.5.
+  int64_t max_exact_nodes = 1 << 14;
+  int64_t max_exact_work = 1 << 18;
 };
 
 // Layers with eligible[l] false always update on the host. Infeasible when
@@ -140,6 +100,14 @@ struct PlacementSearchOptions {
 PlacementSearchResult SearchUpdatePlacement(const std::vector<bool>& eligible, int64_t budget_bytes,
                                             const PlacementScorer& score,
                                             const PlacementSearchOptions& options = {});
+
+// For a schedule ChainEvaluator supports (above). Infeasible only when the
+// exact search proves that nothing fits, or stops having found nothing while
+// steps 1-3 found nothing either.
+PlacementSearchResult SearchChainUpdatePlacement(ChainEvaluator* evaluator,
+                                                 const std::vector<bool>& eligible,
+                                                 int64_t budget_bytes,
+                                                 const PlacementSearchOptions& options = {});
 
 }  // namespace tandem::planner
 

@@ -5,10 +5,14 @@
 // the same run. Prints results; asserts nothing about time.
 //
 //   bazel run -c opt //bench/planner:planner_bench [-- HARDWARE_SPEC]
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "planner/cost_model.h"
@@ -33,17 +37,44 @@ const tandem::v1::Plan* Find(const tandem::v1::PlanModelResponse& r, tandem::v1:
   return nullptr;
 }
 
-double WallSeconds(const PlanRequest& request, tandem::v1::PlanModelResponse* response) {
+double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// Wall and CPU time of one SolvePlan: on a shared machine the CPU time is the
+// steadier of the two.
+struct Timed {
+  double wall_seconds = 0;
+  double cpu_seconds = 0;
+};
+
+Timed Solve(const PlanRequest& request, tandem::v1::PlanModelResponse* response) {
+  const double cpu_start = ThreadCpuSeconds();
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<tandem::v1::PlanModelResponse> r = SolvePlan(request);
-  const double seconds =
+  Timed timed;
+  timed.wall_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  timed.cpu_seconds = ThreadCpuSeconds() - cpu_start;
   if (!r.ok()) {
     std::fprintf(stderr, "SolvePlan: %s\n", std::string(r.status().message()).c_str());
     std::exit(1);
   }
   *response = *std::move(r);
-  return seconds;
+  return timed;
+}
+
+double WallSeconds(const PlanRequest& request, tandem::v1::PlanModelResponse* response) {
+  return Solve(request, response).wall_seconds;
+}
+
+// "proven" when the reuse_distance placement is proven optimal (its note).
+std::string Placement(const tandem::v1::Plan& plan) {
+  if (plan.solver().note().find("placement proven optimal") != std::string::npos) return "proven";
+  if (plan.solver().note().find("exact search stopped") != std::string::npos) return "local";
+  return "-";
 }
 
 int64_t ModelState(const tandem::v1::Profile& p) {
@@ -56,39 +87,85 @@ int64_t ModelState(const tandem::v1::Profile& p) {
 }
 
 void SolveTimes(const tandem::v1::HardwareSpec& spec) {
+  double load[3] = {0, 0, 0};
+  getloadavg(load, 3);
   std::printf(
       "== Solve time, uniform chains of linear 1024x1024 layers + loss, batch 64, %s,\n"
       "   accelerator budget = 50%% of model state. Wall time of SolvePlan (cost model,\n"
-      "   every simulation, protos), median of N runs.\n\n",
-      spec.name().c_str());
-  std::printf("%7s %4s  %14s  %14s  %-70s\n", "layers", "N", "reuse_distance", "all 5 (N)",
-              "per strategy, inside the all-5 solve");
+      "   every simulation, protos), median of N runs; the solving thread's CPU time in\n"
+      "   brackets. This machine: %u hardware threads, load average %.2f %.2f %.2f.\n\n",
+      spec.name().c_str(), std::thread::hardware_concurrency(), load[0], load[1], load[2]);
+  std::printf("%7s %4s  %22s  %9s  %16s  %-70s\n", "layers", "N", "reuse_distance (cpu)",
+              "placement", "all 5 (cpu)", "per strategy, inside the all-5 solve");
   for (int layers : {10, 100, 1000, 10000}) {
     PlanRequest request;
     request.profile = testing::UniformChainProfile(layers, 1024, 64);
     request.hardware = spec;
     request.accelerator_memory_bytes = ModelState(request.profile) / 2;
     const int runs = layers >= 10000 ? 3 : layers >= 1000 ? 11 : 31;
-    const int all_runs = layers >= 10000 ? 1 : runs;
-    std::vector<double> reuse_only, all;
+    std::vector<double> reuse_wall, reuse_cpu, all_wall, all_cpu;
     tandem::v1::PlanModelResponse response;
     PlanRequest reuse_request = request;
     reuse_request.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
     reuse_request.compare = {tandem::v1::STRATEGY_REUSE_DISTANCE};
-    for (int i = 0; i < runs; ++i) reuse_only.push_back(WallSeconds(reuse_request, &response));
-    for (int i = 0; i < all_runs; ++i) all.push_back(WallSeconds(request, &response));
+    for (int i = 0; i < runs; ++i) {
+      const Timed t = Solve(reuse_request, &response);
+      reuse_wall.push_back(t.wall_seconds);
+      reuse_cpu.push_back(t.cpu_seconds);
+    }
+    const std::string placement = Placement(response.plan());
+    for (int i = 0; i < runs; ++i) {
+      const Timed t = Solve(request, &response);
+      all_wall.push_back(t.wall_seconds);
+      all_cpu.push_back(t.cpu_seconds);
+    }
     std::string per;
     for (const tandem::v1::Plan& p : response.alternatives()) {
       per += StrategyName(p.strategy()) + " " + FormatSeconds(p.solver().solve_seconds()) + " (" +
              std::to_string(p.solver().plans_evaluated()) + ")  ";
     }
-    std::printf("%7d %4d  %14s  %10s (%d)  %s\n", layers, runs,
-                FormatSeconds(Median(reuse_only)).c_str(), FormatSeconds(Median(all)).c_str(),
-                all_runs, per.c_str());
+    const std::string reuse =
+        FormatSeconds(Median(reuse_wall)) + " (" + FormatSeconds(Median(reuse_cpu)) + ")";
+    const std::string all =
+        FormatSeconds(Median(all_wall)) + " (" + FormatSeconds(Median(all_cpu)) + ")";
+    std::printf("%7d %4d  %22s  %9s  %16s  %s\n", layers, runs, reuse.c_str(), placement.c_str(),
+                all.c_str(), per.c_str());
   }
   std::printf(
       "\n  (n) = candidate plans evaluated (simulations or fast evaluations). reuse_distance\n"
-      "  includes the gpu_only and zero_offload solves it builds on.\n\n");
+      "  includes the gpu_only and zero_offload solves it builds on. placement: proven =\n"
+      "  the exact search finished (no faster placement of updates under the plan's memory\n"
+      "  settings); local = it stopped at its limit and the local search decided; - = the\n"
+      "  plan streams weights or offloads activations, which only the local search handles.\n\n");
+}
+
+// One chain length, `runs` times: for profilers.
+void SolveOne(const tandem::v1::HardwareSpec& spec, int layers, int runs, bool all) {
+  PlanRequest request;
+  request.profile = testing::UniformChainProfile(layers, 1024, 64);
+  request.hardware = spec;
+  request.accelerator_memory_bytes = ModelState(request.profile) / 2;
+  if (!all) {
+    request.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
+    request.compare = {tandem::v1::STRATEGY_REUSE_DISTANCE};
+  }
+  std::vector<double> times(runs);
+  tandem::v1::PlanModelResponse response;
+  for (double& t : times) t = WallSeconds(request, &response);
+  std::string per;
+  for (const tandem::v1::Plan& p : response.alternatives()) {
+    per += StrategyName(p.strategy()) + " " + FormatSeconds(p.solver().solve_seconds()) + " (" +
+           std::to_string(p.solver().plans_evaluated()) + ")  ";
+  }
+  std::printf("%d layers, %s: median %s, min %s of %d; %s\n", layers,
+              all ? "all 5" : "reuse_distance", FormatSeconds(Median(times)).c_str(),
+              FormatSeconds(*std::min_element(times.begin(), times.end())).c_str(), runs,
+              per.c_str());
+  if (std::getenv("PLANNER_BENCH_NOTES") != nullptr) {
+    for (const tandem::v1::Plan& p : response.alternatives()) {
+      std::printf("  %s: %s\n", StrategyName(p.strategy()).c_str(), p.solver().note().c_str());
+    }
+  }
 }
 
 struct Gpt {
@@ -167,7 +244,8 @@ void GptSpeedups(const tandem::v1::HardwareSpec& spec) {
 }  // namespace
 }  // namespace tandem::planner
 
-// Usage: planner_bench [HARDWARE_SPEC [gpt]]; "gpt" skips the solve times.
+// Usage: planner_bench [HARDWARE_SPEC [gpt | solve LAYERS RUNS [all]]]; "gpt" skips the
+// solve times; "solve" times one chain length only (for profilers).
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
   const bool gpt_only = argc > 2 && std::string(argv[2]) == "gpt";
@@ -175,6 +253,11 @@ int main(int argc, char** argv) {
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
     return 1;
+  }
+  if (argc > 4 && std::string(argv[2]) == "solve") {
+    tandem::planner::SolveOne(*spec, std::atoi(argv[3]), std::atoi(argv[4]),
+                              argc > 5 && std::string(argv[5]) == "all");
+    return 0;
   }
   if (!gpt_only) tandem::planner::SolveTimes(*spec);
   tandem::planner::GptSpeedups(*spec);

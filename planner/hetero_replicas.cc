@@ -1,0 +1,333 @@
+#include "planner/hetero_replicas.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace tandem::planner {
+namespace {
+
+using tandem::v1::TimelinePhase;
+using tandem::v1::TimelineResource;
+
+constexpr tandem::v1::Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
+constexpr tandem::v1::Placement kHost = tandem::v1::PLACEMENT_HOST;
+
+}  // namespace
+
+// What the second run, with the window [t0, t1) known, collects: the
+// reported iteration's spans and bytes, each resource's busy time inside the
+// window (its spans in creation order, as the event graph sums them), each
+// compute stream's memory, and per layer the program positions reuse
+// distances are read from.
+struct HeteroReplicas::Record {
+  Record(double start, double end, int64_t static_acc, int64_t static_host,
+         tandem::v1::Timeline* out)
+      : timeline(out),
+        t0(start),
+        t1(end),
+        acc_memory(static_acc, out ? out->mutable_accelerator_memory() : nullptr),
+        host_memory(static_host, out ? out->mutable_host_memory() : nullptr) {
+    acc_memory.SetWindowStart(t0);
+    host_memory.SetWindowStart(t0);
+  }
+  tandem::v1::Timeline* timeline;
+  double t0, t1;
+  WindowLevel acc_memory, host_memory;
+  double acc_busy = 0, host_busy = 0, d2h_busy = 0, pool_busy = 0, h2d_busy = 0;
+  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  std::vector<double> prefix_after, prefix_before;
+
+  void Busy(double* busy, double start, double end) const {
+    const double a = std::max(start, t0), b = std::min(end, t1);
+    if (b > a) *busy += b - a;
+  }
+  // A compute stream's changes come in time order; those at or after the
+  // window's end do not count.
+  static void Change(WindowLevel* memory, double t, int64_t delta, double window_end) {
+    if (delta != 0 && memory->Inside(t, window_end)) memory->Feed(t, delta);
+  }
+
+  void Span(TimelineResource resource, TimelinePhase phase, int layer, int micro_batch,
+            double start, double end, int64_t bytes) {
+    if (timeline == nullptr) return;
+    tandem::v1::TimelineSpan* out = timeline->add_spans();
+    out->set_resource(resource);
+    out->set_lane(0);
+    out->set_layer(layer);
+    out->set_phase(phase);
+    out->set_start_seconds(start - t0);
+    out->set_end_seconds(end - t0);
+    out->set_bytes(bytes);
+    out->set_micro_batch(micro_batch);
+  }
+};
+
+HeteroReplicas::HeteroReplicas(const CostModel& cost, const Schedule& s)
+    : micro_batches_(s.micro_batches()), batch_size_(s.batch_size) {
+  const int L = cost.num_layers();
+  const int m = s.micro_batch_size;
+  const int host_samples = s.batch_size - s.accelerator_batch_share;
+  layers_.resize(L);
+  for (int l = 0; l < L; ++l) {
+    Layer& x = layers_[l];
+    x.param = cost.ParameterBytes(l);
+    x.grad = cost.GradientBytes(l);
+    x.opt = cost.OptimizerStateBytes(l);
+    x.update_bytes = cost.UpdateBytes(l);
+    x.has_params = x.param > 0 || x.grad > 0;
+    x.upd_host = cost.UpdateSeconds(l, kHost, s.host_update_threads);
+    x.fwd = cost.ForwardSeconds(l, kAcc, m);
+    x.bwd = cost.BackwardSeconds(l, kAcc, m);
+    x.upd_acc = cost.UpdateSeconds(l, kAcc, s.host_update_threads);
+    x.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, x.grad);
+    x.grad_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, x.grad);
+    x.act = cost.ActivationBytes(l, m);
+    x.ws = cost.WorkspaceBytes(l, m);
+    x.ckpt = l == 0 ? 0 : std::min(x.act, cost.OutputBytes(l - 1, m));
+    x.recompute = s.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
+    if (host_samples > 0) {
+      x.host_fwd = cost.ForwardSeconds(l, kHost, host_samples);
+      x.host_bwd = cost.BackwardSeconds(l, kHost, host_samples);
+      x.host_act = cost.ActivationBytes(l, host_samples);
+      x.host_ws = cost.WorkspaceBytes(l, host_samples);
+    }
+    x.average = cost.GradientAverageSeconds(l, s.host_update_threads);
+    static_accelerator_ += x.param + x.opt;
+    static_host_ += x.param + x.grad + x.opt;
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    if (layers_[l].has_params) synced_.push_back(l);
+  }
+}
+
+void HeteroReplicas::RunOnce(int n, Record* record) {
+  const int L = static_cast<int>(layers_.size());
+  const int M = micro_batches_;
+  const int k = n - 2;
+  starts_.assign(n, 0.0);
+  acc_backward_end_.assign(L, 0.0);
+  host_backward_end_.assign(L, 0.0);
+  down_end_.assign(L, 0.0);
+  average_end_.assign(L, 0.0);
+  up_end_.assign(L, 0.0);
+  host_update_end_.assign(L, 0.0);
+  std::vector<double> down_start(L), average_start(L), up_start(L), host_update_start(L);
+
+  double t_acc = 0, t_host = 0, d2h_free = 0, pool_free = 0, h2d_free = 0;
+  // The accelerator program's durations summed in order (the event graph's
+  // program_prefix), for reuse distances.
+  double prefix = 0;
+  for (int i = 0; i < n; ++i) {
+    // Iteration i starts at the earlier of the replicas' first forwards.
+    double host_start = t_host;
+    if (i > 0 && layers_[0].has_params) host_start = std::max(host_start, host_update_end_[0]);
+    starts_[i] = std::min(t_acc, host_start);
+    if (i == n - 1) {
+      // Nothing at or after the last iteration's start is reported; only
+      // where its forwards sit in the program (reuse distances).
+      if (record != nullptr) {
+        for (int f = 0; f < L; ++f) {
+          record->prefix_before[f] = prefix;
+          prefix += layers_[f].fwd;
+        }
+      }
+      return;
+    }
+    Record* window = record != nullptr && i == k ? record : nullptr;
+    const double t1 = record != nullptr ? record->t1 : 0;
+    auto acc_span = [&](TimelinePhase phase, int l, int j, double s, double e, int64_t bytes) {
+      if (record != nullptr) record->Busy(&record->acc_busy, s, e);
+      if (window != nullptr) {
+        window->Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, phase, l, j, s, e, bytes);
+      }
+    };
+    auto acc_change = [&](double t, int64_t delta) {
+      if (record != nullptr) Record::Change(&record->acc_memory, t, delta, t1);
+    };
+    auto host_change = [&](double t, int64_t delta) {
+      if (record != nullptr) Record::Change(&record->host_memory, t, delta, t1);
+    };
+
+    // The accelerator replica's forwards and backwards.
+    for (int j = 0; j < M; ++j) {
+      for (int l = 0; l < L; ++l) {
+        const Layer& x = layers_[l];
+        const double s = t_acc, e = s + x.fwd;
+        acc_change(s, x.act + x.ws);
+        acc_change(e, -x.ws);
+        if (l > 0 && layers_[l - 1].recompute) {
+          acc_change(e, -(layers_[l - 1].act - layers_[l - 1].ckpt));
+        }
+        if (l == L - 1 && x.recompute) acc_change(e, -(x.act - x.ckpt));
+        acc_span(tandem::v1::TIMELINE_PHASE_FORWARD, l, j, s, e, 0);
+        prefix += x.fwd;
+        t_acc = e;
+      }
+      for (int l = L - 1; l >= 0; --l) {
+        const Layer& x = layers_[l];
+        if (x.recompute) {
+          const double s = t_acc, e = s + x.fwd;
+          acc_change(s, x.act - x.ckpt + x.ws);
+          acc_change(e, -x.ws);
+          acc_span(tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, s, e, 0);
+          prefix += x.fwd;
+          t_acc = e;
+        }
+        const double s = t_acc, e = s + x.bwd;
+        acc_change(s, x.ws + (j == 0 ? x.grad : 0));
+        acc_change(e, -x.ws - x.act);
+        acc_span(tandem::v1::TIMELINE_PHASE_BACKWARD, l, j, s, e, 0);
+        prefix += x.bwd;
+        t_acc = e;
+        if (j == M - 1) {
+          acc_backward_end_[l] = e;
+          if (window != nullptr) window->prefix_after[l] = prefix;
+        }
+      }
+    }
+
+    // The host replica: one micro-batch, each first forward after the
+    // layer's update of the iteration before.
+    for (int l = 0; l < L; ++l) {
+      const Layer& x = layers_[l];
+      double s = t_host;
+      if (i > 0 && x.has_params) s = std::max(s, host_update_end_[l]);
+      const double e = s + x.host_fwd;
+      host_change(s, x.host_act + x.host_ws);
+      host_change(e, -x.host_ws);
+      if (record != nullptr) record->Busy(&record->host_busy, s, e);
+      if (window != nullptr) {
+        window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, tandem::v1::TIMELINE_PHASE_FORWARD,
+                     l, 0, s, e, 0);
+      }
+      t_host = e;
+    }
+    for (int l = L - 1; l >= 0; --l) {
+      const Layer& x = layers_[l];
+      const double s = t_host, e = s + x.host_bwd;
+      host_change(s, x.host_ws);
+      host_change(e, -x.host_ws - x.host_act);
+      if (record != nullptr) record->Busy(&record->host_busy, s, e);
+      if (window != nullptr) {
+        window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE,
+                     tandem::v1::TIMELINE_PHASE_BACKWARD, l, 0, s, e, 0);
+      }
+      host_backward_end_[l] = e;
+      t_host = e;
+    }
+
+    // Gradient sync: downloads in backward order; the host pool merges the
+    // averages and the host updates by (ready time, creation order), an
+    // update (created right after its average) winning ties against any
+    // later average; uploads in backward order.
+    const size_t P = synced_.size();
+    for (size_t a = 0; a < P; ++a) {
+      const int l = synced_[a];
+      down_start[l] = std::max(acc_backward_end_[l], d2h_free);
+      d2h_free = down_start[l] + layers_[l].grad_d2h;
+      down_end_[l] = d2h_free;
+    }
+    size_t averaged = 0, updated = 0;
+    while (updated < P) {
+      bool average = averaged < P;
+      if (average && updated < averaged) {
+        const int la = synced_[averaged], lu = synced_[updated];
+        average = std::max(down_end_[la], host_backward_end_[la]) < average_end_[lu];
+      }
+      if (average) {
+        const int l = synced_[averaged++];
+        average_start[l] = std::max(pool_free, std::max(down_end_[l], host_backward_end_[l]));
+        pool_free = average_start[l] + layers_[l].average;
+        average_end_[l] = pool_free;
+      } else {
+        const int l = synced_[updated++];
+        host_update_start[l] = std::max(pool_free, average_end_[l]);
+        pool_free = host_update_start[l] + layers_[l].upd_host;
+        host_update_end_[l] = pool_free;
+      }
+    }
+    for (size_t a = 0; a < P; ++a) {
+      const int l = synced_[a];
+      up_start[l] = std::max(average_end_[l], h2d_free);
+      h2d_free = up_start[l] + layers_[l].grad_h2d;
+      up_end_[l] = h2d_free;
+    }
+    for (size_t a = 0; a < P && record != nullptr; ++a) {
+      const int l = synced_[a];
+      const Layer& x = layers_[l];
+      record->Busy(&record->d2h_busy, down_start[l], down_end_[l]);
+      record->Busy(&record->pool_busy, average_start[l], average_end_[l]);
+      record->Busy(&record->h2d_busy, up_start[l], up_end_[l]);
+      record->Busy(&record->pool_busy, host_update_start[l], host_update_end_[l]);
+      if (window == nullptr) continue;
+      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                   l, M - 1, down_start[l], down_end_[l], x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
+                   tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, average_start[l],
+                   average_end_[l], 3 * x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                   l, M - 1, up_start[l], up_end_[l], x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l,
+                   0, host_update_start[l], host_update_end_[l], x.update_bytes);
+      window->d2h_bytes += x.grad;
+      window->h2d_bytes += x.grad;
+    }
+    // The accelerator's updates close its program, each after its average.
+    for (size_t a = 0; a < P; ++a) {
+      const int l = synced_[a];
+      const Layer& x = layers_[l];
+      const double s = std::max(t_acc, up_end_[l]), e = s + x.upd_acc;
+      acc_change(e, -x.grad);
+      acc_span(tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, s, e, x.update_bytes);
+      prefix += x.upd_acc;
+      t_acc = e;
+    }
+  }
+}
+
+// The run is repeated until settled (times only); then once more at that
+// length with the window known, to record it.
+SimulationResult HeteroReplicas::Simulate(bool record_timeline) {
+  const int L = static_cast<int>(layers_.size());
+  int n = InitialSimulatedIterations(/*delayed_parameter_update=*/false);
+  while (true) {
+    RunOnce(n, nullptr);
+    if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
+    n *= 2;
+  }
+  const double t0 = starts_[n - 2], t1 = starts_[n - 1];
+  const double period = t1 - t0;
+  SimulationResult result;
+  Record record(t0, t1, static_accelerator_, static_host_,
+                record_timeline ? &result.timeline : nullptr);
+  record.prefix_after.assign(L, 0.0);
+  record.prefix_before.assign(L, 0.0);
+  RunOnce(n, &record);
+  result.iterations_simulated = n;
+
+  tandem::v1::PlanPrediction& p = result.prediction;
+  p.set_iteration_seconds(period);
+  p.set_samples_per_second(period > 0 ? batch_size_ / period : 0.0);
+  p.set_accelerator_idle_seconds(period - record.acc_busy);
+  p.set_h2d_idle_seconds(period - record.h2d_busy);
+  p.set_d2h_idle_seconds(period - record.d2h_busy);
+  p.set_host_update_idle_seconds(period - record.pool_busy);
+  p.set_host_compute_idle_seconds(period - record.host_busy);
+  p.set_accelerator_stall_seconds(0);
+  p.set_h2d_bytes(record.h2d_bytes);
+  p.set_d2h_bytes(record.d2h_bytes);
+  p.set_accelerator_peak_bytes(record.acc_memory.Finish(t1));
+  p.set_host_peak_bytes(record.host_memory.Finish(t1));
+  if (record_timeline) {
+    result.timeline.set_iteration_seconds(period);
+    result.timeline.set_source("simulated");
+  }
+  result.layers.resize(L);
+  for (int l = 0; l < L; ++l) {
+    result.layers[l].reuse_distance_seconds = record.prefix_before[l] - record.prefix_after[l];
+  }
+  return result;
+}
+
+}  // namespace tandem::planner

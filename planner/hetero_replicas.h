@@ -1,0 +1,82 @@
+// HeteroReplicas: PlanSimulator's rules (simulator.h) for hetero_dp, run as
+// recurrences instead of an event graph, bit for bit (a test holds every field
+// of the result to the event graph's on random schedules).
+//
+// Why it is exact. Per iteration, the accelerator replica's program and the
+// host replica's program each run in order (the host's FORWARD(l) also
+// waiting for its UPDATE(l) of the iteration before). The D2H engine serves
+// the gradient downloads and the H2D engine the averaged gradients in
+// backward order (their inputs become ready in that order). The host pool
+// serves two streams, the averages and the host replica's updates, each in
+// backward order but interleaved by readiness: when it frees it takes the
+// waiting span that became ready first (ties in creation order), so a
+// two-way merge of the streams by (ready time, creation order) reproduces it.
+// Every resource finishes an iteration's spans before the next iteration's
+// become ready, so one pass per iteration with the event graph's
+// floating-point operations gives its times. Memory lives on the two compute
+// streams, each in time order; the replicas need not keep pace (a layer
+// without parameters syncs nothing), so a second run with the window known
+// feeds each stream to its own WindowLevel and sums busy time.
+//
+// Cost: O(iterations * (micro-batches + 1) * layers). hetero_dp's period
+// often alternates between two values, so runs go to the 64-iteration cap.
+//
+// Not thread-safe (scratch buffers): one instance per thread.
+#ifndef TANDEM_PLANNER_HETERO_REPLICAS_H_
+#define TANDEM_PLANNER_HETERO_REPLICAS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/cost_model.h"
+#include "planner/schedule.h"
+#include "planner/simulator.h"
+#include "planner/steady_state.h"
+
+namespace tandem::planner {
+
+class HeteroReplicas {
+ public:
+  static bool Covers(const Schedule& schedule) {
+    return schedule.strategy == tandem::v1::STRATEGY_HETERO_DP;
+  }
+
+  // `schedule` must be Covered and valid (PlanSimulator::Validate).
+  HeteroReplicas(const CostModel& cost, const Schedule& schedule);
+
+  // What PlanSimulator::Simulate reports for the schedule.
+  SimulationResult Simulate(bool record_timeline);
+
+ private:
+  struct Layer {
+    // Accelerator replica, per micro-batch.
+    double fwd = 0, bwd = 0, upd_acc = 0;
+    int64_t act = 0, ckpt = 0, ws = 0;
+    bool recompute = false;
+    // Host replica, its whole share in one micro-batch.
+    double host_fwd = 0, host_bwd = 0;
+    int64_t host_act = 0, host_ws = 0;
+    // Gradient sync and the host replica's update.
+    double grad_d2h = 0, grad_h2d = 0, average = 0, upd_host = 0;
+    int64_t param = 0, grad = 0, opt = 0, update_bytes = 0;
+    bool has_params = false;
+  };
+  struct Record;
+  // One run of `iterations` iterations, stopped where the last one starts;
+  // times only without a record.
+  void RunOnce(int iterations, Record* record);
+
+  std::vector<Layer> layers_;
+  // Layers with parameters, in backward order: the gradient sync's order.
+  std::vector<int> synced_;
+  int micro_batches_ = 1;
+  int batch_size_ = 1;
+  int64_t static_accelerator_ = 0, static_host_ = 0;
+  // Scratch, per layer.
+  std::vector<double> starts_, acc_backward_end_, host_backward_end_, down_end_, average_end_,
+      up_end_, host_update_end_;
+};
+
+}  // namespace tandem::planner
+
+#endif  // TANDEM_PLANNER_HETERO_REPLICAS_H_

@@ -1,0 +1,338 @@
+#include "planner/resident_chain.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace tandem::planner {
+namespace {
+
+using tandem::v1::TimelinePhase;
+using tandem::v1::TimelineResource;
+
+constexpr tandem::v1::Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
+constexpr tandem::v1::Placement kHost = tandem::v1::PLACEMENT_HOST;
+
+}  // namespace
+
+// What the full simulation keeps besides the times: the reported iteration's
+// spans, busy time, stall and bytes, the copy-engine and host-pool spans that
+// may overlap its window, and per layer the figures its reuse distance and
+// slack are read from.
+struct ResidentChain::Record {
+  struct Interval {
+    double start, end;
+  };
+  tandem::v1::Timeline* timeline = nullptr;
+  double t0 = 0;
+  double compute_busy = 0;
+  double stall = 0;
+  int64_t h2d_bytes = 0, d2h_bytes = 0;
+  std::vector<Interval> d2h, pool, h2d;
+  std::vector<double> backward_end, delivered, prefix_after, prefix_before;
+  int64_t peak = 0;
+
+  void Span(TimelineResource resource, TimelinePhase phase, int layer, int micro_batch,
+            double start, double end, int64_t bytes) {
+    if (timeline == nullptr) return;
+    tandem::v1::TimelineSpan* out = timeline->add_spans();
+    out->set_resource(resource);
+    out->set_lane(0);
+    out->set_layer(layer);
+    out->set_phase(phase);
+    out->set_start_seconds(start - t0);
+    out->set_end_seconds(end - t0);
+    out->set_bytes(bytes);
+    out->set_micro_batch(micro_batch);
+  }
+  // A compute span of the reported iteration: all of it lies in the window.
+  void Compute(TimelinePhase phase, int layer, int micro_batch, double start, double end,
+               int64_t bytes = 0) {
+    if (end > start) compute_busy += end - start;
+    Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, phase, layer, micro_batch, start, end,
+         bytes);
+  }
+};
+
+bool ResidentChain::Covers(const Schedule& s) {
+  if (s.strategy == tandem::v1::STRATEGY_HETERO_DP || s.layers.empty()) return false;
+  for (const LayerSchedule& l : s.layers) {
+    if (l.compute != kAcc || l.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR ||
+        l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD) {
+      return false;
+    }
+  }
+  return true;
+}
+
+ResidentChain::ResidentChain(const CostModel& cost, const Schedule& base)
+    : micro_batches_(base.micro_batches()),
+      delayed_(base.delayed_parameter_update),
+      batch_size_(base.batch_size) {
+  const int m = base.micro_batch_size;
+  const int L = cost.num_layers();
+  layers_.resize(L);
+  for (int l = 0; l < L; ++l) {
+    ResidentLayer& x = layers_[l];
+    x.param = cost.ParameterBytes(l);
+    x.grad = cost.GradientBytes(l);
+    x.opt = cost.OptimizerStateBytes(l);
+    x.update_bytes = cost.UpdateBytes(l);
+    x.has_params = x.param > 0 || x.grad > 0;
+    x.upd_host = cost.UpdateSeconds(l, kHost, base.host_update_threads);
+    x.fwd = cost.ForwardSeconds(l, kAcc, m);
+    x.bwd = cost.BackwardSeconds(l, kAcc, m);
+    x.upd_acc = cost.UpdateSeconds(l, kAcc, base.host_update_threads);
+    x.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, x.grad);
+    x.param_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, x.param);
+    x.act = cost.ActivationBytes(l, m);
+    x.ws = cost.WorkspaceBytes(l, m);
+    x.ckpt = l == 0 ? 0 : std::min(x.act, cost.OutputBytes(l - 1, m));
+    x.recompute = base.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
+    static_accelerator_params_ += x.param;
+  }
+}
+
+void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* memory,
+                            Record* record) {
+  const int L = num_layers();
+  const int M = micro_batches_;
+  const int lag = delayed_ ? 2 : 1;
+  const int k = n - 2;
+  starts_.assign(n, 0.0);
+  returned_.assign(static_cast<size_t>(lag + 1) * L, 0.0);
+  pending_frees_.clear();
+  size_t next_free = 0;
+  // Gradient frees on the D2H engine come later than the backward that
+  // issues them but in FIFO order: they wait here until the compute stream's
+  // changes reach their time.
+  auto flush_frees = [&](double t) {
+    while (next_free < pending_frees_.size() && pending_frees_[next_free].time_seconds <= t) {
+      memory->Feed(pending_frees_[next_free].time_seconds, pending_frees_[next_free].delta_bytes);
+      ++next_free;
+    }
+  };
+  auto change = [&](double t, int64_t delta) {
+    if (memory == nullptr || delta == 0) return;
+    flush_frees(t);
+    memory->Feed(t, delta);
+  };
+
+  double t = 0, d2h_free = 0, pool_free = 0, h2d_free = 0;
+  // The program's durations summed in order (the event graph's
+  // program_prefix), for reuse distances.
+  double prefix = 0;
+  for (int i = 0; i < n; ++i) {
+    Record* window = record != nullptr && i == k ? record : nullptr;
+    const bool keep_chain = record != nullptr && i >= k - 2;
+    double* returned_now = &returned_[static_cast<size_t>(i % (lag + 1)) * L];
+    const double* returned_then =
+        i - lag >= 0 ? &returned_[static_cast<size_t>((i - lag) % (lag + 1)) * L] : nullptr;
+    for (int j = 0; j < M; ++j) {
+      for (int l = 0; l < L; ++l) {
+        const ResidentLayer& x = layers_[l];
+        double start = t;
+        const bool waits = j == 0 && returned_then != nullptr && x.has_params && !acc[l];
+        if (waits) start = std::max(start, returned_then[l]);
+        if (j == 0 && l == 0) {
+          starts_[i] = start;
+          if (i == k) {
+            if (memory != nullptr) memory->SetWindowStart(start);
+            if (record != nullptr) record->t0 = start;
+          }
+          if (i == n - 1) {
+            // Nothing at or after the last iteration's start is reported;
+            // only where its forwards sit in the program (reuse distances).
+            if (record != nullptr) {
+              for (int f = 0; f < L; ++f) {
+                record->prefix_before[f] = prefix;
+                prefix += layers_[f].fwd;
+              }
+            }
+            if (memory != nullptr) {
+              while (next_free < pending_frees_.size() &&
+                     memory->Inside(pending_frees_[next_free].time_seconds, start)) {
+                memory->Feed(pending_frees_[next_free].time_seconds,
+                             pending_frees_[next_free].delta_bytes);
+                ++next_free;
+              }
+              const int64_t peak = memory->Finish(start);
+              if (record != nullptr) record->peak = peak;
+            }
+            return;
+          }
+        }
+        if (window != nullptr && waits && start > t) window->stall += start - t;
+        const double end = start + x.fwd;
+        change(start, x.act + x.ws);
+        change(end, -x.ws);
+        if (l > 0 && layers_[l - 1].recompute) {
+          change(end, -(layers_[l - 1].act - layers_[l - 1].ckpt));
+        }
+        if (l == L - 1 && x.recompute) change(end, -(x.act - x.ckpt));
+        if (window != nullptr) {
+          window->Compute(tandem::v1::TIMELINE_PHASE_FORWARD, l, j, start, end);
+        }
+        prefix += x.fwd;
+        t = end;
+      }
+      for (int l = L - 1; l >= 0; --l) {
+        const ResidentLayer& x = layers_[l];
+        if (x.recompute) {
+          const double start = t, end = t + x.fwd;
+          change(start, x.act - x.ckpt + x.ws);
+          change(end, -x.ws);
+          if (window != nullptr) {
+            window->Compute(tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, start, end);
+          }
+          prefix += x.fwd;
+          t = end;
+        }
+        const double start = t, end = t + x.bwd;
+        change(start, x.ws + (j == 0 ? x.grad : 0));
+        change(end, -x.ws - x.act);
+        if (window != nullptr) {
+          window->Compute(tandem::v1::TIMELINE_PHASE_BACKWARD, l, j, start, end);
+        }
+        prefix += x.bwd;
+        t = end;
+        if (j != M - 1) continue;
+        if (window != nullptr) {
+          window->backward_end[l] = end;
+          window->prefix_after[l] = prefix;
+        }
+        if (!x.has_params) continue;
+        if (acc[l]) {
+          const double update_end = t + x.upd_acc;
+          change(update_end, -x.grad);
+          if (window != nullptr) {
+            window->Compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, j, t, update_end, x.update_bytes);
+          }
+          prefix += x.upd_acc;
+          if (window != nullptr) window->prefix_after[l] = prefix;
+          t = update_end;
+          continue;
+        }
+        const double d2h_start = std::max(t, d2h_free);
+        d2h_free = d2h_start + x.grad_d2h;
+        if (memory != nullptr && x.grad != 0) pending_frees_.push_back({d2h_free, -x.grad});
+        const double pool_start = std::max(d2h_free, pool_free);
+        pool_free = pool_start + x.upd_host;
+        const double h2d_start = std::max(pool_free, h2d_free);
+        h2d_free = h2d_start + x.param_h2d;
+        returned_now[l] = h2d_free;
+        if (keep_chain) {
+          record->d2h.push_back({d2h_start, d2h_free});
+          record->pool.push_back({pool_start, pool_free});
+          record->h2d.push_back({h2d_start, h2d_free});
+        }
+        if (window != nullptr) {
+          window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H,
+                       tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, j, d2h_start, d2h_free, x.grad);
+          window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE,
+                       l, j, pool_start, pool_free, x.update_bytes);
+          window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+                       tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, h2d_start, h2d_free,
+                       x.param);
+          window->d2h_bytes += x.grad;
+          window->h2d_bytes += x.param;
+          window->delivered[l] = h2d_free;
+        }
+      }
+    }
+  }
+}
+
+ResidentChain::Timing ResidentChain::Run(const std::vector<bool>& acc, bool need_peak) {
+  int64_t base = static_accelerator_params_;
+  for (int l = 0; l < num_layers(); ++l) {
+    if (layers_[l].has_params && acc[l]) base += layers_[l].opt;
+  }
+  int n = InitialSimulatedIterations(delayed_);
+  Timing timing;
+  while (true) {
+    WindowLevel memory(base, nullptr);
+    RunOnce(acc, n, need_peak ? &memory : nullptr, nullptr);
+    if (need_peak) timing.accelerator_peak_bytes = memory.peak();
+    if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
+    n *= 2;
+  }
+  timing.iteration_seconds = starts_[n - 1] - starts_[n - 2];
+  return timing;
+}
+
+SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool record_timeline) {
+  const int L = num_layers();
+  int64_t static_acc = static_accelerator_params_, static_host = 0;
+  for (int l = 0; l < L; ++l) {
+    const ResidentLayer& x = layers_[l];
+    if (!x.has_params) continue;
+    if (acc[l]) {
+      static_acc += x.opt;
+    } else {
+      static_host += x.param + x.grad + x.opt;
+    }
+  }
+  SimulationResult result;
+  Record record;
+  int n = InitialSimulatedIterations(delayed_);
+  while (true) {
+    result = SimulationResult();
+    record = Record();
+    record.timeline = record_timeline ? &result.timeline : nullptr;
+    record.backward_end.assign(L, 0.0);
+    record.delivered.assign(L, 0.0);
+    record.prefix_after.assign(L, 0.0);
+    record.prefix_before.assign(L, 0.0);
+    WindowLevel memory(static_acc,
+                       record_timeline ? result.timeline.mutable_accelerator_memory() : nullptr);
+    RunOnce(acc, n, &memory, &record);
+    if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
+    n *= 2;
+  }
+  const double t0 = starts_[n - 2], t1 = starts_[n - 1];
+  const double period = t1 - t0;
+  result.iterations_simulated = n;
+
+  // Busy time of each FIFO resource inside the window, its spans in creation
+  // order as the event graph sums them.
+  auto busy = [&](const std::vector<Record::Interval>& spans) {
+    double sum = 0;
+    for (const Record::Interval& s : spans) {
+      const double a = std::max(s.start, t0), b = std::min(s.end, t1);
+      if (b > a) sum += b - a;
+    }
+    return sum;
+  };
+  tandem::v1::PlanPrediction& p = result.prediction;
+  p.set_iteration_seconds(period);
+  p.set_samples_per_second(period > 0 ? batch_size_ / period : 0.0);
+  p.set_accelerator_idle_seconds(period - record.compute_busy);
+  p.set_h2d_idle_seconds(period - busy(record.h2d));
+  p.set_d2h_idle_seconds(period - busy(record.d2h));
+  p.set_host_update_idle_seconds(period - busy(record.pool));
+  p.set_host_compute_idle_seconds(period - 0.0);
+  p.set_accelerator_stall_seconds(record.stall);
+  p.set_h2d_bytes(record.h2d_bytes);
+  p.set_d2h_bytes(record.d2h_bytes);
+  p.set_accelerator_peak_bytes(record.peak);
+  tandem::v1::Timeline* timeline = record_timeline ? &result.timeline : nullptr;
+  p.set_host_peak_bytes(
+      PeakInWindow({}, static_host, t0, t1, timeline ? timeline->mutable_host_memory() : nullptr));
+  if (timeline != nullptr) {
+    timeline->set_iteration_seconds(period);
+    timeline->set_source("simulated");
+  }
+
+  result.layers.resize(L);
+  for (int l = 0; l < L; ++l) {
+    LayerTiming& timing = result.layers[l];
+    timing.reuse_distance_seconds = record.prefix_before[l] - record.prefix_after[l];
+    if (!layers_[l].has_params || acc[l]) continue;
+    const double deadline = timing.reuse_distance_seconds + (delayed_ ? period : 0.0);
+    timing.slack_seconds = deadline - (record.delivered[l] - record.backward_end[l]);
+  }
+  return result;
+}
+
+}  // namespace tandem::planner

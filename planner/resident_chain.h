@@ -1,0 +1,89 @@
+// ResidentChain: PlanSimulator's rules (simulator.h) for the schedules most
+// plans are — every layer computes on the accelerator with its weights resident
+// there, keeps or recomputes its activations (no OFFLOAD, no HOST_STREAMED), and
+// updates on the accelerator or on the host (gpu_only, zero_offload and
+// reuse_distance without streaming or offload) — run as recurrences instead of
+// an event graph.
+//
+// Why it is exact. In this class the copy engines and the host update pool
+// carry only the gradient -> update -> weights chain of host-updated layers.
+// Gradients become ready in backward order (iteration after iteration), so each
+// FIFO resource serves the chain in that order and every span starts at
+// max(its input is ready, its resource is free); the compute stream is its
+// program with FORWARD(l, 0) also waiting for layer l's weights. Each span's
+// times are then fixed by the spans created before it, and the run is one pass
+// in creation order with the same floating-point operations the event graph
+// performs, so every number of the SimulationResult (prediction, timeline,
+// memory samples, reuse distances, slack) is bit-for-bit the event graph's. A
+// test holds the two to that on random schedules.
+//
+// Cost: O(iterations * micro-batches * layers) with a small constant and no
+// graph; PlanSimulator uses it for every schedule it covers.
+//
+// Not thread-safe (scratch buffers): one instance per thread.
+#ifndef TANDEM_PLANNER_RESIDENT_CHAIN_H_
+#define TANDEM_PLANNER_RESIDENT_CHAIN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/cost_model.h"
+#include "planner/schedule.h"
+#include "planner/simulator.h"
+#include "planner/steady_state.h"
+
+namespace tandem::planner {
+
+// One layer's figures at the schedule's micro-batch size, computed with the
+// same CostModel calls as the event graph.
+struct ResidentLayer {
+  double fwd = 0, bwd = 0, upd_acc = 0, upd_host = 0, grad_d2h = 0, param_h2d = 0;
+  int64_t param = 0, grad = 0, opt = 0, act = 0, ckpt = 0, ws = 0, update_bytes = 0;
+  bool has_params = false, recompute = false;
+};
+
+class ResidentChain {
+ public:
+  // Whether `schedule` is in the class above (it must also be valid).
+  static bool Covers(const Schedule& schedule);
+
+  // Everything of `base` but where layers update; `base` must be Covered.
+  ResidentChain(const CostModel& cost, const Schedule& base);
+
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  const ResidentLayer& layer(int l) const { return layers_[l]; }
+  int micro_batches() const { return micro_batches_; }
+  bool delayed_parameter_update() const { return delayed_; }
+
+  struct Timing {
+    double iteration_seconds = 0;
+    // -1 unless asked for.
+    int64_t accelerator_peak_bytes = -1;
+  };
+  // The reported iteration's time and, with need_peak, accelerator peak, when
+  // the layers with on_accelerator[l] update on the accelerator and the others
+  // on the host.
+  Timing Run(const std::vector<bool>& on_accelerator, bool need_peak);
+
+  // What PlanSimulator::Simulate reports for `base` with those placements.
+  SimulationResult Simulate(const std::vector<bool>& on_accelerator, bool record_timeline);
+
+ private:
+  struct Record;
+  // One run of `iterations` iterations, stopped where the last one starts.
+  void RunOnce(const std::vector<bool>& acc, int iterations, WindowLevel* memory, Record* record);
+
+  std::vector<ResidentLayer> layers_;
+  int micro_batches_ = 1;
+  bool delayed_ = false;
+  int batch_size_ = 1;
+  int64_t static_accelerator_params_ = 0;
+  // Scratch.
+  std::vector<double> starts_;
+  std::vector<double> returned_;
+  std::vector<MemoryChange> pending_frees_;
+};
+
+}  // namespace tandem::planner
+
+#endif  // TANDEM_PLANNER_RESIDENT_CHAIN_H_

@@ -116,6 +116,12 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics
     : options_(std::move(options)), store_(store), metrics_(metrics) {
   persister_ = std::thread([this] { PersistLoop(); });
   metrics_->device_memory_budget.Add({{"device", "cpu"}}).Set(options_.host_memory_budget_bytes);
+  // Every terminal state's counter exists from the start at 0, so increase()
+  // and rate() see the first failure (a series born at 1 shows no increase).
+  for (JobState s : {tandem::v1::JOB_STATE_SUCCEEDED, tandem::v1::JOB_STATE_FAILED,
+                     tandem::v1::JOB_STATE_CANCELLED}) {
+    metrics_->jobs_finished.Add({{"state", StateLabel(s)}});
+  }
 }
 
 JobManager::~JobManager() {

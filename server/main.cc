@@ -53,7 +53,8 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert)."
 ABSL_FLAG(int64_t, gpu_memory_budget, 0,
           "Accelerator bytes all jobs together may use; 0 = 90% of the device's memory.");
 ABSL_FLAG(int64_t, host_memory_budget, 0,
-          "Host bytes all jobs together may use; 0 = 75% of physical memory.");
+          "Host bytes all jobs together may use; 0 = 75% of physical memory, or of the "
+          "container's memory limit when lower.");
 ABSL_FLAG(int, max_receive_message_bytes, 16 << 20, "Largest request the server accepts, in bytes.");
 ABSL_FLAG(int, job_threads, 0, "CPU threads per job that sets none; 0 = all cores.");
 ABSL_FLAG(std::string, store_sync, "full",

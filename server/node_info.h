@@ -18,7 +18,10 @@ struct NodeResources {
   std::string hostname;
   std::string cpu_name;
   int cpu_threads = 0;
+  // Physical memory, or the container's memory limit when lower.
   int64_t host_memory_bytes = 0;
+  // Where host_memory_bytes came from when not physical memory.
+  std::string memory_note;
   std::vector<cuda::CudaDeviceInfo> cuda_devices;
   std::string cuda_note;
 };

@@ -40,7 +40,7 @@ Entry Create(const MatmulShape& s) {
   e.b = StridedF32({s.batch, s.k, s.n}, b_strides);
   e.c = StridedF32({s.batch, s.m, s.n}, {bsc, ldc, 1});
   if (s.bias) e.bias = StridedF32({1, 1, s.n}, {s.n, s.n, 1});
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = UserScratchpad();
   if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
   if (s.accumulate) {
     dnnl::post_ops ops;

@@ -5,6 +5,7 @@
 #define TANDEM_RUNTIME_CPU_ONEDNN_H_
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
@@ -39,7 +40,18 @@ inline dnnl::memory Wrap(const dnnl::memory::desc& md, const void* ptr) {
   return dnnl::memory(md, CpuEngine(), const_cast<void*>(ptr));
 }
 
-// Runs `prim` on the calling thread's stream and waits.
+// Attributes every primitive is created with: a user-managed scratchpad.
+// oneDNN's library-managed one is shared by all primitives of the thread that
+// created them (Debian builds oneDNN without DNNL_ENABLE_CONCURRENT_EXEC), so
+// a primitive run on another thread than its creator's, while that thread runs
+// another, would share its scratch memory. Primitives here are cached per layer
+// and run from whichever worker computes the layer (the plan executor's
+// accelerator and host streams at once, in hetero_dp), so Execute passes each
+// call the calling thread's own scratchpad instead.
+dnnl::primitive_attr UserScratchpad();
+
+// Runs `prim` on the calling thread's stream, with the calling thread's
+// scratchpad, and waits. `prim` must have been created with UserScratchpad().
 void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::memory>& args);
 
 }  // namespace tandem::cpu

@@ -283,7 +283,7 @@ absl::Status PlanExecutor::Init() {
     // The update pool runs one layer's step at a time on all its threads;
     // compute streams use the job's threads; copy engines one.
     omp_set_num_threads(r == kHostUpdate ? update_threads : (r == kH2D || r == kD2H) ? 1 : compute_threads);
-  });
+  }, options_.span_jitter_seconds);
   if (accel_ != nullptr) {
     device_alloc_ = std::make_unique<BackpressureAllocator>(
         accel_->allocator(), [engine = engine_.get()] { return engine->active(); });
@@ -750,8 +750,10 @@ void PlanExecutor::BuildGradientSync(const std::shared_ptr<Iteration>& shared) {
   for (int l : order) {
     Layer& layer = *layers_[l];
     const int64_t bytes = layer.param_elements * 4;
+    // host_grads_ is also what the previous step's host-replica update read:
+    // overwrite it only once that update is done.
     const SpanId down = Add(it, kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, -1, bytes,
-                            {last_backward_[0][l]}, [this, l, bytes]() {
+                            {last_backward_[0][l], layer.host_weights_ready}, [this, l, bytes]() {
                               return accel_->CopyToHost(host_grads_.f32() + layers_[l]->param_offset,
                                                         layers_[l]->grads.data(), bytes);
                             });

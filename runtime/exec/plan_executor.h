@@ -51,6 +51,8 @@ struct ExecutorOptions {
   Allocator* host_allocator = nullptr;
   // Null for cpu_only plans; must outlive the executor.
   Accelerator* accelerator = nullptr;
+  // Tests only: random delay before each span, up to this (SpanEngine).
+  double span_jitter_seconds = 0;
 };
 
 // Device bytes the executor holds outside the plan's accounting at `micro_batch`

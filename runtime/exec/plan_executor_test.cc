@@ -175,8 +175,12 @@ TEST(ExecutorTest, DelayedUpdatesUseWeightsOneUpdateOld) {
 }
 
 TEST(ExecutorStressTest, RandomPlansAndLinkSpeedsMatchTheReference) {
-  // 1,000 steps over randomised plans and bandwidth caps, each segment checked
-  // against the CPU engine. Races show up as mismatches (or as TSAN reports).
+  // 1,000 steps over randomised plans (per-layer reuse_distance choices, and
+  // hetero_dp, gpu_only, cpu_only), bandwidth caps and span timings, each
+  // segment checked against the CPU engine. The random delay before each span
+  // changes the interleaving from segment to segment, so a missing dependency
+  // shows up as a mismatch; TSAN reports the data races the engine's lock does
+  // not hide.
   const Fixture f = MakeFixture(kMlp);
   const int kSteps = 1000, kSegment = 25;
   const std::vector<double> reference = Reference(f, kSegment);
@@ -185,20 +189,46 @@ TEST(ExecutorStressTest, RandomPlansAndLinkSpeedsMatchTheReference) {
   while (total < kSteps) {
     const Model& m = *f.model;
     const int micro = std::vector<int>{32, 16, 8}[rng() % 3];
-    Plan plan = MakePlan(m, tandem::v1::STRATEGY_REUSE_DISTANCE, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
-      switch (rng() % 3) {
-        case 0:
-          break;
-        case 1:
+    Plan plan;
+    std::string kind;
+    switch (rng() % 5) {
+      case 0:
+        kind = "hetero_dp";
+        plan = MakePlan(m, tandem::v1::STRATEGY_HETERO_DP, 32, micro / 2, [](int, tandem::v1::LayerPlan*) {});
+        plan.set_accelerator_batch_share(std::vector<int>{4, 16, 28}[rng() % 3]);
+        break;
+      case 1:
+        kind = "gpu_only";
+        plan = MakePlan(m, tandem::v1::STRATEGY_GPU_ONLY, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
+          lp->set_activation_policy(rng() % 2 ? tandem::v1::ACTIVATION_POLICY_KEEP
+                                              : tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
+        });
+        break;
+      case 2:
+        kind = "cpu_only";
+        plan = MakePlan(m, tandem::v1::STRATEGY_CPU_ONLY, 32, micro, [](int, tandem::v1::LayerPlan* lp) {
+          lp->set_compute(tandem::v1::PLACEMENT_HOST);
+          lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST);
           lp->set_update(tandem::v1::PLACEMENT_HOST);
-          break;
-        case 2:
-          lp->set_update(tandem::v1::PLACEMENT_HOST);
-          lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST_STREAMED);
-          break;
-      }
-      lp->set_activation_policy(static_cast<tandem::v1::ActivationPolicy>(1 + rng() % 3));
-    });
+        });
+        break;
+      default:
+        kind = "reuse_distance";
+        plan = MakePlan(m, tandem::v1::STRATEGY_REUSE_DISTANCE, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
+          switch (rng() % 3) {
+            case 0:
+              break;
+            case 1:
+              lp->set_update(tandem::v1::PLACEMENT_HOST);
+              break;
+            case 2:
+              lp->set_update(tandem::v1::PLACEMENT_HOST);
+              lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST_STREAMED);
+              break;
+          }
+          lp->set_activation_policy(static_cast<tandem::v1::ActivationPolicy>(1 + rng() % 3));
+        });
+    }
     HostAllocator host;
     EmulatedAccelerator device({.capacity_bytes = 64 << 20,
                                 .link_bytes_per_second = std::vector<double>{0, 2e9, 2e8}[rng() % 3]});
@@ -209,12 +239,14 @@ TEST(ExecutorStressTest, RandomPlansAndLinkSpeedsMatchTheReference) {
     options.init_seed = f.spec.training().seed();
     options.host_allocator = &host;
     options.accelerator = &device;
+    options.span_jitter_seconds = std::vector<double>{0, 50e-6, 500e-6}[rng() % 3];
     auto e = *PlanExecutor::Create(m, options);
     const std::vector<double> losses = RunSteps(f, *e, kSegment);
     ASSERT_EQ(losses.size(), reference.size());
     for (int s = 0; s < kSegment; ++s) {
       ASSERT_NEAR(losses[s], reference[s], 1e-5 * std::fabs(reference[s]))
-          << "segment at step " << total << ", step " << s << ", micro-batch " << micro;
+          << "segment at step " << total << " (" << kind << ", micro-batch " << micro << ", jitter "
+          << options.span_jitter_seconds << " s), step " << s;
     }
     total += kSegment;
   }

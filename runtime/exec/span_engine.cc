@@ -3,6 +3,9 @@
 #include <pthread.h>
 
 #include <cctype>
+#include <chrono>
+#include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/core/clock.h"
@@ -20,7 +23,8 @@ int64_t SpanEngine::active() const {
 }
 
 SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
-                       std::function<void(tandem::v1::TimelineResource)> setup) {
+                       std::function<void(tandem::v1::TimelineResource)> setup, double jitter_seconds)
+    : jitter_seconds_(jitter_seconds) {
   for (auto r : resources) queues_[r];
   for (auto r : resources) {
     workers_.emplace_back([this, r, setup] {
@@ -82,6 +86,7 @@ void SpanEngine::Issue(SpanId id) {
 
 void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
   Queue& q = queues_[resource];
+  std::mt19937_64 jitter(static_cast<uint64_t>(resource) * 0x9E3779B97F4A7C15ull + 1);
   while (true) {
     SpanId id;
     std::function<absl::Status()> work;
@@ -99,6 +104,10 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       record.info = spans_[id].info;
+    }
+    if (jitter_seconds_ > 0 && !skip) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(
+          std::uniform_real_distribution<double>(0, jitter_seconds_)(jitter)));
     }
     record.start = WallSeconds();
     absl::Status s = skip ? absl::OkStatus() : work();

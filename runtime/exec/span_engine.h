@@ -50,8 +50,13 @@ class SpanEngine {
  public:
   // One worker per resource in `resources`; `setup(resource)` runs first on each
   // worker thread (e.g. to set its OpenMP thread count).
+  // `jitter_seconds` > 0 (tests only) delays every span's start by a random
+  // time up to that, so that a missing dependency shows up as a wrong result
+  // whatever the machine's speed: the engine's own lock orders every span for
+  // ThreadSanitizer, so only a different interleaving exposes a logical race.
   SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
-             std::function<void(tandem::v1::TimelineResource)> setup = nullptr);
+             std::function<void(tandem::v1::TimelineResource)> setup = nullptr,
+             double jitter_seconds = 0);
   // Waits for every span, then stops the workers.
   ~SpanEngine();
 
@@ -101,6 +106,7 @@ class SpanEngine {
   std::vector<SpanRecord> records_;
   absl::Status status_;
   int64_t active_ = 0;
+  const double jitter_seconds_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

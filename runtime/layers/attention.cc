@@ -103,10 +103,10 @@ const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {
     Softmax s;
     s.md = cpu::PlainF32({batch * options_.n_head * T_, T_}, dnnl::memory::format_tag::ab);
     dnnl::softmax_forward::primitive_desc fwd(
-        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, s.md, 1), cpu::CpuEngine());
+        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, s.md, 1), cpu::UserScratchpad(), cpu::CpuEngine());
     s.forward = dnnl::softmax_forward(fwd);
     s.backward = dnnl::softmax_backward(dnnl::softmax_backward::primitive_desc(
-        dnnl::softmax_backward::desc(s.md, s.md, 1), cpu::CpuEngine(), fwd));
+        dnnl::softmax_backward::desc(s.md, s.md, 1), cpu::UserScratchpad(), cpu::CpuEngine(), fwd));
     return s;
   });
 }

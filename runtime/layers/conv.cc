@@ -28,7 +28,7 @@ memory::desc Nhwc(int64_t n, const Shape& hwc) {
 }
 
 dnnl::reorder MakeReorder(const memory::desc& from, const memory::desc& to, bool accumulate) {
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = cpu::UserScratchpad();
   if (accumulate) {
     dnnl::post_ops ops;
     ops.append_sum(1.0f);
@@ -144,7 +144,7 @@ const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
     dnnl::convolution_forward::primitive_desc fwd(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, any_weights,
                                         o.bias ? p.bias : none, p.dst, strides, pad, pad),
-        cpu::CpuEngine());
+        cpu::UserScratchpad(), cpu::CpuEngine());
     p.forward = dnnl::convolution_forward(fwd);
     p.forward_weights = fwd.weights_desc();
     if (p.forward_weights != p.weights_plain) {
@@ -153,7 +153,7 @@ const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
 
     dnnl::convolution_backward_data::primitive_desc bwd_data(
         dnnl::convolution_backward_data::desc(alg, p.src, any_weights, p.dst, strides, pad, pad),
-        cpu::CpuEngine(), fwd);
+        cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
     p.backward_data = dnnl::convolution_backward_data(bwd_data);
     p.backward_data_weights = bwd_data.weights_desc();
     if (p.backward_data_weights != p.weights_plain) {
@@ -163,7 +163,7 @@ const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
     dnnl::convolution_backward_weights::primitive_desc bwd_weights(
         dnnl::convolution_backward_weights::desc(alg, p.src, any_weights, o.bias ? p.bias : none,
                                                  p.dst, strides, pad, pad),
-        cpu::CpuEngine(), fwd);
+        cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
     p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
     p.diff_weights = bwd_weights.diff_weights_desc();
     p.diff_weights_to_plain = MakeReorder(p.diff_weights, p.weights_plain, false);
@@ -361,12 +361,12 @@ const Pool2d::Primitives& Pool2d::Get(int64_t batch) const {
     dnnl::pooling_forward::primitive_desc fwd(
         dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, p.dst, strides,
                                     kernel, pad, pad),
-        cpu::CpuEngine());
+        cpu::UserScratchpad(), cpu::CpuEngine());
     p.workspace = fwd.workspace_desc();
     p.forward = dnnl::pooling_forward(fwd);
     p.backward = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(
         dnnl::pooling_backward::desc(alg, p.src, p.dst, strides, kernel, pad, pad),
-        cpu::CpuEngine(), fwd));
+        cpu::UserScratchpad(), cpu::CpuEngine(), fwd));
     return p;
   });
 }

@@ -53,9 +53,9 @@ const Activation::Primitives& Activation::Get(int64_t elements) const {
     p.md = cpu::PlainF32({elements}, dnnl::memory::format_tag::a);
     dnnl::eltwise_forward::primitive_desc fwd(
         dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, p.md, 0.0f, 0.0f),
-        cpu::CpuEngine());
+        cpu::UserScratchpad(), cpu::CpuEngine());
     dnnl::eltwise_backward::primitive_desc bwd(
-        dnnl::eltwise_backward::desc(alg, p.md, p.md, 0.0f, 0.0f), cpu::CpuEngine(), fwd);
+        dnnl::eltwise_backward::desc(alg, p.md, p.md, 0.0f, 0.0f), cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
     p.forward = dnnl::eltwise_forward(fwd);
     p.backward = dnnl::eltwise_backward(bwd);
     return p;

@@ -44,7 +44,7 @@ const CrossEntropy::Primitives& CrossEntropy::Get(int64_t batch) const {
     p.md = cpu::PlainF32({batch * positions_, classes_}, dnnl::memory::format_tag::ab);
     p.forward = dnnl::logsoftmax_forward(dnnl::logsoftmax_forward::primitive_desc(
         dnnl::logsoftmax_forward::desc(dnnl::prop_kind::forward_training, p.md, 1),
-        cpu::CpuEngine()));
+        cpu::UserScratchpad(), cpu::CpuEngine()));
     return p;
   });
 }

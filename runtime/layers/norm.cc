@@ -80,16 +80,16 @@ const BatchNorm2d::Primitives& BatchNorm2d::Get(int64_t batch) const {
     dnnl::batch_normalization_forward::primitive_desc training(
         dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, p.data, epsilon_,
                                                 kScaleShift),
-        cpu::CpuEngine());
+        cpu::UserScratchpad(), cpu::CpuEngine());
     p.training = dnnl::batch_normalization_forward(training);
     p.inference = dnnl::batch_normalization_forward(dnnl::batch_normalization_forward::primitive_desc(
         dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, p.data,
                                                 epsilon_, kScaleShift | flags::use_global_stats),
-        cpu::CpuEngine()));
+        cpu::UserScratchpad(), cpu::CpuEngine()));
     p.backward = dnnl::batch_normalization_backward(dnnl::batch_normalization_backward::primitive_desc(
         dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, p.data, p.data, epsilon_,
                                                  kScaleShift),
-        cpu::CpuEngine(), training));
+        cpu::UserScratchpad(), cpu::CpuEngine(), training));
     return p;
   });
 }
@@ -251,12 +251,12 @@ const LayerNorm::Primitives& LayerNorm::Get(int64_t batch) const {
     dnnl::layer_normalization_forward::primitive_desc fwd(
         dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, p.data, p.stat,
                                                 epsilon_, kScaleShift),
-        cpu::CpuEngine());
+        cpu::UserScratchpad(), cpu::CpuEngine());
     p.forward = dnnl::layer_normalization_forward(fwd);
     p.backward = dnnl::layer_normalization_backward(dnnl::layer_normalization_backward::primitive_desc(
         dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, p.data, p.data, p.stat,
                                                  epsilon_, kScaleShift),
-        cpu::CpuEngine(), fwd));
+        cpu::UserScratchpad(), cpu::CpuEngine(), fwd));
     return p;
   });
 }

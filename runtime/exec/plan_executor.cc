@@ -407,7 +407,8 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
     ctx.accumulate_grads = j > 0;
     ctx.buffers = on_accel ? layer.buffers.f32()
                            : (layer.buffer_elements > 0 ? host_buffers_.f32() + layer.buffer_offset : nullptr);
-    ctx.grads = on_accel ? layer.grads.f32() : r->host_grads + layer.param_offset;
+    // Gradients are set by the backward alone: a forward runs while the
+    // previous step's gradient copy may still be releasing layer.grads.
     ctx.targets = reinterpret_cast<const int32_t*>(r->targets[j].data());
     return ctx;
   };
@@ -570,6 +571,7 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
             TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(alloc, impl.WorkspaceBytes(n), MemoryCategory::kWorkspace));
             LayerContext ctx = context(l, j, /*training=*/true);
             ctx.params = weights(l, j, true);
+            ctx.grads = on_accel ? layer.grads.f32() : r->host_grads + layer.param_offset;
             ctx.workspace = ws.data();
             const Tensor x = l == 0 ? Tensor(r->x[j].data(), shared->input->input_dtype, sample.WithBatch(n))
                                     : Tensor::F32(r->out[l - 1][j].f32(), impl.input_shape().WithBatch(n));

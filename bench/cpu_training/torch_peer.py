@@ -2,7 +2,11 @@
 """The PyTorch peer of train_throughput.cc: the same mlp, cnn and gpt, the same
 batch sizes, Adam, fixed synthetic batches, 2 threads. Prints one JSON object per
 model. Run with Debian's python3-torch (and libopenblas0-pthread installed, or
-its matrix products use the reference BLAS)."""
+its matrix products use the reference BLAS).
+
+With --device=cuda it is the GPU peer of bench/gpu/run.py (gpu_only): the same
+models on the GPU, TF32 matmuls and convolutions on as Tandem's cuBLAS path has
+them, timed with the device synchronised."""
 import argparse
 import json
 import math
@@ -45,7 +49,7 @@ class Block(nn.Module):
         k = k.view(B, T, self.heads, hs).transpose(1, 2)
         v = v.view(B, T, self.heads, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
@@ -62,25 +66,31 @@ class Gpt(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
         return self.head(self.ln(x))
 
 
-def bench(name, seconds):
+def bench(name, args):
     torch.manual_seed(0)
+    device = torch.device(args.device)
     if name == "gpt":
-        model, batch = Gpt(), 16
-        x = torch.randint(0, 256, (batch, 128))
-        y = torch.randint(0, 256, (batch, 128))
+        T = args.gpt_context
+        model = Gpt(d=args.gpt_d_model, layers=args.gpt_layers, heads=args.gpt_heads, context=T)
+        batch = args.gpt_batch
+        x = torch.randint(0, 256, (batch, T))
+        y = torch.randint(0, 256, (batch, T))
         loss_fn = lambda out: F.cross_entropy(out.view(-1, 256), y.view(-1))
     else:
-        model, batch = (mlp() if name == "mlp" else cnn()), 128
+        model, batch = (mlp() if name == "mlp" else cnn()), args.image_batch
         x = torch.rand(batch, 1, 28, 28)
         y = torch.randint(0, 10, (batch,))
         loss_fn = lambda out: F.cross_entropy(out, y)
+    model, x, y = model.to(device), x.to(device), y.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    seconds = args.seconds
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -89,13 +99,18 @@ def bench(name, seconds):
 
     for _ in range(3):
         step()
+    sync()
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds or steps < 3:
         step()
         steps += 1
+        if steps % 10 == 0:
+            sync()
+    sync()
     step_seconds = (time.perf_counter() - start) / steps
     params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"model": name, "impl": "pytorch", "batch": batch, "steps": steps,
+    print(json.dumps({"model": name, "impl": "pytorch", "device": args.device, "batch": batch,
+                      "steps": steps,
                       "step_ms": round(1e3 * step_seconds, 3),
                       "samples_per_second": round(batch / step_seconds, 1),
                       "parameters": params}), flush=True)
@@ -106,10 +121,20 @@ def main():
     parser.add_argument("--models", default="mlp,cnn,gpt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU peer")
+    parser.add_argument("--gpt_layers", type=int, default=4)
+    parser.add_argument("--gpt_heads", type=int, default=4)
+    parser.add_argument("--gpt_d_model", type=int, default=256)
+    parser.add_argument("--gpt_context", type=int, default=128)
+    parser.add_argument("--gpt_batch", type=int, default=16)
+    parser.add_argument("--image_batch", type=int, default=128, help="mlp and cnn batch")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     for name in args.models.split(","):
-        bench(name, args.seconds)
+        bench(name, args)
 
 
 if __name__ == "__main__":

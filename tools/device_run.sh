@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The GPU machine's side of tools/device_bundle.sh: unpacks the bundle beside
+# this script, finds the machine's CUDA libraries and runs one stage.
+#
+#   bash device-bundle/device_run.sh probe     the GPU, the driver, glibc, the CUDA libraries found
+#   bash device-bundle/device_run.sh tests     every CUDA test binary (kernels against the CPU reference, ...)
+#   bash device-bundle/device_run.sh bench     bench/gpu/run.py: gpt and cnn x 3 strategies x 25/50/100%, and PyTorch
+#   bash device-bundle/device_run.sh profile   tandem profile of gpt and cnn on cpu + cuda:0, with traces
+#   bash device-bundle/device_run.sh all       each in turn
+#
+# Results go to $OUT (the device tool's result folder) when set, else ./device-out.
+# Extra arguments after `bench` go to bench/gpu/run.py (e.g. --models=gpt --steps=20).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/device-out}
+mkdir -p "$out"
+root=${TANDEM_BUNDLE_DIR:-/tmp/tandem-gpu}
+if [[ ! -x $root/bin/tandem || $here/tandem-gpu.tar.xz -nt $root/COMMIT ]]; then
+  rm -rf "$root"
+  unpack=$(mktemp -d)
+  tar -C "$unpack" -xJf "$here/tandem-gpu.tar.xz" || { echo "cannot unpack the bundle"; exit 1; }
+  mkdir -p "$(dirname "$root")" && mv "$unpack/tandem" "$root" && rmdir "$unpack"
+fi
+
+# The CUDA 13 runtime, cuBLAS, cuDNN 9, CUPTI and NVRTC: the toolkit's
+# folders first, then the system's, then pip wheels (PyTorch's nvidia-* packages).
+find_dir() {
+  local lib=$1 d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda-13*/lib64 \
+           /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
+    [[ -e $d/$lib ]] && { echo "$d"; return 0; }
+  done
+  find / -xdev -name "$lib" -path '*nvidia*' 2>/dev/null | head -1 | xargs -r dirname
+}
+libs=()
+missing=()
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcupti.so.13 libnvrtc.so.13; do
+  d=$(find_dir "$lib")
+  if [[ -n $d ]]; then
+    [[ " ${libs[*]-} " == *" $d "* ]] || libs+=("$d")
+  else
+    missing+=("$lib")
+  fi
+done
+TANDEM_CUDA_LIBS=$(IFS=:; echo "${libs[*]-}")
+export TANDEM_CUDA_LIBS
+py=$(command -v python3 || echo /usr/bin/python3)
+
+probe() {
+  echo "== probe"
+  echo "bundle commit: $(cat "$root/COMMIT")"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "nvidia-smi failed"
+  echo "glibc: $(ldd --version 2>&1 | head -1)"
+  echo "CUDA library folders: ${TANDEM_CUDA_LIBS:-none}"
+  (( ${#missing[@]} )) && echo "NOT FOUND: ${missing[*]} (the binaries need CUDA 13 and cuDNN 9)"
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())' 2>&1
+  "$root/bin/device_query_test" --gtest_brief=1 2>&1 | tail -5
+}
+
+tests() {
+  echo "== CUDA tests"
+  local failed=0 t
+  for t in "$root"/libexec/*_test; do
+    t=$(basename "$t")
+    echo "-- $t"
+    "$root/bin/$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
+    local rc=$?
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|max error|deviation|differ' "$out/$t.log" | tail -25
+    (( rc == 0 )) || { echo "FAILED: $t (exit $rc; log $out/$t.log)"; failed=1; }
+  done
+  return $failed
+}
+
+bench() {
+  echo "== hybrid benchmark (bench/gpu/run.py)"
+  (cd "$root" && "$py" bench/gpu/run.py --tandem "$root/bin/tandem" --accelerator cuda --torch \
+       --python "$py" --json_out "$out/gpu_bench.jsonl" "$@") 2>&1 | tee "$out/gpu_bench.txt"
+}
+
+profile() {
+  echo "== tandem profile on cpu + cuda:0"
+  local m
+  for m in gpt cnn; do
+    if [[ $m == gpt ]]; then
+      spec='{"model":{"gpt":{"n_layer":4,"n_head":4,"d_model":256,"context":128}},
+             "data":{"synthetic":{"sample_shape":[128],"num_classes":256,"tokens":true}},
+             "training":{"batch_size":16}}'
+    else
+      spec='{"model":{"cnn":{}},"data":{"synthetic":{"sample_shape":[28,28,1],"num_classes":10}},
+             "training":{"batch_size":128}}'
+    fi
+    echo "$spec" > "$out/profile-$m.json"
+    "$root/bin/tandem" profile "$out/profile-$m.json" --trace_out="$out/profile-$m.trace.json" \
+      > "$out/profile-$m.txt" 2> "$out/profile-$m.err"
+    echo "-- $m: exit $?"; cat "$out/profile-$m.err"; head -60 "$out/profile-$m.txt"
+    "$root/bin/tandem" profile "$out/profile-$m.json" --output=json > "$out/profile-$m.profile.json" 2>/dev/null
+  done
+}
+
+stage=${1:-all}
+shift || true
+case $stage in
+  probe) probe ;;
+  tests) tests ;;
+  bench) bench "$@" ;;
+  profile) profile ;;
+  all) probe; tests; bench "$@"; profile ;;
+  *) echo "usage: device_run.sh probe|tests|bench|profile|all [bench args]"; exit 2 ;;
+esac

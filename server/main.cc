@@ -25,6 +25,7 @@
 #include "runtime/base/flags_usage.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
+#include "runtime/profile/node_devices.h"
 #include "runtime/profile/profile_model.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
@@ -172,7 +173,9 @@ int main(int argc, char** argv) {
     return grpc::Status::OK;
   };
   // Profiles are measured one at a time (concurrent ones would measure each
-  // other) and cached under the state directory.
+  // other) and cached under the state directory, on the host and the GPU. The
+  // devices are opened for each call, so that between profiles the GPU holds
+  // no profiler context or memory and no CUPTI tracing is left running.
   absl::Mutex profile_mu;
   service_options.profile = [&](const tandem::v1::ProfileModelRequest& request,
                                 tandem::v1::ProfileModelResponse* response) {
@@ -181,6 +184,12 @@ int main(int argc, char** argv) {
     env.resolve_path = resolve;
     env.threads = absl::GetFlag(FLAGS_job_threads);
     absl::MutexLock lock(&profile_mu);
+    const tandem::profile::NodeProfiledDevices node =
+        tandem::profile::OpenNodeProfiledDevices(env.threads, env.cpu);
+    for (const std::string& note : node.notes) {
+      std::fprintf(stderr, "tandemd: profile: %s\n", note.c_str());
+    }
+    env.devices = node.devices();
     absl::StatusOr<tandem::profile::ProfileResult> result = tandem::profile::ProfileModel(request, env);
     if (!result.ok()) return ToGrpc(result.status());
     *response->mutable_profile() = std::move(result->profile);

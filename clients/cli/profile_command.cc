@@ -1,6 +1,7 @@
 // `tandem profile FILE`: profiles a job file's model layer by layer on this
-// machine, in this process (no daemon), through the same entry point as the
-// ProfileModel RPC, and prints the report (or the Profile as JSON).
+// machine's CPU and GPU (when one is found and opens), in this process (no
+// daemon), through the same entry point as the ProfileModel RPC, and prints the
+// report (or the Profile as JSON).
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,7 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "clients/cli/commands.h"
-#include "runtime/cuda/device_query.h"
+#include "runtime/profile/node_devices.h"
 #include "runtime/profile/profile_model.h"
 #include "runtime/profile/profile_report.h"
 #include "runtime/train/job_spec.h"
@@ -86,13 +87,12 @@ absl::StatusOr<int> RunProfile(const Args& args) {
       std::fflush(stderr);
     };
   }
-  const std::vector<cuda::CudaDeviceInfo> gpus = cuda::QueryCudaDevices();
-  if (!gpus.empty()) {
-    std::fprintf(stderr,
-                 "tandem profile: %zu CUDA device(s) found, but this build has no CUDA "
-                 "ProfiledDevice yet (it comes with the CUDA backend): profiling the CPU only\n",
-                 gpus.size());
+  // The host, and the GPU when one is found and opens; why not, when it does not.
+  const profile::NodeProfiledDevices node = profile::OpenNodeProfiledDevices(env.threads, env.cpu);
+  for (const std::string& note : node.notes) {
+    std::fprintf(stderr, "tandem profile: %s\n", note.c_str());
   }
+  env.devices = node.devices();
 
   const double load_before = LoadAverage();
   absl::StatusOr<profile::ProfileResult> result = profile::ProfileModel(request, env);

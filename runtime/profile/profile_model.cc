@@ -22,18 +22,6 @@ namespace {
 constexpr int kDefaultIterations = 10;
 constexpr int kDefaultWarmup = 3;
 
-// Restores the calling thread's OpenMP thread count on scope exit.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int threads) : previous_(omp_get_max_threads()) {
-    if (threads > 0) omp_set_num_threads(threads);
-  }
-  ~ScopedThreads() { omp_set_num_threads(previous_); }
-
- private:
-  const int previous_;
-};
-
 absl::Status WithField(const std::string& prefix, const absl::Status& s) {
   if (s.code() != absl::StatusCode::kInvalidArgument) return s;
   return absl::InvalidArgumentError(absl::StrCat(prefix, s.message()));
@@ -93,6 +81,12 @@ std::vector<std::string> LayerNames(const Model& model) {
 }
 
 }  // namespace
+
+ScopedThreads::ScopedThreads(int threads) : previous_(omp_get_max_threads()) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+ScopedThreads::~ScopedThreads() { omp_set_num_threads(previous_); }
 
 absl::Status ResolveProfileRequest(const tandem::v1::ProfileModelRequest& request, int* iterations,
                                    int* warmup) {

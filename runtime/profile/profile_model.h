@@ -48,6 +48,20 @@ struct ProfilerEnvironment {
   CpuDeviceOptions cpu;
 };
 
+// Sets the calling thread's OpenMP thread count to `threads` (0 = leaves it)
+// and restores it on scope exit: ProfileModel measures under env.threads, and
+// a CpuProfiledDevice for env.devices is created under the same count.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads);
+  ~ScopedThreads();
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  const int previous_;
+};
+
 struct ProfileResult {
   tandem::v1::Profile profile;
   // The profile came from the cache, unmeasured.

@@ -135,12 +135,15 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
   if (device.memory_bytes() > 0) absl::StrAppend(out, ", ", FormatBytes(device.memory_bytes()));
   absl::StrAppend(out, "\n");
   std::vector<std::vector<std::string>> rows;
+  // A GPU's GEMM may use TF32 and its bandwidth is a device copy's (the
+  // counter note says how each was measured).
+  const bool gpu = device.kind() == tandem::v1::DEVICE_KIND_CUDA;
+  rows.push_back({gpu ? "GEMM (fp32 or TF32, see note)" : "GEMM (fp32)",
+                  device.gemm_flops_per_second() > 0
+                      ? absl::StrFormat("%.1f GFLOP/s", device.gemm_flops_per_second() / 1e9)
+                      : "-"});
   rows.push_back(
-      {"GEMM (fp32)", device.gemm_flops_per_second() > 0
-                          ? absl::StrFormat("%.1f GFLOP/s", device.gemm_flops_per_second() / 1e9)
-                          : "-"});
-  rows.push_back(
-      {"memory bandwidth (triad)",
+      {gpu ? "memory bandwidth (device copy)" : "memory bandwidth (triad)",
        device.memory_bandwidth_bytes_per_second() > 0
            ? absl::StrFormat("%.1f GB/s", device.memory_bandwidth_bytes_per_second() / 1e9)
            : "-"});
@@ -150,7 +153,7 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
   rows.push_back(
       {"counters", absl::StrCat(SourceName(device.counter_source()), ": ",
                                 device.counter_note().empty() ? "-" : device.counter_note())});
-  if (device.kind() == tandem::v1::DEVICE_KIND_CUDA) {
+  if (gpu) {
     rows.push_back({"CUPTI overhead", absl::StrCat(Ms(device.profiler_overhead_seconds()), " ms")});
     rows.push_back({"CUPTI dropped records", absl::StrCat(device.dropped_records())});
   }

@@ -7,10 +7,10 @@
 // NewAllocator(), fills inputs on the host and copies them over, brackets every
 // phase call with BeginPhase / EndPhase after Synchronize(), times it on the
 // wall clock, and asks CollectLayer() for what the device measured besides.
-// CpuProfiledDevice (cpu_device.h) is the host; the CUDA backend and the
-// emulated accelerator implement this interface with their own memory and
-// streams (runtime/profile/cupti/gpu_phase_probe.h does the CUPTI and
-// CUDA-event part for the former).
+// CpuProfiledDevice (cpu_device.h) is the host; CudaProfiledDevice
+// (cuda_device.h, opened through cuda_device_factory.h) a CUDA GPU, with its
+// own memory and stream, and runtime/profile/cupti/gpu_phase_probe.h for the
+// CUPTI and CUDA-event part; testing/fakes.h has an accelerator for tests.
 //
 // A ProfiledDevice is driven by one thread at a time (the profiler's).
 #ifndef TANDEM_RUNTIME_PROFILE_PROFILED_DEVICE_H_

@@ -1,6 +1,6 @@
 """A gRPC client that is not ours (Debian's python3-grpcio, raw bytes, no Tandem
-stubs) asks tandemd's standard health service and gets SERVING; an RPC whose
-issue has not landed answers UNIMPLEMENTED with a message; SIGTERM exits 0."""
+stubs) asks tandemd's standard health service and gets SERVING, lists its
+services through server reflection, and SIGTERM exits 0."""
 import sys
 import unittest
 
@@ -34,6 +34,19 @@ class HealthTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as caught:
             check(b"\x0a" + bytes([len(name)]) + name, timeout=10)
         self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_server_reflection_lists_the_services(self):
+        # grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo, a
+        # bidirectional stream; ServerReflectionRequest{list_services: ""} is
+        # field 7 (length-delimited), empty.
+        info = self.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        responses = list(info(iter([b"\x3a\x00"]), timeout=10))
+        self.assertEqual(len(responses), 1)
+        # ServerReflectionResponse.list_services_response is field 6; its
+        # ServiceResponse names are plain strings inside it.
+        for name in (b"tandem.v1.Tandem", b"grpc.health.v1.Health"):
+            self.assertIn(name, responses[0])
 
     def test_sigterm_exits_zero(self):
         self.assertEqual(self.daemon.stop(), 0)

@@ -21,7 +21,14 @@ ActivityBufferPool* Pool(const CuptiTracerOptions& options) {
   return pool;
 }
 
+// CUPTI emits an EXTERNAL_CORRELATION record only in front of an API record
+// (cuptiActivityPushExternalCorrelationId), so without RUNTIME and DRIVER no
+// kernel, copy or set could be attributed to a phase. Both: our kernels and
+// CUB launch through the runtime, cuBLAS and cuDNN also through the driver.
+// The API records themselves are ignored by the sink.
 const CUpti_ActivityKind kKinds[] = {
+    CUPTI_ACTIVITY_KIND_RUNTIME,
+    CUPTI_ACTIVITY_KIND_DRIVER,
     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
     CUPTI_ACTIVITY_KIND_MEMCPY,
@@ -31,6 +38,10 @@ const CUpti_ActivityKind kKinds[] = {
 
 const char* KindName(CUpti_ActivityKind kind) {
   switch (kind) {
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+      return "RUNTIME";
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+      return "DRIVER";
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION:
       return "EXTERNAL_CORRELATION";
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
@@ -79,10 +90,19 @@ CuptiTracer::~CuptiTracer() {
   // A tracer that failed to start was destroyed under the lock, with nothing
   // to undo.
   if (!started_) return;
+  // Disabled before the last flush: flushing first left what CUPTI recorded
+  // afterwards (the flush's own overhead record) in a pool buffer CUPTI kept,
+  // to be handed to the next profile's tracer. Still the active tracer, so no
+  // other can start meanwhile.
+  for (CUpti_ActivityKind kind : enabled_) api_->ActivityDisable(kind);
   (void)Flush();
   absl::MutexLock lock(&TracerMutex());
-  for (CUpti_ActivityKind kind : enabled_) api_->ActivityDisable(kind);
   if (active_tracer == this) active_tracer = nullptr;
+}
+
+void CuptiTracer::WithSinkLocked(absl::FunctionRef<void()> read) const {
+  absl::MutexLock lock(&TracerMutex());
+  read();
 }
 
 absl::Status CuptiTracer::PushPhase(const PhaseKey& key) {

@@ -1,8 +1,10 @@
 // CUPTI's Activity API around profiled GPU work: kernels (CONCURRENT_KERNEL),
 // copies (MEMCPY), sets (MEMSET), CUPTI's own overhead (OVERHEAD) and the
 // correlation of every CUDA call with the external id pushed around the phase
-// that made it (EXTERNAL_CORRELATION). Records go to an ActivityRecordSink
-// (activity_attribution.h) as CUPTI completes buffers, and on Flush().
+// that made it (EXTERNAL_CORRELATION, which CUPTI emits only in front of an
+// API record: RUNTIME and DRIVER are enabled for that). Records go to an
+// ActivityRecordSink (activity_attribution.h) as CUPTI completes buffers, and
+// on Flush().
 //
 // Memory is bounded: buffers come from one process-wide ActivityBufferPool
 // (sized by the first tracer: `buffers` x `buffer_bytes`); when all are in
@@ -14,13 +16,15 @@
 // (Start fails with FAILED_PRECONDITION otherwise). CUDA builds only.
 // Push/PopPhase are called from the thread that launches the phase's work;
 // Flush and the counters from any thread; the sink is called with a lock held,
-// never concurrently.
+// never concurrently, and is read under that lock (WithSinkLocked): CUPTI may
+// complete a buffer on its own thread at any time.
 #ifndef TANDEM_RUNTIME_PROFILE_CUPTI_CUPTI_TRACER_H_
 #define TANDEM_RUNTIME_PROFILE_CUPTI_CUPTI_TRACER_H_
 
 #include <atomic>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "runtime/profile/cupti/activity_attribution.h"
 #include "runtime/profile/cupti/activity_buffer_pool.h"
@@ -48,6 +52,9 @@ class CuptiTracer {
   absl::Status PopPhase();
   // Hands every record CUPTI holds, complete or not, to the sink.
   absl::Status Flush();
+  // Runs `read` while no record is being fed to the sink: CUPTI completes full
+  // buffers on its own thread, even after a Flush (work of other threads).
+  void WithSinkLocked(absl::FunctionRef<void()> read) const;
 
   int64_t dropped_records() const { return dropped_.load(); }
   // Buffer requests answered with none because the pool was exhausted.

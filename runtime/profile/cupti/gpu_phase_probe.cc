@@ -146,9 +146,11 @@ absl::Status GpuPhaseProbe::CollectLayer(int layer, tandem::v1::LayerDeviceProfi
     }
     absl::Status flushed = tracer_->Flush();
     if (!flushed.ok()) return flushed;
-    attributed = attributor_.Attribute();
-    unattributed_ += attributor_.Unattributed();
-    attributor_.Clear();
+    tracer_->WithSinkLocked([&] {
+      attributed = attributor_.Attribute();
+      unattributed_ += attributor_.Unattributed();
+      attributor_.Clear();
+    });
   }
   for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kUpdate}) {
     auto it = calls_.find({layer, phase});
@@ -183,8 +185,10 @@ void GpuPhaseProbe::FinishProfile(tandem::v1::DeviceProfile* out) {
   std::string note = cupti_note_;
   if (tracer_ != nullptr) {
     (void)tracer_->Flush();
-    out->set_profiler_overhead_seconds(attributor_.overhead_seconds());
-    out->set_dropped_records(tracer_->dropped_records() + attributor_.dropped());
+    tracer_->WithSinkLocked([&] {
+      out->set_profiler_overhead_seconds(attributor_.overhead_seconds());
+      out->set_dropped_records(tracer_->dropped_records() + attributor_.dropped());
+    });
     if (tracer_->refused_buffers() > 0 || out->dropped_records() > 0) {
       absl::StrAppend(&note, "; buffer cap reached: ", tracer_->refused_buffers(),
                       " buffer requests refused, ", out->dropped_records(), " records dropped");

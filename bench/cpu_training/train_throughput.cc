@@ -74,7 +74,8 @@ int RunOne(const Bench& bench) {
   HostAllocator allocator;
   auto runner = CpuRunner::Create(*jm->model, resolved->optimizer(), B, 1, &allocator);
   if (!runner.ok()) return 1;
-  absl::StatusOr<Datasets> data = OpenDatasets(resolved->data(), 1, nullptr, ModelContext(*resolved));
+  absl::StatusOr<Datasets> data =
+      OpenDatasets(resolved->data(), 1, nullptr, ModelContext(*resolved));
   BatchLoader loader(*data->train, B, false, 1, false);
   const Batch batch = loader.Next();
   StepOptions options;
@@ -92,14 +93,16 @@ int RunOne(const Bench& bench) {
     now = WallSeconds();
   }
   const double step_seconds = (now - start) / steps;
-  std::printf("{\"model\": \"%s\", \"impl\": \"tandem\", \"batch\": %ld, \"steps\": %d, "
-              "\"step_ms\": %.3f, \"samples_per_second\": %.1f, \"parameters\": %ld}\n",
-              bench.name, static_cast<long>(B), steps, 1e3 * step_seconds, B / step_seconds,
-              static_cast<long>(jm->model->parameter_count()));
+  std::printf(
+      "{\"model\": \"%s\", \"impl\": \"tandem\", \"batch\": %ld, \"steps\": %d, "
+      "\"step_ms\": %.3f, \"samples_per_second\": %.1f, \"parameters\": %ld}\n",
+      bench.name, static_cast<long>(B), steps, 1e3 * step_seconds, B / step_seconds,
+      static_cast<long>(jm->model->parameter_count()));
   if (absl::GetFlag(FLAGS_per_layer)) {
     for (int l = 0; l < jm->model->num_layers(); ++l) {
-      std::fprintf(stderr, "  %-22s fwd %8.3f ms  bwd %8.3f ms\n", jm->model->layer(l).name().c_str(),
-                   1e3 * timings.forward[l] / steps, 1e3 * timings.backward[l] / steps);
+      std::fprintf(stderr, "  %-22s fwd %8.3f ms  bwd %8.3f ms\n",
+                   jm->model->layer(l).name().c_str(), 1e3 * timings.forward[l] / steps,
+                   1e3 * timings.backward[l] / steps);
     }
     std::fprintf(stderr, "  %-22s     %8.3f ms\n", "adam update", 1e3 * timings.update / steps);
   }

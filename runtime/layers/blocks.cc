@@ -118,10 +118,13 @@ absl::StatusOr<Shape> TransformerBlock::InferOutput(const Shape& input) {
   ln2_ = std::make_unique<LayerNorm>();
   attn_ = std::make_unique<Attention>(AttentionOptions{
       .n_head = options_.n_head, .init = init, .projection_stddev = options_.residual_init_stddev});
-  fc1_ = std::make_unique<Linear>(LinearOptions{.out_features = hidden_, .bias = true, .init = init});
+  fc1_ =
+      std::make_unique<Linear>(LinearOptions{.out_features = hidden_, .bias = true, .init = init});
   gelu_ = std::make_unique<Activation>(ActivationKind::kGelu);
-  fc2_ = std::make_unique<Linear>(LinearOptions{
-      .out_features = C_, .bias = true, .init = {InitKind::kNormal, options_.residual_init_stddev}});
+  fc2_ = std::make_unique<Linear>(
+      LinearOptions{.out_features = C_,
+                    .bias = true,
+                    .init = {InitKind::kNormal, options_.residual_init_stddev}});
   drop1_ = std::make_unique<Dropout>(options_.dropout);
   drop2_ = std::make_unique<Dropout>(options_.dropout);
   const Shape hidden_shape({T_, hidden_});
@@ -279,12 +282,15 @@ absl::StatusOr<Shape> ResidualBlock::InferOutput(const Shape& input) {
   if (input.rank() != 3) return absl::InvalidArgumentError("needs an image input [H, W, C]");
   const int64_t out = options_.out_channels;
   if (out <= 0) return absl::InvalidArgumentError("out_channels must be > 0");
-  conv1_ = std::make_unique<Conv2d>(Conv2dOptions{
-      .out_channels = out, .kernel_size = 3, .stride = options_.stride, .padding = 1, .bias = false});
+  conv1_ = std::make_unique<Conv2d>(Conv2dOptions{.out_channels = out,
+                                                  .kernel_size = 3,
+                                                  .stride = options_.stride,
+                                                  .padding = 1,
+                                                  .bias = false});
   bn1_ = std::make_unique<BatchNorm2d>();
   relu_ = std::make_unique<Activation>(ActivationKind::kRelu);
-  conv2_ = std::make_unique<Conv2d>(
-      Conv2dOptions{.out_channels = out, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false});
+  conv2_ = std::make_unique<Conv2d>(Conv2dOptions{
+      .out_channels = out, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false});
   bn2_ = std::make_unique<BatchNorm2d>();
   absl::Status s = conv1_->Build(input);
   if (s.ok()) s = bn1_->Build(conv1_->output_shape());
@@ -293,8 +299,11 @@ absl::StatusOr<Shape> ResidualBlock::InferOutput(const Shape& input) {
   if (s.ok()) s = bn2_->Build(conv2_->output_shape());
   if (!s.ok()) return s;
   if (options_.stride != 1 || input[2] != out) {
-    conv_skip_ = std::make_unique<Conv2d>(Conv2dOptions{
-        .out_channels = out, .kernel_size = 1, .stride = options_.stride, .padding = 0, .bias = false});
+    conv_skip_ = std::make_unique<Conv2d>(Conv2dOptions{.out_channels = out,
+                                                        .kernel_size = 1,
+                                                        .stride = options_.stride,
+                                                        .padding = 0,
+                                                        .bias = false});
     bn_skip_ = std::make_unique<BatchNorm2d>();
     s = conv_skip_->Build(input);
     if (s.ok()) s = bn_skip_->Build(conv_skip_->output_shape());
@@ -431,8 +440,7 @@ void ResidualBlock::Backward(const LayerContext& ctx, const Tensor& x, const Ten
   relu_->Backward(part(1), None(), F32(r1, os, B), nullptr, F32(d_b, os, B), F32(d_b, os, B));
   bn1_->Backward(part(1), F32(c1, os, B), F32(b1, os, B), bn1_saved, F32(d_b, os, B),
                  F32(d_a, os, B));
-  conv1_->Backward(part(0), x, None(), nullptr, F32(d_a, os, B),
-                   dx.data != nullptr ? dx : None());
+  conv1_->Backward(part(0), x, None(), nullptr, F32(d_a, os, B), dx.data != nullptr ? dx : None());
   if (conv_skip_) {
     float* cs = s.Take(n);
     void* bns_saved = s.TakeBytes(bn_skip_->SavedBytes(B));

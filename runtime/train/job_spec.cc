@@ -121,8 +121,8 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml, const std::strin
     AppendJson(root, &json);
     return json;
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(filename, ":", e.mark.line + 1, ":",
-                                                   e.mark.column + 1, ": ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat(filename, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ", e.msg));
   }
 }
 
@@ -158,12 +158,15 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.display_name().size() > 128) {
-    return FieldError("display_name", absl::StrCat("at most 128 characters, got ", spec.display_name().size()));
+    return FieldError("display_name",
+                      absl::StrCat("at most 128 characters, got ", spec.display_name().size()));
   }
   if (spec.labels_size() > 32) return FieldError("labels", "at most 32 entries");
   for (const auto& [k, v] : spec.labels()) {
-    if (k.empty() || k.size() > 128) return FieldError("labels", "keys must have 1 to 128 characters");
-    if (v.size() > 128) return FieldError(absl::StrCat("labels[", k, "]"), "at most 128 characters");
+    if (k.empty() || k.size() > 128)
+      return FieldError("labels", "keys must have 1 to 128 characters");
+    if (v.size() > 128)
+      return FieldError(absl::StrCat("labels[", k, "]"), "at most 128 characters");
   }
   if (spec.model().model_case() == tandem::v1::ModelSpec::MODEL_NOT_SET) {
     return FieldError("model", "is required: set one of mlp, cnn, resnet, gpt, layers");
@@ -185,11 +188,14 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   TANDEM_RETURN_IF_ERROR(InRange("optimizer.epsilon", o.epsilon(), 0.0f, 1.0f));
   TANDEM_RETURN_IF_ERROR(InRange("optimizer.weight_decay", o.weight_decay(), 0.0f, 10.0f));
   TANDEM_RETURN_IF_ERROR(InRange("optimizer.max_grad_norm", o.max_grad_norm(), 0.0f, 1e9f));
-  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("optimizer.warmup_steps", o.warmup_steps(), 0, 1000000000));
-  TANDEM_RETURN_IF_ERROR(InRange("optimizer.min_learning_rate", o.min_learning_rate(), 0.0f, 10.0f));
+  TANDEM_RETURN_IF_ERROR(
+      InRange<int64_t>("optimizer.warmup_steps", o.warmup_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(
+      InRange("optimizer.min_learning_rate", o.min_learning_rate(), 0.0f, 10.0f));
 
   const auto& t = spec.training();
-  if (t.batch_size() == 0) return FieldError("training.batch_size", "is required (samples per step)");
+  if (t.batch_size() == 0)
+    return FieldError("training.batch_size", "is required (samples per step)");
   TANDEM_RETURN_IF_ERROR(InRange("training.batch_size", t.batch_size(), 1, 65536));
   switch (t.duration_case()) {
     case tandem::v1::TrainingSpec::kSteps:
@@ -201,9 +207,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     case tandem::v1::TrainingSpec::DURATION_NOT_SET:
       return FieldError("training", "set steps or epochs");
   }
-  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.eval_interval_steps", t.eval_interval_steps(), 0, 1000000000));
-  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.checkpoint_interval_steps", t.checkpoint_interval_steps(), 0, 1000000000));
-  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.log_interval_steps", t.log_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(
+      InRange<int64_t>("training.eval_interval_steps", t.eval_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.checkpoint_interval_steps",
+                                          t.checkpoint_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(
+      InRange<int64_t>("training.log_interval_steps", t.log_interval_steps(), 0, 1000000000));
   TANDEM_RETURN_IF_ERROR(InRange("training.eval_batch_size", t.eval_batch_size(), 0, 65536));
   TANDEM_RETURN_IF_ERROR(InRange("training.threads", t.threads(), 0, 1024));
 
@@ -222,9 +231,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   const auto& r = spec.resources();
   constexpr int64_t kMaxBytes = int64_t{1} << 50;
-  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("resources.accelerator_memory_bytes", r.accelerator_memory_bytes(), 0, kMaxBytes));
-  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("resources.host_memory_bytes", r.host_memory_bytes(), 0, kMaxBytes));
-  TANDEM_RETURN_IF_ERROR(InRange("resources.emulated_link_bytes_per_second", r.emulated_link_bytes_per_second(), 0.0, 1e15));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("resources.accelerator_memory_bytes",
+                                          r.accelerator_memory_bytes(), 0, kMaxBytes));
+  TANDEM_RETURN_IF_ERROR(
+      InRange<int64_t>("resources.host_memory_bytes", r.host_memory_bytes(), 0, kMaxBytes));
+  TANDEM_RETURN_IF_ERROR(InRange("resources.emulated_link_bytes_per_second",
+                                 r.emulated_link_bytes_per_second(), 0.0, 1e15));
   TANDEM_RETURN_IF_ERROR(InRange("priority", spec.priority(), -1000, 1000));
   return absl::OkStatus();
 }
@@ -233,7 +245,8 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
   TANDEM_RETURN_IF_ERROR(ValidateJobSpec(spec));
   JobSpec r = spec;
   auto* o = r.mutable_optimizer();
-  if (o->kind() == tandem::v1::OPTIMIZER_KIND_UNSPECIFIED) o->set_kind(tandem::v1::OPTIMIZER_KIND_ADAM);
+  if (o->kind() == tandem::v1::OPTIMIZER_KIND_UNSPECIFIED)
+    o->set_kind(tandem::v1::OPTIMIZER_KIND_ADAM);
   const bool sgd = o->kind() == tandem::v1::OPTIMIZER_KIND_SGD;
   if (o->learning_rate() == 0) o->set_learning_rate(sgd ? 1e-2f : 1e-3f);
   if (!sgd) {
@@ -264,7 +277,8 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
   }
   const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
-    p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE : tandem::v1::STRATEGY_CPU_ONLY);
+    p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE
+                                : tandem::v1::STRATEGY_CPU_ONLY);
   }
   if (!accelerated && p->strategy() != tandem::v1::STRATEGY_CPU_ONLY &&
       p->strategy() != tandem::v1::STRATEGY_AUTO) {
@@ -300,7 +314,8 @@ int64_t ModelContext(const JobSpec& resolved) {
 
 absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve) {
   JobModel out;
-  TANDEM_ASSIGN_OR_RETURN(out.data, DescribeDatasets(resolved.data(), resolve, ModelContext(resolved)));
+  TANDEM_ASSIGN_OR_RETURN(out.data,
+                          DescribeDatasets(resolved.data(), resolve, ModelContext(resolved)));
   TANDEM_ASSIGN_OR_RETURN(out.model, Model::Build(resolved.model(), out.data));
   return out;
 }

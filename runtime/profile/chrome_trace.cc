@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "runtime/base/json_quote.h"
 
 namespace tandem::profile {
 namespace {
@@ -17,33 +18,6 @@ using tandem::v1::TimelineResource;
 
 constexpr int kHostPid = 1;
 constexpr int kAcceleratorPid = 2;
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // Microseconds with nanosecond resolution.
 std::string Micros(double seconds) { return absl::StrFormat("%.3f", seconds * 1e6); }
@@ -87,7 +61,7 @@ std::string LayerName(int layer, const ChromeTraceOptions& options) {
 
 std::string Metadata(const char* what, int pid, int tid, const std::string& name) {
   return absl::StrCat("{\"name\":\"", what, "\",\"ph\":\"M\",\"pid\":", pid, ",\"tid\":", tid,
-                      ",\"args\":{\"name\":", JsonString(name), "}}");
+                      ",\"args\":{\"name\":", JsonQuote(name), "}}");
 }
 
 std::string SortIndex(const char* what, int pid, int tid, int index) {
@@ -111,8 +85,8 @@ std::string TimelineToChromeTrace(const tandem::v1::Timeline& timeline,
         absl::StrCat("\"layer\":", span.layer(), ",\"micro_batch\":", span.micro_batch());
     if (span.bytes() != 0) absl::StrAppend(&args, ",\"bytes\":", span.bytes());
     events.push_back(absl::StrCat(
-        "{\"name\":", JsonString(absl::StrCat(LayerName(span.layer(), options), " ", phase)),
-        ",\"cat\":", JsonString(phase), ",\"ph\":\"X\",\"ts\":", Micros(span.start_seconds()),
+        "{\"name\":", JsonQuote(absl::StrCat(LayerName(span.layer(), options), " ", phase)),
+        ",\"cat\":", JsonQuote(phase), ",\"ph\":\"X\",\"ts\":", Micros(span.start_seconds()),
         ",\"dur\":", Micros(std::max(0.0, span.end_seconds() - span.start_seconds())),
         ",\"pid\":", track.pid, ",\"tid\":", track.tid, ",\"args\":{", args, "}}"));
   }
@@ -139,9 +113,9 @@ std::string TimelineToChromeTrace(const tandem::v1::Timeline& timeline,
   }
   metadata.insert(metadata.end(), events.begin(), events.end());
   std::string other = absl::StrCat(
-      "\"source\":", JsonString(timeline.source()),
+      "\"source\":", JsonQuote(timeline.source()),
       ",\"iteration_seconds\":", absl::StrFormat("%.9g", timeline.iteration_seconds()));
-  if (!options.title.empty()) absl::StrAppend(&other, ",\"title\":", JsonString(options.title));
+  if (!options.title.empty()) absl::StrAppend(&other, ",\"title\":", JsonQuote(options.title));
   return absl::StrCat("{\"traceEvents\":[\n", absl::StrJoin(metadata, ",\n"),
                       "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{", other, "}}\n");
 }

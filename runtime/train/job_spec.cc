@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/base/json_quote.h"
 #include "runtime/core/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -27,36 +28,6 @@ absl::Status InRange(const std::string& field, T value, T lo, T hi) {
     return FieldError(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
   }
   return absl::OkStatus();
-}
-
-std::string JsonQuote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  return out + "\"";
 }
 
 // A plain YAML scalar as JSON: numbers, true/false and null keep their type.

@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "bench/common/bench_models.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
 #include "runtime/exec/cpu_runner.h"
@@ -22,25 +23,7 @@ ABSL_FLAG(bool, per_layer, false, "Also print each layer's forward and backward 
 namespace tandem {
 namespace {
 
-struct Bench {
-  const char* name;
-  const char* yaml;
-};
-
-const Bench kBenches[] = {
-    {"mlp", R"(
-model: {mlp: {}}
-data: {synthetic: {sample_shape: [28, 28, 1], num_classes: 10}}
-training: {batch_size: 128, steps: 1})"},
-    {"cnn", R"(
-model: {cnn: {}}
-data: {synthetic: {sample_shape: [28, 28, 1], num_classes: 10}}
-training: {batch_size: 128, steps: 1})"},
-    {"gpt", R"(
-model: {gpt: {n_layer: 4, n_head: 4, d_model: 256, context: 128}}
-data: {synthetic: {sample_shape: [128], num_classes: 256, tokens: true}}
-training: {batch_size: 16, steps: 1})"},
-};
+using bench::BenchModel;
 
 class Timings : public LayerTimingSink {
  public:
@@ -58,7 +41,7 @@ class Timings : public LayerTimingSink {
   double update = 0;
 };
 
-int RunOne(const Bench& bench) {
+int RunOne(const BenchModel& bench) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(bench.yaml, bench.name);
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(*spec, false);
   if (!resolved.ok()) {
@@ -117,7 +100,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
-    for (const auto& bench : tandem::kBenches) {
+    for (const auto& bench : tandem::bench::kBenchModels) {
       if (name == bench.name && tandem::RunOne(bench) != 0) return 1;
     }
   }

@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "bench/common/bench_models.h"
 #include "runtime/core/clock.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/profile/layer_histograms.h"
@@ -35,26 +36,7 @@ using profile::LayerHistograms;
 using profile::Median;
 using profile::Quantile;
 
-struct Bench {
-  const char* name;
-  const char* yaml;
-};
-
-// The presets and batches of bench/cpu_training (train_throughput.cc).
-const Bench kBenches[] = {
-    {"mlp", R"(
-model: {mlp: {}}
-data: {synthetic: {sample_shape: [28, 28, 1], num_classes: 10}}
-training: {batch_size: 128, steps: 1})"},
-    {"cnn", R"(
-model: {cnn: {}}
-data: {synthetic: {sample_shape: [28, 28, 1], num_classes: 10}}
-training: {batch_size: 128, steps: 1})"},
-    {"gpt", R"(
-model: {gpt: {n_layer: 4, n_head: 4, d_model: 256, context: 128}}
-data: {synthetic: {sample_shape: [128], num_classes: 256, tokens: true}}
-training: {batch_size: 16, steps: 1})"},
-};
+using bench::BenchModel;
 
 // Nanoseconds per layer phase of what the runner does when a sink is set: two
 // clock reads around the phase and the Record call.
@@ -68,7 +50,7 @@ double SinkNanosecondsPerCall(LayerHistograms& sink, int layers) {
   return (WallSeconds() - start) / kCalls * 1e9;
 }
 
-int RunOne(const Bench& bench) {
+int RunOne(const BenchModel& bench) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(bench.yaml, bench.name);
   absl::StatusOr<tandem::v1::JobSpec> resolved =
       spec.ok() ? ResolveJobSpec(*spec, false) : spec.status();
@@ -158,7 +140,7 @@ int main(int argc, char** argv) {
   std::printf("always-on per-layer timing: CPU engine, %d threads; target overhead <= 2%%\n",
               absl::GetFlag(FLAGS_threads));
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
-    for (const auto& bench : tandem::kBenches) {
+    for (const auto& bench : tandem::bench::kBenchModels) {
       if (name == bench.name && tandem::RunOne(bench) != 0) return 1;
     }
   }

@@ -288,6 +288,27 @@ int64_t CostModel::ModelStateBytes() const {
   return total;
 }
 
+ChainLayerCosts ChainLayerCostsOf(const CostModel& cost, int layer, int samples, int host_threads,
+                                  bool recompute) {
+  constexpr tandem::v1::Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
+  ChainLayerCosts x;
+  x.param = cost.ParameterBytes(layer);
+  x.grad = cost.GradientBytes(layer);
+  x.opt = cost.OptimizerStateBytes(layer);
+  x.update_bytes = cost.UpdateBytes(layer);
+  x.has_params = x.param > 0 || x.grad > 0;
+  x.upd_host = cost.UpdateSeconds(layer, tandem::v1::PLACEMENT_HOST, host_threads);
+  x.fwd = cost.ForwardSeconds(layer, kAcc, samples);
+  x.bwd = cost.BackwardSeconds(layer, kAcc, samples);
+  x.upd_acc = cost.UpdateSeconds(layer, kAcc, host_threads);
+  x.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, x.grad);
+  x.act = cost.ActivationBytes(layer, samples);
+  x.ws = cost.WorkspaceBytes(layer, samples);
+  x.ckpt = layer == 0 ? 0 : std::min(x.act, cost.OutputBytes(layer - 1, samples));
+  x.recompute = recompute;
+  return x;
+}
+
 absl::StatusOr<CostModel> CostModel::FromMeasuredProfile(const Profile& profile) {
   if (absl::Status s = ValidateLayers(profile); !s.ok()) return s;
   CostModel model;

@@ -169,6 +169,19 @@ class CostModel {
   std::string source_;
 };
 
+// What the fast chain evaluators (resident_chain.h, hetero_replicas.h) read of
+// one layer in their inner loops: its accelerator forward/backward over a
+// micro-batch of `samples`, its update on either side (host with
+// `host_threads`), its gradient's copy to the host, its state, activation,
+// checkpoint and workspace bytes, and whether it is recomputed.
+struct ChainLayerCosts {
+  double fwd = 0, bwd = 0, upd_acc = 0, upd_host = 0, grad_d2h = 0;
+  int64_t param = 0, grad = 0, opt = 0, act = 0, ckpt = 0, ws = 0, update_bytes = 0;
+  bool has_params = false, recompute = false;
+};
+ChainLayerCosts ChainLayerCostsOf(const CostModel& cost, int layer, int samples, int host_threads,
+                                  bool recompute);
+
 }  // namespace tandem::planner
 
 #endif  // TANDEM_PLANNER_COST_MODEL_H_

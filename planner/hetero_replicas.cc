@@ -71,21 +71,10 @@ HeteroReplicas::HeteroReplicas(const CostModel& cost, const Schedule& s)
   layers_.resize(L);
   for (int l = 0; l < L; ++l) {
     Layer& x = layers_[l];
-    x.param = cost.ParameterBytes(l);
-    x.grad = cost.GradientBytes(l);
-    x.opt = cost.OptimizerStateBytes(l);
-    x.update_bytes = cost.UpdateBytes(l);
-    x.has_params = x.param > 0 || x.grad > 0;
-    x.upd_host = cost.UpdateSeconds(l, kHost, s.host_update_threads);
-    x.fwd = cost.ForwardSeconds(l, kAcc, m);
-    x.bwd = cost.BackwardSeconds(l, kAcc, m);
-    x.upd_acc = cost.UpdateSeconds(l, kAcc, s.host_update_threads);
-    x.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, x.grad);
+    static_cast<ChainLayerCosts&>(x) =
+        ChainLayerCostsOf(cost, l, m, s.host_update_threads,
+                          s.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
     x.grad_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, x.grad);
-    x.act = cost.ActivationBytes(l, m);
-    x.ws = cost.WorkspaceBytes(l, m);
-    x.ckpt = l == 0 ? 0 : std::min(x.act, cost.OutputBytes(l - 1, m));
-    x.recompute = s.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
     if (host_samples > 0) {
       x.host_fwd = cost.ForwardSeconds(l, kHost, host_samples);
       x.host_bwd = cost.BackwardSeconds(l, kHost, host_samples);

@@ -48,18 +48,12 @@ class HeteroReplicas {
   SimulationResult Simulate(bool record_timeline);
 
  private:
-  struct Layer {
-    // Accelerator replica, per micro-batch.
-    double fwd = 0, bwd = 0, upd_acc = 0;
-    int64_t act = 0, ckpt = 0, ws = 0;
-    bool recompute = false;
-    // Host replica, its whole share in one micro-batch.
+  // The accelerator replica's figures per micro-batch (ChainLayerCosts), then
+  // the host replica's, its whole share in one micro-batch, and the gradient sync.
+  struct Layer : ChainLayerCosts {
     double host_fwd = 0, host_bwd = 0;
     int64_t host_act = 0, host_ws = 0;
-    // Gradient sync and the host replica's update.
-    double grad_d2h = 0, grad_h2d = 0, average = 0, upd_host = 0;
-    int64_t param = 0, grad = 0, opt = 0, update_bytes = 0;
-    bool has_params = false;
+    double grad_h2d = 0, average = 0;
   };
   struct Record;
   // One run of `iterations` iterations, stopped where the last one starts;

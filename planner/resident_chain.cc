@@ -11,7 +11,6 @@ using tandem::v1::TimelinePhase;
 using tandem::v1::TimelineResource;
 
 constexpr tandem::v1::Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
-constexpr tandem::v1::Placement kHost = tandem::v1::PLACEMENT_HOST;
 
 }  // namespace
 
@@ -74,21 +73,10 @@ ResidentChain::ResidentChain(const CostModel& cost, const Schedule& base)
   layers_.resize(L);
   for (int l = 0; l < L; ++l) {
     ResidentLayer& x = layers_[l];
-    x.param = cost.ParameterBytes(l);
-    x.grad = cost.GradientBytes(l);
-    x.opt = cost.OptimizerStateBytes(l);
-    x.update_bytes = cost.UpdateBytes(l);
-    x.has_params = x.param > 0 || x.grad > 0;
-    x.upd_host = cost.UpdateSeconds(l, kHost, base.host_update_threads);
-    x.fwd = cost.ForwardSeconds(l, kAcc, m);
-    x.bwd = cost.BackwardSeconds(l, kAcc, m);
-    x.upd_acc = cost.UpdateSeconds(l, kAcc, base.host_update_threads);
-    x.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, x.grad);
+    static_cast<ChainLayerCosts&>(x) =
+        ChainLayerCostsOf(cost, l, m, base.host_update_threads,
+                          base.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
     x.param_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, x.param);
-    x.act = cost.ActivationBytes(l, m);
-    x.ws = cost.WorkspaceBytes(l, m);
-    x.ckpt = l == 0 ? 0 : std::min(x.act, cost.OutputBytes(l - 1, m));
-    x.recompute = base.layers[l].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
     static_accelerator_params_ += x.param;
   }
 }

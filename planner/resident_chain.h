@@ -36,10 +36,8 @@ namespace tandem::planner {
 
 // One layer's figures at the schedule's micro-batch size, computed with the
 // same CostModel calls as the event graph.
-struct ResidentLayer {
-  double fwd = 0, bwd = 0, upd_acc = 0, upd_host = 0, grad_d2h = 0, param_h2d = 0;
-  int64_t param = 0, grad = 0, opt = 0, act = 0, ckpt = 0, ws = 0, update_bytes = 0;
-  bool has_params = false, recompute = false;
+struct ResidentLayer : ChainLayerCosts {
+  double param_h2d = 0;
 };
 
 class ResidentChain {

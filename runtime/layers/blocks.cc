@@ -11,10 +11,14 @@ namespace tandem {
 namespace {
 
 // The context of sub-layer `part` of a composite: its slices of the parameters,
-// gradients and buffers, which follow the sub-layers' order.
+// gradients and buffers, which follow the sub-layers' order. `part(i)` also
+// points the workspace at `scratch`, the sub-layers' shared scratch after the
+// composite's own temporaries.
 class PartContexts {
  public:
-  PartContexts(const LayerContext& ctx, const std::vector<const Layer*>& parts) : ctx_(ctx) {
+  PartContexts(const LayerContext& ctx, const std::vector<const Layer*>& parts,
+               void* scratch = nullptr)
+      : ctx_(ctx), scratch_(scratch) {
     int64_t p = 0, b = 0;
     for (const Layer* part : parts) {
       param_offsets_.push_back(p);
@@ -31,9 +35,15 @@ class PartContexts {
     c.rng_stream = MixStream(ctx_.rng_stream, part, rng_salt);
     return c;
   }
+  LayerContext operator()(int part) const {
+    LayerContext c = Get(part);
+    c.workspace = scratch_;
+    return c;
+  }
 
  private:
   const LayerContext& ctx_;
+  void* scratch_;
   std::vector<int64_t> param_offsets_, buffer_offsets_;
 };
 
@@ -167,13 +177,31 @@ LayerCost TransformerBlock::Cost(int64_t batch) const {
   return c;
 }
 
-// Saved layout: ln1_out, ln1 stats, attention's, res1, ln2_out, ln2 stats, fc1_out,
-// gelu_out.
-int64_t TransformerBlock::SavedBytes(int64_t batch) const {
+struct TransformerBlock::SavedRegions {
+  float *ln1_out, *res1, *ln2_out, *fc1_out, *gelu_out;
+  void *ln1_saved, *attn_saved, *ln2_saved;
+  int64_t bytes;
+};
+
+TransformerBlock::SavedRegions TransformerBlock::CarveSaved(const void* saved,
+                                                            int64_t batch) const {
   const int64_t btc = batch * T_ * C_, bth = batch * T_ * hidden_;
-  return 3 * Carver::Floats(btc) + cpu::AlignWorkspace(ln1_->SavedBytes(batch)) +
-         cpu::AlignWorkspace(attn_->SavedBytes(batch)) +
-         cpu::AlignWorkspace(ln2_->SavedBytes(batch)) + 2 * Carver::Floats(bth);
+  Carver s(saved);
+  SavedRegions r;
+  r.ln1_out = s.Take(btc);
+  r.ln1_saved = s.TakeBytes(ln1_->SavedBytes(batch));
+  r.attn_saved = s.TakeBytes(attn_->SavedBytes(batch));
+  r.res1 = s.Take(btc);
+  r.ln2_out = s.Take(btc);
+  r.ln2_saved = s.TakeBytes(ln2_->SavedBytes(batch));
+  r.fc1_out = s.Take(bth);
+  r.gelu_out = s.Take(bth);
+  r.bytes = s.used();
+  return r;
+}
+
+int64_t TransformerBlock::SavedBytes(int64_t batch) const {
+  return CarveSaved(nullptr, batch).bytes;
 }
 
 // Workspace layout: three [B, T, C] temporaries, one [B, T, hidden], then the
@@ -189,15 +217,7 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
                                void* saved) const {
   const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
   const Shape seq({T_, C_}), hid({T_, hidden_});
-  Carver s(saved);
-  float* ln1_out = s.Take(btc);
-  void* ln1_saved = s.TakeBytes(ln1_->SavedBytes(B));
-  void* attn_saved = s.TakeBytes(attn_->SavedBytes(B));
-  float* res1 = s.Take(btc);
-  float* ln2_out = s.Take(btc);
-  void* ln2_saved = s.TakeBytes(ln2_->SavedBytes(B));
-  float* fc1_out = s.Take(bth);
-  float* gelu_out = s.Take(bth);
+  const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* branch = w.Take(btc);
   float* dropped = w.Take(btc);
@@ -205,37 +225,24 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
   w.Take(bth);
   void* scratch = w.TakeBytes(0);
 
-  PartContexts parts(ctx, Parts());
-  auto part = [&](int i) {
-    LayerContext c = parts.Get(i);
-    c.workspace = scratch;
-    return c;
-  };
-  ln1_->Forward(part(0), x, F32(ln1_out, seq, B), ln1_saved);
-  attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), attn_saved);
-  drop1_->Forward(parts.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
-  ln2_->Forward(part(2), F32(res1, seq, B), F32(ln2_out, seq, B), ln2_saved);
-  fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(fc1_out, hid, B), nullptr);
-  gelu_->Forward(part(3), F32(fc1_out, hid, B), F32(gelu_out, hid, B), nullptr);
-  fc2_->Forward(part(4), F32(gelu_out, hid, B), F32(branch, seq, B), nullptr);
-  drop2_->Forward(parts.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
+  const PartContexts part(ctx, Parts(), scratch);
+  ln1_->Forward(part(0), x, F32(r.ln1_out, seq, B), r.ln1_saved);
+  attn_->Forward(part(1), F32(r.ln1_out, seq, B), F32(branch, seq, B), r.attn_saved);
+  drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  ResidualAdd::Forward(ctx, x.f32(), dropped, r.res1, btc);
+  ln2_->Forward(part(2), F32(r.res1, seq, B), F32(r.ln2_out, seq, B), r.ln2_saved);
+  fc1_->Forward(part(3), F32(r.ln2_out, seq, B), F32(r.fc1_out, hid, B), nullptr);
+  gelu_->Forward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr);
+  fc2_->Forward(part(4), F32(r.gelu_out, hid, B), F32(branch, seq, B), nullptr);
+  drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  ResidualAdd::Forward(ctx, r.res1, dropped, y.f32(), btc);
 }
 
 void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
                                 const void* saved, const Tensor& dy, const Tensor& dx) const {
   const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
   const Shape seq({T_, C_}), hid({T_, hidden_});
-  Carver s(saved);
-  float* ln1_out = s.Take(btc);
-  void* ln1_saved = s.TakeBytes(ln1_->SavedBytes(B));
-  void* attn_saved = s.TakeBytes(attn_->SavedBytes(B));
-  float* res1 = s.Take(btc);
-  float* ln2_out = s.Take(btc);
-  void* ln2_saved = s.TakeBytes(ln2_->SavedBytes(B));
-  float* fc1_out = s.Take(bth);
-  float* gelu_out = s.Take(bth);
+  const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* d_branch = w.Take(btc);
   float* d_res1 = w.Take(btc);
@@ -243,33 +250,28 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
   float* d_hidden = w.Take(bth);
   void* scratch = w.TakeBytes(0);
 
-  PartContexts parts(ctx, Parts());
-  auto part = [&](int i) {
-    LayerContext c = parts.Get(i);
-    c.workspace = scratch;
-    return c;
-  };
+  const PartContexts part(ctx, Parts(), scratch);
   // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
-  drop2_->Backward(parts.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
-  fc2_->Backward(part(4), F32(gelu_out, hid, B), None(), nullptr, F32(d_branch, seq, B),
+  drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
+  fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), nullptr, F32(d_branch, seq, B),
                  F32(d_hidden, hid, B));
-  gelu_->Backward(part(3), F32(fc1_out, hid, B), F32(gelu_out, hid, B), nullptr,
+  gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
                   F32(d_hidden, hid, B), F32(d_hidden, hid, B));
-  fc1_->Backward(part(3), F32(ln2_out, seq, B), None(), nullptr, F32(d_hidden, hid, B),
+  fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), nullptr, F32(d_hidden, hid, B),
                  F32(d_tmp, seq, B));
-  ln2_->Backward(part(2), F32(res1, seq, B), None(), ln2_saved, F32(d_tmp, seq, B),
+  ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
                  F32(d_res1, seq, B));
   device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
   // res1 = x + drop1(attn(ln1(x))).
-  drop1_->Backward(parts.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
+  drop1_->Backward(part.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
                    F32(d_branch, seq, B));
-  attn_->Backward(part(1), F32(ln1_out, seq, B), None(), attn_saved, F32(d_branch, seq, B),
+  attn_->Backward(part(1), F32(r.ln1_out, seq, B), None(), r.attn_saved, F32(d_branch, seq, B),
                   F32(d_tmp, seq, B));
   if (dx.data != nullptr) {
-    ln1_->Backward(part(0), x, None(), ln1_saved, F32(d_tmp, seq, B), dx);
+    ln1_->Backward(part(0), x, None(), r.ln1_saved, F32(d_tmp, seq, B), dx);
     device_ops::CopyOrAccumulate(ctx, d_res1, dx.f32(), btc, /*accumulate=*/true);
   } else {
-    ln1_->Backward(part(0), x, None(), ln1_saved, F32(d_tmp, seq, B), None());
+    ln1_->Backward(part(0), x, None(), r.ln1_saved, F32(d_tmp, seq, B), None());
   }
 }
 
@@ -349,15 +351,34 @@ LayerCost ResidualBlock::Cost(int64_t batch) const {
   return SumCosts(all, batch);
 }
 
-// Saved layout: c1, bn1 stats, b1, r1, c2, bn2 stats, b2, then (projection) cs,
-// bns stats, bs.
-int64_t ResidualBlock::SavedBytes(int64_t batch) const {
+// The projection's regions are null without one.
+struct ResidualBlock::SavedRegions {
+  float *c1, *b1, *r1, *c2, *b2, *cs = nullptr, *bs = nullptr;
+  void *bn1_saved, *bn2_saved, *bns_saved = nullptr;
+  int64_t bytes;
+};
+
+ResidualBlock::SavedRegions ResidualBlock::CarveSaved(const void* saved, int64_t batch) const {
   const int64_t n = batch * output_shape().elements();
-  int64_t bytes = 5 * Carver::Floats(n) + cpu::AlignWorkspace(bn1_->SavedBytes(batch)) +
-                  cpu::AlignWorkspace(bn2_->SavedBytes(batch));
-  if (conv_skip_) bytes += 2 * Carver::Floats(n) + cpu::AlignWorkspace(bn_skip_->SavedBytes(batch));
-  return bytes;
+  Carver s(saved);
+  SavedRegions r;
+  r.c1 = s.Take(n);
+  r.bn1_saved = s.TakeBytes(bn1_->SavedBytes(batch));
+  r.b1 = s.Take(n);
+  r.r1 = s.Take(n);
+  r.c2 = s.Take(n);
+  r.bn2_saved = s.TakeBytes(bn2_->SavedBytes(batch));
+  r.b2 = s.Take(n);
+  if (conv_skip_) {
+    r.cs = s.Take(n);
+    r.bns_saved = s.TakeBytes(bn_skip_->SavedBytes(batch));
+    r.bs = s.Take(n);
+  }
+  r.bytes = s.used();
+  return r;
 }
+
+int64_t ResidualBlock::SavedBytes(int64_t batch) const { return CarveSaved(nullptr, batch).bytes; }
 
 // Workspace: three output-sized temporaries, then the sub-layers' scratch.
 int64_t ResidualBlock::WorkspaceBytes(int64_t batch) const {
@@ -369,41 +390,26 @@ void ResidualBlock::Forward(const LayerContext& ctx, const Tensor& x, const Tens
                             void* saved) const {
   const int64_t B = x.batch(), n = B * output_shape().elements();
   const Shape& os = output_shape();
-  Carver s(saved);
-  float* c1 = s.Take(n);
-  void* bn1_saved = s.TakeBytes(bn1_->SavedBytes(B));
-  float* b1 = s.Take(n);
-  float* r1 = s.Take(n);
-  float* c2 = s.Take(n);
-  void* bn2_saved = s.TakeBytes(bn2_->SavedBytes(B));
-  float* b2 = s.Take(n);
+  const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* sum = w.Take(n);
   w.Take(n);
   w.Take(n);
   w.Take(B * input_shape().elements());
   void* scratch = w.TakeBytes(0);
-  PartContexts parts(ctx, Parts());
-  auto part = [&](int i) {
-    LayerContext c = parts.Get(i);
-    c.workspace = scratch;
-    return c;
-  };
-  conv1_->Forward(part(0), x, F32(c1, os, B), nullptr);
-  bn1_->Forward(part(1), F32(c1, os, B), F32(b1, os, B), bn1_saved);
-  relu_->Forward(part(1), F32(b1, os, B), F32(r1, os, B), nullptr);
-  conv2_->Forward(part(2), F32(r1, os, B), F32(c2, os, B), nullptr);
-  bn2_->Forward(part(3), F32(c2, os, B), F32(b2, os, B), bn2_saved);
+  const PartContexts part(ctx, Parts(), scratch);
+  conv1_->Forward(part(0), x, F32(r.c1, os, B), nullptr);
+  bn1_->Forward(part(1), F32(r.c1, os, B), F32(r.b1, os, B), r.bn1_saved);
+  relu_->Forward(part(1), F32(r.b1, os, B), F32(r.r1, os, B), nullptr);
+  conv2_->Forward(part(2), F32(r.r1, os, B), F32(r.c2, os, B), nullptr);
+  bn2_->Forward(part(3), F32(r.c2, os, B), F32(r.b2, os, B), r.bn2_saved);
   const float* skip = x.f32();
   if (conv_skip_) {
-    float* cs = s.Take(n);
-    void* bns_saved = s.TakeBytes(bn_skip_->SavedBytes(B));
-    float* bs = s.Take(n);
-    conv_skip_->Forward(part(4), x, F32(cs, os, B), nullptr);
-    bn_skip_->Forward(part(5), F32(cs, os, B), F32(bs, os, B), bns_saved);
-    skip = bs;
+    conv_skip_->Forward(part(4), x, F32(r.cs, os, B), nullptr);
+    bn_skip_->Forward(part(5), F32(r.cs, os, B), F32(r.bs, os, B), r.bns_saved);
+    skip = r.bs;
   }
-  ResidualAdd::Forward(ctx, b2, skip, sum, n);
+  ResidualAdd::Forward(ctx, r.b2, skip, sum, n);
   relu_->Forward(part(1), F32(sum, os, B), y, nullptr);
 }
 
@@ -412,40 +418,25 @@ void ResidualBlock::Backward(const LayerContext& ctx, const Tensor& x, const Ten
   const int64_t B = x.batch(), n = B * output_shape().elements();
   const Shape& os = output_shape();
   const Shape& is = input_shape();
-  Carver s(saved);
-  float* c1 = s.Take(n);
-  void* bn1_saved = s.TakeBytes(bn1_->SavedBytes(B));
-  float* b1 = s.Take(n);
-  float* r1 = s.Take(n);
-  float* c2 = s.Take(n);
-  void* bn2_saved = s.TakeBytes(bn2_->SavedBytes(B));
-  float* b2 = s.Take(n);
+  const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* d_sum = w.Take(n);
   float* d_a = w.Take(n);
   float* d_b = w.Take(n);
   float* d_in = w.Take(B * is.elements());
   void* scratch = w.TakeBytes(0);
-  PartContexts parts(ctx, Parts());
-  auto part = [&](int i) {
-    LayerContext c = parts.Get(i);
-    c.workspace = scratch;
-    return c;
-  };
+  const PartContexts part(ctx, Parts(), scratch);
   relu_->Backward(part(1), None(), y, nullptr, dy, F32(d_sum, os, B));
   // Main path: d_sum -> bn2 -> conv2 -> relu -> bn1 -> conv1.
-  bn2_->Backward(part(3), F32(c2, os, B), F32(b2, os, B), bn2_saved, F32(d_sum, os, B),
+  bn2_->Backward(part(3), F32(r.c2, os, B), F32(r.b2, os, B), r.bn2_saved, F32(d_sum, os, B),
                  F32(d_a, os, B));
-  conv2_->Backward(part(2), F32(r1, os, B), None(), nullptr, F32(d_a, os, B), F32(d_b, os, B));
-  relu_->Backward(part(1), None(), F32(r1, os, B), nullptr, F32(d_b, os, B), F32(d_b, os, B));
-  bn1_->Backward(part(1), F32(c1, os, B), F32(b1, os, B), bn1_saved, F32(d_b, os, B),
+  conv2_->Backward(part(2), F32(r.r1, os, B), None(), nullptr, F32(d_a, os, B), F32(d_b, os, B));
+  relu_->Backward(part(1), None(), F32(r.r1, os, B), nullptr, F32(d_b, os, B), F32(d_b, os, B));
+  bn1_->Backward(part(1), F32(r.c1, os, B), F32(r.b1, os, B), r.bn1_saved, F32(d_b, os, B),
                  F32(d_a, os, B));
   conv1_->Backward(part(0), x, None(), nullptr, F32(d_a, os, B), dx.data != nullptr ? dx : None());
   if (conv_skip_) {
-    float* cs = s.Take(n);
-    void* bns_saved = s.TakeBytes(bn_skip_->SavedBytes(B));
-    float* bs = s.Take(n);
-    bn_skip_->Backward(part(5), F32(cs, os, B), F32(bs, os, B), bns_saved, F32(d_sum, os, B),
+    bn_skip_->Backward(part(5), F32(r.cs, os, B), F32(r.bs, os, B), r.bns_saved, F32(d_sum, os, B),
                        F32(d_a, os, B));
     conv_skip_->Backward(part(4), x, None(), nullptr, F32(d_a, os, B),
                          dx.data != nullptr ? F32(d_in, is, B) : None());

@@ -62,6 +62,10 @@ class TransformerBlock final : public Layer {
  private:
   // Sub-layers in parameter order.
   std::vector<const Layer*> Parts() const;
+  // Where Forward leaves what Backward reads, carved from `saved` (null: only
+  // its size, which is SavedBytes).
+  struct SavedRegions;
+  SavedRegions CarveSaved(const void* saved, int64_t batch) const;
 
   TransformerBlockOptions options_;
   int64_t T_ = 0, C_ = 0, hidden_ = 0;
@@ -98,6 +102,9 @@ class ResidualBlock final : public Layer {
 
  private:
   std::vector<const Layer*> Parts() const;
+  // As TransformerBlock's.
+  struct SavedRegions;
+  SavedRegions CarveSaved(const void* saved, int64_t batch) const;
 
   ResidualBlockOptions options_;
   std::unique_ptr<Conv2d> conv1_, conv2_, conv_skip_;

@@ -79,21 +79,13 @@ bench() {
 
 profile() {
   echo "== tandem profile on cpu + cuda:0"
+  (cd "$root" && "$py" bench/gpu/run.py --tandem "$root/bin/tandem" --write_specs "$out/specs")
   local m
   for m in gpt cnn; do
-    if [[ $m == gpt ]]; then
-      spec='{"model":{"gpt":{"n_layer":4,"n_head":4,"d_model":256,"context":128}},
-             "data":{"synthetic":{"sample_shape":[128],"num_classes":256,"tokens":true}},
-             "training":{"batch_size":16}}'
-    else
-      spec='{"model":{"cnn":{}},"data":{"synthetic":{"sample_shape":[28,28,1],"num_classes":10}},
-             "training":{"batch_size":128}}'
-    fi
-    echo "$spec" > "$out/profile-$m.json"
-    "$root/bin/tandem" profile "$out/profile-$m.json" --trace_out="$out/profile-$m.trace.json" \
+    "$root/bin/tandem" profile "$out/specs/$m.json" --trace_out="$out/profile-$m.trace.json" \
       > "$out/profile-$m.txt" 2> "$out/profile-$m.err"
     echo "-- $m: exit $?"; cat "$out/profile-$m.err"; head -60 "$out/profile-$m.txt"
-    "$root/bin/tandem" profile "$out/profile-$m.json" --output=json > "$out/profile-$m.profile.json" 2>/dev/null
+    "$root/bin/tandem" profile "$out/specs/$m.json" --output=json > "$out/profile-$m.profile.json" 2>/dev/null
   done
 }
 

@@ -121,7 +121,15 @@ def main():
     p.add_argument("--python", default="python3", help="interpreter with torch (GPU node's)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per training run")
     p.add_argument("--json_out", default="", help="also write every row as JSON lines here")
+    p.add_argument("--write_specs", default="", metavar="DIR",
+                   help="only write each model's job spec to DIR/MODEL.json (for tandem profile)")
     args = p.parse_args()
+    if args.write_specs:
+        os.makedirs(args.write_specs, exist_ok=True)
+        for name in args.models.split(","):
+            with open(os.path.join(args.write_specs, name + ".json"), "w") as f:
+                json.dump(model_spec(name, args)[0], f, indent=1)
+        return 0
 
     kind = {"cuda": "ACCELERATOR_KIND_CUDA", "emulated": "ACCELERATOR_KIND_EMULATED"}[args.accelerator]
     names = [m for m in args.models.split(",") if m]

@@ -20,10 +20,11 @@ int64_t RoundUp(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; 
 }  // namespace
 
 ArenaAllocator::ArenaAllocator(std::string device_id, int64_t region_bytes, int64_t budget_bytes)
-    : AccountingAllocator(std::move(device_id), budget_bytes), region_bytes_(RoundUp(region_bytes)) {
+    : AccountingAllocator(std::move(device_id), budget_bytes),
+      region_bytes_(RoundUp(region_bytes)) {
   // Reserved, not committed: pages appear as they are touched.
-  void* p = mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void* p = mmap(nullptr, region_bytes_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p != MAP_FAILED) {
     base_ = static_cast<char*>(p);
     MutexLock lock(&mu_);
@@ -94,7 +95,8 @@ EmulatedAccelerator::EmulatedAccelerator(EmulatedOptions options, int ordinal)
       id_(absl::StrCat("emulated:", ordinal)),
       // Headroom over the capacity absorbs fragmentation; the budget is the capacity.
       arena_(id_, options.capacity_bytes + options.capacity_bytes / 4 + (int64_t{64} << 20),
-             options.capacity_bytes) {}
+             options.capacity_bytes),
+      staging_(/*budget_bytes=*/0, "cpu:staging") {}
 
 LayerContext EmulatedAccelerator::ComputeContext() {
   LayerContext ctx;
@@ -106,7 +108,8 @@ absl::Status EmulatedAccelerator::Copy(void* dst, const void* src, int64_t bytes
   const double start = WallSeconds();
   std::memcpy(dst, src, bytes);
   double target = options_.link_latency_seconds;
-  if (options_.link_bytes_per_second > 0) target += static_cast<double>(bytes) / options_.link_bytes_per_second;
+  if (options_.link_bytes_per_second > 0)
+    target += static_cast<double>(bytes) / options_.link_bytes_per_second;
   const double remaining = target - (WallSeconds() - start);
   if (remaining > 0) absl::SleepFor(absl::Seconds(remaining));
   return absl::OkStatus();

@@ -60,7 +60,9 @@ class EmulatedAccelerator final : public Accelerator {
   DeviceKind kind() const override { return DeviceKind::kEmulated; }
   const std::string& id() const override { return id_; }
   Allocator* allocator() override { return &arena_; }
-  Allocator* host_staging_allocator() override { return DefaultHostAllocator(); }
+  // The stand-in for CUDA's pinned staging memory: ordinary host memory, but
+  // accounted per accelerator as pinned memory is.
+  Allocator* host_staging_allocator() override { return &staging_; }
   LayerContext ComputeContext() override;
   absl::Status FinishCompute() override { return absl::OkStatus(); }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override;
@@ -78,6 +80,7 @@ class EmulatedAccelerator final : public Accelerator {
   const EmulatedOptions options_;
   const std::string id_;
   ArenaAllocator arena_;
+  HostAllocator staging_;
 };
 
 }  // namespace tandem

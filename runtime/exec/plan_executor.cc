@@ -178,7 +178,8 @@ absl::Status PlanExecutor::Init() {
   const tandem::v1::Plan& plan = options_.plan;
   const int L = model_.num_layers();
   if (plan.layers_size() != L) {
-    return PlanError("layers", absl::StrCat("has ", plan.layers_size(), " layers; the model has ", L));
+    return PlanError("layers",
+                     absl::StrCat("has ", plan.layers_size(), " layers; the model has ", L));
   }
   hetero_ = plan.strategy() == tandem::v1::STRATEGY_HETERO_DP;
   host_only_ = plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY;
@@ -194,7 +195,8 @@ absl::Status PlanExecutor::Init() {
   const int64_t P = model_.parameter_elements(), Bf = model_.buffer_elements();
   TANDEM_ASSIGN_OR_RETURN(host_params_, Buffer::Allocate(host, P * 4, MemoryCategory::kParameters));
   TANDEM_ASSIGN_OR_RETURN(host_grads_, Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
-  TANDEM_ASSIGN_OR_RETURN(host_buffers_, Buffer::Allocate(host, Bf * 4, MemoryCategory::kParameters));
+  TANDEM_ASSIGN_OR_RETURN(host_buffers_,
+                          Buffer::Allocate(host, Bf * 4, MemoryCategory::kParameters));
   model_.Initialize(host_params_.f32(), host_buffers_.f32(), options_.init_seed);
   std::memset(host_grads_.data(), 0, P * 4);
   if (hetero_) {
@@ -212,10 +214,12 @@ absl::Status PlanExecutor::Init() {
     layer->layer = &model_.layer(l);
     layer->index = l;
     layer->accel_compute = !host_only_;
-    layer->streamed = !host_only_ && lp.parameter_home() == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+    layer->streamed =
+        !host_only_ && lp.parameter_home() == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
     layer->accel_update = !host_only_ && lp.update() != tandem::v1::PLACEMENT_HOST;
-    layer->policy = lp.activation_policy() == tandem::v1::ACTIVATION_POLICY_UNSPECIFIED ? kKeep
-                                                                                       : lp.activation_policy();
+    layer->policy = lp.activation_policy() == tandem::v1::ACTIVATION_POLICY_UNSPECIFIED
+                        ? kKeep
+                        : lp.activation_policy();
     layer->param_offset = model_.param_offset(l);
     layer->buffer_offset = model_.buffer_offset(l);
     layer->param_elements = model_.param_slice(l);
@@ -233,7 +237,8 @@ absl::Status PlanExecutor::Init() {
     }
     if (host_only_ && layer->policy == kOffload) layer->policy = kKeep;
     if (layer->streamed && layer->accel_update) {
-      return PlanError(absl::StrCat("layers[", l, "].update"), "a streamed layer must update on the host");
+      return PlanError(absl::StrCat("layers[", l, "].update"),
+                       "a streamed layer must update on the host");
     }
     if (plan.delayed_parameter_update() && layer->streamed) {
       return PlanError("delayed_parameter_update", "is not supported with streamed layers");
@@ -245,8 +250,9 @@ absl::Status PlanExecutor::Init() {
       if (!layer->streamed && layer->param_elements > 0) {
         TANDEM_ASSIGN_OR_RETURN(layer->params, Buffer::Allocate(dev, layer->param_elements * 4,
                                                                 MemoryCategory::kParameters));
-        TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(
-            layer->params.data(), host_params_.f32() + layer->param_offset, layer->param_elements * 4));
+        TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->params.data(),
+                                                    host_params_.f32() + layer->param_offset,
+                                                    layer->param_elements * 4));
       }
       if (layer->buffer_elements > 0) {
         TANDEM_ASSIGN_OR_RETURN(layer->buffers, Buffer::Allocate(dev, layer->buffer_elements * 4,
@@ -269,7 +275,8 @@ absl::Status PlanExecutor::Init() {
   // Host moments for host updates: cpu_only, hetero_dp's host replica, CPU-updated layers.
   if (host_only_ || hetero_ || any_host_update) {
     for (int s = 0; s < states; ++s) {
-      TANDEM_ASSIGN_OR_RETURN(Buffer m, Buffer::Allocate(host, P * 4, MemoryCategory::kOptimizerState));
+      TANDEM_ASSIGN_OR_RETURN(Buffer m,
+                              Buffer::Allocate(host, P * 4, MemoryCategory::kOptimizerState));
       std::memset(m.data(), 0, P * 4);
       host_moments_.push_back(std::move(m));
     }
@@ -279,11 +286,16 @@ absl::Status PlanExecutor::Init() {
   std::vector<TimelineResource> resources = {kHostUpdate};
   if (!host_only_) resources.insert(resources.end(), {kAccel, kH2D, kD2H});
   if (host_only_ || hetero_) resources.push_back(kHostCompute);
-  engine_ = std::make_unique<SpanEngine>(resources, [=](TimelineResource r) {
-    // The update pool runs one layer's step at a time on all its threads;
-    // compute streams use the job's threads; copy engines one.
-    omp_set_num_threads(r == kHostUpdate ? update_threads : (r == kH2D || r == kD2H) ? 1 : compute_threads);
-  }, options_.span_jitter_seconds);
+  engine_ = std::make_unique<SpanEngine>(
+      resources,
+      [=](TimelineResource r) {
+        // The update pool runs one layer's step at a time on all its threads;
+        // compute streams use the job's threads; copy engines one.
+        omp_set_num_threads(r == kHostUpdate           ? update_threads
+                            : (r == kH2D || r == kD2H) ? 1
+                                                       : compute_threads);
+      },
+      options_.span_jitter_seconds);
   if (accel_ != nullptr) {
     device_alloc_ = std::make_unique<BackpressureAllocator>(
         accel_->allocator(), [engine = engine_.get()] { return engine->active(); });
@@ -338,7 +350,8 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
     // The accelerator takes its share of this batch (scaled for a short last batch).
     const int64_t share = plan.batch_size() > 0
                               ? (static_cast<int64_t>(plan.accelerator_batch_share()) * batch.size +
-                                 plan.batch_size() / 2) / plan.batch_size()
+                                 plan.batch_size() / 2) /
+                                    plan.batch_size()
                               : batch.size / 2;
     const int64_t a = std::clamp<int64_t>(share, 1, batch.size - 1);
     it->accel.side = accel_side;
@@ -346,7 +359,8 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
     it->host.side = host_side;
     it->host.Size(L, a, batch.size - a, batch.size - a);
     it->host.host_grads = host_replica_grads_.f32();
-    if (batch.size < 2) return absl::InvalidArgumentError("hetero_dp needs batches of at least 2 samples");
+    if (batch.size < 2)
+      return absl::InvalidArgumentError("hetero_dp needs batches of at least 2 samples");
     BuildReplica(it, it->accel, /*updates=*/false);
     BuildReplica(it, it->host, /*updates=*/false);
     BuildGradientSync(it);
@@ -369,7 +383,8 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
   return result;
 }
 
-void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replica& rep, bool updates) {
+void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replica& rep,
+                                bool updates) {
   Iteration& it = *shared;
   const int L = model_.num_layers();
   const int M = static_cast<int>(rep.mb_start.size());
@@ -382,7 +397,9 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
   std::vector<SpanId> program = {on_accel ? last_accel_compute_ : last_host_compute_};
   // Prefetches are issued when the compute stream starts the span before the one
   // they feed, i.e. when the span two back ends.
-  auto prefetch_point = [&program]() { return program.size() >= 2 ? program[program.size() - 2] : program.back(); };
+  auto prefetch_point = [&program]() {
+    return program.size() >= 2 ? program[program.size() - 2] : program.back();
+  };
   auto compute = [&](TimelinePhase phase, int l, int j, std::vector<SpanId> deps,
                      std::function<absl::Status()> work) {
     deps.push_back(program.back());
@@ -406,31 +423,37 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
     ctx.sample_offset = static_cast<uint64_t>(r->mb_start[j]);
     ctx.accumulate_grads = j > 0;
     ctx.buffers = on_accel ? layer.buffers.f32()
-                           : (layer.buffer_elements > 0 ? host_buffers_.f32() + layer.buffer_offset : nullptr);
+                           : (layer.buffer_elements > 0 ? host_buffers_.f32() + layer.buffer_offset
+                                                        : nullptr);
     // Gradients are set by the backward alone: a forward runs while the
     // previous step's gradient copy may still be releasing layer.grads.
     ctx.targets = reinterpret_cast<const int32_t*>(r->targets[j].data());
     return ctx;
   };
-  auto run_forward = [this, shared, r, weights, context, sample](int l, int j, bool recompute) -> absl::Status {
+  auto run_forward = [this, shared, r, weights, context, sample](int l, int j,
+                                                                 bool recompute) -> absl::Status {
     const tandem::Layer& layer = *layers_[l]->layer;
     const int64_t n = r->mb_size[j];
     Allocator* alloc = r->side.alloc;
     Buffer& out = r->out[l][j];
     Buffer& saved = r->saved[l][j];
     if (out.empty()) {
-      TANDEM_ASSIGN_OR_RETURN(out, Buffer::Allocate(alloc, layer.OutputBytes(n), MemoryCategory::kActivations));
+      TANDEM_ASSIGN_OR_RETURN(
+          out, Buffer::Allocate(alloc, layer.OutputBytes(n), MemoryCategory::kActivations));
     }
     if (saved.empty() && layer.SavedBytes(n) > 0) {
-      TANDEM_ASSIGN_OR_RETURN(saved, Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
+      TANDEM_ASSIGN_OR_RETURN(
+          saved, Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
     }
-    TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
     LayerContext ctx = context(l, j, /*training=*/true);
     ctx.params = weights(l, j, recompute);
     ctx.workspace = ws.data();
     ctx.recompute = recompute;
-    const Tensor x = l == 0 ? Tensor(r->x[j].data(), shared->input->input_dtype, sample.WithBatch(n))
-                            : Tensor::F32(r->out[l - 1][j].f32(), layer.input_shape().WithBatch(n));
+    const Tensor x = l == 0
+                         ? Tensor(r->x[j].data(), shared->input->input_dtype, sample.WithBatch(n))
+                         : Tensor::F32(r->out[l - 1][j].f32(), layer.input_shape().WithBatch(n));
     layer.Forward(ctx, x, Tensor::F32(out.f32(), layer.output_shape().WithBatch(n)), saved.data());
     return r->side.Finish();
   };
@@ -441,8 +464,10 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
     return Add(it, kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, bytes, std::move(deps),
                [this, r, l, j, backward, bytes]() -> absl::Status {
                  Buffer& dst = (backward ? r->bwd_weights : r->fwd_weights)[l][j];
-                 TANDEM_ASSIGN_OR_RETURN(dst, Buffer::Allocate(r->side.alloc, bytes, MemoryCategory::kParameters));
-                 return r->side.FromHost(dst.data(), host_params_.f32() + layers_[l]->param_offset, bytes);
+                 TANDEM_ASSIGN_OR_RETURN(
+                     dst, Buffer::Allocate(r->side.alloc, bytes, MemoryCategory::kParameters));
+                 return r->side.FromHost(dst.data(), host_params_.f32() + layers_[l]->param_offset,
+                                         bytes);
                });
   };
 
@@ -454,14 +479,16 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
   auto restore = [&](int p, int j) -> SpanId {
     if (p < 0 || !offloaded.count({p, j})) return 0;
     if (restored.count({p, j})) return restored[{p, j}];
-    const int64_t bytes = layers_[p]->layer->OutputBytes(r->mb_size[j]) + layers_[p]->layer->SavedBytes(r->mb_size[j]);
+    const int64_t bytes = layers_[p]->layer->OutputBytes(r->mb_size[j]) +
+                          layers_[p]->layer->SavedBytes(r->mb_size[j]);
     return restored[{p, j}] = Add(
-               it, kH2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, p, j, bytes, {offloaded[{p, j}], prefetch_point()},
-               [r, p, j]() -> absl::Status {
+               it, kH2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, p, j, bytes,
+               {offloaded[{p, j}], prefetch_point()}, [r, p, j]() -> absl::Status {
                  for (auto [dst, src] : {std::make_pair(&r->out[p][j], &r->host_out[p][j]),
                                          std::make_pair(&r->saved[p][j], &r->host_saved[p][j])}) {
                    if (src->empty()) continue;
-                   TANDEM_ASSIGN_OR_RETURN(*dst, Buffer::Allocate(r->side.alloc, src->bytes(), MemoryCategory::kActivations));
+                   TANDEM_ASSIGN_OR_RETURN(*dst, Buffer::Allocate(r->side.alloc, src->bytes(),
+                                                                  MemoryCategory::kActivations));
                    TANDEM_RETURN_IF_ERROR(r->side.FromHost(dst->data(), src->data(), src->bytes()));
                    src->Reset();
                  }
@@ -497,12 +524,17 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
                   const int64_t elem = DTypeBytes(shared->input->input_dtype);
                   const int64_t in_bytes = n * sample.elements() * elem;
                   const int64_t tps = model_.data().targets_per_sample;
-                  TANDEM_ASSIGN_OR_RETURN(r->x[j], Buffer::Allocate(r->side.alloc, in_bytes, MemoryCategory::kActivations));
-                  TANDEM_ASSIGN_OR_RETURN(r->targets[j], Buffer::Allocate(r->side.alloc, n * tps * 4, MemoryCategory::kActivations));
+                  TANDEM_ASSIGN_OR_RETURN(r->x[j], Buffer::Allocate(r->side.alloc, in_bytes,
+                                                                    MemoryCategory::kActivations));
+                  TANDEM_ASSIGN_OR_RETURN(
+                      r->targets[j],
+                      Buffer::Allocate(r->side.alloc, n * tps * 4, MemoryCategory::kActivations));
                   const char* src = reinterpret_cast<const char*>(shared->input->inputs.data());
-                  TANDEM_RETURN_IF_ERROR(r->side.FromHost(r->x[j].data(), src + r->mb_start[j] * sample.elements() * elem, in_bytes));
-                  TANDEM_RETURN_IF_ERROR(r->side.FromHost(r->targets[j].data(),
-                                                          shared->input->targets.data() + r->mb_start[j] * tps, n * tps * 4));
+                  TANDEM_RETURN_IF_ERROR(r->side.FromHost(
+                      r->x[j].data(), src + r->mb_start[j] * sample.elements() * elem, in_bytes));
+                  TANDEM_RETURN_IF_ERROR(r->side.FromHost(
+                      r->targets[j].data(), shared->input->targets.data() + r->mb_start[j] * tps,
+                      n * tps * 4));
                 }
                 TANDEM_RETURN_IF_ERROR(run_forward(l, j, /*recompute=*/false));
                 if (layers_[l]->streamed) r->fwd_weights[l][j].Reset();
@@ -511,26 +543,30 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
                 if (l > 0 && layers_[l - 1]->policy == kRecompute) r->saved[l - 1][j].Reset();
                 if (l == L - 1) {
                   if (layers_[l]->policy == kRecompute) r->saved[l][j].Reset();
-                  TANDEM_RETURN_IF_ERROR(r->side.ToHost(shared->losses.data() + r->mb_start[j], r->out[l][j].data(), n * 4));
+                  TANDEM_RETURN_IF_ERROR(r->side.ToHost(shared->losses.data() + r->mb_start[j],
+                                                        r->out[l][j].data(), n * 4));
                 }
                 return absl::OkStatus();
               });
       // Offload layer l-1 now that layer l has read its output.
       if (on_accel && l > 0 && layers_[l - 1]->policy == kOffload) {
         const int p = l - 1;
-        const int64_t bytes = layers_[p]->layer->OutputBytes(r->mb_size[j]) + layers_[p]->layer->SavedBytes(r->mb_size[j]);
-        offloaded[{p, j}] = Add(it, kD2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, p, j, bytes, {program.back()},
-                                [this, r, p, j]() -> absl::Status {
-                                  for (auto [dst, src] : {std::make_pair(&r->host_out[p][j], &r->out[p][j]),
-                                                          std::make_pair(&r->host_saved[p][j], &r->saved[p][j])}) {
-                                    if (src->empty()) continue;
-                                    TANDEM_ASSIGN_OR_RETURN(*dst, Buffer::Allocate(options_.host_allocator, src->bytes(),
-                                                                                   MemoryCategory::kActivations));
-                                    TANDEM_RETURN_IF_ERROR(r->side.ToHost(dst->data(), src->data(), src->bytes()));
-                                    src->Reset();
-                                  }
-                                  return absl::OkStatus();
-                                });
+        const int64_t bytes = layers_[p]->layer->OutputBytes(r->mb_size[j]) +
+                              layers_[p]->layer->SavedBytes(r->mb_size[j]);
+        offloaded[{p, j}] =
+            Add(it, kD2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, p, j, bytes, {program.back()},
+                [this, r, p, j]() -> absl::Status {
+                  for (auto [dst, src] : {std::make_pair(&r->host_out[p][j], &r->out[p][j]),
+                                          std::make_pair(&r->host_saved[p][j], &r->saved[p][j])}) {
+                    if (src->empty()) continue;
+                    TANDEM_ASSIGN_OR_RETURN(*dst,
+                                            Buffer::Allocate(options_.host_allocator, src->bytes(),
+                                                             MemoryCategory::kActivations));
+                    TANDEM_RETURN_IF_ERROR(r->side.ToHost(dst->data(), src->data(), src->bytes()));
+                    src->Reset();
+                  }
+                  return absl::OkStatus();
+                });
       }
     }
     // ---- Backward of micro-batch j; after the last, each layer's update ----
@@ -542,7 +578,8 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
       for (SpanId s : {restore(l, j), restore(l - 1, j)}) {
         if (s != 0) deps.push_back(s);
       }
-      if (on_accel && layer.streamed && layer.has_params) deps.push_back(stream_weights(l, j, true, {}));
+      if (on_accel && layer.streamed && layer.has_params)
+        deps.push_back(stream_weights(l, j, true, {}));
       if (layer.policy == kRecompute) {
         compute(tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, deps,
                 [run_forward, l, j]() { return run_forward(l, j, /*recompute=*/true); });
@@ -556,28 +593,36 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
             const int64_t n = r->mb_size[j];
             Allocator* alloc = r->side.alloc;
             if (on_accel && layer.has_params && layer.grads.empty()) {
-              TANDEM_ASSIGN_OR_RETURN(layer.grads, Buffer::Allocate(alloc, layer.param_elements * 4, MemoryCategory::kGradients));
+              TANDEM_ASSIGN_OR_RETURN(layer.grads, Buffer::Allocate(alloc, layer.param_elements * 4,
+                                                                    MemoryCategory::kGradients));
               TANDEM_RETURN_IF_ERROR(r->side.Fill(layer.grads.f32(), 0.0f, layer.param_elements));
             }
             if (l == L - 1) {
               // d(mean loss)/d(per-sample loss) = 1 / (whole batch).
-              TANDEM_ASSIGN_OR_RETURN(r->grad[l][j], Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
-              TANDEM_RETURN_IF_ERROR(r->side.Fill(r->grad[l][j].f32(), 1.0f / static_cast<float>(B), n));
+              TANDEM_ASSIGN_OR_RETURN(r->grad[l][j],
+                                      Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
+              TANDEM_RETURN_IF_ERROR(
+                  r->side.Fill(r->grad[l][j].f32(), 1.0f / static_cast<float>(B), n));
             }
             Buffer dx;
             if (l > 0) {
-              TANDEM_ASSIGN_OR_RETURN(dx, Buffer::Allocate(alloc, impl.input_shape().elements() * n * 4, MemoryCategory::kActivations));
+              TANDEM_ASSIGN_OR_RETURN(dx,
+                                      Buffer::Allocate(alloc, impl.input_shape().elements() * n * 4,
+                                                       MemoryCategory::kActivations));
             }
-            TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(alloc, impl.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+            TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(alloc, impl.WorkspaceBytes(n),
+                                                                MemoryCategory::kWorkspace));
             LayerContext ctx = context(l, j, /*training=*/true);
             ctx.params = weights(l, j, true);
             ctx.grads = on_accel ? layer.grads.f32() : r->host_grads + layer.param_offset;
             ctx.workspace = ws.data();
-            const Tensor x = l == 0 ? Tensor(r->x[j].data(), shared->input->input_dtype, sample.WithBatch(n))
-                                    : Tensor::F32(r->out[l - 1][j].f32(), impl.input_shape().WithBatch(n));
+            const Tensor x =
+                l == 0 ? Tensor(r->x[j].data(), shared->input->input_dtype, sample.WithBatch(n))
+                       : Tensor::F32(r->out[l - 1][j].f32(), impl.input_shape().WithBatch(n));
             const Tensor y = Tensor::F32(r->out[l][j].f32(), impl.output_shape().WithBatch(n));
             const Tensor dy = Tensor::F32(r->grad[l][j].f32(), impl.output_shape().WithBatch(n));
-            const Tensor dxt = l == 0 ? Tensor() : Tensor::F32(dx.f32(), impl.input_shape().WithBatch(n));
+            const Tensor dxt =
+                l == 0 ? Tensor() : Tensor::F32(dx.f32(), impl.input_shape().WithBatch(n));
             impl.Backward(ctx, x, y, r->saved[l][j].data(), dy, dxt);
             TANDEM_RETURN_IF_ERROR(r->side.Finish());
             // This layer's activations and incoming gradient are done with.
@@ -601,9 +646,9 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
         if (clip) {
           deferred_host_compute_updates.push_back(l);
         } else {
-          layer.weights_ready = Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1,
-                                    layer.param_elements * 4, {bwd},
-                                    [this, shared, r, l]() { return HostUpdate(*shared, l, r->host_grads); });
+          layer.weights_ready = Add(
+              it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, layer.param_elements * 4,
+              {bwd}, [this, shared, r, l]() { return HostUpdate(*shared, l, r->host_grads); });
         }
         continue;
       }
@@ -611,8 +656,9 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
         if (clip) {
           deferred_accel_updates.push_back(l);
         } else {
-          layer.weights_ready = compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, {},
-                                        [this, shared, l]() { return AcceleratorUpdate(*shared, l); });
+          layer.weights_ready =
+              compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, {},
+                      [this, shared, l]() { return AcceleratorUpdate(*shared, l); });
           layer.grads_free = layer.weights_ready;
         }
         continue;
@@ -622,23 +668,25 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
       if (dpu && layer.dpu_pending_update != 0) {
         // The previous step's update comes back now that this step's backward
         // no longer reads the weights: the next forward uses weights one update old.
-        layer.dpu_ready = Add(it, kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, -1, bytes,
-                              {layer.dpu_pending_update, bwd}, [this, l, bytes]() {
-                                return accel_->CopyToDevice(layers_[l]->params.data(),
-                                                            host_params_.f32() + layers_[l]->param_offset, bytes);
-                              });
+        layer.dpu_ready =
+            Add(it, kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, -1, bytes,
+                {layer.dpu_pending_update, bwd}, [this, l, bytes]() {
+                  return accel_->CopyToDevice(layers_[l]->params.data(),
+                                              host_params_.f32() + layers_[l]->param_offset, bytes);
+                });
       }
       std::vector<SpanId> d2h_deps = {bwd};
       // Delayed: the previous update may still read the host gradient.
       if (dpu) d2h_deps.push_back(layer.dpu_pending_update);
-      const SpanId d2h = Add(it, kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, -1, bytes, d2h_deps,
-                             [this, l, bytes]() -> absl::Status {
-                               Layer& layer = *layers_[l];
-                               TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_grads_.f32() + layer.param_offset,
-                                                                         layer.grads.data(), bytes));
-                               layer.grads.Reset();
-                               return absl::OkStatus();
-                             });
+      const SpanId d2h =
+          Add(it, kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, -1, bytes, d2h_deps,
+              [this, l, bytes]() -> absl::Status {
+                Layer& layer = *layers_[l];
+                TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_grads_.f32() + layer.param_offset,
+                                                          layer.grads.data(), bytes));
+                layer.grads.Reset();
+                return absl::OkStatus();
+              });
       d2h_spans.push_back(d2h);
       layer.grads_free = d2h;
       if (clip) {
@@ -654,17 +702,18 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
     const SpanId norm = compute(tandem::v1::TIMELINE_PHASE_UPDATE, -1, -1, d2h_spans,
                                 [this, shared]() { return ClipNorm(*shared); });
     for (int l : deferred_accel_updates) {
-      layers_[l]->weights_ready = compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, {},
-                                          [this, shared, l]() { return AcceleratorUpdate(*shared, l); });
+      layers_[l]->weights_ready =
+          compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, {},
+                  [this, shared, l]() { return AcceleratorUpdate(*shared, l); });
       layers_[l]->grads_free = layers_[l]->weights_ready;
     }
     for (auto& [l, d2h] : deferred_host_updates) {
       EmitHostUpdate(shared, l, {d2h, norm, dpu ? layers_[l]->dpu_ready : 0});
     }
     for (int l : deferred_host_compute_updates) {
-      layers_[l]->weights_ready = Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1,
-                                      layers_[l]->param_elements * 4, {norm},
-                                      [this, shared, r, l]() { return HostUpdate(*shared, l, r->host_grads); });
+      layers_[l]->weights_ready = Add(
+          it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, layers_[l]->param_elements * 4,
+          {norm}, [this, shared, r, l]() { return HostUpdate(*shared, l, r->host_grads); });
     }
   }
   if (on_accel) {
@@ -675,24 +724,27 @@ void PlanExecutor::BuildReplica(const std::shared_ptr<Iteration>& shared, Replic
   last_spans_.push_back(program.back());
 }
 
-void PlanExecutor::EmitHostUpdate(const std::shared_ptr<Iteration>& shared, int l, std::vector<SpanId> deps) {
+void PlanExecutor::EmitHostUpdate(const std::shared_ptr<Iteration>& shared, int l,
+                                  std::vector<SpanId> deps) {
   Iteration& it = *shared;
   Layer& layer = *layers_[l];
   const bool dpu = options_.plan.delayed_parameter_update();
   const int64_t bytes = layer.param_elements * 4;
-  const SpanId upd = Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, bytes, std::move(deps),
-                         [this, shared, l]() { return HostUpdate(*shared, l, host_grads_.f32()); });
+  const SpanId upd =
+      Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, bytes, std::move(deps),
+          [this, shared, l]() { return HostUpdate(*shared, l, host_grads_.f32()); });
   if (layer.streamed) {
     // The next forward's weight copy brings the update; no separate copy back.
     layer.weights_ready = upd;
   } else if (dpu) {
     layer.dpu_pending_update = upd;
   } else {
-    layer.weights_ready = Add(it, kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, -1, bytes, {upd},
-                              [this, l, bytes]() {
-                                return accel_->CopyToDevice(layers_[l]->params.data(),
-                                                            host_params_.f32() + layers_[l]->param_offset, bytes);
-                              });
+    layer.weights_ready =
+        Add(it, kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, -1, bytes, {upd},
+            [this, l, bytes]() {
+              return accel_->CopyToDevice(layers_[l]->params.data(),
+                                          host_params_.f32() + layers_[l]->param_offset, bytes);
+            });
   }
 }
 
@@ -713,8 +765,8 @@ absl::Status PlanExecutor::AcceleratorUpdate(const Iteration& it, int l) {
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
   std::vector<float*> states;
   for (Buffer& m : layer.moments) states.push_back(m.f32());
-  TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, layer.params.f32(), layer.grads.f32(), states.data(),
-                                             layer.param_elements));
+  TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, layer.params.f32(), layer.grads.f32(),
+                                             states.data(), layer.param_elements));
   TANDEM_RETURN_IF_ERROR(accel_->FinishCompute());
   layer.grads.Reset();
   return absl::OkStatus();
@@ -725,7 +777,8 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
   for (auto& layer : layers_) {
     if (!layer->has_params) continue;
     if (layer->accel_compute && layer->accel_update) {
-      TANDEM_ASSIGN_OR_RETURN(const double s, accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
+      TANDEM_ASSIGN_OR_RETURN(const double s,
+                              accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
       sum += s;
     } else {
       sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset, layer->param_elements);
@@ -754,11 +807,12 @@ void PlanExecutor::BuildGradientSync(const std::shared_ptr<Iteration>& shared) {
     const int64_t bytes = layer.param_elements * 4;
     // host_grads_ is also what the previous step's host-replica update read:
     // overwrite it only once that update is done.
-    const SpanId down = Add(it, kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, -1, bytes,
-                            {last_backward_[0][l], layer.host_weights_ready}, [this, l, bytes]() {
-                              return accel_->CopyToHost(host_grads_.f32() + layers_[l]->param_offset,
-                                                        layers_[l]->grads.data(), bytes);
-                            });
+    const SpanId down =
+        Add(it, kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, -1, bytes,
+            {last_backward_[0][l], layer.host_weights_ready}, [this, l, bytes]() {
+              return accel_->CopyToHost(host_grads_.f32() + layers_[l]->param_offset,
+                                        layers_[l]->grads.data(), bytes);
+            });
     sums[l] = Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, -1, bytes,
                   {down, last_backward_[1][l]}, [this, l]() {
                     const Layer& layer = *layers_[l];
@@ -775,27 +829,31 @@ void PlanExecutor::BuildGradientSync(const std::shared_ptr<Iteration>& shared) {
   }
   if (clip) {
     std::vector<SpanId> all(sums.begin(), sums.end());
-    norm = Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, -1, -1, 0, all, [this, shared]() {
-      Iteration& it = *shared;
-      double sum = 0;
-      for (auto& layer : layers_) {
-        if (layer->has_params) sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset, layer->param_elements);
-      }
-      it.grad_norm = std::sqrt(sum);
-      it.grad_scale = Optimizer::ClipScale(it.grad_norm, options_.optimizer.max_grad_norm());
-      return absl::OkStatus();
-    });
+    norm =
+        Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, -1, -1, 0, all, [this, shared]() {
+          Iteration& it = *shared;
+          double sum = 0;
+          for (auto& layer : layers_) {
+            if (layer->has_params)
+              sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset,
+                                         layer->param_elements);
+          }
+          it.grad_norm = std::sqrt(sum);
+          it.grad_scale = Optimizer::ClipScale(it.grad_norm, options_.optimizer.max_grad_norm());
+          return absl::OkStatus();
+        });
   }
   SpanId program = last_accel_compute_;
   for (int l : order) {
     Layer& layer = *layers_[l];
     // The host replica steps with the summed gradient.
-    layer.host_weights_ready = Add(it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1,
-                                   layer.param_elements * 4, {sums[l], norm},
-                                   [this, shared, l]() { return HostUpdate(*shared, l, host_grads_.f32()); });
+    layer.host_weights_ready = Add(
+        it, kHostUpdate, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, layer.param_elements * 4,
+        {sums[l], norm}, [this, shared, l]() { return HostUpdate(*shared, l, host_grads_.f32()); });
     // The accelerator replica, in program order after its backward.
-    program = Add(it, kAccel, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, layer.param_elements * 4,
-                  {program, ups[l], norm}, [this, shared, l]() { return AcceleratorUpdate(*shared, l); });
+    program =
+        Add(it, kAccel, tandem::v1::TIMELINE_PHASE_UPDATE, l, -1, layer.param_elements * 4,
+            {program, ups[l], norm}, [this, shared, l]() { return AcceleratorUpdate(*shared, l); });
     layer.grads_free = program;
   }
   last_accel_compute_ = program;
@@ -807,8 +865,10 @@ absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
   const int L = model_.num_layers();
   const Shape& sample = model_.data().sample_shape;
   const bool on_accel = !host_only_ && !hetero_;
-  Side side = on_accel ? Side{accel_, device_alloc_.get(), kAccel} : Side{nullptr, options_.host_allocator, kHostCompute};
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(options_.plan.micro_batch_size(), batch.size));
+  Side side = on_accel ? Side{accel_, device_alloc_.get(), kAccel}
+                       : Side{nullptr, options_.host_allocator, kHostCompute};
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min<int64_t>(options_.plan.micro_batch_size(), batch.size));
   EvalResult result;
   result.samples = batch.size;
   std::vector<float> losses(chunk), logits;
@@ -817,19 +877,27 @@ absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
     const int64_t n = std::min(chunk, batch.size - start);
     const int64_t elem = DTypeBytes(batch.input_dtype);
     const int64_t tps = model_.data().targets_per_sample;
-    TANDEM_ASSIGN_OR_RETURN(Buffer x, Buffer::Allocate(side.alloc, n * sample.elements() * elem, MemoryCategory::kActivations));
-    TANDEM_ASSIGN_OR_RETURN(Buffer targets, Buffer::Allocate(side.alloc, n * tps * 4, MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(side.FromHost(x.data(), reinterpret_cast<const char*>(batch.inputs.data()) + start * sample.elements() * elem,
-                                         n * sample.elements() * elem));
-    TANDEM_RETURN_IF_ERROR(side.FromHost(targets.data(), batch.targets.data() + start * tps, n * tps * 4));
+    TANDEM_ASSIGN_OR_RETURN(Buffer x, Buffer::Allocate(side.alloc, n * sample.elements() * elem,
+                                                       MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer targets, Buffer::Allocate(side.alloc, n * tps * 4, MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(side.FromHost(
+        x.data(),
+        reinterpret_cast<const char*>(batch.inputs.data()) + start * sample.elements() * elem,
+        n * sample.elements() * elem));
+    TANDEM_RETURN_IF_ERROR(
+        side.FromHost(targets.data(), batch.targets.data() + start * tps, n * tps * 4));
     Tensor in(x.data(), batch.input_dtype, sample.WithBatch(n));
     Buffer prev_out;
     for (int l = 0; l < L; ++l) {
       Layer& layer = *layers_[l];
       const tandem::Layer& impl = *layer.layer;
-      TANDEM_ASSIGN_OR_RETURN(Buffer out, Buffer::Allocate(side.alloc, impl.OutputBytes(n), MemoryCategory::kActivations));
-      TANDEM_ASSIGN_OR_RETURN(Buffer saved, Buffer::Allocate(side.alloc, impl.SavedBytes(n), MemoryCategory::kActivations));
-      TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(side.alloc, impl.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+      TANDEM_ASSIGN_OR_RETURN(Buffer out, Buffer::Allocate(side.alloc, impl.OutputBytes(n),
+                                                           MemoryCategory::kActivations));
+      TANDEM_ASSIGN_OR_RETURN(Buffer saved, Buffer::Allocate(side.alloc, impl.SavedBytes(n),
+                                                             MemoryCategory::kActivations));
+      TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(side.alloc, impl.WorkspaceBytes(n),
+                                                          MemoryCategory::kWorkspace));
       Buffer streamed;
       LayerContext ctx = side.Context();
       ctx.training = false;
@@ -838,15 +906,18 @@ absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
       if (on_accel) {
         ctx.buffers = layer.buffers.f32();
         if (layer.streamed && layer.param_elements > 0) {
-          TANDEM_ASSIGN_OR_RETURN(streamed, Buffer::Allocate(side.alloc, layer.param_elements * 4, MemoryCategory::kParameters));
-          TANDEM_RETURN_IF_ERROR(side.FromHost(streamed.data(), host_params_.f32() + layer.param_offset, layer.param_elements * 4));
+          TANDEM_ASSIGN_OR_RETURN(streamed, Buffer::Allocate(side.alloc, layer.param_elements * 4,
+                                                             MemoryCategory::kParameters));
+          TANDEM_RETURN_IF_ERROR(side.FromHost(
+              streamed.data(), host_params_.f32() + layer.param_offset, layer.param_elements * 4));
           ctx.params = streamed.f32();
         } else {
           ctx.params = layer.params.f32();
         }
       } else {
         ctx.params = host_params_.f32() + layer.param_offset;
-        ctx.buffers = layer.buffer_elements > 0 ? host_buffers_.f32() + layer.buffer_offset : nullptr;
+        ctx.buffers =
+            layer.buffer_elements > 0 ? host_buffers_.f32() + layer.buffer_offset : nullptr;
       }
       impl.Forward(ctx, in, Tensor::F32(out.f32(), impl.output_shape().WithBatch(n)), saved.data());
       TANDEM_RETURN_IF_ERROR(side.Finish());
@@ -860,7 +931,8 @@ absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
     }
     for (int64_t i = 0; i < n; ++i) result.loss_sum += losses[i];
     result.positions += n * tps;
-    result.correct += CountCorrect(logits.data(), batch.targets.data() + start * tps, n * tps, classes);
+    result.correct +=
+        CountCorrect(logits.data(), batch.targets.data() + start * tps, n * tps, classes);
   }
   return result;
 }
@@ -879,7 +951,8 @@ absl::Status PlanExecutor::SyncStateToHost() {
                                               layer->params.data(), layer->param_elements * 4));
     for (size_t s = 0; s < layer->moments.size(); ++s) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_moments_.at(s).f32() + layer->param_offset,
-                                                layer->moments[s].data(), layer->param_elements * 4));
+                                                layer->moments[s].data(),
+                                                layer->param_elements * 4));
     }
   }
   return absl::OkStatus();
@@ -891,12 +964,13 @@ absl::Status PlanExecutor::StateChangedOnHost() {
   if (host_only_) return absl::OkStatus();
   for (auto& layer : layers_) {
     if (layer->buffer_elements > 0) {
-      TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->buffers.data(), host_buffers_.f32() + layer->buffer_offset,
+      TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->buffers.data(),
+                                                  host_buffers_.f32() + layer->buffer_offset,
                                                   layer->buffer_elements * 4));
     }
     if (layer->streamed || layer->param_elements == 0) continue;
-    TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->params.data(), host_params_.f32() + layer->param_offset,
-                                                layer->param_elements * 4));
+    TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(
+        layer->params.data(), host_params_.f32() + layer->param_offset, layer->param_elements * 4));
     for (size_t s = 0; s < layer->moments.size(); ++s) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->moments[s].data(),
                                                   host_moments_.at(s).f32() + layer->param_offset,
@@ -915,14 +989,18 @@ HostStateView PlanExecutor::host_state() {
   return v;
 }
 
-int64_t PlanExecutor::peak_host_bytes() const { return options_.host_allocator->stats().peak_total_bytes; }
+int64_t PlanExecutor::peak_host_bytes() const {
+  return options_.host_allocator->stats().peak_total_bytes;
+}
 
 int64_t PlanExecutor::peak_accelerator_bytes() const {
   return accel_ != nullptr ? accel_->allocator()->stats().peak_total_bytes : 0;
 }
 
 void PlanExecutor::CollectTimelines() {
-  for (SpanRecord& r : engine_->TakeRecords()) {
+  std::vector<SpanRecord> finished = engine_->TakeRecords();
+  if (timing_sink_ != nullptr) timing_sink_->RecordSpans(ResourceSpansOf(finished));
+  for (SpanRecord& r : finished) {
     // The always-on per-layer histograms: every forward, backward and update
     // span of a layer, wherever it ran (recompute, copies and syncs are not
     // layer phases).
@@ -981,6 +1059,24 @@ void PlanExecutor::CollectTimelines() {
     }
     break;
   }
+}
+
+ResourceSpanBatch PlanExecutor::ResourceSpansOf(const std::vector<SpanRecord>& records) {
+  ResourceSpanBatch batch;
+  if (accel_ != nullptr) {
+    batch.accelerator = accel_->id();
+    batch.pinned_host_bytes = accel_->host_staging_allocator()->stats().total_in_use_bytes;
+  }
+  batch.spans.reserve(records.size());
+  for (const SpanRecord& r : records) {
+    batch.spans.push_back({.resource = r.info.resource,
+                           .phase = r.info.phase,
+                           .busy_seconds = r.end - r.start,
+                           .bytes = r.info.bytes,
+                           .wait_seconds = r.wait_seconds,
+                           .waited_on = r.waited_on});
+  }
+  return batch;
 }
 
 tandem::v1::Timeline PlanExecutor::last_timeline() const { return last_timeline_; }

@@ -103,6 +103,8 @@ class PlanExecutor final : public StepRunner {
   absl::Status ClipNorm(Iteration& it);
   // Builds the measured timeline of the newest finished iteration.
   void CollectTimelines();
+  // The timing sink's view of finished spans.
+  ResourceSpanBatch ResourceSpansOf(const std::vector<SpanRecord>& records);
 
   const Model& model_;
   ExecutorOptions options_;

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <random>
@@ -23,7 +24,8 @@ int64_t SpanEngine::active() const {
 }
 
 SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
-                       std::function<void(tandem::v1::TimelineResource)> setup, double jitter_seconds)
+                       std::function<void(tandem::v1::TimelineResource)> setup,
+                       double jitter_seconds)
     : jitter_seconds_(jitter_seconds) {
   for (auto r : resources) queues_[r];
   for (auto r : resources) {
@@ -54,6 +56,7 @@ SpanId SpanEngine::Add(const SpanInfo& info, std::vector<SpanId> deps,
   Span& span = spans_[id];
   span.info = info;
   span.work = std::move(work);
+  span.added = span.ready = WallSeconds();
   for (SpanId d : deps) {
     if (d <= 0 || d < collected_below_) continue;
     auto it = spans_.find(d);
@@ -71,9 +74,9 @@ void SpanEngine::Issue(SpanId id) {
   if (q == queues_.end()) {
     // A resource this engine does not run: a programming error, reported as such.
     if (status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat("span for resource ",
-                                                 tandem::v1::TimelineResource_Name(span.info.resource),
-                                                 " which this executor does not run"));
+      status_ = absl::InternalError(
+          absl::StrCat("span for resource ", tandem::v1::TimelineResource_Name(span.info.resource),
+                       " which this executor does not run"));
     }
     span.done = true;
     done_cv_.notify_all();
@@ -87,6 +90,7 @@ void SpanEngine::Issue(SpanId id) {
 void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
   Queue& q = queues_[resource];
   std::mt19937_64 jitter(static_cast<uint64_t>(resource) * 0x9E3779B97F4A7C15ull + 1);
+  double last_end = 0;  // of this resource's previous span
   while (true) {
     SpanId id;
     std::function<absl::Status()> work;
@@ -103,7 +107,14 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
     SpanRecord record;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      record.info = spans_[id].info;
+      const Span& span = spans_[id];
+      record.info = span.info;
+      // Idle since the previous span (or since this one was added, whichever
+      // is later) until its last dependency completed.
+      if (last_end > 0 && span.waited_on != tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED) {
+        record.wait_seconds = std::max(0.0, span.ready - std::max(last_end, span.added));
+        record.waited_on = span.waited_on;
+      }
     }
     if (jitter_seconds_ > 0 && !skip) {
       std::this_thread::sleep_for(std::chrono::duration<double>(
@@ -116,13 +127,15 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
       // Say which span failed: "layer 3 backward (micro-batch 2): ...".
       std::string phase = tandem::v1::TimelinePhase_Name(record.info.phase).substr(15);
       for (char& c : phase) c = c == '_' ? ' ' : static_cast<char>(std::tolower(c));
-      std::string where = record.info.layer >= 0 ? absl::StrCat("layer ", record.info.layer, " ", phase)
-                                                 : phase;
-      if (record.info.micro_batch >= 0) absl::StrAppend(&where, " (micro-batch ", record.info.micro_batch, ")");
+      std::string where =
+          record.info.layer >= 0 ? absl::StrCat("layer ", record.info.layer, " ", phase) : phase;
+      if (record.info.micro_batch >= 0)
+        absl::StrAppend(&where, " (micro-batch ", record.info.micro_batch, ")");
       s = absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
       std::lock_guard<std::mutex> lock(mu_);
       if (status_.ok()) status_ = s;
     }
+    last_end = record.end;
     Complete(id, skip ? SpanRecord{} : record);
   }
 }
@@ -134,9 +147,21 @@ void SpanEngine::Complete(SpanId id, const SpanRecord& record) {
   span.work = nullptr;
   --active_;
   if (record.end > 0) records_.push_back(record);
+  // A copy passes on what it waited for; any other resource is the cause.
+  const bool copy = span.info.resource == tandem::v1::TIMELINE_RESOURCE_COPY_H2D ||
+                    span.info.resource == tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
+  const tandem::v1::TimelineResource cause =
+      copy && span.waited_on != tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED ? span.waited_on
+                                                                          : span.info.resource;
+  const double ready = record.end > 0 ? record.end : WallSeconds();
   for (SpanId d : span.dependents) {
     auto it = spans_.find(d);
-    if (it != spans_.end() && --it->second.pending == 0) Issue(d);
+    if (it != spans_.end() && --it->second.pending == 0) {
+      it->second.ready = ready;
+      // Program order on one resource is no wait: it was busy with `span`.
+      if (it->second.info.resource != span.info.resource) it->second.waited_on = cause;
+      Issue(d);
+    }
   }
   span.dependents.clear();
   Collect();

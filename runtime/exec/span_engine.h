@@ -44,6 +44,13 @@ struct SpanRecord {
   SpanInfo info;
   // Wall-clock seconds (clock.h WallSeconds).
   double start = 0, end = 0;
+  // How long the span's resource sat idle before it, waiting for this span's
+  // last dependency to complete, and the resource that wait ended on. A copy
+  // that itself waited passes its own cause on, so the accelerator waiting
+  // for weights that wait for a host update has waited on HOST_UPDATE.
+  // UNSPECIFIED (and no wait) when the span was ready the moment it was added.
+  double wait_seconds = 0;
+  tandem::v1::TimelineResource waited_on = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
 };
 
 class SpanEngine {
@@ -85,6 +92,10 @@ class SpanEngine {
     int pending = 0;
     bool done = false;
     std::vector<SpanId> dependents;
+    // When it was added and when its last dependency completed (WallSeconds),
+    // and the root cause of that dependency (SpanRecord::waited_on).
+    double added = 0, ready = 0;
+    tandem::v1::TimelineResource waited_on = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
   };
   struct Queue {
     std::deque<SpanId> ready;

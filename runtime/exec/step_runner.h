@@ -6,6 +6,7 @@
 #define TANDEM_RUNTIME_EXEC_STEP_RUNNER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,12 +20,36 @@ namespace tandem {
 
 enum class Phase : uint8_t { kForward = 0, kBackward = 1, kUpdate = 2 };
 
-// Receives the wall time of each layer's phases as they run (the profiler's
-// always-on mode). Called from the thread running the phase.
+// One span the hybrid executor finished (span_engine.h): which resource ran
+// it, for how long, what it moved, and how long the resource sat idle before
+// it waiting for another resource.
+struct ResourceSpan {
+  tandem::v1::TimelineResource resource = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
+  tandem::v1::TimelinePhase phase = tandem::v1::TIMELINE_PHASE_UNSPECIFIED;
+  double busy_seconds = 0;
+  // Bytes moved (copies) or touched (updates).
+  int64_t bytes = 0;
+  double wait_seconds = 0;
+  tandem::v1::TimelineResource waited_on = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
+};
+
+// The spans finished since the previous batch, with the accelerator they ran
+// beside ("emulated:0", "cuda:0") and the pinned host memory its copies stage
+// through, in use now.
+struct ResourceSpanBatch {
+  std::string accelerator;
+  int64_t pinned_host_bytes = 0;
+  std::vector<ResourceSpan> spans;
+};
+
+// What the profiler's always-on mode observes of a running step: the wall time
+// of each layer's phases (every runner), and every resource's spans (the
+// hybrid executor). Called from the thread driving the runner.
 class LayerTimingSink {
  public:
   virtual ~LayerTimingSink() = default;
   virtual void Record(int layer, Phase phase, double seconds) = 0;
+  virtual void RecordSpans(const ResourceSpanBatch& batch) {}
 };
 
 struct StepOptions {

@@ -1,0 +1,74 @@
+// The span engine's wait attribution: how long a resource sat idle for a
+// span's dependency, and which resource that wait traces back to through
+// copies.
+#include "runtime/exec/span_engine.h"
+
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using tandem::v1::TimelineResource;
+
+absl::Status Sleep(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return absl::OkStatus();
+}
+
+SpanInfo On(TimelineResource r) {
+  SpanInfo info;
+  info.resource = r;
+  return info;
+}
+
+const SpanRecord& Find(const std::vector<SpanRecord>& records, TimelineResource r, int nth = 0) {
+  for (const SpanRecord& s : records) {
+    if (s.info.resource == r && nth-- == 0) return s;
+  }
+  static const SpanRecord none;
+  ADD_FAILURE() << "no span on " << TimelineResource_Name(r);
+  return none;
+}
+
+TEST(SpanEngineTest, ComputeWaitingForWeightsAfterAHostUpdateHasWaitedOnTheHost) {
+  const auto compute = TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+  const auto h2d = TimelineResource::TIMELINE_RESOURCE_COPY_H2D;
+  const auto update = TimelineResource::TIMELINE_RESOURCE_HOST_UPDATE;
+  SpanEngine engine({compute, h2d, update});
+  // compute runs 20 ms, then waits for update (200 ms) -> h2d (10 ms).
+  const SpanId first = engine.Add(On(compute), {}, [] { return Sleep(0.02); });
+  const SpanId u = engine.Add(On(update), {}, [] { return Sleep(0.2); });
+  const SpanId copy = engine.Add(On(h2d), {u}, [] { return Sleep(0.01); });
+  engine.Add(On(compute), {first, copy}, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(engine.WaitAll().ok());
+  const std::vector<SpanRecord> records = engine.TakeRecords();
+
+  const SpanRecord& second = Find(records, compute, 1);
+  EXPECT_EQ(second.waited_on, update);
+  // Idle from the first compute span's end (~20 ms) to the copy's end (~210 ms).
+  EXPECT_GT(second.wait_seconds, 0.15);
+  EXPECT_LT(second.wait_seconds, second.start - Find(records, compute, 0).end + 1e-9);
+  // The first span of each resource has nothing before it to have waited in.
+  EXPECT_EQ(Find(records, compute, 0).wait_seconds, 0);
+  EXPECT_EQ(Find(records, h2d).wait_seconds, 0);
+}
+
+TEST(SpanEngineTest, ASpanReadyWhenAddedHasNotWaited) {
+  const auto compute = TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+  SpanEngine engine({compute});
+  const SpanId a = engine.Add(On(compute), {}, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(engine.Wait(a).ok());
+  Sleep(0.05).IgnoreError();  // the resource idles with nothing to run: no wait
+  engine.Add(On(compute), {a}, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(engine.WaitAll().ok());
+  for (const SpanRecord& r : engine.TakeRecords()) {
+    EXPECT_EQ(r.wait_seconds, 0);
+    EXPECT_EQ(r.waited_on, TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

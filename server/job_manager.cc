@@ -24,17 +24,6 @@ constexpr int kMaxRequestIdLength = 128;
 // Per-job metric series of finished jobs kept for dashboards; older ones go.
 constexpr size_t kFinishedSeriesKept = 50;
 
-// Copies one job's per-layer histograms into tandem_layer_step_seconds.
-void MirrorLayerTimes(ServerMetrics& metrics, const std::string& job_id,
-                      const profile::LayerHistograms& times) {
-  const profile::LayerHistogramSnapshot snapshot = times.Snapshot();
-  for (const profile::LayerPhaseHistogram& h : snapshot.series) {
-    metrics.layer_step
-        .Add({{"job_id", job_id}, {"layer", h.layer_name}, {"phase", profile::PhaseLabel(h.phase)}})
-        .Assign(h.cumulative_counts, h.sum_seconds);
-  }
-}
-
 bool IsTerminal(JobState s) {
   return s == tandem::v1::JOB_STATE_SUCCEEDED || s == tandem::v1::JOB_STATE_FAILED ||
          s == tandem::v1::JOB_STATE_CANCELLED;
@@ -75,7 +64,8 @@ absl::Status ValidateRequestId(const std::string& id) {
         absl::StrCat("request_id: at most ", kMaxRequestIdLength, " characters, got ", id.size()));
   }
   for (char c : id) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' || c == '-')) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+          c == '-')) {
       return absl::InvalidArgumentError("request_id: only [A-Za-z0-9._:-] are allowed");
     }
   }
@@ -108,7 +98,7 @@ struct JobManager::Entry {
   std::atomic<bool> runner_done{false};
   std::unique_ptr<HostAllocator> allocator;
   // The always-on per-layer timings of the current run (null before it starts).
-  std::shared_ptr<profile::LayerHistograms> layer_times;
+  std::shared_ptr<profile::JobTelemetry> telemetry;
   int64_t seq = 0;
 };
 
@@ -136,7 +126,8 @@ JobManager::~JobManager() {
 namespace {
 
 // Memory of a built model at the spec's batch sizes.
-absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved, const JobModel& jm,
+absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved,
+                                             const JobModel& jm,
                                              const std::optional<NodeOffer>& node) {
   const Model& m = *jm.model;
   const int64_t max_batch =
@@ -149,13 +140,17 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   }
   e.optimizer_state_bytes = states * m.parameter_elements() * 4;
   int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
-  for (int l = 0; l < m.num_layers(); ++l) max_output = std::max(max_output, m.layer(l).OutputBytes(max_batch));
-  e.activation_bytes = m.ActivationBytes(max_batch) + 2 * max_output + m.MaxWorkspaceBytes(max_batch);
+  for (int l = 0; l < m.num_layers(); ++l)
+    max_output = std::max(max_output, m.layer(l).OutputBytes(max_batch));
+  e.activation_bytes =
+      m.ActivationBytes(max_batch) + 2 * max_output + m.MaxWorkspaceBytes(max_batch);
   e.data_bytes = jm.data.memory_bytes;
   // Allocations are 64-byte aligned, one per layer buffer: a small margin.
   const int64_t margin = 64 * 4 * m.num_layers() + (1 << 20);
-  e.host_bytes = e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
-  if (resolved.resources().host_memory_bytes() > 0) e.host_bytes = resolved.resources().host_memory_bytes();
+  e.host_bytes =
+      e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
+  if (resolved.resources().host_memory_bytes() > 0)
+    e.host_bytes = resolved.resources().host_memory_bytes();
   const auto kind = resolved.placement().accelerator();
   if (kind != tandem::v1::ACCELERATOR_KIND_NONE) {
     if (!node) {
@@ -180,8 +175,8 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
   if (!resolved.ok()) return AsSpecError(resolved.status());
   const PathPolicy& policy = options_.data_policy;
-  absl::StatusOr<JobModel> jm = BuildJobModel(
-      *resolved, [&policy](const std::string& field, const std::string& path) {
+  absl::StatusOr<JobModel> jm =
+      BuildJobModel(*resolved, [&policy](const std::string& field, const std::string& path) {
         return policy.Resolve(field, path);
       });
   if (!jm.ok()) return AsSpecError(jm.status());
@@ -204,10 +199,10 @@ absl::StatusOr<tandem::v1::JobSpec> JobManager::ResolveSpec(const tandem::v1::Jo
 
 absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved) const {
   const PathPolicy& policy = options_.data_policy;
-  TANDEM_ASSIGN_OR_RETURN(JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f,
-                                                                         const std::string& p) {
-                            return policy.Resolve(f, p);
-                          }));
+  TANDEM_ASSIGN_OR_RETURN(
+      JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f, const std::string& p) {
+        return policy.Resolve(f, p);
+      }));
   return EstimateModel(resolved, jm, options_.node);
 }
 
@@ -215,7 +210,8 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
                                                          const std::string& request_id) {
   {
     absl::MutexLock lock(&mu_);
-    if (!accepting_) return absl::UnavailableError("tandemd is shutting down and accepts no new jobs");
+    if (!accepting_)
+      return absl::UnavailableError("tandemd is shutting down and accepts no new jobs");
   }
   TANDEM_RETURN_IF_ERROR(ValidateRequestId(request_id));
   auto existing = [&]() -> absl::StatusOr<std::optional<Submitted>> {
@@ -235,16 +231,19 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   TANDEM_ASSIGN_OR_RETURN(const Resolved r, Resolve(spec));
   const tandem::v1::JobSpec& resolved = r.spec;
   const MemoryEstimate& estimate = r.estimate;
-  if (options_.host_memory_budget_bytes > 0 && estimate.host_bytes > options_.host_memory_budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the job needs ", Gib(estimate.host_bytes), " of host memory (", estimate.Describe(),
-        ") but this node's host budget is ", Gib(options_.host_memory_budget_bytes),
-        " (--host_memory_budget)"));
+  if (options_.host_memory_budget_bytes > 0 &&
+      estimate.host_bytes > options_.host_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job needs ", Gib(estimate.host_bytes), " of host memory (",
+                     estimate.Describe(), ") but this node's host budget is ",
+                     Gib(options_.host_memory_budget_bytes), " (--host_memory_budget)"));
   }
-  if (estimate.accelerator_bytes > 0 && estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the job needs ", Gib(estimate.accelerator_bytes), " of accelerator memory but the budget is ",
-        Gib(options_.accelerator_memory_budget_bytes), " (--gpu_memory_budget)"));
+  if (estimate.accelerator_bytes > 0 &&
+      estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job needs ", Gib(estimate.accelerator_bytes),
+                     " of accelerator memory but the budget is ",
+                     Gib(options_.accelerator_memory_budget_bytes), " (--gpu_memory_budget)"));
   }
 
   Job job;
@@ -334,13 +333,15 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
   absl::StatusOr<std::optional<Job>> job = store_->GetJob(id);
   if (!job.ok()) return job.status();
   if (!*job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
-  return absl::FailedPreconditionError(absl::StrCat(
-      "job ", id, " already ended in ", tandem::v1::JobState_Name((*job)->state())));
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", id, " already ended in ", tandem::v1::JobState_Name((*job)->state())));
 }
 
-absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared, const std::string& reason) {
+absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
+                                             const std::string& reason) {
   Entry& entry = *shared;
-  const std::string why = reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
+  const std::string why =
+      reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
   if (entry.job.state() == tandem::v1::JOB_STATE_QUEUED) {
     TANDEM_RETURN_IF_ERROR(Transition(entry, tandem::v1::JOB_STATE_CANCELLED, why));
     Job job = entry.job;
@@ -418,17 +419,18 @@ absl::Status JobManager::Recover() {
     entry->job = std::move(job);
     absl::MutexLock lock(&mu_);
     if (!estimate.ok()) {
-      TANDEM_RETURN_IF_ERROR(Transition(*entry, tandem::v1::JOB_STATE_FAILED,
-                                        absl::StrCat("cannot resume after restart: ",
-                                                     estimate.status().message())));
+      TANDEM_RETURN_IF_ERROR(
+          Transition(*entry, tandem::v1::JOB_STATE_FAILED,
+                     absl::StrCat("cannot resume after restart: ", estimate.status().message())));
       continue;
     }
     entry->estimate = *estimate;
     if (entry->job.state() == tandem::v1::JOB_STATE_RUNNING) {
       TANDEM_RETURN_IF_ERROR(Transition(
           *entry, tandem::v1::JOB_STATE_QUEUED,
-          absl::StrCat("tandemd restarted while the job ran; it resumes from its checkpoint at step ",
-                       entry->job.checkpoint_step())));
+          absl::StrCat(
+              "tandemd restarted while the job ran; it resumes from its checkpoint at step ",
+              entry->job.checkpoint_step())));
     }
     live_[entry->job.id()] = entry;
     dirty_ = true;
@@ -443,12 +445,11 @@ void JobManager::Start() {
 void JobManager::SchedulerLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](JobManager* m) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                               return m->dirty_ || m->stopping_;
-                             },
-                             this),
-                         absl::Seconds(1));
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](JobManager* m) ABSL_NO_THREAD_SAFETY_ANALYSIS { return m->dirty_ || m->stopping_; },
+            this),
+        absl::Seconds(1));
     if (stopping_) return;
     dirty_ = false;
     ScheduleLocked();
@@ -501,7 +502,8 @@ void JobManager::ScheduleLocked() {
       continue;
     }
     if (e->estimate.accelerator_bytes > 0 && e->estimate.accelerator_bytes > accel_free) {
-      e->job.set_reason(absl::StrCat("waiting for ", Gib(e->estimate.accelerator_bytes - accel_free),
+      e->job.set_reason(absl::StrCat("waiting for ",
+                                     Gib(e->estimate.accelerator_bytes - accel_free),
                                      " of accelerator memory"));
       blocked = e;
       continue;
@@ -536,7 +538,7 @@ void JobManager::ScheduleLocked() {
 }
 
 void JobManager::UpdateJobMetrics(const Entry& entry) {
-  const metrics::Labels labels = {{"job_id", entry.job.id()}};
+  const prometheus::Labels labels = {{"job_id", entry.job.id()}};
   const auto& m = entry.job.metrics();
   metrics_->job_loss.Add(labels).Set(m.loss());
   metrics_->job_samples_per_second.Add(labels).Set(m.samples_per_second());
@@ -557,8 +559,9 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
         entry->estimate.host_bytes - entry->estimate.data_bytes - entry->estimate.emulated_bytes);
   }
   const std::string id = job.id();
-  const metrics::Labels labels = {{"job_id", id}};
-  auto& step_duration = metrics_->job_step_duration.Add(labels);
+  const prometheus::Labels labels = {{"job_id", id}};
+  auto& step_duration =
+      metrics_->job_step_duration.Add(labels, metrics_->job_step_duration_buckets);
   auto& steps_total = metrics_->job_steps.Add(labels);
 
   TrainerOptions options;
@@ -566,21 +569,27 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   options.checkpoint_dir = absl::StrCat(options_.state_dir, "/jobs/", id, "/checkpoints");
   options.resume = true;
   const PathPolicy& policy = options_.data_policy;
-  options.resolve_path = [&policy](const std::string& f, const std::string& p) { return policy.Resolve(f, p); };
+  options.resolve_path = [&policy](const std::string& f, const std::string& p) {
+    return policy.Resolve(f, p);
+  };
   options.has_accelerator = options_.has_accelerator;
-  options.threads = job.resolved_spec().training().threads() > 0 ? job.resolved_spec().training().threads()
-                                                                 : options_.default_threads;
+  options.threads = job.resolved_spec().training().threads() > 0
+                        ? job.resolved_spec().training().threads()
+                        : options_.default_threads;
   options.host_allocator = entry->allocator.get();
   options.make_runner = options_.make_runner;
-  if (!options.make_runner && options_.node) options.make_runner = MakeRunnerFactory(*options_.node);
+  if (!options.make_runner && options_.node)
+    options.make_runner = MakeRunnerFactory(*options_.node);
   // Layer names for the always-on timings (a model without data: headers only).
-  if (absl::StatusOr<JobModel> jm = BuildJobModel(job.resolved_spec(), options.resolve_path); jm.ok()) {
+  if (absl::StatusOr<JobModel> jm = BuildJobModel(job.resolved_spec(), options.resolve_path);
+      jm.ok()) {
     std::vector<std::string> names;
     for (int l = 0; l < jm->model->num_layers(); ++l) names.push_back(jm->model->layer(l).name());
-    auto times = std::make_shared<profile::LayerHistograms>(std::move(names));
-    options.timing_sink = times.get();
+    auto telemetry = std::make_shared<profile::JobTelemetry>(std::move(names));
+    options.timing_sink = telemetry.get();
+    metrics_->job_telemetry->Track(id, telemetry);
     absl::MutexLock lock(&mu_);
-    entry->layer_times = std::move(times);
+    entry->telemetry = std::move(telemetry);
   }
 
   TrainerCallbacks callbacks;
@@ -595,7 +604,8 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     progress->set_step(p.step());
     progress->set_total_steps(p.total_steps());
     progress->set_epoch(p.epoch());
-    progress->set_fraction(p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps() : 0);
+    progress->set_fraction(p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps()
+                                               : 0);
     progress->set_eta_seconds(p.eta_seconds());
     auto* m = entry->job.mutable_metrics();
     m->set_loss(p.loss());
@@ -631,14 +641,17 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     *entry->job.mutable_update_time() = TimeUtil::GetCurrentTime();
     // The record on disk follows checkpoints, so a recovered job reports where it resumes.
     const absl::Status s = store_->UpdateJob(entry->job);
-    if (!s.ok()) std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", id.c_str(), s.ToString().c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", id.c_str(),
+                   s.ToString().c_str());
   };
   callbacks.should_stop = [&] { return entry->stop.load(); };
 
   absl::Status status;
   std::unique_ptr<Trainer> trainer;
   {
-    absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(job.spec(), options, callbacks);
+    absl::StatusOr<std::unique_ptr<Trainer>> created =
+        Trainer::Create(job.spec(), options, callbacks);
     if (created.ok()) {
       trainer = std::move(*created);
       status = trainer->Run();
@@ -673,8 +686,9 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     reason = entry->cancel_reason;
   } else if (status.code() == absl::StatusCode::kCancelled) {
     next = tandem::v1::JOB_STATE_QUEUED;
-    reason = absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
-                          record.checkpoint_step());
+    reason =
+        absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
+                     record.checkpoint_step());
   } else {
     next = tandem::v1::JOB_STATE_FAILED;
     reason = std::string(status.message());
@@ -687,24 +701,16 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   }
   const absl::Status s = Transition(*entry, next, reason);
   if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: cannot record the end of %s: %s\n", id.c_str(), s.ToString().c_str());
+    std::fprintf(stderr, "tandemd: cannot record the end of %s: %s\n", id.c_str(),
+                 s.ToString().c_str());
   }
   UpdateJobMetrics(*entry);
-  if (entry->layer_times) MirrorLayerTimes(*metrics_, id, *entry->layer_times);
   if (IsTerminal(next)) {
     entry->log->Close();
     live_.erase(id);
     finished_series_.push_back(id);
     if (finished_series_.size() > kFinishedSeriesKept) {
-      const metrics::Labels old = {{"job_id", finished_series_.front()}};
-      for (auto* f : {&metrics_->job_loss, &metrics_->job_samples_per_second, &metrics_->job_step_seconds,
-                      &metrics_->job_progress, &metrics_->job_eval_accuracy,
-                      &metrics_->job_predicted_step_seconds}) {
-        f->Remove(old);
-      }
-      metrics_->job_step_duration.Remove(old);
-      metrics_->job_steps.Remove(old);
-      metrics_->layer_step.RemoveWhere("job_id", finished_series_.front());
+      ForgetJobSeries(finished_series_.front());
       finished_series_.pop_front();
     }
   }
@@ -714,15 +720,16 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   dirty_ = true;
 }
 
-void JobManager::ExportLayerTimings() {
-  std::vector<std::pair<std::string, std::shared_ptr<profile::LayerHistograms>>> jobs;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, e] : live_) {
-      if (e->layer_times) jobs.emplace_back(id, e->layer_times);
-    }
+void JobManager::ForgetJobSeries(const std::string& job_id) {
+  const prometheus::Labels old = {{"job_id", job_id}};
+  for (auto* f : {&metrics_->job_loss, &metrics_->job_samples_per_second,
+                  &metrics_->job_step_seconds, &metrics_->job_progress,
+                  &metrics_->job_eval_accuracy, &metrics_->job_predicted_step_seconds}) {
+    RemoveSeries(*f, old);
   }
-  for (const auto& [id, times] : jobs) MirrorLayerTimes(*metrics_, id, *times);
+  RemoveSeries(metrics_->job_step_duration, old, metrics_->job_step_duration_buckets);
+  RemoveSeries(metrics_->job_steps, old);
+  metrics_->job_telemetry->Forget(job_id);
 }
 
 void JobManager::Shutdown() {
@@ -763,7 +770,8 @@ JobManager::Snapshot JobManager::TakeSnapshot() {
     if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) ++s.queued;
     if (e->allocator) {
       const MemoryStats m = e->allocator->stats();
-      for (int c = 0; c < kMemoryCategoryCount; ++c) s.host_memory.in_use_bytes[c] += m.in_use_bytes[c];
+      for (int c = 0; c < kMemoryCategoryCount; ++c)
+        s.host_memory.in_use_bytes[c] += m.in_use_bytes[c];
       s.host_memory.total_in_use_bytes += m.total_in_use_bytes;
     }
   }

@@ -23,11 +23,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/core/allocator.h"
-#include "runtime/profile/layer_histograms.h"
+#include "runtime/profile/job_telemetry.h"
 #include "runtime/train/trainer.h"
 #include "server/event_log.h"
-#include "server/placement.h"
 #include "server/path_policy.h"
+#include "server/placement.h"
 #include "server/server_metrics.h"
 #include "server/store/job_store.h"
 
@@ -120,9 +120,6 @@ class JobManager {
     bool accepting = true;
   };
   Snapshot TakeSnapshot();
-  // Mirrors running (and recently finished) jobs' per-layer timings into
-  // tandem_layer_step_seconds; called on each metrics scrape.
-  void ExportLayerTimings();
   const JobManagerOptions& options() const { return options_; }
 
  private:
@@ -131,7 +128,10 @@ class JobManager {
   // Starts every queued job that fits, in queue order; explains the rest.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(std::shared_ptr<Entry> entry);
-  absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry, const std::string& reason)
+  // Drops a finished job's per-job series from the metrics.
+  void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,
+                                               const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a job to `state`, appends the state event and persists both.
   absl::Status Transition(Entry& entry, tandem::v1::JobState state, const std::string& reason)

@@ -29,7 +29,8 @@
 #include "runtime/profile/profile_model.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
-#include "server/metrics/http_exporter.h"
+#include "server/metrics/exposer.h"
+#include "server/metrics/nvml_collector.h"
 #include "server/node_info.h"
 #include "server/path_policy.h"
 #include "server/placement.h"
@@ -37,12 +38,15 @@
 #include "server/store/job_store.h"
 #include "server/tandem_service.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port; port 0 picks one).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address (host:port; port 0 picks one).");
 ABSL_FLAG(std::string, port_file, "",
           "Once serving, write the bound gRPC port here (for --listen=HOST:0).");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus metrics listen address (host:port); empty disables.");
 ABSL_FLAG(std::string, metrics_port_file, "", "Once serving, write the bound metrics port here.");
+ABSL_FLAG(std::string, nvml_library, tandem::metrics::kNvmlLibrary,
+          "NVML library for the GPU gauges (tandem_gpu_*); empty disables them.");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the job store and checkpoints (required; created if missing).");
 ABSL_FLAG(std::string, data_root, "/usr/share/datasets",
@@ -56,7 +60,8 @@ ABSL_FLAG(int64_t, gpu_memory_budget, 0,
 ABSL_FLAG(int64_t, host_memory_budget, 0,
           "Host bytes all jobs together may use; 0 = 75% of physical memory, or of the "
           "container's memory limit when lower.");
-ABSL_FLAG(int, max_receive_message_bytes, 16 << 20, "Largest request the server accepts, in bytes.");
+ABSL_FLAG(int, max_receive_message_bytes, 16 << 20,
+          "Largest request the server accepts, in bytes.");
 ABSL_FLAG(int, job_threads, 0, "CPU threads per job that sets none; 0 = all cores.");
 ABSL_FLAG(std::string, store_sync, "full",
           "full: fsync every store commit (acknowledged jobs survive power loss); normal: "
@@ -130,8 +135,7 @@ int main(int argc, char** argv) {
   if (!store.ok()) return Fail(std::string(store.status().message()));
 
   const NodeResources resources = DetectNodeResources();
-  tandem::metrics::Registry registry;
-  ServerMetrics metrics(registry);
+  ServerMetrics metrics;
 
   JobManagerOptions jm_options{.state_dir = state_dir, .data_policy = *data_policy};
   jm_options.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget) > 0
@@ -154,7 +158,8 @@ int main(int argc, char** argv) {
                                     ? absl::GetFlag(FLAGS_max_running_jobs)
                                     : std::max(1, resources.cpu_threads);
   JobManager jobs(jm_options, store->get(), &metrics);
-  if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(absl::StrCat("recovery: ", s.ToString()));
+  if (absl::Status s = jobs.Recover(); !s.ok())
+    return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();
 
   const google::protobuf::Timestamp start_time = google::protobuf::util::TimeUtil::GetCurrentTime();
@@ -162,12 +167,14 @@ int main(int argc, char** argv) {
   service_options.auth = auth;
   service_options.node_info = [&] { return BuildNodeInfo(resources, jobs, start_time); };
   const PathPolicy& policy = *data_policy;
-  const tandem::PathResolver resolve = [&policy](const std::string& field, const std::string& path) {
+  const tandem::PathResolver resolve = [&policy](const std::string& field,
+                                                 const std::string& path) {
     return policy.Resolve(field, path);
   };
   service_options.plan = [&](const tandem::v1::PlanModelRequest& request,
                              tandem::v1::PlanModelResponse* response) {
-    absl::StatusOr<tandem::v1::PlanModelResponse> answer = PlanModel(request, *jm_options.node, resolve);
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer =
+        PlanModel(request, *jm_options.node, resolve);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
     return grpc::Status::OK;
@@ -190,7 +197,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tandemd: profile: %s\n", note.c_str());
     }
     env.devices = node.devices();
-    absl::StatusOr<tandem::profile::ProfileResult> result = tandem::profile::ProfileModel(request, env);
+    absl::StatusOr<tandem::profile::ProfileResult> result =
+        tandem::profile::ProfileModel(request, env);
     if (!result.ok()) return ToGrpc(result.status());
     *response->mutable_profile() = std::move(result->profile);
     response->set_cached(result->cached);
@@ -199,17 +207,18 @@ int main(int argc, char** argv) {
   };
   TandemService service(&jobs, &metrics, service_options);
 
-  std::unique_ptr<tandem::metrics::HttpExporter> exporter;
+  std::unique_ptr<tandem::metrics::MetricsExposer> exposer;
+  std::vector<std::shared_ptr<prometheus::Collectable>> scraped;
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    exporter = std::make_unique<tandem::metrics::HttpExporter>(&registry, [&] {
-      metrics.SampleProcess();
-      ExportNodeMetrics(jobs, &metrics);
-    });
-    absl::StatusOr<int> port = exporter->Start(absl::GetFlag(FLAGS_metrics_listen));
-    if (!port.ok()) return Fail(std::string(port.status().message()));
-    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), *port);
+    scraped = MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));
+    absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> started =
+        tandem::metrics::MetricsExposer::Start(absl::GetFlag(FLAGS_metrics_listen),
+                                               {scraped.begin(), scraped.end()});
+    if (!started.ok()) return Fail(std::string(started.status().message()));
+    exposer = *std::move(started);
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port());
     std::fprintf(stderr, "tandemd: metrics on http://%s/metrics (port %d)\n",
-                 absl::GetFlag(FLAGS_metrics_listen).c_str(), *port);
+                 absl::GetFlag(FLAGS_metrics_listen).c_str(), exposer->port());
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -218,7 +227,8 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty()) {
     const std::string cert = ReadFile(absl::GetFlag(FLAGS_tls_cert));
     const std::string key = ReadFile(absl::GetFlag(FLAGS_tls_key));
-    if (cert.empty() || key.empty()) return Fail("--tls_cert and --tls_key must both name readable PEM files");
+    if (cert.empty() || key.empty())
+      return Fail("--tls_cert and --tls_key must both name readable PEM files");
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({key, cert});
     credentials = grpc::SslServerCredentials(ssl);
@@ -248,7 +258,7 @@ int main(int argc, char** argv) {
   jobs.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
-  if (exporter) exporter->Stop();
+  exposer.reset();
   std::fprintf(stderr, "tandemd: shutting down cleanly\n");
   return 0;
 }

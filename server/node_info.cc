@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -10,13 +11,15 @@
 #include "absl/strings/strip.h"
 #include "runtime/base/build_info.h"
 #include "runtime/cpu/onednn.h"
+#include "server/metrics/exposer.h"
+#include "server/metrics/nvml_collector.h"
 
 namespace tandem::server {
 namespace {
 
-const tandem::v1::JobState kStates[] = {tandem::v1::JOB_STATE_QUEUED, tandem::v1::JOB_STATE_RUNNING,
-                                        tandem::v1::JOB_STATE_SUCCEEDED, tandem::v1::JOB_STATE_FAILED,
-                                        tandem::v1::JOB_STATE_CANCELLED};
+const tandem::v1::JobState kStates[] = {
+    tandem::v1::JOB_STATE_QUEUED, tandem::v1::JOB_STATE_RUNNING, tandem::v1::JOB_STATE_SUCCEEDED,
+    tandem::v1::JOB_STATE_FAILED, tandem::v1::JOB_STATE_CANCELLED};
 
 std::string StateName(tandem::v1::JobState s) {
   return std::string(absl::StripPrefix(tandem::v1::JobState_Name(s), "JOB_STATE_"));
@@ -35,7 +38,8 @@ NodeResources DetectNodeResources() {
   // limit_in_bytes) is what the node really has: a budget sized from the
   // machine's memory would have the kernel kill tandemd before admission
   // refused a job.
-  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream f(path);
     int64_t limit = 0;
     if (f >> limit && limit > 0 && limit < r.host_memory_bytes) {
@@ -93,7 +97,8 @@ tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& j
   }
   for (tandem::v1::JobState s : kStates) {
     auto it = snapshot.jobs_by_state.find(s);
-    (*node.mutable_jobs_by_state())[StateName(s)] = it == snapshot.jobs_by_state.end() ? 0 : it->second;
+    (*node.mutable_jobs_by_state())[StateName(s)] =
+        it == snapshot.jobs_by_state.end() ? 0 : it->second;
   }
   node.set_accepting_jobs(snapshot.accepting);
   node.add_features("onednn");
@@ -116,14 +121,36 @@ void ExportNodeMetrics(JobManager& jobs, ServerMetrics* metrics) {
         .Add({{"device", "cpu"}, {"category", MemoryCategoryName(static_cast<MemoryCategory>(c))}})
         .Set(static_cast<double>(s.host_memory.in_use_bytes[c]));
   }
-  metrics->device_memory_reserved.Add({{"device", "cpu"}}).Set(static_cast<double>(s.reserved_host_bytes));
+  metrics->device_memory_reserved.Add({{"device", "cpu"}})
+      .Set(static_cast<double>(s.reserved_host_bytes));
   if (jobs.options().node && !jobs.options().node->cuda_devices.empty()) {
     metrics->device_memory_reserved.Add({{"device", "cuda:0"}})
         .Set(static_cast<double>(s.reserved_accelerator_bytes));
     metrics->device_memory_budget.Add({{"device", "cuda:0"}})
         .Set(static_cast<double>(jobs.options().accelerator_memory_budget_bytes));
   }
-  jobs.ExportLayerTimings();
+}
+
+std::vector<std::shared_ptr<prometheus::Collectable>> MetricsSources(
+    ServerMetrics& metrics, JobManager& jobs, const std::string& nvml_library) {
+  std::vector<std::shared_ptr<prometheus::Collectable>> sources = {
+      std::make_shared<metrics::ScrapeHook>([&metrics, &jobs] {
+        metrics.SampleProcess();
+        ExportNodeMetrics(jobs, &metrics);
+      }),
+      metrics.registry, metrics.job_telemetry};
+  if (nvml_library.empty()) return sources;
+  absl::StatusOr<std::shared_ptr<metrics::NvmlCollector>> nvml =
+      metrics::NvmlCollector::Open(nvml_library);
+  if (nvml.ok()) {
+    std::fprintf(stderr, "tandemd: GPU gauges from NVML for %d device(s)\n",
+                 (*nvml)->device_count());
+    sources.push_back(*std::move(nvml));
+  } else {
+    std::fprintf(stderr, "tandemd: no GPU gauges: %s\n",
+                 std::string(nvml.status().message()).c_str());
+  }
+  return sources;
 }
 
 }  // namespace tandem::server

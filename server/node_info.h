@@ -3,10 +3,12 @@
 #ifndef TANDEM_SERVER_NODE_INFO_H_
 #define TANDEM_SERVER_NODE_INFO_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "google/protobuf/timestamp.pb.h"
+#include "prometheus/collectable.h"
 #include "runtime/cuda/device_query.h"
 #include "server/job_manager.h"
 #include "server/server_metrics.h"
@@ -33,6 +35,13 @@ tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& j
 
 // Refreshes jobs-by-state and per-device memory gauges.
 void ExportNodeMetrics(JobManager& jobs, ServerMetrics* metrics);
+
+// What /metrics serves, in order: a hook that samples the process and the
+// node's gauges first, the registry, the jobs' telemetry, and the GPUs' gauges
+// from `nvml_library` where it loads (empty: none). Logs which GPU gauges
+// are exported and, when NVML does not load, why.
+std::vector<std::shared_ptr<prometheus::Collectable>> MetricsSources(
+    ServerMetrics& metrics, JobManager& jobs, const std::string& nvml_library);
 
 }  // namespace tandem::server
 

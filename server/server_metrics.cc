@@ -5,101 +5,110 @@
 #include <fstream>
 #include <sstream>
 
+#include "prometheus/text_serializer.h"
 #include "runtime/base/build_info.h"
-#include "runtime/profile/layer_histograms.h"
 
 namespace tandem::server {
+namespace {
 
-using metrics::BuildCounter;
-using metrics::BuildGauge;
-using metrics::BuildHistogram;
-using metrics::ExponentialBuckets;
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
 
-ServerMetrics::ServerMetrics(metrics::Registry& r)
-    : registry(r),
+// start, start*factor, ... (count of them).
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (int i = 0; i < count; ++i, start *= factor) bounds.push_back(start);
+  return bounds;
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics()
+    : registry(std::make_shared<prometheus::Registry>()),
+      job_telemetry(std::make_shared<metrics::JobTelemetryCollector>()),
       build_info(BuildGauge()
                      .Name("tandem_build_info")
                      .Help("Always 1; labels give the version and commit of this tandemd.")
-                     .Register(r)),
+                     .Register(*registry)),
       rpc_requests(BuildCounter()
                        .Name("tandem_rpc_requests_total")
                        .Help("RPCs answered, by method and gRPC status code.")
-                       .Register(r)),
+                       .Register(*registry)),
       rpc_duration(BuildHistogram()
                        .Name("tandem_rpc_duration_seconds")
                        .Help("RPC latency from arrival to status, by method and code.")
-                       .Buckets(ExponentialBuckets(0.0001, 2.5, 14))
-                       .Register(r)),
-      jobs(BuildGauge().Name("tandem_jobs").Help("Jobs known to this daemon, by state.").Register(r)),
+                       .Register(*registry)),
+      jobs(BuildGauge()
+               .Name("tandem_jobs")
+               .Help("Jobs known to this daemon, by state.")
+               .Register(*registry)),
       queue_length(BuildGauge()
                        .Name("tandem_job_queue_length")
                        .Help("Jobs waiting to run.")
-                       .Register(r)),
+                       .Register(*registry)),
       jobs_finished(BuildCounter()
                         .Name("tandem_jobs_finished_total")
                         .Help("Jobs that ended, by final state.")
-                        .Register(r)),
+                        .Register(*registry)),
       job_step_seconds(BuildGauge()
                            .Name("tandem_job_step_seconds")
                            .Help("Mean wall time of a training step over the latest window.")
-                           .Register(r)),
+                           .Register(*registry)),
       job_step_duration(BuildHistogram()
                             .Name("tandem_job_step_duration_seconds")
                             .Help("Wall time of each training step.")
-                            .Buckets(ExponentialBuckets(0.001, 2, 16))
-                            .Register(r)),
-      job_loss(BuildGauge().Name("tandem_job_loss").Help("Training loss of the latest step, in nats.").Register(r)),
+                            .Register(*registry)),
+      job_loss(BuildGauge()
+                   .Name("tandem_job_loss")
+                   .Help("Training loss of the latest step, in nats.")
+                   .Register(*registry)),
       job_eval_accuracy(BuildGauge()
                             .Name("tandem_job_eval_accuracy_ratio")
                             .Help("Test accuracy of the latest evaluation.")
-                            .Register(r)),
+                            .Register(*registry)),
       job_samples_per_second(BuildGauge()
                                  .Name("tandem_job_samples_per_second")
                                  .Help("Training throughput over the latest window.")
-                                 .Register(r)),
+                                 .Register(*registry)),
       job_progress(BuildGauge()
                        .Name("tandem_job_progress_ratio")
                        .Help("Steps completed over total steps.")
-                       .Register(r)),
+                       .Register(*registry)),
       job_steps(BuildCounter()
                     .Name("tandem_job_steps_total")
                     .Help("Optimizer steps completed by the job in this process.")
-                    .Register(r)),
+                    .Register(*registry)),
       job_predicted_step_seconds(BuildGauge()
                                      .Name("tandem_job_predicted_step_seconds")
                                      .Help("Step time the job's plan predicted.")
-                                     .Register(r)),
-      layer_step(BuildHistogram()
-                     .Name("tandem_layer_step_seconds")
-                     .Help("Wall time of one layer's phase (forward, backward, update) in a "
-                           "training step, from the always-on profiler.")
-                     .Buckets(std::vector<double>(profile::kLayerStepBucketsSeconds.begin(),
-                                                  profile::kLayerStepBucketsSeconds.end()))
-                     .Register(r)),
+                                     .Register(*registry)),
       device_memory(BuildGauge()
                         .Name("tandem_device_memory_bytes")
                         .Help("Memory allocated by running jobs, by device and category.")
-                        .Register(r)),
+                        .Register(*registry)),
       device_memory_budget(BuildGauge()
                                .Name("tandem_device_memory_budget_bytes")
                                .Help("Memory all jobs together may use, by device.")
-                               .Register(r)),
+                               .Register(*registry)),
       device_memory_reserved(BuildGauge()
                                  .Name("tandem_device_memory_reserved_bytes")
                                  .Help("Memory reserved by admitted jobs, by device.")
-                                 .Register(r)),
+                                 .Register(*registry)),
       process_cpu(BuildCounter()
                       .Name("tandem_process_cpu_seconds_total")
                       .Help("CPU time consumed by tandemd (user and system).")
-                      .Register(r)),
+                      .Register(*registry)),
       process_resident(BuildGauge()
                            .Name("tandem_process_resident_memory_bytes")
                            .Help("Resident set size of tandemd.")
-                           .Register(r)),
+                           .Register(*registry)),
       process_start_time(BuildGauge()
                              .Name("tandem_process_start_time_seconds")
                              .Help("Start time of tandemd since the Unix epoch.")
-                             .Register(r)) {
+                             .Register(*registry)),
+      rpc_duration_buckets(ExponentialBuckets(0.0001, 2.5, 14)),
+      job_step_duration_buckets(ExponentialBuckets(0.001, 2, 16)) {
   build_info.Add({{"version", TandemVersion()}, {"commit", GitCommit()}}).Set(1);
   process_start_time.Add({}).Set(static_cast<double>(::time(nullptr)));
 }
@@ -127,6 +136,16 @@ void ServerMetrics::SampleProcess() {
   if (statm >> pages_total >> pages_resident) {
     process_resident.Add({}).Set(static_cast<double>(pages_resident) * sysconf(_SC_PAGESIZE));
   }
+}
+
+std::vector<std::weak_ptr<prometheus::Collectable>> ServerMetrics::collectables() const {
+  return {registry, job_telemetry};
+}
+
+std::string ServerMetrics::Serialize() const {
+  std::vector<prometheus::MetricFamily> families = registry->Collect();
+  for (prometheus::MetricFamily& f : job_telemetry->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace tandem::server

@@ -1,49 +1,79 @@
 // Every metric tandemd exports, registered in one place so names, units and
 // labels are consistent (prefix tandem_, base units, _total on counters; per-job
-// series carry job_id, per-device series device). Thread-safe (see registry.h).
+// series carry job_id, per-device series device). The families live in a
+// prometheus-cpp Registry; the running jobs' per-layer and per-resource series
+// come from `job_telemetry`, read at each scrape; the GPU's own gauges from
+// NVML where it loads (nvml_collector.h). Updates are thread-safe
+// (prometheus-cpp's metrics are).
 #ifndef TANDEM_SERVER_SERVER_METRICS_H_
 #define TANDEM_SERVER_SERVER_METRICS_H_
 
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "server/metrics/registry.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/metrics/job_telemetry_collector.h"
 
 namespace tandem::server {
 
 struct ServerMetrics {
-  explicit ServerMetrics(metrics::Registry& registry);
+  ServerMetrics();
 
-  metrics::Registry& registry;
-  metrics::Family<metrics::Gauge>& build_info;
-  metrics::Family<metrics::Counter>& rpc_requests;
-  metrics::Family<metrics::Histogram>& rpc_duration;
-  metrics::Family<metrics::Gauge>& jobs;
-  metrics::Family<metrics::Gauge>& queue_length;
-  metrics::Family<metrics::Counter>& jobs_finished;
-  metrics::Family<metrics::Gauge>& job_step_seconds;
-  metrics::Family<metrics::Histogram>& job_step_duration;
-  metrics::Family<metrics::Gauge>& job_loss;
-  metrics::Family<metrics::Gauge>& job_eval_accuracy;
-  metrics::Family<metrics::Gauge>& job_samples_per_second;
-  metrics::Family<metrics::Gauge>& job_progress;
-  metrics::Family<metrics::Counter>& job_steps;
-  metrics::Family<metrics::Gauge>& job_predicted_step_seconds;
-  metrics::Family<metrics::Histogram>& layer_step;
-  metrics::Family<metrics::Gauge>& device_memory;
-  metrics::Family<metrics::Gauge>& device_memory_budget;
-  metrics::Family<metrics::Gauge>& device_memory_reserved;
-  metrics::Family<metrics::Counter>& process_cpu;
-  metrics::Family<metrics::Gauge>& process_resident;
-  metrics::Family<metrics::Gauge>& process_start_time;
+  const std::shared_ptr<prometheus::Registry> registry;
+  const std::shared_ptr<metrics::JobTelemetryCollector> job_telemetry;
+
+  prometheus::Family<prometheus::Gauge>& build_info;
+  prometheus::Family<prometheus::Counter>& rpc_requests;
+  prometheus::Family<prometheus::Histogram>& rpc_duration;
+  prometheus::Family<prometheus::Gauge>& jobs;
+  prometheus::Family<prometheus::Gauge>& queue_length;
+  prometheus::Family<prometheus::Counter>& jobs_finished;
+  prometheus::Family<prometheus::Gauge>& job_step_seconds;
+  prometheus::Family<prometheus::Histogram>& job_step_duration;
+  prometheus::Family<prometheus::Gauge>& job_loss;
+  prometheus::Family<prometheus::Gauge>& job_eval_accuracy;
+  prometheus::Family<prometheus::Gauge>& job_samples_per_second;
+  prometheus::Family<prometheus::Gauge>& job_progress;
+  prometheus::Family<prometheus::Counter>& job_steps;
+  prometheus::Family<prometheus::Gauge>& job_predicted_step_seconds;
+  prometheus::Family<prometheus::Gauge>& device_memory;
+  prometheus::Family<prometheus::Gauge>& device_memory_budget;
+  prometheus::Family<prometheus::Gauge>& device_memory_reserved;
+  prometheus::Family<prometheus::Counter>& process_cpu;
+  prometheus::Family<prometheus::Gauge>& process_resident;
+  prometheus::Family<prometheus::Gauge>& process_start_time;
+
+  // Bucket bounds of the histogram families, passed to each series' Add.
+  const prometheus::Histogram::BucketBoundaries rpc_duration_buckets;
+  const prometheus::Histogram::BucketBoundaries job_step_duration_buckets;
 
   // Samples process CPU time and RSS from /proc/self (call before a scrape).
   void SampleProcess();
+
+  // What a scrape serves, in order: the registry's families, then the jobs'.
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
+  // The text exposition of collectables() (tests; the exposer serves the same).
+  std::string Serialize() const;
 
  private:
   absl::Mutex sample_mu_;
   double last_cpu_seconds_ ABSL_GUARDED_BY(sample_mu_) = 0;
 };
+
+// Drops the series with exactly `labels` from `family`, if it has one.
+// Histogram families pass their buckets (prometheus-cpp's Add needs them).
+template <typename T, typename... Args>
+void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& labels, Args&&... args) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels, std::forward<Args>(args)...));
+}
 
 }  // namespace tandem::server
 

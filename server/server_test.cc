@@ -106,7 +106,8 @@ tandem::v1::JobSpec Spec(int steps, int priority = 0, int batch = 16) {
 model: {mlp: {hidden_sizes: [16]}}
 data: {synthetic: {sample_shape: [8], num_classes: 3, train_samples: 256}}
 training: {batch_size: 16, steps: 10, checkpoint_interval_steps: 5}
-)", "job.yaml");
+)",
+                                                          "job.yaml");
   spec->mutable_training()->set_steps(steps);
   spec->mutable_training()->set_batch_size(batch);
   spec->set_priority(priority);
@@ -143,8 +144,7 @@ class JobManagerTest : public testing::Test {
   }
 
   std::string dir_;
-  metrics::Registry registry_;
-  ServerMetrics metrics_{registry_};
+  ServerMetrics metrics_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<JobManager> jobs_;
 };
@@ -253,13 +253,15 @@ TEST_F(JobManagerTest, CancelQueuedAtOnceAndRunningAtAStepBoundary) {
   const tandem::v1::Job cancelled = *jobs_->Cancel(queued->job.id(), "not needed");
   EXPECT_EQ(cancelled.state(), tandem::v1::JOB_STATE_CANCELLED);
   EXPECT_NE(cancelled.reason().find("not needed"), std::string::npos);
-  EXPECT_EQ(jobs_->Cancel(queued->job.id(), "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_->Cancel(queued->job.id(), "").status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(jobs_->Cancel("job-999999", "").status().code(), absl::StatusCode::kNotFound);
 
   jobs_->Start();
   auto running = jobs_->Submit(Spec(100000), "");
   WaitFor(running->job.id(), tandem::v1::JOB_STATE_RUNNING);
-  while (jobs_->Get(running->job.id())->progress().step() < 1) absl::SleepFor(absl::Milliseconds(5));
+  while (jobs_->Get(running->job.id())->progress().step() < 1)
+    absl::SleepFor(absl::Milliseconds(5));
   ASSERT_TRUE(jobs_->Cancel(running->job.id(), "").ok());
   const tandem::v1::Job stopped = WaitFor(running->job.id(), tandem::v1::JOB_STATE_CANCELLED);
   // A final checkpoint at the step it stopped on.
@@ -280,7 +282,8 @@ TEST_F(JobManagerTest, GracefulStopRequeuesAndRestartResumes) {
   jobs_->Shutdown();
   const tandem::v1::Job paused = *jobs_->Get(id);
   EXPECT_EQ(paused.state(), tandem::v1::JOB_STATE_QUEUED);
-  EXPECT_NE(paused.reason().find("resumes from its checkpoint"), std::string::npos) << paused.reason();
+  EXPECT_NE(paused.reason().find("resumes from its checkpoint"), std::string::npos)
+      << paused.reason();
   const int64_t at = paused.checkpoint_step();
   EXPECT_GT(at, 0);
   Close();
@@ -298,7 +301,8 @@ TEST_F(JobManagerTest, GracefulStopRequeuesAndRestartResumes) {
   const std::vector<tandem::v1::JobEvent> events = *store_->ReadEvents(id, 1, 10000);
   for (const auto& e : events) {
     if (e.has_log()) logs += e.log().message() + "\n";
-    if (e.has_log() && e.log().message().find("resumed from checkpoint at step") != std::string::npos) {
+    if (e.has_log() &&
+        e.log().message().find("resumed from checkpoint at step") != std::string::npos) {
       resumed = true;
     }
   }
@@ -382,21 +386,32 @@ TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {
   EXPECT_GE(done.reserved_host_bytes(), capacity);
 
   // Per-layer timings reached the metrics: forward, backward and update series.
-  jobs_->ExportLayerTimings();
-  const std::string text = registry_.Serialize();
+  const std::string text = metrics_.Serialize();
   for (const char* phase : {"forward", "backward", "update"}) {
-    const std::string series = absl::StrCat("tandem_layer_step_seconds_count{job_id=\"",
-                                            done.id(), "\",layer=\"linear1\",phase=\"", phase, "\"}");
-    EXPECT_NE(text.find(series), std::string::npos) << series << " not among\n" << [&] {
-      std::string counts;
-      for (absl::string_view line : absl::StrSplit(text, '\n')) {
-        if (absl::StartsWith(line, "tandem_layer_step_seconds_count")) absl::StrAppend(&counts, line, "\n");
-      }
-      return counts;
-    }();
+    const std::string series = absl::StrCat("tandem_layer_step_seconds_count{job_id=\"", done.id(),
+                                            "\",layer=\"linear1\",phase=\"", phase, "\"}");
+    EXPECT_NE(text.find(series), std::string::npos)
+        << series << " not among\n"
+        << [&] {
+             std::string counts;
+             for (absl::string_view line : absl::StrSplit(text, '\n')) {
+               if (absl::StartsWith(line, "tandem_layer_step_seconds_count"))
+                 absl::StrAppend(&counts, line, "\n");
+             }
+             return counts;
+           }();
   }
   EXPECT_NE(text.find(absl::StrCat("tandem_job_predicted_step_seconds{job_id=\"", done.id())),
             std::string::npos);
+  // And the executor's resources: busy time on the emulated accelerator's
+  // compute stream, and its staging memory.
+  for (const std::string& series :
+       {absl::StrCat("tandem_resource_busy_seconds_total{device=\"emulated:0\",job_id=\"",
+                     done.id(), "\",resource=\"accelerator_compute\"}"),
+        absl::StrCat("tandem_pinned_host_memory_bytes{device=\"emulated:0\",job_id=\"", done.id(),
+                     "\"}")}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << " not in\n" << text;
+  }
 }
 
 TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {

@@ -153,9 +153,9 @@ class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
       }
       if (log_->closed()) {
         if (log_->shutting_down()) {
-          FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    absl::StrCat("tandemd is shutting down; watch again from sequence ",
-                                                 cursor_)));
+          FinishLocked(grpc::Status(
+              grpc::StatusCode::UNAVAILABLE,
+              absl::StrCat("tandemd is shutting down; watch again from sequence ", cursor_)));
         } else {
           FinishLocked(grpc::Status::OK);
         }
@@ -225,7 +225,7 @@ TandemService::~TandemService() = default;
 void TandemService::Record(const char* method, absl::Time start, const grpc::Status& status) {
   const char* code = CodeName(status.error_code());
   metrics_->rpc_requests.Add({{"method", method}, {"code", code}}).Increment();
-  metrics_->rpc_duration.Add({{"method", method}, {"code", code}})
+  metrics_->rpc_duration.Add({{"method", method}, {"code", code}}, metrics_->rpc_duration_buckets)
       .Observe(absl::ToDoubleSeconds(absl::Now() - start));
 }
 
@@ -253,7 +253,8 @@ grpc::ServerUnaryReactor* TandemService::SubmitJob(grpc::CallbackServerContext* 
                                                    tandem::v1::SubmitJobResponse* response) {
   return Unary(context, "SubmitJob", [this, request, response]() -> grpc::Status {
     if (!request->has_spec()) return Invalid("spec: is required");
-    absl::StatusOr<JobManager::Submitted> submitted = jobs_->Submit(request->spec(), request->request_id());
+    absl::StatusOr<JobManager::Submitted> submitted =
+        jobs_->Submit(request->spec(), request->request_id());
     if (!submitted.ok()) return ToGrpc(submitted.status());
     *response->mutable_job() = submitted->job;
     response->set_created(submitted->created);
@@ -326,9 +327,9 @@ grpc::ServerUnaryReactor* TandemService::CancelJob(grpc::CallbackServerContext* 
   });
 }
 
-grpc::ServerUnaryReactor* TandemService::ProfileModel(grpc::CallbackServerContext* context,
-                                                      const tandem::v1::ProfileModelRequest* request,
-                                                      tandem::v1::ProfileModelResponse* response) {
+grpc::ServerUnaryReactor* TandemService::ProfileModel(
+    grpc::CallbackServerContext* context, const tandem::v1::ProfileModelRequest* request,
+    tandem::v1::ProfileModelResponse* response) {
   return Unary(context, "ProfileModel", [this, request, response]() -> grpc::Status {
     if (!options_.profile) {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,

@@ -68,7 +68,7 @@ fi
 build_packages=(
   bazel-bootstrap bazel-rules-java g++ make
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
-  libabsl-dev libgtest-dev libgmock-dev libsqlite3-dev libcpp-httplib-dev
+  libabsl-dev libgtest-dev libgmock-dev libsqlite3-dev prometheus-cpp-dev
   libyaml-cpp-dev libdnnl-dev zlib1g-dev libssl-dev libtsan2
 )
 test_packages=(

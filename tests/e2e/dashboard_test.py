@@ -28,6 +28,7 @@ from tandem_stubs import job_pb2, spec_from_dict, stub, tandem_service_pb2, wait
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
+FAKE_NVML = None
 
 # Metric families the dashboard charts but the daemon does not feed yet, so
 # their queries may come back empty (they must still parse). Empty now: the
@@ -69,8 +70,9 @@ def rule_queries(rules):
 
 
 def metric_names(expr):
-    # Identifiers that are metric names: tandem_* and up, not functions or labels.
-    return set(re.findall(r"\b(tandem_[a-z0-9_]+|up)\b(?!\s*\()", expr))
+    # Identifiers that are metric names: tandem_*, up, and the exposer_* families
+    # prometheus-cpp's exposer adds about its own scrapes; not functions or labels.
+    return set(re.findall(r"\b((?:tandem|exposer)_[a-z0-9_]+|up)\b(?!\s*\()", expr))
 
 
 def pending_family(expr):
@@ -88,7 +90,10 @@ class DashboardTest(unittest.TestCase):
         cls.rules_path = repo_files.path("deploy/prometheus/rules/tandem.rules.yml")
         with open(cls.rules_path) as f:
             cls.rules = yaml.safe_load(f)
-        cls.daemon = Tandemd(TANDEMD, metrics=True).start()
+        # The GPU row's series come from a stand-in for libnvidia-ml with one GPU
+        # of fixed readings (server/metrics/testing/fake_nvml.c).
+        cls.daemon = Tandemd(TANDEMD, metrics=True,
+                             extra_flags=["--nvml_library=" + os.path.abspath(FAKE_NVML)]).start()
         cls.channel, cls.client = stub(cls.daemon.address)
         cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         cls.target = "127.0.0.1:%d" % cls.daemon.metrics_port
@@ -159,7 +164,7 @@ class DashboardTest(unittest.TestCase):
     @classmethod
     def exported_families(cls):
         """Family name -> type, from the TYPE lines of tandemd's exposition
-        (every registered family has one, series or not)."""
+        (prometheus-cpp writes a registry family once it has a series)."""
         with urllib.request.urlopen("http://%s/metrics" % cls.target, timeout=10) as r:
             text = r.read().decode()
         return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
@@ -277,4 +282,5 @@ class DashboardTest(unittest.TestCase):
 
 if __name__ == "__main__":
     TANDEMD = sys.argv.pop(1)
+    FAKE_NVML = sys.argv.pop(1)
     junit_runner.main()

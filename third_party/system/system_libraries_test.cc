@@ -10,15 +10,12 @@
 #include "google/protobuf/stubs/common.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "httplib.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "yaml-cpp/yaml.h"
 
 namespace {
 
-TEST(SystemLibrariesTest, Protobuf321) {
-  EXPECT_EQ(GOOGLE_PROTOBUF_VERSION / 1000, 3021);
-}
+TEST(SystemLibrariesTest, Protobuf321) { EXPECT_EQ(GOOGLE_PROTOBUF_VERSION / 1000, 3021); }
 
 TEST(SystemLibrariesTest, Grpc151) { EXPECT_EQ(grpc::Version().substr(0, 4), "1.51"); }
 
@@ -44,31 +41,15 @@ TEST(SystemLibrariesTest, OneDnnRunsAMatmul) {
 TEST(SystemLibrariesTest, Sqlite) {
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(":memory:", &db), SQLITE_OK);
-  EXPECT_EQ(sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (1);", nullptr, nullptr,
-                         nullptr),
-            SQLITE_OK);
+  EXPECT_EQ(
+      sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES (1);", nullptr, nullptr, nullptr),
+      SQLITE_OK);
   sqlite3_close(db);
 }
 
 TEST(SystemLibrariesTest, YamlCpp) {
   YAML::Node node = YAML::Load("a: [1, 2]");
   EXPECT_EQ(node["a"][1].as<int>(), 2);
-}
-
-TEST(SystemLibrariesTest, CppHttplibServesLoopback) {
-  httplib::Server server;
-  server.Get("/x", [](const httplib::Request&, httplib::Response& r) {
-    r.set_content("ok", "text/plain");
-  });
-  const int port = server.bind_to_any_port("127.0.0.1");
-  ASSERT_GT(port, 0);
-  std::thread thread([&] { server.listen_after_bind(); });
-  httplib::Client client("127.0.0.1", port);
-  auto response = client.Get("/x");
-  server.stop();
-  thread.join();
-  ASSERT_TRUE(response);
-  EXPECT_EQ(response->body, "ok");
 }
 
 TEST(SystemLibrariesTest, Zlib) { EXPECT_NE(std::string(zlibVersion()), ""); }

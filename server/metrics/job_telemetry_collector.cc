@@ -1,0 +1,139 @@
+#include "server/metrics/job_telemetry_collector.h"
+
+#include <utility>
+
+namespace tandem::metrics {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+std::string Bounded(std::string value) {
+  if (value.size() > kMaxLabelValueBytes) value.resize(kMaxLabelValueBytes);
+  return value;
+}
+
+// The families this collector serves, each present (HELP and TYPE) even
+// before any job fed it, so dashboards and `promtool check metrics` see them.
+struct Families {
+  MetricFamily layer_step{
+      "tandem_layer_step_seconds",
+      "Wall time of one layer's phase (forward, backward, update) in a training "
+      "step, from the always-on profiler.",
+      MetricType::Histogram,
+      {}};
+  MetricFamily busy{"tandem_resource_busy_seconds_total",
+                    "Seconds each resource of a hybrid plan spent running work (the accelerator's "
+                    "compute stream and copy engines, the host's update pool and compute).",
+                    MetricType::Counter,
+                    {}};
+  MetricFamily wait{"tandem_resource_wait_seconds_total",
+                    "Seconds a resource sat idle waiting on work of another resource: the "
+                    "accelerator on host updates (update stalls), the host on gradients.",
+                    MetricType::Counter,
+                    {}};
+  MetricFamily link{"tandem_link_transferred_bytes_total",
+                    "Bytes copied between host and accelerator memory, by direction.",
+                    MetricType::Counter,
+                    {}};
+  MetricFamily pinned{"tandem_pinned_host_memory_bytes",
+                      "Pinned (page-locked) host memory the job's accelerator stages copies "
+                      "through, in use.",
+                      MetricType::Gauge,
+                      {}};
+};
+
+ClientMetric Sample(std::vector<ClientMetric::Label> labels) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  return m;
+}
+
+void AddLayerSeries(const std::string& job_id, const profile::LayerHistogramSnapshot& s,
+                    Families& f) {
+  for (const profile::LayerPhaseHistogram& h : s.series) {
+    ClientMetric m = Sample({{"job_id", job_id},
+                             {"layer", Bounded(h.layer_name)},
+                             {"phase", profile::PhaseLabel(h.phase)}});
+    m.histogram.sample_count = h.count;
+    m.histogram.sample_sum = h.sum_seconds;
+    for (size_t b = 0; b < h.cumulative_counts.size(); ++b) {
+      const double bound = b < s.upper_bounds_seconds.size()
+                               ? s.upper_bounds_seconds[b]
+                               : std::numeric_limits<double>::infinity();
+      m.histogram.bucket.push_back(
+          {.cumulative_count = h.cumulative_counts[b], .upper_bound = bound});
+    }
+    f.layer_step.metric.push_back(std::move(m));
+  }
+}
+
+void AddResourceSeries(const std::string& job_id, const profile::ResourceUsageSnapshot& s,
+                       Families& f) {
+  const std::string accelerator = Bounded(s.accelerator);
+  auto device = [&](tandem::v1::TimelineResource r) {
+    return profile::OnAccelerator(r) ? accelerator : std::string("cpu");
+  };
+  for (const auto& r : s.resources) {
+    ClientMetric busy = Sample({{"device", device(r.resource)},
+                                {"job_id", job_id},
+                                {"resource", profile::ResourceLabel(r.resource)}});
+    busy.counter.value = r.busy_seconds;
+    f.busy.metric.push_back(std::move(busy));
+    const bool h2d = r.resource == tandem::v1::TIMELINE_RESOURCE_COPY_H2D;
+    if (h2d || r.resource == tandem::v1::TIMELINE_RESOURCE_COPY_D2H) {
+      ClientMetric bytes = Sample({{"device", accelerator},
+                                   {"direction", h2d ? "host_to_device" : "device_to_host"},
+                                   {"job_id", job_id}});
+      bytes.counter.value = static_cast<double>(r.bytes);
+      f.link.metric.push_back(std::move(bytes));
+    }
+  }
+  for (const auto& w : s.waits) {
+    ClientMetric wait = Sample({{"device", device(w.resource)},
+                                {"job_id", job_id},
+                                {"resource", profile::ResourceLabel(w.resource)},
+                                {"waited_on", profile::ResourceLabel(w.waited_on)}});
+    wait.counter.value = w.seconds;
+    f.wait.metric.push_back(std::move(wait));
+  }
+  if (!accelerator.empty()) {
+    ClientMetric pinned = Sample({{"device", accelerator}, {"job_id", job_id}});
+    pinned.gauge.value = static_cast<double>(s.pinned_host_bytes);
+    f.pinned.metric.push_back(std::move(pinned));
+  }
+}
+
+}  // namespace
+
+void JobTelemetryCollector::Track(const std::string& job_id,
+                                  std::shared_ptr<const profile::JobTelemetry> telemetry) {
+  absl::MutexLock lock(&mu_);
+  jobs_[job_id] = std::move(telemetry);
+}
+
+void JobTelemetryCollector::Forget(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  jobs_.erase(job_id);
+}
+
+std::vector<MetricFamily> JobTelemetryCollector::Collect() const {
+  std::map<std::string, std::shared_ptr<const profile::JobTelemetry>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs = jobs_;
+  }
+  Families f;
+  for (const auto& [id, telemetry] : jobs) {
+    AddLayerSeries(id, telemetry->LayerSnapshot(), f);
+    AddResourceSeries(id, telemetry->ResourceSnapshot(), f);
+  }
+  std::vector<MetricFamily> out;
+  for (MetricFamily* family : {&f.layer_step, &f.busy, &f.wait, &f.link, &f.pinned}) {
+    out.push_back(std::move(*family));
+  }
+  return out;
+}
+
+}  // namespace tandem::metrics

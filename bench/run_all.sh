@@ -21,3 +21,7 @@ done
 
 echo "== SubmitJob latency on loopback (target p99 <= 5 ms) =="
 $py bench/server/submit_latency.py --tandemd bazel-bin/server/tandemd
+
+echo "== /metrics scrape time, 50 finished and 5 running jobs =="
+bazel build //server:tandemd //proto:tandem_py_proto
+$py bench/server/scrape_time.py --tandemd bazel-bin/server/tandemd

@@ -121,7 +121,7 @@ class PrometheusConfigTest(unittest.TestCase):
     def test_promtool_checks_the_alert_rules(self):
         result = run(["promtool", "check", "rules", deploy("prometheus", "rules", "tandem.rules.yml")])
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        self.assertIn("SUCCESS: 6 rules found", result.stdout)
+        self.assertIn("SUCCESS: 7 rules found", result.stdout)
 
     def test_promtool_runs_the_rule_unit_tests(self):
         result = run(["promtool", "test", "rules", deploy("prometheus", "tests", "tandem.rules.test.yml")])
@@ -133,7 +133,7 @@ class PrometheusConfigTest(unittest.TestCase):
         alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
         self.assertEqual(alerts, {"TandemDaemonDown", "TandemJobFailed", "TandemJobStepTimeRegressed",
                                   "TandemJobSlowerThanPlanned", "TandemGpuMemoryNearBudget",
-                                  "TandemJobQueueBackingUp"})
+                                  "TandemJobQueueBackingUp", "TandemAcceleratorUpdateStalls"})
         tests = load_yaml("prometheus", "tests", "tandem.rules.test.yml")
         fires, quiet = set(), set()
         for t in tests["tests"]:

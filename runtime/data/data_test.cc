@@ -49,9 +49,10 @@ tandem::v1::DatasetSpec IdxSpec(const std::string& images, const std::string& la
 }
 
 TEST(IdxTest, ReadsFashionMnist) {
-  if (!std::ifstream(std::string(kFashion) + "train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  }
+  // tools/install-deps.sh installs dataset-fashion-mnist with the test packages.
+  ASSERT_TRUE(std::ifstream(std::string(kFashion) + "train-images-idx3-ubyte.gz"))
+      << "dataset-fashion-mnist is not installed under " << kFashion
+      << ": run tools/install-deps.sh";
   tandem::v1::DatasetSpec spec = IdxSpec(std::string(kFashion) + "train-images-idx3-ubyte.gz",
                                          std::string(kFashion) + "train-labels-idx1-ubyte.gz");
   spec.mutable_idx()->set_test_images(std::string(kFashion) + "t10k-images-idx3-ubyte.gz");

@@ -40,21 +40,28 @@ absl::Status PlanError(const std::string& field, const std::string& message) {
 
 }  // namespace
 
-int64_t ExecutorMemoryMargin(const Model& model, int64_t micro_batch) {
-  int64_t max_out = 0, max_activation = 0, buffers = 0;
+int64_t ExecutorTransientBytes(const Model& model, int64_t micro_batch) {
+  int64_t max_out = 0, buffers = 0;
   for (int l = 0; l < model.num_layers(); ++l) {
-    const tandem::Layer& layer = model.layer(l);
-    max_out = std::max(max_out, layer.OutputBytes(micro_batch));
-    max_activation =
-        std::max(max_activation, layer.OutputBytes(micro_batch) + layer.SavedBytes(micro_batch));
+    max_out = std::max(max_out, model.layer(l).OutputBytes(micro_batch));
     buffers += model.buffer_slice(l) * 4;
   }
   const int64_t input = micro_batch * model.data().sample_shape.elements() * 4;
   const int64_t targets = micro_batch * model.data().targets_per_sample * 4;
-  // Two gradients between layers, the input and targets, the running statistics,
-  // one layer's activations of prefetch/offload slack on each side, and 64-byte
-  // rounding of every buffer.
-  return 2 * max_out + input + targets + buffers + 2 * max_activation +
+  // Two gradients between layers, the input and targets, the running statistics.
+  return 2 * max_out + input + targets + buffers;
+}
+
+int64_t ExecutorMemoryMargin(const Model& model, int64_t micro_batch) {
+  int64_t max_activation = 0;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    const tandem::Layer& layer = model.layer(l);
+    max_activation =
+        std::max(max_activation, layer.OutputBytes(micro_batch) + layer.SavedBytes(micro_batch));
+  }
+  // One layer's activations of prefetch/offload slack on each side, and
+  // 64-byte rounding of every buffer.
+  return ExecutorTransientBytes(model, micro_batch) + 2 * max_activation +
          64 * 8 * (model.num_layers() + 4);
 }
 

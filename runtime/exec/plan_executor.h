@@ -56,8 +56,12 @@ struct ExecutorOptions {
 };
 
 // Device bytes the executor holds outside the plan's accounting at `micro_batch`
-// (see the file comment); plan under capacity minus this.
+// (see the file comment); plan under capacity minus this. It is
+// ExecutorTransientBytes, which are live whenever a micro-batch is, plus the
+// slack an offloaded or prefetched layer's activations may take while their
+// copy is in flight, plus allocation rounding.
 int64_t ExecutorMemoryMargin(const Model& model, int64_t micro_batch);
+int64_t ExecutorTransientBytes(const Model& model, int64_t micro_batch);
 
 class PlanExecutor final : public StepRunner {
  public:

@@ -169,7 +169,8 @@ TEST_P(CudaProfileTest, EveryLayerHasItsPhasesCountersAndBytesOnTheGpu) {
       }
     }
 
-    // As on the CPU: the allocator's accounting, slices padded to 16 floats.
+    // As on the CPU: the state is the allocator's accounting, slices padded to
+    // 16 floats; output, activations and workspace are what the layer wrote.
     const tandem::v1::LayerMemory& a = lp.analytic_memory();
     const tandem::v1::LayerMemory& m = g.measured_memory();
     EXPECT_EQ(m.parameter_bytes(),
@@ -178,9 +179,14 @@ TEST_P(CudaProfileTest, EveryLayerHasItsPhasesCountersAndBytesOnTheGpu) {
     EXPECT_EQ(m.gradient_bytes(), AlignElements(layer.ParamCount()) * 4) << layer.name();
     EXPECT_EQ(m.optimizer_state_bytes(),
               p.optimizer_state_per_parameter() * AlignElements(layer.ParamCount()) * 4);
-    EXPECT_EQ(m.activation_bytes(), a.activation_bytes()) << layer.name();
-    EXPECT_EQ(m.workspace_bytes(), a.workspace_bytes()) << layer.name();
+    // SavedBytes holds the same values on every device (layer.h; max pooling's
+    // argmax, the exception, is in neither model), so the saved region is
+    // written to its end, short of at most its last tensor's 64-byte alignment.
     EXPECT_EQ(m.output_bytes(), a.output_bytes()) << layer.name();
+    const int64_t saved_written = m.activation_bytes() - m.output_bytes();
+    EXPECT_LE(saved_written, layer.SavedBytes(batch)) << layer.name();
+    EXPECT_GT(saved_written, layer.SavedBytes(batch) - 64) << layer.name();
+    EXPECT_LE(m.workspace_bytes(), a.workspace_bytes()) << layer.name();
     for (const tandem::v1::PhaseProfile* phase : {&g.forward(), &g.backward()}) {
       if (const tandem::v1::Counter* c = Find(*phase, "saved_bytes_written")) {
         EXPECT_LE(c->value(), layer.SavedBytes(batch)) << layer.name();

@@ -21,24 +21,44 @@ using tandem::v1::LayerProfile;
 
 constexpr unsigned char kCanary = 0xA5;
 
+// Bytes of canary after the declared end of the output, saved and workspace
+// regions. A layer gets its regions from the caller and never allocates, so no
+// allocator sees what it uses; the scan does, and without room past the
+// declaration a layer that writes more than it declares would corrupt its
+// neighbour instead of being measured. Writes beyond the guard are still
+// reported as reaching its end.
+constexpr int64_t kGuardBytes = 4096;
+
 int StateCount(const tandem::v1::OptimizerSpec& optimizer) {
   return Optimizer::Stateless(optimizer)->state_count();
 }
 
 // Bytes up to and including the last one that no longer holds the canary,
 // rounded up to whole floats (a written float may share its last bytes with
-// the pattern).
-int64_t WrittenHighWater(const std::vector<unsigned char>& bytes) {
+// the pattern) but not past `declared` when the write ended inside it (byte
+// data such as a pooling argmax may end off a float boundary).
+int64_t WrittenHighWater(const std::vector<unsigned char>& bytes, int64_t declared) {
   for (int64_t i = static_cast<int64_t>(bytes.size()) - 1; i >= 0; --i) {
-    if (bytes[i] != kCanary) return std::min<int64_t>(bytes.size(), (i / 4 + 1) * 4);
+    if (bytes[i] != kCanary) {
+      const int64_t rounded = std::min<int64_t>(bytes.size(), (i / 4 + 1) * 4);
+      return i < declared ? std::min(rounded, declared) : rounded;
+    }
   }
   return 0;
 }
 
+// A region the layer writes: its declared size, and the buffer of declared +
+// kGuardBytes behind it.
+struct Region {
+  Buffer buffer;
+  int64_t declared = 0;
+};
+
 // The layer's memory on the device (measured) and the neighbours' tensors it
 // reads and writes (harness).
 struct LayerBuffers {
-  Buffer params, buffers, grads, output, saved, workspace;
+  Buffer params, buffers, grads;
+  Region output, saved, workspace;
   std::vector<Buffer> states;
   Buffer input, output_grad, input_grad, targets;
 };
@@ -59,23 +79,26 @@ class LayerRun {
     out->set_device_id(device_.id());
     measured_ = device_.NewAllocator();
     harness_ = device_.NewAllocator();
-    TANDEM_RETURN_IF_ERROR(Allocate(out->mutable_measured_memory()));
+    TANDEM_RETURN_IF_ERROR(Allocate());
     TANDEM_RETURN_IF_ERROR(Initialize());
 
+    TANDEM_RETURN_IF_ERROR(FillCanary(b_.output));
     TANDEM_RETURN_IF_ERROR(FillCanary(b_.saved));
     TANDEM_RETURN_IF_ERROR(FillCanary(b_.workspace));
     std::vector<double> wall;
     TANDEM_RETURN_IF_ERROR(Repeat(Phase::kForward, &wall, /*cold=*/false, [&] { Forward(); }));
     *out->mutable_forward()->mutable_timing() = SummarizeTimings(wall);
-    TANDEM_RETURN_IF_ERROR(AddScan(b_.saved, "saved_bytes_written", out->mutable_forward()));
-    TANDEM_RETURN_IF_ERROR(
-        AddScan(b_.workspace, "workspace_bytes_written", out->mutable_forward()));
+    TANDEM_ASSIGN_OR_RETURN(const int64_t output_written, Scan(b_.output));
+    TANDEM_ASSIGN_OR_RETURN(const int64_t saved_written, Scan(b_.saved));
+    TANDEM_ASSIGN_OR_RETURN(const int64_t workspace_forward, Scan(b_.workspace));
+    AddScan(b_.saved, saved_written, "saved_bytes_written", out->mutable_forward());
+    AddScan(b_.workspace, workspace_forward, "workspace_bytes_written", out->mutable_forward());
 
     TANDEM_RETURN_IF_ERROR(FillCanary(b_.workspace));
     TANDEM_RETURN_IF_ERROR(Repeat(Phase::kBackward, &wall, /*cold=*/false, [&] { Backward(); }));
     *out->mutable_backward()->mutable_timing() = SummarizeTimings(wall);
-    TANDEM_RETURN_IF_ERROR(
-        AddScan(b_.workspace, "workspace_bytes_written", out->mutable_backward()));
+    TANDEM_ASSIGN_OR_RETURN(const int64_t workspace_backward, Scan(b_.workspace));
+    AddScan(b_.workspace, workspace_backward, "workspace_bytes_written", out->mutable_backward());
 
     if (layer_.ParamCount() > 0) {
       std::unique_ptr<Optimizer> optimizer = Optimizer::Stateless(optimizer_spec_);
@@ -92,25 +115,37 @@ class LayerRun {
       *out->mutable_update()->mutable_timing() = SummarizeTimings(wall);
     }
 
-    // Peaks, so anything the layer's calls allocated through the device
-    // allocator counts too.
+    // The state is what the model lays out for the layer: the allocator's
+    // accounting of its padded slices. What the layer keeps for backward and
+    // the scratch it uses are what its calls wrote: the output and saved bytes
+    // forward left behind (the caller keeps both until backward), and the most
+    // workspace either phase touched. These differ from the layer's
+    // declarations (OutputBytes, SavedBytes, WorkspaceBytes) when it writes
+    // less or more than it declares.
     const MemoryStats stats = measured_->stats();
     LayerMemory* m = out->mutable_measured_memory();
     m->set_parameter_bytes(stats.peak_bytes[static_cast<int>(MemoryCategory::kParameters)]);
     m->set_gradient_bytes(stats.peak_bytes[static_cast<int>(MemoryCategory::kGradients)]);
     m->set_optimizer_state_bytes(
         stats.peak_bytes[static_cast<int>(MemoryCategory::kOptimizerState)]);
-    m->set_activation_bytes(stats.peak_bytes[static_cast<int>(MemoryCategory::kActivations)]);
-    m->set_workspace_bytes(stats.peak_bytes[static_cast<int>(MemoryCategory::kWorkspace)]);
+    m->set_output_bytes(output_written);
+    m->set_activation_bytes(output_written + saved_written);
+    m->set_workspace_bytes(std::max(workspace_forward, workspace_backward));
     return device_.CollectLayer(l_, out);
   }
 
  private:
-  absl::Status Allocate(LayerMemory* measured) {
+  absl::Status Allocate() {
     const int64_t B = batch_;
     const int64_t slice_bytes = model_.param_slice(l_) * 4;
     auto take = [](Allocator* a, int64_t bytes, MemoryCategory c, Buffer* out) -> absl::Status {
       TANDEM_ASSIGN_OR_RETURN(*out, Buffer::Allocate(a, bytes, c));
+      return absl::OkStatus();
+    };
+    auto region = [](Allocator* a, int64_t declared, MemoryCategory c,
+                     Region* out) -> absl::Status {
+      out->declared = declared;
+      TANDEM_ASSIGN_OR_RETURN(out->buffer, Buffer::Allocate(a, declared + kGuardBytes, c));
       return absl::OkStatus();
     };
     Allocator* m = measured_.get();
@@ -126,12 +161,11 @@ class LayerRun {
       }
     }
     TANDEM_RETURN_IF_ERROR(
-        take(m, layer_.OutputBytes(B), MemoryCategory::kActivations, &b_.output));
-    // What the accounting says the output alone takes.
-    measured->set_output_bytes(m->stats().in_use(MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(take(m, layer_.SavedBytes(B), MemoryCategory::kActivations, &b_.saved));
+        region(m, layer_.OutputBytes(B), MemoryCategory::kActivations, &b_.output));
     TANDEM_RETURN_IF_ERROR(
-        take(m, layer_.WorkspaceBytes(B), MemoryCategory::kWorkspace, &b_.workspace));
+        region(m, layer_.SavedBytes(B), MemoryCategory::kActivations, &b_.saved));
+    TANDEM_RETURN_IF_ERROR(
+        region(m, layer_.WorkspaceBytes(B), MemoryCategory::kWorkspace, &b_.workspace));
 
     Allocator* h = harness_.get();
     const int64_t input_bytes =
@@ -183,22 +217,29 @@ class LayerRun {
     return Upload(b_.targets, targets.data());
   }
 
-  absl::Status FillCanary(const Buffer& region) {
-    if (region.bytes() == 0) return absl::OkStatus();
-    std::vector<unsigned char> canary(region.bytes(), kCanary);
-    return Upload(region, canary.data());
+  absl::Status FillCanary(const Region& region) {
+    std::vector<unsigned char> canary(region.buffer.bytes(), kCanary);
+    return Upload(region.buffer, canary.data());
   }
 
-  absl::Status AddScan(const Buffer& region, const char* name, tandem::v1::PhaseProfile* phase) {
-    if (region.bytes() == 0) return absl::OkStatus();
-    std::vector<unsigned char> bytes(region.bytes());
-    TANDEM_RETURN_IF_ERROR(device_.CopyToHost(bytes.data(), region.data(), region.bytes()));
+  // The bytes of `region` written since its canary was filled.
+  absl::StatusOr<int64_t> Scan(const Region& region) {
+    std::vector<unsigned char> bytes(region.buffer.bytes());
+    TANDEM_RETURN_IF_ERROR(
+        device_.CopyToHost(bytes.data(), region.buffer.data(), region.buffer.bytes()));
+    return WrittenHighWater(bytes, region.declared);
+  }
+
+  // A layer that declares no region and writes none gets no counter, so the
+  // report shows "-" rather than a scan of nothing.
+  static void AddScan(const Region& region, int64_t written, const char* name,
+                      tandem::v1::PhaseProfile* phase) {
+    if (region.declared == 0 && written == 0) return;
     tandem::v1::Counter* c = phase->add_counters();
     c->set_name(name);
-    c->set_value(static_cast<double>(WrittenHighWater(bytes)));
+    c->set_value(static_cast<double>(written));
     c->set_unit("bytes");
     c->set_source(tandem::v1::COUNTER_SOURCE_MEMORY_SCAN);
-    return absl::OkStatus();
   }
 
   LayerContext Context(int repetition) {
@@ -210,7 +251,7 @@ class LayerRun {
     ctx.seed = options_.seed;
     ctx.rng_stream =
         MixStream(0xd209, static_cast<uint64_t>(repetition), static_cast<uint64_t>(l_));
-    ctx.workspace = b_.workspace.data();
+    ctx.workspace = b_.workspace.buffer.data();
     ctx.targets = static_cast<const int32_t*>(b_.targets.data());
     device_.PrepareContext(&ctx);
     return ctx;
@@ -220,16 +261,18 @@ class LayerRun {
     return Tensor(b_.input.data(), layer_.input_dtype(), layer_.input_shape().WithBatch(batch_));
   }
   Tensor Output() const {
-    return Tensor::F32(b_.output.f32(), layer_.output_shape().WithBatch(batch_));
+    return Tensor::F32(b_.output.buffer.f32(), layer_.output_shape().WithBatch(batch_));
   }
 
-  void Forward() { layer_.Forward(Context(repetition_), Input(), Output(), b_.saved.data()); }
+  void Forward() {
+    layer_.Forward(Context(repetition_), Input(), Output(), b_.saved.buffer.data());
+  }
 
   void Backward() {
     const Tensor dx = b_.input_grad.empty() ? Tensor()
                                             : Tensor::F32(b_.input_grad.f32(),
                                                           layer_.input_shape().WithBatch(batch_));
-    layer_.Backward(Context(repetition_), Input(), Output(), b_.saved.data(),
+    layer_.Backward(Context(repetition_), Input(), Output(), b_.saved.buffer.data(),
                     Tensor::F32(b_.output_grad.f32(), layer_.output_shape().WithBatch(batch_)), dx);
   }
 

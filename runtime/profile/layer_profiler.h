@@ -4,24 +4,33 @@
 //
 // The method, per layer and device: allocate the layer's state (its parameter,
 // gradient and optimizer-state slices, padded to 64 bytes as the model lays
-// them out), its output, saved tensors and workspace through a fresh allocator
-// of the device, so the allocator's accounting is the layer's measured memory;
-// the input, the incoming gradient and the outgoing gradient come from a second
-// allocator, since in training they belong to the neighbouring layers. Inputs
-// are random of the right type (token ids for an embedding, targets for the
-// loss). Then forward runs warm-up + N times, backward (on forward's saved
-// state) warm-up + N times, and the optimizer update of the layer's slice
-// warm-up + N times, each update after the device evicted its caches (in
-// training a layer's weights and moments were last touched an iteration ago,
-// while its input was just written by the layer before); each call is timed on the wall clock until
-// the device has synchronised, and the device adds its counters. A parameterless layer has no
-// update phase: it is absent, never zero.
+// them out) through a fresh allocator of the device, so the allocator's
+// accounting is the state's measured memory; and its output, saved and
+// workspace regions, each its declared size (OutputBytes, SavedBytes,
+// WorkspaceBytes) plus a 4 KiB guard. The input, the incoming gradient and the
+// outgoing gradient come from a second allocator, since in training they
+// belong to the neighbouring layers. Inputs are random of the right type
+// (token ids for an embedding, targets for the loss). Then forward runs
+// warm-up + N times, backward (on forward's saved state) warm-up + N times,
+// and the optimizer update of the layer's slice warm-up + N times, each update
+// after the device evicted its caches (in training a layer's weights and
+// moments were last touched an iteration ago, while its input was just written
+// by the layer before); each call is timed on the wall clock until the device
+// has synchronised, and the device adds its counters. A parameterless layer has
+// no update phase: it is absent, never zero.
 //
-// The saved and workspace regions are filled with a canary pattern before the
-// first forward (and the workspace again before the first backward) and
-// scanned afterwards: the highest byte a phase wrote is reported as a
-// MEMORY_SCAN counter ("saved_bytes_written", "workspace_bytes_written"), so a
-// layer that declares more scratch than it uses shows up.
+// A layer never allocates (its regions are the caller's), so no allocator can
+// see what it keeps for backward; what its calls wrote can be seen. The output,
+// saved and workspace regions are filled with a canary pattern before the
+// first forward (the workspace again before the first backward) and scanned
+// afterwards for the highest byte written. The measured output bytes are the
+// output's, the measured activation bytes the output's plus the saved
+// region's (what forward leaves for backward), the measured workspace bytes the
+// larger of the two phases'; a layer that writes less than it declares shows
+// less, one that writes past its declaration shows more (up to the guard)
+// instead of corrupting its neighbour. The saved and workspace scans are also
+// MEMORY_SCAN counters of their phases ("saved_bytes_written",
+// "workspace_bytes_written").
 //
 // Stateless functions; a call drives one device from the calling thread.
 #ifndef TANDEM_RUNTIME_PROFILE_LAYER_PROFILER_H_
@@ -71,6 +80,9 @@ absl::StatusOr<tandem::v1::Profile> AnalyticProfileForJob(const tandem::v1::JobS
 // LayerDeviceProfile per layer, and a DeviceProfile with peaks, the iteration
 // peak, and the device's counter source. `iteration`, when not null, receives
 // the measured training iteration (its timeline feeds the Chrome trace).
+// Measured memory per layer: parameters, gradients and optimizer state from the
+// allocator (slices padded to 64 bytes); activations, output and workspace from
+// the scans above.
 absl::Status MeasureOnDevice(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                              int64_t batch, const LayerProfilerOptions& options,
                              ProfiledDevice& device, tandem::v1::Profile* profile,

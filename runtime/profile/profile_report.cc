@@ -284,10 +284,18 @@ void AppendMemory(const tandem::v1::Profile& profile, std::string* out) {
     } else {
       absl::StrAppend(out, "; they differ in:\n");
       for (const std::string& d : differences) absl::StrAppend(out, "    ", d, "\n");
-      absl::StrAppend(out,
-                      "  (each layer's parameter, gradient and optimizer slices are padded to a "
-                      "64-byte boundary in the model's contiguous buffers; non-trainable buffers "
-                      "such as BatchNorm statistics count as parameters)\n");
+      // Two sources of measurement, so two kinds of difference: the state is
+      // the allocator's accounting of the model's padded layout, the rest is
+      // what the layer's calls wrote.
+      absl::StrAppend(
+          out,
+          "  (measured parameters, gradients and optimizer state are the allocator's accounting: "
+          "each layer's slices are padded to a 64-byte boundary in the model's contiguous "
+          "buffers, and non-trainable buffers such as BatchNorm statistics count as parameters; "
+          "measured activations (output + saved), output and workspace are the highest byte the "
+          "layer's calls wrote into its regions on this device: less than declared means the "
+          "layer wrote less here (a declaration covers every device's code path, and the 64-byte "
+          "alignment of its last tensor), more means it writes past its declaration)\n");
     }
   }
 }

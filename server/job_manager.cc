@@ -577,19 +577,14 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
                         ? job.resolved_spec().training().threads()
                         : options_.default_threads;
   options.host_allocator = entry->allocator.get();
+  // The spec, plan and model of submission: resolved and planned then, not again.
+  const bool resolved =
+      job.resolved_spec().model().model_case() != tandem::v1::ModelSpec::MODEL_NOT_SET;
+  options.spec_resolved = resolved;
   options.make_runner = options_.make_runner;
-  if (!options.make_runner && options_.node)
-    options.make_runner = MakeRunnerFactory(*options_.node);
-  // Layer names for the always-on timings (a model without data: headers only).
-  if (absl::StatusOr<JobModel> jm = BuildJobModel(job.resolved_spec(), options.resolve_path);
-      jm.ok()) {
-    std::vector<std::string> names;
-    for (int l = 0; l < jm->model->num_layers(); ++l) names.push_back(jm->model->layer(l).name());
-    auto telemetry = std::make_shared<profile::JobTelemetry>(std::move(names));
-    options.timing_sink = telemetry.get();
-    metrics_->job_telemetry->Track(id, telemetry);
-    absl::MutexLock lock(&mu_);
-    entry->telemetry = std::move(telemetry);
+  if (!options.make_runner && options_.node) {
+    options.make_runner = MakeRunnerFactory(
+        *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt);
   }
 
   TrainerCallbacks callbacks;
@@ -651,9 +646,10 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   std::unique_ptr<Trainer> trainer;
   {
     absl::StatusOr<std::unique_ptr<Trainer>> created =
-        Trainer::Create(job.spec(), options, callbacks);
+        Trainer::Create(resolved ? job.resolved_spec() : job.spec(), options, callbacks);
     if (created.ok()) {
       trainer = std::move(*created);
+      TrackTelemetry(*entry, trainer.get());
       status = trainer->Run();
     } else {
       status = created.status();
@@ -718,6 +714,18 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   trainer.reset();
   entry->allocator.reset();
   dirty_ = true;
+}
+
+void JobManager::TrackTelemetry(Entry& entry, Trainer* trainer) {
+  std::vector<std::string> names;
+  for (int l = 0; l < trainer->model().num_layers(); ++l) {
+    names.push_back(trainer->model().layer(l).name());
+  }
+  auto telemetry = std::make_shared<profile::JobTelemetry>(std::move(names));
+  trainer->runner().set_timing_sink(telemetry.get());
+  metrics_->job_telemetry->Track(entry.job.id(), telemetry);
+  absl::MutexLock lock(&mu_);
+  entry.telemetry = std::move(telemetry);
 }
 
 void JobManager::ForgetJobSeries(const std::string& job_id) {

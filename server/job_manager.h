@@ -128,6 +128,8 @@ class JobManager {
   // Starts every queued job that fits, in queue order; explains the rest.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(std::shared_ptr<Entry> entry);
+  // Feeds the job's always-on telemetry from its runner and serves it.
+  void TrackTelemetry(Entry& entry, Trainer* trainer) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
   void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,

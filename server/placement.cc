@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "planner/strategies.h"
+#include "runtime/base/work_counters.h"
 #include "runtime/core/status_macros.h"
 #include "runtime/cuda/accelerator_factory.h"
 #include "runtime/emulated/emulated_accelerator.h"
@@ -310,6 +311,7 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
 }
 
 absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node) {
+  work_counters::Count(work_counters::plan_solves);
   if (PlainCpu(resolved)) return Plan();
   const auto& placement = resolved.placement();
   if (placement.has_plan()) {
@@ -387,12 +389,22 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   return SolveForExecutor(model, std::move(request), capacity);
 }
 
-RunnerFactory MakeRunnerFactory(NodeOffer node) {
-  return [node = std::move(node)](const Model& model, const JobSpec& resolved, int64_t max_batch,
-                                  Allocator* host_allocator)
-             -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan) {
+  return [node = std::move(node), stored_plan = std::move(stored_plan)](
+             const Model& model, const JobSpec& resolved, int64_t max_batch,
+             Allocator* host_allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     const uint64_t seed = resolved.training().seed();
-    TANDEM_ASSIGN_OR_RETURN(Plan plan, PlanJob(model, resolved, node));
+    Plan plan;
+    if (stored_plan) {
+      if (stored_plan->layers_size() != 0 && stored_plan->layers_size() != model.num_layers()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the job's stored plan has ", stored_plan->layers_size(),
+                         " layers but its model has ", model.num_layers()));
+      }
+      plan = *stored_plan;
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(plan, PlanJob(model, resolved, node));
+    }
     if (plan.layers_size() == 0) {
       TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu,
                               CpuRunner::Create(model, resolved.optimizer(), max_batch, seed,

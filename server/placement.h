@@ -97,9 +97,12 @@ absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(
     const PathResolver& resolve = nullptr);
 
 // The runner factory for Trainer: the plain CPU engine for jobs without an
-// accelerator, else the plan executor on the job's accelerator under PlanJob's
-// plan.
-RunnerFactory MakeRunnerFactory(NodeOffer node);
+// accelerator, else the plan executor on the job's accelerator. With
+// `stored_plan` (the plan a job was admitted under, from its record) the runner
+// runs that plan, an empty one meaning the CPU engine; without, it solves
+// PlanJob's plan (the CLI's `tandem train`).
+RunnerFactory MakeRunnerFactory(NodeOffer node,
+                                std::optional<tandem::v1::Plan> stored_plan = std::nullopt);
 
 }  // namespace tandem::server
 

@@ -12,7 +12,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "runtime/base/work_counters.h"
 #include "runtime/train/job_spec.h"
 #include "server/auth.h"
 #include "server/event_log.h"
@@ -412,6 +414,31 @@ TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {
                      "\"}")}) {
     EXPECT_NE(text.find(series), std::string::npos) << series << " not in\n" << text;
   }
+}
+
+// The plan flows once: submission resolves the spec, builds the model (for the
+// estimate and the plan) and solves the plan; the run uses the stored spec and
+// plan and builds the model once more, for training. Nothing is done twice.
+TEST_F(JobManagerTest, EachJobIsResolvedAndPlannedOnceAndItsModelBuiltOncePerRun) {
+  Open("once", int64_t{1} << 32, true, TestNode());
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  const int64_t resolutions = work_counters::spec_resolutions.load();
+  const int64_t plans = work_counters::plan_solves.load();
+  const int64_t builds = work_counters::model_builds.load();
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(1 << 20), "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(work_counters::spec_resolutions.load() - resolutions, 1);
+  EXPECT_EQ(work_counters::plan_solves.load() - plans, 1);
+  EXPECT_EQ(work_counters::model_builds.load() - builds, 1);
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(work_counters::spec_resolutions.load() - resolutions, 1);
+  EXPECT_EQ(work_counters::plan_solves.load() - plans, 1);
+  EXPECT_EQ(work_counters::model_builds.load() - builds, 2);
+  // It ran under the plan it was admitted with.
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(done.plan().prediction(),
+                                                                 s->job.plan().prediction()));
+  EXPECT_EQ(done.plan().layers_size(), s->job.plan().layers_size());
 }
 
 TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/work_counters.h"
 #include "runtime/core/random.h"
 #include "runtime/core/status_macros.h"
 #include "runtime/layers/blocks.h"
@@ -302,6 +303,7 @@ ModelSpec WithPresetDefaults(const ModelSpec& spec, const DataInfo& data) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const DataInfo& data) {
+  work_counters::Count(work_counters::model_builds);
   if (data.num_classes < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("data: needs at least 2 classes, got ", data.num_classes));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/json_quote.h"
+#include "runtime/base/work_counters.h"
 #include "runtime/core/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -213,6 +214,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 }
 
 absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator) {
+  work_counters::Count(work_counters::spec_resolutions);
   TANDEM_RETURN_IF_ERROR(ValidateJobSpec(spec));
   JobSpec r = spec;
   auto* o = r.mutable_optimizer();

@@ -57,7 +57,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = std::move(options);
   t->callbacks_ = std::move(callbacks);
-  TANDEM_ASSIGN_OR_RETURN(t->resolved_, ResolveJobSpec(spec, t->options_.has_accelerator));
+  if (t->options_.spec_resolved) {
+    t->resolved_ = spec;
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(t->resolved_, ResolveJobSpec(spec, t->options_.has_accelerator));
+  }
   const auto& training = t->resolved_.training();
   if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
   TANDEM_ASSIGN_OR_RETURN(t->data_, OpenDatasets(t->resolved_.data(), training.seed(),

@@ -35,6 +35,9 @@ struct TrainerOptions {
   PathResolver resolve_path;
   // Whether the node has an accelerator (decides an unspecified strategy).
   bool has_accelerator = false;
+  // The spec is ResolveJobSpec's output already (the daemon resolves a job
+  // once, at submission, and stores it): used as it is, not resolved again.
+  bool spec_resolved = false;
   // OpenMP threads for the job's compute; 0 = the process default.
   int threads = 0;
   // Host memory; null = a HostAllocator with resources.host_memory_bytes as budget.
@@ -56,7 +59,8 @@ struct TrainerCallbacks {
 
 class Trainer {
  public:
-  // Validates and resolves `spec`, opens the data, builds the model and the
+  // Validates and resolves `spec` (unless options.spec_resolved), opens the
+  // data, builds the model and the
   // runner, and loads the newest checkpoint when resuming. Errors name the field.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const tandem::v1::JobSpec& spec,
                                                          TrainerOptions options,

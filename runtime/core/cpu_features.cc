@@ -7,13 +7,9 @@ namespace tandem {
 namespace {
 
 CpuIsa DetectIsa() {
-  __builtin_cpu_init();
   CpuIsa best = CpuIsa::kScalar;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = CpuIsa::kAvx2;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    best = CpuIsa::kAvx512;
-  }
+  if (CpuSupports(CpuIsa::kAvx2)) best = CpuIsa::kAvx2;
+  if (CpuSupports(CpuIsa::kAvx512)) best = CpuIsa::kAvx512;
   if (const char* forced = std::getenv("TANDEM_CPU_ISA")) {
     CpuIsa cap = best;
     if (std::strcmp(forced, "scalar") == 0) cap = CpuIsa::kScalar;
@@ -23,11 +19,37 @@ CpuIsa DetectIsa() {
   return best;
 }
 
+CpuIsa DetectAutoVectorizedIsa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return CpuIsa::kAvx2;
+  return CpuIsa::kScalar;
+}
+
 }  // namespace
 
 CpuIsa ActiveCpuIsa() {
   static const CpuIsa isa = DetectIsa();
   return isa;
+}
+
+CpuIsa AutoVectorizedIsa() {
+  static const CpuIsa isa = DetectAutoVectorizedIsa();
+  return isa;
+}
+
+bool CpuSupports(CpuIsa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return true;
+    case CpuIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case CpuIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
 }
 
 const char* CpuIsaName(CpuIsa isa) {

@@ -1,53 +1,101 @@
 #include "runtime/cpu/kernels.h"
-#include "runtime/core/cpu_features.h"
 
-#include <cstring>
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
+#include <utility>
 
+#include "runtime/core/cpu_features.h"
+#include "runtime/core/isa_dispatch.h"
 #include "runtime/core/random.h"
 
-
 namespace tandem::cpu {
+namespace {
 
-TANDEM_TARGET_CLONES
+// This thread's share of [0, n) in a parallel region: contiguous, and cut at
+// multiples of `align` elements so neighbours do not share cache lines.
+std::pair<int64_t, int64_t> ThreadShare(int64_t n, int64_t align) {
+  const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+  int64_t chunk = (n + threads - 1) / threads;
+  chunk = (chunk + align - 1) / align * align;
+  const int64_t begin = std::min<int64_t>(n, t * chunk);
+  return {begin, std::min<int64_t>(n, begin + chunk)};
+}
+
+// Bodies over [begin, end) for CallForIsa.
+
+void ColumnSumColumns(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate,
+                      int64_t begin, int64_t end) {
+  if (!accumulate) {
+    for (int64_t j = begin; j < end; ++j) db[j] = 0.0f;
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = dy + i * cols;
+#pragma omp simd
+    for (int64_t j = begin; j < end; ++j) db[j] += row[j];
+  }
+}
+
+void AddRange(const float* a, const float* b, float* out, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+}
+
+void AccumulateRange(const float* a, float* out, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) out[i] += a[i];
+}
+
+}  // namespace
+
 void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate) {
+  internal::ColumnSumForIsa(AutoVectorizedIsa(), dy, rows, cols, db, accumulate);
+}
+
+void Add(const float* a, const float* b, float* out, int64_t n) {
+  internal::AddForIsa(AutoVectorizedIsa(), a, b, out, n);
+}
+
+void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate) {
+  internal::CopyOrAccumulateForIsa(AutoVectorizedIsa(), a, out, n, accumulate);
+}
+
+namespace internal {
+
+void ColumnSumForIsa(CpuIsa isa, const float* dy, int64_t rows, int64_t cols, float* db,
+                     bool accumulate) {
   // Columns are split across threads so each db[j] has one writer and the sum
   // order is fixed (deterministic for a given thread count).
 #pragma omp parallel
   {
-    const int threads = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    const int64_t chunk = (cols + threads - 1) / threads;
-    const int64_t begin = std::min<int64_t>(cols, t * chunk), end = std::min<int64_t>(cols, begin + chunk);
-    if (!accumulate) {
-      for (int64_t j = begin; j < end; ++j) db[j] = 0.0f;
-    }
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* row = dy + i * cols;
-#pragma omp simd
-      for (int64_t j = begin; j < end; ++j) db[j] += row[j];
-    }
+    const auto [begin, end] = ThreadShare(cols, 1);
+    if (begin < end) CallForIsa<ColumnSumColumns>(isa, dy, rows, cols, db, accumulate, begin, end);
   }
 }
 
-TANDEM_TARGET_CLONES
-void Add(const float* a, const float* b, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
-TANDEM_TARGET_CLONES
-void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate) {
-  if (accumulate) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] += a[i];
-  } else if (a != out) {
-    std::memcpy(out, a, n * sizeof(float));
+void AddForIsa(CpuIsa isa, const float* a, const float* b, float* out, int64_t n) {
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(n, 16);
+    if (begin < end) CallForIsa<AddRange>(isa, a, b, out, begin, end);
   }
 }
+
+void CopyOrAccumulateForIsa(CpuIsa isa, const float* a, float* out, int64_t n, bool accumulate) {
+  if (!accumulate) {
+    if (a != out) std::memcpy(out, a, n * sizeof(float));
+    return;
+  }
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(n, 16);
+    if (begin < end) CallForIsa<AccumulateRange>(isa, a, out, begin, end);
+  }
+}
+
+}  // namespace internal
 
 namespace {
 
@@ -78,8 +126,8 @@ void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed,
               [&](int64_t i, bool keep) { y[i] = keep ? x[i] * scale : 0.0f; });
 }
 
-void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
-                     uint64_t stream, uint64_t offset) {
+void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t stream,
+                     uint64_t offset) {
   const float scale = 1.0f / (1.0f - p);
   ForEachKept(n, p, seed, stream, offset,
               [&](int64_t i, bool keep) { dx[i] = keep ? dy[i] * scale : 0.0f; });

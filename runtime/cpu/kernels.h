@@ -1,11 +1,14 @@
 // Small fused CPU kernels the layers share where oneDNN has no primitive:
 // reductions, residual adds, dropout masks, layout permutes. OpenMP-parallel over
-// the outer dimension, vectorised by the compiler for AVX-512 or AVX2 (chosen at
-// run time through function multiversioning). Thread-safe (no shared state).
+// the outer dimension. The sums and adds are vectorised by the compiler for
+// AVX-512, AVX2 or the baseline, chosen at run time (AutoVectorizedIsa,
+// isa_dispatch.h). Thread-safe (no shared state).
 #ifndef TANDEM_RUNTIME_CPU_KERNELS_H_
 #define TANDEM_RUNTIME_CPU_KERNELS_H_
 
 #include <cstdint>
+
+#include "runtime/core/cpu_features.h"
 
 namespace tandem::cpu {
 
@@ -23,8 +26,8 @@ void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate);
 // the same mask as the whole batch. Backward uses the same mask, regenerated.
 void DropoutForward(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t stream,
                     uint64_t offset = 0);
-void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed,
-                     uint64_t stream, uint64_t offset = 0);
+void DropoutBackward(const float* dy, float* dx, int64_t n, float p, uint64_t seed, uint64_t stream,
+                     uint64_t offset = 0);
 
 // Attention layouts. qkv [B, T, 3C] -> q, k, v each [B, H, T, hs] (C = H*hs),
 // and back (the backward of the split writes dqkv from dq, dk, dv).
@@ -37,6 +40,16 @@ void HeadsToRows(const float* in, float* out, int64_t B, int64_t T, int64_t H, i
 void RowsToHeads(const float* in, float* out, int64_t B, int64_t T, int64_t H, int64_t hs);
 // Sets scores[b, i, j] = -inf for j > i (causal mask), scores [BH, T, T].
 void CausalMask(float* scores, int64_t BH, int64_t T);
+
+// ColumnSum, Add and CopyOrAccumulate at a given level instead of
+// AutoVectorizedIsa(), so tests run every vector path on any CPU that has it.
+// The caller checks CpuSupports(isa).
+namespace internal {
+void ColumnSumForIsa(CpuIsa isa, const float* dy, int64_t rows, int64_t cols, float* db,
+                     bool accumulate);
+void AddForIsa(CpuIsa isa, const float* a, const float* b, float* out, int64_t n);
+void CopyOrAccumulateForIsa(CpuIsa isa, const float* a, float* out, int64_t n, bool accumulate);
+}  // namespace internal
 
 // Sub-buffers carved from one workspace start on this boundary, in bytes.
 constexpr int64_t kWorkspaceAlign = 64;

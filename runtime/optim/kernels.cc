@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "runtime/core/cpu_features.h"
+#include "runtime/core/isa_dispatch.h"
+#include "runtime/optim/kernels_internal.h"
 
 namespace tandem::optim {
 namespace {
@@ -56,7 +58,8 @@ __attribute__((target("avx2,fma"))) void AdamAvx2(float* p, const float* g, floa
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
     const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), inv_bc2, eps);
-    _mm256_storeu_ps(p + i, _mm256_fnmadd_ps(step, _mm256_div_ps(mi, denom), _mm256_mul_ps(pi, decay)));
+    _mm256_storeu_ps(p + i,
+                     _mm256_fnmadd_ps(step, _mm256_div_ps(mi, denom), _mm256_mul_ps(pi, decay)));
   }
   AdamScalar(p, g, m, v, i, end, c);
 }
@@ -79,9 +82,36 @@ __attribute__((target("avx512f"))) void AdamAvx512(float* p, const float* g, flo
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
     const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), inv_bc2, eps);
-    _mm512_storeu_ps(p + i, _mm512_fnmadd_ps(step, _mm512_div_ps(mi, denom), _mm512_mul_ps(pi, decay)));
+    _mm512_storeu_ps(p + i,
+                     _mm512_fnmadd_ps(step, _mm512_div_ps(mi, denom), _mm512_mul_ps(pi, decay)));
   }
   AdamScalar(p, g, m, v, i, end, c);
+}
+
+// SGD on [begin, end), for CallForIsa.
+void SgdChunk(float* p, const float* g, float* buf, int64_t begin, int64_t end, const SgdStep& s) {
+  const float lr = s.lr, mom = s.momentum, wd = s.weight_decay, scale = s.grad_scale;
+  const bool first = s.first_step, nesterov = s.nesterov;
+  if (mom == 0.0f) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] * scale + wd * p[i]);
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float grad = g[i] * scale + wd * p[i];
+    const float b = first ? grad : mom * buf[i] + grad;
+    buf[i] = b;
+    p[i] -= lr * (nesterov ? grad + mom * b : b);
+  }
+}
+
+// sum x[i]^2 over [begin, end) in fp32, for CallForIsa.
+float SquaresBlock(const float* x, int64_t begin, int64_t end) {
+  float partial = 0;
+#pragma omp simd reduction(+ : partial)
+  for (int64_t i = begin; i < end; ++i) partial += x[i] * x[i];
+  return partial;
 }
 
 }  // namespace
@@ -104,8 +134,24 @@ AdamConstants MakeAdamConstants(const AdamStep& s) {
 }
 
 void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s) {
+  internal::AdamUpdateForIsa(ActiveCpuIsa(), p, g, m, v, n, s);
+}
+
+const char* AdamImplementation() { return CpuIsaName(ActiveCpuIsa()); }
+
+void SgdUpdate(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
+  internal::SgdUpdateForIsa(AutoVectorizedIsa(), p, g, buf, n, s);
+}
+
+double SumOfSquares(const float* x, int64_t n) {
+  return internal::SumOfSquaresForIsa(AutoVectorizedIsa(), x, n);
+}
+
+namespace internal {
+
+void AdamUpdateForIsa(CpuIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
+                      const AdamStep& s) {
   const AdamConstants c = MakeAdamConstants(s);
-  const CpuIsa isa = ActiveCpuIsa();
   ParallelChunks(n, [&](int64_t begin, int64_t end) {
     if (isa == CpuIsa::kAvx512) {
       AdamAvx512(p, g, m, v, begin, end, c);
@@ -117,28 +163,13 @@ void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const A
   });
 }
 
-const char* AdamImplementation() { return CpuIsaName(ActiveCpuIsa()); }
-
-TANDEM_TARGET_CLONES
-void SgdUpdate(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
-  const float lr = s.lr, mom = s.momentum, wd = s.weight_decay, scale = s.grad_scale;
-  const bool first = s.first_step, nesterov = s.nesterov;
-  if (mom == 0.0f) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * scale + wd * p[i]);
-    return;
-  }
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float grad = g[i] * scale + wd * p[i];
-    const float b = first ? grad : mom * buf[i] + grad;
-    buf[i] = b;
-    p[i] -= lr * (nesterov ? grad + mom * b : b);
-  }
+void SgdUpdateForIsa(CpuIsa isa, float* p, const float* g, float* buf, int64_t n,
+                     const SgdStep& s) {
+  ParallelChunks(
+      n, [&](int64_t begin, int64_t end) { CallForIsa<SgdChunk>(isa, p, g, buf, begin, end, s); });
 }
 
-TANDEM_TARGET_CLONES
-double SumOfSquares(const float* x, int64_t n) {
+double SumOfSquaresForIsa(CpuIsa isa, const float* x, int64_t n) {
   double total = 0;
 #pragma omp parallel reduction(+ : total)
   {
@@ -147,14 +178,12 @@ double SumOfSquares(const float* x, int64_t n) {
     const int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
     // fp32 partial sums over blocks of 4096, accumulated in double.
     for (int64_t b = begin; b < end; b += 4096) {
-      float partial = 0;
-      const int64_t e = std::min(end, b + 4096);
-#pragma omp simd reduction(+ : partial)
-      for (int64_t i = b; i < e; ++i) partial += x[i] * x[i];
-      total += partial;
+      total += CallForIsa<SquaresBlock>(isa, x, b, std::min(end, b + 4096));
     }
   }
   return total;
 }
+
+}  // namespace internal
 
 }  // namespace tandem::optim

@@ -1,8 +1,10 @@
 // Fused optimizer kernels over contiguous fp32 buffers: one pass reads and writes
-// each element once. AVX-512, AVX2 or scalar, chosen at run time (cpu_features.h);
-// multi-threaded with OpenMP over contiguous chunks. The arithmetic follows
-// PyTorch's torch.optim implementations (single-tensor path), so runs match it to
-// rounding. Thread-safe.
+// each element once. AVX-512, AVX2 or scalar, chosen at run time (cpu_features.h):
+// Adam is written in intrinsics, SGD and SumOfSquares are vectorised by the
+// compiler at each level (isa_dispatch.h), and kernels_internal.h runs either at
+// any level for tests; multi-threaded with OpenMP over contiguous chunks. The
+// arithmetic follows PyTorch's torch.optim implementations (single-tensor path),
+// so runs match it to rounding. Thread-safe.
 #ifndef TANDEM_RUNTIME_OPTIM_KERNELS_H_
 #define TANDEM_RUNTIME_OPTIM_KERNELS_H_
 

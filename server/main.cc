@@ -23,6 +23,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "runtime/base/build_info.h"
 #include "runtime/base/flags_usage.h"
+#include "runtime/core/status_macros.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/profile/node_devices.h"
@@ -31,6 +32,7 @@
 #include "server/job_manager.h"
 #include "server/metrics/exposer.h"
 #include "server/metrics/nvml_collector.h"
+#include "server/model_rpcs.h"
 #include "server/node_info.h"
 #include "server/path_policy.h"
 #include "server/placement.h"
@@ -102,6 +104,133 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// A bearer token from --auth_token_file, or no authentication without one.
+absl::StatusOr<tandem::server::Authenticator> AuthenticatorFromFlags() {
+  const std::string path = absl::GetFlag(FLAGS_auth_token_file);
+  if (path.empty()) return tandem::server::Authenticator();
+  return tandem::server::Authenticator::FromFile(path);
+}
+
+// The job store under `state_dir`, with --store_sync's durability.
+absl::StatusOr<std::unique_ptr<tandem::server::JobStore>> OpenStore(const std::string& state_dir) {
+  using tandem::server::JobStore;
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir + "/jobs", ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state_dir '", state_dir, "': ", ec.message()));
+  }
+  const std::string sync = absl::GetFlag(FLAGS_store_sync);
+  if (sync != "full" && sync != "normal") {
+    return absl::InvalidArgumentError("--store_sync must be full or normal");
+  }
+  return JobStore::Open(state_dir + "/jobs.db",
+                        sync == "full" ? JobStore::Sync::kFull : JobStore::Sync::kNormal);
+}
+
+// The budgets and limits of the flags, each flag's default derived from the
+// node (75% of host memory, 90% of the GPU's, a running slot per core). The
+// host's GEMM and triad rates are measured now (about half a second): the
+// planner plans hybrid jobs with them.
+tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
+    const std::string& state_dir, const tandem::server::PathPolicy& policy,
+    const tandem::server::NodeResources& resources) {
+  tandem::server::JobManagerOptions o{.state_dir = state_dir, .data_policy = policy};
+  const int64_t host_budget = absl::GetFlag(FLAGS_host_memory_budget);
+  const int64_t gpu_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
+  o.host_memory_budget_bytes = host_budget > 0 ? host_budget : resources.host_memory_bytes * 3 / 4;
+  o.has_accelerator = !resources.cuda_devices.empty();
+  o.accelerator_memory_budget_bytes =
+      gpu_budget > 0 ? gpu_budget
+                     : (o.has_accelerator ? resources.cuda_devices[0].memory_bytes * 9 / 10 : 0);
+  o.default_threads = absl::GetFlag(FLAGS_job_threads);
+  o.node = tandem::server::DetectNodeOffer(gpu_budget);
+  std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
+               o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()
+                                 : "; no CUDA device (jobs may use the emulated accelerator)");
+  const int running = absl::GetFlag(FLAGS_max_running_jobs);
+  o.max_running_jobs = running >= 0 ? running : std::max(1, resources.cpu_threads);
+  return o;
+}
+
+// What the service needs beyond the job manager: authentication, the node's
+// description, and the PlanModel/ProfileModel work. `jobs` and `policy` must
+// outlive it.
+tandem::server::ServiceOptions ServiceOptionsFor(const tandem::server::Authenticator& auth,
+                                                 const tandem::server::NodeResources& resources,
+                                                 tandem::server::JobManager& jobs,
+                                                 const tandem::server::NodeOffer& node,
+                                                 const std::string& state_dir,
+                                                 const tandem::server::PathPolicy& policy) {
+  using namespace tandem::server;
+  const google::protobuf::Timestamp start_time = google::protobuf::util::TimeUtil::GetCurrentTime();
+  const tandem::PathResolver resolve = [&policy](const std::string& field,
+                                                 const std::string& path) {
+    return policy.Resolve(field, path);
+  };
+  ServiceOptions o;
+  o.auth = auth;
+  o.node_info = [&resources, &jobs, start_time] {
+    return BuildNodeInfo(resources, jobs, start_time);
+  };
+  o.plan = MakePlanHandler(node, resolve);
+  o.profile =
+      MakeProfileHandler(state_dir + "/profiles", resolve, absl::GetFlag(FLAGS_job_threads));
+  return o;
+}
+
+// TLS from --tls_cert/--tls_key, or plaintext when neither is set.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CredentialsFromFlags() {
+  if (absl::GetFlag(FLAGS_tls_cert).empty() && absl::GetFlag(FLAGS_tls_key).empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  const std::string cert = ReadFile(absl::GetFlag(FLAGS_tls_cert));
+  const std::string key = ReadFile(absl::GetFlag(FLAGS_tls_key));
+  if (cert.empty() || key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key must both name readable PEM files");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+// /metrics on --metrics_listen (null when it is empty), its port written.
+absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> StartMetrics(
+    const std::vector<std::shared_ptr<prometheus::Collectable>>& sources) {
+  const std::string address = absl::GetFlag(FLAGS_metrics_listen);
+  if (address.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> exposer =
+      tandem::metrics::MetricsExposer::Start(address, {sources.begin(), sources.end()});
+  if (!exposer.ok()) return exposer.status();
+  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*exposer)->port());
+  std::fprintf(stderr, "tandemd: metrics on http://%s/metrics (port %d)\n", address.c_str(),
+               (*exposer)->port());
+  return exposer;
+}
+
+// The gRPC server with the service, health and reflection, listening on
+// --listen; its port written.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service) {
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                          CredentialsFromFlags());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_message_bytes));
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+  }
+  WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+  std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d)%s\n",
+               tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), port,
+               absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS");
+  return server;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,149 +245,46 @@ int main(int argc, char** argv) {
 
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) return Fail("--state_dir is required");
-  std::error_code ec;
-  std::filesystem::create_directories(state_dir + "/jobs", ec);
-  if (ec) return Fail(absl::StrCat("--state_dir '", state_dir, "': ", ec.message()));
-
-  absl::StatusOr<PathPolicy> data_policy = PathPolicy::Create(absl::GetFlag(FLAGS_data_root));
-  if (!data_policy.ok()) return Fail(std::string(data_policy.status().message()));
-  Authenticator auth;
-  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    absl::StatusOr<Authenticator> a = Authenticator::FromFile(absl::GetFlag(FLAGS_auth_token_file));
-    if (!a.ok()) return Fail(std::string(a.status().message()));
-    auth = *a;
-  }
-  const std::string sync = absl::GetFlag(FLAGS_store_sync);
-  if (sync != "full" && sync != "normal") return Fail("--store_sync must be full or normal");
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(
-      state_dir + "/jobs.db", sync == "full" ? JobStore::Sync::kFull : JobStore::Sync::kNormal);
+  absl::StatusOr<PathPolicy> policy = PathPolicy::Create(absl::GetFlag(FLAGS_data_root));
+  if (!policy.ok()) return Fail(std::string(policy.status().message()));
+  absl::StatusOr<Authenticator> auth = AuthenticatorFromFlags();
+  if (!auth.ok()) return Fail(std::string(auth.status().message()));
+  absl::StatusOr<std::unique_ptr<JobStore>> store = OpenStore(state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
 
   const NodeResources resources = DetectNodeResources();
   ServerMetrics metrics;
-
-  JobManagerOptions jm_options{.state_dir = state_dir, .data_policy = *data_policy};
-  jm_options.host_memory_budget_bytes = absl::GetFlag(FLAGS_host_memory_budget) > 0
-                                            ? absl::GetFlag(FLAGS_host_memory_budget)
-                                            : resources.host_memory_bytes * 3 / 4;
-  jm_options.has_accelerator = !resources.cuda_devices.empty();
-  jm_options.accelerator_memory_budget_bytes =
-      absl::GetFlag(FLAGS_gpu_memory_budget) > 0
-          ? absl::GetFlag(FLAGS_gpu_memory_budget)
-          : (resources.cuda_devices.empty() ? 0 : resources.cuda_devices[0].memory_bytes * 9 / 10);
-  jm_options.default_threads = absl::GetFlag(FLAGS_job_threads);
-  // The host's GEMM and triad rates, measured once now (about half a second),
-  // are what the planner plans hybrid jobs with.
-  jm_options.node = DetectNodeOffer(absl::GetFlag(FLAGS_gpu_memory_budget));
-  std::fprintf(stderr, "tandemd: planning with %s%s\n", jm_options.node->host.name().c_str(),
-               resources.cuda_devices.empty()
-                   ? "; no CUDA device (jobs may use the emulated accelerator)"
-                   : absl::StrCat(" and ", resources.cuda_devices[0].name).c_str());
-  jm_options.max_running_jobs = absl::GetFlag(FLAGS_max_running_jobs) >= 0
-                                    ? absl::GetFlag(FLAGS_max_running_jobs)
-                                    : std::max(1, resources.cpu_threads);
-  JobManager jobs(jm_options, store->get(), &metrics);
+  const JobManagerOptions options = JobManagerOptionsFromFlags(state_dir, *policy, resources);
+  JobManager jobs(options, store->get(), &metrics);
   if (absl::Status s = jobs.Recover(); !s.ok())
     return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();
 
-  const google::protobuf::Timestamp start_time = google::protobuf::util::TimeUtil::GetCurrentTime();
-  ServiceOptions service_options;
-  service_options.auth = auth;
-  service_options.node_info = [&] { return BuildNodeInfo(resources, jobs, start_time); };
-  const PathPolicy& policy = *data_policy;
-  const tandem::PathResolver resolve = [&policy](const std::string& field,
-                                                 const std::string& path) {
-    return policy.Resolve(field, path);
-  };
-  service_options.plan = [&](const tandem::v1::PlanModelRequest& request,
-                             tandem::v1::PlanModelResponse* response) {
-    absl::StatusOr<tandem::v1::PlanModelResponse> answer =
-        PlanModel(request, *jm_options.node, resolve);
-    if (!answer.ok()) return ToGrpc(answer.status());
-    *response = *std::move(answer);
-    return grpc::Status::OK;
-  };
-  // Profiles are measured one at a time (concurrent ones would measure each
-  // other) and cached under the state directory, on the host and the GPU. The
-  // devices are opened for each call, so that between profiles the GPU holds
-  // no profiler context or memory and no CUPTI tracing is left running.
-  absl::Mutex profile_mu;
-  service_options.profile = [&](const tandem::v1::ProfileModelRequest& request,
-                                tandem::v1::ProfileModelResponse* response) {
-    tandem::profile::ProfilerEnvironment env;
-    env.cache_dir = state_dir + "/profiles";
-    env.resolve_path = resolve;
-    env.threads = absl::GetFlag(FLAGS_job_threads);
-    absl::MutexLock lock(&profile_mu);
-    const tandem::profile::NodeProfiledDevices node =
-        tandem::profile::OpenNodeProfiledDevices(env.threads, env.cpu);
-    for (const std::string& note : node.notes) {
-      std::fprintf(stderr, "tandemd: profile: %s\n", note.c_str());
-    }
-    env.devices = node.devices();
-    absl::StatusOr<tandem::profile::ProfileResult> result =
-        tandem::profile::ProfileModel(request, env);
-    if (!result.ok()) return ToGrpc(result.status());
-    *response->mutable_profile() = std::move(result->profile);
-    response->set_cached(result->cached);
-    response->set_chrome_trace_json(std::move(result->chrome_trace_json));
-    return grpc::Status::OK;
-  };
-  TandemService service(&jobs, &metrics, service_options);
+  TandemService service(
+      &jobs, &metrics,
+      ServiceOptionsFor(*auth, resources, jobs, *options.node, state_dir, *policy));
 
-  std::unique_ptr<tandem::metrics::MetricsExposer> exposer;
-  std::vector<std::shared_ptr<prometheus::Collectable>> scraped;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    scraped = MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));
-    absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> started =
-        tandem::metrics::MetricsExposer::Start(absl::GetFlag(FLAGS_metrics_listen),
-                                               {scraped.begin(), scraped.end()});
-    if (!started.ok()) return Fail(std::string(started.status().message()));
-    exposer = *std::move(started);
-    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), exposer->port());
-    std::fprintf(stderr, "tandemd: metrics on http://%s/metrics (port %d)\n",
-                 absl::GetFlag(FLAGS_metrics_listen).c_str(), exposer->port());
-  }
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
-  if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty()) {
-    const std::string cert = ReadFile(absl::GetFlag(FLAGS_tls_cert));
-    const std::string key = ReadFile(absl::GetFlag(FLAGS_tls_key));
-    if (cert.empty() || key.empty())
-      return Fail("--tls_cert and --tls_key must both name readable PEM files");
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({key, cert});
-    credentials = grpc::SslServerCredentials(ssl);
-  }
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &bound_port);
-  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_message_bytes));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
+  const std::vector<std::shared_ptr<prometheus::Collectable>> sources =
+      MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));
+  absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> exposer = StartMetrics(sources);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      exposer.ok() ? StartGrpc(&service) : exposer.status();
+  if (!server.ok()) {
     jobs.Shutdown();
-    return Fail(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+    return Fail(std::string(server.status().message()));
   }
-  std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d), state in %s, data under %s%s%s\n",
-               tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), bound_port,
-               state_dir.c_str(), data_policy->root().c_str(), auth.enabled() ? ", token auth" : "",
-               absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS");
-  WritePortFile(absl::GetFlag(FLAGS_port_file), bound_port);
+  std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
+               policy->root().c_str(), auth->enabled() ? ", token auth" : "");
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
   std::fprintf(stderr, "tandemd: %s received: draining\n", strsignal(signal_number));
   // Health says NOT_SERVING; no new jobs; running jobs checkpoint and re-queue;
   // watch streams end; in-flight RPCs get up to 10 s.
-  server->GetHealthCheckService()->SetServingStatus(false);
+  (*server)->GetHealthCheckService()->SetServingStatus(false);
   jobs.Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  server->Wait();
-  exposer.reset();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  (*server)->Wait();
   std::fprintf(stderr, "tandemd: shutting down cleanly\n");
   return 0;
 }

@@ -1,0 +1,48 @@
+#include "server/model_rpcs.h"
+
+#include <cstdio>
+#include <memory>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "runtime/profile/node_devices.h"
+#include "runtime/profile/profile_model.h"
+
+namespace tandem::server {
+
+PlanHandler MakePlanHandler(NodeOffer node, PathResolver resolve) {
+  return [node = std::move(node), resolve = std::move(resolve)](
+             const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response) {
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer = PlanModel(request, node, resolve);
+    if (!answer.ok()) return ToGrpc(answer.status());
+    *response = *std::move(answer);
+    return grpc::Status::OK;
+  };
+}
+
+ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads) {
+  auto one_at_a_time = std::make_shared<absl::Mutex>();
+  return [cache_dir = std::move(cache_dir), resolve = std::move(resolve), threads, one_at_a_time](
+             const tandem::v1::ProfileModelRequest& request,
+             tandem::v1::ProfileModelResponse* response) {
+    profile::ProfilerEnvironment env;
+    env.cache_dir = cache_dir;
+    env.resolve_path = resolve;
+    env.threads = threads;
+    absl::MutexLock lock(one_at_a_time.get());
+    const profile::NodeProfiledDevices node =
+        profile::OpenNodeProfiledDevices(env.threads, env.cpu);
+    for (const std::string& note : node.notes) {
+      std::fprintf(stderr, "tandemd: profile: %s\n", note.c_str());
+    }
+    env.devices = node.devices();
+    absl::StatusOr<profile::ProfileResult> result = profile::ProfileModel(request, env);
+    if (!result.ok()) return ToGrpc(result.status());
+    *response->mutable_profile() = std::move(result->profile);
+    response->set_cached(result->cached);
+    response->set_chrome_trace_json(std::move(result->chrome_trace_json));
+    return grpc::Status::OK;
+  };
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,25 @@
+// The work behind the PlanModel and ProfileModel RPCs, as tandemd hands it to
+// the service (ServiceOptions::plan and ::profile): plans for this node, or for
+// a machine a HardwareSpec describes; profiles measured on this node's devices
+// one at a time (concurrent ones would measure each other) and cached under a
+// directory. The devices are opened for each profile, so that between profiles
+// the GPU holds no profiler context or memory and no CUPTI tracing is left
+// running. The handlers are thread-safe.
+#ifndef TANDEM_SERVER_MODEL_RPCS_H_
+#define TANDEM_SERVER_MODEL_RPCS_H_
+
+#include <string>
+
+#include "server/placement.h"
+#include "server/tandem_service.h"
+
+namespace tandem::server {
+
+PlanHandler MakePlanHandler(NodeOffer node, PathResolver resolve);
+
+// `threads`: CPU threads for the host's measurements (0 = all cores).
+ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads);
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_MODEL_RPCS_H_

@@ -21,13 +21,14 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 
 absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
   std::ifstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--auth_token_file: cannot read '", path, "'"));
+  if (!f)
+    return absl::InvalidArgumentError(absl::StrCat("--auth_token_file: cannot read '", path, "'"));
   std::stringstream ss;
   ss << f.rdbuf();
   std::string token(absl::StripAsciiWhitespace(ss.str()));
   if (token.size() < 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth_token_file: '", path, "' must hold a token of at least 16 characters"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth_token_file: '", path, "' must hold a token of at least 16 characters"));
   }
   return WithToken(std::move(token));
 }

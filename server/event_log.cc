@@ -13,7 +13,8 @@ tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
     absl::MutexLock lock(&mu_);
     event.set_job_id(job_id_);
     event.set_sequence(first_sequence_ + events_.size());
-    if (!event.has_time()) *event.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+    if (!event.has_time())
+      *event.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
     events_.push_back(event);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->second.first <= event.sequence()) {
@@ -35,7 +36,8 @@ std::vector<tandem::v1::JobEvent> EventLog::Read(uint64_t from, int max,
   *first_in_memory = first_sequence_;
   std::vector<tandem::v1::JobEvent> out;
   if (from < first_sequence_) from = first_sequence_;
-  for (uint64_t s = from; s < first_sequence_ + events_.size() && static_cast<int>(out.size()) < max; ++s) {
+  for (uint64_t s = from;
+       s < first_sequence_ + events_.size() && static_cast<int>(out.size()) < max; ++s) {
     out.push_back(events_[s - first_sequence_]);
   }
   return out;

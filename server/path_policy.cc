@@ -11,7 +11,8 @@ namespace fs = std::filesystem;
 absl::StatusOr<PathPolicy> PathPolicy::Create(const std::string& root) {
   std::error_code ec;
   const fs::path canonical = fs::canonical(root, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("--data_root '", root, "': ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("--data_root '", root, "': ", ec.message()));
   return PathPolicy(canonical.string());
 }
 
@@ -31,7 +32,8 @@ absl::StatusOr<std::string> PathPolicy::Resolve(const std::string& field,
   if (ec) return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "': ", ec.message()));
   const std::string r = resolved.string();
   if (r != root_ && r.compare(0, root_.size() + 1, root_ + "/") != 0 && root_ != "/") {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is outside the data root ", root_));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is outside the data root ", root_));
   }
   return r;
 }

@@ -275,9 +275,10 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
     TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, planner::SolvePlan(r));
     const std::string note =
         margin >= capacity
-            ? absl::StrCat("the executor's transient buffers (inputs, gradients between layers, "
-                           "prefetch slack) alone need ",
-                           Mib(margin), " of the accelerator's ", Mib(capacity))
+            ? absl::StrCat(
+                  "the executor's transient buffers (inputs, gradients between layers, "
+                  "prefetch slack) alone need ",
+                  Mib(margin), " of the accelerator's ", Mib(capacity))
             : absl::StrCat(Mib(margin), " of the accelerator's ", Mib(capacity),
                            " kept for the executor's transient buffers (inputs, gradients between "
                            "layers, prefetch slack)");
@@ -316,10 +317,9 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   const auto& placement = resolved.placement();
   if (placement.has_plan()) {
     if (placement.plan().layers_size() != model.num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("placement.plan.layers: ",
-                                                     placement.plan().layers_size(),
-                                                     " layers, but the model has ",
-                                                     model.num_layers()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement.plan.layers: ", placement.plan().layers_size(),
+                       " layers, but the model has ", model.num_layers()));
     }
     return placement.plan();
   }
@@ -333,8 +333,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
     capacity -= kCudaFixedBytes;
   }
   planner::PlanRequest request;
-  request.profile = profile::AnalyticProfile(model, resolved.optimizer(),
-                                             resolved.training().batch_size());
+  request.profile =
+      profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
   TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
   request.batch_size = resolved.training().batch_size();
   request.host_memory_bytes = resolved.resources().host_memory_bytes();
@@ -368,13 +368,14 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   };
   // Planning for another machine assumes it has an accelerator.
   const bool remote = rpc.cost_source_case() != tandem::v1::PlanModelRequest::COST_SOURCE_NOT_SET;
-  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(rpc.spec(), remote || !node.cuda_devices.empty());
+  absl::StatusOr<JobSpec> resolved =
+      ResolveJobSpec(rpc.spec(), remote || !node.cuda_devices.empty());
   if (!resolved.ok()) return spec_error(resolved.status());
   absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, resolve);
   if (!jm.ok()) return spec_error(jm.status());
   const Model& model = *jm->model;
-  const tandem::v1::Profile analytic = profile::AnalyticProfile(
-      model, resolved->optimizer(), resolved->training().batch_size());
+  const tandem::v1::Profile analytic =
+      profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
   int64_t capacity = request.accelerator_memory_bytes;
   if (!remote) {
@@ -406,9 +407,9 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan)
       TANDEM_ASSIGN_OR_RETURN(plan, PlanJob(model, resolved, node));
     }
     if (plan.layers_size() == 0) {
-      TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu,
-                              CpuRunner::Create(model, resolved.optimizer(), max_batch, seed,
-                                                host_allocator));
+      TANDEM_ASSIGN_OR_RETURN(
+          std::unique_ptr<CpuRunner> cpu,
+          CpuRunner::Create(model, resolved.optimizer(), max_batch, seed, host_allocator));
       return std::unique_ptr<StepRunner>(std::move(cpu));
     }
     std::unique_ptr<Accelerator> accelerator;

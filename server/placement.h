@@ -92,9 +92,9 @@ absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::J
 // The PlanModel RPC (and `tandem plan`): the spec's model planned against the
 // request's cost source (a profile, a hardware spec, or this node), every
 // strategy asked for compared. Errors name the request field.
-absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(
-    const tandem::v1::PlanModelRequest& request, const NodeOffer& node,
-    const PathResolver& resolve = nullptr);
+absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& request,
+                                                        const NodeOffer& node,
+                                                        const PathResolver& resolve = nullptr);
 
 // The runner factory for Trainer: the plain CPU engine for jobs without an
 // accelerator, else the plan executor on the job's accelerator. With

@@ -23,7 +23,8 @@
 
 ABSL_DECLARE_FLAG(std::string, trace_out);
 
-ABSL_FLAG(bool, watch, false, "tandem submit: follow the job until it ends; exit with its outcome.");
+ABSL_FLAG(bool, watch, false,
+          "tandem submit: follow the job until it ends; exit with its outcome.");
 ABSL_FLAG(std::string, request_id, "",
           "tandem submit: idempotency key; the same key and spec return the same job.");
 ABSL_FLAG(std::string, state, "", "tandem jobs: only these states, e.g. QUEUED,RUNNING.");
@@ -44,7 +45,9 @@ constexpr int kExitFailed = 1;
 constexpr int kExitCancelled = 3;
 constexpr int kExitLostContact = 4;
 
-RpcClient Client() { return RpcClient({.server = GetGlobals().server, .token = GetGlobals().token}); }
+RpcClient Client() {
+  return RpcClient({.server = GetGlobals().server, .token = GetGlobals().token});
+}
 
 std::string ShortState(JobState s) {
   return std::string(absl::StripPrefix(tandem::v1::JobState_Name(s), "JOB_STATE_"));
@@ -79,8 +82,8 @@ void PrintJobText(const Job& job) {
                 m.samples_per_second(), m.step_seconds());
   }
   if (m.eval_step() > 0) {
-    std::printf("  eval:      accuracy %.4f, loss %.4f at step %ld\n", m.eval_accuracy(), m.eval_loss(),
-                static_cast<long>(m.eval_step()));
+    std::printf("  eval:      accuracy %.4f, loss %.4f at step %ld\n", m.eval_accuracy(),
+                m.eval_loss(), static_cast<long>(m.eval_step()));
   }
   if (job.checkpoint_step() > 0) {
     std::printf("  checkpoint step %ld: %s\n", static_cast<long>(job.checkpoint_step()),
@@ -105,7 +108,6 @@ void PrintJobText(const Job& job) {
   std::printf("  attempts:  %d\n", job.attempts());
 }
 
-
 // Follows a job's events from `from`, printing them; reconnects (resuming at
 // the next sequence) when the daemon restarts. Returns the job's final state.
 absl::StatusOr<JobState> Follow(const std::string& job_id, uint64_t from, bool json) {
@@ -121,7 +123,8 @@ absl::StatusOr<JobState> Follow(const std::string& job_id, uint64_t from, bool j
     request.set_job_id(job_id);
     request.set_from_sequence(next);
     auto context = client.StreamContext();
-    std::unique_ptr<grpc::ClientReader<JobEvent>> reader = client.stub().WatchJob(context.get(), request);
+    std::unique_ptr<grpc::ClientReader<JobEvent>> reader =
+        client.stub().WatchJob(context.get(), request);
     JobEvent event;
     while (reader->Read(&event)) {
       lost_since = absl::InfiniteFuture();
@@ -165,11 +168,13 @@ absl::StatusOr<JobState> Follow(const std::string& job_id, uint64_t from, bool j
       if (!s.ok()) return ToAbsl(s, GetGlobals().server);
       return job.state();
     }
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return ToAbsl(status, GetGlobals().server);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE)
+      return ToAbsl(status, GetGlobals().server);
     // The daemon went away (restart, upgrade): reconnect from where we were.
     if (lost_since == absl::InfiniteFuture()) {
       lost_since = absl::Now();
-      std::fprintf(stderr, "tandem: lost the daemon (%s); reconnecting...\n", status.error_message().c_str());
+      std::fprintf(stderr, "tandem: lost the daemon (%s); reconnecting...\n",
+                   status.error_message().c_str());
     }
     if (absl::Now() - lost_since > kReconnectFor) return ToAbsl(status, GetGlobals().server);
     absl::SleepFor(absl::Seconds(1));
@@ -194,9 +199,9 @@ absl::Status WriteJobTraces(const Job& job, const std::string& path) {
   for (const auto& layer : job.plan().layers()) options.layer_names.push_back(layer.name());
   options.accelerator_id = job.plan().accelerator() == tandem::v1::DEVICE_KIND_EMULATED
                                ? "emulated:0 (never a GPU figure)"
-                               : job.plan().accelerator() == tandem::v1::DEVICE_KIND_CUDA
-                                     ? "cuda:0"
-                                     : "accelerator";
+                           : job.plan().accelerator() == tandem::v1::DEVICE_KIND_CUDA
+                               ? "cuda:0"
+                               : "accelerator";
   options.title = absl::StrCat(job.id(), " measured");
   auto write = [](const std::string& file, const std::string& text) -> absl::Status {
     std::ofstream f(file);
@@ -206,11 +211,13 @@ absl::Status WriteJobTraces(const Job& job, const std::string& path) {
     return absl::OkStatus();
   };
   if (job.measured_timeline().spans_size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--trace_out: ", job.id(), " has no measured timeline (it runs on the CPU engine, or has "
-        "not finished a step under its plan yet)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--trace_out: ", job.id(),
+                     " has no measured timeline (it runs on the CPU engine, or has "
+                     "not finished a step under its plan yet)"));
   }
-  if (absl::Status s = write(path, profile::TimelineToChromeTrace(job.measured_timeline(), options));
+  if (absl::Status s =
+          write(path, profile::TimelineToChromeTrace(job.measured_timeline(), options));
       !s.ok()) {
     return s;
   }
@@ -218,7 +225,8 @@ absl::Status WriteJobTraces(const Job& job, const std::string& path) {
   if (job.plan().timeline().spans_size() > 0) {
     options.title = absl::StrCat(job.id(), " predicted");
     const std::string predicted = absl::StrCat(path, ".predicted.json");
-    if (absl::Status s = write(predicted, profile::TimelineToChromeTrace(job.plan().timeline(), options));
+    if (absl::Status s =
+            write(predicted, profile::TimelineToChromeTrace(job.plan().timeline(), options));
         !s.ok()) {
       return s;
     }
@@ -243,9 +251,10 @@ absl::StatusOr<int> RunSubmit(const Args& args) {
   if (json && !absl::GetFlag(FLAGS_watch)) {
     std::printf("%s\n", ToJson(response.job()).c_str());
   } else {
-    std::fprintf(json ? stderr : stdout, "%s %s%s\n", response.created() ? "submitted" : "already submitted as",
-                 response.job().id().c_str(),
-                 response.job().reason().empty() ? "" : (" (" + response.job().reason() + ")").c_str());
+    std::fprintf(
+        json ? stderr : stdout, "%s %s%s\n",
+        response.created() ? "submitted" : "already submitted as", response.job().id().c_str(),
+        response.job().reason().empty() ? "" : (" (" + response.job().reason() + ")").c_str());
   }
   if (!absl::GetFlag(FLAGS_watch)) return 0;
   return WatchExit(Follow(response.job().id(), 1, json));
@@ -253,7 +262,8 @@ absl::StatusOr<int> RunSubmit(const Args& args) {
 
 absl::StatusOr<int> RunWatch(const Args& args) {
   if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem watch ID [--from=N]");
-  return WatchExit(Follow(args[0], static_cast<uint64_t>(absl::GetFlag(FLAGS_from)), GetGlobals().json()));
+  return WatchExit(
+      Follow(args[0], static_cast<uint64_t>(absl::GetFlag(FLAGS_from)), GetGlobals().json()));
 }
 
 absl::StatusOr<int> RunStatus(const Args& args) {
@@ -277,13 +287,16 @@ absl::StatusOr<int> RunStatus(const Args& args) {
 }
 
 absl::StatusOr<int> RunJobs(const Args& args) {
-  if (!args.empty()) return absl::InvalidArgumentError("usage: tandem jobs [--state=S1,S2] [--limit=N]");
+  if (!args.empty())
+    return absl::InvalidArgumentError("usage: tandem jobs [--state=S1,S2] [--limit=N]");
   RpcClient client = Client();
   tandem::v1::ListJobsRequest request;
   request.set_page_size(std::min(1000, std::max(1, absl::GetFlag(FLAGS_limit))));
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
     tandem::v1::JobState state;
-    if (!tandem::v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)), &state)) {
+    if (!tandem::v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)),
+                                    &state)) {
       return absl::InvalidArgumentError(absl::StrCat("--state: unknown state '", name, "'"));
     }
     request.add_states(state);
@@ -298,17 +311,19 @@ absl::StatusOr<int> RunJobs(const Args& args) {
   }
   std::printf("%-11s %-10s %-15s %-9s %-20s %s\n", "ID", "STATE", "STEP", "LOSS", "NAME", "REASON");
   for (const Job& job : response.jobs()) {
-    std::printf("%-11s %-10s %-15s %-9s %-20s %s\n", job.id().c_str(), ShortState(job.state()).c_str(),
-                absl::StrFormat("%d/%d", job.progress().step(), job.progress().total_steps()).c_str(),
-                job.progress().step() > 0 ? absl::StrFormat("%.4f", job.metrics().loss()).c_str() : "-",
-                job.spec().display_name().substr(0, 20).c_str(), job.reason().c_str());
+    std::printf(
+        "%-11s %-10s %-15s %-9s %-20s %s\n", job.id().c_str(), ShortState(job.state()).c_str(),
+        absl::StrFormat("%d/%d", job.progress().step(), job.progress().total_steps()).c_str(),
+        job.progress().step() > 0 ? absl::StrFormat("%.4f", job.metrics().loss()).c_str() : "-",
+        job.spec().display_name().substr(0, 20).c_str(), job.reason().c_str());
   }
   std::printf("%d of %ld jobs\n", response.jobs_size(), static_cast<long>(response.total_size()));
   return 0;
 }
 
 absl::StatusOr<int> RunCancel(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem cancel ID [--reason=TEXT]");
+  if (args.size() != 1)
+    return absl::InvalidArgumentError("usage: tandem cancel ID [--reason=TEXT]");
   RpcClient client = Client();
   tandem::v1::CancelJobRequest request;
   request.set_job_id(args[0]);
@@ -320,7 +335,8 @@ absl::StatusOr<int> RunCancel(const Args& args) {
   if (GetGlobals().json()) {
     std::printf("%s\n", ToJson(job).c_str());
   } else {
-    std::printf("%s %s: %s\n", job.id().c_str(), ShortState(job.state()).c_str(), job.reason().c_str());
+    std::printf("%s %s: %s\n", job.id().c_str(), ShortState(job.state()).c_str(),
+                job.reason().c_str());
   }
   return 0;
 }

@@ -11,7 +11,8 @@ absl::StatusOr<int> RunNode(const Args& args) {
   RpcClient client({.server = GetGlobals().server, .token = GetGlobals().token});
   tandem::v1::NodeInfo node;
   auto context = client.UnaryContext();
-  const grpc::Status status = client.stub().GetNode(context.get(), tandem::v1::GetNodeRequest(), &node);
+  const grpc::Status status =
+      client.stub().GetNode(context.get(), tandem::v1::GetNodeRequest(), &node);
   if (!status.ok()) return ToAbsl(status, GetGlobals().server);
   std::printf("%s\n", ToJson(node).c_str());
   return 0;

@@ -54,8 +54,8 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& flag, std::string text) {
   }
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || value <= 0 || value * scale > 1e18) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": expected a positive size such as 6GiB or 8e9, got '", text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": expected a positive size such as 6GiB or 8e9, got '", text, "'"));
   }
   return static_cast<int64_t>(value * scale);
 }

@@ -29,8 +29,9 @@ void ProgressPrinter::Finish() {
 }
 
 void ProgressPrinter::Step(const tandem::v1::JobEvent::StepProgress& p) {
-  const double fraction =
-      p.total_steps() > 0 ? static_cast<double>(p.step()) / static_cast<double>(p.total_steps()) : 0;
+  const double fraction = p.total_steps() > 0
+                              ? static_cast<double>(p.step()) / static_cast<double>(p.total_steps())
+                              : 0;
   if (!tty_) {
     std::fprintf(out_, "step %d/%d epoch %d loss %.4f %.0f samples/s eta %s\n", p.step(),
                  p.total_steps(), p.epoch(), p.loss(), p.samples_per_second(),

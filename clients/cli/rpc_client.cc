@@ -32,8 +32,8 @@ absl::Status ToAbsl(const grpc::Status& status, const std::string& server) {
   if (status.ok()) return absl::OkStatus();
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::Status(code, absl::StrCat("cannot reach tandemd at ", server, ": ",
-                                           status.error_message()));
+    return absl::Status(
+        code, absl::StrCat("cannot reach tandemd at ", server, ": ", status.error_message()));
   }
   return absl::Status(code, status.error_message());
 }

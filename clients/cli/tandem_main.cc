@@ -35,8 +35,11 @@ const std::map<std::string, Command>& Commands() {
         RunSubmit}},
       {"jobs", {"jobs [--state=S]", "List jobs, newest first.", RunJobs}},
       {"status", {"status ID", "Show one job.", RunStatus}},
-      {"watch", {"watch ID [--from=N]", "Follow a job's events live (exit code as submit --watch).", RunWatch}},
-      {"cancel", {"cancel ID", "Cancel a job (queued: now; running: at the next step).", RunCancel}},
+      {"watch",
+       {"watch ID [--from=N]", "Follow a job's events live (exit code as submit --watch).",
+        RunWatch}},
+      {"cancel",
+       {"cancel ID", "Cancel a job (queued: now; running: at the next step).", RunCancel}},
       {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
       {"plan",
        {"plan FILE",
@@ -45,8 +48,7 @@ const std::map<std::string, Command>& Commands() {
         RunPlan}},
       {"profile",
        {"profile FILE", "Profile a job file's model layer by layer on this machine.", RunProfile}},
-      {"train",
-       {"train FILE", "Run a job file in this process, without a daemon.", RunTrain}},
+      {"train", {"train FILE", "Run a job file in this process, without a daemon.", RunTrain}},
   };
   return *commands;
 }

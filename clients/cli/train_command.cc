@@ -36,8 +36,8 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   TrainerOptions options;
   options.job_id = "local";
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  options.threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
-                                                     : spec->training().threads();
+  options.threads =
+      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : spec->training().threads();
   options.has_accelerator = !cuda::QueryCudaDevices().empty();
   // A job with an accelerator (the node's GPU, or the emulated one) runs under
   // the planner's plan through the plan executor; the host is measured once
@@ -74,30 +74,31 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   *job.mutable_plan() = (*trainer)->runner().plan();
   *job.mutable_measured_timeline() = (*trainer)->runner().last_timeline();
   *job.mutable_end_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  job.set_state(status.ok() ? tandem::v1::JOB_STATE_SUCCEEDED
-                            : status.code() == absl::StatusCode::kCancelled
-                                  ? tandem::v1::JOB_STATE_CANCELLED
-                                  : tandem::v1::JOB_STATE_FAILED);
+  job.set_state(status.ok()                                     ? tandem::v1::JOB_STATE_SUCCEEDED
+                : status.code() == absl::StatusCode::kCancelled ? tandem::v1::JOB_STATE_CANCELLED
+                                                                : tandem::v1::JOB_STATE_FAILED);
   if (!status.ok()) job.set_reason(std::string(status.message()));
 
   if (json) {
     std::printf("%s\n", ToJson(job).c_str());
   } else {
     const auto& m = job.metrics();
-    std::printf("%s after %d steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
-                tandem::v1::JobState_Name(job.state()).c_str(), job.progress().step(),
-                FormatDuration(m.train_seconds()).c_str(), m.loss(), m.eval_accuracy(),
-                m.eval_loss(), m.mean_samples_per_second());
+    std::printf(
+        "%s after %d steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
+        tandem::v1::JobState_Name(job.state()).c_str(), job.progress().step(),
+        FormatDuration(m.train_seconds()).c_str(), m.loss(), m.eval_accuracy(), m.eval_loss(),
+        m.mean_samples_per_second());
     if (job.plan().layers_size() > 0) {
       const tandem::v1::Plan& plan = job.plan();
-      std::printf("plan: %s, micro-batch %d x %d; step time predicted %.2f ms, measured %.2f ms; "
-                  "peak accelerator memory %.1f of %.1f MiB\n",
-                  tandem::v1::Strategy_Name(plan.strategy()).c_str(), plan.micro_batch_size(),
-                  plan.micro_batches(), m.predicted_step_seconds() * 1e3,
-                  m.measured_step_seconds() * 1e3, m.peak_accelerator_bytes() / 1048576.0,
-                  job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
+      std::printf(
+          "plan: %s, micro-batch %d x %d; step time predicted %.2f ms, measured %.2f ms; "
+          "peak accelerator memory %.1f of %.1f MiB\n",
+          tandem::v1::Strategy_Name(plan.strategy()).c_str(), plan.micro_batch_size(),
+          plan.micro_batches(), m.predicted_step_seconds() * 1e3, m.measured_step_seconds() * 1e3,
+          m.peak_accelerator_bytes() / 1048576.0,
+          job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
     }
-        if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
+    if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
   }
   if (!absl::GetFlag(FLAGS_trace_out).empty()) {
     if (absl::Status s = WriteJobTraces(job, absl::GetFlag(FLAGS_trace_out)); !s.ok()) return s;

@@ -64,9 +64,9 @@ absl::StatusOr<void*> AccountingAllocator::Allocate(int64_t bytes, MemoryCategor
     stats_.total_in_use_bytes -= bytes;
     stats_.in_use_bytes[c] -= bytes;
     ++stats_.refusals;
-    return absl::ResourceExhaustedError(absl::StrCat(device_id_, " is out of memory: cannot allocate ",
-                                                     FormatBytes(bytes), " of ",
-                                                     MemoryCategoryName(category)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(device_id_, " is out of memory: cannot allocate ", FormatBytes(bytes), " of ",
+                     MemoryCategoryName(category)));
   }
   ++stats_.allocations;
   stats_.peak_bytes[c] = std::max(stats_.peak_bytes[c], stats_.in_use_bytes[c]);
@@ -102,7 +102,8 @@ HostAllocator::HostAllocator(int64_t budget_bytes, std::string device_id)
     : AccountingAllocator(std::move(device_id), budget_bytes) {}
 
 void* HostAllocator::RawAllocate(int64_t bytes) {
-  const int64_t rounded = (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  const int64_t rounded =
+      (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
   return std::aligned_alloc(kAllocationAlignment, rounded);
 }
 

@@ -51,7 +51,8 @@ TEST(AllocatorTest, ConcurrentAllocationsNeverOvershootTheBudget) {
     for (int t = 0; t < 4; ++t) {
       pool.Schedule([&] {
         for (int i = 0; i < 200; ++i) {
-          absl::StatusOr<Buffer> b = Buffer::Allocate(&allocator, 30 * 1024, MemoryCategory::kActivations);
+          absl::StatusOr<Buffer> b =
+              Buffer::Allocate(&allocator, 30 * 1024, MemoryCategory::kActivations);
           if (!b.ok()) ++refused;
         }
       });

@@ -74,7 +74,8 @@ void FillNormal(float* out, int64_t n, float mean, float stddev, uint64_t seed, 
       const double radius = std::sqrt(-2.0 * std::log(u1));
       const int64_t i = block * 4 + 2 * pair;
       if (i < n) out[i] = mean + stddev * static_cast<float>(radius * std::cos(kTwoPi * u2));
-      if (i + 1 < n) out[i + 1] = mean + stddev * static_cast<float>(radius * std::sin(kTwoPi * u2));
+      if (i + 1 < n)
+        out[i + 1] = mean + stddev * static_cast<float>(radius * std::sin(kTwoPi * u2));
     }
   }
 }

@@ -9,9 +9,9 @@
 #define TANDEM_STATUS_CONCAT(a, b) TANDEM_STATUS_CONCAT_INNER(a, b)
 
 // Evaluates `expr` (an absl::Status); returns it from the caller when not OK.
-#define TANDEM_RETURN_IF_ERROR(expr)               \
-  do {                                             \
-    const ::absl::Status tandem_status_ = (expr);  \
+#define TANDEM_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    const ::absl::Status tandem_status_ = (expr);    \
     if (!tandem_status_.ok()) return tandem_status_; \
   } while (0)
 

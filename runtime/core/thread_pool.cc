@@ -28,9 +28,8 @@ void ThreadPool::Schedule(std::function<void()> task) {
 void ThreadPool::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-        return p->queue_.empty() && p->running_ == 0;
-      },
+      +[](ThreadPool* p)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->queue_.empty() && p->running_ == 0; },
       this));
 }
 
@@ -42,9 +41,8 @@ void ThreadPool::WorkerLoop(int index) {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stopping_ || !p->queue_.empty();
-          },
+          +[](ThreadPool* p)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stopping_ || !p->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // Stopping with nothing left to run.
       task = std::move(queue_.front());

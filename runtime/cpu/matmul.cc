@@ -47,8 +47,8 @@ Entry Create(const MatmulShape& s) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::desc desc = s.bias ? dnnl::matmul::desc(e.a, e.b, e.bias, e.c)
-                                   : dnnl::matmul::desc(e.a, e.b, e.c);
+  dnnl::matmul::desc desc =
+      s.bias ? dnnl::matmul::desc(e.a, e.b, e.bias, e.c) : dnnl::matmul::desc(e.a, e.b, e.c);
   e.pd = dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
   e.prim = dnnl::matmul(e.pd);
   return e;
@@ -82,8 +82,7 @@ MatmulCache& Cache() {
 
 }  // namespace
 
-void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c,
-            const float* bias) {
+void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c, const float* bias) {
   const Entry& e = Cache().Get(shape);
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, Wrap(e.a, a)}, {DNNL_ARG_WEIGHTS, Wrap(e.b, b)}, {DNNL_ARG_DST, Wrap(e.c, c)}};

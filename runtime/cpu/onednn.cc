@@ -58,8 +58,8 @@ void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::me
   dnnl::stream& stream = ThreadStream();
   // The C query borrows the primitive's descriptor (the C++ wrapper would take
   // ownership of it).
-  const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(
-      prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+  const dnnl_memory_desc_t* scratch_md =
+      dnnl_primitive_desc_query_md(prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
   const size_t bytes = scratch_md == nullptr ? 0 : dnnl_memory_desc_get_size(scratch_md);
   if (bytes == 0) {
     prim.execute(stream, args);
@@ -68,8 +68,8 @@ void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::me
     // before returning, so the thread's scratch is free again afterwards.
     thread_local ThreadScratch scratch;
     std::unordered_map<int, dnnl::memory> with_scratch = args;
-    with_scratch.emplace(DNNL_ARG_SCRATCHPAD,
-                         dnnl::memory(dnnl::memory::desc(*scratch_md), CpuEngine(), scratch.Get(bytes)));
+    with_scratch.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(dnnl::memory::desc(*scratch_md),
+                                                           CpuEngine(), scratch.Get(bytes)));
     prim.execute(stream, with_scratch);
   }
   stream.wait();

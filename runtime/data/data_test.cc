@@ -25,7 +25,8 @@ std::string TempPath(const std::string& name) {
 std::string IdxBytes(std::vector<uint32_t> dims, int fill_bytes, uint8_t type = 0x08) {
   std::string s = {0, 0, static_cast<char>(type), static_cast<char>(dims.size())};
   for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((d >> shift) & 0xff));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      s.push_back(static_cast<char>((d >> shift) & 0xff));
   }
   for (int i = 0; i < fill_bytes; ++i) s.push_back(static_cast<char>(i % 10));
   return s;

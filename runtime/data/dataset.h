@@ -38,8 +38,8 @@ struct Datasets {
 
 // Maps a path from a job spec to one on disk, or refuses it (a path escaping the
 // daemon's data root). Identity when null.
-using PathResolver = std::function<absl::StatusOr<std::string>(const std::string& field,
-                                                               const std::string& path)>;
+using PathResolver =
+    std::function<absl::StatusOr<std::string>(const std::string& field, const std::string& path)>;
 
 // Opens both splits of `spec`. `context` is the sequence length of text samples
 // (the model's context; ignored by other sources). Errors name the field

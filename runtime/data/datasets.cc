@@ -32,7 +32,8 @@ absl::StatusOr<std::string> ReadMaybeGzip(const std::string& field, const std::s
                                           int64_t max_bytes = int64_t{1} << 34) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) {
-    return absl::NotFoundError(absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(errno)));
   }
   std::string data;
   char chunk[1 << 16];
@@ -71,14 +72,14 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& field, const std::string& p
         absl::StrCat(field, ": '", path, "' is not an IDX file (bad magic number)"));
   }
   if (static_cast<uint8_t>(data[2]) != 0x08) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": '", path, "' holds IDX type 0x", absl::Hex(static_cast<uint8_t>(data[2])),
-        "; only unsigned bytes (0x08) are supported"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' holds IDX type 0x",
+                                                   absl::Hex(static_cast<uint8_t>(data[2])),
+                                                   "; only unsigned bytes (0x08) are supported"));
   }
   const int ndims = static_cast<uint8_t>(data[3]);
   if (ndims != want_dims) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' has ", ndims,
-                                                   " dimensions, expected ", want_dims));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' has ", ndims, " dimensions, expected ", want_dims));
   }
   const size_t header = 4 + 4 * static_cast<size_t>(ndims);
   if (data.size() < header) {
@@ -97,8 +98,9 @@ absl::StatusOr<IdxArray> ParseIdx(const std::string& field, const std::string& p
   }
   const int64_t payload = static_cast<int64_t>(data.size() - header);
   if (payload < elements) {
-    return absl::DataLossError(absl::StrCat(field, ": '", path, "' is truncated: its header promises ",
-                                            elements, " bytes of data, the file holds ", payload));
+    return absl::DataLossError(absl::StrCat(field, ": '", path,
+                                            "' is truncated: its header promises ", elements,
+                                            " bytes of data, the file holds ", payload));
   }
   out.bytes = data.substr(header, elements);
   return out;
@@ -116,8 +118,7 @@ class IdxDataset final : public Dataset {
   }
   int64_t size() const override { return size_; }
   const DataInfo& info() const override { return info_; }
-  void Fill(int64_t, const int64_t* ids, int64_t n, void* inputs,
-            int32_t* targets) const override {
+  void Fill(int64_t, const int64_t* ids, int64_t n, void* inputs, int32_t* targets) const override {
     const int64_t pixels = info_.sample_shape.elements();
     float* out = static_cast<float*>(inputs);
     const uint8_t* src = reinterpret_cast<const uint8_t*>(images_.bytes.data());
@@ -142,23 +143,24 @@ class IdxDataset final : public Dataset {
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxSplit(const std::string& field_prefix,
                                                       const std::string& images_path,
-                                                      const std::string& labels_path,
-                                                      int64_t limit, const std::string& name) {
+                                                      const std::string& labels_path, int64_t limit,
+                                                      const std::string& name) {
   TANDEM_ASSIGN_OR_RETURN(std::string raw_images,
                           ReadMaybeGzip(field_prefix + "_images", images_path));
-  TANDEM_ASSIGN_OR_RETURN(IdxArray images,
-                          ParseIdx(field_prefix + "_images", images_path, std::move(raw_images), 3));
+  TANDEM_ASSIGN_OR_RETURN(
+      IdxArray images, ParseIdx(field_prefix + "_images", images_path, std::move(raw_images), 3));
   TANDEM_ASSIGN_OR_RETURN(std::string raw_labels,
                           ReadMaybeGzip(field_prefix + "_labels", labels_path));
-  TANDEM_ASSIGN_OR_RETURN(IdxArray labels,
-                          ParseIdx(field_prefix + "_labels", labels_path, std::move(raw_labels), 1));
+  TANDEM_ASSIGN_OR_RETURN(
+      IdxArray labels, ParseIdx(field_prefix + "_labels", labels_path, std::move(raw_labels), 1));
   if (labels.dims[0] != images.dims[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(field_prefix, "_labels: '", labels_path, "' has ",
-                                                   labels.dims[0], " labels for ", images.dims[0],
-                                                   " images in '", images_path, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field_prefix, "_labels: '", labels_path, "' has ", labels.dims[0],
+                     " labels for ", images.dims[0], " images in '", images_path, "'"));
   }
   int max_label = 0;
-  for (char c : labels.bytes) max_label = std::max(max_label, static_cast<int>(static_cast<uint8_t>(c)));
+  for (char c : labels.bytes)
+    max_label = std::max(max_label, static_cast<int>(static_cast<uint8_t>(c)));
   // MNIST-style data has 10 classes; more labels widen the output.
   const int64_t classes = std::max(10, max_label + 1);
   return std::unique_ptr<Dataset>(
@@ -169,10 +171,15 @@ class TextDataset final : public Dataset {
  public:
   // `text` is the split's bytes; `train` splits draw random windows per epoch,
   // test splits use fixed consecutive windows.
-  TextDataset(std::string name, std::shared_ptr<const std::string> text, int64_t begin,
-              int64_t end, int64_t context, bool train, int64_t samples, uint64_t seed)
-      : name_(std::move(name)), text_(std::move(text)), begin_(begin), end_(end),
-        context_(context), train_(train), seed_(seed) {
+  TextDataset(std::string name, std::shared_ptr<const std::string> text, int64_t begin, int64_t end,
+              int64_t context, bool train, int64_t samples, uint64_t seed)
+      : name_(std::move(name)),
+        text_(std::move(text)),
+        begin_(begin),
+        end_(end),
+        context_(context),
+        train_(train),
+        seed_(seed) {
     const int64_t windows = std::max<int64_t>(0, (end_ - begin_ - 1) / context_);
     size_ = samples > 0 ? samples : windows;
     info_.sample_shape = Shape({context_});
@@ -203,8 +210,8 @@ class TextDataset final : public Dataset {
     }
   }
   std::string Describe() const override {
-    return absl::StrCat(name_, " (", size_, " windows of ", context_, " bytes from ",
-                        end_ - begin_, " bytes)");
+    return absl::StrCat(name_, " (", size_, " windows of ", context_, " bytes from ", end_ - begin_,
+                        " bytes)");
   }
 
  private:
@@ -232,8 +239,7 @@ class SyntheticDataset final : public Dataset {
   }
   int64_t size() const override { return size_; }
   const DataInfo& info() const override { return info_; }
-  void Fill(int64_t, const int64_t* ids, int64_t n, void* inputs,
-            int32_t* targets) const override {
+  void Fill(int64_t, const int64_t* ids, int64_t n, void* inputs, int32_t* targets) const override {
     const int64_t features = info_.sample_shape.elements();
     const uint64_t stream = MixStream(split_, 0x5a3);
     for (int64_t i = 0; i < n; ++i) {
@@ -246,7 +252,8 @@ class SyntheticDataset final : public Dataset {
         double best_score = -1e300;
         for (int64_t c = 0; c < info_.num_classes; ++c) {
           double score = 0;
-          for (int64_t f = 0; f < features; ++f) score += teacher_[c * features + f] * (x[f] - 0.5f);
+          for (int64_t f = 0; f < features; ++f)
+            score += teacher_[c * features + f] * (x[f] - 0.5f);
           if (score > best_score) {
             best_score = score;
             best = static_cast<int>(c);
@@ -264,8 +271,8 @@ class SyntheticDataset final : public Dataset {
     }
   }
   std::string Describe() const override {
-    return absl::StrCat(name_, " (", size_, " synthetic samples of ",
-                        info_.sample_shape.ToString(), ", ", info_.num_classes, " classes)");
+    return absl::StrCat(name_, " (", size_, " synthetic samples of ", info_.sample_shape.ToString(),
+                        ", ", info_.num_classes, " classes)");
   }
 
  private:
@@ -321,7 +328,8 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
                               Resolve(resolve, "data.idx.train_images", spec.idx().train_images()));
       TANDEM_ASSIGN_OR_RETURN(std::string head, ReadMaybeGzip("data.idx.train_images", path, 16));
       if (head.size() < 16) {
-        return absl::DataLossError(absl::StrCat("data.idx.train_images: '", path, "' is truncated"));
+        return absl::DataLossError(
+            absl::StrCat("data.idx.train_images: '", path, "' is truncated"));
       }
       // Parse the header only: dims [N, H, W].
       if (head[0] != 0 || head[1] != 0 || static_cast<uint8_t>(head[2]) != 0x08 || head[3] != 3) {
@@ -333,7 +341,8 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
       info.num_classes = 10;
       // u8 pixels and labels of the training split, and a test split of up to a
       // sixth of it (MNIST's proportions) when one is named.
-      const int64_t train = static_cast<int64_t>(BigEndian32(head, 4)) * (info.sample_shape.elements() + 1);
+      const int64_t train =
+          static_cast<int64_t>(BigEndian32(head, 4)) * (info.sample_shape.elements() + 1);
       info.memory_bytes = spec.idx().test_images().empty() ? train : train + train / 6;
       return info;
     }
@@ -343,7 +352,8 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
       std::ifstream f(path, std::ios::binary | std::ios::ate);
       if (!f) return absl::NotFoundError(absl::StrCat("data.text.path: cannot open '", path, "'"));
       const int64_t file_bytes = static_cast<int64_t>(f.tellg());
-      if (context <= 0) return FieldError("model.gpt.context", "a text dataset needs a context length");
+      if (context <= 0)
+        return FieldError("model.gpt.context", "a text dataset needs a context length");
       DataInfo info;
       info.sample_shape = Shape({context});
       info.input_dtype = DType::kI32;
@@ -366,7 +376,8 @@ absl::StatusOr<Datasets> OpenTextDatasets(const tandem::v1::TextDataset& t, int6
   TANDEM_ASSIGN_OR_RETURN(std::string bytes, ReadMaybeGzip("data.text.path", path));
   const float fraction = t.has_test_fraction() ? t.test_fraction() : 0.1f;
   if (!(fraction >= 0.0f && fraction <= 0.5f)) {
-    return FieldError("data.text.test_fraction", absl::StrCat("must be in [0, 0.5], got ", fraction));
+    return FieldError("data.text.test_fraction",
+                      absl::StrCat("must be in [0, 0.5], got ", fraction));
   }
   const int64_t n = static_cast<int64_t>(bytes.size());
   const int64_t test_bytes = static_cast<int64_t>(static_cast<double>(n) * fraction);
@@ -394,18 +405,24 @@ absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
   switch (spec.source_case()) {
     case DatasetSpec::kIdx: {
       const auto& idx = spec.idx();
-      if (idx.max_train_samples() < 0) return FieldError("data.idx.max_train_samples", "must be >= 0");
-      if (idx.max_test_samples() < 0) return FieldError("data.idx.max_test_samples", "must be >= 0");
-      TANDEM_ASSIGN_OR_RETURN(const std::string ti, Resolve(resolve, "data.idx.train_images", idx.train_images()));
-      TANDEM_ASSIGN_OR_RETURN(const std::string tl, Resolve(resolve, "data.idx.train_labels", idx.train_labels()));
+      if (idx.max_train_samples() < 0)
+        return FieldError("data.idx.max_train_samples", "must be >= 0");
+      if (idx.max_test_samples() < 0)
+        return FieldError("data.idx.max_test_samples", "must be >= 0");
+      TANDEM_ASSIGN_OR_RETURN(const std::string ti,
+                              Resolve(resolve, "data.idx.train_images", idx.train_images()));
+      TANDEM_ASSIGN_OR_RETURN(const std::string tl,
+                              Resolve(resolve, "data.idx.train_labels", idx.train_labels()));
       Datasets out;
-      TANDEM_ASSIGN_OR_RETURN(out.train, OpenIdxSplit("data.idx.train", ti, tl, idx.max_train_samples(),
-                                                      "idx train"));
+      TANDEM_ASSIGN_OR_RETURN(
+          out.train, OpenIdxSplit("data.idx.train", ti, tl, idx.max_train_samples(), "idx train"));
       if (!idx.test_images().empty() || !idx.test_labels().empty()) {
-        TANDEM_ASSIGN_OR_RETURN(const std::string vi, Resolve(resolve, "data.idx.test_images", idx.test_images()));
-        TANDEM_ASSIGN_OR_RETURN(const std::string vl, Resolve(resolve, "data.idx.test_labels", idx.test_labels()));
-        TANDEM_ASSIGN_OR_RETURN(out.test, OpenIdxSplit("data.idx.test", vi, vl, idx.max_test_samples(),
-                                                       "idx test"));
+        TANDEM_ASSIGN_OR_RETURN(const std::string vi,
+                                Resolve(resolve, "data.idx.test_images", idx.test_images()));
+        TANDEM_ASSIGN_OR_RETURN(const std::string vl,
+                                Resolve(resolve, "data.idx.test_labels", idx.test_labels()));
+        TANDEM_ASSIGN_OR_RETURN(
+            out.test, OpenIdxSplit("data.idx.test", vi, vl, idx.max_test_samples(), "idx test"));
         if (out.test->info().sample_shape != out.train->info().sample_shape) {
           return FieldError("data.idx.test_images", "image size differs from the training split");
         }
@@ -413,7 +430,8 @@ absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
       return out;
     }
     case DatasetSpec::kText:
-      if (context <= 0) return FieldError("model.gpt.context", "a text dataset needs a context length");
+      if (context <= 0)
+        return FieldError("model.gpt.context", "a text dataset needs a context length");
       return OpenTextDatasets(spec.text(), context, seed, resolve);
     case DatasetSpec::kSynthetic: {
       const auto& s = spec.synthetic();

@@ -43,10 +43,13 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
     r->saved_.push_back(std::move(saved));
     max_grad = std::max(max_grad, layer.OutputBytes(max_batch));
   }
-  TANDEM_ASSIGN_OR_RETURN(r->grad_a_, Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
-  TANDEM_ASSIGN_OR_RETURN(r->grad_b_, Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
-  TANDEM_ASSIGN_OR_RETURN(r->workspace_, Buffer::Allocate(allocator, model.MaxWorkspaceBytes(max_batch),
-                                                          MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(r->grad_a_,
+                          Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(r->grad_b_,
+                          Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(
+      r->workspace_,
+      Buffer::Allocate(allocator, model.MaxWorkspaceBytes(max_batch), MemoryCategory::kWorkspace));
   return r;
 }
 
@@ -100,10 +103,9 @@ absl::StatusOr<StepResult> CpuRunner::TrainStep(const Batch& batch, const StepOp
   for (int64_t b = 0; b < B; ++b) dy[b] = 1.0f / static_cast<float>(B);
   for (int l = L - 1; l >= 0; --l) {
     const Layer& layer = model_.layer(l);
-    const Tensor x =
-        l == 0 ? Tensor(const_cast<float*>(batch.inputs.data()), batch.input_dtype,
-                        model_.data().sample_shape.WithBatch(B))
-               : Tensor::F32(outputs_[l - 1].f32(), layer.input_shape().WithBatch(B));
+    const Tensor x = l == 0 ? Tensor(const_cast<float*>(batch.inputs.data()), batch.input_dtype,
+                                     model_.data().sample_shape.WithBatch(B))
+                            : Tensor::F32(outputs_[l - 1].f32(), layer.input_shape().WithBatch(B));
     const Tensor y = Tensor::F32(outputs_[l].f32(), layer.output_shape().WithBatch(B));
     // The first layer's input needs no gradient.
     const Tensor dxt = l == 0 ? Tensor() : Tensor::F32(dx, layer.input_shape().WithBatch(B));

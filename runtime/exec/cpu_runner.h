@@ -17,10 +17,9 @@ class CpuRunner final : public StepRunner {
  public:
   // `model` must outlive the runner. Initial parameters from `init_seed`.
   // `max_batch` bounds every batch the runner will see.
-  static absl::StatusOr<std::unique_ptr<CpuRunner>> Create(const Model& model,
-                                                           const tandem::v1::OptimizerSpec& optimizer,
-                                                           int64_t max_batch, uint64_t init_seed,
-                                                           Allocator* allocator);
+  static absl::StatusOr<std::unique_ptr<CpuRunner>> Create(
+      const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
+      uint64_t init_seed, Allocator* allocator);
 
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
   absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;

@@ -56,7 +56,8 @@ TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
     if (rtol == 0) {
       EXPECT_EQ(losses[s], reference[s]) << c.name << " step " << s;
     } else {
-      EXPECT_NEAR(losses[s], reference[s], rtol * std::fabs(reference[s])) << c.name << " step " << s;
+      EXPECT_NEAR(losses[s], reference[s], rtol * std::fabs(reference[s]))
+          << c.name << " step " << s;
     }
   }
   EXPECT_LT(losses.back(), losses.front()) << c.name;
@@ -123,7 +124,8 @@ TEST(ExecutorTest, DeviceRefusalIsAClearError) {
   absl::StatusOr<StepResult> r = (*e)->TrainStep(loader.Next(), StepOptions());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(r.status().message().find("emulated:0 memory budget exceeded"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("emulated:0 memory budget exceeded"), std::string::npos)
+      << r.status();
   EXPECT_LE(device.allocator()->stats().peak_total_bytes, 20 << 10);
   // And it stays failed rather than running on in a broken state.
   EXPECT_FALSE((*e)->TrainStep(loader.Next(), StepOptions()).ok());
@@ -165,7 +167,8 @@ TEST(ExecutorTest, DelayedUpdatesUseWeightsOneUpdateOld) {
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(delayed[s], r->loss) << "step " << s;
     // Undo TrainStep's own update; apply the gradient to the newest weights.
-    for (size_t i = 0; i < moments.size(); ++i) std::copy(moments[i].begin(), moments[i].end(), view.moments[i]);
+    for (size_t i = 0; i < moments.size(); ++i)
+      std::copy(moments[i].begin(), moments[i].end(), view.moments[i]);
     view.optimizer->set_step(t);
     std::copy(w_cur.begin(), w_cur.end(), params);
     view.optimizer->Step(params, cpu->state().grads(), o.learning_rate, 1.0f);
@@ -194,44 +197,49 @@ TEST(ExecutorStressTest, RandomPlansAndLinkSpeedsMatchTheReference) {
     switch (rng() % 5) {
       case 0:
         kind = "hetero_dp";
-        plan = MakePlan(m, tandem::v1::STRATEGY_HETERO_DP, 32, micro / 2, [](int, tandem::v1::LayerPlan*) {});
+        plan = MakePlan(m, tandem::v1::STRATEGY_HETERO_DP, 32, micro / 2,
+                        [](int, tandem::v1::LayerPlan*) {});
         plan.set_accelerator_batch_share(std::vector<int>{4, 16, 28}[rng() % 3]);
         break;
       case 1:
         kind = "gpu_only";
-        plan = MakePlan(m, tandem::v1::STRATEGY_GPU_ONLY, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
-          lp->set_activation_policy(rng() % 2 ? tandem::v1::ACTIVATION_POLICY_KEEP
-                                              : tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
-        });
+        plan = MakePlan(
+            m, tandem::v1::STRATEGY_GPU_ONLY, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
+              lp->set_activation_policy(rng() % 2 ? tandem::v1::ACTIVATION_POLICY_KEEP
+                                                  : tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
+            });
         break;
       case 2:
         kind = "cpu_only";
-        plan = MakePlan(m, tandem::v1::STRATEGY_CPU_ONLY, 32, micro, [](int, tandem::v1::LayerPlan* lp) {
-          lp->set_compute(tandem::v1::PLACEMENT_HOST);
-          lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST);
-          lp->set_update(tandem::v1::PLACEMENT_HOST);
-        });
+        plan = MakePlan(m, tandem::v1::STRATEGY_CPU_ONLY, 32, micro,
+                        [](int, tandem::v1::LayerPlan* lp) {
+                          lp->set_compute(tandem::v1::PLACEMENT_HOST);
+                          lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST);
+                          lp->set_update(tandem::v1::PLACEMENT_HOST);
+                        });
         break;
       default:
         kind = "reuse_distance";
-        plan = MakePlan(m, tandem::v1::STRATEGY_REUSE_DISTANCE, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
-          switch (rng() % 3) {
-            case 0:
-              break;
-            case 1:
-              lp->set_update(tandem::v1::PLACEMENT_HOST);
-              break;
-            case 2:
-              lp->set_update(tandem::v1::PLACEMENT_HOST);
-              lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST_STREAMED);
-              break;
-          }
-          lp->set_activation_policy(static_cast<tandem::v1::ActivationPolicy>(1 + rng() % 3));
-        });
+        plan = MakePlan(
+            m, tandem::v1::STRATEGY_REUSE_DISTANCE, 32, micro, [&](int, tandem::v1::LayerPlan* lp) {
+              switch (rng() % 3) {
+                case 0:
+                  break;
+                case 1:
+                  lp->set_update(tandem::v1::PLACEMENT_HOST);
+                  break;
+                case 2:
+                  lp->set_update(tandem::v1::PLACEMENT_HOST);
+                  lp->set_parameter_home(tandem::v1::PARAMETER_HOME_HOST_STREAMED);
+                  break;
+              }
+              lp->set_activation_policy(static_cast<tandem::v1::ActivationPolicy>(1 + rng() % 3));
+            });
     }
     HostAllocator host;
-    EmulatedAccelerator device({.capacity_bytes = 64 << 20,
-                                .link_bytes_per_second = std::vector<double>{0, 2e9, 2e8}[rng() % 3]});
+    EmulatedAccelerator device(
+        {.capacity_bytes = 64 << 20,
+         .link_bytes_per_second = std::vector<double>{0, 2e9, 2e8}[rng() % 3]});
     ExecutorOptions options;
     options.plan = plan;
     options.optimizer = f.spec.optimizer();

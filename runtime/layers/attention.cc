@@ -49,8 +49,8 @@ absl::StatusOr<Shape> Attention::InferOutput(const Shape& input) {
   }
   hs_ = C_ / options_.n_head;
   qkv_ = Linear({.out_features = 3 * C_, .bias = true, .init = options_.init});
-  proj_ = Linear({.out_features = C_, .bias = true,
-                  .init = {InitKind::kNormal, options_.projection_stddev}});
+  proj_ = Linear(
+      {.out_features = C_, .bias = true, .init = {InitKind::kNormal, options_.projection_stddev}});
   absl::Status s = qkv_.Build(input);
   if (s.ok()) s = proj_.Build(input);
   if (!s.ok()) return s;
@@ -85,7 +85,8 @@ LayerCost Attention::Cost(int64_t batch) const {
 int64_t Attention::SavedBytes(int64_t batch) const {
   // q, k, v [B, H, T, hs]; att [B, H, T, T]; the projection's input [B, T, C].
   const int64_t btc = batch * T_ * C_;
-  return 4 * cpu::AlignWorkspace(btc * 4) + cpu::AlignWorkspace(batch * options_.n_head * T_ * T_ * 4);
+  return 4 * cpu::AlignWorkspace(btc * 4) +
+         cpu::AlignWorkspace(batch * options_.n_head * T_ * T_ * 4);
 }
 
 int64_t Attention::WorkspaceBytes(int64_t batch) const {
@@ -103,7 +104,8 @@ const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {
     Softmax s;
     s.md = cpu::PlainF32({batch * options_.n_head * T_, T_}, dnnl::memory::format_tag::ab);
     dnnl::softmax_forward::primitive_desc fwd(
-        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, s.md, 1), cpu::UserScratchpad(), cpu::CpuEngine());
+        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, s.md, 1),
+        cpu::UserScratchpad(), cpu::CpuEngine());
     s.forward = dnnl::softmax_forward(fwd);
     s.backward = dnnl::softmax_backward(dnnl::softmax_backward::primitive_desc(
         dnnl::softmax_backward::desc(s.md, s.md, 1), cpu::UserScratchpad(), cpu::CpuEngine(), fwd));
@@ -161,8 +163,8 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   proj_.Forward(sub, Tensor::F32(atty, Shape({B, T_, C_})), y, nullptr);
 }
 
-void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
-                         const void* saved, const Tensor& dy, const Tensor& dx) const {
+void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void* saved,
+                         const Tensor& dy, const Tensor& dx) const {
   const int64_t B = x.batch(), H = options_.n_head, btc = B * T_ * C_;
   Carver s(saved);
   const float* q = s.Take(btc);

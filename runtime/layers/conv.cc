@@ -34,7 +34,8 @@ dnnl::reorder MakeReorder(const memory::desc& from, const memory::desc& to, bool
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  return dnnl::reorder(dnnl::reorder::primitive_desc(cpu::CpuEngine(), from, cpu::CpuEngine(), to, attr));
+  return dnnl::reorder(
+      dnnl::reorder::primitive_desc(cpu::CpuEngine(), from, cpu::CpuEngine(), to, attr));
 }
 
 #ifdef TANDEM_HAVE_CUDA
@@ -91,16 +92,16 @@ absl::StatusOr<Shape> Conv2d::InferOutput(const Shape& input) {
   const int64_t oh = OutSize(input[0], o.kernel_size, o.stride, o.padding);
   const int64_t ow = OutSize(input[1], o.kernel_size, o.stride, o.padding);
   if (oh <= 0 || ow <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("kernel ", o.kernel_size,
-                                                   " does not fit the padded image"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kernel ", o.kernel_size, " does not fit the padded image"));
   }
   return Shape({oh, ow, o.out_channels});
 }
 
 std::vector<ParamSpec> Conv2d::Params() const {
   const Shape& in = input_shape();
-  std::vector<ParamSpec> p = {
-      {"weight", Shape({options_.out_channels, in[2], options_.kernel_size, options_.kernel_size})}};
+  std::vector<ParamSpec> p = {{"weight", Shape({options_.out_channels, in[2], options_.kernel_size,
+                                                options_.kernel_size})}};
   if (options_.bias) p.push_back({"bias", Shape({options_.out_channels})});
   return p;
 }
@@ -211,8 +212,9 @@ void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
   const Primitives& p = Get(x.batch());
   const float* weights = ctx.params;
   if (p.forward_weights != p.weights_plain) {
-    cpu::Execute(p.to_forward_weights, {{DNNL_ARG_FROM, cpu::Wrap(p.weights_plain, weights)},
-                                        {DNNL_ARG_TO, cpu::Wrap(p.forward_weights, ctx.workspace)}});
+    cpu::Execute(p.to_forward_weights,
+                 {{DNNL_ARG_FROM, cpu::Wrap(p.weights_plain, weights)},
+                  {DNNL_ARG_TO, cpu::Wrap(p.forward_weights, ctx.workspace)}});
     weights = static_cast<const float*>(ctx.workspace);
   }
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
@@ -268,9 +270,9 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
   float* bwd_weights = reinterpret_cast<float*>(ws);
   float* diff_weights =
       reinterpret_cast<float*>(ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()));
-  float* diff_bias = reinterpret_cast<float*>(
-      ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
-      cpu::AlignWorkspace(p.diff_weights.get_size()));
+  float* diff_bias =
+      reinterpret_cast<float*>(ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
+                               cpu::AlignWorkspace(p.diff_weights.get_size()));
   const int64_t n_weights = p.weights_plain.get_size() / 4;
 
   if (dx.data != nullptr) {
@@ -285,9 +287,10 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
                                    {DNNL_ARG_WEIGHTS, cpu::Wrap(p.backward_data_weights, weights)},
                                    {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.src, dx.data)}});
   }
-  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
-                                          {DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
-                                          {DNNL_ARG_DIFF_WEIGHTS, cpu::Wrap(p.diff_weights, diff_weights)}};
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
+      {DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
+      {DNNL_ARG_DIFF_WEIGHTS, cpu::Wrap(p.diff_weights, diff_weights)}};
   if (options_.bias) args.emplace(DNNL_ARG_DIFF_BIAS, cpu::Wrap(p.bias, diff_bias));
   cpu::Execute(p.backward_weights, args);
   cpu::Execute(ctx.accumulate_grads ? p.diff_weights_add_to_plain : p.diff_weights_to_plain,
@@ -412,7 +415,8 @@ void Pool2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
   const Primitives& p = Get(x.batch());
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
                                           {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
-  if (options_.pool == PoolKind::kMax) args.emplace(DNNL_ARG_WORKSPACE, cpu::Wrap(p.workspace, saved));
+  if (options_.pool == PoolKind::kMax)
+    args.emplace(DNNL_ARG_WORKSPACE, cpu::Wrap(p.workspace, saved));
   cpu::Execute(p.forward, args);
 }
 
@@ -435,7 +439,8 @@ void Pool2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
   const Primitives& p = Get(x.batch());
   std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
                                           {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.src, dx.data)}};
-  if (options_.pool == PoolKind::kMax) args.emplace(DNNL_ARG_WORKSPACE, cpu::Wrap(p.workspace, saved));
+  if (options_.pool == PoolKind::kMax)
+    args.emplace(DNNL_ARG_WORKSPACE, cpu::Wrap(p.workspace, saved));
   cpu::Execute(p.backward, args);
 }
 

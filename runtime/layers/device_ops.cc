@@ -57,9 +57,9 @@ uint64_t DropoutOffset(const LayerContext& ctx) { return ctx.sample_offset * ctx
 
 void DropoutForward(const LayerContext& ctx, const float* x, float* y, int64_t n, float p) {
   const uint64_t offset = DropoutOffset(ctx);
-  TANDEM_ON_CUDA(ctx,
-                 cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream, offset),
-                 "DropoutForward");
+  TANDEM_ON_CUDA(
+      ctx, cuda::DropoutForward(y, x, n, p, ctx.seed, ctx.rng_stream, ctx.cuda->stream, offset),
+      "DropoutForward");
   cpu::DropoutForward(x, y, n, p, ctx.seed, ctx.rng_stream, offset);
 }
 

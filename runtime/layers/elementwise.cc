@@ -55,7 +55,8 @@ const Activation::Primitives& Activation::Get(int64_t elements) const {
         dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, p.md, 0.0f, 0.0f),
         cpu::UserScratchpad(), cpu::CpuEngine());
     dnnl::eltwise_backward::primitive_desc bwd(
-        dnnl::eltwise_backward::desc(alg, p.md, p.md, 0.0f, 0.0f), cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
+        dnnl::eltwise_backward::desc(alg, p.md, p.md, 0.0f, 0.0f), cpu::UserScratchpad(),
+        cpu::CpuEngine(), fwd);
     p.forward = dnnl::eltwise_forward(fwd);
     p.backward = dnnl::eltwise_backward(bwd);
     return p;
@@ -75,8 +76,8 @@ void Activation::Forward(const LayerContext& ctx, const Tensor& x, const Tensor&
   }
 #endif
   const Primitives& p = Get(x.elements());
-  cpu::Execute(p.forward, {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)},
-                           {DNNL_ARG_DST, cpu::Wrap(p.md, y.data)}});
+  cpu::Execute(p.forward,
+               {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)}, {DNNL_ARG_DST, cpu::Wrap(p.md, y.data)}});
 }
 
 void Activation::Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y, const void*,
@@ -138,9 +139,7 @@ void Dropout::Backward(const LayerContext& ctx, const Tensor&, const Tensor&, co
   device_ops::DropoutBackward(c, dy.f32(), dx.f32(), dy.elements(), p_);
 }
 
-absl::StatusOr<Shape> Flatten::InferOutput(const Shape& input) {
-  return Shape({input.elements()});
-}
+absl::StatusOr<Shape> Flatten::InferOutput(const Shape& input) { return Shape({input.elements()}); }
 
 LayerCost Flatten::Cost(int64_t batch) const {
   const double n = static_cast<double>(batch * input_shape().elements());

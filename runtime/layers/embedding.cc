@@ -21,9 +21,8 @@ absl::StatusOr<Shape> Embedding::InferOutput(const Shape& input) {
   if (options_.dim <= 0) return absl::InvalidArgumentError("dim must be > 0");
   if (options_.max_positions == 0) options_.max_positions = input[0];
   if (input[0] > options_.max_positions) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence length ", input[0],
-                                                   " exceeds max_positions ",
-                                                   options_.max_positions));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence length ", input[0], " exceeds max_positions ", options_.max_positions));
   }
   return Shape({input[0], options_.dim});
 }

@@ -116,9 +116,10 @@ GradientCheckResult CheckGradients(const Layer& layer, const GradientCheckOption
   layer.Forward(h.Context(grads.data()), h.X(), h.Y(), h.saved);
   h.buffers = kept;
   const Tensor dy = Tensor::F32(h.r.data(), layer.output_shape().WithBatch(options.batch));
-  const Tensor dxt = (options.check_input && !h.x.empty())
-                         ? Tensor::F32(dx.data(), layer.input_shape().WithBatch(options.batch))
-                         : Tensor(nullptr, DType::kF32, layer.input_shape().WithBatch(options.batch));
+  const Tensor dxt =
+      (options.check_input && !h.x.empty())
+          ? Tensor::F32(dx.data(), layer.input_shape().WithBatch(options.batch))
+          : Tensor(nullptr, DType::kF32, layer.input_shape().WithBatch(options.batch));
   layer.Backward(h.Context(grads.data()), h.X(), h.Y(), h.saved, dy, dxt);
   if (dxt.data != nullptr) CheckTensor(h, "dx", h.x, dx, 0, h.x.size(), &result);
   int64_t offset = 0;

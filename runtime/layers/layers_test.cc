@@ -16,7 +16,8 @@ void ExpectGradientsMatch(Layer& layer, const Shape& input, GradientCheckOptions
   EXPECT_EQ(r.failed, 0) << layer.kind() << ": max rel error " << r.max_rel_error << "\n"
                          << (r.failures.empty() ? "" : r.failures[0]) << "\n"
                          << (r.failures.size() > 1 ? r.failures[1] : "") << "\n"
-                         << (r.failures.size() > 5 ? r.failures[5] : "") << " checked " << r.checked << " failed " << r.failed;
+                         << (r.failures.size() > 5 ? r.failures[5] : "") << " checked " << r.checked
+                         << " failed " << r.failed;
 }
 
 TEST(LinearTest, GradientsMatchFiniteDifferences) {
@@ -73,8 +74,10 @@ TEST(DropoutTest, DropsAboutPAndScalesTheRest) {
                 Tensor::F32(y.data(), Shape({1, 10000})), nullptr);
   int zeros = 0;
   for (float v : y) {
-    if (v == 0.0f) ++zeros;
-    else EXPECT_FLOAT_EQ(v, 1.0f / 0.75f);
+    if (v == 0.0f)
+      ++zeros;
+    else
+      EXPECT_FLOAT_EQ(v, 1.0f / 0.75f);
   }
   EXPECT_NEAR(zeros / 10000.0, 0.25, 0.02);
 }
@@ -195,11 +198,11 @@ TEST(AttentionTest, IsCausal) {
   LayerContext ctx;
   ctx.params = params.data();
   ctx.workspace = ws.data();
-  layer.Forward(ctx, Tensor::F32(x.data(), Shape({1, 4, 4})), Tensor::F32(y1.data(), Shape({1, 4, 4})),
-                saved.data());
+  layer.Forward(ctx, Tensor::F32(x.data(), Shape({1, 4, 4})),
+                Tensor::F32(y1.data(), Shape({1, 4, 4})), saved.data());
   x[15] += 5.0f;  // Change only the last position.
-  layer.Forward(ctx, Tensor::F32(x.data(), Shape({1, 4, 4})), Tensor::F32(y2.data(), Shape({1, 4, 4})),
-                saved.data());
+  layer.Forward(ctx, Tensor::F32(x.data(), Shape({1, 4, 4})),
+                Tensor::F32(y2.data(), Shape({1, 4, 4})), saved.data());
   for (int i = 0; i < 12; ++i) EXPECT_FLOAT_EQ(y1[i], y2[i]) << i;
   EXPECT_NE(y1[12], y2[12]);
 }
@@ -280,8 +283,8 @@ TEST(DropoutTest, AMicroBatchGetsTheSameMaskAsTheWholeBatch) {
                 nullptr);
   // Samples 2..4 as a micro-batch of their own.
   ctx.sample_offset = 2;
-  layer.Forward(ctx, Tensor::F32(x.data() + 14, Shape({3, 7})), Tensor::F32(part.data(), Shape({3, 7})),
-                nullptr);
+  layer.Forward(ctx, Tensor::F32(x.data() + 14, Shape({3, 7})),
+                Tensor::F32(part.data(), Shape({3, 7})), nullptr);
   for (int i = 0; i < 21; ++i) EXPECT_EQ(part[i], whole[14 + i]) << i;
 }
 

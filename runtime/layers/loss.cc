@@ -67,7 +67,8 @@ void CrossEntropy::Forward(const LayerContext& ctx, const Tensor& x, const Tenso
   }
 #endif
   const Primitives& p = Get(B);
-  cpu::Execute(p.forward, {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)}, {DNNL_ARG_DST, cpu::Wrap(p.md, logp)}});
+  cpu::Execute(p.forward,
+               {{DNNL_ARG_SRC, cpu::Wrap(p.md, x.data)}, {DNNL_ARG_DST, cpu::Wrap(p.md, logp)}});
   const int32_t* targets = ctx.targets;
   float* loss = y.f32();
   const int64_t P = positions_, V = classes_;

@@ -41,7 +41,8 @@ BatchNorm2d::~BatchNorm2d() = default;
 
 absl::StatusOr<Shape> BatchNorm2d::InferOutput(const Shape& input) {
   if (input.rank() != 3) return absl::InvalidArgumentError("needs an image input [H, W, C]");
-  if (!(momentum_ > 0 && momentum_ < 1)) return absl::InvalidArgumentError("momentum must be in (0, 1)");
+  if (!(momentum_ > 0 && momentum_ < 1))
+    return absl::InvalidArgumentError("momentum must be in (0, 1)");
   if (!(epsilon_ > 0)) return absl::InvalidArgumentError("epsilon must be > 0");
   channels_ = input[2];
   return input;
@@ -82,14 +83,17 @@ const BatchNorm2d::Primitives& BatchNorm2d::Get(int64_t batch) const {
                                                 kScaleShift),
         cpu::UserScratchpad(), cpu::CpuEngine());
     p.training = dnnl::batch_normalization_forward(training);
-    p.inference = dnnl::batch_normalization_forward(dnnl::batch_normalization_forward::primitive_desc(
-        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, p.data,
-                                                epsilon_, kScaleShift | flags::use_global_stats),
-        cpu::UserScratchpad(), cpu::CpuEngine()));
-    p.backward = dnnl::batch_normalization_backward(dnnl::batch_normalization_backward::primitive_desc(
-        dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, p.data, p.data, epsilon_,
-                                                 kScaleShift),
-        cpu::UserScratchpad(), cpu::CpuEngine(), training));
+    p.inference =
+        dnnl::batch_normalization_forward(dnnl::batch_normalization_forward::primitive_desc(
+            dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, p.data,
+                                                    epsilon_,
+                                                    kScaleShift | flags::use_global_stats),
+            cpu::UserScratchpad(), cpu::CpuEngine()));
+    p.backward =
+        dnnl::batch_normalization_backward(dnnl::batch_normalization_backward::primitive_desc(
+            dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, p.data, p.data,
+                                                     epsilon_, kScaleShift),
+            cpu::UserScratchpad(), cpu::CpuEngine(), training));
     return p;
   });
 }
@@ -253,10 +257,11 @@ const LayerNorm::Primitives& LayerNorm::Get(int64_t batch) const {
                                                 epsilon_, kScaleShift),
         cpu::UserScratchpad(), cpu::CpuEngine());
     p.forward = dnnl::layer_normalization_forward(fwd);
-    p.backward = dnnl::layer_normalization_backward(dnnl::layer_normalization_backward::primitive_desc(
-        dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, p.data, p.data, p.stat,
-                                                 epsilon_, kScaleShift),
-        cpu::UserScratchpad(), cpu::CpuEngine(), fwd));
+    p.backward =
+        dnnl::layer_normalization_backward(dnnl::layer_normalization_backward::primitive_desc(
+            dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, p.data, p.data,
+                                                     p.stat, epsilon_, kScaleShift),
+            cpu::UserScratchpad(), cpu::CpuEngine(), fwd));
     return p;
   });
 }

@@ -38,7 +38,8 @@ absl::StatusOr<int64_t> PositiveOr(int64_t value, int64_t fallback, const std::s
 }
 
 absl::Status CheckProbability(float p, const std::string& field) {
-  if (!(p >= 0.0f && p < 1.0f)) return FieldError(field, absl::StrCat("must be in [0, 1), got ", p));
+  if (!(p >= 0.0f && p < 1.0f))
+    return FieldError(field, absl::StrCat("must be in [0, 1), got ", p));
   return absl::OkStatus();
 }
 
@@ -50,9 +51,9 @@ using Layers = std::vector<std::unique_ptr<Layer>>;
 
 absl::Status NeedImages(const DataInfo& data, const std::string& field) {
   if (data.input_dtype != DType::kF32 || data.sample_shape.rank() != 3) {
-    return FieldError(field, absl::StrCat("needs image samples [H, W, C]; the dataset gives ",
-                                          data.sample_shape.ToString(), " ",
-                                          DTypeName(data.input_dtype)));
+    return FieldError(field,
+                      absl::StrCat("needs image samples [H, W, C]; the dataset gives ",
+                                   data.sample_shape.ToString(), " ", DTypeName(data.input_dtype)));
   }
   return absl::OkStatus();
 }
@@ -82,17 +83,22 @@ absl::StatusOr<Layers> BuildMlp(const tandem::v1::MlpSpec& s, const DataInfo& da
 
 absl::StatusOr<Layers> BuildCnn(const tandem::v1::CnnSpec& s, const DataInfo& data) {
   TANDEM_RETURN_IF_ERROR(NeedImages(data, "model.cnn"));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t c1, PositiveOr(s.conv1_channels(), kCnnConv1, "model.cnn.conv1_channels", 4096));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t c2, PositiveOr(s.conv2_channels(), kCnnConv2, "model.cnn.conv2_channels", 4096));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t h, PositiveOr(s.hidden_size(), kCnnHidden, "model.cnn.hidden_size"));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t k, PositiveOr(s.kernel_size(), kCnnKernel, "model.cnn.kernel_size", 31));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t c1, PositiveOr(s.conv1_channels(), kCnnConv1,
+                                                       "model.cnn.conv1_channels", 4096));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t c2, PositiveOr(s.conv2_channels(), kCnnConv2,
+                                                       "model.cnn.conv2_channels", 4096));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t h,
+                          PositiveOr(s.hidden_size(), kCnnHidden, "model.cnn.hidden_size"));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t k,
+                          PositiveOr(s.kernel_size(), kCnnKernel, "model.cnn.kernel_size", 31));
   if (k % 2 == 0) return FieldError("model.cnn.kernel_size", absl::StrCat("must be odd, got ", k));
   Layers layers;
   for (int64_t channels : {c1, c2}) {
     layers.push_back(std::make_unique<Conv2d>(
         Conv2dOptions{.out_channels = channels, .kernel_size = k, .stride = 1, .padding = k / 2}));
     layers.push_back(std::make_unique<Activation>(ActivationKind::kRelu));
-    layers.push_back(std::make_unique<Pool2d>(Pool2dOptions{.pool = PoolKind::kMax, .kernel_size = 2}));
+    layers.push_back(
+        std::make_unique<Pool2d>(Pool2dOptions{.pool = PoolKind::kMax, .kernel_size = 2}));
   }
   layers.push_back(std::make_unique<Flatten>());
   layers.push_back(std::make_unique<Linear>(LinearOptions{.out_features = h}));
@@ -103,12 +109,15 @@ absl::StatusOr<Layers> BuildCnn(const tandem::v1::CnnSpec& s, const DataInfo& da
 
 absl::StatusOr<Layers> BuildResNet(const tandem::v1::ResNetSpec& s, const DataInfo& data) {
   TANDEM_RETURN_IF_ERROR(NeedImages(data, "model.resnet"));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t base, PositiveOr(s.base_channels(), kResNetBase, "model.resnet.base_channels", 1024));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t stages, PositiveOr(s.stages(), kResNetStages, "model.resnet.stages", 6));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t blocks, PositiveOr(s.blocks_per_stage(), kResNetBlocks, "model.resnet.blocks_per_stage", 32));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t base, PositiveOr(s.base_channels(), kResNetBase,
+                                                         "model.resnet.base_channels", 1024));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t stages,
+                          PositiveOr(s.stages(), kResNetStages, "model.resnet.stages", 6));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t blocks, PositiveOr(s.blocks_per_stage(), kResNetBlocks,
+                                                           "model.resnet.blocks_per_stage", 32));
   Layers layers;
-  layers.push_back(std::make_unique<Conv2d>(
-      Conv2dOptions{.out_channels = base, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false}));
+  layers.push_back(std::make_unique<Conv2d>(Conv2dOptions{
+      .out_channels = base, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false}));
   layers.push_back(std::make_unique<BatchNorm2d>());
   layers.push_back(std::make_unique<Activation>(ActivationKind::kRelu));
   int64_t channels = base;
@@ -129,9 +138,12 @@ absl::StatusOr<Layers> BuildGpt(const tandem::v1::GptSpec& s, const DataInfo& da
   if (data.input_dtype != DType::kI32 || data.sample_shape.rank() != 1) {
     return FieldError("model.gpt", "needs token sequences (a text or synthetic token dataset)");
   }
-  TANDEM_ASSIGN_OR_RETURN(const int64_t n_layer, PositiveOr(s.n_layer(), kGptLayers, "model.gpt.n_layer", 1024));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t n_head, PositiveOr(s.n_head(), kGptHeads, "model.gpt.n_head", 1024));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t d_model, PositiveOr(s.d_model(), kGptWidth, "model.gpt.d_model", 65536));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t n_layer,
+                          PositiveOr(s.n_layer(), kGptLayers, "model.gpt.n_layer", 1024));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t n_head,
+                          PositiveOr(s.n_head(), kGptHeads, "model.gpt.n_head", 1024));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t d_model,
+                          PositiveOr(s.d_model(), kGptWidth, "model.gpt.d_model", 65536));
   TANDEM_ASSIGN_OR_RETURN(const int64_t vocab,
                           PositiveOr(s.vocab_size(), data.num_classes, "model.gpt.vocab_size"));
   TANDEM_RETURN_IF_ERROR(CheckProbability(s.dropout(), "model.gpt.dropout"));
@@ -140,13 +152,14 @@ absl::StatusOr<Layers> BuildGpt(const tandem::v1::GptSpec& s, const DataInfo& da
                       absl::StrCat(n_head, " heads do not divide d_model ", d_model));
   }
   if (vocab < data.num_classes) {
-    return FieldError("model.gpt.vocab_size",
-                      absl::StrCat(vocab, " is smaller than the dataset's vocabulary ", data.num_classes));
+    return FieldError(
+        "model.gpt.vocab_size",
+        absl::StrCat(vocab, " is smaller than the dataset's vocabulary ", data.num_classes));
   }
   const int64_t T = data.sample_shape[0];
   if (s.context() != 0 && s.context() != T) {
-    return FieldError("model.gpt.context", absl::StrCat("is ", s.context(),
-                                                        " but the dataset gives sequences of ", T));
+    return FieldError("model.gpt.context",
+                      absl::StrCat("is ", s.context(), " but the dataset gives sequences of ", T));
   }
   Layers layers;
   layers.push_back(std::make_unique<Embedding>(
@@ -157,8 +170,8 @@ absl::StatusOr<Layers> BuildGpt(const tandem::v1::GptSpec& s, const DataInfo& da
         .n_head = n_head, .dropout = s.dropout(), .residual_init_stddev = residual_std}));
   }
   layers.push_back(std::make_unique<LayerNorm>());
-  layers.push_back(std::make_unique<Linear>(LinearOptions{
-      .out_features = vocab, .bias = false, .init = {InitKind::kNormal, 0.02f}}));
+  layers.push_back(std::make_unique<Linear>(
+      LinearOptions{.out_features = vocab, .bias = false, .init = {InitKind::kNormal, 0.02f}}));
   return layers;
 }
 
@@ -167,10 +180,11 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildListLayer(const tandem::v1::LayerSpe
   using tandem::v1::LayerSpec;
   switch (s.kind_case()) {
     case LayerSpec::kLinear: {
-      if (s.linear().out_features() <= 0) return FieldError(field + ".linear.out_features", "must be > 0");
-      return std::make_unique<Linear>(LinearOptions{
-          .out_features = s.linear().out_features(),
-          .bias = !s.linear().has_bias() || s.linear().bias()});
+      if (s.linear().out_features() <= 0)
+        return FieldError(field + ".linear.out_features", "must be > 0");
+      return std::make_unique<Linear>(
+          LinearOptions{.out_features = s.linear().out_features(),
+                        .bias = !s.linear().has_bias() || s.linear().bias()});
     }
     case LayerSpec::kConv2D: {
       const auto& c = s.conv2d();
@@ -203,16 +217,19 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildListLayer(const tandem::v1::LayerSpe
           s.batch_norm2d().epsilon() > 0 ? s.batch_norm2d().epsilon() : 1e-5f);
     case LayerSpec::kActivation:
       if (s.activation().activation() == tandem::v1::ACTIVATION_UNSPECIFIED) {
-        return FieldError(field + ".activation.activation", "must be ACTIVATION_RELU or ACTIVATION_GELU");
+        return FieldError(field + ".activation.activation",
+                          "must be ACTIVATION_RELU or ACTIVATION_GELU");
       }
       return std::make_unique<Activation>(ToActivation(s.activation().activation()));
     case LayerSpec::kDropout:
-      TANDEM_RETURN_IF_ERROR(CheckProbability(s.dropout().probability(), field + ".dropout.probability"));
+      TANDEM_RETURN_IF_ERROR(
+          CheckProbability(s.dropout().probability(), field + ".dropout.probability"));
       return std::make_unique<Dropout>(s.dropout().probability());
     case LayerSpec::kFlatten:
       return std::make_unique<Flatten>();
     case LayerSpec::kLayerNorm:
-      return std::make_unique<LayerNorm>(s.layer_norm().epsilon() > 0 ? s.layer_norm().epsilon() : 1e-5f);
+      return std::make_unique<LayerNorm>(s.layer_norm().epsilon() > 0 ? s.layer_norm().epsilon()
+                                                                      : 1e-5f);
     case LayerSpec::kEmbedding: {
       const auto& e = s.embedding();
       if (e.dim() <= 0) return FieldError(field + ".embedding.dim", "must be > 0");
@@ -220,7 +237,8 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildListLayer(const tandem::v1::LayerSpe
           .vocab_size = e.vocab_size(), .dim = e.dim(), .max_positions = e.max_positions()});
     }
     case LayerSpec::kAttention:
-      if (s.attention().n_head() <= 0) return FieldError(field + ".attention.n_head", "must be > 0");
+      if (s.attention().n_head() <= 0)
+        return FieldError(field + ".attention.n_head", "must be > 0");
       return std::make_unique<Attention>(AttentionOptions{.n_head = s.attention().n_head()});
     case LayerSpec::kTransformerBlock: {
       const auto& t = s.transformer_block();
@@ -231,7 +249,8 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildListLayer(const tandem::v1::LayerSpe
     }
     case LayerSpec::kResidualBlock: {
       const auto& r = s.residual_block();
-      if (r.out_channels() <= 0) return FieldError(field + ".residual_block.out_channels", "must be > 0");
+      if (r.out_channels() <= 0)
+        return FieldError(field + ".residual_block.out_channels", "must be > 0");
       return std::make_unique<ResidualBlock>(ResidualBlockOptions{
           .out_channels = r.out_channels(), .stride = r.stride() > 0 ? r.stride() : 1});
     }
@@ -325,12 +344,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const
     case ModelSpec::kLayers: {
       Layers list;
       if (spec.layers().layers_size() == 0) return FieldError("model.layers.layers", "is empty");
-      if (spec.layers().layers_size() > 4096) return FieldError("model.layers.layers", "at most 4096 layers");
+      if (spec.layers().layers_size() > 4096)
+        return FieldError("model.layers.layers", "at most 4096 layers");
       for (int i = 0; i < spec.layers().layers_size(); ++i) {
         const std::string field = absl::StrCat("model.layers.layers[", i, "]");
         TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
                                 BuildListLayer(spec.layers().layers(i), field));
-        if (!spec.layers().layers(i).name().empty()) layer->set_name(spec.layers().layers(i).name());
+        if (!spec.layers().layers(i).name().empty())
+          layer->set_name(spec.layers().layers(i).name());
         list.push_back(std::move(layer));
       }
       layers = std::move(list);
@@ -382,7 +403,8 @@ absl::Status Model::Finish() {
     param_offsets_.push_back(param_offsets_.back() + AlignElements(layer.ParamCount()));
     buffer_offsets_.push_back(buffer_offsets_.back() + AlignElements(layer.BufferCount()));
     absl::StrAppend(&canonical, "|", layer.kind(), layer.output_shape().ToString());
-    for (const ParamSpec& p : layer.Params()) absl::StrAppend(&canonical, ",", p.name, p.shape.ToString());
+    for (const ParamSpec& p : layer.Params())
+      absl::StrAppend(&canonical, ",", p.name, p.shape.ToString());
   }
   // The loss's logits must match the classes the data provides.
   if (loss_->classes() < data_.num_classes) {
@@ -391,9 +413,10 @@ absl::Status Model::Finish() {
                                                    data_.num_classes));
   }
   if (loss_->positions() != data_.targets_per_sample) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: the output has ", loss_->positions(), " positions per sample but the dataset gives ",
-        data_.targets_per_sample, " targets per sample"));
+    return absl::InvalidArgumentError(absl::StrCat("model: the output has ", loss_->positions(),
+                                                   " positions per sample but the dataset gives ",
+                                                   data_.targets_per_sample,
+                                                   " targets per sample"));
   }
   fingerprint_ = absl::StrFormat("%016x%016x", Fnv1a(canonical, 0xcbf29ce484222325ull),
                                  Fnv1a(canonical, 0x84222325cbf29ce4ull));

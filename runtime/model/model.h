@@ -37,8 +37,7 @@ struct DataInfo {
 // `spec` with every preset size that was left at zero set to its default
 // (mlp hidden [1024, 1024], cnn 32/64/512/k5, resnet 16/3/2, gpt 4/4/256/128 with
 // the dataset's vocabulary), so a job's resolved spec shows what it trains.
-tandem::v1::ModelSpec WithPresetDefaults(const tandem::v1::ModelSpec& spec,
-                                         const DataInfo& data);
+tandem::v1::ModelSpec WithPresetDefaults(const tandem::v1::ModelSpec& spec, const DataInfo& data);
 
 // The gpt preset's context when unset, in tokens.
 constexpr int64_t kDefaultGptContext = 128;

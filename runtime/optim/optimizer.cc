@@ -19,8 +19,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const tandem::v1::O
   std::unique_ptr<Optimizer> opt = Stateless(spec);
   opt->elements_ = elements;
   for (int i = 0; i < opt->state_count(); ++i) {
-    TANDEM_ASSIGN_OR_RETURN(Buffer b, Buffer::Allocate(allocator, elements * 4,
-                                                       MemoryCategory::kOptimizerState));
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer b, Buffer::Allocate(allocator, elements * 4, MemoryCategory::kOptimizerState));
     std::memset(b.data(), 0, elements * 4);
     opt->states_.push_back(std::move(b));
   }
@@ -43,8 +43,8 @@ float Optimizer::LearningRate(int64_t step, int64_t total_steps) const {
   }
   if (spec_.schedule() != tandem::v1::LEARNING_RATE_SCHEDULE_COSINE) return base;
   const int64_t decay_steps = std::max<int64_t>(1, total_steps - spec_.warmup_steps());
-  const double progress =
-      std::min(1.0, static_cast<double>(step - spec_.warmup_steps()) / static_cast<double>(decay_steps));
+  const double progress = std::min(
+      1.0, static_cast<double>(step - spec_.warmup_steps()) / static_cast<double>(decay_steps));
   const double cosine = 0.5 * (1.0 + std::cos(3.141592653589793 * progress));
   return static_cast<float>(spec_.min_learning_rate() +
                             (base - spec_.min_learning_rate()) * cosine);
@@ -54,7 +54,7 @@ const StepConstants& Optimizer::BeginStep(float learning_rate, float grad_scale)
   ++step_;
   StepConstants& c = current_;
   c.kind = spec_.kind() == tandem::v1::OPTIMIZER_KIND_UNSPECIFIED ? tandem::v1::OPTIMIZER_KIND_ADAM
-                                                                   : spec_.kind();
+                                                                  : spec_.kind();
   c.learning_rate = learning_rate;
   c.t = step_;
   c.adam = optim::AdamStep{.lr = learning_rate,

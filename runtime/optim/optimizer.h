@@ -35,8 +35,7 @@ class Optimizer {
   // `elements` floats are allocated from `allocator` as optimizer state (none for
   // plain SGD) and zeroed.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const tandem::v1::OptimizerSpec& spec,
-                                                           int64_t elements,
-                                                           Allocator* allocator);
+                                                           int64_t elements, Allocator* allocator);
   // Without state buffers: for executors that keep moments elsewhere (on a
   // device) and only need the step constants.
   static std::unique_ptr<Optimizer> Stateless(const tandem::v1::OptimizerSpec& spec);

@@ -89,7 +89,8 @@ TEST(AdamTest, VectorPathsMatchScalarOnOddLengths) {
   FillUniform(p1.data(), n, -1, 1, 1, 1);
   FillUniform(g.data(), n, -1, 1, 1, 2);
   p2 = p1;
-  optim::AdamStep step{.lr = 1e-3f, .weight_decay = 0.01f, .decoupled = true, .grad_scale = 0.7f, .t = 3};
+  optim::AdamStep step{
+      .lr = 1e-3f, .weight_decay = 0.01f, .decoupled = true, .grad_scale = 0.7f, .t = 3};
   optim::AdamUpdate(p1.data(), g.data(), m1.data(), v1.data(), n, step);
   for (int64_t i = 0; i < n; i += 9973) {
     optim::AdamUpdate(p2.data() + i, g.data() + i, m2.data() + i, v2.data() + i, 1, step);

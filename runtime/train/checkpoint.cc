@@ -80,7 +80,8 @@ absl::StatusOr<int64_t> AtomicWrite(const std::string& path, Writer write) {
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  return AtomicWrite(path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size(), nullptr, path); })
+  return AtomicWrite(
+             path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size(), nullptr, path); })
       .status();
 }
 
@@ -137,9 +138,9 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
   std::memcpy(&version, bytes.data() + sizeof(kMagic), 4);
   std::memcpy(&header_len, bytes.data() + sizeof(kMagic) + 4, 8);
   if (version != kFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint '", path, "' has format version ", version, "; this build reads ",
-                     kFormatVersion));
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", path, "' has format version ",
+                                                      version, "; this build reads ",
+                                                      kFormatVersion));
   }
   if (header_len > bytes.size() - fixed - 4) {
     return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has a bad header length"));
@@ -149,9 +150,9 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
     return absl::DataLossError(absl::StrCat("checkpoint '", path, "' has an unreadable header"));
   }
   if (!fingerprint.empty() && header.model_fingerprint() != fingerprint) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint '", path, "' belongs to model ", header.model_fingerprint(),
-                     ", not ", fingerprint));
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint '", path, "' belongs to model ",
+                                                      header.model_fingerprint(), ", not ",
+                                                      fingerprint));
   }
   const char* data = bytes.data() + fixed + header_len;
   const int64_t data_bytes = static_cast<int64_t>(bytes.size() - fixed - header_len - 4);

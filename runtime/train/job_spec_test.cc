@@ -60,19 +60,20 @@ TEST_P(InvalidSpecTest, NamesTheField) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fields, InvalidSpecTest,
-    testing::Values(BadCase{"training: {batch_size: -1}", "training.batch_size"},
-                    BadCase{"training: {batch_size: 100000}", "training.batch_size"},
-                    BadCase{"training: {steps: -5}", "training.steps"},
-                    BadCase{"training: {epochs: -1}", "training.epochs"},
-                    BadCase{"optimizer: {learning_rate: -1}", "optimizer.learning_rate"},
-                    BadCase{"optimizer: {beta1: 1.5}", "optimizer.beta1"},
-                    BadCase{"optimizer: {weight_decay: -0.1}", "optimizer.weight_decay"},
-                    BadCase{"placement: {micro_batch_size: 3}", "placement.micro_batch_size"},
-                    BadCase{"placement: {strategy: STRATEGY_GPU_ONLY, accelerator: ACCELERATOR_KIND_NONE}",
-                            "placement.strategy"},
-                    BadCase{"resources: {host_memory_bytes: -1}", "resources.host_memory_bytes"},
-                    BadCase{"priority: 5000", "priority"},
-                    BadCase{"training: {threads: -2}", "training.threads"}));
+    testing::Values(
+        BadCase{"training: {batch_size: -1}", "training.batch_size"},
+        BadCase{"training: {batch_size: 100000}", "training.batch_size"},
+        BadCase{"training: {steps: -5}", "training.steps"},
+        BadCase{"training: {epochs: -1}", "training.epochs"},
+        BadCase{"optimizer: {learning_rate: -1}", "optimizer.learning_rate"},
+        BadCase{"optimizer: {beta1: 1.5}", "optimizer.beta1"},
+        BadCase{"optimizer: {weight_decay: -0.1}", "optimizer.weight_decay"},
+        BadCase{"placement: {micro_batch_size: 3}", "placement.micro_batch_size"},
+        BadCase{"placement: {strategy: STRATEGY_GPU_ONLY, accelerator: ACCELERATOR_KIND_NONE}",
+                "placement.strategy"},
+        BadCase{"resources: {host_memory_bytes: -1}", "resources.host_memory_bytes"},
+        BadCase{"priority: 5000", "priority"},
+        BadCase{"training: {threads: -2}", "training.threads"}));
 
 TEST(JobSpecTest, MissingModelAndDataAreNamed) {
   tandem::v1::JobSpec spec;
@@ -104,7 +105,8 @@ TEST(JobSpecTest, ModelErrorsNameThePresetField) {
 model: {gpt: {n_head: 3, d_model: 32}}
 data: {synthetic: {sample_shape: [8], num_classes: 10, tokens: true}}
 training: {batch_size: 4, steps: 2}
-)", "gpt.yaml");
+)",
+                                                          "gpt.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, false);
   ASSERT_TRUE(r.ok());

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -36,11 +36,12 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, kCheckpointPrefix) || !absl::EndsWith(name, kCheckpointSuffix)) continue;
+    if (!absl::StartsWith(name, kCheckpointPrefix) || !absl::EndsWith(name, kCheckpointSuffix))
+      continue;
     int64_t step;
-    const std::string digits = name.substr(std::strlen(kCheckpointPrefix),
-                                           name.size() - std::strlen(kCheckpointPrefix) -
-                                               std::strlen(kCheckpointSuffix));
+    const std::string digits =
+        name.substr(std::strlen(kCheckpointPrefix),
+                    name.size() - std::strlen(kCheckpointPrefix) - std::strlen(kCheckpointSuffix));
     if (absl::SimpleAtoi(digits, &step)) out.emplace_back(step, entry.path().string());
   }
   std::sort(out.begin(), out.end(), std::greater<>());
@@ -64,15 +65,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   }
   const auto& training = t->resolved_.training();
   if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
-  TANDEM_ASSIGN_OR_RETURN(t->data_, OpenDatasets(t->resolved_.data(), training.seed(),
-                                                 t->options_.resolve_path,
-                                                 ModelContext(t->resolved_)));
+  TANDEM_ASSIGN_OR_RETURN(
+      t->data_, OpenDatasets(t->resolved_.data(), training.seed(), t->options_.resolve_path,
+                             ModelContext(t->resolved_)));
   TANDEM_ASSIGN_OR_RETURN(t->model_, Model::Build(t->resolved_.model(), t->data_.train->info()));
   *t->resolved_.mutable_model() = WithPresetDefaults(t->resolved_.model(), t->data_.train->info());
 
   t->host_allocator_ = t->options_.host_allocator;
   if (t->host_allocator_ == nullptr) {
-    t->owned_allocator_ = std::make_unique<HostAllocator>(t->resolved_.resources().host_memory_bytes());
+    t->owned_allocator_ =
+        std::make_unique<HostAllocator>(t->resolved_.resources().host_memory_bytes());
     t->host_allocator_ = t->owned_allocator_.get();
   }
   const int64_t max_batch = std::max(training.batch_size(), training.eval_batch_size());
@@ -80,9 +82,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
     TANDEM_ASSIGN_OR_RETURN(t->runner_, t->options_.make_runner(*t->model_, t->resolved_, max_batch,
                                                                 t->host_allocator_));
   } else {
-    TANDEM_ASSIGN_OR_RETURN(t->runner_, CpuRunner::Create(*t->model_, t->resolved_.optimizer(),
-                                                          max_batch, training.seed(),
-                                                          t->host_allocator_));
+    TANDEM_ASSIGN_OR_RETURN(t->runner_,
+                            CpuRunner::Create(*t->model_, t->resolved_.optimizer(), max_batch,
+                                              training.seed(), t->host_allocator_));
   }
   t->runner_->set_timing_sink(t->options_.timing_sink);
   t->metrics_.set_predicted_step_seconds(t->runner_->plan().prediction().iteration_seconds());
@@ -115,14 +117,16 @@ absl::Status Trainer::LoadNewestCheckpoint() {
   std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
                                       {"buffers", state.buffers, model_->buffer_elements()}};
   for (size_t i = 0; i < state.moments.size(); ++i) {
-    tensors.push_back({absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
+    tensors.push_back(
+        {absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
   }
   for (const auto& [step, path] : ListCheckpoints(options_.checkpoint_dir)) {
     absl::StatusOr<tandem::v1::CheckpointHeader> header =
         ReadCheckpoint(path, model_->fingerprint(), tensors);
     if (!header.ok()) {
       // A damaged newest checkpoint falls back to the previous one.
-      Log(tandem::v1::LOG_SEVERITY_WARNING, absl::StrCat("skipping checkpoint: ", header.status().message()));
+      Log(tandem::v1::LOG_SEVERITY_WARNING,
+          absl::StrCat("skipping checkpoint: ", header.status().message()));
       if (header.status().code() == absl::StatusCode::kFailedPrecondition) return header.status();
       continue;
     }
@@ -157,7 +161,8 @@ absl::Status Trainer::SaveCheckpoint() {
   std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
                                       {"buffers", state.buffers, model_->buffer_elements()}};
   for (size_t i = 0; i < state.moments.size(); ++i) {
-    tensors.push_back({absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
+    tensors.push_back(
+        {absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
   }
   const std::string path = absl::StrFormat("%s/%s%010d%s", options_.checkpoint_dir,
                                            kCheckpointPrefix, step_, kCheckpointSuffix);
@@ -272,7 +277,8 @@ absl::Status Trainer::Run() {
       window_samples = 0;
     }
     metrics_.set_train_seconds(now - run_start);
-    metrics_.set_mean_samples_per_second(static_cast<double>(run_samples) / std::max(now - run_start, 1e-9));
+    metrics_.set_mean_samples_per_second(static_cast<double>(run_samples) /
+                                         std::max(now - run_start, 1e-9));
     metrics_.set_measured_step_seconds(run_step_seconds / static_cast<double>(run_steps));
     if (step_ < total_steps_) {
       if (training.eval_interval_steps() > 0 && step_ % training.eval_interval_steps() == 0) {

@@ -27,7 +27,8 @@ data:
   synthetic: {sample_shape: [12], num_classes: 4, train_samples: 200, test_samples: 64}
 optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}
 training: {batch_size: 16, steps: 30, seed: 5, checkpoint_interval_steps: 4}
-)", "test.yaml");
+)",
+                                                          "test.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   spec->mutable_training()->set_steps(steps);
   return *spec;
@@ -102,8 +103,8 @@ TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
 TEST(TrainerTest, NonFiniteLossFailsWithAClearError) {
   // A weight poisoned with NaN, as a diverging run ends up: the first loss is NaN.
   RunnerFactory poisoned = [](const Model& model, const tandem::v1::JobSpec& spec,
-                              int64_t max_batch, Allocator* allocator)
-      -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+                              int64_t max_batch,
+                              Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     absl::StatusOr<std::unique_ptr<CpuRunner>> r =
         CpuRunner::Create(model, spec.optimizer(), max_batch, 1, allocator);
     if (!r.ok()) return r.status();
@@ -113,7 +114,8 @@ TEST(TrainerTest, NonFiniteLossFailsWithAClearError) {
   };
   const TrainRun run = Train(SyntheticMlp(5), "", -1, poisoned);
   EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << run.status;
-  EXPECT_NE(run.status.message().find("loss became NaN at step 1"), std::string::npos) << run.status;
+  EXPECT_NE(run.status.message().find("loss became NaN at step 1"), std::string::npos)
+      << run.status;
   EXPECT_NE(run.status.message().find("learning_rate"), std::string::npos) << run.status;
 }
 
@@ -123,7 +125,8 @@ model: {gpt: {n_layer: 2, n_head: 2, d_model: 32, context: 16}}
 data: {synthetic: {sample_shape: [16], num_classes: 20, tokens: true, train_samples: 256}}
 optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.003}
 training: {batch_size: 16, steps: 60, seed: 2, checkpoint_disabled: true}
-)", "gpt.yaml");
+)",
+                                                          "gpt.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   const TrainRun run = Train(*spec, "");
   ASSERT_TRUE(run.status.ok()) << run.status;

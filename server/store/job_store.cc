@@ -37,8 +37,12 @@ class Statement {
   ~Statement() { sqlite3_finalize(stmt_); }
   bool ok() const { return stmt_ != nullptr; }
   sqlite3_stmt* get() { return stmt_; }
-  void Bind(int i, const std::string& s) { sqlite3_bind_text(stmt_, i, s.data(), s.size(), SQLITE_TRANSIENT); }
-  void BindBlob(int i, const std::string& s) { sqlite3_bind_blob(stmt_, i, s.data(), s.size(), SQLITE_TRANSIENT); }
+  void Bind(int i, const std::string& s) {
+    sqlite3_bind_text(stmt_, i, s.data(), s.size(), SQLITE_TRANSIENT);
+  }
+  void BindBlob(int i, const std::string& s) {
+    sqlite3_bind_blob(stmt_, i, s.data(), s.size(), SQLITE_TRANSIENT);
+  }
   void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
   void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
   int Step() { return sqlite3_step(stmt_); }
@@ -91,7 +95,8 @@ absl::Status WriteJobRow(sqlite3* db, const Job& job, bool insert) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", job.request_id(), "' is taken"));
   }
   if (rc != SQLITE_DONE) return SqlError(db, insert ? "insert job" : "update job");
-  if (!insert && sqlite3_changes(db) != 1) return absl::NotFoundError(absl::StrCat("no job ", job.id()));
+  if (!insert && sqlite3_changes(db) != 1)
+    return absl::NotFoundError(absl::StrCat("no job ", job.id()));
   return absl::OkStatus();
 }
 
@@ -119,7 +124,8 @@ struct JobStore::Writer {
 
 int64_t JobStore::SequenceOf(const std::string& job_id) {
   int64_t seq = 0;
-  if (job_id.size() > 4 && job_id.compare(0, 4, "job-") == 0 && absl::SimpleAtoi(job_id.substr(4), &seq)) {
+  if (job_id.size() > 4 && job_id.compare(0, 4, "job-") == 0 &&
+      absl::SimpleAtoi(job_id.substr(4), &seq)) {
     return seq;
   }
   return 0;
@@ -132,7 +138,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   TANDEM_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL"));
   // FULL: in WAL mode, every commit fsyncs the log before returning. NORMAL: the
   // log is written (so it survives the process) and fsynced at checkpoints.
-  TANDEM_RETURN_IF_ERROR(Exec(db, sync == Sync::kFull ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
+  TANDEM_RETURN_IF_ERROR(
+      Exec(db, sync == Sync::kFull ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"));
   TANDEM_RETURN_IF_ERROR(Exec(db, R"sql(
     CREATE TABLE IF NOT EXISTS jobs (
       seq INTEGER PRIMARY KEY,
@@ -241,7 +248,8 @@ absl::StatusOr<std::optional<Job>> JobStore::GetJob(const std::string& id) {
   if (rc == SQLITE_DONE) return std::optional<Job>();
   if (rc != SQLITE_ROW) return SqlError(read_db_, "get job");
   Job job;
-  if (!job.ParseFromString(s.Blob(0))) return absl::DataLossError(absl::StrCat("job store: job ", id, " is unreadable"));
+  if (!job.ParseFromString(s.Blob(0)))
+    return absl::DataLossError(absl::StrCat("job store: job ", id, " is unreadable"));
   return std::optional<Job>(std::move(job));
 }
 
@@ -268,7 +276,9 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobFilter& filter) {
   absl::MutexLock lock(&read_mu_);
   JobPage page;
   // Labels are matched after decoding, so the total honours them too.
-  Statement s(read_db_, absl::StrCat("SELECT seq, job FROM jobs WHERE ", where, " ORDER BY seq DESC").c_str());
+  Statement s(
+      read_db_,
+      absl::StrCat("SELECT seq, job FROM jobs WHERE ", where, " ORDER BY seq DESC").c_str());
   if (!s.ok()) return SqlError(read_db_, "prepare list");
   bool more = false;
   int rc;
@@ -312,11 +322,12 @@ absl::StatusOr<std::vector<Job>> JobStore::LoadUnfinished() {
   return jobs;
 }
 
-absl::StatusOr<std::vector<JobEvent>> JobStore::ReadEvents(const std::string& job_id,
-                                                           uint64_t from, int max) {
+absl::StatusOr<std::vector<JobEvent>> JobStore::ReadEvents(const std::string& job_id, uint64_t from,
+                                                           int max) {
   absl::MutexLock lock(&read_mu_);
-  Statement s(read_db_,
-              "SELECT event FROM events WHERE job_seq = ? AND sequence >= ? ORDER BY sequence LIMIT ?");
+  Statement s(
+      read_db_,
+      "SELECT event FROM events WHERE job_seq = ? AND sequence >= ? ORDER BY sequence LIMIT ?");
   if (!s.ok()) return SqlError(read_db_, "prepare events");
   s.Bind(1, SequenceOf(job_id));
   s.Bind(2, static_cast<int64_t>(from));
@@ -337,7 +348,8 @@ absl::StatusOr<std::map<tandem::v1::JobState, int64_t>> JobStore::CountByState()
   if (!s.ok()) return SqlError(read_db_, "prepare count");
   std::map<tandem::v1::JobState, int64_t> counts;
   int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) counts[static_cast<tandem::v1::JobState>(s.Int(0))] = s.Int(1);
+  while ((rc = s.Step()) == SQLITE_ROW)
+    counts[static_cast<tandem::v1::JobState>(s.Int(0))] = s.Int(1);
   if (rc != SQLITE_DONE) return SqlError(read_db_, "count jobs");
   return counts;
 }

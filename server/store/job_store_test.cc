@@ -71,7 +71,10 @@ TEST(JobStoreTest, ConcurrentInsertsAreGroupCommittedWithoutLoss) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 25; ++i) {
-        if (!store->InsertJob(NewJob("t" + std::to_string(t) + "-" + std::to_string(i)), {StateEvent(1)}).ok()) {
+        if (!store
+                 ->InsertJob(NewJob("t" + std::to_string(t) + "-" + std::to_string(i)),
+                             {StateEvent(1)})
+                 .ok()) {
           ++failures;
         }
       }

@@ -1,5 +1,4 @@
 #include "runtime/cuda/kernels/activation.h"
-
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {

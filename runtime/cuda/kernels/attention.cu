@@ -1,5 +1,4 @@
 #include "runtime/cuda/kernels/attention.h"
-
 #include "runtime/cuda/kernels/device_util.h"
 
 namespace tandem::cuda {

@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/elementwise.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/elementwise.h"
 
 namespace tandem::cuda {
 namespace {
@@ -51,8 +50,7 @@ cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N,
-                       cudaStream_t stream) {
+cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream) {
   AddKernel<<<GridSize(N), kBlockSize, 0, stream>>>(out, a, b, N);
   return cudaGetLastError();
 }
@@ -67,16 +65,15 @@ cudaError_t CopyOrAccumulate(float* dinp, const float* dout, int64_t N, bool acc
   return cudaGetLastError();
 }
 
-cudaError_t BroadcastBias(float* out, const float* bias, int64_t batch, int64_t rows,
-                          int64_t cols, int64_t ld, int64_t batch_stride, bool accumulate,
-                          cudaStream_t stream) {
+cudaError_t BroadcastBias(float* out, const float* bias, int64_t batch, int64_t rows, int64_t cols,
+                          int64_t ld, int64_t batch_stride, bool accumulate, cudaStream_t stream) {
   BroadcastBiasKernel<<<GridSize(batch * rows * cols), kBlockSize, 0, stream>>>(
       out, bias, batch, rows, cols, ld, batch_stride, accumulate);
   return cudaGetLastError();
 }
 
-cudaError_t ColumnSum(float* dbias, const float* dout, int64_t rows, int64_t cols,
-                      bool accumulate, cudaStream_t stream) {
+cudaError_t ColumnSum(float* dbias, const float* dout, int64_t rows, int64_t cols, bool accumulate,
+                      cudaStream_t stream) {
   if (cols == 0) return cudaSuccess;
   ColumnSumKernel<<<ColumnReduceGrid(cols), ColumnReduceBlock(), 0, stream>>>(dbias, dout, rows,
                                                                               cols, accumulate);

@@ -6,9 +6,9 @@
 #ifndef TANDEM_RUNTIME_CUDA_KERNELS_ELEMENTWISE_H_
 #define TANDEM_RUNTIME_CUDA_KERNELS_ELEMENTWISE_H_
 
-#include <cstdint>
-
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace tandem::cuda {
 
@@ -18,8 +18,7 @@ cudaError_t FillF32(float* out, float value, int64_t n, cudaStream_t stream);
 cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream);
 
 // Residual add, forward: out = a + b (N = B*T*C elements; any may alias).
-cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N,
-                       cudaStream_t stream);
+cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);
 // Residual add, backward for one input: dinp (+)= dout (a copy when !accumulate;
 // nothing to do when dinp == dout and !accumulate).
 cudaError_t CopyOrAccumulate(float* dinp, const float* dout, int64_t N, bool accumulate,
@@ -28,14 +27,13 @@ cudaError_t CopyOrAccumulate(float* dinp, const float* dout, int64_t N, bool acc
 // Bias, forward: out[b][r][c] (+)= bias[c] for r < rows, c < cols, over `batch`
 // matrices of row stride ld and batch stride batch_stride (elements). Without
 // accumulate the rows are overwritten with the bias.
-cudaError_t BroadcastBias(float* out, const float* bias, int64_t batch, int64_t rows,
-                          int64_t cols, int64_t ld, int64_t batch_stride, bool accumulate,
-                          cudaStream_t stream);
+cudaError_t BroadcastBias(float* out, const float* bias, int64_t batch, int64_t rows, int64_t cols,
+                          int64_t ld, int64_t batch_stride, bool accumulate, cudaStream_t stream);
 // Bias, backward: dbias[c] (+)= sum_r dout[r][c], dout [rows, cols]. The sum
 // order is fixed (32 strided partial sums added in a tree), so the result is the
 // same on every run, though not bitwise the CPU's.
-cudaError_t ColumnSum(float* dbias, const float* dout, int64_t rows, int64_t cols,
-                      bool accumulate, cudaStream_t stream);
+cudaError_t ColumnSum(float* dbias, const float* dout, int64_t rows, int64_t cols, bool accumulate,
+                      cudaStream_t stream);
 
 }  // namespace tandem::cuda
 

@@ -1,8 +1,7 @@
-#include "runtime/cuda/kernels/embedding.h"
-
 #include <cub/device/device_radix_sort.cuh>
 
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/embedding.h"
 
 namespace tandem::cuda {
 namespace {

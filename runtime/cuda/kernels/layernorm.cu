@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/layernorm.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/layernorm.h"
 
 namespace tandem::cuda {
 namespace {

@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/optimizer.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/optimizer.h"
 
 namespace tandem::cuda {
 namespace {

@@ -1,6 +1,5 @@
-#include "runtime/cuda/kernels/softmax.h"
-
 #include "runtime/cuda/kernels/device_util.h"
+#include "runtime/cuda/kernels/softmax.h"
 
 namespace tandem::cuda {
 namespace {

@@ -24,12 +24,13 @@ run: deps
 	exec bazel-bin/server/tandemd --listen=$(LISTEN) --metrics_listen=$(METRICS_LISTEN) \
 	  --state_dir="$(STATE_DIR)" --data_root="$(DATA_ROOT)"
 
-# Every test, then the executor's randomised stress again under ThreadSanitizer;
-# ends with GoogleTest-style totals over all test cases.
+# The format check, every test, then the executor's randomised stress again
+# under ThreadSanitizer; ends with GoogleTest-style totals over all test cases.
 TSAN_TESTS := //runtime/exec:plan_executor_stress_test
 
 test: deps
-	$(BAZEL) test --config=tsan $(TSAN_TESTS); status=$$?; \
+	tools/check_format.sh; status=$$?; \
+	  $(BAZEL) test --config=tsan $(TSAN_TESTS) || status=1; \
 	  $(BAZEL) test //... || status=1; \
 	  /usr/bin/python3 tools/test_summary.py --extra=bazel-out/k8-opt-tsan/testlogs || status=1; \
 	  exit $$status

@@ -102,7 +102,7 @@
 // Reuse distance of layer l: the stall-free program time between the end of
 // BACKWARD(l, M-1) (of its own UPDATE when that follows on the accelerator)
 // and the start of the next iteration's FORWARD(l, 0), i.e.
-// the durations of the compute spans between them (DESIGN.md). Slack: reuse
+// the durations of the compute spans between them (docs/planning.md). Slack: reuse
 // distance (+ one iteration with delayed updates) minus the time from that
 // backward's end until the updated weights are back (end of PARAMETER_H2D,
 // or update end + copy time for streamed layers); 0 for layers that update

@@ -1,4 +1,4 @@
-// The strategies the planner offers (DESIGN.md, "A plan"). Each fills a
+// The strategies the planner offers (docs/planning.md, "What a plan decides"). Each fills a
 // Schedule under the budgets and takes its prediction only from the
 // simulator:
 //

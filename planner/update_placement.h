@@ -1,6 +1,6 @@
 // The reuse_distance decision: which layers update on the accelerator (their
 // optimizer state moves there) and which on the host, minimising the
-// iteration time under the accelerator memory budget (DESIGN.md, "Reuse
+// iteration time under the accelerator memory budget (docs/planning.md, "Reuse
 // distance"; CoTrain's fine-grained scheme).
 //
 // Two solvers share one local search:

@@ -232,7 +232,7 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     // It computes on the host's cores, copies at memcpy speed (two bytes of
     // traffic per byte moved) or at its cap. It shares those cores with host
     // work, which the planner does not model: its plans there are correct but
-    // their predicted overlap is optimistic. Never a GPU figure (DESIGN.md).
+    // their predicted overlap is optimistic. Never a GPU figure (docs/planning.md).
     *accel = node.host;
     accel->set_kind(tandem::v1::DEVICE_KIND_EMULATED);
     accel->set_name("emulated accelerator (host cores)");

@@ -73,7 +73,7 @@ build_packages=(
 )
 test_packages=(
   python3 python3-grpcio python3-protobuf python3-yaml prometheus
-  dataset-fashion-mnist vim-runtime ca-certificates openssl procps systemd
+  dataset-fashion-mnist vim-runtime ca-certificates openssl procps systemd clang-format
 )
 bench_packages=(
   python3-torch libopenblas0-pthread linux-perf

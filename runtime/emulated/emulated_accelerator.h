@@ -1,4 +1,4 @@
-// The emulated accelerator (DESIGN.md, "Devices"): for tests and CPU-only
+// The emulated accelerator (docs/planning.md, "The emulated accelerator"): for tests and CPU-only
 // development, never reported as a GPU. Its memory is a separate arena of host
 // memory with a hard capacity; its compute runs the CPU kernels on that memory
 // from the executor's compute thread; its link to the host is a copy engine

@@ -1,7 +1,7 @@
 // A layer of a model chain: forward and backward on one batch, its parameters as
 // a slice of the model's contiguous buffers, and its analytic costs.
 //
-// A model is a chain of layers 1..L (DESIGN.md); the output of layer l is the
+// A model is a chain of layers 1..L (docs/planning.md); the output of layer l is the
 // input of layer l+1 and is kept by the caller for backward, so a layer's
 // `Backward` receives its input `x` and output `y` again. Anything else a layer
 // needs from forward for backward it writes into `saved` (SavedBytes(batch)

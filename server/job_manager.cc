@@ -558,95 +558,15 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     entry->allocator = std::make_unique<HostAllocator>(
         entry->estimate.host_bytes - entry->estimate.data_bytes - entry->estimate.emulated_bytes);
   }
-  const std::string id = job.id();
-  const prometheus::Labels labels = {{"job_id", id}};
-  auto& step_duration =
-      metrics_->job_step_duration.Add(labels, metrics_->job_step_duration_buckets);
-  auto& steps_total = metrics_->job_steps.Add(labels);
-
-  TrainerOptions options;
-  options.job_id = id;
-  options.checkpoint_dir = absl::StrCat(options_.state_dir, "/jobs/", id, "/checkpoints");
-  options.resume = true;
-  const PathPolicy& policy = options_.data_policy;
-  options.resolve_path = [&policy](const std::string& f, const std::string& p) {
-    return policy.Resolve(f, p);
-  };
-  options.has_accelerator = options_.has_accelerator;
-  options.threads = job.resolved_spec().training().threads() > 0
-                        ? job.resolved_spec().training().threads()
-                        : options_.default_threads;
-  options.host_allocator = entry->allocator.get();
   // The spec, plan and model of submission: resolved and planned then, not again.
   const bool resolved =
       job.resolved_spec().model().model_case() != tandem::v1::ModelSpec::MODEL_NOT_SET;
-  options.spec_resolved = resolved;
-  options.make_runner = options_.make_runner;
-  if (!options.make_runner && options_.node) {
-    options.make_runner = MakeRunnerFactory(
-        *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt);
-  }
-
-  TrainerCallbacks callbacks;
-  callbacks.on_step = [&](const JobEvent::StepProgress& p) {
-    JobEvent e;
-    *e.mutable_step() = p;
-    AppendEvent(*entry, e);
-    step_duration.Observe(p.step_seconds());
-    absl::MutexLock lock(&mu_);
-    auto* progress = entry->job.mutable_progress();
-    steps_total.Increment(static_cast<double>(p.step() - progress->step()));
-    progress->set_step(p.step());
-    progress->set_total_steps(p.total_steps());
-    progress->set_epoch(p.epoch());
-    progress->set_fraction(p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps()
-                                               : 0);
-    progress->set_eta_seconds(p.eta_seconds());
-    auto* m = entry->job.mutable_metrics();
-    m->set_loss(p.loss());
-    m->set_samples_per_second(p.samples_per_second());
-    m->set_step_seconds(p.step_seconds());
-    entry->job.set_last_event_sequence(entry->log->last_sequence());
-    UpdateJobMetrics(*entry);
-  };
-  callbacks.on_eval = [&](const JobEvent::EvalResult& r) {
-    JobEvent e;
-    *e.mutable_eval() = r;
-    AppendEvent(*entry, e);
-    absl::MutexLock lock(&mu_);
-    entry->job.mutable_metrics()->set_eval_loss(r.loss());
-    entry->job.mutable_metrics()->set_eval_accuracy(r.accuracy());
-    entry->job.mutable_metrics()->set_eval_step(r.step());
-    UpdateJobMetrics(*entry);
-  };
-  callbacks.on_log = [&](tandem::v1::LogSeverity severity, const std::string& message) {
-    JobEvent e;
-    e.mutable_log()->set_severity(severity);
-    e.mutable_log()->set_message(message);
-    AppendEvent(*entry, e);
-  };
-  callbacks.on_checkpoint = [&](const JobEvent::CheckpointSaved& c) {
-    JobEvent e;
-    *e.mutable_checkpoint() = c;
-    AppendEvent(*entry, e);
-    FlushEvents();
-    absl::MutexLock lock(&mu_);
-    entry->job.set_checkpoint_step(c.step());
-    entry->job.set_checkpoint_path(c.path());
-    *entry->job.mutable_update_time() = TimeUtil::GetCurrentTime();
-    // The record on disk follows checkpoints, so a recovered job reports where it resumes.
-    const absl::Status s = store_->UpdateJob(entry->job);
-    if (!s.ok())
-      std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", id.c_str(),
-                   s.ToString().c_str());
-  };
-  callbacks.should_stop = [&] { return entry->stop.load(); };
-
   absl::Status status;
   std::unique_ptr<Trainer> trainer;
   {
     absl::StatusOr<std::unique_ptr<Trainer>> created =
-        Trainer::Create(resolved ? job.resolved_spec() : job.spec(), options, callbacks);
+        Trainer::Create(resolved ? job.resolved_spec() : job.spec(),
+                        TrainerOptionsFor(job, *entry, resolved), CallbacksFor(entry));
     if (created.ok()) {
       trainer = std::move(*created);
       TrackTelemetry(*entry, trainer.get());
@@ -656,10 +576,132 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     }
   }
   FlushEvents();
-
   absl::MutexLock lock(&mu_);
-  Job& record = entry->job;
-  if (trainer) {
+  FinishRun(*entry, trainer.get(), status);
+  // The trainer's buffers belong to the job's allocator: free them first, and
+  // both before the scheduler may hand the memory to another job.
+  trainer.reset();
+  entry->allocator.reset();
+  dirty_ = true;
+}
+
+TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool resolved) {
+  TrainerOptions options;
+  options.job_id = job.id();
+  options.checkpoint_dir = absl::StrCat(options_.state_dir, "/jobs/", job.id(), "/checkpoints");
+  options.resume = true;
+  const PathPolicy& policy = options_.data_policy;
+  options.resolve_path = [&policy](const std::string& f, const std::string& p) {
+    return policy.Resolve(f, p);
+  };
+  options.has_accelerator = options_.has_accelerator;
+  options.threads = job.resolved_spec().training().threads() > 0
+                        ? job.resolved_spec().training().threads()
+                        : options_.default_threads;
+  options.host_allocator = entry.allocator.get();
+  options.spec_resolved = resolved;
+  options.make_runner = options_.make_runner;
+  if (!options.make_runner && options_.node) {
+    options.make_runner = MakeRunnerFactory(
+        *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt);
+  }
+  return options;
+}
+
+TrainerCallbacks JobManager::CallbacksFor(std::shared_ptr<Entry> entry) {
+  const prometheus::Labels labels = {{"job_id", entry->job.id()}};
+  prometheus::Histogram* step_duration =
+      &metrics_->job_step_duration.Add(labels, metrics_->job_step_duration_buckets);
+  prometheus::Counter* steps_total = &metrics_->job_steps.Add(labels);
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [this, entry, step_duration, steps_total](const JobEvent::StepProgress& p) {
+    JobEvent e;
+    *e.mutable_step() = p;
+    AppendEvent(*entry, e);
+    step_duration->Observe(p.step_seconds());
+    RecordStep(*entry, p, *steps_total);
+  };
+  callbacks.on_eval = [this, entry](const JobEvent::EvalResult& r) {
+    JobEvent e;
+    *e.mutable_eval() = r;
+    AppendEvent(*entry, e);
+    absl::MutexLock lock(&mu_);
+    entry->job.mutable_metrics()->set_eval_loss(r.loss());
+    entry->job.mutable_metrics()->set_eval_accuracy(r.accuracy());
+    entry->job.mutable_metrics()->set_eval_step(r.step());
+    UpdateJobMetrics(*entry);
+  };
+  callbacks.on_log = [this, entry](tandem::v1::LogSeverity severity, const std::string& message) {
+    JobEvent e;
+    e.mutable_log()->set_severity(severity);
+    e.mutable_log()->set_message(message);
+    AppendEvent(*entry, e);
+  };
+  callbacks.on_checkpoint = [this, entry](const JobEvent::CheckpointSaved& c) {
+    JobEvent e;
+    *e.mutable_checkpoint() = c;
+    AppendEvent(*entry, e);
+    FlushEvents();
+    RecordCheckpoint(*entry, c);
+  };
+  callbacks.should_stop = [entry] { return entry->stop.load(); };
+  return callbacks;
+}
+
+void JobManager::RecordStep(Entry& entry, const JobEvent::StepProgress& p,
+                            prometheus::Counter& steps_total) {
+  absl::MutexLock lock(&mu_);
+  auto* progress = entry.job.mutable_progress();
+  steps_total.Increment(static_cast<double>(p.step() - progress->step()));
+  progress->set_step(p.step());
+  progress->set_total_steps(p.total_steps());
+  progress->set_epoch(p.epoch());
+  progress->set_fraction(p.total_steps() > 0 ? static_cast<double>(p.step()) / p.total_steps() : 0);
+  progress->set_eta_seconds(p.eta_seconds());
+  auto* m = entry.job.mutable_metrics();
+  m->set_loss(p.loss());
+  m->set_samples_per_second(p.samples_per_second());
+  m->set_step_seconds(p.step_seconds());
+  entry.job.set_last_event_sequence(entry.log->last_sequence());
+  UpdateJobMetrics(entry);
+}
+
+void JobManager::RecordCheckpoint(Entry& entry, const JobEvent::CheckpointSaved& c) {
+  absl::MutexLock lock(&mu_);
+  entry.job.set_checkpoint_step(c.step());
+  entry.job.set_checkpoint_path(c.path());
+  *entry.job.mutable_update_time() = TimeUtil::GetCurrentTime();
+  // The record on disk follows checkpoints, so a recovered job reports where it resumes.
+  const absl::Status s = store_->UpdateJob(entry.job);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", entry.job.id().c_str(),
+                 s.ToString().c_str());
+  }
+}
+
+// The state a run leaves its job in, and why.
+std::pair<JobState, std::string> JobManager::EndOfRun(const Entry& entry,
+                                                      const absl::Status& status) {
+  const Job& record = entry.job;
+  if (status.ok()) {
+    return {tandem::v1::JOB_STATE_SUCCEEDED,
+            absl::StrFormat("finished %d steps", record.progress().step())};
+  }
+  if (status.code() == absl::StatusCode::kCancelled && entry.cancel_requested) {
+    return {tandem::v1::JOB_STATE_CANCELLED, entry.cancel_reason};
+  }
+  if (status.code() == absl::StatusCode::kCancelled) {
+    return {
+        tandem::v1::JOB_STATE_QUEUED,
+        absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
+                     record.checkpoint_step())};
+  }
+  return {tandem::v1::JOB_STATE_FAILED, std::string(status.message())};
+}
+
+void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& status) {
+  Job& record = entry.job;
+  if (trainer != nullptr) {
     *record.mutable_progress() = trainer->progress();
     *record.mutable_metrics() = trainer->metrics();
     record.set_checkpoint_step(trainer->checkpoint_step());
@@ -667,42 +709,27 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     *record.mutable_plan() = trainer->runner().plan();
     *record.mutable_measured_timeline() = trainer->runner().last_timeline();
   }
-  reserved_host_ -= entry->estimate.host_bytes;
-  reserved_accelerator_ -= entry->estimate.accelerator_bytes;
+  reserved_host_ -= entry.estimate.host_bytes;
+  reserved_accelerator_ -= entry.estimate.accelerator_bytes;
   metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
-  entry->running = false;
+  entry.running = false;
   --running_;
-  JobState next;
-  std::string reason;
-  if (status.ok()) {
-    next = tandem::v1::JOB_STATE_SUCCEEDED;
-    reason = absl::StrFormat("finished %d steps", record.progress().step());
-  } else if (status.code() == absl::StatusCode::kCancelled && entry->cancel_requested) {
-    next = tandem::v1::JOB_STATE_CANCELLED;
-    reason = entry->cancel_reason;
-  } else if (status.code() == absl::StatusCode::kCancelled) {
-    next = tandem::v1::JOB_STATE_QUEUED;
-    reason =
-        absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
-                     record.checkpoint_step());
-  } else {
-    next = tandem::v1::JOB_STATE_FAILED;
-    reason = std::string(status.message());
-  }
+  const auto [next, reason] = EndOfRun(entry, status);
   if (next == tandem::v1::JOB_STATE_FAILED) {
     JobEvent e;
     e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_ERROR);
     e.mutable_log()->set_message(reason);
-    entry->log->Append(e);
+    entry.log->Append(e);
   }
-  const absl::Status s = Transition(*entry, next, reason);
+  const std::string id = record.id();
+  const absl::Status s = Transition(entry, next, reason);
   if (!s.ok()) {
     std::fprintf(stderr, "tandemd: cannot record the end of %s: %s\n", id.c_str(),
                  s.ToString().c_str());
   }
-  UpdateJobMetrics(*entry);
+  UpdateJobMetrics(entry);
   if (IsTerminal(next)) {
-    entry->log->Close();
+    entry.log->Close();
     live_.erase(id);
     finished_series_.push_back(id);
     if (finished_series_.size() > kFinishedSeriesKept) {
@@ -710,10 +737,6 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
       finished_series_.pop_front();
     }
   }
-  // The trainer's buffers belong to the job's allocator: free them first.
-  trainer.reset();
-  entry->allocator.reset();
-  dirty_ = true;
 }
 
 void JobManager::TrackTelemetry(Entry& entry, Trainer* trainer) {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -128,6 +129,18 @@ class JobManager {
   // Starts every queued job that fits, in queue order; explains the rest.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(std::shared_ptr<Entry> entry);
+  // A run's pieces: the trainer's options and callbacks for the job, what each
+  // step and checkpoint write into the record, and the record at the end.
+  TrainerOptions TrainerOptionsFor(const tandem::v1::Job& job, Entry& entry, bool resolved);
+  TrainerCallbacks CallbacksFor(std::shared_ptr<Entry> entry);
+  void RecordStep(Entry& entry, const tandem::v1::JobEvent::StepProgress& p,
+                  prometheus::Counter& steps_total) ABSL_LOCKS_EXCLUDED(mu_);
+  void RecordCheckpoint(Entry& entry, const tandem::v1::JobEvent::CheckpointSaved& c)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  static std::pair<tandem::v1::JobState, std::string> EndOfRun(const Entry& entry,
+                                                               const absl::Status& status);
+  void FinishRun(Entry& entry, Trainer* trainer, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the job's always-on telemetry from its runner and serves it.
   void TrackTelemetry(Entry& entry, Trainer* trainer) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.

@@ -27,14 +27,11 @@ JobSpec Spec(const std::string& yaml) {
   return *spec;
 }
 
-JobSpec Gpt(Strategy strategy, int64_t capacity, int steps) {
-  JobSpec spec = Spec(R"(
-model: {gpt: {n_layer: 6, n_head: 4, d_model: 128, context: 8, dropout: 0.1}}
-data: {synthetic: {sample_shape: [8], num_classes: 40, tokens: true, train_samples: 64, test_samples: 8}}
-optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.003}
-training: {batch_size: 4, seed: 3, checkpoint_disabled: true}
-placement: {accelerator: ACCELERATOR_KIND_EMULATED}
-)");
+namespace {
+
+// `steps` steps with one evaluation at the end, under `strategy` with an
+// accelerator of `capacity` bytes.
+JobSpec Planned(JobSpec spec, Strategy strategy, int64_t capacity, int steps) {
   spec.mutable_training()->set_steps(steps);
   spec.mutable_training()->set_eval_interval_steps(steps);
   spec.mutable_placement()->set_strategy(strategy);
@@ -42,19 +39,28 @@ placement: {accelerator: ACCELERATOR_KIND_EMULATED}
   return spec;
 }
 
+}  // namespace
+
+JobSpec Gpt(Strategy strategy, int64_t capacity, int steps) {
+  return Planned(Spec(R"(
+model: {gpt: {n_layer: 6, n_head: 4, d_model: 128, context: 8, dropout: 0.1}}
+data: {synthetic: {sample_shape: [8], num_classes: 40, tokens: true, train_samples: 64, test_samples: 8}}
+optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.003}
+training: {batch_size: 4, seed: 3, checkpoint_disabled: true}
+placement: {accelerator: ACCELERATOR_KIND_EMULATED}
+)"),
+                 strategy, capacity, steps);
+}
+
 JobSpec Mlp(Strategy strategy, int64_t capacity, int steps) {
-  JobSpec spec = Spec(R"(
+  return Planned(Spec(R"(
 model: {mlp: {hidden_sizes: [384, 384, 384], dropout: 0.1}}
 data: {synthetic: {sample_shape: [192], num_classes: 10, train_samples: 256, test_samples: 32}}
 optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
 training: {batch_size: 8, seed: 4, checkpoint_disabled: true}
 placement: {accelerator: ACCELERATOR_KIND_EMULATED}
-)");
-  spec.mutable_training()->set_steps(steps);
-  spec.mutable_training()->set_eval_interval_steps(steps);
-  spec.mutable_placement()->set_strategy(strategy);
-  spec.mutable_resources()->set_accelerator_memory_bytes(capacity);
-  return spec;
+)"),
+                 strategy, capacity, steps);
 }
 
 TrainRun Train(const JobSpec& spec, RunnerFactory factory) {

@@ -428,9 +428,7 @@ TEST_F(JobManagerTest, EachJobIsResolvedAndPlannedOnceAndItsModelBuiltOncePerRun
   const int64_t builds = work_counters::model_builds.load();
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(1 << 20), "");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(work_counters::spec_resolutions.load() - resolutions, 1);
-  EXPECT_EQ(work_counters::plan_solves.load() - plans, 1);
-  EXPECT_EQ(work_counters::model_builds.load() - builds, 1);
+  // Counted once the job has run (it may start before Submit returns).
   const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(work_counters::spec_resolutions.load() - resolutions, 1);
   EXPECT_EQ(work_counters::plan_solves.load() - plans, 1);

@@ -128,7 +128,7 @@ namespace {
 // Memory of a built model at the spec's batch sizes.
 absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved,
                                              const JobModel& jm,
-                                             const std::optional<NodeOffer>& node) {
+                                             const std::optional<node::NodeOffer>& node) {
   const Model& m = *jm.model;
   const int64_t max_batch =
       std::max(resolved.training().batch_size(), resolved.training().eval_batch_size());
@@ -158,7 +158,7 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
           "placement.accelerator: this tandemd runs every job on the CPU engine; use "
           "ACCELERATOR_KIND_NONE");
     }
-    TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, *node));
+    TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, node::AcceleratorCapacity(resolved, *node));
     if (kind == tandem::v1::ACCELERATOR_KIND_EMULATED) {
       e.emulated_bytes = capacity;
       e.host_bytes += capacity;
@@ -185,7 +185,7 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
   if (options_.node) {
-    absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, *options_.node);
+    absl::StatusOr<tandem::v1::Plan> plan = node::PlanJob(*jm->model, *resolved, *options_.node);
     if (!plan.ok()) return AsSpecError(plan.status());
     r.plan = *std::move(plan);
   }
@@ -602,7 +602,7 @@ TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool 
   options.spec_resolved = resolved;
   options.make_runner = options_.make_runner;
   if (!options.make_runner && options_.node) {
-    options.make_runner = MakeRunnerFactory(
+    options.make_runner = node::MakeRunnerFactory(
         *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt);
   }
   return options;

@@ -23,12 +23,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "node/placement.h"
 #include "runtime/core/allocator.h"
 #include "runtime/profile/job_telemetry.h"
 #include "runtime/train/trainer.h"
 #include "server/event_log.h"
 #include "server/path_policy.h"
-#include "server/placement.h"
 #include "server/server_metrics.h"
 #include "server/store/job_store.h"
 
@@ -49,7 +49,7 @@ struct JobManagerOptions {
   // submission (refused with RESOURCE_EXHAUSTED when no plan fits, the plan
   // recorded in the job) and run through the plan executor. Unset: every job
   // runs on the CPU engine and jobs asking for an accelerator are refused.
-  std::optional<NodeOffer> node;
+  std::optional<node::NodeOffer> node;
   // Overrides the runner (tests); null = placement's MakeRunnerFactory when
   // `node` is set, else the CPU engine.
   RunnerFactory make_runner;

@@ -21,6 +21,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "node/placement.h"
 #include "runtime/base/build_info.h"
 #include "runtime/base/flags_usage.h"
 #include "runtime/core/status_macros.h"
@@ -35,7 +36,6 @@
 #include "server/model_rpcs.h"
 #include "server/node_info.h"
 #include "server/path_policy.h"
-#include "server/placement.h"
 #include "server/server_metrics.h"
 #include "server/store/job_store.h"
 #include "server/tandem_service.h"
@@ -134,17 +134,14 @@ absl::StatusOr<std::unique_ptr<tandem::server::JobStore>> OpenStore(const std::s
 // planner plans hybrid jobs with them.
 tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
     const std::string& state_dir, const tandem::server::PathPolicy& policy,
-    const tandem::server::NodeResources& resources) {
+    const tandem::node::NodeResources& resources) {
   tandem::server::JobManagerOptions o{.state_dir = state_dir, .data_policy = policy};
-  const int64_t host_budget = absl::GetFlag(FLAGS_host_memory_budget);
-  const int64_t gpu_budget = absl::GetFlag(FLAGS_gpu_memory_budget);
-  o.host_memory_budget_bytes = host_budget > 0 ? host_budget : resources.host_memory_bytes * 3 / 4;
+  o.host_memory_budget_bytes =
+      tandem::node::HostMemoryBudget(absl::GetFlag(FLAGS_host_memory_budget), resources);
   o.has_accelerator = !resources.cuda_devices.empty();
-  o.accelerator_memory_budget_bytes =
-      gpu_budget > 0 ? gpu_budget
-                     : (o.has_accelerator ? resources.cuda_devices[0].memory_bytes * 9 / 10 : 0);
   o.default_threads = absl::GetFlag(FLAGS_job_threads);
-  o.node = tandem::server::DetectNodeOffer(gpu_budget);
+  o.node = tandem::node::DetectNodeOffer(absl::GetFlag(FLAGS_gpu_memory_budget));
+  o.accelerator_memory_budget_bytes = o.node->accelerator_memory_budget_bytes;
   std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
                o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()
                                  : "; no CUDA device (jobs may use the emulated accelerator)");
@@ -157,9 +154,9 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
 // description, and the PlanModel/ProfileModel work. `jobs` and `policy` must
 // outlive it.
 tandem::server::ServiceOptions ServiceOptionsFor(const tandem::server::Authenticator& auth,
-                                                 const tandem::server::NodeResources& resources,
+                                                 const tandem::node::NodeResources& resources,
                                                  tandem::server::JobManager& jobs,
-                                                 const tandem::server::NodeOffer& node,
+                                                 const tandem::node::NodeOffer& node,
                                                  const std::string& state_dir,
                                                  const tandem::server::PathPolicy& policy) {
   using namespace tandem::server;
@@ -252,7 +249,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<JobStore>> store = OpenStore(state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
 
-  const NodeResources resources = DetectNodeResources();
+  const NodeResources resources = tandem::node::DetectNodeResources();
   ServerMetrics metrics;
   const JobManagerOptions options = JobManagerOptionsFromFlags(state_dir, *policy, resources);
   JobManager jobs(options, store->get(), &metrics);

@@ -10,10 +10,10 @@
 
 namespace tandem::server {
 
-PlanHandler MakePlanHandler(NodeOffer node, PathResolver resolve) {
+PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve) {
   return [node = std::move(node), resolve = std::move(resolve)](
              const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response) {
-    absl::StatusOr<tandem::v1::PlanModelResponse> answer = PlanModel(request, node, resolve);
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, node, resolve);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
     return grpc::Status::OK;

@@ -10,12 +10,12 @@
 
 #include <string>
 
-#include "server/placement.h"
+#include "node/placement.h"
 #include "server/tandem_service.h"
 
 namespace tandem::server {
 
-PlanHandler MakePlanHandler(NodeOffer node, PathResolver resolve);
+PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve);
 
 // `threads`: CPU threads for the host's measurements (0 = all cores).
 ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads);

@@ -27,39 +27,6 @@ std::string StateName(tandem::v1::JobState s) {
 
 }  // namespace
 
-NodeResources DetectNodeResources() {
-  NodeResources r;
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  r.hostname = host;
-  r.cpu_threads = static_cast<int>(std::thread::hardware_concurrency());
-  r.host_memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-  // In a container the memory limit (cgroup v2 memory.max, or v1's
-  // limit_in_bytes) is what the node really has: a budget sized from the
-  // machine's memory would have the kernel kill tandemd before admission
-  // refused a job.
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream f(path);
-    int64_t limit = 0;
-    if (f >> limit && limit > 0 && limit < r.host_memory_bytes) {
-      r.host_memory_bytes = limit;
-      r.memory_note = absl::StrCat("limited by ", path);
-      break;
-    }
-  }
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (absl::StartsWith(line, "model name")) {
-      r.cpu_name = std::string(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)));
-      break;
-    }
-  }
-  r.cuda_devices = cuda::QueryCudaDevices(&r.cuda_note);
-  return r;
-}
-
 tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& jobs,
                                    const google::protobuf::Timestamp& start_time) {
   tandem::v1::NodeInfo node;

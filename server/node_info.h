@@ -1,5 +1,5 @@
-// What this node has (detected once at start) and what it is doing (sampled on
-// request): GetNode's answer and the node's gauges on each metrics scrape.
+// What this node is doing, sampled on request: GetNode's answer (with what the
+// node has, node/resources.h) and the node's gauges on each metrics scrape.
 #ifndef TANDEM_SERVER_NODE_INFO_H_
 #define TANDEM_SERVER_NODE_INFO_H_
 
@@ -8,27 +8,15 @@
 #include <vector>
 
 #include "google/protobuf/timestamp.pb.h"
+#include "node/resources.h"
 #include "prometheus/collectable.h"
-#include "runtime/cuda/device_query.h"
 #include "server/job_manager.h"
 #include "server/server_metrics.h"
 #include "tandem/v1/node.pb.h"
 
 namespace tandem::server {
 
-struct NodeResources {
-  std::string hostname;
-  std::string cpu_name;
-  int cpu_threads = 0;
-  // Physical memory, or the container's memory limit when lower.
-  int64_t host_memory_bytes = 0;
-  // Where host_memory_bytes came from when not physical memory.
-  std::string memory_note;
-  std::vector<cuda::CudaDeviceInfo> cuda_devices;
-  std::string cuda_note;
-};
-
-NodeResources DetectNodeResources();
+using node::NodeResources;
 
 tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& jobs,
                                    const google::protobuf::Timestamp& start_time);

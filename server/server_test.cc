@@ -119,7 +119,7 @@ training: {batch_size: 16, steps: 10, checkpoint_interval_steps: 5}
 class JobManagerTest : public testing::Test {
  protected:
   void Open(const std::string& name, int64_t host_budget = int64_t{1} << 32, bool fresh = true,
-            std::optional<NodeOffer> node = std::nullopt) {
+            std::optional<node::NodeOffer> node = std::nullopt) {
     dir_ = fresh ? TempDir(name) : dir_;
     store_ = *JobStore::Open(dir_ + "/jobs.db");
     JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
@@ -335,8 +335,8 @@ namespace tandem::server {
 namespace {
 
 // Fixed host figures, so plans do not depend on this machine's speed.
-NodeOffer TestNode() {
-  NodeOffer node;
+node::NodeOffer TestNode() {
+  node::NodeOffer node;
   node.host.set_kind(tandem::v1::DEVICE_KIND_CPU);
   node.host.set_threads(1);
   node.host.set_peak_matmul_flops_per_second(50e9);

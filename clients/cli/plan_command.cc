@@ -12,10 +12,10 @@
 #include "absl/strings/str_split.h"
 #include "clients/cli/commands.h"
 #include "clients/cli/rpc_client.h"
+#include "node/placement.h"
 #include "planner/plan_report.h"
 #include "planner/spec_files.h"
 #include "runtime/train/job_spec.h"
-#include "server/placement.h"
 
 ABSL_FLAG(std::string, hardware, "",
           "tandem plan: plan for the machine this HardwareSpec file describes (text or JSON, e.g. "
@@ -123,11 +123,11 @@ absl::StatusOr<int> RunPlan(const Args& args) {
     if (!status.ok()) return ToAbsl(status, GetGlobals().server);
   } else {
     // This machine is measured only when it is the cost source.
-    server::NodeOffer node;
+    node::NodeOffer offer;
     if (request.cost_source_case() == tandem::v1::PlanModelRequest::COST_SOURCE_NOT_SET) {
-      node = server::DetectNodeOffer(0);
+      offer = node::DetectNodeOffer(0);
     }
-    absl::StatusOr<tandem::v1::PlanModelResponse> answer = server::PlanModel(request, node);
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, offer);
     if (!answer.ok()) return answer.status();
     response = *std::move(answer);
   }

@@ -10,10 +10,10 @@
 #include "clients/cli/commands.h"
 #include "clients/cli/progress.h"
 #include "google/protobuf/util/time_util.h"
+#include "node/placement.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/train/job_spec.h"
 #include "runtime/train/trainer.h"
-#include "server/placement.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "tandem train: write checkpoints here and resume from the newest one; empty = none.");
@@ -47,7 +47,7 @@ absl::StatusOr<int> RunTrain(const Args& args) {
       accelerator == tandem::v1::ACCELERATOR_KIND_CUDA ||
       (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
       spec->placement().has_plan()) {
-    options.make_runner = server::MakeRunnerFactory(server::DetectNodeOffer(0));
+    options.make_runner = node::MakeRunnerFactory(node::DetectNodeOffer(0));
   }
   TrainerCallbacks callbacks;
   callbacks.on_step = [&](const auto& p) { printer.Step(p); };

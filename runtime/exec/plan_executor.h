@@ -20,7 +20,7 @@
 //   running statistics (BatchNorm) stay resident wherever the layer computes;
 //   the input batch, targets and the two gradients in flight between layers
 //   are held outside the plan's accounting.
-// The daemon's runner factory (server/placement.h) plans under the device capacity minus
+// The daemon's runner factory (node/placement.h) plans under the device capacity minus
 // a margin for these (ExecutorMemoryMargin), so the accelerator's hard budget is
 // never exceeded by a plan the planner accepted.
 // delayed_parameter_update is supported for plans without streamed layers.

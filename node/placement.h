@@ -13,8 +13,8 @@
 //
 // Thread-safe: every function keeps no state but the host measurement, taken
 // once per process.
-#ifndef TANDEM_SERVER_PLACEMENT_H_
-#define TANDEM_SERVER_PLACEMENT_H_
+#ifndef TANDEM_NODE_PLACEMENT_H_
+#define TANDEM_NODE_PLACEMENT_H_
 
 #include <cstdint>
 #include <memory>
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "node/resources.h"
 #include "planner/planner.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/model/model.h"
@@ -30,17 +31,18 @@
 #include "tandem/v1/profile.pb.h"
 #include "tandem/v1/tandem_service.pb.h"
 
-namespace tandem::server {
+namespace tandem::node {
 
 // What this node offers jobs.
 struct NodeOffer {
   // The host as the planner sees it (MeasureHostProcessor).
   tandem::v1::ProcessorSpec host;
   std::vector<cuda::CudaDeviceInfo> cuda_devices;
-  // Accelerator memory a job gets when its spec says none (tandemd's
-  // --gpu_memory_budget); also the emulated accelerator's default capacity.
-  // 0 = the GPU's memory for CUDA; the emulated accelerator then needs
-  // resources.accelerator_memory_bytes.
+  // Accelerator memory a job gets when its spec says none, and all jobs
+  // together may use: AcceleratorMemoryBudget (node/resources.h), 90% of the
+  // GPU unless tandemd's --gpu_memory_budget says otherwise; also the emulated
+  // accelerator's default capacity. 0 (no GPU and no flag): the emulated
+  // accelerator needs resources.accelerator_memory_bytes.
   int64_t accelerator_memory_budget_bytes = 0;
 };
 
@@ -49,8 +51,9 @@ struct NodeOffer {
 // thread count and physical memory.
 tandem::v1::ProcessorSpec MeasureHostProcessor();
 
-// The node as DetectNodeResources and MeasureHostProcessor see it.
-NodeOffer DetectNodeOffer(int64_t accelerator_memory_budget_bytes);
+// The node as DetectNodeResources and MeasureHostProcessor see it, with the
+// accelerator budget of `flag_bytes` (0 = the default, AcceleratorMemoryBudget).
+NodeOffer DetectNodeOffer(int64_t flag_bytes);
 
 // The accelerator capacity `resolved` gets, in bytes: resources.
 // accelerator_memory_bytes, else the node's budget, else (CUDA) the device's
@@ -104,6 +107,6 @@ absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanMo
 RunnerFactory MakeRunnerFactory(NodeOffer node,
                                 std::optional<tandem::v1::Plan> stored_plan = std::nullopt);
 
-}  // namespace tandem::server
+}  // namespace tandem::node
 
-#endif  // TANDEM_SERVER_PLACEMENT_H_
+#endif  // TANDEM_NODE_PLACEMENT_H_

@@ -4,18 +4,18 @@
 // gpu_only, which cannot fit there, is refused with the capacity it needs; bad
 // placements are refused naming the field; the PlanModel entry point compares
 // strategies for this node and for a machine described by a HardwareSpec.
-#include "server/placement.h"
+#include "node/placement.h"
 
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "node/placement_test_util.h"
 #include "runtime/exec/plan_executor.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/train/job_spec.h"
 #include "runtime/train/trainer.h"
-#include "server/placement_test_util.h"
 
-namespace tandem::server {
+namespace tandem::node {
 namespace {
 
 using placement_testing::Gpt;
@@ -310,4 +310,4 @@ TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
 }
 
 }  // namespace
-}  // namespace tandem::server
+}  // namespace tandem::node

@@ -2,17 +2,17 @@
 // small GPT and MLP specs on the emulated accelerator, a host with fixed
 // figures, and a helper that trains a spec through a runner factory and keeps
 // its per-step losses and times. Test-only.
-#ifndef TANDEM_SERVER_PLACEMENT_TEST_UTIL_H_
-#define TANDEM_SERVER_PLACEMENT_TEST_UTIL_H_
+#ifndef TANDEM_NODE_PLACEMENT_TEST_UTIL_H_
+#define TANDEM_NODE_PLACEMENT_TEST_UTIL_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/placement.h"
+#include "node/placement.h"
 #include "tandem/v1/job.pb.h"
 
-namespace tandem::server::placement_testing {
+namespace tandem::node::placement_testing {
 
 // Fixed host figures, so plans do not depend on this machine's speed.
 NodeOffer TestNode();
@@ -42,6 +42,6 @@ TrainRun Train(const tandem::v1::JobSpec& spec, RunnerFactory factory);
 // Weights, gradients and two Adam moments: the model state in bytes.
 int64_t ModelStateBytes(const tandem::v1::JobSpec& spec);
 
-}  // namespace tandem::server::placement_testing
+}  // namespace tandem::node::placement_testing
 
-#endif  // TANDEM_SERVER_PLACEMENT_TEST_UTIL_H_
+#endif  // TANDEM_NODE_PLACEMENT_TEST_UTIL_H_

@@ -1,10 +1,10 @@
-#include "server/placement_test_util.h"
+#include "node/placement_test_util.h"
 
 #include "gtest/gtest.h"
 #include "runtime/train/job_spec.h"
 #include "runtime/train/trainer.h"
 
-namespace tandem::server::placement_testing {
+namespace tandem::node::placement_testing {
 
 using tandem::v1::JobSpec;
 using tandem::v1::Strategy;
@@ -92,4 +92,4 @@ int64_t ModelStateBytes(const JobSpec& spec) {
   return jm->model->parameter_elements() * 4 * 4;
 }
 
-}  // namespace tandem::server::placement_testing
+}  // namespace tandem::node::placement_testing

@@ -21,11 +21,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "node/placement.h"
+#include "node/placement_test_util.h"
 #include "runtime/train/job_spec.h"
-#include "server/placement.h"
-#include "server/placement_test_util.h"
 
-namespace tandem::server {
+namespace tandem::node {
 namespace {
 
 using placement_testing::ModelStateBytes;
@@ -130,4 +130,4 @@ TEST(PredictionTest, GptEveryStrategyWithinTheBand) { PredictionsWithinTheBand("
 TEST(PredictionTest, MlpEveryStrategyWithinTheBand) { PredictionsWithinTheBand("mlp", Mlp, 0.45); }
 
 }  // namespace
-}  // namespace tandem::server
+}  // namespace tandem::node

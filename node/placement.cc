@@ -1,4 +1,4 @@
-#include "server/placement.h"
+#include "node/placement.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -23,7 +23,7 @@
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/train/job_spec.h"
 
-namespace tandem::server {
+namespace tandem::node {
 namespace {
 
 using tandem::v1::AcceleratorKind;
@@ -144,11 +144,11 @@ ProcessorSpec MeasureHostProcessor() {
   return *spec;
 }
 
-NodeOffer DetectNodeOffer(int64_t accelerator_memory_budget_bytes) {
+NodeOffer DetectNodeOffer(int64_t flag_bytes) {
   NodeOffer node;
   node.host = MeasureHostProcessor();
   node.cuda_devices = cuda::QueryCudaDevices();
-  node.accelerator_memory_budget_bytes = accelerator_memory_budget_bytes;
+  node.accelerator_memory_budget_bytes = AcceleratorMemoryBudget(flag_bytes, node.cuda_devices);
   return node;
 }
 
@@ -431,4 +431,4 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan)
   };
 }
 
-}  // namespace tandem::server
+}  // namespace tandem::node

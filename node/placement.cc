@@ -390,6 +390,28 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   return SolveForExecutor(model, std::move(request), capacity);
 }
 
+namespace {
+
+// Whether `stored` exists and still fits the job's accelerator capacity on
+// `node`: its predicted peak, the executor's margin and (CUDA) the fixed
+// cuBLAS workspace.
+absl::StatusOr<bool> StoredPlanFits(const Model& model, const JobSpec& resolved,
+                                    const NodeOffer& node, const std::optional<Plan>& stored) {
+  if (!stored) return false;
+  if (stored->layers_size() == 0 || KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE) {
+    return true;
+  }
+  TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
+  const int64_t micro_batch = stored->micro_batch_size() > 0 ? stored->micro_batch_size()
+                                                             : resolved.training().batch_size();
+  int64_t needed =
+      stored->prediction().accelerator_peak_bytes() + ExecutorMemoryMargin(model, micro_batch);
+  if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_CUDA) needed += kCudaFixedBytes;
+  return needed <= capacity;
+}
+
+}  // namespace
+
 RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan) {
   return [node = std::move(node), stored_plan = std::move(stored_plan)](
              const Model& model, const JobSpec& resolved, int64_t max_batch,
@@ -403,7 +425,12 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan)
                          " layers but its model has ", model.num_layers()));
       }
       plan = *stored_plan;
-    } else {
+    }
+    // A stored plan no longer fits when the node's budget shrank since the job
+    // was admitted (tandemd restarted with another --gpu_memory_budget): it is
+    // solved again for the capacity the job has now.
+    TANDEM_ASSIGN_OR_RETURN(const bool fits, StoredPlanFits(model, resolved, node, stored_plan));
+    if (!fits) {
       TANDEM_ASSIGN_OR_RETURN(plan, PlanJob(model, resolved, node));
     }
     if (plan.layers_size() == 0) {

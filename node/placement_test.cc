@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "node/placement_test_util.h"
 #include "runtime/exec/plan_executor.h"
@@ -192,6 +193,34 @@ TEST(PlacementTest, TheExecutorsPeakIsThePlannersPlusItsOwnBuffers) {
       EXPECT_LE(peak, predicted + margin);
     }
   }
+}
+
+// A job runs the plan it was admitted with; only when its capacity has since
+// shrunk below what that plan needs (tandemd restarted with a smaller budget)
+// is it planned again, for the capacity it has now.
+TEST(PlacementTest, AStoredPlanRunsAsItIsUnlessItNoLongerFits) {
+  const NodeOffer node = TestNode();
+  JobSpec spec = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, 0, 3);
+  const int64_t state = ModelStateBytes(spec);
+  spec.mutable_resources()->set_accelerator_memory_bytes(2 * state);
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  ASSERT_TRUE(resolved.ok());
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok());
+  absl::StatusOr<tandem::v1::Plan> stored = PlanJob(*jm->model, *resolved, node);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+
+  const TrainRun same = Train(spec, MakeRunnerFactory(node, *stored));
+  ASSERT_TRUE(same.status.ok()) << same.status;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(same.plan, *stored));
+
+  spec.mutable_resources()->set_accelerator_memory_bytes(state / 2);
+  const TrainRun smaller = Train(spec, MakeRunnerFactory(node, *stored));
+  ASSERT_TRUE(smaller.status.ok()) << smaller.status;
+  EXPECT_FALSE(google::protobuf::util::MessageDifferencer::Equals(smaller.plan, *stored));
+  EXPECT_LT(smaller.plan.prediction().accelerator_peak_bytes(),
+            stored->prediction().accelerator_peak_bytes());
+  EXPECT_LE(smaller.metrics.peak_accelerator_bytes(), state / 2);
 }
 
 TEST(PlacementTest, GpuOnlyThatCannotFitIsRefusedWithTheCapacityItNeeds) {

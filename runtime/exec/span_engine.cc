@@ -90,7 +90,9 @@ void SpanEngine::Issue(SpanId id) {
 void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
   Queue& q = queues_[resource];
   std::mt19937_64 jitter(static_cast<uint64_t>(resource) * 0x9E3779B97F4A7C15ull + 1);
-  double last_end = 0;  // of this resource's previous span
+  // The end of this resource's previous span; before the first, the worker's
+  // start (an idle copy engine waiting for the first update has waited).
+  double last_end = WallSeconds();
   while (true) {
     SpanId id;
     std::function<absl::Status()> work;
@@ -107,14 +109,15 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
     SpanRecord record;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      const Span& span = spans_[id];
+      Span& span = spans_[id];
       record.info = span.info;
       // Idle since the previous span (or since this one was added, whichever
       // is later) until its last dependency completed.
-      if (last_end > 0 && span.waited_on != tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED) {
+      if (span.waited_on != tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED) {
         record.wait_seconds = std::max(0.0, span.ready - std::max(last_end, span.added));
-        record.waited_on = span.waited_on;
+        if (record.wait_seconds > 0) record.waited_on = span.waited_on;
       }
+      span.waited = record.wait_seconds > 0;
     }
     if (jitter_seconds_ > 0 && !skip) {
       std::this_thread::sleep_for(std::chrono::duration<double>(
@@ -147,12 +150,12 @@ void SpanEngine::Complete(SpanId id, const SpanRecord& record) {
   span.work = nullptr;
   --active_;
   if (record.end > 0) records_.push_back(record);
-  // A copy passes on what it waited for; any other resource is the cause.
+  // A copy that itself sat waiting passes on what it waited for; a copy that
+  // was only queued behind other copies, and any other resource, is the cause.
   const bool copy = span.info.resource == tandem::v1::TIMELINE_RESOURCE_COPY_H2D ||
                     span.info.resource == tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
   const tandem::v1::TimelineResource cause =
-      copy && span.waited_on != tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED ? span.waited_on
-                                                                          : span.info.resource;
+      copy && span.waited ? span.waited_on : span.info.resource;
   const double ready = record.end > 0 ? record.end : WallSeconds();
   for (SpanId d : span.dependents) {
     auto it = spans_.find(d);

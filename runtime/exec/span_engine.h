@@ -44,11 +44,13 @@ struct SpanRecord {
   SpanInfo info;
   // Wall-clock seconds (clock.h WallSeconds).
   double start = 0, end = 0;
-  // How long the span's resource sat idle before it, waiting for this span's
-  // last dependency to complete, and the resource that wait ended on. A copy
-  // that itself waited passes its own cause on, so the accelerator waiting
-  // for weights that wait for a host update has waited on HOST_UPDATE.
-  // UNSPECIFIED (and no wait) when the span was ready the moment it was added.
+  // How long the span's resource sat idle before it (since its previous span,
+  // or since the engine started), waiting for this span's last dependency to
+  // complete, and the resource that wait traces back to. A copy that itself
+  // sat waiting passes its own cause on, so the accelerator waiting for
+  // weights that waited for a host update has waited on HOST_UPDATE; a copy
+  // that was only queued behind other copies is itself the cause.
+  // UNSPECIFIED (and no wait) when the span did not wait.
   double wait_seconds = 0;
   tandem::v1::TimelineResource waited_on = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
 };
@@ -96,6 +98,8 @@ class SpanEngine {
     // and the root cause of that dependency (SpanRecord::waited_on).
     double added = 0, ready = 0;
     tandem::v1::TimelineResource waited_on = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
+    // Whether its resource sat idle waiting for it (set when it starts).
+    bool waited = false;
   };
   struct Queue {
     std::deque<SpanId> ready;

@@ -5,15 +5,15 @@
 // GEMM rate and memory bandwidth). The test times steps, so it runs alone
 // (tag exclusive), and prints the table of errors.
 //
-// The band, kBand (measured within 8x of predicted, either way), is the one
+// The band, kBand (measured within 10x of predicted, either way), is the one
 // this planner can defend today, and it is wide: on this 2-core machine the
 // cost model prices every GEMM at the rate of one large GEMM and every span
 // at zero fixed cost, so plans that split the batch into micro-batches of one
-// or two samples run 2-7x slower than predicted (the gpt rows of the table
+// or two samples run up to 7x slower than predicted (the gpt rows of the table
 // this test prints), and the emulated accelerator, its copy engines and the
 // host's update pool share the two cores the planner assumes are free for
 // each. Closed-loop planning (re-solving from measured spans) is what will
-// narrow it; until then an error past 8x is a unit slip, a cost left out or a
+// narrow it; until then an error past 10x is a unit slip, a cost left out or a
 // resource serialised that the simulator overlaps, and fails here.
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +35,7 @@ using placement_testing::TrainRun;
 using tandem::v1::JobSpec;
 using tandem::v1::Strategy;
 
-constexpr double kBand = 8.0;
+constexpr double kBand = 10.0;
 constexpr int kSteps = 14;
 // Steps left out of the median: oneDNN builds its primitives in the first.
 constexpr int kWarmupSteps = 4;

@@ -97,7 +97,9 @@ struct JobManager::Entry {
   // Set by the runner thread as its last action, so the thread can be joined.
   std::atomic<bool> runner_done{false};
   std::unique_ptr<HostAllocator> allocator;
-  // The always-on per-layer timings of the current run (null before it starts).
+  // The always-on telemetry of the current run (null before it starts): held
+  // here so the sink the runner feeds outlives the run, whatever the metrics
+  // collector forgets meanwhile.
   std::shared_ptr<profile::JobTelemetry> telemetry;
   int64_t seq = 0;
 };
@@ -566,10 +568,10 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   {
     absl::StatusOr<std::unique_ptr<Trainer>> created =
         Trainer::Create(resolved ? job.resolved_spec() : job.spec(),
-                        TrainerOptionsFor(job, *entry, resolved), CallbacksFor(entry));
+                        TrainerOptionsFor(job, *entry, resolved), CallbacksFor(job.id(), entry));
     if (created.ok()) {
       trainer = std::move(*created);
-      TrackTelemetry(*entry, trainer.get());
+      TrackTelemetry(job.id(), *entry, trainer.get());
       status = trainer->Run();
     } else {
       status = created.status();
@@ -608,8 +610,8 @@ TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool 
   return options;
 }
 
-TrainerCallbacks JobManager::CallbacksFor(std::shared_ptr<Entry> entry) {
-  const prometheus::Labels labels = {{"job_id", entry->job.id()}};
+TrainerCallbacks JobManager::CallbacksFor(const std::string& id, std::shared_ptr<Entry> entry) {
+  const prometheus::Labels labels = {{"job_id", id}};
   prometheus::Histogram* step_duration =
       &metrics_->job_step_duration.Add(labels, metrics_->job_step_duration_buckets);
   prometheus::Counter* steps_total = &metrics_->job_steps.Add(labels);
@@ -739,14 +741,14 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   }
 }
 
-void JobManager::TrackTelemetry(Entry& entry, Trainer* trainer) {
+void JobManager::TrackTelemetry(const std::string& id, Entry& entry, Trainer* trainer) {
   std::vector<std::string> names;
   for (int l = 0; l < trainer->model().num_layers(); ++l) {
     names.push_back(trainer->model().layer(l).name());
   }
   auto telemetry = std::make_shared<profile::JobTelemetry>(std::move(names));
   trainer->runner().set_timing_sink(telemetry.get());
-  metrics_->job_telemetry->Track(entry.job.id(), telemetry);
+  metrics_->job_telemetry->Track(id, telemetry);
   absl::MutexLock lock(&mu_);
   entry.telemetry = std::move(telemetry);
 }

@@ -132,7 +132,7 @@ class JobManager {
   // A run's pieces: the trainer's options and callbacks for the job, what each
   // step and checkpoint write into the record, and the record at the end.
   TrainerOptions TrainerOptionsFor(const tandem::v1::Job& job, Entry& entry, bool resolved);
-  TrainerCallbacks CallbacksFor(std::shared_ptr<Entry> entry);
+  TrainerCallbacks CallbacksFor(const std::string& id, std::shared_ptr<Entry> entry);
   void RecordStep(Entry& entry, const tandem::v1::JobEvent::StepProgress& p,
                   prometheus::Counter& steps_total) ABSL_LOCKS_EXCLUDED(mu_);
   void RecordCheckpoint(Entry& entry, const tandem::v1::JobEvent::CheckpointSaved& c)
@@ -142,7 +142,8 @@ class JobManager {
   void FinishRun(Entry& entry, Trainer* trainer, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the job's always-on telemetry from its runner and serves it.
-  void TrackTelemetry(Entry& entry, Trainer* trainer) ABSL_LOCKS_EXCLUDED(mu_);
+  void TrackTelemetry(const std::string& id, Entry& entry, Trainer* trainer)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
   void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,

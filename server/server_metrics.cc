@@ -138,10 +138,6 @@ void ServerMetrics::SampleProcess() {
   }
 }
 
-std::vector<std::weak_ptr<prometheus::Collectable>> ServerMetrics::collectables() const {
-  return {registry, job_telemetry};
-}
-
 std::string ServerMetrics::Serialize() const {
   std::vector<prometheus::MetricFamily> families = registry->Collect();
   for (prometheus::MetricFamily& f : job_telemetry->Collect()) families.push_back(std::move(f));

@@ -58,9 +58,8 @@ struct ServerMetrics {
   // Samples process CPU time and RSS from /proc/self (call before a scrape).
   void SampleProcess();
 
-  // What a scrape serves, in order: the registry's families, then the jobs'.
-  std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
-  // The text exposition of collectables() (tests; the exposer serves the same).
+  // The text exposition of the registry's families and the jobs' (tests; a
+  // scrape serves these too, after the scrape hook and before NVML's).
   std::string Serialize() const;
 
  private:

@@ -4,6 +4,10 @@
 # files that are not and how to fix them, and exits non-zero if any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v clang-format >/dev/null; then
+  echo "format: clang-format is not installed: run tools/install-deps.sh test" >&2
+  exit 1
+fi
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files '*.cc' '*.h' '*.c' '*.cu' '*.cuh' | grep -v '^third_party/')
 else  # an unpacked source tree

@@ -1077,7 +1077,6 @@ ResourceSpanBatch PlanExecutor::ResourceSpansOf(const std::vector<SpanRecord>& r
   batch.spans.reserve(records.size());
   for (const SpanRecord& r : records) {
     batch.spans.push_back({.resource = r.info.resource,
-                           .phase = r.info.phase,
                            .busy_seconds = r.end - r.start,
                            .bytes = r.info.bytes,
                            .wait_seconds = r.wait_seconds,

@@ -25,7 +25,6 @@ enum class Phase : uint8_t { kForward = 0, kBackward = 1, kUpdate = 2 };
 // it waiting for another resource.
 struct ResourceSpan {
   tandem::v1::TimelineResource resource = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
-  tandem::v1::TimelinePhase phase = tandem::v1::TIMELINE_PHASE_UNSPECIFIED;
   double busy_seconds = 0;
   // Bytes moved (copies) or touched (updates).
   int64_t bytes = 0;

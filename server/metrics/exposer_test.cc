@@ -10,6 +10,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -91,7 +92,7 @@ class ExposerTest : public ::testing::Test {
     ASSERT_GT(exposer_->port(), 0);
   }
 
-  int scrapes_ = 0;
+  std::atomic<int> scrapes_{0};
   std::shared_ptr<ScrapeHook> hook_ = std::make_shared<ScrapeHook>([this] { ++scrapes_; });
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<MetricsExposer> exposer_;

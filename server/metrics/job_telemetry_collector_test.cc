@@ -11,7 +11,6 @@
 namespace tandem::metrics {
 namespace {
 
-using tandem::v1::TimelinePhase;
 using tandem::v1::TimelineResource;
 
 std::string Text(const JobTelemetryCollector& c) {
@@ -36,18 +35,16 @@ TEST(JobTelemetryCollectorTest, ResourceTotalsBecomeLabelledSeries) {
   batch.accelerator = "emulated:0";
   batch.pinned_host_bytes = 4096;
   batch.spans = {
-      {TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE,
-       TimelinePhase::TIMELINE_PHASE_FORWARD, 0.25, 0, 0.5,
+      {TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, 0.25, 0, 0.5,
        TimelineResource::TIMELINE_RESOURCE_HOST_UPDATE},
-      {TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE,
-       TimelinePhase::TIMELINE_PHASE_BACKWARD, 0.5, 0, 0,
+      {TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, 0.5, 0, 0,
        TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED},
-      {TimelineResource::TIMELINE_RESOURCE_COPY_H2D, TimelinePhase::TIMELINE_PHASE_PARAMETER_H2D,
-       0.125, 1000, 0, TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED},
-      {TimelineResource::TIMELINE_RESOURCE_COPY_D2H, TimelinePhase::TIMELINE_PHASE_GRADIENT_D2H,
-       0.0625, 3000, 0, TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED},
-      {TimelineResource::TIMELINE_RESOURCE_HOST_UPDATE, TimelinePhase::TIMELINE_PHASE_UPDATE, 1.0,
-       0, 0.75, TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE},
+      {TimelineResource::TIMELINE_RESOURCE_COPY_H2D, 0.125, 1000, 0,
+       TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED},
+      {TimelineResource::TIMELINE_RESOURCE_COPY_D2H, 0.0625, 3000, 0,
+       TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED},
+      {TimelineResource::TIMELINE_RESOURCE_HOST_UPDATE, 1.0, 0, 0.75,
+       TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE},
   };
   t->RecordSpans(batch);
   t->RecordSpans(batch);  // totals add up across batches

@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 
 namespace {
@@ -28,5 +29,8 @@ SetStackSize GlibcSetStackSize() {
 }  // namespace
 
 extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t stack_bytes) {
-  return GlibcSetStackSize()(attr, std::max(stack_bytes, kStackFloorBytes));
+  const SetStackSize glibc = GlibcSetStackSize();
+  // Only a static link has no next definition; say so rather than crash.
+  if (glibc == nullptr) return ENOSYS;
+  return glibc(attr, std::max(stack_bytes, kStackFloorBytes));
 }

@@ -54,7 +54,7 @@ class JobsTest(unittest.TestCase):
         job = json.loads(status.stdout)
         self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
         self.assertEqual(int(job["progress"]["step"]), 2 * 469)
-        # README: mlp >= 0.85 after 2 epochs. The accuracy is in the job record.
+        # bench/README.md: mlp >= 0.85 after 2 epochs. The accuracy is in the job record.
         self.assertGreaterEqual(job["metrics"]["eval_accuracy"], 0.85)
         self.assertGreater(job["metrics"]["mean_samples_per_second"], 0)
 

@@ -144,10 +144,10 @@ ProcessorSpec MeasureHostProcessor() {
   return *spec;
 }
 
-NodeOffer DetectNodeOffer(int64_t flag_bytes) {
+NodeOffer DetectNodeOffer(int64_t flag_bytes, std::vector<cuda::CudaDeviceInfo> cuda_devices) {
   NodeOffer node;
   node.host = MeasureHostProcessor();
-  node.cuda_devices = cuda::QueryCudaDevices();
+  node.cuda_devices = std::move(cuda_devices);
   node.accelerator_memory_budget_bytes = AcceleratorMemoryBudget(flag_bytes, node.cuda_devices);
   return node;
 }

@@ -51,9 +51,12 @@ struct NodeOffer {
 // thread count and physical memory.
 tandem::v1::ProcessorSpec MeasureHostProcessor();
 
-// The node as DetectNodeResources and MeasureHostProcessor see it, with the
-// accelerator budget of `flag_bytes` (0 = the default, AcceleratorMemoryBudget).
-NodeOffer DetectNodeOffer(int64_t flag_bytes);
+// The node with the host as MeasureHostProcessor sees it, the CUDA devices
+// already queried (DetectNodeResources' or the caller's; querying opens the
+// driver, so it is done once), and the accelerator budget of `flag_bytes`
+// (0 = the default, AcceleratorMemoryBudget).
+NodeOffer DetectNodeOffer(
+    int64_t flag_bytes, std::vector<cuda::CudaDeviceInfo> cuda_devices = cuda::QueryCudaDevices());
 
 // The accelerator capacity `resolved` gets, in bytes: resources.
 // accelerator_memory_bytes, else the node's budget, else (CUDA) the device's

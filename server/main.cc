@@ -140,7 +140,8 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
       tandem::node::HostMemoryBudget(absl::GetFlag(FLAGS_host_memory_budget), resources);
   o.has_accelerator = !resources.cuda_devices.empty();
   o.default_threads = absl::GetFlag(FLAGS_job_threads);
-  o.node = tandem::node::DetectNodeOffer(absl::GetFlag(FLAGS_gpu_memory_budget));
+  o.node =
+      tandem::node::DetectNodeOffer(absl::GetFlag(FLAGS_gpu_memory_budget), resources.cuda_devices);
   o.accelerator_memory_budget_bytes = o.node->accelerator_memory_budget_bytes;
   std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
                o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()

@@ -2,6 +2,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -38,7 +40,8 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.threads =
       absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : spec->training().threads();
-  options.has_accelerator = !cuda::QueryCudaDevices().empty();
+  std::vector<cuda::CudaDeviceInfo> gpus = cuda::QueryCudaDevices();
+  options.has_accelerator = !gpus.empty();
   // A job with an accelerator (the node's GPU, or the emulated one) runs under
   // the planner's plan through the plan executor; the host is measured once
   // for it (about half a second). CPU jobs go straight to the CPU engine.
@@ -47,7 +50,7 @@ absl::StatusOr<int> RunTrain(const Args& args) {
       accelerator == tandem::v1::ACCELERATOR_KIND_CUDA ||
       (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
       spec->placement().has_plan()) {
-    options.make_runner = node::MakeRunnerFactory(node::DetectNodeOffer(0));
+    options.make_runner = node::MakeRunnerFactory(node::DetectNodeOffer(0, std::move(gpus)));
   }
   TrainerCallbacks callbacks;
   callbacks.on_step = [&](const auto& p) { printer.Step(p); };

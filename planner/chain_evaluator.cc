@@ -6,7 +6,7 @@
 
 namespace tandem::planner {
 
-ChainEvaluator::ChainEvaluator(const CostModel& cost, const Schedule& base) : chain_(cost, base) {
+ChainEvaluator::ChainEvaluator(const CostModel& cost, const Decisions& base) : chain_(cost, base) {
   const int L = chain_.num_layers();
   const int M = chain_.micro_batches();
   layers_.resize(L);

@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "planner/cost_model.h"
+#include "planner/decisions.h"
 #include "planner/resident_chain.h"
-#include "planner/schedule.h"
 
 namespace tandem::planner {
 
@@ -50,10 +50,10 @@ struct PlacementScore {
 class ChainEvaluator {
  public:
   // Whether `schedule` is in the class this evaluator is exact for.
-  static bool Supports(const Schedule& schedule) { return ResidentChain::Covers(schedule); }
+  static bool Supports(const Decisions& schedule) { return ResidentChain::Covers(schedule); }
 
   // `base` gives everything but the update placements; it must be Supported.
-  ChainEvaluator(const CostModel& cost, const Schedule& base);
+  ChainEvaluator(const CostModel& cost, const Decisions& base);
 
   struct Estimate {
     // The closed-form period; without delayed updates only.

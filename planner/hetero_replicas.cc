@@ -63,7 +63,7 @@ struct HeteroReplicas::Record {
   }
 };
 
-HeteroReplicas::HeteroReplicas(const CostModel& cost, const Schedule& s)
+HeteroReplicas::HeteroReplicas(const CostModel& cost, const Decisions& s)
     : micro_batches_(s.micro_batches()), batch_size_(s.batch_size) {
   const int L = cost.num_layers();
   const int m = s.micro_batch_size;

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "planner/cost_model.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 #include "planner/simulator.h"
 #include "planner/steady_state.h"
 
@@ -37,12 +37,12 @@ namespace tandem::planner {
 
 class HeteroReplicas {
  public:
-  static bool Covers(const Schedule& schedule) {
+  static bool Covers(const Decisions& schedule) {
     return schedule.strategy == tandem::v1::STRATEGY_HETERO_DP;
   }
 
   // `schedule` must be Covered and valid (PlanSimulator::Validate).
-  HeteroReplicas(const CostModel& cost, const Schedule& schedule);
+  HeteroReplicas(const CostModel& cost, const Decisions& schedule);
 
   // What PlanSimulator::Simulate reports for the schedule.
   SimulationResult Simulate(bool record_timeline);

@@ -24,7 +24,7 @@ TEST(HeteroReplicasTest, MatchesTheEventGraphBitForBit) {
     testing::RandomChainOptions options;
     options.coarse_times = trial % 2 == 1;
     testing::RandomChain chain = testing::RandomResidentChain(layers, &rng, options);
-    Schedule s = chain.base;
+    Decisions s = chain.base;
     s.strategy = tandem::v1::STRATEGY_HETERO_DP;
     s.delayed_parameter_update = false;
     s.batch_size = 2 + static_cast<int>(rng() % 7);
@@ -34,7 +34,7 @@ TEST(HeteroReplicasTest, MatchesTheEventGraphBitForBit) {
       if (s.accelerator_batch_share % d == 0) divisors.push_back(d);
     }
     s.micro_batch_size = divisors[rng() % divisors.size()];
-    for (LayerSchedule& l : s.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
+    for (LayerDecisions& l : s.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
     PlanSimulator sim(chain.cost);
     ASSERT_TRUE(sim.Validate(s).ok()) << sim.Validate(s);
     for (bool timeline : {true, false}) {
@@ -88,7 +88,7 @@ TEST(HeteroReplicasTest, MatchesTheEventGraphWhenThePeriodNeverSettles) {
   absl::StatusOr<CostModel> cost =
       CostModel::FromHardwareSpec(testing::UniformChainProfile(20, 1024, 64), spec);
   ASSERT_TRUE(cost.ok()) << cost.status();
-  Schedule s;
+  Decisions s;
   s.strategy = tandem::v1::STRATEGY_HETERO_DP;
   s.layers.resize(cost->num_layers());
   s.batch_size = 64;

@@ -16,10 +16,10 @@ bool Fits(const SimulationResult& r, const MemoryBudget& budget) {
          (budget.host_bytes <= 0 || r.prediction.host_peak_bytes() <= budget.host_bytes);
 }
 
-Schedule Apply(Schedule s, const std::vector<MemoryAction>& actions, int count) {
+Decisions Apply(Decisions s, const std::vector<MemoryAction>& actions, int count) {
   for (int i = 0; i < count; ++i) {
     const MemoryAction& a = actions[i];
-    LayerSchedule& l = s.layers[a.layer];
+    LayerDecisions& l = s.layers[a.layer];
     switch (a.kind) {
       case MemoryAction::kOffload:
         l.activation = tandem::v1::ACTIVATION_POLICY_OFFLOAD;
@@ -42,7 +42,7 @@ double Ratio(const MemoryAction& a) {
 
 }  // namespace
 
-std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Schedule& s,
+std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisions& s,
                                             const MemoryChoices& choices) {
   const int L = static_cast<int>(s.layers.size());
   const int m = s.micro_batch_size;
@@ -105,7 +105,7 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Schedul
   if (choices.stream) {
     std::vector<int> by_size;
     for (int l = 0; l < L; ++l) {
-      const LayerSchedule& d = s.layers[l];
+      const LayerDecisions& d = s.layers[l];
       if (cost.ParameterBytes(l) > 0 && d.update != kAcc &&
           d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
         by_size.push_back(l);
@@ -148,7 +148,7 @@ std::vector<int> MicroBatchSizes(int samples, int fixed) {
   return sizes;
 }
 
-MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Schedule& base,
+MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Decisions& base,
                            const MemoryChoices& choices, int fixed_micro_batch_size,
                            int64_t host_budget_bytes)
     : simulator_(simulator), base_(base), choices_(choices), host_budget_bytes_(host_budget_bytes) {
@@ -160,7 +160,7 @@ MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Schedule& base,
 
 const std::vector<MemoryAction>& MemoryFitter::Actions(Size* size) {
   if (!size->ranked) {
-    Schedule s = base_;
+    Decisions s = base_;
     s.micro_batch_size = size->micro_batch_size;
     size->actions = RankMemoryActions(simulator_.cost(), s, choices_);
     size->ranked = true;
@@ -168,8 +168,8 @@ const std::vector<MemoryAction>& MemoryFitter::Actions(Size* size) {
   return size->actions;
 }
 
-Schedule MemoryFitter::PlanAt(const Size& size, int actions) const {
-  Schedule s = base_;
+Decisions MemoryFitter::PlanAt(const Size& size, int actions) const {
+  Decisions s = base_;
   s.micro_batch_size = size.micro_batch_size;
   return Apply(std::move(s), size.actions, actions);
 }
@@ -278,7 +278,7 @@ MemoryFitter::Minimum MemoryFitter::MinimumBudget() {
   return minimum;
 }
 
-FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
+FitResult FitToBudget(const PlanSimulator& simulator, const Decisions& base,
                       const MemoryBudget& budget, const MemoryChoices& choices,
                       int fixed_micro_batch_size) {
   return MemoryFitter(simulator, base, choices, fixed_micro_batch_size, budget.host_bytes)

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "planner/cost_model.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 #include "planner/simulator.h"
 
 namespace tandem::planner {
@@ -62,7 +62,7 @@ struct FitResult {
   bool feasible = false;
   // The fastest schedule that fits; when none does, the one with the
   // smallest accelerator peak among those simulated.
-  Schedule schedule;
+  Decisions schedule;
   // Simulated without a timeline.
   SimulationResult simulation;
   int64_t plans_evaluated = 0;
@@ -77,7 +77,7 @@ struct MemoryAction {
 };
 
 // The savings available to `schedule` (at its micro-batch size), best first.
-std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Schedule& schedule,
+std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisions& schedule,
                                             const MemoryChoices& choices);
 
 // Micro-batch sizes to try for `samples` samples: `fixed` alone when > 0 (if
@@ -91,7 +91,7 @@ class MemoryFitter {
  public:
   // `fixed_micro_batch_size` > 0 pins the micro-batch size; host_budget_bytes
   // 0 = no host limit. Keeps a reference to `simulator`.
-  MemoryFitter(const PlanSimulator& simulator, const Schedule& base, const MemoryChoices& choices,
+  MemoryFitter(const PlanSimulator& simulator, const Decisions& base, const MemoryChoices& choices,
                int fixed_micro_batch_size, int64_t host_budget_bytes);
 
   FitResult Fit(int64_t accelerator_bytes);
@@ -128,12 +128,12 @@ class MemoryFitter {
   };
   // The ranked savings of `size`, computed on first use.
   const std::vector<MemoryAction>& Actions(Size* size);
-  Schedule PlanAt(const Size& size, int actions) const;
+  Decisions PlanAt(const Size& size, int actions) const;
   const Candidate& Simulated(Size* size, int actions);
   bool HostFits(const SimulationResult& r) const;
 
   const PlanSimulator& simulator_;
-  Schedule base_;
+  Decisions base_;
   MemoryChoices choices_;
   int64_t host_budget_bytes_;
   std::vector<Size> sizes_;
@@ -141,7 +141,7 @@ class MemoryFitter {
 };
 
 // MemoryFitter(...).Fit(budget.accelerator_bytes), for one budget.
-FitResult FitToBudget(const PlanSimulator& simulator, const Schedule& base,
+FitResult FitToBudget(const PlanSimulator& simulator, const Decisions& base,
                       const MemoryBudget& budget, const MemoryChoices& choices,
                       int fixed_micro_batch_size);
 

@@ -26,14 +26,14 @@ TEST(MemoryFitterTest, MinimumBudgetIsTheSmallestThatFits) {
   for (int trial = 0; trial < 60; ++trial) {
     testing::RandomChain chain = testing::RandomResidentChain(2 + trial % 7, &rng);
     PlanSimulator simulator(chain.cost);
-    Schedule base = chain.base;
+    Decisions base = chain.base;
     MemoryChoices choices;
     choices.recompute = true;
     switch (trial % 3) {
       case 0:
         base.strategy = tandem::v1::STRATEGY_GPU_ONLY;
         base.delayed_parameter_update = false;
-        for (LayerSchedule& l : base.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
+        for (LayerDecisions& l : base.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
         break;
       case 1:
         base.strategy = tandem::v1::STRATEGY_ZERO_OFFLOAD;
@@ -43,10 +43,10 @@ TEST(MemoryFitterTest, MinimumBudgetIsTheSmallestThatFits) {
         base.strategy = tandem::v1::STRATEGY_HETERO_DP;
         base.delayed_parameter_update = false;
         base.accelerator_batch_share = 1;
-        for (LayerSchedule& l : base.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
+        for (LayerDecisions& l : base.layers) l.update = tandem::v1::PLACEMENT_ACCELERATOR;
         break;
     }
-    for (LayerSchedule& l : base.layers) l.activation = tandem::v1::ACTIVATION_POLICY_KEEP;
+    for (LayerDecisions& l : base.layers) l.activation = tandem::v1::ACTIVATION_POLICY_KEEP;
     MemoryFitter fitter(simulator, base, choices, /*fixed_micro_batch_size=*/0,
                         /*host_budget_bytes=*/0);
     const int64_t minimum = fitter.MinimumBudget().accelerator_bytes;
@@ -93,7 +93,7 @@ TEST(RankMemoryActionsTest, PrefersCheapSavingsAndHonoursTheChoices) {
   absl::StatusOr<CostModel> cost =
       CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(layers, 1, node));
   ASSERT_TRUE(cost.ok());
-  Schedule s;
+  Decisions s;
   s.layers.resize(3);
   s.batch_size = s.micro_batch_size = 1;
   MemoryChoices recompute_only;

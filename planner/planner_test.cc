@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 #include "planner/simulator.h"
 #include "planner/strategies.h"
 #include "planner/testing/synthetic_models.h"
@@ -102,7 +102,7 @@ struct PlacementOptimum {
   double all_host = HUGE_VAL;
   double all_accelerator = HUGE_VAL;
 };
-PlacementOptimum BestPlacement(const PlanSimulator& sim, Schedule config, int64_t budget_bytes,
+PlacementOptimum BestPlacement(const PlanSimulator& sim, Decisions config, int64_t budget_bytes,
                                int64_t host_budget_bytes) {
   std::vector<int> eligible;
   for (int l = 0; l < static_cast<int>(config.layers.size()); ++l) {
@@ -172,7 +172,7 @@ PlanRequest RandomChainRequest(int layers, std::mt19937* rng) {
   absl::StatusOr<CostModel> cost = CostModel::FromMeasuredProfile(r.profile);
   EXPECT_TRUE(cost.ok()) << cost.status();
   const PlanSimulator sim(*cost);
-  Schedule s;
+  Decisions s;
   s.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
   s.layers.resize(layers);
   s.batch_size = s.micro_batch_size = 2;
@@ -292,7 +292,7 @@ void ExpectReuseDistanceMatchesExhaustiveSearch(const PlanRequest& r, const std:
                                        : CostModel::FromMeasuredProfile(r.profile);
   ASSERT_TRUE(cost.ok());
   const PlanSimulator sim(*cost);
-  absl::StatusOr<Schedule> config = ScheduleFromPlan(zero, cost->num_layers());
+  absl::StatusOr<Decisions> config = DecisionsFromPlan(zero, cost->num_layers());
   ASSERT_TRUE(config.ok()) << config.status();
   const int64_t budget = r.accelerator_memory_bytes;
   const int64_t host_budget = cost->host_memory_bytes();
@@ -300,7 +300,7 @@ void ExpectReuseDistanceMatchesExhaustiveSearch(const PlanRequest& r, const std:
   PlacementOptimum half;
   const int m = config->micro_batch_size;
   if (r.micro_batch_size == 0 && m % 2 == 0) {
-    Schedule h = *config;
+    Decisions h = *config;
     h.micro_batch_size = m / 2;
     half = BestPlacement(sim, h, budget, host_budget);
   }

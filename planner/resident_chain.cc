@@ -53,9 +53,9 @@ struct ResidentChain::Record {
   }
 };
 
-bool ResidentChain::Covers(const Schedule& s) {
+bool ResidentChain::Covers(const Decisions& s) {
   if (s.strategy == tandem::v1::STRATEGY_HETERO_DP || s.layers.empty()) return false;
-  for (const LayerSchedule& l : s.layers) {
+  for (const LayerDecisions& l : s.layers) {
     if (l.compute != kAcc || l.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR ||
         l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD) {
       return false;
@@ -64,7 +64,7 @@ bool ResidentChain::Covers(const Schedule& s) {
   return true;
 }
 
-ResidentChain::ResidentChain(const CostModel& cost, const Schedule& base)
+ResidentChain::ResidentChain(const CostModel& cost, const Decisions& base)
     : micro_batches_(base.micro_batches()),
       delayed_(base.delayed_parameter_update),
       batch_size_(base.batch_size) {

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "planner/cost_model.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 #include "planner/simulator.h"
 #include "planner/steady_state.h"
 
@@ -43,10 +43,10 @@ struct ResidentLayer : ChainLayerCosts {
 class ResidentChain {
  public:
   // Whether `schedule` is in the class above (it must also be valid).
-  static bool Covers(const Schedule& schedule);
+  static bool Covers(const Decisions& schedule);
 
   // Everything of `base` but where layers update; `base` must be Covered.
-  ResidentChain(const CostModel& cost, const Schedule& base);
+  ResidentChain(const CostModel& cost, const Decisions& base);
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const ResidentLayer& layer(int l) const { return layers_[l]; }

@@ -46,7 +46,7 @@ TEST(ResidentChainTest, MatchesTheEventGraphBitForBit) {
     RandomChain chain = RandomResidentChain(layers, &rng, options);
     std::vector<bool> acc(layers);
     for (int l = 0; l < layers; ++l) acc[l] = (rng() & 1) != 0;
-    const Schedule s = WithUpdates(chain.base, acc);
+    const Decisions s = WithUpdates(chain.base, acc);
     ASSERT_TRUE(ResidentChain::Covers(s));
     PlanSimulator sim(chain.cost);
     for (bool timeline : {true, false}) {
@@ -70,7 +70,7 @@ TEST(ResidentChainTest, MatchesTheEventGraphBitForBit) {
 }
 
 TEST(ResidentChainTest, CoversResidentKeepOrRecomputeSchedulesOnly) {
-  Schedule s;
+  Decisions s;
   s.layers.resize(2);
   EXPECT_TRUE(ResidentChain::Covers(s));
   s.layers[1].activation = tandem::v1::ACTIVATION_POLICY_RECOMPUTE;

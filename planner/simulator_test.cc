@@ -55,18 +55,18 @@ CostModel Model(const std::vector<SyntheticLayer>& layers, int batch = 1,
   return *std::move(cost);
 }
 
-Schedule Uniform(int layers, tandem::v1::Placement update, int batch = 1) {
-  Schedule s;
+Decisions Uniform(int layers, tandem::v1::Placement update, int batch = 1) {
+  Decisions s;
   s.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
   s.layers.resize(layers);
-  for (LayerSchedule& l : s.layers) l.update = update;
+  for (LayerDecisions& l : s.layers) l.update = update;
   s.batch_size = batch;
   s.micro_batch_size = batch;
   s.host_update_threads = 1;
   return s;
 }
 
-SimulationResult Simulated(const CostModel& cost, const Schedule& s) {
+SimulationResult Simulated(const CostModel& cost, const Decisions& s) {
   PlanSimulator sim(cost);
   absl::StatusOr<SimulationResult> r = sim.Simulate(s);
   EXPECT_TRUE(r.ok()) << r.status();
@@ -148,7 +148,7 @@ TEST(PlanSimulatorTest, UpdatingTheShortestReuseDistanceOnTheAcceleratorRemovesT
   //   F0 [0,1] F1 [1,2] B1 [2,4] B0 [4,6] U0 [6,6.5]; layer 1's chain ends at
   //   7, next F1 starts at 7.5. Period 6.5, slack of layer 1 = 3.5 - 3.
   const CostModel cost = Model({Layer(1, 2, 100), Layer(1, 2, 100)});
-  Schedule s = Uniform(2, PLACEMENT_HOST);
+  Decisions s = Uniform(2, PLACEMENT_HOST);
   s.layers[0].update = PLACEMENT_ACCELERATOR;
   const SimulationResult r = Simulated(cost, s);
   EXPECT_NEAR(r.prediction.iteration_seconds(), 6.5, kTol);
@@ -162,7 +162,7 @@ TEST(PlanSimulatorTest, DelayedParameterUpdateHidesTheHostChain) {
   // waits for iteration k-1's update, which ended long before. Period = the
   // compute program, 6.
   const CostModel cost = Model({Layer(1, 2, 100), Layer(1, 2, 100)});
-  Schedule s = Uniform(2, PLACEMENT_HOST);
+  Decisions s = Uniform(2, PLACEMENT_HOST);
   s.delayed_parameter_update = true;
   const SimulationResult r = Simulated(cost, s);
   EXPECT_NEAR(r.prediction.iteration_seconds(), 6.0, kTol);
@@ -178,7 +178,7 @@ TEST(PlanSimulatorTest, DelayedUpdatesCannotOutrunAnOverloadedHostPool) {
   std::vector<SyntheticLayer> layers = {Layer(1, 2, 100), Layer(1, 2, 100)};
   for (SyntheticLayer& l : layers) l.host_update_seconds = 5.0;
   const CostModel cost = Model(layers);
-  Schedule s = Uniform(2, PLACEMENT_HOST);
+  Decisions s = Uniform(2, PLACEMENT_HOST);
   s.delayed_parameter_update = true;
   const SimulationResult r = Simulated(cost, s);
   EXPECT_NEAR(r.prediction.iteration_seconds(), 10.0, 1e-6);
@@ -193,7 +193,7 @@ TEST(PlanSimulatorTest, StreamedParametersArePrefetchedAndFreed) {
   std::vector<SyntheticLayer> layers = {Layer(1, 2, 100)};
   layers[0].activation_bytes = 1000;
   const CostModel cost = Model(layers);
-  Schedule s = Uniform(1, PLACEMENT_HOST);
+  Decisions s = Uniform(1, PLACEMENT_HOST);
   s.layers[0].parameter_home = PARAMETER_HOME_HOST_STREAMED;
   const SimulationResult r = Simulated(cost, s);
   EXPECT_NEAR(r.prediction.iteration_seconds(), 6.0, kTol);
@@ -229,7 +229,7 @@ TEST(PlanSimulatorTest, OffloadedActivationsLeaveTheDeviceBetweenForwardAndBackw
   // Device: 100, 150, (t=2: -100 +50) 100, (t=5: -50 +100) 150, ... peak 150
   // instead of 200 kept; time unchanged.
   const CostModel cost = Model(ActivationChain({100, 50, 50}));
-  Schedule s = Uniform(3, PLACEMENT_ACCELERATOR);
+  Decisions s = Uniform(3, PLACEMENT_ACCELERATOR);
   const SimulationResult keep = Simulated(cost, s);
   EXPECT_EQ(keep.prediction.accelerator_peak_bytes(), 200);
   s.layers[0].activation = ACTIVATION_POLICY_OFFLOAD;
@@ -249,7 +249,7 @@ TEST(PlanSimulatorTest, RecomputeKeepsOnlyTheCheckpointAndRerunsTheForward) {
   // is its checkpoint. F0..F3 [0,4], B3 [4,6], B2 [6,8], R1 [8,9], B1 [9,11],
   // B0 [11,13]. 30 B leave when F2 ends (t=3): peak 220 at t=3 instead of 250.
   const CostModel cost = Model(ActivationChain({100, 50, 50, 50}));
-  Schedule s = Uniform(4, PLACEMENT_ACCELERATOR);
+  Decisions s = Uniform(4, PLACEMENT_ACCELERATOR);
   EXPECT_EQ(Simulated(cost, s).prediction.accelerator_peak_bytes(), 250);
   s.layers[1].activation = ACTIVATION_POLICY_RECOMPUTE;
   const SimulationResult r = Simulated(cost, s);
@@ -269,7 +269,7 @@ TEST(PlanSimulatorTest, MicroBatchesAccumulateGradientsThenUpdateOnce) {
   std::vector<SyntheticLayer> layers = {Layer(2, 4, 100)};
   layers[0].activation_bytes = 1000;
   const CostModel cost = Model(layers, /*batch=*/2);
-  Schedule s = Uniform(1, PLACEMENT_ACCELERATOR, /*batch=*/2);
+  Decisions s = Uniform(1, PLACEMENT_ACCELERATOR, /*batch=*/2);
   s.micro_batch_size = 1;
   const SimulationResult r = Simulated(cost, s);
   EXPECT_NEAR(r.prediction.iteration_seconds(), 6.5, 1e-4);
@@ -297,7 +297,7 @@ TEST(PlanSimulatorTest, HeteroDpRunsBothReplicasThenSynchronisesGradients) {
   // Average = 3 * 100 B / (500 B/s * 0.6 elementwise efficiency) = 1 s.
   node.host_memory_bytes_per_second = 500;
   const CostModel cost = Model(layers, /*batch=*/2, node);
-  Schedule s = Uniform(1, PLACEMENT_ACCELERATOR, /*batch=*/2);
+  Decisions s = Uniform(1, PLACEMENT_ACCELERATOR, /*batch=*/2);
   s.strategy = tandem::v1::STRATEGY_HETERO_DP;
   s.accelerator_batch_share = 1;
   s.micro_batch_size = 1;
@@ -319,9 +319,9 @@ TEST(PlanSimulatorTest, CpuOnlyComputesAndUpdatesOnTheHost) {
   // Host: F0 [0,1] F1 [1,2] B1 [2,4] B0 [4,6]; updates U1 [4,5], U0 [6,7];
   // the next F0 waits for U0: period 7.
   const CostModel cost = Model({Layer(1, 2, 100), Layer(1, 2, 100)});
-  Schedule s = Uniform(2, PLACEMENT_HOST);
+  Decisions s = Uniform(2, PLACEMENT_HOST);
   s.strategy = tandem::v1::STRATEGY_CPU_ONLY;
-  for (LayerSchedule& l : s.layers) {
+  for (LayerDecisions& l : s.layers) {
     l.compute = PLACEMENT_HOST;
     l.parameter_home = PARAMETER_HOME_HOST;
   }
@@ -335,7 +335,7 @@ TEST(PlanSimulatorTest, CpuOnlyComputesAndUpdatesOnTheHost) {
 TEST(PlanSimulatorTest, RejectsPlansTheExecutorCannotRun) {
   const CostModel cost = Model({Layer(1, 2, 100), Layer(1, 2, 100)});
   PlanSimulator sim(cost);
-  Schedule s = Uniform(2, PLACEMENT_ACCELERATOR);
+  Decisions s = Uniform(2, PLACEMENT_ACCELERATOR);
   s.layers[1].parameter_home = PARAMETER_HOME_HOST_STREAMED;
   absl::StatusOr<SimulationResult> r = sim.Simulate(s);
   ASSERT_FALSE(r.ok());

@@ -32,10 +32,10 @@ class Stopwatch {
 
 // Every layer computes on the accelerator with resident state; `update`
 // says where layers with parameters update.
-Schedule AcceleratorBase(const StrategyContext& c, tandem::v1::Strategy strategy,
-                         tandem::v1::Placement update) {
+Decisions AcceleratorBase(const StrategyContext& c, tandem::v1::Strategy strategy,
+                          tandem::v1::Placement update) {
   const CostModel& cost = c.cost();
-  Schedule s;
+  Decisions s;
   s.strategy = strategy;
   s.layers.resize(cost.num_layers());
   for (int l = 0; l < cost.num_layers(); ++l) {
@@ -50,9 +50,9 @@ Schedule AcceleratorBase(const StrategyContext& c, tandem::v1::Strategy strategy
 }
 
 // What a fitted schedule did to save memory, for notes.
-std::string Describe(const Schedule& s) {
+std::string Describe(const Decisions& s) {
   int offload = 0, recompute = 0, streamed = 0, on_accelerator = 0;
-  for (const LayerSchedule& l : s.layers) {
+  for (const LayerDecisions& l : s.layers) {
     offload += l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD;
     recompute += l.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
     streamed += l.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
@@ -62,7 +62,7 @@ std::string Describe(const Schedule& s) {
                       " offloaded, ", recompute, " recomputed, ", streamed, " streamed layers");
 }
 
-void Adopt(const Schedule& s, const SimulationResult& r, StrategyOutcome* out) {
+void Adopt(const Decisions& s, const SimulationResult& r, StrategyOutcome* out) {
   out->schedule = s;
   out->schedule.strategy = out->strategy;
   out->simulation = r;
@@ -114,7 +114,7 @@ StrategyOutcome NoAccelerator(tandem::v1::Strategy strategy, const StrategyConte
 // Bytes every plan of `base` holds on the accelerator for the whole step:
 // resident weights and accelerator-side optimizer state. A budget below it
 // cannot fit, whatever else is decided.
-int64_t ResidentBytes(const CostModel& cost, const Schedule& base) {
+int64_t ResidentBytes(const CostModel& cost, const Decisions& base) {
   int64_t bytes = 0;
   for (int l = 0; l < cost.num_layers(); ++l) {
     if (base.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
@@ -126,7 +126,7 @@ int64_t ResidentBytes(const CostModel& cost, const Schedule& base) {
 }
 
 StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strategy strategy,
-                                   const Schedule& base, const MemoryChoices& choices,
+                                   const Decisions& base, const MemoryChoices& choices,
                                    bool find_min_budget, bool record_timeline = true) {
   Stopwatch clock;
   StrategyOutcome out;
@@ -205,10 +205,10 @@ StrategyOutcome SolveCpuOnly(const StrategyContext& c) {
   StrategyOutcome out;
   out.strategy = tandem::v1::STRATEGY_CPU_ONLY;
   out.method = "fixed";
-  Schedule s;
+  Decisions s;
   s.strategy = out.strategy;
   s.layers.resize(c.cost().num_layers());
-  for (LayerSchedule& l : s.layers) {
+  for (LayerDecisions& l : s.layers) {
     l.compute = PLACEMENT_HOST;
     l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
     l.update = PLACEMENT_HOST;
@@ -266,7 +266,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   // and gpu_only's. Search results are simulated without a timeline; the
   // winner gets one at the end.
   struct Candidate {
-    Schedule schedule;
+    Decisions schedule;
     SimulationResult simulation;
     // zero_offload's or gpu_only's, not copied.
     const SimulationResult* borrowed = nullptr;
@@ -276,13 +276,13 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   std::vector<Candidate> candidates;
   candidates.push_back(
       {zero_offload.schedule, {}, &zero_offload.simulation, "no layer gains from the accelerator"});
-  std::vector<Schedule> configs = {zero_offload.schedule};
+  std::vector<Decisions> configs = {zero_offload.schedule};
   const int m = zero_offload.schedule.micro_batch_size;
   out.placement_proven_optimal = true;
   int64_t search_nodes = 0;
   bool simulator_scored = false;
   for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
-    Schedule config = configs[config_index];
+    Decisions config = configs[config_index];
     config.strategy = out.strategy;
     std::vector<bool> eligible(L);
     for (int l = 0; l < L; ++l) {
@@ -308,7 +308,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     }
     out.plans_evaluated += found.evaluations;
     if (!found.feasible) continue;
-    Schedule s = config;
+    Decisions s = config;
     for (int l = 0; l < L; ++l) {
       if (eligible[l]) {
         s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
@@ -326,7 +326,7 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
     const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
     candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
     if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
-      Schedule half = zero_offload.schedule;
+      Decisions half = zero_offload.schedule;
       half.micro_batch_size = m / 2;
       configs.push_back(half);
     }
@@ -388,7 +388,7 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
   out.strategy = tandem::v1::STRATEGY_HETERO_DP;
   out.method = "split search + memory-fit";
   if (!c.cost().has_accelerator()) return NoAccelerator(out.strategy, c);
-  Schedule base = AcceleratorBase(c, out.strategy, PLACEMENT_ACCELERATOR);
+  Decisions base = AcceleratorBase(c, out.strategy, PLACEMENT_ACCELERATOR);
   if (c.batch_size < 2) {
     out.schedule = base;
     out.note = "a batch of 1 sample cannot be split between two replicas";
@@ -427,7 +427,7 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
   auto fitter_of = [&](int share) -> MemoryFitter& {
     auto it = fitters.find(share);
     if (it != fitters.end()) return it->second;
-    Schedule s = base;
+    Decisions s = base;
     s.accelerator_batch_share = share;
     const int fixed =
         c.micro_batch_size > 0 && share % c.micro_batch_size == 0 ? c.micro_batch_size : 0;
@@ -476,10 +476,10 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
 tandem::v1::Plan ToPlan(const StrategyContext& c, StrategyOutcome o) {
   const CostModel& cost = c.cost();
   tandem::v1::Plan plan;
-  Schedule s = o.schedule;
+  Decisions s = o.schedule;
   s.strategy = o.strategy;
   if (s.layers.empty()) s.layers.resize(cost.num_layers());
-  WriteScheduleToPlan(s, &plan);
+  WriteDecisionsToPlan(s, &plan);
   plan.set_accelerator(cost.accelerator_kind());
   const bool host_compute = !s.layers.empty() && s.layers[0].compute == PLACEMENT_HOST;
   for (int l = 0; l < cost.num_layers(); ++l) {
@@ -490,7 +490,7 @@ tandem::v1::Plan ToPlan(const StrategyContext& c, StrategyOutcome o) {
       lp->set_slack_seconds(o.simulation.layers[l].slack_seconds);
     }
     if (host_compute || !cost.has_accelerator()) continue;
-    const LayerSchedule& d = s.layers[l];
+    const LayerDecisions& d = s.layers[l];
     const int m = std::max(1, s.micro_batch_size);
     tandem::v1::LayerMemory* mem = lp->mutable_accelerator_memory();
     mem->set_parameter_bytes(cost.ParameterBytes(l));

@@ -1,5 +1,5 @@
 // The strategies the planner offers (docs/planning.md, "What a plan decides"). Each fills a
-// Schedule under the budgets and takes its prediction only from the
+// Decisions under the budgets and takes its prediction only from the
 // simulator:
 //
 //   gpu_only        every layer computes and updates on the accelerator with
@@ -37,7 +37,7 @@
 #include <string>
 
 #include "planner/cost_model.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 #include "planner/simulator.h"
 #include "tandem/v1/plan.pb.h"
 
@@ -62,7 +62,7 @@ struct StrategyOutcome {
   bool feasible = false;
   // The plan (when infeasible: the one it would run at the minimum budget,
   // if any) and its simulation.
-  Schedule schedule;
+  Decisions schedule;
   SimulationResult simulation;
   bool simulated = false;
   int64_t min_accelerator_memory_bytes = 0;

@@ -22,9 +22,9 @@ bool Shorter(double a, double b) { return a < b - 1e-12 * std::max(1.0, std::fab
 
 }  // namespace
 
-PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Schedule& base) {
+PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Decisions& base) {
   return [&simulator, base](const std::vector<bool>& acc, bool need_peak) {
-    Schedule s = base;
+    Decisions s = base;
     for (size_t l = 0; l < s.layers.size(); ++l) {
       if (s.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED) continue;
       s.layers[l].update = acc[l] ? kAcc : kHost;

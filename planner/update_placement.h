@@ -50,7 +50,7 @@
 
 #include "planner/chain_evaluator.h"
 #include "planner/cost_model.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 #include "planner/simulator.h"
 
 namespace tandem::planner {
@@ -61,7 +61,7 @@ using PlacementScorer =
 
 // Scores with PlanSimulator (any schedule): `base` with the update placements
 // replaced; layers not eligible keep theirs.
-PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Schedule& base);
+PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Decisions& base);
 
 struct PlacementSearchResult {
   bool feasible = false;

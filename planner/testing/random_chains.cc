@@ -46,10 +46,10 @@ RandomChain RandomResidentChain(int layers, std::mt19937* rng, const RandomChain
   absl::StatusOr<CostModel> cost =
       CostModel::FromMeasuredProfile(MeasuredChainProfile(chain, /*batch_size=*/2, node));
   if (!cost.ok()) std::abort();
-  Schedule s;
+  Decisions s;
   s.strategy = tandem::v1::STRATEGY_REUSE_DISTANCE;
   s.layers.resize(layers);
-  for (LayerSchedule& l : s.layers) {
+  for (LayerDecisions& l : s.layers) {
     l.update = tandem::v1::PLACEMENT_HOST;
     if (u(*rng) < 0.25) l.activation = tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
   }
@@ -60,7 +60,7 @@ RandomChain RandomResidentChain(int layers, std::mt19937* rng, const RandomChain
   return {*std::move(cost), s};
 }
 
-Schedule WithUpdates(Schedule s, const std::vector<bool>& on_accelerator) {
+Decisions WithUpdates(Decisions s, const std::vector<bool>& on_accelerator) {
   for (size_t l = 0; l < s.layers.size(); ++l) {
     s.layers[l].update =
         on_accelerator[l] ? tandem::v1::PLACEMENT_ACCELERATOR : tandem::v1::PLACEMENT_HOST;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "planner/cost_model.h"
-#include "planner/schedule.h"
+#include "planner/decisions.h"
 
 namespace tandem::planner::testing {
 
@@ -18,7 +18,7 @@ struct RandomChain {
   CostModel cost;
   // Every layer computes on the accelerator with resident weights, keeps or
   // recomputes its activations and updates on the host.
-  Schedule base;
+  Decisions base;
 };
 
 struct RandomChainOptions {
@@ -32,7 +32,7 @@ RandomChain RandomResidentChain(int layers, std::mt19937* rng,
                                 const RandomChainOptions& options = {});
 
 // `s` with layers[l].update = ACCELERATOR where on_accelerator[l], else HOST.
-Schedule WithUpdates(Schedule s, const std::vector<bool>& on_accelerator);
+Decisions WithUpdates(Decisions s, const std::vector<bool>& on_accelerator);
 
 // Layers that may update on the accelerator: those with parameters.
 std::vector<bool> LayersWithParameters(const CostModel& cost);

@@ -1,16 +1,16 @@
-#include "planner/schedule.h"
+#include "schedule/decisions.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace tandem::planner {
+namespace tandem::schedule {
 
-absl::StatusOr<Schedule> ScheduleFromPlan(const tandem::v1::Plan& plan, int num_layers) {
+absl::StatusOr<Decisions> DecisionsFromPlan(const tandem::v1::Plan& plan, int num_layers) {
   if (plan.layers_size() != num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("plan.layers: has ", plan.layers_size(),
                                                    " layers, the model has ", num_layers));
   }
-  Schedule s;
+  Decisions s;
   s.strategy = plan.strategy();
   s.batch_size = plan.batch_size();
   s.micro_batch_size = plan.micro_batch_size();
@@ -25,7 +25,7 @@ absl::StatusOr<Schedule> ScheduleFromPlan(const tandem::v1::Plan& plan, int num_
   return s;
 }
 
-void WriteScheduleToPlan(const Schedule& schedule, tandem::v1::Plan* plan) {
+void WriteDecisionsToPlan(const Decisions& schedule, tandem::v1::Plan* plan) {
   plan->set_strategy(schedule.strategy);
   plan->set_batch_size(schedule.batch_size);
   plan->set_micro_batch_size(schedule.micro_batch_size);
@@ -36,7 +36,7 @@ void WriteScheduleToPlan(const Schedule& schedule, tandem::v1::Plan* plan) {
   while (plan->layers_size() < static_cast<int>(schedule.layers.size())) plan->add_layers();
   for (int i = 0; i < static_cast<int>(schedule.layers.size()); ++i) {
     tandem::v1::LayerPlan* l = plan->mutable_layers(i);
-    const LayerSchedule& d = schedule.layers[i];
+    const LayerDecisions& d = schedule.layers[i];
     l->set_index(i);
     l->set_compute(d.compute);
     l->set_parameter_home(d.parameter_home);
@@ -45,4 +45,4 @@ void WriteScheduleToPlan(const Schedule& schedule, tandem::v1::Plan* plan) {
   }
 }
 
-}  // namespace tandem::planner
+}  // namespace tandem::schedule

@@ -1,33 +1,33 @@
-// Schedule: the decisions of a Plan (per layer: where it computes, where its
+// Decisions: the decisions of a Plan (per layer: where it computes, where its
 // parameters live, where it updates, what happens to its activations; and the
 // strategy-wide settings) as a plain struct the solvers copy and mutate cheaply.
-// A Plan proto is a Schedule plus predictions; ScheduleFromPlan and
-// WriteScheduleToPlan convert. Value type; thread-compatible.
-#ifndef TANDEM_PLANNER_SCHEDULE_H_
-#define TANDEM_PLANNER_SCHEDULE_H_
+// A Plan proto is a Decisions plus predictions; DecisionsFromPlan and
+// WriteDecisionsToPlan convert. Value type; thread-compatible.
+#ifndef TANDEM_SCHEDULE_DECISIONS_H_
+#define TANDEM_SCHEDULE_DECISIONS_H_
 
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "tandem/v1/plan.pb.h"
 
-namespace tandem::planner {
+namespace tandem::schedule {
 
-struct LayerSchedule {
+struct LayerDecisions {
   tandem::v1::Placement compute = tandem::v1::PLACEMENT_ACCELERATOR;
   tandem::v1::ParameterHome parameter_home = tandem::v1::PARAMETER_HOME_ACCELERATOR;
   tandem::v1::Placement update = tandem::v1::PLACEMENT_ACCELERATOR;
   tandem::v1::ActivationPolicy activation = tandem::v1::ACTIVATION_POLICY_KEEP;
 
-  bool operator==(const LayerSchedule& o) const {
+  bool operator==(const LayerDecisions& o) const {
     return compute == o.compute && parameter_home == o.parameter_home && update == o.update &&
            activation == o.activation;
   }
 };
 
-struct Schedule {
+struct Decisions {
   tandem::v1::Strategy strategy = tandem::v1::STRATEGY_GPU_ONLY;
-  std::vector<LayerSchedule> layers;
+  std::vector<LayerDecisions> layers;
   // Samples per optimizer step.
   int batch_size = 1;
   // Samples per micro-batch of the replica that computes layers (the
@@ -47,12 +47,12 @@ struct Schedule {
 
 // The decisions of `plan` (which must have `num_layers` layers).
 // INVALID_ARGUMENT naming the field when they do not fit together.
-absl::StatusOr<Schedule> ScheduleFromPlan(const tandem::v1::Plan& plan, int num_layers);
+absl::StatusOr<Decisions> DecisionsFromPlan(const tandem::v1::Plan& plan, int num_layers);
 
 // Writes the decisions of `schedule` into `plan` (layers get index and
 // placements; names and predictions are left to the caller).
-void WriteScheduleToPlan(const Schedule& schedule, tandem::v1::Plan* plan);
+void WriteDecisionsToPlan(const Decisions& schedule, tandem::v1::Plan* plan);
 
-}  // namespace tandem::planner
+}  // namespace tandem::schedule
 
-#endif  // TANDEM_PLANNER_SCHEDULE_H_
+#endif  // TANDEM_SCHEDULE_DECISIONS_H_

@@ -1,0 +1,447 @@
+#include "schedule/lower.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tandem::schedule {
+namespace {
+
+using tandem::v1::ActivationPolicy;
+using tandem::v1::Placement;
+using tandem::v1::TimelinePhase;
+
+constexpr Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
+constexpr Placement kHost = tandem::v1::PLACEMENT_HOST;
+constexpr ActivationPolicy kOffload = tandem::v1::ACTIVATION_POLICY_OFFLOAD;
+constexpr ActivationPolicy kRecompute = tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
+
+// The resources of one node with one accelerator, in this order.
+enum ResourceIndex : int { kAccCompute = 0, kH2D, kD2H, kHostUpdate, kHostCompute };
+enum PoolIndex : int { kAccPool = 0, kHostPool = 1 };
+
+absl::Status Invalid(int layer, absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("plan.layers[", layer, "].", field, ": ", what));
+}
+
+// A dependency on an operation written later in the iteration (or at its
+// end), resolved once the iteration is complete.
+enum class Later { kHostUpdate, kChainUpdate, kChainReturn, kLastLayerOp };
+struct Pending {
+  int op;
+  Later what;
+  int layer;
+  int lag;
+  bool on_start;
+};
+
+class Lowering {
+ public:
+  Lowering(const Decisions& d, const std::vector<LayerSizes>& sizes, Mode mode)
+      : d_(d), sizes_(sizes), mode_(mode), L_(static_cast<int>(d.layers.size())) {
+    s_.mode = mode;
+    using tandem::v1::TimelineResource;
+    for (TimelineResource r :
+         {tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+          tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
+          tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE}) {
+      const bool stream = r == tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE ||
+                          r == tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE;
+      s_.resources.push_back({r, 0, 0, stream});
+    }
+    s_.order.resize(s_.resources.size());
+    s_.pools = {MemoryPool{false, 0, 0}, MemoryPool{true, 0, 0}};
+    s_.resident_bytes = {0, 0};
+    s_.layers.resize(L_);
+    s_.program_resource = mode == Mode::kHost ? kHostCompute : kAccCompute;
+    host_update_.assign(L_, -1);
+    host_backward_.assign(L_, -1);
+  }
+
+  Schedule Run() {
+    ResidentMemory();
+    if (mode_ != Mode::kHost) AcceleratorReplica();
+    if (mode_ != Mode::kAccelerator) HostReplica();
+    if (mode_ == Mode::kHetero) GradientSync();
+    Resolve();
+    return std::move(s_);
+  }
+
+ private:
+  int Lag() const { return d_.delayed_parameter_update ? 2 : 1; }
+  bool Streamed(int l) const {
+    return d_.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+  }
+
+  void ResidentMemory() {
+    for (int l = 0; l < L_; ++l) {
+      const LayerSizes& n = sizes_[l];
+      const LayerDecisions& d = d_.layers[l];
+      int64_t& acc = s_.resident_bytes[kAccPool];
+      int64_t& host = s_.resident_bytes[kHostPool];
+      if (mode_ == Mode::kHost) {
+        host += n.parameters + n.gradients + n.optimizer_state;
+      } else if (mode_ == Mode::kHetero) {
+        acc += n.parameters + n.optimizer_state;
+        host += n.parameters + n.gradients + n.optimizer_state;
+      } else {
+        if (d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) acc += n.parameters;
+        if (n.has_parameters() && d.update == kAcc) acc += n.optimizer_state;
+        if (n.has_parameters() && d.update == kHost) {
+          host += n.parameters + n.gradients + n.optimizer_state;
+        }
+      }
+    }
+  }
+
+  int Add(OpKind kind, int resource, Replica replica, TimelinePhase phase, int layer,
+          int micro_batch, int64_t bytes = 0, TensorKind tensor = TensorKind::kNone,
+          bool delivers_update = false) {
+    Op op;
+    op.kind = kind;
+    op.resource = resource;
+    op.replica = replica;
+    op.phase = phase;
+    op.layer = layer;
+    op.micro_batch = micro_batch;
+    op.bytes = bytes;
+    op.tensor = tensor;
+    op.delivers_update = delivers_update;
+    s_.ops.push_back(std::move(op));
+    const int id = static_cast<int>(s_.ops.size()) - 1;
+    s_.order[resource].push_back(id);
+    return id;
+  }
+  int Copy(int resource, TimelinePhase phase, int layer, int micro_batch, int64_t bytes,
+           TensorKind tensor, bool delivers_update = false) {
+    return Add(OpKind::kCopy, resource, kAcceleratorReplica, phase, layer, micro_batch, bytes,
+               tensor, delivers_update);
+  }
+  void Dep(int op, int prerequisite, bool on_start = false) {
+    if (op >= 0 && prerequisite >= 0) s_.ops[op].deps.push_back({prerequisite, 0, on_start});
+  }
+  void DepLater(int op, Later what, int layer, int lag, bool on_start = false) {
+    pending_.push_back({op, what, layer, lag, on_start});
+  }
+  void Mem(int op, bool at_end, int pool, int64_t delta) {
+    if (delta != 0) s_.ops[op].memory.push_back({pool, at_end, delta});
+  }
+  // The operation a prefetch waits for the start of: the accelerator's
+  // previous forward or backward, of the previous iteration at first.
+  void Prefetch(int copy) {
+    if (layer_op_ >= 0) {
+      Dep(copy, layer_op_, /*on_start=*/true);
+    } else {
+      DepLater(copy, Later::kLastLayerOp, -1, 1, /*on_start=*/true);
+    }
+  }
+
+  void AcceleratorReplica() {
+    const int M = d_.micro_batches();
+    const bool hetero = mode_ == Mode::kHetero;
+    std::vector<int> offload(static_cast<size_t>(L_), -1);
+    for (int j = 0; j < M; ++j) {
+      for (int l = 0; l < L_; ++l) AcceleratorForward(l, j, hetero, &offload);
+      for (int l = L_ - 1; l >= 0; --l) AcceleratorBackward(l, j, M, hetero, offload);
+    }
+  }
+
+  void AcceleratorForward(int l, int j, bool hetero, std::vector<int>* offload) {
+    const LayerDecisions& d = d_.layers[l];
+    const LayerSizes& n = sizes_[l];
+    const bool streamed = Streamed(l);
+    int copy = -1;
+    if (streamed) {
+      copy = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
+                  TensorKind::kWeights, /*delivers_update=*/j == 0);
+      Prefetch(copy);
+      if (j == 0) DepLater(copy, Later::kChainUpdate, l, Lag());
+      Mem(copy, false, kAccPool, n.parameters);
+    }
+    const int f = Add(OpKind::kForward, kAccCompute, kAcceleratorReplica,
+                      tandem::v1::TIMELINE_PHASE_FORWARD, l, j);
+    Dep(f, copy);
+    if (!hetero && !streamed && n.has_parameters() && d.update == kHost && j == 0) {
+      DepLater(f, Later::kChainReturn, l, Lag());
+    }
+    if (streamed) Mem(f, true, kAccPool, -n.parameters);
+    Mem(f, false, kAccPool, n.activations + n.workspace);
+    Mem(f, true, kAccPool, -n.workspace);
+    if (l > 0 && d_.layers[l - 1].activation == kRecompute) {
+      Mem(f, true, kAccPool, -(sizes_[l - 1].activations - sizes_[l - 1].checkpoint));
+    }
+    if (l == L_ - 1 && d.activation == kRecompute) {
+      Mem(f, true, kAccPool, -(n.activations - n.checkpoint));
+    }
+    if (d.activation == kOffload) {
+      const int o = Copy(kD2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, l, j, n.activations,
+                         TensorKind::kActivation);
+      Dep(o, f);
+      Mem(o, true, kAccPool, -n.activations);
+      Mem(o, false, kHostPool, n.activations);
+      (*offload)[l] = o;
+    }
+    if (j == 0) s_.layers[l].first_forward = f;
+    if (j == 0 && l == 0) s_.lead.push_back(f);
+    layer_op_ = f;
+  }
+
+  void AcceleratorBackward(int l, int j, int M, bool hetero, const std::vector<int>& offload) {
+    const LayerDecisions& d = d_.layers[l];
+    const LayerSizes& n = sizes_[l];
+    const bool streamed = Streamed(l);
+    int copy = -1;
+    if (streamed) {
+      copy = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
+                  TensorKind::kWeights);
+      Prefetch(copy);
+      Mem(copy, false, kAccPool, n.parameters);
+    }
+    int fetch = -1;
+    if (d.activation == kOffload) {
+      fetch = Copy(kH2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, l, j, n.activations,
+                   TensorKind::kActivation);
+      Prefetch(fetch);
+      Dep(fetch, offload[l]);
+      Mem(fetch, false, kAccPool, n.activations);
+      Mem(fetch, true, kHostPool, -n.activations);
+    }
+    if (d.activation == kRecompute) {
+      const int r = Add(OpKind::kRecompute, kAccCompute, kAcceleratorReplica,
+                        tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j);
+      Dep(r, copy);
+      Mem(r, false, kAccPool, n.activations - n.checkpoint + n.workspace);
+      Mem(r, true, kAccPool, -n.workspace);
+    }
+    const int b = Add(OpKind::kBackward, kAccCompute, kAcceleratorReplica,
+                      tandem::v1::TIMELINE_PHASE_BACKWARD, l, j);
+    Dep(b, copy);
+    Dep(b, fetch);
+    Mem(b, false, kAccPool, n.workspace + (j == 0 ? n.gradients : 0));
+    Mem(b, true, kAccPool, -n.workspace - n.activations - (streamed ? n.parameters : 0));
+    layer_op_ = b;
+    if (j != M - 1) return;
+    s_.layers[l].reuse_start = b;
+    if (hetero || !n.has_parameters()) return;
+    if (d.update == kAcc) {
+      const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
+                        tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
+      Mem(u, true, kAccPool, -n.gradients);
+      s_.layers[l].reuse_start = u;
+      return;
+    }
+    const int g = Copy(kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, j, n.gradients,
+                       TensorKind::kGradient);
+    Dep(g, b);
+    Mem(g, true, kAccPool, -n.gradients);
+    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica, tandem::v1::TIMELINE_PHASE_UPDATE,
+                      l, j, n.update);
+    Dep(u, g);
+    s_.layers[l].host_update = u;
+    if (!streamed) {
+      const int h = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
+                         TensorKind::kWeights, /*delivers_update=*/true);
+      Dep(h, u);
+      s_.layers[l].weights_return = h;
+    }
+  }
+
+  void HostReplica() {
+    const bool hetero = mode_ == Mode::kHetero;
+    const int M = hetero ? 1 : d_.micro_batches();
+    for (int j = 0; j < M; ++j) {
+      for (int l = 0; l < L_; ++l) {
+        const LayerSizes& n = sizes_[l];
+        const bool recompute = !hetero && d_.layers[l].activation == kRecompute;
+        const int f = Add(OpKind::kForward, kHostCompute, kHostReplica,
+                          tandem::v1::TIMELINE_PHASE_FORWARD, l, j);
+        if (j == 0 && n.has_parameters()) DepLater(f, Later::kHostUpdate, l, 1);
+        Mem(f, false, kHostPool, n.host_activations + n.host_workspace);
+        Mem(f, true, kHostPool, -n.host_workspace);
+        if (!hetero && l > 0 && d_.layers[l - 1].activation == kRecompute) {
+          Mem(f, true, kHostPool,
+              -(sizes_[l - 1].host_activations - sizes_[l - 1].host_checkpoint));
+        }
+        if (l == L_ - 1 && recompute)
+          Mem(f, true, kHostPool, -(n.host_activations - n.host_checkpoint));
+        if (!hetero && j == 0) s_.layers[l].first_forward = f;
+        if (j == 0 && l == 0) s_.lead.push_back(f);
+      }
+      for (int l = L_ - 1; l >= 0; --l) {
+        const LayerSizes& n = sizes_[l];
+        if (!hetero && d_.layers[l].activation == kRecompute) {
+          const int r = Add(OpKind::kRecompute, kHostCompute, kHostReplica,
+                            tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j);
+          Mem(r, false, kHostPool, n.host_activations - n.host_checkpoint + n.host_workspace);
+          Mem(r, true, kHostPool, -n.host_workspace);
+        }
+        const int b = Add(OpKind::kBackward, kHostCompute, kHostReplica,
+                          tandem::v1::TIMELINE_PHASE_BACKWARD, l, j);
+        Mem(b, false, kHostPool, n.host_workspace);
+        Mem(b, true, kHostPool, -n.host_workspace - n.host_activations);
+        if (j != M - 1) continue;
+        host_backward_[l] = b;
+        if (hetero) continue;
+        s_.layers[l].reuse_start = b;
+        if (!n.has_parameters()) continue;
+        const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica,
+                          tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
+        Dep(u, b);
+        host_update_[l] = u;
+        s_.layers[l].host_update = u;
+      }
+    }
+  }
+
+  void GradientSync() {
+    const int M = d_.micro_batches();
+    std::vector<int> averaged(static_cast<size_t>(L_), -1);
+    for (int l = L_ - 1; l >= 0; --l) {
+      const LayerSizes& n = sizes_[l];
+      if (!n.has_parameters()) continue;
+      const int down = Copy(kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, M - 1, n.gradients,
+                            TensorKind::kGradient);
+      Dep(down, s_.layers[l].reuse_start);
+      const int average = Add(OpKind::kGradientAverage, kHostUpdate, kHostReplica,
+                              tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, 3 * n.gradients);
+      Dep(average, down);
+      Dep(average, host_backward_[l]);
+      const int up = Copy(kH2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, M - 1, n.gradients,
+                          TensorKind::kGradient);
+      Dep(up, average);
+      averaged[l] = up;
+      const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica,
+                        tandem::v1::TIMELINE_PHASE_UPDATE, l, 0, n.update);
+      Dep(u, average);
+      host_update_[l] = u;
+    }
+    for (int l = L_ - 1; l >= 0; --l) {
+      const LayerSizes& n = sizes_[l];
+      if (!n.has_parameters()) continue;
+      const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
+                        tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, n.update);
+      Dep(u, averaged[l]);
+      Mem(u, true, kAccPool, -n.gradients);
+    }
+  }
+
+  void Resolve() {
+    for (const Pending& p : pending_) {
+      int target = -1;
+      switch (p.what) {
+        case Later::kHostUpdate:
+          target = host_update_[p.layer];
+          break;
+        case Later::kChainUpdate:
+          target = s_.layers[p.layer].host_update;
+          break;
+        case Later::kChainReturn:
+          target = s_.layers[p.layer].weights_return;
+          break;
+        case Later::kLastLayerOp:
+          target = layer_op_;
+          break;
+      }
+      if (target >= 0) s_.ops[p.op].deps.push_back({target, p.lag, p.on_start});
+    }
+  }
+
+  const Decisions& d_;
+  const std::vector<LayerSizes>& sizes_;
+  const Mode mode_;
+  const int L_;
+  Schedule s_;
+  // The accelerator's latest forward or backward (prefetches start with it).
+  int layer_op_ = -1;
+  std::vector<int> host_update_, host_backward_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace
+
+Mode ModeOf(const Decisions& d) {
+  if (d.strategy == tandem::v1::STRATEGY_HETERO_DP) return Mode::kHetero;
+  for (const LayerDecisions& l : d.layers) {
+    if (l.compute != kHost) return Mode::kAccelerator;
+  }
+  return Mode::kHost;
+}
+
+absl::Status Validate(const Decisions& s, int num_layers, bool has_accelerator) {
+  const int L = num_layers;
+  if (static_cast<int>(s.layers.size()) != L) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.layers: has ", s.layers.size(), " layers, the model has ", L));
+  }
+  if (s.batch_size < 1) return absl::InvalidArgumentError("plan.batch_size: must be >= 1");
+  if (s.host_update_threads < 1) {
+    return absl::InvalidArgumentError("plan.host_update_threads: must be >= 1");
+  }
+  const Mode mode = ModeOf(s);
+  if (mode == Mode::kHetero &&
+      (s.accelerator_batch_share < 1 || s.accelerator_batch_share >= s.batch_size)) {
+    return absl::InvalidArgumentError(
+        "plan.accelerator_batch_share: must be in [1, batch_size - 1] for hetero_dp");
+  }
+  if (s.micro_batch_size < 1 || s.replica_samples() % s.micro_batch_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.micro_batch_size: must be >= 1 and divide ", s.replica_samples(),
+                     ", got ", s.micro_batch_size));
+  }
+  if (mode != Mode::kHost && !has_accelerator) {
+    return absl::InvalidArgumentError(
+        "plan.layers: the plan computes on an accelerator the cost source does not have");
+  }
+  for (int l = 0; l < L; ++l) {
+    const LayerDecisions& d = s.layers[l];
+    const ActivationPolicy a = d.activation;
+    if (a != tandem::v1::ACTIVATION_POLICY_KEEP && a != kOffload && a != kRecompute) {
+      return Invalid(l, "activation_policy", "must be KEEP, OFFLOAD or RECOMPUTE");
+    }
+    if (mode == Mode::kHost) {
+      if (d.parameter_home != tandem::v1::PARAMETER_HOME_HOST) {
+        return Invalid(l, "parameter_home", "must be HOST when computing on the host");
+      }
+      if (d.update != kHost) return Invalid(l, "update", "must be HOST when computing on the host");
+      if (a == kOffload) return Invalid(l, "activation_policy", "OFFLOAD needs an accelerator");
+      continue;
+    }
+    if (d.compute != kAcc) {
+      return Invalid(l, "compute",
+                     "all layers compute on one side (mixed placements are not supported)");
+    }
+    if (mode == Mode::kHetero) {
+      if (d.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR || d.update != kAcc ||
+          a == kOffload) {
+        return Invalid(l, "parameter_home",
+                       "hetero_dp's accelerator replica keeps its state resident, updates on the "
+                       "accelerator and keeps or recomputes activations");
+      }
+      continue;
+    }
+    if (d.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR &&
+        d.parameter_home != tandem::v1::PARAMETER_HOME_HOST_STREAMED) {
+      return Invalid(l, "parameter_home", "must be ACCELERATOR or HOST_STREAMED");
+    }
+    if (d.update != kAcc && d.update != kHost) {
+      return Invalid(l, "update", "must be ACCELERATOR or HOST");
+    }
+    if (d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED && d.update != kHost) {
+      return Invalid(l, "update",
+                     "a HOST_STREAMED layer's master weights live on the host, so it "
+                     "must update on the host");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,
+                               bool has_accelerator) {
+  const int L = static_cast<int>(sizes.size());
+  if (absl::Status v = Validate(decisions, L, has_accelerator); !v.ok()) return v;
+  return Lowering(decisions, sizes, ModeOf(decisions)).Run();
+}
+
+}  // namespace tandem::schedule

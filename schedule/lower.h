@@ -1,0 +1,100 @@
+// Lower: a plan's Decisions to the Schedule of one training step
+// (schedule.h). The program it writes, for each kind of plan:
+//
+// ACCELERATOR PLANS (gpu_only, zero_offload, reuse_distance). Layers
+// l = 0..L-1, micro-batches j = 0..M-1. The accelerator's compute stream runs
+//     for j: FORWARD(0..L-1, j), then for l = L-1..0: [RECOMPUTE(l, j)],
+//            BACKWARD(l, j), and when j = M-1 and l updates on the
+//            accelerator, UPDATE(l) right after its backward.
+// Gradients accumulate over micro-batches; updates follow the last one.
+// Layers without parameters have no update and no gradient traffic.
+//
+// A layer updated on the host: when BACKWARD(l, M-1) ends, GRADIENT_D2H(l) on
+// the D2H engine, then UPDATE(l) on the host update pool (gradient-ready
+// order, L-1 first), then PARAMETER_H2D(l) on the H2D engine. FORWARD(l, 0) of the next
+// iteration waits for that copy; with delayed_parameter_update, for the one of
+// the iteration before (lag 2: the forward uses weights one update old).
+//
+// Parameter home HOST_STREAMED (update on the host): before each FORWARD(l, j)
+// and each BACKWARD(l, j) (or its RECOMPUTE) a PARAMETER_H2D of its weights,
+// issued when the compute stream starts the previous FORWARD/BACKWARD
+// (prefetch one layer ahead). The forward copy of micro-batch 0 also waits for
+// UPDATE(l) of the previous iteration: it brings the new weights, so such a
+// layer has no separate return copy. The copy is allocated when it starts and
+// freed when the forward (backward) ends.
+//
+// Activations, per micro-batch (A = activation bytes; checkpoint C = min(A,
+// output bytes of layer l-1), 0 for l = 0):
+//   KEEP       A allocated when FORWARD starts, freed when BACKWARD ends.
+//   OFFLOAD    ACTIVATION_D2H on the D2H engine after the forward; A freed on
+//              the accelerator when it ends (the host holds A from its start
+//              until the ACTIVATION_H2D ends); ACTIVATION_H2D before BACKWARD,
+//              issued like a streamed parameter and after the D2H; A
+//              allocated when it starts, freed when BACKWARD ends.
+//   RECOMPUTE  A - C freed when the next layer's FORWARD ends (its own for the
+//              last layer); a RECOMPUTE (the forward again) before BACKWARD
+//              allocates A - C when it starts.
+// Workspace is held during each FORWARD, RECOMPUTE and BACKWARD; a layer's
+// gradient from the start of BACKWARD(l, 0) until GRADIENT_D2H(l) ends (host
+// update) or UPDATE(l) ends (accelerator update).
+//
+// cpu_only. The same program on HOST_COMPUTE, parameters, gradients and
+// optimizer state in host memory; UPDATE(l) on the host update pool after
+// BACKWARD(l, M-1); FORWARD(l, 0) of the next iteration waits for it.
+//
+// hetero_dp. The accelerator runs the program above over its share in
+// micro-batches (state resident, KEEP or RECOMPUTE); HOST_COMPUTE runs all
+// layers over the rest in one micro-batch, keeping its activations. Per layer,
+// L-1 first: GRADIENT_SYNC on the D2H engine (accelerator gradient down) after
+// the accelerator's last BACKWARD(l); on the host update pool the average of
+// the two once that copy and the host's BACKWARD(l) end, then the host
+// replica's UPDATE(l); GRADIENT_SYNC on the H2D engine (averaged gradient
+// back). After its last backward the accelerator runs UPDATE(L-1..0), each
+// after its averaged gradient. Each replica's next FORWARD(l) waits for its
+// own UPDATE(l).
+//
+// Resident memory. Accelerator: resident parameters and the optimizer state of
+// layers updated there. Host: master parameters, gradient and optimizer state
+// of every layer updated on the host.
+#ifndef TANDEM_SCHEDULE_LOWER_H_
+#define TANDEM_SCHEDULE_LOWER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "schedule/decisions.h"
+#include "schedule/schedule.h"
+
+namespace tandem::schedule {
+
+// A layer's bytes as the schedule accounts them. The accelerator replica's
+// figures are at micro_batch_size samples (the host's at micro_batch_size for
+// cpu_only); host_* are hetero_dp's host replica at its whole share.
+struct LayerSizes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  // Bytes an update reads and writes.
+  int64_t update = 0;
+  int64_t activations = 0;
+  int64_t checkpoint = 0;
+  int64_t workspace = 0;
+  int64_t host_activations = 0;
+  int64_t host_checkpoint = 0;
+  int64_t host_workspace = 0;
+  bool has_parameters() const { return parameters > 0 || gradients > 0; }
+};
+
+// INVALID_ARGUMENT naming the plan field when `decisions` are not a program
+// the rules above cover (e.g. a HOST_STREAMED layer updated on the accelerator);
+// `has_accelerator` says whether the target has one.
+absl::Status Validate(const Decisions& decisions, int num_layers, bool has_accelerator);
+
+// `sizes` has one entry per layer. Validates first.
+absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,
+                               bool has_accelerator = true);
+
+}  // namespace tandem::schedule
+
+#endif  // TANDEM_SCHEDULE_LOWER_H_

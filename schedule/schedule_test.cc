@@ -1,0 +1,120 @@
+#include "schedule/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "schedule/lower.h"
+#include "schedule/simulate.h"
+
+namespace tandem::schedule {
+namespace {
+
+Decisions Chain(int layers, tandem::v1::Strategy strategy) {
+  Decisions d;
+  d.strategy = strategy;
+  d.layers.resize(layers);
+  d.batch_size = 4;
+  d.micro_batch_size = 2;
+  return d;
+}
+
+std::vector<LayerSizes> Sizes(int layers) {
+  std::vector<LayerSizes> sizes(layers);
+  for (LayerSizes& z : sizes) {
+    z.parameters = z.gradients = z.update = 100;
+    z.optimizer_state = 200;
+    z.activations = 50;
+    z.workspace = 10;
+  }
+  return sizes;
+}
+
+// Every operation is on exactly one resource's order, once.
+void ExpectEachOpOrderedOnce(const Schedule& s) {
+  std::vector<int> seen(s.num_ops(), 0);
+  for (size_t r = 0; r < s.order.size(); ++r) {
+    for (int op : s.order[r]) {
+      ASSERT_EQ(s.ops[op].resource, static_cast<int>(r));
+      ++seen[op];
+    }
+  }
+  for (int o = 0; o < s.num_ops(); ++o) EXPECT_EQ(seen[o], 1) << "op " << o;
+}
+
+TEST(LowerTest, GpuOnlyIsForwardThenBackwardWithUpdatesOnTheComputeStream) {
+  absl::StatusOr<Schedule> s = Lower(Chain(2, tandem::v1::STRATEGY_GPU_ONLY), Sizes(2));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  const int acc = s->ResourceOf(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE);
+  std::vector<std::string> program;
+  for (int op : s->order[acc]) {
+    program.push_back(
+        absl::StrCat(OpKindName(s->ops[op].kind), s->ops[op].layer, "/", s->ops[op].micro_batch));
+  }
+  EXPECT_EQ(program, (std::vector<std::string>{
+                         "forward0/0", "forward1/0", "backward1/0", "backward0/0", "forward0/1",
+                         "forward1/1", "backward1/1", "update1/1", "backward0/1", "update0/1"}));
+  EXPECT_EQ(s->resident_bytes[0], 2 * (100 + 200));
+}
+
+TEST(LowerTest, HostUpdatedLayersCopyTheirGradientDownAndTheirWeightsBack) {
+  Decisions d = Chain(2, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  for (LayerDecisions& l : d.layers) l.update = tandem::v1::PLACEMENT_HOST;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(2));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  for (int l = 0; l < 2; ++l) {
+    const LayerMarks& m = s->layers[l];
+    ASSERT_GE(m.host_update, 0);
+    ASSERT_GE(m.weights_return, 0);
+    // The next iteration's first forward waits for the returned weights.
+    bool waits = false;
+    for (const Dep& dep : s->ops[m.first_forward].deps) {
+      waits |= dep.op == m.weights_return && dep.lag == 1;
+    }
+    EXPECT_TRUE(waits) << "layer " << l;
+  }
+}
+
+TEST(LowerTest, RejectsAStreamedLayerUpdatedOnTheAccelerator) {
+  Decisions d = Chain(2, tandem::v1::STRATEGY_REUSE_DISTANCE);
+  d.layers[1].parameter_home = tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(2));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("plan.layers[1].update"), std::string::npos) << s.status();
+}
+
+TEST(SimulateTest, ResourcesRunInTheirOrderAndIterationsRepeat) {
+  absl::StatusOr<Schedule> s = Lower(Chain(3, tandem::v1::STRATEGY_GPU_ONLY), Sizes(3));
+  ASSERT_TRUE(s.ok());
+  std::vector<double> seconds(s->num_ops(), 1.0);
+  absl::StatusOr<Timing> t = Simulate(*s, seconds, 3);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const int acc = s->ResourceOf(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE);
+  double last_end = 0;
+  for (int i = 0; i < 3; ++i) {
+    for (int op : s->order[acc]) {
+      const int x = t->Index(i, op);
+      EXPECT_GE(t->start[x], last_end);
+      last_end = t->end[x];
+    }
+  }
+  // 2 micro-batches x (3 forward + 3 backward) + 3 updates, back to back.
+  EXPECT_DOUBLE_EQ(last_end, 3 * 15.0);
+}
+
+TEST(SimulateTest, ADependencyAgainstTheOrderDeadlocks) {
+  absl::StatusOr<Schedule> s = Lower(Chain(2, tandem::v1::STRATEGY_GPU_ONLY), Sizes(2));
+  ASSERT_TRUE(s.ok());
+  const int acc = s->ResourceOf(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE);
+  // The first forward waits for the last backward of its own iteration.
+  s->ops[s->order[acc].front()].deps.push_back({s->order[acc].back(), 0, false});
+  absl::StatusOr<Timing> t = Simulate(*s, std::vector<double>(s->num_ops(), 1.0), 2);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace tandem::schedule

@@ -71,8 +71,10 @@ class Lowering {
 
  private:
   int Lag() const { return d_.delayed_parameter_update ? 2 : 1; }
+  // A layer without parameters has nothing to stream, whatever its home says.
   bool Streamed(int l) const {
-    return d_.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+    return d_.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED &&
+           sizes_[l].has_parameters();
   }
 
   void ResidentMemory() {

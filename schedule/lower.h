@@ -15,7 +15,8 @@
 // iteration waits for that copy; with delayed_parameter_update, for the one of
 // the iteration before (lag 2: the forward uses weights one update old).
 //
-// Parameter home HOST_STREAMED (update on the host): before each FORWARD(l, j)
+// Parameter home HOST_STREAMED (update on the host; a layer without parameters
+// streams nothing and computes as if resident): before each FORWARD(l, j)
 // and each BACKWARD(l, j) (or its RECOMPUTE) a PARAMETER_H2D of its weights,
 // issued when the compute stream starts the previous FORWARD/BACKWARD
 // (prefetch one layer ahead). The forward copy of micro-batch 0 also waits for

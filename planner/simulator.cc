@@ -108,6 +108,79 @@ double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNu
   }
 }
 
+// Reuse distance and slack of every layer in the reported iteration
+// (simulator.h). `place` is each operation's position in its resource's order.
+std::vector<LayerTiming> LayerTimings(const Decisions& s, const schedule::Schedule& sched,
+                                      const schedule::Timing& run,
+                                      const std::vector<double>& seconds,
+                                      const std::vector<LayerNumbers>& numbers,
+                                      const std::vector<int>& place, double period) {
+  const int k = run.iterations - 2;
+  const int iterations = run.iterations;
+  std::vector<LayerTiming> out;
+  // Prefix sums of the layer-computing program's durations, iteration by iteration.
+  const std::vector<int>& program = sched.order[sched.program_resource];
+  const int plen = static_cast<int>(program.size());
+  std::vector<double> prefix = {0.0};
+  for (int i = 0; i < iterations; ++i) {
+    for (int o : program) prefix.push_back(prefix.back() + seconds[o]);
+  }
+  auto program_pos = [&](int i, int o) { return i * plen + place[o]; };
+  const int L = static_cast<int>(s.layers.size());
+  const Mode mode = sched.mode;
+  out.resize(L);
+  for (int l = 0; l < L; ++l) {
+    const schedule::LayerMarks& marks = sched.layers[l];
+    if (marks.reuse_start < 0 || marks.first_forward < 0) continue;
+    LayerTiming& timing = out[l];
+    timing.reuse_distance_seconds = prefix[program_pos(k + 1, marks.first_forward)] -
+                                    prefix[program_pos(k, marks.reuse_start) + 1];
+    if (mode == Mode::kHetero || !numbers[l].sizes.has_parameters()) continue;
+    if (mode == Mode::kAccelerator && s.layers[l].update != kHost) continue;
+    double delivered = 0;
+    if (marks.weights_return >= 0) {
+      delivered = run.end[run.Index(k, marks.weights_return)];
+    } else {
+      delivered = run.end[run.Index(k, marks.host_update)] +
+                  (mode == Mode::kHost ? 0.0 : numbers[l].param_h2d);
+    }
+    const double deadline =
+        timing.reuse_distance_seconds +
+        (mode == Mode::kAccelerator && s.delayed_parameter_update ? period : 0.0);
+    timing.slack_seconds = deadline - (delivered - run.end[run.Index(k, marks.reuse_start)]);
+  }
+  return out;
+}
+
+// The spans of iteration `k`, relative to its start `t0`.
+void WriteSpans(const schedule::Schedule& sched, const schedule::Timing& run, int k, double t0,
+                double period, tandem::v1::Timeline* timeline) {
+  timeline->set_iteration_seconds(period);
+  timeline->set_source("simulated");
+  for (int o = 0; o < sched.num_ops(); ++o) {
+    const Op& op = sched.ops[o];
+    const int x = run.Index(k, o);
+    tandem::v1::TimelineSpan* out = timeline->add_spans();
+    out->set_resource(sched.resources[op.resource].kind);
+    out->set_lane(0);
+    out->set_layer(op.layer);
+    out->set_phase(op.phase);
+    out->set_start_seconds(run.start[x] - t0);
+    out->set_end_seconds(run.end[x] - t0);
+    out->set_bytes(op.bytes);
+    out->set_micro_batch(op.micro_batch);
+  }
+}
+
+// Each operation's place in its resource's order.
+std::vector<int> Places(const schedule::Schedule& sched) {
+  std::vector<int> place(sched.num_ops(), -1);
+  for (const std::vector<int>& order : sched.order) {
+    for (size_t t = 0; t < order.size(); ++t) place[order[t]] = static_cast<int>(t);
+  }
+  return place;
+}
+
 // Reads the reported iteration (the second to last) out of a run of the
 // schedule: the prediction, the timeline, reuse distances and slack.
 SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
@@ -122,11 +195,7 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
   const double period = starts[k + 1] - t0;
   const double t1 = t0 + period;
   const int acc = sched.ResourceOf(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE);
-  // Each operation's place in its resource's order.
-  std::vector<int> place(per, -1);
-  for (const std::vector<int>& order : sched.order) {
-    for (size_t t = 0; t < order.size(); ++t) place[order[t]] = static_cast<int>(t);
-  }
+  const std::vector<int> place = Places(sched);
   // The operation before `x` (unrolled) on its resource, -1 for the first.
   auto previous = [&](int x) {
     const int i = x / per, o = x % per;
@@ -188,55 +257,9 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
                    timeline ? timeline->mutable_accelerator_memory() : nullptr));
   p.set_host_peak_bytes(PeakInWindow(changes[1], resident[1], t0, t1,
                                      timeline ? timeline->mutable_host_memory() : nullptr));
-  if (timeline != nullptr) {
-    timeline->set_iteration_seconds(period);
-    timeline->set_source("simulated");
-    for (int o = 0; o < per; ++o) {
-      const Op& op = sched.ops[o];
-      const int x = run.Index(k, o);
-      tandem::v1::TimelineSpan* out = timeline->add_spans();
-      out->set_resource(sched.resources[op.resource].kind);
-      out->set_lane(0);
-      out->set_layer(op.layer);
-      out->set_phase(op.phase);
-      out->set_start_seconds(run.start[x] - t0);
-      out->set_end_seconds(run.end[x] - t0);
-      out->set_bytes(op.bytes);
-      out->set_micro_batch(op.micro_batch);
-    }
-  }
+  if (timeline != nullptr) WriteSpans(sched, run, k, t0, period, timeline);
 
-  // Prefix sums of the layer-computing program's durations, iteration by iteration.
-  const std::vector<int>& program = sched.order[sched.program_resource];
-  const int plen = static_cast<int>(program.size());
-  std::vector<double> prefix = {0.0};
-  for (int i = 0; i < iterations; ++i) {
-    for (int o : program) prefix.push_back(prefix.back() + seconds[o]);
-  }
-  auto program_pos = [&](int i, int o) { return i * plen + place[o]; };
-  const int L = static_cast<int>(s.layers.size());
-  const Mode mode = sched.mode;
-  result.layers.resize(L);
-  for (int l = 0; l < L; ++l) {
-    const schedule::LayerMarks& marks = sched.layers[l];
-    if (marks.reuse_start < 0 || marks.first_forward < 0) continue;
-    LayerTiming& timing = result.layers[l];
-    timing.reuse_distance_seconds = prefix[program_pos(k + 1, marks.first_forward)] -
-                                    prefix[program_pos(k, marks.reuse_start) + 1];
-    if (mode == Mode::kHetero || !numbers[l].sizes.has_parameters()) continue;
-    if (mode == Mode::kAccelerator && s.layers[l].update != kHost) continue;
-    double delivered = 0;
-    if (marks.weights_return >= 0) {
-      delivered = run.end[run.Index(k, marks.weights_return)];
-    } else {
-      delivered = run.end[run.Index(k, marks.host_update)] +
-                  (mode == Mode::kHost ? 0.0 : numbers[l].param_h2d);
-    }
-    const double deadline =
-        timing.reuse_distance_seconds +
-        (mode == Mode::kAccelerator && s.delayed_parameter_update ? period : 0.0);
-    timing.slack_seconds = deadline - (delivered - run.end[run.Index(k, marks.reuse_start)]);
-  }
+  result.layers = LayerTimings(s, sched, run, seconds, numbers, place, period);
   return result;
 }
 

@@ -2,7 +2,7 @@
 // planner, on the host and an accelerator (CUDA or emulated) together.
 //
 // Each step is a graph of spans built from the plan, following the simulator's
-// program and issue rules (planner/simulator.h) and run by a SpanEngine with one
+// program and issue rules (schedule/lower.h) and run by a SpanEngine with one
 // worker per resource: the accelerator's compute stream, the H2D and D2H copy
 // engines, the host update pool, host compute. So, as CoTrain does, the moment
 // layer l's gradient is ready its D2H copy starts and a CPU update takes it

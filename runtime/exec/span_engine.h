@@ -1,6 +1,6 @@
 // Runs a growing graph of spans (a layer's forward on the compute stream, a
 // gradient copy on the D2H engine, a CPU update...) on one worker thread per
-// resource, with the issue rule of the planner's simulator (planner/simulator.h):
+// resource, with the issue rule of the schedule (schedule/schedule.h):
 // a span is issued to its resource the moment its last dependency completes,
 // and each resource runs its issued spans one at a time in issue order (FIFO).
 // Compute streams get program order by depending on their previous span.

@@ -39,6 +39,25 @@ std::vector<Edge> UnrolledEdges(const Schedule& s, int iterations) {
   return edges;
 }
 
+// The edges as lists of dependents per operation (`offsets` into
+// `dependents`, each entry dependent * 2 + on_start) and each operation's
+// count of unmet dependencies.
+void Adjacency(const std::vector<Edge>& edges, int n, std::vector<int>* remaining,
+               std::vector<int>* offsets, std::vector<int>* dependents) {
+  remaining->assign(n, 0);
+  offsets->assign(n + 1, 0);
+  for (const Edge& e : edges) {
+    ++(*remaining)[e.dependent];
+    ++(*offsets)[e.prerequisite + 1];
+  }
+  for (int i = 0; i < n; ++i) (*offsets)[i + 1] += (*offsets)[i];
+  dependents->assign(edges.size(), 0);
+  std::vector<int> fill(offsets->begin(), offsets->end() - 1);
+  for (const Edge& e : edges) {
+    (*dependents)[fill[e.prerequisite]++] = e.dependent * 2 + (e.on_start ? 1 : 0);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& seconds,
@@ -49,21 +68,8 @@ absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& se
   }
   const int per = s.num_ops();
   const int n = per * iterations;
-  const std::vector<Edge> edges = UnrolledEdges(s, iterations);
-  std::vector<int> remaining(n, 0);
-  std::vector<int> offsets(n + 1, 0);
-  for (const Edge& e : edges) {
-    ++remaining[e.dependent];
-    ++offsets[e.prerequisite + 1];
-  }
-  for (int i = 0; i < n; ++i) offsets[i + 1] += offsets[i];
-  std::vector<int> dependents(edges.size());
-  {
-    std::vector<int> fill(offsets.begin(), offsets.end() - 1);
-    for (const Edge& e : edges) {
-      dependents[fill[e.prerequisite]++] = e.dependent * 2 + (e.on_start ? 1 : 0);
-    }
-  }
+  std::vector<int> remaining, offsets, dependents;
+  Adjacency(UnrolledEdges(s, iterations), n, &remaining, &offsets, &dependents);
 
   Timing run;
   run.iterations = iterations;

@@ -3,12 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <memory>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "planner/hetero_replicas.h"
 #include "planner/resident_chain.h"
 #include "planner/steady_state.h"
@@ -18,10 +15,7 @@
 namespace tandem::planner {
 namespace {
 
-using tandem::v1::ActivationPolicy;
-using tandem::v1::ParameterHome;
 using tandem::v1::Placement;
-using tandem::v1::TimelinePhase;
 using tandem::v1::TimelineResource;
 
 constexpr Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;

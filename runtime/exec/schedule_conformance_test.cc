@@ -14,7 +14,6 @@
 // schedule allows, the plan shape is listed in Departs() with the reason.
 #include <algorithm>
 #include <map>
-#include <set>
 #include <string>
 #include <tuple>
 #include <vector>

@@ -88,6 +88,9 @@ double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNu
       return host ? n.upd_host : n.upd_acc;
     case OpKind::kGradientAverage:
       return n.average;
+    case OpKind::kGradientNorm:
+      // The planner lowers without clipping (the optimizer is the job's).
+      return 0;
     default:
       break;
   }

@@ -39,8 +39,8 @@ struct Pending {
 
 class Lowering {
  public:
-  Lowering(const Decisions& d, const std::vector<LayerSizes>& sizes, Mode mode)
-      : d_(d), sizes_(sizes), mode_(mode), L_(static_cast<int>(d.layers.size())) {
+  Lowering(const Decisions& d, const std::vector<LayerSizes>& sizes, Mode mode, bool clip)
+      : d_(d), sizes_(sizes), mode_(mode), clip_(clip), L_(static_cast<int>(d.layers.size())) {
     s_.mode = mode;
     using tandem::v1::TimelineResource;
     for (TimelineResource r :
@@ -58,6 +58,8 @@ class Lowering {
     s_.program_resource = mode == Mode::kHost ? kHostCompute : kAccCompute;
     host_update_.assign(L_, -1);
     host_backward_.assign(L_, -1);
+    held_.assign(L_, false);
+    gradient_d2h_.assign(L_, -1);
   }
 
   Schedule Run() {
@@ -148,6 +150,51 @@ class Lowering {
       for (int l = 0; l < L_; ++l) AcceleratorForward(l, j, hetero, &offload);
       for (int l = L_ - 1; l >= 0; --l) AcceleratorBackward(l, j, M, hetero, offload);
     }
+    if (!clip_ || hetero) return;
+    // Clipping: the norm once every gradient is known (those updated on the
+    // host once they are down), then the updates held back for it.
+    norm_ = Add(OpKind::kGradientNorm, kAccCompute, kAcceleratorReplica,
+                tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
+    for (int l = L_ - 1; l >= 0; --l) Dep(norm_, gradient_d2h_[l]);
+    for (int l = L_ - 1; l >= 0; --l) {
+      if (held_[l]) AcceleratorUpdate(l, M - 1, s_.layers[l].reuse_start);
+    }
+  }
+
+  // Layer l's update after BACKWARD(l, M-1) `b` (accelerator plans): on the
+  // compute stream, or down to the host, updated there and (resident
+  // weights) back. Under clipping the host side waits for the norm, and the
+  // gradient copy goes first (the norm reads it).
+  void AcceleratorUpdate(int l, int j, int b) {
+    const LayerSizes& n = sizes_[l];
+    if (d_.layers[l].update == kAcc) {
+      const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
+                        tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
+      Dep(u, norm_);
+      Mem(u, true, kAccPool, -n.gradients);
+      s_.layers[l].reuse_start = u;
+      return;
+    }
+    int g = gradient_d2h_[l];
+    if (g < 0) {
+      g = Copy(kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, j, n.gradients,
+               TensorKind::kGradient);
+      Dep(g, b);
+      Mem(g, true, kAccPool, -n.gradients);
+      gradient_d2h_[l] = g;
+    }
+    if (clip_ && norm_ < 0) return;
+    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica, tandem::v1::TIMELINE_PHASE_UPDATE,
+                      l, j, n.update);
+    Dep(u, g);
+    Dep(u, norm_);
+    s_.layers[l].host_update = u;
+    if (!Streamed(l)) {
+      const int h = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
+                         TensorKind::kWeights, /*delivers_update=*/true);
+      Dep(h, u);
+      s_.layers[l].weights_return = h;
+    }
   }
 
   void AcceleratorForward(int l, int j, bool hetero, std::vector<int>* offload) {
@@ -227,27 +274,10 @@ class Lowering {
     if (j != M - 1) return;
     s_.layers[l].reuse_start = b;
     if (hetero || !n.has_parameters()) return;
-    if (d.update == kAcc) {
-      const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
-                        tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
-      Mem(u, true, kAccPool, -n.gradients);
-      s_.layers[l].reuse_start = u;
-      return;
-    }
-    const int g = Copy(kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, j, n.gradients,
-                       TensorKind::kGradient);
-    Dep(g, b);
-    Mem(g, true, kAccPool, -n.gradients);
-    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica, tandem::v1::TIMELINE_PHASE_UPDATE,
-                      l, j, n.update);
-    Dep(u, g);
-    s_.layers[l].host_update = u;
-    if (!streamed) {
-      const int h = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
-                         TensorKind::kWeights, /*delivers_update=*/true);
-      Dep(h, u);
-      s_.layers[l].weights_return = h;
-    }
+    // Under clipping an accelerator update waits for the norm; the host
+    // ones' gradients go down now.
+    held_[l] = clip_;
+    if (!clip_ || d.update == kHost) AcceleratorUpdate(l, j, b);
   }
 
   void HostReplica() {
@@ -287,37 +317,54 @@ class Lowering {
         host_backward_[l] = b;
         if (hetero) continue;
         s_.layers[l].reuse_start = b;
-        if (!n.has_parameters()) continue;
-        const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica,
-                          tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
-        Dep(u, b);
-        host_update_[l] = u;
-        s_.layers[l].host_update = u;
+        if (n.has_parameters() && !clip_) HostUpdate(l, j, b);
       }
     }
+    if (hetero || !clip_) return;
+    norm_ = Add(OpKind::kGradientNorm, kHostCompute, kHostReplica,
+                tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
+    for (int l = L_ - 1; l >= 0; --l) {
+      if (sizes_[l].has_parameters()) HostUpdate(l, M - 1, host_backward_[l]);
+    }
+  }
+
+  // cpu_only: layer l's update on the host update pool after its last
+  // backward `b` (and the norm, when clipping).
+  void HostUpdate(int l, int j, int b) {
+    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica, tandem::v1::TIMELINE_PHASE_UPDATE,
+                      l, j, sizes_[l].update);
+    Dep(u, b);
+    Dep(u, norm_);
+    host_update_[l] = u;
+    s_.layers[l].host_update = u;
   }
 
   void GradientSync() {
     const int M = d_.micro_batches();
-    std::vector<int> averaged(static_cast<size_t>(L_), -1);
+    std::vector<int> averaged(static_cast<size_t>(L_), -1), average(static_cast<size_t>(L_), -1);
     for (int l = L_ - 1; l >= 0; --l) {
       const LayerSizes& n = sizes_[l];
       if (!n.has_parameters()) continue;
       const int down = Copy(kD2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, M - 1, n.gradients,
                             TensorKind::kGradient);
       Dep(down, s_.layers[l].reuse_start);
-      const int average = Add(OpKind::kGradientAverage, kHostUpdate, kHostReplica,
-                              tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, 3 * n.gradients);
-      Dep(average, down);
-      Dep(average, host_backward_[l]);
+      average[l] = Add(OpKind::kGradientAverage, kHostUpdate, kHostReplica,
+                       tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, 3 * n.gradients);
+      Dep(average[l], down);
+      Dep(average[l], host_backward_[l]);
       const int up = Copy(kH2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, M - 1, n.gradients,
                           TensorKind::kGradient);
-      Dep(up, average);
+      Dep(up, average[l]);
       averaged[l] = up;
-      const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica,
-                        tandem::v1::TIMELINE_PHASE_UPDATE, l, 0, n.update);
-      Dep(u, average);
-      host_update_[l] = u;
+      if (!clip_) HostReplicaUpdate(l, average[l]);
+    }
+    if (clip_) {
+      norm_ = Add(OpKind::kGradientNorm, kHostUpdate, kHostReplica,
+                  tandem::v1::TIMELINE_PHASE_UPDATE, -1, 0);
+      for (int l = L_ - 1; l >= 0; --l) Dep(norm_, average[l]);
+      for (int l = L_ - 1; l >= 0; --l) {
+        if (sizes_[l].has_parameters()) HostReplicaUpdate(l, average[l]);
+      }
     }
     for (int l = L_ - 1; l >= 0; --l) {
       const LayerSizes& n = sizes_[l];
@@ -325,8 +372,18 @@ class Lowering {
       const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
                         tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, n.update);
       Dep(u, averaged[l]);
+      Dep(u, norm_);
       Mem(u, true, kAccPool, -n.gradients);
     }
+  }
+
+  // hetero_dp: the host replica steps with the averaged gradient.
+  void HostReplicaUpdate(int l, int average) {
+    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica,
+                      tandem::v1::TIMELINE_PHASE_UPDATE, l, 0, sizes_[l].update);
+    Dep(u, average);
+    Dep(u, norm_);
+    host_update_[l] = u;
   }
 
   void Resolve() {
@@ -353,7 +410,13 @@ class Lowering {
   const Decisions& d_;
   const std::vector<LayerSizes>& sizes_;
   const Mode mode_;
+  const bool clip_;
   const int L_;
+  // Clipping: the GRADIENT_NORM operation (-1 before it is written or
+  // without clipping), and per layer whether its accelerator update waits for it.
+  int norm_ = -1;
+  std::vector<bool> held_;
+  std::vector<int> gradient_d2h_;
   Schedule s_;
   // The accelerator's latest forward or backward (prefetches start with it).
   int layer_op_ = -1;
@@ -440,10 +503,17 @@ absl::Status Validate(const Decisions& s, int num_layers, bool has_accelerator) 
 }
 
 absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,
-                               bool has_accelerator) {
+                               const LowerOptions& options) {
   const int L = static_cast<int>(sizes.size());
-  if (absl::Status v = Validate(decisions, L, has_accelerator); !v.ok()) return v;
-  return Lowering(decisions, sizes, ModeOf(decisions)).Run();
+  if (absl::Status v = Validate(decisions, L, options.has_accelerator); !v.ok()) return v;
+  return Lowering(decisions, sizes, ModeOf(decisions), options.clip_gradients).Run();
+}
+
+absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,
+                               bool has_accelerator) {
+  LowerOptions options;
+  options.has_accelerator = has_accelerator;
+  return Lower(decisions, sizes, options);
 }
 
 }  // namespace tandem::schedule

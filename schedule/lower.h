@@ -54,6 +54,13 @@
 // after its averaged gradient. Each replica's next FORWARD(l) waits for its
 // own UPDATE(l).
 //
+// Gradient clipping (LowerOptions::clip_gradients): every update needs the
+// global norm, so none runs until GRADIENT_NORM has read every gradient. It
+// runs after the last backward on the program's compute stream (accelerator
+// plans: also after every GRADIENT_D2H; cpu_only: on HOST_COMPUTE) or, for
+// hetero_dp, on the host update pool after every average. The accelerator's
+// UPDATEs follow it on the compute stream (L-1 first); host UPDATEs wait for it.
+//
 // Resident memory. Accelerator: resident parameters and the optimizer state of
 // layers updated there. Host: master parameters, gradient and optimizer state
 // of every layer updated on the host.
@@ -92,7 +99,16 @@ struct LayerSizes {
 // `has_accelerator` says whether the target has one.
 absl::Status Validate(const Decisions& decisions, int num_layers, bool has_accelerator);
 
+// What the step needs beyond the plan's decisions.
+struct LowerOptions {
+  bool has_accelerator = true;
+  // The optimizer clips gradients to a global norm (max_grad_norm > 0).
+  bool clip_gradients = false;
+};
+
 // `sizes` has one entry per layer. Validates first.
+absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,
+                               const LowerOptions& options);
 absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,
                                bool has_accelerator = true);
 

@@ -18,6 +18,8 @@ const char* OpKindName(OpKind kind) {
       return "copy";
     case OpKind::kGradientAverage:
       return "gradient_average";
+    case OpKind::kGradientNorm:
+      return "gradient_norm";
     case OpKind::kAllReduce:
       return "all_reduce";
     case OpKind::kSend:

@@ -57,6 +57,9 @@ enum class OpKind : int8_t {
   kCopy,
   // hetero_dp: the host averages the two replicas' gradients of one layer.
   kGradientAverage,
+  // The global gradient norm, for clipping (LowerOptions::clip_gradients):
+  // every update waits for it.
+  kGradientNorm,
   // Between accelerators and ranks. No strategy lowers to these yet; the
   // simulator times them like copies and the executor rejects them.
   kAllReduce,

@@ -115,5 +115,78 @@ TEST(SimulateTest, ADependencyAgainstTheOrderDeadlocks) {
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInternal);
 }
 
+// The program of one resource as "kind layer/micro-batch" strings.
+std::vector<std::string> Program(const Schedule& s, tandem::v1::TimelineResource kind) {
+  std::vector<std::string> program;
+  for (int op : s.order[s.ResourceOf(kind)]) {
+    program.push_back(
+        absl::StrCat(OpKindName(s.ops[op].kind), s.ops[op].layer, "/", s.ops[op].micro_batch));
+  }
+  return program;
+}
+
+bool DependsOn(const Schedule& s, int op, int prerequisite) {
+  for (const Dep& d : s.ops[op].deps) {
+    if (d.op == prerequisite && d.lag == 0) return true;
+  }
+  return false;
+}
+
+TEST(LowerTest, ClippingHoldsEveryUpdateBackUntilTheNormHasReadEveryGradient) {
+  Decisions d = Chain(2, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  d.layers[0].update = tandem::v1::PLACEMENT_HOST;  // layer 1 updates on the accelerator
+  LowerOptions options;
+  options.clip_gradients = true;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(2), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE),
+            (std::vector<std::string>{"forward0/0", "forward1/0", "backward1/0", "backward0/0",
+                                      "forward0/1", "forward1/1", "backward1/1", "backward0/1",
+                                      "gradient_norm-1/1", "update1/1"}));
+  int norm = -1, d2h = -1, host_update = -1;
+  for (int o = 0; o < s->num_ops(); ++o) {
+    const Op& op = s->ops[o];
+    if (op.kind == OpKind::kGradientNorm) norm = o;
+    if (op.phase == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) d2h = o;
+    if (op.kind == OpKind::kUpdate && op.replica == kHostReplica) host_update = o;
+  }
+  ASSERT_GE(d2h, 0);
+  ASSERT_GE(host_update, 0);
+  EXPECT_LT(d2h, norm);
+  EXPECT_TRUE(DependsOn(*s, norm, d2h));
+  EXPECT_TRUE(DependsOn(*s, host_update, norm));
+  // Without clipping the accelerator update follows its backward at once.
+  absl::StatusOr<Schedule> plain = Lower(d, Sizes(2));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(Program(*plain, tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE).at(7), "update1/1");
+}
+
+TEST(LowerTest, ClippingOnTheHostAndInHeteroDp) {
+  LowerOptions options;
+  options.clip_gradients = true;
+  options.has_accelerator = false;
+  Decisions cpu = Chain(2, tandem::v1::STRATEGY_CPU_ONLY);
+  for (LayerDecisions& l : cpu.layers) {
+    l.compute = l.update = tandem::v1::PLACEMENT_HOST;
+    l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
+  }
+  absl::StatusOr<Schedule> s = Lower(cpu, Sizes(2), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE).back(), "gradient_norm-1/1");
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE),
+            (std::vector<std::string>{"update1/1", "update0/1"}));
+
+  Decisions hetero = Chain(2, tandem::v1::STRATEGY_HETERO_DP);
+  hetero.accelerator_batch_share = 2;
+  options.has_accelerator = true;
+  s = Lower(hetero, Sizes(2), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE),
+            (std::vector<std::string>{"gradient_average1/0", "gradient_average0/0",
+                                      "gradient_norm-1/0", "update1/0", "update0/0"}));
+}
+
 }  // namespace
 }  // namespace tandem::schedule

@@ -25,8 +25,9 @@ int64_t SpanEngine::active() const {
 
 SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
                        std::function<void(tandem::v1::TimelineResource)> setup,
-                       double jitter_seconds)
-    : jitter_seconds_(jitter_seconds) {
+                       double jitter_seconds,
+                       std::function<void(const SpanRecord&)> recorder)
+    : jitter_seconds_(jitter_seconds), recorder_(std::move(recorder)) {
   for (auto r : resources) queues_[r];
   for (auto r : resources) {
     workers_.emplace_back([this, r, setup] {
@@ -51,6 +52,11 @@ SpanEngine::~SpanEngine() {
 
 SpanId SpanEngine::Add(const SpanInfo& info, std::vector<SpanId> deps,
                        std::function<absl::Status()> work) {
+  return Add(info, std::move(deps), {}, std::move(work));
+}
+
+SpanId SpanEngine::Add(const SpanInfo& info, std::vector<SpanId> deps,
+                       std::vector<SpanId> start_deps, std::function<absl::Status()> work) {
   std::lock_guard<std::mutex> lock(mu_);
   const SpanId id = next_id_++;
   Span& span = spans_[id];
@@ -62,6 +68,13 @@ SpanId SpanEngine::Add(const SpanInfo& info, std::vector<SpanId> deps,
     auto it = spans_.find(d);
     if (it == spans_.end() || it->second.done) continue;
     it->second.dependents.push_back(id);
+    ++span.pending;
+  }
+  for (SpanId d : start_deps) {
+    if (d <= 0 || d < collected_below_) continue;
+    auto it = spans_.find(d);
+    if (it == spans_.end() || it->second.started) continue;
+    it->second.start_dependents.push_back(id);
     ++span.pending;
   }
   if (span.pending == 0) Issue(id);
@@ -118,6 +131,11 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
         if (record.wait_seconds > 0) record.waited_on = span.waited_on;
       }
       span.waited = record.wait_seconds > 0;
+      // Spans issued when this one starts (prefetches) are ready now.
+      span.started = true;
+      const double now = WallSeconds();
+      for (SpanId d : span.start_dependents) Release(d, now, resource, resource);
+      span.start_dependents.clear();
     }
     if (jitter_seconds_ > 0 && !skip) {
       std::this_thread::sleep_for(std::chrono::duration<double>(
@@ -140,6 +158,7 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
     }
     last_end = record.end;
     Complete(id, skip ? SpanRecord{} : record);
+    if (recorder_ && !skip) recorder_(record);
   }
 }
 
@@ -157,18 +176,23 @@ void SpanEngine::Complete(SpanId id, const SpanRecord& record) {
   const tandem::v1::TimelineResource cause =
       copy && span.waited ? span.waited_on : span.info.resource;
   const double ready = record.end > 0 ? record.end : WallSeconds();
-  for (SpanId d : span.dependents) {
-    auto it = spans_.find(d);
-    if (it != spans_.end() && --it->second.pending == 0) {
-      it->second.ready = ready;
-      // Program order on one resource is no wait: it was busy with `span`.
-      if (it->second.info.resource != span.info.resource) it->second.waited_on = cause;
-      Issue(d);
-    }
-  }
+  for (SpanId d : span.dependents) Release(d, ready, span.info.resource, cause);
+  // A span that never ran (the graph failed) releases what waits for its start.
+  for (SpanId d : span.start_dependents) Release(d, ready, span.info.resource, cause);
   span.dependents.clear();
+  span.start_dependents.clear();
   Collect();
   done_cv_.notify_all();
+}
+
+void SpanEngine::Release(SpanId id, double ready, tandem::v1::TimelineResource from,
+                         tandem::v1::TimelineResource cause) {
+  auto it = spans_.find(id);
+  if (it == spans_.end() || --it->second.pending != 0) return;
+  it->second.ready = ready;
+  // Program order on one resource is no wait: it was busy with the span before.
+  if (it->second.info.resource != from) it->second.waited_on = cause;
+  Issue(id);
 }
 
 void SpanEngine::Collect() {

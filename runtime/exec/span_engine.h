@@ -1,9 +1,10 @@
 // Runs a growing graph of spans (a layer's forward on the compute stream, a
 // gradient copy on the D2H engine, a CPU update...) on one worker thread per
 // resource, with the issue rule of the schedule (schedule/schedule.h):
-// a span is issued to its resource the moment its last dependency completes,
-// and each resource runs its issued spans one at a time in issue order (FIFO).
-// Compute streams get program order by depending on their previous span.
+// a span is issued to its resource the moment its last dependency completes
+// (or, for a start-dependency, starts), and each resource runs its issued
+// spans one at a time in issue order (FIFO). Compute streams get program order
+// by depending on their previous span.
 //
 // Spans may be added while others run (the next iteration's forward while the
 // previous iteration's CPU updates still go on). The first span that fails
@@ -38,6 +39,8 @@ struct SpanInfo {
   int64_t bytes = 0;
   // Which training iteration the span belongs to (for the timeline).
   int64_t iteration = 0;
+  // The schedule operation it runs (schedule/schedule.h), -1 if none.
+  int op = -1;
 };
 
 struct SpanRecord {
@@ -63,15 +66,23 @@ class SpanEngine {
   // time up to that, so that a missing dependency shows up as a wrong result
   // whatever the machine's speed: the engine's own lock orders every span for
   // ThreadSanitizer, so only a different interleaving exposes a logical race.
+  // `recorder`, when set, is called on the span's worker thread with every
+  // span's record as it completes (so it must be thread-safe).
   SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
              std::function<void(tandem::v1::TimelineResource)> setup = nullptr,
-             double jitter_seconds = 0);
+             double jitter_seconds = 0,
+             std::function<void(const SpanRecord&)> recorder = nullptr);
   // Waits for every span, then stops the workers.
   ~SpanEngine();
 
   // Adds a span that runs `work` on its resource after all `deps` completed.
   // Dependencies that already completed (or were collected) count as met.
   SpanId Add(const SpanInfo& info, std::vector<SpanId> deps, std::function<absl::Status()> work);
+  // The same, and also after every span in `start_deps` has started (a
+  // prefetch issued when the compute stream starts the span before the one it
+  // feeds). A start-dependency that already started counts as met.
+  SpanId Add(const SpanInfo& info, std::vector<SpanId> deps, std::vector<SpanId> start_deps,
+             std::function<absl::Status()> work);
 
   // Blocks until `id` (or everything) is done. Returns the graph's status.
   absl::Status Wait(SpanId id);
@@ -92,8 +103,8 @@ class SpanEngine {
     SpanInfo info;
     std::function<absl::Status()> work;
     int pending = 0;
-    bool done = false;
-    std::vector<SpanId> dependents;
+    bool started = false, done = false;
+    std::vector<SpanId> dependents, start_dependents;
     // When it was added and when its last dependency completed (WallSeconds),
     // and the root cause of that dependency (SpanRecord::waited_on).
     double added = 0, ready = 0;
@@ -108,6 +119,9 @@ class SpanEngine {
 
   void Issue(SpanId id);  // mu_ held
   void Complete(SpanId id, const SpanRecord& record);
+  // One of `id`'s dependencies is met at `ready`, traced back to `cause`.
+  void Release(SpanId id, double ready, tandem::v1::TimelineResource from,
+               tandem::v1::TimelineResource cause);  // mu_ held
   void WorkerLoop(tandem::v1::TimelineResource resource);
   void Collect();  // mu_ held
 
@@ -122,6 +136,7 @@ class SpanEngine {
   absl::Status status_;
   int64_t active_ = 0;
   const double jitter_seconds_;
+  const std::function<void(const SpanRecord&)> recorder_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

@@ -4,6 +4,7 @@
 #include "runtime/exec/span_engine.h"
 
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -96,6 +97,41 @@ TEST(SpanEngineTest, ASpanReadyWhenAddedHasNotWaited) {
     EXPECT_EQ(r.wait_seconds, 0);
     EXPECT_EQ(r.waited_on, TimelineResource::TIMELINE_RESOURCE_UNSPECIFIED);
   }
+}
+
+TEST(SpanEngineTest, AStartDependencyIsMetWhenThatSpanStartsNotWhenItEnds) {
+  // The copy waits for the start of the compute stream's second span, which
+  // itself waits 50 ms for the first: the copy starts with it and ends (10 ms)
+  // long before it (200 ms), and every span goes to the recorder.
+  const auto compute = TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+  const auto h2d = TimelineResource::TIMELINE_RESOURCE_COPY_H2D;
+  std::mutex mu;
+  std::vector<SpanRecord> recorded;
+  SpanEngine engine({compute, h2d}, nullptr, 0, [&](const SpanRecord& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    recorded.push_back(r);
+  });
+  const SpanId first = engine.Add(On(compute), {}, [] { return Sleep(0.05); });
+  const SpanId second = engine.Add(On(compute), {first}, [] { return Sleep(0.2); });
+  engine.Add(On(h2d), {}, {second}, [] { return Sleep(0.01); });
+  ASSERT_TRUE(engine.WaitAll().ok());
+  const std::vector<SpanRecord> records = engine.TakeRecords();
+  const SpanRecord& copy = Find(records, h2d);
+  const SpanRecord& fed = Find(records, compute, 1);
+  EXPECT_GE(copy.start, fed.start);
+  EXPECT_LT(copy.end, fed.end);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(recorded.size(), 3u);
+}
+
+TEST(SpanEngineTest, AStartDependencyOnASpanAlreadyStartedIsMet) {
+  const auto compute = TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+  const auto h2d = TimelineResource::TIMELINE_RESOURCE_COPY_H2D;
+  SpanEngine engine({compute, h2d});
+  const SpanId a = engine.Add(On(compute), {}, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(engine.Wait(a).ok());
+  const SpanId copy = engine.Add(On(h2d), {}, {a}, [] { return absl::OkStatus(); });
+  ASSERT_TRUE(engine.Wait(copy).ok());
 }
 
 }  // namespace

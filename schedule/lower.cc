@@ -379,8 +379,8 @@ class Lowering {
 
   // hetero_dp: the host replica steps with the averaged gradient.
   void HostReplicaUpdate(int l, int average) {
-    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica,
-                      tandem::v1::TIMELINE_PHASE_UPDATE, l, 0, sizes_[l].update);
+    const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica, tandem::v1::TIMELINE_PHASE_UPDATE,
+                      l, 0, sizes_[l].update);
     Dep(u, average);
     Dep(u, norm_);
     host_update_[l] = u;

@@ -25,8 +25,7 @@ int64_t SpanEngine::active() const {
 
 SpanEngine::SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
                        std::function<void(tandem::v1::TimelineResource)> setup,
-                       double jitter_seconds,
-                       std::function<void(const SpanRecord&)> recorder)
+                       double jitter_seconds, std::function<void(const SpanRecord&)> recorder)
     : jitter_seconds_(jitter_seconds), recorder_(std::move(recorder)) {
   for (auto r : resources) queues_[r];
   for (auto r : resources) {

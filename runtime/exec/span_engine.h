@@ -70,8 +70,7 @@ class SpanEngine {
   // span's record as it completes (so it must be thread-safe).
   SpanEngine(const std::vector<tandem::v1::TimelineResource>& resources,
              std::function<void(tandem::v1::TimelineResource)> setup = nullptr,
-             double jitter_seconds = 0,
-             std::function<void(const SpanRecord&)> recorder = nullptr);
+             double jitter_seconds = 0, std::function<void(const SpanRecord&)> recorder = nullptr);
   // Waits for every span, then stops the workers.
   ~SpanEngine();
 

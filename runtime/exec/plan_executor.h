@@ -1,22 +1,31 @@
 // The plan executor: runs training steps under any tandem.v1.Plan from the
 // planner, on the host and an accelerator (CUDA or emulated) together.
 //
-// Each step is a graph of spans built from the plan, following the simulator's
-// program and issue rules (schedule/lower.h) and run by a SpanEngine with one
-// worker per resource: the accelerator's compute stream, the H2D and D2H copy
-// engines, the host update pool, host compute. So, as CoTrain does, the moment
-// layer l's gradient is ready its D2H copy starts and a CPU update takes it
-// while the accelerator goes on with backward; the updated weights come back by
-// H2D, and the next step's forward of l waits only for those. A step returns
-// when its compute is done; CPU updates still in flight overlap the next step.
+// A step is the plan's Schedule (schedule/lower.h), the same program the
+// planner's simulator times: every operation of it becomes one span of a
+// SpanEngine, with one worker per resource (the accelerator's compute stream,
+// the H2D and D2H copy engines, the host update pool, host compute), with the
+// schedule's dependencies (same-step, iterations back, and start-dependencies
+// for prefetches) and, on a compute stream, the schedule's order. So, as
+// CoTrain does, the moment layer l's gradient is ready its D2H copy starts and
+// a CPU update takes it while the accelerator goes on with backward; the
+// updated weights come back by H2D, and the next step's forward of l waits
+// only for those. A step returns when its compute is done; CPU updates still
+// in flight overlap the next step.
 //
-// Where the runtime's tensors differ from the simulator's byte accounting (a
-// layer's backward reads its input, which is the previous layer's output):
-//   OFFLOAD   the layer's output and saved tensors go to the host once the next
-//             layer's forward has read them, and come back before the next
-//             layer's backward;
+// The files: plan_executor.cc the lifecycle (state, checkpoints, evaluation,
+// timelines), step_program.cc the schedule turned into spans (and the buffer
+// hazards it adds), span_work.cc what each operation does to the tensors.
+//
+// What each operation moves, where the runtime's tensors differ from the
+// schedule's byte accounting (a layer's backward reads its input, which is
+// the previous layer's output):
+//   OFFLOAD   ACTIVATION_D2H(l), after the layer's forward, takes its input
+//             (the previous layer's output, which no forward reads again) and
+//             its saved tensors to the host; ACTIVATION_H2D(l) brings them back
+//             before its backward;
 //   RECOMPUTE the layer keeps its output and drops its saved tensors after the
-//             next layer's forward; a RECOMPUTE span rebuilds them;
+//             next layer's forward; a RECOMPUTE rebuilds them;
 //   running statistics (BatchNorm) stay resident wherever the layer computes;
 //   the input batch, targets and the two gradients in flight between layers
 //   are held outside the plan's accounting.
@@ -38,6 +47,8 @@
 #include "runtime/exec/backpressure_allocator.h"
 #include "runtime/exec/span_engine.h"
 #include "runtime/exec/step_runner.h"
+#include "schedule/lower.h"
+#include "schedule/schedule.h"
 
 namespace tandem {
 
@@ -53,6 +64,9 @@ struct ExecutorOptions {
   Accelerator* accelerator = nullptr;
   // Tests only: random delay before each span, up to this (SpanEngine).
   double span_jitter_seconds = 0;
+  // Tests and benchmarks: called on a worker thread with every span's record
+  // as it ends (SpanInfo::op is its schedule operation); must be thread-safe.
+  std::function<void(const SpanRecord&)> span_recorder;
 };
 
 // Device bytes the executor holds outside the plan's accounting at `micro_batch`
@@ -81,6 +95,10 @@ class PlanExecutor final : public StepRunner {
   int64_t peak_accelerator_bytes() const override;
   tandem::v1::Plan plan() const override { return options_.plan; }
   tandem::v1::Timeline last_timeline() const override;
+  // The program a step of a full batch runs: the plan lowered (schedule/lower.h)
+  // with the layers' bytes at the plan's micro-batch. A short batch runs the
+  // same program over fewer micro-batches.
+  const schedule::Schedule& schedule() const { return *full_schedule_; }
 
  private:
   struct Layer;
@@ -89,22 +107,45 @@ class PlanExecutor final : public StepRunner {
   struct Iteration;
   PlanExecutor(const Model& model, ExecutorOptions options);
   absl::Status Init();
+  absl::Status InitLayer(int l);
+  // A layer's resident weights, running statistics and moments on the accelerator.
+  absl::Status PlaceOnAccelerator(Layer& layer);
   // Waits for every span (updates and copies in flight included).
   absl::Status Drain();
-  SpanId Add(Iteration& it, tandem::v1::TimelineResource resource, tandem::v1::TimelinePhase phase,
-             int layer, int micro_batch, int64_t bytes, std::vector<SpanId> deps,
-             std::function<absl::Status()> work);
-  // One replica's forward and backward (and, with `updates`, its per-layer
-  // updates) for this step.
-  void BuildReplica(const std::shared_ptr<Iteration>& it, Replica& replica, bool updates);
-  // hetero_dp: sum the replicas' gradients and step both.
-  void BuildGradientSync(const std::shared_ptr<Iteration>& it);
-  // A CPU-updated layer of an accelerator plan: the host step, then the copy back.
-  void EmitHostUpdate(const std::shared_ptr<Iteration>& it, int layer, std::vector<SpanId> deps);
-  absl::Status HostUpdate(const Iteration& it, int layer, float* grads);
+
+  // ---- The step program (step_program.cc) ----
+  // The schedule of a step of `micro_batches` micro-batches on the replica
+  // that computes layers (hetero_dp: on the accelerator), lowered on first use.
+  absl::StatusOr<const schedule::Schedule*> ScheduleFor(int micro_batches);
+  // One span per operation of `it`'s schedule.
+  void BuildStep(const std::shared_ptr<Iteration>& it);
+  // Adds operation `op` of iteration `it` with its schedule's dependencies,
+  // its stream order and `extra` (hazards).
+  void AddOp(const std::shared_ptr<Iteration>& it, int op, std::vector<SpanId> extra);
+  // The span of operation `op` of the step `lag` steps before `it`, 0 if none.
+  SpanId SpanOf(const Iteration& it, int op, int lag) const;
+  // The dependencies the executor adds to the schedule's, for buffers the
+  // schedule does not model as one copy (step_program.cc).
+  std::vector<SpanId> Hazards(const Iteration& it, int op) const;
+  // delayed_parameter_update: the copy back of `it`'s update of `layer`.
+  void AddDeferredReturn(const std::shared_ptr<Iteration>& it, int layer);
+
+  // ---- The work of each operation (span_work.cc) ----
+  std::function<absl::Status()> Work(const std::shared_ptr<Iteration>& it, int op);
+  absl::Status Forward(Iteration& it, Replica& r, int op, bool recompute);
+  absl::Status Backward(Iteration& it, Replica& r, int op);
+  absl::Status LoadInputs(Iteration& it, Replica& r, int j);
+  absl::Status Copy(Iteration& it, int op);
+  absl::Status MoveActivations(Replica& r, int l, int j, bool to_host);
+  absl::Status HostUpdate(const Iteration& it, int layer);
   absl::Status AcceleratorUpdate(const Iteration& it, int layer);
+  absl::Status AverageGradients(int layer);
   // Global gradient norm for clipping, over wherever each layer's gradient is.
   absl::Status ClipNorm(Iteration& it);
+  // The weights operation `op` (a forward, recompute or backward) reads.
+  float* WeightsOf(Iteration& it, const Replica& r, int op);
+  LayerContext ContextOf(const Iteration& it, const Replica& r, int l, int j) const;
+
   // Builds the measured timeline of the newest finished iteration.
   void CollectTimelines();
   // The timing sink's view of finished spans.
@@ -123,14 +164,18 @@ class PlanExecutor final : public StepRunner {
   // gradients.
   Buffer host_params_, host_grads_, host_buffers_, host_replica_grads_;
   std::vector<Buffer> host_moments_;
+  // The plan's decisions as the executor runs them, the layers' bytes, and
+  // the schedules lowered from them, by micro-batch count.
+  schedule::Decisions decisions_;
+  std::vector<schedule::LayerSizes> sizes_;
+  std::map<int, std::unique_ptr<schedule::Schedule>> schedules_;
+  const schedule::Schedule* full_schedule_ = nullptr;
+  // Per schedule, each operation's place in its resource's order.
+  std::map<const schedule::Schedule*, std::vector<int>> places_;
   std::unique_ptr<SpanEngine> engine_;
   int64_t iteration_ = 0;
-  // The last span of each compute stream (program order).
-  SpanId last_accel_compute_ = 0, last_host_compute_ = 0;
-  // What TrainStep waits for: the step's last compute spans.
-  std::vector<SpanId> last_spans_;
-  // Each replica's last backward of every layer, this step (0: accelerator, 1: host).
-  std::vector<SpanId> last_backward_[2];
+  // The newest steps (up to the longest lag), for dependencies iterations back.
+  std::map<int64_t, std::shared_ptr<Iteration>> recent_;
   // Timeline bookkeeping: spans not yet finished, and finished records, per iteration.
   std::map<int64_t, int64_t> iteration_spans_;
   std::map<int64_t, std::vector<SpanRecord>> records_;

@@ -130,17 +130,20 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
         if (record.wait_seconds > 0) record.waited_on = span.waited_on;
       }
       span.waited = record.wait_seconds > 0;
-      // Spans issued when this one starts (prefetches) are ready now.
-      span.started = true;
-      const double now = WallSeconds();
-      for (SpanId d : span.start_dependents) Release(d, now, resource, resource);
-      span.start_dependents.clear();
     }
     if (jitter_seconds_ > 0 && !skip) {
       std::this_thread::sleep_for(std::chrono::duration<double>(
           std::uniform_real_distribution<double>(0, jitter_seconds_)(jitter)));
     }
     record.start = WallSeconds();
+    {
+      // Spans issued when this one starts (prefetches) are ready now.
+      std::lock_guard<std::mutex> lock(mu_);
+      Span& span = spans_[id];
+      span.started = true;
+      for (SpanId d : span.start_dependents) Release(d, record.start, resource, resource);
+      span.start_dependents.clear();
+    }
     absl::Status s = skip ? absl::OkStatus() : work();
     record.end = WallSeconds();
     if (!s.ok()) {
@@ -156,8 +159,9 @@ void SpanEngine::WorkerLoop(tandem::v1::TimelineResource resource) {
       if (status_.ok()) status_ = s;
     }
     last_end = record.end;
-    Complete(id, skip ? SpanRecord{} : record);
+    // Before Complete: whoever waits for the span sees it recorded.
     if (recorder_ && !skip) recorder_(record);
+    Complete(id, skip ? SpanRecord{} : record);
   }
 }
 

@@ -1,0 +1,120 @@
+// The plan executor's state, shared by its three files (plan_executor.h): each
+// layer's decisions and accelerator state, where a replica computes, and the
+// tensors of one step. Internal to runtime/exec.
+#ifndef TANDEM_RUNTIME_EXEC_EXECUTOR_STATE_H_
+#define TANDEM_RUNTIME_EXEC_EXECUTOR_STATE_H_
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "runtime/exec/plan_executor.h"
+
+namespace tandem {
+
+// One layer's decisions and its state on the accelerator.
+struct PlanExecutor::Layer {
+  const tandem::Layer* layer = nullptr;
+  int index = 0;
+  bool accel_compute = true;
+  bool streamed = false;
+  bool accel_update = true;
+  tandem::v1::ActivationPolicy policy = tandem::v1::ACTIVATION_POLICY_KEEP;
+  bool has_params = false;
+  int64_t param_elements = 0;  // the layer's slice of the flat buffers (padded)
+  int64_t buffer_elements = 0;
+  int64_t param_offset = 0, buffer_offset = 0;
+  // Accelerator state: resident weights, running statistics, optimizer moments,
+  // and the gradient from a step's first backward until copied or applied.
+  Buffer params, buffers, grads;
+  std::vector<Buffer> moments;
+};
+
+// Where a replica computes: its memory, layer contexts and copies to and from
+// the host. The host side copies with memcpy.
+struct PlanExecutor::Side {
+  Accelerator* dev = nullptr;  // null on the host
+  Allocator* alloc = nullptr;
+
+  LayerContext Context() const {
+    if (dev != nullptr) return dev->ComputeContext();
+    return LayerContext();
+  }
+  absl::Status Finish() const { return dev != nullptr ? dev->FinishCompute() : absl::OkStatus(); }
+  absl::Status FromHost(void* dst, const void* src, int64_t bytes) const {
+    if (dev != nullptr) return dev->CopyToDevice(dst, src, bytes);
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status ToHost(void* dst, const void* src, int64_t bytes) const {
+    if (dev != nullptr) return dev->CopyToHost(dst, src, bytes);
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Fill(float* dst, float value, int64_t n) const {
+    if (dev != nullptr) return dev->Fill(dst, value, n);
+    std::fill(dst, dst + n, value);
+    return absl::OkStatus();
+  }
+};
+
+// The tensors of one replica's work in one step, touched by spans in
+// dependency order.
+struct PlanExecutor::Replica {
+  Side side;
+  // Samples of the whole batch this replica computes, in micro-batches.
+  std::vector<int64_t> mb_start, mb_size;
+  // [layer][micro-batch]: outputs, saved tensors, the incoming gradient, and
+  // an offloaded layer's input and saved tensors while on the host.
+  std::vector<std::vector<Buffer>> out, saved, grad, host_in, host_saved;
+  std::vector<Buffer> x, targets;
+  // Host replica only: where its backward writes gradients (cpu_only: the
+  // executor's host gradients; hetero_dp: its own, apart from the
+  // accelerator's, which arrive in the executor's host gradients).
+  float* host_grads = nullptr;
+
+  int micro_batches() const { return static_cast<int>(mb_start.size()); }
+  void Size(int layers, int64_t first, int64_t samples, int64_t micro_batch) {
+    for (int64_t s = 0; s < samples; s += micro_batch) {
+      mb_start.push_back(first + s);
+      mb_size.push_back(std::min(micro_batch, samples - s));
+    }
+    const size_t M = mb_start.size();
+    for (auto* v : {&out, &saved, &grad, &host_in, &host_saved}) {
+      v->clear();
+      v->resize(layers);
+      for (auto& per_layer : *v) per_layer.resize(M);
+    }
+    x.resize(M);
+    targets.resize(M);
+  }
+  // Layer l's input for micro-batch j: the batch, or the previous layer's output.
+  Buffer& Input(int l, int j) { return l == 0 ? x[j] : out[l - 1][j]; }
+};
+
+struct PlanExecutor::Iteration {
+  int64_t k = 0;
+  int64_t batch = 0;
+  StepOptions options;
+  StepConstants step;
+  const Batch* input = nullptr;
+  Replica accel, host;
+  std::vector<float> losses;
+  float grad_scale = 1.0f;
+  double grad_norm = 0;
+  // The program this step runs, each operation's span, and the weights a
+  // streaming copy brought for the operations that depend on it.
+  const schedule::Schedule* schedule = nullptr;
+  std::vector<SpanId> spans;
+  std::vector<Buffer> streamed;
+
+  // The replica a forward, recompute or backward computes on.
+  Replica& ReplicaOf(const schedule::Op& op) {
+    return op.replica == schedule::kHostReplica ? host : accel;
+  }
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_EXEC_EXECUTOR_STATE_H_

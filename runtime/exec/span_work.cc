@@ -1,0 +1,312 @@
+// What each operation of a step's schedule does to the tensors (the spans'
+// work): forward, recompute and backward of a layer for a micro-batch on a
+// replica, the copies of weights, gradients and activations, the updates, the
+// gradient average and norm. The order they run in is step_program.cc's.
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/core/random.h"
+#include "runtime/core/status_macros.h"
+#include "runtime/exec/executor_state.h"
+#include "runtime/optim/kernels.h"
+
+namespace tandem {
+namespace {
+
+using schedule::Op;
+using schedule::OpKind;
+
+// The dropout stream of (step, layer), as the CPU engine draws it.
+uint64_t RngStream(int64_t step, int layer) {
+  return MixStream(0xd209, static_cast<uint64_t>(step), static_cast<uint64_t>(layer));
+}
+
+}  // namespace
+
+std::function<absl::Status()> PlanExecutor::Work(const std::shared_ptr<Iteration>& shared, int o) {
+  return [this, shared, o]() -> absl::Status {
+    Iteration& it = *shared;
+    const Op& op = it.schedule->ops[o];
+    switch (op.kind) {
+      case OpKind::kForward:
+        return Forward(it, it.ReplicaOf(op), o, /*recompute=*/false);
+      case OpKind::kRecompute:
+        return Forward(it, it.ReplicaOf(op), o, /*recompute=*/true);
+      case OpKind::kBackward:
+        return Backward(it, it.ReplicaOf(op), o);
+      case OpKind::kUpdate:
+        return it.schedule->resources[op.resource].kind ==
+                       tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE
+                   ? AcceleratorUpdate(it, op.layer)
+                   : HostUpdate(it, op.layer);
+      case OpKind::kCopy:
+        return Copy(it, o);
+      case OpKind::kGradientAverage:
+        return AverageGradients(op.layer);
+      case OpKind::kGradientNorm:
+        return ClipNorm(it);
+      default:
+        return absl::UnimplementedError(
+            absl::StrCat("no work for ", schedule::OpKindName(op.kind), " operations"));
+    }
+  };
+}
+
+float* PlanExecutor::WeightsOf(Iteration& it, const Replica& r, int o) {
+  const Op& op = it.schedule->ops[o];
+  Layer& layer = *layers_[op.layer];
+  if (r.side.dev == nullptr) return host_params_.f32() + layer.param_offset;
+  if (!layer.streamed) return layer.params.f32();
+  // A streamed layer reads the weights of the copy the schedule feeds it from.
+  for (const schedule::Dep& d : op.deps) {
+    const Op& from = it.schedule->ops[d.op];
+    if (d.lag == 0 && from.kind == OpKind::kCopy && from.tensor == schedule::TensorKind::kWeights &&
+        from.layer == op.layer) {
+      return it.streamed[d.op].f32();
+    }
+  }
+  return nullptr;
+}
+
+LayerContext PlanExecutor::ContextOf(const Iteration& it, const Replica& r, int l, int j) const {
+  const Layer& layer = *layers_[l];
+  LayerContext ctx = r.side.Context();
+  ctx.training = true;
+  ctx.seed = it.options.seed;
+  ctx.rng_stream = RngStream(it.options.step, l);
+  ctx.sample_offset = static_cast<uint64_t>(r.mb_start[j]);
+  ctx.accumulate_grads = j > 0;
+  ctx.buffers =
+      r.side.dev != nullptr
+          ? layer.buffers.f32()
+          : (layer.buffer_elements > 0 ? host_buffers_.f32() + layer.buffer_offset : nullptr);
+  // Gradients are set by the backward alone: a forward runs while the
+  // previous step's gradient copy may still be releasing layer.grads.
+  ctx.targets = reinterpret_cast<const int32_t*>(r.targets[j].data());
+  return ctx;
+}
+
+absl::Status PlanExecutor::LoadInputs(Iteration& it, Replica& r, int j) {
+  const Shape& sample = model_.data().sample_shape;
+  const int64_t n = r.mb_size[j];
+  const int64_t elem = DTypeBytes(it.input->input_dtype);
+  const int64_t in_bytes = n * sample.elements() * elem;
+  const int64_t tps = model_.data().targets_per_sample;
+  TANDEM_ASSIGN_OR_RETURN(r.x[j],
+                          Buffer::Allocate(r.side.alloc, in_bytes, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(
+      r.targets[j], Buffer::Allocate(r.side.alloc, n * tps * 4, MemoryCategory::kActivations));
+  const char* src = reinterpret_cast<const char*>(it.input->inputs.data());
+  TANDEM_RETURN_IF_ERROR(
+      r.side.FromHost(r.x[j].data(), src + r.mb_start[j] * sample.elements() * elem, in_bytes));
+  return r.side.FromHost(r.targets[j].data(), it.input->targets.data() + r.mb_start[j] * tps,
+                         n * tps * 4);
+}
+
+absl::Status PlanExecutor::Forward(Iteration& it, Replica& r, int o, bool recompute) {
+  const Op& op = it.schedule->ops[o];
+  const int l = op.layer, j = op.micro_batch, L = model_.num_layers();
+  const tandem::Layer& impl = *layers_[l]->layer;
+  const int64_t n = r.mb_size[j];
+  if (l == 0 && !recompute) TANDEM_RETURN_IF_ERROR(LoadInputs(it, r, j));
+  Buffer& out = r.out[l][j];
+  Buffer& saved = r.saved[l][j];
+  if (out.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(
+        out, Buffer::Allocate(r.side.alloc, impl.OutputBytes(n), MemoryCategory::kActivations));
+  }
+  if (saved.empty() && impl.SavedBytes(n) > 0) {
+    TANDEM_ASSIGN_OR_RETURN(
+        saved, Buffer::Allocate(r.side.alloc, impl.SavedBytes(n), MemoryCategory::kActivations));
+  }
+  TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(r.side.alloc, impl.WorkspaceBytes(n),
+                                                      MemoryCategory::kWorkspace));
+  LayerContext ctx = ContextOf(it, r, l, j);
+  ctx.params = WeightsOf(it, r, o);
+  ctx.workspace = ws.data();
+  ctx.recompute = recompute;
+  const Shape& sample = model_.data().sample_shape;
+  const Tensor x = l == 0 ? Tensor(r.x[j].data(), it.input->input_dtype, sample.WithBatch(n))
+                          : Tensor::F32(r.out[l - 1][j].f32(), impl.input_shape().WithBatch(n));
+  impl.Forward(ctx, x, Tensor::F32(out.f32(), impl.output_shape().WithBatch(n)), saved.data());
+  TANDEM_RETURN_IF_ERROR(r.side.Finish());
+  if (recompute) return absl::OkStatus();
+  // Streamed weights are freed when the forward ends.
+  for (const schedule::Dep& d : op.deps) {
+    if (d.lag == 0 && it.schedule->ops[d.op].tensor == schedule::TensorKind::kWeights)
+      it.streamed[d.op].Reset();
+  }
+  // A recomputing layer drops its saved tensors once the next layer has read
+  // its output (the last layer at once). hetero_dp's host replica keeps them.
+  const bool recomputes = !(hetero_ && &r == &it.host);
+  if (recomputes && l > 0 && layers_[l - 1]->policy == tandem::v1::ACTIVATION_POLICY_RECOMPUTE)
+    r.saved[l - 1][j].Reset();
+  if (l == L - 1) {
+    if (recomputes && layers_[l]->policy == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) saved.Reset();
+    TANDEM_RETURN_IF_ERROR(r.side.ToHost(it.losses.data() + r.mb_start[j], out.data(), n * 4));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::Backward(Iteration& it, Replica& r, int o) {
+  const Op& op = it.schedule->ops[o];
+  const int l = op.layer, j = op.micro_batch, L = model_.num_layers();
+  Layer& layer = *layers_[l];
+  const tandem::Layer& impl = *layer.layer;
+  const int64_t n = r.mb_size[j];
+  const bool on_accel = r.side.dev != nullptr;
+  Allocator* alloc = r.side.alloc;
+  if (on_accel && layer.has_params && layer.grads.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(
+        layer.grads, Buffer::Allocate(alloc, layer.param_elements * 4, MemoryCategory::kGradients));
+    TANDEM_RETURN_IF_ERROR(r.side.Fill(layer.grads.f32(), 0.0f, layer.param_elements));
+  }
+  if (l == L - 1) {
+    // d(mean loss)/d(per-sample loss) = 1 / (whole batch).
+    TANDEM_ASSIGN_OR_RETURN(r.grad[l][j],
+                            Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(r.side.Fill(r.grad[l][j].f32(), 1.0f / static_cast<float>(it.batch), n));
+  }
+  Buffer dx;
+  if (l > 0) {
+    TANDEM_ASSIGN_OR_RETURN(dx, Buffer::Allocate(alloc, impl.input_shape().elements() * n * 4,
+                                                 MemoryCategory::kActivations));
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      Buffer ws, Buffer::Allocate(alloc, impl.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+  LayerContext ctx = ContextOf(it, r, l, j);
+  ctx.params = WeightsOf(it, r, o);
+  ctx.grads = on_accel ? layer.grads.f32() : r.host_grads + layer.param_offset;
+  ctx.workspace = ws.data();
+  const Shape& sample = model_.data().sample_shape;
+  const Tensor x = l == 0 ? Tensor(r.x[j].data(), it.input->input_dtype, sample.WithBatch(n))
+                          : Tensor::F32(r.out[l - 1][j].f32(), impl.input_shape().WithBatch(n));
+  const Tensor y = Tensor::F32(r.out[l][j].f32(), impl.output_shape().WithBatch(n));
+  const Tensor dy = Tensor::F32(r.grad[l][j].f32(), impl.output_shape().WithBatch(n));
+  const Tensor dxt = l == 0 ? Tensor() : Tensor::F32(dx.f32(), impl.input_shape().WithBatch(n));
+  impl.Backward(ctx, x, y, r.saved[l][j].data(), dy, dxt);
+  TANDEM_RETURN_IF_ERROR(r.side.Finish());
+  // This layer's activations and incoming gradient are done with, and the
+  // weights a streaming copy brought for it (and its recompute).
+  r.out[l][j].Reset();
+  r.saved[l][j].Reset();
+  r.grad[l][j].Reset();
+  if (l > 0) r.grad[l - 1][j] = std::move(dx);
+  if (l == 0) {
+    r.x[j].Reset();
+    r.targets[j].Reset();
+  }
+  for (const schedule::Dep& d : op.deps) {
+    if (d.lag == 0 && it.schedule->ops[d.op].tensor == schedule::TensorKind::kWeights)
+      it.streamed[d.op].Reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::MoveActivations(Replica& r, int l, int j, bool to_host) {
+  // An offloaded layer's backward reads its input and saved tensors; its
+  // output is the next layer's input and goes (or stays) with that layer.
+  for (auto [device, host] : {std::make_pair(&r.Input(l, j), &r.host_in[l][j]),
+                              std::make_pair(&r.saved[l][j], &r.host_saved[l][j])}) {
+    Buffer* src = to_host ? device : host;
+    Buffer* dst = to_host ? host : device;
+    if (src->empty()) continue;
+    TANDEM_ASSIGN_OR_RETURN(*dst, Buffer::Allocate(to_host ? options_.host_allocator : r.side.alloc,
+                                                   src->bytes(), MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(to_host ? r.side.ToHost(dst->data(), src->data(), src->bytes())
+                                   : r.side.FromHost(dst->data(), src->data(), src->bytes()));
+    src->Reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::Copy(Iteration& it, int o) {
+  const Op& op = it.schedule->ops[o];
+  const int l = op.layer;
+  Layer& layer = *layers_[l];
+  const int64_t bytes = layer.param_elements * 4;
+  float* host_params = host_params_.f32() + layer.param_offset;
+  float* host_grads = host_grads_.f32() + layer.param_offset;
+  const bool down =
+      it.schedule->resources[op.resource].kind == tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
+  switch (op.phase) {
+    case tandem::v1::TIMELINE_PHASE_PARAMETER_H2D: {
+      if (!layer.streamed) return accel_->CopyToDevice(layer.params.data(), host_params, bytes);
+      TANDEM_ASSIGN_OR_RETURN(it.streamed[o], Buffer::Allocate(device_alloc_.get(), bytes,
+                                                               MemoryCategory::kParameters));
+      return accel_->CopyToDevice(it.streamed[o].data(), host_params, bytes);
+    }
+    case tandem::v1::TIMELINE_PHASE_GRADIENT_D2H: {
+      TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_grads, layer.grads.data(), bytes));
+      layer.grads.Reset();
+      return absl::OkStatus();
+    }
+    case tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H:
+    case tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D:
+      return MoveActivations(it.accel, l, op.micro_batch, down);
+    case tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC:
+      // hetero_dp: the accelerator's gradient down to be summed, the sum back.
+      return down ? accel_->CopyToHost(host_grads, layer.grads.data(), bytes)
+                  : accel_->CopyToDevice(layer.grads.data(), host_grads, bytes);
+    default:
+      return absl::InternalError(
+          absl::StrCat("no copy for phase ", tandem::v1::TimelinePhase_Name(op.phase)));
+  }
+}
+
+absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
+  const Layer& layer = *layers_[l];
+  StepConstants s = it.step;
+  s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
+  std::vector<float*> states;
+  for (Buffer& m : host_moments_) states.push_back(m.f32() + layer.param_offset);
+  // cpu_only's backward, the accelerator's gradient copy and hetero_dp's
+  // average all leave the gradient to step with in the host gradients.
+  Optimizer::UpdateSlice(s, host_params_.f32() + layer.param_offset,
+                         host_grads_.f32() + layer.param_offset, states.data(),
+                         layer.param_elements);
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::AcceleratorUpdate(const Iteration& it, int l) {
+  Layer& layer = *layers_[l];
+  StepConstants s = it.step;
+  s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
+  std::vector<float*> states;
+  for (Buffer& m : layer.moments) states.push_back(m.f32());
+  TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, layer.params.f32(), layer.grads.f32(),
+                                             states.data(), layer.param_elements));
+  TANDEM_RETURN_IF_ERROR(accel_->FinishCompute());
+  layer.grads.Reset();
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::AverageGradients(int l) {
+  // Each replica's gradient already carries 1/batch: their sum is the mean.
+  const Layer& layer = *layers_[l];
+  float* a = host_grads_.f32() + layer.param_offset;
+  const float* h = host_replica_grads_.f32() + layer.param_offset;
+  for (int64_t i = 0; i < layer.param_elements; ++i) a[i] += h[i];
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::ClipNorm(Iteration& it) {
+  double sum = 0;
+  for (auto& layer : layers_) {
+    if (!layer->has_params) continue;
+    // hetero_dp's sums, and every gradient that came down, are on the host.
+    if (!hetero_ && layer->accel_compute && layer->accel_update) {
+      TANDEM_ASSIGN_OR_RETURN(const double s,
+                              accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
+      sum += s;
+    } else {
+      sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset, layer->param_elements);
+    }
+  }
+  it.grad_norm = std::sqrt(sum);
+  it.grad_scale = Optimizer::ClipScale(it.grad_norm, options_.optimizer.max_grad_norm());
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

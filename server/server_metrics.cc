@@ -22,91 +22,58 @@ prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double 
   return bounds;
 }
 
+// A metric family registered under `name` with `help`.
+template <typename Builder>
+auto& Family(Builder builder, const char* name, const char* help, prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
 }  // namespace
 
 ServerMetrics::ServerMetrics()
     : registry(std::make_shared<prometheus::Registry>()),
       job_telemetry(std::make_shared<metrics::JobTelemetryCollector>()),
-      build_info(BuildGauge()
-                     .Name("tandem_build_info")
-                     .Help("Always 1; labels give the version and commit of this tandemd.")
-                     .Register(*registry)),
-      rpc_requests(BuildCounter()
-                       .Name("tandem_rpc_requests_total")
-                       .Help("RPCs answered, by method and gRPC status code.")
-                       .Register(*registry)),
-      rpc_duration(BuildHistogram()
-                       .Name("tandem_rpc_duration_seconds")
-                       .Help("RPC latency from arrival to status, by method and code.")
-                       .Register(*registry)),
-      jobs(BuildGauge()
-               .Name("tandem_jobs")
-               .Help("Jobs known to this daemon, by state.")
-               .Register(*registry)),
-      queue_length(BuildGauge()
-                       .Name("tandem_job_queue_length")
-                       .Help("Jobs waiting to run.")
-                       .Register(*registry)),
-      jobs_finished(BuildCounter()
-                        .Name("tandem_jobs_finished_total")
-                        .Help("Jobs that ended, by final state.")
-                        .Register(*registry)),
-      job_step_seconds(BuildGauge()
-                           .Name("tandem_job_step_seconds")
-                           .Help("Mean wall time of a training step over the latest window.")
-                           .Register(*registry)),
-      job_step_duration(BuildHistogram()
-                            .Name("tandem_job_step_duration_seconds")
-                            .Help("Wall time of each training step.")
-                            .Register(*registry)),
-      job_loss(BuildGauge()
-                   .Name("tandem_job_loss")
-                   .Help("Training loss of the latest step, in nats.")
-                   .Register(*registry)),
-      job_eval_accuracy(BuildGauge()
-                            .Name("tandem_job_eval_accuracy_ratio")
-                            .Help("Test accuracy of the latest evaluation.")
-                            .Register(*registry)),
-      job_samples_per_second(BuildGauge()
-                                 .Name("tandem_job_samples_per_second")
-                                 .Help("Training throughput over the latest window.")
-                                 .Register(*registry)),
-      job_progress(BuildGauge()
-                       .Name("tandem_job_progress_ratio")
-                       .Help("Steps completed over total steps.")
-                       .Register(*registry)),
-      job_steps(BuildCounter()
-                    .Name("tandem_job_steps_total")
-                    .Help("Optimizer steps completed by the job in this process.")
-                    .Register(*registry)),
-      job_predicted_step_seconds(BuildGauge()
-                                     .Name("tandem_job_predicted_step_seconds")
-                                     .Help("Step time the job's plan predicted.")
-                                     .Register(*registry)),
-      device_memory(BuildGauge()
-                        .Name("tandem_device_memory_bytes")
-                        .Help("Memory allocated by running jobs, by device and category.")
-                        .Register(*registry)),
-      device_memory_budget(BuildGauge()
-                               .Name("tandem_device_memory_budget_bytes")
-                               .Help("Memory all jobs together may use, by device.")
-                               .Register(*registry)),
-      device_memory_reserved(BuildGauge()
-                                 .Name("tandem_device_memory_reserved_bytes")
-                                 .Help("Memory reserved by admitted jobs, by device.")
-                                 .Register(*registry)),
-      process_cpu(BuildCounter()
-                      .Name("tandem_process_cpu_seconds_total")
-                      .Help("CPU time consumed by tandemd (user and system).")
-                      .Register(*registry)),
-      process_resident(BuildGauge()
-                           .Name("tandem_process_resident_memory_bytes")
-                           .Help("Resident set size of tandemd.")
-                           .Register(*registry)),
-      process_start_time(BuildGauge()
-                             .Name("tandem_process_start_time_seconds")
-                             .Help("Start time of tandemd since the Unix epoch.")
-                             .Register(*registry)),
+      build_info(Family(BuildGauge(), "tandem_build_info",
+                        "Always 1; labels give the version and commit of this tandemd.",
+                        *registry)),
+      rpc_requests(Family(BuildCounter(), "tandem_rpc_requests_total",
+                          "RPCs answered, by method and gRPC status code.", *registry)),
+      rpc_duration(Family(BuildHistogram(), "tandem_rpc_duration_seconds",
+                          "RPC latency from arrival to status, by method and code.", *registry)),
+      jobs(Family(BuildGauge(), "tandem_jobs", "Jobs known to this daemon, by state.", *registry)),
+      queue_length(
+          Family(BuildGauge(), "tandem_job_queue_length", "Jobs waiting to run.", *registry)),
+      jobs_finished(Family(BuildCounter(), "tandem_jobs_finished_total",
+                           "Jobs that ended, by final state.", *registry)),
+      job_step_seconds(Family(BuildGauge(), "tandem_job_step_seconds",
+                              "Mean wall time of a training step over the latest window.",
+                              *registry)),
+      job_step_duration(Family(BuildHistogram(), "tandem_job_step_duration_seconds",
+                               "Wall time of each training step.", *registry)),
+      job_loss(Family(BuildGauge(), "tandem_job_loss", "Training loss of the latest step, in nats.",
+                      *registry)),
+      job_eval_accuracy(Family(BuildGauge(), "tandem_job_eval_accuracy_ratio",
+                               "Test accuracy of the latest evaluation.", *registry)),
+      job_samples_per_second(Family(BuildGauge(), "tandem_job_samples_per_second",
+                                    "Training throughput over the latest window.", *registry)),
+      job_progress(Family(BuildGauge(), "tandem_job_progress_ratio",
+                          "Steps completed over total steps.", *registry)),
+      job_steps(Family(BuildCounter(), "tandem_job_steps_total",
+                       "Optimizer steps completed by the job in this process.", *registry)),
+      job_predicted_step_seconds(Family(BuildGauge(), "tandem_job_predicted_step_seconds",
+                                        "Step time the job's plan predicted.", *registry)),
+      device_memory(Family(BuildGauge(), "tandem_device_memory_bytes",
+                           "Memory allocated by running jobs, by device and category.", *registry)),
+      device_memory_budget(Family(BuildGauge(), "tandem_device_memory_budget_bytes",
+                                  "Memory all jobs together may use, by device.", *registry)),
+      device_memory_reserved(Family(BuildGauge(), "tandem_device_memory_reserved_bytes",
+                                    "Memory reserved by admitted jobs, by device.", *registry)),
+      process_cpu(Family(BuildCounter(), "tandem_process_cpu_seconds_total",
+                         "CPU time consumed by tandemd (user and system).", *registry)),
+      process_resident(Family(BuildGauge(), "tandem_process_resident_memory_bytes",
+                              "Resident set size of tandemd.", *registry)),
+      process_start_time(Family(BuildGauge(), "tandem_process_start_time_seconds",
+                                "Start time of tandemd since the Unix epoch.", *registry)),
       rpc_duration_buckets(ExponentialBuckets(0.0001, 2.5, 14)),
       job_step_duration_buckets(ExponentialBuckets(0.001, 2, 16)) {
   build_info.Add({{"version", TandemVersion()}, {"commit", GitCommit()}}).Set(1);

@@ -90,10 +90,23 @@ HeteroReplicas::HeteroReplicas(const CostModel& cost, const Decisions& s)
   }
 }
 
+namespace {
+
+// A span on the accelerator's compute stream: busy time always, the span
+// itself in the reported window.
+template <typename Record>
+void AcceleratorSpan(Record* record, Record* window, TimelinePhase phase, int l, int j, double s,
+                     double e, int64_t bytes) {
+  if (record != nullptr) record->Busy(&record->acc_busy, s, e);
+  if (window != nullptr) {
+    window->Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, phase, l, j, s, e, bytes);
+  }
+}
+
+}  // namespace
+
 void HeteroReplicas::RunOnce(int n, Record* record) {
   const int L = static_cast<int>(layers_.size());
-  const int M = micro_batches_;
-  const int k = n - 2;
   starts_.assign(n, 0.0);
   acc_backward_end_.assign(L, 0.0);
   host_backward_end_.assign(L, 0.0);
@@ -101,177 +114,177 @@ void HeteroReplicas::RunOnce(int n, Record* record) {
   average_end_.assign(L, 0.0);
   up_end_.assign(L, 0.0);
   host_update_end_.assign(L, 0.0);
-  std::vector<double> down_start(L), average_start(L), up_start(L), host_update_start(L);
-
-  double t_acc = 0, t_host = 0, d2h_free = 0, pool_free = 0, h2d_free = 0;
-  // The accelerator program's durations summed in order (the event graph's
-  // program_prefix), for reuse distances.
-  double prefix = 0;
+  Clocks c;
   for (int i = 0; i < n; ++i) {
     // Iteration i starts at the earlier of the replicas' first forwards.
-    double host_start = t_host;
+    double host_start = c.host;
     if (i > 0 && layers_[0].has_params) host_start = std::max(host_start, host_update_end_[0]);
-    starts_[i] = std::min(t_acc, host_start);
+    starts_[i] = std::min(c.acc, host_start);
     if (i == n - 1) {
       // Nothing at or after the last iteration's start is reported; only
       // where its forwards sit in the program (reuse distances).
       if (record != nullptr) {
         for (int f = 0; f < L; ++f) {
-          record->prefix_before[f] = prefix;
-          prefix += layers_[f].fwd;
+          record->prefix_before[f] = c.prefix;
+          c.prefix += layers_[f].fwd;
         }
       }
       return;
     }
-    Record* window = record != nullptr && i == k ? record : nullptr;
-    const double t1 = record != nullptr ? record->t1 : 0;
-    auto acc_span = [&](TimelinePhase phase, int l, int j, double s, double e, int64_t bytes) {
-      if (record != nullptr) record->Busy(&record->acc_busy, s, e);
-      if (window != nullptr) {
-        window->Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, phase, l, j, s, e, bytes);
-      }
-    };
-    auto acc_change = [&](double t, int64_t delta) {
-      if (record != nullptr) Record::Change(&record->acc_memory, t, delta, t1);
-    };
-    auto host_change = [&](double t, int64_t delta) {
-      if (record != nullptr) Record::Change(&record->host_memory, t, delta, t1);
-    };
+    Record* window = record != nullptr && i == n - 2 ? record : nullptr;
+    AcceleratorPass(c, record, window);
+    HostPass(i, c, record, window);
+    SyncGradients(c, record, window);
+  }
+}
 
-    // The accelerator replica's forwards and backwards.
-    for (int j = 0; j < M; ++j) {
-      for (int l = 0; l < L; ++l) {
-        const Layer& x = layers_[l];
-        const double s = t_acc, e = s + x.fwd;
-        acc_change(s, x.act + x.ws);
-        acc_change(e, -x.ws);
-        if (l > 0 && layers_[l - 1].recompute) {
-          acc_change(e, -(layers_[l - 1].act - layers_[l - 1].ckpt));
-        }
-        if (l == L - 1 && x.recompute) acc_change(e, -(x.act - x.ckpt));
-        acc_span(tandem::v1::TIMELINE_PHASE_FORWARD, l, j, s, e, 0);
-        prefix += x.fwd;
-        t_acc = e;
-      }
-      for (int l = L - 1; l >= 0; --l) {
-        const Layer& x = layers_[l];
-        if (x.recompute) {
-          const double s = t_acc, e = s + x.fwd;
-          acc_change(s, x.act - x.ckpt + x.ws);
-          acc_change(e, -x.ws);
-          acc_span(tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, s, e, 0);
-          prefix += x.fwd;
-          t_acc = e;
-        }
-        const double s = t_acc, e = s + x.bwd;
-        acc_change(s, x.ws + (j == 0 ? x.grad : 0));
-        acc_change(e, -x.ws - x.act);
-        acc_span(tandem::v1::TIMELINE_PHASE_BACKWARD, l, j, s, e, 0);
-        prefix += x.bwd;
-        t_acc = e;
-        if (j == M - 1) {
-          acc_backward_end_[l] = e;
-          if (window != nullptr) window->prefix_after[l] = prefix;
-        }
-      }
-    }
-
-    // The host replica: one micro-batch, each first forward after the
-    // layer's update of the iteration before.
+void HeteroReplicas::AcceleratorPass(Clocks& c, Record* record, Record* window) {
+  const int L = static_cast<int>(layers_.size());
+  const int M = micro_batches_;
+  auto change = [&](double t, int64_t delta) {
+    if (record != nullptr) Record::Change(&record->acc_memory, t, delta, record->t1);
+  };
+  for (int j = 0; j < M; ++j) {
     for (int l = 0; l < L; ++l) {
       const Layer& x = layers_[l];
-      double s = t_host;
-      if (i > 0 && x.has_params) s = std::max(s, host_update_end_[l]);
-      const double e = s + x.host_fwd;
-      host_change(s, x.host_act + x.host_ws);
-      host_change(e, -x.host_ws);
-      if (record != nullptr) record->Busy(&record->host_busy, s, e);
-      if (window != nullptr) {
-        window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, tandem::v1::TIMELINE_PHASE_FORWARD,
-                     l, 0, s, e, 0);
+      const double s = c.acc, e = s + x.fwd;
+      change(s, x.act + x.ws);
+      change(e, -x.ws);
+      if (l > 0 && layers_[l - 1].recompute) {
+        change(e, -(layers_[l - 1].act - layers_[l - 1].ckpt));
       }
-      t_host = e;
+      if (l == L - 1 && x.recompute) change(e, -(x.act - x.ckpt));
+      AcceleratorSpan(record, window, tandem::v1::TIMELINE_PHASE_FORWARD, l, j, s, e, 0);
+      c.prefix += x.fwd;
+      c.acc = e;
     }
     for (int l = L - 1; l >= 0; --l) {
       const Layer& x = layers_[l];
-      const double s = t_host, e = s + x.host_bwd;
-      host_change(s, x.host_ws);
-      host_change(e, -x.host_ws - x.host_act);
-      if (record != nullptr) record->Busy(&record->host_busy, s, e);
-      if (window != nullptr) {
-        window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE,
-                     tandem::v1::TIMELINE_PHASE_BACKWARD, l, 0, s, e, 0);
+      if (x.recompute) {
+        const double s = c.acc, e = s + x.fwd;
+        change(s, x.act - x.ckpt + x.ws);
+        change(e, -x.ws);
+        AcceleratorSpan(record, window, tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, s, e, 0);
+        c.prefix += x.fwd;
+        c.acc = e;
       }
-      host_backward_end_[l] = e;
-      t_host = e;
+      const double s = c.acc, e = s + x.bwd;
+      change(s, x.ws + (j == 0 ? x.grad : 0));
+      change(e, -x.ws - x.act);
+      AcceleratorSpan(record, window, tandem::v1::TIMELINE_PHASE_BACKWARD, l, j, s, e, 0);
+      c.prefix += x.bwd;
+      c.acc = e;
+      if (j == M - 1) {
+        acc_backward_end_[l] = e;
+        if (window != nullptr) window->prefix_after[l] = c.prefix;
+      }
     }
+  }
+}
 
-    // Gradient sync: downloads in backward order; the host pool merges the
-    // averages and the host updates by (ready time, creation order), an
-    // update (created right after its average) winning ties against any
-    // later average; uploads in backward order.
-    const size_t P = synced_.size();
-    for (size_t a = 0; a < P; ++a) {
-      const int l = synced_[a];
-      down_start[l] = std::max(acc_backward_end_[l], d2h_free);
-      d2h_free = down_start[l] + layers_[l].grad_d2h;
-      down_end_[l] = d2h_free;
+void HeteroReplicas::HostPass(int i, Clocks& c, Record* record, Record* window) {
+  // One micro-batch, each first forward after the layer's update of the
+  // iteration before.
+  const int L = static_cast<int>(layers_.size());
+  auto change = [&](double t, int64_t delta) {
+    if (record != nullptr) Record::Change(&record->host_memory, t, delta, record->t1);
+  };
+  auto span = [&](TimelinePhase phase, int l, double s, double e) {
+    if (record != nullptr) record->Busy(&record->host_busy, s, e);
+    if (window != nullptr) {
+      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, phase, l, 0, s, e, 0);
     }
-    size_t averaged = 0, updated = 0;
-    while (updated < P) {
-      bool average = averaged < P;
-      if (average && updated < averaged) {
-        const int la = synced_[averaged], lu = synced_[updated];
-        average = std::max(down_end_[la], host_backward_end_[la]) < average_end_[lu];
-      }
-      if (average) {
-        const int l = synced_[averaged++];
-        average_start[l] = std::max(pool_free, std::max(down_end_[l], host_backward_end_[l]));
-        pool_free = average_start[l] + layers_[l].average;
-        average_end_[l] = pool_free;
-      } else {
-        const int l = synced_[updated++];
-        host_update_start[l] = std::max(pool_free, average_end_[l]);
-        pool_free = host_update_start[l] + layers_[l].upd_host;
-        host_update_end_[l] = pool_free;
-      }
+  };
+  for (int l = 0; l < L; ++l) {
+    const Layer& x = layers_[l];
+    double s = c.host;
+    if (i > 0 && x.has_params) s = std::max(s, host_update_end_[l]);
+    const double e = s + x.host_fwd;
+    change(s, x.host_act + x.host_ws);
+    change(e, -x.host_ws);
+    span(tandem::v1::TIMELINE_PHASE_FORWARD, l, s, e);
+    c.host = e;
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& x = layers_[l];
+    const double s = c.host, e = s + x.host_bwd;
+    change(s, x.host_ws);
+    change(e, -x.host_ws - x.host_act);
+    span(tandem::v1::TIMELINE_PHASE_BACKWARD, l, s, e);
+    host_backward_end_[l] = e;
+    c.host = e;
+  }
+}
+
+void HeteroReplicas::SyncGradients(Clocks& c, Record* record, Record* window) {
+  // Downloads in backward order; the host pool merges the averages and the
+  // host updates by (ready time, creation order), an update (created right
+  // after its average) winning ties against any later average; uploads in
+  // backward order; then the accelerator's updates close its program.
+  const int L = static_cast<int>(layers_.size());
+  const int M = micro_batches_;
+  std::vector<double> down_start(L), average_start(L), up_start(L), host_update_start(L);
+  const size_t P = synced_.size();
+  for (size_t a = 0; a < P; ++a) {
+    const int l = synced_[a];
+    down_start[l] = std::max(acc_backward_end_[l], c.d2h_free);
+    c.d2h_free = down_start[l] + layers_[l].grad_d2h;
+    down_end_[l] = c.d2h_free;
+  }
+  size_t averaged = 0, updated = 0;
+  while (updated < P) {
+    bool average = averaged < P;
+    if (average && updated < averaged) {
+      const int la = synced_[averaged], lu = synced_[updated];
+      average = std::max(down_end_[la], host_backward_end_[la]) < average_end_[lu];
     }
-    for (size_t a = 0; a < P; ++a) {
-      const int l = synced_[a];
-      up_start[l] = std::max(average_end_[l], h2d_free);
-      h2d_free = up_start[l] + layers_[l].grad_h2d;
-      up_end_[l] = h2d_free;
+    if (average) {
+      const int l = synced_[averaged++];
+      average_start[l] = std::max(c.pool_free, std::max(down_end_[l], host_backward_end_[l]));
+      c.pool_free = average_start[l] + layers_[l].average;
+      average_end_[l] = c.pool_free;
+    } else {
+      const int l = synced_[updated++];
+      host_update_start[l] = std::max(c.pool_free, average_end_[l]);
+      c.pool_free = host_update_start[l] + layers_[l].upd_host;
+      host_update_end_[l] = c.pool_free;
     }
-    for (size_t a = 0; a < P && record != nullptr; ++a) {
-      const int l = synced_[a];
-      const Layer& x = layers_[l];
-      record->Busy(&record->d2h_busy, down_start[l], down_end_[l]);
-      record->Busy(&record->pool_busy, average_start[l], average_end_[l]);
-      record->Busy(&record->h2d_busy, up_start[l], up_end_[l]);
-      record->Busy(&record->pool_busy, host_update_start[l], host_update_end_[l]);
-      if (window == nullptr) continue;
-      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
-                   l, M - 1, down_start[l], down_end_[l], x.grad);
-      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
-                   tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, average_start[l],
-                   average_end_[l], 3 * x.grad);
-      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
-                   l, M - 1, up_start[l], up_end_[l], x.grad);
-      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l,
-                   0, host_update_start[l], host_update_end_[l], x.update_bytes);
-      window->d2h_bytes += x.grad;
-      window->h2d_bytes += x.grad;
-    }
-    // The accelerator's updates close its program, each after its average.
-    for (size_t a = 0; a < P; ++a) {
-      const int l = synced_[a];
-      const Layer& x = layers_[l];
-      const double s = std::max(t_acc, up_end_[l]), e = s + x.upd_acc;
-      acc_change(e, -x.grad);
-      acc_span(tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, s, e, x.update_bytes);
-      prefix += x.upd_acc;
-      t_acc = e;
-    }
+  }
+  for (size_t a = 0; a < P; ++a) {
+    const int l = synced_[a];
+    up_start[l] = std::max(average_end_[l], c.h2d_free);
+    c.h2d_free = up_start[l] + layers_[l].grad_h2d;
+    up_end_[l] = c.h2d_free;
+  }
+  for (size_t a = 0; a < P && record != nullptr; ++a) {
+    const int l = synced_[a];
+    const Layer& x = layers_[l];
+    record->Busy(&record->d2h_busy, down_start[l], down_end_[l]);
+    record->Busy(&record->pool_busy, average_start[l], average_end_[l]);
+    record->Busy(&record->h2d_busy, up_start[l], up_end_[l]);
+    record->Busy(&record->pool_busy, host_update_start[l], host_update_end_[l]);
+    if (window == nullptr) continue;
+    window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                 l, M - 1, down_start[l], down_end_[l], x.grad);
+    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
+                 tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, average_start[l], average_end_[l],
+                 3 * x.grad);
+    window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                 l, M - 1, up_start[l], up_end_[l], x.grad);
+    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, 0,
+                 host_update_start[l], host_update_end_[l], x.update_bytes);
+    window->d2h_bytes += x.grad;
+    window->h2d_bytes += x.grad;
+  }
+  for (size_t a = 0; a < P; ++a) {
+    const int l = synced_[a];
+    const Layer& x = layers_[l];
+    const double s = std::max(c.acc, up_end_[l]), e = s + x.upd_acc;
+    if (record != nullptr) Record::Change(&record->acc_memory, e, -x.grad, record->t1);
+    AcceleratorSpan(record, window, tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, s, e,
+                    x.update_bytes);
+    c.prefix += x.upd_acc;
+    c.acc = e;
   }
 }
 

@@ -56,9 +56,20 @@ class HeteroReplicas {
     double grad_h2d = 0, average = 0;
   };
   struct Record;
+  // Where each resource is in the run: the compute streams' clocks, when
+  // each copy engine and the host pool are next free, and the accelerator
+  // program's durations summed in order (the schedule's program prefix, for
+  // reuse distances).
+  struct Clocks {
+    double acc = 0, host = 0, d2h_free = 0, pool_free = 0, h2d_free = 0, prefix = 0;
+  };
   // One run of `iterations` iterations, stopped where the last one starts;
-  // times only without a record.
+  // times only without a record. Each iteration is the three passes below;
+  // `window` is the record when the iteration is the reported one.
   void RunOnce(int iterations, Record* record);
+  void AcceleratorPass(Clocks& c, Record* record, Record* window);
+  void HostPass(int iteration, Clocks& c, Record* record, Record* window);
+  void SyncGradients(Clocks& c, Record* record, Record* window);
 
   std::vector<Layer> layers_;
   // Layers with parameters, in backward order: the gradient sync's order.

@@ -58,7 +58,6 @@ class Lowering {
     s_.program_resource = mode == Mode::kHost ? kHostCompute : kAccCompute;
     host_update_.assign(L_, -1);
     host_backward_.assign(L_, -1);
-    held_.assign(L_, false);
     gradient_d2h_.assign(L_, -1);
   }
 
@@ -157,7 +156,7 @@ class Lowering {
                 tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
     for (int l = L_ - 1; l >= 0; --l) Dep(norm_, gradient_d2h_[l]);
     for (int l = L_ - 1; l >= 0; --l) {
-      if (held_[l]) AcceleratorUpdate(l, M - 1, s_.layers[l].reuse_start);
+      if (sizes_[l].has_parameters()) AcceleratorUpdate(l, M - 1, s_.layers[l].reuse_start);
     }
   }
 
@@ -197,18 +196,25 @@ class Lowering {
     }
   }
 
+  // A streamed layer's weights for its forward (or backward) of micro-batch
+  // j, prefetched; the forward of micro-batch 0 brings the update. -1 for a
+  // layer that is not streamed.
+  int StreamWeights(int l, int j, bool forward) {
+    if (!Streamed(l)) return -1;
+    const bool update = forward && j == 0;
+    const int copy = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j,
+                          sizes_[l].parameters, TensorKind::kWeights, update);
+    Prefetch(copy);
+    if (update) DepLater(copy, Later::kChainUpdate, l, Lag());
+    Mem(copy, false, kAccPool, sizes_[l].parameters);
+    return copy;
+  }
+
   void AcceleratorForward(int l, int j, bool hetero, std::vector<int>* offload) {
     const LayerDecisions& d = d_.layers[l];
     const LayerSizes& n = sizes_[l];
     const bool streamed = Streamed(l);
-    int copy = -1;
-    if (streamed) {
-      copy = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
-                  TensorKind::kWeights, /*delivers_update=*/j == 0);
-      Prefetch(copy);
-      if (j == 0) DepLater(copy, Later::kChainUpdate, l, Lag());
-      Mem(copy, false, kAccPool, n.parameters);
-    }
+    const int copy = StreamWeights(l, j, /*forward=*/true);
     const int f = Add(OpKind::kForward, kAccCompute, kAcceleratorReplica,
                       tandem::v1::TIMELINE_PHASE_FORWARD, l, j);
     Dep(f, copy);
@@ -241,13 +247,7 @@ class Lowering {
     const LayerDecisions& d = d_.layers[l];
     const LayerSizes& n = sizes_[l];
     const bool streamed = Streamed(l);
-    int copy = -1;
-    if (streamed) {
-      copy = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
-                  TensorKind::kWeights);
-      Prefetch(copy);
-      Mem(copy, false, kAccPool, n.parameters);
-    }
+    const int copy = StreamWeights(l, j, /*forward=*/false);
     int fetch = -1;
     if (d.activation == kOffload) {
       fetch = Copy(kH2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, l, j, n.activations,
@@ -275,8 +275,7 @@ class Lowering {
     s_.layers[l].reuse_start = b;
     if (hetero || !n.has_parameters()) return;
     // Under clipping an accelerator update waits for the norm; the host
-    // ones' gradients go down now.
-    held_[l] = clip_;
+    // ones' gradients go down now (their updates wait for it too).
     if (!clip_ || d.update == kHost) AcceleratorUpdate(l, j, b);
   }
 
@@ -413,9 +412,8 @@ class Lowering {
   const bool clip_;
   const int L_;
   // Clipping: the GRADIENT_NORM operation (-1 before it is written or
-  // without clipping), and per layer whether its accelerator update waits for it.
+  // without clipping); per layer, its GRADIENT_D2H once written.
   int norm_ = -1;
-  std::vector<bool> held_;
   std::vector<int> gradient_d2h_;
   Schedule s_;
   // The accelerator's latest forward or backward (prefetches start with it).

@@ -13,14 +13,26 @@
 
 namespace tandem {
 
+// A lowered schedule and what the executor looks up in it, computed once
+// when it is lowered rather than on every step.
+struct PlanExecutor::Program : schedule::Schedule {
+  // Each operation's place in its resource's order.
+  std::vector<int> place;
+  // Per layer, -1 where there is none: its GRADIENT_D2H, and the UPDATE on
+  // the host update pool (of whichever replica).
+  std::vector<int> gradient_d2h, host_update;
+  // Per replica (schedule::Replica) and layer: whether the schedule
+  // recomputes it, so its forward's saved tensors are dropped.
+  std::vector<bool> recomputes[2];
+
+  explicit Program(schedule::Schedule s);
+};
+
 // One layer's decisions and its state on the accelerator.
 struct PlanExecutor::Layer {
   const tandem::Layer* layer = nullptr;
-  int index = 0;
-  bool accel_compute = true;
   bool streamed = false;
   bool accel_update = true;
-  tandem::v1::ActivationPolicy policy = tandem::v1::ACTIVATION_POLICY_KEEP;
   bool has_params = false;
   int64_t param_elements = 0;  // the layer's slice of the flat buffers (padded)
   int64_t buffer_elements = 0;
@@ -105,7 +117,7 @@ struct PlanExecutor::Iteration {
   double grad_norm = 0;
   // The program this step runs, each operation's span, and the weights a
   // streaming copy brought for the operations that depend on it.
-  const schedule::Schedule* schedule = nullptr;
+  const Program* schedule = nullptr;
   std::vector<SpanId> spans;
   std::vector<Buffer> streamed;
 

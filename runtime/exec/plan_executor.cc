@@ -122,7 +122,7 @@ absl::Status PlanExecutor::Init() {
   const int64_t micro = std::min<int64_t>(plan.micro_batch_size(), std::max<int64_t>(1, samples));
   TANDEM_ASSIGN_OR_RETURN(full_schedule_,
                           ScheduleFor(static_cast<int>((samples + micro - 1) / micro)));
-  const schedule::Schedule* full = full_schedule_;
+  const Program* full = full_schedule_;
   const int update_threads = decisions_.host_update_threads;
   const int compute_threads = omp_get_max_threads();
   std::vector<TimelineResource> resources;
@@ -152,8 +152,6 @@ absl::Status PlanExecutor::InitLayer(int l) {
   schedule::LayerDecisions& d = decisions_.layers[l];
   auto layer = std::make_unique<Layer>();
   layer->layer = &model_.layer(l);
-  layer->index = l;
-  layer->accel_compute = !host_only_;
   layer->param_offset = model_.param_offset(l);
   layer->buffer_offset = model_.buffer_offset(l);
   layer->param_elements = model_.param_slice(l);
@@ -174,7 +172,6 @@ absl::Status PlanExecutor::InitLayer(int l) {
   }
   layer->streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
   layer->accel_update = !host_only_ && d.update != tandem::v1::PLACEMENT_HOST;
-  layer->policy = d.activation;
   if (layer->streamed && layer->accel_update) {
     return PlanError(absl::StrCat("layers[", l, "].update"),
                      "a streamed layer must update on the host");
@@ -194,7 +191,7 @@ absl::Status PlanExecutor::InitLayer(int l) {
   z.host_checkpoint = z.checkpoint;
   z.host_workspace = z.workspace;
 
-  if (layer->accel_compute) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
+  if (!host_only_) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
   layers_.push_back(std::move(layer));
   return absl::OkStatus();
 }
@@ -515,5 +512,7 @@ ResourceSpanBatch PlanExecutor::ResourceSpansOf(const std::vector<SpanRecord>& r
 }
 
 tandem::v1::Timeline PlanExecutor::last_timeline() const { return last_timeline_; }
+
+const schedule::Schedule& PlanExecutor::schedule() const { return *full_schedule_; }
 
 }  // namespace tandem

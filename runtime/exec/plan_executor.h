@@ -98,13 +98,14 @@ class PlanExecutor final : public StepRunner {
   // The program a step of a full batch runs: the plan lowered (schedule/lower.h)
   // with the layers' bytes at the plan's micro-batch. A short batch runs the
   // same program over fewer micro-batches.
-  const schedule::Schedule& schedule() const { return *full_schedule_; }
+  const schedule::Schedule& schedule() const;
 
  private:
   struct Layer;
   struct Side;
   struct Replica;
   struct Iteration;
+  struct Program;
   PlanExecutor(const Model& model, ExecutorOptions options);
   absl::Status Init();
   absl::Status InitLayer(int l);
@@ -116,7 +117,7 @@ class PlanExecutor final : public StepRunner {
   // ---- The step program (step_program.cc) ----
   // The schedule of a step of `micro_batches` micro-batches on the replica
   // that computes layers (hetero_dp: on the accelerator), lowered on first use.
-  absl::StatusOr<const schedule::Schedule*> ScheduleFor(int micro_batches);
+  absl::StatusOr<const Program*> ScheduleFor(int micro_batches);
   // One span per operation of `it`'s schedule.
   void BuildStep(const std::shared_ptr<Iteration>& it);
   // Adds operation `op` of iteration `it` with its schedule's dependencies,
@@ -127,8 +128,9 @@ class PlanExecutor final : public StepRunner {
   // The dependencies the executor adds to the schedule's, for buffers the
   // schedule does not model as one copy (step_program.cc).
   std::vector<SpanId> Hazards(const Iteration& it, int op) const;
-  // delayed_parameter_update: the copy back of `it`'s update of `layer`.
-  void AddDeferredReturn(const std::shared_ptr<Iteration>& it, int layer);
+  // delayed_parameter_update: the copy back of `past`'s update of `layer`,
+  // issued by the step `now` after its last backward of the layer.
+  void AddDeferredReturn(const std::shared_ptr<Iteration>& past, const Iteration& now, int layer);
 
   // ---- The work of each operation (span_work.cc) ----
   std::function<absl::Status()> Work(const std::shared_ptr<Iteration>& it, int op);
@@ -168,10 +170,8 @@ class PlanExecutor final : public StepRunner {
   // the schedules lowered from them, by micro-batch count.
   schedule::Decisions decisions_;
   std::vector<schedule::LayerSizes> sizes_;
-  std::map<int, std::unique_ptr<schedule::Schedule>> schedules_;
-  const schedule::Schedule* full_schedule_ = nullptr;
-  // Per schedule, each operation's place in its resource's order.
-  std::map<const schedule::Schedule*, std::vector<int>> places_;
+  std::map<int, std::unique_ptr<Program>> schedules_;
+  const Program* full_schedule_ = nullptr;
   std::unique_ptr<SpanEngine> engine_;
   int64_t iteration_ = 0;
   // The newest steps (up to the longest lag), for dependencies iterations back.

@@ -137,13 +137,12 @@ absl::Status PlanExecutor::Forward(Iteration& it, Replica& r, int o, bool recomp
     if (d.lag == 0 && it.schedule->ops[d.op].tensor == schedule::TensorKind::kWeights)
       it.streamed[d.op].Reset();
   }
-  // A recomputing layer drops its saved tensors once the next layer has read
-  // its output (the last layer at once). hetero_dp's host replica keeps them.
-  const bool recomputes = !(hetero_ && &r == &it.host);
-  if (recomputes && l > 0 && layers_[l - 1]->policy == tandem::v1::ACTIVATION_POLICY_RECOMPUTE)
-    r.saved[l - 1][j].Reset();
+  // A layer the schedule recomputes drops its saved tensors once the next
+  // layer has read its output (the last layer at once).
+  const std::vector<bool>& recomputes = it.schedule->recomputes[op.replica];
+  if (l > 0 && recomputes[l - 1]) r.saved[l - 1][j].Reset();
   if (l == L - 1) {
-    if (recomputes && layers_[l]->policy == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) saved.Reset();
+    if (recomputes[l]) saved.Reset();
     TANDEM_RETURN_IF_ERROR(r.side.ToHost(it.losses.data() + r.mb_start[j], out.data(), n * 4));
   }
   return absl::OkStatus();
@@ -296,7 +295,7 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
   for (auto& layer : layers_) {
     if (!layer->has_params) continue;
     // hetero_dp's sums, and every gradient that came down, are on the host.
-    if (!hetero_ && layer->accel_compute && layer->accel_update) {
+    if (!hetero_ && layer->accel_update) {
       TANDEM_ASSIGN_OR_RETURN(const double s,
                               accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
       sum += s;

@@ -15,17 +15,20 @@ namespace {
 
 using schedule::Op;
 using schedule::OpKind;
-using tandem::v1::TimelinePhase;
 
 // The longest lag a schedule reaches back (delayed updates' weights).
 constexpr int64_t kMaxLag = 2;
 
-bool PerMicroBatch(const Op& op) {
+// Whether operation `o` belongs to one micro-batch (the timeline and error
+// messages name it): compute, activation copies, and streamed weights (every
+// weight copy but a resident layer's copy back).
+bool PerMicroBatch(const schedule::Schedule& s, int o) {
+  const Op& op = s.ops[o];
   return op.kind == OpKind::kForward || op.kind == OpKind::kRecompute ||
          op.kind == OpKind::kBackward || op.phase == tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H ||
          op.phase == tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D ||
-         (op.phase == tandem::v1::TIMELINE_PHASE_PARAMETER_H2D && op.micro_batch >= 0 &&
-          op.tensor == schedule::TensorKind::kWeights && !op.delivers_update);
+         (op.phase == tandem::v1::TIMELINE_PHASE_PARAMETER_H2D &&
+          o != s.layers[op.layer].weights_return);
 }
 
 // Operation `op` of `from`, or the one that plays its part in `to` (a step
@@ -47,20 +50,27 @@ int Counterpart(const schedule::Schedule& from, int op, const schedule::Schedule
   return -1;
 }
 
-// The operation of `s` of this kind on this layer and resource kind, -1 if none.
-int Find(const schedule::Schedule& s, OpKind kind, TimelinePhase phase,
-         tandem::v1::TimelineResource resource, int layer) {
-  const int r = s.ResourceOf(resource);
-  if (r < 0) return -1;
-  for (int o : s.order[r]) {
-    if (s.ops[o].kind == kind && s.ops[o].phase == phase && s.ops[o].layer == layer) return o;
-  }
-  return -1;
-}
-
 }  // namespace
 
-absl::StatusOr<const schedule::Schedule*> PlanExecutor::ScheduleFor(int micro_batches) {
+PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::move(s)) {
+  const int L = static_cast<int>(layers.size());
+  place.assign(num_ops(), 0);
+  for (const std::vector<int>& resource : order) {
+    for (size_t i = 0; i < resource.size(); ++i) place[resource[i]] = static_cast<int>(i);
+  }
+  gradient_d2h.assign(L, -1);
+  host_update.assign(L, -1);
+  for (std::vector<bool>& r : recomputes) r.assign(L, false);
+  const int pool = ResourceOf(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE);
+  for (int o = 0; o < num_ops(); ++o) {
+    const Op& op = ops[o];
+    if (op.phase == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) gradient_d2h[op.layer] = o;
+    if (op.kind == OpKind::kUpdate && op.resource == pool) host_update[op.layer] = o;
+    if (op.kind == OpKind::kRecompute) recomputes[op.replica][op.layer] = true;
+  }
+}
+
+absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro_batches) {
   auto found = schedules_.find(micro_batches);
   if (found != schedules_.end()) return found->second.get();
   // Only the program's shape depends on the batch: lower micro-batches of
@@ -84,12 +94,7 @@ absl::StatusOr<const schedule::Schedule*> PlanExecutor::ScheduleFor(int micro_ba
     }
   }
   auto& slot = schedules_[micro_batches];
-  slot = std::make_unique<schedule::Schedule>(std::move(s));
-  std::vector<int>& place = places_[slot.get()];
-  place.assign(slot->num_ops(), 0);
-  for (const std::vector<int>& order : slot->order) {
-    for (size_t i = 0; i < order.size(); ++i) place[order[i]] = static_cast<int>(i);
-  }
+  slot = std::make_unique<Program>(std::move(s));
   return slot.get();
 }
 
@@ -122,16 +127,16 @@ void PlanExecutor::BuildStep(const std::shared_ptr<Iteration>& shared) {
       // The previous update's weights go back before this update overwrites
       // the host weights that copy reads (and after this step's last backward
       // of the layer has read the accelerator's copy).
-      AddDeferredReturn(previous->second, op.layer);
+      AddDeferredReturn(previous->second, it, op.layer);
     }
     AddOp(shared, o, Hazards(it, o));
   }
 }
 
-void PlanExecutor::AddDeferredReturn(const std::shared_ptr<Iteration>& past, int layer) {
+void PlanExecutor::AddDeferredReturn(const std::shared_ptr<Iteration>& past, const Iteration& now,
+                                     int layer) {
   const int o = past->schedule->layers[layer].weights_return;
   if (o < 0 || past->spans[o] != 0) return;
-  const Iteration& now = *recent_.rbegin()->second;
   AddOp(past, o, {now.spans[now.schedule->layers[layer].reuse_start]});
 }
 
@@ -144,7 +149,7 @@ std::vector<SpanId> PlanExecutor::Hazards(const Iteration& it, int o) const {
   auto previous = recent_.find(it.k - 1);
   if (previous == recent_.end()) return hazards;
   const Iteration& past = *previous->second;
-  const schedule::Schedule& ps = *past.schedule;
+  const Program& ps = *past.schedule;
   auto past_span = [&](int past_op) { return past_op < 0 ? SpanId{0} : past.spans[past_op]; };
   if (decisions_.delayed_parameter_update && !layers_[l]->accel_update) {
     // With weights one update old, the next step's work on a layer may
@@ -152,12 +157,11 @@ std::vector<SpanId> PlanExecutor::Hazards(const Iteration& it, int o) const {
     // and one accelerator gradient per layer, so:
     if (op.phase == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) {
       // the gradient comes down once the previous update has read the last one,
-      hazards.push_back(past_span(ps.layers[l].host_update));
+      hazards.push_back(past_span(ps.host_update[l]));
     } else if (op.kind == OpKind::kBackward && op.micro_batch == 0 &&
                op.replica == schedule::kAcceleratorReplica) {
       // the first backward writes the gradient the previous copy has read,
-      hazards.push_back(past_span(Find(ps, OpKind::kCopy, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H,
-                                       tandem::v1::TIMELINE_RESOURCE_COPY_D2H, l)));
+      hazards.push_back(past_span(ps.gradient_d2h[l]));
     } else if (o == s.layers[l].host_update) {
       // and the update writes the host weights the previous return has read.
       hazards.push_back(past_span(ps.layers[l].weights_return));
@@ -167,8 +171,7 @@ std::vector<SpanId> PlanExecutor::Hazards(const Iteration& it, int o) const {
       s.resources[op.resource].kind == tandem::v1::TIMELINE_RESOURCE_COPY_D2H) {
     // hetero_dp: the accelerator's gradient comes down into the host gradient
     // the host replica's previous update read.
-    hazards.push_back(past_span(Find(ps, OpKind::kUpdate, tandem::v1::TIMELINE_PHASE_UPDATE,
-                                     tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, l)));
+    hazards.push_back(past_span(ps.host_update[l]));
   }
   return hazards;
 }
@@ -176,7 +179,7 @@ std::vector<SpanId> PlanExecutor::Hazards(const Iteration& it, int o) const {
 void PlanExecutor::AddOp(const std::shared_ptr<Iteration>& shared, int o,
                          std::vector<SpanId> deps) {
   Iteration& it = *shared;
-  const schedule::Schedule& s = *it.schedule;
+  const Program& s = *it.schedule;
   const Op& op = s.ops[o];
   std::vector<SpanId> start_deps;
   for (const schedule::Dep& d : op.deps) {
@@ -185,7 +188,7 @@ void PlanExecutor::AddOp(const std::shared_ptr<Iteration>& shared, int o,
   if (s.resources[op.resource].in_order) {
     // A stream runs its operations in the schedule's order, step after step.
     const std::vector<int>& order = s.order[op.resource];
-    const int place = places_.at(&s)[o];
+    const int place = s.place[o];
     if (place > 0) {
       deps.push_back(it.spans[order[place - 1]]);
     } else if (auto past = recent_.find(it.k - 1); past != recent_.end()) {
@@ -197,7 +200,7 @@ void PlanExecutor::AddOp(const std::shared_ptr<Iteration>& shared, int o,
   info.resource = s.resources[op.resource].kind;
   info.phase = op.phase;
   info.layer = op.layer;
-  info.micro_batch = PerMicroBatch(op) ? op.micro_batch : -1;
+  info.micro_batch = PerMicroBatch(s, o) ? op.micro_batch : -1;
   info.bytes = op.bytes;
   info.iteration = it.k;
   info.op = o;

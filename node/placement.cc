@@ -12,9 +12,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "base/units.h"
+#include "base/work_counters.h"
 #include "planner/strategies.h"
-#include "runtime/base/work_counters.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/cuda/accelerator_factory.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
@@ -38,8 +39,6 @@ using tandem::v1::Strategy;
 // cuBLAS's 32 MiB workspace and reduction scratch (accelerator_factory.h),
 // rounded up.
 constexpr int64_t kCudaFixedBytes = int64_t{33} << 20;
-
-std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 // The accelerator a resolved spec runs with (the spec is resolved, so never
 // UNSPECIFIED).
@@ -171,8 +170,8 @@ absl::StatusOr<int64_t> AcceleratorCapacity(const JobSpec& resolved, const NodeO
           node.accelerator_memory_budget_bytes > 0 ? node.accelerator_memory_budget_bytes : device;
       if (asked > budget) {
         return absl::ResourceExhaustedError(
-            absl::StrCat("resources.accelerator_memory_bytes: ", Mib(asked), " exceeds the node's ",
-                         Mib(budget), " of accelerator memory"));
+            absl::StrCat("resources.accelerator_memory_bytes: ", FormatBytes(asked, 1),
+                         " exceeds the node's ", FormatBytes(budget, 1), " of accelerator memory"));
       }
       return asked > 0 ? asked : budget;
     }
@@ -278,8 +277,9 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
             ? absl::StrCat(
                   "the executor's transient buffers (inputs, gradients between layers, "
                   "prefetch slack) alone need ",
-                  Mib(margin), " of the accelerator's ", Mib(capacity))
-            : absl::StrCat(Mib(margin), " of the accelerator's ", Mib(capacity),
+                  FormatBytes(margin, 1), " of the accelerator's ", FormatBytes(capacity, 1))
+            : absl::StrCat(FormatBytes(margin, 1), " of the accelerator's ",
+                           FormatBytes(capacity, 1),
                            " kept for the executor's transient buffers (inputs, gradients between "
                            "layers, prefetch slack)");
     auto annotate = [&](Plan& plan) {
@@ -326,9 +326,10 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   TANDEM_ASSIGN_OR_RETURN(int64_t capacity, AcceleratorCapacity(resolved, node));
   if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_CUDA) {
     if (capacity <= kCudaFixedBytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "resources.accelerator_memory_bytes: ", Mib(capacity), " does not hold the GPU's own ",
-          Mib(kCudaFixedBytes), " of cuBLAS workspace"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("resources.accelerator_memory_bytes: ", FormatBytes(capacity, 1),
+                       " does not hold the GPU's own ", FormatBytes(kCudaFixedBytes, 1),
+                       " of cuBLAS workspace"));
     }
     capacity -= kCudaFixedBytes;
   }
@@ -347,13 +348,15 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   const Plan& plan = response.plan();
   if (!plan.feasible()) {
     const std::string name = planner::StrategyName(placement.strategy());
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "placement.strategy: no ", name, " plan fits ", Mib(capacity), " of accelerator memory",
-        plan.min_accelerator_memory_bytes() > 0
-            ? absl::StrCat("; it needs at least ", Mib(plan.min_accelerator_memory_bytes()),
-                           " (resources.accelerator_memory_bytes)")
-            : "",
-        ": ", plan.solver().note()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("placement.strategy: no ", name, " plan fits ", FormatBytes(capacity, 1),
+                     " of accelerator memory",
+                     plan.min_accelerator_memory_bytes() > 0
+                         ? absl::StrCat("; it needs at least ",
+                                        FormatBytes(plan.min_accelerator_memory_bytes(), 1),
+                                        " (resources.accelerator_memory_bytes)")
+                         : "",
+                     ": ", plan.solver().note()));
   }
   return plan;
 }

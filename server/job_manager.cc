@@ -6,9 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "base/units.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/train/job_spec.h"
 
 namespace tandem::server {
@@ -76,14 +77,12 @@ bool SameSpec(const tandem::v1::JobSpec& a, const tandem::v1::JobSpec& b) {
   return google::protobuf::util::MessageDifferencer::Equals(a, b);
 }
 
-std::string Gib(int64_t bytes) { return FormatBytes(bytes); }
-
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
-  return absl::StrCat("parameters and gradients ", Gib(parameter_bytes), ", optimizer state ",
-                      Gib(optimizer_state_bytes), ", activations ", Gib(activation_bytes),
-                      ", data ", Gib(data_bytes));
+  return absl::StrCat("parameters and gradients ", FormatBytes(parameter_bytes, 1),
+                      ", optimizer state ", FormatBytes(optimizer_state_bytes, 1), ", activations ",
+                      FormatBytes(activation_bytes, 1), ", data ", FormatBytes(data_bytes, 1));
 }
 
 struct JobManager::Entry {
@@ -236,16 +235,16 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   if (options_.host_memory_budget_bytes > 0 &&
       estimate.host_bytes > options_.host_memory_budget_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the job needs ", Gib(estimate.host_bytes), " of host memory (",
+        absl::StrCat("the job needs ", FormatBytes(estimate.host_bytes, 1), " of host memory (",
                      estimate.Describe(), ") but this node's host budget is ",
-                     Gib(options_.host_memory_budget_bytes), " (--host_memory_budget)"));
+                     FormatBytes(options_.host_memory_budget_bytes, 1), " (--host_memory_budget)"));
   }
   if (estimate.accelerator_bytes > 0 &&
       estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the job needs ", Gib(estimate.accelerator_bytes),
-                     " of accelerator memory but the budget is ",
-                     Gib(options_.accelerator_memory_budget_bytes), " (--gpu_memory_budget)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the job needs ", FormatBytes(estimate.accelerator_bytes, 1),
+        " of accelerator memory but the budget is ",
+        FormatBytes(options_.accelerator_memory_budget_bytes, 1), " (--gpu_memory_budget)"));
   }
 
   Job job;
@@ -496,16 +495,16 @@ void JobManager::ScheduleLocked() {
     const int64_t host_free = options_.host_memory_budget_bytes - reserved_host_;
     const int64_t accel_free = options_.accelerator_memory_budget_bytes - reserved_accelerator_;
     if (options_.host_memory_budget_bytes > 0 && e->estimate.host_bytes > host_free) {
-      e->job.set_reason(absl::StrCat("waiting for ", Gib(e->estimate.host_bytes - host_free),
-                                     " of host memory (", Gib(reserved_host_), " of ",
-                                     Gib(options_.host_memory_budget_bytes),
-                                     " reserved by running jobs)"));
+      e->job.set_reason(absl::StrCat(
+          "waiting for ", FormatBytes(e->estimate.host_bytes - host_free, 1), " of host memory (",
+          FormatBytes(reserved_host_, 1), " of ", FormatBytes(options_.host_memory_budget_bytes, 1),
+          " reserved by running jobs)"));
       blocked = e;
       continue;
     }
     if (e->estimate.accelerator_bytes > 0 && e->estimate.accelerator_bytes > accel_free) {
       e->job.set_reason(absl::StrCat("waiting for ",
-                                     Gib(e->estimate.accelerator_bytes - accel_free),
+                                     FormatBytes(e->estimate.accelerator_bytes - accel_free, 1),
                                      " of accelerator memory"));
       blocked = e;
       continue;

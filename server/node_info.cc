@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "runtime/base/build_info.h"
+#include "base/build_info.h"
 #include "runtime/cpu/onednn.h"
 #include "server/metrics/exposer.h"
 #include "server/metrics/nvml_collector.h"

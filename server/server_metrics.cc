@@ -5,8 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/build_info.h"
 #include "prometheus/text_serializer.h"
-#include "runtime/base/build_info.h"
 
 namespace tandem::server {
 namespace {

@@ -9,9 +9,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/flags_usage.h"
 #include "clients/cli/commands.h"
 #include "google/protobuf/util/json_util.h"
-#include "runtime/base/flags_usage.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tandemd address (host:port).");
 ABSL_FLAG(std::string, token, "", "Bearer token for a daemon started with --auth_token_file.");

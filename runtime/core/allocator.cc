@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/units.h"
 
 namespace tandem {
 
@@ -23,14 +24,6 @@ const char* MemoryCategoryName(MemoryCategory category) {
   return "unknown";
 }
 
-std::string FormatBytes(int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / (1 << 30));
-  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / (1 << 20));
-  if (bytes >= (int64_t{1} << 10)) return absl::StrFormat("%.1f KiB", b / (1 << 10));
-  return absl::StrCat(bytes, " B");
-}
-
 AccountingAllocator::AccountingAllocator(std::string device_id, int64_t budget_bytes)
     : device_id_(std::move(device_id)) {
   stats_.budget_bytes = budget_bytes;
@@ -47,12 +40,12 @@ absl::StatusOr<void*> AccountingAllocator::Allocate(int64_t bytes, MemoryCategor
       std::string in_use;
       for (int i = 0; i < kMemoryCategoryCount; ++i) {
         absl::StrAppend(&in_use, i ? ", " : "", MemoryCategoryName(static_cast<MemoryCategory>(i)),
-                        " ", FormatBytes(stats_.in_use_bytes[i]));
+                        " ", FormatBytes(stats_.in_use_bytes[i], 1));
       }
       return absl::ResourceExhaustedError(absl::StrCat(
-          device_id_, " memory budget exceeded: cannot allocate ", FormatBytes(bytes), " of ",
-          MemoryCategoryName(category), " with ", FormatBytes(stats_.total_in_use_bytes), " of ",
-          FormatBytes(stats_.budget_bytes), " in use (", in_use, ")"));
+          device_id_, " memory budget exceeded: cannot allocate ", FormatBytes(bytes, 1), " of ",
+          MemoryCategoryName(category), " with ", FormatBytes(stats_.total_in_use_bytes, 1), " of ",
+          FormatBytes(stats_.budget_bytes, 1), " in use (", in_use, ")"));
     }
     // Reserve before the raw allocation so concurrent callers cannot overshoot.
     stats_.total_in_use_bytes += bytes;
@@ -65,8 +58,8 @@ absl::StatusOr<void*> AccountingAllocator::Allocate(int64_t bytes, MemoryCategor
     stats_.in_use_bytes[c] -= bytes;
     ++stats_.refusals;
     return absl::ResourceExhaustedError(
-        absl::StrCat(device_id_, " is out of memory: cannot allocate ", FormatBytes(bytes), " of ",
-                     MemoryCategoryName(category)));
+        absl::StrCat(device_id_, " is out of memory: cannot allocate ", FormatBytes(bytes, 1),
+                     " of ", MemoryCategoryName(category)));
   }
   ++stats_.allocations;
   stats_.peak_bytes[c] = std::max(stats_.peak_bytes[c], stats_.in_use_bytes[c]);

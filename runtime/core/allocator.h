@@ -134,9 +134,6 @@ class Buffer {
   MemoryCategory category_ = MemoryCategory::kWorkspace;
 };
 
-// "3.10 GiB", "512.0 KiB", "17 B".
-std::string FormatBytes(int64_t bytes);
-
 }  // namespace tandem
 
 #endif  // TANDEM_RUNTIME_CORE_ALLOCATOR_H_

@@ -3,7 +3,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 #include "runtime/cuda/kernels/elementwise.h"
 
 namespace tandem::cuda {

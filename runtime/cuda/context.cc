@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tandem::cuda {
 

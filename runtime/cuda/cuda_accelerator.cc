@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 #include "runtime/cuda/kernels/elementwise.h"
 #include "runtime/cuda/kernels/optimizer.h"
 #include "runtime/cuda/optimizer.h"

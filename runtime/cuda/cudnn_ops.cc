@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tandem::cuda {
 namespace {

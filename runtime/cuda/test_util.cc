@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tandem::cuda {
 

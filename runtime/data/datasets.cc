@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "runtime/core/random.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/data/dataset.h"
 
 namespace tandem {

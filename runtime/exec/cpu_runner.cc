@@ -2,9 +2,9 @@
 
 #include <cmath>
 
+#include "base/status_macros.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/optim/kernels.h"
 
 namespace tandem {

@@ -8,8 +8,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "runtime/core/clock.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/exec/executor_state.h"
 #include "schedule/decisions.h"
 

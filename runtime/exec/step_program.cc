@@ -6,7 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 #include "runtime/exec/executor_state.h"
 #include "schedule/lower.h"
 

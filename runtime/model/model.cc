@@ -4,9 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "runtime/base/work_counters.h"
+#include "base/status_macros.h"
+#include "base/units.h"
+#include "base/work_counters.h"
 #include "runtime/core/random.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/layers/blocks.h"
 #include "runtime/layers/conv.h"
 #include "runtime/layers/elementwise.h"

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tandem {
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "runtime/base/json_quote.h"
+#include "base/json_quote.h"
 
 namespace tandem::profile {
 namespace {

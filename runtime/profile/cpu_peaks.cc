@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <limits>
 
+#include "base/status_macros.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/cpu/matmul.h"
 
 namespace tandem::profile {

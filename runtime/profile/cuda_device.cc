@@ -10,7 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
+#include "base/units.h"
 #include "runtime/cpu/matmul.h"
 #include "runtime/cuda/blas.h"
 #include "runtime/cuda/cuda_accelerator.h"

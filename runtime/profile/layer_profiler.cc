@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/profile/synthetic_inputs.h"
 #include "runtime/profile/timing_stats.h"
 #include "runtime/train/job_spec.h"

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "runtime/core/clock.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/profile/timing_stats.h"
 
 namespace tandem::profile {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 #include "runtime/train/checkpoint.h"
 
 namespace tandem::profile {

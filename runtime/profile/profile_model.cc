@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/build_info.h"
+#include "base/status_macros.h"
 #include "google/protobuf/util/time_util.h"
-#include "runtime/base/build_info.h"
 #include "runtime/core/clock.h"
-#include "runtime/core/status_macros.h"
 #include "runtime/profile/chrome_trace.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/profile/profile_cache.h"

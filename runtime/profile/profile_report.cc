@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/units.h"
 #include "google/protobuf/util/time_util.h"
 #include "runtime/core/allocator.h"
 

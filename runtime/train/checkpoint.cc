@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tandem {
 namespace {

@@ -8,10 +8,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/json_quote.h"
+#include "base/status_macros.h"
+#include "base/work_counters.h"
 #include "google/protobuf/util/json_util.h"
-#include "runtime/base/json_quote.h"
-#include "runtime/base/work_counters.h"
-#include "runtime/core/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tandem {

@@ -1,6 +1,6 @@
 // Status propagation helpers, as in Abseil-based codebases: return early on error.
-#ifndef TANDEM_RUNTIME_CORE_STATUS_MACROS_H_
-#define TANDEM_RUNTIME_CORE_STATUS_MACROS_H_
+#ifndef TANDEM_BASE_STATUS_MACROS_H_
+#define TANDEM_BASE_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,4 +24,4 @@
   if (!statusor.ok()) return statusor.status();           \
   lhs = std::move(statusor).value()
 
-#endif  // TANDEM_RUNTIME_CORE_STATUS_MACROS_H_
+#endif  // TANDEM_BASE_STATUS_MACROS_H_

@@ -1,4 +1,4 @@
-#include "runtime/base/build_info.h"
+#include "base/build_info.h"
 
 namespace tandem {
 
@@ -6,7 +6,7 @@ const char* TandemVersion() { return "0.1.0"; }
 
 const char* GitCommit() {
   static const char kCommit[] =
-#include "runtime/base/build_info_commit.inc"
+#include "base/build_info_commit.inc"
       ;
   return kCommit;
 }

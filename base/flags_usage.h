@@ -1,7 +1,7 @@
 // Makes `--help` on our binaries list our own flags (absl's default matches the
 // source file against the program name, which lists nothing for main.cc).
-#ifndef TANDEM_RUNTIME_BASE_FLAGS_USAGE_H_
-#define TANDEM_RUNTIME_BASE_FLAGS_USAGE_H_
+#ifndef TANDEM_BASE_FLAGS_USAGE_H_
+#define TANDEM_BASE_FLAGS_USAGE_H_
 
 namespace tandem {
 
@@ -10,4 +10,4 @@ void InstallFlagsUsage(const char* usage);
 
 }  // namespace tandem
 
-#endif  // TANDEM_RUNTIME_BASE_FLAGS_USAGE_H_
+#endif  // TANDEM_BASE_FLAGS_USAGE_H_

@@ -3,8 +3,8 @@
 // resolved and planned once, at submission, and its model built once there and
 // once per run attempt; tests read these counts to hold the daemon to that.
 // Relaxed atomics: a count, not a synchronisation point. Thread-safe.
-#ifndef TANDEM_RUNTIME_BASE_WORK_COUNTERS_H_
-#define TANDEM_RUNTIME_BASE_WORK_COUNTERS_H_
+#ifndef TANDEM_BASE_WORK_COUNTERS_H_
+#define TANDEM_BASE_WORK_COUNTERS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -21,4 +21,4 @@ inline void Count(std::atomic<int64_t>& counter) {
 
 }  // namespace tandem::work_counters
 
-#endif  // TANDEM_RUNTIME_BASE_WORK_COUNTERS_H_
+#endif  // TANDEM_BASE_WORK_COUNTERS_H_

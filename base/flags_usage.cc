@@ -1,11 +1,11 @@
-#include "runtime/base/flags_usage.h"
+#include "base/flags_usage.h"
 
 #include <string>
 
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "runtime/base/build_info.h"
+#include "base/build_info.h"
 
 namespace tandem {
 namespace {

@@ -1,7 +1,7 @@
 // Version and build provenance of this binary, for --version, NodeInfo and the
 // tandem_build_info metric. Thread-safe: constants only.
-#ifndef TANDEM_RUNTIME_BASE_BUILD_INFO_H_
-#define TANDEM_RUNTIME_BASE_BUILD_INFO_H_
+#ifndef TANDEM_BASE_BUILD_INFO_H_
+#define TANDEM_BASE_BUILD_INFO_H_
 
 #include <string>
 
@@ -17,4 +17,4 @@ std::string VersionString();
 
 }  // namespace tandem
 
-#endif  // TANDEM_RUNTIME_BASE_BUILD_INFO_H_
+#endif  // TANDEM_BASE_BUILD_INFO_H_

@@ -1,4 +1,4 @@
-#include "runtime/base/json_quote.h"
+#include "base/json_quote.h"
 
 #include "absl/strings/str_cat.h"
 

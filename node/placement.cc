@@ -22,7 +22,7 @@
 #include "runtime/exec/plan_executor.h"
 #include "runtime/profile/cpu_peaks.h"
 #include "runtime/profile/layer_profiler.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::node {
 namespace {

@@ -13,7 +13,7 @@
 #include "node/placement_test_util.h"
 #include "runtime/exec/plan_executor.h"
 #include "runtime/profile/layer_profiler.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 #include "runtime/train/trainer.h"
 
 namespace tandem::node {

@@ -1,7 +1,7 @@
 #include "node/placement_test_util.h"
 
 #include "gtest/gtest.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 #include "runtime/train/trainer.h"
 
 namespace tandem::node::placement_testing {

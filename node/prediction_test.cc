@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "node/placement.h"
 #include "node/placement_test_util.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace tandem::node {
 namespace {

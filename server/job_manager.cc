@@ -10,7 +10,7 @@
 #include "base/units.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::server {
 

@@ -15,11 +15,11 @@
 #include "base/work_counters.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "runtime/train/job_spec.h"
 #include "server/auth.h"
 #include "server/event_log.h"
 #include "server/job_manager.h"
 #include "server/path_policy.h"
+#include "spec/job_spec.h"
 
 namespace tandem::server {
 namespace {

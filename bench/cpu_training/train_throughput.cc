@@ -13,7 +13,7 @@
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
 #include "runtime/exec/cpu_runner.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 ABSL_FLAG(std::string, models, "mlp,cnn,gpt", "Models to run.");
 ABSL_FLAG(int, threads, 2, "OpenMP threads.");

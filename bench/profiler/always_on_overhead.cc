@@ -22,7 +22,7 @@
 #include "runtime/profile/layer_histograms.h"
 #include "runtime/profile/synthetic_inputs.h"
 #include "runtime/profile/timing_stats.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 ABSL_FLAG(std::string, models, "mlp,cnn,gpt", "Models to run.");
 ABSL_FLAG(int, threads, 2, "OpenMP threads.");

@@ -19,7 +19,7 @@
 #include "clients/cli/progress.h"
 #include "clients/cli/rpc_client.h"
 #include "runtime/profile/chrome_trace.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 ABSL_DECLARE_FLAG(std::string, trace_out);
 

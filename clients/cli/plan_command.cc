@@ -15,7 +15,7 @@
 #include "node/placement.h"
 #include "planner/plan_report.h"
 #include "planner/spec_files.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 ABSL_FLAG(std::string, hardware, "",
           "tandem plan: plan for the machine this HardwareSpec file describes (text or JSON, e.g. "

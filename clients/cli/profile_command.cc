@@ -16,7 +16,7 @@
 #include "runtime/profile/node_devices.h"
 #include "runtime/profile/profile_model.h"
 #include "runtime/profile/profile_report.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_FLAG(int, iterations, 10, "tandem profile: timed calls per phase, in [1, 1000].");

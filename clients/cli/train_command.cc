@@ -14,8 +14,8 @@
 #include "google/protobuf/util/time_util.h"
 #include "node/placement.h"
 #include "runtime/cuda/device_query.h"
-#include "runtime/train/job_spec.h"
 #include "runtime/train/trainer.h"
+#include "spec/job_spec.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "tandem train: write checkpoints here and resume from the newest one; empty = none.");

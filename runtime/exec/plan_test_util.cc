@@ -4,6 +4,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/data/loader.h"
 #include "runtime/exec/cpu_runner.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::exec_test {
 

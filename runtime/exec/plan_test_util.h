@@ -13,7 +13,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/exec/step_runner.h"
 #include "runtime/model/model.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 #include "tandem/v1/plan.pb.h"
 
 namespace tandem::exec_test {

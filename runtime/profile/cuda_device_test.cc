@@ -12,7 +12,7 @@
 #include "runtime/profile/cuda_device_factory.h"
 #include "runtime/profile/node_devices.h"
 #include "runtime/profile/profile_model.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::profile {
 namespace {

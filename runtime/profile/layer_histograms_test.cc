@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/profile/synthetic_inputs.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::profile {
 namespace {

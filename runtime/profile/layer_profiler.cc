@@ -10,7 +10,7 @@
 #include "runtime/core/random.h"
 #include "runtime/profile/synthetic_inputs.h"
 #include "runtime/profile/timing_stats.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::profile {
 namespace {

@@ -17,7 +17,7 @@
 #include "runtime/model/model.h"
 #include "runtime/profile/cpu_device.h"
 #include "runtime/profile/testing/fakes.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::profile {
 namespace {

@@ -14,7 +14,7 @@
 #include "runtime/profile/chrome_trace.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/profile/profile_cache.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem::profile {
 namespace {

@@ -11,7 +11,7 @@
 #include "runtime/profile/profile_cache.h"
 #include "runtime/profile/profile_report.h"
 #include "runtime/profile/testing/fakes.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace tandem::profile {
 namespace {

@@ -17,7 +17,7 @@
 #include "runtime/core/clock.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/train/checkpoint.h"
-#include "runtime/train/job_spec.h"
+#include "runtime/train/job_model.h"
 
 namespace tandem {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/exec/cpu_runner.h"
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace tandem {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 #include <cmath>
 #include <fstream>
@@ -267,30 +267,6 @@ int64_t TotalSteps(const JobSpec& resolved, int64_t samples) {
   if (t.duration_case() == tandem::v1::TrainingSpec::kSteps) return t.steps();
   const int64_t per_epoch = (samples + t.batch_size() - 1) / t.batch_size();
   return per_epoch * t.epochs();
-}
-
-int64_t ModelContext(const JobSpec& resolved) {
-  if (resolved.model().has_gpt()) {
-    return resolved.model().gpt().context() > 0 ? resolved.model().gpt().context()
-                                                : kDefaultGptContext;
-  }
-  if (resolved.model().has_layers()) {
-    for (const auto& layer : resolved.model().layers().layers()) {
-      if (layer.has_embedding() && layer.embedding().max_positions() > 0) {
-        return layer.embedding().max_positions();
-      }
-    }
-    return kDefaultGptContext;
-  }
-  return 0;
-}
-
-absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve) {
-  JobModel out;
-  TANDEM_ASSIGN_OR_RETURN(out.data,
-                          DescribeDatasets(resolved.data(), resolve, ModelContext(resolved)));
-  TANDEM_ASSIGN_OR_RETURN(out.model, Model::Build(resolved.model(), out.data));
-  return out;
 }
 
 }  // namespace tandem

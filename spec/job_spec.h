@@ -3,15 +3,16 @@
 // ("training.batch_size: must be in [1, 65536], got 0"), and filling defaults so
 // the effective configuration is explicit (Job.resolved_spec). Every default of
 // the API (proto comments) is applied here and nowhere else, except the model
-// presets' sizes, which live with the model builder (model.h).
-#ifndef TANDEM_RUNTIME_TRAIN_JOB_SPEC_H_
-#define TANDEM_RUNTIME_TRAIN_JOB_SPEC_H_
+// presets' sizes, which live with the model builder (runtime/model/model.h).
+// Depends on no runtime code: a job file can be read and checked anywhere;
+// building its model is runtime/train/job_model.h.
+#ifndef TANDEM_SPEC_JOB_SPEC_H_
+#define TANDEM_SPEC_JOB_SPEC_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "runtime/data/dataset.h"
-#include "runtime/model/model.h"
 #include "tandem/v1/job.pb.h"
 
 namespace tandem {
@@ -39,18 +40,6 @@ absl::StatusOr<tandem::v1::JobSpec> ResolveJobSpec(const tandem::v1::JobSpec& sp
 // Total optimizer steps of a resolved spec for a training split of `samples`.
 int64_t TotalSteps(const tandem::v1::JobSpec& resolved, int64_t samples);
 
-// The sequence length a resolved spec's model expects (text datasets), or 0.
-int64_t ModelContext(const tandem::v1::JobSpec& resolved);
-
-// Everything needed to run or plan a job without loading its data: the data
-// description and the built model. Reads only dataset headers.
-struct JobModel {
-  DataInfo data;
-  std::unique_ptr<Model> model;
-};
-absl::StatusOr<JobModel> BuildJobModel(const tandem::v1::JobSpec& resolved,
-                                       const PathResolver& resolve = nullptr);
-
 }  // namespace tandem
 
-#endif  // TANDEM_RUNTIME_TRAIN_JOB_SPEC_H_
+#endif  // TANDEM_SPEC_JOB_SPEC_H_

@@ -1,5 +1,5 @@
 // Job files: YAML and JSON parsing, validation errors naming the field, defaults.
-#include "runtime/train/job_spec.h"
+#include "spec/job_spec.h"
 
 #include "gtest/gtest.h"
 
@@ -98,21 +98,6 @@ TEST(JobSpecTest, ResolveFillsDefaults) {
   EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_CPU_ONLY);
   absl::StatusOr<tandem::v1::JobSpec> gpu = ResolveJobSpec(*spec, /*has_accelerator=*/true);
   EXPECT_EQ(gpu->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
-}
-
-TEST(JobSpecTest, ModelErrorsNameThePresetField) {
-  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(
-model: {gpt: {n_head: 3, d_model: 32}}
-data: {synthetic: {sample_shape: [8], num_classes: 10, tokens: true}}
-training: {batch_size: 4, steps: 2}
-)",
-                                                          "gpt.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, false);
-  ASSERT_TRUE(r.ok());
-  const absl::Status s = BuildJobModel(*r).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("model.gpt"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -1,0 +1,33 @@
+#include "runtime/train/job_model.h"
+
+#include "base/status_macros.h"
+
+namespace tandem {
+
+using tandem::v1::JobSpec;
+
+int64_t ModelContext(const JobSpec& resolved) {
+  if (resolved.model().has_gpt()) {
+    return resolved.model().gpt().context() > 0 ? resolved.model().gpt().context()
+                                                : kDefaultGptContext;
+  }
+  if (resolved.model().has_layers()) {
+    for (const auto& layer : resolved.model().layers().layers()) {
+      if (layer.has_embedding() && layer.embedding().max_positions() > 0) {
+        return layer.embedding().max_positions();
+      }
+    }
+    return kDefaultGptContext;
+  }
+  return 0;
+}
+
+absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve) {
+  JobModel out;
+  TANDEM_ASSIGN_OR_RETURN(out.data,
+                          DescribeDatasets(resolved.data(), resolve, ModelContext(resolved)));
+  TANDEM_ASSIGN_OR_RETURN(out.model, Model::Build(resolved.model(), out.data));
+  return out;
+}
+
+}  // namespace tandem

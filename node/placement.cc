@@ -159,7 +159,7 @@ absl::StatusOr<int64_t> AcceleratorCapacity(const JobSpec& resolved, const NodeO
       if (node.accelerator_memory_budget_bytes > 0) return node.accelerator_memory_budget_bytes;
       return absl::InvalidArgumentError(
           "resources.accelerator_memory_bytes: the emulated accelerator needs a capacity (set it "
-          "here, or start tandemd with --gpu_memory_budget)");
+          "here, or start tandemd with --accelerator_memory_budget)");
     case tandem::v1::ACCELERATOR_KIND_CUDA: {
       if (node.cuda_devices.empty()) {
         return absl::FailedPreconditionError(
@@ -430,7 +430,7 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan)
       plan = *stored_plan;
     }
     // A stored plan no longer fits when the node's budget shrank since the job
-    // was admitted (tandemd restarted with another --gpu_memory_budget): it is
+    // was admitted (tandemd restarted with another --accelerator_memory_budget): it is
     // solved again for the capacity the job has now.
     TANDEM_ASSIGN_OR_RETURN(const bool fits, StoredPlanFits(model, resolved, node, stored_plan));
     if (!fits) {

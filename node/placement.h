@@ -40,7 +40,7 @@ struct NodeOffer {
   std::vector<cuda::CudaDeviceInfo> cuda_devices;
   // Accelerator memory a job gets when its spec says none, and all jobs
   // together may use: AcceleratorMemoryBudget (node/resources.h), 90% of the
-  // GPU unless tandemd's --gpu_memory_budget says otherwise; also the emulated
+  // GPU unless tandemd's --accelerator_memory_budget says otherwise; also the emulated
   // accelerator's default capacity. 0 (no GPU and no flag): the emulated
   // accelerator needs resources.accelerator_memory_bytes.
   int64_t accelerator_memory_budget_bytes = 0;

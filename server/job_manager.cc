@@ -244,7 +244,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
     return absl::ResourceExhaustedError(absl::StrCat(
         "the job needs ", FormatBytes(estimate.accelerator_bytes, 1),
         " of accelerator memory but the budget is ",
-        FormatBytes(options_.accelerator_memory_budget_bytes, 1), " (--gpu_memory_budget)"));
+        FormatBytes(options_.accelerator_memory_budget_bytes, 1), " (--accelerator_memory_budget)"));
   }
 
   Job job;

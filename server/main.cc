@@ -57,8 +57,10 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the bearer token every RPC but health must present; empty = no auth.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS; empty = plaintext.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert).");
-ABSL_FLAG(int64_t, gpu_memory_budget, 0,
+ABSL_FLAG(int64_t, accelerator_memory_budget, 0,
           "Accelerator bytes all jobs together may use; 0 = 90% of the device's memory.");
+ABSL_FLAG(int64_t, gpu_memory_budget, -1,
+          "Deprecated: the old name of --accelerator_memory_budget, read when that is unset.");
 ABSL_FLAG(int64_t, host_memory_budget, 0,
           "Host bytes all jobs together may use; 0 = 75% of physical memory, or of the "
           "container's memory limit when lower.");
@@ -132,6 +134,17 @@ absl::StatusOr<std::unique_ptr<tandem::server::JobStore>> OpenStore(const std::s
 // node (75% of host memory, 90% of the GPU's, a running slot per core). The
 // host's GEMM and triad rates are measured now (about half a second): the
 // planner plans hybrid jobs with them.
+// --accelerator_memory_budget, or its deprecated old name when only that is set.
+int64_t AcceleratorMemoryBudgetFlag() {
+  const int64_t old_name = absl::GetFlag(FLAGS_gpu_memory_budget);
+  if (old_name < 0) return absl::GetFlag(FLAGS_accelerator_memory_budget);
+  std::fprintf(stderr,
+               "tandemd: --gpu_memory_budget is deprecated; use --accelerator_memory_budget\n");
+  return absl::GetFlag(FLAGS_accelerator_memory_budget) > 0
+             ? absl::GetFlag(FLAGS_accelerator_memory_budget)
+             : old_name;
+}
+
 tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
     const std::string& state_dir, const tandem::server::PathPolicy& policy,
     const tandem::node::NodeResources& resources) {
@@ -140,8 +153,7 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
       tandem::node::HostMemoryBudget(absl::GetFlag(FLAGS_host_memory_budget), resources);
   o.has_accelerator = !resources.cuda_devices.empty();
   o.default_threads = absl::GetFlag(FLAGS_job_threads);
-  o.node =
-      tandem::node::DetectNodeOffer(absl::GetFlag(FLAGS_gpu_memory_budget), resources.cuda_devices);
+  o.node = tandem::node::DetectNodeOffer(AcceleratorMemoryBudgetFlag(), resources.cuda_devices);
   o.accelerator_memory_budget_bytes = o.node->accelerator_memory_budget_bytes;
   std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
                o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()

@@ -71,7 +71,7 @@ def model_state_bytes(tandem, spec, hardware):
     plan_spec = dict(spec, placement={"strategy": "STRATEGY_GPU_ONLY",
                                       "accelerator": "ACCELERATOR_KIND_CUDA"})
     rc, out, err = run_tandem(tandem, ["plan", f"--hardware={hardware}", "--compare=gpu_only",
-                                       "--gpu_memory=1TiB"], plan_spec, 300)
+                                       "--accelerator_memory=1TiB"], plan_spec, 300)
     if out is None:
         raise SystemExit(f"tandem plan failed (exit {rc}): {err}")
     total = 0

@@ -22,10 +22,12 @@ ABSL_FLAG(std::string, hardware, "",
           "planner/hardware/h100_sxm_node.textproto) instead of this one.");
 ABSL_FLAG(std::string, profile, "",
           "tandem plan: plan from this measured Profile file (`tandem profile --output=json`).");
-ABSL_FLAG(std::string, gpu_memory, "",
+ABSL_FLAG(std::string, accelerator_memory, "",
           "tandem plan: accelerator memory to plan under, in bytes, or with a unit (\"6GiB\", "
           "\"512MiB\", \"8GB\"); empty = the job's resources.accelerator_memory_bytes, else the "
           "accelerator's capacity.");
+ABSL_FLAG(std::string, gpu_memory, "",
+          "tandem plan: deprecated, the old name of --accelerator_memory.");
 ABSL_FLAG(std::string, compare, "all",
           "tandem plan: strategies to compare: \"all\", or a comma-separated list of gpu_only, "
           "cpu_only, zero_offload, reuse_distance, hetero_dp, auto.");
@@ -38,8 +40,8 @@ ABSL_FLAG(bool, on_server, false,
 namespace tandem::cli {
 namespace {
 
-absl::StatusOr<int64_t> ParseBytes(const std::string& flag, std::string text) {
-  text = std::string(absl::StripAsciiWhitespace(text));
+absl::StatusOr<int64_t> ParseBytes(const std::string& flag, const std::string& given) {
+  std::string text(absl::StripAsciiWhitespace(given));
   static const std::pair<const char*, double> kUnits[] = {
       {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
       {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
@@ -55,7 +57,7 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& flag, std::string text) {
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || value <= 0 || value * scale > 1e18) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, ": expected a positive size such as 6GiB or 8e9, got '", text, "'"));
+        "--", flag, ": expected a positive size such as 6GiB or 8e9, got '", given, "'"));
   }
   return static_cast<int64_t>(value * scale);
 }
@@ -101,8 +103,15 @@ absl::StatusOr<int> RunPlan(const Args& args) {
     if (!p.ok()) return p.status();
     *request.mutable_profile() = *std::move(p);
   }
-  if (!absl::GetFlag(FLAGS_gpu_memory).empty()) {
-    absl::StatusOr<int64_t> bytes = ParseBytes("gpu_memory", absl::GetFlag(FLAGS_gpu_memory));
+  std::string memory_flag = "accelerator_memory";
+  std::string memory = absl::GetFlag(FLAGS_accelerator_memory);
+  if (memory.empty() && !absl::GetFlag(FLAGS_gpu_memory).empty()) {
+    std::fprintf(stderr, "tandem: --gpu_memory is deprecated; use --accelerator_memory\n");
+    memory_flag = "gpu_memory";
+    memory = absl::GetFlag(FLAGS_gpu_memory);
+  }
+  if (!memory.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseBytes(memory_flag, memory);
     if (!bytes.ok()) return bytes.status();
     request.set_accelerator_memory_bytes(*bytes);
   }

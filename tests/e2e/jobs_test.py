@@ -152,7 +152,7 @@ training: {batch_size: 8, steps: 10}
 placement: {strategy: STRATEGY_AUTO}
 """)
         result = cli(self.daemon, "plan", job_file, "--hardware=" + repo_files.path("planner/hardware/h100_sxm_node.textproto"),
-                     "--gpu_memory=1GiB")
+                     "--accelerator_memory=1GiB")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertRegex(result.stdout, r"^Plan: \w+, feasible")
         for strategy in ("gpu_only", "cpu_only", "zero_offload", "reuse_distance", "hetero_dp"):

@@ -40,97 +40,142 @@ double Ratio(const MemoryAction& a) {
                             : std::numeric_limits<double>::infinity();
 }
 
-}  // namespace
+// The ranking's order: more bytes saved per second lost, then more bytes.
+bool SavesMorePerSecond(const MemoryAction& a, const MemoryAction& b) {
+  if (Ratio(a) != Ratio(b)) return Ratio(a) > Ratio(b);
+  return a.bytes_saved > b.bytes_saved;
+}
 
-std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisions& s,
-                                            const MemoryChoices& choices) {
-  const int L = static_cast<int>(s.layers.size());
-  const int m = s.micro_batch_size;
-  const double M = s.micro_batches();
-  const auto d2h = tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST;
-  const auto h2d = tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE;
-  std::vector<double> fwd(L), bwd(L);
-  double compute = 0, chain_copies = 0;
-  for (int l = 0; l < L; ++l) {
-    fwd[l] = cost.ForwardSeconds(l, kAcc, m);
-    bwd[l] = cost.BackwardSeconds(l, kAcc, m);
-    compute += fwd[l] + bwd[l];
-    if (s.layers[l].update != kAcc && cost.ParameterBytes(l) > 0) {
-      chain_copies += std::max(cost.CopySeconds(d2h, cost.GradientBytes(l)),
-                               cost.CopySeconds(h2d, cost.ParameterBytes(l)));
-    }
-  }
+constexpr tandem::v1::LinkDirection kD2h = tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST;
+constexpr tandem::v1::LinkDirection kH2d = tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE;
+
+// One micro-batch of the schedule on the accelerator, as the savings are
+// priced against it.
+struct MicroBatchTimes {
+  int layers = 0;
+  int micro_batch_size = 0;
+  double micro_batches = 0;
+  std::vector<double> fwd, bwd;
   // Compute between layer l's forward and its backward: layers after it.
-  std::vector<double> after(L + 1, 0.0);
-  for (int l = L - 1; l >= 0; --l) after[l] = after[l + 1] + fwd[l] + bwd[l];
+  std::vector<double> after;
   // Each copy engine has one micro-batch's compute to hide copies behind,
   // less the gradient and weight copies the step already puts on it. Copies
   // past that are paid in full: offloads and streams are charged in the
   // order they hide best (earliest layers first, then largest weights).
-  double link_left = std::max(0.0, compute - chain_copies / M);
-  std::vector<double> offload_lost(L, -1.0);
-  if (choices.offload) {
-    for (int l = 0; l < L; ++l) {
-      const int64_t act = cost.ActivationBytes(l, m);
-      if (act <= 0) continue;
-      const double out = cost.CopySeconds(d2h, act), in = cost.CopySeconds(h2d, act);
-      // The copy out overlaps everything after the layer; the copy back is
-      // issued one layer ahead, so only the next layer's backward hides it.
-      const double hidden_out = after[l + 1];
-      const double hidden_in = l + 1 < L ? bwd[l + 1] : 0.0;
-      link_left -= std::max(out, in);
-      offload_lost[l] = link_left >= 0
-                            ? M * (std::max(0.0, out - hidden_out) + std::max(0.0, in - hidden_in))
-                            : M * (out + in);
+  double link_left = 0;
+};
+
+MicroBatchTimes TimeMicroBatch(const CostModel& cost, const Decisions& s) {
+  MicroBatchTimes t;
+  const int L = static_cast<int>(s.layers.size());
+  t.layers = L;
+  t.micro_batch_size = s.micro_batch_size;
+  t.micro_batches = s.micro_batches();
+  t.fwd.resize(L);
+  t.bwd.resize(L);
+  double compute = 0, chain_copies = 0;
+  for (int l = 0; l < L; ++l) {
+    t.fwd[l] = cost.ForwardSeconds(l, kAcc, t.micro_batch_size);
+    t.bwd[l] = cost.BackwardSeconds(l, kAcc, t.micro_batch_size);
+    compute += t.fwd[l] + t.bwd[l];
+    if (s.layers[l].update != kAcc && cost.ParameterBytes(l) > 0) {
+      chain_copies += std::max(cost.CopySeconds(kD2h, cost.GradientBytes(l)),
+                               cost.CopySeconds(kH2d, cost.ParameterBytes(l)));
     }
   }
+  t.after.assign(L + 1, 0.0);
+  for (int l = L - 1; l >= 0; --l) t.after[l] = t.after[l + 1] + t.fwd[l] + t.bwd[l];
+  t.link_left = std::max(0.0, compute - chain_copies / t.micro_batches);
+  return t;
+}
 
-  std::vector<MemoryAction> actions;
+// The seconds offloading each layer's activations loses (-1 where it has
+// none), the copies charged against t->link_left in layer order.
+std::vector<double> OffloadSeconds(const CostModel& cost, MicroBatchTimes* t) {
+  const int L = t->layers;
+  const double M = t->micro_batches;
+  std::vector<double> lost(L, -1.0);
   for (int l = 0; l < L; ++l) {
+    const int64_t act = cost.ActivationBytes(l, t->micro_batch_size);
+    if (act <= 0) continue;
+    const double out = cost.CopySeconds(kD2h, act), in = cost.CopySeconds(kH2d, act);
+    // The copy out overlaps everything after the layer; the copy back is
+    // issued one layer ahead, so only the next layer's backward hides it.
+    const double hidden_out = t->after[l + 1];
+    const double hidden_in = l + 1 < L ? t->bwd[l + 1] : 0.0;
+    t->link_left -= std::max(out, in);
+    lost[l] = t->link_left >= 0
+                  ? M * (std::max(0.0, out - hidden_out) + std::max(0.0, in - hidden_in))
+                  : M * (out + in);
+  }
+  return lost;
+}
+
+// Per layer, the better of recomputing and offloading its activations.
+std::vector<MemoryAction> ActivationActions(const CostModel& cost, const MicroBatchTimes& t,
+                                            bool recompute,
+                                            const std::vector<double>& offload_lost) {
+  const int m = t.micro_batch_size;
+  std::vector<MemoryAction> actions;
+  for (int l = 0; l < t.layers; ++l) {
     const int64_t act = cost.ActivationBytes(l, m);
     const int64_t ckpt = l == 0 ? 0 : std::min(act, cost.OutputBytes(l - 1, m));
     std::vector<MemoryAction> options;
-    if (choices.recompute && act - ckpt > 0) {
-      options.push_back({l, MemoryAction::kRecompute, static_cast<double>(act - ckpt), M * fwd[l]});
+    if (recompute && act - ckpt > 0) {
+      options.push_back({l, MemoryAction::kRecompute, static_cast<double>(act - ckpt),
+                         t.micro_batches * t.fwd[l]});
     }
     if (offload_lost[l] >= 0) {
       options.push_back({l, MemoryAction::kOffload, static_cast<double>(act), offload_lost[l]});
     }
     if (options.empty()) continue;
-    std::sort(options.begin(), options.end(), [](const MemoryAction& x, const MemoryAction& y) {
-      return Ratio(x) != Ratio(y) ? Ratio(x) > Ratio(y) : x.bytes_saved > y.bytes_saved;
-    });
+    std::sort(options.begin(), options.end(), SavesMorePerSecond);
     actions.push_back(options[0]);
   }
-  if (choices.stream) {
-    std::vector<int> by_size;
-    for (int l = 0; l < L; ++l) {
-      const LayerDecisions& d = s.layers[l];
-      if (cost.ParameterBytes(l) > 0 && d.update != kAcc &&
-          d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
-        by_size.push_back(l);
-      }
-    }
-    std::stable_sort(by_size.begin(), by_size.end(),
-                     [&](int x, int y) { return cost.ParameterBytes(x) > cost.ParameterBytes(y); });
-    for (int l : by_size) {
-      const double copy = cost.CopySeconds(h2d, cost.ParameterBytes(l));
-      const double before_forward = l > 0 ? fwd[l - 1] : 0.0;
-      const double before_backward = l + 1 < L ? bwd[l + 1] : fwd[l];
-      link_left -= 2 * copy;
-      const double lost =
-          link_left >= 0
-              ? M * (std::max(0.0, copy - before_forward) + std::max(0.0, copy - before_backward))
-              : M * 2 * copy;
-      actions.push_back(
-          {l, MemoryAction::kStream, static_cast<double>(cost.ParameterBytes(l)), lost});
+  return actions;
+}
+
+// Streaming the weights of the resident layers updated on the host, largest
+// first, their copies charged against the link time offloads left over.
+void AddStreamActions(const CostModel& cost, const Decisions& s, MicroBatchTimes* t,
+                      std::vector<MemoryAction>* actions) {
+  const int L = t->layers;
+  const double M = t->micro_batches;
+  std::vector<int> by_size;
+  for (int l = 0; l < L; ++l) {
+    const LayerDecisions& d = s.layers[l];
+    if (cost.ParameterBytes(l) > 0 && d.update != kAcc &&
+        d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+      by_size.push_back(l);
     }
   }
-  std::stable_sort(actions.begin(), actions.end(),
-                   [](const MemoryAction& a, const MemoryAction& b) {
-                     if (Ratio(a) != Ratio(b)) return Ratio(a) > Ratio(b);
-                     return a.bytes_saved > b.bytes_saved;
-                   });
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [&](int x, int y) { return cost.ParameterBytes(x) > cost.ParameterBytes(y); });
+  for (int l : by_size) {
+    const double copy = cost.CopySeconds(kH2d, cost.ParameterBytes(l));
+    const double before_forward = l > 0 ? t->fwd[l - 1] : 0.0;
+    const double before_backward = l + 1 < L ? t->bwd[l + 1] : t->fwd[l];
+    t->link_left -= 2 * copy;
+    const double lost =
+        t->link_left >= 0
+            ? M * (std::max(0.0, copy - before_forward) + std::max(0.0, copy - before_backward))
+            : M * 2 * copy;
+    actions->push_back(
+        {l, MemoryAction::kStream, static_cast<double>(cost.ParameterBytes(l)), lost});
+  }
+}
+
+}  // namespace
+
+std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisions& s,
+                                            const MemoryChoices& choices) {
+  MicroBatchTimes times = TimeMicroBatch(cost, s);
+  std::vector<double> offload_lost(times.layers, -1.0);
+  if (choices.offload) offload_lost = OffloadSeconds(cost, &times);
+  std::vector<MemoryAction> actions =
+      ActivationActions(cost, times, choices.recompute, offload_lost);
+  if (choices.stream) AddStreamActions(cost, s, &times, &actions);
+  std::stable_sort(actions.begin(), actions.end(), SavesMorePerSecond);
   return actions;
 }
 

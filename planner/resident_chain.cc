@@ -81,154 +81,208 @@ ResidentChain::ResidentChain(const CostModel& cost, const Decisions& base)
   }
 }
 
-void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* memory,
-                            Record* record) {
-  const int L = num_layers();
-  const int M = micro_batches_;
-  const int lag = delayed_ ? 2 : 1;
-  const int k = n - 2;
-  starts_.assign(n, 0.0);
-  returned_.assign(static_cast<size_t>(lag + 1) * L, 0.0);
-  pending_frees_.clear();
-  size_t next_free = 0;
+// One RunOnce, walked in the event graph's creation order: what it feeds,
+// where each resource is, and the iteration under way.
+struct ResidentChain::Pass {
+  const std::vector<bool>& acc;
+  WindowLevel* memory;
+  Record* record;
+  // A host update's weights are waited for `lag` iterations after its
+  // gradient (2 with delayed parameter updates).
+  int lag;
   // Gradient frees on the D2H engine come later than the backward that
   // issues them but in FIFO order: they wait here until the compute stream's
-  // changes reach their time.
-  auto flush_frees = [&](double t) {
-    while (next_free < pending_frees_.size() && pending_frees_[next_free].time_seconds <= t) {
-      memory->Feed(pending_frees_[next_free].time_seconds, pending_frees_[next_free].delta_bytes);
-      ++next_free;
-    }
-  };
-  auto change = [&](double t, int64_t delta) {
-    if (memory == nullptr || delta == 0) return;
-    flush_frees(t);
-    memory->Feed(t, delta);
-  };
-
+  // changes reach their time. The first not yet fed is next_free.
+  std::vector<MemoryChange>* pending_frees;
+  size_t next_free = 0;
+  // The compute stream's clock, and when each copy engine and the host pool
+  // are next free.
   double t = 0, d2h_free = 0, pool_free = 0, h2d_free = 0;
   // The program's durations summed in order (the event graph's
   // program_prefix), for reuse distances.
   double prefix = 0;
-  for (int i = 0; i < n; ++i) {
-    Record* window = record != nullptr && i == k ? record : nullptr;
-    const bool keep_chain = record != nullptr && i >= k - 2;
-    double* returned_now = &returned_[static_cast<size_t>(i % (lag + 1)) * L];
-    const double* returned_then =
-        i - lag >= 0 ? &returned_[static_cast<size_t>((i - lag) % (lag + 1)) * L] : nullptr;
-    for (int j = 0; j < M; ++j) {
-      for (int l = 0; l < L; ++l) {
-        const ResidentLayer& x = layers_[l];
-        double start = t;
-        const bool waits = j == 0 && returned_then != nullptr && x.has_params && !acc[l];
-        if (waits) start = std::max(start, returned_then[l]);
-        if (j == 0 && l == 0) {
-          starts_[i] = start;
-          if (i == k) {
-            if (memory != nullptr) memory->SetWindowStart(start);
-            if (record != nullptr) record->t0 = start;
-          }
-          if (i == n - 1) {
-            // Nothing at or after the last iteration's start is reported;
-            // only where its forwards sit in the program (reuse distances).
-            if (record != nullptr) {
-              for (int f = 0; f < L; ++f) {
-                record->prefix_before[f] = prefix;
-                prefix += layers_[f].fwd;
-              }
-            }
-            if (memory != nullptr) {
-              while (next_free < pending_frees_.size() &&
-                     memory->Inside(pending_frees_[next_free].time_seconds, start)) {
-                memory->Feed(pending_frees_[next_free].time_seconds,
-                             pending_frees_[next_free].delta_bytes);
-                ++next_free;
-              }
-              const int64_t peak = memory->Finish(start);
-              if (record != nullptr) record->peak = peak;
-            }
-            return;
-          }
-        }
-        if (window != nullptr && waits && start > t) window->stall += start - t;
-        const double end = start + x.fwd;
-        change(start, x.act + x.ws);
-        change(end, -x.ws);
-        if (l > 0 && layers_[l - 1].recompute) {
-          change(end, -(layers_[l - 1].act - layers_[l - 1].ckpt));
-        }
-        if (l == L - 1 && x.recompute) change(end, -(x.act - x.ckpt));
-        if (window != nullptr) {
-          window->Compute(tandem::v1::TIMELINE_PHASE_FORWARD, l, j, start, end);
-        }
-        prefix += x.fwd;
-        t = end;
-      }
-      for (int l = L - 1; l >= 0; --l) {
-        const ResidentLayer& x = layers_[l];
-        if (x.recompute) {
-          const double start = t, end = t + x.fwd;
-          change(start, x.act - x.ckpt + x.ws);
-          change(end, -x.ws);
-          if (window != nullptr) {
-            window->Compute(tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, start, end);
-          }
-          prefix += x.fwd;
-          t = end;
-        }
-        const double start = t, end = t + x.bwd;
-        change(start, x.ws + (j == 0 ? x.grad : 0));
-        change(end, -x.ws - x.act);
-        if (window != nullptr) {
-          window->Compute(tandem::v1::TIMELINE_PHASE_BACKWARD, l, j, start, end);
-        }
-        prefix += x.bwd;
-        t = end;
-        if (j != M - 1) continue;
-        if (window != nullptr) {
-          window->backward_end[l] = end;
-          window->prefix_after[l] = prefix;
-        }
-        if (!x.has_params) continue;
-        if (acc[l]) {
-          const double update_end = t + x.upd_acc;
-          change(update_end, -x.grad);
-          if (window != nullptr) {
-            window->Compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, j, t, update_end, x.update_bytes);
-          }
-          prefix += x.upd_acc;
-          if (window != nullptr) window->prefix_after[l] = prefix;
-          t = update_end;
-          continue;
-        }
-        const double d2h_start = std::max(t, d2h_free);
-        d2h_free = d2h_start + x.grad_d2h;
-        if (memory != nullptr && x.grad != 0) pending_frees_.push_back({d2h_free, -x.grad});
-        const double pool_start = std::max(d2h_free, pool_free);
-        pool_free = pool_start + x.upd_host;
-        const double h2d_start = std::max(pool_free, h2d_free);
-        h2d_free = h2d_start + x.param_h2d;
-        returned_now[l] = h2d_free;
-        if (keep_chain) {
-          record->d2h.push_back({d2h_start, d2h_free});
-          record->pool.push_back({pool_start, pool_free});
-          record->h2d.push_back({h2d_start, h2d_free});
-        }
-        if (window != nullptr) {
-          window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H,
-                       tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l, j, d2h_start, d2h_free, x.grad);
-          window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE,
-                       l, j, pool_start, pool_free, x.update_bytes);
-          window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
-                       tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, h2d_start, h2d_free,
-                       x.param);
-          window->d2h_bytes += x.grad;
-          window->h2d_bytes += x.param;
-          window->delivered[l] = h2d_free;
-        }
-      }
+  // The iteration under way: the record when it is the reported one; whether
+  // its chain spans may overlap the reported window; where its host-updated
+  // weights return, and where those of the iteration `lag` before returned
+  // (null for the first ones).
+  Record* window = nullptr;
+  bool keep_chain = false;
+  double* returned_now = nullptr;
+  const double* returned_then = nullptr;
+
+  void FlushFrees(double until) {
+    while (next_free < pending_frees->size() && (*pending_frees)[next_free].time_seconds <= until) {
+      FeedNextFree();
     }
   }
+  void FeedNextFree() {
+    memory->Feed((*pending_frees)[next_free].time_seconds, (*pending_frees)[next_free].delta_bytes);
+    ++next_free;
+  }
+  void Change(double at, int64_t delta) {
+    if (memory == nullptr || delta == 0) return;
+    FlushFrees(at);
+    memory->Feed(at, delta);
+  }
+  // The reported iteration starts at `start`.
+  void OpenWindow(double start) {
+    if (memory != nullptr) memory->SetWindowStart(start);
+    if (record != nullptr) record->t0 = start;
+  }
+};
+
+void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* memory,
+                            Record* record) {
+  const int lag = delayed_ ? 2 : 1;
+  starts_.assign(n, 0.0);
+  returned_.assign(static_cast<size_t>(lag + 1) * num_layers(), 0.0);
+  pending_frees_.clear();
+  Pass p{acc, memory, record, lag, &pending_frees_};
+  for (int i = 0; i < n; ++i) {
+    BeginIteration(&p, i, n);
+    starts_[i] = ForwardStart(p, 0, 0);
+    if (i == n - 2) p.OpenWindow(starts_[i]);
+    if (i == n - 1) {
+      StopAt(&p, starts_[i]);
+      return;
+    }
+    for (int j = 0; j < micro_batches_; ++j) {
+      Forwards(&p, j);
+      Backwards(&p, j);
+    }
+  }
+}
+
+void ResidentChain::BeginIteration(Pass* p, int i, int n) {
+  const int L = num_layers();
+  const int lag = p->lag;
+  const int k = n - 2;
+  p->window = p->record != nullptr && i == k ? p->record : nullptr;
+  p->keep_chain = p->record != nullptr && i >= k - 2;
+  p->returned_now = &returned_[static_cast<size_t>(i % (lag + 1)) * L];
+  p->returned_then =
+      i - lag >= 0 ? &returned_[static_cast<size_t>((i - lag) % (lag + 1)) * L] : nullptr;
+}
+
+double ResidentChain::ForwardStart(const Pass& p, int j, int l) const {
+  const ResidentLayer& x = layers_[l];
+  const bool waits = j == 0 && p.returned_then != nullptr && x.has_params && !p.acc[l];
+  return waits ? std::max(p.t, p.returned_then[l]) : p.t;
+}
+
+void ResidentChain::StopAt(Pass* p, double start) {
+  // Nothing at or after the last iteration's start is reported; only where
+  // its forwards sit in the program (reuse distances).
+  if (p->record != nullptr) {
+    for (int f = 0; f < num_layers(); ++f) {
+      p->record->prefix_before[f] = p->prefix;
+      p->prefix += layers_[f].fwd;
+    }
+  }
+  if (p->memory == nullptr) return;
+  while (p->next_free < p->pending_frees->size() &&
+         p->memory->Inside((*p->pending_frees)[p->next_free].time_seconds, start)) {
+    p->FeedNextFree();
+  }
+  const int64_t peak = p->memory->Finish(start);
+  if (p->record != nullptr) p->record->peak = peak;
+}
+
+void ResidentChain::Forwards(Pass* p, int j) {
+  const int L = num_layers();
+  for (int l = 0; l < L; ++l) {
+    const ResidentLayer& x = layers_[l];
+    const double start = ForwardStart(*p, j, l);
+    // Waiting for the layer's weights stalls the stream.
+    if (p->window != nullptr && start > p->t) p->window->stall += start - p->t;
+    const double end = start + x.fwd;
+    p->Change(start, x.act + x.ws);
+    p->Change(end, -x.ws);
+    if (l > 0 && layers_[l - 1].recompute) {
+      p->Change(end, -(layers_[l - 1].act - layers_[l - 1].ckpt));
+    }
+    if (l == L - 1 && x.recompute) p->Change(end, -(x.act - x.ckpt));
+    if (p->window != nullptr) {
+      p->window->Compute(tandem::v1::TIMELINE_PHASE_FORWARD, l, j, start, end);
+    }
+    p->prefix += x.fwd;
+    p->t = end;
+  }
+}
+
+void ResidentChain::Backwards(Pass* p, int j) {
+  for (int l = num_layers() - 1; l >= 0; --l) {
+    const ResidentLayer& x = layers_[l];
+    if (x.recompute) {
+      const double start = p->t, end = p->t + x.fwd;
+      p->Change(start, x.act - x.ckpt + x.ws);
+      p->Change(end, -x.ws);
+      if (p->window != nullptr) {
+        p->window->Compute(tandem::v1::TIMELINE_PHASE_RECOMPUTE, l, j, start, end);
+      }
+      p->prefix += x.fwd;
+      p->t = end;
+    }
+    const double start = p->t, end = p->t + x.bwd;
+    p->Change(start, x.ws + (j == 0 ? x.grad : 0));
+    p->Change(end, -x.ws - x.act);
+    if (p->window != nullptr) {
+      p->window->Compute(tandem::v1::TIMELINE_PHASE_BACKWARD, l, j, start, end);
+    }
+    p->prefix += x.bwd;
+    p->t = end;
+    if (j != micro_batches_ - 1) continue;
+    if (p->window != nullptr) {
+      p->window->backward_end[l] = end;
+      p->window->prefix_after[l] = p->prefix;
+    }
+    if (!x.has_params) continue;
+    if (p->acc[l]) {
+      AcceleratorUpdate(p, l, j);
+    } else {
+      HostUpdate(p, l, j);
+    }
+  }
+}
+
+void ResidentChain::AcceleratorUpdate(Pass* p, int l, int j) {
+  const ResidentLayer& x = layers_[l];
+  const double update_end = p->t + x.upd_acc;
+  p->Change(update_end, -x.grad);
+  if (p->window != nullptr) {
+    p->window->Compute(tandem::v1::TIMELINE_PHASE_UPDATE, l, j, p->t, update_end, x.update_bytes);
+  }
+  p->prefix += x.upd_acc;
+  if (p->window != nullptr) p->window->prefix_after[l] = p->prefix;
+  p->t = update_end;
+}
+
+void ResidentChain::HostUpdate(Pass* p, int l, int j) {
+  const ResidentLayer& x = layers_[l];
+  const double d2h_start = std::max(p->t, p->d2h_free);
+  p->d2h_free = d2h_start + x.grad_d2h;
+  if (p->memory != nullptr && x.grad != 0) p->pending_frees->push_back({p->d2h_free, -x.grad});
+  const double pool_start = std::max(p->d2h_free, p->pool_free);
+  p->pool_free = pool_start + x.upd_host;
+  const double h2d_start = std::max(p->pool_free, p->h2d_free);
+  p->h2d_free = h2d_start + x.param_h2d;
+  p->returned_now[l] = p->h2d_free;
+  if (p->keep_chain) {
+    p->record->d2h.push_back({d2h_start, p->d2h_free});
+    p->record->pool.push_back({pool_start, p->pool_free});
+    p->record->h2d.push_back({h2d_start, p->h2d_free});
+  }
+  Record* window = p->window;
+  if (window == nullptr) return;
+  window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l,
+               j, d2h_start, p->d2h_free, x.grad);
+  window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, j,
+               pool_start, p->pool_free, x.update_bytes);
+  window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l,
+               j, h2d_start, p->h2d_free, x.param);
+  window->d2h_bytes += x.grad;
+  window->h2d_bytes += x.param;
+  window->delivered[l] = p->h2d_free;
 }
 
 ResidentChain::Timing ResidentChain::Run(const std::vector<bool>& acc, bool need_peak) {

@@ -68,8 +68,26 @@ class ResidentChain {
 
  private:
   struct Record;
+  // One run's clocks, memory feed and iteration under way.
+  struct Pass;
   // One run of `iterations` iterations, stopped where the last one starts.
+  // Each iteration is its micro-batches' forwards and backwards, every
+  // layer's update after the last backward.
   void RunOnce(const std::vector<bool>& acc, int iterations, WindowLevel* memory, Record* record);
+  void BeginIteration(Pass* p, int iteration, int iterations);
+  // Layer l's forward in micro-batch j starts when the stream is free and,
+  // in the first micro-batch, once its host-updated weights are back.
+  double ForwardStart(const Pass& p, int j, int l) const;
+  // At the last iteration's start: the reuse distances' last positions and
+  // the memory window's close.
+  void StopAt(Pass* p, double start);
+  void Forwards(Pass* p, int micro_batch);
+  // After the last micro-batch's backwards, each layer's update on its side.
+  void Backwards(Pass* p, int micro_batch);
+  void AcceleratorUpdate(Pass* p, int layer, int micro_batch);
+  // The gradient -> host update -> weights chain on the D2H engine, the
+  // host pool and the H2D engine.
+  void HostUpdate(Pass* p, int layer, int micro_batch);
 
   std::vector<ResidentLayer> layers_;
   int micro_batches_ = 1;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -52,21 +54,23 @@ bool Faster(const tandem::v1::Plan& a, const tandem::v1::Plan& b) {
   return a.prediction().iteration_seconds() < b.prediction().iteration_seconds();
 }
 
-}  // namespace
+absl::StatusOr<CostModel> CostModelOf(const PlanRequest& request) {
+  return request.hardware.has_value()
+             ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
+             : CostModel::FromMeasuredProfile(request.profile);
+}
 
-absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
-  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
-  absl::StatusOr<CostModel> cost =
-      request.hardware.has_value() ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
-                                   : CostModel::FromMeasuredProfile(request.profile);
-  if (!cost.ok()) return cost.status();
-  if (request.pipeline_devices > 1 && request.pipeline_devices > cost->accelerator_count()) {
+// What the strategies solve under: the request's figures, the cost source's
+// where the request leaves them 0. Errors for the fields only the cost source
+// can check.
+absl::StatusOr<StrategyContext> ContextOf(const PlanRequest& request,
+                                          const PlanSimulator& simulator) {
+  const CostModel& cost = simulator.cost();
+  if (request.pipeline_devices > 1 && request.pipeline_devices > cost.accelerator_count()) {
     return Invalid("pipeline_devices",
-                   absl::StrCat(request.pipeline_devices, " exceeds the ",
-                                cost->accelerator_count(), " accelerators of the cost source"));
+                   absl::StrCat(request.pipeline_devices, " exceeds the ", cost.accelerator_count(),
+                                " accelerators of the cost source"));
   }
-  const PlanSimulator simulator(*cost);
-
   StrategyContext c;
   c.simulator = &simulator;
   c.batch_size = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
@@ -78,119 +82,164 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   c.micro_batch_size = request.micro_batch_size;
   c.accelerator_budget_bytes = request.accelerator_memory_bytes > 0
                                    ? request.accelerator_memory_bytes
-                                   : cost->accelerator_memory_bytes();
-  if (cost->has_accelerator() && c.accelerator_budget_bytes <= 0) {
+                                   : cost.accelerator_memory_bytes();
+  if (cost.has_accelerator() && c.accelerator_budget_bytes <= 0) {
     return Invalid("accelerator_memory_bytes",
                    "required: the cost source does not give the accelerator's capacity");
   }
   c.host_budget_bytes =
-      request.host_memory_bytes > 0 ? request.host_memory_bytes : cost->host_memory_bytes();
+      request.host_memory_bytes > 0 ? request.host_memory_bytes : cost.host_memory_bytes();
   c.delayed_parameter_update = request.delayed_parameter_update;
   c.host_update_threads =
-      request.host_update_threads > 0 ? request.host_update_threads : cost->host_threads();
+      request.host_update_threads > 0 ? request.host_update_threads : cost.host_threads();
+  return c;
+}
 
-  Strategy requested = request.strategy;
-  if (requested == tandem::v1::STRATEGY_UNSPECIFIED) {
-    requested = cost->has_accelerator() ? tandem::v1::STRATEGY_REUSE_DISTANCE
-                                        : tandem::v1::STRATEGY_CPU_ONLY;
+// The strategy answered with and those answered beside it.
+struct StrategySelection {
+  Strategy requested;
+  std::vector<Strategy> compare;
+
+  bool Compared(Strategy s) const {
+    return std::find(compare.begin(), compare.end(), s) != compare.end();
   }
-  std::vector<Strategy> compare = request.compare;
-  if (compare.empty()) compare.assign(std::begin(kConcrete), std::end(kConcrete));
-  auto wanted = [&](Strategy s) {
-    return requested == s || requested == tandem::v1::STRATEGY_AUTO ||
-           std::find(compare.begin(), compare.end(), s) != compare.end() ||
-           std::find(compare.begin(), compare.end(), tandem::v1::STRATEGY_AUTO) != compare.end();
-  };
+  // Requested, compared, or a candidate of a requested or compared auto.
+  bool Wanted(Strategy s) const {
+    return requested == s || requested == tandem::v1::STRATEGY_AUTO || Compared(s) ||
+           Compared(tandem::v1::STRATEGY_AUTO);
+  }
+};
 
+StrategySelection SelectionOf(const PlanRequest& request, const CostModel& cost) {
+  StrategySelection want;
+  want.requested = request.strategy;
+  if (want.requested == tandem::v1::STRATEGY_UNSPECIFIED) {
+    want.requested = cost.has_accelerator() ? tandem::v1::STRATEGY_REUSE_DISTANCE
+                                            : tandem::v1::STRATEGY_CPU_ONLY;
+  }
+  want.compare = request.compare;
+  if (want.compare.empty()) want.compare.assign(std::begin(kConcrete), std::end(kConcrete));
+  return want;
+}
+
+// The plan of each wanted strategy.
+std::map<Strategy, tandem::v1::Plan> SolveWanted(const StrategyContext& c,
+                                                 const StrategySelection& want) {
   // Solved in dependency order: reuse_distance builds on the other two.
   std::map<Strategy, StrategyOutcome> outcomes;
-  const bool need_reuse = wanted(tandem::v1::STRATEGY_REUSE_DISTANCE);
-  const bool gpu_wanted = wanted(tandem::v1::STRATEGY_GPU_ONLY);
+  const bool need_reuse = want.Wanted(tandem::v1::STRATEGY_REUSE_DISTANCE);
+  const bool gpu_wanted = want.Wanted(tandem::v1::STRATEGY_GPU_ONLY);
   if (gpu_wanted || need_reuse) {
     outcomes[tandem::v1::STRATEGY_GPU_ONLY] = SolveGpuOnly(c, /*find_min_budget=*/gpu_wanted);
   }
-  if (wanted(tandem::v1::STRATEGY_CPU_ONLY))
+  if (want.Wanted(tandem::v1::STRATEGY_CPU_ONLY))
     outcomes[tandem::v1::STRATEGY_CPU_ONLY] = SolveCpuOnly(c);
-  if (wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD) || need_reuse) {
+  if (want.Wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD) || need_reuse) {
     outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD] =
-        SolveZeroOffload(c, /*record_timeline=*/wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD));
+        SolveZeroOffload(c, /*record_timeline=*/want.Wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD));
   }
   if (need_reuse) {
     outcomes[tandem::v1::STRATEGY_REUSE_DISTANCE] = SolveReuseDistance(
         c, outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD], outcomes[tandem::v1::STRATEGY_GPU_ONLY]);
   }
-  if (wanted(tandem::v1::STRATEGY_HETERO_DP)) {
+  if (want.Wanted(tandem::v1::STRATEGY_HETERO_DP)) {
     outcomes[tandem::v1::STRATEGY_HETERO_DP] = SolveHeteroDp(c);
   }
   std::map<Strategy, tandem::v1::Plan> plans;
   for (auto& [strategy, outcome] : outcomes) {
     // gpu_only and zero_offload may be solved only for reuse_distance.
-    if (wanted(strategy)) plans[strategy] = ToPlan(c, std::move(outcome));
+    if (want.Wanted(strategy)) plans[strategy] = ToPlan(c, std::move(outcome));
   }
+  return plans;
+}
 
-  // auto: the fastest feasible.
+// auto: the fastest feasible of `plans`; when none is, the fallback
+// (reuse_distance, or cpu_only without an accelerator), if solved; else an
+// empty plan. Its solve time is all of theirs.
+tandem::v1::Plan AutoPlan(std::map<Strategy, tandem::v1::Plan>* plans, bool has_accelerator) {
   tandem::v1::Plan auto_plan;
-  {
-    const tandem::v1::Plan* best = nullptr;
-    double total_seconds = 0;
-    for (Strategy s : kConcrete) {
-      auto it = plans.find(s);
-      if (it == plans.end()) continue;
-      total_seconds += it->second.solver().solve_seconds();
-      if (it->second.feasible() && (best == nullptr || Faster(it->second, *best))) {
-        best = &it->second;
-      }
-    }
-    const Strategy fallback = cost->has_accelerator() ? tandem::v1::STRATEGY_REUSE_DISTANCE
-                                                      : tandem::v1::STRATEGY_CPU_ONLY;
-    if (best == nullptr && plans.count(fallback)) best = &plans[fallback];
-    if (best != nullptr) {
-      auto_plan = *best;
-      auto_plan.mutable_solver()->set_solve_seconds(total_seconds);
-      auto_plan.mutable_solver()->set_note(
-          best->feasible()
-              ? absl::StrCat("auto: chose ", StrategyName(best->strategy()), " (",
-                             absl::StrFormat("%.3f", best->prediction().iteration_seconds() * 1e3),
-                             " ms per step) as the fastest feasible; ", best->solver().note())
-              : absl::StrCat("auto: no strategy fits; ", best->solver().note()));
+  const tandem::v1::Plan* best = nullptr;
+  double total_seconds = 0;
+  for (Strategy s : kConcrete) {
+    auto it = plans->find(s);
+    if (it == plans->end()) continue;
+    total_seconds += it->second.solver().solve_seconds();
+    if (it->second.feasible() && (best == nullptr || Faster(it->second, *best))) {
+      best = &it->second;
     }
   }
+  const Strategy fallback =
+      has_accelerator ? tandem::v1::STRATEGY_REUSE_DISTANCE : tandem::v1::STRATEGY_CPU_ONLY;
+  if (best == nullptr && plans->count(fallback)) best = &(*plans)[fallback];
+  if (best == nullptr) return auto_plan;
+  auto_plan = *best;
+  auto_plan.mutable_solver()->set_solve_seconds(total_seconds);
+  auto_plan.mutable_solver()->set_note(
+      best->feasible()
+          ? absl::StrCat("auto: chose ", StrategyName(best->strategy()), " (",
+                         absl::StrFormat("%.3f", best->prediction().iteration_seconds() * 1e3),
+                         " ms per step) as the fastest feasible; ", best->solver().note())
+          : absl::StrCat("auto: no strategy fits; ", best->solver().note()));
+  return auto_plan;
+}
 
+tandem::v1::PlanModelResponse Respond(const StrategySelection& want,
+                                      std::map<Strategy, tandem::v1::Plan>* plans,
+                                      tandem::v1::Plan auto_plan) {
   tandem::v1::PlanModelResponse response;
   for (Strategy s : kConcrete) {
-    if (std::find(compare.begin(), compare.end(), s) != compare.end()) {
-      *response.add_alternatives() = plans[s];
-    }
+    if (want.Compared(s)) *response.add_alternatives() = (*plans)[s];
   }
-  if (std::find(compare.begin(), compare.end(), tandem::v1::STRATEGY_AUTO) != compare.end()) {
-    *response.add_alternatives() = auto_plan;
-  }
+  if (want.Compared(tandem::v1::STRATEGY_AUTO)) *response.add_alternatives() = auto_plan;
   // Last, so that its timeline moves rather than copies.
-  *response.mutable_plan() =
-      requested == tandem::v1::STRATEGY_AUTO ? std::move(auto_plan) : std::move(plans[requested]);
+  *response.mutable_plan() = want.requested == tandem::v1::STRATEGY_AUTO
+                                 ? std::move(auto_plan)
+                                 : std::move((*plans)[want.requested]);
+  return response;
+}
 
+// Splits `plan` into pipeline stages over `devices` accelerators of
+// `device_memory_bytes` each, and says how it went in its note.
+void AddPipeline(const CostModel& cost, int devices, int64_t device_memory_bytes,
+                 tandem::v1::Plan* plan) {
+  PipelineRequest p;
+  p.devices = devices;
+  p.micro_batch_size = std::max(1, plan->micro_batch_size());
+  p.micro_batches = std::max(1, plan->micro_batches());
+  p.device_memory_bytes = device_memory_bytes;
+  std::string note;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(cost, p);
+  if (stages.ok()) {
+    for (const tandem::v1::PipelineStage& s : *stages) *plan->add_pipeline() = s;
+    // 1F1B: (micro-batches + stages - 1) slots of the slowest stage.
+    const double bottleneck = BottleneckSeconds(*stages);
+    note = absl::StrFormat(
+        "pipeline over %d accelerators: slowest stage %.3f ms per "
+        "micro-batch, ~%.3f ms per step with 1F1B",
+        static_cast<int>(stages->size()), bottleneck * 1e3,
+        (p.micro_batches + stages->size() - 1) * bottleneck * 1e3);
+  } else {
+    note = absl::StrCat("pipeline: ", stages.status().message());
+  }
+  plan->mutable_solver()->set_note(absl::StrCat(plan->solver().note(), "; ", note));
+}
+
+}  // namespace
+
+absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
+  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+  absl::StatusOr<CostModel> cost = CostModelOf(request);
+  if (!cost.ok()) return cost.status();
+  const PlanSimulator simulator(*cost);
+  absl::StatusOr<StrategyContext> c = ContextOf(request, simulator);
+  if (!c.ok()) return c.status();
+  const StrategySelection want = SelectionOf(request, *cost);
+  std::map<Strategy, tandem::v1::Plan> plans = SolveWanted(*c, want);
+  tandem::v1::Plan auto_plan = AutoPlan(&plans, cost->has_accelerator());
+  tandem::v1::PlanModelResponse response = Respond(want, &plans, std::move(auto_plan));
   if (request.pipeline_devices > 1) {
-    tandem::v1::Plan* plan = response.mutable_plan();
-    PipelineRequest p;
-    p.devices = request.pipeline_devices;
-    p.micro_batch_size = std::max(1, plan->micro_batch_size());
-    p.micro_batches = std::max(1, plan->micro_batches());
-    p.device_memory_bytes = c.accelerator_budget_bytes;
-    std::string note;
-    absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
-    if (stages.ok()) {
-      for (const tandem::v1::PipelineStage& s : *stages) *plan->add_pipeline() = s;
-      // 1F1B: (micro-batches + stages - 1) slots of the slowest stage.
-      const double bottleneck = BottleneckSeconds(*stages);
-      note = absl::StrFormat(
-          "pipeline over %d accelerators: slowest stage %.3f ms per "
-          "micro-batch, ~%.3f ms per step with 1F1B",
-          static_cast<int>(stages->size()), bottleneck * 1e3,
-          (p.micro_batches + stages->size() - 1) * bottleneck * 1e3);
-    } else {
-      note = absl::StrCat("pipeline: ", stages.status().message());
-    }
-    plan->mutable_solver()->set_note(absl::StrCat(plan->solver().note(), "; ", note));
+    AddPipeline(*cost, request.pipeline_devices, c->accelerator_budget_bytes,
+                response.mutable_plan());
   }
   return response;
 }

@@ -130,6 +130,136 @@ int64_t UpdateBytesOf(const tandem::v1::LayerMemory& m) {
   return 2 * m.parameter_bytes() + m.gradient_bytes() + 2 * m.optimizer_state_bytes();
 }
 
+// The devices a measured profile was taken on: the first CPU, the first
+// accelerator, and how many accelerators are of its kind.
+struct MeasuredDevices {
+  const tandem::v1::DeviceProfile* host = nullptr;
+  const tandem::v1::DeviceProfile* accelerator = nullptr;
+  int accelerator_count = 0;
+};
+
+MeasuredDevices FindMeasuredDevices(const Profile& profile) {
+  MeasuredDevices found;
+  for (const tandem::v1::DeviceProfile& d : profile.devices()) {
+    if (d.kind() == tandem::v1::DEVICE_KIND_CPU && found.host == nullptr) found.host = &d;
+    if (IsAccelerator(d.kind())) {
+      if (found.accelerator == nullptr) found.accelerator = &d;
+      if (d.kind() == found.accelerator->kind()) ++found.accelerator_count;
+    }
+  }
+  return found;
+}
+
+// Page-locked links win over pageable ones; the measured asymptotic figure.
+const tandem::v1::LinkProfile* BestLink(const Profile& profile, LinkDirection direction) {
+  const tandem::v1::LinkProfile* best = nullptr;
+  for (const tandem::v1::LinkProfile& l : profile.links()) {
+    if (l.direction() != direction || !(l.bandwidth_bytes_per_second() > 0)) continue;
+    if (best == nullptr || (l.pinned() && !best->pinned())) best = &l;
+  }
+  return best;
+}
+
+// One layer's calls on one device, at the profiled batch, overhead included.
+struct DeviceTimes {
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double update_seconds = 0;
+};
+
+// Layer `index`'s measured medians on `device`. An update not measured
+// streams UpdateBytes at the device's measured bandwidth times the optimizer
+// efficiency, plus the call overhead.
+absl::StatusOr<DeviceTimes> MeasuredTimes(const LayerProfile& layer, int index,
+                                          const tandem::v1::DeviceProfile& device,
+                                          double call_overhead_seconds) {
+  const tandem::v1::LayerDeviceProfile* measured = nullptr;
+  for (const tandem::v1::LayerDeviceProfile& ld : layer.devices()) {
+    if (ld.device_id() == device.id()) measured = &ld;
+  }
+  const std::string field =
+      absl::StrCat("profile.layers[", index, "].devices[\"", device.id(), "\"]");
+  if (measured == nullptr || measured->forward().timing().samples() <= 0 ||
+      measured->backward().timing().samples() <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": no forward/backward timing for this device"));
+  }
+  DeviceTimes t;
+  t.forward_seconds = measured->forward().timing().median_seconds();
+  t.backward_seconds = measured->backward().timing().median_seconds();
+  if (t.forward_seconds < 0 || t.backward_seconds < 0) {
+    return Invalid(field, "timings must be >= 0");
+  }
+  if (measured->update().timing().samples() > 0) {
+    t.update_seconds = measured->update().timing().median_seconds();
+    return t;
+  }
+  const double bandwidth =
+      device.memory_bandwidth_bytes_per_second() * DefaultEfficiency(device.kind(), "optimizer");
+  const int64_t update_bytes = UpdateBytesOf(layer.analytic_memory());
+  if (!(bandwidth > 0) && update_bytes > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": no update timing and no memory_bandwidth_bytes_per_second to estimate it"));
+  }
+  t.update_seconds = update_bytes > 0 ? update_bytes / bandwidth : 0.0;
+  t.update_seconds += call_overhead_seconds;
+  return t;
+}
+
+absl::Status ValidateHardwareHost(const ProcessorSpec& host) {
+  if (absl::Status s = ValidateProcessor(host, "hardware.host"); !s.ok()) return s;
+  if (host.kind() != tandem::v1::DEVICE_KIND_CPU &&
+      host.kind() != tandem::v1::DEVICE_KIND_UNSPECIFIED) {
+    return Invalid("hardware.host.kind", "must be DEVICE_KIND_CPU");
+  }
+  return absl::OkStatus();
+}
+
+// The first accelerator (the one planned for) and its links to the host.
+absl::Status ValidateHardwareAccelerator(const HardwareSpec& hardware) {
+  const ProcessorSpec& accelerator = hardware.accelerators(0);
+  if (absl::Status s = ValidateProcessor(accelerator, "hardware.accelerators[0]"); !s.ok()) {
+    return s;
+  }
+  if (!IsAccelerator(accelerator.kind())) {
+    return Invalid("hardware.accelerators[0].kind",
+                   "must be DEVICE_KIND_CUDA or DEVICE_KIND_EMULATED");
+  }
+  if (absl::Status s = ValidateLink(hardware.host_to_accelerator(), "hardware.host_to_accelerator");
+      !s.ok()) {
+    return s;
+  }
+  return ValidateLink(hardware.accelerator_to_host(), "hardware.accelerator_to_host");
+}
+
+// A roofline of one layer on processor `p`: the longer of its FLOPs at the
+// op class's peak and its bytes at the memory bandwidth, both times the op
+// class's efficiency; the update likewise at the optimizer's efficiency.
+DeviceTimes RooflineTimes(const LayerProfile& layer, OpClass op_class, const ProcessorSpec& p,
+                          double call_overhead_seconds) {
+  const bool matrix =
+      op_class == OpClass::kMatmul || op_class == OpClass::kConv || op_class == OpClass::kAttention;
+  const double eff = EfficiencyOf(p, OpClassKey(op_class));
+  const double flops_per_second =
+      (matrix ? p.peak_matmul_flops_per_second() : p.peak_vector_flops_per_second()) * eff;
+  const double bytes_per_second = p.memory_bandwidth_bytes_per_second() * eff;
+  auto roofline = [&](double flops, double bytes) {
+    return std::max(flops / flops_per_second, bytes / bytes_per_second);
+  };
+  DeviceTimes t;
+  t.forward_seconds =
+      call_overhead_seconds + roofline(layer.forward_flops(), layer.forward_memory_bytes());
+  t.backward_seconds =
+      call_overhead_seconds + roofline(layer.backward_flops(), layer.backward_memory_bytes());
+  const tandem::v1::LayerMemory& m = layer.analytic_memory();
+  const double opt_eff = EfficiencyOf(p, "optimizer");
+  const double update_core =
+      std::max(UpdateFlops(layer) / (p.peak_vector_flops_per_second() * opt_eff),
+               UpdateBytesOf(m) / (p.memory_bandwidth_bytes_per_second() * opt_eff));
+  t.update_seconds = UpdateBytesOf(m) > 0 ? call_overhead_seconds + update_core : 0.0;
+  return t;
+}
+
 }  // namespace
 
 absl::StatusOr<OpClass> OpClassOfKind(absl::string_view kind) {
@@ -309,217 +439,163 @@ ChainLayerCosts ChainLayerCostsOf(const CostModel& cost, int layer, int samples,
   return x;
 }
 
+CostModel::LayerCosts CostModel::AnalyticLayer(const LayerProfile& layer) {
+  LayerCosts c;
+  c.name = layer.name();
+  c.kind = layer.kind();
+  const tandem::v1::LayerMemory& m = layer.analytic_memory();
+  c.parameter_bytes = m.parameter_bytes();
+  c.gradient_bytes = m.gradient_bytes();
+  c.optimizer_state_bytes = m.optimizer_state_bytes();
+  c.activation_bytes = m.activation_bytes();
+  c.workspace_bytes = m.workspace_bytes();
+  c.output_bytes = m.output_bytes();
+  return c;
+}
+
+void CostModel::SetMeasuredProcessors(const tandem::v1::DeviceProfile& host,
+                                      const tandem::v1::DeviceProfile* accelerator) {
+  host_threads_ = std::max(1, host.threads());
+  host_memory_bytes_ = host.memory_bytes();
+  call_overhead_seconds_[kHost] = kDefaultHostCallSeconds;
+  call_overhead_seconds_[kAccelerator] = kDefaultAcceleratorCallSeconds;
+  host_stream_bytes_per_second_ = host.memory_bandwidth_bytes_per_second() *
+                                  DefaultEfficiency(tandem::v1::DEVICE_KIND_CPU, "elementwise");
+  if (!(host_stream_bytes_per_second_ > 0)) {
+    // Without a STREAM figure, assume one DDR channel's worth: slow but finite.
+    host_stream_bytes_per_second_ = 10e9;
+  }
+  if (accelerator != nullptr) {
+    has_accelerator_ = true;
+    accelerator_kind_ = accelerator->kind();
+    accelerator_memory_bytes_ = accelerator->memory_bytes();
+  }
+}
+
+absl::Status CostModel::SetMeasuredLinks(const Profile& profile) {
+  const tandem::v1::LinkProfile* h2d = BestLink(profile, tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE);
+  const tandem::v1::LinkProfile* d2h = BestLink(profile, tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST);
+  if (h2d == nullptr || d2h == nullptr) {
+    return absl::FailedPreconditionError(
+        "profile.links: an accelerator was profiled but the host-to-device and "
+        "device-to-host links were not measured");
+  }
+  h2d_ = {h2d->bandwidth_bytes_per_second(), std::max(0.0, h2d->latency_seconds())};
+  d2h_ = {d2h->bandwidth_bytes_per_second(), std::max(0.0, d2h->latency_seconds())};
+  if (const tandem::v1::LinkProfile* peer =
+          BestLink(profile, tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE)) {
+    has_peer_link_ = true;
+    peer_ = {peer->bandwidth_bytes_per_second(), std::max(0.0, peer->latency_seconds())};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CostModel::AddMeasuredLayer(const LayerProfile& layer, int index,
+                                         const tandem::v1::DeviceProfile* const devices[2]) {
+  LayerCosts c = AnalyticLayer(layer);
+  for (int d = 0; d < 2; ++d) {
+    if (devices[d] == nullptr) continue;
+    absl::StatusOr<DeviceTimes> t =
+        MeasuredTimes(layer, index, *devices[d], call_overhead_seconds_[d]);
+    if (!t.ok()) return t.status();
+    c.forward_seconds[d] = t->forward_seconds;
+    c.backward_seconds[d] = t->backward_seconds;
+    c.update_seconds[d] = t->update_seconds;
+  }
+  layers_.push_back(std::move(c));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CostModel> CostModel::FromMeasuredProfile(const Profile& profile) {
   if (absl::Status s = ValidateLayers(profile); !s.ok()) return s;
+  const MeasuredDevices devices = FindMeasuredDevices(profile);
+  if (devices.host == nullptr) {
+    return absl::FailedPreconditionError("profile.devices: no device of kind DEVICE_KIND_CPU");
+  }
   CostModel model;
   model.source_ = "measured";
   model.profiled_batch_size_ = profile.batch_size();
-
-  const tandem::v1::DeviceProfile* host = nullptr;
-  const tandem::v1::DeviceProfile* accelerator = nullptr;
-  for (const tandem::v1::DeviceProfile& d : profile.devices()) {
-    if (d.kind() == tandem::v1::DEVICE_KIND_CPU && host == nullptr) host = &d;
-    if (IsAccelerator(d.kind())) {
-      if (accelerator == nullptr) accelerator = &d;
-      if (d.kind() == accelerator->kind()) ++model.accelerator_count_;
-    }
-  }
-  if (host == nullptr) {
-    return absl::FailedPreconditionError("profile.devices: no device of kind DEVICE_KIND_CPU");
-  }
-  model.host_threads_ = std::max(1, host->threads());
-  model.host_memory_bytes_ = host->memory_bytes();
-  model.call_overhead_seconds_[kHost] = kDefaultHostCallSeconds;
-  model.call_overhead_seconds_[kAccelerator] = kDefaultAcceleratorCallSeconds;
-  model.host_stream_bytes_per_second_ =
-      host->memory_bandwidth_bytes_per_second() *
-      DefaultEfficiency(tandem::v1::DEVICE_KIND_CPU, "elementwise");
-  if (!(model.host_stream_bytes_per_second_ > 0)) {
-    // Without a STREAM figure, assume one DDR channel's worth: slow but finite.
-    model.host_stream_bytes_per_second_ = 10e9;
-  }
-  if (accelerator != nullptr) {
-    model.has_accelerator_ = true;
-    model.accelerator_kind_ = accelerator->kind();
-    model.accelerator_memory_bytes_ = accelerator->memory_bytes();
-  }
-
-  // Page-locked links win over pageable ones; the measured asymptotic figure.
-  auto find_link = [&](LinkDirection direction) -> const tandem::v1::LinkProfile* {
-    const tandem::v1::LinkProfile* best = nullptr;
-    for (const tandem::v1::LinkProfile& l : profile.links()) {
-      if (l.direction() != direction || !(l.bandwidth_bytes_per_second() > 0)) continue;
-      if (best == nullptr || (l.pinned() && !best->pinned())) best = &l;
-    }
-    return best;
-  };
+  model.accelerator_count_ = devices.accelerator_count;
+  model.SetMeasuredProcessors(*devices.host, devices.accelerator);
   if (model.has_accelerator_) {
-    const tandem::v1::LinkProfile* h2d = find_link(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE);
-    const tandem::v1::LinkProfile* d2h = find_link(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST);
-    if (h2d == nullptr || d2h == nullptr) {
-      return absl::FailedPreconditionError(
-          "profile.links: an accelerator was profiled but the host-to-device and "
-          "device-to-host links were not measured");
-    }
-    model.h2d_ = {h2d->bandwidth_bytes_per_second(), std::max(0.0, h2d->latency_seconds())};
-    model.d2h_ = {d2h->bandwidth_bytes_per_second(), std::max(0.0, d2h->latency_seconds())};
-    if (const tandem::v1::LinkProfile* peer =
-            find_link(tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE)) {
-      model.has_peer_link_ = true;
-      model.peer_ = {peer->bandwidth_bytes_per_second(), std::max(0.0, peer->latency_seconds())};
-    }
+    if (absl::Status s = model.SetMeasuredLinks(profile); !s.ok()) return s;
   }
-
+  const tandem::v1::DeviceProfile* by_index[2] = {devices.host, devices.accelerator};
   for (int i = 0; i < profile.layers_size(); ++i) {
-    const LayerProfile& layer = profile.layers(i);
-    LayerCosts c;
-    c.name = layer.name();
-    c.kind = layer.kind();
-    const tandem::v1::LayerMemory& m = layer.analytic_memory();
-    c.parameter_bytes = m.parameter_bytes();
-    c.gradient_bytes = m.gradient_bytes();
-    c.optimizer_state_bytes = m.optimizer_state_bytes();
-    c.activation_bytes = m.activation_bytes();
-    c.workspace_bytes = m.workspace_bytes();
-    c.output_bytes = m.output_bytes();
-
-    const tandem::v1::DeviceProfile* devices[2] = {host, accelerator};
-    for (int d = 0; d < 2; ++d) {
-      if (devices[d] == nullptr) continue;
-      const tandem::v1::LayerDeviceProfile* measured = nullptr;
-      for (const tandem::v1::LayerDeviceProfile& ld : layer.devices()) {
-        if (ld.device_id() == devices[d]->id()) measured = &ld;
-      }
-      const std::string field =
-          absl::StrCat("profile.layers[", i, "].devices[\"", devices[d]->id(), "\"]");
-      if (measured == nullptr || measured->forward().timing().samples() <= 0 ||
-          measured->backward().timing().samples() <= 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(field, ": no forward/backward timing for this device"));
-      }
-      c.forward_seconds[d] = measured->forward().timing().median_seconds();
-      c.backward_seconds[d] = measured->backward().timing().median_seconds();
-      if (c.forward_seconds[d] < 0 || c.backward_seconds[d] < 0) {
-        return Invalid(field, "timings must be >= 0");
-      }
-      if (measured->update().timing().samples() > 0) {
-        c.update_seconds[d] = measured->update().timing().median_seconds();
-      } else {
-        // Not measured: the step streams UpdateBytes at the device's measured
-        // bandwidth times the optimizer efficiency.
-        const double bandwidth = devices[d]->memory_bandwidth_bytes_per_second() *
-                                 DefaultEfficiency(devices[d]->kind(), "optimizer");
-        if (!(bandwidth > 0) && UpdateBytesOf(m) > 0) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              field, ": no update timing and no memory_bandwidth_bytes_per_second to estimate it"));
-        }
-        c.update_seconds[d] = UpdateBytesOf(m) > 0 ? UpdateBytesOf(m) / bandwidth : 0.0;
-        c.update_seconds[d] += model.call_overhead_seconds_[d];
-      }
+    if (absl::Status s = model.AddMeasuredLayer(profile.layers(i), i, by_index); !s.ok()) {
+      return s;
     }
-    model.layers_.push_back(std::move(c));
   }
   return model;
+}
+
+void CostModel::SetHardwareHost(const ProcessorSpec& host) {
+  host_threads_ = std::max(1, host.threads());
+  host_memory_bytes_ = host.memory_bytes();
+  call_overhead_seconds_[kHost] =
+      host.launch_overhead_seconds() > 0 ? host.launch_overhead_seconds() : kDefaultHostCallSeconds;
+  host_stream_bytes_per_second_ =
+      host.memory_bandwidth_bytes_per_second() * EfficiencyOf(host, "elementwise");
+}
+
+void CostModel::SetHardwareAccelerator(const HardwareSpec& hardware) {
+  const ProcessorSpec& accelerator = hardware.accelerators(0);
+  has_accelerator_ = true;
+  accelerator_kind_ = accelerator.kind();
+  accelerator_count_ = hardware.accelerators_size();
+  accelerator_memory_bytes_ = accelerator.memory_bytes();
+  call_overhead_seconds_[kAccelerator] = accelerator.launch_overhead_seconds() > 0
+                                             ? accelerator.launch_overhead_seconds()
+                                             : kDefaultAcceleratorCallSeconds;
+  h2d_ = {hardware.host_to_accelerator().bandwidth_bytes_per_second(),
+          hardware.host_to_accelerator().latency_seconds()};
+  d2h_ = {hardware.accelerator_to_host().bandwidth_bytes_per_second(),
+          hardware.accelerator_to_host().latency_seconds()};
+  if (hardware.accelerator_to_accelerator().bandwidth_bytes_per_second() > 0) {
+    has_peer_link_ = true;
+    peer_ = {hardware.accelerator_to_accelerator().bandwidth_bytes_per_second(),
+             std::max(0.0, hardware.accelerator_to_accelerator().latency_seconds())};
+  }
+}
+
+absl::Status CostModel::AddRooflineLayer(const LayerProfile& layer, int index,
+                                         const ProcessorSpec* const processors[2]) {
+  absl::StatusOr<OpClass> op_class = OpClassOfKind(layer.kind());
+  if (!op_class.ok()) {
+    return Invalid(absl::StrCat("profile.layers[", index, "].kind"), op_class.status().message());
+  }
+  LayerCosts c = AnalyticLayer(layer);
+  for (int d = 0; d < 2; ++d) {
+    if (processors[d] == nullptr) continue;
+    const DeviceTimes t =
+        RooflineTimes(layer, *op_class, *processors[d], call_overhead_seconds_[d]);
+    c.forward_seconds[d] = t.forward_seconds;
+    c.backward_seconds[d] = t.backward_seconds;
+    c.update_seconds[d] = t.update_seconds;
+  }
+  layers_.push_back(std::move(c));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CostModel> CostModel::FromHardwareSpec(const Profile& profile,
                                                       const HardwareSpec& hardware) {
   if (absl::Status s = ValidateLayers(profile); !s.ok()) return s;
-  if (absl::Status s = ValidateProcessor(hardware.host(), "hardware.host"); !s.ok()) return s;
-  if (hardware.host().kind() != tandem::v1::DEVICE_KIND_CPU &&
-      hardware.host().kind() != tandem::v1::DEVICE_KIND_UNSPECIFIED) {
-    return Invalid("hardware.host.kind", "must be DEVICE_KIND_CPU");
-  }
+  if (absl::Status s = ValidateHardwareHost(hardware.host()); !s.ok()) return s;
   CostModel model;
   model.source_ = absl::StrCat("hardware_spec:", hardware.name());
   model.profiled_batch_size_ = profile.batch_size();
-  const ProcessorSpec& host = hardware.host();
-  model.host_threads_ = std::max(1, host.threads());
-  model.host_memory_bytes_ = host.memory_bytes();
-  model.call_overhead_seconds_[kHost] =
-      host.launch_overhead_seconds() > 0 ? host.launch_overhead_seconds() : kDefaultHostCallSeconds;
-  model.host_stream_bytes_per_second_ =
-      host.memory_bandwidth_bytes_per_second() * EfficiencyOf(host, "elementwise");
-
+  model.SetHardwareHost(hardware.host());
   const ProcessorSpec* accelerator = nullptr;
   if (hardware.accelerators_size() > 0) {
+    if (absl::Status s = ValidateHardwareAccelerator(hardware); !s.ok()) return s;
     accelerator = &hardware.accelerators(0);
-    if (absl::Status s = ValidateProcessor(*accelerator, "hardware.accelerators[0]"); !s.ok()) {
-      return s;
-    }
-    if (!IsAccelerator(accelerator->kind())) {
-      return Invalid("hardware.accelerators[0].kind",
-                     "must be DEVICE_KIND_CUDA or DEVICE_KIND_EMULATED");
-    }
-    if (absl::Status s =
-            ValidateLink(hardware.host_to_accelerator(), "hardware.host_to_accelerator");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s =
-            ValidateLink(hardware.accelerator_to_host(), "hardware.accelerator_to_host");
-        !s.ok()) {
-      return s;
-    }
-    model.has_accelerator_ = true;
-    model.accelerator_kind_ = accelerator->kind();
-    model.accelerator_count_ = hardware.accelerators_size();
-    model.accelerator_memory_bytes_ = accelerator->memory_bytes();
-    model.call_overhead_seconds_[kAccelerator] = accelerator->launch_overhead_seconds() > 0
-                                                     ? accelerator->launch_overhead_seconds()
-                                                     : kDefaultAcceleratorCallSeconds;
-    model.h2d_ = {hardware.host_to_accelerator().bandwidth_bytes_per_second(),
-                  hardware.host_to_accelerator().latency_seconds()};
-    model.d2h_ = {hardware.accelerator_to_host().bandwidth_bytes_per_second(),
-                  hardware.accelerator_to_host().latency_seconds()};
-    if (hardware.accelerator_to_accelerator().bandwidth_bytes_per_second() > 0) {
-      model.has_peer_link_ = true;
-      model.peer_ = {hardware.accelerator_to_accelerator().bandwidth_bytes_per_second(),
-                     std::max(0.0, hardware.accelerator_to_accelerator().latency_seconds())};
-    }
+    model.SetHardwareAccelerator(hardware);
   }
-
-  const ProcessorSpec* processors[2] = {&host, accelerator};
+  const ProcessorSpec* processors[2] = {&hardware.host(), accelerator};
   for (int i = 0; i < profile.layers_size(); ++i) {
-    const LayerProfile& layer = profile.layers(i);
-    absl::StatusOr<OpClass> op_class = OpClassOfKind(layer.kind());
-    if (!op_class.ok()) {
-      return Invalid(absl::StrCat("profile.layers[", i, "].kind"), op_class.status().message());
+    if (absl::Status s = model.AddRooflineLayer(profile.layers(i), i, processors); !s.ok()) {
+      return s;
     }
-    const bool matrix = *op_class == OpClass::kMatmul || *op_class == OpClass::kConv ||
-                        *op_class == OpClass::kAttention;
-    LayerCosts c;
-    c.name = layer.name();
-    c.kind = layer.kind();
-    const tandem::v1::LayerMemory& m = layer.analytic_memory();
-    c.parameter_bytes = m.parameter_bytes();
-    c.gradient_bytes = m.gradient_bytes();
-    c.optimizer_state_bytes = m.optimizer_state_bytes();
-    c.activation_bytes = m.activation_bytes();
-    c.workspace_bytes = m.workspace_bytes();
-    c.output_bytes = m.output_bytes();
-    for (int d = 0; d < 2; ++d) {
-      const ProcessorSpec* p = processors[d];
-      if (p == nullptr) continue;
-      const double eff = EfficiencyOf(*p, OpClassKey(*op_class));
-      const double flops_per_second =
-          (matrix ? p->peak_matmul_flops_per_second() : p->peak_vector_flops_per_second()) * eff;
-      const double bytes_per_second = p->memory_bandwidth_bytes_per_second() * eff;
-      auto roofline = [&](double flops, double bytes) {
-        return std::max(flops / flops_per_second, bytes / bytes_per_second);
-      };
-      const double overhead = model.call_overhead_seconds_[d];
-      c.forward_seconds[d] =
-          overhead + roofline(layer.forward_flops(), layer.forward_memory_bytes());
-      c.backward_seconds[d] =
-          overhead + roofline(layer.backward_flops(), layer.backward_memory_bytes());
-      const double opt_eff = EfficiencyOf(*p, "optimizer");
-      const double update_core =
-          std::max(UpdateFlops(layer) / (p->peak_vector_flops_per_second() * opt_eff),
-                   UpdateBytesOf(m) / (p->memory_bandwidth_bytes_per_second() * opt_eff));
-      c.update_seconds[d] = UpdateBytesOf(m) > 0 ? overhead + update_core : 0.0;
-    }
-    model.layers_.push_back(std::move(c));
   }
   return model;
 }

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tandem/v1/plan.pb.h"
@@ -145,6 +146,21 @@ class CostModel {
   };
 
   CostModel() = default;
+  // The factories' steps: a layer's name, kind and bytes from its analytic
+  // fields; then, for each source, the processors, the links and each
+  // layer's times (an error names the field at fault).
+  static LayerCosts AnalyticLayer(const tandem::v1::LayerProfile& layer);
+  void SetMeasuredProcessors(const tandem::v1::DeviceProfile& host,
+                             const tandem::v1::DeviceProfile* accelerator);
+  absl::Status SetMeasuredLinks(const tandem::v1::Profile& profile);
+  // `devices` by kHost / kAccelerator; null: not profiled.
+  absl::Status AddMeasuredLayer(const tandem::v1::LayerProfile& layer, int index,
+                                const tandem::v1::DeviceProfile* const devices[2]);
+  void SetHardwareHost(const tandem::v1::ProcessorSpec& host);
+  // Its first accelerator, its links, its count.
+  void SetHardwareAccelerator(const tandem::v1::HardwareSpec& hardware);
+  absl::Status AddRooflineLayer(const tandem::v1::LayerProfile& layer, int index,
+                                const tandem::v1::ProcessorSpec* const processors[2]);
   static int DeviceIndex(tandem::v1::Placement device);
   double Scaled(double profiled_seconds, int device, int samples) const;
   int64_t ScaledBytes(int64_t bytes, int samples) const;

@@ -160,6 +160,285 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   return out;
 }
 
+// reuse_distance when zero_offload does not fit: every layer updating on the
+// host is the least accelerator memory this strategy can use, so it fits
+// exactly when zero_offload does.
+void AsZeroOffload(const StrategyContext& c, const StrategyOutcome& zero_offload,
+                   StrategyOutcome* out) {
+  out->feasible = false;
+  out->schedule = zero_offload.schedule;
+  out->schedule.strategy = out->strategy;
+  out->simulation = zero_offload.simulation;
+  out->simulated = zero_offload.simulated;
+  out->min_accelerator_memory_bytes = zero_offload.min_accelerator_memory_bytes;
+  out->note = absl::StrCat("as zero_offload: ", zero_offload.note);
+  if (out->simulation.timeline.spans().empty()) Finalize(c, out);
+}
+
+// A plan competing for reuse_distance.
+struct CompetingPlan {
+  Decisions schedule;
+  SimulationResult simulation;
+  // zero_offload's or gpu_only's, not copied.
+  const SimulationResult* borrowed = nullptr;
+  std::string origin;
+  const SimulationResult& result() const { return borrowed ? *borrowed : simulation; }
+};
+
+// The reuse_distance search: the plans that compete (zero_offload's, the
+// search's per memory configuration, then gpu_only's), the memory
+// configurations searched, and how the placements were found. Search results
+// are simulated without a timeline; the winner gets one at the end.
+struct ReuseSearch {
+  std::vector<CompetingPlan> candidates;
+  std::vector<Decisions> configs;
+  int64_t search_nodes = 0;
+  bool simulator_scored = false;
+};
+
+// Layers whose update may move to the accelerator: those with resident
+// weights.
+std::vector<bool> EligibleLayers(const CostModel& cost, const Decisions& config) {
+  std::vector<bool> eligible(cost.num_layers());
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    eligible[l] = cost.ParameterBytes(l) > 0 &&
+                  config.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR;
+  }
+  return eligible;
+}
+
+// The fastest placement of `config`'s eligible updates within the budget:
+// the exact chain search where the chain evaluator covers the configuration.
+PlacementSearchResult PlaceUpdates(const StrategyContext& c, const Decisions& config,
+                                   const std::vector<bool>& eligible, ReuseSearch* search,
+                                   StrategyOutcome* out) {
+  PlacementSearchResult found;
+  if (ChainEvaluator::Supports(config)) {
+    ChainEvaluator evaluator(c.cost(), config);
+    found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_budget_bytes);
+    search->search_nodes += found.search_nodes;
+    out->placement_proven_optimal = out->placement_proven_optimal && found.proven_optimal;
+  } else {
+    // Offloaded activations or streamed weights share the copy engines
+    // with the gradient chain: score with the simulator itself, fewer times.
+    PlacementSearchOptions options;
+    options.max_evaluations = 400;
+    options.max_kick_evaluations = 0;
+    found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
+                                  SimulatorPlacementScorer(*c.simulator, config), options);
+    out->placement_proven_optimal = false;
+    search->simulator_scored = true;
+  }
+  out->plans_evaluated += found.evaluations;
+  return found;
+}
+
+bool WithinBudgets(const StrategyContext& c, const tandem::v1::PlanPrediction& p) {
+  return p.accelerator_peak_bytes() <= c.accelerator_budget_bytes &&
+         (c.host_budget_bytes <= 0 || p.host_peak_bytes() <= c.host_budget_bytes);
+}
+
+// Searches zero_offload's memory configuration and, when host updates still
+// stall the accelerator there, the same with half the micro-batch; each
+// placement found, simulated, competes with zero_offload's plan.
+ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome& zero_offload,
+                                 StrategyOutcome* out) {
+  SimulationOptions quiet;
+  quiet.record_timeline = false;
+  ReuseSearch search;
+  search.candidates.push_back(
+      {zero_offload.schedule, {}, &zero_offload.simulation, "no layer gains from the accelerator"});
+  search.configs = {zero_offload.schedule};
+  const int m = zero_offload.schedule.micro_batch_size;
+  out->placement_proven_optimal = true;
+  for (size_t config_index = 0; config_index < search.configs.size(); ++config_index) {
+    Decisions config = search.configs[config_index];
+    config.strategy = out->strategy;
+    const std::vector<bool> eligible = EligibleLayers(c.cost(), config);
+    const PlacementSearchResult found = PlaceUpdates(c, config, eligible, &search, out);
+    if (!found.feasible) continue;
+    Decisions s = config;
+    for (int l = 0; l < c.cost().num_layers(); ++l) {
+      if (eligible[l]) {
+        s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
+      }
+    }
+    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
+    ++out->plans_evaluated;
+    if (!r.ok() || !WithinBudgets(c, r->prediction)) continue;
+    // When host updates still stall the accelerator, the budget stopped the
+    // search: try again with half the micro-batch, whose activations leave
+    // room for more optimizer state.
+    const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
+    search.candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
+    if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
+      Decisions half = zero_offload.schedule;
+      half.micro_batch_size = m / 2;
+      search.configs.push_back(half);
+    }
+  }
+  return search;
+}
+
+// Adopts the fastest of `candidates` (the first of equals), with a timeline;
+// returns where it came from.
+std::string AdoptFastest(const StrategyContext& c, std::vector<CompetingPlan>* candidates,
+                         StrategyOutcome* out) {
+  size_t best = 0;
+  for (size_t i = 1; i < candidates->size(); ++i) {
+    if ((*candidates)[i].result().prediction.iteration_seconds() <
+        (*candidates)[best].result().prediction.iteration_seconds()) {
+      best = i;
+    }
+  }
+  out->feasible = true;
+  CompetingPlan& winner = (*candidates)[best];
+  out->schedule = std::move(winner.schedule);
+  out->schedule.strategy = out->strategy;
+  if (winner.borrowed != nullptr) {
+    out->simulation = *winner.borrowed;
+  } else {
+    out->simulation = std::move(winner.simulation);
+  }
+  out->simulated = true;
+  if (out->simulation.timeline.spans().empty()) Finalize(c, out);
+  return winner.origin;
+}
+
+// "3 of 12 layers with parameters update on the accelerator [0,4,7] (...); ..."
+std::string ReuseDistanceNote(const CostModel& cost, const StrategyOutcome& out,
+                              const StrategyOutcome& zero_offload, const std::string& origin,
+                              const ReuseSearch& search) {
+  const int L = cost.num_layers();
+  std::vector<int> on_accelerator;
+  for (int l = 0; l < L; ++l) {
+    if (cost.ParameterBytes(l) > 0 && out.schedule.layers[l].update == PLACEMENT_ACCELERATOR) {
+      on_accelerator.push_back(l);
+    }
+  }
+  int with_params = 0;
+  for (int l = 0; l < L; ++l) with_params += cost.ParameterBytes(l) > 0;
+  std::string which;
+  for (size_t i = 0; i < on_accelerator.size() && i < 12; ++i) {
+    absl::StrAppend(&which, i ? "," : "", on_accelerator[i]);
+  }
+  if (on_accelerator.size() > 12) absl::StrAppend(&which, ",...");
+  return absl::StrCat(
+      on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
+      "accelerator [", which, "] (", origin, "); ",
+      FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
+      FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
+      Describe(out.schedule), "; ",
+      out.placement_proven_optimal
+          ? absl::StrCat("placement proven optimal (", search.search_nodes, " search nodes)")
+      : search.simulator_scored
+          ? "placement by local search (offloaded activations or streamed weights: no exact search)"
+          : absl::StrCat("placement by local search (exact search stopped after ",
+                         search.search_nodes, " nodes)"));
+}
+
+// Forward and backward of one pass over `samples` samples on `device`.
+double ComputeSeconds(const CostModel& cost, tandem::v1::Placement device, int samples) {
+  double t = 0;
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    t += cost.ForwardSeconds(l, device, samples) + cost.BackwardSeconds(l, device, samples);
+  }
+  return t;
+}
+
+// The accelerator shares of a batch that hetero_dp tries, in order: the
+// smallest whose compute is no shorter than the host's on the rest (compute
+// times are monotone in samples) and the one below it, the balanced ones;
+// then halvings down to 1.
+struct AcceleratorShares {
+  std::vector<int> shares;
+  size_t balanced = 0;
+};
+
+AcceleratorShares SharesToTry(const CostModel& cost, int batch_size) {
+  const int B = batch_size;
+  int lo = 1, hi = B - 1;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (ComputeSeconds(cost, PLACEMENT_ACCELERATOR, mid) >=
+        ComputeSeconds(cost, PLACEMENT_HOST, B - mid)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::vector<int> shares = {lo};
+  if (lo - 1 >= 1) shares.push_back(lo - 1);
+  const size_t balanced = shares.size();
+  for (int a = lo / 2; a >= 1; a /= 2) shares.push_back(a);
+  if (shares.back() != 1) shares.push_back(1);
+  return {std::move(shares), balanced};
+}
+
+// One MemoryFitter per accelerator share, made on first use.
+class ShareFitters {
+ public:
+  ShareFitters(const StrategyContext& c, const Decisions& base, const MemoryChoices& choices)
+      : c_(c), base_(base), choices_(choices) {}
+
+  MemoryFitter& Of(int share) {
+    auto it = fitters_.find(share);
+    if (it != fitters_.end()) return it->second;
+    Decisions s = base_;
+    s.accelerator_batch_share = share;
+    const int fixed =
+        c_.micro_batch_size > 0 && share % c_.micro_batch_size == 0 ? c_.micro_batch_size : 0;
+    return fitters_.try_emplace(share, *c_.simulator, s, choices_, fixed, c_.host_budget_bytes)
+        .first->second;
+  }
+
+  int64_t plans_evaluated() const {
+    int64_t total = 0;
+    for (const auto& [share, fitter] : fitters_) total += fitter.plans_evaluated();
+    return total;
+  }
+
+ private:
+  const StrategyContext& c_;
+  const Decisions& base_;
+  MemoryChoices choices_;
+  std::map<int, MemoryFitter> fitters_;
+};
+
+// Fits each share to the budget, adopting the fastest plan that fits; past
+// the balanced shares, stops at the first share that fits. `last` is the
+// last share's fit.
+bool FitFastestShare(const StrategyContext& c, const AcceleratorShares& shares,
+                     ShareFitters* fitters, FitResult* last, StrategyOutcome* out) {
+  bool found = false;
+  for (size_t i = 0; i < shares.shares.size(); ++i) {
+    if (found && i >= shares.balanced) break;
+    FitResult fit = fitters->Of(shares.shares[i]).Fit(c.accelerator_budget_bytes);
+    *last = fit;
+    if (!fit.feasible) continue;
+    if (!found || fit.simulation.prediction.iteration_seconds() <
+                      out->simulation.prediction.iteration_seconds()) {
+      Adopt(fit.schedule, fit.simulation, out);
+    }
+    found = true;
+  }
+  return found;
+}
+
+// "accelerator takes 40 of 64 samples, host 24; gradient sync spans ..."
+std::string SplitNote(int batch_size, const StrategyOutcome& out) {
+  double sync = 0;
+  for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
+      sync += span.end_seconds() - span.start_seconds();
+    }
+  }
+  return absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ",
+                      batch_size, " samples, host ",
+                      batch_size - out.schedule.accelerator_batch_share, "; gradient sync spans ",
+                      FormatSeconds(sync), " per step; ", Describe(out.schedule));
+}
+
 }  // namespace
 
 std::string StrategyName(tandem::v1::Strategy strategy) {
@@ -244,140 +523,17 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
   out.method = "reuse-distance search";
   if (!c.cost().has_accelerator()) return NoAccelerator(out.strategy, c);
   if (!zero_offload.feasible) {
-    // Every layer updating on the host is the least accelerator memory this
-    // strategy can use, so it fits exactly when zero_offload does.
-    out.feasible = false;
-    out.schedule = zero_offload.schedule;
-    out.schedule.strategy = out.strategy;
-    out.simulation = zero_offload.simulation;
-    out.simulated = zero_offload.simulated;
-    out.min_accelerator_memory_bytes = zero_offload.min_accelerator_memory_bytes;
-    out.note = absl::StrCat("as zero_offload: ", zero_offload.note);
-    if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
+    AsZeroOffload(c, zero_offload, &out);
     out.solve_seconds = clock.seconds();
     return out;
   }
-  const CostModel& cost = c.cost();
-  const int L = cost.num_layers();
-  SimulationOptions quiet;
-  quiet.record_timeline = false;
-
-  // Plans that compete: zero_offload's, the search's (per configuration)
-  // and gpu_only's. Search results are simulated without a timeline; the
-  // winner gets one at the end.
-  struct Candidate {
-    Decisions schedule;
-    SimulationResult simulation;
-    // zero_offload's or gpu_only's, not copied.
-    const SimulationResult* borrowed = nullptr;
-    std::string origin;
-    const SimulationResult& result() const { return borrowed ? *borrowed : simulation; }
-  };
-  std::vector<Candidate> candidates;
-  candidates.push_back(
-      {zero_offload.schedule, {}, &zero_offload.simulation, "no layer gains from the accelerator"});
-  std::vector<Decisions> configs = {zero_offload.schedule};
-  const int m = zero_offload.schedule.micro_batch_size;
-  out.placement_proven_optimal = true;
-  int64_t search_nodes = 0;
-  bool simulator_scored = false;
-  for (size_t config_index = 0; config_index < configs.size(); ++config_index) {
-    Decisions config = configs[config_index];
-    config.strategy = out.strategy;
-    std::vector<bool> eligible(L);
-    for (int l = 0; l < L; ++l) {
-      eligible[l] = cost.ParameterBytes(l) > 0 &&
-                    config.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR;
-    }
-    PlacementSearchResult found;
-    if (ChainEvaluator::Supports(config)) {
-      ChainEvaluator evaluator(cost, config);
-      found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_budget_bytes);
-      search_nodes += found.search_nodes;
-      out.placement_proven_optimal = out.placement_proven_optimal && found.proven_optimal;
-    } else {
-      // Offloaded activations or streamed weights share the copy engines
-      // with the gradient chain: score with the simulator itself, fewer times.
-      PlacementSearchOptions options;
-      options.max_evaluations = 400;
-      options.max_kick_evaluations = 0;
-      found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
-                                    SimulatorPlacementScorer(*c.simulator, config), options);
-      out.placement_proven_optimal = false;
-      simulator_scored = true;
-    }
-    out.plans_evaluated += found.evaluations;
-    if (!found.feasible) continue;
-    Decisions s = config;
-    for (int l = 0; l < L; ++l) {
-      if (eligible[l]) {
-        s.layers[l].update = found.on_accelerator[l] ? PLACEMENT_ACCELERATOR : PLACEMENT_HOST;
-      }
-    }
-    absl::StatusOr<SimulationResult> r = c.simulator->Simulate(s, quiet);
-    ++out.plans_evaluated;
-    if (!r.ok() || r->prediction.accelerator_peak_bytes() > c.accelerator_budget_bytes ||
-        (c.host_budget_bytes > 0 && r->prediction.host_peak_bytes() > c.host_budget_bytes)) {
-      continue;
-    }
-    // When host updates still stall the accelerator, the budget stopped the
-    // search: try again with half the micro-batch, whose activations leave
-    // room for more optimizer state.
-    const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
-    candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
-    if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
-      Decisions half = zero_offload.schedule;
-      half.micro_batch_size = m / 2;
-      configs.push_back(half);
-    }
-  }
+  ReuseSearch search = SearchConfigurations(c, zero_offload, &out);
   if (gpu_only.feasible) {
-    candidates.push_back(
+    search.candidates.push_back(
         {gpu_only.schedule, {}, &gpu_only.simulation, "every layer fits on the accelerator"});
   }
-  size_t best = 0;
-  for (size_t i = 1; i < candidates.size(); ++i) {
-    if (candidates[i].result().prediction.iteration_seconds() <
-        candidates[best].result().prediction.iteration_seconds()) {
-      best = i;
-    }
-  }
-  out.feasible = true;
-  Candidate& winner = candidates[best];
-  out.schedule = std::move(winner.schedule);
-  out.schedule.strategy = out.strategy;
-  if (winner.borrowed != nullptr) {
-    out.simulation = *winner.borrowed;
-  } else {
-    out.simulation = std::move(winner.simulation);
-  }
-  out.simulated = true;
-  if (out.simulation.timeline.spans().empty()) Finalize(c, &out);
-  std::vector<int> on_accelerator;
-  for (int l = 0; l < L; ++l) {
-    if (cost.ParameterBytes(l) > 0 && out.schedule.layers[l].update == PLACEMENT_ACCELERATOR) {
-      on_accelerator.push_back(l);
-    }
-  }
-  int with_params = 0;
-  for (int l = 0; l < L; ++l) with_params += cost.ParameterBytes(l) > 0;
-  std::string which;
-  for (size_t i = 0; i < on_accelerator.size() && i < 12; ++i) {
-    absl::StrAppend(&which, i ? "," : "", on_accelerator[i]);
-  }
-  if (on_accelerator.size() > 12) absl::StrAppend(&which, ",...");
-  out.note = absl::StrCat(
-      on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
-      "accelerator [", which, "] (", winner.origin, "); ",
-      FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
-      FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
-      Describe(out.schedule), "; ",
-      out.placement_proven_optimal
-          ? absl::StrCat("placement proven optimal (", search_nodes, " search nodes)")
-      : simulator_scored
-          ? "placement by local search (offloaded activations or streamed weights: no exact search)"
-          : absl::StrCat("placement by local search (exact search stopped after ", search_nodes,
-                         " nodes)"));
+  const std::string origin = AdoptFastest(c, &search.candidates, &out);
+  out.note = ReuseDistanceNote(c.cost(), out, zero_offload, origin, search);
   out.solve_seconds = clock.seconds();
   return out;
 }
@@ -394,81 +550,24 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
     out.note = "a batch of 1 sample cannot be split between two replicas";
     return out;
   }
-  const CostModel& cost = c.cost();
-  const int B = c.batch_size;
-  auto compute = [&](tandem::v1::Placement device, int samples) {
-    double t = 0;
-    for (int l = 0; l < cost.num_layers(); ++l) {
-      t += cost.ForwardSeconds(l, device, samples) + cost.BackwardSeconds(l, device, samples);
-    }
-    return t;
-  };
-  // The smallest accelerator share whose compute is no shorter than the
-  // host's on the rest: compute times are monotone in samples.
-  int lo = 1, hi = B - 1;
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (compute(PLACEMENT_ACCELERATOR, mid) >= compute(PLACEMENT_HOST, B - mid)) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  std::vector<int> shares = {lo};
-  if (lo - 1 >= 1) shares.push_back(lo - 1);
-  const size_t balanced = shares.size();
-  for (int a = lo / 2; a >= 1; a /= 2) shares.push_back(a);
-  if (shares.back() != 1) shares.push_back(1);
-
+  AcceleratorShares shares = SharesToTry(c.cost(), c.batch_size);
   MemoryChoices choices;
   choices.recompute = true;
-  // One fitter per accelerator share.
-  std::map<int, MemoryFitter> fitters;
-  auto fitter_of = [&](int share) -> MemoryFitter& {
-    auto it = fitters.find(share);
-    if (it != fitters.end()) return it->second;
-    Decisions s = base;
-    s.accelerator_batch_share = share;
-    const int fixed =
-        c.micro_batch_size > 0 && share % c.micro_batch_size == 0 ? c.micro_batch_size : 0;
-    return fitters.try_emplace(share, *c.simulator, s, choices, fixed, c.host_budget_bytes)
-        .first->second;
-  };
-  bool found = false;
-  FitResult last;
+  ShareFitters fitters(c, base, choices);
   // The replica keeps every weight and optimizer state resident: over the
   // budget, no share fits.
-  if (ResidentBytes(cost, base) > c.accelerator_budget_bytes) shares.clear();
-  for (size_t i = 0; i < shares.size(); ++i) {
-    if (found && i >= balanced) break;
-    FitResult fit = fitter_of(shares[i]).Fit(c.accelerator_budget_bytes);
-    last = fit;
-    if (!fit.feasible) continue;
-    if (!found || fit.simulation.prediction.iteration_seconds() <
-                      out.simulation.prediction.iteration_seconds()) {
-      Adopt(fit.schedule, fit.simulation, &out);
-    }
-    found = true;
-  }
-  if (found) {
+  if (ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes) shares.shares.clear();
+  FitResult last;
+  if (FitFastestShare(c, shares, &fitters, &last, &out)) {
     out.feasible = true;
     Finalize(c, &out);
-    double sync = 0;
-    for (const tandem::v1::TimelineSpan& span : out.simulation.timeline.spans()) {
-      if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC) {
-        sync += span.end_seconds() - span.start_seconds();
-      }
-    }
-    out.note = absl::StrCat("accelerator takes ", out.schedule.accelerator_batch_share, " of ", B,
-                            " samples, host ", B - out.schedule.accelerator_batch_share,
-                            "; gradient sync spans ", FormatSeconds(sync), " per step; ",
-                            Describe(out.schedule));
+    out.note = SplitNote(c.batch_size, out);
   } else {
     // The smallest budget is the one-sample share's: every other share needs
     // at least its activations.
-    ResolveInfeasible(c, last, &fitter_of(1), &out);
+    ResolveInfeasible(c, last, &fitters.Of(1), &out);
   }
-  for (const auto& [share, fitter] : fitters) out.plans_evaluated += fitter.plans_evaluated();
+  out.plans_evaluated += fitters.plans_evaluated();
   out.solve_seconds = clock.seconds();
   return out;
 }

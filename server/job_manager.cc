@@ -241,10 +241,11 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   }
   if (estimate.accelerator_bytes > 0 &&
       estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the job needs ", FormatBytes(estimate.accelerator_bytes, 1),
-        " of accelerator memory but the budget is ",
-        FormatBytes(options_.accelerator_memory_budget_bytes, 1), " (--accelerator_memory_budget)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job needs ", FormatBytes(estimate.accelerator_bytes, 1),
+                     " of accelerator memory but the budget is ",
+                     FormatBytes(options_.accelerator_memory_budget_bytes, 1),
+                     " (--accelerator_memory_budget)"));
   }
 
   Job job;

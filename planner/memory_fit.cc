@@ -195,8 +195,11 @@ std::vector<int> MicroBatchSizes(int samples, int fixed) {
 
 MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Decisions& base,
                            const MemoryChoices& choices, int fixed_micro_batch_size,
-                           int64_t host_budget_bytes)
-    : simulator_(simulator), base_(base), choices_(choices), host_budget_bytes_(host_budget_bytes) {
+                           int64_t host_memory_budget_bytes)
+    : simulator_(simulator),
+      base_(base),
+      choices_(choices),
+      host_memory_budget_bytes_(host_memory_budget_bytes) {
   for (int m : MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size)) {
     sizes_.emplace_back();
     sizes_.back().micro_batch_size = m;
@@ -233,12 +236,13 @@ const MemoryFitter::Candidate& MemoryFitter::Simulated(Size* size, int actions) 
 }
 
 bool MemoryFitter::HostFits(const SimulationResult& r) const {
-  return host_budget_bytes_ <= 0 || r.prediction.host_peak_bytes() <= host_budget_bytes_;
+  return host_memory_budget_bytes_ <= 0 ||
+         r.prediction.host_peak_bytes() <= host_memory_budget_bytes_;
 }
 
 FitResult MemoryFitter::Fit(int64_t accelerator_bytes) {
   const CostModel& cost = simulator_.cost();
-  const MemoryBudget budget = {accelerator_bytes, host_budget_bytes_};
+  const MemoryBudget budget = {accelerator_bytes, host_memory_budget_bytes_};
   const int64_t evaluated_before = plans_evaluated_;
   FitResult result;
   int64_t smallest_peak = std::numeric_limits<int64_t>::max();

@@ -89,10 +89,10 @@ std::vector<int> MicroBatchSizes(int samples, int fixed);
 // the plans it simulates kept for the next call. Not thread-safe.
 class MemoryFitter {
  public:
-  // `fixed_micro_batch_size` > 0 pins the micro-batch size; host_budget_bytes
+  // `fixed_micro_batch_size` > 0 pins the micro-batch size; host_memory_budget_bytes
   // 0 = no host limit. Keeps a reference to `simulator`.
   MemoryFitter(const PlanSimulator& simulator, const Decisions& base, const MemoryChoices& choices,
-               int fixed_micro_batch_size, int64_t host_budget_bytes);
+               int fixed_micro_batch_size, int64_t host_memory_budget_bytes);
 
   FitResult Fit(int64_t accelerator_bytes);
 
@@ -135,7 +135,7 @@ class MemoryFitter {
   const PlanSimulator& simulator_;
   Decisions base_;
   MemoryChoices choices_;
-  int64_t host_budget_bytes_;
+  int64_t host_memory_budget_bytes_;
   std::vector<Size> sizes_;
   int64_t plans_evaluated_ = 0;
 };

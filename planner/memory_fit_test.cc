@@ -48,7 +48,7 @@ TEST(MemoryFitterTest, MinimumBudgetIsTheSmallestThatFits) {
     }
     for (LayerDecisions& l : base.layers) l.activation = tandem::v1::ACTIVATION_POLICY_KEEP;
     MemoryFitter fitter(simulator, base, choices, /*fixed_micro_batch_size=*/0,
-                        /*host_budget_bytes=*/0);
+                        /*host_memory_budget_bytes=*/0);
     const int64_t minimum = fitter.MinimumBudget().accelerator_bytes;
     ASSERT_GT(minimum, 0) << trial;
     const FitResult at = fitter.Fit(minimum);
@@ -68,7 +68,7 @@ TEST(MemoryFitterTest, NoMinimumWhenTheHostCannotHoldAnyPlan) {
   PlanSimulator simulator(chain.cost);
   MemoryChoices choices;
   choices.recompute = choices.offload = choices.stream = true;
-  MemoryFitter fitter(simulator, chain.base, choices, 0, /*host_budget_bytes=*/1);
+  MemoryFitter fitter(simulator, chain.base, choices, 0, /*host_memory_budget_bytes=*/1);
   const MemoryFitter::Minimum minimum = fitter.MinimumBudget();
   EXPECT_EQ(minimum.accelerator_bytes, 0);
   EXPECT_GT(minimum.host_bytes, 1);

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "planner/units.h"
+#include "base/units.h"
 #include "tandem/v1/plan.pb.h"
 #include "tandem/v1/tandem_service.pb.h"
 

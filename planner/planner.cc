@@ -80,14 +80,14 @@ absl::StatusOr<StrategyContext> ContextOf(const PlanRequest& request,
                                                     "), got ", request.micro_batch_size));
   }
   c.micro_batch_size = request.micro_batch_size;
-  c.accelerator_budget_bytes = request.accelerator_memory_bytes > 0
-                                   ? request.accelerator_memory_bytes
-                                   : cost.accelerator_memory_bytes();
-  if (cost.has_accelerator() && c.accelerator_budget_bytes <= 0) {
+  c.accelerator_memory_budget_bytes = request.accelerator_memory_bytes > 0
+                                          ? request.accelerator_memory_bytes
+                                          : cost.accelerator_memory_bytes();
+  if (cost.has_accelerator() && c.accelerator_memory_budget_bytes <= 0) {
     return Invalid("accelerator_memory_bytes",
                    "required: the cost source does not give the accelerator's capacity");
   }
-  c.host_budget_bytes =
+  c.host_memory_budget_bytes =
       request.host_memory_bytes > 0 ? request.host_memory_bytes : cost.host_memory_bytes();
   c.delayed_parameter_update = request.delayed_parameter_update;
   c.host_update_threads =
@@ -238,7 +238,7 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   tandem::v1::Plan auto_plan = AutoPlan(&plans, cost->has_accelerator());
   tandem::v1::PlanModelResponse response = Respond(want, &plans, std::move(auto_plan));
   if (request.pipeline_devices > 1) {
-    AddPipeline(*cost, request.pipeline_devices, c->accelerator_budget_bytes,
+    AddPipeline(*cost, request.pipeline_devices, c->accelerator_memory_budget_bytes,
                 response.mutable_plan());
   }
   return response;

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/units.h"
 #include "planner/memory_fit.h"
-#include "planner/units.h"
 #include "planner/update_placement.h"
 
 namespace tandem::planner {
@@ -91,15 +91,15 @@ void ResolveInfeasible(const StrategyContext& c, const FitResult& fit, MemoryFit
     out->min_accelerator_memory_bytes = 0;
     out->note = absl::StrCat("does not fit any accelerator budget: host memory needs ",
                              FormatBytes(minimum.host_bytes), ", host budget ",
-                             FormatBytes(c.host_budget_bytes));
+                             FormatBytes(c.host_memory_budget_bytes));
     return;
   }
   out->min_accelerator_memory_bytes = minimum.accelerator_bytes;
   FitResult at_min = fitter->Fit(minimum.accelerator_bytes);
   if (at_min.feasible) Adopt(at_min.schedule, at_min.simulation, out);
-  out->note =
-      absl::StrCat("needs ", FormatBytes(minimum.accelerator_bytes), " of accelerator memory (",
-                   Describe(out->schedule), "); budget ", FormatBytes(c.accelerator_budget_bytes));
+  out->note = absl::StrCat("needs ", FormatBytes(minimum.accelerator_bytes),
+                           " of accelerator memory (", Describe(out->schedule), "); budget ",
+                           FormatBytes(c.accelerator_memory_budget_bytes));
 }
 
 StrategyOutcome NoAccelerator(tandem::v1::Strategy strategy, const StrategyContext& c) {
@@ -132,21 +132,21 @@ StrategyOutcome SolveWithMemoryFit(const StrategyContext& c, tandem::v1::Strateg
   StrategyOutcome out;
   out.strategy = strategy;
   out.method = "memory-fit";
-  MemoryFitter fitter(*c.simulator, base, choices, c.micro_batch_size, c.host_budget_bytes);
+  MemoryFitter fitter(*c.simulator, base, choices, c.micro_batch_size, c.host_memory_budget_bytes);
   const bool resident_too_big =
-      !choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes;
+      !choices.stream && ResidentBytes(c.cost(), base) > c.accelerator_memory_budget_bytes;
   if (resident_too_big && !find_min_budget) {
     out.schedule = base;
     out.note =
         absl::StrCat("resident state alone needs ", FormatBytes(ResidentBytes(c.cost(), base)),
-                     "; budget ", FormatBytes(c.accelerator_budget_bytes));
+                     "; budget ", FormatBytes(c.accelerator_memory_budget_bytes));
     out.solve_seconds = clock.seconds();
     return out;
   }
   // When the resident state alone is over budget no fit can succeed: go
   // straight to the smallest budget that works.
   FitResult fit;
-  if (!resident_too_big) fit = fitter.Fit(c.accelerator_budget_bytes);
+  if (!resident_too_big) fit = fitter.Fit(c.accelerator_memory_budget_bytes);
   if (fit.feasible) {
     out.feasible = true;
     Adopt(fit.schedule, fit.simulation, &out);
@@ -215,7 +215,7 @@ PlacementSearchResult PlaceUpdates(const StrategyContext& c, const Decisions& co
   PlacementSearchResult found;
   if (ChainEvaluator::Supports(config)) {
     ChainEvaluator evaluator(c.cost(), config);
-    found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_budget_bytes);
+    found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_memory_budget_bytes);
     search->search_nodes += found.search_nodes;
     out->placement_proven_optimal = out->placement_proven_optimal && found.proven_optimal;
   } else {
@@ -224,7 +224,7 @@ PlacementSearchResult PlaceUpdates(const StrategyContext& c, const Decisions& co
     PlacementSearchOptions options;
     options.max_evaluations = 400;
     options.max_kick_evaluations = 0;
-    found = SearchUpdatePlacement(eligible, c.accelerator_budget_bytes,
+    found = SearchUpdatePlacement(eligible, c.accelerator_memory_budget_bytes,
                                   SimulatorPlacementScorer(*c.simulator, config), options);
     out->placement_proven_optimal = false;
     search->simulator_scored = true;
@@ -234,8 +234,8 @@ PlacementSearchResult PlaceUpdates(const StrategyContext& c, const Decisions& co
 }
 
 bool WithinBudgets(const StrategyContext& c, const tandem::v1::PlanPrediction& p) {
-  return p.accelerator_peak_bytes() <= c.accelerator_budget_bytes &&
-         (c.host_budget_bytes <= 0 || p.host_peak_bytes() <= c.host_budget_bytes);
+  return p.accelerator_peak_bytes() <= c.accelerator_memory_budget_bytes &&
+         (c.host_memory_budget_bytes <= 0 || p.host_peak_bytes() <= c.host_memory_budget_bytes);
 }
 
 // Searches zero_offload's memory configuration and, when host updates still
@@ -388,7 +388,8 @@ class ShareFitters {
     s.accelerator_batch_share = share;
     const int fixed =
         c_.micro_batch_size > 0 && share % c_.micro_batch_size == 0 ? c_.micro_batch_size : 0;
-    return fitters_.try_emplace(share, *c_.simulator, s, choices_, fixed, c_.host_budget_bytes)
+    return fitters_
+        .try_emplace(share, *c_.simulator, s, choices_, fixed, c_.host_memory_budget_bytes)
         .first->second;
   }
 
@@ -413,7 +414,7 @@ bool FitFastestShare(const StrategyContext& c, const AcceleratorShares& shares,
   bool found = false;
   for (size_t i = 0; i < shares.shares.size(); ++i) {
     if (found && i >= shares.balanced) break;
-    FitResult fit = fitters->Of(shares.shares[i]).Fit(c.accelerator_budget_bytes);
+    FitResult fit = fitters->Of(shares.shares[i]).Fit(c.accelerator_memory_budget_bytes);
     *last = fit;
     if (!fit.feasible) continue;
     if (!found || fit.simulation.prediction.iteration_seconds() <
@@ -505,10 +506,11 @@ StrategyOutcome SolveCpuOnly(const StrategyContext& c) {
   } else {
     Adopt(s, *r, &out);
     const int64_t host = r->prediction.host_peak_bytes();
-    out.feasible = c.host_budget_bytes <= 0 || host <= c.host_budget_bytes;
-    out.note = out.feasible ? absl::StrCat("host holds ", FormatBytes(host))
-                            : absl::StrCat("host memory needs ", FormatBytes(host),
-                                           ", host budget ", FormatBytes(c.host_budget_bytes));
+    out.feasible = c.host_memory_budget_bytes <= 0 || host <= c.host_memory_budget_bytes;
+    out.note = out.feasible
+                   ? absl::StrCat("host holds ", FormatBytes(host))
+                   : absl::StrCat("host memory needs ", FormatBytes(host), ", host budget ",
+                                  FormatBytes(c.host_memory_budget_bytes));
   }
   Finalize(c, &out);
   out.solve_seconds = clock.seconds();
@@ -556,7 +558,7 @@ StrategyOutcome SolveHeteroDp(const StrategyContext& c) {
   ShareFitters fitters(c, base, choices);
   // The replica keeps every weight and optimizer state resident: over the
   // budget, no share fits.
-  if (ResidentBytes(c.cost(), base) > c.accelerator_budget_bytes) shares.shares.clear();
+  if (ResidentBytes(c.cost(), base) > c.accelerator_memory_budget_bytes) shares.shares.clear();
   FitResult last;
   if (FitFastestShare(c, shares, &fitters, &last, &out)) {
     out.feasible = true;
@@ -600,8 +602,8 @@ tandem::v1::Plan ToPlan(const StrategyContext& c, StrategyOutcome o) {
     mem->set_workspace_bytes(cost.WorkspaceBytes(l, m));
     mem->set_output_bytes(cost.OutputBytes(l, m));
   }
-  plan.set_accelerator_memory_budget_bytes(c.accelerator_budget_bytes);
-  plan.set_host_memory_budget_bytes(c.host_budget_bytes);
+  plan.set_accelerator_memory_budget_bytes(c.accelerator_memory_budget_bytes);
+  plan.set_host_memory_budget_bytes(c.host_memory_budget_bytes);
   plan.set_feasible(o.feasible);
   plan.set_min_accelerator_memory_bytes(o.feasible ? 0 : o.min_accelerator_memory_bytes);
   if (o.simulated) {

@@ -47,8 +47,8 @@ struct StrategyContext {
   const PlanSimulator* simulator = nullptr;
   int batch_size = 1;
   // In bytes; host 0 = no limit.
-  int64_t accelerator_budget_bytes = 0;
-  int64_t host_budget_bytes = 0;
+  int64_t accelerator_memory_budget_bytes = 0;
+  int64_t host_memory_budget_bytes = 0;
   // 0 = the solver's choice.
   int micro_batch_size = 0;
   bool delayed_parameter_update = false;

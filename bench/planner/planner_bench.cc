@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "base/units.h"
 #include "planner/cost_model.h"
 #include "planner/planner.h"
 #include "planner/spec_files.h"
 #include "planner/strategies.h"
 #include "planner/testing/synthetic_models.h"
-#include "planner/units.h"
 
 namespace tandem::planner {
 namespace {

@@ -13,6 +13,19 @@
 
 namespace tandem {
 
+// The step program's inputs (step_program.cc), pure functions of the plan and
+// the model, so LowerStepProgram and the executor compute them the same way.
+// The plan's decisions as the executor runs them: cpu_only and hetero_dp's
+// implied placements filled in, unset activation policies KEEP.
+// INVALID_ARGUMENT naming the plan field it cannot run.
+absl::StatusOr<schedule::Decisions> ExecutorDecisions(const Model& model,
+                                                      const tandem::v1::Plan& plan);
+// The schedule's bytes per layer: the accelerator replica's at `micro_batch`.
+std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t micro_batch,
+                                                     int optimizer_states);
+// Micro-batches of a full batch (the plan's, or `max_batch` samples).
+int FullMicroBatches(const tandem::v1::Plan& plan, int64_t max_batch);
+
 // A lowered schedule and what the executor looks up in it, computed once
 // when it is lowered rather than on every step.
 struct PlanExecutor::Program : schedule::Schedule {

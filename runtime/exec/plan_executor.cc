@@ -12,6 +12,7 @@
 #include "runtime/core/clock.h"
 #include "runtime/exec/executor_state.h"
 #include "schedule/decisions.h"
+#include "schedule/schedule_proto.h"
 
 namespace tandem {
 namespace {
@@ -22,8 +23,6 @@ using tandem::v1::TimelineResource;
 constexpr TimelineResource kH2D = tandem::v1::TIMELINE_RESOURCE_COPY_H2D;
 constexpr TimelineResource kD2H = tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
 constexpr TimelineResource kHostUpdate = tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE;
-constexpr ActivationPolicy kKeep = tandem::v1::ACTIVATION_POLICY_KEEP;
-constexpr ActivationPolicy kOffload = tandem::v1::ACTIVATION_POLICY_OFFLOAD;
 
 absl::Status PlanError(const std::string& field, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat("plan.", field, ": ", message));
@@ -103,8 +102,8 @@ absl::Status PlanExecutor::Init() {
   }
   optimizer_ = Optimizer::Stateless(options_.optimizer);
 
-  TANDEM_ASSIGN_OR_RETURN(decisions_, schedule::DecisionsFromPlan(plan, L));
-  decisions_.host_update_threads = std::max(1, decisions_.host_update_threads);
+  TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
+  sizes_ = ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count());
   for (int l = 0; l < L; ++l) TANDEM_RETURN_IF_ERROR(InitLayer(l));
   // Host moments: for host updates (cpu_only, hetero_dp's host replica,
   // CPU-updated layers) and, for every plan, the checkpoint's copy of the
@@ -115,13 +114,12 @@ absl::Status PlanExecutor::Init() {
     std::memset(m.data(), 0, P * 4);
     host_moments_.push_back(std::move(m));
   }
-  // The program of a full batch: an invalid plan fails here, not at its first step.
-  const int64_t batch = plan.batch_size() > 0 ? plan.batch_size() : options_.max_batch;
-  const int64_t samples =
-      hetero_ && plan.accelerator_batch_share() > 0 ? plan.accelerator_batch_share() : batch;
-  const int64_t micro = std::min<int64_t>(plan.micro_batch_size(), std::max<int64_t>(1, samples));
-  TANDEM_ASSIGN_OR_RETURN(full_schedule_,
-                          ScheduleFor(static_cast<int>((samples + micro - 1) / micro)));
+  // The program of a full batch: an invalid plan fails here, not at its first
+  // step. A stored program (the job record's) is run as it was stored.
+  const int full_micro_batches = FullMicroBatches(plan, options_.max_batch);
+  if (options_.schedule.ops_size() > 0)
+    TANDEM_RETURN_IF_ERROR(AdoptStoredProgram(full_micro_batches));
+  TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(full_micro_batches));
   const Program* full = full_schedule_;
   const int update_threads = decisions_.host_update_threads;
   const int compute_threads = omp_get_max_threads();
@@ -148,8 +146,7 @@ absl::Status PlanExecutor::Init() {
 }
 
 absl::Status PlanExecutor::InitLayer(int l) {
-  const tandem::v1::LayerPlan& lp = options_.plan.layers(l);
-  schedule::LayerDecisions& d = decisions_.layers[l];
+  const schedule::LayerDecisions& d = decisions_.layers[l];
   auto layer = std::make_unique<Layer>();
   layer->layer = &model_.layer(l);
   layer->param_offset = model_.param_offset(l);
@@ -157,40 +154,8 @@ absl::Status PlanExecutor::InitLayer(int l) {
   layer->param_elements = model_.param_slice(l);
   layer->buffer_elements = model_.buffer_slice(l);
   layer->has_params = layer->layer->ParamCount() > 0;
-  if (d.activation == tandem::v1::ACTIVATION_POLICY_UNSPECIFIED) d.activation = kKeep;
-  if (host_only_) {
-    // cpu_only: everything on the host; there is nowhere to offload to.
-    d = {tandem::v1::PLACEMENT_HOST, tandem::v1::PARAMETER_HOME_HOST, tandem::v1::PLACEMENT_HOST,
-         d.activation == kOffload ? kKeep : d.activation};
-  } else if (lp.compute() == tandem::v1::PLACEMENT_HOST) {
-    return PlanError(absl::StrCat("layers[", l, "].compute"),
-                     "host compute of single layers inside an accelerator plan is not supported");
-  } else if (hetero_) {
-    // Both replicas keep their state resident and update with the same gradient.
-    d = {tandem::v1::PLACEMENT_ACCELERATOR, tandem::v1::PARAMETER_HOME_ACCELERATOR,
-         tandem::v1::PLACEMENT_ACCELERATOR, d.activation == kOffload ? kKeep : d.activation};
-  }
   layer->streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
   layer->accel_update = !host_only_ && d.update != tandem::v1::PLACEMENT_HOST;
-  if (layer->streamed && layer->accel_update) {
-    return PlanError(absl::StrCat("layers[", l, "].update"),
-                     "a streamed layer must update on the host");
-  }
-  if (options_.plan.delayed_parameter_update() && layer->streamed && layer->has_params) {
-    return PlanError("delayed_parameter_update", "is not supported with streamed layers");
-  }
-  // The schedule's bytes: the accelerator replica's at the plan's micro-batch.
-  const int64_t micro = options_.plan.micro_batch_size();
-  schedule::LayerSizes& z = sizes_.emplace_back();
-  z.parameters = z.gradients = z.update = layer->param_elements * 4;
-  z.optimizer_state = optimizer_->state_count() * z.parameters;
-  z.activations = layer->layer->OutputBytes(micro) + layer->layer->SavedBytes(micro);
-  z.checkpoint = l == 0 ? 0 : std::min(z.activations, model_.layer(l - 1).OutputBytes(micro));
-  z.workspace = layer->layer->WorkspaceBytes(micro);
-  z.host_activations = z.activations;
-  z.host_checkpoint = z.checkpoint;
-  z.host_workspace = z.workspace;
-
   if (!host_only_) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
   layers_.push_back(std::move(layer));
   return absl::OkStatus();
@@ -514,5 +479,7 @@ ResourceSpanBatch PlanExecutor::ResourceSpansOf(const std::vector<SpanRecord>& r
 tandem::v1::Timeline PlanExecutor::last_timeline() const { return last_timeline_; }
 
 const schedule::Schedule& PlanExecutor::schedule() const { return *full_schedule_; }
+
+tandem::v1::Schedule PlanExecutor::program() const { return schedule::ToProto(*full_schedule_); }
 
 }  // namespace tandem

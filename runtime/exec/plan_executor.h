@@ -49,6 +49,7 @@
 #include "runtime/exec/step_runner.h"
 #include "schedule/lower.h"
 #include "schedule/schedule.h"
+#include "tandem/v1/schedule.pb.h"
 
 namespace tandem {
 
@@ -67,7 +68,20 @@ struct ExecutorOptions {
   // Tests and benchmarks: called on a worker thread with every span's record
   // as it ends (SpanInfo::op is its schedule operation); must be thread-safe.
   std::function<void(const SpanRecord&)> span_recorder;
+  // The full-batch step program to run, as the job record keeps it
+  // (LowerStepProgram, Job.schedule); empty = lower the plan here. Checked to
+  // fit the model and the plan (FAILED_PRECONDITION naming what does not).
+  tandem::v1::Schedule schedule;
 };
+
+// The step program a full batch of `plan` runs on `model` (a plan without a
+// batch size takes `max_batch` samples): what PlanExecutor::schedule() will
+// be. tandemd lowers it once, when it plans a job, and stores it in the job
+// record. INVALID_ARGUMENT naming the plan field the executor cannot run.
+absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
+                                                    const tandem::v1::Plan& plan,
+                                                    const tandem::v1::OptimizerSpec& optimizer,
+                                                    int64_t max_batch);
 
 // Device bytes the executor holds outside the plan's accounting at `micro_batch`
 // (see the file comment); plan under capacity minus this. It is
@@ -94,6 +108,7 @@ class PlanExecutor final : public StepRunner {
   int64_t peak_host_bytes() const override;
   int64_t peak_accelerator_bytes() const override;
   tandem::v1::Plan plan() const override { return options_.plan; }
+  tandem::v1::Schedule program() const override;
   tandem::v1::Timeline last_timeline() const override;
   // The program a step of a full batch runs: the plan lowered (schedule/lower.h)
   // with the layers' bytes at the plan's micro-batch. A short batch runs the
@@ -118,6 +133,8 @@ class PlanExecutor final : public StepRunner {
   // The schedule of a step of `micro_batches` micro-batches on the replica
   // that computes layers (hetero_dp: on the accelerator), lowered on first use.
   absl::StatusOr<const Program*> ScheduleFor(int micro_batches);
+  // Takes options_.schedule as the program of `micro_batches` micro-batches.
+  absl::Status AdoptStoredProgram(int micro_batches);
   // One span per operation of `it`'s schedule.
   void BuildStep(const std::shared_ptr<Iteration>& it);
   // Adds operation `op` of iteration `it` with its schedule's dependencies,

@@ -7,6 +7,7 @@
 // operation started before a dependency the schedule gives it (of the same
 // step or steps before) had ended, or started for a start-dependency.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "runtime/exec/plan_executor.h"
 #include "runtime/exec/plan_test_util.h"
 #include "schedule/lower.h"
+#include "schedule/schedule_proto.h"
 
 namespace tandem {
 namespace {
@@ -127,6 +129,11 @@ TEST_P(ScheduleConformanceTest, EachResourceRunsExactlyTheSchedulesOperationsInO
   absl::StatusOr<schedule::Schedule> expected = schedule::Lower(d, sizes, lower);
   ASSERT_TRUE(expected.ok()) << expected.status();
   EXPECT_EQ(Shape(s), Shape(*expected));
+  // And exactly what LowerStepProgram gives, which tandemd stores with a job.
+  absl::StatusOr<schedule::Schedule> stored =
+      LowerStepProgram(*f.model, options.plan, options.optimizer, batch);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(schedule::SameSchedule(*stored, s));
 
   // When each operation of each step ran.
   std::map<std::pair<int64_t, int>, Ran> when;
@@ -177,6 +184,79 @@ TEST_P(ScheduleConformanceTest, EachResourceRunsExactlyTheSchedulesOperationsInO
       }
     }
   }
+}
+
+// A job record's program (Job.schedule) is what the executor runs: given it,
+// the executor takes it as its program and trains as it would have lowered it.
+TEST_P(ScheduleConformanceTest, AStoredProgramIsTheProgramThatRuns) {
+  const Variant v = Variants()[GetParam()];
+  const Fixture f = MakeFixture(v.job);
+  const int batch = f.spec.training().batch_size();
+  ExecutorOptions options;
+  options.plan = Cases()[v.plan].plan(*f.model, batch);
+  options.plan.set_delayed_parameter_update(v.delayed);
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = batch;
+  absl::StatusOr<schedule::Schedule> lowered =
+      LowerStepProgram(*f.model, options.plan, options.optimizer, batch);
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  std::vector<double> losses[2];
+  for (int stored = 0; stored < 2; ++stored) {
+    HostAllocator host;
+    EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+    options.host_allocator = &host;
+    options.accelerator = &device;
+    options.schedule = stored ? schedule::ToProto(*lowered) : tandem::v1::Schedule();
+    absl::StatusOr<std::unique_ptr<PlanExecutor>> executor =
+        PlanExecutor::Create(*f.model, options);
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    EXPECT_TRUE(schedule::SameSchedule((*executor)->schedule(), *lowered));
+    EXPECT_EQ((*executor)->program().SerializeAsString(),
+              schedule::ToProto(*lowered).SerializeAsString());
+    losses[stored] = RunSteps(f, **executor, 3);
+  }
+  ASSERT_EQ(losses[1].size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_NEAR(losses[1][k], losses[0][k], 1e-5 * std::abs(losses[0][k])) << "step " << k;
+  }
+}
+
+TEST(StoredProgramTest, OneThatDoesNotFitThePlanIsRefused) {
+  const Fixture f = MakeFixture(exec_test::kMlp);
+  const int batch = f.spec.training().batch_size();
+  const std::vector<Case> cases = Cases();
+  ExecutorOptions options;
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = batch;
+  absl::StatusOr<schedule::Schedule> gpu_only =
+      LowerStepProgram(*f.model, cases[0].plan(*f.model, batch), options.optimizer, batch);
+  ASSERT_TRUE(gpu_only.ok()) << gpu_only.status();
+  HostAllocator host;
+  EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+  options.host_allocator = &host;
+  options.accelerator = &device;
+  // Another strategy's plan: the program's mode is not the plan's.
+  const tandem::v1::Plan cpu_only = [&] {
+    for (const Case& c : cases) {
+      tandem::v1::Plan p = c.plan(*f.model, batch);
+      if (p.strategy() == tandem::v1::STRATEGY_CPU_ONLY) return p;
+    }
+    return tandem::v1::Plan();
+  }();
+  ASSERT_EQ(cpu_only.strategy(), tandem::v1::STRATEGY_CPU_ONLY);
+  options.plan = cpu_only;
+  options.schedule = schedule::ToProto(*gpu_only);
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> e = PlanExecutor::Create(*f.model, options);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("does not fit the plan"), std::string::npos) << e.status();
+  // A damaged record: an operation depends on one that does not exist.
+  options.plan = cases[0].plan(*f.model, batch);
+  options.schedule.mutable_ops(1)->add_deps()->set_op(options.schedule.ops_size() + 3);
+  e = PlanExecutor::Create(*f.model, options);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("schedule.ops[1].deps"), std::string::npos) << e.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, ScheduleConformanceTest,

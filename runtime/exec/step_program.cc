@@ -9,12 +9,17 @@
 #include "base/status_macros.h"
 #include "runtime/exec/executor_state.h"
 #include "schedule/lower.h"
+#include "schedule/schedule_proto.h"
 
 namespace tandem {
 namespace {
 
 using schedule::Op;
 using schedule::OpKind;
+using tandem::v1::ActivationPolicy;
+
+constexpr ActivationPolicy kKeep = tandem::v1::ACTIVATION_POLICY_KEEP;
+constexpr ActivationPolicy kOffload = tandem::v1::ACTIVATION_POLICY_OFFLOAD;
 
 // The longest lag a schedule reaches back (delayed updates' weights).
 constexpr int64_t kMaxLag = 2;
@@ -50,8 +55,156 @@ int Counterpart(const schedule::Schedule& from, int op, const schedule::Schedule
   return -1;
 }
 
+// Operations the executor cannot run yet (between accelerators and ranks).
+absl::Status CheckRunnable(const schedule::Schedule& s) {
+  for (const Op& op : s.ops) {
+    if (op.kind == OpKind::kAllReduce || op.kind == OpKind::kSend || op.kind == OpKind::kReceive) {
+      return absl::UnimplementedError(absl::StrCat("the plan executor does not run ",
+                                                   schedule::OpKindName(op.kind), " operations"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A stored program is for this model and plan: its mode, layers and
+// micro-batches, so every lookup the executor makes by layer is in range.
+absl::Status CheckFits(const schedule::Schedule& s, const schedule::Decisions& d,
+                       int micro_batches) {
+  const int L = static_cast<int>(d.layers.size());
+  auto unfit = [](const std::string& what) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the stored step program does not fit the plan: ", what));
+  };
+  if (s.mode != schedule::ModeOf(d)) return unfit("another strategy's mode");
+  if (static_cast<int>(s.layers.size()) != L) {
+    return unfit(absl::StrCat(s.layers.size(), " layers, the model has ", L));
+  }
+  for (int o = 0; o < s.num_ops(); ++o) {
+    const Op& op = s.ops[o];
+    const bool needs_layer = op.kind != OpKind::kGradientNorm;
+    if (op.layer < (needs_layer ? 0 : -1) || op.layer >= L) {
+      return unfit(absl::StrCat("operation ", o, " names layer ", op.layer));
+    }
+    if (op.micro_batch < 0 || op.micro_batch >= micro_batches) {
+      return unfit(absl::StrCat("operation ", o, " names micro-batch ", op.micro_batch, " of ",
+                                micro_batches));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The program of `micro_batches` micro-batches. Only its shape depends on the
+// batch: it lowers micro-batches of one sample (a short batch has fewer of
+// them, or a short last one).
+absl::StatusOr<schedule::Schedule> LowerProgram(const schedule::Decisions& decisions,
+                                                const std::vector<schedule::LayerSizes>& sizes,
+                                                int micro_batches, bool has_accelerator,
+                                                bool clip_gradients) {
+  schedule::Decisions d = decisions;
+  d.micro_batch_size = 1;
+  if (d.strategy == tandem::v1::STRATEGY_HETERO_DP) {
+    d.accelerator_batch_share = micro_batches;
+    d.batch_size = micro_batches + 1;
+  } else {
+    d.batch_size = micro_batches;
+  }
+  schedule::LowerOptions lower;
+  lower.has_accelerator = has_accelerator;
+  lower.clip_gradients = clip_gradients;
+  TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s, schedule::Lower(d, sizes, lower));
+  TANDEM_RETURN_IF_ERROR(CheckRunnable(s));
+  return s;
+}
+
+absl::Status PlanError(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("plan.", field, ": ", message));
+}
+
+// One layer's decisions as the executor runs them.
+absl::Status NormalizeLayer(const Model& model, const tandem::v1::Plan& plan, int l,
+                            schedule::LayerDecisions& d) {
+  const bool host_only = plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY;
+  if (d.activation == tandem::v1::ACTIVATION_POLICY_UNSPECIFIED) d.activation = kKeep;
+  if (host_only) {
+    // cpu_only: everything on the host; there is nowhere to offload to.
+    d = {tandem::v1::PLACEMENT_HOST, tandem::v1::PARAMETER_HOME_HOST, tandem::v1::PLACEMENT_HOST,
+         d.activation == kOffload ? kKeep : d.activation};
+  } else if (plan.layers(l).compute() == tandem::v1::PLACEMENT_HOST) {
+    return PlanError(absl::StrCat("layers[", l, "].compute"),
+                     "host compute of single layers inside an accelerator plan is not supported");
+  } else if (plan.strategy() == tandem::v1::STRATEGY_HETERO_DP) {
+    // Both replicas keep their state resident and update with the same gradient.
+    d = {tandem::v1::PLACEMENT_ACCELERATOR, tandem::v1::PARAMETER_HOME_ACCELERATOR,
+         tandem::v1::PLACEMENT_ACCELERATOR, d.activation == kOffload ? kKeep : d.activation};
+  }
+  const bool streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+  if (streamed && !host_only && d.update != tandem::v1::PLACEMENT_HOST) {
+    return PlanError(absl::StrCat("layers[", l, "].update"),
+                     "a streamed layer must update on the host");
+  }
+  if (plan.delayed_parameter_update() && streamed && model.layer(l).ParamCount() > 0) {
+    return PlanError("delayed_parameter_update", "is not supported with streamed layers");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+absl::StatusOr<schedule::Decisions> ExecutorDecisions(const Model& model,
+                                                      const tandem::v1::Plan& plan) {
+  TANDEM_ASSIGN_OR_RETURN(schedule::Decisions d,
+                          schedule::DecisionsFromPlan(plan, model.num_layers()));
+  d.host_update_threads = std::max(1, d.host_update_threads);
+  for (int l = 0; l < model.num_layers(); ++l) {
+    TANDEM_RETURN_IF_ERROR(NormalizeLayer(model, plan, l, d.layers[l]));
+  }
+  return d;
+}
+
+std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t micro,
+                                                     int optimizer_states) {
+  std::vector<schedule::LayerSizes> sizes(model.num_layers());
+  for (int l = 0; l < model.num_layers(); ++l) {
+    const tandem::Layer& layer = model.layer(l);
+    schedule::LayerSizes& z = sizes[l];
+    z.parameters = z.gradients = z.update = model.param_slice(l) * 4;
+    z.optimizer_state = optimizer_states * z.parameters;
+    z.activations = layer.OutputBytes(micro) + layer.SavedBytes(micro);
+    z.checkpoint = l == 0 ? 0 : std::min(z.activations, model.layer(l - 1).OutputBytes(micro));
+    z.workspace = layer.WorkspaceBytes(micro);
+    z.host_activations = z.activations;
+    z.host_checkpoint = z.checkpoint;
+    z.host_workspace = z.workspace;
+  }
+  return sizes;
+}
+
+int FullMicroBatches(const tandem::v1::Plan& plan, int64_t max_batch) {
+  const int64_t batch = plan.batch_size() > 0 ? plan.batch_size() : max_batch;
+  const int64_t samples =
+      plan.strategy() == tandem::v1::STRATEGY_HETERO_DP && plan.accelerator_batch_share() > 0
+          ? plan.accelerator_batch_share()
+          : batch;
+  const int64_t micro = std::min<int64_t>(plan.micro_batch_size(), std::max<int64_t>(1, samples));
+  return static_cast<int>((samples + micro - 1) / micro);
+}
+
+absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
+                                                    const tandem::v1::Plan& plan,
+                                                    const tandem::v1::OptimizerSpec& optimizer,
+                                                    int64_t max_batch) {
+  if (plan.layers_size() != model.num_layers()) {
+    return PlanError("layers", absl::StrCat("has ", plan.layers_size(), " layers; the model has ",
+                                            model.num_layers()));
+  }
+  if (plan.micro_batch_size() <= 0) return PlanError("micro_batch_size", "must be > 0");
+  TANDEM_ASSIGN_OR_RETURN(const schedule::Decisions d, ExecutorDecisions(model, plan));
+  const std::vector<schedule::LayerSizes> sizes = ExecutorLayerSizes(
+      model, plan.micro_batch_size(), Optimizer::Stateless(optimizer)->state_count());
+  return LowerProgram(d, sizes, FullMicroBatches(plan, max_batch),
+                      /*has_accelerator=*/plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY,
+                      /*clip_gradients=*/optimizer.max_grad_norm() > 0);
+}
 PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::move(s)) {
   const int L = static_cast<int>(layers.size());
   place.assign(num_ops(), 0);
@@ -73,29 +226,24 @@ PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::m
 absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro_batches) {
   auto found = schedules_.find(micro_batches);
   if (found != schedules_.end()) return found->second.get();
-  // Only the program's shape depends on the batch: lower micro-batches of
-  // one sample (a short batch has fewer of them, or a short last one).
-  schedule::Decisions d = decisions_;
-  d.micro_batch_size = 1;
-  if (hetero_) {
-    d.accelerator_batch_share = micro_batches;
-    d.batch_size = micro_batches + 1;
-  } else {
-    d.batch_size = micro_batches;
-  }
-  schedule::LowerOptions lower;
-  lower.has_accelerator = accel_ != nullptr;
-  lower.clip_gradients = options_.optimizer.max_grad_norm() > 0;
-  TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s, schedule::Lower(d, sizes_, lower));
-  for (const Op& op : s.ops) {
-    if (op.kind == OpKind::kAllReduce || op.kind == OpKind::kSend || op.kind == OpKind::kReceive) {
-      return absl::UnimplementedError(absl::StrCat("the plan executor does not run ",
-                                                   schedule::OpKindName(op.kind), " operations"));
-    }
-  }
+  TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s,
+                          LowerProgram(decisions_, sizes_, micro_batches, accel_ != nullptr,
+                                       /*clip_gradients=*/options_.optimizer.max_grad_norm() > 0));
   auto& slot = schedules_[micro_batches];
   slot = std::make_unique<Program>(std::move(s));
   return slot.get();
+}
+
+absl::Status PlanExecutor::AdoptStoredProgram(int micro_batches) {
+  absl::StatusOr<schedule::Schedule> stored = schedule::FromProto(options_.schedule);
+  if (!stored.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the stored step program is damaged: ", stored.status().message()));
+  }
+  TANDEM_RETURN_IF_ERROR(CheckRunnable(*stored));
+  TANDEM_RETURN_IF_ERROR(CheckFits(*stored, decisions_, micro_batches));
+  schedules_[micro_batches] = std::make_unique<Program>(*std::move(stored));
+  return absl::OkStatus();
 }
 
 SpanId PlanExecutor::SpanOf(const Iteration& it, int op, int lag) const {

@@ -15,6 +15,7 @@
 #include "runtime/model/model.h"
 #include "runtime/optim/optimizer.h"
 #include "tandem/v1/plan.pb.h"
+#include "tandem/v1/schedule.pb.h"
 
 namespace tandem {
 
@@ -105,6 +106,9 @@ class StepRunner {
   virtual int64_t peak_accelerator_bytes() const { return 0; }
   // The plan the runner executes (empty for the plain CPU engine).
   virtual tandem::v1::Plan plan() const { return tandem::v1::Plan(); }
+  // The step program it runs (schedule/schedule.h as a message, what the job
+  // record keeps); empty for runners without one (the CPU engine).
+  virtual tandem::v1::Schedule program() const { return tandem::v1::Schedule(); }
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 

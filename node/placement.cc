@@ -23,6 +23,7 @@
 #include "runtime/profile/cpu_peaks.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/train/job_model.h"
+#include "schedule/schedule_proto.h"
 
 namespace tandem::node {
 namespace {
@@ -85,6 +86,7 @@ class HybridRunner final : public StepRunner {
   int64_t peak_host_bytes() const override { return executor_->peak_host_bytes(); }
   int64_t peak_accelerator_bytes() const override { return executor_->peak_accelerator_bytes(); }
   Plan plan() const override { return executor_->plan(); }
+  tandem::v1::Schedule program() const override { return executor_->program(); }
   tandem::v1::Timeline last_timeline() const override { return executor_->last_timeline(); }
   void set_timing_sink(LayerTimingSink* sink) override { executor_->set_timing_sink(sink); }
 
@@ -415,8 +417,21 @@ absl::StatusOr<bool> StoredPlanFits(const Model& model, const JobSpec& resolved,
 
 }  // namespace
 
-RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan) {
-  return [node = std::move(node), stored_plan = std::move(stored_plan)](
+absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model, const JobSpec& resolved,
+                                                 const Plan& plan) {
+  if (plan.layers_size() == 0) return tandem::v1::Schedule();
+  const auto& training = resolved.training();
+  TANDEM_ASSIGN_OR_RETURN(
+      const schedule::Schedule program,
+      LowerStepProgram(model, plan, resolved.optimizer(),
+                       std::max(training.batch_size(), training.eval_batch_size())));
+  return schedule::ToProto(program);
+}
+
+RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
+                                tandem::v1::Schedule stored_program) {
+  return [node = std::move(node), stored_plan = std::move(stored_plan),
+          stored_program = std::move(stored_program)](
              const Model& model, const JobSpec& resolved, int64_t max_batch,
              Allocator* host_allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     const uint64_t seed = resolved.training().seed();
@@ -433,7 +448,8 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan)
     // was admitted (tandemd restarted with another --accelerator_memory_budget): it is
     // solved again for the capacity the job has now.
     TANDEM_ASSIGN_OR_RETURN(const bool fits, StoredPlanFits(model, resolved, node, stored_plan));
-    if (!fits) {
+    const bool replanned = !fits;
+    if (replanned) {
       TANDEM_ASSIGN_OR_RETURN(plan, PlanJob(model, resolved, node));
     }
     if (plan.layers_size() == 0) {
@@ -454,6 +470,7 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan)
     options.init_seed = seed;
     options.host_allocator = host_allocator;
     options.accelerator = accelerator.get();
+    if (stored_plan && !replanned) options.schedule = stored_program;
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<PlanExecutor> executor,
                             PlanExecutor::Create(model, std::move(options)));
     return std::unique_ptr<StepRunner>(

@@ -95,6 +95,13 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolveForExecutor(const Model& mode
 absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::JobSpec& resolved,
                                          const NodeOffer& node);
 
+// The step program `plan` runs for `resolved`'s model (LowerStepProgram,
+// schedule/schedule.h as a message): what tandemd stores in the job record
+// (Job.schedule) and hands back to the executor. Empty for the CPU engine.
+absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model,
+                                                 const tandem::v1::JobSpec& resolved,
+                                                 const tandem::v1::Plan& plan);
+
 // The PlanModel RPC (and `tandem plan`): the spec's model planned against the
 // request's cost source (a profile, a hardware spec, or this node), every
 // strategy asked for compared. Errors name the request field.
@@ -105,10 +112,13 @@ absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanMo
 // The runner factory for Trainer: the plain CPU engine for jobs without an
 // accelerator, else the plan executor on the job's accelerator. With
 // `stored_plan` (the plan a job was admitted under, from its record) the runner
-// runs that plan, an empty one meaning the CPU engine; without, it solves
-// PlanJob's plan (the CLI's `tandem train`).
+// runs that plan, an empty one meaning the CPU engine, and `stored_program`
+// (the record's Job.schedule) when given as its step program; without, it
+// solves PlanJob's plan (the CLI's `tandem train`). A stored plan that no
+// longer fits the node is solved again, and its program lowered again.
 RunnerFactory MakeRunnerFactory(NodeOffer node,
-                                std::optional<tandem::v1::Plan> stored_plan = std::nullopt);
+                                std::optional<tandem::v1::Plan> stored_plan = std::nullopt,
+                                tandem::v1::Schedule stored_program = {});
 
 }  // namespace tandem::node
 

@@ -189,6 +189,9 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
     absl::StatusOr<tandem::v1::Plan> plan = node::PlanJob(*jm->model, *resolved, *options_.node);
     if (!plan.ok()) return AsSpecError(plan.status());
     r.plan = *std::move(plan);
+    absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, *resolved, r.plan);
+    if (!program.ok()) return AsSpecError(program.status());
+    r.program = *std::move(program);
   }
   return r;
 }
@@ -255,6 +258,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   job.set_state(tandem::v1::JOB_STATE_QUEUED);
   job.set_reason("queued");
   *job.mutable_plan() = r.plan;
+  *job.mutable_schedule() = r.program;
   job.mutable_metrics()->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
   *job.mutable_create_time() = TimeUtil::GetCurrentTime();
   *job.mutable_update_time() = job.create_time();
@@ -605,7 +609,8 @@ TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool 
   options.make_runner = options_.make_runner;
   if (!options.make_runner && options_.node) {
     options.make_runner = node::MakeRunnerFactory(
-        *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt);
+        *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt,
+        resolved ? job.schedule() : tandem::v1::Schedule());
   }
   return options;
 }
@@ -709,6 +714,7 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
     record.set_checkpoint_step(trainer->checkpoint_step());
     record.set_checkpoint_path(trainer->checkpoint_path());
     *record.mutable_plan() = trainer->runner().plan();
+    *record.mutable_schedule() = trainer->runner().program();
     *record.mutable_measured_timeline() = trainer->runner().last_timeline();
   }
   reserved_host_ -= entry.estimate.host_bytes;

@@ -104,8 +104,10 @@ class JobManager {
   struct Resolved {
     tandem::v1::JobSpec spec;
     MemoryEstimate estimate;
-    // The plan the job would run under (empty on the CPU engine).
+    // The plan the job would run under and its step program (both empty on
+    // the CPU engine).
     tandem::v1::Plan plan;
+    tandem::v1::Schedule program;
   };
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec) const;
   absl::StatusOr<tandem::v1::JobSpec> ResolveSpec(const tandem::v1::JobSpec& spec) const;

@@ -439,6 +439,39 @@ TEST_F(JobManagerTest, EachJobIsResolvedAndPlannedOnceAndItsModelBuiltOncePerRun
   EXPECT_EQ(done.plan().layers_size(), s->job.plan().layers_size());
 }
 
+// The record keeps the step program the plan lowered to at submission, and
+// the run executes that stored program: a damaged one fails the run, naming
+// the field, instead of being lowered again.
+TEST_F(JobManagerTest, TheRecordKeepsTheStepProgramAndTheRunExecutesIt) {
+  Open("program", int64_t{1} << 32, true, TestNode());
+  ASSERT_TRUE(jobs_->Recover().ok());
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(1 << 20), "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const tandem::v1::Schedule& program = s->job.schedule();
+  ASSERT_GT(program.ops_size(), 0);
+  EXPECT_EQ(program.mode(), tandem::v1::Schedule::MODE_ACCELERATOR);
+  EXPECT_EQ(program.layers_size(), s->job.plan().layers_size());
+  absl::StatusOr<std::optional<tandem::v1::Job>> stored = store_->GetJob(s->job.id());
+  ASSERT_TRUE(stored.ok() && stored->has_value());
+  EXPECT_EQ((*stored)->schedule().SerializeAsString(), program.SerializeAsString());
+  // A second job whose stored program is damaged before it runs.
+  absl::StatusOr<JobManager::Submitted> damaged = jobs_->Submit(EmulatedSpec(1 << 20), "");
+  ASSERT_TRUE(damaged.ok()) << damaged.status();
+  tandem::v1::Job record = *store_->GetJob(damaged->job.id()).value();
+  record.mutable_schedule()->mutable_ops(0)->add_deps()->set_op(1 << 20);
+  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  Close();
+  Open("program", int64_t{1} << 32, /*fresh=*/false, TestNode());
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.schedule().SerializeAsString(), program.SerializeAsString());
+  const tandem::v1::Job failed = WaitFor(damaged->job.id(), tandem::v1::JOB_STATE_FAILED);
+  EXPECT_NE(failed.reason().find("stored step program is damaged"), std::string::npos)
+      << failed.reason();
+  EXPECT_NE(failed.reason().find("schedule.ops[0].deps"), std::string::npos) << failed.reason();
+}
+
 TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {
   Open("no-node");
   const absl::Status s = jobs_->Submit(EmulatedSpec(1 << 20), "").status();

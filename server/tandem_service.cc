@@ -302,7 +302,10 @@ grpc::ServerUnaryReactor* TandemService::ListJobs(grpc::CallbackServerContext* c
     }
     absl::StatusOr<JobPage> page = jobs_->List(filter);
     if (!page.ok()) return ToGrpc(page.status());
-    for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
+    for (auto& job : page->jobs) {
+      job.clear_schedule();  // a page of programs could outgrow a message; GetJob has it
+      *response->add_jobs() = std::move(job);
+    }
     if (page->next_before > 0) response->set_next_page_token(absl::StrCat("p", page->next_before));
     response->set_total_size(page->total);
     return grpc::Status::OK;

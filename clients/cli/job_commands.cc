@@ -101,6 +101,12 @@ void PrintJobText(const Job& job) {
     }
     std::printf("\n");
   }
+  if (job.schedule().ops_size() > 0) {
+    int streams = 0;
+    for (const auto& order : job.schedule().order()) streams += order.ops_size() > 0;
+    std::printf("  program:   %d operations per step on %d resources (Job.schedule)\n",
+                job.schedule().ops_size(), streams);
+  }
   if (m.peak_accelerator_bytes() > 0) {
     std::printf("  memory:    peak host %.1f MiB, peak accelerator %.1f MiB\n",
                 m.peak_host_bytes() / 1048576.0, m.peak_accelerator_bytes() / 1048576.0);

@@ -128,7 +128,10 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
   return ParseJobSpec(ss.str(), path);
 }
 
-absl::Status ValidateJobSpec(const JobSpec& spec) {
+namespace {
+
+// The sections of ValidateJobSpec, checked in this order.
+absl::Status ValidateHeader(const JobSpec& spec) {
   if (spec.display_name().size() > 128) {
     return FieldError("display_name",
                       absl::StrCat("at most 128 characters, got ", spec.display_name().size()));
@@ -146,7 +149,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.data().source_case() == tandem::v1::DatasetSpec::SOURCE_NOT_SET) {
     return FieldError("data", "is required: set one of idx, text, synthetic");
   }
-  const auto& o = spec.optimizer();
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const tandem::v1::OptimizerSpec& o) {
   if (!tandem::v1::OptimizerKind_IsValid(o.kind())) {
     return FieldError("optimizer.kind", absl::StrCat("unknown value ", o.kind()));
   }
@@ -164,8 +170,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       InRange<int64_t>("optimizer.warmup_steps", o.warmup_steps(), 0, 1000000000));
   TANDEM_RETURN_IF_ERROR(
       InRange("optimizer.min_learning_rate", o.min_learning_rate(), 0.0f, 10.0f));
+  return absl::OkStatus();
+}
 
-  const auto& t = spec.training();
+absl::Status ValidateTraining(const tandem::v1::TrainingSpec& t) {
   if (t.batch_size() == 0)
     return FieldError("training.batch_size", "is required (samples per step)");
   TANDEM_RETURN_IF_ERROR(InRange("training.batch_size", t.batch_size(), 1, 65536));
@@ -187,8 +195,11 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       InRange<int64_t>("training.log_interval_steps", t.log_interval_steps(), 0, 1000000000));
   TANDEM_RETURN_IF_ERROR(InRange("training.eval_batch_size", t.eval_batch_size(), 0, 65536));
   TANDEM_RETURN_IF_ERROR(InRange("training.threads", t.threads(), 0, 1024));
+  return absl::OkStatus();
+}
 
-  const auto& p = spec.placement();
+absl::Status ValidatePlacement(const tandem::v1::PlacementSpec& p,
+                               const tandem::v1::TrainingSpec& t) {
   if (!tandem::v1::Strategy_IsValid(p.strategy())) {
     return FieldError("placement.strategy", absl::StrCat("unknown value ", p.strategy()));
   }
@@ -201,7 +212,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                       absl::StrCat(p.micro_batch_size(), " does not divide training.batch_size ",
                                    t.batch_size()));
   }
-  const auto& r = spec.resources();
+  return absl::OkStatus();
+}
+
+absl::Status ValidateResources(const tandem::v1::ResourceSpec& r) {
   constexpr int64_t kMaxBytes = int64_t{1} << 50;
   TANDEM_RETURN_IF_ERROR(InRange<int64_t>("resources.accelerator_memory_bytes",
                                           r.accelerator_memory_bytes(), 0, kMaxBytes));
@@ -209,6 +223,17 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       InRange<int64_t>("resources.host_memory_bytes", r.host_memory_bytes(), 0, kMaxBytes));
   TANDEM_RETURN_IF_ERROR(InRange("resources.emulated_link_bytes_per_second",
                                  r.emulated_link_bytes_per_second(), 0.0, 1e15));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  TANDEM_RETURN_IF_ERROR(ValidateHeader(spec));
+  TANDEM_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
+  TANDEM_RETURN_IF_ERROR(ValidateTraining(spec.training()));
+  TANDEM_RETURN_IF_ERROR(ValidatePlacement(spec.placement(), spec.training()));
+  TANDEM_RETURN_IF_ERROR(ValidateResources(spec.resources()));
   TANDEM_RETURN_IF_ERROR(InRange("priority", spec.priority(), -1000, 1000));
   return absl::OkStatus();
 }

@@ -21,6 +21,17 @@ def run_json(cmd):
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tandem", required=True)
@@ -36,6 +47,13 @@ def main():
         for impl, cmd in (("tandem", [args.tandem] + common),
                           ("pytorch", [sys.executable, os.path.join(HERE, "torch_peer.py")] + common)):
             for row in run_json(cmd):
+                if "machine" in row:
+                    if r == 0 and impl == "tandem":
+                        m = row["machine"]
+                        print("cpu: %s; oneDNN %s using %s; Tandem kernels %s; torch threads %d"
+                              % (cpu_model(), m["onednn"], m["onednn_isa"], m["tandem_isa"],
+                                 args.threads), flush=True)
+                    continue
                 results.setdefault((row["model"], impl), []).append(row["samples_per_second"])
                 print("round %d %-8s %-4s %9.1f samples/s" % (r + 1, impl, row["model"],
                                                               row["samples_per_second"]), flush=True)

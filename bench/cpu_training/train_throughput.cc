@@ -11,7 +11,9 @@
 #include "absl/strings/str_split.h"
 #include "bench/common/bench_models.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/cpu_features.h"
 #include "runtime/core/random.h"
+#include "runtime/cpu/onednn.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/train/job_model.h"
 
@@ -99,6 +101,11 @@ int RunOne(const BenchModel& bench) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   omp_set_num_threads(absl::GetFlag(FLAGS_threads));
+  // What the figures were measured on: compare them only within one run.
+  std::printf(
+      "{\"machine\": {\"onednn\": \"%s\", \"onednn_isa\": \"%s\", \"tandem_isa\": \"%s\"}}\n",
+      tandem::cpu::OneDnnVersion().c_str(), tandem::cpu::OneDnnIsa().c_str(),
+      tandem::CpuIsaName(tandem::ActiveCpuIsa()));
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
     for (const auto& bench : tandem::bench::kBenchModels) {
       if (name == bench.name && tandem::RunOne(bench) != 0) return 1;

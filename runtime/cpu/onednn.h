@@ -18,6 +18,9 @@ dnnl::stream& ThreadStream();
 
 // "2.6.3".
 std::string OneDnnVersion();
+// The instruction set oneDNN's kernels use on this CPU ("avx512_core_bf16",
+// "avx2", ...), as benchmarks report beside their figures.
+std::string OneDnnIsa();
 
 // oneDNN dims from int64 values.
 inline dnnl::memory::dims Dims(std::initializer_list<int64_t> d) {

@@ -8,20 +8,12 @@
 #include <vector>
 
 #include "schedule/lower.h"
+#include "schedule/testing/layer_sizes.h"
 
 namespace tandem::schedule {
 namespace {
 
-std::vector<LayerSizes> Sizes(int layers) {
-  std::vector<LayerSizes> sizes(layers);
-  for (LayerSizes& z : sizes) {
-    z.parameters = z.gradients = z.update = 100;
-    z.optimizer_state = 200;
-    z.activations = 50;
-    z.workspace = 10;
-  }
-  return sizes;
-}
+std::vector<LayerSizes> Sizes(int layers) { return testing::UniformSizes(layers); }
 
 // One lowered schedule per strategy and option the executor runs.
 std::vector<Schedule> EveryKind() {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "schedule/lower.h"
 #include "schedule/simulate.h"
+#include "schedule/testing/layer_sizes.h"
 
 namespace tandem::schedule {
 namespace {
@@ -20,16 +21,7 @@ Decisions Chain(int layers, tandem::v1::Strategy strategy) {
   return d;
 }
 
-std::vector<LayerSizes> Sizes(int layers) {
-  std::vector<LayerSizes> sizes(layers);
-  for (LayerSizes& z : sizes) {
-    z.parameters = z.gradients = z.update = 100;
-    z.optimizer_state = 200;
-    z.activations = 50;
-    z.workspace = 10;
-  }
-  return sizes;
-}
+std::vector<LayerSizes> Sizes(int layers) { return testing::UniformSizes(layers); }
 
 // Every operation is on exactly one resource's order, once.
 void ExpectEachOpOrderedOnce(const Schedule& s) {

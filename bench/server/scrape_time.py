@@ -25,6 +25,8 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from machine import cpu_model  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "e2e"))
 from tandemd_fixture import Tandemd  # noqa: E402
 try:
@@ -52,16 +54,6 @@ def job_spec(name, steps):
         "resources": {"accelerator_memory_bytes": 16 << 20},
     })
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def load_average():

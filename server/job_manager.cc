@@ -575,6 +575,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
                         TrainerOptionsFor(job, *entry, resolved), CallbacksFor(job.id(), entry));
     if (created.ok()) {
       trainer = std::move(*created);
+      ReportReplacedProgram(job, *entry, trainer->runner());
       TrackTelemetry(job.id(), *entry, trainer.get());
       status = trainer->Run();
     } else {
@@ -589,6 +590,21 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   trainer.reset();
   entry->allocator.reset();
   dirty_ = true;
+}
+
+void JobManager::ReportReplacedProgram(const Job& job, Entry& entry, const StepRunner& runner) {
+  const bool same_plan = runner.plan().SerializeAsString() == job.plan().SerializeAsString();
+  if (job.schedule().ops_size() == 0 || !same_plan ||
+      runner.program().SerializeAsString() == job.schedule().SerializeAsString()) {
+    return;  // no stored program, a new plan (and so a new program), or it runs
+  }
+  JobEvent e;
+  e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_WARNING);
+  e.mutable_log()->set_message(
+      "the stored step program is not this plan's lowering (damaged, or stored by another "
+      "tandemd version): the plan was lowered again, and the record will keep the program "
+      "that ran");
+  AppendEvent(entry, e);
 }
 
 TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool resolved) {

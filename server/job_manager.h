@@ -131,6 +131,8 @@ class JobManager {
   // Starts every queued job that fits, in queue order; explains the rest.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(std::shared_ptr<Entry> entry);
+  // Logs a warning when the runner did not take the record's stored program.
+  void ReportReplacedProgram(const tandem::v1::Job& job, Entry& entry, const StepRunner& runner);
   // A run's pieces: the trainer's options and callbacks for the job, what each
   // step and checkpoint write into the record, and the record at the end.
   TrainerOptions TrainerOptionsFor(const tandem::v1::Job& job, Entry& entry, bool resolved);

@@ -130,10 +130,6 @@ absl::StatusOr<std::unique_ptr<tandem::server::JobStore>> OpenStore(const std::s
                         sync == "full" ? JobStore::Sync::kFull : JobStore::Sync::kNormal);
 }
 
-// The budgets and limits of the flags, each flag's default derived from the
-// node (75% of host memory, 90% of the GPU's, a running slot per core). The
-// host's GEMM and triad rates are measured now (about half a second): the
-// planner plans hybrid jobs with them.
 // --accelerator_memory_budget, or its deprecated old name when only that is set.
 int64_t AcceleratorMemoryBudgetFlag() {
   const int64_t old_name = absl::GetFlag(FLAGS_gpu_memory_budget);
@@ -145,6 +141,10 @@ int64_t AcceleratorMemoryBudgetFlag() {
              : old_name;
 }
 
+// The budgets and limits of the flags, each flag's default derived from the
+// node (75% of host memory, 90% of the GPU's, a running slot per core). The
+// host's GEMM and triad rates are measured now (about half a second): the
+// planner plans hybrid jobs with them.
 tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
     const std::string& state_dir, const tandem::server::PathPolicy& policy,
     const tandem::node::NodeResources& resources) {

@@ -115,11 +115,9 @@ absl::Status PlanExecutor::Init() {
     host_moments_.push_back(std::move(m));
   }
   // The program of a full batch: an invalid plan fails here, not at its first
-  // step. A stored program (the job record's) is run as it was stored.
-  const int full_micro_batches = FullMicroBatches(plan, options_.max_batch);
-  if (options_.schedule.ops_size() > 0)
-    TANDEM_RETURN_IF_ERROR(AdoptStoredProgram(full_micro_batches));
-  TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(full_micro_batches));
+  // step. The job record's stored program runs when it is this lowering.
+  TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(FullMicroBatches(plan, options_.max_batch),
+                                                      /*full_batch=*/true));
   const Program* full = full_schedule_;
   const int update_threads = decisions_.host_update_threads;
   const int compute_threads = omp_get_max_threads();

@@ -69,8 +69,10 @@ struct ExecutorOptions {
   // as it ends (SpanInfo::op is its schedule operation); must be thread-safe.
   std::function<void(const SpanRecord&)> span_recorder;
   // The full-batch step program to run, as the job record keeps it
-  // (LowerStepProgram, Job.schedule); empty = lower the plan here. Checked to
-  // fit the model and the plan (FAILED_PRECONDITION naming what does not).
+  // (LowerStepProgram, Job.schedule); empty = lower the plan here. It runs
+  // when it is exactly this plan's lowering for this model; one that is not
+  // (damaged, or stored by another version) is replaced by the lowering, and
+  // program() then differs from it, which the caller can report.
   tandem::v1::Schedule schedule;
 };
 
@@ -132,9 +134,11 @@ class PlanExecutor final : public StepRunner {
   // ---- The step program (step_program.cc) ----
   // The schedule of a step of `micro_batches` micro-batches on the replica
   // that computes layers (hetero_dp: on the accelerator), lowered on first use.
-  absl::StatusOr<const Program*> ScheduleFor(int micro_batches);
-  // Takes options_.schedule as the program of `micro_batches` micro-batches.
-  absl::Status AdoptStoredProgram(int micro_batches);
+  // The program of a step of `micro_batches` micro-batches, lowered once.
+  // For the full batch, the stored program (options_.schedule) when it is
+  // exactly this lowering.
+  absl::StatusOr<const Program*> ScheduleFor(int micro_batches, bool full_batch = false);
+  void AdoptStoredProgram(int micro_batches, schedule::Schedule lowered);
   // One span per operation of `it`'s schedule.
   void BuildStep(const std::shared_ptr<Iteration>& it);
   // Adds operation `op` of iteration `it` with its schedule's dependencies,

@@ -221,42 +221,45 @@ TEST_P(ScheduleConformanceTest, AStoredProgramIsTheProgramThatRuns) {
   }
 }
 
-TEST(StoredProgramTest, OneThatDoesNotFitThePlanIsRefused) {
+// A stored program that is not the plan's lowering (another plan's, or a
+// damaged record) never runs: the executor lowers the plan instead, and its
+// program() shows the replacement.
+TEST(StoredProgramTest, OneThatIsNotThePlansLoweringIsReplaced) {
   const Fixture f = MakeFixture(exec_test::kMlp);
   const int batch = f.spec.training().batch_size();
   const std::vector<Case> cases = Cases();
   ExecutorOptions options;
   options.optimizer = f.spec.optimizer();
   options.max_batch = batch;
-  absl::StatusOr<schedule::Schedule> gpu_only =
-      LowerStepProgram(*f.model, cases[0].plan(*f.model, batch), options.optimizer, batch);
-  ASSERT_TRUE(gpu_only.ok()) << gpu_only.status();
-  HostAllocator host;
-  EmulatedAccelerator device({.capacity_bytes = 64 << 20});
-  options.host_allocator = &host;
-  options.accelerator = &device;
-  // Another strategy's plan: the program's mode is not the plan's.
-  const tandem::v1::Plan cpu_only = [&] {
-    for (const Case& c : cases) {
-      tandem::v1::Plan p = c.plan(*f.model, batch);
-      if (p.strategy() == tandem::v1::STRATEGY_CPU_ONLY) return p;
-    }
-    return tandem::v1::Plan();
-  }();
-  ASSERT_EQ(cpu_only.strategy(), tandem::v1::STRATEGY_CPU_ONLY);
-  options.plan = cpu_only;
-  options.schedule = schedule::ToProto(*gpu_only);
-  absl::StatusOr<std::unique_ptr<PlanExecutor>> e = PlanExecutor::Create(*f.model, options);
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(e.status().message().find("does not fit the plan"), std::string::npos) << e.status();
-  // A damaged record: an operation depends on one that does not exist.
-  options.plan = cases[0].plan(*f.model, batch);
-  options.schedule.mutable_ops(1)->add_deps()->set_op(options.schedule.ops_size() + 3);
-  e = PlanExecutor::Create(*f.model, options);
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(e.status().message().find("schedule.ops[1].deps"), std::string::npos) << e.status();
+  const tandem::v1::Plan gpu_only = cases[0].plan(*f.model, batch);
+  tandem::v1::Plan other;
+  for (const Case& c : cases) {
+    other = c.plan(*f.model, batch);
+    if (other.strategy() == tandem::v1::STRATEGY_CPU_ONLY) break;
+  }
+  ASSERT_EQ(other.strategy(), tandem::v1::STRATEGY_CPU_ONLY);
+  absl::StatusOr<schedule::Schedule> lowered =
+      LowerStepProgram(*f.model, gpu_only, options.optimizer, batch);
+  absl::StatusOr<schedule::Schedule> foreign =
+      LowerStepProgram(*f.model, other, options.optimizer, batch);
+  ASSERT_TRUE(lowered.ok() && foreign.ok());
+  tandem::v1::Schedule damaged = schedule::ToProto(*lowered);
+  damaged.mutable_ops(1)->add_deps()->set_op(damaged.ops_size() + 3);
+  tandem::v1::Schedule extra_dep = schedule::ToProto(*lowered);
+  extra_dep.mutable_ops(1)->add_deps()->set_op(0);  // well-formed, but not the lowering
+  for (const tandem::v1::Schedule& stored : {schedule::ToProto(*foreign), damaged, extra_dep}) {
+    HostAllocator host;
+    EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+    options.host_allocator = &host;
+    options.accelerator = &device;
+    options.plan = gpu_only;
+    options.schedule = stored;
+    absl::StatusOr<std::unique_ptr<PlanExecutor>> e = PlanExecutor::Create(*f.model, options);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE(schedule::SameSchedule((*e)->schedule(), *lowered));
+    EXPECT_NE((*e)->program().SerializeAsString(), stored.SerializeAsString());
+    EXPECT_EQ(RunSteps(f, **e, 2).size(), 2u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, ScheduleConformanceTest,

@@ -66,33 +66,6 @@ absl::Status CheckRunnable(const schedule::Schedule& s) {
   return absl::OkStatus();
 }
 
-// A stored program is for this model and plan: its mode, layers and
-// micro-batches, so every lookup the executor makes by layer is in range.
-absl::Status CheckFits(const schedule::Schedule& s, const schedule::Decisions& d,
-                       int micro_batches) {
-  const int L = static_cast<int>(d.layers.size());
-  auto unfit = [](const std::string& what) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the stored step program does not fit the plan: ", what));
-  };
-  if (s.mode != schedule::ModeOf(d)) return unfit("another strategy's mode");
-  if (static_cast<int>(s.layers.size()) != L) {
-    return unfit(absl::StrCat(s.layers.size(), " layers, the model has ", L));
-  }
-  for (int o = 0; o < s.num_ops(); ++o) {
-    const Op& op = s.ops[o];
-    const bool needs_layer = op.kind != OpKind::kGradientNorm;
-    if (op.layer < (needs_layer ? 0 : -1) || op.layer >= L) {
-      return unfit(absl::StrCat("operation ", o, " names layer ", op.layer));
-    }
-    if (op.micro_batch < 0 || op.micro_batch >= micro_batches) {
-      return unfit(absl::StrCat("operation ", o, " names micro-batch ", op.micro_batch, " of ",
-                                micro_batches));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // The program of `micro_batches` micro-batches. Only its shape depends on the
 // batch: it lowers micro-batches of one sample (a short batch has fewer of
 // them, or a short last one).
@@ -223,27 +196,29 @@ PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::m
   }
 }
 
-absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro_batches) {
+absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro_batches,
+                                                                       bool full_batch) {
   auto found = schedules_.find(micro_batches);
   if (found != schedules_.end()) return found->second.get();
   TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s,
                           LowerProgram(decisions_, sizes_, micro_batches, accel_ != nullptr,
                                        /*clip_gradients=*/options_.optimizer.max_grad_norm() > 0));
-  auto& slot = schedules_[micro_batches];
-  slot = std::make_unique<Program>(std::move(s));
-  return slot.get();
+  if (full_batch && options_.schedule.ops_size() > 0) {
+    AdoptStoredProgram(micro_batches, std::move(s));
+  } else {
+    schedules_[micro_batches] = std::make_unique<Program>(std::move(s));
+  }
+  return schedules_[micro_batches].get();
 }
 
-absl::Status PlanExecutor::AdoptStoredProgram(int micro_batches) {
+void PlanExecutor::AdoptStoredProgram(int micro_batches, schedule::Schedule lowered) {
+  // Only a program that is exactly this plan's lowering runs: the executor
+  // relies on invariants of Lower's output (every index in range, an acyclic
+  // order, the marks set) that a damaged or older record need not keep.
   absl::StatusOr<schedule::Schedule> stored = schedule::FromProto(options_.schedule);
-  if (!stored.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the stored step program is damaged: ", stored.status().message()));
-  }
-  TANDEM_RETURN_IF_ERROR(CheckRunnable(*stored));
-  TANDEM_RETURN_IF_ERROR(CheckFits(*stored, decisions_, micro_batches));
-  schedules_[micro_batches] = std::make_unique<Program>(*std::move(stored));
-  return absl::OkStatus();
+  const bool same = stored.ok() && schedule::SameSchedule(*stored, lowered);
+  schedules_[micro_batches] =
+      std::make_unique<Program>(same ? *std::move(stored) : std::move(lowered));
 }
 
 SpanId PlanExecutor::SpanOf(const Iteration& it, int op, int lag) const {

@@ -120,7 +120,7 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
-// "3.2 KiB", or "3.2 KiB (+24 B)" when the measured figure differs.
+// "3.20 KiB", or "3.20 KiB (+24 B)" when the measured figure differs.
 std::string MemoryCell(int64_t analytic, int64_t measured, bool have_measured) {
   std::string cell = FormatBytes(analytic);
   if (have_measured && measured != analytic) {

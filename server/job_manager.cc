@@ -77,6 +77,9 @@ bool SameSpec(const tandem::v1::JobSpec& a, const tandem::v1::JobSpec& b) {
   return google::protobuf::util::MessageDifferencer::Equals(a, b);
 }
 
+// The largest step program a job record keeps (Job.schedule).
+constexpr size_t kMaxStoredProgramBytes = size_t{1} << 20;
+
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
@@ -191,7 +194,9 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
     r.plan = *std::move(plan);
     absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, *resolved, r.plan);
     if (!program.ok()) return AsSpecError(program.status());
-    r.program = *std::move(program);
+    // A program for thousands of micro-batches would outgrow the record's
+    // readers (GetJob under gRPC's default 4 MiB): the run lowers it instead.
+    if (program->ByteSizeLong() <= kMaxStoredProgramBytes) r.program = *std::move(program);
   }
   return r;
 }

@@ -485,6 +485,26 @@ TEST_F(JobManagerTest, TheRecordKeepsTheStepProgramAndTheRunExecutesIt) {
   }
 }
 
+// A program too large for the record's readers (thousands of micro-batches)
+// is not stored; the job keeps its plan and the run lowers it.
+TEST_F(JobManagerTest, AProgramOverTheRecordLimitIsLeftToTheRun) {
+  Open("big-program", int64_t{1} << 32, true, TestNode());
+  ASSERT_TRUE(jobs_->Recover().ok());
+  tandem::v1::JobSpec spec = EmulatedSpec(64 << 20);
+  spec.mutable_training()->set_batch_size(8192);
+  spec.mutable_placement()->set_micro_batch_size(1);
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->job.plan().micro_batch_size(), 1);
+  EXPECT_GT(s->job.plan().layers_size(), 0);
+  EXPECT_EQ(s->job.schedule().ops_size(), 0);
+  // The same job at 16 micro-batches keeps its program.
+  spec.mutable_training()->set_batch_size(16);
+  s = jobs_->Submit(spec, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_GT(s->job.schedule().ops_size(), 0);
+}
+
 TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {
   Open("no-node");
   const absl::Status s = jobs_->Submit(EmulatedSpec(1 << 20), "").status();

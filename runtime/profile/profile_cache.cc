@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/atomic_file.h"
 #include "base/status_macros.h"
-#include "runtime/train/checkpoint.h"
 
 namespace tandem::profile {
 namespace {

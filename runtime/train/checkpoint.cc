@@ -1,7 +1,5 @@
 #include "runtime/train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -9,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/atomic_file.h"
 #include "base/status_macros.h"
 
 namespace tandem {
@@ -17,73 +16,21 @@ namespace {
 constexpr char kMagic[8] = {'T', 'N', 'D', 'M', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kFormatVersion = 1;
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
-}
-
 // Writes all of `data` to `fd`, updating `crc`.
 absl::Status WriteAll(int fd, const void* data, size_t n, uLong* crc, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
   if (crc != nullptr) {
     // zlib's crc32 takes uInt lengths; feed it in chunks.
+    const char* p = static_cast<const char*>(data);
     for (size_t done = 0; done < n;) {
       const uInt chunk = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
       *crc = crc32(*crc, reinterpret_cast<const Bytef*>(p + done), chunk);
       done += chunk;
     }
   }
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Errno("cannot write", path);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-std::string DirName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return Errno("cannot open directory", dir);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return Errno("cannot fsync directory", dir);
-  return absl::OkStatus();
-}
-
-// Writes a file through `write(fd, crc)` to a temporary name, then renames it.
-template <typename Writer>
-absl::StatusOr<int64_t> AtomicWrite(const std::string& path, Writer write) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", tmp);
-  absl::Status s = write(fd);
-  if (s.ok() && ::fsync(fd) != 0) s = Errno("cannot fsync", tmp);
-  const off_t size = ::lseek(fd, 0, SEEK_END);
-  if (::close(fd) != 0 && s.ok()) s = Errno("cannot close", tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = Errno("cannot rename to", path);
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  TANDEM_RETURN_IF_ERROR(SyncDirectory(DirName(path)));
-  return static_cast<int64_t>(size);
+  return tandem::WriteAll(fd, data, n, path);
 }
 
 }  // namespace
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  return AtomicWrite(
-             path, [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size(), nullptr, path); })
-      .status();
-}
 
 absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
                                         tandem::v1::CheckpointHeader header,
@@ -100,7 +47,7 @@ absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
     offset += t.elements * 4;
   }
   const std::string header_bytes = header.SerializeAsString();
-  return AtomicWrite(path, [&](int fd) -> absl::Status {
+  return WriteFileAtomically(path, [&](int fd) -> absl::Status {
     uLong crc = crc32(0, nullptr, 0);
     const uint32_t version = kFormatVersion;
     const uint64_t header_len = header_bytes.size();

@@ -34,9 +34,6 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
                                                             const std::string& fingerprint,
                                                             const std::vector<NamedTensor>& into);
 
-// Writes `bytes` to `path` atomically (temp, fsync, rename, fsync dir).
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
-
 }  // namespace tandem
 
 #endif  // TANDEM_RUNTIME_TRAIN_CHECKPOINT_H_

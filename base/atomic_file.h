@@ -1,0 +1,29 @@
+// Files written whole or not at all: a temporary file beside the target,
+// fsync, rename over the target, fsync of the directory. A crash leaves the
+// old file or the new one, never a torn one. Used by checkpoints and the
+// profile cache. Free functions; thread-safe for distinct paths.
+#ifndef TANDEM_BASE_ATOMIC_FILE_H_
+#define TANDEM_BASE_ATOMIC_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+// Writes `path` through `write(fd)`; returns the file's size. Errors name the
+// file and the system call.
+absl::StatusOr<int64_t> WriteFileAtomically(const std::string& path,
+                                            const std::function<absl::Status(int fd)>& write);
+absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+// All of `data` to `fd` (retrying short writes and EINTR); errors name `path`.
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path);
+
+}  // namespace tandem
+
+#endif  // TANDEM_BASE_ATOMIC_FILE_H_

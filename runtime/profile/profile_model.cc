@@ -3,7 +3,11 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -103,6 +107,94 @@ absl::Status ResolveProfileRequest(const tandem::v1::ProfileModelRequest& reques
   return absl::OkStatus();
 }
 
+namespace {
+
+// The devices a request asks for, in its order, from the node's; all of them
+// when it names none.
+absl::StatusOr<std::vector<ProfiledDevice*>> SelectDevices(
+    const tandem::v1::ProfileModelRequest& request, const std::vector<ProfiledDevice*>& node) {
+  if (request.device_ids().empty()) return node;
+  std::vector<std::string> known;
+  for (ProfiledDevice* d : node) known.push_back(d->id());
+  std::vector<ProfiledDevice*> devices;
+  for (int i = 0; i < request.device_ids_size(); ++i) {
+    ProfiledDevice* found = nullptr;
+    for (ProfiledDevice* d : node) {
+      if (d->id() == request.device_ids(i)) found = d;
+    }
+    if (found == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("device_ids[", i, "]: unknown device '",
+                                                     request.device_ids(i), "'; this node has ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+    if (std::find(devices.begin(), devices.end(), found) == devices.end()) devices.push_back(found);
+  }
+  return devices;
+}
+
+// The cached profile for `key` (and its trace when asked for), unless the
+// request asks to refresh.
+std::optional<ProfileResult> FromCache(const tandem::v1::ProfileModelRequest& request,
+                                       const ProfileCache& cache, const std::string& key) {
+  if (request.refresh()) return std::nullopt;
+  std::optional<tandem::v1::Profile> cached = cache.Load(key);
+  std::optional<std::string> trace;
+  if (cached && request.include_trace()) trace = cache.LoadTrace(key);
+  if (!cached || (request.include_trace() && !trace)) return std::nullopt;
+  ProfileResult result;
+  result.profile = std::move(*cached);
+  result.cached = true;
+  if (trace) result.chrome_trace_json = std::move(*trace);
+  return result;
+}
+
+// Every layer on every device, then each device's host links. Returns the
+// iteration the trace shows: an accelerator's when there is one (it carries
+// the host's work too), else the host's.
+absl::StatusOr<IterationRecord> MeasureDevices(const Model& model,
+                                               const tandem::v1::OptimizerSpec& optimizer,
+                                               int64_t batch, const LayerProfilerOptions& options,
+                                               const std::vector<ProfiledDevice*>& devices,
+                                               const ProfilerEnvironment& env,
+                                               tandem::v1::Profile* profile) {
+  IterationRecord traced;
+  bool traced_accelerator = false;
+  for (ProfiledDevice* device : devices) {
+    IterationRecord iteration;
+    TANDEM_RETURN_IF_ERROR(
+        MeasureOnDevice(model, optimizer, batch, options, *device, profile, &iteration));
+    if (traced.timeline.spans_size() == 0 || (device->has_host_link() && !traced_accelerator)) {
+      traced = std::move(iteration);
+      traced_accelerator = device->has_host_link();
+    }
+    if (device->has_host_link()) {
+      if (env.on_progress) env.on_progress(absl::StrCat(device->id(), ": host links"));
+      TANDEM_ASSIGN_OR_RETURN(std::vector<tandem::v1::LinkProfile> links,
+                              MeasureHostLinks(*device, env.links));
+      for (auto& link : links) *profile->add_links() = std::move(link);
+    }
+  }
+  return traced;
+}
+
+// One iteration's timeline as Chrome trace JSON, named by the model.
+std::string TraceOf(const Model& model, int64_t batch, const IterationRecord& traced,
+                    const std::vector<ProfiledDevice*>& devices) {
+  ChromeTraceOptions trace_options;
+  trace_options.layer_names = LayerNames(model);
+  trace_options.title =
+      absl::StrCat("model ", model.fingerprint().substr(0, 12), ", batch ", batch);
+  for (ProfiledDevice* d : devices) {
+    if (d->has_host_link()) {
+      trace_options.accelerator_id = d->id();
+      break;
+    }
+  }
+  return TimelineToChromeTrace(traced.timeline, trace_options);
+}
+
+}  // namespace
+
 absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest& request,
                                            const ProfilerEnvironment& env) {
   const double start = WallSeconds();
@@ -116,26 +208,7 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
     own_cpu = CpuProfiledDevice::Create(env.cpu);
     node.push_back(own_cpu.get());
   }
-  std::vector<ProfiledDevice*> devices;
-  if (request.device_ids().empty()) {
-    devices = node;
-  } else {
-    std::vector<std::string> known;
-    for (ProfiledDevice* d : node) known.push_back(d->id());
-    for (int i = 0; i < request.device_ids_size(); ++i) {
-      ProfiledDevice* found = nullptr;
-      for (ProfiledDevice* d : node) {
-        if (d->id() == request.device_ids(i)) found = d;
-      }
-      if (found == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("device_ids[", i, "]: unknown device '",
-                                                       request.device_ids(i), "'; this node has ",
-                                                       absl::StrJoin(known, ", ")));
-      }
-      if (std::find(devices.begin(), devices.end(), found) == devices.end())
-        devices.push_back(found);
-    }
-  }
+  TANDEM_ASSIGN_OR_RETURN(const std::vector<ProfiledDevice*> devices, SelectDevices(request, node));
   bool has_accelerator = false;
   for (ProfiledDevice* d : node) has_accelerator |= d->has_host_link();
 
@@ -148,20 +221,8 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
   const std::map<std::string, std::string> versions = Versions(devices);
   const std::string key = CacheKey(model, batch, resolved.optimizer(), devices, versions,
                                    iterations, warmup, env.links);
-
   const ProfileCache cache(env.cache_dir);
-  ProfileResult result;
-  if (!request.refresh()) {
-    std::optional<tandem::v1::Profile> cached = cache.Load(key);
-    std::optional<std::string> trace;
-    if (cached && request.include_trace()) trace = cache.LoadTrace(key);
-    if (cached && (!request.include_trace() || trace)) {
-      result.profile = std::move(*cached);
-      result.cached = true;
-      if (trace) result.chrome_trace_json = std::move(*trace);
-      return result;
-    }
-  }
+  if (std::optional<ProfileResult> cached = FromCache(request, cache, key)) return *cached;
 
   tandem::v1::Profile profile = AnalyticProfile(model, resolved.optimizer(), batch);
   LayerProfilerOptions options;
@@ -169,25 +230,9 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
   options.warmup = warmup;
   options.seed = resolved.training().seed() != 0 ? resolved.training().seed() : 1;
   options.on_progress = env.on_progress;
-  IterationRecord traced;
-  bool traced_accelerator = false;
-  for (ProfiledDevice* device : devices) {
-    IterationRecord iteration;
-    TANDEM_RETURN_IF_ERROR(MeasureOnDevice(model, resolved.optimizer(), batch, options, *device,
-                                           &profile, &iteration));
-    // The trace shows one iteration: an accelerator's when there is one (it
-    // carries the host's work too), else the host's.
-    if (traced.timeline.spans_size() == 0 || (device->has_host_link() && !traced_accelerator)) {
-      traced = std::move(iteration);
-      traced_accelerator = device->has_host_link();
-    }
-    if (device->has_host_link()) {
-      if (env.on_progress) env.on_progress(absl::StrCat(device->id(), ": host links"));
-      TANDEM_ASSIGN_OR_RETURN(std::vector<tandem::v1::LinkProfile> links,
-                              MeasureHostLinks(*device, env.links));
-      for (auto& link : links) *profile.add_links() = std::move(link);
-    }
-  }
+  TANDEM_ASSIGN_OR_RETURN(
+      const IterationRecord traced,
+      MeasureDevices(model, resolved.optimizer(), batch, options, devices, env, &profile));
 
   tandem::v1::ProfileProvenance* p = profile.mutable_provenance();
   *p->mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
@@ -199,22 +244,13 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
   p->set_profiling_seconds(WallSeconds() - start);
   p->set_source("measured");
 
-  ChromeTraceOptions trace_options;
-  trace_options.layer_names = LayerNames(model);
-  trace_options.title =
-      absl::StrCat("model ", model.fingerprint().substr(0, 12), ", batch ", batch);
-  for (ProfiledDevice* d : devices) {
-    if (d->has_host_link()) {
-      trace_options.accelerator_id = d->id();
-      break;
-    }
-  }
-  std::string trace = TimelineToChromeTrace(traced.timeline, trace_options);
+  std::string trace = TraceOf(model, batch, traced, devices);
   // The measurement stands even when it cannot be cached.
   const absl::Status stored = cache.Store(key, profile, trace);
   if (!stored.ok() && env.on_progress) {
     env.on_progress(absl::StrCat("warning: profile not cached: ", stored.message()));
   }
+  ProfileResult result;
   result.profile = std::move(profile);
   if (request.include_trace()) result.chrome_trace_json = std::move(trace);
   return result;

@@ -204,16 +204,86 @@ absl::StatusOr<JobEvent::EvalResult> Trainer::Evaluate() {
   return result;
 }
 
+absl::StatusOr<StepResult> Trainer::TrainStep(const Batch& batch, const StepOptions& options,
+                                              double last_loss) {
+  absl::StatusOr<StepResult> result = runner_->TrainStep(batch, options);
+  if (!result.ok()) {
+    return absl::Status(result.status().code(),
+                        absl::StrCat("step ", step_ + 1, ": ", result.status().message()));
+  }
+  if (!std::isfinite(result->loss)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "loss became %s at step %d (learning rate %g, previous loss %g): training diverged; "
+        "lower optimizer.learning_rate or set optimizer.max_grad_norm",
+        std::isnan(result->loss) ? "NaN" : "infinite", step_ + 1, options.learning_rate,
+        last_loss));
+  }
+  return result;
+}
+
+void Trainer::RecordStep(const StepResult& result, const StepOptions& options, int64_t samples,
+                         double step_seconds, RunClock& clock) {
+  ++step_;
+  samples_ += samples;
+  clock.run_samples += samples;
+  ++clock.run_steps;
+  clock.run_step_seconds += step_seconds;
+  ++clock.window_steps;
+  clock.window_samples += samples;
+
+  const double now = WallSeconds();
+  metrics_.set_loss(result.loss);
+  progress_.set_step(step_);
+  progress_.set_epoch(step_ / std::max<int64_t>(1, loader_->batches_per_epoch()));
+  progress_.set_samples(samples_);
+  progress_.set_fraction(static_cast<double>(step_) / static_cast<double>(total_steps_));
+  if (step_ % resolved_.training().log_interval_steps() == 0 || step_ == total_steps_) {
+    const double window = std::max(now - clock.window_start, 1e-9);
+    const double step_mean = window / static_cast<double>(clock.window_steps);
+    metrics_.set_samples_per_second(static_cast<double>(clock.window_samples) / window);
+    metrics_.set_step_seconds(step_mean);
+    progress_.set_eta_seconds(step_mean * static_cast<double>(total_steps_ - step_));
+    if (callbacks_.on_step) {
+      JobEvent::StepProgress p;
+      p.set_step(step_);
+      p.set_total_steps(total_steps_);
+      p.set_loss(result.loss);
+      p.set_samples_per_second(metrics_.samples_per_second());
+      p.set_step_seconds(step_seconds);
+      p.set_learning_rate(options.learning_rate);
+      p.set_grad_norm(result.grad_norm);
+      p.set_eta_seconds(progress_.eta_seconds());
+      p.set_epoch(progress_.epoch());
+      callbacks_.on_step(p);
+    }
+    clock.window_start = now;
+    clock.window_steps = 0;
+    clock.window_samples = 0;
+  }
+  metrics_.set_train_seconds(now - clock.run_start);
+  metrics_.set_mean_samples_per_second(static_cast<double>(clock.run_samples) /
+                                       std::max(now - clock.run_start, 1e-9));
+  metrics_.set_measured_step_seconds(clock.run_step_seconds / static_cast<double>(clock.run_steps));
+}
+
+absl::Status Trainer::AfterStep() {
+  const auto& training = resolved_.training();
+  if (step_ >= total_steps_) return absl::OkStatus();
+  if (training.eval_interval_steps() > 0 && step_ % training.eval_interval_steps() == 0) {
+    TANDEM_RETURN_IF_ERROR(Evaluate().status());
+  }
+  if (!training.checkpoint_disabled() && training.checkpoint_interval_steps() > 0 &&
+      step_ % training.checkpoint_interval_steps() == 0) {
+    TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Run() {
   if (options_.threads > 0) omp_set_num_threads(options_.threads);
-  const auto& training = resolved_.training();
-  const double run_start = WallSeconds();
-  double window_start = run_start;
-  int64_t window_steps = 0, window_samples = 0;
-  int64_t run_samples = 0, run_steps = 0;
-  double run_step_seconds = 0;
+  RunClock clock;
+  clock.run_start = clock.window_start = WallSeconds();
   double last_loss = 0;
-  const int64_t steps_per_epoch = loader_->batches_per_epoch();
   while (step_ < total_steps_) {
     if (callbacks_.should_stop && callbacks_.should_stop()) {
       TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
@@ -222,76 +292,16 @@ absl::Status Trainer::Run() {
     const Batch& batch = loader_->Next();
     StepOptions options;
     options.step = step_;
-    options.seed = training.seed();
+    options.seed = resolved_.training().seed();
     options.learning_rate = runner_->host_state().optimizer->LearningRate(step_, total_steps_);
     const double step_start = WallSeconds();
-    absl::StatusOr<StepResult> result = runner_->TrainStep(batch, options);
-    if (!result.ok()) {
-      return absl::Status(result.status().code(),
-                          absl::StrCat("step ", step_ + 1, ": ", result.status().message()));
-    }
-    const double step_seconds = WallSeconds() - step_start;
-    if (!std::isfinite(result->loss)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "loss became %s at step %d (learning rate %g, previous loss %g): training diverged; "
-          "lower optimizer.learning_rate or set optimizer.max_grad_norm",
-          std::isnan(result->loss) ? "NaN" : "infinite", step_ + 1, options.learning_rate,
-          last_loss));
-    }
-    last_loss = result->loss;
-    ++step_;
-    samples_ += batch.size;
-    run_samples += batch.size;
-    ++run_steps;
-    run_step_seconds += step_seconds;
-    ++window_steps;
-    window_samples += batch.size;
-
-    const double now = WallSeconds();
-    metrics_.set_loss(result->loss);
-    progress_.set_step(step_);
-    progress_.set_epoch(step_ / std::max<int64_t>(1, steps_per_epoch));
-    progress_.set_samples(samples_);
-    progress_.set_fraction(static_cast<double>(step_) / static_cast<double>(total_steps_));
-    if (step_ % training.log_interval_steps() == 0 || step_ == total_steps_) {
-      const double window = std::max(now - window_start, 1e-9);
-      const double step_mean = window / static_cast<double>(window_steps);
-      metrics_.set_samples_per_second(static_cast<double>(window_samples) / window);
-      metrics_.set_step_seconds(step_mean);
-      progress_.set_eta_seconds(step_mean * static_cast<double>(total_steps_ - step_));
-      if (callbacks_.on_step) {
-        JobEvent::StepProgress p;
-        p.set_step(step_);
-        p.set_total_steps(total_steps_);
-        p.set_loss(result->loss);
-        p.set_samples_per_second(metrics_.samples_per_second());
-        p.set_step_seconds(step_seconds);
-        p.set_learning_rate(options.learning_rate);
-        p.set_grad_norm(result->grad_norm);
-        p.set_eta_seconds(progress_.eta_seconds());
-        p.set_epoch(progress_.epoch());
-        callbacks_.on_step(p);
-      }
-      window_start = now;
-      window_steps = 0;
-      window_samples = 0;
-    }
-    metrics_.set_train_seconds(now - run_start);
-    metrics_.set_mean_samples_per_second(static_cast<double>(run_samples) /
-                                         std::max(now - run_start, 1e-9));
-    metrics_.set_measured_step_seconds(run_step_seconds / static_cast<double>(run_steps));
-    if (step_ < total_steps_) {
-      if (training.eval_interval_steps() > 0 && step_ % training.eval_interval_steps() == 0) {
-        TANDEM_RETURN_IF_ERROR(Evaluate().status());
-      }
-      if (!training.checkpoint_disabled() && training.checkpoint_interval_steps() > 0 &&
-          step_ % training.checkpoint_interval_steps() == 0) {
-        TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
-      }
-    }
+    TANDEM_ASSIGN_OR_RETURN(const StepResult result, TrainStep(batch, options, last_loss));
+    last_loss = result.loss;
+    RecordStep(result, options, batch.size, WallSeconds() - step_start, clock);
+    TANDEM_RETURN_IF_ERROR(AfterStep());
   }
   TANDEM_RETURN_IF_ERROR(Evaluate().status());
-  if (!training.checkpoint_disabled()) TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+  if (!resolved_.training().checkpoint_disabled()) TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
   metrics_.set_peak_host_bytes(runner_->peak_host_bytes());
   metrics_.set_peak_accelerator_bytes(runner_->peak_accelerator_bytes());
   progress_.set_eta_seconds(0);

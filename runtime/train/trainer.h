@@ -84,7 +84,21 @@ class Trainer {
   absl::StatusOr<tandem::v1::JobEvent::EvalResult> Evaluate();
 
  private:
+  // Rates over the steps since the last step event, and over the whole run.
+  struct RunClock {
+    double run_start = 0, window_start = 0;
+    int64_t window_steps = 0, window_samples = 0, run_steps = 0, run_samples = 0;
+    double run_step_seconds = 0;
+  };
   Trainer() = default;
+  // One optimizer step; FAILED_PRECONDITION when the loss is no longer finite.
+  absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options,
+                                       double last_loss);
+  // The step's progress and metrics; a step event every log interval.
+  void RecordStep(const StepResult& result, const StepOptions& options, int64_t samples,
+                  double step_seconds, RunClock& clock);
+  // Evaluation and checkpoints due after a step that is not the last.
+  absl::Status AfterStep();
   absl::Status SaveCheckpoint();
   absl::Status LoadNewestCheckpoint();
   void Log(tandem::v1::LogSeverity severity, const std::string& message);

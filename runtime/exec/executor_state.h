@@ -23,6 +23,8 @@ absl::StatusOr<schedule::Decisions> ExecutorDecisions(const Model& model,
 // The schedule's bytes per layer: the accelerator replica's at `micro_batch`.
 std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t micro_batch,
                                                      int optimizer_states);
+// INVALID_ARGUMENT "plan.<field>: <message>".
+absl::Status PlanError(const std::string& field, const std::string& message);
 // Micro-batches of a full batch (the plan's, or `max_batch` samples).
 int FullMicroBatches(const tandem::v1::Plan& plan, int64_t max_batch);
 

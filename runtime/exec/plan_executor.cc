@@ -24,10 +24,6 @@ constexpr TimelineResource kH2D = tandem::v1::TIMELINE_RESOURCE_COPY_H2D;
 constexpr TimelineResource kD2H = tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
 constexpr TimelineResource kHostUpdate = tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE;
 
-absl::Status PlanError(const std::string& field, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat("plan.", field, ": ", message));
-}
-
 }  // namespace
 
 int64_t ExecutorTransientBytes(const Model& model, int64_t micro_batch) {

@@ -89,10 +89,6 @@ absl::StatusOr<schedule::Schedule> LowerProgram(const schedule::Decisions& decis
   return s;
 }
 
-absl::Status PlanError(const std::string& field, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat("plan.", field, ": ", message));
-}
-
 // One layer's decisions as the executor runs them.
 absl::Status NormalizeLayer(const Model& model, const tandem::v1::Plan& plan, int l,
                             schedule::LayerDecisions& d) {
@@ -122,6 +118,10 @@ absl::Status NormalizeLayer(const Model& model, const tandem::v1::Plan& plan, in
 }
 
 }  // namespace
+
+absl::Status PlanError(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("plan.", field, ": ", message));
+}
 
 absl::StatusOr<schedule::Decisions> ExecutorDecisions(const Model& model,
                                                       const tandem::v1::Plan& plan) {

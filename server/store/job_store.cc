@@ -125,10 +125,14 @@ struct JobStore::Writer {
 int64_t JobStore::SequenceOf(const std::string& job_id) {
   int64_t seq = 0;
   if (job_id.size() > 4 && job_id.compare(0, 4, "job-") == 0 &&
-      absl::SimpleAtoi(job_id.substr(4), &seq)) {
+      absl::SimpleAtoi(job_id.substr(4), &seq) && seq > 0 && FormatJobId(seq) == job_id) {
     return seq;
   }
-  return 0;
+  return 0;  // only the id as tandemd writes it: not "job-+1", "job-1" or "job- 000001"
+}
+
+std::string JobStore::FormatJobId(int64_t sequence) {
+  return absl::StrFormat("job-%06d", sequence);
 }
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, Sync sync) {
@@ -212,7 +216,7 @@ absl::Status JobStore::Write(Op op) {
 absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
   {
     absl::MutexLock lock(&write_mu_);
-    job.set_id(absl::StrFormat("job-%06d", next_sequence_++));
+    job.set_id(FormatJobId(next_sequence_++));
   }
   for (JobEvent& e : events) e.set_job_id(job.id());
   if (!events.empty()) job.set_last_event_sequence(events.back().sequence());

@@ -78,8 +78,11 @@ class JobStore {
   absl::StatusOr<std::map<tandem::v1::JobState, int64_t>> CountByState();
   // The highest event sequence stored for a job (0 when none).
   absl::StatusOr<uint64_t> LastEventSequence(const std::string& job_id);
-  // Sequence number behind a job id ("job-000042" -> 42), or 0.
+  // Sequence number behind a job id ("job-000042" -> 42), or 0 for anything
+  // but an id exactly as FormatJobId writes it.
   static int64_t SequenceOf(const std::string& job_id);
+  // "job-000042"; more digits past 999999.
+  static std::string FormatJobId(int64_t sequence);
 
  private:
   using Op = std::function<absl::Status(sqlite3*)>;

@@ -53,6 +53,23 @@ TEST(JobStoreTest, InsertGetAndReopen) {
   EXPECT_EQ(store->InsertJob(NewJob("r2"), {})->id(), "job-000002");
 }
 
+// Only an id exactly as the store writes it names a job: no sign, no
+// whitespace, no other zero padding.
+TEST(JobStoreTest, JobIdsAreStrict) {
+  EXPECT_EQ(JobStore::SequenceOf("job-000042"), 42);
+  EXPECT_EQ(JobStore::SequenceOf("job-1234567"), 1234567);
+  EXPECT_EQ(JobStore::FormatJobId(1234567), "job-1234567");
+  for (const char* bad : {"job-+00042", "job-42", "job-0000042", "job- 000042", "job-000042 ",
+                          "job--00042", "job-000000", "job-", "Job-000042", "job-00004x"}) {
+    EXPECT_EQ(JobStore::SequenceOf(bad), 0) << bad;
+  }
+  auto store = *JobStore::Open(Db("strict-ids"));
+  ASSERT_TRUE(store->InsertJob(NewJob("s1"), {}).ok());
+  EXPECT_TRUE(store->GetJob("job-000001")->has_value());
+  EXPECT_FALSE(store->GetJob("job-+1")->has_value());
+  EXPECT_FALSE(store->GetJob("job-1")->has_value());
+}
+
 TEST(JobStoreTest, RequestIdIsUnique) {
   auto store = *JobStore::Open(Db("unique"));
   ASSERT_TRUE(store->InsertJob(NewJob("same"), {}).ok());

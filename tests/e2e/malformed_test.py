@@ -114,6 +114,10 @@ class MalformedTest(unittest.TestCase):
                     INVALID, "job_id")
         self.expect(lambda: self.client.GetJob(tandem_service_pb2.GetJobRequest(job_id="job-999999"), timeout=10),
                     grpc.StatusCode.NOT_FOUND, "job-999999")
+        # Only ids as tandemd writes them: no sign, no other padding.
+        for job_id in ("job-+1", "job-1", "job- 000001"):
+            self.expect(lambda: self.client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job_id), timeout=10),
+                        INVALID, "is not a job id")
         self.expect(lambda: self.client.CancelJob(tandem_service_pb2.CancelJobRequest(job_id=""), timeout=10),
                     INVALID, "job_id")
         self.expect(lambda: self.client.ListJobs(tandem_service_pb2.ListJobsRequest(page_size=-1), timeout=10),

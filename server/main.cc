@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -12,9 +13,11 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/build_info.h"
@@ -24,6 +27,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "node/placement.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
@@ -218,14 +223,32 @@ absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> StartMetrics(
   return exposer;
 }
 
-// The gRPC server with the service, health and reflection, listening on
-// --listen; its port written.
+// Drops the server reflection plugin (which the reflection library registers
+// for every builder when it loads) from one builder.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return absl::StrContains(p->name(), "reflection");
+                                  }),
+                   plugins->end());
+  }
+};
+
+// The gRPC server with the service, health and (without a token) reflection,
+// listening on --listen; its port written.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service) {
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                           CredentialsFromFlags());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Reflection cannot check the bearer token: with one required it is off
+  // (clients with the token have the .proto files in proto/).
+  const bool reflection = absl::GetFlag(FLAGS_auth_token_file).empty();
+  if (!reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_message_bytes));
@@ -235,9 +258,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service) 
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
   }
   WritePortFile(absl::GetFlag(FLAGS_port_file), port);
-  std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d)%s\n",
+  std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d)%s%s\n",
                tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), port,
-               absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS");
+               absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS",
+               reflection ? "" : "; server reflection off (it cannot check the token)");
   return server;
 }
 

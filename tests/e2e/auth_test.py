@@ -79,6 +79,16 @@ class AuthTest(unittest.TestCase):
         check = self.channel.unary_unary("/grpc.health.v1.Health/Check")
         self.assertEqual(check(b"", timeout=10), b"\x08\x01")
 
+    def test_server_reflection_does_not_answer_without_the_token(self):
+        # ServerReflectionRequest{list_services: ""}: with a token required,
+        # reflection (which cannot check it) is not served at all.
+        info = self.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        with self.assertRaises(grpc.RpcError) as caught:
+            list(info(iter([b"\x3a\x00"]), timeout=10))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertIn("server reflection off", self.daemon.logs())
+
 
 class TlsTest(unittest.TestCase):
     def test_tls_serves_the_api(self):

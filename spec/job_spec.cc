@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -131,7 +132,36 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
 namespace {
 
 // The sections of ValidateJobSpec, checked in this order.
+// A spec is stored twice in its job record (as given and resolved) and sent in
+// GetJob replies under clients' default 4 MiB message limit.
+constexpr size_t kMaxSpecBytes = size_t{1} << 20;
+
+// The top-level field that makes a spec too large, for the error.
+std::string LargestField(const JobSpec& spec) {
+  const google::protobuf::Reflection* reflection = spec.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(spec, &fields);
+  std::string largest = "spec";
+  size_t most = 0;
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE || f->is_repeated())
+      continue;
+    const size_t bytes = reflection->GetMessage(spec, f).ByteSizeLong();
+    if (bytes > most) {
+      most = bytes;
+      largest = f->name();
+    }
+  }
+  return largest;
+}
+
 absl::Status ValidateHeader(const JobSpec& spec) {
+  if (spec.ByteSizeLong() > kMaxSpecBytes) {
+    return FieldError(
+        LargestField(spec),
+        absl::StrCat("the spec is ", spec.ByteSizeLong(), " bytes serialized, at most ",
+                     kMaxSpecBytes, " are accepted (a forced placement.plan needs no timeline)"));
+  }
   if (spec.display_name().size() > 128) {
     return FieldError("display_name",
                       absl::StrCat("at most 128 characters, got ", spec.display_name().size()));

@@ -84,6 +84,20 @@ TEST(JobSpecTest, MissingModelAndDataAreNamed) {
   EXPECT_NE(ValidateJobSpec(spec).message().find("data"), std::string::npos);
 }
 
+TEST(JobSpecTest, AnOversizedSpecIsRefusedNamingItsLargestField) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");
+  ASSERT_TRUE(spec.ok());
+  tandem::v1::Plan* plan = spec->mutable_placement()->mutable_plan();
+  for (int l = 0; l < 20000; ++l) plan->add_layers()->set_name(std::string(60, 'x'));
+  ASSERT_GT(spec->ByteSizeLong(), size_t{1} << 20);
+  const absl::Status s = ResolveJobSpec(*spec, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("placement: the spec is"), std::string::npos) << s;
+  // Just under the limit it is not the size that is refused.
+  plan->mutable_layers()->DeleteSubrange(0, 19000);
+  EXPECT_EQ(ResolveJobSpec(*spec, false).status().message().find("the spec is"), std::string::npos);
+}
+
 TEST(JobSpecTest, ResolveFillsDefaults) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");
   ASSERT_TRUE(spec.ok());

@@ -24,6 +24,7 @@
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/train/job_model.h"
 #include "schedule/schedule_proto.h"
+#include "spec/job_spec.h"
 
 namespace tandem::node {
 namespace {
@@ -420,11 +421,8 @@ absl::StatusOr<bool> StoredPlanFits(const Model& model, const JobSpec& resolved,
 absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model, const JobSpec& resolved,
                                                  const Plan& plan) {
   if (plan.layers_size() == 0) return tandem::v1::Schedule();
-  const auto& training = resolved.training();
-  TANDEM_ASSIGN_OR_RETURN(
-      const schedule::Schedule program,
-      LowerStepProgram(model, plan, resolved.optimizer(),
-                       std::max(training.batch_size(), training.eval_batch_size())));
+  TANDEM_ASSIGN_OR_RETURN(const schedule::Schedule program,
+                          LowerStepProgram(model, plan, resolved.optimizer(), MaxBatch(resolved)));
   return schedule::ToProto(program);
 }
 

@@ -11,6 +11,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "runtime/train/job_model.h"
+#include "spec/job_spec.h"
 
 namespace tandem::server {
 
@@ -134,8 +135,7 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
                                              const JobModel& jm,
                                              const std::optional<node::NodeOffer>& node) {
   const Model& m = *jm.model;
-  const int64_t max_batch =
-      std::max(resolved.training().batch_size(), resolved.training().eval_batch_size());
+  const int64_t max_batch = MaxBatch(resolved);
   MemoryEstimate e;
   e.parameter_bytes = 2 * m.parameter_elements() * 4 + m.buffer_elements() * 4;
   int states = 2;

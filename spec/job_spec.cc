@@ -1,5 +1,6 @@
 #include "spec/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -315,6 +316,10 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
                                    " needs an accelerator, and placement.accelerator is NONE"));
   }
   return r;
+}
+
+int64_t MaxBatch(const JobSpec& resolved) {
+  return std::max(resolved.training().batch_size(), resolved.training().eval_batch_size());
 }
 
 int64_t TotalSteps(const JobSpec& resolved, int64_t samples) {

@@ -37,6 +37,9 @@ absl::Status ValidateJobSpec(const tandem::v1::JobSpec& spec);
 absl::StatusOr<tandem::v1::JobSpec> ResolveJobSpec(const tandem::v1::JobSpec& spec,
                                                    bool has_accelerator);
 
+// The largest batch a resolved spec runs: its training or its eval batch.
+int64_t MaxBatch(const tandem::v1::JobSpec& resolved);
+
 // Total optimizer steps of a resolved spec for a training split of `samples`.
 int64_t TotalSteps(const tandem::v1::JobSpec& resolved, int64_t samples);
 

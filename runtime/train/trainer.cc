@@ -18,6 +18,7 @@
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/job_model.h"
+#include "spec/job_spec.h"
 
 namespace tandem {
 namespace {
@@ -77,7 +78,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
         std::make_unique<HostAllocator>(t->resolved_.resources().host_memory_bytes());
     t->host_allocator_ = t->owned_allocator_.get();
   }
-  const int64_t max_batch = std::max(training.batch_size(), training.eval_batch_size());
+  const int64_t max_batch = MaxBatch(t->resolved_);
   if (t->options_.make_runner) {
     TANDEM_ASSIGN_OR_RETURN(t->runner_, t->options_.make_runner(*t->model_, t->resolved_, max_batch,
                                                                 t->host_allocator_));

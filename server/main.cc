@@ -33,7 +33,7 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/profile/node_devices.h"
-#include "runtime/profile/profile_model.h"
+#include "runtime/train/profile_model.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/metrics/exposer.h"

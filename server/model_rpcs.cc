@@ -6,7 +6,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "runtime/profile/node_devices.h"
-#include "runtime/profile/profile_model.h"
+#include "runtime/train/profile_model.h"
 
 namespace tandem::server {
 

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "clients/cli/commands.h"
 #include "runtime/profile/node_devices.h"
-#include "runtime/profile/profile_model.h"
 #include "runtime/profile/profile_report.h"
+#include "runtime/train/profile_model.h"
 #include "spec/job_spec.h"
 
 ABSL_DECLARE_FLAG(int, threads);

@@ -12,45 +12,13 @@
 #include "absl/status/statusor.h"
 #include "runtime/core/allocator.h"
 #include "runtime/data/loader.h"
+#include "runtime/device/timing_sink.h"
 #include "runtime/model/model.h"
 #include "runtime/optim/optimizer.h"
 #include "tandem/v1/plan.pb.h"
 #include "tandem/v1/schedule.pb.h"
 
 namespace tandem {
-
-enum class Phase : uint8_t { kForward = 0, kBackward = 1, kUpdate = 2 };
-
-// One span the hybrid executor finished (span_engine.h): which resource ran
-// it, for how long, what it moved, and how long the resource sat idle before
-// it waiting for another resource.
-struct ResourceSpan {
-  tandem::v1::TimelineResource resource = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
-  double busy_seconds = 0;
-  // Bytes moved (copies) or touched (updates).
-  int64_t bytes = 0;
-  double wait_seconds = 0;
-  tandem::v1::TimelineResource waited_on = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
-};
-
-// The spans finished since the previous batch, with the accelerator they ran
-// beside ("emulated:0", "cuda:0") and the pinned host memory its copies stage
-// through, in use now.
-struct ResourceSpanBatch {
-  std::string accelerator;
-  int64_t pinned_host_bytes = 0;
-  std::vector<ResourceSpan> spans;
-};
-
-// What the profiler's always-on mode observes of a running step: the wall time
-// of each layer's phases (every runner), and every resource's spans (the
-// hybrid executor). Called from the thread driving the runner.
-class LayerTimingSink {
- public:
-  virtual ~LayerTimingSink() = default;
-  virtual void Record(int layer, Phase phase, double seconds) = 0;
-  virtual void RecordSpans(const ResourceSpanBatch& batch) {}
-};
 
 struct StepOptions {
   // Optimizer step index, from 0 (seeds dropout; picks the learning rate).

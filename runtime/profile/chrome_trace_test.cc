@@ -12,6 +12,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "runtime/exec/profiled_iteration.h"
 #include "runtime/profile/cpu_device.h"
 #include "runtime/train/job_model.h"
 
@@ -148,7 +149,8 @@ training: {batch_size: 8, steps: 1})",
   absl::StatusOr<JobModel> job = BuildJobModel(*resolved);
   ASSERT_TRUE(job.ok()) << job.status();
   std::unique_ptr<CpuProfiledDevice> cpu = CpuProfiledDevice::Create();
-  absl::StatusOr<IterationRecord> it = cpu->RunIteration(*job->model, resolved->optimizer(), 8, 1);
+  absl::StatusOr<IterationRecord> it =
+      RunProfiledIteration(*cpu, *job->model, resolved->optimizer(), 8, 1);
   ASSERT_TRUE(it.ok()) << it.status();
   ChromeTraceOptions options;
   for (int l = 0; l < job->model->num_layers(); ++l)

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstring>
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -15,48 +14,14 @@
 #include "runtime/core/clock.h"
 #include "runtime/core/cpu_features.h"
 #include "runtime/cpu/onednn.h"
-#include "runtime/exec/cpu_runner.h"
-#include "runtime/profile/synthetic_inputs.h"
 #include "runtime/profile/timing_stats.h"
 
 namespace tandem::profile {
-namespace {
-
-tandem::v1::TimelinePhase TimelinePhaseOf(Phase phase) {
-  switch (phase) {
-    case Phase::kForward:
-      return tandem::v1::TIMELINE_PHASE_FORWARD;
-    case Phase::kBackward:
-      return tandem::v1::TIMELINE_PHASE_BACKWARD;
-    case Phase::kUpdate:
-      return tandem::v1::TIMELINE_PHASE_UPDATE;
-  }
-  return tandem::v1::TIMELINE_PHASE_UNSPECIFIED;
+ScopedThreads::ScopedThreads(int threads) : previous_(omp_get_max_threads()) {
+  if (threads > 0) omp_set_num_threads(threads);
 }
 
-// Turns the runner's per-phase timings into spans: a phase ends when it is
-// reported, so it started `seconds` before.
-class TimelineRecorder final : public LayerTimingSink {
- public:
-  explicit TimelineRecorder(double start_seconds) : start_seconds_(start_seconds) {}
-  void Record(int layer, Phase phase, double seconds) override {
-    const double end = WallSeconds() - start_seconds_;
-    tandem::v1::TimelineSpan* span = timeline_.add_spans();
-    span->set_resource(phase == Phase::kUpdate ? tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE
-                                               : tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE);
-    span->set_layer(layer);
-    span->set_phase(TimelinePhaseOf(phase));
-    span->set_start_seconds(std::max(0.0, end - seconds));
-    span->set_end_seconds(end);
-  }
-  tandem::v1::Timeline& timeline() { return timeline_; }
-
- private:
-  const double start_seconds_;
-  tandem::v1::Timeline timeline_;
-};
-
-}  // namespace
+ScopedThreads::~ScopedThreads() { omp_set_num_threads(previous_); }
 
 std::string HostCpuName() {
   std::ifstream f("/proc/cpuinfo");
@@ -94,12 +59,12 @@ std::unique_ptr<CpuProfiledDevice> CpuProfiledDevice::Create(CpuDeviceOptions op
 
 CpuProfiledDevice::CpuProfiledDevice(std::unique_ptr<CounterSource> counters,
                                      CpuDeviceOptions options)
-    : counters_(std::move(counters)), options_(options) {}
+    : ProfiledDevice(&host_), counters_(std::move(counters)), options_(options) {}
 
 tandem::v1::DeviceProfile CpuProfiledDevice::Describe() const {
   tandem::v1::DeviceProfile d;
   const int threads = omp_get_max_threads();
-  d.set_id(id_);
+  d.set_id(id());
   d.set_kind(tandem::v1::DEVICE_KIND_CPU);
   d.set_name(absl::StrCat(HostCpuName(), " (", threads, " thread", threads == 1 ? "" : "s", ")"));
   d.set_threads(threads);
@@ -113,13 +78,7 @@ std::map<std::string, std::string> CpuProfiledDevice::Versions() const {
 }
 
 std::unique_ptr<Allocator> CpuProfiledDevice::NewAllocator() {
-  return std::make_unique<HostAllocator>(0, id_);
-}
-
-absl::Status CpuProfiledDevice::UpdateSlice(const StepConstants& c, float* params,
-                                            const float* grads, float* const* states, int64_t n) {
-  Optimizer::UpdateSlice(c, params, grads, states, n);
-  return absl::OkStatus();
+  return std::make_unique<HostAllocator>(0, id());
 }
 
 void CpuProfiledDevice::EvictCaches() {
@@ -129,17 +88,6 @@ void CpuProfiledDevice::EvictCaches() {
   const float value = ++eviction_generation_;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = value;
-}
-
-absl::Status CpuProfiledDevice::CopyToDevice(void* device_dst, const void* host_src,
-                                             int64_t bytes) {
-  if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
-  return absl::OkStatus();
-}
-
-absl::Status CpuProfiledDevice::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
-  if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
-  return absl::OkStatus();
 }
 
 void CpuProfiledDevice::BeginPhase(int layer, Phase phase, int repetition, bool timed) {
@@ -192,40 +140,6 @@ absl::Status CpuProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
   out->set_gemm_flops_per_second(gemm);
   out->set_memory_bandwidth_bytes_per_second(triad);
   return absl::OkStatus();
-}
-
-absl::StatusOr<IterationRecord> CpuProfiledDevice::RunIteration(
-    const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t batch, uint64_t seed) {
-  HostAllocator allocator(0, id_);
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> runner,
-                          CpuRunner::Create(model, optimizer, batch, seed, &allocator));
-  const Batch data = SyntheticBatch(model.data(), batch, seed);
-  StepOptions options;
-  options.seed = seed;
-  // The first step builds oneDNN primitives; the recorded one is the second.
-  TANDEM_RETURN_IF_ERROR(runner->TrainStep(data, options).status());
-  options.step = 1;
-  const int64_t in_use = allocator.stats().total_in_use_bytes;
-  const double start = WallSeconds();
-  TimelineRecorder recorder(start);
-  runner->set_timing_sink(&recorder);
-  TANDEM_RETURN_IF_ERROR(runner->TrainStep(data, options).status());
-  const double seconds = WallSeconds() - start;
-  runner->set_timing_sink(nullptr);
-
-  IterationRecord record;
-  record.peak_bytes = allocator.stats().peak_total_bytes;
-  record.timeline = std::move(recorder.timeline());
-  record.timeline.set_iteration_seconds(seconds);
-  record.timeline.set_source("measured");
-  // The CPU engine allocates everything up front: host memory is flat over the
-  // step.
-  for (double t : {0.0, seconds}) {
-    tandem::v1::MemorySample* m = record.timeline.add_host_memory();
-    m->set_time_seconds(t);
-    m->set_bytes(in_use);
-  }
-  return record;
 }
 
 void CpuProfiledDevice::FinishProfile(tandem::v1::DeviceProfile* out) {

@@ -1,6 +1,6 @@
-// The host as a ProfiledDevice: host memory through a HostAllocator, layers on
-// the oneDNN CPU kernels of the calling thread's OpenMP team, the fused
-// optimizer kernels for updates, and per phase:
+// The host as a ProfiledDevice: a HostAccelerator (host memory, layers on the
+// oneDNN CPU kernels of the calling thread's OpenMP team, the fused optimizer
+// kernels for updates) plus, per phase:
 //
 //   - thread_cpu_seconds: CPU time of the calling thread alone
 //     (CLOCK_THREAD_CPUTIME_ID), as TimingStats defines it. OpenMP workers'
@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/device/host_accelerator.h"
 #include "runtime/profile/cpu_peaks.h"
 #include "runtime/profile/perf_counters.h"
 #include "runtime/profile/profiled_device.h"
@@ -42,31 +43,18 @@ class CpuProfiledDevice final : public ProfiledDevice {
   static std::unique_ptr<CpuProfiledDevice> Create(CpuDeviceOptions options = {});
   CpuProfiledDevice(std::unique_ptr<CounterSource> counters, CpuDeviceOptions options);
 
-  const std::string& id() const override { return id_; }
-  DeviceKind kind() const override { return DeviceKind::kCpu; }
   tandem::v1::DeviceProfile Describe() const override;
   std::map<std::string, std::string> Versions() const override;
 
   std::unique_ptr<Allocator> NewAllocator() override;
-  void PrepareContext(LayerContext* ctx) override { ctx->device = DeviceKind::kCpu; }
-  absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
-                           float* const* states, int64_t n) override;
-  absl::Status Synchronize() override { return absl::OkStatus(); }
   // Writes a buffer of twice the last-level cache from every team thread.
   void EvictCaches() override;
-
-  absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
-  absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
-  bool has_host_link() const override { return false; }
 
   void BeginPhase(int layer, Phase phase, int repetition, bool timed) override;
   void EndPhase(int layer, Phase phase, int repetition, bool timed) override;
   absl::Status CollectLayer(int layer, tandem::v1::LayerDeviceProfile* out) override;
 
   absl::Status MeasurePeaks(tandem::v1::DeviceProfile* out) override;
-  absl::StatusOr<IterationRecord> RunIteration(const Model& model,
-                                               const tandem::v1::OptimizerSpec& optimizer,
-                                               int64_t batch, uint64_t seed) override;
   void FinishProfile(tandem::v1::DeviceProfile* out) override;
 
  private:
@@ -77,7 +65,7 @@ class CpuProfiledDevice final : public ProfiledDevice {
     std::vector<std::vector<double>> counters;
   };
 
-  const std::string id_ = "cpu";
+  HostAccelerator host_;
   std::unique_ptr<CounterSource> counters_;
   CpuDeviceOptions options_;
   double begin_cpu_seconds_ = 0;
@@ -85,6 +73,20 @@ class CpuProfiledDevice final : public ProfiledDevice {
   std::map<std::pair<int, Phase>, Samples> samples_;
   std::vector<float> eviction_;
   float eviction_generation_ = 0;
+};
+
+// Sets the calling thread's OpenMP thread count to `threads` (0 = leaves it)
+// and restores it on scope exit: ProfileModel measures under its environment's
+// threads, and a CpuProfiledDevice it is given is created under the same count.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads);
+  ~ScopedThreads();
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  const int previous_;
 };
 
 // The last-level cache of CPU 0, in bytes, from sysfs; 32 MiB when unknown.

@@ -17,8 +17,6 @@
 #include "runtime/cuda/cuda_accelerator.h"
 #include "runtime/cuda/kernels/activation.h"
 #include "runtime/cuda/optimizer.h"
-#include "runtime/exec/plan_executor.h"
-#include "runtime/profile/synthetic_inputs.h"
 #include "runtime/profile/timing_stats.h"
 
 namespace tandem::profile {
@@ -30,29 +28,6 @@ std::string DottedVersion(int64_t v, int64_t major_unit, int64_t minor_unit, boo
   std::string s = absl::StrCat(v / major_unit, ".", (v % major_unit) / minor_unit);
   if (with_patch) absl::StrAppend(&s, ".", v % minor_unit);
   return s;
-}
-
-// Every layer computes, keeps its weights, state and activations, and updates
-// on the accelerator: the planner's gpu_only plan at one micro-batch.
-tandem::v1::Plan GpuOnlyPlan(const Model& model, int64_t batch) {
-  tandem::v1::Plan p;
-  p.set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
-  p.set_accelerator(tandem::v1::DEVICE_KIND_CUDA);
-  p.set_batch_size(static_cast<int32_t>(batch));
-  p.set_micro_batch_size(static_cast<int32_t>(batch));
-  p.set_micro_batches(1);
-  p.set_host_update_threads(1);
-  p.set_feasible(true);
-  for (int l = 0; l < model.num_layers(); ++l) {
-    tandem::v1::LayerPlan* lp = p.add_layers();
-    lp->set_index(l);
-    lp->set_name(model.layer(l).name());
-    lp->set_compute(tandem::v1::PLACEMENT_ACCELERATOR);
-    lp->set_parameter_home(tandem::v1::PARAMETER_HOME_ACCELERATOR);
-    lp->set_update(tandem::v1::PLACEMENT_ACCELERATOR);
-    lp->set_activation_policy(tandem::v1::ACTIVATION_POLICY_KEEP);
-  }
-  return p;
 }
 
 }  // namespace
@@ -83,25 +58,25 @@ absl::StatusOr<std::unique_ptr<CudaProfiledDevice>> CudaProfiledDevice::Create(
   TANDEM_RETURN_IF_ERROR(
       cuda::CudaStatus(cudaDeviceGetAttribute(&l2_cache_bytes, cudaDevAttrL2CacheSize, ordinal),
                        "cudaDeviceGetAttribute(L2 cache size)"));
-  std::unique_ptr<CudaProfiledDevice> d(new CudaProfiledDevice(*found, l2_cache_bytes, options));
-  cuda::CudaContextOptions context_options;
-  context_options.allow_tf32 = options.allow_tf32;
-  TANDEM_ASSIGN_OR_RETURN(d->context_, cuda::CudaContext::Create(
-                                           ordinal, d->context_allocator_.get(), context_options));
-  return d;
+  cuda::CudaAcceleratorOptions accelerator_options;
+  accelerator_options.allow_tf32 = options.allow_tf32;
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaAccelerator> accelerator,
+                          cuda::CudaAccelerator::Create(ordinal, 0, accelerator_options));
+  return std::unique_ptr<CudaProfiledDevice>(
+      new CudaProfiledDevice(*found, l2_cache_bytes, options, std::move(accelerator)));
 }
 
 CudaProfiledDevice::CudaProfiledDevice(const cuda::CudaDeviceInfo& info, int64_t l2_cache_bytes,
-                                       const CudaProfiledDeviceOptions& options)
-    : info_(info),
-      id_(absl::StrCat("cuda:", info.ordinal)),
+                                       const CudaProfiledDeviceOptions& options,
+                                       std::unique_ptr<cuda::CudaAccelerator> accelerator)
+    : ProfiledDevice(accelerator.get()),
+      info_(info),
       l2_cache_bytes_(l2_cache_bytes),
       options_(options),
-      context_allocator_(std::make_unique<cuda::CudaAllocator>(info.ordinal)) {}
+      accelerator_(std::move(accelerator)) {}
 
 CudaProfiledDevice::~CudaProfiledDevice() {
-  if (context_ == nullptr) return;
-  context_->MakeCurrent().IgnoreError();
+  context()->MakeCurrent().IgnoreError();
   // The probe's events live on the context's stream; the eviction buffer goes
   // back to the allocator before the context waits for the stream and goes.
   probe_.reset();
@@ -110,7 +85,7 @@ CudaProfiledDevice::~CudaProfiledDevice() {
 
 tandem::v1::DeviceProfile CudaProfiledDevice::Describe() const {
   tandem::v1::DeviceProfile d;
-  d.set_id(id_);
+  d.set_id(id());
   d.set_kind(tandem::v1::DEVICE_KIND_CUDA);
   d.set_name(absl::StrCat(info_.name, " (sm_", info_.compute_major, info_.compute_minor, ", ",
                           info_.multiprocessors, " SMs)"));
@@ -123,7 +98,7 @@ std::map<std::string, std::string> CudaProfiledDevice::Versions() const {
   int runtime = 0, driver = 0, cublas = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
-  cublasGetVersion(context_->cublas, &cublas);
+  cublasGetVersion(context()->cublas, &cublas);
   // CUDA: 1000 major + 10 minor; cuBLAS (12+) and cuDNN (9+): 10000 major +
   // 100 minor + patch.
   return {{"cuda_runtime", DottedVersion(runtime, 1000, 10, false)},
@@ -137,54 +112,42 @@ std::unique_ptr<Allocator> CudaProfiledDevice::NewAllocator() {
   return std::make_unique<cuda::CudaAllocator>(ordinal());
 }
 
-void CudaProfiledDevice::PrepareContext(LayerContext* ctx) {
-  // A failure surfaces at the next Synchronize.
-  context_->RecordError(context_->MakeCurrent());
-  ctx->device = DeviceKind::kCuda;
-  ctx->cuda = context_.get();
-}
-
 absl::Status CudaProfiledDevice::UpdateSlice(const StepConstants& c, float* params,
                                              const float* grads, float* const* states, int64_t n) {
-  TANDEM_RETURN_IF_ERROR(context_->MakeCurrent());
-  return cuda::UpdateSlice(context_.get(), c, params, grads, states, n);
-}
-
-absl::Status CudaProfiledDevice::Synchronize() {
-  TANDEM_RETURN_IF_ERROR(context_->MakeCurrent());
-  return context_->Synchronize();
+  TANDEM_RETURN_IF_ERROR(context()->MakeCurrent());
+  return cuda::UpdateSlice(context(), c, params, grads, states, n);
 }
 
 void CudaProfiledDevice::EvictCaches() {
   const int64_t bytes = 2 * l2_cache_bytes_;
-  if (bytes <= 0 || !context_->Check(context_->MakeCurrent())) return;
+  if (bytes <= 0 || !context()->Check(context()->MakeCurrent())) return;
   if (eviction_.empty()) {
     absl::StatusOr<Buffer> buffer =
-        Buffer::Allocate(context_allocator_.get(), bytes, MemoryCategory::kWorkspace);
-    if (!context_->Check(buffer.status())) return;
+        Buffer::Allocate(accelerator_->allocator(), bytes, MemoryCategory::kWorkspace);
+    if (!context()->Check(buffer.status())) return;
     eviction_ = std::move(buffer).value();
   }
   // A new value each time, so no write can be elided.
   eviction_generation_ = (eviction_generation_ + 1) % 256;
-  context_->Check(cudaMemsetAsync(eviction_.data(), eviction_generation_,
-                                  static_cast<size_t>(bytes), context_->stream),
-                  "cudaMemsetAsync (cache eviction)");
-  context_->Check(cudaStreamSynchronize(context_->stream), "cudaStreamSynchronize");
+  context()->Check(cudaMemsetAsync(eviction_.data(), eviction_generation_,
+                                   static_cast<size_t>(bytes), context()->stream),
+                   "cudaMemsetAsync (cache eviction)");
+  context()->Check(cudaStreamSynchronize(context()->stream), "cudaStreamSynchronize");
 }
 
 absl::Status CudaProfiledDevice::CopyToDevice(void* device_dst, const void* host_src,
                                               int64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(context_->MakeCurrent());
-  TANDEM_RETURN_IF_ERROR(cuda::CopyAsync(device_dst, host_src, bytes, context_->stream));
-  return cuda::CudaStatus(cudaStreamSynchronize(context_->stream), "cudaStreamSynchronize");
+  TANDEM_RETURN_IF_ERROR(context()->MakeCurrent());
+  TANDEM_RETURN_IF_ERROR(cuda::CopyAsync(device_dst, host_src, bytes, context()->stream));
+  return cuda::CudaStatus(cudaStreamSynchronize(context()->stream), "cudaStreamSynchronize");
 }
 
 absl::Status CudaProfiledDevice::CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(context_->MakeCurrent());
-  TANDEM_RETURN_IF_ERROR(cuda::CopyAsync(host_dst, device_src, bytes, context_->stream));
-  return cuda::CudaStatus(cudaStreamSynchronize(context_->stream), "cudaStreamSynchronize");
+  TANDEM_RETURN_IF_ERROR(context()->MakeCurrent());
+  TANDEM_RETURN_IF_ERROR(cuda::CopyAsync(host_dst, device_src, bytes, context()->stream));
+  return cuda::CudaStatus(cudaStreamSynchronize(context()->stream), "cudaStreamSynchronize");
 }
 
 absl::StatusOr<void*> CudaProfiledDevice::AllocatePinnedHost(int64_t bytes) {
@@ -196,9 +159,9 @@ void CudaProfiledDevice::FreePinnedHost(void* ptr, int64_t bytes) {
 }
 
 void CudaProfiledDevice::BeginPhase(int layer, Phase phase, int repetition, bool timed) {
-  context_->RecordError(context_->MakeCurrent());
+  context()->RecordError(context()->MakeCurrent());
   if (probe_ == nullptr && probe_error_.ok()) {
-    absl::StatusOr<std::unique_ptr<GpuPhaseProbe>> probe = GpuPhaseProbe::Create(context_->stream);
+    absl::StatusOr<std::unique_ptr<GpuPhaseProbe>> probe = GpuPhaseProbe::Create(context()->stream);
     if (probe.ok()) {
       probe_ = std::move(probe).value();
     } else {
@@ -217,7 +180,7 @@ absl::Status CudaProfiledDevice::CollectLayer(int layer, tandem::v1::LayerDevice
   // than leave the GPU figures out silently.
   if (!probe_error_.ok()) return probe_error_;
   if (probe_ == nullptr) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(context_->MakeCurrent());
+  TANDEM_RETURN_IF_ERROR(context()->MakeCurrent());
   return probe_->CollectLayer(layer, out);
 }
 
@@ -231,7 +194,7 @@ void CudaProfiledDevice::StopProbe() {
 
 template <typename F>
 absl::StatusOr<double> CudaProfiledDevice::MedianEventSeconds(F issue) {
-  const cudaStream_t stream = context_->stream;
+  const cudaStream_t stream = context()->stream;
   TANDEM_ASSIGN_OR_RETURN(const cuda::CudaEvent start, cuda::CudaEvent::Create(/*timing=*/true));
   TANDEM_ASSIGN_OR_RETURN(const cuda::CudaEvent end, cuda::CudaEvent::Create(/*timing=*/true));
   TANDEM_RETURN_IF_ERROR(issue());
@@ -250,8 +213,8 @@ absl::StatusOr<double> CudaProfiledDevice::MedianEventSeconds(F issue) {
 
 absl::Status CudaProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
   StopProbe();
-  TANDEM_RETURN_IF_ERROR(context_->MakeCurrent());
-  const cudaStream_t stream = context_->stream;
+  TANDEM_RETURN_IF_ERROR(context()->MakeCurrent());
+  const cudaStream_t stream = context()->stream;
   std::unique_ptr<Allocator> allocator = NewAllocator();
   {
     const int64_t n = options_.gemm_size;
@@ -269,11 +232,11 @@ absl::Status CudaProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
         cuda::CudaStatus(cuda::PhiloxUniforms(b.f32(), n * n, 1, 1, stream), "PhiloxUniforms"));
     cpu::MatmulShape shape;
     shape.m = shape.n = shape.k = n;
-    auto gemm = [&] { return cuda::Matmul(context_.get(), shape, a.f32(), b.f32(), c.f32()); };
+    auto gemm = [&] { return cuda::Matmul(context(), shape, a.f32(), b.f32(), c.f32()); };
     TANDEM_ASSIGN_OR_RETURN(const double seconds, MedianEventSeconds(gemm));
     const double flops = 2.0 * std::pow(static_cast<double>(n), 3);
     out->set_gemm_flops_per_second(flops / std::max(seconds, 1e-12));
-    TANDEM_RETURN_IF_ERROR(context_->Synchronize());
+    TANDEM_RETURN_IF_ERROR(context()->Synchronize());
   }
   {
     const int64_t bytes = options_.copy_bytes;
@@ -297,38 +260,12 @@ absl::Status CudaProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<IterationRecord> CudaProfiledDevice::RunIteration(
-    const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t batch, uint64_t seed) {
+void CudaProfiledDevice::BeforeIteration() {
   StopProbe();
-  cuda::CudaAcceleratorOptions accelerator_options;
-  accelerator_options.allow_tf32 = options_.allow_tf32;
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaAccelerator> accelerator,
-                          cuda::CudaAccelerator::Create(ordinal(), 0, accelerator_options));
-  HostAllocator host(0, "cpu");
-  ExecutorOptions executor_options;
-  executor_options.plan = GpuOnlyPlan(model, batch);
-  executor_options.optimizer = optimizer;
-  executor_options.max_batch = batch;
-  executor_options.init_seed = seed;
-  executor_options.host_allocator = &host;
-  executor_options.accelerator = accelerator.get();
-  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<PlanExecutor> executor,
-                          PlanExecutor::Create(model, std::move(executor_options)));
-  const Batch data = SyntheticBatch(model.data(), batch, seed);
-  StepOptions step;
-  step.seed = seed;
-  // Step 0 picks the libraries' algorithms; step 1 is recorded; its timeline
-  // is complete once step 2 has started.
-  for (step.step = 0; step.step < 3; ++step.step) {
-    TANDEM_RETURN_IF_ERROR(executor->TrainStep(data, step).status());
-  }
-  IterationRecord record;
-  record.peak_bytes = accelerator->allocator()->stats().peak_total_bytes;
-  record.timeline = executor->last_timeline();
-  if (record.timeline.spans_size() == 0) {
-    return absl::InternalError(absl::StrCat(id_, ": the plan executor recorded no timeline"));
-  }
-  return record;
+  // The executor's peak on the accelerator is the iteration's: the eviction
+  // buffer (twice the L2 cache) is made again at the next EvictCaches.
+  context()->MakeCurrent().IgnoreError();
+  eviction_.Reset();
 }
 
 void CudaProfiledDevice::FinishProfile(tandem::v1::DeviceProfile* out) {
@@ -348,11 +285,11 @@ void CudaProfiledDevice::FinishProfile(tandem::v1::DeviceProfile* out) {
       absl::StrCat("layers timed with TF32 ",
                    options_.allow_tf32 ? "allowed (the accelerator's default)" : "off"));
   if (!peaks_note_.empty()) notes.push_back(peaks_note_);
-  if (context_->scratch_bytes() > 0) {
+  if (context()->scratch_bytes() > 0) {
     notes.push_back(
         absl::StrCat("library scratch (cuDNN algorithms, CUB sorts) outside the "
                      "layers' measured workspace: ",
-                     FormatBytes(context_->scratch_bytes()), " at most"));
+                     FormatBytes(context()->scratch_bytes()), " at most"));
   }
   out->set_counter_note(absl::StrJoin(notes, "; "));
   // The next profile on this device starts afresh.

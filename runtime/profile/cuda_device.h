@@ -3,17 +3,23 @@
 // linked, but never yet run on a GPU (runtime/cuda/README.md, "What is verified
 // where").
 //
+// It composes a CudaAccelerator (runtime/cuda/cuda_accelerator.h), the one the
+// executor runs on: layers are measured on that accelerator's CudaContext, and
+// the whole iteration (the IterationRunner seam, layer_profiler.h) runs on the
+// same accelerator.
+//
 // Memory and work:
 //   - NewAllocator() is a fresh CudaAllocator (caching, with its own accounting
 //     and no budget), so a layer's measured bytes are its own. Library scratch
 //     whose size only cuDNN or CUB knows at run time comes from the device's
-//     CudaContext (CudaContext::Scratch), not from that allocator: it is not in
+//     accelerator's CudaContext (CudaContext::Scratch), not from that allocator: it is not in
 //     a layer's measured workspace, as it is not in the analytic figure; the
 //     DeviceProfile's counter_note gives its high-water mark.
 //   - Layers run their CUDA paths (LayerContext::device = kCuda) on one
 //     CudaContext: its non-blocking stream, cuBLAS (TF32 as the options say,
 //     allowed by default, like CudaAccelerator) and cuDNN. Updates run
-//     cuda::UpdateSlice on the same stream. Calls only issue work; the
+//     cuda::UpdateSlice on the same stream (issued only, unlike the
+//     accelerator's UpdateSlice, which waits). Calls only issue work; the
 //     profiler's Synchronize() waits for the stream and returns the first
 //     error a layer recorded in the context. That error is sticky, as in
 //     CudaAccelerator: open a new device to go on after one.
@@ -34,7 +40,7 @@
 // time). Without CUPTI the DeviceProfile's counter_source is CUDA_EVENT and its
 // note says why; nothing is reported as zero that was not measured. The probe
 // (and with it CUPTI's process-wide tracing) starts at the first BeginPhase of
-// a profile and stops at MeasurePeaks, RunIteration or FinishProfile,
+// a profile and stops at MeasurePeaks, BeforeIteration or FinishProfile,
 // whichever comes first, so peaks and the iteration are timed untraced and no
 // tracing is left running between profiles. Harness work between phases (the
 // profiler's uploads, canary fills and scans, cache evictions) is outside
@@ -47,16 +53,10 @@
 // each the median of `peak_repeats` CUDA-event timings after a warm-up; the
 // note states the sizes and the TF32 setting.
 //
-// RunIteration: one training iteration of the whole model under a gpu_only plan
-// (every layer computes, keeps its weights and state and updates on the GPU)
-// by the plan executor on a fresh CudaAccelerator, on a synthetic batch. Step 0
-// picks cuBLAS and cuDNN algorithms; step 1 is the one recorded; step 2 runs
-// because the executor closes an iteration's timeline when the next one
-// starts. peak_bytes is the accelerator allocator's peak over those steps,
-// including its fixed workspace (cuBLAS's 32 MiB) and what the executor holds
-// outside the plan (batch, targets, gradients in flight); the timeline is the
-// executor's measured one, with no memory samples (the executor does not
-// sample device memory within a step).
+// BeforeIteration: stops the probe and gives the cache-eviction buffer back, so
+// the executor's iteration on the accelerator (runtime/exec/
+// profiled_iteration.h) is untraced and its peak is the iteration's own plus
+// the context's fixed workspace (cuBLAS's 32 MiB).
 //
 // Only in CUDA builds; elsewhere use CreateCudaProfiledDevice
 // (cuda_device_factory.h). Driven by one thread at a time, like every
@@ -71,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/cuda/allocator.h"
 #include "runtime/cuda/context.h"
+#include "runtime/cuda/cuda_accelerator.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/profile/cuda_device_factory.h"
 #include "runtime/profile/cupti/gpu_phase_probe.h"
@@ -86,8 +87,6 @@ class CudaProfiledDevice final : public ProfiledDevice {
   // Waits for queued work. Allocators from NewAllocator() must be gone.
   ~CudaProfiledDevice() override;
 
-  const std::string& id() const override { return id_; }
-  DeviceKind kind() const override { return DeviceKind::kCuda; }
   // Name "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)", threads = SMs, memory_bytes
   // the device's total.
   tandem::v1::DeviceProfile Describe() const override;
@@ -95,16 +94,13 @@ class CudaProfiledDevice final : public ProfiledDevice {
   std::map<std::string, std::string> Versions() const override;
 
   std::unique_ptr<Allocator> NewAllocator() override;
-  // device = kCuda, cuda = context().
-  void PrepareContext(LayerContext* ctx) override;
+  // Issues cuda::UpdateSlice on the context's stream; Synchronize waits.
   absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
                            float* const* states, int64_t n) override;
-  absl::Status Synchronize() override;
   void EvictCaches() override;
 
   absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override;
-  bool has_host_link() const override { return true; }
   absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) override;
   void FreePinnedHost(void* ptr, int64_t bytes) override;
 
@@ -113,18 +109,17 @@ class CudaProfiledDevice final : public ProfiledDevice {
   absl::Status CollectLayer(int layer, tandem::v1::LayerDeviceProfile* out) override;
 
   absl::Status MeasurePeaks(tandem::v1::DeviceProfile* out) override;
-  absl::StatusOr<IterationRecord> RunIteration(const Model& model,
-                                               const tandem::v1::OptimizerSpec& optimizer,
-                                               int64_t batch, uint64_t seed) override;
+  void BeforeIteration() override;
   void FinishProfile(tandem::v1::DeviceProfile* out) override;
 
   int ordinal() const { return info_.ordinal; }
-  // The layers' context; same threading rule as the device.
-  cuda::CudaContext* context() { return context_.get(); }
+  // The layers' context (the accelerator's); same threading rule as the device.
+  cuda::CudaContext* context() const { return accelerator_->context(); }
 
  private:
   CudaProfiledDevice(const cuda::CudaDeviceInfo& info, int64_t l2_cache_bytes,
-                     const CudaProfiledDeviceOptions& options);
+                     const CudaProfiledDeviceOptions& options,
+                     std::unique_ptr<cuda::CudaAccelerator> accelerator);
   // Ends the probe of the current profile, keeping what FinishProfile reports.
   void StopProbe();
   // The median seconds, by CUDA events on the context's stream, of
@@ -133,15 +128,12 @@ class CudaProfiledDevice final : public ProfiledDevice {
   absl::StatusOr<double> MedianEventSeconds(F issue);
 
   const cuda::CudaDeviceInfo info_;
-  const std::string id_;
   const int64_t l2_cache_bytes_;
   const CudaProfiledDeviceOptions options_;
-  // Declared before the context, which draws its cuBLAS workspace and library
-  // scratch from it: destroyed after it.
-  std::unique_ptr<cuda::CudaAllocator> context_allocator_;
+  // Declared first: destroyed after everything that holds its memory.
+  std::unique_ptr<cuda::CudaAccelerator> accelerator_;
   cuda::PinnedHostAllocator pinned_;
-  std::unique_ptr<cuda::CudaContext> context_;
-  // EvictCaches' buffer, from context_allocator_.
+  // EvictCaches' buffer, from the accelerator's allocator.
   Buffer eviction_;
   int eviction_generation_ = 0;
   // The current profile's probe (null between profiles), the error that kept

@@ -11,8 +11,8 @@
 #include "runtime/cuda/device_query.h"
 #include "runtime/profile/cuda_device_factory.h"
 #include "runtime/profile/node_devices.h"
-#include "runtime/profile/profile_model.h"
 #include "runtime/train/job_model.h"
+#include "runtime/train/profile_model.h"
 
 namespace tandem::profile {
 namespace {

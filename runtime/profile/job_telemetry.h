@@ -19,7 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "runtime/exec/step_runner.h"
+#include "runtime/device/timing_sink.h"
 #include "runtime/profile/layer_histograms.h"
 
 namespace tandem::profile {

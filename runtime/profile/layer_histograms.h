@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/exec/step_runner.h"
+#include "runtime/device/timing_sink.h"
 
 namespace tandem::profile {
 

@@ -10,7 +10,6 @@
 #include "runtime/core/random.h"
 #include "runtime/profile/synthetic_inputs.h"
 #include "runtime/profile/timing_stats.h"
-#include "runtime/train/job_model.h"
 
 namespace tandem::profile {
 namespace {
@@ -352,12 +351,6 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
   return profile;
 }
 
-absl::StatusOr<tandem::v1::Profile> AnalyticProfileForJob(const tandem::v1::JobSpec& resolved,
-                                                          const PathResolver& resolve) {
-  TANDEM_ASSIGN_OR_RETURN(JobModel job, BuildJobModel(resolved, resolve));
-  return AnalyticProfile(*job.model, resolved.optimizer(), resolved.training().batch_size());
-}
-
 absl::Status MeasureOnDevice(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                              int64_t batch, const LayerProfilerOptions& options,
                              ProfiledDevice& device, tandem::v1::Profile* profile,
@@ -384,13 +377,15 @@ absl::Status MeasureOnDevice(const Model& model, const tandem::v1::OptimizerSpec
   tandem::v1::DeviceProfile d = device.Describe();
   if (options.on_progress) options.on_progress(absl::StrCat(device.id(), ": peak rates"));
   TANDEM_RETURN_IF_ERROR(device.MeasurePeaks(&d));
-  if (options.on_progress) options.on_progress(absl::StrCat(device.id(), ": one iteration"));
-  TANDEM_ASSIGN_OR_RETURN(IterationRecord record,
-                          device.RunIteration(model, optimizer, batch, options.seed));
-  d.set_iteration_peak_bytes(record.peak_bytes);
+  if (options.run_iteration) {
+    if (options.on_progress) options.on_progress(absl::StrCat(device.id(), ": one iteration"));
+    TANDEM_ASSIGN_OR_RETURN(IterationRecord record,
+                            options.run_iteration(device, model, optimizer, batch, options.seed));
+    d.set_iteration_peak_bytes(record.peak_bytes);
+    if (iteration != nullptr) *iteration = std::move(record);
+  }
   device.FinishProfile(&d);
   *profile->add_devices() = std::move(d);
-  if (iteration != nullptr) *iteration = std::move(record);
   return absl::OkStatus();
 }
 

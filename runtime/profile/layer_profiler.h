@@ -40,13 +40,23 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "runtime/data/dataset.h"
 #include "runtime/model/model.h"
 #include "runtime/profile/profiled_device.h"
 #include "tandem/v1/job.pb.h"
+#include "tandem/v1/plan.pb.h"
 #include "tandem/v1/profile.pb.h"
 
 namespace tandem::profile {
+
+// The executor's side of the seam between profiler and executor: runs one
+// training iteration of `model` at `batch` samples on `device`
+// (device.accelerator(), or the host's own engine for the CPU) after calling
+// device.BeforeIteration(), and returns its peak bytes and measured timeline.
+// The profiler does not know the executor; runtime/exec/profiled_iteration.h
+// is the real one, and tests pass fakes.
+using IterationRunner = std::function<absl::StatusOr<IterationRecord>(
+    ProfiledDevice& device, const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+    int64_t batch, uint64_t seed)>;
 
 struct LayerProfilerOptions {
   // Timed calls per phase, and untimed calls before them.
@@ -55,6 +65,9 @@ struct LayerProfilerOptions {
   uint64_t seed = 1;
   // A line per layer as it is measured, e.g. "cpu: layer 3 of 11 (conv2d1)".
   std::function<void(const std::string&)> on_progress;
+  // Times one whole iteration after the layers; null = none is (the
+  // DeviceProfile then has no iteration_peak_bytes).
+  IterationRunner run_iteration;
 };
 
 // The analytic profile of `model` at `batch` samples per batch: every layer with
@@ -70,16 +83,12 @@ struct LayerProfilerOptions {
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch);
 
-// The same from a resolved JobSpec (model, data, training.batch_size,
-// optimizer), reading only dataset headers.
-absl::StatusOr<tandem::v1::Profile> AnalyticProfileForJob(const tandem::v1::JobSpec& resolved,
-                                                          const PathResolver& resolve = nullptr);
-
 // Measures every layer of `model` on `device` and records it in `profile`
 // (made by AnalyticProfile for the same model, optimizer and batch): a
 // LayerDeviceProfile per layer, and a DeviceProfile with peaks, the iteration
-// peak, and the device's counter source. `iteration`, when not null, receives
-// the measured training iteration (its timeline feeds the Chrome trace).
+// peak (when options.run_iteration is set), and the device's counter source.
+// `iteration`, when not null, receives the measured training iteration (its
+// timeline feeds the Chrome trace).
 // Measured memory per layer: parameters, gradients and optimizer state from the
 // allocator (slices padded to 64 bytes); activations, output and workspace from
 // the scans above.

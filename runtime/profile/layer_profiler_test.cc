@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/exec/profiled_iteration.h"
 #include "runtime/layers/layer.h"
 #include "runtime/layers/loss.h"
 #include "runtime/model/model.h"
@@ -64,6 +65,7 @@ LayerProfilerOptions Quick() {
   LayerProfilerOptions o;
   o.iterations = 3;
   o.warmup = 1;
+  o.run_iteration = RunProfiledIteration;
   return o;
 }
 
@@ -321,9 +323,9 @@ class ProbeLayer final : public Layer {
   const ProbeBytes bytes_;
 };
 
-// Profiles probe -> loss at batch 2 on the fake accelerator (whose iteration
-// runs nothing, so a probe writing past its declaration touches only the
-// profiler's guarded regions).
+// Profiles probe -> loss at batch 2 on the fake accelerator, with no whole
+// iteration, so a probe writing past its declaration touches only the
+// profiler's guarded regions.
 tandem::v1::Profile ProfileProbe(const ProbeBytes& bytes) {
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<ProbeLayer>(bytes));
@@ -337,7 +339,9 @@ tandem::v1::Profile ProfileProbe(const ProbeBytes& bytes) {
   sgd.set_kind(tandem::v1::OPTIMIZER_KIND_SGD);
   tandem::v1::Profile p = AnalyticProfile(**model, sgd, 2);
   testing::FakeAccelerator device;
-  const absl::Status s = MeasureOnDevice(**model, sgd, 2, Quick(), device, &p);
+  LayerProfilerOptions options = Quick();
+  options.run_iteration = nullptr;
+  const absl::Status s = MeasureOnDevice(**model, sgd, 2, options, device, &p);
   EXPECT_TRUE(s.ok()) << s;
   return p;
 }

@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda/device_query.h"
-#include "runtime/profile/profile_model.h"
 
 namespace tandem::profile {
 

@@ -1,16 +1,22 @@
-// A device as the profiler sees it: memory with accounting, a place to run a
-// layer's phases and an optimizer step, a way to wait for them, copies across
-// its link to the host, and per-phase measurements beyond wall time (perf
-// counters on the CPU; CUPTI kernels and CUDA events on a GPU).
+// A device as the profiler sees it: an Accelerator plus measurement, composed
+// the way LevelDB's EnvWrapper composes an Env. The Accelerator
+// (runtime/device/accelerator.h) is what the executor runs on: memory, a
+// compute context, the optimizer step, copies across its link. ProfiledDevice
+// forwards those to it, and adds what only the profiler needs: fresh
+// accounting per layer, per-phase measurements beyond wall time (perf
+// counters on the CPU; CUPTI kernels and CUDA events on a GPU), peak rates,
+// pinned host buffers for link measurements, and a description.
 //
 // The profiler (layer_profiler.h) owns the method: it allocates through
 // NewAllocator(), fills inputs on the host and copies them over, brackets every
 // phase call with BeginPhase / EndPhase after Synchronize(), times it on the
 // wall clock, and asks CollectLayer() for what the device measured besides.
-// CpuProfiledDevice (cpu_device.h) is the host; CudaProfiledDevice
-// (cuda_device.h, opened through cuda_device_factory.h) a CUDA GPU, with its
-// own memory and stream, and runtime/profile/cupti/gpu_phase_probe.h for the
-// CUPTI and CUDA-event part; testing/fakes.h has an accelerator for tests.
+// A whole training iteration is not the device's business: the executor runs
+// it on accelerator() through the IterationRunner seam (layer_profiler.h).
+// CpuProfiledDevice (cpu_device.h) composes the host (HostAccelerator);
+// CudaProfiledDevice (cuda_device.h, opened through cuda_device_factory.h) a
+// CudaAccelerator, with runtime/profile/cupti/gpu_phase_probe.h for the CUPTI
+// and CUDA-event part; testing/fakes.h has one over an EmulatedAccelerator.
 //
 // A ProfiledDevice is driven by one thread at a time (the profiler's).
 #ifndef TANDEM_RUNTIME_PROFILE_PROFILED_DEVICE_H_
@@ -23,9 +29,9 @@
 #include "absl/status/statusor.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/device_kind.h"
-#include "runtime/exec/step_runner.h"
+#include "runtime/device/accelerator.h"
+#include "runtime/device/timing_sink.h"
 #include "runtime/layers/layer.h"
-#include "runtime/model/model.h"
 #include "runtime/optim/optimizer.h"
 #include "tandem/v1/plan.pb.h"
 #include "tandem/v1/profile.pb.h"
@@ -55,42 +61,61 @@ inline tandem::v1::PhaseProfile* MutablePhase(Phase phase, tandem::v1::LayerDevi
 
 class ProfiledDevice {
  public:
+  // `target` runs the device's work; not owned, and must outlive this.
+  explicit ProfiledDevice(Accelerator* target) : target_(target) {}
   virtual ~ProfiledDevice() = default;
+  ProfiledDevice(const ProfiledDevice&) = delete;
+  ProfiledDevice& operator=(const ProfiledDevice&) = delete;
 
+  // The composed accelerator: what the executor runs a whole iteration on.
+  Accelerator* accelerator() const { return target_; }
+
+  // Forwarded to the accelerator unless a device overrides them.
   // "cpu", "cuda:0", "emulated:0".
-  virtual const std::string& id() const = 0;
-  virtual DeviceKind kind() const = 0;
+  virtual const std::string& id() const { return target_->id(); }
+  virtual DeviceKind kind() const { return target_->kind(); }
+  // Sets the device fields of a layer call's context (device kind, CUDA
+  // context) from the accelerator's compute context.
+  virtual void PrepareContext(LayerContext* ctx) {
+    const LayerContext device = target_->ComputeContext();
+    ctx->device = device.device;
+    ctx->cuda = device.cuda;
+  }
+  // The optimizer step of one contiguous slice of `n` elements in this
+  // device's memory (`states` has c's state count pointers).
+  virtual absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
+                                   float* const* states, int64_t n) {
+    return target_->UpdateSlice(c, params, grads, states, n);
+  }
+  // Returns when all work issued to the device so far has finished.
+  virtual absl::Status Synchronize() { return target_->FinishCompute(); }
+  // Copies between host memory and this device's memory, synchronously. The
+  // host side may be pageable or from AllocatePinnedHost.
+  virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) {
+    return target_->CopyToDevice(device_dst, host_src, bytes);
+  }
+  virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) {
+    return target_->CopyToHost(host_dst, device_src, bytes);
+  }
+  // Whether this device is separate from the host (false for the CPU itself):
+  // only then are its links measured.
+  virtual bool has_host_link() const { return target_->kind() != DeviceKind::kCpu; }
+
+  // Measurement, the device's own.
   // What is known without measuring: id, kind, name, threads, memory_bytes.
   virtual tandem::v1::DeviceProfile Describe() const = 0;
   // Libraries whose versions change this device's figures, for the profile's
   // provenance and cache key: {"onednn": "2.7.3"}, {"cuda": "13.0", ...}.
   virtual std::map<std::string, std::string> Versions() const = 0;
-
   // A fresh allocator of this device's memory with its own accounting (peaks
   // from zero), so one layer's bytes can be measured alone.
   virtual std::unique_ptr<Allocator> NewAllocator() = 0;
-  // Sets the device fields of a layer call's context (device kind, stream).
-  virtual void PrepareContext(LayerContext* ctx) = 0;
-  // The optimizer step of one contiguous slice of `n` elements in this
-  // device's memory (`states` has c's state count pointers).
-  virtual absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
-                                   float* const* states, int64_t n) = 0;
-  // Returns when all work issued to the device so far has finished.
-  virtual absl::Status Synchronize() = 0;
   // Called before every optimizer-update call, untimed: leaves the device's
   // caches holding none of the layer's state, as in training, where a layer's
   // weights and moments were last touched an iteration ago. Without it a slice
   // smaller than the last-level cache would be timed from the cache. Default:
   // nothing.
   virtual void EvictCaches() {}
-
-  // Copies between host memory and this device's memory, synchronously. The
-  // host side may be pageable or from AllocatePinnedHost.
-  virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
-  virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
-  // Whether this device is separate from the host (false for the CPU itself):
-  // only then are its links measured.
-  virtual bool has_host_link() const = 0;
   // Page-locked host memory for pinned transfers; UNIMPLEMENTED where the
   // device has no such notion.
   virtual absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) {
@@ -112,13 +137,15 @@ class ProfiledDevice {
 
   // Device-wide figures: GEMM FLOP/s and memory bandwidth.
   virtual absl::Status MeasurePeaks(tandem::v1::DeviceProfile* out) = 0;
-  // One training iteration of `model` at `batch` samples, on a fresh
-  // allocator: its peak bytes and its measured timeline.
-  virtual absl::StatusOr<IterationRecord> RunIteration(const Model& model,
-                                                       const tandem::v1::OptimizerSpec& optimizer,
-                                                       int64_t batch, uint64_t seed) = 0;
+  // Called before the executor runs a whole iteration on accelerator(): a
+  // device that holds the accelerator's stream for its own probes lets go of
+  // it. Default: nothing.
+  virtual void BeforeIteration() {}
   // Last: the counter source and its note, profiler overhead, dropped records.
   virtual void FinishProfile(tandem::v1::DeviceProfile* out) = 0;
+
+ private:
+  Accelerator* const target_;
 };
 
 }  // namespace tandem::profile

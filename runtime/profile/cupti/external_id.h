@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <tuple>
 
-#include "runtime/exec/step_runner.h"
+#include "runtime/device/timing_sink.h"
 
 namespace tandem::profile {
 

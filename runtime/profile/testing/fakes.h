@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/profile/perf_counters.h"
 #include "runtime/profile/profiled_device.h"
 
@@ -112,34 +113,27 @@ class FakeCounterSource final : public CounterSource {
   std::vector<double> values_;
 };
 
-// An accelerator whose memory is host memory and whose kernels are the CPU's,
-// like the emulated device: it has a host link (memcpy) and, optionally,
-// "pinned" host memory. It records every phase bracket, and reports the
+// A profiled device over an EmulatedAccelerator (what a whole iteration runs
+// on); the memory it hands the profiler is plain host memory with an optional
+// budget, its host link memcpy (which can be made to fail), and it has,
+// optionally, "pinned" host memory. It records every phase bracket, and reports the
 // number of timed calls of each phase as a counter "calls".
 class FakeAccelerator final : public ProfiledDevice {
  public:
-  explicit FakeAccelerator(bool pinned = true) : pinned_(pinned) {}
+  explicit FakeAccelerator(bool pinned = true)
+      : ProfiledDevice(&emulated_), emulated_(EmulatedOptions{}), pinned_(pinned) {}
 
-  const std::string& id() const override { return id_; }
-  DeviceKind kind() const override { return DeviceKind::kEmulated; }
   tandem::v1::DeviceProfile Describe() const override {
     tandem::v1::DeviceProfile d;
-    d.set_id(id_);
+    d.set_id(id());
     d.set_kind(tandem::v1::DEVICE_KIND_EMULATED);
     d.set_name("fake accelerator");
     return d;
   }
   std::map<std::string, std::string> Versions() const override { return {{"fake", "1"}}; }
   std::unique_ptr<Allocator> NewAllocator() override {
-    return std::make_unique<HostAllocator>(budget_bytes_, id_);
+    return std::make_unique<HostAllocator>(budget_bytes_, id());
   }
-  void PrepareContext(LayerContext* ctx) override { ctx->device = DeviceKind::kEmulated; }
-  absl::Status UpdateSlice(const StepConstants& c, float* params, const float* grads,
-                           float* const* states, int64_t n) override {
-    Optimizer::UpdateSlice(c, params, grads, states, n);
-    return absl::OkStatus();
-  }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
   void EvictCaches() override { ++evictions_; }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     if (fail_copies_) return absl::InternalError("copy engine fault");
@@ -149,7 +143,6 @@ class FakeAccelerator final : public ProfiledDevice {
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
     return CopyToDevice(dst, src, bytes);
   }
-  bool has_host_link() const override { return true; }
   absl::StatusOr<void*> AllocatePinnedHost(int64_t bytes) override {
     if (!pinned_) return ProfiledDevice::AllocatePinnedHost(bytes);
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -184,12 +177,6 @@ class FakeAccelerator final : public ProfiledDevice {
     return absl::OkStatus();
   }
   absl::Status MeasurePeaks(tandem::v1::DeviceProfile* out) override { return absl::OkStatus(); }
-  absl::StatusOr<IterationRecord> RunIteration(const Model&, const tandem::v1::OptimizerSpec&,
-                                               int64_t, uint64_t) override {
-    IterationRecord r;
-    r.peak_bytes = 1;
-    return r;
-  }
   void FinishProfile(tandem::v1::DeviceProfile* out) override {}
 
   void set_fail_copies(bool fail) { fail_copies_ = fail; }
@@ -200,7 +187,7 @@ class FakeAccelerator final : public ProfiledDevice {
   int live_pinned_buffers() const { return static_cast<int>(pinned_live_.size()); }
 
  private:
-  const std::string id_ = "emulated:0";
+  EmulatedAccelerator emulated_;
   const bool pinned_;
   bool fail_copies_ = false;
   int64_t budget_bytes_ = 0;

@@ -1,5 +1,9 @@
 // The ProfileModel entry point: what the tandem.v1.Tandem/ProfileModel RPC and
-// `tandem profile FILE` both call. Validates the request, builds the model from
+// `tandem profile FILE` both call. It lives here, above both the profiler
+// (runtime/profile) and the executor (runtime/exec), because it builds the
+// job's model (job_model.h) and has the executor run one whole iteration on
+// each device through the profiler's IterationRunner seam; it keeps the
+// profiler's namespace. Validates the request, builds the model from
 // the spec's model, data (headers only), batch size and optimizer, and returns
 // the cached profile for the same key (profile_cache.h) unless asked to
 // refresh; otherwise measures every layer on every requested device
@@ -13,8 +17,8 @@
 // headers give the sample shape), RESOURCE_EXHAUSTED when a device cannot hold
 // a layer. Not thread-safe with itself: concurrent calls would measure each
 // other (the daemon serialises them).
-#ifndef TANDEM_RUNTIME_PROFILE_PROFILE_MODEL_H_
-#define TANDEM_RUNTIME_PROFILE_PROFILE_MODEL_H_
+#ifndef TANDEM_RUNTIME_TRAIN_PROFILE_MODEL_H_
+#define TANDEM_RUNTIME_TRAIN_PROFILE_MODEL_H_
 
 #include <functional>
 #include <string>
@@ -22,7 +26,9 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/data/dataset.h"
+#include "runtime/exec/profiled_iteration.h"
 #include "runtime/profile/cpu_device.h"
+#include "runtime/profile/layer_profiler.h"
 #include "runtime/profile/link_bandwidth.h"
 #include "runtime/profile/profiled_device.h"
 #include "tandem/v1/tandem_service.pb.h"
@@ -46,20 +52,8 @@ struct ProfilerEnvironment {
   // How links and (for the device made here) CPU peaks are measured.
   LinkOptions links;
   CpuDeviceOptions cpu;
-};
-
-// Sets the calling thread's OpenMP thread count to `threads` (0 = leaves it)
-// and restores it on scope exit: ProfileModel measures under env.threads, and
-// a CpuProfiledDevice for env.devices is created under the same count.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int threads);
-  ~ScopedThreads();
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  const int previous_;
+  // Runs each device's whole iteration: the executor's, unless a test fakes it.
+  IterationRunner run_iteration = RunProfiledIteration;
 };
 
 struct ProfileResult {
@@ -78,6 +72,11 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
 absl::Status ResolveProfileRequest(const tandem::v1::ProfileModelRequest& request, int* iterations,
                                    int* warmup);
 
+// The analytic profile (layer_profiler.h) of a resolved JobSpec (model, data,
+// training.batch_size, optimizer), reading only dataset headers.
+absl::StatusOr<tandem::v1::Profile> AnalyticProfileForJob(const tandem::v1::JobSpec& resolved,
+                                                          const PathResolver& resolve = nullptr);
+
 }  // namespace tandem::profile
 
-#endif  // TANDEM_RUNTIME_PROFILE_PROFILE_MODEL_H_
+#endif  // TANDEM_RUNTIME_TRAIN_PROFILE_MODEL_H_

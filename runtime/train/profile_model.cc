@@ -1,6 +1,5 @@
-#include "runtime/profile/profile_model.h"
+#include "runtime/train/profile_model.h"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,12 +84,6 @@ std::vector<std::string> LayerNames(const Model& model) {
 }
 
 }  // namespace
-
-ScopedThreads::ScopedThreads(int threads) : previous_(omp_get_max_threads()) {
-  if (threads > 0) omp_set_num_threads(threads);
-}
-
-ScopedThreads::~ScopedThreads() { omp_set_num_threads(previous_); }
 
 absl::Status ResolveProfileRequest(const tandem::v1::ProfileModelRequest& request, int* iterations,
                                    int* warmup) {
@@ -230,6 +223,7 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
   options.warmup = warmup;
   options.seed = resolved.training().seed() != 0 ? resolved.training().seed() : 1;
   options.on_progress = env.on_progress;
+  options.run_iteration = env.run_iteration;
   TANDEM_ASSIGN_OR_RETURN(
       const IterationRecord traced,
       MeasureDevices(model, resolved.optimizer(), batch, options, devices, env, &profile));
@@ -254,6 +248,12 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
   result.profile = std::move(profile);
   if (request.include_trace()) result.chrome_trace_json = std::move(trace);
   return result;
+}
+
+absl::StatusOr<tandem::v1::Profile> AnalyticProfileForJob(const tandem::v1::JobSpec& resolved,
+                                                          const PathResolver& resolve) {
+  TANDEM_ASSIGN_OR_RETURN(JobModel job, BuildJobModel(resolved, resolve));
+  return AnalyticProfile(*job.model, resolved.optimizer(), resolved.training().batch_size());
 }
 
 }  // namespace tandem::profile

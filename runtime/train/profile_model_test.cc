@@ -1,7 +1,7 @@
 // ProfileModel, the RPC's and `tandem profile`'s entry point: validation with
 // field names, the on-disk cache (instant repeat, refresh, keys), devices and
 // links, the trace, and the text report.
-#include "runtime/profile/profile_model.h"
+#include "runtime/train/profile_model.h"
 
 #include <filesystem>
 

@@ -439,6 +439,21 @@ ChainLayerCosts ChainLayerCostsOf(const CostModel& cost, int layer, int samples,
   return x;
 }
 
+void ChainTimeline::Span(tandem::v1::TimelineResource resource, tandem::v1::TimelinePhase phase,
+                         int layer, int micro_batch, double start, double end,
+                         int64_t bytes) const {
+  if (timeline == nullptr) return;
+  tandem::v1::TimelineSpan* out = timeline->add_spans();
+  out->set_resource(resource);
+  out->set_lane(0);
+  out->set_layer(layer);
+  out->set_phase(phase);
+  out->set_start_seconds(start - t0);
+  out->set_end_seconds(end - t0);
+  out->set_bytes(bytes);
+  out->set_micro_batch(micro_batch);
+}
+
 CostModel::LayerCosts CostModel::AnalyticLayer(const LayerProfile& layer) {
   LayerCosts c;
   c.name = layer.name();

@@ -198,6 +198,15 @@ struct ChainLayerCosts {
 ChainLayerCosts ChainLayerCostsOf(const CostModel& cost, int layer, int samples, int host_threads,
                                   bool recompute);
 
+// The timeline a fast chain evaluator reports, if any (null = none), with
+// span times shifted so that the reported iteration starts at `t0`.
+struct ChainTimeline {
+  tandem::v1::Timeline* timeline = nullptr;
+  double t0 = 0;
+  void Span(tandem::v1::TimelineResource resource, tandem::v1::TimelinePhase phase, int layer,
+            int micro_batch, double start, double end, int64_t bytes) const;
+};
+
 }  // namespace tandem::planner
 
 #endif  // TANDEM_PLANNER_COST_MODEL_H_

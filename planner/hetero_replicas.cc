@@ -20,19 +20,17 @@ constexpr tandem::v1::Placement kHost = tandem::v1::PLACEMENT_HOST;
 // window (its spans in creation order, as the event graph sums them), each
 // compute stream's memory, and per layer the program positions reuse
 // distances are read from.
-struct HeteroReplicas::Record {
+struct HeteroReplicas::Record : ChainTimeline {
   Record(double start, double end, int64_t static_acc, int64_t static_host,
          tandem::v1::Timeline* out)
-      : timeline(out),
-        t0(start),
+      : ChainTimeline{out, start},
         t1(end),
         acc_memory(static_acc, out ? out->mutable_accelerator_memory() : nullptr),
         host_memory(static_host, out ? out->mutable_host_memory() : nullptr) {
     acc_memory.SetWindowStart(t0);
     host_memory.SetWindowStart(t0);
   }
-  tandem::v1::Timeline* timeline;
-  double t0, t1;
+  double t1;
   WindowLevel acc_memory, host_memory;
   double acc_busy = 0, host_busy = 0, d2h_busy = 0, pool_busy = 0, h2d_busy = 0;
   int64_t h2d_bytes = 0, d2h_bytes = 0;
@@ -46,20 +44,6 @@ struct HeteroReplicas::Record {
   // window's end do not count.
   static void Change(WindowLevel* memory, double t, int64_t delta, double window_end) {
     if (delta != 0 && memory->Inside(t, window_end)) memory->Feed(t, delta);
-  }
-
-  void Span(TimelineResource resource, TimelinePhase phase, int layer, int micro_batch,
-            double start, double end, int64_t bytes) {
-    if (timeline == nullptr) return;
-    tandem::v1::TimelineSpan* out = timeline->add_spans();
-    out->set_resource(resource);
-    out->set_lane(0);
-    out->set_layer(layer);
-    out->set_phase(phase);
-    out->set_start_seconds(start - t0);
-    out->set_end_seconds(end - t0);
-    out->set_bytes(bytes);
-    out->set_micro_batch(micro_batch);
   }
 };
 

@@ -18,12 +18,10 @@ constexpr tandem::v1::Placement kAcc = tandem::v1::PLACEMENT_ACCELERATOR;
 // spans, busy time, stall and bytes, the copy-engine and host-pool spans that
 // may overlap its window, and per layer the figures its reuse distance and
 // slack are read from.
-struct ResidentChain::Record {
+struct ResidentChain::Record : ChainTimeline {
   struct Interval {
     double start, end;
   };
-  tandem::v1::Timeline* timeline = nullptr;
-  double t0 = 0;
   double compute_busy = 0;
   double stall = 0;
   int64_t h2d_bytes = 0, d2h_bytes = 0;
@@ -31,19 +29,6 @@ struct ResidentChain::Record {
   std::vector<double> backward_end, delivered, prefix_after, prefix_before;
   int64_t peak = 0;
 
-  void Span(TimelineResource resource, TimelinePhase phase, int layer, int micro_batch,
-            double start, double end, int64_t bytes) {
-    if (timeline == nullptr) return;
-    tandem::v1::TimelineSpan* out = timeline->add_spans();
-    out->set_resource(resource);
-    out->set_lane(0);
-    out->set_layer(layer);
-    out->set_phase(phase);
-    out->set_start_seconds(start - t0);
-    out->set_end_seconds(end - t0);
-    out->set_bytes(bytes);
-    out->set_micro_batch(micro_batch);
-  }
   // A compute span of the reported iteration: all of it lies in the window.
   void Compute(TimelinePhase phase, int layer, int micro_batch, double start, double end,
                int64_t bytes = 0) {

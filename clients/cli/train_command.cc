@@ -87,10 +87,10 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   } else {
     const auto& m = job.metrics();
     std::printf(
-        "%s after %d steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
-        tandem::v1::JobState_Name(job.state()).c_str(), job.progress().step(),
-        FormatDuration(m.train_seconds()).c_str(), m.loss(), m.eval_accuracy(), m.eval_loss(),
-        m.mean_samples_per_second());
+        "%s after %lld steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
+        tandem::v1::JobState_Name(job.state()).c_str(),
+        static_cast<long long>(job.progress().step()), FormatDuration(m.train_seconds()).c_str(),
+        m.loss(), m.eval_accuracy(), m.eval_loss(), m.mean_samples_per_second());
     if (job.plan().layers_size() > 0) {
       const tandem::v1::Plan& plan = job.plan();
       std::printf(

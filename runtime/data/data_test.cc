@@ -1,8 +1,10 @@
 // Datasets: real Fashion-MNIST when installed, and hand-made IDX files that are
 // truncated, corrupt or inconsistent, each giving a clear error and no crash.
 // Loader: every sample once per epoch, seeded order, exact resume.
+#include <sys/stat.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -157,6 +159,70 @@ TEST(TextTest, WindowsPredictTheNextByte) {
   const int64_t id = 7;
   d->train->Fill(0, &id, 1, x.data(), y.data());
   for (int t = 0; t < 16; ++t) EXPECT_EQ(y[t], 'a' + (x[t] - 'a' + 1) % 26);
+}
+
+// Everything about a text file that can be checked is checked when the spec
+// is described (at submission), not when the job runs.
+void ExpectDescribeRefuses(const tandem::v1::DatasetSpec& spec, absl::StatusCode code,
+                           const std::string& words) {
+  const absl::Status s = DescribeDatasets(spec, nullptr, 16).status();
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_NE(s.message().find(words), std::string::npos) << s;
+}
+
+TEST(TextTest, NonRegularShortOrBadlySplitTextIsRefusedWhenDescribed) {
+  tandem::v1::DatasetSpec spec;
+  spec.mutable_text()->set_path(TempPath(""));
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "is a directory");
+  const std::string fifo = TempPath("text.fifo");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // Refused from its type alone: opening a FIFO with no writer would block.
+  spec.mutable_text()->set_path(fifo);
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "'" + fifo + "' is a FIFO");
+  EXPECT_EQ(OpenDatasets(spec, 1, nullptr, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.mutable_text()->set_path("/dev/zero");
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "a character device");
+
+  WriteFile(TempPath("empty.txt"), "");
+  spec.mutable_text()->set_path(TempPath("empty.txt"));
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "has 0 bytes, too few");
+  WriteFile(TempPath("short.txt"), std::string(30, 'a'), /*gzip=*/true);
+  spec.mutable_text()->set_path(TempPath("short.txt"));
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "has 30 bytes, too few");
+
+  WriteFile(TempPath("long.txt"), std::string(5000, 'a'));
+  spec.mutable_text()->set_path(TempPath("long.txt"));
+  EXPECT_TRUE(DescribeDatasets(spec, nullptr, 16).ok());
+  for (float bad : {std::nanf(""), 1.5f, -0.1f}) {
+    spec.mutable_text()->set_test_fraction(bad);
+    ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "data.text.test_fraction");
+  }
+}
+
+TEST(SyntheticTest, NegativeSampleCountsAreRefusedWhenDescribed) {
+  tandem::v1::DatasetSpec spec;
+  spec.mutable_synthetic()->add_sample_shape(4);
+  spec.mutable_synthetic()->set_num_classes(2);
+  spec.mutable_synthetic()->set_train_samples(-5);
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "data.synthetic.train_samples");
+  spec.mutable_synthetic()->set_train_samples(5);
+  spec.mutable_synthetic()->set_test_samples(-1);
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "data.synthetic.test_samples");
+}
+
+TEST(IdxTest, EveryNamedFileIsCheckedWhenDescribed) {
+  WriteFile(TempPath("d-images"), IdxBytes({2, 2, 2}, 8));
+  ExpectDescribeRefuses(IdxSpec(TempPath("d-images"), TempPath("no-such-labels")),
+                        absl::StatusCode::kNotFound, "data.idx.train_labels");
+  ExpectDescribeRefuses(IdxSpec(TempPath("d-images"), TempPath("")),
+                        absl::StatusCode::kInvalidArgument, "data.idx.train_labels");
+  tandem::v1::DatasetSpec spec = IdxSpec(TempPath("d-images"), TempPath("d-images"));
+  spec.mutable_idx()->set_test_images(TempPath("d-images"));
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "data.idx.test_labels");
+  spec = IdxSpec(TempPath("d-images"), TempPath("d-images"));
+  spec.mutable_idx()->set_max_train_samples(-1);
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "data.idx.max_train_samples");
 }
 
 TEST(SyntheticTest, LabelsAreDeterministicAndBalancedEnough) {

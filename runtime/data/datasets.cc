@@ -1,10 +1,13 @@
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/core/random.h"
@@ -26,10 +29,37 @@ absl::StatusOr<std::string> Resolve(const PathResolver& resolve, const std::stri
   return path;
 }
 
+// What `path` is, for messages: "a directory", "a FIFO", ...
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// A dataset file must be a regular file (after symlinks): a directory fails
+// later with a confusing message, and a FIFO or a device would block the
+// reader or never end. Returns its size in bytes.
+absl::StatusOr<int64_t> RegularFileBytes(const std::string& field, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return FieldError(field, absl::StrCat("'", path, "' is ", FileKind(st.st_mode),
+                                          "; a dataset must be a regular file"));
+  }
+  return static_cast<int64_t>(st.st_size);
+}
+
 // Reads a whole file, gunzipping when it is gzip (zlib reads plain files as is).
 // At most `max_bytes` are read; `*truncated_read` tells whether more was there.
 absl::StatusOr<std::string> ReadMaybeGzip(const std::string& field, const std::string& path,
                                           int64_t max_bytes = int64_t{1} << 34) {
+  TANDEM_RETURN_IF_ERROR(RegularFileBytes(field, path).status());
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr) {
     return absl::NotFoundError(
@@ -284,6 +314,8 @@ class SyntheticDataset final : public Dataset {
   std::vector<int64_t> next_;
 };
 
+constexpr int64_t kMaxSyntheticSamples = int64_t{1} << 30;
+
 absl::StatusOr<DataInfo> SyntheticInfo(const tandem::v1::SyntheticDataset& s) {
   DataInfo info;
   if (s.sample_shape_size() == 0 || s.sample_shape_size() > 3) {
@@ -306,6 +338,14 @@ absl::StatusOr<DataInfo> SyntheticInfo(const tandem::v1::SyntheticDataset& s) {
     return FieldError("data.synthetic.num_classes",
                       absl::StrCat("must be in [2, 1000000], got ", s.num_classes()));
   }
+  if (s.train_samples() < 0 || s.train_samples() > kMaxSyntheticSamples) {
+    return FieldError("data.synthetic.train_samples",
+                      absl::StrCat("must be in [0, 2^30], got ", s.train_samples()));
+  }
+  if (s.test_samples() < 0 || s.test_samples() > kMaxSyntheticSamples) {
+    return FieldError("data.synthetic.test_samples",
+                      absl::StrCat("must be in [0, 2^30], got ", s.test_samples()));
+  }
   info.sample_shape = Shape(dims);
   info.num_classes = s.num_classes();
   if (s.tokens()) {
@@ -316,7 +356,68 @@ absl::StatusOr<DataInfo> SyntheticInfo(const tandem::v1::SyntheticDataset& s) {
   return info;
 }
 
-constexpr int64_t kMaxSyntheticSamples = int64_t{1} << 30;
+}  // namespace
+
+namespace {
+
+// The text split sizes for `n` bytes, or an error naming the field: the test
+// fraction must be in [0, 0.5] and the training split must hold two windows.
+absl::Status CheckTextSplit(const tandem::v1::TextDataset& t, const std::string& path, int64_t n,
+                            int64_t context, int64_t* train_bytes, int64_t* test_bytes) {
+  const float fraction = t.has_test_fraction() ? t.test_fraction() : 0.1f;
+  if (!(fraction >= 0.0f && fraction <= 0.5f)) {
+    return FieldError("data.text.test_fraction",
+                      absl::StrCat("must be in [0, 0.5], got ", fraction));
+  }
+  if (t.samples_per_epoch() < 0 || t.samples_per_epoch() > kMaxSyntheticSamples) {
+    return FieldError("data.text.samples_per_epoch", "must be in [0, 2^30]");
+  }
+  *test_bytes = static_cast<int64_t>(static_cast<double>(n) * fraction);
+  *train_bytes = n - *test_bytes;
+  if (*train_bytes < 2 * (context + 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("data.text.path: '", path, "' has ", n,
+                                                   " bytes, too few for context ", context));
+  }
+  return absl::OkStatus();
+}
+
+// At submission: the file is regular and holds enough text for the split,
+// reading (and gunzipping) no more than that proves.
+absl::StatusOr<int64_t> DescribeText(const tandem::v1::TextDataset& t, const std::string& path,
+                                     int64_t context) {
+  TANDEM_ASSIGN_OR_RETURN(const int64_t file_bytes, RegularFileBytes("data.text.path", path));
+  const float fraction = t.has_test_fraction() ? t.test_fraction() : 0.1f;
+  const double train_share = std::isfinite(fraction) ? std::max(0.5, 1.0 - fraction) : 1.0;
+  const int64_t enough = static_cast<int64_t>(2 * (context + 1) / train_share) + 2;
+  TANDEM_ASSIGN_OR_RETURN(const std::string head, ReadMaybeGzip("data.text.path", path, enough));
+  // Fewer than `enough` bytes is the whole text; `enough` always splits.
+  int64_t train_bytes = 0, test_bytes = 0;
+  TANDEM_RETURN_IF_ERROR(CheckTextSplit(t, path, static_cast<int64_t>(head.size()), context,
+                                        &train_bytes, &test_bytes));
+  return file_bytes;
+}
+
+// At submission: the sample limits are sane and every named IDX file is a
+// regular file (the image header is read by the caller).
+absl::Status CheckIdxFiles(const tandem::v1::IdxDataset& idx, const PathResolver& resolve) {
+  if (idx.max_train_samples() < 0) return FieldError("data.idx.max_train_samples", "must be >= 0");
+  if (idx.max_test_samples() < 0) return FieldError("data.idx.max_test_samples", "must be >= 0");
+  if (idx.test_images().empty() != idx.test_labels().empty()) {
+    return FieldError(idx.test_images().empty() ? "data.idx.test_images" : "data.idx.test_labels",
+                      "is required when the other test file is named");
+  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"data.idx.train_images", &idx.train_images()},
+      {"data.idx.train_labels", &idx.train_labels()},
+      {"data.idx.test_images", &idx.test_images()},
+      {"data.idx.test_labels", &idx.test_labels()}};
+  for (const auto& [field, name] : files) {
+    if (name->empty() && absl::StrContains(field, "test")) continue;
+    TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, field, *name));
+    TANDEM_RETURN_IF_ERROR(RegularFileBytes(field, path).status());
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -324,6 +425,7 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
                                           int64_t context) {
   switch (spec.source_case()) {
     case DatasetSpec::kIdx: {
+      TANDEM_RETURN_IF_ERROR(CheckIdxFiles(spec.idx(), resolve));
       TANDEM_ASSIGN_OR_RETURN(const std::string path,
                               Resolve(resolve, "data.idx.train_images", spec.idx().train_images()));
       TANDEM_ASSIGN_OR_RETURN(std::string head, ReadMaybeGzip("data.idx.train_images", path, 16));
@@ -349,11 +451,9 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
     case DatasetSpec::kText: {
       const auto& t = spec.text();
       TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
-      std::ifstream f(path, std::ios::binary | std::ios::ate);
-      if (!f) return absl::NotFoundError(absl::StrCat("data.text.path: cannot open '", path, "'"));
-      const int64_t file_bytes = static_cast<int64_t>(f.tellg());
       if (context <= 0)
         return FieldError("model.gpt.context", "a text dataset needs a context length");
+      TANDEM_ASSIGN_OR_RETURN(const int64_t file_bytes, DescribeText(t, path, context));
       DataInfo info;
       info.sample_shape = Shape({context});
       info.input_dtype = DType::kI32;
@@ -374,21 +474,9 @@ absl::StatusOr<Datasets> OpenTextDatasets(const tandem::v1::TextDataset& t, int6
                                           uint64_t seed, const PathResolver& resolve) {
   TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
   TANDEM_ASSIGN_OR_RETURN(std::string bytes, ReadMaybeGzip("data.text.path", path));
-  const float fraction = t.has_test_fraction() ? t.test_fraction() : 0.1f;
-  if (!(fraction >= 0.0f && fraction <= 0.5f)) {
-    return FieldError("data.text.test_fraction",
-                      absl::StrCat("must be in [0, 0.5], got ", fraction));
-  }
   const int64_t n = static_cast<int64_t>(bytes.size());
-  const int64_t test_bytes = static_cast<int64_t>(static_cast<double>(n) * fraction);
-  const int64_t train_bytes = n - test_bytes;
-  if (train_bytes < 2 * (context + 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("data.text.path: '", path, "' has ", n,
-                                                   " bytes, too few for context ", context));
-  }
-  if (t.samples_per_epoch() < 0 || t.samples_per_epoch() > kMaxSyntheticSamples) {
-    return FieldError("data.text.samples_per_epoch", "must be in [0, 2^30]");
-  }
+  int64_t train_bytes = 0, test_bytes = 0;
+  TANDEM_RETURN_IF_ERROR(CheckTextSplit(t, path, n, context, &train_bytes, &test_bytes));
   auto shared = std::make_shared<const std::string>(std::move(bytes));
   Datasets out;
   out.train = std::make_unique<TextDataset>(absl::StrCat(path, " train"), shared, 0, train_bytes,
@@ -436,12 +524,6 @@ absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
     case DatasetSpec::kSynthetic: {
       const auto& s = spec.synthetic();
       TANDEM_ASSIGN_OR_RETURN(const DataInfo info, SyntheticInfo(s));
-      if (s.train_samples() < 0 || s.train_samples() > kMaxSyntheticSamples) {
-        return FieldError("data.synthetic.train_samples", "must be in [0, 2^30]");
-      }
-      if (s.test_samples() < 0 || s.test_samples() > kMaxSyntheticSamples) {
-        return FieldError("data.synthetic.test_samples", "must be in [0, 2^30]");
-      }
       const uint64_t data_seed = s.seed() != 0 ? s.seed() : seed;
       Datasets out;
       out.train = std::make_unique<SyntheticDataset>(

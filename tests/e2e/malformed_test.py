@@ -73,6 +73,10 @@ CASES = [
     ("not an IDX file", {"model": {"mlp": {}}, "data": {"idx": {"train_images": "common-licenses/GPL-3", "train_labels": "common-licenses/GPL-3"}}, "training": GOOD["training"]}, INVALID, "not an IDX"),
     ("text path escaping", {"model": {"gpt": {}}, "data": {"text": {"path": "/proc/self/environ"}}, "training": GOOD["training"]}, INVALID, "spec.data.text.path"),
     ("huge display name", merged(GOOD, {"display_name": "x" * 100000}), INVALID, "spec.display_name"),
+    ("text path a directory", {"model": {"gpt": {}}, "data": {"text": {"path": "/usr/share/common-licenses"}}, "training": GOOD["training"]}, INVALID, "spec.data.text.path: '/usr/share/common-licenses' is a directory"),
+    ("test fraction out of range", {"model": {"gpt": {}}, "data": {"text": {"path": "/usr/share/common-licenses/GPL-3", "test_fraction": 1.5}}, "training": GOOD["training"]}, INVALID, "spec.data.text.test_fraction"),
+    ("test fraction NaN", {"model": {"gpt": {}}, "data": {"text": {"path": "/usr/share/common-licenses/GPL-3", "test_fraction": "NaN"}}, "training": GOOD["training"]}, INVALID, "spec.data.text.test_fraction"),
+    ("negative synthetic samples", merged(GOOD, {"data": {"synthetic": {"train_samples": -5}}}), INVALID, "spec.data.synthetic.train_samples"),
     ("too many labels", merged(GOOD, {"labels": {"k%d" % i: "v" for i in range(100)}}), INVALID, "spec.labels"),
     ("job larger than the node", merged(GOOD, {"model": {"mlp": {"hidden_sizes": [1048576, 1048576]}}}), grpc.StatusCode.RESOURCE_EXHAUSTED, "host memory"),
 ]

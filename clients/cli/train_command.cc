@@ -26,6 +26,79 @@ ABSL_DECLARE_FLAG(std::string, trace_out);
 
 namespace tandem::cli {
 
+namespace {
+
+// The trainer's options for a local run: a job with an accelerator (the
+// node's GPU, or the emulated one) runs under the planner's plan through the
+// plan executor, the host measured once for it (about half a second); CPU jobs
+// go straight to the CPU engine.
+TrainerOptions LocalTrainerOptions(const tandem::v1::JobSpec& spec) {
+  TrainerOptions options;
+  options.job_id = "local";
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.threads =
+      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : spec.training().threads();
+  std::vector<cuda::CudaDeviceInfo> gpus = cuda::QueryCudaDevices();
+  options.has_accelerator = !gpus.empty();
+  const auto accelerator = spec.placement().accelerator();
+  if (accelerator == tandem::v1::ACCELERATOR_KIND_EMULATED ||
+      accelerator == tandem::v1::ACCELERATOR_KIND_CUDA ||
+      (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
+      spec.placement().has_plan()) {
+    options.make_runner = node::MakeRunnerFactory(node::DetectNodeOffer(0, std::move(gpus)));
+  }
+  return options;
+}
+
+// The run as a Job record, as tandemd would report it.
+tandem::v1::Job LocalJob(const tandem::v1::JobSpec& spec, const google::protobuf::Timestamp& start,
+                         Trainer& trainer, const absl::Status& status) {
+  tandem::v1::Job job;
+  job.set_id("local");
+  *job.mutable_spec() = spec;
+  *job.mutable_create_time() = start;
+  *job.mutable_start_time() = start;
+  job.set_attempts(1);
+  *job.mutable_resolved_spec() = trainer.resolved_spec();
+  *job.mutable_progress() = trainer.progress();
+  *job.mutable_metrics() = trainer.metrics();
+  job.set_checkpoint_step(trainer.checkpoint_step());
+  job.set_checkpoint_path(trainer.checkpoint_path());
+  *job.mutable_plan() = trainer.runner().plan();
+  *job.mutable_measured_timeline() = trainer.runner().last_timeline();
+  *job.mutable_end_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  job.set_state(status.ok()                                     ? tandem::v1::JOB_STATE_SUCCEEDED
+                : status.code() == absl::StatusCode::kCancelled ? tandem::v1::JOB_STATE_CANCELLED
+                                                                : tandem::v1::JOB_STATE_FAILED);
+  if (!status.ok()) job.set_reason(std::string(status.message()));
+  return job;
+}
+
+// The closing lines of a text-mode run: outcome, plan and reason.
+void PrintSummary(const tandem::v1::Job& job) {
+  const auto& m = job.metrics();
+  std::printf(
+      "%s after %lld steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
+      tandem::v1::JobState_Name(job.state()).c_str(), static_cast<long long>(job.progress().step()),
+      FormatDuration(m.train_seconds()).c_str(), m.loss(), m.eval_accuracy(), m.eval_loss(),
+      m.mean_samples_per_second());
+  if (job.plan().layers_size() > 0) {
+    const tandem::v1::Plan& plan = job.plan();
+    std::printf(
+        "plan: %s, micro-batch %d x %d; step time predicted %.2f ms, measured %.2f ms; "
+        "peak accelerator memory %.1f of %.1f MiB\n",
+        tandem::v1::Strategy_Name(plan.strategy()).c_str(), plan.micro_batch_size(),
+        plan.micro_batches(), m.predicted_step_seconds() * 1e3, m.measured_step_seconds() * 1e3,
+        m.peak_accelerator_bytes() / 1048576.0,
+        job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
+  }
+  if (job.state() != tandem::v1::JOB_STATE_SUCCEEDED) {
+    std::printf("reason: %s\n", job.reason().c_str());
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<int> RunTrain(const Args& args) {
   if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem train FILE");
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -34,74 +107,23 @@ absl::StatusOr<int> RunTrain(const Args& args) {
   // Progress goes to stderr with --output=json so stdout holds only the Job.
   FILE* out = json ? stderr : stdout;
   ProgressPrinter printer(out, ::isatty(::fileno(out)) != 0);
-
-  TrainerOptions options;
-  options.job_id = "local";
-  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  options.threads =
-      absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : spec->training().threads();
-  std::vector<cuda::CudaDeviceInfo> gpus = cuda::QueryCudaDevices();
-  options.has_accelerator = !gpus.empty();
-  // A job with an accelerator (the node's GPU, or the emulated one) runs under
-  // the planner's plan through the plan executor; the host is measured once
-  // for it (about half a second). CPU jobs go straight to the CPU engine.
-  const auto accelerator = spec->placement().accelerator();
-  if (accelerator == tandem::v1::ACCELERATOR_KIND_EMULATED ||
-      accelerator == tandem::v1::ACCELERATOR_KIND_CUDA ||
-      (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
-      spec->placement().has_plan()) {
-    options.make_runner = node::MakeRunnerFactory(node::DetectNodeOffer(0, std::move(gpus)));
-  }
   TrainerCallbacks callbacks;
   callbacks.on_step = [&](const auto& p) { printer.Step(p); };
   callbacks.on_eval = [&](const auto& e) { printer.Eval(e); };
   callbacks.on_log = [&](auto severity, const std::string& m) { printer.Log(severity, m); };
   callbacks.on_checkpoint = [&](const auto& c) { printer.Checkpoint(c); };
 
-  tandem::v1::Job job;
-  job.set_id("local");
-  *job.mutable_spec() = *spec;
-  *job.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  *job.mutable_start_time() = job.create_time();
-  job.set_attempts(1);
-
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options, callbacks);
+  const auto start = google::protobuf::util::TimeUtil::GetCurrentTime();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(*spec, LocalTrainerOptions(*spec), callbacks);
   if (!trainer.ok()) return trainer.status();
   const absl::Status status = (*trainer)->Run();
   printer.Finish();
-  *job.mutable_resolved_spec() = (*trainer)->resolved_spec();
-  *job.mutable_progress() = (*trainer)->progress();
-  *job.mutable_metrics() = (*trainer)->metrics();
-  job.set_checkpoint_step((*trainer)->checkpoint_step());
-  job.set_checkpoint_path((*trainer)->checkpoint_path());
-  *job.mutable_plan() = (*trainer)->runner().plan();
-  *job.mutable_measured_timeline() = (*trainer)->runner().last_timeline();
-  *job.mutable_end_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  job.set_state(status.ok()                                     ? tandem::v1::JOB_STATE_SUCCEEDED
-                : status.code() == absl::StatusCode::kCancelled ? tandem::v1::JOB_STATE_CANCELLED
-                                                                : tandem::v1::JOB_STATE_FAILED);
-  if (!status.ok()) job.set_reason(std::string(status.message()));
-
+  const tandem::v1::Job job = LocalJob(*spec, start, **trainer, status);
   if (json) {
     std::printf("%s\n", ToJson(job).c_str());
   } else {
-    const auto& m = job.metrics();
-    std::printf(
-        "%s after %lld steps in %s: loss %.4f, test accuracy %.4f (loss %.4f), %.0f samples/s\n",
-        tandem::v1::JobState_Name(job.state()).c_str(),
-        static_cast<long long>(job.progress().step()), FormatDuration(m.train_seconds()).c_str(),
-        m.loss(), m.eval_accuracy(), m.eval_loss(), m.mean_samples_per_second());
-    if (job.plan().layers_size() > 0) {
-      const tandem::v1::Plan& plan = job.plan();
-      std::printf(
-          "plan: %s, micro-batch %d x %d; step time predicted %.2f ms, measured %.2f ms; "
-          "peak accelerator memory %.1f of %.1f MiB\n",
-          tandem::v1::Strategy_Name(plan.strategy()).c_str(), plan.micro_batch_size(),
-          plan.micro_batches(), m.predicted_step_seconds() * 1e3, m.measured_step_seconds() * 1e3,
-          m.peak_accelerator_bytes() / 1048576.0,
-          job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
-    }
-    if (!status.ok()) std::printf("reason: %s\n", job.reason().c_str());
+    PrintSummary(job);
   }
   if (!absl::GetFlag(FLAGS_trace_out).empty()) {
     if (absl::Status s = WriteJobTraces(job, absl::GetFlag(FLAGS_trace_out)); !s.ok()) return s;

@@ -176,6 +176,33 @@ absl::StatusOr<Layers> BuildGpt(const tandem::v1::GptSpec& s, const DataInfo& da
   return layers;
 }
 
+absl::StatusOr<std::unique_ptr<Layer>> BuildConv2d(const tandem::v1::Conv2dLayer& c,
+                                                   const std::string& field) {
+  if (c.out_channels() <= 0) return FieldError(field + ".out_channels", "must be > 0");
+  if (c.kernel_size() <= 0) return FieldError(field + ".kernel_size", "must be > 0");
+  if (c.stride() < 0) return FieldError(field + ".stride", "must be >= 0");
+  if (c.padding() < 0) return FieldError(field + ".padding", "must be >= 0");
+  return std::make_unique<Conv2d>(Conv2dOptions{.out_channels = c.out_channels(),
+                                                .kernel_size = c.kernel_size(),
+                                                .stride = c.stride() > 0 ? c.stride() : 1,
+                                                .padding = c.padding(),
+                                                .bias = !c.has_bias() || c.bias()});
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> BuildPool2d(const tandem::v1::Pool2dLayer& p,
+                                                   const std::string& field) {
+  if (p.kind() == tandem::v1::POOL_KIND_UNSPECIFIED) {
+    return FieldError(field + ".kind", "must be POOL_KIND_MAX or POOL_KIND_AVG");
+  }
+  if (p.kernel_size() <= 0) return FieldError(field + ".kernel_size", "must be > 0");
+  if (p.stride() < 0) return FieldError(field + ".stride", "must be >= 0");
+  return std::make_unique<Pool2d>(
+      Pool2dOptions{.pool = p.kind() == tandem::v1::POOL_KIND_MAX ? PoolKind::kMax : PoolKind::kAvg,
+                    .kernel_size = p.kernel_size(),
+                    .stride = p.stride(),
+                    .padding = p.padding()});
+}
+
 absl::StatusOr<std::unique_ptr<Layer>> BuildListLayer(const tandem::v1::LayerSpec& s,
                                                       const std::string& field) {
   using tandem::v1::LayerSpec;
@@ -187,31 +214,10 @@ absl::StatusOr<std::unique_ptr<Layer>> BuildListLayer(const tandem::v1::LayerSpe
           LinearOptions{.out_features = s.linear().out_features(),
                         .bias = !s.linear().has_bias() || s.linear().bias()});
     }
-    case LayerSpec::kConv2D: {
-      const auto& c = s.conv2d();
-      if (c.out_channels() <= 0) return FieldError(field + ".conv2d.out_channels", "must be > 0");
-      if (c.kernel_size() <= 0) return FieldError(field + ".conv2d.kernel_size", "must be > 0");
-      if (c.stride() < 0) return FieldError(field + ".conv2d.stride", "must be >= 0");
-      if (c.padding() < 0) return FieldError(field + ".conv2d.padding", "must be >= 0");
-      return std::make_unique<Conv2d>(Conv2dOptions{.out_channels = c.out_channels(),
-                                                    .kernel_size = c.kernel_size(),
-                                                    .stride = c.stride() > 0 ? c.stride() : 1,
-                                                    .padding = c.padding(),
-                                                    .bias = !c.has_bias() || c.bias()});
-    }
-    case LayerSpec::kPool2D: {
-      const auto& p = s.pool2d();
-      if (p.kind() == tandem::v1::POOL_KIND_UNSPECIFIED) {
-        return FieldError(field + ".pool2d.kind", "must be POOL_KIND_MAX or POOL_KIND_AVG");
-      }
-      if (p.kernel_size() <= 0) return FieldError(field + ".pool2d.kernel_size", "must be > 0");
-      if (p.stride() < 0) return FieldError(field + ".pool2d.stride", "must be >= 0");
-      return std::make_unique<Pool2d>(Pool2dOptions{
-          .pool = p.kind() == tandem::v1::POOL_KIND_MAX ? PoolKind::kMax : PoolKind::kAvg,
-          .kernel_size = p.kernel_size(),
-          .stride = p.stride(),
-          .padding = p.padding()});
-    }
+    case LayerSpec::kConv2D:
+      return BuildConv2d(s.conv2d(), field + ".conv2d");
+    case LayerSpec::kPool2D:
+      return BuildPool2d(s.pool2d(), field + ".pool2d");
     case LayerSpec::kBatchNorm2D:
       return std::make_unique<BatchNorm2d>(
           s.batch_norm2d().momentum() > 0 ? s.batch_norm2d().momentum() : 0.1f,

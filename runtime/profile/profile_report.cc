@@ -130,8 +130,8 @@ std::string MemoryCell(int64_t analytic, int64_t measured, bool have_measured) {
   return cell;
 }
 
-void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DeviceProfile& device,
-                  std::string* out) {
+// The device's name, peak rates, iteration peak and counter source.
+void AppendDeviceSummary(const tandem::v1::DeviceProfile& device, std::string* out) {
   absl::StrAppend(out, "\ndevice ", device.id(), ": ", device.name());
   if (device.memory_bytes() > 0) absl::StrAppend(out, ", ", FormatBytes(device.memory_bytes()));
   absl::StrAppend(out, "\n");
@@ -159,11 +159,14 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
     rows.push_back({"CUPTI dropped records", absl::StrCat(device.dropped_records())});
   }
   absl::StrAppend(out, Table(rows));
+}
 
-  // Time.
+// Each layer's phase times on the device, with their sum.
+void AppendDeviceTimes(const tandem::v1::Profile& profile, const tandem::v1::DeviceProfile& device,
+                       std::string* out) {
   absl::StrAppend(out, "\n  time per call on ", device.id(),
                   ", ms: median ±half the p10-p90 range; GFLOP/s = analytic FLOPs / median\n");
-  rows.clear();
+  std::vector<std::vector<std::string>> rows;
   rows.push_back(
       {"#", "layer", "kind", "forward", "backward", "update", "fwd GFLOP/s", "bwd GFLOP/s"});
   double total_fwd = 0, total_bwd = 0, total_upd = 0;
@@ -182,7 +185,12 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
   rows.push_back({"", "sum of medians", "", Ms(total_fwd), Ms(total_bwd), Ms(total_upd)});
   absl::StrAppend(out, Table(rows));
   if (samples > 0) absl::StrAppend(out, "  (", samples, " timed calls per phase)\n");
+}
 
+// Each layer's counters on the device (its own: perf, CUPTI; not the memory
+// scan), with the calling thread's CPU time on a CPU.
+void AppendDeviceCounters(const tandem::v1::Profile& profile,
+                          const tandem::v1::DeviceProfile& device, std::string* out) {
   // Counters: the device's own (perf, CUPTI), not the memory scan.
   std::vector<Counter> kinds;
   for (const LayerProfile& layer : profile.layers()) {
@@ -210,7 +218,7 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
       out, "\n  counters on ", device.id(), ", median per call (",
       kinds.empty() ? "no counters" : SourceName(kinds[0].source()),
       thread_cpu ? "; thread cpu = the calling thread's CPU time, workers excluded" : "", ")\n");
-  rows.clear();
+  std::vector<std::vector<std::string>> rows;
   std::vector<std::string> heading = {"#", "layer"};
   for (const char* phase : {"fwd", "bwd"}) {
     if (thread_cpu) heading.push_back(absl::StrCat(phase, " thread cpu ms"));
@@ -227,6 +235,13 @@ void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DevicePr
     rows.push_back(row);
   }
   absl::StrAppend(out, Table(rows));
+}
+
+void AppendDevice(const tandem::v1::Profile& profile, const tandem::v1::DeviceProfile& device,
+                  std::string* out) {
+  AppendDeviceSummary(device, out);
+  AppendDeviceTimes(profile, device, out);
+  AppendDeviceCounters(profile, device, out);
 }
 
 void AppendMemory(const tandem::v1::Profile& profile, std::string* out) {

@@ -153,8 +153,18 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   const int64_t margin = 64 * 4 * m.num_layers() + (1 << 20);
   e.host_bytes =
       e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
-  if (resolved.resources().host_memory_bytes() > 0)
-    e.host_bytes = resolved.resources().host_memory_bytes();
+  // A job may reserve more than it needs, never less: the reservation is what
+  // admission counts and what the job's allocator allows, so a smaller figure
+  // would let a job past the node's budget and then fail (or, were the limit
+  // not enforced, use memory nobody reserved).
+  const int64_t asked = resolved.resources().host_memory_bytes();
+  if (asked > 0 && asked < e.host_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.host_memory_bytes: ", FormatBytes(asked, 1), " is less than the ",
+                     FormatBytes(e.host_bytes, 1), " this job needs (", e.Describe(),
+                     "); leave it 0 to reserve what the job needs"));
+  }
+  if (asked > 0) e.host_bytes = asked;
   const auto kind = resolved.placement().accelerator();
   if (kind != tandem::v1::ACCELERATOR_KIND_NONE) {
     if (!node) {

@@ -217,6 +217,35 @@ TEST_F(JobManagerTest, AJobLargerThanTheBudgetIsResourceExhausted) {
   EXPECT_NE(s.message().find("1.0 MiB"), std::string::npos) << s;
 }
 
+// A job cannot lower its own reservation below what it needs: one refused for
+// the node's budget is refused again (INVALID_ARGUMENT, naming the field) when
+// it asks for 1 byte, and one that asks for more than it needs reserves that.
+TEST_F(JobManagerTest, AJobCannotReserveLessThanItNeeds) {
+  Open("bypass", /*host_budget=*/1 << 20);
+  tandem::v1::JobSpec big = Spec(3);
+  big.mutable_model()->mutable_mlp()->set_hidden_sizes(0, 4096);
+  for (int64_t asked : {int64_t{1}, int64_t{4096}, int64_t{512} << 10}) {
+    big.mutable_resources()->set_host_memory_bytes(asked);
+    const absl::Status s = jobs_->Submit(big, "").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << asked;
+    EXPECT_NE(s.message().find("spec.resources.host_memory_bytes"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("this job needs"), std::string::npos) << s;
+  }
+  Close();
+  Open("bypass");
+  const MemoryEstimate need = *jobs_->Estimate(*jobs_->ResolveSpec(Spec(3)));
+  tandem::v1::JobSpec small = Spec(3);
+  small.mutable_resources()->set_host_memory_bytes(need.host_bytes - 1);
+  EXPECT_EQ(jobs_->Submit(small, "").status().code(), absl::StatusCode::kInvalidArgument);
+  small.mutable_resources()->set_host_memory_bytes(2 * need.host_bytes);
+  EXPECT_EQ(jobs_->Estimate(*jobs_->ResolveSpec(small))->host_bytes, 2 * need.host_bytes);
+  jobs_->Start();
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(small, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.reserved_host_bytes(), 2 * need.host_bytes);
+}
+
 TEST_F(JobManagerTest, AdmissionNeverOversubscribesAndExplainsTheWait) {
   // Room for one job at a time: the second waits with a reason.
   Open("admission");

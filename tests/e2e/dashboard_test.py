@@ -24,7 +24,7 @@ import yaml
 
 import junit_runner
 import repo_files
-from tandem_stubs import job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
+from tandem_stubs import diverging_spec, job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -125,12 +125,7 @@ class DashboardTest(unittest.TestCase):
                           "strategy": "STRATEGY_REUSE_DISTANCE"},
             "resources": {"accelerator_memory_bytes": 64 << 20},
         })), timeout=30).job
-        failing = spec_from_dict({
-            "model": {"mlp": {"hidden_sizes": [16]}},
-            "data": {"synthetic": {"sample_shape": [8], "num_classes": 3}},
-            "training": {"batch_size": 8, "steps": 5, "checkpoint_disabled": True},
-            "resources": {"host_memory_bytes": 4096},
-        })
+        failing = diverging_spec()
         cls.failed = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=failing), timeout=30).job
         cls.job = wait_for_state(cls.client, job.id, [job_pb2.JOB_STATE_SUCCEEDED], timeout=300)
         wait_for_state(cls.client, cls.failed.id, [job_pb2.JOB_STATE_FAILED])

@@ -8,8 +8,8 @@ import unittest
 
 import junit_runner
 import repo_files
-from tandem_stubs import (FASHION, metadata, spec_from_dict, stub, synthetic_spec,
-                          tandem_service_pb2, wait_for_state, job_pb2)
+from tandem_stubs import (FASHION, diverging_spec, metadata, spec_from_dict, stub,
+                          synthetic_spec, tandem_service_pb2, wait_for_state, job_pb2)
 from tandemd_fixture import Tandemd
 
 TANDEMD = TANDEM = None
@@ -82,14 +82,14 @@ class JobsTest(unittest.TestCase):
         self.assertEqual(done.checkpoint_step, done.progress.step)
 
     def test_a_failing_job_ends_failed_and_watch_exits_one(self):
-        # Host memory too small for the model: the allocator refuses at start.
-        spec = synthetic_spec(steps=5)
-        spec.resources.host_memory_bytes = 4096
+        # Too high a learning rate for eight layers: the loss becomes NaN at
+        # step 8 and the job fails there.
+        spec = diverging_spec()
         job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30).job
         result = cli(self.daemon, "watch", job.id)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         done = wait_for_state(self.client, job.id, [job_pb2.JOB_STATE_FAILED])
-        self.assertIn("memory budget exceeded", done.reason)
+        self.assertIn("training diverged", done.reason)
         # The daemon keeps serving.
         self.assertTrue(self.client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10).accepting_jobs)
 

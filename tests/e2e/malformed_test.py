@@ -55,6 +55,7 @@ CASES = [
     ("micro batch not dividing", merged(GOOD, {"placement": {"micro_batch_size": 3}}), INVALID, "spec.placement.micro_batch_size"),
     ("gpu strategy without accelerator", merged(GOOD, {"placement": {"strategy": "STRATEGY_GPU_ONLY", "accelerator": "ACCELERATOR_KIND_NONE"}}), INVALID, "spec.placement.strategy"),
     ("negative memory", merged(GOOD, {"resources": {"host_memory_bytes": -1}}), INVALID, "spec.resources.host_memory_bytes"),
+    ("a reservation below the estimate (1 byte)", merged(GOOD, {"resources": {"host_memory_bytes": 1}}), INVALID, "spec.resources.host_memory_bytes"),
     ("absurd priority", merged(GOOD, {"priority": 10**6}), INVALID, "spec.priority"),
     ("oversized spec (a 1.4 MB forced plan)",
      merged(GOOD, {"placement": {"plan": {"layers": [{"name": "x" * 60}] * 20000}}}),

@@ -44,6 +44,19 @@ def synthetic_spec(steps=3, batch=8, **extra):
     return spec_from_dict(d)
 
 
+def diverging_spec():
+    """A job that fails while it runs, for tests of failure paths: SGD at
+    learning rate 10 (the largest allowed) with momentum through eight layers
+    drives the loss to NaN after 8 steps (the trainer then fails the job with
+    "training diverged")."""
+    return spec_from_dict({
+        "model": {"mlp": {"hidden_sizes": [16] * 8}},
+        "data": {"synthetic": {"sample_shape": [8], "num_classes": 3}},
+        "optimizer": {"kind": "OPTIMIZER_KIND_SGD", "learning_rate": 10, "momentum": 0.99},
+        "training": {"batch_size": 8, "steps": 40, "checkpoint_disabled": True},
+    })
+
+
 def wait_for_state(client, job_id, states, timeout=300, token=None):
     deadline = time.time() + timeout
     while time.time() < deadline:

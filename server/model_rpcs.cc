@@ -12,7 +12,11 @@ namespace tandem::server {
 
 PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve) {
   return [node = std::move(node), resolve = std::move(resolve)](
-             const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response) {
+             const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response,
+             const StopCheck&) {
+    // The planner has no stop point: a plan, once started, runs to its end
+    // (the lane bounds how many run); the service does not start one whose
+    // caller has gone.
     absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, node, resolve);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
@@ -24,11 +28,12 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
   auto one_at_a_time = std::make_shared<absl::Mutex>();
   return [cache_dir = std::move(cache_dir), resolve = std::move(resolve), threads, one_at_a_time](
              const tandem::v1::ProfileModelRequest& request,
-             tandem::v1::ProfileModelResponse* response) {
+             tandem::v1::ProfileModelResponse* response, const StopCheck& stop) {
     profile::ProfilerEnvironment env;
     env.cache_dir = cache_dir;
     env.resolve_path = resolve;
     env.threads = threads;
+    env.stop = stop;
     absl::MutexLock lock(one_at_a_time.get());
     const profile::NodeProfiledDevices node =
         profile::OpenNodeProfiledDevices(env.threads, env.cpu);

@@ -1,6 +1,8 @@
 #include "server/tandem_service.h"
 
+#include <chrono>
 #include <deque>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -207,6 +209,25 @@ class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
   std::deque<JobEvent> buffer_;
 };
 
+// Whether the caller has gone: it cancelled, or its deadline passed.
+bool Gone(grpc::CallbackServerContext& context) {
+  return context.IsCancelled() || std::chrono::system_clock::now() > context.deadline();
+}
+
+// The status for a request whose caller went away while it waited, nothing
+// done; nullopt while the caller still waits.
+std::optional<grpc::Status> CallerGone(grpc::CallbackServerContext& context, const char* method) {
+  if (context.IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        absl::StrCat(method, ": cancelled by the client before it started"));
+  }
+  if (std::chrono::system_clock::now() > context.deadline()) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat(method, ": the deadline passed before it started"));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& status) {
@@ -218,7 +239,9 @@ TandemService::TandemService(JobManager* jobs, ServerMetrics* metrics, ServiceOp
     : jobs_(jobs),
       metrics_(metrics),
       options_(std::move(options)),
-      workers_(options_.worker_threads, "rpc") {}
+      workers_(options_.worker_threads, "rpc"),
+      profile_lane_(options_.profile_lane),
+      plan_lane_(options_.plan_lane) {}
 
 TandemService::~TandemService() = default;
 
@@ -240,11 +263,34 @@ grpc::ServerUnaryReactor* TandemService::Unary(grpc::CallbackServerContext* cont
     reactor->Finish(auth);
     return reactor;
   }
-  workers_.Schedule([this, reactor, method, start, work = std::move(work)] {
-    const grpc::Status status = work();
+  workers_.Schedule([this, context, reactor, method, start, work = std::move(work)] {
+    const std::optional<grpc::Status> gone = CallerGone(*context, method);
+    const grpc::Status status = gone ? *gone : work();
     Record(method, start, status);
     reactor->Finish(status);
   });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* TandemService::OnLane(
+    grpc::CallbackServerContext* context, const char* method, WorkLane& lane,
+    std::function<grpc::Status(const StopCheck&)> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  grpc::Status status = options_.auth.Check(*context);
+  if (status.ok()) {
+    status = ToGrpc(
+        lane.Submit(PeerClient(context->peer()), [this, context, reactor, method, start, work] {
+          const StopCheck stop = [context] { return Gone(*context); };
+          const std::optional<grpc::Status> gone = CallerGone(*context, method);
+          const grpc::Status status = gone ? *gone : work(stop);
+          Record(method, start, status);
+          reactor->Finish(status);
+        }));
+    if (status.ok()) return reactor;
+  }
+  Record(method, start, status);
+  reactor->Finish(status);
   return reactor;
 }
 
@@ -333,24 +379,29 @@ grpc::ServerUnaryReactor* TandemService::CancelJob(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TandemService::ProfileModel(
     grpc::CallbackServerContext* context, const tandem::v1::ProfileModelRequest* request,
     tandem::v1::ProfileModelResponse* response) {
-  return Unary(context, "ProfileModel", [this, request, response]() -> grpc::Status {
-    if (!options_.profile) {
+  if (!options_.profile) {
+    return Unary(context, "ProfileModel", [] {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                           "ProfileModel is not implemented yet: it arrives with the profiler");
-    }
-    return options_.profile(*request, response);
-  });
+    });
+  }
+  return OnLane(context, "ProfileModel", profile_lane_,
+                [this, request, response](const StopCheck& stop) {
+                  return options_.profile(*request, response, stop);
+                });
 }
 
 grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* context,
                                                    const tandem::v1::PlanModelRequest* request,
                                                    tandem::v1::PlanModelResponse* response) {
-  return Unary(context, "PlanModel", [this, request, response]() -> grpc::Status {
-    if (!options_.plan) {
+  if (!options_.plan) {
+    return Unary(context, "PlanModel", [] {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                           "PlanModel is not implemented yet: it arrives with the planner");
-    }
-    return options_.plan(*request, response);
+    });
+  }
+  return OnLane(context, "PlanModel", plan_lane_, [this, request, response](const StopCheck& stop) {
+    return options_.plan(*request, response, stop);
   });
 }
 

@@ -1,8 +1,10 @@
 // The tandem.v1.Tandem gRPC service on the callback API. Each RPC checks the
 // bearer token, validates its request (INVALID_ARGUMENT naming the field), and
 // delegates: jobs to the JobManager, profiles to the profiler, plans to the
-// planner. Work that blocks (the store's fsync, planning) runs on the service's
-// own thread pool, never on gRPC's threads. Every RPC is counted and timed by
+// planner. Work that blocks runs on the service's threads, never on gRPC's:
+// the cheap RPCs' (the store's fsync) on one pool, profiles and plans each on
+// a bounded lane of their own, so that they never hold a thread GetNode or
+// SubmitJob needs. Every RPC is counted and timed by
 // method and status code. Thread-safe.
 #ifndef TANDEM_SERVER_TANDEM_SERVICE_H_
 #define TANDEM_SERVER_TANDEM_SERVICE_H_
@@ -16,25 +18,34 @@
 #include "server/auth.h"
 #include "server/job_manager.h"
 #include "server/server_metrics.h"
+#include "server/work_lane.h"
 #include "tandem/v1/tandem_service.grpc.pb.h"
 
 namespace tandem::server {
 
 // Answers GetNode; the daemon's main supplies it (devices, versions, features).
 using NodeInfoProvider = std::function<tandem::v1::NodeInfo()>;
+// True once the caller has gone (cancelled, or its deadline passed): work
+// that checks it stops early, its answer unwanted.
+using StopCheck = std::function<bool()>;
 // Optional back ends of ProfileModel and PlanModel; UNIMPLEMENTED when unset.
-using ProfileHandler = std::function<grpc::Status(const tandem::v1::ProfileModelRequest&,
-                                                  tandem::v1::ProfileModelResponse*)>;
+using ProfileHandler = std::function<grpc::Status(
+    const tandem::v1::ProfileModelRequest&, tandem::v1::ProfileModelResponse*, const StopCheck&)>;
 using PlanHandler = std::function<grpc::Status(const tandem::v1::PlanModelRequest&,
-                                               tandem::v1::PlanModelResponse*)>;
+                                               tandem::v1::PlanModelResponse*, const StopCheck&)>;
 
 struct ServiceOptions {
   Authenticator auth;
   NodeInfoProvider node_info;
   ProfileHandler profile;
   PlanHandler plan;
-  // Threads for blocking work (store writes, profiling, planning).
+  // Threads for the cheap RPCs' blocking work (the store's fsync).
   int worker_threads = 32;
+  // The expensive RPCs' own lanes (work_lane.h): a profile measures the whole
+  // node, so one runs at a time; plans run two at a time.
+  WorkLaneOptions profile_lane{
+      .name = "profile", .threads = 1, .max_queued = 4, .max_per_client = 2};
+  WorkLaneOptions plan_lane{.name = "plan", .threads = 2, .max_queued = 8, .max_per_client = 4};
 };
 
 class TandemService final : public tandem::v1::Tandem::CallbackService {
@@ -73,14 +84,22 @@ class TandemService final : public tandem::v1::Tandem::CallbackService {
 
  private:
   // Runs `work` on the worker pool after the auth check, and finishes the
-  // reactor with its status.
+  // reactor with its status; DEADLINE_EXCEEDED or CANCELLED without running
+  // it when the caller went away while it waited.
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* method,
                                   std::function<grpc::Status()> work);
+  // The same on `lane`, which may refuse it (RESOURCE_EXHAUSTED at once);
+  // `work` gets the caller's StopCheck.
+  grpc::ServerUnaryReactor* OnLane(grpc::CallbackServerContext* context, const char* method,
+                                   WorkLane& lane,
+                                   std::function<grpc::Status(const StopCheck&)> work);
 
   JobManager* const jobs_;
   ServerMetrics* const metrics_;
   ServiceOptions options_;
   ThreadPool workers_;
+  WorkLane profile_lane_;
+  WorkLane plan_lane_;
 };
 
 // absl::Status to grpc::Status (same code and message).

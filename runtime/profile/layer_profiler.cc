@@ -282,6 +282,9 @@ class LayerRun {
     wall->clear();
     const int total = options_.warmup + options_.iterations;
     for (int r = 0; r < total; ++r) {
+      if (options_.stop && options_.stop()) {
+        return absl::CancelledError("stopped between calls: the caller has gone");
+      }
       const bool timed = r >= options_.warmup;
       repetition_ = r;
       if (cold) device_.EvictCaches();
@@ -362,7 +365,14 @@ absl::Status MeasureOnDevice(const Model& model, const tandem::v1::OptimizerSpec
   if (options.iterations < 1 || options.warmup < 0) {
     return absl::InvalidArgumentError("iterations must be >= 1 and warmup >= 0");
   }
+  const auto stopped = [&](const std::string& before) {
+    return options.stop && options.stop()
+               ? absl::CancelledError(absl::StrCat(device.id(), ": stopped before ", before,
+                                                   ": the caller has gone"))
+               : absl::OkStatus();
+  };
   for (int l = 0; l < model.num_layers(); ++l) {
+    TANDEM_RETURN_IF_ERROR(stopped(absl::StrCat("layer ", l)));
     if (options.on_progress) {
       options.on_progress(absl::StrCat(device.id(), ": layer ", l + 1, " of ", model.num_layers(),
                                        " (", model.layer(l).name(), ")"));
@@ -375,9 +385,11 @@ absl::Status MeasureOnDevice(const Model& model, const tandem::v1::OptimizerSpec
     }
   }
   tandem::v1::DeviceProfile d = device.Describe();
+  TANDEM_RETURN_IF_ERROR(stopped("the peak rates"));
   if (options.on_progress) options.on_progress(absl::StrCat(device.id(), ": peak rates"));
   TANDEM_RETURN_IF_ERROR(device.MeasurePeaks(&d));
   if (options.run_iteration) {
+    TANDEM_RETURN_IF_ERROR(stopped("the iteration"));
     if (options.on_progress) options.on_progress(absl::StrCat(device.id(), ": one iteration"));
     TANDEM_ASSIGN_OR_RETURN(IterationRecord record,
                             options.run_iteration(device, model, optimizer, batch, options.seed));

@@ -68,6 +68,10 @@ struct LayerProfilerOptions {
   // Times one whole iteration after the layers; null = none is (the
   // DeviceProfile then has no iteration_peak_bytes).
   IterationRunner run_iteration;
+  // Asked before each timed or warm-up call, the peak rates and the
+  // iteration: true ends the measurement with CANCELLED (the caller has
+  // gone). Null = never.
+  std::function<bool()> stop;
 };
 
 // The analytic profile of `model` at `batch` samples per batch: every layer with

@@ -246,6 +246,26 @@ TEST(MeasureOnDeviceTest, SmallGptOnTheCpuHasEveryLayer) {
                                   model.layer(0).name() + ")");
 }
 
+// A caller that has gone stops the measurement at its next call: CANCELLED,
+// saying where, and no layer after it is measured.
+TEST(MeasureOnDeviceTest, AStopEndsItAtTheNextCall) {
+  const Job job = Load(kSmallGpt);
+  const Model& model = *job.model.model;
+  tandem::v1::Profile p = AnalyticProfile(model, job.resolved.optimizer(), 4);
+  std::unique_ptr<CpuProfiledDevice> cpu = CpuProfiledDevice::Create(SmallPeaks());
+  LayerProfilerOptions options = Quick();
+  int layers_started = 0;
+  options.on_progress = [&](const std::string&) { ++layers_started; };
+  options.stop = [&] { return layers_started == 2; };
+  const absl::Status s = MeasureOnDevice(model, job.resolved.optimizer(), 4, options, *cpu, &p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  // Layer 1 (the second) was being measured when the stop came.
+  EXPECT_NE(s.message().find("cpu: layer 1 ("), std::string::npos) << s;
+  EXPECT_NE(s.message().find("stopped between calls"), std::string::npos) << s;
+  EXPECT_EQ(layers_started, 2);
+  EXPECT_EQ(p.layers(2).devices_size(), 0);
+}
+
 TEST(MeasureOnDeviceTest, SmallCnnOnTheCpuHasEveryLayer) {
   const Job job = Load(kSmallCnn);
   const Model& model = *job.model.model;

@@ -224,6 +224,7 @@ absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest
   options.seed = resolved.training().seed() != 0 ? resolved.training().seed() : 1;
   options.on_progress = env.on_progress;
   options.run_iteration = env.run_iteration;
+  options.stop = env.stop;
   TANDEM_ASSIGN_OR_RETURN(
       const IterationRecord traced,
       MeasureDevices(model, resolved.optimizer(), batch, options, devices, env, &profile));

@@ -54,6 +54,9 @@ struct ProfilerEnvironment {
   CpuDeviceOptions cpu;
   // Runs each device's whole iteration: the executor's, unless a test fakes it.
   IterationRunner run_iteration = RunProfiledIteration;
+  // True once the caller has gone: the measurement ends with CANCELLED at the
+  // next call it times (LayerProfilerOptions::stop). Null = never.
+  std::function<bool()> stop;
 };
 
 struct ProfileResult {

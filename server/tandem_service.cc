@@ -209,11 +209,6 @@ class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
   std::deque<JobEvent> buffer_;
 };
 
-// Whether the caller has gone: it cancelled, or its deadline passed.
-bool Gone(grpc::CallbackServerContext& context) {
-  return context.IsCancelled() || std::chrono::system_clock::now() > context.deadline();
-}
-
 // The status for a request whose caller went away while it waited, nothing
 // done; nullopt while the caller still waits.
 std::optional<grpc::Status> CallerGone(grpc::CallbackServerContext& context, const char* method) {
@@ -279,14 +274,14 @@ grpc::ServerUnaryReactor* TandemService::OnLane(
   const absl::Time start = absl::Now();
   grpc::Status status = options_.auth.Check(*context);
   if (status.ok()) {
-    status = ToGrpc(
-        lane.Submit(PeerClient(context->peer()), [this, context, reactor, method, start, work] {
-          const StopCheck stop = [context] { return Gone(*context); };
-          const std::optional<grpc::Status> gone = CallerGone(*context, method);
-          const grpc::Status status = gone ? *gone : work(stop);
-          Record(method, start, status);
-          reactor->Finish(status);
-        }));
+    status = ToGrpc(lane.Submit(PeerClient(context->peer()), [this, context, reactor, method, start,
+                                                              work] {
+      const StopCheck stop = [context, method] { return CallerGone(*context, method).has_value(); };
+      const std::optional<grpc::Status> gone = CallerGone(*context, method);
+      const grpc::Status status = gone ? *gone : work(stop);
+      Record(method, start, status);
+      reactor->Finish(status);
+    }));
     if (status.ok()) return reactor;
   }
   Record(method, start, status);

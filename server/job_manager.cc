@@ -631,6 +631,7 @@ TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool 
   options.resolve_path = [&policy](const std::string& f, const std::string& p) {
     return policy.Resolve(f, p);
   };
+  options.data_reserved_bytes = entry.estimate.data_bytes;
   options.has_accelerator = options_.has_accelerator;
   options.threads = job.resolved_spec().training().threads() > 0
                         ? job.resolved_spec().training().threads()

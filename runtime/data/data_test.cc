@@ -2,6 +2,7 @@
 // truncated, corrupt or inconsistent, each giving a clear error and no crash.
 // Loader: every sample once per epoch, seeded order, exact resume.
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -223,6 +224,93 @@ TEST(IdxTest, EveryNamedFileIsCheckedWhenDescribed) {
   spec = IdxSpec(TempPath("d-images"), TempPath("d-images"));
   spec.mutable_idx()->set_max_train_samples(-1);
   ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument, "data.idx.max_train_samples");
+}
+
+// Reads are bounded by what files declare, and what they declare is checked
+// at submission (DescribeDatasets), where memory_bytes is what a run reads.
+TEST(IdxTest, DescribedMemoryIsExactlyWhatTheFilesHold) {
+  WriteFile(TempPath("m-img.idx"), IdxBytes({3, 2, 2}, 12));
+  WriteFile(TempPath("m-lab.idx.gz"), IdxBytes({3}, 3), /*gzip=*/true);
+  tandem::v1::DatasetSpec spec = IdxSpec(TempPath("m-img.idx"), TempPath("m-lab.idx.gz"));
+  absl::StatusOr<DataInfo> info = DescribeDatasets(spec);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->memory_bytes, (16 + 12) + (8 + 3));
+  spec.mutable_idx()->set_test_images(TempPath("m-img.idx"));
+  spec.mutable_idx()->set_test_labels(TempPath("m-lab.idx.gz"));
+  EXPECT_EQ(DescribeDatasets(spec)->memory_bytes, 2 * ((16 + 12) + (8 + 3)));
+  EXPECT_TRUE(OpenDatasets(spec, 0, nullptr, 0, info->memory_bytes * 2).ok());
+  // A file that grew after submission is refused before it is read.
+  const absl::Status s = OpenDatasets(spec, 0, nullptr, 0, info->memory_bytes * 2 - 1).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("data.idx.test_labels"), std::string::npos) << s;
+}
+
+TEST(IdxTest, AFileLargerThanItsHeaderIsRefusedUnread) {
+  // A sparse file of 1 GiB behind a header describing 8 images of 2x2: the
+  // size disagrees with the header, so it is refused from its size alone.
+  const std::string path = TempPath("sparse.idx");
+  WriteFile(path, IdxBytes({8, 2, 2}, 32));
+  ASSERT_EQ(truncate(path.c_str(), int64_t{1} << 30), 0);
+  WriteFile(TempPath("lab8.idx"), IdxBytes({8}, 8));
+  const tandem::v1::DatasetSpec spec = IdxSpec(path, TempPath("lab8.idx"));
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument,
+                        "holds 1073741824 bytes, but its header describes 48");
+  EXPECT_EQ(OpenDatasets(spec, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(IdxTest, HeadersThatOverflowOrDisagreeAreRefusedWhenDescribed) {
+  WriteFile(TempPath("huge.idx"), IdxBytes({1u << 28, 1u << 28, 1u << 28}, 0));
+  WriteFile(TempPath("lab1.idx"), IdxBytes({1}, 1));
+  ExpectDescribeRefuses(IdxSpec(TempPath("huge.idx"), TempPath("lab1.idx")),
+                        absl::StatusCode::kInvalidArgument, "describes more than the");
+  WriteFile(TempPath("img5.idx"), IdxBytes({5, 2, 2}, 20));
+  WriteFile(TempPath("lab4.idx"), IdxBytes({4}, 4));
+  ExpectDescribeRefuses(IdxSpec(TempPath("img5.idx"), TempPath("lab4.idx")),
+                        absl::StatusCode::kInvalidArgument, "4 labels for 5 images");
+  // A gzip file whose trailer disagrees with its header.
+  WriteFile(TempPath("img5-more.idx.gz"), IdxBytes({5, 2, 2}, 20) + std::string(100, 'x'),
+            /*gzip=*/true);
+  WriteFile(TempPath("lab5.idx"), IdxBytes({5}, 5));
+  ExpectDescribeRefuses(IdxSpec(TempPath("img5-more.idx.gz"), TempPath("lab5.idx")),
+                        absl::StatusCode::kInvalidArgument,
+                        "inflates to 136 bytes by its gzip trailer, but its header describes 36");
+}
+
+// A gzip file with its trailer's size field set to `declared`.
+void ForgeGzipSize(const std::string& path, uint32_t declared) {
+  std::string gz;
+  {
+    std::ifstream f(path, std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  for (int i = 0; i < 4; ++i)
+    gz[gz.size() - 4 + i] = static_cast<char>((declared >> (8 * i)) & 0xff);
+  WriteFile(path, gz);
+}
+
+TEST(TextTest, AGzipBombIsReadNoFurtherThanItsTrailerDeclares) {
+  // 64 MiB of text in a small gzip file. Honest, its trailer says 64 MiB: that
+  // is what the job reserves (and admission refuses what the node cannot hold).
+  const std::string path = TempPath("bomb.txt.gz");
+  WriteFile(path, std::string(64 << 20, 'a'), /*gzip=*/true);
+  tandem::v1::DatasetSpec spec;
+  spec.mutable_text()->set_path(path);
+  absl::StatusOr<DataInfo> info = DescribeDatasets(spec, nullptr, 16);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->memory_bytes, 64 << 20);
+  // Forged to declare 1 MB: 1 MB is reserved, and the run stops reading there.
+  ForgeGzipSize(path, 1000000);
+  info = DescribeDatasets(spec, nullptr, 16);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->memory_bytes, 1000000);
+  const absl::Status s = OpenDatasets(spec, 1, nullptr, 16, info->memory_bytes).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("inflates past the 1000000 bytes expected of it"), std::string::npos)
+      << s;
+  // Declaring fewer bytes than the windows it must hold is found at submission.
+  ForgeGzipSize(path, 10);
+  ExpectDescribeRefuses(spec, absl::StatusCode::kInvalidArgument,
+                        "inflates past the 10 bytes its gzip trailer declares");
 }
 
 TEST(SyntheticTest, LabelsAreDeterministicAndBalancedEnough) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -44,12 +45,19 @@ using PathResolver =
 // Opens both splits of `spec`. `context` is the sequence length of text samples
 // (the model's context; ignored by other sources). Errors name the field
 // ("data.idx.train_images") and say what is wrong with the file (missing,
-// truncated, not IDX, mismatched counts).
+// truncated, not IDX, mismatched counts, larger than declared). Only regular
+// files are read, and never more than they declare (IDX headers, gzip
+// trailers); `reserved_bytes`, when given, is what the job reserved for its
+// data (DescribeDatasets' memory_bytes at submission): files that now declare
+// more are RESOURCE_EXHAUSTED before they are read.
 absl::StatusOr<Datasets> OpenDatasets(const tandem::v1::DatasetSpec& spec, uint64_t seed,
-                                      const PathResolver& resolve = nullptr, int64_t context = 0);
+                                      const PathResolver& resolve = nullptr, int64_t context = 0,
+                                      std::optional<int64_t> reserved_bytes = std::nullopt);
 
-// The sample shape and classes without loading the data: for validation and
-// planning. Only IDX headers (16 bytes) are read.
+// The sample shape and classes without loading the data: for validation,
+// admission and planning. Every file is opened and its header read (and a
+// text file's first windows), so what can be wrong with a file is found here;
+// memory_bytes is exactly what OpenDatasets will read.
 absl::StatusOr<DataInfo> DescribeDatasets(const tandem::v1::DatasetSpec& spec,
                                           const PathResolver& resolve = nullptr,
                                           int64_t context = 0);

@@ -1,16 +1,13 @@
-#include <sys/stat.h>
-#include <zlib.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <fstream>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/core/random.h"
+#include "runtime/data/data_files.h"
 #include "runtime/data/dataset.h"
 
 namespace tandem {
@@ -29,64 +26,19 @@ absl::StatusOr<std::string> Resolve(const PathResolver& resolve, const std::stri
   return path;
 }
 
-// What `path` is, for messages: "a directory", "a FIFO", ...
-const char* FileKind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-// A dataset file must be a regular file (after symlinks): a directory fails
-// later with a confusing message, and a FIFO or a device would block the
-// reader or never end. Returns its size in bytes.
-absl::StatusOr<int64_t> RegularFileBytes(const std::string& field, const std::string& path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(errno)));
+// Reserved bytes left for a split's files (null when nothing was reserved:
+// `tandem train` on its own machine). Each read is charged before it starts.
+absl::Status Charge(const std::string& field, const std::string& path, int64_t bytes,
+                    int64_t* left) {
+  if (left == nullptr) return absl::OkStatus();
+  if (bytes > *left) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": '", path, "' now needs ", bytes, " bytes, more than the ", *left,
+                     " left of what the job reserved for its data (did it change since the job "
+                     "was submitted?)"));
   }
-  if (!S_ISREG(st.st_mode)) {
-    return FieldError(field, absl::StrCat("'", path, "' is ", FileKind(st.st_mode),
-                                          "; a dataset must be a regular file"));
-  }
-  return static_cast<int64_t>(st.st_size);
-}
-
-// Reads a whole file, gunzipping when it is gzip (zlib reads plain files as is).
-// At most `max_bytes` are read; `*truncated_read` tells whether more was there.
-absl::StatusOr<std::string> ReadMaybeGzip(const std::string& field, const std::string& path,
-                                          int64_t max_bytes = int64_t{1} << 34) {
-  TANDEM_RETURN_IF_ERROR(RegularFileBytes(field, path).status());
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": cannot open '", path, "': ", std::strerror(errno)));
-  }
-  std::string data;
-  char chunk[1 << 16];
-  while (static_cast<int64_t>(data.size()) < max_bytes) {
-    const int n = gzread(f, chunk, sizeof(chunk));
-    if (n < 0) {
-      int errnum = 0;
-      const std::string msg = gzerror(f, &errnum);
-      gzclose(f);
-      return absl::DataLossError(absl::StrCat(field, ": '", path, "' is corrupt: ", msg));
-    }
-    if (n == 0) break;
-    data.append(chunk, n);
-  }
-  gzclose(f);
-  return data;
-}
-
-uint32_t BigEndian32(const std::string& s, size_t at) {
-  return (static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 24) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 1])) << 16) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 2])) << 8) |
-         static_cast<uint32_t>(static_cast<uint8_t>(s[at + 3]));
+  *left -= bytes;
+  return absl::OkStatus();
 }
 
 struct IdxArray {
@@ -94,45 +46,15 @@ struct IdxArray {
   std::string bytes;  // The u8 payload only.
 };
 
-// Parses an IDX file of unsigned bytes with `want_dims` dimensions.
-absl::StatusOr<IdxArray> ParseIdx(const std::string& field, const std::string& path,
-                                  std::string data, int want_dims) {
-  if (data.size() < 4 || data[0] != 0 || data[1] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": '", path, "' is not an IDX file (bad magic number)"));
-  }
-  if (static_cast<uint8_t>(data[2]) != 0x08) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' holds IDX type 0x",
-                                                   absl::Hex(static_cast<uint8_t>(data[2])),
-                                                   "; only unsigned bytes (0x08) are supported"));
-  }
-  const int ndims = static_cast<uint8_t>(data[3]);
-  if (ndims != want_dims) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": '", path, "' has ", ndims, " dimensions, expected ", want_dims));
-  }
-  const size_t header = 4 + 4 * static_cast<size_t>(ndims);
-  if (data.size() < header) {
-    return absl::DataLossError(absl::StrCat(field, ": '", path, "' is truncated in its header"));
-  }
+// Reads an IDX file of unsigned bytes with `want_dims` dimensions: exactly the
+// bytes its header describes.
+absl::StatusOr<IdxArray> ReadIdx(const std::string& field, const std::string& path, int want_dims,
+                                 int64_t* left) {
+  TANDEM_ASSIGN_OR_RETURN(const IdxHeader header, ReadIdxHeader(field, path, want_dims));
+  TANDEM_RETURN_IF_ERROR(Charge(field, path, header.header_bytes + header.payload_bytes, left));
   IdxArray out;
-  int64_t elements = 1;
-  for (int i = 0; i < ndims; ++i) {
-    const int64_t d = BigEndian32(data, 4 + 4 * i);
-    if (d <= 0 || d > (int64_t{1} << 28)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": '", path, "' has an implausible dimension ", d));
-    }
-    out.dims.push_back(d);
-    elements *= d;
-  }
-  const int64_t payload = static_cast<int64_t>(data.size() - header);
-  if (payload < elements) {
-    return absl::DataLossError(absl::StrCat(field, ": '", path,
-                                            "' is truncated: its header promises ", elements,
-                                            " bytes of data, the file holds ", payload));
-  }
-  out.bytes = data.substr(header, elements);
+  out.dims = header.dims;
+  TANDEM_ASSIGN_OR_RETURN(out.bytes, ReadIdxPayload(field, path, header));
   return out;
 }
 
@@ -174,15 +96,9 @@ class IdxDataset final : public Dataset {
 absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxSplit(const std::string& field_prefix,
                                                       const std::string& images_path,
                                                       const std::string& labels_path, int64_t limit,
-                                                      const std::string& name) {
-  TANDEM_ASSIGN_OR_RETURN(std::string raw_images,
-                          ReadMaybeGzip(field_prefix + "_images", images_path));
-  TANDEM_ASSIGN_OR_RETURN(
-      IdxArray images, ParseIdx(field_prefix + "_images", images_path, std::move(raw_images), 3));
-  TANDEM_ASSIGN_OR_RETURN(std::string raw_labels,
-                          ReadMaybeGzip(field_prefix + "_labels", labels_path));
-  TANDEM_ASSIGN_OR_RETURN(
-      IdxArray labels, ParseIdx(field_prefix + "_labels", labels_path, std::move(raw_labels), 1));
+                                                      const std::string& name, int64_t* left) {
+  TANDEM_ASSIGN_OR_RETURN(IdxArray images, ReadIdx(field_prefix + "_images", images_path, 3, left));
+  TANDEM_ASSIGN_OR_RETURN(IdxArray labels, ReadIdx(field_prefix + "_labels", labels_path, 1, left));
   if (labels.dims[0] != images.dims[0]) {
     return absl::InvalidArgumentError(
         absl::StrCat(field_prefix, "_labels: '", labels_path, "' has ", labels.dims[0],
@@ -382,24 +298,47 @@ absl::Status CheckTextSplit(const tandem::v1::TextDataset& t, const std::string&
 }
 
 // At submission: the file is regular and holds enough text for the split,
-// reading (and gunzipping) no more than that proves.
+// reading (and gunzipping) no more than that proves. Returns the bytes a run
+// reads: the file's size, or a gzip file's declared size.
 absl::StatusOr<int64_t> DescribeText(const tandem::v1::TextDataset& t, const std::string& path,
                                      int64_t context) {
-  TANDEM_ASSIGN_OR_RETURN(const int64_t file_bytes, RegularFileBytes("data.text.path", path));
+  TANDEM_ASSIGN_OR_RETURN(const DataFileInfo file, StatDataFile("data.text.path", path));
   const float fraction = t.has_test_fraction() ? t.test_fraction() : 0.1f;
   const double train_share = std::isfinite(fraction) ? std::max(0.5, 1.0 - fraction) : 1.0;
   const int64_t enough = static_cast<int64_t>(2 * (context + 1) / train_share) + 2;
-  TANDEM_ASSIGN_OR_RETURN(const std::string head, ReadMaybeGzip("data.text.path", path, enough));
+  TANDEM_ASSIGN_OR_RETURN(const std::string head,
+                          ReadDataFile("data.text.path", path, enough, false));
   // Fewer than `enough` bytes is the whole text; `enough` always splits.
   int64_t train_bytes = 0, test_bytes = 0;
   TANDEM_RETURN_IF_ERROR(CheckTextSplit(t, path, static_cast<int64_t>(head.size()), context,
                                         &train_bytes, &test_bytes));
-  return file_bytes;
+  if (file.content_bytes < static_cast<int64_t>(head.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("data.text.path: '", path,
+                                                   "' inflates past the ", file.content_bytes,
+                                                   " bytes its gzip trailer declares"));
+  }
+  return file.content_bytes;
 }
 
-// At submission: the sample limits are sane and every named IDX file is a
-// regular file (the image header is read by the caller).
-absl::Status CheckIdxFiles(const tandem::v1::IdxDataset& idx, const PathResolver& resolve) {
+// The header of a split's images and labels, checked against each other.
+absl::StatusOr<std::pair<IdxHeader, IdxHeader>> DescribeIdxSplit(const std::string& prefix,
+                                                                 const std::string& images_path,
+                                                                 const std::string& labels_path) {
+  TANDEM_ASSIGN_OR_RETURN(IdxHeader images, ReadIdxHeader(prefix + "_images", images_path, 3));
+  TANDEM_ASSIGN_OR_RETURN(IdxHeader labels, ReadIdxHeader(prefix + "_labels", labels_path, 1));
+  if (labels.dims[0] != images.dims[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "_labels: '", labels_path, "' has ",
+                                                   labels.dims[0], " labels for ", images.dims[0],
+                                                   " images in '", images_path, "'"));
+  }
+  return std::make_pair(std::move(images), std::move(labels));
+}
+
+// At submission: the sample limits are sane, every named IDX file is a regular
+// file whose size matches its header, and labels match images. The memory is
+// exactly what a run reads: every file's header and data.
+absl::StatusOr<DataInfo> DescribeIdx(const tandem::v1::IdxDataset& idx,
+                                     const PathResolver& resolve) {
   if (idx.max_train_samples() < 0) return FieldError("data.idx.max_train_samples", "must be >= 0");
   if (idx.max_test_samples() < 0) return FieldError("data.idx.max_test_samples", "must be >= 0");
   if (idx.test_images().empty() != idx.test_labels().empty()) {
@@ -411,12 +350,27 @@ absl::Status CheckIdxFiles(const tandem::v1::IdxDataset& idx, const PathResolver
       {"data.idx.train_labels", &idx.train_labels()},
       {"data.idx.test_images", &idx.test_images()},
       {"data.idx.test_labels", &idx.test_labels()}};
-  for (const auto& [field, name] : files) {
+  std::string paths[4];
+  for (int i = 0; i < 4; ++i) {
+    const auto& [field, name] = files[i];
     if (name->empty() && absl::StrContains(field, "test")) continue;
-    TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, field, *name));
-    TANDEM_RETURN_IF_ERROR(RegularFileBytes(field, path).status());
+    TANDEM_ASSIGN_OR_RETURN(paths[i], Resolve(resolve, field, *name));
+    TANDEM_RETURN_IF_ERROR(StatDataFile(field, paths[i]).status());
   }
-  return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(const auto train, DescribeIdxSplit("data.idx.train", paths[0], paths[1]));
+  DataInfo info;
+  info.sample_shape = Shape({train.first.dims[1], train.first.dims[2], 1});
+  info.num_classes = 10;
+  auto bytes = [](const IdxHeader& h) { return h.header_bytes + h.payload_bytes; };
+  info.memory_bytes = bytes(train.first) + bytes(train.second);
+  if (!paths[2].empty()) {
+    TANDEM_ASSIGN_OR_RETURN(const auto test, DescribeIdxSplit("data.idx.test", paths[2], paths[3]));
+    if (test.first.dims[1] != train.first.dims[1] || test.first.dims[2] != train.first.dims[2]) {
+      return FieldError("data.idx.test_images", "image size differs from the training split");
+    }
+    info.memory_bytes += bytes(test.first) + bytes(test.second);
+  }
+  return info;
 }
 
 }  // namespace
@@ -424,42 +378,20 @@ absl::Status CheckIdxFiles(const tandem::v1::IdxDataset& idx, const PathResolver
 absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathResolver& resolve,
                                           int64_t context) {
   switch (spec.source_case()) {
-    case DatasetSpec::kIdx: {
-      TANDEM_RETURN_IF_ERROR(CheckIdxFiles(spec.idx(), resolve));
-      TANDEM_ASSIGN_OR_RETURN(const std::string path,
-                              Resolve(resolve, "data.idx.train_images", spec.idx().train_images()));
-      TANDEM_ASSIGN_OR_RETURN(std::string head, ReadMaybeGzip("data.idx.train_images", path, 16));
-      if (head.size() < 16) {
-        return absl::DataLossError(
-            absl::StrCat("data.idx.train_images: '", path, "' is truncated"));
-      }
-      // Parse the header only: dims [N, H, W].
-      if (head[0] != 0 || head[1] != 0 || static_cast<uint8_t>(head[2]) != 0x08 || head[3] != 3) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("data.idx.train_images: '", path, "' is not an IDX image file"));
-      }
-      DataInfo info;
-      info.sample_shape = Shape({BigEndian32(head, 8), BigEndian32(head, 12), 1});
-      info.num_classes = 10;
-      // u8 pixels and labels of the training split, and a test split of up to a
-      // sixth of it (MNIST's proportions) when one is named.
-      const int64_t train =
-          static_cast<int64_t>(BigEndian32(head, 4)) * (info.sample_shape.elements() + 1);
-      info.memory_bytes = spec.idx().test_images().empty() ? train : train + train / 6;
-      return info;
-    }
+    case DatasetSpec::kIdx:
+      return DescribeIdx(spec.idx(), resolve);
     case DatasetSpec::kText: {
       const auto& t = spec.text();
       TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
       if (context <= 0)
         return FieldError("model.gpt.context", "a text dataset needs a context length");
-      TANDEM_ASSIGN_OR_RETURN(const int64_t file_bytes, DescribeText(t, path, context));
+      TANDEM_ASSIGN_OR_RETURN(const int64_t text_bytes, DescribeText(t, path, context));
       DataInfo info;
       info.sample_shape = Shape({context});
       info.input_dtype = DType::kI32;
       info.num_classes = 256;
       info.targets_per_sample = context;
-      info.memory_bytes = file_bytes;
+      info.memory_bytes = text_bytes;
       return info;
     }
     case DatasetSpec::kSynthetic:
@@ -470,10 +402,16 @@ absl::StatusOr<DataInfo> DescribeDatasets(const DatasetSpec& spec, const PathRes
   return FieldError("data", "is required: set one of idx, text, synthetic");
 }
 
+namespace {
+
 absl::StatusOr<Datasets> OpenTextDatasets(const tandem::v1::TextDataset& t, int64_t context,
-                                          uint64_t seed, const PathResolver& resolve) {
+                                          uint64_t seed, const PathResolver& resolve,
+                                          int64_t* left) {
   TANDEM_ASSIGN_OR_RETURN(const std::string path, Resolve(resolve, "data.text.path", t.path()));
-  TANDEM_ASSIGN_OR_RETURN(std::string bytes, ReadMaybeGzip("data.text.path", path));
+  TANDEM_ASSIGN_OR_RETURN(const DataFileInfo file, StatDataFile("data.text.path", path));
+  TANDEM_RETURN_IF_ERROR(Charge("data.text.path", path, file.content_bytes, left));
+  TANDEM_ASSIGN_OR_RETURN(std::string bytes,
+                          ReadDataFile("data.text.path", path, file.content_bytes, true));
   const int64_t n = static_cast<int64_t>(bytes.size());
   int64_t train_bytes = 0, test_bytes = 0;
   TANDEM_RETURN_IF_ERROR(CheckTextSplit(t, path, n, context, &train_bytes, &test_bytes));
@@ -488,8 +426,12 @@ absl::StatusOr<Datasets> OpenTextDatasets(const tandem::v1::TextDataset& t, int6
   return out;
 }
 
+}  // namespace
+
 absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
-                                      const PathResolver& resolve, int64_t context) {
+                                      const PathResolver& resolve, int64_t context,
+                                      std::optional<int64_t> reserved_bytes) {
+  int64_t* left = reserved_bytes ? &*reserved_bytes : nullptr;
   switch (spec.source_case()) {
     case DatasetSpec::kIdx: {
       const auto& idx = spec.idx();
@@ -502,15 +444,15 @@ absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
       TANDEM_ASSIGN_OR_RETURN(const std::string tl,
                               Resolve(resolve, "data.idx.train_labels", idx.train_labels()));
       Datasets out;
-      TANDEM_ASSIGN_OR_RETURN(
-          out.train, OpenIdxSplit("data.idx.train", ti, tl, idx.max_train_samples(), "idx train"));
+      TANDEM_ASSIGN_OR_RETURN(out.train, OpenIdxSplit("data.idx.train", ti, tl,
+                                                      idx.max_train_samples(), "idx train", left));
       if (!idx.test_images().empty() || !idx.test_labels().empty()) {
         TANDEM_ASSIGN_OR_RETURN(const std::string vi,
                                 Resolve(resolve, "data.idx.test_images", idx.test_images()));
         TANDEM_ASSIGN_OR_RETURN(const std::string vl,
                                 Resolve(resolve, "data.idx.test_labels", idx.test_labels()));
-        TANDEM_ASSIGN_OR_RETURN(
-            out.test, OpenIdxSplit("data.idx.test", vi, vl, idx.max_test_samples(), "idx test"));
+        TANDEM_ASSIGN_OR_RETURN(out.test, OpenIdxSplit("data.idx.test", vi, vl,
+                                                       idx.max_test_samples(), "idx test", left));
         if (out.test->info().sample_shape != out.train->info().sample_shape) {
           return FieldError("data.idx.test_images", "image size differs from the training split");
         }
@@ -520,7 +462,7 @@ absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
     case DatasetSpec::kText:
       if (context <= 0)
         return FieldError("model.gpt.context", "a text dataset needs a context length");
-      return OpenTextDatasets(spec.text(), context, seed, resolve);
+      return OpenTextDatasets(spec.text(), context, seed, resolve, left);
     case DatasetSpec::kSynthetic: {
       const auto& s = spec.synthetic();
       TANDEM_ASSIGN_OR_RETURN(const DataInfo info, SyntheticInfo(s));

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
   TANDEM_ASSIGN_OR_RETURN(
       t->data_, OpenDatasets(t->resolved_.data(), training.seed(), t->options_.resolve_path,
-                             ModelContext(t->resolved_)));
+                             ModelContext(t->resolved_), t->options_.data_reserved_bytes));
   TANDEM_ASSIGN_OR_RETURN(t->model_, Model::Build(t->resolved_.model(), t->data_.train->info()));
   *t->resolved_.mutable_model() = WithPresetDefaults(t->resolved_.model(), t->data_.train->info());
 

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,10 @@ struct TrainerOptions {
   bool resume = true;
   // Maps dataset paths (e.g. confines them to --data_root); null = as written.
   PathResolver resolve_path;
+  // What the job reserved for its dataset files (the daemon's estimate at
+  // submission); files that now declare more are refused before being read.
+  // Unset: nothing was reserved (tandem train on its own machine).
+  std::optional<int64_t> data_reserved_bytes;
   // Whether the node has an accelerator (decides an unspecified strategy).
   bool has_accelerator = false;
   // The spec is ResolveJobSpec's output already (the daemon resolves a job

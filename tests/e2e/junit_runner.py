@@ -42,7 +42,10 @@ def _write_xml(result, path):
     suite = ET.SubElement(suites, "testsuite", name="python", tests=str(len(result.cases)))
     for test, kind, detail, seconds in result.cases:
         case = ET.SubElement(suite, "testcase", classname=type(test).__name__,
-                             name=test._testMethodName, time="%.3f" % seconds)
+                             # A setUpClass error is recorded against a holder
+                             # with a description instead of a method.
+                             name=getattr(test, "_testMethodName", str(test)),
+                             time="%.3f" % seconds)
         if kind in ("failure", "error", "skipped"):
             ET.SubElement(case, kind, message=detail[:200]).text = detail
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,5 +1,7 @@
 #include "server/job_manager.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <deque>
 #include <filesystem>
@@ -97,6 +99,9 @@ struct JobManager::Entry {
   bool cancel_requested = false;
   std::string cancel_reason;
   bool running = false;
+  // State-change events the store refused (a full disk): written again with
+  // the job's record by RetryUnrecorded; the job stays live until then.
+  std::vector<JobEvent> unrecorded;
   // Set by the runner thread as its last action, so the thread can be joined.
   std::atomic<bool> runner_done{false};
   std::unique_ptr<HostAllocator> allocator;
@@ -247,6 +252,9 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   TANDEM_ASSIGN_OR_RETURN(std::optional<Submitted> previous, existing());
   if (previous) return *previous;
 
+  // Before any work: a store that cannot take the job refuses it at once.
+  TANDEM_RETURN_IF_ERROR(CheckStateSpace());
+  if (!store_->read_only().ok()) return store_->read_only();
   TANDEM_ASSIGN_OR_RETURN(const Resolved r, Resolve(spec));
   const tandem::v1::JobSpec& resolved = r.spec;
   const MemoryEstimate& estimate = r.estimate;
@@ -393,7 +401,53 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
     *entry.job.mutable_end_time() = event.time();
     metrics_->jobs_finished.Add({{"state", StateLabel(state)}}).Increment();
   }
-  return store_->UpdateJob(entry.job, {event});
+  if (!entry.unrecorded.empty()) {
+    // Earlier changes are still waiting: keep the order.
+    entry.unrecorded.push_back(event);
+    return absl::UnavailableError("an earlier state change is not recorded yet");
+  }
+  const absl::Status s = store_->UpdateJob(entry.job, {event});
+  if (!s.ok()) {
+    // Kept in memory, served from there, and written when the store takes it.
+    entry.unrecorded.push_back(event);
+    ++unrecorded_;
+  }
+  return s;
+}
+
+void JobManager::RetryUnrecorded() {
+  absl::MutexLock lock(&mu_);
+  if (unrecorded_ == 0) return;
+  for (auto it = live_.begin(); it != live_.end();) {
+    Entry& e = *it->second;
+    if (e.unrecorded.empty() || !store_->UpdateJob(e.job, e.unrecorded).ok()) {
+      ++it;
+      continue;
+    }
+    std::fprintf(stderr, "tandemd: recorded %zu delayed state change(s) of %s (now %s)\n",
+                 e.unrecorded.size(), e.job.id().c_str(), StateLabel(e.job.state()));
+    e.unrecorded.clear();
+    --unrecorded_;
+    if (IsTerminal(e.job.state()) && !e.running) {
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status JobManager::CheckStateSpace() const {
+  struct statvfs fs;
+  if (options_.state_min_free_bytes <= 0 || statvfs(options_.state_dir.c_str(), &fs) != 0) {
+    return absl::OkStatus();
+  }
+  const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (free_bytes >= options_.state_min_free_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the state directory ", options_.state_dir, " has ", FormatBytes(free_bytes, 1),
+      " free, less than the ", FormatBytes(options_.state_min_free_bytes, 1),
+      " kept for running jobs' records (--state_min_free_bytes); submit again once space is "
+      "freed"));
 }
 
 void JobManager::AppendEvent(Entry& entry, JobEvent event) {
@@ -411,6 +465,7 @@ void JobManager::PersistLoop() {
       stop = persist_stop_;
     }
     FlushEvents();
+    RetryUnrecorded();
     if (stop) return;
   }
 }
@@ -423,10 +478,30 @@ void JobManager::FlushEvents() {
   }
   if (batch.empty()) return;
   const absl::Status s = store_->AppendEvents(batch);
-  if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: could not persist %zu job events: %s\n", batch.size(),
-                 s.ToString().c_str());
+  if (s.ok()) {
+    absl::MutexLock lock(&persist_mu_);
+    if (event_write_failing_) std::fprintf(stderr, "tandemd: job events are persisted again\n");
+    event_write_failing_ = false;
+    return;
   }
+  // Kept for the next round (a full disk may be freed), up to a bound past
+  // which the oldest are given up: the state changes and the job records,
+  // written separately, are what must not be lost.
+  constexpr size_t kMaxHeldEvents = 100000;
+  absl::MutexLock lock(&persist_mu_);
+  batch.insert(batch.end(), pending_events_.begin(), pending_events_.end());
+  size_t dropped = 0;
+  if (batch.size() > kMaxHeldEvents) {
+    dropped = batch.size() - kMaxHeldEvents;
+    batch.erase(batch.begin(), batch.begin() + dropped);
+  }
+  pending_events_.swap(batch);
+  if (!event_write_failing_ || dropped > 0) {
+    std::fprintf(stderr,
+                 "tandemd: cannot persist job events (%s); holding %zu to retry, %zu given up\n",
+                 s.ToString().c_str(), pending_events_.size(), dropped);
+  }
+  event_write_failing_ = true;
 }
 
 absl::Status JobManager::Recover() {
@@ -439,19 +514,27 @@ absl::Status JobManager::Recover() {
     absl::StatusOr<MemoryEstimate> estimate = Estimate(job.resolved_spec());
     entry->job = std::move(job);
     absl::MutexLock lock(&mu_);
+    // A change the store cannot take now (a full disk, a read-only store) is
+    // kept with the entry and written later: recovery never stops the daemon.
+    auto transition = [&](JobState state, const std::string& reason) {
+      const absl::Status s = Transition(*entry, state, reason);
+      if (!s.ok()) {
+        std::fprintf(stderr, "tandemd: recovery: cannot record that %s is %s yet: %s\n",
+                     entry->job.id().c_str(), StateLabel(state), s.ToString().c_str());
+      }
+    };
     if (!estimate.ok()) {
-      TANDEM_RETURN_IF_ERROR(
-          Transition(*entry, tandem::v1::JOB_STATE_FAILED,
-                     absl::StrCat("cannot resume after restart: ", estimate.status().message())));
+      transition(tandem::v1::JOB_STATE_FAILED,
+                 absl::StrCat("cannot resume after restart: ", estimate.status().message()));
+      if (!entry->unrecorded.empty()) live_[entry->job.id()] = entry;
       continue;
     }
     entry->estimate = *estimate;
     if (entry->job.state() == tandem::v1::JOB_STATE_RUNNING) {
-      TANDEM_RETURN_IF_ERROR(Transition(
-          *entry, tandem::v1::JOB_STATE_QUEUED,
-          absl::StrCat(
-              "tandemd restarted while the job ran; it resumes from its checkpoint at step ",
-              entry->job.checkpoint_step())));
+      transition(tandem::v1::JOB_STATE_QUEUED,
+                 absl::StrCat(
+                     "tandemd restarted while the job ran; it resumes from its checkpoint at step ",
+                     entry->job.checkpoint_step()));
     }
     live_[entry->job.id()] = entry;
     dirty_ = true;
@@ -501,6 +584,11 @@ void JobManager::ScheduleLocked() {
   });
   const Entry* blocked = nullptr;
   for (Entry* e : queue) {
+    if (!store_->read_only().ok()) {
+      // A run could record neither its start, its checkpoints nor its end.
+      e->job.set_reason(absl::StrCat("waiting: ", store_->read_only().message()));
+      continue;
+    }
     if (blocked != nullptr) {
       e->job.set_reason(absl::StrCat("waiting behind ", blocked->job.id(), " (priority ",
                                      blocked->job.spec().priority(), ")"));
@@ -764,13 +852,15 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   const std::string id = record.id();
   const absl::Status s = Transition(entry, next, reason);
   if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: cannot record the end of %s: %s\n", id.c_str(),
-                 s.ToString().c_str());
+    std::fprintf(stderr,
+                 "tandemd: cannot record the end of %s yet (%s): it is served from memory and "
+                 "written when the store takes it\n",
+                 id.c_str(), s.ToString().c_str());
   }
   UpdateJobMetrics(entry);
   if (IsTerminal(next)) {
     entry.log->Close();
-    live_.erase(id);
+    if (entry.unrecorded.empty()) live_.erase(id);
     finished_series_.push_back(id);
     if (finished_series_.size() > kFinishedSeriesKept) {
       ForgetJobSeries(finished_series_.front());
@@ -835,6 +925,14 @@ JobManager::Snapshot JobManager::TakeSnapshot() {
   if (counts.ok()) s.jobs_by_state = *counts;
   absl::MutexLock lock(&mu_);
   s.accepting = accepting_;
+  if (!accepting_) {
+    s.not_accepting_reason = "tandemd is shutting down";
+  } else if (!store_->read_only().ok()) {
+    s.not_accepting_reason = std::string(store_->read_only().message());
+  } else if (const absl::Status space = CheckStateSpace(); !space.ok()) {
+    s.not_accepting_reason = std::string(space.message());
+  }
+  s.accepting = s.not_accepting_reason.empty();
   s.reserved_host_bytes = reserved_host_;
   s.reserved_accelerator_bytes = reserved_accelerator_;
   for (auto& [id, e] : live_) {

@@ -45,6 +45,9 @@ struct JobManagerOptions {
   int default_threads = 0;
   // Jobs running at once; more wait for a slot (memory permitting). 0 = no limit.
   int max_running_jobs = 0;
+  // Submits are refused (RESOURCE_EXHAUSTED) while the state directory's file
+  // system has less free space than this, kept for running jobs' records.
+  int64_t state_min_free_bytes = 64 << 20;
   // The node's hardware. When set, jobs with an accelerator are planned at
   // submission (refused with RESOURCE_EXHAUSTED when no plan fits, the plan
   // recorded in the job) and run through the plan executor. Unset: every job
@@ -121,6 +124,8 @@ class JobManager {
     // Summed over running jobs' allocators, by category.
     MemoryStats host_memory;
     bool accepting = true;
+    // Why not, when not accepting.
+    std::string not_accepting_reason;
   };
   Snapshot TakeSnapshot();
   const JobManagerOptions& options() const { return options_; }
@@ -159,6 +164,13 @@ class JobManager {
   void AppendEvent(Entry& entry, tandem::v1::JobEvent event);
   void PersistLoop();
   void FlushEvents();
+  // Writes the records a full or failing disk kept in memory (state changes,
+  // a job's end); a job whose end is recorded leaves live_.
+  void RetryUnrecorded() ABSL_LOCKS_EXCLUDED(mu_);
+  // RESOURCE_EXHAUSTED when the state directory's free space is below
+  // --state_min_free_bytes: submits stop while running jobs still have room to
+  // record their steps and ends.
+  absl::Status CheckStateSpace() const;
   void UpdateJobMetrics(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobManagerOptions options_;
@@ -179,10 +191,14 @@ class JobManager {
   std::deque<std::string> finished_series_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
 
+  // Live entries with a state change the store has not taken yet.
+  int unrecorded_ ABSL_GUARDED_BY(mu_) = 0;
+
   // Events waiting to be written by the persister (batched, off the training path).
   absl::Mutex persist_mu_;
   std::vector<tandem::v1::JobEvent> pending_events_ ABSL_GUARDED_BY(persist_mu_);
   bool persist_stop_ ABSL_GUARDED_BY(persist_mu_) = false;
+  bool event_write_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
   std::thread persister_;
 };
 

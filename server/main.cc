@@ -75,6 +75,10 @@ ABSL_FLAG(int, job_threads, 0, "CPU threads per job that sets none; 0 = all core
 ABSL_FLAG(std::string, store_sync, "full",
           "full: fsync every store commit (acknowledged jobs survive power loss); normal: "
           "survive a crash or kill -9 of tandemd only, for disks with slow fsync.");
+ABSL_FLAG(int64_t, state_min_free_bytes, 64 << 20,
+          "Free space (bytes) kept on --state_dir's file system for running jobs' records: "
+          "below it, submits are refused with RESOURCE_EXHAUSTED. 0 = refuse only when the "
+          "store cannot write.");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 
@@ -165,6 +169,7 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
                                  : "; no CUDA device (jobs may use the emulated accelerator)");
   const int running = absl::GetFlag(FLAGS_max_running_jobs);
   o.max_running_jobs = running >= 0 ? running : std::max(1, resources.cpu_threads);
+  o.state_min_free_bytes = absl::GetFlag(FLAGS_state_min_free_bytes);
   return o;
 }
 
@@ -285,6 +290,10 @@ int main(int argc, char** argv) {
   if (!auth.ok()) return Fail(std::string(auth.status().message()));
   absl::StatusOr<std::unique_ptr<JobStore>> store = OpenStore(state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
+  if (!(*store)->read_only().ok()) {
+    std::fprintf(stderr, "tandemd: %s; serving what is stored and accepting no jobs\n",
+                 std::string((*store)->read_only().message()).c_str());
+  }
 
   const NodeResources resources = tandem::node::DetectNodeResources();
   ServerMetrics metrics;

@@ -68,6 +68,7 @@ tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& j
         it == snapshot.jobs_by_state.end() ? 0 : it->second;
   }
   node.set_accepting_jobs(snapshot.accepting);
+  node.set_not_accepting_reason(snapshot.not_accepting_reason);
   node.add_features("onednn");
   node.add_features("emulated_accelerator");
   if (cuda::BuiltWithCuda()) node.add_features("cuda");

@@ -1,6 +1,9 @@
 #include "server/store/job_store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,18 +17,54 @@ namespace {
 using tandem::v1::Job;
 using tandem::v1::JobEvent;
 
+// The status for an SQLite result code: a full disk is RESOURCE_EXHAUSTED (the
+// caller may try again once space is freed), an unwritable or failing disk
+// UNAVAILABLE, a damaged file DATA_LOSS.
+absl::Status StoreStatus(int rc, const std::string& message) {
+  switch (rc & 0xff) {
+    case SQLITE_FULL:
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job store: the disk holding the state directory is full (", message, ")"));
+    case SQLITE_READONLY:
+    case SQLITE_IOERR:
+    case SQLITE_CANTOPEN:
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::UnavailableError(absl::StrCat("job store: ", message));
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return absl::DataLossError(absl::StrCat("job store: ", message));
+    default:
+      return absl::InternalError(absl::StrCat("job store: ", message));
+  }
+}
+
 absl::Status SqlError(sqlite3* db, const std::string& what) {
-  return absl::InternalError(absl::StrCat("job store: ", what, ": ", sqlite3_errmsg(db)));
+  return StoreStatus(sqlite3_extended_errcode(db), absl::StrCat(what, ": ", sqlite3_errmsg(db)));
 }
 
 absl::Status Exec(sqlite3* db, const char* sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    const std::string message = err ? err : "unknown error";
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+  if (rc != SQLITE_OK) {
+    const std::string message = err ? err : sqlite3_errstr(rc);
     sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("job store: ", message, " in: ", sql));
+    return StoreStatus(rc, absl::StrCat(message, " in: ", sql));
   }
   return absl::OkStatus();
+}
+
+// A job whose stored record does not decode: listed with what the row still
+// says (its id and state) rather than dropped, so ListJobs agrees with the
+// counts and an operator can see what was lost.
+Job DamagedJob(int64_t seq, int64_t state, size_t bytes) {
+  Job job;
+  job.set_id(JobStore::FormatJobId(seq));
+  job.set_state(tandem::v1::JobState_IsValid(state) ? static_cast<tandem::v1::JobState>(state)
+                                                    : tandem::v1::JOB_STATE_UNSPECIFIED);
+  job.set_reason(absl::StrCat("the job store's record of this job is damaged (", bytes,
+                              " bytes that do not decode); its spec and results are lost"));
+  return job;
 }
 
 // A prepared statement, finalised on scope exit.
@@ -100,17 +139,37 @@ absl::Status WriteJobRow(sqlite3* db, const Job& job, bool insert) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<sqlite3*> OpenConnection(const std::string& path) {
+absl::StatusOr<sqlite3*> OpenConnection(const std::string& path,
+                                        int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) {
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                      nullptr) != SQLITE_OK) {
+  const int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
     const std::string message = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
-    return absl::UnavailableError(absl::StrCat("cannot open job store '", path, "': ", message));
+    return StoreStatus(rc, absl::StrCat("cannot open '", path, "': ", message));
   }
   sqlite3_busy_timeout(db, 10000);
   return db;
+}
+
+// A connection that reads `path` without writing anything: read-only, or, when
+// even that needs a write (a WAL database's shared-memory file on a full disk)
+// and the write-ahead log is empty, immutable.
+absl::StatusOr<sqlite3*> OpenReadOnly(const std::string& path) {
+  absl::StatusOr<sqlite3*> db = OpenConnection(path, SQLITE_OPEN_READONLY);
+  if (db.ok()) {
+    Statement probe(*db, "SELECT COUNT(*) FROM jobs");
+    if (probe.ok() && probe.Step() == SQLITE_ROW) return db;
+    const absl::Status s = SqlError(*db, "read");
+    sqlite3_close(*db);
+    db = s;
+  }
+  // Immutable reads skip the write-ahead log: only right when it holds nothing
+  // (a clean shutdown removes it; a failed open may leave it empty).
+  struct stat wal;
+  if (stat((path + "-wal").c_str(), &wal) == 0 && wal.st_size > 0) return db.status();
+  return OpenConnection(absl::StrCat("file:", path, "?immutable=1"),
+                        SQLITE_OPEN_READONLY | SQLITE_OPEN_URI);
 }
 
 }  // namespace
@@ -135,10 +194,9 @@ std::string JobStore::FormatJobId(int64_t sequence) {
   return absl::StrFormat("job-%06d", sequence);
 }
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, Sync sync) {
-  std::unique_ptr<JobStore> store(new JobStore());
-  TANDEM_ASSIGN_OR_RETURN(store->write_db_, OpenConnection(path));
-  sqlite3* db = store->write_db_;
+absl::Status JobStore::OpenWritable(const std::string& path, Sync sync) {
+  TANDEM_ASSIGN_OR_RETURN(write_db_, OpenConnection(path));
+  sqlite3* db = write_db_;
   TANDEM_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL"));
   // FULL: in WAL mode, every commit fsyncs the log before returning. NORMAL: the
   // log is written (so it survives the process) and fsynced at checkpoints.
@@ -162,11 +220,32 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   {
     Statement s(db, "SELECT COALESCE(MAX(seq), 0) FROM jobs");
     if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "read job count");
-    absl::MutexLock lock(&store->write_mu_);
-    store->next_sequence_ = s.Int(0) + 1;
+    absl::MutexLock lock(&write_mu_);
+    next_sequence_ = s.Int(0) + 1;
+  }
+  absl::MutexLock lock(&read_mu_);
+  TANDEM_ASSIGN_OR_RETURN(read_db_, OpenConnection(path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, Sync sync) {
+  std::unique_ptr<JobStore> store(new JobStore());
+  const absl::Status writable = store->OpenWritable(path, sync);
+  if (writable.ok()) return store;
+  // What was stored must stay readable even when nothing can be written (a
+  // full disk, a read-only mount): the daemon then serves reads and refuses
+  // writes with this reason.
+  store.reset(new JobStore());
+  absl::StatusOr<sqlite3*> read = OpenReadOnly(path);
+  if (!read.ok()) {
+    return absl::Status(
+        writable.code(),
+        absl::StrCat(writable.message(), "; reading it failed too: ", read.status().message()));
   }
   absl::MutexLock lock(&store->read_mu_);
-  TANDEM_ASSIGN_OR_RETURN(store->read_db_, OpenConnection(path));
+  store->read_db_ = *read;
+  store->read_only_ = absl::Status(
+      writable.code(), absl::StrCat("the job store is read-only: ", writable.message()));
   return store;
 }
 
@@ -177,6 +256,7 @@ JobStore::~JobStore() {
 }
 
 absl::Status JobStore::Write(Op op) {
+  if (!read_only_.ok()) return read_only_;
   Writer w;
   w.store = this;
   w.op = std::move(op);
@@ -252,8 +332,11 @@ absl::StatusOr<std::optional<Job>> JobStore::GetJob(const std::string& id) {
   if (rc == SQLITE_DONE) return std::optional<Job>();
   if (rc != SQLITE_ROW) return SqlError(read_db_, "get job");
   Job job;
-  if (!job.ParseFromString(s.Blob(0)))
-    return absl::DataLossError(absl::StrCat("job store: job ", id, " is unreadable"));
+  if (!job.ParseFromString(s.Blob(0))) {
+    ReportDamage(id);
+    return absl::DataLossError(
+        absl::StrCat("job store: the record of ", id, " is damaged and cannot be read"));
+  }
   return std::optional<Job>(std::move(job));
 }
 
@@ -266,7 +349,10 @@ absl::StatusOr<std::optional<Job>> JobStore::FindByRequestId(const std::string& 
   if (rc == SQLITE_DONE) return std::optional<Job>();
   if (rc != SQLITE_ROW) return SqlError(read_db_, "find job");
   Job job;
-  if (!job.ParseFromString(s.Blob(0))) return absl::DataLossError("job store: unreadable job");
+  if (!job.ParseFromString(s.Blob(0))) {
+    return absl::DataLossError(absl::StrCat("job store: the record of the job with request_id '",
+                                            request_id, "' is damaged and cannot be read"));
+  }
   return std::optional<Job>(std::move(job));
 }
 
@@ -282,14 +368,18 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobFilter& filter) {
   // Labels are matched after decoding, so the total honours them too.
   Statement s(
       read_db_,
-      absl::StrCat("SELECT seq, job FROM jobs WHERE ", where, " ORDER BY seq DESC").c_str());
+      absl::StrCat("SELECT seq, job, state FROM jobs WHERE ", where, " ORDER BY seq DESC").c_str());
   if (!s.ok()) return SqlError(read_db_, "prepare list");
   bool more = false;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {
     const int64_t seq = s.Int(0);
     Job job;
-    if (!job.ParseFromString(s.Blob(1))) continue;
+    const std::string blob = s.Blob(1);
+    if (!job.ParseFromString(blob)) {
+      job = DamagedJob(seq, s.Int(2), blob.size());
+      ReportDamage(job.id());
+    }
     bool match = true;
     for (const auto& [k, v] : filter.labels) {
       auto it = job.spec().labels().find(k);
@@ -312,7 +402,7 @@ absl::StatusOr<JobPage> JobStore::ListJobs(const JobFilter& filter) {
 
 absl::StatusOr<std::vector<Job>> JobStore::LoadUnfinished() {
   absl::MutexLock lock(&read_mu_);
-  Statement s(read_db_, "SELECT job FROM jobs WHERE state IN (?, ?) ORDER BY seq ASC");
+  Statement s(read_db_, "SELECT seq, job FROM jobs WHERE state IN (?, ?) ORDER BY seq ASC");
   if (!s.ok()) return SqlError(read_db_, "prepare unfinished");
   s.Bind(1, static_cast<int64_t>(tandem::v1::JOB_STATE_QUEUED));
   s.Bind(2, static_cast<int64_t>(tandem::v1::JOB_STATE_RUNNING));
@@ -320,7 +410,11 @@ absl::StatusOr<std::vector<Job>> JobStore::LoadUnfinished() {
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {
     Job job;
-    if (job.ParseFromString(s.Blob(0))) jobs.push_back(std::move(job));
+    if (job.ParseFromString(s.Blob(1))) {
+      jobs.push_back(std::move(job));
+    } else {
+      ReportDamage(FormatJobId(s.Int(0)));
+    }
   }
   if (rc != SQLITE_DONE) return SqlError(read_db_, "load unfinished");
   return jobs;
@@ -365,6 +459,15 @@ absl::StatusOr<uint64_t> JobStore::LastEventSequence(const std::string& job_id) 
   s.Bind(1, SequenceOf(job_id));
   if (s.Step() != SQLITE_ROW) return SqlError(read_db_, "last event");
   return static_cast<uint64_t>(s.Int(0));
+}
+
+void JobStore::ReportDamage(const std::string& id) {
+  absl::MutexLock lock(&damage_mu_);
+  if (!damaged_.insert(id).second) return;
+  std::fprintf(stderr,
+               "tandemd: job store: the record of %s is damaged (it does not decode); it is listed "
+               "with what remains and cannot be resumed\n",
+               id.c_str());
 }
 
 }  // namespace tandem::server

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,15 @@ class JobStore {
   // crash or kill -9 of tandemd, not a power loss), for disks whose fsync is slow.
   enum class Sync { kFull, kNormal };
 
-  // Opens or creates `path` (its directory must exist).
+  // Opens or creates `path` (its directory must exist). When it cannot be
+  // opened for writing (a full disk, a read-only mount, an unwritable file) but
+  // can still be read, the store opens read-only: reads work and every write
+  // returns read_only() (whose code is the cause's: RESOURCE_EXHAUSTED for a
+  // full disk).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
                                                         Sync sync = Sync::kFull);
+  // OK when writable; otherwise why not.
+  const absl::Status& read_only() const { return read_only_; }
   ~JobStore();
 
   // Assigns the job an id ("job-000042") and stores it with `events` (their
@@ -68,8 +75,12 @@ class JobStore {
 
   absl::StatusOr<std::optional<tandem::v1::Job>> GetJob(const std::string& id);
   absl::StatusOr<std::optional<tandem::v1::Job>> FindByRequestId(const std::string& request_id);
+  // A record that does not decode is listed, not dropped: its id, the state its
+  // row holds and a reason saying it is damaged; the first time, a line on
+  // stderr says so. GetJob of it is DATA_LOSS.
   absl::StatusOr<JobPage> ListJobs(const JobFilter& filter);
-  // Jobs in QUEUED or RUNNING, oldest first.
+  // Jobs in QUEUED or RUNNING, oldest first. A damaged record is reported (see
+  // ListJobs) and left out: nothing of it can be resumed.
   absl::StatusOr<std::vector<tandem::v1::Job>> LoadUnfinished();
   // Events of a job with sequence >= from, in order, at most `max`.
   absl::StatusOr<std::vector<tandem::v1::JobEvent>> ReadEvents(const std::string& job_id,
@@ -88,7 +99,13 @@ class JobStore {
   using Op = std::function<absl::Status(sqlite3*)>;
   struct Writer;
   JobStore() = default;
+  absl::Status OpenWritable(const std::string& path, Sync sync);
   absl::Status Write(Op op);
+  void ReportDamage(const std::string& id);
+
+  absl::Status read_only_;
+  absl::Mutex damage_mu_;
+  std::set<std::string> damaged_ ABSL_GUARDED_BY(damage_mu_);
 
   sqlite3* write_db_ = nullptr;
   absl::Mutex write_mu_;

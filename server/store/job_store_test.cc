@@ -1,5 +1,7 @@
 #include "server/store/job_store.h"
 
+#include <sqlite3.h>
+
 #include <filesystem>
 #include <thread>
 
@@ -142,6 +144,43 @@ TEST(JobStoreTest, UpdateReplacesTheRecordAndAppendsEvents) {
   tandem::v1::Job ghost = job;
   ghost.set_id("job-999999");
   EXPECT_EQ(store->UpdateJob(ghost).code(), absl::StatusCode::kNotFound);
+}
+
+// A record that no longer decodes (a damaged disk, a bad edit) is listed with
+// what its row still says, counted, and reported; never silently dropped.
+TEST(JobStoreTest, ADamagedRecordIsListedAsSuchNotDropped) {
+  const std::string path = Db("damaged");
+  {
+    auto store = *JobStore::Open(path);
+    for (const char* r : {"a", "b", "c"}) ASSERT_TRUE(store->InsertJob(NewJob(r), {}).ok());
+  }
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET job = x'ffffffffffff' WHERE seq = 2", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = *JobStore::Open(path);
+  absl::StatusOr<JobPage> page = store->ListJobs(JobFilter());
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs.size(), 3u);
+  EXPECT_EQ(page->total, 3);
+  const tandem::v1::Job& damaged = page->jobs[1];
+  EXPECT_EQ(damaged.id(), "job-000002");
+  EXPECT_EQ(damaged.state(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(damaged.reason().find("damaged (6 bytes that do not decode)"), std::string::npos)
+      << damaged.reason();
+  EXPECT_EQ(store->GetJob("job-000002").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ((*store->CountByState())[tandem::v1::JOB_STATE_QUEUED], 3);
+  // Recovery cannot resume it, and says so rather than failing.
+  absl::StatusOr<std::vector<tandem::v1::Job>> unfinished = store->LoadUnfinished();
+  ASSERT_TRUE(unfinished.ok()) << unfinished.status();
+  EXPECT_EQ(unfinished->size(), 2u);
+  // The store stays writable around it.
+  EXPECT_TRUE(store->read_only().ok());
+  EXPECT_EQ(store->InsertJob(NewJob("d"), {})->id(), "job-000004");
 }
 
 }  // namespace

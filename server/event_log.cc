@@ -1,11 +1,15 @@
 #include "server/event_log.h"
 
+#include <algorithm>
+
 #include "google/protobuf/util/time_util.h"
 
 namespace tandem::server {
 
-EventLog::EventLog(std::string job_id, uint64_t last_sequence)
-    : job_id_(std::move(job_id)), first_sequence_(last_sequence + 1) {}
+EventLog::EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory)
+    : job_id_(std::move(job_id)),
+      max_in_memory_(std::max<size_t>(1, max_in_memory)),
+      first_sequence_(last_sequence + 1) {}
 
 tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
   std::vector<std::function<void()>> wake;
@@ -16,6 +20,10 @@ tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
     if (!event.has_time())
       *event.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
     events_.push_back(event);
+    if (events_.size() > max_in_memory_) {
+      events_.pop_front();
+      ++first_sequence_;
+    }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->second.first <= event.sequence()) {
         wake.push_back(std::move(it->second.second));

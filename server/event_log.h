@@ -1,12 +1,14 @@
 // One job's event stream: the job's runner appends, any number of watchers read
 // from any sequence number and wait for more. Appending never waits for
-// watchers: a slow or vanished watcher only holds its own cursor. Events live in
-// memory for the job's lifetime in this process; a log opened for a job whose
-// early events are only on disk says where memory starts and the reader fetches
-// the rest from the store. Thread-safe.
+// watchers: a slow or vanished watcher only holds its own cursor. The newest
+// events (at most `max_in_memory`) live in memory while the job is live in this
+// process; a reader of older ones (dropped from memory, or from before a
+// restart) is told where memory starts and fetches the rest from the store.
+// Thread-safe.
 #ifndef TANDEM_SERVER_EVENT_LOG_H_
 #define TANDEM_SERVER_EVENT_LOG_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <string>
@@ -22,7 +24,8 @@ class EventLog {
  public:
   // A log whose next event gets `last_sequence` + 1; events up to last_sequence
   // are on disk only.
-  EventLog(std::string job_id, uint64_t last_sequence);
+  EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory = kMaxInMemory);
+  static constexpr size_t kMaxInMemory = 4096;
 
   // Numbers, timestamps and stores `event`; wakes waiters. Returns the stored event.
   tandem::v1::JobEvent Append(tandem::v1::JobEvent event);
@@ -48,7 +51,8 @@ class EventLog {
   const std::string job_id_;
   mutable absl::Mutex mu_;
   uint64_t first_sequence_ ABSL_GUARDED_BY(mu_);
-  std::vector<tandem::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
+  const size_t max_in_memory_;
+  std::deque<tandem::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;

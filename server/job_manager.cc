@@ -477,7 +477,7 @@ void JobManager::FlushEvents() {
     batch.swap(pending_events_);
   }
   if (batch.empty()) return;
-  const absl::Status s = store_->AppendEvents(batch);
+  const absl::Status s = store_->AppendEvents(batch, options_.events_kept_per_job);
   if (s.ok()) {
     absl::MutexLock lock(&persist_mu_);
     if (event_write_failing_) std::fprintf(stderr, "tandemd: job events are persisted again\n");

@@ -48,6 +48,9 @@ struct JobManagerOptions {
   // Submits are refused (RESOURCE_EXHAUSTED) while the state directory's file
   // system has less free space than this, kept for running jobs' records.
   int64_t state_min_free_bytes = 64 << 20;
+  // Events each job keeps in the store besides its state changes (the newest
+  // ones); 0 = all.
+  int64_t events_kept_per_job = 10000;
   // The node's hardware. When set, jobs with an accelerator are planned at
   // submission (refused with RESOURCE_EXHAUSTED when no plan fits, the plan
   // recorded in the job) and run through the plan executor. Unset: every job

@@ -79,6 +79,9 @@ ABSL_FLAG(int64_t, state_min_free_bytes, 64 << 20,
           "Free space (bytes) kept on --state_dir's file system for running jobs' records: "
           "below it, submits are refused with RESOURCE_EXHAUSTED. 0 = refuse only when the "
           "store cannot write.");
+ABSL_FLAG(int64_t, job_events_kept, 10000,
+          "Events each job keeps in the store besides its state changes: the newest ones "
+          "(older progress and log events are pruned as new ones arrive). 0 = all.");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 
@@ -170,6 +173,7 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
   const int running = absl::GetFlag(FLAGS_max_running_jobs);
   o.max_running_jobs = running >= 0 ? running : std::max(1, resources.cpu_threads);
   o.state_min_free_bytes = absl::GetFlag(FLAGS_state_min_free_bytes);
+  o.events_kept_per_job = absl::GetFlag(FLAGS_job_events_kept);
   return o;
 }
 

@@ -78,6 +78,19 @@ TEST(PathPolicyTest, ConfinesToTheRoot) {
   EXPECT_FALSE(policy.Resolve("f", std::string("a\0b", 3)).ok());
 }
 
+TEST(EventLogTest, MemoryHoldsOnlyTheNewestEvents) {
+  EventLog log("job-000001", 0, /*max_in_memory=*/8);
+  for (int i = 0; i < 20; ++i) log.Append(tandem::v1::JobEvent());
+  uint64_t first = 0;
+  const std::vector<tandem::v1::JobEvent> read = log.Read(1, 100, &first);
+  // The reader learns that 1..12 are in the store only.
+  EXPECT_EQ(first, 13u);
+  ASSERT_EQ(read.size(), 8u);
+  EXPECT_EQ(read.front().sequence(), 13u);
+  EXPECT_EQ(read.back().sequence(), 20u);
+  EXPECT_EQ(log.last_sequence(), 20u);
+}
+
 TEST(EventLogTest, NumbersEventsAndWakesWaiters) {
   EventLog log("job-000001", 0);
   tandem::v1::JobEvent e;

@@ -101,13 +101,16 @@ int64_t MicrosOf(const google::protobuf::Timestamp& t) {
 }
 
 absl::Status InsertEvents(sqlite3* db, const std::vector<JobEvent>& events) {
-  Statement s(db, "INSERT OR REPLACE INTO events(job_seq, sequence, event) VALUES(?, ?, ?)");
+  Statement s(db,
+              "INSERT OR REPLACE INTO events(job_seq, sequence, event, state_change) "
+              "VALUES(?, ?, ?, ?)");
   if (!s.ok()) return SqlError(db, "prepare event insert");
   for (const JobEvent& e : events) {
     sqlite3_reset(s.get());
     s.Bind(1, JobStore::SequenceOf(e.job_id()));
     s.Bind(2, static_cast<int64_t>(e.sequence()));
     s.BindBlob(3, e.SerializeAsString());
+    s.Bind(4, int64_t{e.has_state_change()});
     if (s.Step() != SQLITE_DONE) return SqlError(db, "insert event");
   }
   return absl::OkStatus();
@@ -218,6 +221,17 @@ absl::Status JobStore::OpenWritable(const std::string& path, Sync sync) {
       PRIMARY KEY (job_seq, sequence)) WITHOUT ROWID;
   )sql"));
   {
+    // Stores made before event retention lack the column that keeps state
+    // changes from being pruned; their older rows count as other events.
+    Statement has(db,
+                  "SELECT COUNT(*) FROM pragma_table_info('events') WHERE name = 'state_change'");
+    if (!has.ok() || has.Step() != SQLITE_ROW) return SqlError(db, "read the events schema");
+    if (has.Int(0) == 0) {
+      TANDEM_RETURN_IF_ERROR(
+          Exec(db, "ALTER TABLE events ADD COLUMN state_change INTEGER NOT NULL DEFAULT 0"));
+    }
+  }
+  {
     Statement s(db, "SELECT COALESCE(MAX(seq), 0) FROM jobs");
     if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "read job count");
     absl::MutexLock lock(&write_mu_);
@@ -316,9 +330,27 @@ absl::Status JobStore::UpdateJob(const Job& job, const std::vector<JobEvent>& ev
   });
 }
 
-absl::Status JobStore::AppendEvents(const std::vector<JobEvent>& events) {
+absl::Status JobStore::AppendEvents(const std::vector<JobEvent>& events, int64_t keep_per_job) {
   if (events.empty()) return absl::OkStatus();
-  return Write([&](sqlite3* db) { return InsertEvents(db, events); });
+  return Write([&](sqlite3* db) -> absl::Status {
+    TANDEM_RETURN_IF_ERROR(InsertEvents(db, events));
+    if (keep_per_job <= 0) return absl::OkStatus();
+    // Every job in the batch keeps its state changes and its newest
+    // `keep_per_job` events; the primary key makes this a range delete.
+    std::set<int64_t> jobs;
+    for (const JobEvent& e : events) jobs.insert(SequenceOf(e.job_id()));
+    Statement prune(db,
+                    "DELETE FROM events WHERE job_seq = ?1 AND state_change = 0 AND sequence <= "
+                    "(SELECT MAX(sequence) FROM events WHERE job_seq = ?1) - ?2");
+    if (!prune.ok()) return SqlError(db, "prepare event pruning");
+    for (int64_t job : jobs) {
+      sqlite3_reset(prune.get());
+      prune.Bind(1, job);
+      prune.Bind(2, keep_per_job);
+      if (prune.Step() != SQLITE_DONE) return SqlError(db, "prune events");
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::optional<Job>> JobStore::GetJob(const std::string& id) {

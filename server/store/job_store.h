@@ -71,7 +71,11 @@ class JobStore {
   // Replaces a job's record and appends events, in one transaction.
   absl::Status UpdateJob(const tandem::v1::Job& job,
                          const std::vector<tandem::v1::JobEvent>& events = {});
-  absl::Status AppendEvents(const std::vector<tandem::v1::JobEvent>& events);
+  // Appends events; with `keep_per_job` > 0, each job they belong to then keeps
+  // only its state changes and its newest `keep_per_job` events (a chatty job's
+  // log is bounded on disk; readers see the gap as a jump in sequence numbers).
+  absl::Status AppendEvents(const std::vector<tandem::v1::JobEvent>& events,
+                            int64_t keep_per_job = 0);
 
   absl::StatusOr<std::optional<tandem::v1::Job>> GetJob(const std::string& id);
   absl::StatusOr<std::optional<tandem::v1::Job>> FindByRequestId(const std::string& request_id);

@@ -146,6 +146,54 @@ TEST(JobStoreTest, UpdateReplacesTheRecordAndAppendsEvents) {
   EXPECT_EQ(store->UpdateJob(ghost).code(), absl::StatusCode::kNotFound);
 }
 
+// A chatty job's stored log is bounded: its newest events and every state
+// change stay, the rest go.
+TEST(JobStoreTest, EventRetentionKeepsTheNewestAndEveryStateChange) {
+  auto store = *JobStore::Open(Db("retention"));
+  const std::string id = store->InsertJob(NewJob("r"), {StateEvent(1)})->id();
+  for (uint64_t seq = 2; seq <= 1000; seq += 10) {
+    std::vector<tandem::v1::JobEvent> batch;
+    for (uint64_t s = seq; s < seq + 10; ++s) {
+      tandem::v1::JobEvent e = s == 500 ? StateEvent(s) : tandem::v1::JobEvent();
+      e.set_sequence(s);
+      e.set_job_id(id);
+      if (s != 500) e.mutable_log()->set_message("chatty");
+      batch.push_back(e);
+    }
+    ASSERT_TRUE(store->AppendEvents(batch, /*keep_per_job=*/50).ok());
+  }
+  const std::vector<tandem::v1::JobEvent> kept = *store->ReadEvents(id, 1, 100000);
+  ASSERT_EQ(kept.size(), 52u);  // 1 and 500 (state changes), then 952..1001
+  EXPECT_EQ(kept[0].sequence(), 1u);
+  EXPECT_EQ(kept[1].sequence(), 500u);
+  EXPECT_EQ(kept[2].sequence(), 952u);
+  EXPECT_EQ(kept.back().sequence(), 1001u);
+  EXPECT_EQ(*store->LastEventSequence(id), 1001u);
+}
+
+// A store written before event retention (no state_change column) opens,
+// gains the column and keeps its rows.
+TEST(JobStoreTest, AStoreFromBeforeRetentionIsMigrated) {
+  const std::string path = Db("migrate");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE events (job_seq INTEGER NOT NULL, sequence INTEGER NOT "
+                           "NULL, event BLOB NOT NULL, PRIMARY KEY (job_seq, sequence)) WITHOUT "
+                           "ROWID; INSERT INTO events VALUES (1, 1, x'');",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->read_only().ok()) << (*store)->read_only();
+  const std::string id = (*store)->InsertJob(NewJob("r"), {StateEvent(2)})->id();
+  EXPECT_EQ(id, "job-000001");
+  EXPECT_EQ((*store)->ReadEvents(id, 1, 10)->size(), 2u);
+}
+
 // A record that no longer decodes (a damaged disk, a bad edit) is listed with
 // what its row still says, counted, and reported; never silently dropped.
 TEST(JobStoreTest, ADamagedRecordIsListedAsSuchNotDropped) {

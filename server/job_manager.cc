@@ -258,21 +258,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   TANDEM_ASSIGN_OR_RETURN(const Resolved r, Resolve(spec));
   const tandem::v1::JobSpec& resolved = r.spec;
   const MemoryEstimate& estimate = r.estimate;
-  if (options_.host_memory_budget_bytes > 0 &&
-      estimate.host_bytes > options_.host_memory_budget_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the job needs ", FormatBytes(estimate.host_bytes, 1), " of host memory (",
-                     estimate.Describe(), ") but this node's host budget is ",
-                     FormatBytes(options_.host_memory_budget_bytes, 1), " (--host_memory_budget)"));
-  }
-  if (estimate.accelerator_bytes > 0 &&
-      estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the job needs ", FormatBytes(estimate.accelerator_bytes, 1),
-                     " of accelerator memory but the budget is ",
-                     FormatBytes(options_.accelerator_memory_budget_bytes, 1),
-                     " (--accelerator_memory_budget)"));
-  }
+  TANDEM_RETURN_IF_ERROR(CheckBudgets(estimate));
 
   Job job;
   job.set_request_id(request_id);
@@ -434,6 +420,25 @@ void JobManager::RetryUnrecorded() {
       ++it;
     }
   }
+}
+
+absl::Status JobManager::CheckBudgets(const MemoryEstimate& estimate) const {
+  if (options_.host_memory_budget_bytes > 0 &&
+      estimate.host_bytes > options_.host_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job needs ", FormatBytes(estimate.host_bytes, 1), " of host memory (",
+                     estimate.Describe(), ") but this node's host budget is ",
+                     FormatBytes(options_.host_memory_budget_bytes, 1), " (--host_memory_budget)"));
+  }
+  if (estimate.accelerator_bytes > 0 &&
+      estimate.accelerator_bytes > options_.accelerator_memory_budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the job needs ", FormatBytes(estimate.accelerator_bytes, 1),
+                     " of accelerator memory but the budget is ",
+                     FormatBytes(options_.accelerator_memory_budget_bytes, 1),
+                     " (--accelerator_memory_budget)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status JobManager::CheckStateSpace() const {

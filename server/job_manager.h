@@ -174,6 +174,8 @@ class JobManager {
   // --state_min_free_bytes: submits stop while running jobs still have room to
   // record their steps and ends.
   absl::Status CheckStateSpace() const;
+  // RESOURCE_EXHAUSTED when a job needs more than the node's budgets hold at all.
+  absl::Status CheckBudgets(const MemoryEstimate& estimate) const;
   void UpdateJobMetrics(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobManagerOptions options_;

@@ -393,17 +393,13 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
     return absl::UnavailableError("an earlier state change is not recorded yet");
   }
   const absl::Status s = store_->UpdateJob(entry.job, {event});
-  if (!s.ok()) {
-    // Kept in memory, served from there, and written when the store takes it.
-    entry.unrecorded.push_back(event);
-    ++unrecorded_;
-  }
+  // Kept in memory, served from there, and written when the store takes it.
+  if (!s.ok()) entry.unrecorded.push_back(event);
   return s;
 }
 
 void JobManager::RetryUnrecorded() {
   absl::MutexLock lock(&mu_);
-  if (unrecorded_ == 0) return;
   for (auto it = live_.begin(); it != live_.end();) {
     Entry& e = *it->second;
     if (e.unrecorded.empty() || !store_->UpdateJob(e.job, e.unrecorded).ok()) {
@@ -413,7 +409,6 @@ void JobManager::RetryUnrecorded() {
     std::fprintf(stderr, "tandemd: recorded %zu delayed state change(s) of %s (now %s)\n",
                  e.unrecorded.size(), e.job.id().c_str(), StateLabel(e.job.state()));
     e.unrecorded.clear();
-    --unrecorded_;
     if (IsTerminal(e.job.state()) && !e.running) {
       it = live_.erase(it);
     } else {
@@ -929,7 +924,6 @@ JobManager::Snapshot JobManager::TakeSnapshot() {
   absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
   if (counts.ok()) s.jobs_by_state = *counts;
   absl::MutexLock lock(&mu_);
-  s.accepting = accepting_;
   if (!accepting_) {
     s.not_accepting_reason = "tandemd is shutting down";
   } else if (!store_->read_only().ok()) {

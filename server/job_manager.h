@@ -196,9 +196,6 @@ class JobManager {
   std::deque<std::string> finished_series_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
 
-  // Live entries with a state change the store has not taken yet.
-  int unrecorded_ ABSL_GUARDED_BY(mu_) = 0;
-
   // Events waiting to be written by the persister (batched, off the training path).
   absl::Mutex persist_mu_;
   std::vector<tandem::v1::JobEvent> pending_events_ ABSL_GUARDED_BY(persist_mu_);

@@ -355,7 +355,6 @@ absl::StatusOr<DataInfo> DescribeIdx(const tandem::v1::IdxDataset& idx,
     const auto& [field, name] = files[i];
     if (name->empty() && absl::StrContains(field, "test")) continue;
     TANDEM_ASSIGN_OR_RETURN(paths[i], Resolve(resolve, field, *name));
-    TANDEM_RETURN_IF_ERROR(StatDataFile(field, paths[i]).status());
   }
   TANDEM_ASSIGN_OR_RETURN(const auto train, DescribeIdxSplit("data.idx.train", paths[0], paths[1]));
   DataInfo info;

@@ -161,8 +161,13 @@ absl::StatusOr<sqlite3*> OpenConnection(const std::string& path,
 absl::StatusOr<sqlite3*> OpenReadOnly(const std::string& path) {
   absl::StatusOr<sqlite3*> db = OpenConnection(path, SQLITE_OPEN_READONLY);
   if (db.ok()) {
-    Statement probe(*db, "SELECT COUNT(*) FROM jobs");
-    if (probe.ok() && probe.Step() == SQLITE_ROW) return db;
+    bool readable;
+    {
+      // Finalised before the connection may be closed.
+      Statement probe(*db, "SELECT COUNT(*) FROM jobs");
+      readable = probe.ok() && probe.Step() == SQLITE_ROW;
+    }
+    if (readable) return db;
     const absl::Status s = SqlError(*db, "read");
     sqlite3_close(*db);
     db = s;

@@ -229,6 +229,10 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
   clock.run_samples += samples;
   ++clock.run_steps;
   clock.run_step_seconds += step_seconds;
+  if (clock.run_steps > kWarmupSteps) {
+    ++clock.steady_steps;
+    clock.steady_step_seconds += step_seconds;
+  }
   ++clock.window_steps;
   clock.window_samples += samples;
 
@@ -264,7 +268,10 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
   metrics_.set_train_seconds(now - clock.run_start);
   metrics_.set_mean_samples_per_second(static_cast<double>(clock.run_samples) /
                                        std::max(now - clock.run_start, 1e-9));
-  metrics_.set_measured_step_seconds(clock.run_step_seconds / static_cast<double>(clock.run_steps));
+  metrics_.set_measured_step_seconds(
+      clock.steady_steps > 0
+          ? clock.steady_step_seconds / static_cast<double>(clock.steady_steps)
+          : clock.run_step_seconds / static_cast<double>(clock.run_steps));
 }
 
 absl::Status Trainer::AfterStep() {

@@ -99,14 +99,27 @@ def torch_peer(args, names):
     return results
 
 
+def Label(fraction):
+    return "  all" if fraction == float("inf") else f"{fraction:5.0%}"
+
+
+def Budget(budget):
+    return f"{'whole GPU':>10}" if budget == 0 else f"{budget / 2**20:7.1f}MiB"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tandem", required=True, help="the tandem CLI binary")
     p.add_argument("--accelerator", choices=["cuda", "emulated"], default="cuda")
     p.add_argument("--models", default="gpt,cnn")
     p.add_argument("--strategies", default="gpu_only,zero_offload,reuse_distance")
-    p.add_argument("--fractions", default="0.25,0.5,1.0",
-                   help="accelerator memory as fractions of the model state")
+    p.add_argument("--fractions", default="0.25,0.5,1.0,all",
+                   help="accelerator memory as fractions of the model state, over the GPU's "
+                        "fixed bytes; 'all' sets no cap (the whole device)")
+    p.add_argument("--fixed_mib", type=float, default=33.0,
+                   help="the accelerator's own bytes added to every capped budget (CUDA: the "
+                        "33 MiB of cuBLAS workspace that tandem train reserves before planning; "
+                        "node/placement.cc kCudaFixedBytes)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--gpt_layers", type=int, default=4)
     p.add_argument("--gpt_heads", type=int, default=4)
@@ -121,6 +134,8 @@ def main():
     p.add_argument("--python", default="python3", help="interpreter with torch (GPU node's)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per training run")
     p.add_argument("--json_out", default="", help="also write every row as JSON lines here")
+    p.add_argument("--save_jobs", default="", metavar="DIR",
+                   help="also write each finished job (plan, measured timeline) to DIR as JSON")
     p.add_argument("--write_specs", default="", metavar="DIR",
                    help="only write each model's job spec to DIR/MODEL.json (for tandem profile)")
     args = p.parse_args()
@@ -134,7 +149,10 @@ def main():
     kind = {"cuda": "ACCELERATOR_KIND_CUDA", "emulated": "ACCELERATOR_KIND_EMULATED"}[args.accelerator]
     names = [m for m in args.models.split(",") if m]
     strategies = [s for s in args.strategies.split(",") if s]
-    fractions = [float(f) for f in args.fractions.split(",") if f]
+    fractions = [float("inf") if f == "all" else float(f) for f in args.fractions.split(",") if f]
+    fixed = int(args.fixed_mib * 2**20) if args.accelerator == "cuda" else 0
+    if args.accelerator == "emulated":  # it has no device of its own to fill
+        fractions = [f for f in fractions if f != float("inf")]
     rows = []
     json_out = open(args.json_out, "w") if args.json_out else None
     print(f"accelerator: {args.accelerator}" +
@@ -145,11 +163,12 @@ def main():
         base, batch = model_spec(name, args)
         state = model_state_bytes(args.tandem, base, args.hardware)
         for fraction in fractions:
-            budget = int(fraction * state)
+            budget = 0 if fraction == float("inf") else fixed + int(fraction * state)
             for strategy in strategies:
                 spec = dict(base)
                 spec["placement"] = {"strategy": "STRATEGY_" + strategy.upper(), "accelerator": kind}
-                spec["resources"] = {"accelerator_memory_bytes": budget}
+                if budget:
+                    spec["resources"] = {"accelerator_memory_bytes": budget}
                 rc, job, err = run_tandem(args.tandem, ["train"], spec, args.timeout)
                 row = {"model": name, "fraction": fraction, "budget_bytes": budget,
                        "model_state_bytes": state, "strategy": strategy, "batch": batch}
@@ -164,19 +183,24 @@ def main():
                                micro_batch=job.get("plan", {}).get("micro_batch_size", batch),
                                loss=float(m.get("loss", 0)))
                     note = f"micro-batch {row['micro_batch']}, loss {row['loss']:.4f}"
-                    print(f"{name:5} {fraction:5.0%} {budget / 2**20:7.1f}MiB {strategy:15} "
+                    print(f"{name:5} {Label(fraction)} {Budget(budget)} {strategy:15} "
                           f"{row['samples_per_second']:10.1f} {predicted * 1e3:9.2f} {measured * 1e3:9.2f} "
                           f"{(predicted / measured if measured else 0):9.3f} "
                           f"{row['peak_accelerator_bytes'] / 2**20:9.1f}  {note}", flush=True)
                 else:
                     reason = (job or {}).get("reason") or err or f"exit {rc}"
                     row.update(ok=False, reason=reason)
-                    print(f"{name:5} {fraction:5.0%} {budget / 2**20:7.1f}MiB {strategy:15} "
+                    print(f"{name:5} {Label(fraction)} {Budget(budget)} {strategy:15} "
                           f"{'-':>10} {'-':>9} {'-':>9} {'-':>9} {'-':>9}  not run: {reason[:160]}",
                           flush=True)
                 rows.append(row)
+                if args.save_jobs and job is not None:
+                    os.makedirs(args.save_jobs, exist_ok=True)
+                    with open(os.path.join(args.save_jobs, f"{name}-{Label(fraction).strip()}-"
+                                           f"{strategy}.json".replace("%", "pct")), "w") as f:
+                        json.dump(job, f)
                 if json_out:
-                    json_out.write(json.dumps(row) + "\n")
+                    json_out.write(json.dumps(dict(row, fraction=Label(fraction).strip())) + "\n")
                     json_out.flush()
 
     print("\nreuse_distance / zero_offload (samples/s ratio; CoTrain reports 1.3x):")
@@ -186,9 +210,9 @@ def main():
                   if r["model"] == name and r["fraction"] == fraction and r.get("ok")}
             if "reuse_distance" in by and "zero_offload" in by:
                 ratio = by["reuse_distance"]["samples_per_second"] / by["zero_offload"]["samples_per_second"]
-                print(f"  {name} at {fraction:.0%}: {ratio:.3f}x")
+                print(f"  {name} at {Label(fraction).strip()}: {ratio:.3f}x")
             else:
-                print(f"  {name} at {fraction:.0%}: n/a (a strategy did not run)")
+                print(f"  {name} at {Label(fraction).strip()}: n/a (a strategy did not run)")
 
     ok = [r for r in rows if r.get("ok") and r["measured_step_seconds"] > 0]
     if ok:

@@ -269,9 +269,8 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
   metrics_.set_mean_samples_per_second(static_cast<double>(clock.run_samples) /
                                        std::max(now - clock.run_start, 1e-9));
   metrics_.set_measured_step_seconds(
-      clock.steady_steps > 0
-          ? clock.steady_step_seconds / static_cast<double>(clock.steady_steps)
-          : clock.run_step_seconds / static_cast<double>(clock.run_steps));
+      clock.steady_steps > 0 ? clock.steady_step_seconds / static_cast<double>(clock.steady_steps)
+                             : clock.run_step_seconds / static_cast<double>(clock.run_steps));
 }
 
 absl::Status Trainer::AfterStep() {

@@ -43,16 +43,63 @@ absl::StatusOr<std::unique_ptr<CudaAccelerator>> CudaAccelerator::Create(
 }
 
 CudaAccelerator::CudaAccelerator(const CudaAcceleratorOptions& options)
-    : pinned_(options.pinned_host_budget_bytes) {}
+    : pinned_(options.pinned_host_budget_bytes),
+      pinned_budget_bytes_(options.pinned_host_budget_bytes) {}
 
 CudaAccelerator::~CudaAccelerator() {
   if (ctx_ == nullptr) return;
   cudaSetDevice(ordinal());
+  {
+    // Whoever registered should have unregistered; the pages are theirs.
+    absl::MutexLock lock(&registered_mu_);
+    for (const auto& [ptr, bytes] : registered_) cudaHostUnregister(ptr);
+    registered_.clear();
+  }
   // Copies are complete on return, but a failed call may have left one queued.
   if (h2d_.get() != nullptr) cudaStreamSynchronize(h2d_.get());
   if (d2h_.get() != nullptr) cudaStreamSynchronize(d2h_.get());
   reduction_.Reset();
   // ~CudaContext waits for the compute stream before releasing its memory.
+}
+
+absl::Status CudaAccelerator::RegisterHost(void* ptr, int64_t bytes) {
+  if (ptr == nullptr || bytes <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&registered_mu_);
+  if (registered_.contains(ptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(id(), ": host memory registered twice"));
+  }
+  const int64_t staging = pinned_.stats().total_in_use_bytes;
+  if (pinned_budget_bytes_ > 0 && staging + registered_bytes_ + bytes > pinned_budget_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(id(), ": page-locking ", bytes, " bytes would pass the pinned host budget of ",
+                     pinned_budget_bytes_, " bytes (", staging + registered_bytes_, " in use)"));
+  }
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal()), "cudaSetDevice"));
+  const cudaError_t err =
+      cudaHostRegister(ptr, static_cast<size_t>(bytes), cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Not sticky: the memory stays pageable and usable.
+    return absl::UnavailableError(
+        absl::StrCat(id(), ": cudaHostRegister of ", bytes, " bytes: ", cudaGetErrorString(err)));
+  }
+  registered_.emplace(ptr, bytes);
+  registered_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void CudaAccelerator::UnregisterHost(void* ptr) {
+  absl::MutexLock lock(&registered_mu_);
+  auto it = registered_.find(ptr);
+  if (it == registered_.end()) return;
+  cudaSetDevice(ordinal());
+  if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+  registered_bytes_ -= it->second;
+  registered_.erase(it);
+}
+
+int64_t CudaAccelerator::pinned_host_bytes() {
+  absl::MutexLock lock(&registered_mu_);
+  return pinned_.stats().total_in_use_bytes + registered_bytes_;
 }
 
 LayerContext CudaAccelerator::ComputeContext() {

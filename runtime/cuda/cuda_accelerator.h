@@ -34,7 +34,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/core/allocator.h"
 #include "runtime/cuda/accelerator_factory.h"
 #include "runtime/cuda/allocator.h"
@@ -74,6 +77,12 @@ class CudaAccelerator final : public Accelerator {
                            float* const* states, int64_t n) override;
   absl::StatusOr<double> SumOfSquares(const float* x, int64_t n) override;
 
+  // cudaHostRegister, counted with the staging memory against
+  // CudaAcceleratorOptions::pinned_host_budget_bytes. Any thread.
+  absl::Status RegisterHost(void* ptr, int64_t bytes) override;
+  void UnregisterHost(void* ptr) override;
+  int64_t pinned_host_bytes() override;
+
   int ordinal() const { return allocator_->ordinal(); }
   CudaAllocator* cuda_allocator() { return allocator_.get(); }
   // The compute context; same threading rule as the compute methods.
@@ -93,6 +102,11 @@ class CudaAccelerator final : public Accelerator {
   CudaStream h2d_, d2h_;
   // SumOfSquares: kSumOfSquaresPartials partial sums, then the result (doubles).
   Buffer reduction_;
+  // RegisterHost's ranges (start, bytes); the staging allocator has its own count.
+  const int64_t pinned_budget_bytes_;
+  absl::Mutex registered_mu_;
+  absl::flat_hash_map<void*, int64_t> registered_ ABSL_GUARDED_BY(registered_mu_);
+  int64_t registered_bytes_ ABSL_GUARDED_BY(registered_mu_) = 0;
 };
 
 }  // namespace tandem::cuda

@@ -139,6 +139,37 @@ TEST(CudaAcceleratorTest, ABudgetBelowItsOwnWorkspaceIsRefusedAtCreation) {
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
 }
 
+TEST(CudaAcceleratorTest, RegisteredHostMemoryIsCountedCopiedAndReleased) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t n = (int64_t{4} << 20) + 5;  // 16 MiB and a bit
+  CudaAcceleratorOptions options;
+  options.pinned_host_budget_bytes = 3 * n * 4 / 2;  // room for one, not two
+  absl::StatusOr<std::unique_ptr<CudaAccelerator>> opened =
+      CudaAccelerator::Create(TestOrdinal(), kBudgetBytes, options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  CudaAccelerator& a = **opened;
+  const int64_t before = a.pinned_host_bytes();
+  std::vector<float> host = Uniform(n, 11, -1, 1), back(n, -7.0f), other(n);
+  ASSERT_TRUE(a.RegisterHost(host.data(), n * 4).ok());
+  EXPECT_EQ(a.pinned_host_bytes(), before + n * 4);
+  EXPECT_EQ(a.RegisterHost(host.data(), n * 4).code(), absl::StatusCode::kInvalidArgument);
+  // Past the budget: refused, and the memory is still usable pageable.
+  const absl::Status over = a.RegisterHost(other.data(), n * 4);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_EQ(a.pinned_host_bytes(), before + n * 4);
+  ASSERT_TRUE(a.RegisterHost(back.data(), n * 4).code() == absl::StatusCode::kResourceExhausted);
+  Buffer d = DeviceBuffer(a, n);
+  ASSERT_TRUE(a.CopyToDevice(d.data(), host.data(), n * 4).ok());
+  ASSERT_TRUE(a.CopyToHost(back.data(), d.data(), n * 4).ok());
+  EXPECT_EQ(back, host);
+  a.UnregisterHost(host.data());
+  EXPECT_EQ(a.pinned_host_bytes(), before);
+  a.UnregisterHost(host.data());  // Twice is harmless.
+  // Now the other fits.
+  EXPECT_TRUE(a.RegisterHost(other.data(), n * 4).ok());
+  a.UnregisterHost(other.data());
+}
+
 TEST(CudaAcceleratorTest, CopiesRoundTripConcurrentlyFromTwoThreadsWhileComputeRuns) {
   if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   std::unique_ptr<CudaAccelerator> a = Open();

@@ -57,6 +57,26 @@ PlanExecutor::PlanExecutor(const Model& model, ExecutorOptions options)
 PlanExecutor::~PlanExecutor() {
   if (engine_) engine_->WaitAll().IgnoreError();
   engine_.reset();
+  for (void* p : registered_host_) accel_->UnregisterHost(p);
+}
+
+std::vector<std::string> PlanExecutor::warnings() const {
+  if (pageable_reason_.empty()) return {};
+  return {absl::StrCat("host copies of weights and gradients stay pageable (slower transfers): ",
+                       pageable_reason_)};
+}
+
+void PlanExecutor::RegisterCopyBuffers() {
+  if (accel_ == nullptr || host_only_) return;
+  for (Buffer* b : {&host_params_, &host_grads_, &host_replica_grads_}) {
+    if (b->empty()) continue;
+    const absl::Status s = accel_->RegisterHost(b->data(), b->bytes());
+    if (s.ok()) {
+      registered_host_.push_back(b->data());
+    } else if (pageable_reason_.empty()) {
+      pageable_reason_ = std::string(s.message());
+    }
+  }
 }
 
 absl::StatusOr<std::unique_ptr<PlanExecutor>> PlanExecutor::Create(const Model& model,
@@ -97,6 +117,7 @@ absl::Status PlanExecutor::Init() {
     std::memset(host_replica_grads_.data(), 0, P * 4);
   }
   optimizer_ = Optimizer::Stateless(options_.optimizer);
+  RegisterCopyBuffers();
 
   TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
   sizes_ = ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count());
@@ -457,7 +478,7 @@ ResourceSpanBatch PlanExecutor::ResourceSpansOf(const std::vector<SpanRecord>& r
   ResourceSpanBatch batch;
   if (accel_ != nullptr) {
     batch.accelerator = accel_->id();
-    batch.pinned_host_bytes = accel_->host_staging_allocator()->stats().total_in_use_bytes;
+    batch.pinned_host_bytes = accel_->pinned_host_bytes();
   }
   batch.spans.reserve(records.size());
   for (const SpanRecord& r : records) {

@@ -112,6 +112,8 @@ class PlanExecutor final : public StepRunner {
   tandem::v1::Plan plan() const override { return options_.plan; }
   tandem::v1::Schedule program() const override;
   tandem::v1::Timeline last_timeline() const override;
+  // "copies stay pageable: <reason>" when RegisterHost refused a buffer.
+  std::vector<std::string> warnings() const override;
   // The program a step of a full batch runs: the plan lowered (schedule/lower.h)
   // with the layers' bytes at the plan's micro-batch. A short batch runs the
   // same program over fewer micro-batches.
@@ -169,6 +171,9 @@ class PlanExecutor final : public StepRunner {
   float* WeightsOf(Iteration& it, const Replica& r, int op);
   LayerContext ContextOf(const Iteration& it, const Replica& r, int l, int j) const;
 
+  // Page-locks the host buffers every step copies to or from (RegisterHost); a
+  // refusal leaves them pageable and is kept for warnings().
+  void RegisterCopyBuffers();
   // Builds the measured timeline of the newest finished iteration.
   void CollectTimelines();
   // The timing sink's view of finished spans.
@@ -187,6 +192,11 @@ class PlanExecutor final : public StepRunner {
   // gradients.
   Buffer host_params_, host_grads_, host_buffers_, host_replica_grads_;
   std::vector<Buffer> host_moments_;
+  // Of those, the ones copies read or write every step and the accelerator
+  // page-locked (Accelerator::RegisterHost); unregistered before they are freed.
+  std::vector<void*> registered_host_;
+  // Why a range stayed pageable ("" when all were registered).
+  std::string pageable_reason_;
   // The plan's decisions as the executor runs them, the layers' bytes, and
   // the schedules lowered from them, by micro-batch count.
   schedule::Decisions decisions_;

@@ -77,6 +77,9 @@ class StepRunner {
   // The step program it runs (schedule/schedule.h as a message, what the job
   // record keeps); empty for runners without one (the CPU engine).
   virtual tandem::v1::Schedule program() const { return tandem::v1::Schedule(); }
+  // Conditions a user should know that do not stop training (host memory that
+  // could not be page-locked, so copies run at pageable speed); one line each.
+  virtual std::vector<std::string> warnings() const { return {}; }
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 

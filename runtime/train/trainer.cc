@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
          absl::StrCat("model ", t->model_->fingerprint().substr(0, 12), ": ",
                       t->model_->num_layers(), " layers, ", t->model_->parameter_count(),
                       " parameters; data ", t->data_.train->Describe()));
+  for (const std::string& w : t->runner_->warnings()) t->Log(tandem::v1::LOG_SEVERITY_WARNING, w);
   return t;
 }
 

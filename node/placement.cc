@@ -41,6 +41,8 @@ using tandem::v1::Strategy;
 // cuBLAS's 32 MiB workspace and reduction scratch (accelerator_factory.h),
 // rounded up.
 constexpr int64_t kCudaFixedBytes = int64_t{33} << 20;
+// A forced plan's host_update_threads: more threads than any host has cores.
+constexpr int kMaxHostUpdateThreads = 1024;
 
 // The accelerator a resolved spec runs with (the spec is resolved, so never
 // UNSPECIFIED).
@@ -314,16 +316,84 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   return least;
 }
 
+namespace {
+
+absl::Status ForcedPlanError(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("placement.plan.", field, ": ", message));
+}
+
+// A plan given in the spec, checked field by field before the job is accepted
+// (the executor would otherwise meet an unknown enum, a thread count or a
+// micro-batch it cannot run only when the job starts).
+absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, const Plan& plan) {
+  using namespace tandem::v1;  // NOLINT: the enum names are long enough.
+  if (plan.layers_size() != model.num_layers()) {
+    return ForcedPlanError("layers", absl::StrCat(plan.layers_size(), " layers, but the model has ",
+                                                  model.num_layers()));
+  }
+  if (!Strategy_IsValid(plan.strategy()) || plan.strategy() == STRATEGY_UNSPECIFIED ||
+      plan.strategy() == STRATEGY_AUTO) {
+    return ForcedPlanError(
+        "strategy", absl::StrCat("must name the plan's strategy (got ", plan.strategy(), ")"));
+  }
+  if (plan.strategy() != STRATEGY_CPU_ONLY && KindOf(resolved) == ACCELERATOR_KIND_NONE) {
+    return ForcedPlanError(
+        "strategy", absl::StrCat(Strategy_Name(plan.strategy()), " needs placement.accelerator"));
+  }
+  if (!DeviceKind_IsValid(plan.accelerator())) {
+    return ForcedPlanError("accelerator", absl::StrCat("unknown value ", plan.accelerator()));
+  }
+  const int64_t batch = resolved.training().batch_size();
+  if (plan.micro_batch_size() <= 0 || plan.micro_batch_size() > batch) {
+    return ForcedPlanError("micro_batch_size", absl::StrCat("must be in [1, ", batch, "], got ",
+                                                            plan.micro_batch_size()));
+  }
+  if (plan.batch_size() != 0 && plan.batch_size() != batch) {
+    return ForcedPlanError("batch_size", absl::StrCat(plan.batch_size(), " is not the job's ",
+                                                      "training.batch_size ", batch, " (or 0)"));
+  }
+  if (plan.accelerator_batch_share() < 0 || plan.accelerator_batch_share() > batch) {
+    return ForcedPlanError("accelerator_batch_share", absl::StrCat("must be in [0, ", batch, "]"));
+  }
+  if (plan.host_update_threads() < 0 || plan.host_update_threads() > kMaxHostUpdateThreads) {
+    return ForcedPlanError("host_update_threads",
+                           absl::StrCat("must be in [0, ", kMaxHostUpdateThreads, "]"));
+  }
+  if (plan.pipeline_size() > 0) {
+    return ForcedPlanError("pipeline", "pipeline plans are solved by tandem plan, not run yet");
+  }
+  for (int l = 0; l < plan.layers_size(); ++l) {
+    const LayerPlan& layer = plan.layers(l);
+    const std::string field = absl::StrCat("layers[", l, "]");
+    auto placement_ok = [](Placement p) {
+      return p == PLACEMENT_HOST || p == PLACEMENT_ACCELERATOR;
+    };
+    if (!Placement_IsValid(layer.compute()) || !placement_ok(layer.compute())) {
+      return ForcedPlanError(field + ".compute", "must be PLACEMENT_HOST or PLACEMENT_ACCELERATOR");
+    }
+    if (!Placement_IsValid(layer.update()) || !placement_ok(layer.update())) {
+      return ForcedPlanError(field + ".update", "must be PLACEMENT_HOST or PLACEMENT_ACCELERATOR");
+    }
+    if (!ParameterHome_IsValid(layer.parameter_home()) ||
+        layer.parameter_home() == PARAMETER_HOME_UNSPECIFIED) {
+      return ForcedPlanError(field + ".parameter_home", "must name where the weights live");
+    }
+    if (!ActivationPolicy_IsValid(layer.activation_policy())) {
+      return ForcedPlanError(field + ".activation_policy",
+                             absl::StrCat("unknown value ", layer.activation_policy()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node) {
   work_counters::Count(work_counters::plan_solves);
   if (PlainCpu(resolved)) return Plan();
   const auto& placement = resolved.placement();
   if (placement.has_plan()) {
-    if (placement.plan().layers_size() != model.num_layers()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("placement.plan.layers: ", placement.plan().layers_size(),
-                       " layers, but the model has ", model.num_layers()));
-    }
+    TANDEM_RETURN_IF_ERROR(ValidateForcedPlan(model, resolved, placement.plan()));
     return placement.plan();
   }
   TANDEM_ASSIGN_OR_RETURN(int64_t capacity, AcceleratorCapacity(resolved, node));

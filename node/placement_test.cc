@@ -7,6 +7,7 @@
 #include "node/placement.h"
 
 #include <cmath>
+#include <functional>
 
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -294,6 +295,59 @@ TEST(PlacementTest, BadPlacementsNameTheField) {
   absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, TestNode());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(plan.status().message().find("placement.plan.layers"), std::string::npos);
+}
+
+TEST(PlacementTest, AForcedPlanIsCheckedFieldByFieldBeforeTheJobIsAccepted) {
+  const JobSpec spec = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, int64_t{64} << 20);
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  ASSERT_TRUE(resolved.ok());
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok());
+  absl::StatusOr<tandem::v1::Plan> solved = PlanJob(*jm->model, *resolved, TestNode());
+  ASSERT_TRUE(solved.ok()) << solved.status();
+  auto plan_with = [&](const std::function<void(tandem::v1::Plan&)>& edit) {
+    JobSpec forced = *resolved;
+    tandem::v1::Plan* p = forced.mutable_placement()->mutable_plan();
+    *p = *solved;
+    edit(*p);
+    return PlanJob(*jm->model, forced, TestNode()).status();
+  };
+  EXPECT_TRUE(plan_with([](tandem::v1::Plan&) {}).ok());
+  const std::vector<std::pair<std::function<void(tandem::v1::Plan&)>, std::string>> cases = {
+      {[](auto& p) { p.set_strategy(static_cast<tandem::v1::Strategy>(77)); }, "plan.strategy"},
+      {[](auto& p) { p.set_strategy(tandem::v1::STRATEGY_AUTO); }, "plan.strategy"},
+      {[](auto& p) { p.set_micro_batch_size(0); }, "plan.micro_batch_size"},
+      {[](auto& p) { p.set_micro_batch_size(1 << 30); }, "plan.micro_batch_size"},
+      {[](auto& p) { p.set_batch_size(3); }, "plan.batch_size"},
+      {[](auto& p) { p.set_host_update_threads(1000000); }, "plan.host_update_threads"},
+      {[](auto& p) { p.set_accelerator_batch_share(-1); }, "plan.accelerator_batch_share"},
+      {[](auto& p) { p.set_accelerator(static_cast<tandem::v1::DeviceKind>(9)); },
+       "plan.accelerator"},
+      {[](auto& p) { p.add_pipeline(); }, "plan.pipeline"},
+      {[](auto& p) { p.mutable_layers(1)->set_compute(static_cast<tandem::v1::Placement>(5)); },
+       "plan.layers[1].compute"},
+      {[](auto& p) { p.mutable_layers(2)->set_update(tandem::v1::PLACEMENT_UNSPECIFIED); },
+       "plan.layers[2].update"},
+      {[](auto& p) {
+         p.mutable_layers(0)->set_parameter_home(tandem::v1::PARAMETER_HOME_UNSPECIFIED);
+       },
+       "plan.layers[0].parameter_home"},
+      {[](auto& p) {
+         p.mutable_layers(0)->set_activation_policy(static_cast<tandem::v1::ActivationPolicy>(40));
+       },
+       "plan.layers[0].activation_policy"},
+  };
+  for (const auto& [edit, field] : cases) {
+    const absl::Status s = plan_with(edit);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  }
+  // An accelerator plan for a job without an accelerator.
+  JobSpec cpu = *resolved;
+  *cpu.mutable_placement()->mutable_plan() = *solved;
+  cpu.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_NONE);
+  const absl::Status s = PlanJob(*jm->model, cpu, TestNode()).status();
+  EXPECT_NE(s.message().find("needs placement.accelerator"), std::string::npos) << s;
 }
 
 TEST(PlacementTest, CpuJobsRunOnThePlainEngine) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,16 @@ class Shape {
   int64_t elements() const {
     int64_t n = 1;
     for (int64_t d : dims_) n *= d;
+    return n;
+  }
+
+  // Product of the dimensions when none is negative and the
+  // product, computed without overflow, is at most `limit`; nullopt otherwise.
+  std::optional<int64_t> CheckedElements(int64_t limit) const {
+    int64_t n = 1;
+    for (int64_t d : dims_) {
+      if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > limit) return std::nullopt;
+    }
     return n;
   }
 

@@ -381,6 +381,26 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromLayers(std::vector<std::unique
   return model;
 }
 
+// Every size a layer derives from its configuration, checked in 64 bits
+// before anything multiplies it further (a kernel of 2^31 - 1 made a conv's
+// weight count wrap to a negative allocation).
+absl::Status Model::CheckSizes(int l, const Layer& layer) {
+  auto too_large = [&](const std::string& what, const Shape& shape, int64_t limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: layer ", l, " (", layer.kind(), "): ", what, " ", shape.ToString(),
+                     " has more than ", limit, " elements (or a negative size)"));
+  };
+  if (!layer.output_shape().CheckedElements(kMaxSampleElements)) {
+    return too_large("output per sample", layer.output_shape(), kMaxSampleElements);
+  }
+  for (const ParamSpec& p : layer.Params()) {
+    if (!p.shape.CheckedElements(kMaxParameterElements)) {
+      return too_large(p.name, p.shape, kMaxParameterElements);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Model::Finish() {
   if (layers_.empty()) return absl::InvalidArgumentError("model: has no layers");
   loss_ = dynamic_cast<const CrossEntropy*>(layers_.back().get());
@@ -405,8 +425,13 @@ absl::Status Model::Finish() {
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("model: layer ", l, ": ", s.message()));
     }
+    TANDEM_RETURN_IF_ERROR(CheckSizes(l, layer));
     shape = layer.output_shape();
     parameter_count_ += layer.ParamCount();
+    if (parameter_count_ > kMaxParameterElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model: more than ", kMaxParameterElements, " parameters by layer ", l));
+    }
     param_offsets_.push_back(param_offsets_.back() + AlignElements(layer.ParamCount()));
     buffer_offsets_.push_back(buffer_offsets_.back() + AlignElements(layer.BufferCount()));
     absl::StrAppend(&canonical, "|", layer.kind(), layer.output_shape().ToString());

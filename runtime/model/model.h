@@ -85,6 +85,16 @@ class Model {
  private:
   Model() = default;
   absl::Status Finish();
+  // INVALID_ARGUMENT when a layer's output per sample has more than
+  // kMaxSampleElements elements or one of its parameters more than
+  // kMaxParameterElements, or a size overflows. These bound arithmetic, not
+  // resources: a model too large for the node is admission's RESOURCE_EXHAUSTED.
+  static absl::Status CheckSizes(int l, const Layer& layer);
+  // 2^40 per sample: times a batch of at most 2^16 and 4 bytes, still 2^5
+  // below int64's limit for the sums made of it.
+  static constexpr int64_t kMaxSampleElements = int64_t{1} << 40;
+  // 2^46 parameters (256 TiB of fp32), per tensor and in all.
+  static constexpr int64_t kMaxParameterElements = int64_t{1} << 46;
 
   std::vector<std::unique_ptr<Layer>> layers_;
   const CrossEntropy* loss_ = nullptr;

@@ -60,6 +60,33 @@ CASES = [
     ("oversized spec (a 1.4 MB forced plan)",
      merged(GOOD, {"placement": {"plan": {"layers": [{"name": "x" * 60}] * 20000}}}),
      INVALID, "spec.placement: the spec is"),
+    ("a conv whose weight count overflows 64 bits (kernel 2^31-1)",
+     dict(GOOD, model={"layers": {"layers": [
+         {"conv2d": {"out_channels": 64, "kernel_size": 2**31 - 1, "padding": 2**30 - 1}},
+         {"flatten": {}}, {"linear": {"out_features": 3}}]}},
+         data={"synthetic": {"sample_shape": [28, 28, 1], "num_classes": 3, "train_samples": 64}}),
+     INVALID, "layer 0 (conv2d): weight"),
+    ("a conv output of 2^40 elements per sample",
+     dict(GOOD, model={"layers": {"layers": [
+         {"conv2d": {"out_channels": 2**31 - 1, "kernel_size": 1}}, {"flatten": {}}, {"linear": {"out_features": 3}}]}},
+         data={"synthetic": {"sample_shape": [28, 28, 1], "num_classes": 3, "train_samples": 64}}),
+     INVALID, "layer 0 (conv2d): output per sample"),
+    ("a forced plan with a million update threads",
+     merged(GOOD, {"placement": {"plan": {"strategy": "STRATEGY_CPU_ONLY", "micro_batch_size": 8,
+                                          "host_update_threads": 10**6,
+                                          "layers": [{"compute": "PLACEMENT_HOST", "update": "PLACEMENT_HOST",
+                                                      "parameter_home": "PARAMETER_HOME_HOST"}] * 5}}}),
+     INVALID, "spec.placement.plan.host_update_threads"),
+    ("a forced plan with an unknown layer placement",
+     merged(GOOD, {"placement": {"plan": {"strategy": "STRATEGY_CPU_ONLY", "micro_batch_size": 8,
+                                          "layers": [{"compute": 9, "update": "PLACEMENT_HOST",
+                                                      "parameter_home": "PARAMETER_HOME_HOST"}] * 5}}}),
+     INVALID, "spec.placement.plan.layers[0].compute"),
+    ("a forced plan with no micro-batch",
+     merged(GOOD, {"placement": {"plan": {"strategy": "STRATEGY_CPU_ONLY",
+                                          "layers": [{"compute": "PLACEMENT_HOST", "update": "PLACEMENT_HOST",
+                                                      "parameter_home": "PARAMETER_HOME_HOST"}] * 5}}}),
+     INVALID, "spec.placement.plan.micro_batch_size"),
     ("negative hidden size", merged(GOOD, {"model": {"mlp": {"hidden_sizes": [-5]}}}), INVALID, "spec.model.mlp.hidden_sizes[0]"),
     ("absurd hidden size", merged(GOOD, {"model": {"mlp": {"hidden_sizes": [2**30]}}}), INVALID, "spec.model.mlp.hidden_sizes[0]"),
     ("gpt heads do not divide", {"model": {"gpt": {"n_head": 3, "d_model": 32}}, "data": {"synthetic": {"sample_shape": [8], "num_classes": 10, "tokens": True}}, "training": {"batch_size": 2, "steps": 1}}, INVALID, "spec.model.gpt.n_head"),
@@ -150,6 +177,20 @@ class MalformedTest(unittest.TestCase):
             raw(b"\xff\xff\xff\xff garbage", timeout=10)
         self.assertIn(e.exception.code(), (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNIMPLEMENTED,
                                            grpc.StatusCode.INVALID_ARGUMENT))
+        # A string field that is not UTF-8 (Python's protobuf refuses to build
+        # one, so the bytes are patched): proto3's parser rejects the request
+        # before any handler sees it, and nothing is stored.
+        request = tandem_service_pb2.SubmitJobRequest(spec=json_format.ParseDict(GOOD, job_pb2.JobSpec()),
+                                                      request_id="utf8-probe")
+        request.spec.display_name = "NAMEMARK"
+        patched = request.SerializeToString().replace(b"NAMEMARK", b"\xff\xfe\xc0\x80MARK")
+        self.assertNotEqual(patched, request.SerializeToString())
+        with self.assertRaises(grpc.RpcError) as e:
+            raw(patched, timeout=10)
+        self.assertIn(e.exception.code(), (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNIMPLEMENTED,
+                                           grpc.StatusCode.INVALID_ARGUMENT))
+        listed = self.client.ListJobs(tandem_service_pb2.ListJobsRequest(page_size=1000), timeout=10)
+        self.assertNotIn("utf8-probe", [j.request_id for j in listed.jobs])
 
     def test_daemon_is_healthy_afterwards(self):
         self.test_corpus()

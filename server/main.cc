@@ -35,6 +35,7 @@
 #include "runtime/profile/node_devices.h"
 #include "runtime/train/profile_model.h"
 #include "server/auth.h"
+#include "server/health_watchdog.h"
 #include "server/job_manager.h"
 #include "server/metrics/exposer.h"
 #include "server/metrics/nvml_collector.h"
@@ -322,13 +323,20 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
+  grpc::HealthCheckServiceInterface* health = (*server)->GetHealthCheckService();
+  auto watchdog =
+      std::make_unique<HealthWatchdog>([&jobs] { return jobs.TakeSnapshot().not_accepting_reason; },
+                                       [health](const std::string& service, bool serving) {
+                                         health->SetServingStatus(service, serving);
+                                       });
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);
   std::fprintf(stderr, "tandemd: %s received: draining\n", strsignal(signal_number));
   // Health says NOT_SERVING; no new jobs; running jobs checkpoint and re-queue;
   // watch streams end; in-flight RPCs get up to 10 s.
-  (*server)->GetHealthCheckService()->SetServingStatus(false);
+  watchdog.reset();
+  health->SetServingStatus(false);
   jobs.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   (*server)->Wait();

@@ -27,6 +27,11 @@ class HealthTest(unittest.TestCase):
         check = self.channel.unary_unary("/grpc.health.v1.Health/Check")
         self.assertEqual(check(b"", timeout=10), SERVING)
 
+    def test_the_job_service_is_serving_when_jobs_are_accepted(self):
+        check = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+        name = b"tandem.v1.Tandem"
+        self.assertEqual(check(b"\x0a" + bytes([len(name)]) + name, timeout=10), SERVING)
+
     def test_unknown_service_is_not_found(self):
         check = self.channel.unary_unary("/grpc.health.v1.Health/Check")
         # HealthCheckRequest{service: "no.such.Service"}

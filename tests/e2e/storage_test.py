@@ -35,6 +35,22 @@ def can_mount_tmpfs():
     return None
 
 
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"
+
+
+def wait_for_health(channel, service, status, timeout=10):
+    """Whether grpc.health.v1 says `status` for `service` within `timeout` s."""
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    request = (b"\x0a" + bytes([len(service)]) + service) if service else b""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if check(request, timeout=10) == status:
+            return True
+        time.sleep(0.1)
+    print("health of %r: %r" % (service, check(request, timeout=10)))
+    return False
+
+
 class SmallDisk:
     """A tmpfs of TMPFS_BYTES at `path`, visible to processes started through
     wrapper(); the test reaches it through /proc/<holder>/root."""
@@ -133,6 +149,9 @@ class StorageFaultsTest(unittest.TestCase):
         node = client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
         self.assertFalse(node.accepting_jobs)
         self.assertIn("free", node.not_accepting_reason)
+        # Health: the daemon answers (""), the job service takes no jobs.
+        self.assertTrue(wait_for_health(channel, b"tandem.v1.Tandem", NOT_SERVING))
+        self.assertTrue(wait_for_health(channel, b"", SERVING))
 
         # The running job goes on and ends; the store cannot take its end, so
         # it is served from memory.
@@ -143,6 +162,7 @@ class StorageFaultsTest(unittest.TestCase):
         self.assertIn("cannot record the end of %s yet" % running, daemon.logs())
         # Freed: the end is written within the persister's next rounds.
         self.disk.free()
+        self.assertTrue(wait_for_health(channel, b"tandem.v1.Tandem", SERVING))
         deadline = time.time() + 10
         while "recorded" not in daemon.logs() and time.time() < deadline:
             time.sleep(0.1)

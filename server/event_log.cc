@@ -8,8 +8,8 @@ namespace tandem::server {
 
 EventLog::EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory)
     : job_id_(std::move(job_id)),
-      max_in_memory_(std::max<size_t>(1, max_in_memory)),
-      first_sequence_(last_sequence + 1) {}
+      first_sequence_(last_sequence + 1),
+      max_in_memory_(std::max<size_t>(1, max_in_memory)) {}
 
 tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
   std::vector<std::function<void()>> wake;

@@ -132,7 +132,9 @@ void ExpectCompleteCpuProfile(const Model& model, const tandem::v1::Profile& p, 
     EXPECT_LE(d.forward().timing().median_seconds(), d.forward().timing().max_seconds());
     // Only layers with parameters have an update; the others show none, not zero.
     EXPECT_EQ(d.has_update(), layer.ParamCount() > 0) << layer.name();
-    if (d.has_update()) EXPECT_EQ(d.update().timing().samples(), iterations);
+    if (d.has_update()) {
+      EXPECT_EQ(d.update().timing().samples(), iterations);
+    }
     // Counters carry their source; a source that counted nothing adds none.
     for (const tandem::v1::Counter& c : d.forward().counters()) {
       if (c.source() == tandem::v1::COUNTER_SOURCE_MEMORY_SCAN) continue;

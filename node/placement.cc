@@ -368,10 +368,10 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
     auto placement_ok = [](Placement p) {
       return p == PLACEMENT_HOST || p == PLACEMENT_ACCELERATOR;
     };
-    if (!Placement_IsValid(layer.compute()) || !placement_ok(layer.compute())) {
+    if (!placement_ok(layer.compute())) {
       return ForcedPlanError(field + ".compute", "must be PLACEMENT_HOST or PLACEMENT_ACCELERATOR");
     }
-    if (!Placement_IsValid(layer.update()) || !placement_ok(layer.update())) {
+    if (!placement_ok(layer.update())) {
       return ForcedPlanError(field + ".update", "must be PLACEMENT_HOST or PLACEMENT_ACCELERATOR");
     }
     if (!ParameterHome_IsValid(layer.parameter_home()) ||

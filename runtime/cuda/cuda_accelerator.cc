@@ -43,8 +43,7 @@ absl::StatusOr<std::unique_ptr<CudaAccelerator>> CudaAccelerator::Create(
 }
 
 CudaAccelerator::CudaAccelerator(const CudaAcceleratorOptions& options)
-    : pinned_(options.pinned_host_budget_bytes),
-      pinned_budget_bytes_(options.pinned_host_budget_bytes) {}
+    : pinned_(options.pinned_host_budget_bytes) {}
 
 CudaAccelerator::~CudaAccelerator() {
   if (ctx_ == nullptr) return;
@@ -68,11 +67,12 @@ absl::Status CudaAccelerator::RegisterHost(void* ptr, int64_t bytes) {
   if (registered_.contains(ptr)) {
     return absl::InvalidArgumentError(absl::StrCat(id(), ": host memory registered twice"));
   }
-  const int64_t staging = pinned_.stats().total_in_use_bytes;
-  if (pinned_budget_bytes_ > 0 && staging + registered_bytes_ + bytes > pinned_budget_bytes_) {
+  const MemoryStats staging = pinned_.stats();
+  const int64_t in_use = staging.total_in_use_bytes + registered_bytes_;
+  if (staging.budget_bytes > 0 && in_use + bytes > staging.budget_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat(id(), ": page-locking ", bytes, " bytes would pass the pinned host budget of ",
-                     pinned_budget_bytes_, " bytes (", staging + registered_bytes_, " in use)"));
+                     staging.budget_bytes, " bytes (", in_use, " in use)"));
   }
   TANDEM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal()), "cudaSetDevice"));
   const cudaError_t err =

@@ -102,8 +102,8 @@ class CudaAccelerator final : public Accelerator {
   CudaStream h2d_, d2h_;
   // SumOfSquares: kSumOfSquaresPartials partial sums, then the result (doubles).
   Buffer reduction_;
-  // RegisterHost's ranges (start, bytes); the staging allocator has its own count.
-  const int64_t pinned_budget_bytes_;
+  // RegisterHost's ranges (start, bytes); the staging allocator has its own
+  // count and holds the pinned budget.
   absl::Mutex registered_mu_;
   absl::flat_hash_map<void*, int64_t> registered_ ABSL_GUARDED_BY(registered_mu_);
   int64_t registered_bytes_ ABSL_GUARDED_BY(registered_mu_) = 0;

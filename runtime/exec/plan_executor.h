@@ -112,7 +112,7 @@ class PlanExecutor final : public StepRunner {
   tandem::v1::Plan plan() const override { return options_.plan; }
   tandem::v1::Schedule program() const override;
   tandem::v1::Timeline last_timeline() const override;
-  // "copies stay pageable: <reason>" when RegisterHost refused a buffer.
+  // One line, with RegisterHost's reason, when it refused a buffer.
   std::vector<std::string> warnings() const override;
   // The program a step of a full batch runs: the plan lowered (schedule/lower.h)
   // with the layers' bytes at the plan's micro-batch. A short batch runs the

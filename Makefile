@@ -25,13 +25,17 @@ run: deps
 	  --state_dir="$(STATE_DIR)" --data_root="$(DATA_ROOT)"
 
 # The format check, every test, then the executor's randomised stress again
-# under ThreadSanitizer; ends with GoogleTest-style totals over all test cases.
+# under ThreadSanitizer, then each fuzz target for FUZZ_SECONDS with libFuzzer
+# (tools/fuzz.sh, docs/fuzzing.md); ends with GoogleTest-style totals over all
+# test cases.
+FUZZ_SECONDS ?= 30
 TSAN_TESTS := //runtime/exec:plan_executor_stress_test
 
 test: deps
 	tools/check_format.sh; status=$$?; \
 	  $(BAZEL) test --config=tsan $(TSAN_TESTS) || status=1; \
 	  $(BAZEL) test //... || status=1; \
+	  tools/fuzz.sh $(FUZZ_SECONDS) || status=1; \
 	  /usr/bin/python3 tools/test_summary.py --extra=bazel-out/k8-opt-tsan/testlogs || status=1; \
 	  exit $$status
 

@@ -9,7 +9,8 @@
 #
 # build: compile everything. test: build + what the tests run against (real
 # Prometheus and promtool, Python gRPC client, Fashion-MNIST, systemd-analyze for
-# the unit in deploy/). bench: test + the PyTorch peer.
+# the unit in deploy/, clang with libFuzzer and libomp for tools/fuzz.sh).
+# bench: test + the PyTorch peer.
 #
 # The container images (deploy/docker/) build with `build`, then ship only the
 # binaries and the shared libraries they link. Those packages are not named
@@ -74,6 +75,7 @@ build_packages=(
 test_packages=(
   python3 python3-grpcio python3-protobuf python3-yaml prometheus
   dataset-fashion-mnist vim-runtime ca-certificates openssl procps systemd clang-format
+  clang libclang-rt-dev libomp-dev
 )
 bench_packages=(
   python3-torch libopenblas0-pthread linux-perf

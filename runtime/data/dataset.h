@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "runtime/model/model.h"
+#include "runtime/data/data_info.h"
 #include "tandem/v1/job.pb.h"
 
 namespace tandem {

@@ -15,24 +15,12 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/core/allocator.h"
+#include "runtime/data/data_info.h"
 #include "runtime/layers/layer.h"
 #include "runtime/layers/loss.h"
 #include "tandem/v1/model.pb.h"
 
 namespace tandem {
-
-// What a model needs to know about its data.
-struct DataInfo {
-  // One input sample: [H, W, C] images, [features], or [T] tokens.
-  Shape sample_shape;
-  DType input_dtype = DType::kF32;
-  // Classes (or vocabulary for token targets).
-  int64_t num_classes = 0;
-  // Targets per sample: 1 for classification, T for language modelling.
-  int64_t targets_per_sample = 1;
-  // Host bytes the opened dataset holds (estimate, both splits); 0 if unknown.
-  int64_t memory_bytes = 0;
-};
 
 // `spec` with every preset size that was left at zero set to its default
 // (mlp hidden [1024, 1024], cnn 32/64/512/k5, resnet 16/3/2, gpt 4/4/256/128 with

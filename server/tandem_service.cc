@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/wire_request.h"
 
 namespace tandem::server {
 namespace {
@@ -70,16 +71,18 @@ grpc::Status CheckJobId(const std::string& id, const char* field) {
 // Streams a job's events: the backlog from `from_sequence` (memory or store),
 // then live ones as they are appended. One write in flight at a time; the log
 // never waits for this watcher.
-class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
+class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   WatchReactor(TandemService* service, grpc::CallbackServerContext* context,
-               const tandem::v1::WatchJobRequest* request)
+               const grpc::ByteBuffer* raw_request)
       : service_(service), start_(absl::Now()), shared_(std::make_shared<Shared>()) {
     shared_->reactor = this;
+    tandem::v1::WatchJobRequest request;
     grpc::Status status = service->auth().Check(*context);
-    if (status.ok()) status = CheckJobId(request->job_id(), "job_id");
+    if (status.ok()) status = ParseRequest(*raw_request, &request);
+    if (status.ok()) status = CheckJobId(request.job_id(), "job_id");
     if (status.ok()) {
-      absl::StatusOr<std::shared_ptr<EventLog>> log = service->jobs()->Events(request->job_id());
+      absl::StatusOr<std::shared_ptr<EventLog>> log = service->jobs()->Events(request.job_id());
       if (log.ok()) {
         log_ = *log;
       } else {
@@ -90,9 +93,9 @@ class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
       FinishOnce(status);
       return;
     }
-    job_id_ = request->job_id();
-    cursor_ = std::max<uint64_t>(1, request->from_sequence());
-    follow_ = !request->has_follow() || request->follow();
+    job_id_ = request.job_id();
+    cursor_ = std::max<uint64_t>(1, request.from_sequence());
+    follow_ = !request.has_follow() || request.follow();
     absl::MutexLock lock(&shared_->mu);
     PumpLocked();
   }
@@ -150,7 +153,8 @@ class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
       if (buffer_.empty()) Refill();
       if (!buffer_.empty()) {
         writing_ = true;
-        StartWrite(&buffer_.front());
+        SerializeResponse(buffer_.front(), &out_);
+        StartWrite(&out_);
         return;
       }
       if (log_->closed()) {
@@ -207,7 +211,22 @@ class WatchReactor : public grpc::ServerWriteReactor<JobEvent> {
   bool finished_ = false;
   int64_t wait_handle_ = 0;
   std::deque<JobEvent> buffer_;
+  // buffer_.front() serialized, while it is written.
+  grpc::ByteBuffer out_;
 };
+
+// Parses the request, runs `work` and serializes what it answers.
+template <typename Request, typename Response>
+grpc::Status RawUnary(const grpc::ByteBuffer* raw_request, grpc::ByteBuffer* raw_response,
+                      const std::function<grpc::Status(const Request&, Response*)>& work) {
+  Request request;
+  grpc::Status status = ParseRequest(*raw_request, &request);
+  if (!status.ok()) return status;
+  Response response;
+  status = work(request, &response);
+  if (status.ok()) SerializeResponse(response, raw_response);
+  return status;
+}
 
 // The status for a request whose caller went away while it waited, nothing
 // done; nullopt while the caller still waits.
@@ -290,114 +309,138 @@ grpc::ServerUnaryReactor* TandemService::OnLane(
 }
 
 grpc::ServerUnaryReactor* TandemService::SubmitJob(grpc::CallbackServerContext* context,
-                                                   const tandem::v1::SubmitJobRequest* request,
-                                                   tandem::v1::SubmitJobResponse* response) {
-  return Unary(context, "SubmitJob", [this, request, response]() -> grpc::Status {
-    if (!request->has_spec()) return Invalid("spec: is required");
-    absl::StatusOr<JobManager::Submitted> submitted =
-        jobs_->Submit(request->spec(), request->request_id());
-    if (!submitted.ok()) return ToGrpc(submitted.status());
-    *response->mutable_job() = submitted->job;
-    response->set_created(submitted->created);
-    return grpc::Status::OK;
+                                                   const grpc::ByteBuffer* raw_request,
+                                                   grpc::ByteBuffer* raw_response) {
+  return Unary(context, "SubmitJob", [this, raw_request, raw_response] {
+    return RawUnary<tandem::v1::SubmitJobRequest, tandem::v1::SubmitJobResponse>(
+        raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
+          if (!request.has_spec()) return Invalid("spec: is required");
+          absl::StatusOr<JobManager::Submitted> submitted =
+              jobs_->Submit(request.spec(), request.request_id());
+          if (!submitted.ok()) return ToGrpc(submitted.status());
+          *response->mutable_job() = submitted->job;
+          response->set_created(submitted->created);
+          return grpc::Status::OK;
+        });
   });
 }
 
 grpc::ServerUnaryReactor* TandemService::GetJob(grpc::CallbackServerContext* context,
-                                                const tandem::v1::GetJobRequest* request,
-                                                tandem::v1::Job* response) {
-  return Unary(context, "GetJob", [this, request, response]() -> grpc::Status {
-    grpc::Status s = CheckJobId(request->job_id(), "job_id");
-    if (!s.ok()) return s;
-    absl::StatusOr<tandem::v1::Job> job = jobs_->Get(request->job_id());
-    if (!job.ok()) return ToGrpc(job.status());
-    *response = *job;
-    return grpc::Status::OK;
+                                                const grpc::ByteBuffer* raw_request,
+                                                grpc::ByteBuffer* raw_response) {
+  return Unary(context, "GetJob", [this, raw_request, raw_response] {
+    return RawUnary<tandem::v1::GetJobRequest, tandem::v1::Job>(
+        raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
+          grpc::Status s = CheckJobId(request.job_id(), "job_id");
+          if (!s.ok()) return s;
+          absl::StatusOr<tandem::v1::Job> job = jobs_->Get(request.job_id());
+          if (!job.ok()) return ToGrpc(job.status());
+          *response = *job;
+          return grpc::Status::OK;
+        });
   });
 }
 
 grpc::ServerUnaryReactor* TandemService::ListJobs(grpc::CallbackServerContext* context,
-                                                  const tandem::v1::ListJobsRequest* request,
-                                                  tandem::v1::ListJobsResponse* response) {
-  return Unary(context, "ListJobs", [this, request, response]() -> grpc::Status {
-    JobFilter filter;
-    if (request->page_size() < 0 || request->page_size() > 1000) {
-      return Invalid(absl::StrCat("page_size: must be in [0, 1000], got ", request->page_size()));
-    }
-    filter.limit = request->page_size() == 0 ? 100 : request->page_size();
-    for (int i = 0; i < request->states_size(); ++i) {
-      const int s = request->states(i);
-      if (!tandem::v1::JobState_IsValid(s) || s == tandem::v1::JOB_STATE_UNSPECIFIED) {
-        return Invalid(absl::StrCat("states[", i, "]: unknown job state ", s));
-      }
-      filter.states.push_back(static_cast<tandem::v1::JobState>(s));
-    }
-    for (const auto& [k, v] : request->labels()) filter.labels[k] = v;
-    if (!request->page_token().empty()) {
-      int64_t before = 0;
-      if (request->page_token().size() > 24 || request->page_token()[0] != 'p' ||
-          !absl::SimpleAtoi(request->page_token().substr(1), &before) || before <= 0) {
-        return Invalid("page_token: not a token from ListJobsResponse.next_page_token");
-      }
-      filter.before_sequence = before;
-    }
-    absl::StatusOr<JobPage> page = jobs_->List(filter);
-    if (!page.ok()) return ToGrpc(page.status());
-    for (auto& job : page->jobs) {
-      job.clear_schedule();  // a page of programs could outgrow a message; GetJob has it
-      *response->add_jobs() = std::move(job);
-    }
-    if (page->next_before > 0) response->set_next_page_token(absl::StrCat("p", page->next_before));
-    response->set_total_size(page->total);
-    return grpc::Status::OK;
+                                                  const grpc::ByteBuffer* raw_request,
+                                                  grpc::ByteBuffer* raw_response) {
+  return Unary(context, "ListJobs", [this, raw_request, raw_response] {
+    return RawUnary<tandem::v1::ListJobsRequest, tandem::v1::ListJobsResponse>(
+        raw_request, raw_response,
+        [this](const auto& request, auto* response) { return List(request, response); });
   });
 }
 
-grpc::ServerWriteReactor<JobEvent>* TandemService::WatchJob(
-    grpc::CallbackServerContext* context, const tandem::v1::WatchJobRequest* request) {
+grpc::Status TandemService::List(const tandem::v1::ListJobsRequest& request,
+                                 tandem::v1::ListJobsResponse* response) {
+  JobFilter filter;
+  if (request.page_size() < 0 || request.page_size() > 1000) {
+    return Invalid(absl::StrCat("page_size: must be in [0, 1000], got ", request.page_size()));
+  }
+  filter.limit = request.page_size() == 0 ? 100 : request.page_size();
+  for (int i = 0; i < request.states_size(); ++i) {
+    const int s = request.states(i);
+    if (!tandem::v1::JobState_IsValid(s) || s == tandem::v1::JOB_STATE_UNSPECIFIED) {
+      return Invalid(absl::StrCat("states[", i, "]: unknown job state ", s));
+    }
+    filter.states.push_back(static_cast<tandem::v1::JobState>(s));
+  }
+  for (const auto& [k, v] : request.labels()) filter.labels[k] = v;
+  if (!request.page_token().empty()) {
+    int64_t before = 0;
+    if (request.page_token().size() > 24 || request.page_token()[0] != 'p' ||
+        !absl::SimpleAtoi(request.page_token().substr(1), &before) || before <= 0) {
+      return Invalid("page_token: not a token from ListJobsResponse.next_page_token");
+    }
+    filter.before_sequence = before;
+  }
+  absl::StatusOr<JobPage> page = jobs_->List(filter);
+  if (!page.ok()) return ToGrpc(page.status());
+  for (auto& job : page->jobs) {
+    job.clear_schedule();  // a page of programs could outgrow a message; GetJob has it
+    *response->add_jobs() = std::move(job);
+  }
+  if (page->next_before > 0) response->set_next_page_token(absl::StrCat("p", page->next_before));
+  response->set_total_size(page->total);
+  return grpc::Status::OK;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TandemService::WatchJob(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new WatchReactor(this, context, request);
 }
 
 grpc::ServerUnaryReactor* TandemService::CancelJob(grpc::CallbackServerContext* context,
-                                                   const tandem::v1::CancelJobRequest* request,
-                                                   tandem::v1::Job* response) {
-  return Unary(context, "CancelJob", [this, request, response]() -> grpc::Status {
-    grpc::Status s = CheckJobId(request->job_id(), "job_id");
-    if (!s.ok()) return s;
-    absl::StatusOr<tandem::v1::Job> job = jobs_->Cancel(request->job_id(), request->reason());
-    if (!job.ok()) return ToGrpc(job.status());
-    *response = *job;
-    return grpc::Status::OK;
+                                                   const grpc::ByteBuffer* raw_request,
+                                                   grpc::ByteBuffer* raw_response) {
+  return Unary(context, "CancelJob", [this, raw_request, raw_response] {
+    return RawUnary<tandem::v1::CancelJobRequest, tandem::v1::Job>(
+        raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
+          grpc::Status s = CheckJobId(request.job_id(), "job_id");
+          if (!s.ok()) return s;
+          absl::StatusOr<tandem::v1::Job> job = jobs_->Cancel(request.job_id(), request.reason());
+          if (!job.ok()) return ToGrpc(job.status());
+          *response = *job;
+          return grpc::Status::OK;
+        });
   });
 }
 
-grpc::ServerUnaryReactor* TandemService::ProfileModel(
-    grpc::CallbackServerContext* context, const tandem::v1::ProfileModelRequest* request,
-    tandem::v1::ProfileModelResponse* response) {
+grpc::ServerUnaryReactor* TandemService::ProfileModel(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* raw_request,
+                                                      grpc::ByteBuffer* raw_response) {
   if (!options_.profile) {
     return Unary(context, "ProfileModel", [] {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                           "ProfileModel is not implemented yet: it arrives with the profiler");
     });
   }
-  return OnLane(context, "ProfileModel", profile_lane_,
-                [this, request, response](const StopCheck& stop) {
-                  return options_.profile(*request, response, stop);
-                });
+  return OnLane(
+      context, "ProfileModel", profile_lane_,
+      [this, raw_request, raw_response](const StopCheck& stop) {
+        return RawUnary<tandem::v1::ProfileModelRequest, tandem::v1::ProfileModelResponse>(
+            raw_request, raw_response, [this, &stop](const auto& request, auto* response) {
+              return options_.profile(request, response, stop);
+            });
+      });
 }
 
 grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* context,
-                                                   const tandem::v1::PlanModelRequest* request,
-                                                   tandem::v1::PlanModelResponse* response) {
+                                                   const grpc::ByteBuffer* raw_request,
+                                                   grpc::ByteBuffer* raw_response) {
   if (!options_.plan) {
     return Unary(context, "PlanModel", [] {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                           "PlanModel is not implemented yet: it arrives with the planner");
     });
   }
-  return OnLane(context, "PlanModel", plan_lane_, [this, request, response](const StopCheck& stop) {
-    return options_.plan(*request, response, stop);
-  });
+  return OnLane(
+      context, "PlanModel", plan_lane_, [this, raw_request, raw_response](const StopCheck& stop) {
+        return RawUnary<tandem::v1::PlanModelRequest, tandem::v1::PlanModelResponse>(
+            raw_request, raw_response, [this, &stop](const auto& request, auto* response) {
+              return options_.plan(request, response, stop);
+            });
+      });
 }
 
 grpc::ServerUnaryReactor* TandemService::GetNode(grpc::CallbackServerContext* context,

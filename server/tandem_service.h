@@ -48,31 +48,46 @@ struct ServiceOptions {
   WorkLaneOptions plan_lane{.name = "plan", .threads = 2, .max_queued = 8, .max_per_client = 4};
 };
 
-class TandemService final : public tandem::v1::Tandem::CallbackService {
+// The service's base: every method that takes a request parses it itself (raw
+// callback methods, wire_request.h), so a request that does not parse is
+// INVALID_ARGUMENT naming the field; GetNode's request has no fields.
+using TandemServiceBase = tandem::v1::Tandem::WithRawCallbackMethod_SubmitJob<
+    tandem::v1::Tandem::WithRawCallbackMethod_GetJob<
+        tandem::v1::Tandem::WithRawCallbackMethod_ListJobs<
+            tandem::v1::Tandem::WithRawCallbackMethod_WatchJob<
+                tandem::v1::Tandem::WithRawCallbackMethod_CancelJob<
+                    tandem::v1::Tandem::WithRawCallbackMethod_ProfileModel<
+                        tandem::v1::Tandem::WithRawCallbackMethod_PlanModel<
+                            tandem::v1::Tandem::WithCallbackMethod_GetNode<
+                                tandem::v1::Tandem::Service>>>>>>>>;
+
+class TandemService final : public TandemServiceBase {
  public:
   TandemService(JobManager* jobs, ServerMetrics* metrics, ServiceOptions options);
   ~TandemService() override;
 
+  // Each parses a tandem.v1 request and answers its response message (named
+  // after the method in tandem_service.proto).
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
-                                      const tandem::v1::SubmitJobRequest* request,
-                                      tandem::v1::SubmitJobResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const tandem::v1::GetJobRequest* request,
-                                   tandem::v1::Job* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const tandem::v1::ListJobsRequest* request,
-                                     tandem::v1::ListJobsResponse* response) override;
-  grpc::ServerWriteReactor<tandem::v1::JobEvent>* WatchJob(
-      grpc::CallbackServerContext* context, const tandem::v1::WatchJobRequest* request) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchJob(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
-                                      const tandem::v1::CancelJobRequest* request,
-                                      tandem::v1::Job* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ProfileModel(grpc::CallbackServerContext* context,
-                                         const tandem::v1::ProfileModelRequest* request,
-                                         tandem::v1::ProfileModelResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* context,
-                                      const tandem::v1::PlanModelRequest* request,
-                                      tandem::v1::PlanModelResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetNode(grpc::CallbackServerContext* context,
                                     const tandem::v1::GetNodeRequest* request,
                                     tandem::v1::NodeInfo* response) override;
@@ -93,6 +108,10 @@ class TandemService final : public tandem::v1::Tandem::CallbackService {
   grpc::ServerUnaryReactor* OnLane(grpc::CallbackServerContext* context, const char* method,
                                    WorkLane& lane,
                                    std::function<grpc::Status(const StopCheck&)> work);
+
+  // ListJobs on a parsed request.
+  grpc::Status List(const tandem::v1::ListJobsRequest& request,
+                    tandem::v1::ListJobsResponse* response);
 
   JobManager* const jobs_;
   ServerMetrics* const metrics_;

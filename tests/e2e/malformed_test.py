@@ -169,17 +169,16 @@ class MalformedTest(unittest.TestCase):
         huge.display_name = "y" * (20 << 20)
         self.expect(lambda: self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=huge), timeout=30),
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "")
-        # Raw bytes that are not a SubmitJobRequest: gRPC's deserializer rejects
-        # them before our handler runs (grpc 1.51's callback API answers
-        # UNIMPLEMENTED); what matters is a rejection and a daemon still serving.
+        # Raw bytes that are not a SubmitJobRequest: the service parses its
+        # requests itself (server/wire_request.h) and says what is wrong.
         raw = self.channel.unary_unary("/tandem.v1.Tandem/SubmitJob")
         with self.assertRaises(grpc.RpcError) as e:
             raw(b"\xff\xff\xff\xff garbage", timeout=10)
-        self.assertIn(e.exception.code(), (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNIMPLEMENTED,
-                                           grpc.StatusCode.INVALID_ARGUMENT))
+        self.assertEqual(e.exception.code(), INVALID)
+        self.assertIn("not a valid tandem.v1.SubmitJobRequest", e.exception.details())
         # A string field that is not UTF-8 (Python's protobuf refuses to build
-        # one, so the bytes are patched): proto3's parser rejects the request
-        # before any handler sees it, and nothing is stored.
+        # one, so the bytes are patched): INVALID_ARGUMENT naming the field,
+        # and nothing is stored. The same for a job id, a label and a watch.
         request = tandem_service_pb2.SubmitJobRequest(spec=json_format.ParseDict(GOOD, job_pb2.JobSpec()),
                                                       request_id="utf8-probe")
         request.spec.display_name = "NAMEMARK"
@@ -187,8 +186,26 @@ class MalformedTest(unittest.TestCase):
         self.assertNotEqual(patched, request.SerializeToString())
         with self.assertRaises(grpc.RpcError) as e:
             raw(patched, timeout=10)
-        self.assertIn(e.exception.code(), (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNIMPLEMENTED,
-                                           grpc.StatusCode.INVALID_ARGUMENT))
+        self.assertEqual(e.exception.code(), INVALID)
+        self.assertEqual(e.exception.details(), "spec.display_name: is not valid UTF-8 (byte 0xff at offset 0)")
+        for method, message, mark, field in (
+                ("GetJob", tandem_service_pb2.GetJobRequest(job_id="job-00MARK"), b"MARK", "job_id"),
+                ("CancelJob", tandem_service_pb2.CancelJobRequest(job_id="job-000001", reason="MARK"), b"MARK",
+                 "reason"),
+                ("ListJobs", tandem_service_pb2.ListJobsRequest(labels={"team": "MARK"}), b"MARK",
+                 'labels["team"]')):
+            call = self.channel.unary_unary("/tandem.v1.Tandem/" + method)
+            with self.assertRaises(grpc.RpcError) as e:
+                call(message.SerializeToString().replace(mark, b"\xc3(xy"), timeout=10)  # same length
+            self.assertEqual(e.exception.code(), INVALID, method)
+            self.assertTrue(e.exception.details().startswith(field + ": is not valid UTF-8"),
+                            (method, e.exception.details()))
+        watch = self.channel.unary_stream("/tandem.v1.Tandem/WatchJob")
+        with self.assertRaises(grpc.RpcError) as e:
+            list(watch(tandem_service_pb2.WatchJobRequest(job_id="MARK").SerializeToString().replace(
+                b"MARK", b"\xe2\x82ab"), timeout=10))
+        self.assertEqual(e.exception.code(), INVALID)
+        self.assertIn("job_id: is not valid UTF-8", e.exception.details())
         listed = self.client.ListJobs(tandem_service_pb2.ListJobsRequest(page_size=1000), timeout=10)
         self.assertNotIn("utf8-probe", [j.request_id for j in listed.jobs])
 

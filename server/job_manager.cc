@@ -190,6 +190,27 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
+                                                                 const std::string& what) {
+  absl::MutexLock lock(&mu_);
+  const int64_t budget = options_.host_memory_budget_bytes;
+  if (budget > 0 && bytes > budget - reserved_host_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", FormatBytes(bytes, 1), " of host memory; ",
+                     FormatBytes(std::max<int64_t>(0, budget - reserved_host_), 1), " of the ",
+                     FormatBytes(budget, 1), " budget (--host_memory_budget) is free now (",
+                     FormatBytes(reserved_host_, 1), " reserved); try again when jobs end"));
+  }
+  reserved_host_ += bytes;
+  metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+  return std::shared_ptr<void>(nullptr, [this, bytes](void*) {
+    absl::MutexLock lock(&mu_);
+    reserved_host_ -= bytes;
+    metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+    dirty_ = true;
+  });
+}
+
 absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
   if (!resolved.ok()) return AsSpecError(resolved.status());

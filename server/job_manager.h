@@ -119,6 +119,12 @@ class JobManager {
   absl::StatusOr<tandem::v1::JobSpec> ResolveSpec(const tandem::v1::JobSpec& spec) const;
   absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved) const;
 
+  // Host memory for work outside jobs (a ProfileModel's measurements), held
+  // while the returned handle lives: jobs are admitted against what is left,
+  // and the queue is woken when it goes back. RESOURCE_EXHAUSTED at once, with
+  // the numbers, when `bytes` do not fit beside what is already reserved.
+  absl::StatusOr<std::shared_ptr<void>> HoldHostMemory(int64_t bytes, const std::string& what);
+
   struct Snapshot {
     std::map<tandem::v1::JobState, int64_t> jobs_by_state;
     int64_t queued = 0;

@@ -200,7 +200,7 @@ tandem::server::ServiceOptions ServiceOptionsFor(const tandem::server::Authentic
   };
   o.plan = MakePlanHandler(node, resolve);
   o.profile =
-      MakeProfileHandler(state_dir + "/profiles", resolve, absl::GetFlag(FLAGS_job_threads));
+      MakeProfileHandler(state_dir + "/profiles", resolve, absl::GetFlag(FLAGS_job_threads), &jobs);
   return o;
 }
 

@@ -17,8 +17,17 @@ namespace tandem::server {
 
 PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve);
 
-// `threads`: CPU threads for the host's measurements (0 = all cores).
-ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads);
+// `threads`: CPU threads for the host's measurements (0 = all cores). Each
+// profile holds host memory from `jobs`' budget while it measures (the
+// model's estimate plus kProfileOverhead and a quarter), and its CPU
+// allocators are limited to that; RESOURCE_EXHAUSTED when it does not fit now.
+// `jobs` must outlive the handler.
+ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads,
+                                  JobManager* jobs);
+
+// What a profile reserves beyond its model's estimate: the profiler's own
+// buffers (cache eviction, peak measurements, per-layer inputs).
+constexpr int64_t kProfileOverhead = int64_t{64} << 20;
 
 }  // namespace tandem::server
 

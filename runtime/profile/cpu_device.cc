@@ -78,7 +78,10 @@ std::map<std::string, std::string> CpuProfiledDevice::Versions() const {
 }
 
 std::unique_ptr<Allocator> CpuProfiledDevice::NewAllocator() {
-  return std::make_unique<HostAllocator>(0, id());
+  const int64_t physical =
+      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  return std::make_unique<HostAllocator>(
+      options_.allocator_budget_bytes > 0 ? options_.allocator_budget_bytes : physical, id());
 }
 
 void CpuProfiledDevice::EvictCaches() {

@@ -34,6 +34,10 @@ namespace tandem::profile {
 struct CpuDeviceOptions {
   TriadOptions triad;
   GemmOptions gemm;
+  // The limit of every allocator NewAllocator makes, in bytes: tandemd passes
+  // the host memory a profile reserved. 0 = the machine's physical memory
+  // (never unlimited).
+  int64_t allocator_budget_bytes = 0;
 };
 
 class CpuProfiledDevice final : public ProfiledDevice {

@@ -90,6 +90,39 @@ class BoundedReadsTest(unittest.TestCase):
         self.assertLess(time.perf_counter() - start, 5)
         self.assertLess(peak_rss(self.daemon.proc.pid), BUDGET + OVERHEAD)
 
+    def test_a_profile_is_charged_to_the_budget(self):
+        """ProfileModel reserves its model's memory from --host_memory_budget
+        before it measures: an MLP whose state alone (4096x4096 weights, their
+        gradients and Adam's two moments, ~1 GiB) is past the 512 MiB budget is
+        refused at once with the numbers, and a small profile still runs."""
+        big = spec_from_dict({
+            "model": {"mlp": {"hidden_sizes": [4096, 4096, 4096]}},
+            "data": {"synthetic": {"sample_shape": [4096], "num_classes": 10, "train_samples": 64}},
+            "training": {"batch_size": 8, "steps": 1},
+        })
+        start = time.perf_counter()
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.client.ProfileModel(tandem_service_pb2.ProfileModelRequest(spec=big, iterations=1),
+                                     timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("the profile needs", refused.exception.details())
+        self.assertIn("--host_memory_budget", refused.exception.details())
+        self.assertLess(time.perf_counter() - start, 10)
+        small = spec_from_dict({
+            "model": {"mlp": {"hidden_sizes": [32]}},
+            "data": {"synthetic": {"sample_shape": [16], "num_classes": 4, "train_samples": 64}},
+            "training": {"batch_size": 8, "steps": 1},
+        })
+        answer = self.client.ProfileModel(
+            tandem_service_pb2.ProfileModelRequest(spec=small, iterations=1, warmup_iterations=0),
+            timeout=300)
+        self.assertGreater(len(answer.profile.layers), 0)
+        # The hold went back: the reservation gauge is where it was.
+        node = self.client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
+        cpu = [d for d in node.devices if d.id == "cpu"][0]
+        self.assertEqual(cpu.memory_reserved_bytes, 0)
+        self.assert_healthy()
+
     def test_a_gzip_that_inflates_past_the_budget_is_refused_at_submission(self):
         # 3 MiB on disk, 1.5 GiB inflated: its trailer says so, and the job
         # would have to reserve that.

@@ -305,6 +305,9 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   PlanModelResponse least = response;
   for (int m = batch / 2; m >= 1; --m) {
     if (batch % m != 0) continue;
+    if (request.stop && request.stop()) {
+      return absl::CancelledError("planning stopped: the caller has gone");
+    }
     TANDEM_ASSIGN_OR_RETURN(PlanModelResponse smaller, solve(m));
     if (smaller.plan().feasible()) return smaller;
     const int64_t need = smaller.plan().min_accelerator_memory_bytes();
@@ -435,7 +438,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
 }
 
 absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
-                                            const NodeOffer& node, const PathResolver& resolve) {
+                                            const NodeOffer& node, const PathResolver& resolve,
+                                            std::function<bool()> stop) {
   auto spec_error = [](const absl::Status& s) {
     if (s.code() != absl::StatusCode::kInvalidArgument && s.code() != absl::StatusCode::kNotFound) {
       return s;
@@ -453,6 +457,7 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   const tandem::v1::Profile analytic =
       profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
+  request.stop = std::move(stop);
   int64_t capacity = request.accelerator_memory_bytes;
   if (!remote) {
     if (KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE && capacity == 0) {

@@ -17,6 +17,7 @@
 #define TANDEM_NODE_PLACEMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -104,10 +105,12 @@ absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model,
 
 // The PlanModel RPC (and `tandem plan`): the spec's model planned against the
 // request's cost source (a profile, a hardware spec, or this node), every
-// strategy asked for compared. Errors name the request field.
+// strategy asked for compared. Errors name the request field. `stop` (null =
+// never) ends it with CANCELLED between strategies and micro-batch tries.
 absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& request,
                                                         const NodeOffer& node,
-                                                        const PathResolver& resolve = nullptr);
+                                                        const PathResolver& resolve = nullptr,
+                                                        std::function<bool()> stop = nullptr);
 
 // The runner factory for Trainer: the plain CPU engine for jobs without an
 // accelerator, else the plan executor on the job's accelerator. With

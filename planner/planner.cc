@@ -123,25 +123,32 @@ StrategySelection SelectionOf(const PlanRequest& request, const CostModel& cost)
 }
 
 // The plan of each wanted strategy.
-std::map<Strategy, tandem::v1::Plan> SolveWanted(const StrategyContext& c,
-                                                 const StrategySelection& want) {
+// CANCELLED when `stop` says the caller has gone, checked before each solve.
+absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> SolveWanted(
+    const StrategyContext& c, const StrategySelection& want, const std::function<bool()>& stop) {
+  const auto stopped = [&stop] { return stop && stop(); };
+  const absl::Status cancelled = absl::CancelledError("planning stopped: the caller has gone");
   // Solved in dependency order: reuse_distance builds on the other two.
   std::map<Strategy, StrategyOutcome> outcomes;
   const bool need_reuse = want.Wanted(tandem::v1::STRATEGY_REUSE_DISTANCE);
   const bool gpu_wanted = want.Wanted(tandem::v1::STRATEGY_GPU_ONLY);
+  if (stopped()) return cancelled;
   if (gpu_wanted || need_reuse) {
     outcomes[tandem::v1::STRATEGY_GPU_ONLY] = SolveGpuOnly(c, /*find_min_budget=*/gpu_wanted);
   }
   if (want.Wanted(tandem::v1::STRATEGY_CPU_ONLY))
     outcomes[tandem::v1::STRATEGY_CPU_ONLY] = SolveCpuOnly(c);
+  if (stopped()) return cancelled;
   if (want.Wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD) || need_reuse) {
     outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD] =
         SolveZeroOffload(c, /*record_timeline=*/want.Wanted(tandem::v1::STRATEGY_ZERO_OFFLOAD));
   }
+  if (stopped()) return cancelled;
   if (need_reuse) {
     outcomes[tandem::v1::STRATEGY_REUSE_DISTANCE] = SolveReuseDistance(
         c, outcomes[tandem::v1::STRATEGY_ZERO_OFFLOAD], outcomes[tandem::v1::STRATEGY_GPU_ONLY]);
   }
+  if (stopped()) return cancelled;
   if (want.Wanted(tandem::v1::STRATEGY_HETERO_DP)) {
     outcomes[tandem::v1::STRATEGY_HETERO_DP] = SolveHeteroDp(c);
   }
@@ -234,7 +241,9 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   absl::StatusOr<StrategyContext> c = ContextOf(request, simulator);
   if (!c.ok()) return c.status();
   const StrategySelection want = SelectionOf(request, *cost);
-  std::map<Strategy, tandem::v1::Plan> plans = SolveWanted(*c, want);
+  absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> solved = SolveWanted(*c, want, request.stop);
+  if (!solved.ok()) return solved.status();
+  std::map<Strategy, tandem::v1::Plan>& plans = *solved;
   tandem::v1::Plan auto_plan = AutoPlan(&plans, cost->has_accelerator());
   tandem::v1::PlanModelResponse response = Respond(want, &plans, std::move(auto_plan));
   if (request.pipeline_devices > 1) {

@@ -28,6 +28,7 @@
 #define TANDEM_PLANNER_PLANNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -56,6 +57,10 @@ struct PlanRequest {
   int host_update_threads = 0;
   // Accelerators for a pipeline-parallel split (Plan.pipeline).
   int pipeline_devices = 1;
+  // True once the caller has gone: solving ends with CANCELLED before the next
+  // strategy (or, in node::SolveForExecutor, the next micro-batch) is solved.
+  // Null = never.
+  std::function<bool()> stop;
 };
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request);

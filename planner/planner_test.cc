@@ -231,6 +231,23 @@ TEST(SolvePlanTest, PlansNeverExceedTheBudgetAndPredictWhatTheySimulate) {
 // whether the search finds anything: on a good share of these instances the
 // plan must be strictly faster than both baselines, which only a placement
 // found by the search can be, with at least one update on the accelerator.
+TEST(SolvePlanTest, ACallerThatHasGoneStopsTheSolveBetweenStrategies) {
+  std::mt19937 rng(5);
+  PlanRequest r = RandomRequest(&rng);
+  r.accelerator_memory_bytes = std::max<int64_t>(kMiB, ModelStateBytes(r.profile) / 2);
+  // The caller goes after the first strategy has been solved.
+  int asked = 0;
+  r.stop = [&asked] { return ++asked > 1; };
+  absl::StatusOr<tandem::v1::PlanModelResponse> stopped = SolvePlan(r);
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
+  EXPECT_EQ(asked, 2);
+  // A caller that stays gets every alternative.
+  r.stop = [] { return false; };
+  absl::StatusOr<tandem::v1::PlanModelResponse> whole = SolvePlan(r);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->alternatives_size(), 5);
+}
+
 TEST(SolvePlanTest, ReuseDistanceSearchBeatsBothBaselinesOnAShareOfRandomModels) {
   std::mt19937 rng(12);
   int strictly_better = 0;

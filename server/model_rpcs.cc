@@ -13,11 +13,11 @@ namespace tandem::server {
 PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve) {
   return [node = std::move(node), resolve = std::move(resolve)](
              const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response,
-             const StopCheck&) {
-    // The planner has no stop point: a plan, once started, runs to its end
-    // (the lane bounds how many run); the service does not start one whose
-    // caller has gone.
-    absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, node, resolve);
+             const StopCheck& stop) {
+    // The planner stops between strategies and micro-batch tries once the
+    // caller has gone (one strategy's solve is the longest it runs on).
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer =
+        node::PlanModel(request, node, resolve, stop);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
     return grpc::Status::OK;

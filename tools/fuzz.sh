@@ -21,7 +21,8 @@ targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
   targets=(job_spec_fuzz datasets_fuzz checkpoint_fuzz job_store_fuzz)
 fi
-output_base="${TANDEM_FUZZ_OUTPUT_BASE:-$HOME/.cache/tandem/bazel-fuzz}"
+# One output base per checkout (a Bazel output base serves one workspace).
+output_base="${TANDEM_FUZZ_OUTPUT_BASE:-$HOME/.cache/tandem/bazel-fuzz-$(pwd | md5sum | cut -c1-8)}"
 artifacts="${TANDEM_FUZZ_ARTIFACTS:-/tmp/tandem-fuzz}"
 # A second Bazel server; it exits after five idle minutes.
 bazel_fuzz=(bazel --output_base="$output_base" --max_idle_secs=300)

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
+#include "google/protobuf/stubs/logging.h"
 
 namespace tandem::server {
 namespace {
@@ -201,7 +202,12 @@ grpc::Status ParseRequest(const grpc::ByteBuffer& raw, Message* out) {
   bytes.reserve(raw.Length());
   for (const grpc::Slice& s : slices)
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  if (out->ParseFromString(bytes)) return grpc::Status::OK;
+  {
+    // Protobuf logs every string that is not UTF-8; a client could fill the
+    // daemon's log with them. The status says it instead.
+    google::protobuf::LogSilencer quiet;
+    if (out->ParseFromString(bytes)) return grpc::Status::OK;
+  }
   const Descriptor* type = out->GetDescriptor();
   out->Clear();
   if (std::optional<std::string> bad = FindInvalidUtf8(type, bytes)) {

@@ -112,8 +112,11 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint '", path, "' has no tensor '", t.name, "'"));
     }
-    if (found->elements() != t.elements || found->offset() < 0 ||
-        found->offset() + found->elements() * 4 > data_bytes) {
+    // Compared without adding to the offset: a stored offset near 2^63 would
+    // overflow the sum and pass (found with a crafted input after the fuzz run).
+    const int64_t bytes = t.elements * 4;
+    if (found->elements() != t.elements || found->offset() < 0 || bytes > data_bytes ||
+        found->offset() > data_bytes - bytes) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint '", path, "': tensor '", t.name,
                                                         "' has ", found->elements(),
                                                         " elements, expected ", t.elements));

@@ -206,6 +206,8 @@ class MalformedTest(unittest.TestCase):
                 b"MARK", b"\xe2\x82ab"), timeout=10))
         self.assertEqual(e.exception.code(), INVALID)
         self.assertIn("job_id: is not valid UTF-8", e.exception.details())
+        # The status says it; the daemon's log is not the client's to fill.
+        self.assertNotIn("invalid UTF-8", self.daemon.logs())
         listed = self.client.ListJobs(tandem_service_pb2.ListJobsRequest(page_size=1000), timeout=10)
         self.assertNotIn("utf8-probe", [j.request_id for j in listed.jobs])
 

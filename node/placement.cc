@@ -1,7 +1,6 @@
 #include "node/placement.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "base/units.h"
 #include "base/work_counters.h"
 #include "planner/strategies.h"
+#include "runtime/core/allocator.h"
 #include "runtime/cuda/accelerator_factory.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
@@ -124,7 +124,7 @@ ProcessorSpec MeasureHostProcessor() {
     auto* s = new ProcessorSpec();
     s->set_kind(tandem::v1::DEVICE_KIND_CPU);
     s->set_threads(omp_get_max_threads());
-    s->set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+    s->set_memory_bytes(PhysicalMemoryBytes());
     s->set_launch_overhead_seconds(1e-6);
     profile::GemmOptions gemm;
     gemm.repeats = 3;

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "runtime/core/allocator.h"
 
 namespace tandem::node {
 
@@ -17,7 +18,7 @@ NodeResources DetectNodeResources() {
   gethostname(host, sizeof(host) - 1);
   r.hostname = host;
   r.cpu_threads = static_cast<int>(std::thread::hardware_concurrency());
-  r.host_memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  r.host_memory_bytes = PhysicalMemoryBytes();
   // In a container the memory limit (cgroup v2 memory.max, or v1's
   // limit_in_bytes) is what the node really has: a budget sized from the
   // machine's memory would have the kernel kill tandemd before admission

@@ -215,17 +215,21 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer out_;
 };
 
-// Parses the request, runs `work` and serializes what it answers.
-template <typename Request, typename Response>
-grpc::Status RawUnary(const grpc::ByteBuffer* raw_request, grpc::ByteBuffer* raw_response,
-                      const std::function<grpc::Status(const Request&, Response*)>& work) {
-  Request request;
-  grpc::Status status = ParseRequest(*raw_request, &request);
-  if (!status.ok()) return status;
-  Response response;
-  status = work(request, &response);
-  if (status.ok()) SerializeResponse(response, raw_response);
-  return status;
+// The work of a method on its parsed request: a closure for Unary or OnLane
+// that parses `raw_request` (INVALID_ARGUMENT naming the field when it does
+// not parse), runs `work(request, &response, extra...)` (OnLane passes the
+// StopCheck) and serializes the response into `raw_response`.
+template <typename Request, typename Response, typename Work>
+auto Parsed(const grpc::ByteBuffer* raw_request, grpc::ByteBuffer* raw_response, Work work) {
+  return [raw_request, raw_response, work](const auto&... extra) -> grpc::Status {
+    Request request;
+    grpc::Status status = ParseRequest(*raw_request, &request);
+    if (!status.ok()) return status;
+    Response response;
+    status = work(request, &response, extra...);
+    if (status.ok()) SerializeResponse(response, raw_response);
+    return status;
+  };
 }
 
 // The status for a request whose caller went away while it waited, nothing
@@ -311,44 +315,44 @@ grpc::ServerUnaryReactor* TandemService::OnLane(
 grpc::ServerUnaryReactor* TandemService::SubmitJob(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* raw_request,
                                                    grpc::ByteBuffer* raw_response) {
-  return Unary(context, "SubmitJob", [this, raw_request, raw_response] {
-    return RawUnary<tandem::v1::SubmitJobRequest, tandem::v1::SubmitJobResponse>(
-        raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
-          if (!request.has_spec()) return Invalid("spec: is required");
-          absl::StatusOr<JobManager::Submitted> submitted =
-              jobs_->Submit(request.spec(), request.request_id());
-          if (!submitted.ok()) return ToGrpc(submitted.status());
-          *response->mutable_job() = submitted->job;
-          response->set_created(submitted->created);
-          return grpc::Status::OK;
-        });
-  });
+  return Unary(
+      context, "SubmitJob",
+      Parsed<tandem::v1::SubmitJobRequest, tandem::v1::SubmitJobResponse>(
+          raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
+            if (!request.has_spec()) return Invalid("spec: is required");
+            absl::StatusOr<JobManager::Submitted> submitted =
+                jobs_->Submit(request.spec(), request.request_id());
+            if (!submitted.ok()) return ToGrpc(submitted.status());
+            *response->mutable_job() = submitted->job;
+            response->set_created(submitted->created);
+            return grpc::Status::OK;
+          }));
 }
 
 grpc::ServerUnaryReactor* TandemService::GetJob(grpc::CallbackServerContext* context,
                                                 const grpc::ByteBuffer* raw_request,
                                                 grpc::ByteBuffer* raw_response) {
-  return Unary(context, "GetJob", [this, raw_request, raw_response] {
-    return RawUnary<tandem::v1::GetJobRequest, tandem::v1::Job>(
-        raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
-          grpc::Status s = CheckJobId(request.job_id(), "job_id");
-          if (!s.ok()) return s;
-          absl::StatusOr<tandem::v1::Job> job = jobs_->Get(request.job_id());
-          if (!job.ok()) return ToGrpc(job.status());
-          *response = *job;
-          return grpc::Status::OK;
-        });
-  });
+  return Unary(
+      context, "GetJob",
+      Parsed<tandem::v1::GetJobRequest, tandem::v1::Job>(
+          raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
+            grpc::Status s = CheckJobId(request.job_id(), "job_id");
+            if (!s.ok()) return s;
+            absl::StatusOr<tandem::v1::Job> job = jobs_->Get(request.job_id());
+            if (!job.ok()) return ToGrpc(job.status());
+            *response = *job;
+            return grpc::Status::OK;
+          }));
 }
 
 grpc::ServerUnaryReactor* TandemService::ListJobs(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* raw_request,
                                                   grpc::ByteBuffer* raw_response) {
-  return Unary(context, "ListJobs", [this, raw_request, raw_response] {
-    return RawUnary<tandem::v1::ListJobsRequest, tandem::v1::ListJobsResponse>(
-        raw_request, raw_response,
-        [this](const auto& request, auto* response) { return List(request, response); });
-  });
+  return Unary(context, "ListJobs",
+               Parsed<tandem::v1::ListJobsRequest, tandem::v1::ListJobsResponse>(
+                   raw_request, raw_response, [this](const auto& request, auto* response) {
+                     return List(request, response);
+                   }));
 }
 
 grpc::Status TandemService::List(const tandem::v1::ListJobsRequest& request,
@@ -393,17 +397,17 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TandemService::WatchJob(
 grpc::ServerUnaryReactor* TandemService::CancelJob(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* raw_request,
                                                    grpc::ByteBuffer* raw_response) {
-  return Unary(context, "CancelJob", [this, raw_request, raw_response] {
-    return RawUnary<tandem::v1::CancelJobRequest, tandem::v1::Job>(
-        raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
-          grpc::Status s = CheckJobId(request.job_id(), "job_id");
-          if (!s.ok()) return s;
-          absl::StatusOr<tandem::v1::Job> job = jobs_->Cancel(request.job_id(), request.reason());
-          if (!job.ok()) return ToGrpc(job.status());
-          *response = *job;
-          return grpc::Status::OK;
-        });
-  });
+  return Unary(
+      context, "CancelJob",
+      Parsed<tandem::v1::CancelJobRequest, tandem::v1::Job>(
+          raw_request, raw_response, [this](const auto& request, auto* response) -> grpc::Status {
+            grpc::Status s = CheckJobId(request.job_id(), "job_id");
+            if (!s.ok()) return s;
+            absl::StatusOr<tandem::v1::Job> job = jobs_->Cancel(request.job_id(), request.reason());
+            if (!job.ok()) return ToGrpc(job.status());
+            *response = *job;
+            return grpc::Status::OK;
+          }));
 }
 
 grpc::ServerUnaryReactor* TandemService::ProfileModel(grpc::CallbackServerContext* context,
@@ -415,14 +419,9 @@ grpc::ServerUnaryReactor* TandemService::ProfileModel(grpc::CallbackServerContex
                           "ProfileModel is not implemented yet: it arrives with the profiler");
     });
   }
-  return OnLane(
-      context, "ProfileModel", profile_lane_,
-      [this, raw_request, raw_response](const StopCheck& stop) {
-        return RawUnary<tandem::v1::ProfileModelRequest, tandem::v1::ProfileModelResponse>(
-            raw_request, raw_response, [this, &stop](const auto& request, auto* response) {
-              return options_.profile(request, response, stop);
-            });
-      });
+  return OnLane(context, "ProfileModel", profile_lane_,
+                Parsed<tandem::v1::ProfileModelRequest, tandem::v1::ProfileModelResponse>(
+                    raw_request, raw_response, options_.profile));
 }
 
 grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* context,
@@ -434,13 +433,9 @@ grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* 
                           "PlanModel is not implemented yet: it arrives with the planner");
     });
   }
-  return OnLane(
-      context, "PlanModel", plan_lane_, [this, raw_request, raw_response](const StopCheck& stop) {
-        return RawUnary<tandem::v1::PlanModelRequest, tandem::v1::PlanModelResponse>(
-            raw_request, raw_response, [this, &stop](const auto& request, auto* response) {
-              return options_.plan(request, response, stop);
-            });
-      });
+  return OnLane(context, "PlanModel", plan_lane_,
+                Parsed<tandem::v1::PlanModelRequest, tandem::v1::PlanModelResponse>(
+                    raw_request, raw_response, options_.plan));
 }
 
 grpc::ServerUnaryReactor* TandemService::GetNode(grpc::CallbackServerContext* context,

@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -13,6 +15,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/stubs/logging.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace tandem::server {
 namespace {
@@ -185,31 +188,39 @@ std::optional<std::string> FindIn(const Message& lenient, const Descriptor* orig
   return std::nullopt;
 }
 
-}  // namespace
-
+// The path of the first string field of `bytes`, read as a `type`, that is not
+// UTF-8, and why; nullopt when there is none or the bytes are not such a
+// message even with strings read as bytes.
 std::optional<std::string> FindInvalidUtf8(const Descriptor* type, const std::string& bytes) {
   std::unique_ptr<Message> lenient = LenientPool::Get().New(type);
   if (lenient == nullptr || !lenient->ParseFromString(bytes)) return std::nullopt;
   return FindIn(*lenient, type, "");
 }
 
+}  // namespace
+
 grpc::Status ParseRequest(const grpc::ByteBuffer& raw, Message* out) {
+  {
+    // Read in place from the request's slices (the copy shares them).
+    grpc::ByteBuffer view(raw);
+    grpc::ProtoBufferReader reader(&view);
+    // Protobuf logs every string that is not UTF-8; a client could fill the
+    // daemon's log with them. The status says it instead.
+    google::protobuf::LogSilencer quiet;
+    if (out->ParseFromZeroCopyStream(&reader)) return grpc::Status::OK;
+  }
+  // It does not parse: read its bytes again to say why.
+  const Descriptor* type = out->GetDescriptor();
+  out->Clear();
   std::vector<grpc::Slice> slices;
   if (!raw.Dump(&slices).ok()) {
     return grpc::Status(grpc::StatusCode::INTERNAL, "the request could not be read");
   }
   std::string bytes;
   bytes.reserve(raw.Length());
-  for (const grpc::Slice& s : slices)
+  for (const grpc::Slice& s : slices) {
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  {
-    // Protobuf logs every string that is not UTF-8; a client could fill the
-    // daemon's log with them. The status says it instead.
-    google::protobuf::LogSilencer quiet;
-    if (out->ParseFromString(bytes)) return grpc::Status::OK;
   }
-  const Descriptor* type = out->GetDescriptor();
-  out->Clear();
   if (std::optional<std::string> bad = FindInvalidUtf8(type, bytes)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, *bad);
   }

@@ -6,9 +6,6 @@
 #ifndef TANDEM_SERVER_WIRE_REQUEST_H_
 #define TANDEM_SERVER_WIRE_REQUEST_H_
 
-#include <optional>
-#include <string>
-
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 
@@ -22,12 +19,6 @@ grpc::Status ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::Message
 
 // Serializes `message` into `raw`.
 void SerializeResponse(const google::protobuf::Message& message, grpc::ByteBuffer* raw);
-
-// For tests: the path of the first string field of `bytes`, read as a message
-// of type `type`, that is not UTF-8, and why; nullopt when there is none or
-// the bytes are not such a message even with strings read as bytes.
-std::optional<std::string> FindInvalidUtf8(const google::protobuf::Descriptor* type,
-                                           const std::string& bytes);
 
 }  // namespace tandem::server
 

@@ -1,5 +1,7 @@
 #include "runtime/core/allocator.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +103,11 @@ void* HostAllocator::RawAllocate(int64_t bytes) {
 }
 
 void HostAllocator::RawFree(void* ptr, int64_t) { std::free(ptr); }
+
+int64_t PhysicalMemoryBytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
 
 Allocator* DefaultHostAllocator() {
   static auto* allocator = new HostAllocator();

@@ -106,6 +106,9 @@ class HostAllocator final : public AccountingAllocator {
 // make their own HostAllocator.
 Allocator* DefaultHostAllocator();
 
+// The machine's physical memory in bytes (not a container's limit).
+int64_t PhysicalMemoryBytes();
+
 // Owns one allocation; returns it on destruction. Move-only.
 class Buffer {
  public:

@@ -78,6 +78,9 @@ class RegularFile {
   int64_t bytes_ = 0;
 };
 
+// The most bytes one byte of a deflate stream can inflate to.
+constexpr int64_t kMaxDeflateRatio = 1032;
+
 DataFileInfo Describe(const RegularFile& file) {
   DataFileInfo info;
   info.file_bytes = file.bytes();
@@ -89,14 +92,15 @@ DataFileInfo Describe(const RegularFile& file) {
   uint8_t trailer[4];
   if (pread(file.fd(), trailer, 4, file.bytes() - 4) != 4) return info;
   info.gzip = true;
-  info.content_bytes = static_cast<int64_t>(trailer[0]) | (static_cast<int64_t>(trailer[1]) << 8) |
-                       (static_cast<int64_t>(trailer[2]) << 16) |
-                       (static_cast<int64_t>(trailer[3]) << 24);
+  const int64_t declared =
+      static_cast<int64_t>(trailer[0]) | (static_cast<int64_t>(trailer[1]) << 8) |
+      (static_cast<int64_t>(trailer[2]) << 16) | (static_cast<int64_t>(trailer[3]) << 24);
+  // Never more than the file could inflate to: a 21-byte gzip whose trailer
+  // claims 2.9 GB (found by fuzz/datasets_fuzz) is worth kilobytes, to the
+  // reader's reservation and to admission alike.
+  info.content_bytes = std::min(declared, kMaxDeflateRatio * file.bytes() + (int64_t{64} << 10));
   return info;
 }
-
-// The most bytes one byte of a deflate stream can inflate to.
-constexpr int64_t kMaxDeflateRatio = 1032;
 
 uint32_t BigEndian32(const std::string& s, size_t at) {
   return (static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 24) |
@@ -122,14 +126,9 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& field, const std::st
   if (gz == nullptr) return absl::ResourceExhaustedError(absl::StrCat(field, ": out of memory"));
   gzbuffer(gz, 1 << 17);
   std::string data;
-  // One allocation of the expected size (growing by doubling would hold up to
-  // twice the data at its peak), but never more than the file could inflate
-  // to: deflate expands at most 1032:1, so a 21-byte gzip whose trailer claims
-  // 2.9 GB (found by fuzz/datasets_fuzz) reserves kilobytes, not gigabytes.
-  const int64_t could_hold =
-      info.gzip ? kMaxDeflateRatio * info.file_bytes + (int64_t{64} << 10) : info.file_bytes;
-  data.reserve(static_cast<size_t>(
-      std::min({max_bytes, std::max<int64_t>(info.content_bytes, 0), could_hold})));
+  // One allocation of the expected size: growing by doubling would hold up to
+  // twice the data at its peak.
+  data.reserve(static_cast<size_t>(std::min(max_bytes, std::max<int64_t>(info.content_bytes, 0))));
   auto corrupt = [&]() {
     int errnum = 0;
     const std::string message = gzerror(gz, &errnum);

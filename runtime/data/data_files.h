@@ -21,7 +21,8 @@ struct DataFileInfo {
   bool gzip = false;
   // The bytes a whole read gives: the file's size, or for gzip the size its
   // trailer declares (which is modulo 4 GiB, so a gzip file is read up to
-  // 4 GiB; one that inflates further fails when read).
+  // 4 GiB; one that inflates further fails when read), at most what its bytes
+  // could inflate to (deflate's 1032:1, and 64 KiB).
   int64_t content_bytes = 0;
 };
 

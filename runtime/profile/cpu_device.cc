@@ -1,7 +1,6 @@
 #include "runtime/profile/cpu_device.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -11,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/status_macros.h"
+#include "runtime/core/allocator.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/cpu_features.h"
 #include "runtime/cpu/onednn.h"
@@ -68,8 +68,7 @@ tandem::v1::DeviceProfile CpuProfiledDevice::Describe() const {
   d.set_kind(tandem::v1::DEVICE_KIND_CPU);
   d.set_name(absl::StrCat(HostCpuName(), " (", threads, " thread", threads == 1 ? "" : "s", ")"));
   d.set_threads(threads);
-  d.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
-                     static_cast<int64_t>(sysconf(_SC_PAGESIZE)));
+  d.set_memory_bytes(PhysicalMemoryBytes());
   return d;
 }
 
@@ -78,10 +77,9 @@ std::map<std::string, std::string> CpuProfiledDevice::Versions() const {
 }
 
 std::unique_ptr<Allocator> CpuProfiledDevice::NewAllocator() {
-  const int64_t physical =
-      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   return std::make_unique<HostAllocator>(
-      options_.allocator_budget_bytes > 0 ? options_.allocator_budget_bytes : physical, id());
+      options_.allocator_budget_bytes > 0 ? options_.allocator_budget_bytes : PhysicalMemoryBytes(),
+      id());
 }
 
 void CpuProfiledDevice::EvictCaches() {

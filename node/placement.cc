@@ -14,6 +14,7 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "base/work_counters.h"
+#include "planner/memory_fit.h"
 #include "planner/strategies.h"
 #include "runtime/core/allocator.h"
 #include "runtime/cuda/accelerator_factory.h"
@@ -303,7 +304,9 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   // The margin scales with the micro-batch: try smaller ones, largest first.
   // When none fits, answer with the one that needs the least memory.
   PlanModelResponse least = response;
-  for (int m = batch / 2; m >= 1; --m) {
+  const int smallest = (batch + planner::MaxMicroBatches(model.num_layers()) - 1) /
+                       planner::MaxMicroBatches(model.num_layers());
+  for (int m = batch / 2; m >= smallest; --m) {
     if (batch % m != 0) continue;
     if (request.stop && request.stop()) {
       return absl::CancelledError("planning stopped: the caller has gone");
@@ -350,6 +353,15 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
   if (plan.micro_batch_size() <= 0 || plan.micro_batch_size() > batch) {
     return ForcedPlanError("micro_batch_size", absl::StrCat("must be in [1, ", batch, "], got ",
                                                             plan.micro_batch_size()));
+  }
+  const int max_micro_batches = planner::MaxMicroBatches(model.num_layers());
+  if (batch / plan.micro_batch_size() > max_micro_batches) {
+    return ForcedPlanError(
+        "micro_batch_size",
+        absl::StrCat(plan.micro_batch_size(), " makes ", batch / plan.micro_batch_size(),
+                     " micro-batches of ", model.num_layers(), " layers per step; at most ",
+                     max_micro_batches, " for this model: use at least ",
+                     (batch + max_micro_batches - 1) / max_micro_batches));
   }
   if (plan.batch_size() != 0 && plan.batch_size() != batch) {
     return ForcedPlanError("batch_size", absl::StrCat(plan.batch_size(), " is not the job's ",
@@ -439,7 +451,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
 
 absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
                                             const NodeOffer& node, const PathResolver& resolve,
-                                            std::function<bool()> stop) {
+                                            std::function<bool()> stop,
+                                            const MemoryReserver& reserve) {
   auto spec_error = [](const absl::Status& s) {
     if (s.code() != absl::StatusCode::kInvalidArgument && s.code() != absl::StatusCode::kNotFound) {
       return s;
@@ -458,6 +471,12 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
   request.stop = std::move(stop);
+  std::shared_ptr<void> hold;
+  if (reserve) {
+    const int batch = request.batch_size > 0 ? request.batch_size : analytic.batch_size();
+    TANDEM_ASSIGN_OR_RETURN(hold,
+                            reserve(planner::PlanningMemoryBytes(analytic.layers_size(), batch)));
+  }
   int64_t capacity = request.accelerator_memory_bytes;
   if (!remote) {
     if (KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE && capacity == 0) {

@@ -106,11 +106,16 @@ absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model,
 // The PlanModel RPC (and `tandem plan`): the spec's model planned against the
 // request's cost source (a profile, a hardware spec, or this node), every
 // strategy asked for compared. Errors name the request field. `stop` (null =
-// never) ends it with CANCELLED between strategies and micro-batch tries.
+// never) ends it with CANCELLED (planner::PlanRequest::stop). `reserve` (null =
+// none), called once the model is known and before any solving with
+// planner::PlanningMemoryBytes, returns a hold kept until the answer is made,
+// or the error to answer with (tandemd: the host budget's RESOURCE_EXHAUSTED).
+using MemoryReserver = std::function<absl::StatusOr<std::shared_ptr<void>>(int64_t bytes)>;
 absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& request,
                                                         const NodeOffer& node,
                                                         const PathResolver& resolve = nullptr,
-                                                        std::function<bool()> stop = nullptr);
+                                                        std::function<bool()> stop = nullptr,
+                                                        const MemoryReserver& reserve = nullptr);
 
 // The runner factory for Trainer: the plain CPU engine for jobs without an
 // accelerator, else the plan executor on the job's accelerator. With

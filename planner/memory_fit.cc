@@ -179,17 +179,27 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisio
   return actions;
 }
 
-std::vector<int> MicroBatchSizes(int samples, int fixed) {
+int MaxMicroBatches(int layers) {
+  const int64_t by_calls = kMaxLayerCallsPerStep / std::max(1, layers);
+  return static_cast<int>(std::clamp<int64_t>(by_calls, 1, kMaxMicroBatchesPerStep));
+}
+
+std::vector<int> MicroBatchSizes(int samples, int fixed, int max_micro_batches) {
+  const int smallest = (samples + max_micro_batches - 1) / std::max(1, max_micro_batches);
   if (fixed > 0) {
-    if (samples % fixed == 0) return {fixed};
+    if (samples % fixed == 0 && fixed >= smallest) return {fixed};
     return {};
   }
+  // Divisors from the number of micro-batches up: O(max_micro_batches).
   std::vector<int> sizes;
-  for (int d = samples; d >= 1; --d) {
-    if (samples % d != 0) continue;
+  int last_divisor = samples;
+  for (int k = 1; k <= max_micro_batches && k <= samples; ++k) {
+    if (samples % k != 0) continue;
+    const int d = samples / k;
+    last_divisor = d;
     if (sizes.empty() || 2 * d <= sizes.back()) sizes.push_back(d);
   }
-  if (sizes.back() != 1) sizes.push_back(1);
+  if (sizes.back() != last_divisor) sizes.push_back(last_divisor);
   return sizes;
 }
 
@@ -200,7 +210,8 @@ MemoryFitter::MemoryFitter(const PlanSimulator& simulator, const Decisions& base
       base_(base),
       choices_(choices),
       host_memory_budget_bytes_(host_memory_budget_bytes) {
-  for (int m : MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size)) {
+  const int max_micro_batches = MaxMicroBatches(static_cast<int>(base.layers.size()));
+  for (int m : MicroBatchSizes(base.replica_samples(), fixed_micro_batch_size, max_micro_batches)) {
     sizes_.emplace_back();
     sizes_.back().micro_batch_size = m;
   }

@@ -80,10 +80,21 @@ struct MemoryAction {
 std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisions& schedule,
                                             const MemoryChoices& choices);
 
-// Micro-batch sizes to try for `samples` samples: `fixed` alone when > 0 (if
-// it divides), else the largest first, each a divisor at most half the
-// previous, down to 1.
-std::vector<int> MicroBatchSizes(int samples, int fixed);
+// Micro-batches per step the planner considers for a chain of `layers`
+// layers. Each micro-batch is a call per layer in every simulated iteration,
+// so the bound keeps one plan's simulation, and its timeline, to at most
+// kMaxLayerCallsPerStep layer calls per iteration (a 4,096-layer model: 64
+// micro-batches), and never more than kMaxMicroBatchesPerStep. Without it a
+// batch of 65,536 on a tight budget would be simulated at micro-batch 1.
+inline constexpr int kMaxMicroBatchesPerStep = 1024;
+inline constexpr int64_t kMaxLayerCallsPerStep = int64_t{1} << 18;
+int MaxMicroBatches(int layers);
+
+// Micro-batch sizes to try for `samples` samples, each leaving at most
+// `max_micro_batches` micro-batches: `fixed` alone when > 0 (if it divides and
+// respects the bound), else the largest first, each a divisor at most half
+// the previous, down to the smallest the bound allows.
+std::vector<int> MicroBatchSizes(int samples, int fixed, int max_micro_batches);
 
 // The fitting above for one base schedule, at any accelerator budget, with
 // the plans it simulates kept for the next call. Not thread-safe.

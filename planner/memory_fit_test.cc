@@ -11,11 +11,29 @@ namespace tandem::planner {
 namespace {
 
 TEST(MicroBatchSizesTest, HalvesThroughDivisors) {
-  EXPECT_EQ(MicroBatchSizes(64, 0), (std::vector<int>{64, 32, 16, 8, 4, 2, 1}));
-  EXPECT_EQ(MicroBatchSizes(12, 0), (std::vector<int>{12, 6, 3, 1}));
-  EXPECT_EQ(MicroBatchSizes(7, 0), (std::vector<int>{7, 1}));
-  EXPECT_EQ(MicroBatchSizes(12, 4), (std::vector<int>{4}));
-  EXPECT_TRUE(MicroBatchSizes(12, 5).empty());
+  EXPECT_EQ(MicroBatchSizes(64, 0, 1024), (std::vector<int>{64, 32, 16, 8, 4, 2, 1}));
+  EXPECT_EQ(MicroBatchSizes(12, 0, 1024), (std::vector<int>{12, 6, 3, 1}));
+  EXPECT_EQ(MicroBatchSizes(7, 0, 1024), (std::vector<int>{7, 1}));
+  EXPECT_EQ(MicroBatchSizes(12, 4, 1024), (std::vector<int>{4}));
+  EXPECT_TRUE(MicroBatchSizes(12, 5, 1024).empty());
+}
+
+TEST(MicroBatchSizesTest, StopsAtTheMicroBatchBound) {
+  // 65,536 samples, at most 64 micro-batches: down to 1,024, not to 1.
+  EXPECT_EQ(MicroBatchSizes(65536, 0, 64),
+            (std::vector<int>{65536, 32768, 16384, 8192, 4096, 2048, 1024}));
+  // 12 samples, at most 5 micro-batches: 12/4 = 3 is the smallest allowed.
+  EXPECT_EQ(MicroBatchSizes(12, 0, 5), (std::vector<int>{12, 6, 3}));
+  EXPECT_EQ(MicroBatchSizes(12, 0, 1), (std::vector<int>{12}));
+  // A fixed size past the bound is not tried.
+  EXPECT_TRUE(MicroBatchSizes(65536, 1, 64).empty());
+  EXPECT_EQ(MicroBatchSizes(65536, 1024, 64), (std::vector<int>{1024}));
+}
+
+TEST(MicroBatchSizesTest, TheBoundScalesWithTheLayers) {
+  EXPECT_EQ(MaxMicroBatches(1), kMaxMicroBatchesPerStep);
+  EXPECT_EQ(MaxMicroBatches(4096), 64);
+  EXPECT_EQ(MaxMicroBatches(1 << 20), 1);
 }
 
 // The minimum is exact to the byte: Fit succeeds there and fails one byte

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "planner/cost_model.h"
+#include "planner/memory_fit.h"
 #include "planner/pipeline_partitioner.h"
 #include "planner/simulator.h"
 #include "planner/strategies.h"
@@ -79,6 +80,17 @@ absl::StatusOr<StrategyContext> ContextOf(const PlanRequest& request,
     return Invalid("micro_batch_size", absl::StrCat("must divide batch_size (", c.batch_size,
                                                     "), got ", request.micro_batch_size));
   }
+  const int max_micro_batches = MaxMicroBatches(cost.num_layers());
+  if (request.micro_batch_size > 0 && c.batch_size / request.micro_batch_size > max_micro_batches) {
+    return Invalid(
+        "micro_batch_size",
+        absl::StrCat(request.micro_batch_size, " makes ", c.batch_size / request.micro_batch_size,
+                     " micro-batches of ", cost.num_layers(),
+                     " layers per step; the planner simulates at most ", max_micro_batches,
+                     " for this model (", kMaxLayerCallsPerStep, " layer calls per step, at most ",
+                     kMaxMicroBatchesPerStep, " micro-batches): use a micro-batch of at least ",
+                     (c.batch_size + max_micro_batches - 1) / max_micro_batches));
+  }
   c.micro_batch_size = request.micro_batch_size;
   c.accelerator_memory_budget_bytes = request.accelerator_memory_bytes > 0
                                           ? request.accelerator_memory_bytes
@@ -123,7 +135,8 @@ StrategySelection SelectionOf(const PlanRequest& request, const CostModel& cost)
 }
 
 // The plan of each wanted strategy.
-// CANCELLED when `stop` says the caller has gone, checked before each solve.
+// CANCELLED when `stop` says the caller has gone, checked before and after each
+// solve (and by the simulator inside one).
 absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> SolveWanted(
     const StrategyContext& c, const StrategySelection& want, const std::function<bool()>& stop) {
   const auto stopped = [&stop] { return stop && stop(); };
@@ -152,6 +165,7 @@ absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> SolveWanted(
   if (want.Wanted(tandem::v1::STRATEGY_HETERO_DP)) {
     outcomes[tandem::v1::STRATEGY_HETERO_DP] = SolveHeteroDp(c);
   }
+  if (stopped()) return cancelled;
   std::map<Strategy, tandem::v1::Plan> plans;
   for (auto& [strategy, outcome] : outcomes) {
     // gpu_only and zero_offload may be solved only for reuse_distance.
@@ -237,7 +251,7 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
   absl::StatusOr<CostModel> cost = CostModelOf(request);
   if (!cost.ok()) return cost.status();
-  const PlanSimulator simulator(*cost);
+  const PlanSimulator simulator(*cost, request.stop);
   absl::StatusOr<StrategyContext> c = ContextOf(request, simulator);
   if (!c.ok()) return c.status();
   const StrategySelection want = SelectionOf(request, *cost);
@@ -251,6 +265,13 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
                 response.mutable_plan());
   }
   return response;
+}
+
+int64_t PlanningMemoryBytes(int layers, int batch_size) {
+  layers = std::max(1, layers);
+  const int64_t calls =
+      int64_t{layers} * std::min(std::max(1, batch_size), MaxMicroBatches(layers));
+  return (int64_t{64} << 20) + 2048 * calls + (int64_t{32} << 10) * layers;
 }
 
 absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelRequest& rpc,

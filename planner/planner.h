@@ -57,13 +57,24 @@ struct PlanRequest {
   int host_update_threads = 0;
   // Accelerators for a pipeline-parallel split (Plan.pipeline).
   int pipeline_devices = 1;
-  // True once the caller has gone: solving ends with CANCELLED before the next
-  // strategy (or, in node::SolveForExecutor, the next micro-batch) is solved.
-  // Null = never.
+  // True once the caller has gone: solving ends with CANCELLED. Asked before
+  // every simulation (so a strategy's search stops within one simulation of
+  // one plan), between strategies and, in node::SolveForExecutor, between
+  // micro-batch tries. Null = never.
   std::function<bool()> stop;
 };
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request);
+
+// An upper estimate of SolvePlan's working memory, in bytes, for a chain of
+// `layers` layers at `batch_size` samples per step: the simulations' schedules
+// and timelines grow with the layer calls of one step, which the micro-batch
+// bound (memory_fit.h) keeps to layers x min(batch, MaxMicroBatches(layers)).
+// Calibrated on `tandem plan` peaks (RSS less the process's own): 4,001
+// layers at batch 65,536 used 630 MB (estimate 728), 401 layers 420 MB
+// (613), 41 layers 80 MB (151). tandemd holds it from the host budget while a
+// PlanModel runs.
+int64_t PlanningMemoryBytes(int layers, int batch_size);
 
 // The request the RPC describes. `model_profile` is the model's profile when
 // the RPC carries none (cost source unset: the node's cached profile;

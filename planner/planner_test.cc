@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "planner/decisions.h"
+#include "planner/memory_fit.h"
 #include "planner/simulator.h"
 #include "planner/strategies.h"
 #include "planner/testing/synthetic_models.h"
@@ -231,21 +232,58 @@ TEST(SolvePlanTest, PlansNeverExceedTheBudgetAndPredictWhatTheySimulate) {
 // whether the search finds anything: on a good share of these instances the
 // plan must be strictly faster than both baselines, which only a placement
 // found by the search can be, with at least one update on the accelerator.
-TEST(SolvePlanTest, ACallerThatHasGoneStopsTheSolveBetweenStrategies) {
+TEST(SolvePlanTest, ACallerThatHasGoneStopsTheSolveWhereverItIs) {
   std::mt19937 rng(5);
   PlanRequest r = RandomRequest(&rng);
   r.accelerator_memory_bytes = std::max<int64_t>(kMiB, ModelStateBytes(r.profile) / 2);
-  // The caller goes after the first strategy has been solved.
-  int asked = 0;
-  r.stop = [&asked] { return ++asked > 1; };
-  absl::StatusOr<tandem::v1::PlanModelResponse> stopped = SolvePlan(r);
-  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled) << stopped.status();
-  EXPECT_EQ(asked, 2);
-  // A caller that stays gets every alternative.
-  r.stop = [] { return false; };
+  // How often a whole solve asks.
+  int whole_asks = 0;
+  r.stop = [&whole_asks] {
+    ++whole_asks;
+    return false;
+  };
   absl::StatusOr<tandem::v1::PlanModelResponse> whole = SolvePlan(r);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->alternatives_size(), 5);
+  // It asks before every simulation, not only between the five strategies.
+  ASSERT_GT(whole_asks, 10);
+  // The caller goes at any point: before the first strategy, inside one, at
+  // the last ask: the answer is CANCELLED, never a partial response, and no
+  // simulation runs once the stop has been seen (each would ask first, and
+  // every ask after the first "gone" returns at once, so the rest of the
+  // solve is at most a few asks per remaining search loop).
+  for (int gone_at : {1, 2, 3, whole_asks / 2, whole_asks}) {
+    int asked = 0;
+    r.stop = [&asked, gone_at] { return ++asked >= gone_at; };
+    absl::StatusOr<tandem::v1::PlanModelResponse> stopped = SolvePlan(r);
+    EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled)
+        << "gone at ask " << gone_at << ": " << stopped.status();
+    EXPECT_LE(asked, whole_asks) << "gone at ask " << gone_at;
+  }
+}
+
+TEST(SolvePlanTest, AHugeBatchOfManyLayersIsPlannedWithinTheMicroBatchBound) {
+  // 4,000 layers and batch 65,536 under a budget that does not hold the
+  // model: the micro-batch search stops at 65,536 / 64 = 1,024, never
+  // simulating 65,536 micro-batches of 4,000 layers (which took 24 GB).
+  std::vector<int64_t> widths(4001, 64);
+  PlanRequest r;
+  r.profile = testing::MlpProfile(widths, 65536);
+  r.hardware = SmallNode();
+  r.accelerator_memory_bytes = ModelStateBytes(r.profile) / 4;
+  r.compare = {tandem::v1::STRATEGY_ZERO_OFFLOAD};
+  r.strategy = tandem::v1::STRATEGY_ZERO_OFFLOAD;
+  const int max_micro_batches = MaxMicroBatches(r.profile.layers_size());
+  ASSERT_EQ(max_micro_batches, kMaxLayerCallsPerStep / r.profile.layers_size());
+  absl::StatusOr<tandem::v1::PlanModelResponse> answer = SolvePlan(r);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_GE(answer->plan().micro_batch_size() * max_micro_batches, 65536);
+  // A micro-batch the bound excludes is refused naming the field.
+  r.micro_batch_size = 1;
+  absl::StatusOr<tandem::v1::PlanModelResponse> refused = SolvePlan(r);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("micro_batch_size: 1 makes 65536"), std::string::npos)
+      << refused.status();
 }
 
 TEST(SolvePlanTest, ReuseDistanceSearchBeatsBothBaselinesOnAShareOfRandomModels) {

@@ -275,6 +275,7 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const tandem::v1::Plan&
 
 absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
                                                          const SimulationOptions& options) const {
+  if (stop_ && stop_()) return absl::CancelledError("planning stopped: the caller has gone");
   if (absl::Status v = Validate(s); !v.ok()) return v;
   if (!options.use_event_graph && ResidentChain::Covers(s)) {
     std::vector<bool> on_accelerator(s.layers.size());

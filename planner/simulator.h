@@ -52,6 +52,8 @@
 #ifndef TANDEM_PLANNER_SIMULATOR_H_
 #define TANDEM_PLANNER_SIMULATOR_H_
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -87,8 +89,13 @@ struct SimulationResult {
 
 class PlanSimulator {
  public:
-  // Keeps a reference to `cost`, which must outlive the simulator.
-  explicit PlanSimulator(const CostModel& cost) : cost_(cost) {}
+  // Keeps a reference to `cost`, which must outlive the simulator. `stop`,
+  // when set, is asked before each simulation; once it says true, Simulate
+  // answers CANCELLED, which the solvers treat as a plan that failed, so a
+  // strategy's search runs out in cheap calls and SolvePlan answers CANCELLED
+  // after it (planner.h).
+  explicit PlanSimulator(const CostModel& cost, std::function<bool()> stop = nullptr)
+      : cost_(cost), stop_(std::move(stop)) {}
 
   // INVALID_ARGUMENT (naming the plan field) for a schedule the rules above do
   // not cover, e.g. a HOST_STREAMED layer updated on the accelerator.
@@ -103,6 +110,7 @@ class PlanSimulator {
 
  private:
   const CostModel& cost_;
+  std::function<bool()> stop_;
 };
 
 }  // namespace tandem::planner

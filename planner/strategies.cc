@@ -271,7 +271,8 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
     // room for more optimizer state.
     const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
     search.candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
-    if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0) {
+    if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0 &&
+        2 * zero_offload.schedule.micro_batches() <= MaxMicroBatches(c.cost().num_layers())) {
       Decisions half = zero_offload.schedule;
       half.micro_batch_size = m / 2;
       search.configs.push_back(half);

@@ -198,7 +198,7 @@ tandem::server::ServiceOptions ServiceOptionsFor(const tandem::server::Authentic
   o.node_info = [&resources, &jobs, start_time] {
     return BuildNodeInfo(resources, jobs, start_time);
   };
-  o.plan = MakePlanHandler(node, resolve);
+  o.plan = MakePlanHandler(node, resolve, &jobs);
   o.profile =
       MakeProfileHandler(state_dir + "/profiles", resolve, absl::GetFlag(FLAGS_job_threads), &jobs);
   return o;

@@ -10,14 +10,17 @@
 
 namespace tandem::server {
 
-PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve) {
-  return [node = std::move(node), resolve = std::move(resolve)](
+PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve, JobManager* jobs) {
+  return [node = std::move(node), resolve = std::move(resolve), jobs](
              const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response,
              const StopCheck& stop) {
-    // The planner stops between strategies and micro-batch tries once the
-    // caller has gone (one strategy's solve is the longest it runs on).
+    // The planner asks `stop` before every simulation once the caller has
+    // gone; the plan's working memory is held from the host budget.
+    const node::MemoryReserver reserve = [jobs](int64_t bytes) {
+      return jobs->HoldHostMemory(bytes, "the plan");
+    };
     absl::StatusOr<tandem::v1::PlanModelResponse> answer =
-        node::PlanModel(request, node, resolve, stop);
+        node::PlanModel(request, node, resolve, stop, reserve);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
     return grpc::Status::OK;

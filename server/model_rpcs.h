@@ -15,7 +15,10 @@
 
 namespace tandem::server {
 
-PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve);
+// Each plan holds planner::PlanningMemoryBytes from `jobs`' budget while it
+// solves; RESOURCE_EXHAUSTED when that does not fit now. `jobs` must outlive
+// the handler.
+PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve, JobManager* jobs);
 
 // `threads`: CPU threads for the host's measurements (0 = all cores). Each
 // profile holds host memory from `jobs`' budget while it measures (the

@@ -527,13 +527,16 @@ TEST_F(JobManagerTest, TheRecordKeepsTheStepProgramAndTheRunExecutesIt) {
   }
 }
 
-// A program too large for the record's readers (thousands of micro-batches)
-// is not stored; the job keeps its plan and the run lowers it.
+// A program too large for the record's readers (1,024 micro-batches of 130
+// layers, the most the planner allows) is not stored; the job keeps its plan
+// and the run lowers it.
 TEST_F(JobManagerTest, AProgramOverTheRecordLimitIsLeftToTheRun) {
   Open("big-program", int64_t{1} << 32, true, TestNode());
   ASSERT_TRUE(jobs_->Recover().ok());
   tandem::v1::JobSpec spec = EmulatedSpec(64 << 20);
-  spec.mutable_training()->set_batch_size(8192);
+  spec.mutable_model()->mutable_mlp()->clear_hidden_sizes();
+  for (int i = 0; i < 64; ++i) spec.mutable_model()->mutable_mlp()->add_hidden_sizes(32);
+  spec.mutable_training()->set_batch_size(1024);
   spec.mutable_placement()->set_micro_batch_size(1);
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
   ASSERT_TRUE(s.ok()) << s.status();

@@ -123,6 +123,45 @@ class BoundedReadsTest(unittest.TestCase):
         self.assertEqual(cpu.memory_reserved_bytes, 0)
         self.assert_healthy()
 
+    def test_a_plan_is_charged_to_the_budget(self):
+        """PlanModel holds its working memory (planner::PlanningMemoryBytes,
+        which grows with layers x micro-batches) from the budget while it
+        solves: 4,000 layers at batch 65,536 (an estimate of ~730 MB) are
+        refused at once under 512 MiB; 100 layers at the same batch (~280 MB)
+        are planned, and the daemon's peak stays under budget + overhead."""
+        def chain(n):
+            layers = [{"linear": {"out_features": 64}} if i % 2 == 0 else
+                      {"activation": {"activation": "ACTIVATION_RELU"}} for i in range(n)]
+            return spec_from_dict({
+                "model": {"layers": {"layers": layers}},
+                "data": {"synthetic": {"sample_shape": [64], "num_classes": 10}},
+                "training": {"batch_size": 65536, "steps": 1},
+                "placement": {"strategy": "STRATEGY_REUSE_DISTANCE",
+                              "accelerator": "ACCELERATOR_KIND_EMULATED"},
+                "resources": {"accelerator_memory_bytes": 8000000},
+            })
+        start = time.perf_counter()
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=chain(4000)), timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         refused.exception.details())
+        self.assertIn("the plan needs", refused.exception.details())
+        print("4,000-layer plan at batch 65,536 refused in %.3f s: %s" % (
+            time.perf_counter() - start, refused.exception.details()))
+        start = time.perf_counter()
+        answer = self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=chain(100)),
+                                       timeout=300)
+        self.assertEqual(len(answer.plan.layers), 101)
+        print("100-layer plan at batch 65,536 answered in %.1f s (micro-batch %d); "
+              "daemon peak RSS %.1f MiB" % (time.perf_counter() - start,
+                                            answer.plan.micro_batch_size,
+                                            peak_rss(self.daemon.proc.pid) / 2**20))
+        node = self.client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
+        cpu = [d for d in node.devices if d.id == "cpu"][0]
+        self.assertEqual(cpu.memory_reserved_bytes, 0)
+        self.assertLess(peak_rss(self.daemon.proc.pid), BUDGET + OVERHEAD)
+        self.assert_healthy()
+
     def test_a_gzip_that_inflates_past_the_budget_is_refused_at_submission(self):
         # 3 MiB on disk, 1.5 GiB inflated: its trailer says so, and the job
         # would have to reserve that.

@@ -413,7 +413,10 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
     entry.unrecorded.push_back(event);
     return absl::UnavailableError("an earlier state change is not recorded yet");
   }
-  const absl::Status s = store_->UpdateJob(entry.job, {event});
+  // A job's end may take the store's reserve on a full disk (job_store.h).
+  const absl::Status s = store_->UpdateJob(entry.job, {event},
+                                           IsTerminal(state) ? JobStore::Priority::kMayUseReserve
+                                                             : JobStore::Priority::kNormal);
   // Kept in memory, served from there, and written when the store takes it.
   if (!s.ok()) entry.unrecorded.push_back(event);
   return s;
@@ -423,7 +426,10 @@ void JobManager::RetryUnrecorded() {
   absl::MutexLock lock(&mu_);
   for (auto it = live_.begin(); it != live_.end();) {
     Entry& e = *it->second;
-    if (e.unrecorded.empty() || !store_->UpdateJob(e.job, e.unrecorded).ok()) {
+    const JobStore::Priority priority = IsTerminal(e.job.state())
+                                            ? JobStore::Priority::kMayUseReserve
+                                            : JobStore::Priority::kNormal;
+    if (e.unrecorded.empty() || !store_->UpdateJob(e.job, e.unrecorded, priority).ok()) {
       ++it;
       continue;
     }
@@ -487,6 +493,9 @@ void JobManager::PersistLoop() {
     }
     FlushEvents();
     RetryUnrecorded();
+    if (!store_->has_reserve() && store_->RestoreReserve()) {
+      std::fprintf(stderr, "tandemd: the job store's reserve is in place again\n");
+    }
     if (stop) return;
   }
 }
@@ -938,6 +947,20 @@ void JobManager::Shutdown() {
     for (auto& [id, e] : live_) e->log->Close(/*shutting_down=*/true);
   }
   FlushEvents();
+  // A last try for state changes the store has refused; what still cannot be
+  // written is said, job by job: such a job resumes from its checkpoint after
+  // a restart, as if the daemon had stopped while it ran.
+  RetryUnrecorded();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, e] : live_) {
+    if (e->unrecorded.empty()) continue;
+    std::fprintf(stderr,
+                 "tandemd: stopping with %zu state change(s) of %s not recorded (now %s): the "
+                 "store keeps the job as it was, so after a restart it resumes from its "
+                 "checkpoint at step %lld\n",
+                 e->unrecorded.size(), id.c_str(), StateLabel(e->job.state()),
+                 static_cast<long long>(e->job.checkpoint_step()));
+  }
 }
 
 JobManager::Snapshot JobManager::TakeSnapshot() {

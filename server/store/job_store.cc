@@ -1,7 +1,10 @@
 #include "server/store/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -249,7 +252,11 @@ absl::Status JobStore::OpenWritable(const std::string& path, Sync sync) {
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, Sync sync) {
   std::unique_ptr<JobStore> store(new JobStore());
   const absl::Status writable = store->OpenWritable(path, sync);
-  if (writable.ok()) return store;
+  if (writable.ok()) {
+    store->reserve_path_ = path + ".reserve";
+    store->RestoreReserve();
+    return store;
+  }
   // What was stored must stay readable even when nothing can be written (a
   // full disk, a read-only mount): the daemon then serves reads and refuses
   // writes with this reason.
@@ -311,6 +318,51 @@ absl::Status JobStore::Write(Op op) {
   return w.status;
 }
 
+bool JobStore::has_reserve() const {
+  absl::MutexLock lock(&reserve_mu_);
+  return has_reserve_;
+}
+
+bool JobStore::RestoreReserve() {
+  absl::MutexLock lock(&reserve_mu_);
+  if (has_reserve_ || reserve_path_.empty()) return has_reserve_;
+  struct stat st;
+  if (stat(reserve_path_.c_str(), &st) == 0 && st.st_size >= kReserveBytes) {
+    has_reserve_ = true;  // left by an earlier run
+    return true;
+  }
+  // Only with room to spare: taking the last free bytes would itself fill the disk.
+  struct statvfs fs;
+  const std::string dir = reserve_path_.substr(0, reserve_path_.find_last_of('/') + 1);
+  if (statvfs(dir.empty() ? "." : dir.c_str(), &fs) != 0) return false;
+  if (static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) < 4 * kReserveBytes) {
+    return false;
+  }
+  const int fd = open(reserve_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  // posix_fallocate takes the blocks now (a sparse file would free nothing).
+  const bool allocated = posix_fallocate(fd, 0, kReserveBytes) == 0 && fsync(fd) == 0;
+  close(fd);
+  if (!allocated) {
+    unlink(reserve_path_.c_str());
+    return false;
+  }
+  has_reserve_ = true;
+  return true;
+}
+
+bool JobStore::ReleaseReserve() {
+  absl::MutexLock lock(&reserve_mu_);
+  if (!has_reserve_) return false;
+  has_reserve_ = false;
+  if (unlink(reserve_path_.c_str()) != 0) return false;
+  std::fprintf(stderr,
+               "tandemd: the state directory's disk is full: released the job store's %lld MiB "
+               "reserve to record a job's state; it is made again once space is freed\n",
+               static_cast<long long>(kReserveBytes >> 20));
+  return true;
+}
+
 absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
   {
     absl::MutexLock lock(&write_mu_);
@@ -325,13 +377,20 @@ absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
   return job;
 }
 
-absl::Status JobStore::UpdateJob(const Job& job, const std::vector<JobEvent>& events) {
+absl::Status JobStore::UpdateJob(const Job& job, const std::vector<JobEvent>& events,
+                                 Priority priority) {
   std::vector<JobEvent> owned = events;
   for (JobEvent& e : owned) e.set_job_id(job.id());
-  return Write([&](sqlite3* db) -> absl::Status {
+  const auto update = [&](sqlite3* db) -> absl::Status {
     TANDEM_RETURN_IF_ERROR(WriteJobRow(db, job, /*insert=*/false));
     return InsertEvents(db, owned);
-  });
+  };
+  absl::Status s = Write(update);
+  if (s.code() == absl::StatusCode::kResourceExhausted && priority == Priority::kMayUseReserve &&
+      read_only_.ok() && ReleaseReserve()) {
+    s = Write(update);
+  }
+  return s;
 }
 
 absl::Status JobStore::AppendEvents(const std::vector<JobEvent>& events, int64_t keep_per_job) {

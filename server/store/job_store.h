@@ -68,9 +68,23 @@ class JobStore {
   // job_id is filled in). ALREADY_EXISTS when job.request_id is taken.
   absl::StatusOr<tandem::v1::Job> InsertJob(tandem::v1::Job job,
                                             std::vector<tandem::v1::JobEvent> events);
-  // Replaces a job's record and appends events, in one transaction.
+  // Replaces a job's record and appends events, in one transaction. With
+  // kMayUseReserve, a write the full disk refuses releases the reserve (below)
+  // and is tried once more: for state changes, above all a job's end, which
+  // would otherwise be lost if the daemon stopped before space was freed.
+  enum class Priority { kNormal, kMayUseReserve };
   absl::Status UpdateJob(const tandem::v1::Job& job,
-                         const std::vector<tandem::v1::JobEvent>& events = {});
+                         const std::vector<tandem::v1::JobEvent>& events = {},
+                         Priority priority = Priority::kNormal);
+
+  // The reserve: a file of kReserveBytes beside the database (`path`.reserve),
+  // allocated while the disk has room, deleted to make room for a
+  // kMayUseReserve write when the disk is full. Open makes it; RestoreReserve
+  // makes it again once the file system has kReserveBytes x 4 free, and
+  // returns whether it is there. Not for read-only stores.
+  static constexpr int64_t kReserveBytes = int64_t{4} << 20;
+  bool RestoreReserve();
+  bool has_reserve() const;
   // Appends events; with `keep_per_job` > 0, each job they belong to then keeps
   // only its state changes and its newest `keep_per_job` events (a chatty job's
   // log is bounded on disk; readers see the gap as a jump in sequence numbers).
@@ -105,9 +119,14 @@ class JobStore {
   JobStore() = default;
   absl::Status OpenWritable(const std::string& path, Sync sync);
   absl::Status Write(Op op);
+  // Deletes the reserve; false when there was none.
+  bool ReleaseReserve();
   void ReportDamage(const std::string& id);
 
   absl::Status read_only_;
+  std::string reserve_path_;
+  mutable absl::Mutex reserve_mu_;
+  bool has_reserve_ ABSL_GUARDED_BY(reserve_mu_) = false;
   absl::Mutex damage_mu_;
   std::set<std::string> damaged_ ABSL_GUARDED_BY(damage_mu_);
 

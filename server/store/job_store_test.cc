@@ -1,6 +1,7 @@
 #include "server/store/job_store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <thread>
@@ -53,6 +54,30 @@ TEST(JobStoreTest, InsertGetAndReopen) {
   EXPECT_EQ(events[0].job_id(), id);
   // Ids continue after a reopen.
   EXPECT_EQ(store->InsertJob(NewJob("r2"), {})->id(), "job-000002");
+}
+
+// A writable store keeps a reserve file of real blocks (not a sparse file,
+// which would free nothing when deleted), found again on reopen; removed, it
+// is made again by RestoreReserve.
+TEST(JobStoreTest, TheReserveIsAllocatedAndMadeAgain) {
+  const std::string path = Db("reserve");
+  const std::string reserve = path + ".reserve";
+  auto blocks_bytes = [&reserve] {
+    struct stat st;
+    return stat(reserve.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_blocks) * 512 : -1;
+  };
+  {
+    auto store = *JobStore::Open(path);
+    EXPECT_TRUE(store->has_reserve());
+    EXPECT_GE(blocks_bytes(), JobStore::kReserveBytes);
+  }
+  auto store = *JobStore::Open(path);
+  EXPECT_TRUE(store->has_reserve());
+  std::filesystem::remove(reserve);
+  // The store still believes it there until it needs it; a new store finds it gone.
+  auto fresh = *JobStore::Open(path);
+  EXPECT_TRUE(fresh->has_reserve());
+  EXPECT_GE(blocks_bytes(), JobStore::kReserveBytes);
 }
 
 // Only an id exactly as the store writes it names a job: no sign, no

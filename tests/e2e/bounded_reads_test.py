@@ -34,6 +34,14 @@ def peak_rss(pid):
     raise RuntimeError("no VmHWM")
 
 
+def current_rss(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
 def gzip_of_zeros(path, inflated_bytes, members=1):
     """A gzip file of `members` members, each inflating to inflated_bytes /
     members zero bytes (a few hundred KiB per GiB), written without ever
@@ -161,6 +169,59 @@ class BoundedReadsTest(unittest.TestCase):
         self.assertEqual(cpu.memory_reserved_bytes, 0)
         self.assertLess(peak_rss(self.daemon.proc.pid), BUDGET + OVERHEAD)
         self.assert_healthy()
+
+    def test_a_chatty_job_is_bounded_in_memory_and_in_the_store(self):
+        """A job that logs every step of a tiny model (thousands of events a
+        second) keeps at most --job_events_kept events and its state changes
+        in the store, at most EventLog's 4,096 in memory, and the daemon's RSS
+        does not grow with the events it has written."""
+        kept = 2000
+        daemon = Tandemd(TANDEMD, data_root=self.root,
+                         extra_flags=["--host_memory_budget=%d" % BUDGET,
+                                      "--job_events_kept=%d" % kept]).start()
+        channel, client = stub(daemon.address)
+        steps = 30000
+        spec = spec_from_dict({
+            "model": {"mlp": {"hidden_sizes": [8]}},
+            "data": {"synthetic": {"sample_shape": [8], "num_classes": 2, "train_samples": 64}},
+            "training": {"batch_size": 8, "steps": steps, "log_interval_steps": 1,
+                         "checkpoint_disabled": True},
+        })
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+        start = time.perf_counter()
+        samples = []  # (seconds, VmRSS bytes)
+        while True:
+            samples.append((time.perf_counter() - start, current_rss(daemon.proc.pid)))
+            state = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id), timeout=10).state
+            if state in (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED):
+                break
+            self.assertLess(time.perf_counter() - start, 600, "the chatty job never ended")
+            time.sleep(0.5)
+        self.assertEqual(state, job_pb2.JOB_STATE_SUCCEEDED)
+        took = time.perf_counter() - start
+        events = list(client.WatchJob(tandem_service_pb2.WatchJobRequest(
+            job_id=job.id, from_sequence=1, follow=False), timeout=60))
+        last = events[-1].sequence
+        state_changes = sum(1 for e in events if e.HasField("state_change"))
+        after = current_rss(daemon.proc.pid)
+        # Growth over the run: from the first quarter's highest sample to the
+        # highest after it (the run's start pays for the model and threads).
+        quarter = [rss for t, rss in samples if t <= took / 4] or [samples[0][1]]
+        later = [rss for t, rss in samples if t > took / 4] or [samples[-1][1]]
+        growth = max(later) - max(quarter)
+        print("chatty job: %d steps in %.1f s, %d events written (%.0f/s), %d kept (%d state "
+              "changes); daemon RSS first quarter max %.1f MiB, later max %.1f MiB (growth "
+              "%.1f MiB), after the end %.1f MiB, peak %.1f MiB" % (
+                  steps, took, last, last / took, len(events), state_changes,
+                  max(quarter) / 2**20, max(later) / 2**20, growth / 2**20, after / 2**20,
+                  peak_rss(daemon.proc.pid) / 2**20))
+        self.assertGreater(last, 2 * kept, "the job was not chatty enough to test the bound")
+        self.assertLessEqual(len(events), kept + state_changes)
+        self.assertLess(growth, 32 << 20)
+        self.assertLess(peak_rss(daemon.proc.pid), BUDGET + OVERHEAD)
+        channel.close()
+        self.assertEqual(daemon.stop(), 0, daemon.logs())
+        daemon.cleanup()
 
     def test_a_gzip_that_inflates_past_the_budget_is_refused_at_submission(self):
         # 3 MiB on disk, 1.5 GiB inflated: its trailer says so, and the job

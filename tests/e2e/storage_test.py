@@ -1,9 +1,11 @@
 """Storage faults (issue 13): the state directory on a small tmpfs that the
-test fills. A full disk turns submits away with RESOURCE_EXHAUSTED while a
-running job goes on; its end, which the store cannot take, is served from
-memory and written once space is freed; a daemon restarted on the full disk
-starts (read-only) and serves every acknowledged job; freed again, it takes
-jobs. The tmpfs lives in a private mount namespace held by a helper process
+test fills. A full disk turns submits away with RESOURCE_EXHAUSTED while
+running jobs go on; the first one's end is recorded in the room the store's
+reserve file gives up; with that spent too, the second's is served from memory
+and the daemon says at its stop that it was not recorded; a daemon restarted
+on the full disk starts (read-only) and serves every acknowledged job; freed
+again, it runs the second job to its end again, makes its reserve again and
+takes jobs. The tmpfs lives in a private mount namespace held by a helper process
 (`unshare -m`, which needs root); where that is not possible the test says so
 and skips."""
 import os
@@ -49,6 +51,15 @@ def wait_for_health(channel, service, status, timeout=10):
         time.sleep(0.1)
     print("health of %r: %r" % (service, check(request, timeout=10)))
     return False
+
+
+def wait_for_log(daemon, text, timeout=10):
+    deadline = time.time() + timeout
+    while text not in daemon.logs():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 class SmallDisk:
@@ -127,7 +138,9 @@ class StorageFaultsTest(unittest.TestCase):
 
     def start(self):
         return Tandemd(self.binary, state_dir=self.state,
-                       extra_flags=["--state_min_free_bytes=%d" % MIN_FREE]).start()
+                       extra_flags=["--state_min_free_bytes=%d" % MIN_FREE,
+                                    # The second long job runs after the first.
+                                    "--max_running_jobs=1"]).start()
 
     def test_a_full_disk_refuses_submits_keeps_running_jobs_and_restarts(self):
         daemon = self.start()
@@ -137,8 +150,11 @@ class StorageFaultsTest(unittest.TestCase):
         wait_for_state(client, acknowledged[0], [job_pb2.JOB_STATE_SUCCEEDED])
         running = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=long_spec()),
                                    timeout=30).job.id
-        acknowledged.append(running)
+        second = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=long_spec()),
+                                  timeout=30).job.id
+        acknowledged += [running, second]
         wait_for_state(client, running, [job_pb2.JOB_STATE_RUNNING])
+        self.assertTrue(os.path.exists(os.path.join(self.disk.inside, "jobs.db.reserve")))
 
         self.disk.fill()
         print("disk filled: %d bytes free" % self.disk.free_bytes())
@@ -153,26 +169,30 @@ class StorageFaultsTest(unittest.TestCase):
         self.assertTrue(wait_for_health(channel, b"tandem.v1.Tandem", NOT_SERVING))
         self.assertTrue(wait_for_health(channel, b"", SERVING))
 
-        # The running job goes on and ends; the store cannot take its end, so
-        # it is served from memory.
+        # The running job goes on and ends; the full disk refuses its end, and
+        # the store releases its reserve to record it.
         done = wait_for_state(client, running, [job_pb2.JOB_STATE_SUCCEEDED,
                                                 job_pb2.JOB_STATE_FAILED], timeout=300)
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
-        time.sleep(0.5)
-        self.assertIn("cannot record the end of %s yet" % running, daemon.logs())
-        # Freed: the end is written within the persister's next rounds.
-        self.disk.free()
-        self.assertTrue(wait_for_health(channel, b"tandem.v1.Tandem", SERVING))
-        deadline = time.time() + 10
-        while "recorded" not in daemon.logs() and time.time() < deadline:
-            time.sleep(0.1)
-        self.assertIn("recorded 1 delayed state change(s) of %s (now succeeded)" % running,
-                      daemon.logs())
+        self.assertTrue(wait_for_log(daemon, "released the job store's 4 MiB reserve"),
+                        daemon.logs())
+        self.assertNotIn("cannot record the end of %s" % running, daemon.logs())
+        self.assertFalse(os.path.exists(os.path.join(self.disk.inside, "jobs.db.reserve")))
+
+        # Full again, reserve spent: the second job's end cannot be written. It
+        # is served from memory; the daemon stops and says so.
+        self.disk.fill()
+        done = wait_for_state(client, second, [job_pb2.JOB_STATE_SUCCEEDED,
+                                               job_pb2.JOB_STATE_FAILED], timeout=300)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.assertTrue(wait_for_log(daemon, "cannot record the end of %s yet" % second),
+                        daemon.logs())
         self.assertEqual(daemon.stop(), 0, daemon.logs())
+        self.assertIn("stopping with 1 state change(s) of %s not recorded (now succeeded)" % second,
+                      daemon.logs())
 
         # Restarted on a full disk: it starts, serves every acknowledged job,
-        # and refuses new ones.
-        self.disk.fill()
+        # and refuses new ones; the second is as the store last had it.
         daemon = self.start()
         channel, client = stub(daemon.address)
         print("restart on a full disk:", [l for l in daemon.logs().splitlines() if "store" in l])
@@ -180,13 +200,23 @@ class StorageFaultsTest(unittest.TestCase):
                                                    timeout=10).jobs}
         for job_id in acknowledged:
             self.assertIn(job_id, listed)
-            self.assertEqual(listed[job_id].state, job_pb2.JOB_STATE_SUCCEEDED)
+            if job_id != second:
+                self.assertEqual(listed[job_id].state, job_pb2.JOB_STATE_SUCCEEDED)
+        self.assertIn(listed[second].state, (job_pb2.JOB_STATE_QUEUED, job_pb2.JOB_STATE_RUNNING))
         with self.assertRaises(grpc.RpcError) as refused:
             client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec()), timeout=30)
         self.assertEqual(refused.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertEqual(daemon.stop(), 0, daemon.logs())
 
-        # Freed and restarted: writable again.
+        # Freed and restarted: the second job runs again to its end (nothing
+        # acknowledged is lost), the reserve is made again, and new jobs are taken.
+        self.disk.free()
+        daemon = self.start()
+        channel, client = stub(daemon.address)
+        done = wait_for_state(client, second, [job_pb2.JOB_STATE_SUCCEEDED,
+                                               job_pb2.JOB_STATE_FAILED], timeout=300)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.assertTrue(os.path.exists(os.path.join(self.disk.inside, "jobs.db.reserve")))
         self.disk.free()
         daemon = self.start()
         channel, client = stub(daemon.address)

@@ -414,9 +414,9 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
     return absl::UnavailableError("an earlier state change is not recorded yet");
   }
   // A job's end may take the store's reserve on a full disk (job_store.h).
-  const absl::Status s = store_->UpdateJob(entry.job, {event},
-                                           IsTerminal(state) ? JobStore::Priority::kMayUseReserve
-                                                             : JobStore::Priority::kNormal);
+  const absl::Status s = store_->UpdateJob(
+      entry.job, {event},
+      IsTerminal(state) ? JobStore::Priority::kMayUseReserve : JobStore::Priority::kNormal);
   // Kept in memory, served from there, and written when the store takes it.
   if (!s.ok()) entry.unrecorded.push_back(event);
   return s;

@@ -157,6 +157,48 @@ NodeOffer DetectNodeOffer(int64_t flag_bytes, std::vector<cuda::CudaDeviceInfo> 
   return node;
 }
 
+NodeOffer NodeOfferFromProfile(const tandem::v1::NodeProfile& profile, int64_t flag_bytes,
+                               std::vector<cuda::CudaDeviceInfo> cuda_devices) {
+  NodeOffer node;
+  node.cuda_devices = std::move(cuda_devices);
+  node.accelerator_memory_budget_bytes = AcceleratorMemoryBudget(flag_bytes, node.cuda_devices);
+  node.profile = profile;
+  const tandem::v1::DeviceProfile* cpu = nullptr;
+  for (const auto& d : profile.devices()) {
+    if (d.kind() == tandem::v1::DEVICE_KIND_CPU) {
+      cpu = &d;
+      break;
+    }
+  }
+  if (cpu == nullptr || !(cpu->gemm_flops_per_second() > 0) ||
+      !(cpu->memory_bandwidth_bytes_per_second() > 0)) {
+    node.host = MeasureHostProcessor();
+    return node;
+  }
+  ProcessorSpec& s = node.host;
+  s.set_kind(tandem::v1::DEVICE_KIND_CPU);
+  s.set_threads(cpu->threads());
+  s.set_memory_bytes(cpu->memory_bytes());
+  s.set_launch_overhead_seconds(1e-6);
+  s.set_peak_matmul_flops_per_second(cpu->gemm_flops_per_second());
+  s.set_peak_vector_flops_per_second(cpu->gemm_flops_per_second());
+  s.set_memory_bandwidth_bytes_per_second(cpu->memory_bandwidth_bytes_per_second());
+  constexpr double kAdamBytesPerParameter = 28;  // p, g, m, v read; p, m, v written
+  if (profile.host_adam_parameters_per_second() > 0) {
+    (*s.mutable_efficiency())["optimizer"] =
+        std::clamp(profile.host_adam_parameters_per_second() * kAdamBytesPerParameter /
+                       cpu->memory_bandwidth_bytes_per_second(),
+                   0.01, 1.0);
+  }
+  s.set_name(absl::StrFormat(
+      "host, %d threads (node profile: GEMM %.0f GFLOP/s, triad %.1f GB/s, Adam %.0f M "
+      "parameters/s)",
+      s.threads(), cpu->gemm_flops_per_second() / 1e9,
+      cpu->memory_bandwidth_bytes_per_second() / 1e9,
+      profile.host_adam_parameters_per_second() / 1e6));
+  return node;
+}
+
 absl::StatusOr<int64_t> AcceleratorCapacity(const JobSpec& resolved, const NodeOffer& node) {
   const int64_t asked = resolved.resources().accelerator_memory_bytes();
   switch (KindOf(resolved)) {
@@ -243,7 +285,9 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     accel->set_name("emulated accelerator (host cores)");
     accel->set_memory_bytes(capacity);
     const double cap = resolved.resources().emulated_link_bytes_per_second();
-    const double memcpy = node.host.memory_bandwidth_bytes_per_second() / 2;
+    const double memcpy = node.profile && node.profile->host_memcpy_bytes_per_second() > 0
+                              ? node.profile->host_memcpy_bytes_per_second()
+                              : node.host.memory_bandwidth_bytes_per_second() / 2;
     const double link = cap > 0 ? std::min(cap, memcpy) : memcpy;
     hw.mutable_host_to_accelerator()->set_bandwidth_bytes_per_second(link);
     hw.mutable_accelerator_to_host()->set_bandwidth_bytes_per_second(link);
@@ -256,11 +300,26 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     *accel = AcceleratorSpec(node.cuda_devices[0]);
     accel->set_memory_bytes(capacity);
     // Pinned-memory copies over PCIe: ~50 GB/s on Gen5 x16 (Hopper), ~25 GB/s
-    // on Gen4 x16, with ~10 us per transfer.
+    // on Gen4 x16, with ~10 us per transfer, unless the node profile measured
+    // this device's pinned links.
     const double link = node.cuda_devices[0].compute_major >= 9 ? 50e9 : 25e9;
-    for (auto* l : {hw.mutable_host_to_accelerator(), hw.mutable_accelerator_to_host()}) {
-      l->set_bandwidth_bytes_per_second(link);
-      l->set_latency_seconds(10e-6);
+    const std::string id = absl::StrCat("cuda:", node.cuda_devices[0].ordinal);
+    for (auto [spec, direction] :
+         {std::pair{hw.mutable_host_to_accelerator(), tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE},
+          std::pair{hw.mutable_accelerator_to_host(), tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST}}) {
+      spec->set_bandwidth_bytes_per_second(link);
+      spec->set_latency_seconds(10e-6);
+      if (!node.profile) continue;
+      for (const tandem::v1::LinkProfile& measured : node.profile->links()) {
+        const std::string& device = direction == tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE
+                                        ? measured.to_device_id()
+                                        : measured.from_device_id();
+        if (measured.pinned() && measured.direction() == direction && device == id &&
+            measured.bandwidth_bytes_per_second() > 0) {
+          spec->set_bandwidth_bytes_per_second(measured.bandwidth_bytes_per_second());
+          spec->set_latency_seconds(measured.latency_seconds());
+        }
+      }
     }
     hw.set_description(absl::StrCat("the host with ", node.cuda_devices[0].name));
   }

@@ -45,6 +45,13 @@ struct NodeOffer {
   // accelerator's default capacity. 0 (no GPU and no flag): the emulated
   // accelerator needs resources.accelerator_memory_bytes.
   int64_t accelerator_memory_budget_bytes = 0;
+  // What tandemd measured of this node (runtime/profile/node_profile.h), when
+  // it did: its figures replace the datasheet and assumed ones in NodeHardware
+  // (the emulated link's rate, each CUDA link's pinned bandwidth and latency).
+  std::optional<tandem::v1::NodeProfile> profile;
+  // Where `profile` came from, for GetNode: "measured at start-up in 2.1 s",
+  // "cached from <time>".
+  std::string profile_source;
 };
 
 // The host's fp32 GEMM rate (oneDNN) and triad bandwidth, measured once per
@@ -58,6 +65,12 @@ tandem::v1::ProcessorSpec MeasureHostProcessor();
 // (0 = the default, AcceleratorMemoryBudget).
 NodeOffer DetectNodeOffer(
     int64_t flag_bytes, std::vector<cuda::CudaDeviceInfo> cuda_devices = cuda::QueryCudaDevices());
+
+// The same from a measured node profile instead of MeasureHostProcessor: the
+// host's GEMM rate, triad bandwidth and, as its "optimizer" efficiency, the
+// measured Adam rate (28 bytes of traffic per parameter) over the triad's.
+NodeOffer NodeOfferFromProfile(const tandem::v1::NodeProfile& profile, int64_t flag_bytes,
+                               std::vector<cuda::CudaDeviceInfo> cuda_devices);
 
 // The accelerator capacity `resolved` gets, in bytes: resources.
 // accelerator_memory_bytes, else the node's budget, else (CUDA) the device's

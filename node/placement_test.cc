@@ -359,6 +359,61 @@ TEST(PlacementTest, CpuJobsRunOnThePlainEngine) {
   EXPECT_EQ(run.metrics.peak_accelerator_bytes(), 0);
 }
 
+// With a node profile, the planner's figures are the measured ones: the
+// host's GEMM and triad rates, Adam's rate as the optimizer efficiency, the
+// emulated link at the measured memcpy rate, a CUDA link at its measured
+// pinned bandwidth and latency (not the 50 GB/s assumed for Hopper).
+TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
+  tandem::v1::NodeProfile profile;
+  tandem::v1::DeviceProfile* cpu = profile.add_devices();
+  cpu->set_id("cpu");
+  cpu->set_kind(tandem::v1::DEVICE_KIND_CPU);
+  cpu->set_threads(2);
+  cpu->set_memory_bytes(int64_t{24} << 30);
+  cpu->set_gemm_flops_per_second(200e9);
+  cpu->set_memory_bandwidth_bytes_per_second(28e9);
+  profile.set_host_memcpy_bytes_per_second(7e9);
+  profile.set_host_adam_parameters_per_second(0.5e9);  // 14 GB/s of Adam traffic
+  for (auto [direction, bandwidth] : {std::pair{tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, 40e9},
+                                      std::pair{tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, 30e9}}) {
+    for (bool pinned : {true, false}) {
+      tandem::v1::LinkProfile* link = profile.add_links();
+      link->set_direction(direction);
+      link->set_pinned(pinned);
+      link->set_from_device_id(direction == tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE ? "cpu"
+                                                                                      : "cuda:0");
+      link->set_to_device_id(direction == tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE ? "cuda:0"
+                                                                                    : "cpu");
+      link->set_bandwidth_bytes_per_second(pinned ? bandwidth : bandwidth / 5);
+      link->set_latency_seconds(pinned ? 12e-6 : 40e-6);
+    }
+  }
+  const cuda::CudaDeviceInfo h100{0, "NVIDIA H100 80GB HBM3", int64_t{80} << 30, 132, 9, 0};
+  const NodeOffer node = NodeOfferFromProfile(profile, 0, {h100});
+  EXPECT_EQ(node.host.peak_matmul_flops_per_second(), 200e9);
+  EXPECT_EQ(node.host.memory_bandwidth_bytes_per_second(), 28e9);
+  EXPECT_DOUBLE_EQ(node.host.efficiency().at("optimizer"), 0.5);
+
+  JobSpec emulated = Mlp(tandem::v1::STRATEGY_REUSE_DISTANCE, 64 << 20);
+  absl::StatusOr<tandem::v1::HardwareSpec> hw = NodeHardware(emulated, node, 64 << 20);
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_EQ(hw->host_to_accelerator().bandwidth_bytes_per_second(), 7e9);
+
+  JobSpec on_gpu = emulated;
+  on_gpu.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_CUDA);
+  hw = NodeHardware(on_gpu, node, int64_t{40} << 30);
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_EQ(hw->host_to_accelerator().bandwidth_bytes_per_second(), 40e9);
+  EXPECT_EQ(hw->accelerator_to_host().bandwidth_bytes_per_second(), 30e9);
+  EXPECT_EQ(hw->host_to_accelerator().latency_seconds(), 12e-6);
+  // Without a profile: the assumed Hopper link.
+  NodeOffer assumed = node;
+  assumed.profile.reset();
+  hw = NodeHardware(on_gpu, assumed, int64_t{40} << 30);
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_EQ(hw->host_to_accelerator().bandwidth_bytes_per_second(), 50e9);
+}
+
 TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
   tandem::v1::PlanModelRequest here;
   *here.mutable_spec() = Gpt(tandem::v1::STRATEGY_AUTO, int64_t{1} << 20);

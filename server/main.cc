@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/build_info.h"
 #include "base/flags_usage.h"
@@ -33,6 +34,7 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/profile/node_devices.h"
+#include "runtime/profile/node_profile.h"
 #include "runtime/train/profile_model.h"
 #include "server/auth.h"
 #include "server/health_watchdog.h"
@@ -83,6 +85,10 @@ ABSL_FLAG(int64_t, state_min_free_bytes, 64 << 20,
 ABSL_FLAG(int64_t, job_events_kept, 10000,
           "Events each job keeps in the store besides its state changes: the newest ones "
           "(older progress and log events are pruned as new ones arrive). 0 = all.");
+ABSL_FLAG(bool, refresh_node_profile, false,
+          "Measure the node profile (devices' GEMM and memory rates, host links, the host's "
+          "memcpy and Adam rates) at start-up even when <state_dir>/node_profile.pb holds this "
+          "hardware's.");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 
@@ -154,6 +160,47 @@ int64_t AcceleratorMemoryBudgetFlag() {
              : old_name;
 }
 
+// The node as the planner sees it, from the node profile: measured now (a few
+// seconds) or read from <state_dir>/node_profile.pb when that holds this
+// hardware's. When measuring fails, the host's quick GEMM and triad figures.
+tandem::node::NodeOffer NodeOfferOfThisNode(const std::string& state_dir,
+                                            const tandem::node::NodeResources& resources) {
+  tandem::profile::NodeProfileOptions options;
+  options.cache_path = state_dir + "/node_profile.pb";
+  options.refresh = absl::GetFlag(FLAGS_refresh_node_profile);
+  absl::StatusOr<tandem::profile::NodeProfileResult> result;
+  {
+    tandem::profile::ScopedThreads threads(absl::GetFlag(FLAGS_job_threads));
+    const tandem::profile::NodeProfiledDevices devices =
+        tandem::profile::OpenNodeProfiledDevices(absl::GetFlag(FLAGS_job_threads));
+    for (const std::string& note : devices.notes) {
+      std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
+    }
+    result = tandem::profile::LoadOrMeasureNodeProfile(devices.devices(), options);
+  }
+  if (!result.ok()) {
+    std::fprintf(stderr,
+                 "tandemd: node profile: measuring failed (%s); planning from quick host "
+                 "figures\n",
+                 result.status().ToString().c_str());
+    return tandem::node::DetectNodeOffer(AcceleratorMemoryBudgetFlag(), resources.cuda_devices);
+  }
+  for (const std::string& note : result->notes) {
+    std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
+  }
+  tandem::node::NodeOffer node = tandem::node::NodeOfferFromProfile(
+      result->profile, AcceleratorMemoryBudgetFlag(), resources.cuda_devices);
+  node.profile_source =
+      result->cached
+          ? absl::StrCat(
+                "cached in ", options.cache_path, " (measured ",
+                google::protobuf::util::TimeUtil::ToString(result->profile.measured_time()), " in ",
+                absl::StrFormat("%.1f", result->profile.measure_seconds()), " s)")
+          : absl::StrFormat("measured at start-up in %.1f s", result->profile.measure_seconds());
+  std::fprintf(stderr, "tandemd: node profile %s\n", node.profile_source.c_str());
+  return node;
+}
+
 // The budgets and limits of the flags, each flag's default derived from the
 // node (75% of host memory, 90% of the GPU's, a running slot per core). The
 // host's GEMM and triad rates are measured now (about half a second): the
@@ -166,7 +213,7 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
       tandem::node::HostMemoryBudget(absl::GetFlag(FLAGS_host_memory_budget), resources);
   o.has_accelerator = !resources.cuda_devices.empty();
   o.default_threads = absl::GetFlag(FLAGS_job_threads);
-  o.node = tandem::node::DetectNodeOffer(AcceleratorMemoryBudgetFlag(), resources.cuda_devices);
+  o.node = NodeOfferOfThisNode(state_dir, resources);
   o.accelerator_memory_budget_bytes = o.node->accelerator_memory_budget_bytes;
   std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
                o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()

@@ -33,8 +33,9 @@ void ProgressPrinter::Step(const tandem::v1::JobEvent::StepProgress& p) {
                               ? static_cast<double>(p.step()) / static_cast<double>(p.total_steps())
                               : 0;
   if (!tty_) {
-    std::fprintf(out_, "step %d/%d epoch %d loss %.4f %.0f samples/s eta %s\n", p.step(),
-                 p.total_steps(), p.epoch(), p.loss(), p.samples_per_second(),
+    std::fprintf(out_, "step %lld/%lld epoch %lld loss %.4f %.0f samples/s eta %s\n",
+                 static_cast<long long>(p.step()), static_cast<long long>(p.total_steps()),
+                 static_cast<long long>(p.epoch()), p.loss(), p.samples_per_second(),
                  FormatDuration(p.eta_seconds()).c_str());
     std::fflush(out_);
     return;
@@ -43,8 +44,9 @@ void ProgressPrinter::Step(const tandem::v1::JobEvent::StepProgress& p) {
   const int filled = static_cast<int>(fraction * kWidth);
   std::string bar(filled, '#');
   bar.append(kWidth - filled, '.');
-  std::fprintf(out_, "\r\033[K[%s] %3.0f%% step %d/%d loss %.4f %.0f samples/s eta %s", bar.c_str(),
-               100 * fraction, p.step(), p.total_steps(), p.loss(), p.samples_per_second(),
+  std::fprintf(out_, "\r\033[K[%s] %3.0f%% step %lld/%lld loss %.4f %.0f samples/s eta %s",
+               bar.c_str(), 100 * fraction, static_cast<long long>(p.step()),
+               static_cast<long long>(p.total_steps()), p.loss(), p.samples_per_second(),
                FormatDuration(p.eta_seconds()).c_str());
   std::fflush(out_);
   live_ = true;

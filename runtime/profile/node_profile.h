@@ -28,8 +28,9 @@ struct NodeProfileOptions {
   // Measure even when the cache holds this node's profile, and store the result.
   bool refresh = false;
   LinkOptions links;
-  // The Adam rate is timed over this many fp32 parameters (16 bytes of state each).
-  int64_t adam_parameters = int64_t{4} << 20;
+  // The Adam rate is timed over this many fp32 parameters (16 bytes of state
+  // each: 128 MiB, past the last-level caches of 2026 servers, held briefly).
+  int64_t adam_parameters = int64_t{8} << 20;
   // memcpy is timed over two buffers of this size.
   int64_t memcpy_bytes = int64_t{64} << 20;
 };

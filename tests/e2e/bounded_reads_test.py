@@ -21,8 +21,9 @@ from tandemd_fixture import Tandemd
 TANDEMD = None
 BUDGET = 512 << 20
 # The daemon's own memory besides what jobs reserve: on the dev VM its peak is
-# 267 MiB before any job (the host measurement at start streams triad arrays)
-# and its RSS then settles near 185 MiB (code, oneDNN, gRPC, the store).
+# 363 MiB before any job (the node profile at start: triad arrays, 128 MiB of
+# Adam state, memcpy buffers, all freed) and its RSS then settles near 185 MiB
+# (code, oneDNN, gRPC, the store).
 OVERHEAD = 320 << 20
 
 

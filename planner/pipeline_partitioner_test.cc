@@ -101,7 +101,9 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
     EXPECT_EQ(stages->front().first_layer(), 0);
     EXPECT_EQ(stages->back().last_layer(), layers - 1);
     for (const tandem::v1::PipelineStage& s : *stages) {
-      if (r.device_memory_bytes > 0) EXPECT_LE(s.memory_bytes(), r.device_memory_bytes);
+      if (r.device_memory_bytes > 0) {
+        EXPECT_LE(s.memory_bytes(), r.device_memory_bytes);
+      }
     }
   }
 }

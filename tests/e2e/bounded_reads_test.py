@@ -15,7 +15,8 @@ import zlib
 import grpc
 
 import junit_runner
-from tandem_stubs import job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
+from tandem_stubs import (huge_plan_spec, job_pb2, spec_from_dict, stub, tandem_service_pb2,
+                          wait_for_state)
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -138,27 +139,17 @@ class BoundedReadsTest(unittest.TestCase):
         solves: 4,000 layers at batch 65,536 (an estimate of ~730 MB) are
         refused at once under 512 MiB; 100 layers at the same batch (~280 MB)
         are planned, and the daemon's peak stays under budget + overhead."""
-        def chain(n):
-            layers = [{"linear": {"out_features": 64}} if i % 2 == 0 else
-                      {"activation": {"activation": "ACTIVATION_RELU"}} for i in range(n)]
-            return spec_from_dict({
-                "model": {"layers": {"layers": layers}},
-                "data": {"synthetic": {"sample_shape": [64], "num_classes": 10}},
-                "training": {"batch_size": 65536, "steps": 1},
-                "placement": {"strategy": "STRATEGY_REUSE_DISTANCE",
-                              "accelerator": "ACCELERATOR_KIND_EMULATED"},
-                "resources": {"accelerator_memory_bytes": 8000000},
-            })
         start = time.perf_counter()
         with self.assertRaises(grpc.RpcError) as refused:
-            self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=chain(4000)), timeout=60)
+            self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=huge_plan_spec(4000)),
+                                  timeout=60)
         self.assertEqual(refused.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED,
                          refused.exception.details())
         self.assertIn("the plan needs", refused.exception.details())
         print("4,000-layer plan at batch 65,536 refused in %.3f s: %s" % (
             time.perf_counter() - start, refused.exception.details()))
         start = time.perf_counter()
-        answer = self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=chain(100)),
+        answer = self.client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=huge_plan_spec(100)),
                                        timeout=300)
         self.assertEqual(len(answer.plan.layers), 101)
         print("100-layer plan at batch 65,536 answered in %.1f s (micro-batch %d); "

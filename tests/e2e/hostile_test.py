@@ -14,7 +14,7 @@ import unittest
 import grpc
 
 import junit_runner
-from tandem_stubs import spec_from_dict, stub, synthetic_spec, tandem_service_pb2
+from tandem_stubs import huge_plan_spec, spec_from_dict, stub, synthetic_spec, tandem_service_pb2
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -139,16 +139,7 @@ class HostileLoadTest(unittest.TestCase):
         which asks before every simulation, stops within one, so a small plan
         from the same client is answered soon after instead of queueing behind
         minutes of solving."""
-        layers = [{"linear": {"out_features": 64}} if i % 2 == 0 else
-                  {"activation": {"activation": "ACTIVATION_RELU"}} for i in range(4000)]
-        huge = spec_from_dict({
-            "model": {"layers": {"layers": layers}},
-            "data": {"synthetic": {"sample_shape": [64], "num_classes": 10}},
-            "training": {"batch_size": 65536, "steps": 1},
-            "placement": {"strategy": "STRATEGY_REUSE_DISTANCE",
-                          "accelerator": "ACCELERATOR_KIND_EMULATED"},
-            "resources": {"accelerator_memory_bytes": 8000000},
-        })
+        huge = huge_plan_spec(4000)
         channel, client = stub(self.daemon.address)
         with self.assertRaises(grpc.RpcError) as late:
             client.PlanModel(tandem_service_pb2.PlanModelRequest(spec=huge), timeout=2)

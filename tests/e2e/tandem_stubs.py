@@ -44,6 +44,22 @@ def synthetic_spec(steps=3, batch=8, **extra):
     return spec_from_dict(d)
 
 
+def huge_plan_spec(layers):
+    """A chain of `layers` layers (64-wide linears and ReLUs) at batch 65,536 on
+    an 8 MB emulated accelerator: what makes the planner work hardest (every
+    micro-batch size down to its bound, every strategy's smallest budget)."""
+    chain = [{"linear": {"out_features": 64}} if i % 2 == 0 else
+             {"activation": {"activation": "ACTIVATION_RELU"}} for i in range(layers)]
+    return spec_from_dict({
+        "model": {"layers": {"layers": chain}},
+        "data": {"synthetic": {"sample_shape": [64], "num_classes": 10}},
+        "training": {"batch_size": 65536, "steps": 1},
+        "placement": {"strategy": "STRATEGY_REUSE_DISTANCE",
+                      "accelerator": "ACCELERATOR_KIND_EMULATED"},
+        "resources": {"accelerator_memory_bytes": 8000000},
+    })
+
+
 def diverging_spec():
     """A job that fails while it runs, for tests of failure paths: SGD at
     learning rate 10 (the largest allowed) with momentum through eight layers

@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -68,6 +70,15 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
   return WriteFileAtomically(path,
                              [&](int fd) { return WriteAll(fd, bytes.data(), bytes.size(), path); })
       .status();
+}
+
+std::optional<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return std::nullopt;
+  return ss.str();
 }
 
 }  // namespace tandem

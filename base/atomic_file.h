@@ -1,13 +1,14 @@
 // Files written whole or not at all: a temporary file beside the target,
 // fsync, rename over the target, fsync of the directory. A crash leaves the
 // old file or the new one, never a torn one. Used by checkpoints and the
-// profile cache. Free functions; thread-safe for distinct paths.
+// profile caches; ReadWholeFile reads them back. Free functions; thread-safe for distinct paths.
 #ifndef TANDEM_BASE_ATOMIC_FILE_H_
 #define TANDEM_BASE_ATOMIC_FILE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -20,6 +21,9 @@ namespace tandem {
 absl::StatusOr<int64_t> WriteFileAtomically(const std::string& path,
                                             const std::function<absl::Status(int fd)>& write);
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+// The whole of `path`; nullopt when it cannot be opened or read.
+std::optional<std::string> ReadWholeFile(const std::string& path);
 
 // All of `data` to `fd` (retrying short writes and EINTR); errors name `path`.
 absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path);

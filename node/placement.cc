@@ -116,17 +116,28 @@ absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& re
   }
 }
 
+// The host as the planner sees it, from its GEMM rate (matrix and vector
+// work alike) and triad bandwidth.
+ProcessorSpec HostSpec(int threads, int64_t memory_bytes, double gemm_flops_per_second,
+                       double bandwidth_bytes_per_second) {
+  ProcessorSpec s;
+  s.set_kind(tandem::v1::DEVICE_KIND_CPU);
+  s.set_threads(threads);
+  s.set_memory_bytes(memory_bytes);
+  s.set_launch_overhead_seconds(1e-6);
+  s.set_peak_matmul_flops_per_second(gemm_flops_per_second);
+  s.set_peak_vector_flops_per_second(gemm_flops_per_second);
+  s.set_memory_bandwidth_bytes_per_second(bandwidth_bytes_per_second);
+  return s;
+}
+
 }  // namespace
 
 ProcessorSpec MeasureHostProcessor() {
   static std::once_flag once;
   static ProcessorSpec* spec = nullptr;
   std::call_once(once, [] {
-    auto* s = new ProcessorSpec();
-    s->set_kind(tandem::v1::DEVICE_KIND_CPU);
-    s->set_threads(omp_get_max_threads());
-    s->set_memory_bytes(PhysicalMemoryBytes());
-    s->set_launch_overhead_seconds(1e-6);
+    const int threads = omp_get_max_threads();
     profile::GemmOptions gemm;
     gemm.repeats = 3;
     profile::TriadOptions triad;
@@ -136,15 +147,12 @@ ProcessorSpec MeasureHostProcessor() {
     absl::StatusOr<double> bandwidth = profile::MeasureTriadBytesPerSecond(triad);
     // A measurement failure (no memory for the buffers) is not fatal: a plan
     // from conservative figures still runs correctly, only less well placed.
-    const double f = flops.ok() ? *flops : 20e9 * s->threads();
+    const double f = flops.ok() ? *flops : 20e9 * threads;
     const double b = bandwidth.ok() ? *bandwidth : 10e9;
-    s->set_peak_matmul_flops_per_second(f);
-    s->set_peak_vector_flops_per_second(f);
-    s->set_memory_bandwidth_bytes_per_second(b);
-    s->set_name(absl::StrFormat("host, %d threads (measured: GEMM %.0f GFLOP/s, triad %.1f GB/s%s)",
-                                s->threads(), f / 1e9, b / 1e9,
-                                flops.ok() && bandwidth.ok() ? "" : "; estimated after a failure"));
-    spec = s;
+    spec = new ProcessorSpec(HostSpec(threads, PhysicalMemoryBytes(), f, b));
+    spec->set_name(absl::StrFormat(
+        "host, %d threads (measured: GEMM %.0f GFLOP/s, triad %.1f GB/s%s)", threads, f / 1e9,
+        b / 1e9, flops.ok() && bandwidth.ok() ? "" : "; estimated after a failure"));
   });
   return *spec;
 }
@@ -176,13 +184,8 @@ NodeOffer NodeOfferFromProfile(const tandem::v1::NodeProfile& profile, int64_t f
     return node;
   }
   ProcessorSpec& s = node.host;
-  s.set_kind(tandem::v1::DEVICE_KIND_CPU);
-  s.set_threads(cpu->threads());
-  s.set_memory_bytes(cpu->memory_bytes());
-  s.set_launch_overhead_seconds(1e-6);
-  s.set_peak_matmul_flops_per_second(cpu->gemm_flops_per_second());
-  s.set_peak_vector_flops_per_second(cpu->gemm_flops_per_second());
-  s.set_memory_bandwidth_bytes_per_second(cpu->memory_bandwidth_bytes_per_second());
+  s = HostSpec(cpu->threads(), cpu->memory_bytes(), cpu->gemm_flops_per_second(),
+               cpu->memory_bandwidth_bytes_per_second());
   constexpr double kAdamBytesPerParameter = 28;  // p, g, m, v read; p, m, v written
   if (profile.host_adam_parameters_per_second() > 0) {
     (*s.mutable_efficiency())["optimizer"] =
@@ -363,8 +366,7 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   // The margin scales with the micro-batch: try smaller ones, largest first.
   // When none fits, answer with the one that needs the least memory.
   PlanModelResponse least = response;
-  const int smallest = (batch + planner::MaxMicroBatches(model.num_layers()) - 1) /
-                       planner::MaxMicroBatches(model.num_layers());
+  const int smallest = planner::SmallestMicroBatch(batch, model.num_layers());
   for (int m = batch / 2; m >= smallest; --m) {
     if (batch % m != 0) continue;
     if (request.stop && request.stop()) {
@@ -413,14 +415,10 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
     return ForcedPlanError("micro_batch_size", absl::StrCat("must be in [1, ", batch, "], got ",
                                                             plan.micro_batch_size()));
   }
-  const int max_micro_batches = planner::MaxMicroBatches(model.num_layers());
-  if (batch / plan.micro_batch_size() > max_micro_batches) {
-    return ForcedPlanError(
-        "micro_batch_size",
-        absl::StrCat(plan.micro_batch_size(), " makes ", batch / plan.micro_batch_size(),
-                     " micro-batches of ", model.num_layers(), " layers per step; at most ",
-                     max_micro_batches, " for this model: use at least ",
-                     (batch + max_micro_batches - 1) / max_micro_batches));
+  if (absl::Status bound = planner::CheckMicroBatchBound(
+          static_cast<int>(batch), plan.micro_batch_size(), model.num_layers());
+      !bound.ok()) {
+    return ForcedPlanError("micro_batch_size", std::string(bound.message()));
   }
   if (plan.batch_size() != 0 && plan.batch_size() != batch) {
     return ForcedPlanError("batch_size", absl::StrCat(plan.batch_size(), " is not the job's ",

@@ -6,6 +6,8 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::planner {
 namespace {
 
@@ -182,6 +184,23 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisio
 int MaxMicroBatches(int layers) {
   const int64_t by_calls = kMaxLayerCallsPerStep / std::max(1, layers);
   return static_cast<int>(std::clamp<int64_t>(by_calls, 1, kMaxMicroBatchesPerStep));
+}
+
+int SmallestMicroBatch(int samples, int layers) {
+  const int max_micro_batches = MaxMicroBatches(layers);
+  return (samples + max_micro_batches - 1) / max_micro_batches;
+}
+
+absl::Status CheckMicroBatchBound(int samples, int micro_batch_size, int layers) {
+  const int max_micro_batches = MaxMicroBatches(layers);
+  if (micro_batch_size <= 0 || samples / micro_batch_size <= max_micro_batches) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      micro_batch_size, " makes ", samples / micro_batch_size, " micro-batches of ", layers,
+      " layers per step; the planner simulates at most ", max_micro_batches, " for this model (",
+      kMaxLayerCallsPerStep, " layer calls per step, at most ", kMaxMicroBatchesPerStep,
+      " micro-batches): use a micro-batch of at least ", SmallestMicroBatch(samples, layers)));
 }
 
 std::vector<int> MicroBatchSizes(int samples, int fixed, int max_micro_batches) {

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "planner/cost_model.h"
 #include "planner/decisions.h"
 #include "planner/simulator.h"
@@ -89,6 +90,12 @@ std::vector<MemoryAction> RankMemoryActions(const CostModel& cost, const Decisio
 inline constexpr int kMaxMicroBatchesPerStep = 1024;
 inline constexpr int64_t kMaxLayerCallsPerStep = int64_t{1} << 18;
 int MaxMicroBatches(int layers);
+// The smallest micro-batch that bound allows for `samples` samples per step.
+int SmallestMicroBatch(int samples, int layers);
+// OK, or INVALID_ARGUMENT saying how many micro-batches `micro_batch_size`
+// makes, the bound, and the smallest micro-batch allowed (no field named: the
+// caller prefixes its own).
+absl::Status CheckMicroBatchBound(int samples, int micro_batch_size, int layers);
 
 // Micro-batch sizes to try for `samples` samples, each leaving at most
 // `max_micro_batches` micro-batches: `fixed` alone when > 0 (if it divides and

@@ -80,16 +80,10 @@ absl::StatusOr<StrategyContext> ContextOf(const PlanRequest& request,
     return Invalid("micro_batch_size", absl::StrCat("must divide batch_size (", c.batch_size,
                                                     "), got ", request.micro_batch_size));
   }
-  const int max_micro_batches = MaxMicroBatches(cost.num_layers());
-  if (request.micro_batch_size > 0 && c.batch_size / request.micro_batch_size > max_micro_batches) {
-    return Invalid(
-        "micro_batch_size",
-        absl::StrCat(request.micro_batch_size, " makes ", c.batch_size / request.micro_batch_size,
-                     " micro-batches of ", cost.num_layers(),
-                     " layers per step; the planner simulates at most ", max_micro_batches,
-                     " for this model (", kMaxLayerCallsPerStep, " layer calls per step, at most ",
-                     kMaxMicroBatchesPerStep, " micro-batches): use a micro-batch of at least ",
-                     (c.batch_size + max_micro_batches - 1) / max_micro_batches));
+  if (absl::Status bound =
+          CheckMicroBatchBound(c.batch_size, request.micro_batch_size, cost.num_layers());
+      !bound.ok()) {
+    return Invalid("micro_batch_size", bound.message());
   }
   c.micro_batch_size = request.micro_batch_size;
   c.accelerator_memory_budget_bytes = request.accelerator_memory_bytes > 0

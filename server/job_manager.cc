@@ -211,7 +211,8 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
   });
 }
 
-absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec) const {
+absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec,
+                                                         bool plan) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
   if (!resolved.ok()) return AsSpecError(resolved.status());
   const PathPolicy& policy = options_.data_policy;
@@ -224,10 +225,10 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, options_.node);
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
-  if (options_.node) {
-    absl::StatusOr<tandem::v1::Plan> plan = node::PlanJob(*jm->model, *resolved, *options_.node);
-    if (!plan.ok()) return AsSpecError(plan.status());
-    r.plan = *std::move(plan);
+  if (plan && options_.node) {
+    absl::StatusOr<tandem::v1::Plan> solved = node::PlanJob(*jm->model, *resolved, *options_.node);
+    if (!solved.ok()) return AsSpecError(solved.status());
+    r.plan = *std::move(solved);
     absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, *resolved, r.plan);
     if (!program.ok()) return AsSpecError(program.status());
     // A program for thousands of micro-batches would outgrow the record's
@@ -235,11 +236,6 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
     if (program->ByteSizeLong() <= kMaxStoredProgramBytes) r.program = *std::move(program);
   }
   return r;
-}
-
-absl::StatusOr<tandem::v1::JobSpec> JobManager::ResolveSpec(const tandem::v1::JobSpec& spec) const {
-  TANDEM_ASSIGN_OR_RETURN(Resolved r, Resolve(spec));
-  return r.spec;
 }
 
 absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved) const {
@@ -967,12 +963,14 @@ JobManager::Snapshot JobManager::TakeSnapshot() {
   Snapshot s;
   absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
   if (counts.ok()) s.jobs_by_state = *counts;
+  // statvfs outside the lock: a stalled disk must not hold every job RPC.
+  const absl::Status space = CheckStateSpace();
   absl::MutexLock lock(&mu_);
   if (!accepting_) {
     s.not_accepting_reason = "tandemd is shutting down";
   } else if (!store_->read_only().ok()) {
     s.not_accepting_reason = std::string(store_->read_only().message());
-  } else if (const absl::Status space = CheckStateSpace(); !space.ok()) {
+  } else if (!space.ok()) {
     s.not_accepting_reason = std::string(space.message());
   }
   s.accepting = s.not_accepting_reason.empty();

@@ -115,8 +115,8 @@ class JobManager {
     tandem::v1::Plan plan;
     tandem::v1::Schedule program;
   };
-  absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec) const;
-  absl::StatusOr<tandem::v1::JobSpec> ResolveSpec(const tandem::v1::JobSpec& spec) const;
+  // With `plan` false, the plan and program stay empty (nothing is solved).
+  absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;
   absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved) const;
 
   // Host memory for work outside jobs (a ProfileModel's measurements), held

@@ -4,7 +4,6 @@
 #include <memory>
 #include <utility>
 
-#include "absl/synchronization/mutex.h"
 #include "runtime/profile/node_devices.h"
 #include "runtime/train/profile_model.h"
 
@@ -29,17 +28,15 @@ PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve, JobManag
 
 ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads,
                                   JobManager* jobs) {
-  auto one_at_a_time = std::make_shared<absl::Mutex>();
-  return [cache_dir = std::move(cache_dir), resolve = std::move(resolve), threads, one_at_a_time,
-          jobs](const tandem::v1::ProfileModelRequest& request,
-                tandem::v1::ProfileModelResponse* response, const StopCheck& stop) {
+  return [cache_dir = std::move(cache_dir), resolve = std::move(resolve), threads, jobs](
+             const tandem::v1::ProfileModelRequest& request,
+             tandem::v1::ProfileModelResponse* response, const StopCheck& stop) {
     // The model's memory as a job would need it (its data is not loaded: the
     // profile reads headers only), held from the node's budget while it runs.
-    absl::StatusOr<tandem::v1::JobSpec> resolved = jobs->ResolveSpec(request.spec());
+    absl::StatusOr<JobManager::Resolved> resolved = jobs->Resolve(request.spec(), /*plan=*/false);
     if (!resolved.ok()) return ToGrpc(resolved.status());
-    absl::StatusOr<MemoryEstimate> estimate = jobs->Estimate(*resolved);
-    if (!estimate.ok()) return ToGrpc(estimate.status());
-    const int64_t model_bytes = estimate->host_bytes - estimate->data_bytes;
+    const MemoryEstimate& estimate = resolved->estimate;
+    const int64_t model_bytes = estimate.host_bytes - estimate.data_bytes;
     const int64_t hold_bytes = model_bytes + model_bytes / 4 + kProfileOverhead;
     absl::StatusOr<std::shared_ptr<void>> hold = jobs->HoldHostMemory(hold_bytes, "the profile");
     if (!hold.ok()) return ToGrpc(hold.status());
@@ -49,7 +46,6 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
     env.threads = threads;
     env.stop = stop;
     env.cpu.allocator_budget_bytes = hold_bytes;
-    absl::MutexLock lock(one_at_a_time.get());
     const profile::NodeProfiledDevices node =
         profile::OpenNodeProfiledDevices(env.threads, env.cpu);
     for (const std::string& note : node.notes) {

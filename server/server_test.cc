@@ -246,12 +246,12 @@ TEST_F(JobManagerTest, AJobCannotReserveLessThanItNeeds) {
   }
   Close();
   Open("bypass");
-  const MemoryEstimate need = *jobs_->Estimate(*jobs_->ResolveSpec(Spec(3)));
+  const MemoryEstimate need = jobs_->Resolve(Spec(3), /*plan=*/false)->estimate;
   tandem::v1::JobSpec small = Spec(3);
   small.mutable_resources()->set_host_memory_bytes(need.host_bytes - 1);
   EXPECT_EQ(jobs_->Submit(small, "").status().code(), absl::StatusCode::kInvalidArgument);
   small.mutable_resources()->set_host_memory_bytes(2 * need.host_bytes);
-  EXPECT_EQ(jobs_->Estimate(*jobs_->ResolveSpec(small))->host_bytes, 2 * need.host_bytes);
+  EXPECT_EQ(jobs_->Resolve(small, /*plan=*/false)->estimate.host_bytes, 2 * need.host_bytes);
   jobs_->Start();
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(small, "");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -262,7 +262,7 @@ TEST_F(JobManagerTest, AJobCannotReserveLessThanItNeeds) {
 TEST_F(JobManagerTest, AdmissionNeverOversubscribesAndExplainsTheWait) {
   // Room for one job at a time: the second waits with a reason.
   Open("admission");
-  const MemoryEstimate one = *jobs_->Estimate(*jobs_->ResolveSpec(Spec(200)));
+  const MemoryEstimate one = jobs_->Resolve(Spec(200), /*plan=*/false)->estimate;
   Close();
   Open("admission", one.host_bytes + one.host_bytes / 2);
   jobs_->Start();

@@ -282,12 +282,18 @@ grpc::ServerUnaryReactor* TandemService::Unary(grpc::CallbackServerContext* cont
     return reactor;
   }
   workers_.Schedule([this, context, reactor, method, start, work = std::move(work)] {
-    const std::optional<grpc::Status> gone = CallerGone(*context, method);
-    const grpc::Status status = gone ? *gone : work();
-    Record(method, start, status);
-    reactor->Finish(status);
+    RunAndFinish(context, reactor, method, start, work);
   });
   return reactor;
+}
+
+void TandemService::RunAndFinish(grpc::CallbackServerContext* context,
+                                 grpc::ServerUnaryReactor* reactor, const char* method,
+                                 absl::Time start, const std::function<grpc::Status()>& work) {
+  const std::optional<grpc::Status> gone = CallerGone(*context, method);
+  const grpc::Status status = gone ? *gone : work();
+  Record(method, start, status);
+  reactor->Finish(status);
 }
 
 grpc::ServerUnaryReactor* TandemService::OnLane(
@@ -298,12 +304,9 @@ grpc::ServerUnaryReactor* TandemService::OnLane(
   grpc::Status status = options_.auth.Check(*context);
   if (status.ok()) {
     status = ToGrpc(lane.Submit(PeerClient(context->peer()), [this, context, reactor, method, start,
-                                                              work] {
+                                                              work = std::move(work)] {
       const StopCheck stop = [context, method] { return CallerGone(*context, method).has_value(); };
-      const std::optional<grpc::Status> gone = CallerGone(*context, method);
-      const grpc::Status status = gone ? *gone : work(stop);
-      Record(method, start, status);
-      reactor->Finish(status);
+      RunAndFinish(context, reactor, method, start, [&] { return work(stop); });
     }));
     if (status.ok()) return reactor;
   }

@@ -42,7 +42,8 @@ struct ServiceOptions {
   // Threads for the cheap RPCs' blocking work (the store's fsync).
   int worker_threads = 32;
   // The expensive RPCs' own lanes (work_lane.h): a profile measures the whole
-  // node, so one runs at a time; plans run two at a time.
+  // node, so one runs at a time (the profile handler relies on this lane for
+  // that); plans run two at a time.
   WorkLaneOptions profile_lane{
       .name = "profile", .threads = 1, .max_queued = 4, .max_per_client = 2};
   WorkLaneOptions plan_lane{.name = "plan", .threads = 2, .max_queued = 8, .max_per_client = 4};
@@ -108,6 +109,11 @@ class TandemService final : public TandemServiceBase {
   grpc::ServerUnaryReactor* OnLane(grpc::CallbackServerContext* context, const char* method,
                                    WorkLane& lane,
                                    std::function<grpc::Status(const StopCheck&)> work);
+  // Both end here: the caller's absence, or else `work`, gives the status,
+  // which is recorded and finishes the reactor.
+  void RunAndFinish(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                    const char* method, absl::Time start,
+                    const std::function<grpc::Status()>& work);
 
   // ListJobs on a parsed request.
   grpc::Status List(const tandem::v1::ListJobsRequest& request,

@@ -15,6 +15,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/stubs/logging.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 
 namespace tandem::server {
@@ -230,8 +231,9 @@ grpc::Status ParseRequest(const grpc::ByteBuffer& raw, Message* out) {
 }
 
 void SerializeResponse(const Message& message, grpc::ByteBuffer* raw) {
-  grpc::Slice slice(message.SerializeAsString());
-  *raw = grpc::ByteBuffer(&slice, 1);
+  // Straight into gRPC's slices, as generated services do (no string copy).
+  bool own_buffer = false;
+  grpc::SerializationTraits<Message>::Serialize(message, raw, &own_buffer).IgnoreError();
 }
 
 }  // namespace tandem::server

@@ -10,8 +10,9 @@
 # New inputs libFuzzer finds go to a scratch directory, not the tree; a crash
 # leaves its input in $TANDEM_FUZZ_ARTIFACTS (default /tmp/tandem-fuzz) and
 # makes the script exit 1. Replay one with the binary the script names:
-#   ~/.cache/tandem/bazel-fuzz/.../bin/fuzz/TARGET FILE
-# or, without libFuzzer: bazel run //fuzz:TARGET -- FILE.
+#   ~/.cache/tandem/bazel-fuzz-<8 hex digits>/.../bin/fuzz/TARGET FILE
+# or, without libFuzzer: bazel build //fuzz:TARGET && bazel-bin/fuzz/TARGET FILE
+# (`bazel run` would replay the whole corpus too: the rule's args come first).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <memory>
-#include <sstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,16 +62,15 @@ double MeasureAdam(int64_t n) {
 std::optional<tandem::v1::NodeProfile> LoadCached(const std::string& path,
                                                   const std::string& fingerprint,
                                                   std::string* note) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  tandem::v1::NodeProfile cached;
-  if (!in.good() && !in.eof()) {
+  std::error_code missing;
+  if (!std::filesystem::exists(path, missing)) return std::nullopt;
+  const std::optional<std::string> bytes = ReadWholeFile(path);
+  if (!bytes) {
     *note = absl::StrCat("node profile cache ", path, " could not be read; measuring again");
     return std::nullopt;
   }
-  if (!cached.ParseFromString(bytes.str()) || cached.fingerprint().empty() ||
+  tandem::v1::NodeProfile cached;
+  if (!cached.ParseFromString(*bytes) || cached.fingerprint().empty() ||
       cached.devices_size() == 0) {
     *note = absl::StrCat("node profile cache ", path,
                          " is damaged (not a NodeProfile); ignored, measuring again");

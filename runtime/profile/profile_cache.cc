@@ -1,8 +1,6 @@
 #include "runtime/profile/profile_cache.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,15 +16,6 @@ uint64_t Fnv1a(const std::string& s, uint64_t h) {
     h *= 0x100000001B3ull;
   }
   return h;
-}
-
-std::optional<std::string> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return std::nullopt;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return std::nullopt;
-  return ss.str();
 }
 
 }  // namespace
@@ -46,7 +35,7 @@ std::string ProfileCache::TracePath(const std::string& key) const {
 
 std::optional<tandem::v1::Profile> ProfileCache::Load(const std::string& key) const {
   if (!enabled()) return std::nullopt;
-  std::optional<std::string> bytes = ReadFile(ProfilePath(key));
+  std::optional<std::string> bytes = ReadWholeFile(ProfilePath(key));
   if (!bytes) return std::nullopt;
   tandem::v1::Profile profile;
   // A file that does not parse, or that another key's profile was written to,
@@ -59,7 +48,7 @@ std::optional<tandem::v1::Profile> ProfileCache::Load(const std::string& key) co
 
 std::optional<std::string> ProfileCache::LoadTrace(const std::string& key) const {
   if (!enabled()) return std::nullopt;
-  return ReadFile(TracePath(key));
+  return ReadWholeFile(TracePath(key));
 }
 
 absl::Status ProfileCache::Store(const std::string& key, const tandem::v1::Profile& profile,

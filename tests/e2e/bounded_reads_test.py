@@ -28,20 +28,21 @@ BUDGET = 512 << 20
 OVERHEAD = 320 << 20
 
 
-def peak_rss(pid):
+def status_bytes(pid, field):
+    """A size from /proc/<pid>/status ("VmHWM": peak RSS, "VmRSS": RSS), in bytes."""
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+    raise RuntimeError("no " + field)
+
+
+def peak_rss(pid):
+    return status_bytes(pid, "VmHWM")
 
 
 def current_rss(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    return status_bytes(pid, "VmRSS")
 
 
 def gzip_of_zeros(path, inflated_bytes, members=1):

@@ -3,8 +3,8 @@
 // a machine a HardwareSpec describes; profiles measured on this node's devices
 // and cached under a directory. Profiles must run one at a time (concurrent
 // ones would measure each other): the service's profile lane has one thread
-// (ServiceOptions::profile_lane), the only limit. The devices are opened for each profile, so that between profiles
-// the GPU holds no profiler context or memory and no CUPTI tracing is left
+// (ServiceOptions::profile_lane), the only limit. The devices are opened for each profile, so that
+// between profiles the GPU holds no profiler context or memory and no CUPTI tracing is left
 // running. The handlers are thread-safe.
 #ifndef TANDEM_SERVER_MODEL_RPCS_H_
 #define TANDEM_SERVER_MODEL_RPCS_H_

@@ -232,8 +232,12 @@ grpc::Status ParseRequest(const grpc::ByteBuffer& raw, Message* out) {
 
 void SerializeResponse(const Message& message, grpc::ByteBuffer* raw) {
   // Straight into gRPC's slices, as generated services do (no string copy).
+  // The writer needs an empty buffer, and `raw` may hold the previous message
+  // of a stream.
+  grpc::ByteBuffer fresh;
   bool own_buffer = false;
-  grpc::SerializationTraits<Message>::Serialize(message, raw, &own_buffer).IgnoreError();
+  grpc::SerializationTraits<Message>::Serialize(message, &fresh, &own_buffer).IgnoreError();
+  raw->Swap(&fresh);
 }
 
 }  // namespace tandem::server

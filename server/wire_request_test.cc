@@ -77,6 +77,14 @@ TEST(WireRequest, BytesThatAreNoMessageSaySo) {
             "the request is not a valid tandem.v1.SubmitJobRequest message (6 bytes)");
 }
 
+std::string BytesOf(grpc::ByteBuffer& raw) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(raw.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes;
+}
+
 TEST(WireRequest, TheResponseRoundTrips) {
   tandem::v1::SubmitJobResponse response;
   response.set_created(true);
@@ -84,13 +92,29 @@ TEST(WireRequest, TheResponseRoundTrips) {
   grpc::ByteBuffer raw;
   SerializeResponse(response, &raw);
   tandem::v1::SubmitJobResponse parsed;
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(raw.Dump(&slices).ok());
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  ASSERT_TRUE(parsed.ParseFromString(BytesOf(raw)));
   EXPECT_EQ(parsed.job().id(), "job-000001");
   EXPECT_TRUE(parsed.created());
+}
+
+// A stream serializes each message into the buffer that held the last one,
+// and large messages go through gRPC's slice writer, not one inlined slice.
+TEST(WireRequest, ALargeResponseReplacesTheBuffersLastMessage) {
+  tandem::v1::SubmitJobResponse small;
+  small.mutable_job()->set_id("job-000001");
+  tandem::v1::SubmitJobResponse large;
+  large.mutable_job()->set_id("job-000002");
+  large.mutable_job()->set_reason(std::string(100000, 'x'));
+  grpc::ByteBuffer raw;
+  SerializeResponse(small, &raw);
+  SerializeResponse(large, &raw);
+  tandem::v1::SubmitJobResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(BytesOf(raw)));
+  EXPECT_EQ(parsed.job().id(), "job-000002");
+  EXPECT_EQ(parsed.job().reason().size(), 100000u);
+  SerializeResponse(large, &raw);
+  ASSERT_TRUE(parsed.ParseFromString(BytesOf(raw)));
+  EXPECT_EQ(parsed.job().reason().size(), 100000u);
 }
 
 }  // namespace

@@ -230,7 +230,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
   clock.run_samples += samples;
   ++clock.run_steps;
   clock.run_step_seconds += step_seconds;
-  if (clock.run_steps > kWarmupSteps) {
+  if (clock.run_steps > clock.steady_after) {
     ++clock.steady_steps;
     clock.steady_step_seconds += step_seconds;
   }
@@ -287,6 +287,49 @@ absl::Status Trainer::AfterStep() {
   return absl::OkStatus();
 }
 
+void Trainer::set_timing_sink(LayerTimingSink* sink) {
+  options_.timing_sink = sink;
+  runner_->set_timing_sink(sink);
+}
+
+absl::Status Trainer::SwitchRunner(const RunnerFactory& make, RunClock& clock) {
+  if (options_.checkpoint_dir.empty()) {
+    const absl::Status refused = absl::FailedPreconditionError(
+        "switching runners needs a checkpoint directory; going on under the current one");
+    if (callbacks_.on_switch) callbacks_.on_switch(refused);
+    return absl::OkStatus();
+  }
+  TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+  // The old runner's memory goes back before the new one takes any.
+  runner_.reset();
+  const int64_t max_batch = MaxBatch(resolved_);
+  absl::StatusOr<std::unique_ptr<StepRunner>> next =
+      make(*model_, resolved_, max_batch, host_allocator_);
+  const absl::Status made = next.status();
+  if (!next.ok()) {
+    Log(tandem::v1::LOG_SEVERITY_WARNING,
+        absl::StrCat("cannot switch runners at step ", step_, ": ", made.message(),
+                     "; going on under the previous one"));
+    next = options_.make_runner
+               ? options_.make_runner(*model_, resolved_, max_batch, host_allocator_)
+               : absl::StatusOr<std::unique_ptr<StepRunner>>(
+                     CpuRunner::Create(*model_, resolved_.optimizer(), max_batch,
+                                       resolved_.training().seed(), host_allocator_));
+    TANDEM_RETURN_IF_ERROR(next.status());
+  } else {
+    options_.make_runner = make;  // a resume after a failed step makes this one
+  }
+  runner_ = *std::move(next);
+  runner_->set_timing_sink(options_.timing_sink);
+  metrics_.set_predicted_step_seconds(runner_->plan().prediction().iteration_seconds());
+  TANDEM_RETURN_IF_ERROR(LoadNewestCheckpoint());
+  clock.steady_after = clock.run_steps + kWarmupSteps;
+  clock.steady_steps = 0;
+  clock.steady_step_seconds = 0;
+  if (callbacks_.on_switch) callbacks_.on_switch(made);
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Run() {
   if (options_.threads > 0) omp_set_num_threads(options_.threads);
   RunClock clock;
@@ -297,6 +340,11 @@ absl::Status Trainer::Run() {
       TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
       return absl::CancelledError(absl::StrCat("stopped at step ", step_, " of ", total_steps_));
     }
+    if (callbacks_.switch_runner) {
+      if (RunnerFactory next = callbacks_.switch_runner()) {
+        TANDEM_RETURN_IF_ERROR(SwitchRunner(next, clock));
+      }
+    }
     const Batch& batch = loader_->Next();
     StepOptions options;
     options.step = step_;
@@ -305,7 +353,9 @@ absl::Status Trainer::Run() {
     const double step_start = WallSeconds();
     TANDEM_ASSIGN_OR_RETURN(const StepResult result, TrainStep(batch, options, last_loss));
     last_loss = result.loss;
-    RecordStep(result, options, batch.size, WallSeconds() - step_start, clock);
+    const double step_seconds = WallSeconds() - step_start;
+    RecordStep(result, options, batch.size, step_seconds, clock);
+    if (callbacks_.after_step) callbacks_.after_step(step_, step_seconds, *runner_);
     TANDEM_RETURN_IF_ERROR(AfterStep());
   }
   TANDEM_RETURN_IF_ERROR(Evaluate().status());

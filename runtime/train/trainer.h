@@ -60,6 +60,17 @@ struct TrainerCallbacks {
   std::function<void(const tandem::v1::JobEvent::CheckpointSaved&)> on_checkpoint;
   // Polled at every step boundary; true stops the run after a final checkpoint.
   std::function<bool()> should_stop;
+  // After every step, with its wall time and the runner that ran it (its plan,
+  // its measured timeline).
+  std::function<void(int64_t step, double step_seconds, const StepRunner& runner)> after_step;
+  // Polled at every step boundary after should_stop: a factory for the runner
+  // to switch to (a new plan), or null to go on. The trainer checkpoints,
+  // replaces its runner and loads that checkpoint into the new one, so the
+  // switch changes no state and a later resume starts where the switch did.
+  std::function<RunnerFactory()> switch_runner;
+  // After each switch: OK, or why the new runner could not be made (the run
+  // then goes on under the runner it had, made again).
+  std::function<void(const absl::Status&)> on_switch;
 };
 
 class Trainer {
@@ -82,6 +93,11 @@ class Trainer {
   const tandem::v1::JobProgress& progress() const { return progress_; }
   const tandem::v1::JobMetrics& metrics() const { return metrics_; }
   StepRunner& runner() { return *runner_; }
+  // The callbacks given to Create; set before Run (closed-loop planning adds
+  // its own once the model is built).
+  TrainerCallbacks& callbacks() { return callbacks_; }
+  // The always-on timing sink, kept across runner switches.
+  void set_timing_sink(LayerTimingSink* sink);
   // Path and step of the newest checkpoint written or loaded ("" / 0 for none).
   const std::string& checkpoint_path() const { return checkpoint_path_; }
   int64_t checkpoint_step() const { return checkpoint_step_; }
@@ -100,6 +116,9 @@ class Trainer {
     // 14 times its steady step. measured_step_seconds is their mean.
     int64_t steady_steps = 0;
     double steady_step_seconds = 0;
+    // run_steps after which steps count as steady: kWarmupSteps after the
+    // start and after each runner switch.
+    int64_t steady_after = kWarmupSteps;
   };
   static constexpr int64_t kWarmupSteps = 2;
   Trainer() = default;
@@ -112,6 +131,8 @@ class Trainer {
   // Evaluation and checkpoints due after a step that is not the last.
   absl::Status AfterStep();
   absl::Status SaveCheckpoint();
+  // callbacks_.switch_runner's switch; the clock's steady steps start again.
+  absl::Status SwitchRunner(const RunnerFactory& make, RunClock& clock);
   absl::Status LoadNewestCheckpoint();
   void Log(tandem::v1::LogSeverity severity, const std::string& message);
 

@@ -101,12 +101,19 @@ class HybridRunner final : public StepRunner {
 };
 
 absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& resolved,
+                                                               const NodeOffer& node,
                                                                int64_t capacity) {
   switch (KindOf(resolved)) {
     case tandem::v1::ACCELERATOR_KIND_EMULATED: {
       EmulatedOptions options;
       options.capacity_bytes = capacity;
       options.link_bytes_per_second = resolved.resources().emulated_link_bytes_per_second();
+      if (node.emulated_link_throttle_bytes_per_second > 0) {
+        options.link_bytes_per_second = options.link_bytes_per_second > 0
+                                            ? std::min(options.link_bytes_per_second,
+                                                       node.emulated_link_throttle_bytes_per_second)
+                                            : node.emulated_link_throttle_bytes_per_second;
+      }
       return std::unique_ptr<Accelerator>(std::make_unique<EmulatedAccelerator>(options));
     }
     case tandem::v1::ACCELERATOR_KIND_CUDA:
@@ -460,7 +467,8 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
 
 }  // namespace
 
-absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node) {
+absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node,
+                             const tandem::v1::Profile* measured) {
   work_counters::Count(work_counters::plan_solves);
   if (PlainCpu(resolved)) return Plan();
   const auto& placement = resolved.placement();
@@ -479,9 +487,13 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
     capacity -= kCudaFixedBytes;
   }
   planner::PlanRequest request;
-  request.profile =
-      profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
-  TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
+  if (measured != nullptr) {
+    request.profile = *measured;  // the cost model comes from its timings and links
+  } else {
+    request.profile =
+        profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
+    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
+  }
   request.batch_size = resolved.training().batch_size();
   request.host_memory_bytes = resolved.resources().host_memory_bytes();
   request.strategy = placement.strategy();
@@ -610,7 +622,7 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
     std::unique_ptr<Accelerator> accelerator;
     if (KindOf(resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
       TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
-      TANDEM_ASSIGN_OR_RETURN(accelerator, CreateAccelerator(resolved, capacity));
+      TANDEM_ASSIGN_OR_RETURN(accelerator, CreateAccelerator(resolved, node, capacity));
     }
     ExecutorOptions options;
     options.plan = std::move(plan);

@@ -52,6 +52,11 @@ struct NodeOffer {
   // Where `profile` came from, for GetNode: "measured at start-up in 2.1 s",
   // "cached from <time>".
   std::string profile_source;
+  // Tests of closed-loop planning only (tandemd's --emulated_link_throttle):
+  // the emulated accelerator's copies run at most this fast, in bytes per
+  // second, and the planner is not told — a link slower than the node profile
+  // measured. 0 = none.
+  double emulated_link_throttle_bytes_per_second = 0;
 };
 
 // The host's fp32 GEMM rate (oneDNN) and triad bandwidth, measured once per
@@ -106,8 +111,13 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolveForExecutor(const Model& mode
 // RESOURCE_EXHAUSTED when no plan of the strategy fits the accelerator, with
 // the smallest capacity that would. On a CUDA GPU the capacity planned under
 // excludes the 33 MiB the device holds for itself (cuBLAS's workspace).
+//
+// With `measured` (a layer profile of this model measured on this node, see
+// node/closed_loop.h) the plan is solved from its timings and links instead of
+// the analytic profile on NodeHardware.
 absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::JobSpec& resolved,
-                                         const NodeOffer& node);
+                                         const NodeOffer& node,
+                                         const tandem::v1::Profile* measured = nullptr);
 
 // The step program `plan` runs for `resolved`'s model (LowerStepProgram,
 // schedule/schedule.h as a message): what tandemd stores in the job record

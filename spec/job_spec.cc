@@ -243,6 +243,7 @@ absl::Status ValidatePlacement(const tandem::v1::PlacementSpec& p,
                       absl::StrCat(p.micro_batch_size(), " does not divide training.batch_size ",
                                    t.batch_size()));
   }
+  TANDEM_RETURN_IF_ERROR(InRange("placement.replan_threshold", p.replan_threshold(), -1.0, 10.0));
   return absl::OkStatus();
 }
 
@@ -304,6 +305,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
     p->set_accelerator(has_accelerator ? tandem::v1::ACCELERATOR_KIND_CUDA
                                        : tandem::v1::ACCELERATOR_KIND_NONE);
   }
+  if (p->replan_threshold() == 0) p->set_replan_threshold(kDefaultReplanThreshold);
   const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
     p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE

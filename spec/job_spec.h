@@ -32,6 +32,10 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml, const std::strin
 // relative to the spec ("optimizer.beta1").
 absl::Status ValidateJobSpec(const tandem::v1::JobSpec& spec);
 
+// placement.replan_threshold when a spec does not say: a measured step more
+// than 10% off the plan's prediction re-plans the job.
+inline constexpr double kDefaultReplanThreshold = 0.10;
+
 // Validates, then fills every default. `has_accelerator` decides what an
 // unspecified strategy means.
 absl::StatusOr<tandem::v1::JobSpec> ResolveJobSpec(const tandem::v1::JobSpec& spec,

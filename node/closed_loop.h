@@ -1,0 +1,213 @@
+// Closed-loop planning: a running job's measured steps checked against its
+// plan's prediction, and the plan solved again from what was measured when
+// they disagree (docs/planning.md, "Closed loop").
+//
+// A job is planned at submission from the best figures the node has: a layer
+// profile of its model measured here before (LayerProfileCache), else the
+// analytic profile on the node profile's rates (placement.h). While it runs,
+// a PlanLoop watches its steps: after a warm-up it takes a window of steps,
+// compares their median wall time, and each resource's busy time per step,
+// with the plan's prediction, and when either is off by more than the job's
+// placement.replan_threshold (of the predicted step) it turns the window's
+// measured spans into a layer profile (MeasuredLayerProfile) and solves the
+// plan again from it. A new placement is switched to at a step boundary; the
+// same placement keeps running with its prediction re-calibrated. A switch
+// that measures slower than the plan it replaced is switched back, and the
+// loop stops there, so it never oscillates; it also stops after a window that
+// agrees with the prediction, after max_replans, and when a re-calibrated
+// prediction is still off (what the simulator does not model, it cannot
+// learn).
+//
+// Thread-compatible: a PlanLoop is driven by the job's training thread.
+#ifndef TANDEM_NODE_CLOSED_LOOP_H_
+#define TANDEM_NODE_CLOSED_LOOP_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "node/placement.h"
+#include "runtime/model/model.h"
+#include "runtime/train/trainer.h"
+#include "tandem/v1/job.pb.h"
+#include "tandem/v1/plan.pb.h"
+#include "tandem/v1/profile.pb.h"
+
+namespace tandem::node {
+
+struct PlanLoopOptions {
+  // Off by more than this fraction of the predicted step: re-plan. Negative:
+  // compare once, never re-plan. 0 takes kDefaultReplanThreshold.
+  double threshold = 0;
+  // Steps skipped after the start and after each switch (one-time set-up,
+  // first-touch pages), then steps in the window compared.
+  int warmup_steps = 3;
+  int window_steps = 5;
+  // Re-plans per run, re-calibrations included.
+  int max_replans = 3;
+};
+
+// One window of steps against the plan's prediction.
+struct PlanCheck {
+  double predicted_step_seconds = 0;
+  // Median wall time of the window's steps.
+  double measured_step_seconds = 0;
+  struct Resource {
+    tandem::v1::TimelineResource resource = tandem::v1::TIMELINE_RESOURCE_UNSPECIFIED;
+    // Busy seconds per step.
+    double predicted_seconds = 0;
+    double measured_seconds = 0;
+  };
+  std::vector<Resource> resources;
+  // UNSPECIFIED when within the threshold.
+  tandem::v1::ReplanReason off = tandem::v1::REPLAN_REASON_UNSPECIFIED;
+  // "step time 659 ms measured, 764 ms predicted (-13.7%)".
+  std::string because;
+};
+
+// Compares `timelines` (measured steps of `plan`) and their wall times with
+// the plan's prediction and its predicted timeline.
+// `dispatch_seconds`: per resource, the dispatch time the plan's prediction
+// charges to each call (PlanLoop::Decision), idle rather than busy when
+// measured.
+PlanCheck CheckPlan(const tandem::v1::Plan& plan, const std::vector<double>& step_seconds,
+                    const std::vector<tandem::v1::Timeline>& timelines, double threshold,
+                    const std::map<tandem::v1::TimelineResource, double>& dispatch_seconds = {});
+
+// The layer profile of `model` on this node from the measured timelines of
+// `plan`'s steps, for the planner (planner/cost_model.h's measured source):
+// per layer and device, the median forward, backward and update span at the
+// plan's micro-batch; per link, bandwidth and latency fitted to the copies.
+// A phase the plan never ran on a device (a layer computed only on the
+// accelerator has no host timing) takes the roofline of NodeHardware scaled
+// by what the measured phases of that device took over their roofline; a
+// link with no copies keeps NodeHardware's figure. `summary` (may be null)
+// says which figures were measured. FAILED_PRECONDITION when the timelines
+// hold no compute span.
+absl::StatusOr<tandem::v1::Profile> MeasuredLayerProfile(
+    const Model& model, const tandem::v1::JobSpec& resolved, const NodeOffer& node,
+    const tandem::v1::Plan& plan, const std::vector<tandem::v1::Timeline>& timelines,
+    std::string* summary);
+
+// Whether two plans place every layer alike (compute, weights, update,
+// activations) with the same micro-batch, strategy and update mode: if so the
+// executor would run the same program.
+bool SamePlacement(const tandem::v1::Plan& a, const tandem::v1::Plan& b);
+
+// Measured layer profiles kept under a directory, keyed by the model's
+// fingerprint, batch, optimizer, the job's accelerator and link cap, and the
+// node profile's hardware fingerprint: a job of the same model on the same
+// node is planned from it at submission. A file that does not parse, or
+// whose key or layers do not match, is ignored with a line on stderr.
+class LayerProfileCache {
+ public:
+  // Empty `dir`: caches nothing.
+  explicit LayerProfileCache(std::string dir) : dir_(std::move(dir)) {}
+  // The key of `resolved`'s model on `node`; empty when the node has no
+  // profile (nothing to tie the figures to).
+  static std::string Key(const Model& model, const tandem::v1::JobSpec& resolved,
+                         const NodeOffer& node);
+  std::optional<tandem::v1::Profile> Load(const Model& model, const tandem::v1::JobSpec& resolved,
+                                          const NodeOffer& node) const;
+  absl::Status Store(const Model& model, const tandem::v1::JobSpec& resolved, const NodeOffer& node,
+                     tandem::v1::Profile profile) const;
+  std::string PathOf(const std::string& key) const;
+
+ private:
+  std::string dir_;
+};
+
+class PlanLoop {
+ public:
+  // `plan` is the plan the job starts under; `forced` plans (placement.plan)
+  // are compared, never replaced.
+  PlanLoop(const Model& model, tandem::v1::JobSpec resolved, NodeOffer node, tandem::v1::Plan plan,
+           PlanLoopOptions options);
+
+  struct Decision {
+    // The plan to run from now on, its prediction from measured figures.
+    tandem::v1::Plan plan;
+    bool placement_changed = false;
+    tandem::v1::ReplanReason reason = tandem::v1::REPLAN_REASON_UNSPECIFIED;
+    std::string because;
+    // The replaced plan's window.
+    PlanCheck check;
+    // What plan's prediction came from, and the profile (to cache).
+    std::string cost_source;
+    std::optional<tandem::v1::Profile> measured_profile;
+    // Per compute resource, the idle time per call the executor measured
+    // beyond the simulator's (a worker woken, a span handed over), charged
+    // to every call of `plan`'s prediction.
+    std::map<tandem::v1::TimelineResource, double> dispatch_seconds;
+    // The plan it replaces, re-timed with the same figures: what a switch
+    // back returns to.
+    std::optional<tandem::v1::Plan> replaced_timed;
+  };
+  struct Outcome {
+    std::optional<PlanCheck> check;  // a window just closed
+    std::optional<Decision> decision;
+    std::string log;  // a line for the job's log ("" none)
+  };
+  // After each step: its wall time and the runner's latest measured timeline.
+  Outcome AfterStep(double step_seconds, const tandem::v1::Timeline& timeline);
+  // The job now runs decision.plan (switched, or re-calibrated in place).
+  void Adopt(const Decision& decision);
+  // The switch to decision.plan failed: the job goes on under the plan it had.
+  void SwitchFailed();
+  bool done() const { return done_; }
+  const tandem::v1::Plan& plan() const { return plan_; }
+  const Model& model() const { return model_; }
+  const tandem::v1::JobSpec& resolved_spec() const { return resolved_; }
+  const NodeOffer& node() const { return node_; }
+  // The runner for `plan` on this node, with its step program lowered.
+  absl::StatusOr<RunnerFactory> FactoryFor(const tandem::v1::Plan& plan) const;
+  // The program FactoryFor lowers (Job.schedule).
+  absl::StatusOr<tandem::v1::Schedule> ProgramOf(const tandem::v1::Plan& plan) const;
+
+ private:
+  Outcome Decide(const PlanCheck& check);
+  // `plan` as it is, its prediction and timeline simulated from `measured`.
+  absl::StatusOr<tandem::v1::Plan> Resimulate(const tandem::v1::Plan& plan,
+                                              const tandem::v1::Profile& measured) const;
+
+  const Model& model_;
+  tandem::v1::JobSpec resolved_;
+  NodeOffer node_;
+  tandem::v1::Plan plan_;
+  PlanLoopOptions options_;
+  bool forced_ = false;
+  bool done_ = false;
+  int steps_ = 0;
+  int replans_ = 0;
+  bool recalibrated_ = false;
+  std::vector<double> window_seconds_;
+  std::vector<tandem::v1::Timeline> window_timelines_;
+  // The plan before the latest switch and its measured step.
+  std::map<tandem::v1::TimelineResource, double> dispatch_;
+  std::optional<tandem::v1::Plan> previous_;
+  double previous_measured_ = 0;
+};
+
+// What the owner of a loop is told (each may be null): every closed window,
+// every line for the job's log, and every decision the job now runs under
+// (after its switch, for a new placement) with the step it took effect at.
+struct PlanLoopHooks {
+  std::function<void(const PlanCheck&)> checked;
+  std::function<void(const std::string&)> log;
+  std::function<void(const PlanLoop::Decision&, int64_t step)> adopted;
+};
+
+// Feeds `loop` from `callbacks`' after_step and switches the trainer to a
+// decision's new placement at the next step boundary (switch_runner,
+// on_switch); a callback already in after_step is still called first.
+void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
+                    TrainerCallbacks& callbacks);
+
+}  // namespace tandem::node
+
+#endif  // TANDEM_NODE_CLOSED_LOOP_H_

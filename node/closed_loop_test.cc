@@ -1,0 +1,334 @@
+// Closed-loop planning's pieces on synthetic measurements: the check against a
+// plan's prediction, the layer profile built from measured spans (and what it
+// fills in), the loop's decisions (re-calibrate, switch, switch back, stop)
+// and the measured-profile cache (reused; another node's or a damaged file
+// ignored). The whole loop on a running job, and a throttled link re-planned,
+// are tests/e2e/closed_loop_test.py.
+#include "node/closed_loop.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "node/placement_test_util.h"
+#include "planner/cost_model.h"
+#include "runtime/train/job_model.h"
+#include "spec/job_spec.h"
+
+namespace tandem::node {
+namespace {
+
+using placement_testing::Mlp;
+using placement_testing::ModelStateBytes;
+using placement_testing::TestNode;
+using tandem::v1::JobSpec;
+using tandem::v1::Plan;
+using tandem::v1::Timeline;
+
+constexpr auto kAccel = tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+constexpr auto kH2D = tandem::v1::TIMELINE_RESOURCE_COPY_H2D;
+constexpr auto kD2H = tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
+constexpr auto kHostUpdate = tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE;
+
+void AddSpan(Timeline& t, tandem::v1::TimelineResource resource, int layer,
+             tandem::v1::TimelinePhase phase, double start, double seconds, int64_t bytes = 0) {
+  auto* s = t.add_spans();
+  s->set_resource(resource);
+  s->set_layer(layer);
+  s->set_phase(phase);
+  s->set_start_seconds(start);
+  s->set_end_seconds(start + seconds);
+  s->set_bytes(bytes);
+}
+
+// Every span of `t` `factor` times as long.
+Timeline Scaled(const Timeline& t, double factor) {
+  Timeline out = t;
+  for (auto& s : *out.mutable_spans()) {
+    s.set_start_seconds(s.start_seconds() * factor);
+    s.set_end_seconds(s.end_seconds() * factor);
+  }
+  return out;
+}
+
+Plan PredictedPlan(double step, double accel_busy) {
+  Plan plan;
+  plan.mutable_prediction()->set_iteration_seconds(step);
+  AddSpan(*plan.mutable_timeline(), kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, accel_busy);
+  return plan;
+}
+
+TEST(CheckPlanTest, StepTimeWithinAndOffTheThreshold) {
+  const Plan plan = PredictedPlan(0.100, 0.080);
+  Timeline measured;
+  AddSpan(measured, kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.082);
+  PlanCheck ok = CheckPlan(plan, {0.104, 0.108, 0.101}, {measured}, 0.10);
+  EXPECT_EQ(ok.off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << ok.because;
+  EXPECT_DOUBLE_EQ(ok.measured_step_seconds, 0.104);  // the median
+  PlanCheck slow = CheckPlan(plan, {0.115, 0.12, 0.2}, {measured}, 0.10);
+  EXPECT_EQ(slow.off, tandem::v1::REPLAN_REASON_STEP_TIME);
+  EXPECT_NE(slow.because.find("120.0 ms measured, 100.0 ms predicted (+20.0%)"), std::string::npos)
+      << slow.because;
+  PlanCheck fast = CheckPlan(plan, {0.085}, {measured}, 0.10);
+  EXPECT_EQ(fast.off, tandem::v1::REPLAN_REASON_STEP_TIME);
+  // A wider threshold accepts it; a negative one compares with its size.
+  EXPECT_EQ(CheckPlan(plan, {0.085}, {measured}, 0.2).off, tandem::v1::REPLAN_REASON_UNSPECIFIED);
+  EXPECT_EQ(CheckPlan(plan, {0.085}, {measured}, -0.1).off, tandem::v1::REPLAN_REASON_STEP_TIME);
+}
+
+TEST(CheckPlanTest, AResourceBusierThanPredictedWhileTheStepIsRight) {
+  const Plan plan = PredictedPlan(0.100, 0.080);
+  Timeline measured;
+  AddSpan(measured, kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.081);
+  AddSpan(measured, kH2D, 0, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 0.030, 1 << 20);
+  PlanCheck check = CheckPlan(plan, {0.1}, {measured}, 0.10);
+  EXPECT_EQ(check.off, tandem::v1::REPLAN_REASON_RESOURCE_BUSY);
+  EXPECT_NE(check.because.find("copy_h2d busy 30.0 ms"), std::string::npos) << check.because;
+  ASSERT_EQ(check.resources.size(), 2u);
+}
+
+TEST(SamePlacementTest, EveryDecisionCounts) {
+  JobSpec spec = Mlp(tandem::v1::STRATEGY_REUSE_DISTANCE, 0);
+  spec.mutable_resources()->set_accelerator_memory_bytes(ModelStateBytes(spec) / 2);
+  absl::StatusOr<JobModel> jm = BuildJobModel(spec, nullptr);
+  ASSERT_TRUE(jm.ok()) << jm.status();
+  absl::StatusOr<Plan> plan = PlanJob(*jm->model, spec, TestNode());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(SamePlacement(*plan, *plan));
+  Plan other = *plan;
+  other.mutable_prediction()->set_iteration_seconds(123);  // predictions do not count
+  EXPECT_TRUE(SamePlacement(*plan, other));
+  other = *plan;
+  other.set_micro_batch_size(plan->micro_batch_size() + 1);
+  EXPECT_FALSE(SamePlacement(*plan, other));
+  other = *plan;
+  other.mutable_layers(1)->set_update(other.layers(1).update() == tandem::v1::PLACEMENT_HOST
+                                          ? tandem::v1::PLACEMENT_ACCELERATOR
+                                          : tandem::v1::PLACEMENT_HOST);
+  EXPECT_FALSE(SamePlacement(*plan, other));
+  other = *plan;
+  other.mutable_layers(0)->set_activation_policy(tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
+  EXPECT_EQ(SamePlacement(*plan, other),
+            plan->layers(0).activation_policy() == tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
+}
+
+// An MLP planned on the test node, and timelines of its steps with known
+// span durations.
+class MeasuredProfileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_ = Mlp(tandem::v1::STRATEGY_REUSE_DISTANCE, 0);
+    spec_.mutable_resources()->set_accelerator_memory_bytes(ModelStateBytes(spec_) / 2);
+    absl::StatusOr<JobModel> jm = BuildJobModel(spec_, nullptr);
+    ASSERT_TRUE(jm.ok()) << jm.status();
+    jm_ = *std::move(jm);
+    absl::StatusOr<Plan> plan = PlanJob(*jm_.model, spec_, TestNode());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *std::move(plan);
+  }
+  // Every layer's forward 2 ms and backward 3 ms on the accelerator, layer
+  // 1's update on the host 5 ms; copies of 1 and 3 MB at 1 GB/s + 0.1 ms.
+  Timeline Step() const {
+    Timeline t;
+    for (int l = 0; l < jm_.model->num_layers(); ++l) {
+      AddSpan(t, kAccel, l, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.002);
+      AddSpan(t, kAccel, l, tandem::v1::TIMELINE_PHASE_BACKWARD, 0, 0.003);
+    }
+    AddSpan(t, kHostUpdate, 1, tandem::v1::TIMELINE_PHASE_UPDATE, 0, 0.005);
+    for (int64_t mb : {1, 3}) {
+      AddSpan(t, kH2D, -1, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 1e-4 + mb * 1e-3,
+              mb * 1000000);
+      AddSpan(t, kD2H, -1, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, 0, 1e-4 + mb * 2e-3,
+              mb * 1000000);
+    }
+    return t;
+  }
+  JobSpec spec_;
+  JobModel jm_;
+  Plan plan_;
+};
+
+TEST_F(MeasuredProfileTest, MeasuredSpansBecomeTheCostModel) {
+  std::string summary;
+  absl::StatusOr<tandem::v1::Profile> profile =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {Step(), Step()}, &summary);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->provenance().source(), "measured");
+  EXPECT_EQ(profile->batch_size(), plan_.micro_batch_size());
+  absl::StatusOr<planner::CostModel> cost = planner::CostModel::FromMeasuredProfile(*profile);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  const int m = plan_.micro_batch_size();
+  for (int l = 0; l < jm_.model->num_layers(); ++l) {
+    EXPECT_NEAR(cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m), 0.002, 1e-12);
+    EXPECT_NEAR(cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m), 0.003, 1e-12);
+  }
+  const int threads = std::max(1, plan_.host_update_threads());
+  EXPECT_NEAR(cost->UpdateSeconds(1, tandem::v1::PLACEMENT_HOST, threads), 0.005, 1e-9);
+  // The links fitted exactly: latency 0.1 ms, 1 GB/s up and 0.5 GB/s down.
+  EXPECT_NEAR(cost->CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, 2000000), 0.0021, 1e-9);
+  EXPECT_NEAR(cost->CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, 2000000), 0.0041, 1e-9);
+  EXPECT_NE(summary.find("H2D 1.00 GB/s (4 copies)"), std::string::npos) << summary;
+}
+
+TEST_F(MeasuredProfileTest, UnmeasuredPhasesTakeTheRooflineScaledByTheirDevice) {
+  absl::StatusOr<tandem::v1::Profile> profile =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {Step()}, nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  // No host forward ran: the host's forward is the roofline, scaled by 1 (no
+  // host forward measured), and marked as such.
+  const auto& host = profile->layers(0).devices(0);
+  ASSERT_EQ(host.device_id(), "cpu");
+  ASSERT_EQ(host.forward().counters_size(), 1);
+  EXPECT_EQ(host.forward().counters(0).name(), "roofline_scaled_by");
+  EXPECT_DOUBLE_EQ(host.forward().counters(0).value(), 1.0);
+  EXPECT_GT(host.forward().timing().median_seconds(), 0);
+  // Layer 0's host update was not measured, layer 1's was: layer 0's is its
+  // roofline times layer 1's measured / roofline.
+  const auto& accel = profile->layers(1).devices(1);
+  EXPECT_EQ(accel.forward().counters_size(), 0);  // measured
+  EXPECT_EQ(profile->layers(0).devices(0).update().counters_size(), 1);
+}
+
+TEST_F(MeasuredProfileTest, NoComputeSpansIsAnError) {
+  Timeline copies_only;
+  AddSpan(copies_only, kH2D, -1, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 0.001, 1000);
+  EXPECT_EQ(MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {copies_only}, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// The loop on synthetic steps: everything 2x slower than the plan said.
+TEST_F(MeasuredProfileTest, LoopRecalibratesThenStopsWhenTheStepAgrees) {
+  PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 2, .window_steps = 3};
+  PlanLoop loop(*jm_.model, spec_, TestNode(), plan_, options);
+  const double predicted = plan_.prediction().iteration_seconds();
+  ASSERT_GT(plan_.timeline().spans_size(), 0);
+  const Timeline slow = Scaled(plan_.timeline(), 2);
+  // Warm-up and the window's first steps decide nothing.
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(loop.AfterStep(2 * predicted, slow).check);
+  PlanLoop::Outcome out = loop.AfterStep(2 * predicted, slow);
+  ASSERT_TRUE(out.check);
+  EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_STEP_TIME);
+  ASSERT_TRUE(out.decision) << out.log;
+  EXPECT_EQ(out.decision->reason, tandem::v1::REPLAN_REASON_STEP_TIME);
+  ASSERT_TRUE(out.decision->measured_profile);
+  const double next = out.decision->plan.prediction().iteration_seconds();
+  // Everything twice as long: re-timed, the plan predicts about twice the step.
+  EXPECT_GT(next, 1.5 * predicted);
+  EXPECT_LT(next, 2.5 * predicted);
+  const Timeline as_predicted = out.decision->plan.timeline();
+  loop.Adopt(*out.decision);
+  const bool switched = out.decision->placement_changed;
+  // Steps as the new plan predicts: the next window agrees and the loop stops.
+  const int until_window = (switched ? options.warmup_steps : 0) + options.window_steps;
+  for (int i = 0; i < until_window - 1; ++i) {
+    EXPECT_FALSE(loop.AfterStep(next, as_predicted).check);
+  }
+  out = loop.AfterStep(next, as_predicted);
+  ASSERT_TRUE(out.check);
+  EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << out.log;
+  EXPECT_FALSE(out.decision);
+  EXPECT_TRUE(loop.done());
+  EXPECT_NE(out.log.find("within the 10% threshold"), std::string::npos) << out.log;
+}
+
+TEST_F(MeasuredProfileTest, LoopSwitchesBackFromASlowerPlanAndStops) {
+  PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 1};
+  PlanLoop loop(*jm_.model, spec_, TestNode(), plan_, options);
+  PlanLoop::Decision switched;
+  switched.plan = plan_;
+  switched.plan.set_micro_batch_size(plan_.micro_batch_size() / 2);
+  switched.placement_changed = true;
+  switched.reason = tandem::v1::REPLAN_REASON_STEP_TIME;
+  switched.check.measured_step_seconds = 0.100;
+  loop.Adopt(switched);
+  switched.plan.mutable_prediction()->set_iteration_seconds(0.150);
+  PlanLoop::Outcome out = loop.AfterStep(0.150, Step());  // slower than the 100 ms before
+  ASSERT_TRUE(out.decision) << out.log;
+  EXPECT_EQ(out.decision->reason, tandem::v1::REPLAN_REASON_SLOWER);
+  EXPECT_TRUE(SamePlacement(out.decision->plan, plan_));
+  loop.Adopt(*out.decision);
+  EXPECT_TRUE(loop.done());
+  EXPECT_FALSE(loop.AfterStep(1.0, Step()).check);
+}
+
+TEST_F(MeasuredProfileTest, NegativeThresholdOrForcedPlanComparesButNeverReplans) {
+  JobSpec forced = spec_;
+  *forced.mutable_placement()->mutable_plan() = plan_;
+  for (const JobSpec& spec : {spec_, forced}) {
+    PlanLoopOptions options{.threshold = spec.placement().has_plan() ? 0.10 : -0.10,
+                            .warmup_steps = 0,
+                            .window_steps = 1};
+    PlanLoop loop(*jm_.model, spec, TestNode(), plan_, options);
+    PlanLoop::Outcome out = loop.AfterStep(3 * plan_.prediction().iteration_seconds(), Step());
+    ASSERT_TRUE(out.check);
+    EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_STEP_TIME);
+    EXPECT_FALSE(out.decision);
+    EXPECT_NE(out.log.find("not re-planning"), std::string::npos) << out.log;
+    EXPECT_TRUE(loop.done());
+  }
+}
+
+class LayerProfileCacheTest : public MeasuredProfileTest {
+ protected:
+  void SetUp() override {
+    MeasuredProfileTest::SetUp();
+    dir_ = ::testing::TempDir() + "/layer_profiles_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir_);
+    node_ = TestNode();
+    node_.profile.emplace();
+    node_.profile->set_fingerprint("node A");
+  }
+  std::string dir_;
+  NodeOffer node_;
+};
+
+TEST_F(LayerProfileCacheTest, StoredProfileIsReusedForTheSameModelAndNode) {
+  LayerProfileCache cache(dir_);
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_));
+  absl::StatusOr<tandem::v1::Profile> profile =
+      MeasuredLayerProfile(*jm_.model, spec_, node_, plan_, {Step()}, nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_TRUE(cache.Store(*jm_.model, spec_, node_, *profile).ok());
+  std::optional<tandem::v1::Profile> loaded = cache.Load(*jm_.model, spec_, node_);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->layers_size(), profile->layers_size());
+  EXPECT_EQ(loaded->layers(0).devices(1).forward().timing().median_seconds(), 0.002);
+  // Planned from it, the plan's figures are the measured ones.
+  absl::StatusOr<Plan> planned = PlanJob(*jm_.model, spec_, node_, &*loaded);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_GT(planned->prediction().iteration_seconds(), 0);
+  // Another batch size is another key.
+  JobSpec other = spec_;
+  other.mutable_training()->set_batch_size(spec_.training().batch_size() / 2);
+  EXPECT_FALSE(cache.Load(*jm_.model, other, node_));
+}
+
+TEST_F(LayerProfileCacheTest, AnotherNodesOrADamagedFileIsIgnored) {
+  LayerProfileCache cache(dir_);
+  absl::StatusOr<tandem::v1::Profile> profile =
+      MeasuredLayerProfile(*jm_.model, spec_, node_, plan_, {Step()}, nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_TRUE(cache.Store(*jm_.model, spec_, node_, *profile).ok());
+  // The same file presented as node B's (copied under B's key): its
+  // provenance says node A, so it is not used.
+  NodeOffer node_b = node_;
+  node_b.profile->set_fingerprint("node B");
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_b));
+  std::filesystem::copy_file(cache.PathOf(LayerProfileCache::Key(*jm_.model, spec_, node_)),
+                             cache.PathOf(LayerProfileCache::Key(*jm_.model, spec_, node_b)));
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_b));
+  // A damaged file reads as no profile, never a crash.
+  const std::string path = cache.PathOf(LayerProfileCache::Key(*jm_.model, spec_, node_));
+  std::ofstream(path, std::ios::trunc) << "not a profile \xff\xfe";
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_));
+  // A node without a profile has nothing to tie figures to: no key.
+  EXPECT_EQ(LayerProfileCache::Key(*jm_.model, spec_, TestNode()), "");
+  std::filesystem::remove_all(dir_);
+}
+
+}  // namespace
+}  // namespace tandem::node

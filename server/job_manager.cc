@@ -82,6 +82,8 @@ bool SameSpec(const tandem::v1::JobSpec& a, const tandem::v1::JobSpec& b) {
 
 // The largest step program a job record keeps (Job.schedule).
 constexpr size_t kMaxStoredProgramBytes = size_t{1} << 20;
+// Plans a job record keeps in its history: the first and the latest.
+constexpr int kPlanHistoryKept = 16;
 
 }  // namespace
 
@@ -113,7 +115,10 @@ struct JobManager::Entry {
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics)
-    : options_(std::move(options)), store_(store), metrics_(metrics) {
+    : options_(std::move(options)),
+      store_(store),
+      metrics_(metrics),
+      layer_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/layer_profiles") {
   persister_ = std::thread([this] { PersistLoop(); });
   metrics_->device_memory_budget.Add({{"device", "cpu"}}).Set(options_.host_memory_budget_bytes);
   // Every terminal state's counter exists from the start at 0, so increase()
@@ -226,7 +231,19 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
   if (plan && options_.node) {
-    absl::StatusOr<tandem::v1::Plan> solved = node::PlanJob(*jm->model, *resolved, *options_.node);
+    // This model measured on this node before: planned from what was measured.
+    const std::optional<tandem::v1::Profile> measured =
+        resolved->placement().has_plan()
+            ? std::nullopt
+            : layer_profiles_.Load(*jm->model, *resolved, *options_.node);
+    r.cost_source =
+        measured ? absl::StrCat("the layer profile measured by an earlier run of this model here (",
+                                measured->provenance().iterations(), " steps)")
+                 : (options_.node->profile ? "the analytic profile on this node's measured rates"
+                                           : "the analytic profile on this host's GEMM and "
+                                             "triad rates");
+    absl::StatusOr<tandem::v1::Plan> solved =
+        node::PlanJob(*jm->model, *resolved, *options_.node, measured ? &*measured : nullptr);
     if (!solved.ok()) return AsSpecError(solved.status());
     r.plan = *std::move(solved);
     absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, *resolved, r.plan);
@@ -286,6 +303,13 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   *job.mutable_plan() = r.plan;
   *job.mutable_schedule() = r.program;
   job.mutable_metrics()->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
+  if (r.plan.layers_size() > 0) {
+    tandem::v1::PlanRecord* first = job.add_plan_history();
+    *first->mutable_plan() = r.plan;
+    first->mutable_plan()->clear_timeline();
+    first->set_cost_source(r.cost_source);
+    first->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
+  }
   *job.mutable_create_time() = TimeUtil::GetCurrentTime();
   *job.mutable_update_time() = job.create_time();
   job.mutable_progress()->set_total_steps(resolved.training().duration_case() ==
@@ -706,6 +730,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
       trainer = std::move(*created);
       ReportReplacedProgram(job, *entry, trainer->runner());
       TrackTelemetry(job.id(), *entry, trainer.get());
+      StartPlanLoop(entry, *trainer);
       status = trainer->Run();
     } else {
       status = created.status();
@@ -856,10 +881,19 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   Job& record = entry.job;
   if (trainer != nullptr) {
     *record.mutable_progress() = trainer->progress();
+    // The prediction and re-plans are the closed loop's: a re-calibrated
+    // plan's prediction is in the record, not in the runner, which runs on.
+    const double predicted = record.metrics().predicted_step_seconds();
+    const int replans = record.metrics().replans();
     *record.mutable_metrics() = trainer->metrics();
+    record.mutable_metrics()->set_replans(replans);
     record.set_checkpoint_step(trainer->checkpoint_step());
     record.set_checkpoint_path(trainer->checkpoint_path());
-    *record.mutable_plan() = trainer->runner().plan();
+    if (node::SamePlacement(record.plan(), trainer->runner().plan())) {
+      record.mutable_metrics()->set_predicted_step_seconds(predicted);
+    } else {
+      *record.mutable_plan() = trainer->runner().plan();
+    }
     *record.mutable_schedule() = trainer->runner().program();
     *record.mutable_measured_timeline() = trainer->runner().last_timeline();
   }
@@ -901,17 +935,113 @@ void JobManager::TrackTelemetry(const std::string& id, Entry& entry, Trainer* tr
     names.push_back(trainer->model().layer(l).name());
   }
   auto telemetry = std::make_shared<profile::JobTelemetry>(std::move(names));
-  trainer->runner().set_timing_sink(telemetry.get());
+  trainer->set_timing_sink(telemetry.get());
   metrics_->job_telemetry->Track(id, telemetry);
   absl::MutexLock lock(&mu_);
   entry.telemetry = std::move(telemetry);
+}
+
+void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer) {
+  if (!options_.node || trainer.runner().plan().layers_size() == 0) return;
+  auto loop =
+      std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *options_.node,
+                                       trainer.runner().plan(), node::PlanLoopOptions{});
+  const node::PlanLoop* raw = loop.get();
+  const prometheus::Labels labels = {{"job_id", entry->job.id()}};
+  prometheus::Gauge* checked = &metrics_->job_checked_step_seconds.Add(labels);
+  prometheus::Gauge* ratio = &metrics_->job_step_time_ratio.Add(labels);
+  node::PlanLoopHooks hooks;
+  hooks.checked = [this, entry, checked, ratio](const node::PlanCheck& c) {
+    checked->Set(c.measured_step_seconds);
+    if (c.predicted_step_seconds > 0)
+      ratio->Set(c.measured_step_seconds / c.predicted_step_seconds);
+    absl::MutexLock lock(&mu_);
+    const int n = entry->job.plan_history_size();
+    if (n > 0) {
+      entry->job.mutable_plan_history(n - 1)->set_measured_step_seconds(c.measured_step_seconds);
+    }
+  };
+  hooks.log = [this, entry](const std::string& line) {
+    JobEvent e;
+    e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_INFO);
+    e.mutable_log()->set_message(line);
+    AppendEvent(*entry, e);
+  };
+  hooks.adopted = [this, entry, raw](const node::PlanLoop::Decision& d, int64_t step) {
+    RecordReplan(*entry, *raw, d, step);
+  };
+  node::AttachPlanLoop(std::move(loop), std::move(hooks), trainer.callbacks());
+}
+
+void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
+                              const node::PlanLoop::Decision& d, int64_t step) {
+  // The step program of a new placement, as submission stores it.
+  tandem::v1::Schedule program;
+  if (d.placement_changed) {
+    absl::StatusOr<tandem::v1::Schedule> lowered = loop.ProgramOf(d.plan);
+    if (lowered.ok() && lowered->ByteSizeLong() <= kMaxStoredProgramBytes) {
+      program = *std::move(lowered);
+    }
+  }
+  const std::string reason = d.reason == tandem::v1::REPLAN_REASON_STEP_TIME       ? "step_time"
+                             : d.reason == tandem::v1::REPLAN_REASON_RESOURCE_BUSY ? "resource_busy"
+                                                                                   : "slower";
+  metrics_->replans.Add({{"reason", reason}, {"placement", d.placement_changed ? "new" : "same"}})
+      .Increment();
+  if (d.measured_profile) {
+    const absl::Status cached =
+        layer_profiles_.Store(loop.model(), loop.resolved_spec(), loop.node(), *d.measured_profile);
+    if (!cached.ok()) {
+      std::fprintf(stderr, "tandemd: cannot cache the layer profile of %s: %s\n",
+                   entry.job.id().c_str(), cached.ToString().c_str());
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  Job& job = entry.job;
+  if (job.plan_history_size() == 0) {  // a job submitted before plan histories
+    tandem::v1::PlanRecord* first = job.add_plan_history();
+    *first->mutable_plan() = job.plan();
+    first->mutable_plan()->clear_timeline();
+    first->set_predicted_step_seconds(job.plan().prediction().iteration_seconds());
+  }
+  tandem::v1::PlanRecord* last = job.mutable_plan_history(job.plan_history_size() - 1);
+  last->set_measured_step_seconds(d.check.measured_step_seconds);
+  last->set_replaced_at_step(step);
+  last->set_replaced_reason(d.reason);
+  last->set_replaced_because(d.because);
+  last->set_placement_changed(d.placement_changed);
+  tandem::v1::PlanRecord* next = job.add_plan_history();
+  *next->mutable_plan() = d.plan;
+  next->mutable_plan()->clear_timeline();
+  next->set_cost_source(d.cost_source);
+  next->set_predicted_step_seconds(d.plan.prediction().iteration_seconds());
+  next->set_from_step(step);
+  // A record stays small however often a job resumes: its first plan and the
+  // latest ones.
+  while (job.plan_history_size() > kPlanHistoryKept) {
+    job.mutable_plan_history()->DeleteSubrange(1, 1);
+  }
+  *job.mutable_plan() = d.plan;
+  if (d.placement_changed) *job.mutable_schedule() = std::move(program);
+  job.mutable_metrics()->set_predicted_step_seconds(d.plan.prediction().iteration_seconds());
+  job.mutable_metrics()->set_replans(job.metrics().replans() + 1);
+  *job.mutable_update_time() = TimeUtil::GetCurrentTime();
+  UpdateJobMetrics(entry);
+  // The record follows the plan: a restart resumes under the plan the run
+  // switched to (checkpoints hold no plan, so either one resumes exactly).
+  const absl::Status s = store_->UpdateJob(job);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandemd: cannot record the new plan of %s: %s\n", job.id().c_str(),
+                 s.ToString().c_str());
+  }
 }
 
 void JobManager::ForgetJobSeries(const std::string& job_id) {
   const prometheus::Labels old = {{"job_id", job_id}};
   for (auto* f : {&metrics_->job_loss, &metrics_->job_samples_per_second,
                   &metrics_->job_step_seconds, &metrics_->job_progress,
-                  &metrics_->job_eval_accuracy, &metrics_->job_predicted_step_seconds}) {
+                  &metrics_->job_eval_accuracy, &metrics_->job_predicted_step_seconds,
+                  &metrics_->job_checked_step_seconds, &metrics_->job_step_time_ratio}) {
     RemoveSeries(*f, old);
   }
   RemoveSeries(metrics_->job_step_duration, old, metrics_->job_step_duration_buckets);

@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "node/closed_loop.h"
 #include "node/placement.h"
 #include "runtime/core/allocator.h"
 #include "runtime/profile/job_telemetry.h"
@@ -114,6 +115,8 @@ class JobManager {
     // the CPU engine).
     tandem::v1::Plan plan;
     tandem::v1::Schedule program;
+    // What the plan's prediction came from (PlanRecord.cost_source).
+    std::string cost_source;
   };
   // With `plan` false, the plan and program stay empty (nothing is solved).
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;
@@ -162,6 +165,11 @@ class JobManager {
   // Feeds the job's always-on telemetry from its runner and serves it.
   void TrackTelemetry(const std::string& id, Entry& entry, Trainer* trainer)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Closed-loop planning of the run (node/closed_loop.h): its checks, log
+  // lines and re-plans go to the job's record, events and metrics.
+  void StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer) ABSL_LOCKS_EXCLUDED(mu_);
+  void RecordReplan(Entry& entry, const node::PlanLoop& loop, const node::PlanLoop::Decision& d,
+                    int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
   void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,
@@ -189,6 +197,8 @@ class JobManager {
   ServerMetrics* const metrics_;
 
   absl::Mutex mu_;
+  // Measured layer profiles by model and node, under <state_dir>/layer_profiles.
+  const node::LayerProfileCache layer_profiles_;
   std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_accelerator_ ABSL_GUARDED_BY(mu_) = 0;

@@ -89,6 +89,10 @@ ABSL_FLAG(bool, refresh_node_profile, false,
           "Measure the node profile (devices' GEMM and memory rates, host links, the host's "
           "memcpy and Adam rates) at start-up even when <state_dir>/node_profile.pb holds this "
           "hardware's.");
+ABSL_FLAG(double, emulated_link_throttle, 0,
+          "Testing closed-loop planning: the emulated accelerator's copies run at most this "
+          "fast (bytes per second) and the planner is not told, standing in for a link slower "
+          "than the node profile measured. 0 = none.");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 
@@ -214,6 +218,7 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
   o.has_accelerator = !resources.cuda_devices.empty();
   o.default_threads = absl::GetFlag(FLAGS_job_threads);
   o.node = NodeOfferOfThisNode(state_dir, resources);
+  o.node->emulated_link_throttle_bytes_per_second = absl::GetFlag(FLAGS_emulated_link_throttle);
   o.accelerator_memory_budget_bytes = o.node->accelerator_memory_budget_bytes;
   std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
                o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()

@@ -48,6 +48,7 @@ tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& j
   cpu->set_memory_reserved_bytes(snapshot.reserved_host_bytes);
   cpu->set_threads(resources.cpu_threads);
   (*cpu->mutable_versions())["onednn"] = cpu::OneDnnVersion();
+  (*cpu->mutable_versions())["onednn_isa"] = cpu::OneDnnIsa();
   auto* use = cpu->mutable_memory_in_use();
   use->set_parameter_bytes(snapshot.host_memory.in_use(MemoryCategory::kParameters));
   use->set_gradient_bytes(snapshot.host_memory.in_use(MemoryCategory::kGradients));

@@ -62,6 +62,17 @@ ServerMetrics::ServerMetrics()
                        "Optimizer steps completed by the job in this process.", *registry)),
       job_predicted_step_seconds(Family(BuildGauge(), "tandem_job_predicted_step_seconds",
                                         "Step time the job's plan predicted.", *registry)),
+      job_checked_step_seconds(
+          Family(BuildGauge(), "tandem_job_checked_step_seconds",
+                 "Median step wall time of the job's latest plan check (closed-loop planning).",
+                 *registry)),
+      job_step_time_ratio(
+          Family(BuildGauge(), "tandem_job_step_time_ratio",
+                 "Measured over predicted step time at the job's latest plan check.", *registry)),
+      replans(Family(BuildCounter(), "tandem_replans_total",
+                     "Plans replaced by closed-loop planning, by reason (step_time, "
+                     "resource_busy, slower) and whether the placement changed.",
+                     *registry)),
       device_memory(Family(BuildGauge(), "tandem_device_memory_bytes",
                            "Memory allocated by running jobs, by device and category.", *registry)),
       device_memory_budget(Family(BuildGauge(), "tandem_device_memory_budget_bytes",

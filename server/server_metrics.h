@@ -44,6 +44,9 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Gauge>& job_progress;
   prometheus::Family<prometheus::Counter>& job_steps;
   prometheus::Family<prometheus::Gauge>& job_predicted_step_seconds;
+  prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;
+  prometheus::Family<prometheus::Gauge>& job_step_time_ratio;
+  prometheus::Family<prometheus::Counter>& replans;
   prometheus::Family<prometheus::Gauge>& device_memory;
   prometheus::Family<prometheus::Gauge>& device_memory_budget;
   prometheus::Family<prometheus::Gauge>& device_memory_reserved;

@@ -384,7 +384,9 @@ grpc::Status TandemService::List(const tandem::v1::ListJobsRequest& request,
   absl::StatusOr<JobPage> page = jobs_->List(filter);
   if (!page.ok()) return ToGrpc(page.status());
   for (auto& job : page->jobs) {
-    job.clear_schedule();  // a page of programs could outgrow a message; GetJob has it
+    // A page of programs and plans could outgrow a message; GetJob has them.
+    job.clear_schedule();
+    for (auto& record : *job.mutable_plan_history()) record.clear_plan();
     *response->add_jobs() = std::move(job);
   }
   if (page->next_before > 0) response->set_next_page_token(absl::StrCat("p", page->next_before));

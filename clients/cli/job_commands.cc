@@ -101,6 +101,27 @@ void PrintJobText(const Job& job) {
     }
     std::printf("\n");
   }
+  // Closed-loop planning: every plan the job ran under, and why it was replaced.
+  if (job.plan_history_size() > 1) {
+    std::printf("  plans:\n");
+    for (int i = 0; i < job.plan_history_size(); ++i) {
+      const tandem::v1::PlanRecord& r = job.plan_history(i);
+      std::printf("    %d. from step %ld: %s, micro-batch %d; predicted %.1f ms", i + 1,
+                  static_cast<long>(r.from_step()),
+                  tandem::v1::Strategy_Name(r.plan().strategy()).c_str(),
+                  r.plan().micro_batch_size(), r.predicted_step_seconds() * 1e3);
+      if (r.measured_step_seconds() > 0) {
+        std::printf(", measured %.1f ms", r.measured_step_seconds() * 1e3);
+      }
+      std::printf("\n");
+      if (!r.cost_source().empty()) std::printf("       from %s\n", r.cost_source().c_str());
+      if (r.replaced_at_step() > 0) {
+        std::printf("       %s at step %ld: %s\n",
+                    r.placement_changed() ? "replaced" : "re-calibrated",
+                    static_cast<long>(r.replaced_at_step()), r.replaced_because().c_str());
+      }
+    }
+  }
   if (job.schedule().ops_size() > 0) {
     int streams = 0;
     for (const auto& order : job.schedule().order()) streams += order.ops_size() > 0;

@@ -1,6 +1,7 @@
 #include "node/closed_loop.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -585,6 +586,7 @@ PlanLoop::Outcome PlanLoop::Decide(const PlanCheck& check) {
   if (replans_ >= options_.max_replans) {
     return stop(absl::StrCat("not re-planning: ", replans_, " re-plans already in this run"));
   }
+  const auto began = std::chrono::steady_clock::now();
   std::string summary;
   absl::StatusOr<Profile> measured =
       MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &summary);
@@ -632,7 +634,11 @@ PlanLoop::Outcome PlanLoop::Decide(const PlanCheck& check) {
                          " predicted against ", Ms(now), " for the running one")
           : absl::StrCat("re-calibrated from measured figures: the same placement, ", Ms(now),
                          " predicted"),
-      " (", summary, ")");
+      " (", summary, "; re-planning took ",
+      absl::StrFormat(
+          "%.3f s",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count()),
+      ")");
   out.decision = std::move(d);
   return out;
 }

@@ -114,7 +114,7 @@ void PrintJobText(const Job& job) {
         std::printf(", measured %.1f ms", r.measured_step_seconds() * 1e3);
       }
       std::printf("\n");
-      if (!r.cost_source().empty()) std::printf("       from %s\n", r.cost_source().c_str());
+      if (!r.cost_source().empty()) std::printf("       figures: %s\n", r.cost_source().c_str());
       if (r.replaced_at_step() > 0) {
         std::printf("       %s at step %ld: %s\n",
                     r.placement_changed() ? "replaced" : "re-calibrated",

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "base/atomic_file.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "google/protobuf/util/time_util.h"
@@ -194,12 +193,227 @@ bool SamePlacement(const Plan& a, const Plan& b) {
   return true;
 }
 
+namespace {
+
+// A window's spans by layer, device (kHost, kAccelerator) and phase, and its
+// copies by direction as (bytes, seconds).
+class SpanSamples {
+ public:
+  SpanSamples(int layers, const std::vector<Timeline>& timelines)
+      : layers_(layers),
+        spans_(static_cast<size_t>(layers) * 2 * kPhases),
+        recompute_(static_cast<size_t>(layers) * 2) {
+    for (const Timeline& t : timelines) {
+      for (const auto& s : t.spans()) Add(s);
+    }
+  }
+  // The median span; a recomputed layer's forward when it has no other.
+  std::optional<double> Median(int layer, int device, int phase) const {
+    const std::vector<double>& v = Slot(layer, device, phase);
+    if (!v.empty()) return profile::Median(v);
+    const std::vector<double>& r = recompute_[static_cast<size_t>(layer) * 2 + device];
+    if (phase == kForward && !r.empty()) return profile::Median(r);
+    return std::nullopt;
+  }
+  int Count(int layer, int device, int phase) const {
+    return static_cast<int>(Slot(layer, device, phase).size());
+  }
+  const std::vector<std::pair<double, double>>& copies(bool to_device) const {
+    return to_device ? h2d_ : d2h_;
+  }
+
+ private:
+  void Add(const tandem::v1::TimelineSpan& s) {
+    const double seconds = s.end_seconds() - s.start_seconds();
+    if (s.bytes() > 0 && (s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_H2D ||
+                          s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_D2H)) {
+      (s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_H2D ? h2d_ : d2h_)
+          .emplace_back(static_cast<double>(s.bytes()), seconds);
+      return;
+    }
+    const int device = DeviceOf(s.resource());
+    if (s.layer() < 0 || s.layer() >= layers_ || device < 0) return;
+    switch (s.phase()) {
+      case tandem::v1::TIMELINE_PHASE_FORWARD:
+        return Slot(s.layer(), device, kForward).push_back(seconds);
+      case tandem::v1::TIMELINE_PHASE_BACKWARD:
+        return Slot(s.layer(), device, kBackward).push_back(seconds);
+      case tandem::v1::TIMELINE_PHASE_UPDATE:
+        return Slot(s.layer(), device, kUpdate).push_back(seconds);
+      case tandem::v1::TIMELINE_PHASE_RECOMPUTE:
+        return recompute_[static_cast<size_t>(s.layer()) * 2 + device].push_back(seconds);
+      default:
+        return;
+    }
+  }
+  static int DeviceOf(TimelineResource resource) {
+    switch (resource) {
+      case tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE:
+        return kAccelerator;
+      case tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE:
+      case tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE:
+        return kHost;
+      default:
+        return -1;
+    }
+  }
+  std::vector<double>& Slot(int layer, int device, int phase) {
+    return spans_[(static_cast<size_t>(layer) * 2 + device) * kPhases + phase];
+  }
+  const std::vector<double>& Slot(int layer, int device, int phase) const {
+    return spans_[(static_cast<size_t>(layer) * 2 + device) * kPhases + phase];
+  }
+
+  int layers_;
+  std::vector<std::vector<double>> spans_;
+  std::vector<std::vector<double>> recompute_;
+  std::vector<std::pair<double, double>> h2d_, d2h_;
+};
+
+// Each layer phase's roofline on this node, and per device and phase what the
+// measured phases took over their roofline (1 where none was measured).
+class ScaledRoofline {
+ public:
+  ScaledRoofline(const planner::CostModel& roof, int micro, int update_threads,
+                 const SpanSamples& samples, int layers, int devices)
+      : roof_(roof), micro_(micro), update_threads_(update_threads) {
+    double measured[2][kPhases] = {}, predicted[2][kPhases] = {};
+    for (int l = 0; l < layers; ++l) {
+      for (int d = 0; d < devices; ++d) {
+        for (int p = 0; p < kPhases; ++p) {
+          if (std::optional<double> m = samples.Median(l, d, p)) {
+            measured[d][p] += *m;
+            predicted[d][p] += Seconds(l, d, p);
+          }
+        }
+      }
+    }
+    for (int d = 0; d < 2; ++d) {
+      any_compute_ |= measured[d][kForward] > 0 || measured[d][kBackward] > 0;
+      for (int p = 0; p < kPhases; ++p) {
+        factor_[d][p] =
+            measured[d][p] > 0 && predicted[d][p] > 0 ? measured[d][p] / predicted[d][p] : 1.0;
+      }
+    }
+  }
+  double Seconds(int layer, int device, int phase) const {
+    const tandem::v1::Placement where =
+        device == kHost ? tandem::v1::PLACEMENT_HOST : tandem::v1::PLACEMENT_ACCELERATOR;
+    switch (phase) {
+      case kForward:
+        return roof_.ForwardSeconds(layer, where, micro_);
+      case kBackward:
+        return roof_.BackwardSeconds(layer, where, micro_);
+      default:
+        return roof_.UpdateSeconds(layer, where, update_threads_);
+    }
+  }
+  double factor(int device, int phase) const { return factor_[device][phase]; }
+  bool any_compute() const { return any_compute_; }
+  bool HasPhase(int layer, int phase) const {
+    return phase != kUpdate || roof_.UpdateBytes(layer) > 0;
+  }
+
+ private:
+  const planner::CostModel& roof_;
+  int micro_, update_threads_;
+  double factor_[2][kPhases] = {};
+  bool any_compute_ = false;
+};
+
+// The host (its threads the plan's update threads, so that the measured
+// update times are the ones the planner uses) and the accelerator.
+void AddDevices(const tandem::v1::HardwareSpec& hw, const std::string ids[2], int update_threads,
+                int64_t capacity, Profile& profile) {
+  profile.clear_devices();
+  tandem::v1::DeviceProfile* host = profile.add_devices();
+  host->set_id(ids[kHost]);
+  host->set_kind(tandem::v1::DEVICE_KIND_CPU);
+  host->set_name(hw.host().name());
+  host->set_threads(update_threads);
+  host->set_memory_bytes(hw.host().memory_bytes());
+  host->set_memory_bandwidth_bytes_per_second(hw.host().memory_bandwidth_bytes_per_second());
+  host->set_gemm_flops_per_second(hw.host().peak_matmul_flops_per_second());
+  if (hw.accelerators_size() == 0) return;
+  const tandem::v1::ProcessorSpec& a = hw.accelerators(0);
+  tandem::v1::DeviceProfile* accel = profile.add_devices();
+  accel->set_id(ids[kAccelerator]);
+  accel->set_kind(a.kind());
+  accel->set_name(a.name());
+  accel->set_threads(a.threads());
+  accel->set_memory_bytes(capacity);
+  accel->set_memory_bandwidth_bytes_per_second(a.memory_bandwidth_bytes_per_second());
+  accel->set_gemm_flops_per_second(a.peak_matmul_flops_per_second());
+}
+
+// Every layer's phases on every device: measured, else the scaled roofline
+// (marked). Counts measured and existing phases per device.
+void AddLayerTimings(const SpanSamples& samples, const ScaledRoofline& roofline,
+                     const std::string ids[2], int devices, int measured[2], int phases[2],
+                     Profile& profile) {
+  for (int l = 0; l < profile.layers_size(); ++l) {
+    tandem::v1::LayerProfile* layer = profile.mutable_layers(l);
+    layer->clear_devices();
+    for (int d = 0; d < devices; ++d) {
+      tandem::v1::LayerDeviceProfile* ld = layer->add_devices();
+      ld->set_device_id(ids[d]);
+      for (int p = 0; p < kPhases; ++p) {
+        tandem::v1::TimingStats* timing = PhaseOf(*ld, p)->mutable_timing();
+        const bool exists = roofline.HasPhase(l, p);
+        phases[d] += exists;
+        if (std::optional<double> m = samples.Median(l, d, p)) {
+          ++measured[d];
+          timing->set_samples(samples.Count(l, d, p));
+          timing->set_median_seconds(*m);
+          continue;
+        }
+        const double f = roofline.factor(d, p);
+        timing->set_samples(1);
+        timing->set_median_seconds(exists ? roofline.Seconds(l, d, p) * f : 0.0);
+        tandem::v1::Counter* c = PhaseOf(*ld, p)->add_counters();
+        c->set_name("roofline_scaled_by");
+        c->set_value(f);
+        c->set_unit("ratio");
+      }
+    }
+  }
+}
+
+// The host links, fitted to the copies, else NodeHardware's figure; their
+// description for the summary.
+std::string AddLinks(const SpanSamples& samples, const tandem::v1::HardwareSpec& hw,
+                     const std::string ids[2], Profile& profile) {
+  std::string links;
+  for (const bool to_device : {true, false}) {
+    const tandem::v1::LinkSpec& spec =
+        to_device ? hw.host_to_accelerator() : hw.accelerator_to_host();
+    const LinkFit fit = FitLink(samples.copies(to_device));
+    const bool measured = fit.bytes_per_second > 0;
+    tandem::v1::LinkProfile* link = profile.add_links();
+    link->set_from_device_id(ids[to_device ? kHost : kAccelerator]);
+    link->set_to_device_id(ids[to_device ? kAccelerator : kHost]);
+    link->set_direction(to_device ? tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE
+                                  : tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST);
+    link->set_pinned(true);
+    link->set_bandwidth_bytes_per_second(measured ? fit.bytes_per_second
+                                                  : spec.bandwidth_bytes_per_second());
+    link->set_latency_seconds(measured ? fit.latency_seconds : spec.latency_seconds());
+    absl::StrAppend(&links, links.empty() ? "" : ", ", to_device ? "H2D " : "D2H ",
+                    absl::StrFormat("%.2f GB/s", link->bandwidth_bytes_per_second() / 1e9),
+                    measured ? absl::StrCat(" (", fit.copies, " copies)") : " (not measured)");
+  }
+  return links;
+}
+
+}  // namespace
+
 absl::StatusOr<Profile> MeasuredLayerProfile(const Model& model, const JobSpec& resolved,
                                              const NodeOffer& node, const Plan& plan,
                                              const std::vector<Timeline>& timelines,
                                              std::string* summary) {
-  const int64_t batch = resolved.training().batch_size();
-  const int micro = plan.micro_batch_size() > 0 ? plan.micro_batch_size() : static_cast<int>(batch);
+  const int micro = plan.micro_batch_size() > 0
+                        ? plan.micro_batch_size()
+                        : static_cast<int>(resolved.training().batch_size());
   Profile profile = profile::AnalyticProfile(model, resolved.optimizer(), micro);
   const bool accelerated = resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   int64_t capacity = 0;
@@ -210,194 +424,34 @@ absl::StatusOr<Profile> MeasuredLayerProfile(const Model& model, const JobSpec& 
                           NodeHardware(resolved, node, capacity));
   TANDEM_ASSIGN_OR_RETURN(const planner::CostModel roof,
                           planner::CostModel::FromHardwareSpec(profile, hw));
-  const int layers = model.num_layers();
   const int devices = accelerated ? 2 : 1;
   const int update_threads = plan.host_update_threads() > 0 ? plan.host_update_threads()
                                                             : std::max(1, hw.host().threads());
-
-  // The spans, by layer, device and phase; copies by direction.
-  std::vector<std::vector<double>> spans(static_cast<size_t>(layers) * 2 * kPhases);
-  std::vector<std::vector<double>> recompute(static_cast<size_t>(layers) * 2);
-  auto slot = [&](int layer, int device, int phase) -> std::vector<double>& {
-    return spans[(static_cast<size_t>(layer) * 2 + device) * kPhases + phase];
-  };
-  std::vector<std::pair<double, double>> h2d, d2h;
-  for (const Timeline& t : timelines) {
-    for (const auto& s : t.spans()) {
-      const double seconds = s.end_seconds() - s.start_seconds();
-      if (s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_H2D && s.bytes() > 0) {
-        h2d.emplace_back(static_cast<double>(s.bytes()), seconds);
-        continue;
-      }
-      if (s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_D2H && s.bytes() > 0) {
-        d2h.emplace_back(static_cast<double>(s.bytes()), seconds);
-        continue;
-      }
-      if (s.layer() < 0 || s.layer() >= layers) continue;
-      int device = -1;
-      switch (s.resource()) {
-        case tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE:
-          device = kAccelerator;
-          break;
-        case tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE:
-        case tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE:
-          device = kHost;
-          break;
-        default:
-          continue;
-      }
-      switch (s.phase()) {
-        case tandem::v1::TIMELINE_PHASE_FORWARD:
-          slot(s.layer(), device, kForward).push_back(seconds);
-          break;
-        case tandem::v1::TIMELINE_PHASE_BACKWARD:
-          slot(s.layer(), device, kBackward).push_back(seconds);
-          break;
-        case tandem::v1::TIMELINE_PHASE_UPDATE:
-          slot(s.layer(), device, kUpdate).push_back(seconds);
-          break;
-        case tandem::v1::TIMELINE_PHASE_RECOMPUTE:
-          recompute[static_cast<size_t>(s.layer()) * 2 + device].push_back(seconds);
-          break;
-        default:
-          break;
-      }
-    }
-  }
-
-  // The roofline of every (layer, device, phase), and per device and phase
-  // what the measured ones took over their roofline.
-  auto roofline = [&](int layer, int device, int phase) {
-    const tandem::v1::Placement where =
-        device == kHost ? tandem::v1::PLACEMENT_HOST : tandem::v1::PLACEMENT_ACCELERATOR;
-    switch (phase) {
-      case kForward:
-        return roof.ForwardSeconds(layer, where, micro);
-      case kBackward:
-        return roof.BackwardSeconds(layer, where, micro);
-      default:
-        return roof.UpdateSeconds(layer, where, update_threads);
-    }
-  };
-  auto measured_median = [&](int layer, int device, int phase) -> std::optional<double> {
-    const std::vector<double>& v = slot(layer, device, phase);
-    if (!v.empty()) return profile::Median(v);
-    // A recomputed layer's forward runs again before its backward.
-    const std::vector<double>& r = recompute[static_cast<size_t>(layer) * 2 + device];
-    if (phase == kForward && !r.empty()) return profile::Median(r);
-    return std::nullopt;
-  };
-  double measured_sum[2][kPhases] = {}, roof_sum[2][kPhases] = {};
-  int measured_count[2] = {0, 0}, phase_count[2] = {0, 0};
-  for (int l = 0; l < layers; ++l) {
-    for (int d = 0; d < devices; ++d) {
-      for (int p = 0; p < kPhases; ++p) {
-        if (std::optional<double> m = measured_median(l, d, p)) {
-          measured_sum[d][p] += *m;
-          roof_sum[d][p] += roofline(l, d, p);
-        }
-      }
-    }
-  }
-  auto factor = [&](int d, int p) {
-    return measured_sum[d][p] > 0 && roof_sum[d][p] > 0 ? measured_sum[d][p] / roof_sum[d][p] : 1.0;
-  };
-  bool any = false;
-  for (int d = 0; d < devices; ++d) {
-    any |= measured_sum[d][kForward] > 0 || measured_sum[d][kBackward] > 0;
-  }
-  if (!any) {
+  const SpanSamples samples(model.num_layers(), timelines);
+  const ScaledRoofline roofline(roof, micro, update_threads, samples, model.num_layers(), devices);
+  if (!roofline.any_compute()) {
     return absl::FailedPreconditionError(
         "no forward or backward span was measured: nothing to build a layer profile from");
   }
-
-  // The devices: the host (its threads the plan's update threads, so that the
-  // measured update times are the ones the planner uses), the accelerator.
-  profile.clear_devices();
-  const std::string device_ids[2] = {"cpu", AcceleratorId(resolved, node)};
-  tandem::v1::DeviceProfile* host = profile.add_devices();
-  host->set_id(device_ids[kHost]);
-  host->set_kind(tandem::v1::DEVICE_KIND_CPU);
-  host->set_name(hw.host().name());
-  host->set_threads(update_threads);
-  host->set_memory_bytes(hw.host().memory_bytes());
-  host->set_memory_bandwidth_bytes_per_second(hw.host().memory_bandwidth_bytes_per_second());
-  host->set_gemm_flops_per_second(hw.host().peak_matmul_flops_per_second());
-  if (accelerated) {
-    const tandem::v1::ProcessorSpec& a = hw.accelerators(0);
-    tandem::v1::DeviceProfile* accel = profile.add_devices();
-    accel->set_id(device_ids[kAccelerator]);
-    accel->set_kind(a.kind());
-    accel->set_name(a.name());
-    accel->set_threads(a.threads());
-    accel->set_memory_bytes(capacity);
-    accel->set_memory_bandwidth_bytes_per_second(a.memory_bandwidth_bytes_per_second());
-    accel->set_gemm_flops_per_second(a.peak_matmul_flops_per_second());
-  }
-  for (int l = 0; l < layers; ++l) {
-    tandem::v1::LayerProfile* layer = profile.mutable_layers(l);
-    layer->clear_devices();
-    for (int d = 0; d < devices; ++d) {
-      tandem::v1::LayerDeviceProfile* ld = layer->add_devices();
-      ld->set_device_id(device_ids[d]);
-      for (int p = 0; p < kPhases; ++p) {
-        tandem::v1::PhaseProfile* phase = PhaseOf(*ld, p);
-        std::optional<double> m = measured_median(l, d, p);
-        const bool has_update = p != kUpdate || roof.UpdateBytes(l) > 0;
-        if (has_update) ++phase_count[d];
-        if (m) {
-          ++measured_count[d];
-          phase->mutable_timing()->set_samples(static_cast<int>(slot(l, d, p).size()));
-          phase->mutable_timing()->set_median_seconds(*m);
-          continue;
-        }
-        const double f = factor(d, p);
-        phase->mutable_timing()->set_samples(1);
-        phase->mutable_timing()->set_median_seconds(has_update ? roofline(l, d, p) * f : 0.0);
-        tandem::v1::Counter* c = phase->add_counters();
-        c->set_name("roofline_scaled_by");
-        c->set_value(f);
-        c->set_unit("ratio");
-      }
-    }
-  }
-
-  // The links: fitted to the copies, else NodeHardware's figure.
-  std::string links;
-  if (accelerated) {
-    for (auto [direction, copies, spec] :
-         {std::tuple{tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, &h2d, &hw.host_to_accelerator()},
-          std::tuple{tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, &d2h, &hw.accelerator_to_host()}}) {
-      const LinkFit fit = FitLink(*copies);
-      tandem::v1::LinkProfile* link = profile.add_links();
-      const bool to_device = direction == tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE;
-      link->set_from_device_id(device_ids[to_device ? kHost : kAccelerator]);
-      link->set_to_device_id(device_ids[to_device ? kAccelerator : kHost]);
-      link->set_direction(direction);
-      link->set_pinned(true);
-      const bool measured = fit.bytes_per_second > 0;
-      link->set_bandwidth_bytes_per_second(measured ? fit.bytes_per_second
-                                                    : spec->bandwidth_bytes_per_second());
-      link->set_latency_seconds(measured ? fit.latency_seconds : spec->latency_seconds());
-      absl::StrAppend(&links, links.empty() ? "" : ", ", to_device ? "H2D " : "D2H ",
-                      absl::StrFormat("%.2f GB/s", link->bandwidth_bytes_per_second() / 1e9),
-                      measured ? absl::StrCat(" (", fit.copies, " copies)") : " (not measured)");
-    }
-  }
+  const std::string ids[2] = {"cpu", AcceleratorId(resolved, node)};
+  AddDevices(hw, ids, update_threads, capacity, profile);
+  int measured[2] = {0, 0}, phases[2] = {0, 0};
+  AddLayerTimings(samples, roofline, ids, devices, measured, phases, profile);
+  const std::string links = accelerated ? AddLinks(samples, hw, ids, profile) : "";
   auto& provenance = *profile.mutable_provenance();
   provenance.set_source("measured");
   *provenance.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   provenance.set_iterations(static_cast<int>(timelines.size()));
   if (node.profile) (*provenance.mutable_versions())["node"] = node.profile->fingerprint();
   if (summary != nullptr) {
+    auto f = [&](int d, int p) { return roofline.factor(d, p); };
     *summary = absl::StrFormat(
         "measured from %d steps: host %d of %d layer phases, accelerator %d of %d (the rest the "
         "roofline scaled by what the measured ones took over theirs: host x%.2f/x%.2f/x%.2f, "
         "accelerator x%.2f/x%.2f/x%.2f forward/backward/update)%s%s",
-        static_cast<int>(timelines.size()), measured_count[kHost], phase_count[kHost],
-        measured_count[kAccelerator], phase_count[kAccelerator], factor(kHost, kForward),
-        factor(kHost, kBackward), factor(kHost, kUpdate), factor(kAccelerator, kForward),
-        factor(kAccelerator, kBackward), factor(kAccelerator, kUpdate),
+        static_cast<int>(timelines.size()), measured[kHost], phases[kHost], measured[kAccelerator],
+        phases[kAccelerator], f(kHost, kForward), f(kHost, kBackward), f(kHost, kUpdate),
+        f(kAccelerator, kForward), f(kAccelerator, kBackward), f(kAccelerator, kUpdate),
         links.empty() ? "" : "; links ", links);
   }
   return profile;
@@ -417,28 +471,24 @@ std::string LayerProfileCache::Key(const Model& model, const JobSpec& resolved,
 }
 
 std::string LayerProfileCache::PathOf(const std::string& key) const {
-  return absl::StrCat(dir_, "/", key, ".layers.pb");
+  return files_.ProfilePath(key);
 }
 
 std::optional<Profile> LayerProfileCache::Load(const Model& model, const JobSpec& resolved,
                                                const NodeOffer& node) const {
   const std::string key = Key(model, resolved, node);
-  if (dir_.empty() || key.empty()) return std::nullopt;
+  if (!files_.enabled() || key.empty()) return std::nullopt;
   const std::string path = PathOf(key);
-  std::optional<std::string> bytes = ReadWholeFile(path);
-  if (!bytes) return std::nullopt;  // none yet
-  Profile profile;
+  std::optional<Profile> profile = files_.Load(key);
   std::string problem;
-  if (!profile.ParseFromString(*bytes)) {
-    problem = "it does not parse";
-  } else if (profile.provenance().cache_key() != key) {
-    problem = absl::StrCat("it was stored under key '", profile.provenance().cache_key(),
-                           "' (another model or node)");
-  } else if (profile.layers_size() != model.num_layers()) {
+  if (!profile) {
+    if (!std::filesystem::exists(path)) return std::nullopt;  // none yet
+    problem = "it does not parse, or was stored for another model or node";
+  } else if (profile->layers_size() != model.num_layers()) {
     problem =
-        absl::StrCat("it has ", profile.layers_size(), " layers, the model ", model.num_layers());
-  } else if (profile.provenance().versions().count("node") == 0 ||
-             profile.provenance().versions().at("node") != node.profile->fingerprint()) {
+        absl::StrCat("it has ", profile->layers_size(), " layers, the model ", model.num_layers());
+  } else if (profile->provenance().versions().count("node") == 0 ||
+             profile->provenance().versions().at("node") != node.profile->fingerprint()) {
     problem = "it was measured on other hardware";
   }
   if (!problem.empty()) {
@@ -452,12 +502,9 @@ std::optional<Profile> LayerProfileCache::Load(const Model& model, const JobSpec
 absl::Status LayerProfileCache::Store(const Model& model, const JobSpec& resolved,
                                       const NodeOffer& node, Profile profile) const {
   const std::string key = Key(model, resolved, node);
-  if (dir_.empty() || key.empty()) return absl::OkStatus();
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir_, ": ", ec.message()));
+  if (!files_.enabled() || key.empty()) return absl::OkStatus();
   profile.mutable_provenance()->set_cache_key(key);
-  return WriteFileAtomically(PathOf(key), profile.SerializeAsString());
+  return files_.Store(key, profile, /*chrome_trace_json=*/"");
 }
 
 std::map<TimelineResource, double> DispatchSeconds(const std::vector<Timeline>& measured,
@@ -547,100 +594,108 @@ PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timel
 
 PlanLoop::Outcome PlanLoop::Decide(const PlanCheck& check) {
   Outcome out;
-  const std::string versus = absl::StrCat(
-      Ms(check.measured_step_seconds), " measured, ", Ms(check.predicted_step_seconds),
-      " predicted (", Percent(check.measured_step_seconds, check.predicted_step_seconds), ")");
   if (previous_ && check.measured_step_seconds > previous_measured_ * (1 + kSlowerMargin)) {
-    Decision d;
-    d.plan = *previous_;
-    d.placement_changed = true;
-    d.reason = tandem::v1::REPLAN_REASON_SLOWER;
-    d.because = absl::StrCat("it measured ", Ms(check.measured_step_seconds),
-                             " per step, the plan before it ", Ms(previous_measured_));
-    d.check = check;
-    d.cost_source = "the plan it had replaced, timed with the figures measured under it";
-    out.log = absl::StrCat("plan check: the new plan is slower (", d.because,
+    out.decision = SwitchBack(check);
+    out.log = absl::StrCat("plan check: the new plan is slower (", out.decision->because,
                            "): switching back, and re-planning no more in this run");
-    out.decision = std::move(d);
     return out;
   }
   if (check.off == tandem::v1::REPLAN_REASON_UNSPECIFIED) {
     done_ = true;
-    out.log =
-        absl::StrCat("plan check: step ", versus, ", within the ",
-                     absl::StrFormat("%.0f%%", std::abs(options_.threshold) * 100), " threshold");
+    out.log = absl::StrCat(
+        "plan check: step ", Ms(check.measured_step_seconds), " measured, ",
+        Ms(check.predicted_step_seconds), " predicted (",
+        Percent(check.measured_step_seconds, check.predicted_step_seconds), "), within the ",
+        absl::StrFormat("%.0f%%", std::abs(options_.threshold) * 100), " threshold");
     return out;
   }
-  auto stop = [&](const std::string& why) {
+  auto stop = [&](absl::string_view why) {
     done_ = true;
     out.log = absl::StrCat("plan check: ", check.because, "; ", why);
     return out;
   };
-  if (options_.threshold < 0) return stop("not re-planning (placement.replan_threshold < 0)");
-  if (forced_) return stop("not re-planning a forced plan (placement.plan)");
+  if (const std::string why = WhyNotReplan(); !why.empty()) return stop(why);
+  const auto began = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = Replan(check);
+  if (!d.ok()) return stop(absl::StrCat("cannot re-plan: ", d.status().message()));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  out.log = absl::StrCat(
+      "plan check: ", check.because, "; ",
+      d->placement_changed
+          ? absl::StrCat("re-planned from measured figures: a new placement, ",
+                         Ms(d->plan.prediction().iteration_seconds()), " predicted against ",
+                         Ms(d->replaced_timed->prediction().iteration_seconds()),
+                         " for the running one")
+          : absl::StrCat("re-calibrated from measured figures: the same placement, ",
+                         Ms(d->plan.prediction().iteration_seconds()), " predicted"),
+      " (", d->cost_source, absl::StrFormat("; re-planning took %.3f s)", seconds));
+  out.decision = *std::move(d);
+  return out;
+}
+
+PlanLoop::Decision PlanLoop::SwitchBack(const PlanCheck& check) const {
+  Decision d;
+  d.plan = *previous_;
+  d.placement_changed = true;
+  d.reason = tandem::v1::REPLAN_REASON_SLOWER;
+  d.because = absl::StrCat("it measured ", Ms(check.measured_step_seconds),
+                           " per step, the plan before it ", Ms(previous_measured_));
+  d.check = check;
+  d.cost_source = "the plan it had replaced, timed with the figures measured under it";
+  return d;
+}
+
+std::string PlanLoop::WhyNotReplan() const {
+  if (options_.threshold < 0) return "not re-planning (placement.replan_threshold < 0)";
+  if (forced_) return "not re-planning a forced plan (placement.plan)";
   if (recalibrated_) {
-    return stop(
-        "still off after re-calibrating from measured spans (time the simulator does not "
-        "model); not re-planning again in this run");
+    return "still off after re-calibrating from measured spans (time the simulator does not "
+           "model); not re-planning again in this run";
   }
   if (replans_ >= options_.max_replans) {
-    return stop(absl::StrCat("not re-planning: ", replans_, " re-plans already in this run"));
+    return absl::StrCat("not re-planning: ", replans_, " re-plans already in this run");
   }
-  const auto began = std::chrono::steady_clock::now();
-  std::string summary;
-  absl::StatusOr<Profile> measured =
-      MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &summary);
-  if (!measured.ok()) return stop(absl::StrCat("cannot re-plan: ", measured.status().message()));
+  return "";
+}
+
+absl::StatusOr<PlanLoop::Decision> PlanLoop::Replan(const PlanCheck& check) const {
+  Decision d;
+  TANDEM_ASSIGN_OR_RETURN(
+      Profile measured,
+      MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &d.cost_source));
   // The plan running now, timed with the measured figures: what a new plan
   // must beat (both predictions carry the same simulator's errors).
-  absl::StatusOr<Plan> current = Resimulate(plan_, *measured);
-  if (!current.ok()) return stop(absl::StrCat("cannot re-plan: ", current.status().message()));
+  TANDEM_ASSIGN_OR_RETURN(Plan current, Resimulate(plan_, measured));
   // What the executor's compute streams sat idle beyond what the simulator
   // has them wait (waking a worker, handing a span over): per call, measured,
   // and charged to every call from now on.
-  const std::map<TimelineResource, double> dispatch =
-      DispatchSeconds(window_timelines_, current->timeline());
-  if (!dispatch.empty()) {
-    AddDispatch(dispatch, *measured);
-    current = Resimulate(plan_, *measured);
-    if (!current.ok()) return stop(absl::StrCat("cannot re-plan: ", current.status().message()));
-    for (const auto& [resource, seconds] : dispatch) {
-      absl::StrAppend(&summary, absl::StrFormat("; %s dispatch %.0f us per call",
-                                                profile::ResourceLabel(resource), seconds * 1e6));
+  d.dispatch_seconds = DispatchSeconds(window_timelines_, current.timeline());
+  if (!d.dispatch_seconds.empty()) {
+    AddDispatch(d.dispatch_seconds, measured);
+    TANDEM_ASSIGN_OR_RETURN(current, Resimulate(plan_, measured));
+    for (const auto& [resource, seconds] : d.dispatch_seconds) {
+      absl::StrAppend(&d.cost_source,
+                      absl::StrFormat("; %s dispatch %.0f us per call",
+                                      profile::ResourceLabel(resource), seconds * 1e6));
     }
   }
-  absl::StatusOr<Plan> next = PlanJob(model_, resolved_, node_, &*measured);
-  if (!next.ok()) return stop(absl::StrCat("cannot re-plan: ", next.status().message()));
-  Decision d;
-  const double now = current->prediction().iteration_seconds();
-  const double then = next->prediction().iteration_seconds();
-  d.placement_changed = !SamePlacement(*next, plan_) && then < now * (1 - kMinGain);
-  d.plan = d.placement_changed ? *std::move(next) : *std::move(current);
-  if (!d.placement_changed && !SamePlacement(*next, plan_)) {
-    absl::StrAppend(&summary,
+  TANDEM_ASSIGN_OR_RETURN(Plan next, PlanJob(model_, resolved_, node_, &measured));
+  const double now = current.prediction().iteration_seconds();
+  const double then = next.prediction().iteration_seconds();
+  const bool other = !SamePlacement(next, plan_);
+  d.placement_changed = other && then < now * (1 - kMinGain);
+  if (other && !d.placement_changed) {
+    absl::StrAppend(&d.cost_source,
                     absl::StrFormat("; the best other placement, %s, gains too little", Ms(then)));
   }
+  d.plan = d.placement_changed ? std::move(next) : current;
+  d.replaced_timed = std::move(current);
   d.reason = check.off;
   d.because = check.because;
   d.check = check;
-  d.cost_source = summary;
-  d.dispatch_seconds = dispatch;
-  d.replaced_timed = *current;
-  d.measured_profile = *std::move(measured);
-  out.log = absl::StrCat(
-      "plan check: ", check.because, "; ",
-      d.placement_changed
-          ? absl::StrCat("re-planned from measured figures: a new placement, ", Ms(then),
-                         " predicted against ", Ms(now), " for the running one")
-          : absl::StrCat("re-calibrated from measured figures: the same placement, ", Ms(now),
-                         " predicted"),
-      " (", summary, "; re-planning took ",
-      absl::StrFormat(
-          "%.3f s",
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count()),
-      ")");
-  out.decision = std::move(d);
-  return out;
+  d.measured_profile = std::move(measured);
+  return d;
 }
 
 void PlanLoop::Adopt(const Decision& decision) {
@@ -672,11 +727,6 @@ absl::StatusOr<tandem::v1::Schedule> PlanLoop::ProgramOf(const Plan& plan) const
   return StepProgram(model_, resolved_, plan);
 }
 
-absl::StatusOr<RunnerFactory> PlanLoop::FactoryFor(const Plan& plan) const {
-  TANDEM_ASSIGN_OR_RETURN(tandem::v1::Schedule program, ProgramOf(plan));
-  return MakeRunnerFactory(node_, plan, std::move(program));
-}
-
 void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
                     TrainerCallbacks& callbacks) {
   struct State {
@@ -695,7 +745,10 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
                              int64_t step, double seconds, const StepRunner& runner) {
     if (before) before(step, seconds, runner);
     state->step = step;
-    PlanLoop::Outcome out = state->loop->AfterStep(seconds, runner.last_timeline());
+    if (state->loop->done()) return;
+    // A timeline is a copy of a step's spans: taken only for a window's steps.
+    PlanLoop::Outcome out = state->loop->AfterStep(
+        seconds, state->loop->InWindow() ? runner.last_timeline() : tandem::v1::Timeline());
     if (out.check && state->hooks.checked) state->hooks.checked(*out.check);
     state->Log(out.log);
     if (!out.decision) return;
@@ -708,15 +761,16 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
   };
   callbacks.switch_runner = [state]() -> RunnerFactory {
     if (!state->pending) return nullptr;
-    absl::StatusOr<RunnerFactory> factory = state->loop->FactoryFor(state->pending->plan);
-    if (!factory.ok()) {
+    absl::StatusOr<tandem::v1::Schedule> program = state->loop->ProgramOf(state->pending->plan);
+    if (!program.ok()) {
       state->Log(
-          absl::StrCat("plan check: cannot switch to the new plan: ", factory.status().message()));
+          absl::StrCat("plan check: cannot switch to the new plan: ", program.status().message()));
       state->loop->SwitchFailed();
       state->pending.reset();
       return nullptr;
     }
-    return *std::move(factory);
+    state->pending->program = *std::move(program);
+    return MakeRunnerFactory(state->loop->node(), state->pending->plan, state->pending->program);
   };
   callbacks.on_switch = [state](const absl::Status& made) {
     if (!state->pending) return;

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "node/placement.h"
 #include "runtime/model/model.h"
+#include "runtime/profile/profile_cache.h"
 #include "runtime/train/trainer.h"
 #include "tandem/v1/job.pb.h"
 #include "tandem/v1/plan.pb.h"
@@ -107,7 +108,7 @@ bool SamePlacement(const tandem::v1::Plan& a, const tandem::v1::Plan& b);
 class LayerProfileCache {
  public:
   // Empty `dir`: caches nothing.
-  explicit LayerProfileCache(std::string dir) : dir_(std::move(dir)) {}
+  explicit LayerProfileCache(std::string dir) : files_(std::move(dir)) {}
   // The key of `resolved`'s model on `node`; empty when the node has no
   // profile (nothing to tie the figures to).
   static std::string Key(const Model& model, const tandem::v1::JobSpec& resolved,
@@ -119,7 +120,8 @@ class LayerProfileCache {
   std::string PathOf(const std::string& key) const;
 
  private:
-  std::string dir_;
+  // The files, as the model profiles' cache keeps them (<key>.profile.pb).
+  profile::ProfileCache files_;
 };
 
 class PlanLoop {
@@ -147,6 +149,9 @@ class PlanLoop {
     // The plan it replaces, re-timed with the same figures: what a switch
     // back returns to.
     std::optional<tandem::v1::Plan> replaced_timed;
+    // A new placement's step program, lowered when the runner switches to it
+    // (AttachPlanLoop); empty for a re-calibration.
+    tandem::v1::Schedule program;
   };
   struct Outcome {
     std::optional<PlanCheck> check;  // a window just closed
@@ -160,17 +165,24 @@ class PlanLoop {
   // The switch to decision.plan failed: the job goes on under the plan it had.
   void SwitchFailed();
   bool done() const { return done_; }
+  // Whether the next step belongs to a window (AfterStep keeps its timeline).
+  bool InWindow() const { return !done_ && steps_ >= options_.warmup_steps; }
   const tandem::v1::Plan& plan() const { return plan_; }
   const Model& model() const { return model_; }
   const tandem::v1::JobSpec& resolved_spec() const { return resolved_; }
   const NodeOffer& node() const { return node_; }
-  // The runner for `plan` on this node, with its step program lowered.
-  absl::StatusOr<RunnerFactory> FactoryFor(const tandem::v1::Plan& plan) const;
-  // The program FactoryFor lowers (Job.schedule).
+  // `plan`'s step program for this job (Job.schedule).
   absl::StatusOr<tandem::v1::Schedule> ProgramOf(const tandem::v1::Plan& plan) const;
 
  private:
   Outcome Decide(const PlanCheck& check);
+  // Back to the plan before the latest switch, which measured faster.
+  Decision SwitchBack(const PlanCheck& check) const;
+  // Why the loop will not re-plan now ("" when it may).
+  std::string WhyNotReplan() const;
+  // The window's measured figures, the running plan re-timed with them, and
+  // the strategy solved again from them.
+  absl::StatusOr<Decision> Replan(const PlanCheck& check) const;
   // `plan` as it is, its prediction and timeline simulated from `measured`.
   absl::StatusOr<tandem::v1::Plan> Resimulate(const tandem::v1::Plan& plan,
                                               const tandem::v1::Profile& measured) const;

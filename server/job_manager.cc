@@ -85,6 +85,30 @@ constexpr size_t kMaxStoredProgramBytes = size_t{1} << 20;
 // Plans a job record keeps in its history: the first and the latest.
 constexpr int kPlanHistoryKept = 16;
 
+// A plan as its job's history keeps it: without its predicted timeline.
+tandem::v1::PlanRecord PlanRecordOf(const tandem::v1::Plan& plan, std::string cost_source,
+                                    int64_t from_step) {
+  tandem::v1::PlanRecord record;
+  *record.mutable_plan() = plan;
+  record.mutable_plan()->clear_timeline();
+  record.set_cost_source(std::move(cost_source));
+  record.set_predicted_step_seconds(plan.prediction().iteration_seconds());
+  record.set_from_step(from_step);
+  return record;
+}
+
+// tandem_replans_total's `reason` label.
+const char* ReplanLabel(tandem::v1::ReplanReason reason) {
+  switch (reason) {
+    case tandem::v1::REPLAN_REASON_STEP_TIME:
+      return "step_time";
+    case tandem::v1::REPLAN_REASON_RESOURCE_BUSY:
+      return "resource_busy";
+    default:
+      return "slower";
+  }
+}
+
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
@@ -303,13 +327,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   *job.mutable_plan() = r.plan;
   *job.mutable_schedule() = r.program;
   job.mutable_metrics()->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
-  if (r.plan.layers_size() > 0) {
-    tandem::v1::PlanRecord* first = job.add_plan_history();
-    *first->mutable_plan() = r.plan;
-    first->mutable_plan()->clear_timeline();
-    first->set_cost_source(r.cost_source);
-    first->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
-  }
+  if (r.plan.layers_size() > 0) *job.add_plan_history() = PlanRecordOf(r.plan, r.cost_source, 0);
   *job.mutable_create_time() = TimeUtil::GetCurrentTime();
   *job.mutable_update_time() = job.create_time();
   job.mutable_progress()->set_total_steps(resolved.training().duration_case() ==
@@ -975,18 +993,8 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer) {
 
 void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
                               const node::PlanLoop::Decision& d, int64_t step) {
-  // The step program of a new placement, as submission stores it.
-  tandem::v1::Schedule program;
-  if (d.placement_changed) {
-    absl::StatusOr<tandem::v1::Schedule> lowered = loop.ProgramOf(d.plan);
-    if (lowered.ok() && lowered->ByteSizeLong() <= kMaxStoredProgramBytes) {
-      program = *std::move(lowered);
-    }
-  }
-  const std::string reason = d.reason == tandem::v1::REPLAN_REASON_STEP_TIME       ? "step_time"
-                             : d.reason == tandem::v1::REPLAN_REASON_RESOURCE_BUSY ? "resource_busy"
-                                                                                   : "slower";
-  metrics_->replans.Add({{"reason", reason}, {"placement", d.placement_changed ? "new" : "same"}})
+  metrics_->replans
+      .Add({{"reason", ReplanLabel(d.reason)}, {"placement", d.placement_changed ? "new" : "same"}})
       .Increment();
   if (d.measured_profile) {
     const absl::Status cached =
@@ -999,10 +1007,7 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
   absl::MutexLock lock(&mu_);
   Job& job = entry.job;
   if (job.plan_history_size() == 0) {  // a job submitted before plan histories
-    tandem::v1::PlanRecord* first = job.add_plan_history();
-    *first->mutable_plan() = job.plan();
-    first->mutable_plan()->clear_timeline();
-    first->set_predicted_step_seconds(job.plan().prediction().iteration_seconds());
+    *job.add_plan_history() = PlanRecordOf(job.plan(), "", 0);
   }
   tandem::v1::PlanRecord* last = job.mutable_plan_history(job.plan_history_size() - 1);
   last->set_measured_step_seconds(d.check.measured_step_seconds);
@@ -1010,19 +1015,18 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
   last->set_replaced_reason(d.reason);
   last->set_replaced_because(d.because);
   last->set_placement_changed(d.placement_changed);
-  tandem::v1::PlanRecord* next = job.add_plan_history();
-  *next->mutable_plan() = d.plan;
-  next->mutable_plan()->clear_timeline();
-  next->set_cost_source(d.cost_source);
-  next->set_predicted_step_seconds(d.plan.prediction().iteration_seconds());
-  next->set_from_step(step);
+  *job.add_plan_history() = PlanRecordOf(d.plan, d.cost_source, step);
   // A record stays small however often a job resumes: its first plan and the
   // latest ones.
   while (job.plan_history_size() > kPlanHistoryKept) {
     job.mutable_plan_history()->DeleteSubrange(1, 1);
   }
   *job.mutable_plan() = d.plan;
-  if (d.placement_changed) *job.mutable_schedule() = std::move(program);
+  // The step program of a new placement, as submission stores it.
+  if (d.placement_changed) {
+    *job.mutable_schedule() =
+        d.program.ByteSizeLong() <= kMaxStoredProgramBytes ? d.program : tandem::v1::Schedule();
+  }
   job.mutable_metrics()->set_predicted_step_seconds(d.plan.prediction().iteration_seconds());
   job.mutable_metrics()->set_replans(job.metrics().replans() + 1);
   *job.mutable_update_time() = TimeUtil::GetCurrentTime();

@@ -78,15 +78,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
         std::make_unique<HostAllocator>(t->resolved_.resources().host_memory_bytes());
     t->host_allocator_ = t->owned_allocator_.get();
   }
-  const int64_t max_batch = MaxBatch(t->resolved_);
-  if (t->options_.make_runner) {
-    TANDEM_ASSIGN_OR_RETURN(t->runner_, t->options_.make_runner(*t->model_, t->resolved_, max_batch,
-                                                                t->host_allocator_));
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(t->runner_,
-                            CpuRunner::Create(*t->model_, t->resolved_.optimizer(), max_batch,
-                                              training.seed(), t->host_allocator_));
-  }
+  TANDEM_ASSIGN_OR_RETURN(t->runner_, t->MakeRunner(t->options_.make_runner));
   t->runner_->set_timing_sink(t->options_.timing_sink);
   t->metrics_.set_predicted_step_seconds(t->runner_->plan().prediction().iteration_seconds());
   t->loader_ = std::make_unique<BatchLoader>(*t->data_.train, training.batch_size(),
@@ -287,6 +279,15 @@ absl::Status Trainer::AfterStep() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<StepRunner>> Trainer::MakeRunner(const RunnerFactory& make) const {
+  const int64_t max_batch = MaxBatch(resolved_);
+  if (make) return make(*model_, resolved_, max_batch, host_allocator_);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu,
+                          CpuRunner::Create(*model_, resolved_.optimizer(), max_batch,
+                                            resolved_.training().seed(), host_allocator_));
+  return std::unique_ptr<StepRunner>(std::move(cpu));
+}
+
 void Trainer::set_timing_sink(LayerTimingSink* sink) {
   options_.timing_sink = sink;
   runner_->set_timing_sink(sink);
@@ -302,19 +303,13 @@ absl::Status Trainer::SwitchRunner(const RunnerFactory& make, RunClock& clock) {
   TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
   // The old runner's memory goes back before the new one takes any.
   runner_.reset();
-  const int64_t max_batch = MaxBatch(resolved_);
-  absl::StatusOr<std::unique_ptr<StepRunner>> next =
-      make(*model_, resolved_, max_batch, host_allocator_);
+  absl::StatusOr<std::unique_ptr<StepRunner>> next = MakeRunner(make);
   const absl::Status made = next.status();
   if (!next.ok()) {
     Log(tandem::v1::LOG_SEVERITY_WARNING,
         absl::StrCat("cannot switch runners at step ", step_, ": ", made.message(),
                      "; going on under the previous one"));
-    next = options_.make_runner
-               ? options_.make_runner(*model_, resolved_, max_batch, host_allocator_)
-               : absl::StatusOr<std::unique_ptr<StepRunner>>(
-                     CpuRunner::Create(*model_, resolved_.optimizer(), max_batch,
-                                       resolved_.training().seed(), host_allocator_));
+    next = MakeRunner(options_.make_runner);
     TANDEM_RETURN_IF_ERROR(next.status());
   } else {
     options_.make_runner = make;  // a resume after a failed step makes this one

@@ -131,6 +131,8 @@ class Trainer {
   // Evaluation and checkpoints due after a step that is not the last.
   absl::Status AfterStep();
   absl::Status SaveCheckpoint();
+  // `make`'s runner for this model and spec; null = the CPU engine.
+  absl::StatusOr<std::unique_ptr<StepRunner>> MakeRunner(const RunnerFactory& make) const;
   // callbacks_.switch_runner's switch; the clock's steady steps start again.
   absl::Status SwitchRunner(const RunnerFactory& make, RunClock& clock);
   absl::Status LoadNewestCheckpoint();

@@ -100,7 +100,7 @@ class ClosedLoopTest(unittest.TestCase):
         self.assertIn('tandem_job_step_time_ratio{job_id="%s"}' % job.id, metrics)
 
         # The measured layer profile was cached: the same model plans from it.
-        cached = glob.glob(os.path.join(self.daemon.state_dir, "layer_profiles", "*.layers.pb"))
+        cached = glob.glob(os.path.join(self.daemon.state_dir, "layer_profiles", "*.profile.pb"))
         self.assertEqual(len(cached), 1, cached)
         second = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(
             spec=gpt_spec(steps=1)), timeout=60).job

@@ -234,14 +234,16 @@ auto Parsed(const grpc::ByteBuffer* raw_request, grpc::ByteBuffer* raw_response,
 
 // The status for a request whose caller went away while it waited, nothing
 // done; nullopt while the caller still waits.
+// A passed deadline is asked first: gRPC also marks such a call cancelled, and
+// the caller must read DEADLINE_EXCEEDED, whichever status reaches it first.
 std::optional<grpc::Status> CallerGone(grpc::CallbackServerContext& context, const char* method) {
-  if (context.IsCancelled()) {
-    return grpc::Status(grpc::StatusCode::CANCELLED,
-                        absl::StrCat(method, ": cancelled by the client before it started"));
-  }
   if (std::chrono::system_clock::now() > context.deadline()) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         absl::StrCat(method, ": the deadline passed before it started"));
+  }
+  if (context.IsCancelled()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        absl::StrCat(method, ": cancelled by the client before it started"));
   }
   return std::nullopt;
 }
@@ -291,7 +293,14 @@ void TandemService::RunAndFinish(grpc::CallbackServerContext* context,
                                  grpc::ServerUnaryReactor* reactor, const char* method,
                                  absl::Time start, const std::function<grpc::Status()>& work) {
   const std::optional<grpc::Status> gone = CallerGone(*context, method);
-  const grpc::Status status = gone ? *gone : work();
+  grpc::Status status = gone ? *gone : work();
+  // Work its stop check ended says CANCELLED; past the deadline that is the
+  // deadline's doing.
+  if (status.error_code() == grpc::StatusCode::CANCELLED &&
+      std::chrono::system_clock::now() > context->deadline()) {
+    status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat(method, ": the deadline passed: ", status.error_message()));
+  }
   Record(method, start, status);
   reactor->Finish(status);
 }

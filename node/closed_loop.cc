@@ -443,16 +443,17 @@ absl::StatusOr<Profile> MeasuredLayerProfile(const Model& model, const JobSpec& 
   *provenance.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   provenance.set_iterations(static_cast<int>(timelines.size()));
   if (node.profile) (*provenance.mutable_versions())["node"] = node.profile->fingerprint();
+  auto f = [&](int d, int p) { return roofline.factor(d, p); };
+  provenance.set_note(absl::StrFormat(
+      "host %d of %d layer phases measured, accelerator %d of %d (the rest the roofline scaled "
+      "by what the measured ones took over theirs: host x%.2f/x%.2f/x%.2f, accelerator "
+      "x%.2f/x%.2f/x%.2f forward/backward/update)%s%s",
+      measured[kHost], phases[kHost], measured[kAccelerator], phases[kAccelerator],
+      f(kHost, kForward), f(kHost, kBackward), f(kHost, kUpdate), f(kAccelerator, kForward),
+      f(kAccelerator, kBackward), f(kAccelerator, kUpdate), links.empty() ? "" : "; links ",
+      links));
   if (summary != nullptr) {
-    auto f = [&](int d, int p) { return roofline.factor(d, p); };
-    *summary = absl::StrFormat(
-        "measured from %d steps: host %d of %d layer phases, accelerator %d of %d (the rest the "
-        "roofline scaled by what the measured ones took over theirs: host x%.2f/x%.2f/x%.2f, "
-        "accelerator x%.2f/x%.2f/x%.2f forward/backward/update)%s%s",
-        static_cast<int>(timelines.size()), measured[kHost], phases[kHost], measured[kAccelerator],
-        phases[kAccelerator], f(kHost, kForward), f(kHost, kBackward), f(kHost, kUpdate),
-        f(kAccelerator, kForward), f(kAccelerator, kBackward), f(kAccelerator, kUpdate),
-        links.empty() ? "" : "; links ", links);
+    *summary = absl::StrCat("measured from ", timelines.size(), " steps: ", provenance.note());
   }
   return profile;
 }

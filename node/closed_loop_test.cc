@@ -191,6 +191,47 @@ TEST_F(MeasuredProfileTest, UnmeasuredPhasesTakeTheRooflineScaledByTheirDevice) 
   EXPECT_EQ(profile->layers(0).devices(0).update().counters_size(), 1);
 }
 
+TEST_F(MeasuredProfileTest, PlanModelPlansFromAMeasuredProfileAndSaysSo) {
+  absl::StatusOr<tandem::v1::Profile> measured =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {Step(), Step()}, nullptr);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_NE(measured->provenance().note().find("layer phases measured"), std::string::npos)
+      << measured->provenance().note();
+  tandem::v1::PlanModelRequest request;
+  *request.mutable_spec() = spec_;
+  int lookups = 0;
+  PlanModelContext context;
+  context.measured = [&](const Model& model, const JobSpec& resolved) {
+    ++lookups;
+    EXPECT_EQ(model.num_layers(), jm_.model->num_layers());
+    EXPECT_EQ(resolved.training().batch_size(), spec_.training().batch_size());
+    return std::optional<tandem::v1::Profile>(*measured);
+  };
+  absl::StatusOr<tandem::v1::PlanModelResponse> from_measured =
+      PlanModel(request, TestNode(), context);
+  ASSERT_TRUE(from_measured.ok()) << from_measured.status();
+  EXPECT_EQ(lookups, 1);
+  EXPECT_NE(from_measured->cost_source().find("measured here"), std::string::npos)
+      << from_measured->cost_source();
+  EXPECT_NE(from_measured->cost_source().find(measured->provenance().note()), std::string::npos);
+  // The same plan PlanJob solves from that profile.
+  absl::StatusOr<Plan> job_plan = PlanJob(*jm_.model, spec_, TestNode(), &*measured);
+  ASSERT_TRUE(job_plan.ok()) << job_plan.status();
+  EXPECT_TRUE(SamePlacement(from_measured->plan(), *job_plan));
+  EXPECT_DOUBLE_EQ(from_measured->plan().prediction().iteration_seconds(),
+                   job_plan->prediction().iteration_seconds());
+
+  // No profile cached: the analytic one, and a different prediction.
+  context.measured = [](const Model&, const JobSpec&) {
+    return std::optional<tandem::v1::Profile>();
+  };
+  absl::StatusOr<tandem::v1::PlanModelResponse> analytic = PlanModel(request, TestNode(), context);
+  ASSERT_TRUE(analytic.ok()) << analytic.status();
+  EXPECT_NE(analytic->cost_source().find("analytic profile"), std::string::npos);
+  EXPECT_NE(analytic->plan().prediction().iteration_seconds(),
+            from_measured->plan().prediction().iteration_seconds());
+}
+
 TEST_F(MeasuredProfileTest, NoComputeSpansIsAnError) {
   Timeline copies_only;
   AddSpan(copies_only, kH2D, -1, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 0.001, 1000);

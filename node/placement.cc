@@ -14,6 +14,7 @@
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "base/work_counters.h"
+#include "google/protobuf/util/time_util.h"
 #include "planner/memory_fit.h"
 #include "planner/strategies.h"
 #include "runtime/core/allocator.h"
@@ -518,10 +519,25 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   return plan;
 }
 
+std::string MeasuredCostSource(const tandem::v1::Profile& measured) {
+  const auto& provenance = measured.provenance();
+  return absl::StrCat(
+      "the layer profile an earlier job of this model measured here (",
+      provenance.has_create_time()
+          ? absl::StrCat(google::protobuf::util::TimeUtil::ToString(provenance.create_time()), ", ")
+          : "",
+      provenance.iterations(), " steps)",
+      provenance.note().empty() ? "" : absl::StrCat(": ", provenance.note()));
+}
+
+std::string AnalyticCostSource(const NodeOffer& node) {
+  return node.profile ? "the analytic profile on this node's measured rates (node profile)"
+                      : "the analytic profile on this host's GEMM and triad rates";
+}
+
 absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
-                                            const NodeOffer& node, const PathResolver& resolve,
-                                            std::function<bool()> stop,
-                                            const MemoryReserver& reserve) {
+                                            const NodeOffer& node,
+                                            const PlanModelContext& context) {
   auto spec_error = [](const absl::Status& s) {
     if (s.code() != absl::StatusCode::kInvalidArgument && s.code() != absl::StatusCode::kNotFound) {
       return s;
@@ -533,18 +549,31 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   absl::StatusOr<JobSpec> resolved =
       ResolveJobSpec(rpc.spec(), remote || !node.cuda_devices.empty());
   if (!resolved.ok()) return spec_error(resolved.status());
-  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, resolve);
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, context.resolve);
   if (!jm.ok()) return spec_error(jm.status());
   const Model& model = *jm->model;
   const tandem::v1::Profile analytic =
       profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
-  request.stop = std::move(stop);
+  request.stop = context.stop;
   std::shared_ptr<void> hold;
-  if (reserve) {
+  if (context.reserve) {
     const int batch = request.batch_size > 0 ? request.batch_size : analytic.batch_size();
-    TANDEM_ASSIGN_OR_RETURN(hold,
-                            reserve(planner::PlanningMemoryBytes(analytic.layers_size(), batch)));
+    TANDEM_ASSIGN_OR_RETURN(
+        hold, context.reserve(planner::PlanningMemoryBytes(analytic.layers_size(), batch)));
+  }
+  std::string cost_source;
+  switch (rpc.cost_source_case()) {
+    case tandem::v1::PlanModelRequest::kProfile:
+      cost_source = absl::StrCat("the request's profile (", rpc.profile().provenance().source(),
+                                 ")");
+      break;
+    case tandem::v1::PlanModelRequest::kHardware:
+      cost_source = absl::StrCat("the analytic profile on the request's hardware (",
+                                 rpc.hardware().name(), ")");
+      break;
+    default:
+      break;
   }
   int64_t capacity = request.accelerator_memory_bytes;
   if (!remote) {
@@ -554,9 +583,24 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
     if (KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_CUDA && capacity > kCudaFixedBytes) {
       capacity -= kCudaFixedBytes;  // as PlanJob: what the GPU holds for itself
     }
-    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
+    // As PlanJob: a layer profile measured here replaces the analytic one and
+    // the node's rates.
+    std::optional<tandem::v1::Profile> measured;
+    if (context.measured && KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
+      measured = context.measured(model, *resolved);
+    }
+    if (measured) {
+      cost_source = MeasuredCostSource(*measured);
+      request.profile = *std::move(measured);
+    } else {
+      cost_source = AnalyticCostSource(node);
+      TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
+    }
   }
-  return SolveForExecutor(model, std::move(request), capacity);
+  TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response,
+                          SolveForExecutor(model, std::move(request), capacity));
+  response.set_cost_source(std::move(cost_source));
+  return response;
 }
 
 namespace {

@@ -128,17 +128,40 @@ absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model,
 
 // The PlanModel RPC (and `tandem plan`): the spec's model planned against the
 // request's cost source (a profile, a hardware spec, or this node), every
-// strategy asked for compared. Errors name the request field. `stop` (null =
-// never) ends it with CANCELLED (planner::PlanRequest::stop). `reserve` (null =
-// none), called once the model is known and before any solving with
-// planner::PlanningMemoryBytes, returns a hold kept until the answer is made,
-// or the error to answer with (tandemd: the host budget's RESOURCE_EXHAUSTED).
+// strategy asked for compared; PlanModelResponse.cost_source says what the
+// plans were timed with and which figures were measured. Errors name the
+// request field.
 using MemoryReserver = std::function<absl::StatusOr<std::shared_ptr<void>>(int64_t bytes)>;
+// A layer profile of `model` measured on this node for `resolved`
+// (LayerProfileCache, node/closed_loop.h), when there is one.
+using LayerProfileLookup = std::function<std::optional<tandem::v1::Profile>(
+    const Model& model, const tandem::v1::JobSpec& resolved)>;
+struct PlanModelContext {
+  // Resolves the spec's data paths (null = as given).
+  PathResolver resolve;
+  // Null = never; else it ends planning with CANCELLED (planner::PlanRequest::stop).
+  std::function<bool()> stop;
+  // Null = none; called once the model is known and before any solving with
+  // planner::PlanningMemoryBytes, it returns a hold kept until the answer is
+  // made, or the error to answer with (tandemd: the host budget's
+  // RESOURCE_EXHAUSTED).
+  MemoryReserver reserve;
+  // Null = none. Planning for this node (no cost source in the request), a
+  // profile it returns replaces the analytic profile and the node's rates, as
+  // in PlanJob.
+  LayerProfileLookup measured;
+};
 absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& request,
                                                         const NodeOffer& node,
-                                                        const PathResolver& resolve = nullptr,
-                                                        std::function<bool()> stop = nullptr,
-                                                        const MemoryReserver& reserve = nullptr);
+                                                        const PlanModelContext& context = {});
+
+// What a plan solved from `measured` (a layer profile from
+// MeasuredLayerProfile) was timed with, for PlanRecord.cost_source and
+// PlanModelResponse.cost_source: its steps, when, and its note of which
+// figures were measured.
+std::string MeasuredCostSource(const tandem::v1::Profile& measured);
+// The same for a plan solved from the analytic profile on `node`.
+std::string AnalyticCostSource(const NodeOffer& node);
 
 // The runner factory for Trainer: the plain CPU engine for jobs without an
 // accelerator, else the plan executor on the job's accelerator. With

@@ -128,6 +128,10 @@ std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response) {
                       FormatBytes(p.prediction().host_peak_bytes()),
                       FormatSeconds(p.prediction().accelerator_stall_seconds()),
                       FormatSeconds(p.solver().solve_seconds()), p.solver().plans_evaluated()));
+  if (!response.cost_source().empty()) {
+    // Before the table: the figures' source, measured or estimated.
+    out.insert(out.size() - 1, absl::StrCat("Timed with ", response.cost_source(), ".\n"));
+  }
   absl::StrAppend(&out, RenderLayerTable(p));
   for (const tandem::v1::PipelineStage& s : p.pipeline()) {
     absl::StrAppend(

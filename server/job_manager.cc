@@ -142,7 +142,8 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics
     : options_(std::move(options)),
       store_(store),
       metrics_(metrics),
-      layer_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/layer_profiles") {
+      layer_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/layer_profiles"),
+      node_(options_.node ? std::make_shared<const node::NodeOffer>(*options_.node) : nullptr) {
   persister_ = std::thread([this] { PersistLoop(); });
   metrics_->device_memory_budget.Add({{"device", "cpu"}}).Set(options_.host_memory_budget_bytes);
   // Every terminal state's counter exists from the start at 0, so increase()
@@ -166,8 +167,7 @@ namespace {
 
 // Memory of a built model at the spec's batch sizes.
 absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved,
-                                             const JobModel& jm,
-                                             const std::optional<node::NodeOffer>& node) {
+                                             const JobModel& jm, const node::NodeOffer* node) {
   const Model& m = *jm.model;
   const int64_t max_batch = MaxBatch(resolved);
   MemoryEstimate e;
@@ -251,23 +251,19 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
       });
   if (!jm.ok()) return AsSpecError(jm.status());
   *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
-  absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, options_.node);
+  const std::shared_ptr<const node::NodeOffer> offer = node();
+  absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, offer.get());
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
-  if (plan && options_.node) {
+  if (plan && offer) {
     // This model measured on this node before: planned from what was measured.
     const std::optional<tandem::v1::Profile> measured =
-        resolved->placement().has_plan()
-            ? std::nullopt
-            : layer_profiles_.Load(*jm->model, *resolved, *options_.node);
+        resolved->placement().has_plan() ? std::nullopt
+                                         : layer_profiles_.Load(*jm->model, *resolved, *offer);
     r.cost_source =
-        measured ? absl::StrCat("the layer profile measured by an earlier run of this model here (",
-                                measured->provenance().iterations(), " steps)")
-                 : (options_.node->profile ? "the analytic profile on this node's measured rates"
-                                           : "the analytic profile on this host's GEMM and "
-                                             "triad rates");
+        measured ? node::MeasuredCostSource(*measured) : node::AnalyticCostSource(*offer);
     absl::StatusOr<tandem::v1::Plan> solved =
-        node::PlanJob(*jm->model, *resolved, *options_.node, measured ? &*measured : nullptr);
+        node::PlanJob(*jm->model, *resolved, *offer, measured ? &*measured : nullptr);
     if (!solved.ok()) return AsSpecError(solved.status());
     r.plan = *std::move(solved);
     absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, *resolved, r.plan);
@@ -285,7 +281,25 @@ absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& r
       JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f, const std::string& p) {
         return policy.Resolve(f, p);
       }));
-  return EstimateModel(resolved, jm, options_.node);
+  return EstimateModel(resolved, jm, node().get());
+}
+
+std::shared_ptr<const node::NodeOffer> JobManager::node() const {
+  absl::MutexLock lock(&node_mu_);
+  return node_;
+}
+
+void JobManager::ReplaceNode(node::NodeOffer offer) {
+  auto next = std::make_shared<const node::NodeOffer>(std::move(offer));
+  absl::MutexLock lock(&node_mu_);
+  node_ = std::move(next);
+}
+
+std::optional<tandem::v1::Profile> JobManager::MeasuredLayerProfile(
+    const Model& model, const tandem::v1::JobSpec& resolved) const {
+  const std::shared_ptr<const node::NodeOffer> offer = node();
+  if (!offer) return std::nullopt;
+  return layer_profiles_.Load(model, resolved, *offer);
 }
 
 absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSpec& spec,
@@ -796,9 +810,10 @@ TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool 
   options.host_allocator = entry.allocator.get();
   options.spec_resolved = resolved;
   options.make_runner = options_.make_runner;
-  if (!options.make_runner && options_.node) {
+  if (const std::shared_ptr<const node::NodeOffer> offer = node();
+      !options.make_runner && offer) {
     options.make_runner = node::MakeRunnerFactory(
-        *options_.node, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt,
+        *offer, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt,
         resolved ? job.schedule() : tandem::v1::Schedule());
   }
   return options;
@@ -960,9 +975,10 @@ void JobManager::TrackTelemetry(const std::string& id, Entry& entry, Trainer* tr
 }
 
 void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer) {
-  if (!options_.node || trainer.runner().plan().layers_size() == 0) return;
+  const std::shared_ptr<const node::NodeOffer> offer = node();
+  if (!offer || trainer.runner().plan().layers_size() == 0) return;
   auto loop =
-      std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *options_.node,
+      std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *offer,
                                        trainer.runner().plan(), node::PlanLoopOptions{});
   const node::PlanLoop* raw = loop.get();
   const prometheus::Labels labels = {{"job_id", entry->job.id()}};

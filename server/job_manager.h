@@ -142,6 +142,17 @@ class JobManager {
   Snapshot TakeSnapshot();
   const JobManagerOptions& options() const { return options_; }
 
+  // The node jobs are planned on now: options().node, or what ReplaceNode
+  // gave since (GetNode's refresh_profile). Null when options().node is
+  // unset. A job admitted earlier runs with the offer it was planned on.
+  std::shared_ptr<const node::NodeOffer> node() const;
+  void ReplaceNode(node::NodeOffer offer);
+  // The layer profile a run of `model` measured on this node for `resolved`
+  // (node::LayerProfileCache; a stale or corrupt file is ignored with a log
+  // line), for PlanModel.
+  std::optional<tandem::v1::Profile> MeasuredLayerProfile(
+      const Model& model, const tandem::v1::JobSpec& resolved) const;
+
  private:
   struct Entry;
   void SchedulerLoop();
@@ -199,6 +210,8 @@ class JobManager {
   absl::Mutex mu_;
   // Measured layer profiles by model and node, under <state_dir>/layer_profiles.
   const node::LayerProfileCache layer_profiles_;
+  mutable absl::Mutex node_mu_;
+  std::shared_ptr<const node::NodeOffer> node_ ABSL_GUARDED_BY(node_mu_);
   std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_accelerator_ ABSL_GUARDED_BY(mu_) = 0;

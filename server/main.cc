@@ -164,45 +164,33 @@ int64_t AcceleratorMemoryBudgetFlag() {
              : old_name;
 }
 
+// How the node profile is measured, from the flags.
+tandem::server::NodeOfferSettings NodeOfferSettingsFromFlags(
+    const std::string& state_dir, const tandem::node::NodeResources& resources) {
+  return {.state_dir = state_dir,
+          .threads = absl::GetFlag(FLAGS_job_threads),
+          .accelerator_budget_bytes = AcceleratorMemoryBudgetFlag(),
+          .cuda_devices = resources.cuda_devices,
+          .emulated_link_throttle_bytes_per_second = absl::GetFlag(FLAGS_emulated_link_throttle)};
+}
+
 // The node as the planner sees it, from the node profile: measured now (a few
 // seconds) or read from <state_dir>/node_profile.pb when that holds this
 // hardware's. When measuring fails, the host's quick GEMM and triad figures.
 tandem::node::NodeOffer NodeOfferOfThisNode(const std::string& state_dir,
                                             const tandem::node::NodeResources& resources) {
-  tandem::profile::NodeProfileOptions options;
-  options.cache_path = state_dir + "/node_profile.pb";
-  options.refresh = absl::GetFlag(FLAGS_refresh_node_profile);
-  absl::StatusOr<tandem::profile::NodeProfileResult> result;
-  {
-    tandem::profile::ScopedThreads threads(absl::GetFlag(FLAGS_job_threads));
-    const tandem::profile::NodeProfiledDevices devices =
-        tandem::profile::OpenNodeProfiledDevices(absl::GetFlag(FLAGS_job_threads));
-    for (const std::string& note : devices.notes) {
-      std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
-    }
-    result = tandem::profile::LoadOrMeasureNodeProfile(devices.devices(), options);
-  }
-  if (!result.ok()) {
-    std::fprintf(stderr,
-                 "tandemd: node profile: measuring failed (%s); planning from quick host "
-                 "figures\n",
-                 result.status().ToString().c_str());
-    return tandem::node::DetectNodeOffer(AcceleratorMemoryBudgetFlag(), resources.cuda_devices);
-  }
-  for (const std::string& note : result->notes) {
-    std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
-  }
-  tandem::node::NodeOffer node = tandem::node::NodeOfferFromProfile(
-      result->profile, AcceleratorMemoryBudgetFlag(), resources.cuda_devices);
-  node.profile_source =
-      result->cached
-          ? absl::StrCat(
-                "cached in ", options.cache_path, " (measured ",
-                google::protobuf::util::TimeUtil::ToString(result->profile.measured_time()), " in ",
-                absl::StrFormat("%.1f", result->profile.measure_seconds()), " s)")
-          : absl::StrFormat("measured at start-up in %.1f s", result->profile.measure_seconds());
-  std::fprintf(stderr, "tandemd: node profile %s\n", node.profile_source.c_str());
-  return node;
+  const tandem::server::NodeOfferSettings settings =
+      NodeOfferSettingsFromFlags(state_dir, resources);
+  absl::StatusOr<tandem::node::NodeOffer> offer =
+      tandem::server::MeasureNodeOffer(settings, absl::GetFlag(FLAGS_refresh_node_profile));
+  if (offer.ok()) return *std::move(offer);
+  std::fprintf(stderr,
+               "tandemd: node profile: measuring failed (%s); planning from quick host figures\n",
+               offer.status().ToString().c_str());
+  tandem::node::NodeOffer quick =
+      tandem::node::DetectNodeOffer(settings.accelerator_budget_bytes, resources.cuda_devices);
+  quick.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
+  return quick;
 }
 
 // The budgets and limits of the flags, each flag's default derived from the
@@ -218,7 +206,6 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
   o.has_accelerator = !resources.cuda_devices.empty();
   o.default_threads = absl::GetFlag(FLAGS_job_threads);
   o.node = NodeOfferOfThisNode(state_dir, resources);
-  o.node->emulated_link_throttle_bytes_per_second = absl::GetFlag(FLAGS_emulated_link_throttle);
   o.accelerator_memory_budget_bytes = o.node->accelerator_memory_budget_bytes;
   std::fprintf(stderr, "tandemd: planning with %s%s\n", o.node->host.name().c_str(),
                o.has_accelerator ? absl::StrCat(" and ", resources.cuda_devices[0].name).c_str()
@@ -236,7 +223,6 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
 tandem::server::ServiceOptions ServiceOptionsFor(const tandem::server::Authenticator& auth,
                                                  const tandem::node::NodeResources& resources,
                                                  tandem::server::JobManager& jobs,
-                                                 const tandem::node::NodeOffer& node,
                                                  const std::string& state_dir,
                                                  const tandem::server::PathPolicy& policy) {
   using namespace tandem::server;
@@ -250,7 +236,8 @@ tandem::server::ServiceOptions ServiceOptionsFor(const tandem::server::Authentic
   o.node_info = [&resources, &jobs, start_time] {
     return BuildNodeInfo(resources, jobs, start_time);
   };
-  o.plan = MakePlanHandler(node, resolve, &jobs);
+  o.plan = MakePlanHandler(resolve, &jobs);
+  o.refresh_node = MakeNodeRefresher(NodeOfferSettingsFromFlags(state_dir, resources), &jobs);
   o.profile =
       MakeProfileHandler(state_dir + "/profiles", resolve, absl::GetFlag(FLAGS_job_threads), &jobs);
   return o;
@@ -362,7 +349,7 @@ int main(int argc, char** argv) {
 
   TandemService service(
       &jobs, &metrics,
-      ServiceOptionsFor(*auth, resources, jobs, *options.node, state_dir, *policy));
+      ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy));
 
   const std::vector<std::shared_ptr<prometheus::Collectable>> sources =
       MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));

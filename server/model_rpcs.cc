@@ -4,22 +4,36 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/time_util.h"
+#include "node/closed_loop.h"
 #include "runtime/profile/node_devices.h"
+#include "runtime/profile/node_profile.h"
 #include "runtime/train/profile_model.h"
 
 namespace tandem::server {
 
-PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve, JobManager* jobs) {
-  return [node = std::move(node), resolve = std::move(resolve), jobs](
-             const tandem::v1::PlanModelRequest& request, tandem::v1::PlanModelResponse* response,
-             const StopCheck& stop) {
+PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs) {
+  return [resolve = std::move(resolve), jobs](const tandem::v1::PlanModelRequest& request,
+                                              tandem::v1::PlanModelResponse* response,
+                                              const StopCheck& stop) {
+    const std::shared_ptr<const node::NodeOffer> node = jobs->node();
+    if (node == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this daemon plans no jobs: it has no node description");
+    }
+    node::PlanModelContext context;
+    context.resolve = resolve;
     // The planner asks `stop` before every simulation once the caller has
     // gone; the plan's working memory is held from the host budget.
-    const node::MemoryReserver reserve = [jobs](int64_t bytes) {
-      return jobs->HoldHostMemory(bytes, "the plan");
+    context.stop = stop;
+    context.reserve = [jobs](int64_t bytes) { return jobs->HoldHostMemory(bytes, "the plan"); };
+    context.measured = [jobs](const Model& model, const tandem::v1::JobSpec& resolved) {
+      return jobs->MeasuredLayerProfile(model, resolved);
     };
     absl::StatusOr<tandem::v1::PlanModelResponse> answer =
-        node::PlanModel(request, node, resolve, stop, reserve);
+        node::PlanModel(request, *node, context);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
     return grpc::Status::OK;
@@ -57,6 +71,69 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
     *response->mutable_profile() = std::move(result->profile);
     response->set_cached(result->cached);
     response->set_chrome_trace_json(std::move(result->chrome_trace_json));
+    return grpc::Status::OK;
+  };
+}
+
+absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings,
+                                                 bool refresh) {
+  profile::NodeProfileOptions options;
+  options.cache_path = settings.state_dir + "/node_profile.pb";
+  options.refresh = refresh;
+  absl::StatusOr<profile::NodeProfileResult> result;
+  {
+    profile::ScopedThreads threads(settings.threads);
+    const profile::NodeProfiledDevices devices = profile::OpenNodeProfiledDevices(settings.threads);
+    for (const std::string& note : devices.notes) {
+      std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
+    }
+    result = profile::LoadOrMeasureNodeProfile(devices.devices(), options);
+  }
+  if (!result.ok()) return result.status();
+  for (const std::string& note : result->notes) {
+    std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
+  }
+  node::NodeOffer node = node::NodeOfferFromProfile(
+      result->profile, settings.accelerator_budget_bytes, settings.cuda_devices);
+  node.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
+  const std::string seconds = absl::StrFormat("%.1f s", result->profile.measure_seconds());
+  node.profile_source =
+      result->cached
+          ? absl::StrCat("cached in ", options.cache_path, " (measured ",
+                         google::protobuf::util::TimeUtil::ToString(result->profile.measured_time()),
+                         " in ", seconds, ")")
+          : absl::StrCat(refresh ? "measured again on request" : "measured at start-up", " in ",
+                         seconds);
+  std::fprintf(stderr, "tandemd: node profile %s\n", node.profile_source.c_str());
+  return node;
+}
+
+NodeRefresher MakeNodeRefresher(NodeOfferSettings settings, JobManager* jobs) {
+  return [settings = std::move(settings), jobs](const StopCheck&) {
+    auto running = [jobs] {
+      const JobManager::Snapshot snapshot = jobs->TakeSnapshot();
+      auto it = snapshot.jobs_by_state.find(tandem::v1::JOB_STATE_RUNNING);
+      return it == snapshot.jobs_by_state.end() ? int64_t{0} : it->second;
+    };
+    if (const int64_t n = running(); n > 0) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("refresh_profile: ", n, " job", n == 1 ? " is" : "s are",
+                       " running and would be measured with the node; refresh when none runs"));
+    }
+    absl::StatusOr<node::NodeOffer> offer = MeasureNodeOffer(settings, /*refresh=*/true);
+    if (!offer.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("refresh_profile: measuring the node failed (",
+                                       offer.status().message(), "); the old profile stays"));
+    }
+    // A job the scheduler started meanwhile shared the cores with the
+    // measurement: the figures are kept, and the source says so.
+    if (const int64_t n = running(); n > 0) {
+      absl::StrAppend(&offer->profile_source, " while ", n, " job", n == 1 ? "" : "s",
+                      " started (figures may be low)");
+    }
+    jobs->ReplaceNode(*std::move(offer));
     return grpc::Status::OK;
   };
 }

@@ -1,7 +1,9 @@
-// The work behind the PlanModel and ProfileModel RPCs, as tandemd hands it to
-// the service (ServiceOptions::plan and ::profile): plans for this node, or for
-// a machine a HardwareSpec describes; profiles measured on this node's devices
-// and cached under a directory. Profiles must run one at a time (concurrent
+// The work behind the PlanModel and ProfileModel RPCs and GetNode's refresh, as
+// tandemd hands it to the service (ServiceOptions::plan, ::profile and
+// ::refresh_node): plans for this node (from a layer profile a job measured
+// here when there is one), or for a machine a HardwareSpec describes; profiles
+// measured on this node's devices and cached under a directory; the node
+// profile measured again. Profiles must run one at a time (concurrent
 // ones would measure each other): the service's profile lane has one thread
 // (ServiceOptions::profile_lane), the only limit. The devices are opened for each profile, so that
 // between profiles the GPU holds no profiler context or memory and no CUPTI tracing is left
@@ -10,16 +12,21 @@
 #define TANDEM_SERVER_MODEL_RPCS_H_
 
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "node/placement.h"
 #include "server/tandem_service.h"
 
 namespace tandem::server {
 
-// Each plan holds planner::PlanningMemoryBytes from `jobs`' budget while it
-// solves; RESOURCE_EXHAUSTED when that does not fit now. `jobs` must outlive
-// the handler.
-PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve, JobManager* jobs);
+// Plans for this node as `jobs` sees it now (JobManager::node), from the
+// layer profile a job of the same model measured here when the request names
+// no cost source and one is cached. Each plan holds
+// planner::PlanningMemoryBytes from `jobs`' budget while it solves;
+// RESOURCE_EXHAUSTED when that does not fit now. `jobs` must outlive the
+// handler.
+PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs);
 
 // `threads`: CPU threads for the host's measurements (0 = all cores). Each
 // profile holds host memory from `jobs`' budget while it measures (the
@@ -28,6 +35,33 @@ PlanHandler MakePlanHandler(node::NodeOffer node, PathResolver resolve, JobManag
 // `jobs` must outlive the handler.
 ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, int threads,
                                   JobManager* jobs);
+
+// How tandemd measures its node profile (runtime/profile/node_profile.h).
+struct NodeOfferSettings {
+  // <state_dir>/node_profile.pb caches the profile per hardware fingerprint.
+  std::string state_dir;
+  // CPU threads for the host's measurements (0 = all cores).
+  int threads = 0;
+  // --accelerator_memory_budget (0 = the default).
+  int64_t accelerator_budget_bytes = 0;
+  std::vector<cuda::CudaDeviceInfo> cuda_devices;
+  // --emulated_link_throttle (NodeOffer::emulated_link_throttle_bytes_per_second).
+  double emulated_link_throttle_bytes_per_second = 0;
+};
+
+// The node as the planner sees it, from its node profile: read from the cache
+// when that holds this hardware's and `refresh` is false, else measured now
+// (about half a second on a 2-core host, a few seconds with a GPU) and
+// stored. Log lines (a cache file ignored, how long it took) go to stderr.
+absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings, bool refresh);
+
+// GetNode's refresh_profile: measures the node profile again and plans later
+// jobs with it (JobManager::ReplaceNode); running jobs keep the figures they
+// were planned with. FAILED_PRECONDITION while a job runs (its work would be
+// measured too); the old profile stays when measuring fails. The service runs
+// it on the profile lane, so it never overlaps a ProfileModel. `jobs` must
+// outlive the handler.
+NodeRefresher MakeNodeRefresher(NodeOfferSettings settings, JobManager* jobs);
 
 // What a profile reserves beyond its model's estimate: the profiler's own
 // buffers (cache eviction, peak measurements, per-layer inputs).

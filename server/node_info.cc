@@ -34,9 +34,9 @@ tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& j
   node.set_version(TandemVersion());
   node.set_git_commit(GitCommit());
   *node.mutable_start_time() = start_time;
-  if (jobs.options().node && jobs.options().node->profile) {
-    *node.mutable_profile() = *jobs.options().node->profile;
-    node.set_profile_source(jobs.options().node->profile_source);
+  if (const std::shared_ptr<const node::NodeOffer> offer = jobs.node(); offer && offer->profile) {
+    *node.mutable_profile() = *offer->profile;
+    node.set_profile_source(offer->profile_source);
   }
   const JobManager::Snapshot snapshot = jobs.TakeSnapshot();
   auto* cpu = node.add_devices();

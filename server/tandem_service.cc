@@ -453,12 +453,34 @@ grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* TandemService::GetNode(grpc::CallbackServerContext* context,
-                                                 const tandem::v1::GetNodeRequest*,
-                                                 tandem::v1::NodeInfo* response) {
-  return Unary(context, "GetNode", [this, response]() -> grpc::Status {
+                                                 const grpc::ByteBuffer* raw_request,
+                                                 grpc::ByteBuffer* raw_response) {
+  tandem::v1::GetNodeRequest request;
+  const bool parsed = ParseRequest(*raw_request, &request).ok();
+  auto answer = [this](const tandem::v1::GetNodeRequest&, tandem::v1::NodeInfo* response) {
     *response = options_.node_info();
     return grpc::Status::OK;
-  });
+  };
+  if (!parsed || !request.refresh_profile()) {
+    return Unary(context, "GetNode",
+                 Parsed<tandem::v1::GetNodeRequest, tandem::v1::NodeInfo>(raw_request,
+                                                                          raw_response, answer));
+  }
+  if (!options_.refresh_node) {
+    return Unary(context, "GetNode", [] {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "refresh_profile: this daemon does not measure its node");
+    });
+  }
+  return OnLane(context, "GetNode", profile_lane_,
+                Parsed<tandem::v1::GetNodeRequest, tandem::v1::NodeInfo>(
+                    raw_request, raw_response,
+                    [this, answer](const tandem::v1::GetNodeRequest& request,
+                                   tandem::v1::NodeInfo* response, const StopCheck& stop) {
+                      grpc::Status refreshed = options_.refresh_node(stop);
+                      if (!refreshed.ok()) return refreshed;
+                      return answer(request, response);
+                    }));
 }
 
 }  // namespace tandem::server

@@ -33,12 +33,16 @@ using ProfileHandler = std::function<grpc::Status(
     const tandem::v1::ProfileModelRequest&, tandem::v1::ProfileModelResponse*, const StopCheck&)>;
 using PlanHandler = std::function<grpc::Status(const tandem::v1::PlanModelRequest&,
                                                tandem::v1::PlanModelResponse*, const StopCheck&)>;
+// GetNode's refresh_profile: measures the node profile again; UNIMPLEMENTED
+// when unset.
+using NodeRefresher = std::function<grpc::Status(const StopCheck&)>;
 
 struct ServiceOptions {
   Authenticator auth;
   NodeInfoProvider node_info;
   ProfileHandler profile;
   PlanHandler plan;
+  NodeRefresher refresh_node;
   // Threads for the cheap RPCs' blocking work (the store's fsync).
   int worker_threads = 32;
   // The expensive RPCs' own lanes (work_lane.h): a profile measures the whole
@@ -51,7 +55,7 @@ struct ServiceOptions {
 
 // The service's base: every method that takes a request parses it itself (raw
 // callback methods, wire_request.h), so a request that does not parse is
-// INVALID_ARGUMENT naming the field; GetNode's request has no fields.
+// INVALID_ARGUMENT naming the field.
 using TandemServiceBase = tandem::v1::Tandem::WithRawCallbackMethod_SubmitJob<
     tandem::v1::Tandem::WithRawCallbackMethod_GetJob<
         tandem::v1::Tandem::WithRawCallbackMethod_ListJobs<
@@ -59,7 +63,7 @@ using TandemServiceBase = tandem::v1::Tandem::WithRawCallbackMethod_SubmitJob<
                 tandem::v1::Tandem::WithRawCallbackMethod_CancelJob<
                     tandem::v1::Tandem::WithRawCallbackMethod_ProfileModel<
                         tandem::v1::Tandem::WithRawCallbackMethod_PlanModel<
-                            tandem::v1::Tandem::WithCallbackMethod_GetNode<
+                            tandem::v1::Tandem::WithRawCallbackMethod_GetNode<
                                 tandem::v1::Tandem::Service>>>>>>>>;
 
 class TandemService final : public TandemServiceBase {
@@ -89,9 +93,11 @@ class TandemService final : public TandemServiceBase {
   grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  // With refresh_profile, on the profile lane: the node is measured again
+  // first (ServiceOptions::refresh_node).
   grpc::ServerUnaryReactor* GetNode(grpc::CallbackServerContext* context,
-                                    const tandem::v1::GetNodeRequest* request,
-                                    tandem::v1::NodeInfo* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
 
   // Records an RPC's outcome in the metrics.
   void Record(const char* method, absl::Time start, const grpc::Status& status);

@@ -23,7 +23,9 @@ ABSL_FLAG(int, iterations, 10, "tandem profile: timed calls per phase, in [1, 10
 ABSL_FLAG(int, warmup, 3,
           "tandem profile: untimed calls per phase before timing, in [1, 100] (0 means the "
           "default, 3).");
-ABSL_FLAG(bool, refresh, false, "tandem profile: measure again even when a profile is cached.");
+ABSL_FLAG(bool, refresh, false,
+          "tandem profile: measure again even when a profile is cached; tandem node: the daemon "
+          "measures its node profile again (refused while jobs run).");
 ABSL_FLAG(std::string, trace_out, "",
           "tandem profile, status, train: also write one measured iteration as Chrome trace JSON "
           "to this file (open it in ui.perfetto.dev or chrome://tracing); status and train write "

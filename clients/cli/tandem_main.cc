@@ -40,7 +40,10 @@ const std::map<std::string, Command>& Commands() {
         RunWatch}},
       {"cancel",
        {"cancel ID", "Cancel a job (queued: now; running: at the next step).", RunCancel}},
-      {"node", {"node", "Show the daemon's devices, memory and jobs.", RunNode}},
+      {"node",
+       {"node [--refresh]",
+        "Show the daemon's devices, memory, jobs and node profile (--refresh: measure it again).",
+        RunNode}},
       {"plan",
        {"plan FILE",
         "Plan a job file's model: every strategy compared on this machine, a --hardware spec or a "

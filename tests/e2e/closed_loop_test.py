@@ -7,8 +7,10 @@ that link every step, measures far slower than predicted, is re-planned from
 its measured spans to a different placement at a step boundary, and finishes.
 Its record keeps the plan history (each plan, its predicted and measured step,
 why it was replaced), the metrics count the re-plan, and the measured layer
-profile is cached: the next job of the same model is planned from it. A
-damaged cache file is ignored with a log line. A negative replan_threshold
+profile is cached: the next job of the same model is planned from it, and so
+is PlanModel on this node, which says which figures were measured. A
+damaged cache file is ignored with a log line. GetNode's refresh_profile
+measures the node again (refused while a job runs). A negative replan_threshold
 compares but never re-plans; an out-of-range one is INVALID_ARGUMENT.
 
 The measured step times before and after are printed, never asserted."""
@@ -104,10 +106,21 @@ class ClosedLoopTest(unittest.TestCase):
         self.assertEqual(len(cached), 1, cached)
         second = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(
             spec=gpt_spec(steps=1)), timeout=60).job
-        self.assertIn("measured by an earlier run", second.plan_history[0].cost_source)
+        self.assertIn("an earlier job of this model measured here",
+                      second.plan_history[0].cost_source)
         print("second job planned from the cached profile: %s, predicted %.1f ms" % (
             describe(second.plan_history[0]), second.plan_history[0].predicted_step_seconds * 1e3))
         wait_for_state(self.client, second.id, DONE, timeout=600)
+        # PlanModel on this node plans from the same profile, and says so.
+        planned = self.client.PlanModel(tandem_service_pb2.PlanModelRequest(
+            spec=gpt_spec(steps=1)), timeout=120)
+        print("PlanModel: %s" % planned.cost_source)
+        self.assertIn("an earlier job of this model measured here", planned.cost_source)
+        self.assertIn("layer phases measured", planned.cost_source)
+        self.assertEqual(planned.plan.strategy, second.plan_history[0].plan.strategy)
+        self.assertAlmostEqual(planned.plan.prediction.iteration_seconds,
+                               second.plan_history[0].predicted_step_seconds,
+                               delta=0.01 * second.plan_history[0].predicted_step_seconds)
 
         # A damaged cache file is ignored, with a line in the log.
         with open(cached[0], "wb") as f:
@@ -117,6 +130,40 @@ class ClosedLoopTest(unittest.TestCase):
         self.assertIn("analytic profile", third.plan_history[0].cost_source)
         self.assertIn("ignoring the cached layer profile", self.daemon.logs())
         wait_for_state(self.client, third.id, DONE, timeout=600)
+        planned = self.client.PlanModel(tandem_service_pb2.PlanModelRequest(
+            spec=gpt_spec(steps=1)), timeout=120)
+        self.assertIn("analytic profile", planned.cost_source)
+
+    def test_node_profile_is_measured_again_on_request(self):
+        before = self.client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=30)
+        self.assertIn("measured at start-up", before.profile_source)
+        path = os.path.join(self.daemon.state_dir, "node_profile.pb")
+        with open(path, "rb") as f:
+            stored_before = f.read()
+        after = self.client.GetNode(tandem_service_pb2.GetNodeRequest(refresh_profile=True),
+                                    timeout=60)
+        print("refreshed node profile: %s" % after.profile_source)
+        self.assertIn("measured again on request", after.profile_source)
+        self.assertEqual(after.profile.fingerprint, before.profile.fingerprint)
+        self.assertGreaterEqual(after.profile.measured_time.ToNanoseconds(),
+                           before.profile.measured_time.ToNanoseconds())
+        with open(path, "rb") as f:
+            self.assertNotEqual(f.read(), stored_before)  # the cache holds the new one
+        # A plain GetNode serves the refreshed profile from then on.
+        again = self.client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=30)
+        self.assertEqual(again.profile.measured_time, after.profile.measured_time)
+
+        # While a job runs, a refresh would measure it too: refused.
+        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(
+            spec=gpt_spec(steps=100000, replan_threshold=-1)), timeout=60).job
+        wait_for_state(self.client, job.id, (job_pb2.JOB_STATE_RUNNING,), timeout=120)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.GetNode(tandem_service_pb2.GetNodeRequest(refresh_profile=True),
+                                timeout=60)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("refresh_profile", e.exception.details())
+        self.client.CancelJob(tandem_service_pb2.CancelJobRequest(job_id=job.id), timeout=30)
+        wait_for_state(self.client, job.id, DONE, timeout=120)
 
     def test_negative_threshold_compares_but_never_replans(self):
         job = self.run_job(gpt_spec(steps=12, replan_threshold=-1))

@@ -228,6 +228,11 @@ class TandemClient:
         return self._call("PlanModel", request,
                           timeout if timeout is not None else self.plan_timeout_seconds)
 
-    def node(self, timeout=None):
-        """The daemon's tandem.v1.NodeInfo: devices, memory, jobs by state."""
-        return self._call("GetNode", tandem_service_pb2.GetNodeRequest(), timeout)
+    def node(self, refresh_profile=False, timeout=None):
+        """The daemon's tandem.v1.NodeInfo: devices, memory, jobs by state, node profile.
+
+        refresh_profile: measure the node profile again first (refused with
+        FAILED_PRECONDITION while jobs run)."""
+        return self._call("GetNode",
+                          tandem_service_pb2.GetNodeRequest(refresh_profile=refresh_profile),
+                          timeout)

@@ -207,16 +207,13 @@ class SpanSamples {
       for (const auto& s : t.spans()) Add(s);
     }
   }
-  // The median span; a recomputed layer's forward when it has no other.
-  std::optional<double> Median(int layer, int device, int phase) const {
+  // The spans' statistics; a recomputed layer's forward when it has no other.
+  std::optional<tandem::v1::TimingStats> Stats(int layer, int device, int phase) const {
     const std::vector<double>& v = Slot(layer, device, phase);
-    if (!v.empty()) return profile::Median(v);
+    if (!v.empty()) return profile::SummarizeTimings(v);
     const std::vector<double>& r = recompute_[static_cast<size_t>(layer) * 2 + device];
-    if (phase == kForward && !r.empty()) return profile::Median(r);
+    if (phase == kForward && !r.empty()) return profile::SummarizeTimings(r);
     return std::nullopt;
-  }
-  int Count(int layer, int device, int phase) const {
-    return static_cast<int>(Slot(layer, device, phase).size());
   }
   const std::vector<std::pair<double, double>>& copies(bool to_device) const {
     return to_device ? h2d_ : d2h_;
@@ -281,8 +278,8 @@ class ScaledRoofline {
     for (int l = 0; l < layers; ++l) {
       for (int d = 0; d < devices; ++d) {
         for (int p = 0; p < kPhases; ++p) {
-          if (std::optional<double> m = samples.Median(l, d, p)) {
-            measured[d][p] += *m;
+          if (std::optional<tandem::v1::TimingStats> m = samples.Stats(l, d, p)) {
+            measured[d][p] += m->mean_seconds();
             predicted[d][p] += Seconds(l, d, p);
           }
         }
@@ -361,15 +358,15 @@ void AddLayerTimings(const SpanSamples& samples, const ScaledRoofline& roofline,
         tandem::v1::TimingStats* timing = PhaseOf(*ld, p)->mutable_timing();
         const bool exists = roofline.HasPhase(l, p);
         phases[d] += exists;
-        if (std::optional<double> m = samples.Median(l, d, p)) {
+        if (std::optional<tandem::v1::TimingStats> m = samples.Stats(l, d, p)) {
           ++measured[d];
-          timing->set_samples(samples.Count(l, d, p));
-          timing->set_median_seconds(*m);
+          *timing = *std::move(m);
           continue;
         }
         const double f = roofline.factor(d, p);
         timing->set_samples(1);
         timing->set_median_seconds(exists ? roofline.Seconds(l, d, p) * f : 0.0);
+        timing->set_mean_seconds(timing->median_seconds());
         tandem::v1::Counter* c = PhaseOf(*ld, p)->add_counters();
         c->set_name("roofline_scaled_by");
         c->set_value(f);
@@ -440,6 +437,9 @@ absl::StatusOr<Profile> MeasuredLayerProfile(const Model& model, const JobSpec& 
   const std::string links = accelerated ? AddLinks(samples, hw, ids, profile) : "";
   auto& provenance = *profile.mutable_provenance();
   provenance.set_source("measured");
+  // A step takes the sum of its calls: the mean, stalls included, is what
+  // the planner should add up.
+  provenance.set_planning_statistic(tandem::v1::TIMING_STATISTIC_MEAN);
   *provenance.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   provenance.set_iterations(static_cast<int>(timelines.size()));
   if (node.profile) (*provenance.mutable_versions())["node"] = node.profile->fingerprint();
@@ -534,14 +534,17 @@ void AddDispatch(const std::map<TimelineResource, double>& dispatch, Profile& pr
                                      : tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
       auto it = dispatch.find(r);
       if (it == dispatch.end()) continue;
-      for (auto* phase : {device.mutable_forward(), device.mutable_backward()}) {
-        phase->mutable_timing()->set_median_seconds(phase->timing().median_seconds() + it->second);
-      }
+      auto charge = [&](tandem::v1::PhaseProfile* phase) {
+        tandem::v1::TimingStats* t = phase->mutable_timing();
+        t->set_median_seconds(t->median_seconds() + it->second);
+        t->set_mean_seconds(t->mean_seconds() + it->second);
+      };
+      charge(device.mutable_forward());
+      charge(device.mutable_backward());
       // Host updates run on the update pool, not the compute stream.
       if (r == tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE &&
           device.update().timing().median_seconds() > 0) {
-        device.mutable_update()->mutable_timing()->set_median_seconds(
-            device.update().timing().median_seconds() + it->second);
+        charge(device.mutable_update());
       }
     }
   }

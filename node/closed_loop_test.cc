@@ -172,6 +172,34 @@ TEST_F(MeasuredProfileTest, MeasuredSpansBecomeTheCostModel) {
   EXPECT_NE(summary.find("H2D 1.00 GB/s (4 copies)"), std::string::npos) << summary;
 }
 
+TEST_F(MeasuredProfileTest, PlannerAddsUpMeansSoStallsCount) {
+  // Layer 0's forward stalls once in five calls (12 ms instead of 2 ms): the
+  // step takes the sum, 5 x the mean (4 ms), not 5 x the median (2 ms).
+  Timeline t = Step();
+  for (int i = 0; i < 3; ++i) {
+    AddSpan(t, kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.002);
+  }
+  AddSpan(t, kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.012);
+  absl::StatusOr<tandem::v1::Profile> profile =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {t}, nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->provenance().planning_statistic(), tandem::v1::TIMING_STATISTIC_MEAN);
+  const tandem::v1::TimingStats& forward = profile->layers(0).devices(1).forward().timing();
+  EXPECT_EQ(forward.samples(), 5);
+  EXPECT_NEAR(forward.median_seconds(), 0.002, 1e-12);
+  EXPECT_NEAR(forward.mean_seconds(), 0.004, 1e-12);
+  absl::StatusOr<planner::CostModel> cost = planner::CostModel::FromMeasuredProfile(*profile);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  const int m = plan_.micro_batch_size();
+  EXPECT_NEAR(cost->ForwardSeconds(0, tandem::v1::PLACEMENT_ACCELERATOR, m), 0.004, 1e-12);
+  // The same profile read as medians (a ProfileModel profile) takes 2 ms.
+  tandem::v1::Profile as_median = *profile;
+  as_median.mutable_provenance()->clear_planning_statistic();
+  cost = planner::CostModel::FromMeasuredProfile(as_median);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  EXPECT_NEAR(cost->ForwardSeconds(0, tandem::v1::PLACEMENT_ACCELERATOR, m), 0.002, 1e-12);
+}
+
 TEST_F(MeasuredProfileTest, UnmeasuredPhasesTakeTheRooflineScaledByTheirDevice) {
   absl::StatusOr<tandem::v1::Profile> profile =
       MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {Step()}, nullptr);

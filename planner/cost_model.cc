@@ -167,12 +167,18 @@ struct DeviceTimes {
   double update_seconds = 0;
 };
 
-// Layer `index`'s measured medians on `device`. An update not measured
-// streams UpdateBytes at the device's measured bandwidth times the optimizer
-// efficiency, plus the call overhead.
+// A measured phase's time per call: its median, or its mean when the
+// profile says so (ProfileProvenance.planning_statistic).
+double CallSeconds(const tandem::v1::TimingStats& timing, bool mean) {
+  return mean ? timing.mean_seconds() : timing.median_seconds();
+}
+
+// Layer `index`'s measured times on `device` (medians, or means when `mean`).
+// An update not measured streams UpdateBytes at the device's measured
+// bandwidth times the optimizer efficiency, plus the call overhead.
 absl::StatusOr<DeviceTimes> MeasuredTimes(const LayerProfile& layer, int index,
                                           const tandem::v1::DeviceProfile& device,
-                                          double call_overhead_seconds) {
+                                          double call_overhead_seconds, bool mean) {
   const tandem::v1::LayerDeviceProfile* measured = nullptr;
   for (const tandem::v1::LayerDeviceProfile& ld : layer.devices()) {
     if (ld.device_id() == device.id()) measured = &ld;
@@ -185,13 +191,13 @@ absl::StatusOr<DeviceTimes> MeasuredTimes(const LayerProfile& layer, int index,
         absl::StrCat(field, ": no forward/backward timing for this device"));
   }
   DeviceTimes t;
-  t.forward_seconds = measured->forward().timing().median_seconds();
-  t.backward_seconds = measured->backward().timing().median_seconds();
+  t.forward_seconds = CallSeconds(measured->forward().timing(), mean);
+  t.backward_seconds = CallSeconds(measured->backward().timing(), mean);
   if (t.forward_seconds < 0 || t.backward_seconds < 0) {
     return Invalid(field, "timings must be >= 0");
   }
   if (measured->update().timing().samples() > 0) {
-    t.update_seconds = measured->update().timing().median_seconds();
+    t.update_seconds = CallSeconds(measured->update().timing(), mean);
     return t;
   }
   const double bandwidth =
@@ -506,12 +512,13 @@ absl::Status CostModel::SetMeasuredLinks(const Profile& profile) {
 }
 
 absl::Status CostModel::AddMeasuredLayer(const LayerProfile& layer, int index,
-                                         const tandem::v1::DeviceProfile* const devices[2]) {
+                                         const tandem::v1::DeviceProfile* const devices[2],
+                                         bool mean) {
   LayerCosts c = AnalyticLayer(layer);
   for (int d = 0; d < 2; ++d) {
     if (devices[d] == nullptr) continue;
     absl::StatusOr<DeviceTimes> t =
-        MeasuredTimes(layer, index, *devices[d], call_overhead_seconds_[d]);
+        MeasuredTimes(layer, index, *devices[d], call_overhead_seconds_[d], mean);
     if (!t.ok()) return t.status();
     c.forward_seconds[d] = t->forward_seconds;
     c.backward_seconds[d] = t->backward_seconds;
@@ -536,8 +543,10 @@ absl::StatusOr<CostModel> CostModel::FromMeasuredProfile(const Profile& profile)
     if (absl::Status s = model.SetMeasuredLinks(profile); !s.ok()) return s;
   }
   const tandem::v1::DeviceProfile* by_index[2] = {devices.host, devices.accelerator};
+  const bool mean =
+      profile.provenance().planning_statistic() == tandem::v1::TIMING_STATISTIC_MEAN;
   for (int i = 0; i < profile.layers_size(); ++i) {
-    if (absl::Status s = model.AddMeasuredLayer(profile.layers(i), i, by_index); !s.ok()) {
+    if (absl::Status s = model.AddMeasuredLayer(profile.layers(i), i, by_index, mean); !s.ok()) {
       return s;
     }
   }

@@ -3,7 +3,8 @@
 // to copy bytes across the host link — from one of two sources:
 //
 //   - a measured Profile: the per-device TimingStats medians the runtime's
-//     profiler recorded (host = the DeviceProfile of kind CPU, accelerator = the
+//     profiler recorded (means for a job's measured steps, when the profile's
+//     provenance.planning_statistic says MEAN) (host = the DeviceProfile of kind CPU, accelerator = the
 //     first of kind CUDA or EMULATED) and the measured pinned LinkProfiles;
 //   - an analytic Profile (FLOPs and bytes per layer) plus a HardwareSpec, for a
 //     machine we are not running on. Each phase is a roofline:
@@ -153,9 +154,10 @@ class CostModel {
   void SetMeasuredProcessors(const tandem::v1::DeviceProfile& host,
                              const tandem::v1::DeviceProfile* accelerator);
   absl::Status SetMeasuredLinks(const tandem::v1::Profile& profile);
-  // `devices` by kHost / kAccelerator; null: not profiled.
+  // `devices` by kHost / kAccelerator; null: not profiled. `mean`: each
+  // phase's mean rather than its median (ProfileProvenance.planning_statistic).
   absl::Status AddMeasuredLayer(const tandem::v1::LayerProfile& layer, int index,
-                                const tandem::v1::DeviceProfile* const devices[2]);
+                                const tandem::v1::DeviceProfile* const devices[2], bool mean);
   void SetHardwareHost(const tandem::v1::ProcessorSpec& host);
   // Its first accelerator, its links, its count.
   void SetHardwareAccelerator(const tandem::v1::HardwareSpec& hardware);

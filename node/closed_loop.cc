@@ -720,7 +720,10 @@ void PlanLoop::Adopt(const Decision& decision) {
   } else {
     previous_.reset();
     recalibrated_ = true;
-    steps_ = options_.warmup_steps;
+    // The same runner goes on, but the decision's bookkeeping (the record
+    // written with the new prediction, the profile stored) runs beside the
+    // next steps: they warm up again, as after a switch.
+    steps_ = 0;
   }
   plan_ = decision.plan;
 }

@@ -45,7 +45,7 @@ struct PlanLoopOptions {
   // Off by more than this fraction of the predicted step: re-plan. Negative:
   // compare once, never re-plan. 0 takes kDefaultReplanThreshold.
   double threshold = 0;
-  // Steps skipped after the start and after each switch (one-time set-up,
+  // Steps skipped after the start and after each decision (one-time set-up,
   // first-touch pages), then steps in the window compared.
   int warmup_steps = 3;
   int window_steps = 5;

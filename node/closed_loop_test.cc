@@ -290,9 +290,9 @@ TEST_F(MeasuredProfileTest, LoopRecalibratesThenStopsWhenTheStepAgrees) {
   EXPECT_LT(next, 2.5 * predicted);
   const Timeline as_predicted = out.decision->plan.timeline();
   loop.Adopt(*out.decision);
-  const bool switched = out.decision->placement_changed;
   // Steps as the new plan predicts: the next window agrees and the loop stops.
-  const int until_window = (switched ? options.warmup_steps : 0) + options.window_steps;
+  // Warm-up again either way, then the window.
+  const int until_window = options.warmup_steps + options.window_steps;
   for (int i = 0; i < until_window - 1; ++i) {
     EXPECT_FALSE(loop.AfterStep(next, as_predicted).check);
   }

@@ -716,15 +716,14 @@ void PlanLoop::Adopt(const Decision& decision) {
     previous_ = decision.replaced_timed ? *decision.replaced_timed : plan_;
     previous_measured_ = decision.check.measured_step_seconds;
     recalibrated_ = false;
-    steps_ = 0;  // the new runner warms up again
   } else {
     previous_.reset();
     recalibrated_ = true;
-    // The same runner goes on, but the decision's bookkeeping (the record
-    // written with the new prediction, the profile stored) runs beside the
-    // next steps: they warm up again, as after a switch.
-    steps_ = 0;
   }
+  // A new runner warms up again; so does the same one after a re-calibration,
+  // whose bookkeeping (the record written, the profile stored) runs beside
+  // the next steps.
+  steps_ = 0;
   plan_ = decision.plan;
 }
 

@@ -83,7 +83,9 @@ PlanCheck CheckPlan(const tandem::v1::Plan& plan, const std::vector<double>& ste
 // The layer profile of `model` on this node from the measured timelines of
 // `plan`'s steps, for the planner (planner/cost_model.h's measured source):
 // per layer and device, the median forward, backward and update span at the
-// plan's micro-batch; per link, bandwidth and latency fitted to the copies.
+// plan's micro-batch (each phase's TimingStats; the planner adds up the
+// means, provenance.planning_statistic = MEAN, since a step takes the sum of
+// its calls); per link, bandwidth and latency fitted to the copies.
 // A phase the plan never ran on a device (a layer computed only on the
 // accelerator has no host timing) takes the roofline of NodeHardware scaled
 // by what the measured phases of that device took over their roofline; a

@@ -565,8 +565,8 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   std::string cost_source;
   switch (rpc.cost_source_case()) {
     case tandem::v1::PlanModelRequest::kProfile:
-      cost_source = absl::StrCat("the request's profile (", rpc.profile().provenance().source(),
-                                 ")");
+      cost_source =
+          absl::StrCat("the request's profile (", rpc.profile().provenance().source(), ")");
       break;
     case tandem::v1::PlanModelRequest::kHardware:
       cost_source = absl::StrCat("the analytic profile on the request's hardware (",

@@ -169,8 +169,10 @@ struct DeviceTimes {
 
 // A measured phase's time per call: its median, or its mean when the
 // profile says so (ProfileProvenance.planning_statistic).
+// A profile marked MEAN whose phase has no mean (written by hand) takes the
+// median rather than zero.
 double CallSeconds(const tandem::v1::TimingStats& timing, bool mean) {
-  return mean ? timing.mean_seconds() : timing.median_seconds();
+  return mean && timing.mean_seconds() > 0 ? timing.mean_seconds() : timing.median_seconds();
 }
 
 // Layer `index`'s measured times on `device` (medians, or means when `mean`).
@@ -543,8 +545,7 @@ absl::StatusOr<CostModel> CostModel::FromMeasuredProfile(const Profile& profile)
     if (absl::Status s = model.SetMeasuredLinks(profile); !s.ok()) return s;
   }
   const tandem::v1::DeviceProfile* by_index[2] = {devices.host, devices.accelerator};
-  const bool mean =
-      profile.provenance().planning_statistic() == tandem::v1::TIMING_STATISTIC_MEAN;
+  const bool mean = profile.provenance().planning_statistic() == tandem::v1::TIMING_STATISTIC_MEAN;
   for (int i = 0; i < profile.layers_size(); ++i) {
     if (absl::Status s = model.AddMeasuredLayer(profile.layers(i), i, by_index, mean); !s.ok()) {
       return s;

@@ -4,8 +4,8 @@
 //
 //   - a measured Profile: the per-device TimingStats medians the runtime's
 //     profiler recorded (means for a job's measured steps, when the profile's
-//     provenance.planning_statistic says MEAN) (host = the DeviceProfile of kind CPU, accelerator = the
-//     first of kind CUDA or EMULATED) and the measured pinned LinkProfiles;
+//     provenance.planning_statistic says MEAN) (host = the DeviceProfile of kind CPU, accelerator =
+//     the first of kind CUDA or EMULATED) and the measured pinned LinkProfiles;
 //   - an analytic Profile (FLOPs and bytes per layer) plus a HardwareSpec, for a
 //     machine we are not running on. Each phase is a roofline:
 //

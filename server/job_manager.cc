@@ -295,6 +295,23 @@ void JobManager::ReplaceNode(node::NodeOffer offer) {
   node_ = std::move(next);
 }
 
+absl::StatusOr<std::shared_ptr<void>> JobManager::ReserveNodeForMeasuring(int64_t bytes) {
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<void> memory,
+                          HoldHostMemory(bytes, "measuring the node profile"));
+  absl::MutexLock lock(&mu_);
+  if (running_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(running_, " job", running_ == 1 ? " is" : "s are",
+                     " running and would be measured with the node; try again when none runs"));
+  }
+  ++measuring_;
+  return std::shared_ptr<void>(nullptr, [this, memory = std::move(memory)](void*) {
+    absl::MutexLock lock(&mu_);
+    --measuring_;
+    dirty_ = true;  // the queue may start jobs again
+  });
+}
+
 std::optional<tandem::v1::Profile> JobManager::MeasuredLayerProfile(
     const Model& model, const tandem::v1::JobSpec& resolved) const {
   const std::shared_ptr<const node::NodeOffer> offer = node();
@@ -656,6 +673,7 @@ void JobManager::SchedulerLoop() {
 }
 
 void JobManager::ScheduleLocked() {
+  if (measuring_ > 0) return;  // the node is being measured: jobs wait
   std::vector<Entry*> queue;
   for (auto& [id, e] : live_) {
     if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) queue.push_back(e.get());
@@ -754,15 +772,18 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
       job.resolved_spec().model().model_case() != tandem::v1::ModelSpec::MODEL_NOT_SET;
   absl::Status status;
   std::unique_ptr<Trainer> trainer;
+  // The node as it is when the run starts, for its runner and its plan loop
+  // alike (a refresh may replace it meanwhile).
+  const std::shared_ptr<const node::NodeOffer> offer = node();
   {
-    absl::StatusOr<std::unique_ptr<Trainer>> created =
-        Trainer::Create(resolved ? job.resolved_spec() : job.spec(),
-                        TrainerOptionsFor(job, *entry, resolved), CallbacksFor(job.id(), entry));
+    absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(
+        resolved ? job.resolved_spec() : job.spec(),
+        TrainerOptionsFor(job, *entry, resolved, offer), CallbacksFor(job.id(), entry));
     if (created.ok()) {
       trainer = std::move(*created);
       ReportReplacedProgram(job, *entry, trainer->runner());
       TrackTelemetry(job.id(), *entry, trainer.get());
-      StartPlanLoop(entry, *trainer);
+      StartPlanLoop(entry, *trainer, offer);
       status = trainer->Run();
     } else {
       status = created.status();
@@ -793,7 +814,8 @@ void JobManager::ReportReplacedProgram(const Job& job, Entry& entry, const StepR
   AppendEvent(entry, e);
 }
 
-TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool resolved) {
+TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool resolved,
+                                             const std::shared_ptr<const node::NodeOffer>& offer) {
   TrainerOptions options;
   options.job_id = job.id();
   options.checkpoint_dir = absl::StrCat(options_.state_dir, "/jobs/", job.id(), "/checkpoints");
@@ -810,8 +832,7 @@ TrainerOptions JobManager::TrainerOptionsFor(const Job& job, Entry& entry, bool 
   options.host_allocator = entry.allocator.get();
   options.spec_resolved = resolved;
   options.make_runner = options_.make_runner;
-  if (const std::shared_ptr<const node::NodeOffer> offer = node();
-      !options.make_runner && offer) {
+  if (!options.make_runner && offer) {
     options.make_runner = node::MakeRunnerFactory(
         *offer, resolved ? std::optional<tandem::v1::Plan>(job.plan()) : std::nullopt,
         resolved ? job.schedule() : tandem::v1::Schedule());
@@ -974,12 +995,11 @@ void JobManager::TrackTelemetry(const std::string& id, Entry& entry, Trainer* tr
   entry.telemetry = std::move(telemetry);
 }
 
-void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer) {
-  const std::shared_ptr<const node::NodeOffer> offer = node();
+void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
+                               const std::shared_ptr<const node::NodeOffer>& offer) {
   if (!offer || trainer.runner().plan().layers_size() == 0) return;
-  auto loop =
-      std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *offer,
-                                       trainer.runner().plan(), node::PlanLoopOptions{});
+  auto loop = std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *offer,
+                                               trainer.runner().plan(), node::PlanLoopOptions{});
   const node::PlanLoop* raw = loop.get();
   const prometheus::Labels labels = {{"job_id", entry->job.id()}};
   prometheus::Gauge* checked = &metrics_->job_checked_step_seconds.Add(labels);

@@ -144,9 +144,15 @@ class JobManager {
 
   // The node jobs are planned on now: options().node, or what ReplaceNode
   // gave since (GetNode's refresh_profile). Null when options().node is
-  // unset. A job admitted earlier runs with the offer it was planned on.
+  // unset. Jobs submitted after a ReplaceNode are planned on the new offer; a
+  // run takes the offer current when it starts (its runner, its plan loop).
   std::shared_ptr<const node::NodeOffer> node() const;
   void ReplaceNode(node::NodeOffer offer);
+  // For measuring the node: while the returned handle lives no queued job
+  // starts and `bytes` of host memory are held. FAILED_PRECONDITION while a
+  // job runs (it would be measured with the node); RESOURCE_EXHAUSTED when the
+  // memory does not fit.
+  absl::StatusOr<std::shared_ptr<void>> ReserveNodeForMeasuring(int64_t bytes);
   // The layer profile a run of `model` measured on this node for `resolved`
   // (node::LayerProfileCache; a stale or corrupt file is ignored with a log
   // line), for PlanModel.
@@ -163,7 +169,8 @@ class JobManager {
   void ReportReplacedProgram(const tandem::v1::Job& job, Entry& entry, const StepRunner& runner);
   // A run's pieces: the trainer's options and callbacks for the job, what each
   // step and checkpoint write into the record, and the record at the end.
-  TrainerOptions TrainerOptionsFor(const tandem::v1::Job& job, Entry& entry, bool resolved);
+  TrainerOptions TrainerOptionsFor(const tandem::v1::Job& job, Entry& entry, bool resolved,
+                                   const std::shared_ptr<const node::NodeOffer>& offer);
   TrainerCallbacks CallbacksFor(const std::string& id, std::shared_ptr<Entry> entry);
   void RecordStep(Entry& entry, const tandem::v1::JobEvent::StepProgress& p,
                   prometheus::Counter& steps_total) ABSL_LOCKS_EXCLUDED(mu_);
@@ -178,7 +185,8 @@ class JobManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Closed-loop planning of the run (node/closed_loop.h): its checks, log
   // lines and re-plans go to the job's record, events and metrics.
-  void StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer) ABSL_LOCKS_EXCLUDED(mu_);
+  void StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
+                     const std::shared_ptr<const node::NodeOffer>& offer) ABSL_LOCKS_EXCLUDED(mu_);
   void RecordReplan(Entry& entry, const node::PlanLoop& loop, const node::PlanLoop::Decision& d,
                     int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
@@ -216,6 +224,8 @@ class JobManager {
   int64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_accelerator_ ABSL_GUARDED_BY(mu_) = 0;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
+  // ReserveNodeForMeasuring's holds: no job starts while > 0.
+  int measuring_ ABSL_GUARDED_BY(mu_) = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;

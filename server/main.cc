@@ -19,7 +19,6 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/build_info.h"
 #include "base/flags_usage.h"
@@ -33,8 +32,6 @@
 #include "node/placement.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cuda/device_query.h"
-#include "runtime/profile/node_devices.h"
-#include "runtime/profile/node_profile.h"
 #include "runtime/train/profile_model.h"
 #include "server/auth.h"
 #include "server/health_watchdog.h"
@@ -181,8 +178,8 @@ tandem::node::NodeOffer NodeOfferOfThisNode(const std::string& state_dir,
                                             const tandem::node::NodeResources& resources) {
   const tandem::server::NodeOfferSettings settings =
       NodeOfferSettingsFromFlags(state_dir, resources);
-  absl::StatusOr<tandem::node::NodeOffer> offer =
-      tandem::server::MeasureNodeOffer(settings, absl::GetFlag(FLAGS_refresh_node_profile));
+  absl::StatusOr<tandem::node::NodeOffer> offer = tandem::server::MeasureNodeOffer(
+      settings, absl::GetFlag(FLAGS_refresh_node_profile), "measured at start-up");
   if (offer.ok()) return *std::move(offer);
   std::fprintf(stderr,
                "tandemd: node profile: measuring failed (%s); planning from quick host figures\n",
@@ -347,9 +344,8 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();
 
-  TandemService service(
-      &jobs, &metrics,
-      ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy));
+  TandemService service(&jobs, &metrics,
+                        ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy));
 
   const std::vector<std::shared_ptr<prometheus::Collectable>> sources =
       MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/time_util.h"
-#include "node/closed_loop.h"
 #include "runtime/profile/node_devices.h"
 #include "runtime/profile/node_profile.h"
 #include "runtime/train/profile_model.h"
@@ -18,10 +17,14 @@ PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs) {
   return [resolve = std::move(resolve), jobs](const tandem::v1::PlanModelRequest& request,
                                               tandem::v1::PlanModelResponse* response,
                                               const StopCheck& stop) {
-    const std::shared_ptr<const node::NodeOffer> node = jobs->node();
+    // A request naming its cost source needs no node; one for this node does.
+    std::shared_ptr<const node::NodeOffer> node = jobs->node();
     if (node == nullptr) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "this daemon plans no jobs: it has no node description");
+      if (request.cost_source_case() == tandem::v1::PlanModelRequest::COST_SOURCE_NOT_SET) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "this daemon has no node description: give a profile or hardware");
+      }
+      node = std::make_shared<const node::NodeOffer>();
     }
     node::PlanModelContext context;
     context.resolve = resolve;
@@ -32,8 +35,7 @@ PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs) {
     context.measured = [jobs](const Model& model, const tandem::v1::JobSpec& resolved) {
       return jobs->MeasuredLayerProfile(model, resolved);
     };
-    absl::StatusOr<tandem::v1::PlanModelResponse> answer =
-        node::PlanModel(request, *node, context);
+    absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, *node, context);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);
     return grpc::Status::OK;
@@ -75,8 +77,8 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
   };
 }
 
-absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings,
-                                                 bool refresh) {
+absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings, bool refresh,
+                                                 absl::string_view measured_as) {
   profile::NodeProfileOptions options;
   options.cache_path = settings.state_dir + "/node_profile.pb";
   options.refresh = refresh;
@@ -99,39 +101,31 @@ absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settin
   const std::string seconds = absl::StrFormat("%.1f s", result->profile.measure_seconds());
   node.profile_source =
       result->cached
-          ? absl::StrCat("cached in ", options.cache_path, " (measured ",
-                         google::protobuf::util::TimeUtil::ToString(result->profile.measured_time()),
-                         " in ", seconds, ")")
-          : absl::StrCat(refresh ? "measured again on request" : "measured at start-up", " in ",
-                         seconds);
+          ? absl::StrCat(
+                "cached in ", options.cache_path, " (measured ",
+                google::protobuf::util::TimeUtil::ToString(result->profile.measured_time()), " in ",
+                seconds, ")")
+          : absl::StrCat(measured_as, " in ", seconds);
   std::fprintf(stderr, "tandemd: node profile %s\n", node.profile_source.c_str());
   return node;
 }
 
 NodeRefresher MakeNodeRefresher(NodeOfferSettings settings, JobManager* jobs) {
   return [settings = std::move(settings), jobs](const StopCheck&) {
-    auto running = [jobs] {
-      const JobManager::Snapshot snapshot = jobs->TakeSnapshot();
-      auto it = snapshot.jobs_by_state.find(tandem::v1::JOB_STATE_RUNNING);
-      return it == snapshot.jobs_by_state.end() ? int64_t{0} : it->second;
-    };
-    if (const int64_t n = running(); n > 0) {
-      return grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          absl::StrCat("refresh_profile: ", n, " job", n == 1 ? " is" : "s are",
-                       " running and would be measured with the node; refresh when none runs"));
+    // No job starts while the node is measured, and none may be running.
+    absl::StatusOr<std::shared_ptr<void>> hold =
+        jobs->ReserveNodeForMeasuring(kNodeProfileHostBytes);
+    if (!hold.ok()) {
+      return ToGrpc(absl::Status(hold.status().code(),
+                                 absl::StrCat("refresh_profile: ", hold.status().message())));
     }
-    absl::StatusOr<node::NodeOffer> offer = MeasureNodeOffer(settings, /*refresh=*/true);
+    absl::StatusOr<node::NodeOffer> offer =
+        MeasureNodeOffer(settings, /*refresh=*/true, "measured again on request");
     if (!offer.ok()) {
-      return grpc::Status(grpc::StatusCode::INTERNAL,
-                          absl::StrCat("refresh_profile: measuring the node failed (",
-                                       offer.status().message(), "); the old profile stays"));
-    }
-    // A job the scheduler started meanwhile shared the cores with the
-    // measurement: the figures are kept, and the source says so.
-    if (const int64_t n = running(); n > 0) {
-      absl::StrAppend(&offer->profile_source, " while ", n, " job", n == 1 ? "" : "s",
-                      " started (figures may be low)");
+      return ToGrpc(
+          absl::Status(offer.status().code(),
+                       absl::StrCat("refresh_profile: measuring the node failed (",
+                                    offer.status().message(), "); the old profile stays")));
     }
     jobs->ReplaceNode(*std::move(offer));
     return grpc::Status::OK;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "node/placement.h"
 #include "server/tandem_service.h"
 
@@ -53,14 +54,21 @@ struct NodeOfferSettings {
 // when that holds this hardware's and `refresh` is false, else measured now
 // (about half a second on a 2-core host, a few seconds with a GPU) and
 // stored. Log lines (a cache file ignored, how long it took) go to stderr.
-absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings, bool refresh);
+// `measured_as` names the occasion in NodeOffer::profile_source ("measured at
+// start-up").
+absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings, bool refresh,
+                                                 absl::string_view measured_as);
 
-// GetNode's refresh_profile: measures the node profile again and plans later
-// jobs with it (JobManager::ReplaceNode); running jobs keep the figures they
-// were planned with. FAILED_PRECONDITION while a job runs (its work would be
-// measured too); the old profile stays when measuring fails. The service runs
-// it on the profile lane, so it never overlaps a ProfileModel. `jobs` must
-// outlive the handler.
+// What measuring the node holds of the host budget: the memcpy buffers and
+// the Adam run's state (NodeProfileOptions' defaults), with room to spare.
+constexpr int64_t kNodeProfileHostBytes = int64_t{320} << 20;
+
+// GetNode's refresh_profile: measures the node profile again, stores it in the
+// cache and plans jobs submitted later with it (JobManager::ReplaceNode). No
+// job starts meanwhile (JobManager::ReserveNodeForMeasuring);
+// FAILED_PRECONDITION while a job runs (its work would be measured too); the
+// old profile stays when measuring fails. The service runs it on the profile
+// lane, so it never overlaps a ProfileModel. `jobs` must outlive the handler.
 NodeRefresher MakeNodeRefresher(NodeOfferSettings settings, JobManager* jobs);
 
 // What a profile reserves beyond its model's estimate: the profiler's own

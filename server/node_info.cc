@@ -96,7 +96,8 @@ void ExportNodeMetrics(JobManager& jobs, ServerMetrics* metrics) {
   }
   metrics->device_memory_reserved.Add({{"device", "cpu"}})
       .Set(static_cast<double>(s.reserved_host_bytes));
-  if (jobs.options().node && !jobs.options().node->cuda_devices.empty()) {
+  if (const std::shared_ptr<const node::NodeOffer> offer = jobs.node();
+      offer && !offer->cuda_devices.empty()) {
     metrics->device_memory_reserved.Add({{"device", "cuda:0"}})
         .Set(static_cast<double>(s.reserved_accelerator_bytes));
     metrics->device_memory_budget.Add({{"device", "cuda:0"}})

@@ -463,8 +463,8 @@ grpc::ServerUnaryReactor* TandemService::GetNode(grpc::CallbackServerContext* co
   };
   if (!parsed || !request.refresh_profile()) {
     return Unary(context, "GetNode",
-                 Parsed<tandem::v1::GetNodeRequest, tandem::v1::NodeInfo>(raw_request,
-                                                                          raw_response, answer));
+                 Parsed<tandem::v1::GetNodeRequest, tandem::v1::NodeInfo>(raw_request, raw_response,
+                                                                          answer));
   }
   if (!options_.refresh_node) {
     return Unary(context, "GetNode", [] {

@@ -2,9 +2,9 @@
 // bearer token, validates its request (INVALID_ARGUMENT naming the field), and
 // delegates: jobs to the JobManager, profiles to the profiler, plans to the
 // planner. Work that blocks runs on the service's threads, never on gRPC's:
-// the cheap RPCs' (the store's fsync) on one pool, profiles and plans each on
-// a bounded lane of their own, so that they never hold a thread GetNode or
-// SubmitJob needs. Every RPC is counted and timed by
+// the cheap RPCs' (the store's fsync) on one pool, profiles (and GetNode's
+// node-profile refresh) and plans each on a bounded lane of their own, so that
+// they never hold a thread GetNode or SubmitJob needs. Every RPC is counted and timed by
 // method and status code. Thread-safe.
 #ifndef TANDEM_SERVER_TANDEM_SERVICE_H_
 #define TANDEM_SERVER_TANDEM_SERVICE_H_

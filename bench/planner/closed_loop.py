@@ -197,7 +197,7 @@ def main():
                     meas = r.get("measured_step_seconds", 0) * 1e3
                     err = f"{(meas / pred - 1) * 100:+6.1f}%" if pred and meas else "     -"
                     return f"{placement_of(r):34} {pred:8.1f} {meas:8.1f} {err:>7}"
-                source = ("cached layer profile" if "earlier run" in first.get("cost_source", "")
+                source = ("cached layer profile" if "measured here" in first.get("cost_source", "")
                           else "analytic")
                 print(f"{head}  {cells(first)}  {cells(last)} {len(history) - 1:7d}  "
                       f"first planned from: {source}")

@@ -228,7 +228,7 @@ class TandemClient:
         return self._call("PlanModel", request,
                           timeout if timeout is not None else self.plan_timeout_seconds)
 
-    def node(self, refresh_profile=False, timeout=None):
+    def node(self, timeout=None, *, refresh_profile=False):
         """The daemon's tandem.v1.NodeInfo: devices, memory, jobs by state, node profile.
 
         refresh_profile: measure the node profile again first (refused with

@@ -455,32 +455,25 @@ grpc::ServerUnaryReactor* TandemService::PlanModel(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TandemService::GetNode(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* raw_request,
                                                  grpc::ByteBuffer* raw_response) {
+  // Parsed once, here: whether the node is measured again decides the lane.
   tandem::v1::GetNodeRequest request;
-  const bool parsed = ParseRequest(*raw_request, &request).ok();
-  auto answer = [this](const tandem::v1::GetNodeRequest&, tandem::v1::NodeInfo* response) {
-    *response = options_.node_info();
+  const grpc::Status parsed = ParseRequest(*raw_request, &request);
+  const bool refresh = parsed.ok() && request.refresh_profile();
+  auto work = [this, parsed, refresh, raw_response](const StopCheck& stop) -> grpc::Status {
+    if (!parsed.ok()) return parsed;
+    if (refresh) {
+      if (!options_.refresh_node) {
+        return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            "refresh_profile: this daemon does not measure its node");
+      }
+      if (grpc::Status s = options_.refresh_node(stop); !s.ok()) return s;
+    }
+    SerializeResponse(options_.node_info(), raw_response);
     return grpc::Status::OK;
   };
-  if (!parsed || !request.refresh_profile()) {
-    return Unary(context, "GetNode",
-                 Parsed<tandem::v1::GetNodeRequest, tandem::v1::NodeInfo>(raw_request, raw_response,
-                                                                          answer));
-  }
-  if (!options_.refresh_node) {
-    return Unary(context, "GetNode", [] {
-      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          "refresh_profile: this daemon does not measure its node");
-    });
-  }
-  return OnLane(context, "GetNode", profile_lane_,
-                Parsed<tandem::v1::GetNodeRequest, tandem::v1::NodeInfo>(
-                    raw_request, raw_response,
-                    [this, answer](const tandem::v1::GetNodeRequest& request,
-                                   tandem::v1::NodeInfo* response, const StopCheck& stop) {
-                      grpc::Status refreshed = options_.refresh_node(stop);
-                      if (!refreshed.ok()) return refreshed;
-                      return answer(request, response);
-                    }));
+  // Measuring the node is a profile's work: on the profile lane.
+  if (refresh && options_.refresh_node) return OnLane(context, "GetNode", profile_lane_, work);
+  return Unary(context, "GetNode", [work] { return work(StopCheck()); });
 }
 
 }  // namespace tandem::server

@@ -16,6 +16,7 @@
 #include "base/work_counters.h"
 #include "google/protobuf/util/time_util.h"
 #include "planner/memory_fit.h"
+#include "planner/precision.h"
 #include "planner/strategies.h"
 #include "runtime/core/allocator.h"
 #include "runtime/cuda/accelerator_factory.h"
@@ -27,6 +28,7 @@
 #include "runtime/train/job_model.h"
 #include "schedule/schedule_proto.h"
 #include "spec/job_spec.h"
+#include "spec/precision.h"
 
 namespace tandem::node {
 namespace {
@@ -535,6 +537,23 @@ std::string AnalyticCostSource(const NodeOffer& node) {
                       : "the analytic profile on this host's GEMM and triad rates";
 }
 
+namespace {
+
+// The precision a PlanModel request's plans are for, by its cost source.
+absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest& rpc) {
+  const tandem::v1::Precision asked = rpc.spec().precision();
+  switch (rpc.cost_source_case()) {
+    case tandem::v1::PlanModelRequest::kProfile:
+      return ChoosePrecisionForProfile(asked, rpc.profile());
+    case tandem::v1::PlanModelRequest::kHardware:
+      return ChoosePrecisionFor(asked, rpc.hardware(), "spec.precision");
+    default:
+      return ChoosePrecisionHere(asked, "spec.precision");
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
                                             const NodeOffer& node,
                                             const PlanModelContext& context) {
@@ -575,6 +594,11 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
     default:
       break;
   }
+  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision, PlanPrecision(rpc));
+  if (remote) {
+    TANDEM_ASSIGN_OR_RETURN(request.profile,
+                            planner::ProfileInPrecision(request.profile, precision.precision));
+  }
   int64_t capacity = request.accelerator_memory_bytes;
   if (!remote) {
     if (KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE && capacity == 0) {
@@ -600,6 +624,8 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response,
                           SolveForExecutor(model, std::move(request), capacity));
   response.set_cost_source(std::move(cost_source));
+  response.set_precision(precision.precision);
+  response.set_precision_reason(precision.reason);
   return response;
 }
 

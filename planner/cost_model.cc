@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/precision.h"
 
 namespace tandem::planner {
 namespace {
@@ -16,6 +17,7 @@ using tandem::v1::HardwareSpec;
 using tandem::v1::LayerProfile;
 using tandem::v1::LinkDirection;
 using tandem::v1::Placement;
+using tandem::v1::Precision;
 using tandem::v1::ProcessorSpec;
 using tandem::v1::Profile;
 
@@ -92,6 +94,15 @@ absl::Status ValidateProcessor(const ProcessorSpec& spec, absl::string_view fiel
       return Invalid(absl::StrCat(field, ".", name), "must be > 0");
     }
   }
+  const std::pair<const char*, double> optional_rates[] = {
+      {"peak_bf16_matmul_flops_per_second", spec.peak_bf16_matmul_flops_per_second()},
+      {"peak_fp16_matmul_flops_per_second", spec.peak_fp16_matmul_flops_per_second()},
+  };
+  for (const auto& [name, value] : optional_rates) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return Invalid(absl::StrCat(field, ".", name), "must be >= 0 (0 = none)");
+    }
+  }
   if (spec.memory_bytes() < 0) return Invalid(absl::StrCat(field, ".memory_bytes"), "must be >= 0");
   if (spec.threads() < 0) return Invalid(absl::StrCat(field, ".threads"), "must be >= 0");
   if (spec.launch_overhead_seconds() < 0) {
@@ -115,19 +126,25 @@ absl::Status ValidateLink(const tandem::v1::LinkSpec& link, absl::string_view fi
   return absl::OkStatus();
 }
 
-// Adam-like state: ~2 FLOPs for the weight update plus ~5 per state element
-// (scale, fused multiply-add, square root or division).
-double UpdateFlops(const LayerProfile& layer) {
+// Adam-like state: ~2 FLOPs for the weight update plus ~5 per fp32 state
+// element (scale, fused multiply-add, square root or division); a mixed
+// precision's fp32 master weights are not state elements, and writing the
+// 16-bit working copy is one more.
+double UpdateFlops(const LayerProfile& layer, Precision precision) {
   const tandem::v1::LayerMemory& m = layer.analytic_memory();
-  const double params = static_cast<double>(m.parameter_bytes()) / 4.0;
-  const double state_per_param =
-      m.parameter_bytes() > 0 ? static_cast<double>(m.optimizer_state_bytes()) / m.parameter_bytes()
-                              : 0.0;
-  return params * (2.0 + 5.0 * state_per_param);
+  const double params = static_cast<double>(ParameterCount(layer, precision));
+  if (!(params > 0)) return 0.0;
+  const double master = IsMixed(precision) ? 4.0 * params : 0.0;
+  const double state_per_param = (m.optimizer_state_bytes() - master) / (4.0 * params);
+  return params * (2.0 + 5.0 * state_per_param + (IsMixed(precision) ? 1.0 : 0.0));
 }
 
-int64_t UpdateBytesOf(const tandem::v1::LayerMemory& m) {
-  return 2 * m.parameter_bytes() + m.gradient_bytes() + 2 * m.optimizer_state_bytes();
+// fp32: read and write weights and state, read the gradient. Mixed: read and
+// write master weights and state (both in optimizer_state_bytes), read the
+// 16-bit gradient, write the 16-bit working copy.
+int64_t UpdateBytesOf(const tandem::v1::LayerMemory& m, Precision precision) {
+  const int64_t weights = IsMixed(precision) ? m.parameter_bytes() : 2 * m.parameter_bytes();
+  return weights + m.gradient_bytes() + 2 * m.optimizer_state_bytes();
 }
 
 // The devices a measured profile was taken on: the first CPU, the first
@@ -180,7 +197,8 @@ double CallSeconds(const tandem::v1::TimingStats& timing, bool mean) {
 // bandwidth times the optimizer efficiency, plus the call overhead.
 absl::StatusOr<DeviceTimes> MeasuredTimes(const LayerProfile& layer, int index,
                                           const tandem::v1::DeviceProfile& device,
-                                          double call_overhead_seconds, bool mean) {
+                                          double call_overhead_seconds, bool mean,
+                                          Precision precision) {
   const tandem::v1::LayerDeviceProfile* measured = nullptr;
   for (const tandem::v1::LayerDeviceProfile& ld : layer.devices()) {
     if (ld.device_id() == device.id()) measured = &ld;
@@ -204,7 +222,7 @@ absl::StatusOr<DeviceTimes> MeasuredTimes(const LayerProfile& layer, int index,
   }
   const double bandwidth =
       device.memory_bandwidth_bytes_per_second() * DefaultEfficiency(device.kind(), "optimizer");
-  const int64_t update_bytes = UpdateBytesOf(layer.analytic_memory());
+  const int64_t update_bytes = UpdateBytesOf(layer.analytic_memory(), precision);
   if (!(bandwidth > 0) && update_bytes > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         field, ": no update timing and no memory_bandwidth_bytes_per_second to estimate it"));
@@ -244,12 +262,12 @@ absl::Status ValidateHardwareAccelerator(const HardwareSpec& hardware) {
 // op class's peak and its bytes at the memory bandwidth, both times the op
 // class's efficiency; the update likewise at the optimizer's efficiency.
 DeviceTimes RooflineTimes(const LayerProfile& layer, OpClass op_class, const ProcessorSpec& p,
-                          double call_overhead_seconds) {
+                          double call_overhead_seconds, Precision precision) {
   const bool matrix =
       op_class == OpClass::kMatmul || op_class == OpClass::kConv || op_class == OpClass::kAttention;
   const double eff = EfficiencyOf(p, OpClassKey(op_class));
   const double flops_per_second =
-      (matrix ? p.peak_matmul_flops_per_second() : p.peak_vector_flops_per_second()) * eff;
+      (matrix ? MatmulPeak(p, precision) : p.peak_vector_flops_per_second()) * eff;
   const double bytes_per_second = p.memory_bandwidth_bytes_per_second() * eff;
   auto roofline = [&](double flops, double bytes) {
     return std::max(flops / flops_per_second, bytes / bytes_per_second);
@@ -261,10 +279,11 @@ DeviceTimes RooflineTimes(const LayerProfile& layer, OpClass op_class, const Pro
       call_overhead_seconds + roofline(layer.backward_flops(), layer.backward_memory_bytes());
   const tandem::v1::LayerMemory& m = layer.analytic_memory();
   const double opt_eff = EfficiencyOf(p, "optimizer");
+  const int64_t update_bytes = UpdateBytesOf(m, precision);
   const double update_core =
-      std::max(UpdateFlops(layer) / (p.peak_vector_flops_per_second() * opt_eff),
-               UpdateBytesOf(m) / (p.memory_bandwidth_bytes_per_second() * opt_eff));
-  t.update_seconds = UpdateBytesOf(m) > 0 ? call_overhead_seconds + update_core : 0.0;
+      std::max(UpdateFlops(layer, precision) / (p.peak_vector_flops_per_second() * opt_eff),
+               update_bytes / (p.memory_bandwidth_bytes_per_second() * opt_eff));
+  t.update_seconds = update_bytes > 0 ? call_overhead_seconds + update_core : 0.0;
   return t;
 }
 
@@ -415,7 +434,8 @@ int64_t CostModel::OutputBytes(int layer, int samples) const {
 
 int64_t CostModel::UpdateBytes(int layer) const {
   const LayerCosts& c = layers_[layer];
-  return 2 * c.parameter_bytes + c.gradient_bytes + 2 * c.optimizer_state_bytes;
+  const int64_t weights = IsMixed(precision_) ? c.parameter_bytes : 2 * c.parameter_bytes;
+  return weights + c.gradient_bytes + 2 * c.optimizer_state_bytes;
 }
 
 int64_t CostModel::ModelStateBytes() const {
@@ -520,7 +540,7 @@ absl::Status CostModel::AddMeasuredLayer(const LayerProfile& layer, int index,
   for (int d = 0; d < 2; ++d) {
     if (devices[d] == nullptr) continue;
     absl::StatusOr<DeviceTimes> t =
-        MeasuredTimes(layer, index, *devices[d], call_overhead_seconds_[d], mean);
+        MeasuredTimes(layer, index, *devices[d], call_overhead_seconds_[d], mean, precision_);
     if (!t.ok()) return t.status();
     c.forward_seconds[d] = t->forward_seconds;
     c.backward_seconds[d] = t->backward_seconds;
@@ -539,6 +559,7 @@ absl::StatusOr<CostModel> CostModel::FromMeasuredProfile(const Profile& profile)
   CostModel model;
   model.source_ = "measured";
   model.profiled_batch_size_ = profile.batch_size();
+  model.precision_ = profile.precision();
   model.accelerator_count_ = devices.accelerator_count;
   model.SetMeasuredProcessors(*devices.host, devices.accelerator);
   if (model.has_accelerator_) {
@@ -593,7 +614,7 @@ absl::Status CostModel::AddRooflineLayer(const LayerProfile& layer, int index,
   for (int d = 0; d < 2; ++d) {
     if (processors[d] == nullptr) continue;
     const DeviceTimes t =
-        RooflineTimes(layer, *op_class, *processors[d], call_overhead_seconds_[d]);
+        RooflineTimes(layer, *op_class, *processors[d], call_overhead_seconds_[d], precision_);
     c.forward_seconds[d] = t.forward_seconds;
     c.backward_seconds[d] = t.backward_seconds;
     c.update_seconds[d] = t.update_seconds;
@@ -609,6 +630,7 @@ absl::StatusOr<CostModel> CostModel::FromHardwareSpec(const Profile& profile,
   CostModel model;
   model.source_ = absl::StrCat("hardware_spec:", hardware.name());
   model.profiled_batch_size_ = profile.batch_size();
+  model.precision_ = profile.precision();
   model.SetHardwareHost(hardware.host());
   const ProcessorSpec* accelerator = nullptr;
   if (hardware.accelerators_size() > 0) {

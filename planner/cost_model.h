@@ -12,9 +12,10 @@
 //         t = max(flops / (peak(op) * eff(op)), bytes / (bandwidth * eff(op)))
 //             + launch_overhead
 //
-//     where peak(op) is the matrix rate for matmul, conv and attention and the
-//     vector rate otherwise, and eff(op) is the efficiency of the layer's op
-//     class (ProcessorSpec.efficiency, else DefaultEfficiency below).
+//     where peak(op) is the matrix rate for matmul, conv and attention (the
+//     bf16 or fp16 rate for a profile in that precision, planner/precision.h)
+//     and the vector rate otherwise, and eff(op) is the efficiency of the
+//     layer's op class (ProcessorSpec.efficiency, else DefaultEfficiency below).
 //
 // Batch scaling. Every per-batch figure of a Profile is at Profile.batch_size
 // (B). For s samples (a micro-batch, a hetero_dp share) a phase costs
@@ -28,8 +29,11 @@
 //
 // Optimizer step. The step of one layer touches 2 * parameter_bytes (read and
 // write the weights) + gradient_bytes (read) + 2 * optimizer_state_bytes (read
-// and write the state): 28 bytes per parameter for fp32 Adam, 12 for SGD. It is
-// a roofline over those bytes and ~(2 + 5k) FLOPs per parameter (k = state
+// and write the state): 28 bytes per parameter for fp32 Adam, 12 for SGD. In a
+// mixed precision the master weights are in optimizer_state_bytes and the step
+// writes the 16-bit working copy once: parameter_bytes + gradient_bytes + 2 *
+// optimizer_state_bytes, 28 bytes per parameter for Adam again. It is a
+// roofline over those bytes and ~(2 + 5k) FLOPs per parameter (k = fp32 state
 // elements per parameter), or the measured `update` timing. On the host the step
 // runs on `threads` threads; bandwidth scales as min(threads, host threads) /
 // host threads of the figure (measured with the profiler's thread count, or the
@@ -83,6 +87,8 @@ class CostModel {
   const std::string& layer_name(int layer) const { return layers_[layer].name; }
   const std::string& layer_kind(int layer) const { return layers_[layer].kind; }
   int profiled_batch_size() const { return profiled_batch_size_; }
+  // The profile's precision (planner/precision.h): what its bytes count.
+  tandem::v1::Precision precision() const { return precision_; }
   bool has_accelerator() const { return has_accelerator_; }
   tandem::v1::DeviceKind accelerator_kind() const { return accelerator_kind_; }
   // Accelerators alike the first (the pipeline partitioner's devices).
@@ -169,6 +175,7 @@ class CostModel {
 
   std::vector<LayerCosts> layers_;
   int profiled_batch_size_ = 1;
+  tandem::v1::Precision precision_ = tandem::v1::PRECISION_FP32;
   bool has_accelerator_ = false;
   tandem::v1::DeviceKind accelerator_kind_ = tandem::v1::DEVICE_KIND_UNSPECIFIED;
   int accelerator_count_ = 0;

@@ -1,6 +1,7 @@
 #include "planner/cost_model.h"
 
 #include "gtest/gtest.h"
+#include "planner/precision.h"
 #include "planner/testing/synthetic_models.h"
 
 namespace tandem::planner {
@@ -66,6 +67,42 @@ TEST(CostModelTest, RooflineTakesTheSlowerOfComputeAndMemory) {
   EXPECT_EQ(cost->ModelStateBytes(), static_cast<int64_t>(16 * params));
   EXPECT_TRUE(cost->has_accelerator());
   EXPECT_EQ(cost->source(), "hardware_spec:round");
+}
+
+TEST(CostModelTest, Bf16UsesTheBf16RateAndMovesHalfTheBytes) {
+  // The profile of the test above in bf16 on a node whose bf16 rates are 4x
+  // fp32: on the host the forward is compute-bound and 4x faster; on the
+  // accelerator memory-bound and 2x faster (half the bytes).
+  absl::StatusOr<tandem::v1::Profile> bf16 =
+      ProfileInPrecision(testing::MlpProfile({1000, 1000}, 100), tandem::v1::PRECISION_BF16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  tandem::v1::HardwareSpec node = RoundNode();
+  node.mutable_host()->set_peak_bf16_matmul_flops_per_second(4e12);
+  node.mutable_accelerators(0)->set_peak_bf16_matmul_flops_per_second(400e12);
+  absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(*bf16, node);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  EXPECT_EQ(cost->precision(), tandem::v1::PRECISION_BF16);
+  EXPECT_NEAR(cost->ForwardSeconds(0, PLACEMENT_HOST, 100), 1e-6 + 100e-6, 1e-12);
+  EXPECT_NEAR(cost->ForwardSeconds(0, PLACEMENT_ACCELERATOR, 100), 5e-6 + 4.804e-6, 1e-12);
+  // 2 bytes per parameter cross the link; the host keeps fp32 master and
+  // Adam: the step still touches 28 bytes per parameter, the model state is
+  // still 16.
+  const double params = 1000 * 1000 + 1000;
+  EXPECT_EQ(cost->ParameterBytes(0), static_cast<int64_t>(2 * params));
+  EXPECT_EQ(cost->GradientBytes(0), static_cast<int64_t>(2 * params));
+  EXPECT_EQ(cost->UpdateBytes(0), static_cast<int64_t>(28 * params));
+  EXPECT_NEAR(cost->UpdateSeconds(0, PLACEMENT_HOST, 10), 1e-6 + 28 * params / 50e9, 1e-12);
+  EXPECT_EQ(cost->ModelStateBytes(), static_cast<int64_t>(16 * params));
+  EXPECT_EQ(cost->ActivationBytes(0, 50), 2 * 50 * 1000);
+
+  // A processor without a bf16 rate computes at its fp32 rate.
+  absl::StatusOr<CostModel> plain = CostModel::FromHardwareSpec(*bf16, RoundNode());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NEAR(plain->ForwardSeconds(0, PLACEMENT_HOST, 100), 1e-6 + 400e-6, 1e-12);
+
+  node.mutable_host()->set_peak_bf16_matmul_flops_per_second(-1);
+  EXPECT_EQ(CostModel::FromHardwareSpec(*bf16, node).status().message(),
+            "hardware.host.peak_bf16_matmul_flops_per_second: must be >= 0 (0 = none)");
 }
 
 TEST(CostModelTest, MeasuredProfilesUseTheMedians) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "planner/precision.h"
 #include "planner/strategies.h"
 
 namespace tandem::planner {
@@ -131,6 +132,10 @@ std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response) {
   if (!response.cost_source().empty()) {
     // Before the table: the figures' source, measured or estimated.
     out.insert(out.size() - 1, absl::StrCat("Timed with ", response.cost_source(), ".\n"));
+  }
+  if (!response.precision_reason().empty()) {
+    out.insert(out.size() - 1, absl::StrCat("Precision ", PrecisionName(response.precision()), ": ",
+                                            response.precision_reason(), ".\n"));
   }
   absl::StrAppend(&out, RenderLayerTable(p));
   for (const tandem::v1::PipelineStage& s : p.pipeline()) {

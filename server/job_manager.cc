@@ -14,6 +14,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "runtime/train/job_model.h"
 #include "spec/job_spec.h"
+#include "spec/precision.h"
 
 namespace tandem::server {
 
@@ -244,6 +245,9 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
                                                          bool plan) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
   if (!resolved.ok()) return AsSpecError(resolved.status());
+  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision,
+                          ChoosePrecisionHere(resolved->precision(), "spec.precision"));
+  resolved->set_precision(precision.precision);
   const PathPolicy& policy = options_.data_policy;
   absl::StatusOr<JobModel> jm =
       BuildJobModel(*resolved, [&policy](const std::string& field, const std::string& path) {
@@ -255,6 +259,7 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, offer.get());
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
+  r.precision_reason = precision.reason;
   if (plan && offer) {
     // This model measured on this node before: planned from what was measured.
     const std::optional<tandem::v1::Profile> measured =
@@ -353,6 +358,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   job.set_request_id(request_id);
   *job.mutable_spec() = spec;
   *job.mutable_resolved_spec() = resolved;
+  job.set_precision_reason(r.precision_reason);
   job.set_state(tandem::v1::JOB_STATE_QUEUED);
   job.set_reason("queued");
   *job.mutable_plan() = r.plan;

@@ -117,6 +117,8 @@ class JobManager {
     tandem::v1::Schedule program;
     // What the plan's prediction came from (PlanRecord.cost_source).
     std::string cost_source;
+    // Why spec.precision is what it is (Job.precision_reason).
+    std::string precision_reason;
   };
   // With `plan` false, the plan and program stay empty (nothing is solved).
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;

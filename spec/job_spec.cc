@@ -267,6 +267,9 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   TANDEM_RETURN_IF_ERROR(ValidatePlacement(spec.placement(), spec.training()));
   TANDEM_RETURN_IF_ERROR(ValidateResources(spec.resources()));
   TANDEM_RETURN_IF_ERROR(InRange("priority", spec.priority(), -1000, 1000));
+  if (!tandem::v1::Precision_IsValid(spec.precision())) {
+    return FieldError("precision", absl::StrCat("unknown value ", spec.precision()));
+  }
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "base/units.h"
 #include "planner/cost_model.h"
 #include "planner/planner.h"
+#include "planner/precision.h"
 #include "planner/spec_files.h"
 #include "planner/strategies.h"
 #include "planner/testing/synthetic_models.h"
@@ -173,72 +174,142 @@ struct Gpt {
   testing::GptShape shape;
 };
 
-void GptSpeedups(const tandem::v1::HardwareSpec& spec) {
+// GptProfile (fp32) re-counted in `precision`.
+tandem::v1::Profile GptIn(const testing::GptShape& shape, tandem::v1::Precision precision) {
+  absl::StatusOr<tandem::v1::Profile> p = ProfileInPrecision(testing::GptProfile(shape), precision);
+  if (!p.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(p.status().message()).c_str());
+    std::exit(1);
+  }
+  return *std::move(p);
+}
+
+// One model's zero_offload and reuse_distance at 25/50/100% of model state.
+void GptRow(const Gpt& m, const tandem::v1::HardwareSpec& spec, tandem::v1::Precision precision) {
+  const tandem::v1::Profile profile = GptIn(m.shape, precision);
+  const int64_t state = ModelState(profile);
+  absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(profile, spec);
+  if (!cost.ok()) std::exit(1);
+  // Why: one batch's accelerator backward vs the host's Adam over every
+  // layer vs the gradient and weight copies, all layers.
+  double fwd = 0, bwd = 0, host_update = 0, copies = 0;
+  for (int l = 0; l < cost->num_layers(); ++l) {
+    fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
+    bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
+    host_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_HOST, cost->host_threads());
+    copies += cost->CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost->GradientBytes(l));
+  }
+  std::printf(
+      "%s, batch %d: model state %s; per step: accelerator fwd %s + bwd %s, host Adam\n"
+      "  over all layers %s, gradient D2H (= weight H2D) %s\n",
+      m.name, m.shape.batch_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
+      FormatSeconds(bwd).c_str(), FormatSeconds(host_update).c_str(),
+      FormatSeconds(copies).c_str());
+  std::printf("  %6s %10s  %13s %13s %8s  %s\n", "budget", "GiB", "zero_offload", "reuse_dist",
+              "speedup", "reuse_distance plan");
+  for (double share : {0.25, 0.5, 1.0}) {
+    PlanRequest request;
+    request.profile = profile;
+    request.hardware = spec;
+    request.accelerator_memory_bytes =
+        std::min<int64_t>(static_cast<int64_t>(share * state), cost->accelerator_memory_bytes());
+    request.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
+                       tandem::v1::STRATEGY_REUSE_DISTANCE};
+    tandem::v1::PlanModelResponse response;
+    WallSeconds(request, &response);
+    const tandem::v1::Plan* zero = Find(response, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+    const tandem::v1::Plan* reuse = Find(response, tandem::v1::STRATEGY_REUSE_DISTANCE);
+    const tandem::v1::Plan* gpu = Find(response, tandem::v1::STRATEGY_GPU_ONLY);
+    if (!zero->feasible()) {
+      std::printf("  %5.0f%% %10.2f  infeasible: %s\n", share * 100,
+                  request.accelerator_memory_bytes / 1073741824.0, zero->solver().note().c_str());
+      continue;
+    }
+    std::printf("  %5.0f%% %10.2f  %13s %13s %7.3fx  %s%s\n", share * 100,
+                request.accelerator_memory_bytes / 1073741824.0,
+                FormatSeconds(zero->prediction().iteration_seconds()).c_str(),
+                FormatSeconds(reuse->prediction().iteration_seconds()).c_str(),
+                zero->prediction().iteration_seconds() / reuse->prediction().iteration_seconds(),
+                reuse->solver().note().c_str(), gpu->feasible() ? " [gpu_only fits]" : "");
+    std::printf("  %18s zero_offload: stall %s, accelerator idle %s, host pool idle %s; %s\n", "",
+                FormatSeconds(zero->prediction().accelerator_stall_seconds()).c_str(),
+                FormatSeconds(zero->prediction().accelerator_idle_seconds()).c_str(),
+                FormatSeconds(zero->prediction().host_update_idle_seconds()).c_str(),
+                zero->solver().note().c_str());
+  }
+  std::printf("\n");
+}
+
+void GptSpeedups(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision precision) {
   const Gpt models[] = {
       {"GPT-2 XL 1.6B (48 x 1600, untied head)", {8, 1024, 1600, 48, 25, 50257}},
       {"GPT-2 XL 1.6B", {2, 1024, 1600, 48, 25, 50257}},
       {"GPT-2 XL 1.6B", {32, 1024, 1600, 48, 25, 50257}},
       {"GPT 2.7B (32 x 2560, untied head)", {8, 1024, 2560, 32, 32, 50257}},
+      {"GPT 6.7B (32 x 4096, untied head)", {8, 1024, 4096, 32, 32, 50257}},
   };
   std::printf(
-      "== GPT-style models on %s: fp32, Adam, context 1024. Budget = share of\n"
-      "   model state (params + grads + Adam state = 16 bytes/param), capped at the GPU.\n\n",
-      spec.name().c_str());
-  for (const Gpt& m : models) {
-    const tandem::v1::Profile profile = testing::GptProfile(m.shape);
-    const int64_t state = ModelState(profile);
-    absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(profile, spec);
-    if (!cost.ok()) std::exit(1);
-    // Why: one batch's accelerator backward vs the host's Adam over every
-    // layer vs the gradient and weight copies, all layers.
-    double fwd = 0, bwd = 0, host_update = 0, copies = 0;
-    for (int l = 0; l < cost->num_layers(); ++l) {
-      fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
-      bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
-      host_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_HOST, cost->host_threads());
-      copies +=
-          cost->CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost->GradientBytes(l));
-    }
-    std::printf(
-        "%s, batch %d: model state %s; per step: accelerator fwd %s + bwd %s, host Adam\n"
-        "  over all layers %s, gradient D2H (= weight H2D) %s\n",
-        m.name, m.shape.batch_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
-        FormatSeconds(bwd).c_str(), FormatSeconds(host_update).c_str(),
-        FormatSeconds(copies).c_str());
-    std::printf("  %6s %10s  %13s %13s %8s  %s\n", "budget", "GiB", "zero_offload", "reuse_dist",
-                "speedup", "reuse_distance plan");
-    for (double share : {0.25, 0.5, 1.0}) {
-      PlanRequest request;
-      request.profile = profile;
-      request.hardware = spec;
-      request.accelerator_memory_bytes =
-          std::min<int64_t>(static_cast<int64_t>(share * state), cost->accelerator_memory_bytes());
-      request.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
-                         tandem::v1::STRATEGY_REUSE_DISTANCE};
-      tandem::v1::PlanModelResponse response;
-      WallSeconds(request, &response);
-      const tandem::v1::Plan* zero = Find(response, tandem::v1::STRATEGY_ZERO_OFFLOAD);
-      const tandem::v1::Plan* reuse = Find(response, tandem::v1::STRATEGY_REUSE_DISTANCE);
-      const tandem::v1::Plan* gpu = Find(response, tandem::v1::STRATEGY_GPU_ONLY);
-      if (!zero->feasible()) {
-        std::printf("  %5.0f%% %10.2f  infeasible: %s\n", share * 100,
-                    request.accelerator_memory_bytes / 1073741824.0, zero->solver().note().c_str());
-        continue;
+      "== GPT-style models on %s: %s, Adam, context 1024. Budget = share of\n"
+      "   model state (%s = 16 bytes/param), capped at the GPU.\n\n",
+      spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
+      IsMixed(precision) ? "bf16 weights + bf16 grads + fp32 master and Adam state"
+                         : "params + grads + Adam state");
+  for (const Gpt& m : models) GptRow(m, spec, precision);
+}
+
+// The largest of a ladder of GPT shapes that one accelerator of `spec` trains
+// with the node's host memory: every shape's best feasible plan at the
+// accelerator's whole capacity, and why the next one does not fit.
+void LargestGpt(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision precision) {
+  const Gpt ladder[] = {
+      {"GPT 6.7B (32 x 4096)", {8, 1024, 4096, 32, 32, 50257}},
+      {"GPT 13B (40 x 5120)", {8, 1024, 5120, 40, 40, 50257}},
+      {"GPT 30B (48 x 7168)", {8, 1024, 7168, 48, 56, 50257}},
+      {"GPT 66B (64 x 9216)", {8, 1024, 9216, 64, 72, 50257}},
+      {"GPT 101B (80 x 10240)", {8, 1024, 10240, 80, 80, 50257}},
+      {"GPT 121B (96 x 10240)", {8, 1024, 10240, 96, 80, 50257}},
+      {"GPT 146B (96 x 11264)", {8, 1024, 11264, 96, 88, 50257}},
+      {"GPT 175B (96 x 12288)", {8, 1024, 12288, 96, 96, 50257}},
+      {"GPT 350B (128 x 15360)", {8, 1024, 15360, 128, 120, 50257}},
+      {"GPT 530B (105 x 20480)", {8, 1024, 20480, 105, 128, 50257}},
+  };
+  std::printf(
+      "== The largest GPT one accelerator of %s trains with its host's %s, %s, batch 8,\n"
+      "   context 1024: the best of zero_offload and reuse_distance at the accelerator's\n"
+      "   whole capacity.\n\n",
+      spec.name().c_str(), FormatBytes(spec.host().memory_bytes()).c_str(),
+      IsMixed(precision) ? "bf16 mixed precision" : "fp32");
+  std::printf("  %-26s %11s  %-10s %13s %9s  %s\n", "model", "state", "feasible", "step", "TFLOP/s",
+              "plan");
+  for (const Gpt& m : ladder) {
+    PlanRequest request;
+    request.profile = GptIn(m.shape, precision);
+    request.hardware = spec;
+    request.compare = {tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::STRATEGY_REUSE_DISTANCE};
+    tandem::v1::PlanModelResponse response;
+    WallSeconds(request, &response);
+    const tandem::v1::Plan* best = nullptr;
+    for (const tandem::v1::Plan& p : response.alternatives()) {
+      if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
+                                                  best->prediction().iteration_seconds())) {
+        best = &p;
       }
-      std::printf("  %5.0f%% %10.2f  %13s %13s %7.3fx  %s%s\n", share * 100,
-                  request.accelerator_memory_bytes / 1073741824.0,
-                  FormatSeconds(zero->prediction().iteration_seconds()).c_str(),
-                  FormatSeconds(reuse->prediction().iteration_seconds()).c_str(),
-                  zero->prediction().iteration_seconds() / reuse->prediction().iteration_seconds(),
-                  reuse->solver().note().c_str(), gpu->feasible() ? " [gpu_only fits]" : "");
-      std::printf("  %18s zero_offload: stall %s, accelerator idle %s, host pool idle %s; %s\n", "",
-                  FormatSeconds(zero->prediction().accelerator_stall_seconds()).c_str(),
-                  FormatSeconds(zero->prediction().accelerator_idle_seconds()).c_str(),
-                  FormatSeconds(zero->prediction().host_update_idle_seconds()).c_str(),
-                  zero->solver().note().c_str());
     }
-    std::printf("\n");
+    double flops = 0;
+    for (const auto& l : request.profile.layers()) flops += l.forward_flops() + l.backward_flops();
+    if (best == nullptr) {
+      std::printf("  %-26s %11s  %-10s  %s\n", m.name,
+                  FormatBytes(ModelState(request.profile)).c_str(), "no",
+                  Find(response, tandem::v1::STRATEGY_REUSE_DISTANCE)->solver().note().c_str());
+      continue;
+    }
+    std::printf("  %-26s %11s  %-10s %13s %9.1f  %s: %s\n", m.name,
+                FormatBytes(ModelState(request.profile)).c_str(), "yes",
+                FormatSeconds(best->prediction().iteration_seconds()).c_str(),
+                flops / best->prediction().iteration_seconds() / 1e12,
+                StrategyName(best->strategy()).c_str(), best->solver().note().c_str());
   }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -260,6 +331,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!gpt_only) tandem::planner::SolveTimes(*spec);
-  tandem::planner::GptSpeedups(*spec);
+  tandem::planner::GptSpeedups(*spec, tandem::v1::PRECISION_FP32);
+  tandem::planner::GptSpeedups(*spec, tandem::v1::PRECISION_BF16);
+  tandem::planner::LargestGpt(*spec, tandem::v1::PRECISION_BF16);
   return 0;
 }

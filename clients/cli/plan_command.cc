@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, compare, "all",
           "cpu_only, zero_offload, reuse_distance, hetero_dp, auto.");
 ABSL_FLAG(int, pipeline_devices, 0,
           "tandem plan: also split the model into a pipeline over this many accelerators.");
+ABSL_FLAG(std::string, precision, "",
+          "tandem plan: plan in this precision (auto, fp32, bf16, fp16) instead of the job "
+          "file's precision.");
 ABSL_FLAG(bool, on_server, false,
           "tandem plan: ask the daemon at --server (which plans for its own node) instead of "
           "planning in this process.");
@@ -79,6 +82,16 @@ absl::StatusOr<std::vector<tandem::v1::Strategy>> ParseCompare(const std::string
   return out;
 }
 
+absl::StatusOr<tandem::v1::Precision> ParsePrecision(const std::string& text) {
+  tandem::v1::Precision p;
+  const std::string name = absl::StrCat("PRECISION_", absl::AsciiStrToUpper(text));
+  if (!tandem::v1::Precision_Parse(name, &p)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision: unknown precision '", text, "'; use auto, fp32, bf16 or fp16"));
+  }
+  return p;
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunPlan(const Args& args) {
@@ -88,6 +101,11 @@ absl::StatusOr<int> RunPlan(const Args& args) {
 
   tandem::v1::PlanModelRequest request;
   *request.mutable_spec() = *spec;
+  if (const std::string precision = absl::GetFlag(FLAGS_precision); !precision.empty()) {
+    absl::StatusOr<tandem::v1::Precision> p = ParsePrecision(precision);
+    if (!p.ok()) return p.status();
+    request.mutable_spec()->set_precision(*p);
+  }
   const std::string hardware = absl::GetFlag(FLAGS_hardware);
   const std::string profile = absl::GetFlag(FLAGS_profile);
   if (!hardware.empty() && !profile.empty()) {

@@ -19,6 +19,7 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/job_model.h"
 #include "spec/job_spec.h"
+#include "spec/precision.h"
 
 namespace tandem {
 namespace {
@@ -64,6 +65,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   } else {
     TANDEM_ASSIGN_OR_RETURN(t->resolved_, ResolveJobSpec(spec, t->options_.has_accelerator));
   }
+  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision,
+                          ChoosePrecisionHere(t->resolved_.precision(), "precision"));
+  t->resolved_.set_precision(precision.precision);
   const auto& training = t->resolved_.training();
   if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
   TANDEM_ASSIGN_OR_RETURN(

@@ -163,6 +163,38 @@ placement: {strategy: STRATEGY_AUTO}
         self.assertEqual(result.returncode, 1)
         self.assertIn("--compare: unknown strategy 'fastest'", result.stderr)
 
+    def test_precision_resolves_with_its_reason_and_sixteen_bit_jobs_are_refused(self):
+        import grpc
+        from tandem.v1 import profile_pb2
+        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1)),
+                                    timeout=30).job
+        self.assertEqual(job.resolved_spec.precision, profile_pb2.PRECISION_FP32)
+        self.assertIn("executes fp32 only", job.precision_reason)
+        for precision in (profile_pb2.PRECISION_BF16, profile_pb2.PRECISION_FP16):
+            spec = synthetic_spec(steps=1)
+            spec.precision = precision
+            with self.assertRaises(grpc.RpcError) as e:
+                self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+            self.assertTrue(e.exception.details().startswith("spec.precision: "), e.exception.details())
+        # Planned for an H100 node: auto is bf16 there, and the report says why.
+        hardware = repo_files.path("planner/hardware/h100_sxm_node.textproto")
+        job_file = self.write_job("""
+model: {gpt: {n_layer: 2, n_head: 2, d_model: 64, context: 32}}
+data: {synthetic: {sample_shape: [32], num_classes: 256, tokens: true}}
+training: {batch_size: 8, steps: 10}
+""")
+        result = cli(self.daemon, "--output=json", "plan", job_file, "--hardware=" + hardware,
+                     "--compare=zero_offload")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        answer = json.loads(result.stdout)
+        self.assertEqual(answer["precision"], "PRECISION_BF16")
+        self.assertIn("computes bf16 natively", answer["precision_reason"])
+        result = cli(self.daemon, "plan", job_file, "--hardware=" + hardware, "--precision=fp32",
+                     "--compare=zero_offload")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("Precision fp32: asked for.", result.stdout)
+
     def test_profile_model_measures_every_layer_and_caches(self):
         request = tandem_service_pb2.ProfileModelRequest(spec=synthetic_spec(steps=1), iterations=2,
                                                          warmup_iterations=1)

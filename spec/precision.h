@@ -1,0 +1,46 @@
+// Which precision a job runs in, or a plan is made for (JobSpec.precision
+// resolved, docs/planning.md "Mixed precision"), and why.
+#ifndef TANDEM_SPEC_PRECISION_H_
+#define TANDEM_SPEC_PRECISION_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tandem/v1/job.pb.h"
+#include "tandem/v1/profile.pb.h"
+
+namespace tandem {
+
+struct PrecisionChoice {
+  tandem::v1::Precision precision = tandem::v1::PRECISION_FP32;
+  // For Job.precision_reason and PlanModelResponse.precision_reason.
+  std::string reason;
+};
+
+// A job on this node or in `tandem train` (the daemon's job manager and the
+// Trainer both ask). The runtime executes fp32 only so far: AUTO is FP32
+// (the reason says so), FP32 is FP32, BF16 and FP16 are UNIMPLEMENTED naming
+// `field` (e.g. "precision" or "spec.precision") and pointing to `tandem plan`.
+absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(tandem::v1::Precision asked,
+                                                    const std::string& field);
+
+// A plan for `hardware` (a machine we are not running on). AUTO: bf16 where the
+// processor that trains (the first accelerator, else the host) computes it
+// natively (a peak_bf16_matmul_flops_per_second), else fp32. BF16: anywhere (a
+// processor without a bf16 rate converts and computes at its fp32 rate; the
+// reason says so). FP16: only with an accelerator that lists an fp16 rate, else
+// INVALID_ARGUMENT naming `field`.
+absl::StatusOr<PrecisionChoice> ChoosePrecisionFor(tandem::v1::Precision asked,
+                                                   const tandem::v1::HardwareSpec& hardware,
+                                                   const std::string& field);
+
+// A plan from a request's profile: it was measured (or computed) in
+// profile.precision (AUTO = fp32), and a 16-bit precision re-counts only an fp32
+// analytic profile (planner::ProfileInPrecision); the choice is the one asked
+// for, AUTO taking the profile's.
+PrecisionChoice ChoosePrecisionForProfile(tandem::v1::Precision asked,
+                                          const tandem::v1::Profile& profile);
+
+}  // namespace tandem
+
+#endif  // TANDEM_SPEC_PRECISION_H_

@@ -29,6 +29,15 @@ struct AdamStep {
 };
 void AdamUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamStep& s);
 
+// Adam in mixed precision (docs/planning.md, "Mixed precision"): the step above
+// on fp32 master weights `p` and state from bf16 gradients `g` (widened
+// exactly), and in the same pass the updated weights rounded to bf16 (nearest,
+// ties to even; NaN stays NaN) into `copy`, the working copy the forward reads:
+// 28 bytes per parameter, as the fp32 step. `p` ends equal to AdamUpdate's on
+// the widened gradients at the same instruction-set level.
+void AdamUpdateBf16(float* p, const uint16_t* g, float* m, float* v, uint16_t* copy, int64_t n,
+                    const AdamStep& s);
+
 // The per-step constants every Adam implementation (AVX-512, AVX2, scalar, the
 // fused CUDA kernel) uses, derived once: bias corrections in double, the rest in
 // fp32. Per element, with g' = grad_scale * g + l2 * p:

@@ -16,6 +16,8 @@ namespace tandem::optim::internal {
 
 void AdamUpdateForIsa(CpuIsa isa, float* p, const float* g, float* m, float* v, int64_t n,
                       const AdamStep& s);
+void AdamUpdateBf16ForIsa(CpuIsa isa, float* p, const uint16_t* g, float* m, float* v,
+                          uint16_t* copy, int64_t n, const AdamStep& s);
 void SgdUpdateForIsa(CpuIsa isa, float* p, const float* g, float* buf, int64_t n, const SgdStep& s);
 double SumOfSquaresForIsa(CpuIsa isa, const float* x, int64_t n);
 

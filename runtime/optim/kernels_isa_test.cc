@@ -10,11 +10,13 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/core/bf16.h"
 #include "runtime/core/cpu_features.h"
 #include "runtime/core/random.h"
 #include "runtime/core/testing/isa_testing.h"
@@ -164,6 +166,98 @@ TEST_P(AdamIsaTest, MatchesReferenceOnEveryLengthAndTail) {
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, AdamIsaTest, ::testing::ValuesIn(isa_testing::AllCpuIsas()),
                          isa_testing::IsaName);
+
+// The mixed-precision step: bf16 gradients widened, fp32 master and state as
+// the fp32 step on the widened gradients to the bit, and its working copy the
+// master weights rounded to bf16, nothing stored past the copy's end.
+TEST_P(AdamIsaTest, Bf16StepIsTheFp32StepOnWidenedGradientsWithItsRoundedCopy) {
+  const AdamStep step{.lr = 3e-4f, .weight_decay = 0.1f, .decoupled = true, .t = 2};
+  constexpr uint16_t kGuard = 0xabcd;
+  for (int64_t n : TailLengths()) {
+    for (int64_t misalignment : Misalignments()) {
+      GuardedBuffer p(n, misalignment), m(n, misalignment), v(n, misalignment);
+      GuardedBuffer p32(n, misalignment), m32(n, misalignment), v32(n, misalignment);
+      GuardedBuffer widened(n, misalignment);
+      std::vector<uint16_t> g16(n + misalignment), copy(n + misalignment + 16, kGuard);
+      const std::vector<float> g = WideRange(n, 20);
+      std::vector<float> g_widened(n);
+      for (int64_t i = 0; i < n; ++i) {
+        g16[misalignment + i] = FloatToBf16(g[i]);
+        g_widened[i] = Bf16ToFloat(g16[misalignment + i]);
+      }
+      widened.assign(g_widened);
+      for (GuardedBuffer* b : {&p, &p32}) b->assign(Uniform(n, -1, 1, 21));
+      for (GuardedBuffer* b : {&m, &m32}) b->assign(Uniform(n, -0.1f, 0.1f, 22));
+      for (GuardedBuffer* b : {&v, &v32}) b->assign(Uniform(n, 0, 0.01f, 23));
+      internal::AdamUpdateForIsa(GetParam(), p32.data(), widened.data(), m32.data(), v32.data(), n,
+                                 step);
+      internal::AdamUpdateBf16ForIsa(GetParam(), p.data(), g16.data() + misalignment, m.data(),
+                                     v.data(), copy.data() + misalignment, n, step);
+      const std::string where = Where(n, misalignment);
+      ASSERT_EQ(p.values(), p32.values()) << where;
+      ASSERT_EQ(m.values(), m32.values()) << where;
+      ASSERT_EQ(v.values(), v32.values()) << where;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(copy[misalignment + i], FloatToBf16(p.data()[i])) << where << " i=" << i;
+      }
+      for (int64_t i = 0; i < misalignment; ++i) ASSERT_EQ(copy[i], kGuard) << where;
+      for (size_t i = misalignment + n; i < copy.size(); ++i) ASSERT_EQ(copy[i], kGuard) << where;
+      ASSERT_TRUE(p.GuardsIntact() && m.GuardsIntact() && v.GuardsIntact()) << where;
+    }
+  }
+}
+
+// The copy's rounding on the values where rounding is hard: ties (to even),
+// carries into the exponent and to infinity, NaNs that must not become
+// infinities, signed zeros and subnormals. With lr = 0 a finite master weight
+// stays as it is, so the copy is its rounding; a NaN weight stays a NaN (its
+// sign and payload are the arithmetic's). The scalar conversion is checked on
+// the infinities too, which Adam turns into NaNs (0 * inf).
+TEST_P(AdamIsaTest, Bf16CopyRoundsToNearestEvenAndKeepsNaNs) {
+  const std::pair<uint32_t, uint16_t> finite[] = {
+      {0x3f808000, 0x3f80},  // tie, even below: down
+      {0x3f818000, 0x3f82},  // tie, odd below: up
+      {0x3f808001, 0x3f81},  // above the tie: up
+      {0x3f807fff, 0x3f80},  // below the tie: down
+      {0x3fffffff, 0x4000},  // carries into the exponent
+      {0x7f7fffff, 0x7f80},  // the largest float rounds to infinity
+      {0x80000000, 0x8000},  // -0
+      {0x00018000, 0x0002},  // subnormal tie, odd below: up
+      {0xbf7fffff, 0xbf80},  // negative, carries
+      {0x7f800001, 0},       // signalling NaN: a NaN, not infinity
+      {0xffc00001, 0},       // negative quiet NaN
+      {0x7fffffff, 0},       // all-ones payload: rounding would carry it into -0
+  };
+  const int n_cases = sizeof(finite) / sizeof(finite[0]);
+  const int64_t n = 37;  // every path: two vectors of 16 (or four of 8), then a tail of 5
+  std::vector<float> p(n), m(n, 0), v(n, 0);
+  std::vector<uint16_t> g16(n, 0), copy(n, 0);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(&p[i], &finite[i % n_cases].first, sizeof(float));
+  internal::AdamUpdateBf16ForIsa(GetParam(), p.data(), g16.data(), m.data(), v.data(), copy.data(),
+                                 n, AdamStep{.lr = 0.0f, .t = 1});
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& [bits, rounded] = finite[i % n_cases];
+    if (rounded == 0) {
+      EXPECT_TRUE((copy[i] & 0x7f80) == 0x7f80 && (copy[i] & 0x7f) != 0)
+          << std::hex << "p = 0x" << bits << " gave 0x" << copy[i] << ", not a NaN";
+    } else {
+      EXPECT_EQ(copy[i], rounded) << std::hex << "p = 0x" << bits << ", i = " << std::dec << i;
+    }
+  }
+  const std::pair<uint32_t, uint16_t> scalar[] = {
+      {0x3f808000, 0x3f80}, {0x3f818000, 0x3f82}, {0x7f7fffff, 0x7f80},
+      {0x7f800000, 0x7f80}, {0xff800000, 0xff80}, {0x7f800001, 0x7fc0},
+      {0xffc00001, 0xffc0}, {0x00018000, 0x0002}, {0x7fffffff, 0x7fff},
+  };
+  for (const auto& [bits, rounded] : scalar) {
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    EXPECT_EQ(FloatToBf16(x), rounded) << std::hex << "scalar, x = 0x" << bits;
+    if ((rounded & 0x7fff) <= 0x7f80) {
+      EXPECT_EQ(FloatToBf16(Bf16ToFloat(rounded)), rounded) << "widening is exact";
+    }
+  }
+}
 
 // One SGD step per element from the state before it. Every result is a sum of
 // terms computed from the inputs: its rounding is bounded by theirs.

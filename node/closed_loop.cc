@@ -14,6 +14,7 @@
 #include "base/units.h"
 #include "google/protobuf/util/time_util.h"
 #include "planner/cost_model.h"
+#include "planner/precision.h"
 #include "planner/simulator.h"
 #include "runtime/profile/job_telemetry.h"
 #include "runtime/profile/layer_profiler.h"
@@ -465,7 +466,8 @@ std::string LayerProfileCache::Key(const Model& model, const JobSpec& resolved,
   if (!node.profile) return "";
   return profile::HexKey(absl::StrCat(
       "layer-profile-v1|model=", model.fingerprint(), "|batch=", resolved.training().batch_size(),
-      "|optimizer=", resolved.optimizer().kind(), "|precision=fp32",
+      "|optimizer=", resolved.optimizer().kind(),
+      "|precision=", planner::PrecisionName(resolved.precision()),
       "|accelerator=", resolved.placement().accelerator(),
       "|link=", resolved.resources().emulated_link_bytes_per_second(), "|throttle=",
       node.emulated_link_throttle_bytes_per_second, "|node=", node.profile->fingerprint()));

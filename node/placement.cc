@@ -345,6 +345,8 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   if (capacity <= 0) return planner::SolvePlan(request);
   const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
   auto solve = [&](int micro_batch) -> absl::StatusOr<PlanModelResponse> {
+    // The executor's fp32 transients: for a 16-bit plan twice what it needs,
+    // so such a plan errs on the side of fitting.
     const int64_t margin = ExecutorMemoryMargin(model, micro_batch > 0 ? micro_batch : batch);
     planner::PlanRequest r = request;
     r.micro_batch_size = micro_batch;

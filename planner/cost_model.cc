@@ -135,7 +135,8 @@ double UpdateFlops(const LayerProfile& layer, Precision precision) {
   const double params = static_cast<double>(ParameterCount(layer, precision));
   if (!(params > 0)) return 0.0;
   const double master = IsMixed(precision) ? 4.0 * params : 0.0;
-  const double state_per_param = (m.optimizer_state_bytes() - master) / (4.0 * params);
+  const double state_per_param =
+      std::max(0.0, (m.optimizer_state_bytes() - master) / (4.0 * params));
   return params * (2.0 + 5.0 * state_per_param + (IsMixed(precision) ? 1.0 : 0.0));
 }
 

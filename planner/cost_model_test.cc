@@ -95,6 +95,26 @@ TEST(CostModelTest, Bf16UsesTheBf16RateAndMovesHalfTheBytes) {
   EXPECT_EQ(cost->ModelStateBytes(), static_cast<int64_t>(16 * params));
   EXPECT_EQ(cost->ActivationBytes(0, 50), 2 * 50 * 1000);
 
+  // Compute-bound (a slow vector unit): Adam's mixed step is 2 + 5 * 2 FLOPs
+  // per parameter on its two fp32 state elements, plus 1 to write the copy;
+  // the master weights are not state elements. SGD without momentum: 2 + 1.
+  tandem::v1::HardwareSpec slow = node;
+  slow.mutable_host()->set_peak_vector_flops_per_second(1e8);
+  absl::StatusOr<CostModel> slow_cost = CostModel::FromHardwareSpec(*bf16, slow);
+  ASSERT_TRUE(slow_cost.ok()) << slow_cost.status();
+  EXPECT_NEAR(slow_cost->UpdateSeconds(0, PLACEMENT_HOST, 10), 1e-6 + 13 * params / 0.5e8, 1e-9);
+  tandem::v1::Profile sgd_fp32 = testing::MlpProfile({1000, 1000}, 100);
+  for (auto& l : *sgd_fp32.mutable_layers()) {
+    l.mutable_analytic_memory()->set_optimizer_state_bytes(0);
+  }
+  absl::StatusOr<tandem::v1::Profile> sgd =
+      ProfileInPrecision(sgd_fp32, tandem::v1::PRECISION_BF16);
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  absl::StatusOr<CostModel> sgd_cost = CostModel::FromHardwareSpec(*sgd, slow);
+  ASSERT_TRUE(sgd_cost.ok()) << sgd_cost.status();
+  EXPECT_EQ(sgd_cost->UpdateBytes(0), static_cast<int64_t>(12 * params));
+  EXPECT_NEAR(sgd_cost->UpdateSeconds(0, PLACEMENT_HOST, 10), 1e-6 + 3 * params / 0.5e8, 1e-9);
+
   // A processor without a bf16 rate computes at its fp32 rate.
   absl::StatusOr<CostModel> plain = CostModel::FromHardwareSpec(*bf16, RoundNode());
   ASSERT_TRUE(plain.ok()) << plain.status();

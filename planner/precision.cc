@@ -37,12 +37,14 @@ void HalveLayer(LayerProfile* layer) {
   if (layer->kind() == "cross_entropy") return;  // softmax and loss stay fp32
   tandem::v1::LayerMemory* m = layer->mutable_analytic_memory();
   const int64_t params = ParameterCount(*layer, tandem::v1::PRECISION_FP32);
-  const int64_t master = 4 * params;
-  m->set_optimizer_state_bytes(m->optimizer_state_bytes() + master);
+  // A layer without a gradient (frozen) has no update, so no master weights.
+  const bool trained = m->gradient_bytes() > 0;
+  if (trained) m->set_optimizer_state_bytes(m->optimizer_state_bytes() + 4 * params);
   m->set_parameter_bytes(2 * params);
-  m->set_gradient_bytes(m->gradient_bytes() > 0 ? 2 * params : 0);
-  // An embedding's activation is its token indices.
-  if (layer->kind() != "embedding") m->set_activation_bytes(m->activation_bytes() / 2);
+  m->set_gradient_bytes(trained ? 2 * params : 0);
+  // An embedding's too: in the analytic profile it is the embedding's output;
+  // the token indices beside it are a few bytes per sample.
+  m->set_activation_bytes(m->activation_bytes() / 2);
   m->set_workspace_bytes(m->workspace_bytes() / 2);
   m->set_output_bytes(m->output_bytes() / 2);
   layer->set_forward_memory_bytes(layer->forward_memory_bytes() / 2);
@@ -65,10 +67,10 @@ absl::StatusOr<Profile> ProfileInPrecision(const Profile& fp32, Precision precis
   }
   for (int i = 0; i < out.layers_size(); ++i) {
     if (out.layers(i).devices_size() > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "profile.layers[", i,
-          "].devices: a measured profile is in the precision it ran in; only analytic "
-          "profiles are re-counted"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile.layers[", i,
+                       "].devices: a measured profile is in the precision it ran in; only analytic "
+                       "profiles are re-counted"));
     }
     HalveLayer(out.mutable_layers(i));
   }

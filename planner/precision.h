@@ -35,14 +35,13 @@ int64_t ParameterCount(const tandem::v1::LayerProfile& layer, tandem::v1::Precis
 
 // `fp32` (an analytic profile in fp32: precision AUTO or FP32) re-counted for
 // `precision`. Per layer of P parameters: parameter_bytes 2P, gradient_bytes
-// 2P, optimizer_state_bytes the fp32 state plus 4P of master weights;
-// activation, workspace and output bytes and the forward/backward memory
-// traffic halved, except what stays 32-bit: the loss layer (softmax and loss
-// in fp32) and an embedding's activation (its token indices). FLOPs are
-// unchanged. FP32 or AUTO returns the profile marked FP32; a profile already
-// in `precision` comes back as it is. One in another 16-bit precision, or an
-// fp32 one with measured timings (they were taken in the precision they ran
-// in) asked for 16 bits, is INVALID_ARGUMENT naming the profile's field.
+// 2P, optimizer_state_bytes the fp32 state plus 4P of master weights (none
+// for a layer without a gradient: it has no update); activation, workspace and
+// output bytes and the forward/backward memory traffic halved, except the loss
+// layer's, which stays fp32 (softmax and loss). FLOPs are unchanged. FP32 or AUTO returns the
+// profile marked FP32; a profile already in `precision` comes back as it is. One in another 16-bit
+// precision, or an fp32 one with measured timings (they were taken in the precision they ran in)
+// asked for 16 bits, is INVALID_ARGUMENT naming the profile's field.
 absl::StatusOr<tandem::v1::Profile> ProfileInPrecision(const tandem::v1::Profile& fp32,
                                                        tandem::v1::Precision precision);
 

@@ -43,10 +43,20 @@ TEST(PrecisionTest, Bf16HalvesWhatIs16BitAndKeepsMasterWeightsWithTheState) {
     EXPECT_EQ(m16.output_bytes(), m32.output_bytes() / 2);
     EXPECT_EQ(m16.workspace_bytes(), m32.workspace_bytes() / 2);
     EXPECT_EQ(b.forward_memory_bytes(), a.forward_memory_bytes() / 2);
-    // An embedding's activation is its token indices.
-    EXPECT_EQ(m16.activation_bytes(),
-              a.kind() == "embedding" ? m32.activation_bytes() : m32.activation_bytes() / 2);
+    EXPECT_EQ(m16.activation_bytes(), m32.activation_bytes() / 2);
   }
+}
+
+TEST(PrecisionTest, AFrozenLayerGetsNoMasterWeights) {
+  tandem::v1::Profile fp32 = testing::MlpProfile({8, 4}, 2);
+  fp32.mutable_layers(0)->mutable_analytic_memory()->set_gradient_bytes(0);
+  fp32.mutable_layers(0)->mutable_analytic_memory()->set_optimizer_state_bytes(0);
+  absl::StatusOr<tandem::v1::Profile> bf16 = ProfileInPrecision(fp32, PRECISION_BF16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const tandem::v1::LayerMemory& m = bf16->layers(0).analytic_memory();
+  EXPECT_EQ(m.parameter_bytes(), 2 * fp32.layers(0).parameter_count());
+  EXPECT_EQ(m.gradient_bytes(), 0);
+  EXPECT_EQ(m.optimizer_state_bytes(), 0);
 }
 
 TEST(PrecisionTest, Fp32AndAutoMarkTheProfileAndChangeNothingElse) {

@@ -13,7 +13,9 @@ bool IsMixed(Precision p) {
 }
 
 std::string ShortName(Precision p) {
-  return p == tandem::v1::PRECISION_BF16 ? "bf16" : p == tandem::v1::PRECISION_FP16 ? "fp16" : "fp32";
+  return p == tandem::v1::PRECISION_BF16   ? "bf16"
+         : p == tandem::v1::PRECISION_FP16 ? "fp16"
+                                           : "fp32";
 }
 
 }  // namespace
@@ -26,12 +28,16 @@ absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const std::
                              "bf16 and fp16 are planned (tandem plan --precision) but not yet run"};
     case tandem::v1::PRECISION_FP32:
       return PrecisionChoice{tandem::v1::PRECISION_FP32, "asked for"};
-    default:
+    case tandem::v1::PRECISION_BF16:
+    case tandem::v1::PRECISION_FP16:
       return absl::UnimplementedError(absl::StrCat(
           field, ": ", Precision_Name(asked),
           " cannot run here: this build of Tandem executes fp32 only. Plan it for a machine with "
           "`tandem plan --precision=",
           ShortName(asked), " --hardware=FILE`, or ask for PRECISION_FP32"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", static_cast<int>(asked)));
   }
 }
 
@@ -45,12 +51,12 @@ absl::StatusOr<PrecisionChoice> ChoosePrecisionFor(Precision asked,
   switch (asked) {
     case tandem::v1::PRECISION_AUTO:
       if (trainer.peak_bf16_matmul_flops_per_second() > 0) {
-        return PrecisionChoice{tandem::v1::PRECISION_BF16,
-                               absl::StrCat("the default (auto): ", name, " computes bf16 natively")};
+        return PrecisionChoice{
+            tandem::v1::PRECISION_BF16,
+            absl::StrCat("the default (auto): ", name, " computes bf16 natively")};
       }
-      return PrecisionChoice{
-          tandem::v1::PRECISION_FP32,
-          absl::StrCat("the default (auto): ", name, " lists no bf16 rate")};
+      return PrecisionChoice{tandem::v1::PRECISION_FP32,
+                             absl::StrCat("the default (auto): ", name, " lists no bf16 rate")};
     case tandem::v1::PRECISION_FP32:
       return PrecisionChoice{tandem::v1::PRECISION_FP32, "asked for"};
     case tandem::v1::PRECISION_BF16:
@@ -76,8 +82,8 @@ absl::StatusOr<PrecisionChoice> ChoosePrecisionFor(Precision asked,
 }
 
 PrecisionChoice ChoosePrecisionForProfile(Precision asked, const tandem::v1::Profile& profile) {
-  const Precision measured = IsMixed(profile.precision()) ? profile.precision()
-                                                                   : tandem::v1::PRECISION_FP32;
+  const Precision measured =
+      IsMixed(profile.precision()) ? profile.precision() : tandem::v1::PRECISION_FP32;
   if (asked == tandem::v1::PRECISION_AUTO) {
     return PrecisionChoice{measured, "the default (auto): the profile's"};
   }

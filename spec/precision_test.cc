@@ -23,6 +23,10 @@ TEST(PrecisionTest, HereAutoIsFp32AndSixteenBitsAreRefusedNamingTheField) {
     EXPECT_EQ(s.message().substr(0, 16), "spec.precision: ") << s.message();
     EXPECT_NE(s.message().find("tandem plan --precision="), std::string::npos) << s.message();
   }
+  const absl::Status unknown =
+      ChoosePrecisionHere(static_cast<tandem::v1::Precision>(9), "precision").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(), "precision: unknown value 9");
 }
 
 tandem::v1::HardwareSpec Node(double accelerator_bf16, double accelerator_fp16) {
@@ -36,7 +40,8 @@ tandem::v1::HardwareSpec Node(double accelerator_bf16, double accelerator_fp16) 
 }
 
 TEST(PrecisionTest, ForHardwareAutoIsBf16WhereTheTrainerHasABf16Rate) {
-  absl::StatusOr<PrecisionChoice> native = ChoosePrecisionFor(PRECISION_AUTO, Node(1e15, 1e15), "f");
+  absl::StatusOr<PrecisionChoice> native =
+      ChoosePrecisionFor(PRECISION_AUTO, Node(1e15, 1e15), "f");
   ASSERT_TRUE(native.ok());
   EXPECT_EQ(native->precision, PRECISION_BF16);
   EXPECT_EQ(native->reason, "the default (auto): gpu computes bf16 natively");
@@ -50,7 +55,8 @@ TEST(PrecisionTest, ForHardwareAutoIsBf16WhereTheTrainerHasABf16Rate) {
   EXPECT_NE(emulated->reason.find("timed at its fp32 rate"), std::string::npos);
   // fp16 needs an accelerator with an fp16 rate.
   EXPECT_TRUE(ChoosePrecisionFor(PRECISION_FP16, Node(1e15, 1e15), "f").ok());
-  const absl::Status s = ChoosePrecisionFor(PRECISION_FP16, Node(1e15, 0), "spec.precision").status();
+  const absl::Status s =
+      ChoosePrecisionFor(PRECISION_FP16, Node(1e15, 0), "spec.precision").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message().substr(0, 32), "spec.precision: PRECISION_FP16 n");
   tandem::v1::HardwareSpec host_only;

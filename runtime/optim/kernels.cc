@@ -14,15 +14,16 @@
 namespace tandem::optim {
 namespace {
 
-// Splits [0, n) into one contiguous, 64-byte-aligned chunk per thread and runs
-// body(begin, end) on each.
+// Splits [0, n) into one contiguous chunk per thread, a multiple of 32
+// elements (whole 64-byte lines of fp32 and of bf16 buffers alike, so no two
+// threads write one line), and runs body(begin, end) on each.
 template <typename Body>
 void ParallelChunks(int64_t n, Body body) {
 #pragma omp parallel
   {
     const int threads = omp_get_num_threads(), t = omp_get_thread_num();
     int64_t chunk = (n + threads - 1) / threads;
-    chunk = (chunk + 15) / 16 * 16;
+    chunk = (chunk + 31) / 32 * 32;
     const int64_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
     if (begin < end) body(begin, end);
   }

@@ -110,6 +110,12 @@ __attribute__((target("avx2,fma"))) void AdamAvx2(float* p, const Io& io, float*
   AdamScalar(p, io, m, v, i, end, c);
 }
 
+// GCC 12 warns that the headers' self-initialised _mm*_undefined_* values
+// (which the AVX-512 intrinsics below pass as "no merge source") "may be used
+// uninitialized" once these are inlined into a template: a false positive of
+// the headers, not of this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f"))) inline __m512 GradAvx512(const Fp32Io& io, int64_t i) {
   return _mm512_loadu_ps(io.g + i);
 }
@@ -155,6 +161,7 @@ __attribute__((target("avx512f"))) void AdamAvx512(float* p, const Io& io, float
   }
   AdamScalar(p, io, m, v, i, end, c);
 }
+#pragma GCC diagnostic pop
 
 // One Adam step over [0, n) on `isa`, in per-thread chunks.
 template <typename Io>

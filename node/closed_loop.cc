@@ -14,13 +14,13 @@
 #include "base/units.h"
 #include "google/protobuf/util/time_util.h"
 #include "planner/cost_model.h"
-#include "planner/precision.h"
 #include "planner/simulator.h"
 #include "runtime/profile/job_telemetry.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/profile/profile_cache.h"
 #include "runtime/profile/timing_stats.h"
 #include "spec/job_spec.h"
+#include "spec/precision.h"
 
 namespace tandem::node {
 namespace {
@@ -466,9 +466,8 @@ std::string LayerProfileCache::Key(const Model& model, const JobSpec& resolved,
   if (!node.profile) return "";
   return profile::HexKey(absl::StrCat(
       "layer-profile-v1|model=", model.fingerprint(), "|batch=", resolved.training().batch_size(),
-      "|optimizer=", resolved.optimizer().kind(),
-      "|precision=", planner::PrecisionName(resolved.precision()),
-      "|accelerator=", resolved.placement().accelerator(),
+      "|optimizer=", resolved.optimizer().kind(), "|precision=",
+      PrecisionName(resolved.precision()), "|accelerator=", resolved.placement().accelerator(),
       "|link=", resolved.resources().emulated_link_bytes_per_second(), "|throttle=",
       node.emulated_link_throttle_bytes_per_second, "|node=", node.profile->fingerprint()));
 }

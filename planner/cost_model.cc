@@ -143,9 +143,15 @@ double UpdateFlops(const LayerProfile& layer, Precision precision) {
 // fp32: read and write weights and state, read the gradient. Mixed: read and
 // write master weights and state (both in optimizer_state_bytes), read the
 // 16-bit gradient, write the 16-bit working copy.
+int64_t UpdateBytesOf(int64_t parameter_bytes, int64_t gradient_bytes,
+                      int64_t optimizer_state_bytes, Precision precision) {
+  const int64_t weights = IsMixed(precision) ? parameter_bytes : 2 * parameter_bytes;
+  return weights + gradient_bytes + 2 * optimizer_state_bytes;
+}
+
 int64_t UpdateBytesOf(const tandem::v1::LayerMemory& m, Precision precision) {
-  const int64_t weights = IsMixed(precision) ? m.parameter_bytes() : 2 * m.parameter_bytes();
-  return weights + m.gradient_bytes() + 2 * m.optimizer_state_bytes();
+  return UpdateBytesOf(m.parameter_bytes(), m.gradient_bytes(), m.optimizer_state_bytes(),
+                       precision);
 }
 
 // The devices a measured profile was taken on: the first CPU, the first
@@ -435,8 +441,7 @@ int64_t CostModel::OutputBytes(int layer, int samples) const {
 
 int64_t CostModel::UpdateBytes(int layer) const {
   const LayerCosts& c = layers_[layer];
-  const int64_t weights = IsMixed(precision_) ? c.parameter_bytes : 2 * c.parameter_bytes;
-  return weights + c.gradient_bytes + 2 * c.optimizer_state_bytes;
+  return UpdateBytesOf(c.parameter_bytes, c.gradient_bytes, c.optimizer_state_bytes, precision_);
 }
 
 int64_t CostModel::ModelStateBytes() const {

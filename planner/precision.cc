@@ -10,21 +10,6 @@ using tandem::v1::Profile;
 
 int ElementBytes(Precision precision) { return IsMixed(precision) ? 2 : 4; }
 
-bool IsMixed(Precision precision) {
-  return precision == tandem::v1::PRECISION_BF16 || precision == tandem::v1::PRECISION_FP16;
-}
-
-std::string PrecisionName(Precision precision) {
-  switch (precision) {
-    case tandem::v1::PRECISION_BF16:
-      return "bf16";
-    case tandem::v1::PRECISION_FP16:
-      return "fp16";
-    default:
-      return "fp32";
-  }
-}
-
 int64_t ParameterCount(const LayerProfile& layer, Precision precision) {
   if (layer.parameter_count() > 0) return layer.parameter_count();
   return layer.analytic_memory().parameter_bytes() / ElementBytes(precision);

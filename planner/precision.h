@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "spec/precision.h"
 #include "tandem/v1/profile.pb.h"
 
 namespace tandem::planner {
@@ -22,12 +23,6 @@ namespace tandem::planner {
 // Bytes of one element of activations, working weights and gradients: 4 for
 // fp32 (and AUTO, which in a Profile means fp32), 2 for bf16 and fp16.
 int ElementBytes(tandem::v1::Precision precision);
-
-// BF16 or FP16.
-bool IsMixed(tandem::v1::Precision precision);
-
-// "fp32", "bf16" or "fp16" (AUTO: "fp32", as in a Profile).
-std::string PrecisionName(tandem::v1::Precision precision);
 
 // A layer's parameters: parameter_count, else its parameter bytes over the
 // profile's element size.

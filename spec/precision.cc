@@ -6,19 +6,15 @@ namespace tandem {
 
 using tandem::v1::Precision;
 
-namespace {
-
 bool IsMixed(Precision p) {
   return p == tandem::v1::PRECISION_BF16 || p == tandem::v1::PRECISION_FP16;
 }
 
-std::string ShortName(Precision p) {
+std::string PrecisionName(Precision p) {
   return p == tandem::v1::PRECISION_BF16   ? "bf16"
          : p == tandem::v1::PRECISION_FP16 ? "fp16"
                                            : "fp32";
 }
-
-}  // namespace
 
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const std::string& field) {
   switch (asked) {
@@ -34,7 +30,7 @@ absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const std::
           field, ": ", Precision_Name(asked),
           " cannot run here: this build of Tandem executes fp32 only. Plan it for a machine with "
           "`tandem plan --precision=",
-          ShortName(asked), " --hardware=FILE`, or ask for PRECISION_FP32"));
+          PrecisionName(asked), " --hardware=FILE`, or ask for PRECISION_FP32"));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": unknown value ", static_cast<int>(asked)));

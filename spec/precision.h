@@ -11,6 +11,12 @@
 
 namespace tandem {
 
+// BF16 or FP16.
+bool IsMixed(tandem::v1::Precision precision);
+
+// "fp32", "bf16" or "fp16" (AUTO: "fp32", as in a Profile).
+std::string PrecisionName(tandem::v1::Precision precision);
+
 struct PrecisionChoice {
   tandem::v1::Precision precision = tandem::v1::PRECISION_FP32;
   // For Job.precision_reason and PlanModelResponse.precision_reason.

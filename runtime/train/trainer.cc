@@ -64,10 +64,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
     t->resolved_ = spec;
   } else {
     TANDEM_ASSIGN_OR_RETURN(t->resolved_, ResolveJobSpec(spec, t->options_.has_accelerator));
+    TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision,
+                            ChoosePrecisionHere(t->resolved_.precision(), "precision"));
+    t->resolved_.set_precision(precision.precision);
   }
-  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision,
-                          ChoosePrecisionHere(t->resolved_.precision(), "precision"));
-  t->resolved_.set_precision(precision.precision);
   const auto& training = t->resolved_.training();
   if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
   TANDEM_ASSIGN_OR_RETURN(

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +23,7 @@
 #include "runtime/core/random.h"
 #include "runtime/cpu/matmul.h"
 #include "runtime/cpu/onednn.h"
+#include "runtime/profile/cpu_device.h"
 
 ABSL_FLAG(int, threads, 2, "OpenMP threads.");
 ABSL_FLAG(double, seconds, 0.3, "Timed seconds per shape and precision.");
@@ -59,15 +59,6 @@ std::vector<Gemm> Shapes() {
   return out;
 }
 
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
 // Median seconds per call of f over about `seconds`, after a warm-up call.
 template <typename F>
 double PerCall(double seconds, F f) {
@@ -95,7 +86,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   omp_set_num_threads(absl::GetFlag(FLAGS_threads));
   const double seconds = absl::GetFlag(FLAGS_seconds);
-  std::printf("# CPU: %s; oneDNN %s, ISA %s; %d threads\n", CpuModel().c_str(),
+  std::printf("# CPU: %s; oneDNN %s, ISA %s; %d threads\n", profile::HostCpuName().c_str(),
               cpu::OneDnnVersion().c_str(), cpu::OneDnnIsa().c_str(), omp_get_max_threads());
   for (const Gemm& g : Shapes()) {
     std::vector<float> a(g.m * g.k), b(g.k * g.n), c(g.m * g.n);
@@ -115,13 +106,13 @@ int main(int argc, char** argv) {
                                           cpu::CpuEngine());
     const dnnl::matmul prim(pd);
     memory a_mem(a16, cpu::CpuEngine()), b_mem(b16, cpu::CpuEngine());
-    const memory a_src = cpu::Wrap(Plain(g.m, g.k, f32), a.data());
-    const memory b_src = cpu::Wrap(Plain(g.k, g.n, f32), b.data());
+    memory a_src = cpu::Wrap(Plain(g.m, g.k, f32), a.data());
+    memory b_src = cpu::Wrap(Plain(g.k, g.n, f32), b.data());
     const memory c_mem = cpu::Wrap(c32, c.data());
     const dnnl::reorder to_a(a_src, a_mem), to_b(b_src, b_mem);
     auto convert = [&] {
-      to_a.execute(cpu::ThreadStream(), const_cast<memory&>(a_src), a_mem);
-      to_b.execute(cpu::ThreadStream(), const_cast<memory&>(b_src), b_mem);
+      to_a.execute(cpu::ThreadStream(), a_src, a_mem);
+      to_b.execute(cpu::ThreadStream(), b_src, b_mem);
       cpu::ThreadStream().wait();
     };
     auto multiply = [&] {

@@ -48,6 +48,19 @@ void AccumulateRange(const float* a, float* out, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] += a[i];
 }
 
+// FloatToBf16 without its branch, so that it vectorises: a NaN keeps its high
+// half with the quiet bit set; everything else rounds to nearest, ties to even.
+void ToBf16Range(const float* x, uint16_t* out, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof(bits));
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (bits | 0x00400000u) >> 16;
+    out[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+
 }  // namespace
 
 void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate) {
@@ -60,6 +73,10 @@ void Add(const float* a, const float* b, float* out, int64_t n) {
 
 void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate) {
   internal::CopyOrAccumulateForIsa(AutoVectorizedIsa(), a, out, n, accumulate);
+}
+
+void ToBf16(const float* x, uint16_t* out, int64_t n) {
+  internal::ToBf16ForIsa(AutoVectorizedIsa(), x, out, n);
 }
 
 namespace internal {
@@ -92,6 +109,15 @@ void CopyOrAccumulateForIsa(CpuIsa isa, const float* a, float* out, int64_t n, b
   {
     const auto [begin, end] = ThreadShare(n, 16);
     if (begin < end) CallForIsa<AccumulateRange>(isa, a, out, begin, end);
+  }
+}
+
+void ToBf16ForIsa(CpuIsa isa, const float* x, uint16_t* out, int64_t n) {
+#pragma omp parallel
+  {
+    // 32 bf16 elements: whole cache lines of `out` per thread.
+    const auto [begin, end] = ThreadShare(n, 32);
+    if (begin < end) CallForIsa<ToBf16Range>(isa, x, out, begin, end);
   }
 }
 

@@ -19,6 +19,9 @@ void ColumnSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accu
 void Add(const float* a, const float* b, float* out, int64_t n);
 // out[i] (+)= a[i].
 void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate);
+// out[i] = x[i] in bfloat16, rounded as FloatToBf16 (runtime/core/bf16.h): the
+// inputs of the bf16 matrix products (matmul.h).
+void ToBf16(const float* x, uint16_t* out, int64_t n);
 
 // Inverted dropout with a counter-based mask: element i is kept with probability
 // 1-p (Philox at (seed, stream, offset + i)) and scaled by 1/(1-p). `offset` is
@@ -41,7 +44,7 @@ void RowsToHeads(const float* in, float* out, int64_t B, int64_t T, int64_t H, i
 // Sets scores[b, i, j] = -inf for j > i (causal mask), scores [BH, T, T].
 void CausalMask(float* scores, int64_t BH, int64_t T);
 
-// ColumnSum, Add and CopyOrAccumulate at a given level instead of
+// ColumnSum, Add, CopyOrAccumulate and ToBf16 at a given level instead of
 // AutoVectorizedIsa(), so tests run every vector path on any CPU that has it.
 // The caller checks CpuSupports(isa).
 namespace internal {
@@ -49,6 +52,7 @@ void ColumnSumForIsa(CpuIsa isa, const float* dy, int64_t rows, int64_t cols, fl
                      bool accumulate);
 void AddForIsa(CpuIsa isa, const float* a, const float* b, float* out, int64_t n);
 void CopyOrAccumulateForIsa(CpuIsa isa, const float* a, float* out, int64_t n, bool accumulate);
+void ToBf16ForIsa(CpuIsa isa, const float* x, uint16_t* out, int64_t n);
 }  // namespace internal
 
 // Sub-buffers carved from one workspace start on this boundary, in bytes.

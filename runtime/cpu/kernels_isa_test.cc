@@ -1,16 +1,18 @@
 // Every vector path of the compiler-vectorised CPU kernels (ColumnSum, Add,
-// CopyOrAccumulate), forced through their ForIsa entry points for AVX-512, AVX2
+// CopyOrAccumulate, ToBf16), forced through their ForIsa entry points for AVX-512, AVX2
 // and the baseline, on lengths that leave every remainder to the tails (n = 0
 // and 1 included) and at three misalignments, with nothing stored outside the
 // buffers. Each output element is one fp32 add, or a chain of them in row order,
 // at every level, so the results must equal the reference here to the bit. A
 // level this CPU lacks is skipped, by name.
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/core/bf16.h"
 #include "runtime/core/cpu_features.h"
 #include "runtime/core/random.h"
 #include "runtime/core/testing/isa_testing.h"
@@ -130,6 +132,58 @@ TEST_P(CopyOrAccumulateIsaTest, AccumulatesOrCopiesOnEveryLengthAndTail) {
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, CopyOrAccumulateIsaTest,
                          ::testing::ValuesIn(isa_testing::AllCpuIsas()), isa_testing::IsaName);
+
+using ToBf16IsaTest = IsaTest;
+
+// Values whose rounding is easy to get wrong: ties to even both ways, a carry
+// into the exponent, the largest float (rounds to infinity), infinities,
+// subnormals, and NaNs (quiet, signalling, and one whose payload is all in the
+// low half, which rounding would turn into infinity).
+std::vector<uint32_t> Bf16EdgeBits() {
+  return {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3fffffffu, 0x7f7fffffu,
+          0x7f800000u, 0xff800000u, 0x00000001u, 0x80008000u, 0x7fc00000u,
+          0x7f800001u, 0xffa00000u, 0x00000000u, 0x80000000u};
+}
+
+TEST_P(ToBf16IsaTest, RoundsAsTheScalarConversionOnEveryLengthAndTail) {
+  constexpr int64_t kGuard = 32;
+  constexpr uint16_t kGuardBits = 0xbeef;
+  const std::vector<uint32_t> edges = Bf16EdgeBits();
+  for (int64_t n : TailLengths()) {
+    for (int64_t misalignment : Misalignments()) {
+      GuardedBuffer x(n, misalignment);
+      std::vector<float> values = Uniform(n, 7);
+      for (int64_t i = 0; i < n; i += 3) {
+        std::memcpy(&values[i], &edges[(i / 3) % edges.size()], sizeof(float));
+      }
+      x.assign(values);
+      std::vector<uint16_t> out(n + 2 * kGuard + misalignment, kGuardBits);
+      uint16_t* begin = out.data() + kGuard + misalignment;
+      internal::ToBf16ForIsa(GetParam(), x.data(), begin, n);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t expected = FloatToBf16(x.data()[i]);
+        if (begin[i] != expected && bad++ < 3) {
+          uint32_t bits;
+          std::memcpy(&bits, &x.data()[i], sizeof(bits));
+          ADD_FAILURE() << "element " << i << " bits 0x" << std::hex << bits << ": got 0x"
+                        << begin[i] << ", expected 0x" << expected << std::dec << "; "
+                        << Where(n, misalignment);
+        }
+      }
+      ASSERT_EQ(bad, 0) << Where(n, misalignment);
+      for (int64_t i = 0; i < kGuard + misalignment; ++i) {
+        ASSERT_EQ(out[i], kGuardBits) << "stored before out, " << Where(n, misalignment);
+      }
+      for (int64_t i = kGuard + misalignment + n; i < static_cast<int64_t>(out.size()); ++i) {
+        ASSERT_EQ(out[i], kGuardBits) << "stored after out, " << Where(n, misalignment);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, ToBf16IsaTest, ::testing::ValuesIn(isa_testing::AllCpuIsas()),
+                         isa_testing::IsaName);
 
 }  // namespace
 }  // namespace tandem::cpu

@@ -10,11 +10,11 @@ namespace tandem::cpu {
 namespace {
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, bool, bool, float>;
+                       int64_t, int64_t, int64_t, bool, bool, float, bool>;
 
-Key MakeKey(const MatmulShape& s) {
+Key MakeKey(const MatmulShape& s, bool bf16) {
   return Key(s.batch, s.m, s.n, s.k, s.trans_a, s.trans_b, s.lda, s.ldb, s.ldc, s.batch_stride_a,
-             s.batch_stride_b, s.batch_stride_c, s.bias, s.accumulate, s.alpha);
+             s.batch_stride_b, s.batch_stride_c, s.bias, s.accumulate, s.alpha, bf16);
 }
 
 struct Entry {
@@ -23,7 +23,9 @@ struct Entry {
   dnnl::memory::desc a, b, c, bias;
 };
 
-Entry Create(const MatmulShape& s) {
+// bf16: A and B are bfloat16, C and the bias stay f32 (the products accumulate
+// in f32).
+Entry Create(const MatmulShape& s, bool bf16) {
   const int64_t lda = s.lda ? s.lda : (s.trans_a ? s.m : s.k);
   const int64_t ldb = s.ldb ? s.ldb : (s.trans_b ? s.k : s.n);
   const int64_t ldc = s.ldc ? s.ldc : s.n;
@@ -35,9 +37,10 @@ Entry Create(const MatmulShape& s) {
       s.trans_a ? dnnl::memory::dims{bsa, 1, lda} : dnnl::memory::dims{bsa, lda, 1};
   const dnnl::memory::dims b_strides =
       s.trans_b ? dnnl::memory::dims{bsb, 1, ldb} : dnnl::memory::dims{bsb, ldb, 1};
+  const auto in_type = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
   Entry e;
-  e.a = StridedF32({s.batch, s.m, s.k}, a_strides);
-  e.b = StridedF32({s.batch, s.k, s.n}, b_strides);
+  e.a = dnnl::memory::desc({s.batch, s.m, s.k}, in_type, a_strides);
+  e.b = dnnl::memory::desc({s.batch, s.k, s.n}, in_type, b_strides);
   e.c = StridedF32({s.batch, s.m, s.n}, {bsc, ldc, 1});
   if (s.bias) e.bias = StridedF32({1, 1, s.n}, {s.n, s.n, 1});
   dnnl::primitive_attr attr = UserScratchpad();
@@ -56,14 +59,14 @@ Entry Create(const MatmulShape& s) {
 
 class MatmulCache {
  public:
-  const Entry& Get(const MatmulShape& s) {
-    const Key key = MakeKey(s);
+  const Entry& Get(const MatmulShape& s, bool bf16) {
+    const Key key = MakeKey(s, bf16);
     {
       ReaderMutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) return *it->second;
     }
-    auto entry = std::make_unique<Entry>(Create(s));
+    auto entry = std::make_unique<Entry>(Create(s, bf16));
     MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
     return *it->second;
@@ -80,18 +83,27 @@ MatmulCache& Cache() {
   return *cache;
 }
 
-}  // namespace
-
-void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c, const float* bias) {
-  const Entry& e = Cache().Get(shape);
+void Run(const Entry& e, const MatmulShape& shape, const void* a, const void* b, float* c,
+         const float* bias) {
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, Wrap(e.a, a)}, {DNNL_ARG_WEIGHTS, Wrap(e.b, b)}, {DNNL_ARG_DST, Wrap(e.c, c)}};
   if (shape.bias) args.emplace(DNNL_ARG_BIAS, Wrap(e.bias, bias));
   Execute(e.prim, args);
 }
 
-std::string MatmulImplementation(const MatmulShape& shape) {
-  return Cache().Get(shape).pd.impl_info_str();
+}  // namespace
+
+void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c, const float* bias) {
+  Run(Cache().Get(shape, /*bf16=*/false), shape, a, b, c, bias);
+}
+
+void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
+                const float* bias) {
+  Run(Cache().Get(shape, /*bf16=*/true), shape, a, b, c, bias);
+}
+
+std::string MatmulImplementation(const MatmulShape& shape, bool bf16) {
+  return Cache().Get(shape, bf16).pd.impl_info_str();
 }
 
 }  // namespace tandem::cpu

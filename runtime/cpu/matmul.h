@@ -31,9 +31,16 @@ struct MatmulShape {
 void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c,
             const float* bias = nullptr);
 
+// The same product from bfloat16 A and B (bit patterns, runtime/core/bf16.h),
+// accumulated and written in f32 (C and the bias are f32): mixed precision's
+// matrix products. oneDNN runs them on AMX or AVX512-BF16 where the CPU has
+// them, and emulates them (slowly) elsewhere; OneDnnIsa() says which.
+void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
+                const float* bias = nullptr);
+
 // The oneDNN implementation chosen for a shape, e.g. "brg:avx512_core"; for tests
 // and the profiler, which flag reference ("ref") fallbacks.
-std::string MatmulImplementation(const MatmulShape& shape);
+std::string MatmulImplementation(const MatmulShape& shape, bool bf16 = false);
 
 }  // namespace tandem::cpu
 

@@ -51,6 +51,8 @@ absl::StatusOr<Shape> Attention::InferOutput(const Shape& input) {
   qkv_ = Linear({.out_features = 3 * C_, .bias = true, .init = options_.init});
   proj_ = Linear(
       {.out_features = C_, .bias = true, .init = {InitKind::kNormal, options_.projection_stddev}});
+  qkv_.set_compute_dtype(compute_dtype());
+  proj_.set_compute_dtype(compute_dtype());
   absl::Status s = qkv_.Build(input);
   if (s.ok()) s = proj_.Build(input);
   if (!s.ok()) return s;
@@ -96,7 +98,12 @@ int64_t Attention::WorkspaceBytes(int64_t batch) const {
   const int64_t forward = cpu::AlignWorkspace(3 * btc * 4) + cpu::AlignWorkspace(btc * 4);
   const int64_t backward = 5 * cpu::AlignWorkspace(btc * 4) + cpu::AlignWorkspace(att * 4) +
                            cpu::AlignWorkspace(3 * btc * 4);
-  return std::max(forward, backward);
+  // Then the projections' own scratch (their bf16 copies; none in f32).
+  return std::max(forward, backward) + ProjectionWorkspace(batch);
+}
+
+int64_t Attention::ProjectionWorkspace(int64_t batch) const {
+  return std::max(qkv_.WorkspaceBytes(batch), proj_.WorkspaceBytes(batch));
 }
 
 const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {
@@ -127,6 +134,7 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   float* o = w.Take(btc);
 
   LayerContext sub = ctx;
+  sub.workspace = w.TakeBytes(ProjectionWorkspace(B));
   qkv_.Forward(sub, x, Tensor::F32(qkv, Shape({B, T_, 3 * C_})), nullptr);
   device_ops::SplitHeads(ctx, qkv, q, k, v, B, T_, H, hs_);
 
@@ -182,6 +190,7 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   float* d_qkv = w.Take(3 * btc);
 
   LayerContext sub = ctx;
+  sub.workspace = w.TakeBytes(ProjectionWorkspace(B));
   sub.params = ctx.params + qkv_.ParamCount();
   sub.grads = ctx.grads + qkv_.ParamCount();
   const Shape btc_shape({B, T_, C_});

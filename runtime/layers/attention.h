@@ -41,6 +41,8 @@ class Attention final : public Layer {
  private:
   struct Softmax;
   const Softmax& GetSoftmax(int64_t batch) const;
+  // Scratch the projections need, after the attention's own temporaries.
+  int64_t ProjectionWorkspace(int64_t batch) const;
 
   AttentionOptions options_;
   int64_t T_ = 0, C_ = 0, hs_ = 0;

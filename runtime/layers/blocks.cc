@@ -146,6 +146,7 @@ absl::StatusOr<Shape> TransformerBlock::InferOutput(const Shape& input) {
                                                                    {fc2_.get(), hidden_shape},
                                                                    {drop1_.get(), input},
                                                                    {drop2_.get(), input}}) {
+    layer->set_compute_dtype(compute_dtype());
     const absl::Status s = layer->Build(shape);
     if (!s.ok()) return s;
   }

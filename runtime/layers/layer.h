@@ -103,6 +103,12 @@ class Layer {
   const Shape& output_shape() const { return output_shape_; }
   // Token ids for embeddings; f32 for everything else.
   virtual DType input_dtype() const { return DType::kF32; }
+  // The input type of the layer's matrix products on the CPU: kF32, or kBF16
+  // for mixed precision (bf16 inputs, f32 accumulation and output; tensors,
+  // parameters and everything else stay f32). Set before Build; layers made of
+  // parts give it to them. CUDA runs f32 whatever it says (not built yet).
+  void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
+  DType compute_dtype() const { return compute_dtype_; }
 
   // Trainable parameters, in the order they sit in the layer's slice.
   virtual std::vector<ParamSpec> Params() const { return {}; }
@@ -137,6 +143,7 @@ class Layer {
 
  private:
   std::string name_;
+  DType compute_dtype_ = DType::kF32;
   Shape input_shape_;
   Shape output_shape_;
 };

@@ -1,7 +1,9 @@
 #include "runtime/layers/linear.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/matmul.h"
+#include "runtime/layers/carver.h"
 #include "runtime/layers/device_ops.h"
 
 namespace tandem {
@@ -44,7 +46,77 @@ LayerCost Linear::Cost(int64_t batch) const {
   return cost;
 }
 
+// bf16 copies of x [rows, in], W [out, in] and dy [rows, out].
+int64_t Linear::WorkspaceBytes(int64_t batch) const {
+  if (compute_dtype() != DType::kBF16) return 0;
+  const int64_t rows = Rows(batch), out = options_.out_features;
+  return cpu::AlignWorkspace(2 * rows * in_) + cpu::AlignWorkspace(2 * out * in_) +
+         cpu::AlignWorkspace(2 * rows * out);
+}
+
+bool Linear::Bf16(const LayerContext& ctx) const {
+  return compute_dtype() == DType::kBF16 && ctx.device != DeviceKind::kCuda;
+}
+
+namespace {
+
+struct Bf16Copies {
+  uint16_t *x, *w, *dy;
+};
+
+Bf16Copies CarveBf16(void* workspace, int64_t rows, int64_t in, int64_t out) {
+  Carver c(workspace);
+  Bf16Copies b;
+  b.x = static_cast<uint16_t*>(c.TakeBytes(2 * rows * in));
+  b.w = static_cast<uint16_t*>(c.TakeBytes(2 * out * in));
+  b.dy = static_cast<uint16_t*>(c.TakeBytes(2 * rows * out));
+  return b;
+}
+
+}  // namespace
+
+void Linear::ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y) const {
+  const int64_t rows = Rows(x.batch()), out = options_.out_features;
+  const Bf16Copies b = CarveBf16(ctx.workspace, rows, in_, out);
+  cpu::ToBf16(x.f32(), b.x, rows * in_);
+  cpu::ToBf16(ctx.params, b.w, out * in_);
+  cpu::MatmulShape s;
+  s.m = rows;
+  s.n = out;
+  s.k = in_;
+  s.trans_b = true;
+  s.bias = options_.bias;
+  cpu::MatmulBf16(s, b.x, b.w, y.f32(), options_.bias ? ctx.params + out * in_ : nullptr);
+}
+
+void Linear::BackwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& dy,
+                          const Tensor& dx) const {
+  const int64_t rows = Rows(x.batch()), out = options_.out_features;
+  const Bf16Copies b = CarveBf16(ctx.workspace, rows, in_, out);
+  cpu::ToBf16(dy.f32(), b.dy, rows * out);
+  if (dx.data != nullptr) {
+    cpu::ToBf16(ctx.params, b.w, out * in_);
+    cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]
+    s.m = rows;
+    s.n = in_;
+    s.k = out;
+    cpu::MatmulBf16(s, b.dy, b.w, dx.f32());
+  }
+  cpu::ToBf16(x.f32(), b.x, rows * in_);
+  cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
+  s.m = out;
+  s.n = in_;
+  s.k = rows;
+  s.trans_a = true;
+  s.accumulate = ctx.accumulate_grads;
+  cpu::MatmulBf16(s, b.dy, b.x, ctx.grads);
+  if (options_.bias) {
+    cpu::ColumnSum(dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
+  }
+}
+
 void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+  if (Bf16(ctx)) return ForwardBf16(ctx, x, y);
   cpu::MatmulShape s;
   s.m = Rows(x.batch());
   s.n = options_.out_features;
@@ -57,6 +129,7 @@ void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
 
 void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
                       const Tensor& dy, const Tensor& dx) const {
+  if (Bf16(ctx)) return BackwardBf16(ctx, x, dy, dx);
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
   if (dx.data != nullptr) {
     cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]

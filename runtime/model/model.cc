@@ -328,7 +328,8 @@ ModelSpec WithPresetDefaults(const ModelSpec& spec, const DataInfo& data) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const DataInfo& data) {
+absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const DataInfo& data,
+                                                    DType compute) {
   work_counters::Count(work_counters::model_builds);
   if (data.num_classes < 2) {
     return absl::InvalidArgumentError(
@@ -369,6 +370,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const
   }
   if (!layers.ok()) return layers.status();
   layers->push_back(std::make_unique<CrossEntropy>());
+  for (auto& layer : *layers) layer->set_compute_dtype(compute);
   return FromLayers(std::move(*layers), data);
 }
 

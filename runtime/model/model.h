@@ -34,8 +34,12 @@ class Model {
  public:
   // Builds the chain for `spec` on data described by `data`; the loss layer is
   // appended. INVALID_ARGUMENT names the offending field ("model.gpt.n_head").
+  // `compute`: the layers' matrix-product input type (Layer::compute_dtype;
+  // kBF16 for a bf16 mixed-precision job). The fingerprint does not depend on
+  // it: a bf16 job's checkpoint is the same fp32 state.
   static absl::StatusOr<std::unique_ptr<Model>> Build(const tandem::v1::ModelSpec& spec,
-                                                      const DataInfo& data);
+                                                      const DataInfo& data,
+                                                      DType compute = DType::kF32);
   // From explicit layers (tests); the last must be the loss.
   static absl::StatusOr<std::unique_ptr<Model>> FromLayers(
       std::vector<std::unique_ptr<Layer>> layers, const DataInfo& data);

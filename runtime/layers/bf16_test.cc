@@ -1,0 +1,119 @@
+// bf16 mixed precision against the fp32 reference: the same layer built with
+// compute_dtype kBF16 and kF32, the same parameters, input and incoming
+// gradient; the output, the input gradient and the parameter gradients must
+// agree to bf16's precision (relative L2 error) and must differ from fp32 (the
+// bf16 products ran). Finite-difference tests stay on fp32 (layers_test).
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/core/random.h"
+#include "runtime/cpu/onednn.h"
+#include "runtime/layers/attention.h"
+#include "runtime/layers/blocks.h"
+#include "runtime/layers/linear.h"
+
+namespace tandem {
+namespace {
+
+struct Outputs {
+  std::vector<float> y, dx, grads;
+};
+
+Outputs Run(Layer& layer, const Shape& input, int64_t batch, bool accumulate = false) {
+  const int64_t in_n = batch * input.elements();
+  const int64_t out_n = batch * layer.output_shape().elements();
+  std::vector<float> params(layer.ParamCount()), x(in_n), dy(out_n);
+  layer.Initialize(params.data(), nullptr, 5, 1);
+  FillUniform(x.data(), in_n, -1.0f, 1.0f, 9, 2);
+  FillUniform(dy.data(), out_n, -1.0f, 1.0f, 9, 3);
+  std::vector<float> saved(layer.SavedBytes(batch) / 4 + 16);
+  std::vector<float> workspace(layer.WorkspaceBytes(batch) / 4 + 16);
+  Outputs o;
+  o.y.resize(out_n);
+  o.dx.resize(in_n);
+  // Accumulating adds into gradients that already hold a value.
+  o.grads.assign(layer.ParamCount(), accumulate ? 0.5f : 0.0f);
+  LayerContext ctx;
+  ctx.params = params.data();
+  ctx.grads = o.grads.data();
+  ctx.workspace = workspace.data();
+  ctx.accumulate_grads = accumulate;
+  std::vector<int64_t> dims = {batch};
+  for (int64_t d : input.dims()) dims.push_back(d);
+  const Shape in_shape(dims);
+  dims.resize(1);
+  for (int64_t d : layer.output_shape().dims()) dims.push_back(d);
+  const Shape out_shape(dims);
+  layer.Forward(ctx, Tensor::F32(x.data(), in_shape), Tensor::F32(o.y.data(), out_shape),
+                saved.data());
+  layer.Backward(ctx, Tensor::F32(x.data(), in_shape), Tensor::F32(o.y.data(), out_shape),
+                 saved.data(), Tensor::F32(dy.data(), out_shape),
+                 Tensor::F32(o.dx.data(), in_shape));
+  return o;
+}
+
+// ||a - b|| / ||b||.
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// bf16 keeps 8 significant bits (relative rounding up to 2^-9 per input); the
+// products' errors average out over their sums, so 1% in L2 is generous for
+// rounding and far below what a wrong operand or layout gives (order 1).
+constexpr double kBf16Tolerance = 1e-2;
+
+void ExpectBf16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make,
+                           const Shape& input, int64_t batch, bool accumulate = false) {
+  std::unique_ptr<Layer> fp32 = make(), bf16 = make();
+  bf16->set_compute_dtype(DType::kBF16);
+  ASSERT_TRUE(fp32->Build(input).ok());
+  ASSERT_TRUE(bf16->Build(input).ok());
+  EXPECT_GT(bf16->WorkspaceBytes(batch), fp32->WorkspaceBytes(batch))
+      << "the bf16 copies live in the workspace";
+  const Outputs ref = Run(*fp32, input, batch, accumulate);
+  const Outputs got = Run(*bf16, input, batch, accumulate);
+  const std::string where = std::string(fp32->kind()) + " on oneDNN " + cpu::OneDnnIsa();
+  for (const auto& [name, a, b] : {std::tuple{"output", &got.y, &ref.y},
+                                   std::tuple{"input gradient", &got.dx, &ref.dx},
+                                   std::tuple{"parameter gradients", &got.grads, &ref.grads}}) {
+    const double error = RelativeError(*a, *b);
+    EXPECT_LT(error, kBf16Tolerance) << name << ", " << where;
+    EXPECT_GT(error, 0.0) << name << " equals fp32 to the bit: the bf16 products did not run, "
+                          << where;
+  }
+}
+
+TEST(Bf16Test, LinearMatchesFp32WithinBf16Precision) {
+  ExpectBf16MatchesFp32([] { return std::make_unique<Linear>(LinearOptions{.out_features = 48}); },
+                        Shape({96}), 16);
+}
+
+TEST(Bf16Test, LinearOnSequencesAccumulatesGradients) {
+  ExpectBf16MatchesFp32(
+      [] { return std::make_unique<Linear>(LinearOptions{.out_features = 24, .bias = false}); },
+      Shape({5, 40}), 3, /*accumulate=*/true);
+}
+
+TEST(Bf16Test, AttentionMatchesFp32WithinBf16Precision) {
+  ExpectBf16MatchesFp32(
+      [] { return std::make_unique<Attention>(AttentionOptions{.n_head = 4}); }, Shape({16, 64}),
+      2);
+}
+
+TEST(Bf16Test, TransformerBlockMatchesFp32WithinBf16Precision) {
+  ExpectBf16MatchesFp32(
+      [] { return std::make_unique<TransformerBlock>(TransformerBlockOptions{.n_head = 4}); },
+      Shape({16, 64}), 2);
+}
+
+}  // namespace
+}  // namespace tandem

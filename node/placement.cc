@@ -550,7 +550,21 @@ absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest
     case tandem::v1::PlanModelRequest::kHardware:
       return ChoosePrecisionFor(asked, rpc.hardware(), "spec.precision");
     default:
-      return ChoosePrecisionHere(asked, "spec.precision");
+      if (IsMixed(asked)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "spec.precision: ", tandem::v1::Precision_Name(asked),
+            ": plans for this node are made in fp32 only so far. Plan it for a machine with "
+            "`tandem plan --precision=",
+            PrecisionName(asked), " --hardware=FILE`, or ask for PRECISION_FP32"));
+      }
+      if (asked != tandem::v1::PRECISION_AUTO && asked != tandem::v1::PRECISION_FP32) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.precision: unknown value ", static_cast<int>(asked)));
+      }
+      return PrecisionChoice{tandem::v1::PRECISION_FP32,
+                             asked == tandem::v1::PRECISION_AUTO
+                                 ? "the default (auto): plans for this node are made in fp32"
+                                 : "asked for"};
   }
 }
 

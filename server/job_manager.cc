@@ -245,14 +245,17 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
                                                          bool plan) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
   if (!resolved.ok()) return AsSpecError(resolved.status());
-  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision,
-                          ChoosePrecisionHere(resolved->precision(), "spec.precision"));
+  TANDEM_ASSIGN_OR_RETURN(
+      const PrecisionChoice precision,
+      ChoosePrecisionHere(resolved->precision(), LocalComputeFor(*resolved), "spec.precision"));
   resolved->set_precision(precision.precision);
   const PathPolicy& policy = options_.data_policy;
-  absl::StatusOr<JobModel> jm =
-      BuildJobModel(*resolved, [&policy](const std::string& field, const std::string& path) {
+  absl::StatusOr<JobModel> jm = BuildJobModel(
+      *resolved,
+      [&policy](const std::string& field, const std::string& path) {
         return policy.Resolve(field, path);
-      });
+      },
+      ComputeDType(resolved->precision()));
   if (!jm.ok()) return AsSpecError(jm.status());
   *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
   const std::shared_ptr<const node::NodeOffer> offer = node();

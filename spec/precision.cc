@@ -16,21 +16,50 @@ std::string PrecisionName(Precision p) {
                                            : "fp32";
 }
 
-absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const std::string& field) {
+bool NativeBf16Isa(const std::string& isa) {
+  return isa == "avx512_core_bf16" || isa == "avx512_core_amx";
+}
+
+absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const LocalCompute& here,
+                                                    const std::string& field) {
+  const bool native = NativeBf16Isa(here.onednn_isa);
   switch (asked) {
     case tandem::v1::PRECISION_AUTO:
-      return PrecisionChoice{tandem::v1::PRECISION_FP32,
-                             "the default (auto): this build of Tandem executes fp32 only; "
-                             "bf16 and fp16 are planned (tandem plan --precision) but not yet run"};
+      return PrecisionChoice{
+          tandem::v1::PRECISION_FP32,
+          absl::StrCat("the default (auto): fp32; auto does not choose bf16 yet. PRECISION_BF16 "
+                       "runs the matrix products in bf16 on the CPU engine (this CPU: oneDNN ",
+                       here.onednn_isa, native ? ", native bf16)" : ", no native bf16)")};
     case tandem::v1::PRECISION_FP32:
       return PrecisionChoice{tandem::v1::PRECISION_FP32, "asked for"};
     case tandem::v1::PRECISION_BF16:
+      if (!here.cpu_engine) {
+        return absl::UnimplementedError(absl::StrCat(
+            field,
+            ": PRECISION_BF16 runs on the CPU engine only so far, and this job's placement has "
+            "an accelerator. Ask for placement.accelerator ACCELERATOR_KIND_NONE, or "
+            "PRECISION_FP32; plan bf16 offload with `tandem plan --precision=bf16 "
+            "--hardware=FILE`"));
+      }
+      if (!native) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(field,
+                         ": PRECISION_BF16 needs a CPU that computes bf16 natively (AMX or "
+                         "AVX512-BF16); oneDNN runs ",
+                         here.onednn_isa,
+                         " here and would emulate it slower than fp32. Ask for PRECISION_FP32"));
+      }
+      return PrecisionChoice{
+          tandem::v1::PRECISION_BF16,
+          absl::StrCat("asked for: matrix products in bf16 with fp32 accumulation on oneDNN ",
+                       here.onednn_isa,
+                       "; master weights, optimizer state and the other layers in fp32")};
     case tandem::v1::PRECISION_FP16:
       return absl::UnimplementedError(absl::StrCat(
-          field, ": ", Precision_Name(asked),
-          " cannot run here: this build of Tandem executes fp32 only. Plan it for a machine with "
-          "`tandem plan --precision=",
-          PrecisionName(asked), " --hardware=FILE`, or ask for PRECISION_FP32"));
+          field,
+          ": PRECISION_FP16 is for GPUs, and this build of Tandem runs no GPU job in fp16 yet. "
+          "Plan it with `tandem plan --precision=fp16 --hardware=FILE`, or ask for "
+          "PRECISION_FP32"));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": unknown value ", static_cast<int>(asked)));

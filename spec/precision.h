@@ -23,11 +23,25 @@ struct PrecisionChoice {
   std::string reason;
 };
 
+// Where a job would run on this node: whether on the CPU engine (its placement
+// has no accelerator), and the ISA oneDNN uses here (cpu::OneDnnIsa()).
+struct LocalCompute {
+  bool cpu_engine = false;
+  std::string onednn_isa;
+};
+
+// Whether oneDNN computes bf16 natively with `isa` (avx512_core_bf16,
+// avx512_core_amx) rather than emulating it.
+bool NativeBf16Isa(const std::string& isa);
+
 // A job on this node or in `tandem train` (the daemon's job manager and the
-// Trainer both ask). The runtime executes fp32 only so far: AUTO is FP32
-// (the reason says so), FP32 is FP32, BF16 and FP16 are UNIMPLEMENTED naming
-// `field` (e.g. "precision" or "spec.precision") and pointing to `tandem plan`.
+// Trainer both ask). AUTO is FP32 (auto does not pick bf16 yet; the reason says
+// how to ask for it); FP32 is FP32. BF16 runs on the CPU engine only so far:
+// with an accelerator it is UNIMPLEMENTED, on a CPU without native bf16 it is
+// FAILED_PRECONDITION naming the ISA; FP16 (GPUs) is UNIMPLEMENTED. Errors
+// name `field` (e.g. "precision" or "spec.precision").
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(tandem::v1::Precision asked,
+                                                    const LocalCompute& here,
                                                     const std::string& field);
 
 // A plan for `hardware` (a machine we are not running on). AUTO: bf16 where the

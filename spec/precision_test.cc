@@ -11,22 +11,55 @@ using tandem::v1::PRECISION_BF16;
 using tandem::v1::PRECISION_FP16;
 using tandem::v1::PRECISION_FP32;
 
-TEST(PrecisionTest, HereAutoIsFp32AndSixteenBitsAreRefusedNamingTheField) {
-  absl::StatusOr<PrecisionChoice> automatic = ChoosePrecisionHere(PRECISION_AUTO, "precision");
+TEST(PrecisionTest, HereAutoIsFp32AndBf16RunsOnlyOnTheCpuEngineOfANativeBf16Cpu) {
+  const LocalCompute native{.cpu_engine = true, .onednn_isa = "avx512_core_amx"};
+  absl::StatusOr<PrecisionChoice> automatic =
+      ChoosePrecisionHere(PRECISION_AUTO, native, "precision");
   ASSERT_TRUE(automatic.ok());
   EXPECT_EQ(automatic->precision, PRECISION_FP32);
-  EXPECT_NE(automatic->reason.find("executes fp32 only"), std::string::npos) << automatic->reason;
-  EXPECT_EQ(ChoosePrecisionHere(PRECISION_FP32, "precision")->reason, "asked for");
-  for (tandem::v1::Precision p : {PRECISION_BF16, PRECISION_FP16}) {
-    const absl::Status s = ChoosePrecisionHere(p, "spec.precision").status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-    EXPECT_EQ(s.message().substr(0, 16), "spec.precision: ") << s.message();
-    EXPECT_NE(s.message().find("tandem plan --precision="), std::string::npos) << s.message();
-  }
+  EXPECT_NE(automatic->reason.find("avx512_core_amx, native bf16"), std::string::npos)
+      << automatic->reason;
+  EXPECT_EQ(ChoosePrecisionHere(PRECISION_FP32, native, "precision")->reason, "asked for");
+
+  absl::StatusOr<PrecisionChoice> bf16 = ChoosePrecisionHere(PRECISION_BF16, native, "precision");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->precision, PRECISION_BF16);
+  EXPECT_NE(bf16->reason.find("oneDNN avx512_core_amx"), std::string::npos) << bf16->reason;
+  EXPECT_TRUE(ChoosePrecisionHere(PRECISION_BF16,
+                                  {.cpu_engine = true, .onednn_isa = "avx512_core_bf16"}, "p")
+                  .ok());
+
+  const absl::Status offload =
+      ChoosePrecisionHere(PRECISION_BF16, {.cpu_engine = false, .onednn_isa = "avx512_core_amx"},
+                          "spec.precision")
+          .status();
+  EXPECT_EQ(offload.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(offload.message().substr(0, 16), "spec.precision: ") << offload.message();
+  EXPECT_NE(offload.message().find("ACCELERATOR_KIND_NONE"), std::string::npos);
+
+  const absl::Status emulated =
+      ChoosePrecisionHere(PRECISION_BF16, {.cpu_engine = true, .onednn_isa = "avx2"},
+                          "spec.precision")
+          .status();
+  EXPECT_EQ(emulated.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(emulated.message().find("oneDNN runs avx2"), std::string::npos) << emulated.message();
+
+  const absl::Status fp16 = ChoosePrecisionHere(PRECISION_FP16, native, "spec.precision").status();
+  EXPECT_EQ(fp16.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(fp16.message().find("tandem plan --precision=fp16"), std::string::npos);
+
   const absl::Status unknown =
-      ChoosePrecisionHere(static_cast<tandem::v1::Precision>(9), "precision").status();
+      ChoosePrecisionHere(static_cast<tandem::v1::Precision>(9), native, "precision").status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.message(), "precision: unknown value 9");
+}
+
+TEST(PrecisionTest, NativeBf16IsasAreAmxAndAvx512Bf16) {
+  EXPECT_TRUE(NativeBf16Isa("avx512_core_amx"));
+  EXPECT_TRUE(NativeBf16Isa("avx512_core_bf16"));
+  EXPECT_FALSE(NativeBf16Isa("avx512_core"));
+  EXPECT_FALSE(NativeBf16Isa("avx512_core_vnni"));
+  EXPECT_FALSE(NativeBf16Isa(""));
 }
 
 tandem::v1::HardwareSpec Node(double accelerator_bf16, double accelerator_fp16) {

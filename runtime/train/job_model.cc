@@ -1,6 +1,7 @@
 #include "runtime/train/job_model.h"
 
 #include "base/status_macros.h"
+#include "runtime/cpu/onednn.h"
 
 namespace tandem {
 
@@ -22,11 +23,22 @@ int64_t ModelContext(const JobSpec& resolved) {
   return 0;
 }
 
-absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve) {
+LocalCompute LocalComputeFor(const JobSpec& resolved) {
+  return LocalCompute{
+      .cpu_engine = resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE,
+      .onednn_isa = cpu::OneDnnIsa()};
+}
+
+DType ComputeDType(tandem::v1::Precision precision) {
+  return precision == tandem::v1::PRECISION_BF16 ? DType::kBF16 : DType::kF32;
+}
+
+absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve,
+                                       DType compute) {
   JobModel out;
   TANDEM_ASSIGN_OR_RETURN(out.data,
                           DescribeDatasets(resolved.data(), resolve, ModelContext(resolved)));
-  TANDEM_ASSIGN_OR_RETURN(out.model, Model::Build(resolved.model(), out.data));
+  TANDEM_ASSIGN_OR_RETURN(out.model, Model::Build(resolved.model(), out.data, compute));
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/model/model.h"
 #include "spec/job_spec.h"
+#include "spec/precision.h"
 #include "tandem/v1/job.pb.h"
 
 namespace tandem {
@@ -24,8 +25,18 @@ struct JobModel {
   DataInfo data;
   std::unique_ptr<Model> model;
 };
+// `compute`: the model's matrix-product type (Model::Build); ComputeDType of the
+// job's resolved precision for a job that runs here.
 absl::StatusOr<JobModel> BuildJobModel(const tandem::v1::JobSpec& resolved,
-                                       const PathResolver& resolve = nullptr);
+                                       const PathResolver& resolve = nullptr,
+                                       DType compute = DType::kF32);
+
+// The layers' compute type for a resolved precision: kBF16 for BF16, else kF32.
+DType ComputeDType(tandem::v1::Precision precision);
+
+// Where a resolved job would run here, for ChoosePrecisionHere: the CPU engine
+// when its placement has no accelerator, and oneDNN's ISA on this CPU.
+LocalCompute LocalComputeFor(const tandem::v1::JobSpec& resolved);
 
 }  // namespace tandem
 

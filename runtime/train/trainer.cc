@@ -64,8 +64,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
     t->resolved_ = spec;
   } else {
     TANDEM_ASSIGN_OR_RETURN(t->resolved_, ResolveJobSpec(spec, t->options_.has_accelerator));
-    TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision,
-                            ChoosePrecisionHere(t->resolved_.precision(), "precision"));
+    TANDEM_ASSIGN_OR_RETURN(
+        const PrecisionChoice precision,
+        ChoosePrecisionHere(t->resolved_.precision(), LocalComputeFor(t->resolved_), "precision"));
     t->resolved_.set_precision(precision.precision);
   }
   const auto& training = t->resolved_.training();
@@ -73,7 +74,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   TANDEM_ASSIGN_OR_RETURN(
       t->data_, OpenDatasets(t->resolved_.data(), training.seed(), t->options_.resolve_path,
                              ModelContext(t->resolved_), t->options_.data_reserved_bytes));
-  TANDEM_ASSIGN_OR_RETURN(t->model_, Model::Build(t->resolved_.model(), t->data_.train->info()));
+  TANDEM_ASSIGN_OR_RETURN(t->model_, Model::Build(t->resolved_.model(), t->data_.train->info(),
+                                                  ComputeDType(t->resolved_.precision())));
   *t->resolved_.mutable_model() = WithPresetDefaults(t->resolved_.model(), t->data_.train->info());
 
   t->host_allocator_ = t->options_.host_allocator;

@@ -1,5 +1,6 @@
 """Jobs end to end: the tandem CLI against a real tandemd on loopback."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -163,18 +164,39 @@ placement: {strategy: STRATEGY_AUTO}
         self.assertEqual(result.returncode, 1)
         self.assertIn("--compare: unknown strategy 'fastest'", result.stderr)
 
-    def test_precision_resolves_with_its_reason_and_sixteen_bit_jobs_are_refused(self):
+    def test_precision_resolves_with_its_reason_and_bf16_runs_on_the_cpu_engine_only(self):
         import grpc
         from tandem.v1 import profile_pb2
         job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1)),
                                     timeout=30).job
         self.assertEqual(job.resolved_spec.precision, profile_pb2.PRECISION_FP32)
-        self.assertIn("executes fp32 only", job.precision_reason)
-        for precision in (profile_pb2.PRECISION_BF16, profile_pb2.PRECISION_FP16):
-            spec = synthetic_spec(steps=1)
+        self.assertIn("auto does not choose bf16 yet", job.precision_reason)
+        native = "native bf16)" in job.precision_reason and "no native bf16)" not in job.precision_reason
+
+        def submit(precision, **extra):
+            spec = synthetic_spec(steps=3, **extra)
             spec.precision = precision
+            return self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+
+        cpu_only = {"placement": {"accelerator": "ACCELERATOR_KIND_NONE"}}
+        if native:
+            bf16 = submit(profile_pb2.PRECISION_BF16, **cpu_only).job
+            self.assertEqual(bf16.resolved_spec.precision, profile_pb2.PRECISION_BF16)
+            self.assertIn("matrix products in bf16", bf16.precision_reason)
+            done = wait_for_state(self.client, bf16.id, [job_pb2.JOB_STATE_SUCCEEDED,
+                                                         job_pb2.JOB_STATE_FAILED])
+            self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+            self.assertTrue(math.isfinite(done.metrics.loss) and done.metrics.loss > 0, done.metrics)
+        else:
             with self.assertRaises(grpc.RpcError) as e:
-                self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+                submit(profile_pb2.PRECISION_BF16, **cpu_only)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("natively", e.exception.details())
+        refused = [(profile_pb2.PRECISION_BF16, {"placement": {"accelerator": "ACCELERATOR_KIND_EMULATED"}}),
+                   (profile_pb2.PRECISION_FP16, cpu_only)]
+        for precision, extra in refused:
+            with self.assertRaises(grpc.RpcError) as e:
+                submit(precision, **extra)
             self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
             self.assertTrue(e.exception.details().startswith("spec.precision: "), e.exception.details())
         # Planned for an H100 node: auto is bf16 there, and the report says why.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The PyTorch peer of train_throughput.cc: the same mlp, cnn and gpt, the same
 batch sizes, Adam, fixed synthetic batches, 2 threads. Prints one JSON object per
-model. Run with Debian's python3-torch (and libopenblas0-pthread installed, or
+model (--precision=bf16: under torch.autocast with bfloat16). Run with Debian's python3-torch (and libopenblas0-pthread installed, or
 its matrix products use the reference BLAS).
 
 With --device=cuda it is the GPU peer of bench/gpu/run.py (gpu_only): the same
@@ -92,9 +92,15 @@ def bench(name, args):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     seconds = args.seconds
 
+    autocast = args.precision == "bf16"
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x)).backward()
+        # bf16: autocast's matrix products and convolutions in bf16, the
+        # parameters, optimizer and loss in fp32 (what a PyTorch user writes).
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(model(x))
+        loss.backward()
         opt.step()
 
     for _ in range(3):
@@ -109,7 +115,8 @@ def bench(name, args):
     sync()
     step_seconds = (time.perf_counter() - start) / steps
     params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"model": name, "impl": "pytorch", "device": args.device, "batch": batch,
+    print(json.dumps({"model": name, "impl": "pytorch", "precision": args.precision,
+                      "device": args.device, "batch": batch,
                       "steps": steps,
                       "step_ms": round(1e3 * step_seconds, 3),
                       "samples_per_second": round(batch / step_seconds, 1),
@@ -122,6 +129,8 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU peer")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: torch.autocast(dtype=torch.bfloat16)")
     parser.add_argument("--gpt_layers", type=int, default=4)
     parser.add_argument("--gpt_heads", type=int, default=4)
     parser.add_argument("--gpt_d_model", type=int, default=256)

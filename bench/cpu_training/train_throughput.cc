@@ -1,6 +1,8 @@
 // Training throughput of Tandem's CPU engine on the mlp, cnn and gpt presets, at
 // the batch sizes of bench/cpu_training/torch_peer.py: forward, backward and Adam
-// on fixed synthetic batches, after warm-up. Prints one JSON object per model.
+// on fixed synthetic batches, after warm-up. Prints one JSON object per model and
+// precision (--precisions: fp32, and bf16 for matrix products in bf16 with fp32
+// accumulation and master state, Layer::compute_dtype).
 // run.py runs this and the PyTorch peer in the same run and prints the ratios.
 #include <omp.h>
 
@@ -19,6 +21,7 @@
 
 ABSL_FLAG(std::string, models, "mlp,cnn,gpt", "Models to run.");
 ABSL_FLAG(int, threads, 2, "OpenMP threads.");
+ABSL_FLAG(std::string, precisions, "fp32", "Comma-separated: fp32, bf16.");
 ABSL_FLAG(double, seconds, 8.0, "Timed seconds per model (after warm-up).");
 ABSL_FLAG(bool, per_layer, false, "Also print each layer's forward and backward time.");
 
@@ -43,14 +46,14 @@ class Timings : public LayerTimingSink {
   double update = 0;
 };
 
-int RunOne(const BenchModel& bench) {
+int RunOne(const BenchModel& bench, DType compute) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(bench.yaml, bench.name);
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(*spec, false);
   if (!resolved.ok()) {
     std::fprintf(stderr, "%s\n", resolved.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, nullptr, compute);
   if (!jm.ok()) {
     std::fprintf(stderr, "%s\n", jm.status().ToString().c_str());
     return 1;
@@ -79,10 +82,10 @@ int RunOne(const BenchModel& bench) {
   }
   const double step_seconds = (now - start) / steps;
   std::printf(
-      "{\"model\": \"%s\", \"impl\": \"tandem\", \"batch\": %ld, \"steps\": %d, "
-      "\"step_ms\": %.3f, \"samples_per_second\": %.1f, \"parameters\": %ld}\n",
-      bench.name, static_cast<long>(B), steps, 1e3 * step_seconds, B / step_seconds,
-      static_cast<long>(jm->model->parameter_count()));
+      "{\"model\": \"%s\", \"impl\": \"tandem\", \"precision\": \"%s\", \"batch\": %ld, "
+      "\"steps\": %d, \"step_ms\": %.3f, \"samples_per_second\": %.1f, \"parameters\": %ld}\n",
+      bench.name, compute == DType::kBF16 ? "bf16" : "fp32", static_cast<long>(B), steps,
+      1e3 * step_seconds, B / step_seconds, static_cast<long>(jm->model->parameter_count()));
   if (absl::GetFlag(FLAGS_per_layer)) {
     for (int l = 0; l < jm->model->num_layers(); ++l) {
       std::fprintf(stderr, "  %-22s fwd %8.3f ms  bwd %8.3f ms\n",
@@ -107,8 +110,17 @@ int main(int argc, char** argv) {
       tandem::cpu::OneDnnVersion().c_str(), tandem::cpu::OneDnnIsa().c_str(),
       tandem::CpuIsaName(tandem::ActiveCpuIsa()));
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',')) {
-    for (const auto& bench : tandem::bench::kBenchModels) {
-      if (name == bench.name && tandem::RunOne(bench) != 0) return 1;
+    for (absl::string_view precision : absl::StrSplit(absl::GetFlag(FLAGS_precisions), ',')) {
+      if (precision != "fp32" && precision != "bf16") {
+        std::fprintf(stderr, "--precisions: unknown precision '%s' (fp32, bf16)\n",
+                     std::string(precision).c_str());
+        return 2;
+      }
+      const tandem::DType compute =
+          precision == "bf16" ? tandem::DType::kBF16 : tandem::DType::kF32;
+      for (const auto& bench : tandem::bench::kBenchModels) {
+        if (name == bench.name && tandem::RunOne(bench, compute) != 0) return 1;
+      }
     }
   }
   return 0;

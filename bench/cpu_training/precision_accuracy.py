@@ -28,9 +28,9 @@ EVAL = re.compile(r"eval step (\d+): loss ([0-9.]+) accuracy ([0-9.]+)")
 
 def job_file(example, precision, steps=None):
     text = open(os.path.join(REPO, "clients", "examples", example)).read()
-    text = re.sub(r"epochs: \d+", "epochs: 2", text)
+    text = re.sub(r"^(\s+)epochs: \d+", r"\g<1>epochs: 2", text, flags=re.M)
     if steps is not None:
-        text = re.sub(r"steps: \d+", "steps: %d" % steps, text)
+        text = re.sub(r"^(\s+)steps: \d+", r"\g<1>steps: %d" % steps, text, flags=re.M)
     text = re.sub(r"checkpoint_interval_steps: \d+", "checkpoint_disabled: true", text)
     text = re.sub(r"^placement:.*?(?=^\S|\Z)", "", text, flags=re.S | re.M)
     text += "\nprecision: %s\nplacement: {accelerator: ACCELERATOR_KIND_NONE}\n" % precision

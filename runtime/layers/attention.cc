@@ -98,12 +98,33 @@ int64_t Attention::WorkspaceBytes(int64_t batch) const {
   const int64_t forward = cpu::AlignWorkspace(3 * btc * 4) + cpu::AlignWorkspace(btc * 4);
   const int64_t backward = 5 * cpu::AlignWorkspace(btc * 4) + cpu::AlignWorkspace(att * 4) +
                            cpu::AlignWorkspace(3 * btc * 4);
-  // Then the projections' own scratch (their bf16 copies; none in f32).
-  return std::max(forward, backward) + ProjectionWorkspace(batch);
+  // Then the scratch the projections and the bf16 products take in turn.
+  return std::max(forward, backward) + ScratchBytes(batch);
 }
 
-int64_t Attention::ProjectionWorkspace(int64_t batch) const {
-  return std::max(qkv_.WorkspaceBytes(batch), proj_.WorkspaceBytes(batch));
+// The projections' own workspace, or the bf16 copies of one product's two
+// operands (each at most [B, H, T, T] or [B, T, C]); they never overlap in time.
+int64_t Attention::ScratchBytes(int64_t batch) const {
+  const int64_t projections = std::max(qkv_.WorkspaceBytes(batch), proj_.WorkspaceBytes(batch));
+  if (compute_dtype() != DType::kBF16) return projections;
+  const int64_t operand = std::max(batch * T_ * C_, batch * options_.n_head * T_ * T_);
+  return std::max(projections, 2 * cpu::AlignWorkspace(2 * operand));
+}
+
+void Attention::Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
+                        const float* b, float* c, void* scratch) const {
+  if (compute_dtype() != DType::kBF16 || ctx.device == DeviceKind::kCuda) {
+    device_ops::Matmul(ctx, shape, a, b, c);
+    return;
+  }
+  // Dense operands: batch x m x k and batch x k x n elements, transposed or not.
+  const int64_t a_n = shape.batch * shape.m * shape.k, b_n = shape.batch * shape.k * shape.n;
+  Carver w(scratch);
+  uint16_t* a16 = static_cast<uint16_t*>(w.TakeBytes(2 * a_n));
+  uint16_t* b16 = static_cast<uint16_t*>(w.TakeBytes(2 * b_n));
+  cpu::ToBf16(a, a16, a_n);
+  cpu::ToBf16(b, b16, b_n);
+  cpu::MatmulBf16(shape, a16, b16, c);
 }
 
 const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {
@@ -133,8 +154,9 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   float* qkv = w.Take(3 * btc);
   float* o = w.Take(btc);
 
+  void* scratch = w.TakeBytes(ScratchBytes(B));
   LayerContext sub = ctx;
-  sub.workspace = w.TakeBytes(ProjectionWorkspace(B));
+  sub.workspace = scratch;
   qkv_.Forward(sub, x, Tensor::F32(qkv, Shape({B, T_, 3 * C_})), nullptr);
   device_ops::SplitHeads(ctx, qkv, q, k, v, B, T_, H, hs_);
 
@@ -145,7 +167,7 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   scores.k = hs_;
   scores.trans_b = true;
   scores.alpha = 1.0f / std::sqrt(static_cast<float>(hs_));
-  device_ops::Matmul(ctx, scores, q, k, att);
+  Product(ctx, scores, q, k, att, scratch);
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
     ctx.cuda->Check(cuda::CausalSoftmaxForward(att, B * H, T_, ctx.cuda->stream),
@@ -164,7 +186,7 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   av.m = T_;
   av.n = hs_;
   av.k = T_;
-  device_ops::Matmul(ctx, av, att, v, o);
+  Product(ctx, av, att, v, o, scratch);
   device_ops::HeadsToRows(ctx, o, atty, B, T_, H, hs_);
 
   sub.params = ctx.params + qkv_.ParamCount();
@@ -189,8 +211,9 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   float* d_att = w.Take(B * H * T_ * T_);
   float* d_qkv = w.Take(3 * btc);
 
+  void* scratch = w.TakeBytes(ScratchBytes(B));
   LayerContext sub = ctx;
-  sub.workspace = w.TakeBytes(ProjectionWorkspace(B));
+  sub.workspace = scratch;
   sub.params = ctx.params + qkv_.ParamCount();
   sub.grads = ctx.grads + qkv_.ParamCount();
   const Shape btc_shape({B, T_, C_});
@@ -204,7 +227,7 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   dv.n = hs_;
   dv.k = T_;
   dv.trans_a = true;
-  device_ops::Matmul(ctx, dv, att, d_o, d_v);
+  Product(ctx, dv, att, d_o, d_v, scratch);
 
   cpu::MatmulShape datt;  // datt[bh] = dO[bh] v[bh]^T
   datt.batch = B * H;
@@ -212,7 +235,7 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   datt.n = T_;
   datt.k = hs_;
   datt.trans_b = true;
-  device_ops::Matmul(ctx, datt, d_o, v, d_att);
+  Product(ctx, datt, d_o, v, d_att, scratch);
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
     ctx.cuda->Check(cuda::CausalSoftmaxBackward(d_att, att, B * H, T_, ctx.cuda->stream),
@@ -233,10 +256,10 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   dq.n = hs_;
   dq.k = T_;
   dq.alpha = scale;
-  device_ops::Matmul(ctx, dq, d_att, k, d_q);
+  Product(ctx, dq, d_att, k, d_q, scratch);
   cpu::MatmulShape dk = dq;  // dk[bh] = scale * dS[bh]^T q[bh]
   dk.trans_a = true;
-  device_ops::Matmul(ctx, dk, d_att, q, d_k);
+  Product(ctx, dk, d_att, q, d_k, scratch);
   device_ops::MergeHeadGradients(ctx, d_q, d_k, d_v, d_qkv, B, T_, H, hs_);
 
   sub.params = ctx.params;

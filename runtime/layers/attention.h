@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "runtime/cpu/matmul.h"
 #include "runtime/layers/layer.h"
 #include "runtime/layers/linear.h"
 
@@ -41,8 +42,14 @@ class Attention final : public Layer {
  private:
   struct Softmax;
   const Softmax& GetSoftmax(int64_t batch) const;
-  // Scratch the projections need, after the attention's own temporaries.
-  int64_t ProjectionWorkspace(int64_t batch) const;
+  // Scratch after the attention's own temporaries: the projections' workspace,
+  // or the bf16 products' operand copies.
+  int64_t ScratchBytes(int64_t batch) const;
+  // One batched product of the attention (scores, weighted values and their
+  // gradients): in bf16 on the CPU when compute_dtype() is kBF16, operands
+  // rounded into `scratch`; else device_ops::Matmul.
+  void Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
+               const float* b, float* c, void* scratch) const;
 
   AttentionOptions options_;
   int64_t T_ = 0, C_ = 0, hs_ = 0;

@@ -81,6 +81,31 @@ TEST(TrainerTest, ResumeContinuesTheSameLossTrajectory) {
   for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
 }
 
+TEST(TrainerTest, Bf16JobResumesExactlyFromItsFp32MasterState) {
+  tandem::v1::JobSpec spec = SyntheticMlp(30);
+  spec.set_precision(tandem::v1::PRECISION_BF16);
+  const TrainRun whole = Train(spec, "");
+  if (whole.status.code() == absl::StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << "no native bf16 on this CPU: " << whole.status;
+  }
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  ASSERT_EQ(whole.losses.size(), 30u);
+  const TrainRun fp32 = Train(SyntheticMlp(30), "");
+  ASSERT_TRUE(fp32.status.ok()) << fp32.status;
+  EXPECT_NE(whole.losses.back(), fp32.losses.back()) << "the bf16 products did not run";
+  EXPECT_NEAR(whole.losses.back(), fp32.losses.back(), 0.05 * fp32.losses.back());
+
+  const std::string dir = TempDir("resume_bf16");
+  const TrainRun first = Train(spec, dir, /*stop_after=*/13);
+  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
+  const TrainRun second = Train(spec, dir);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  ASSERT_EQ(second.losses.size(), 17u);
+  // The checkpoint holds the fp32 master weights and Adam moments; the bf16
+  // copies are rounded from them again, so the trajectory is the same to the bit.
+  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
+}
+
 TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const tandem::v1::JobSpec spec = SyntheticMlp(10);
   const std::string dir = TempDir("damaged");

@@ -71,8 +71,8 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
 // rounding and far below what a wrong operand or layout gives (order 1).
 constexpr double kBf16Tolerance = 1e-2;
 
-void ExpectBf16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make,
-                           const Shape& input, int64_t batch, bool accumulate = false) {
+void ExpectBf16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make, const Shape& input,
+                           int64_t batch, bool accumulate = false) {
   std::unique_ptr<Layer> fp32 = make(), bf16 = make();
   bf16->set_compute_dtype(DType::kBF16);
   ASSERT_TRUE(fp32->Build(input).ok());
@@ -82,9 +82,9 @@ void ExpectBf16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make,
   const Outputs ref = Run(*fp32, input, batch, accumulate);
   const Outputs got = Run(*bf16, input, batch, accumulate);
   const std::string where = std::string(fp32->kind()) + " on oneDNN " + cpu::OneDnnIsa();
-  for (const auto& [name, a, b] : {std::tuple{"output", &got.y, &ref.y},
-                                   std::tuple{"input gradient", &got.dx, &ref.dx},
-                                   std::tuple{"parameter gradients", &got.grads, &ref.grads}}) {
+  for (const auto& [name, a, b] :
+       {std::tuple{"output", &got.y, &ref.y}, std::tuple{"input gradient", &got.dx, &ref.dx},
+        std::tuple{"parameter gradients", &got.grads, &ref.grads}}) {
     const double error = RelativeError(*a, *b);
     EXPECT_LT(error, kBf16Tolerance) << name << ", " << where;
     EXPECT_GT(error, 0.0) << name << " equals fp32 to the bit: the bf16 products did not run, "
@@ -104,9 +104,8 @@ TEST(Bf16Test, LinearOnSequencesAccumulatesGradients) {
 }
 
 TEST(Bf16Test, AttentionMatchesFp32WithinBf16Precision) {
-  ExpectBf16MatchesFp32(
-      [] { return std::make_unique<Attention>(AttentionOptions{.n_head = 4}); }, Shape({16, 64}),
-      2);
+  ExpectBf16MatchesFp32([] { return std::make_unique<Attention>(AttentionOptions{.n_head = 4}); },
+                        Shape({16, 64}), 2);
 }
 
 TEST(Bf16Test, TransformerBlockMatchesFp32WithinBf16Precision) {

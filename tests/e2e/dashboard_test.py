@@ -113,7 +113,9 @@ class DashboardTest(unittest.TestCase):
         cls.api = "http://127.0.0.1:%d/api/v1/" % cls.port
 
         # A short job that trains under a plan (reuse_distance on the emulated
-        # accelerator), evaluates and succeeds, and one that fails.
+        # accelerator), evaluates and succeeds, and one that fails. A threshold
+        # of almost nothing makes its closed loop re-plan at its first check
+        # whatever the machine's speed, so the re-plan series have data.
         job = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec_from_dict({
             "display_name": "dashboard-test",
             "model": {"mlp": {"hidden_sizes": [256, 256]}},
@@ -122,7 +124,7 @@ class DashboardTest(unittest.TestCase):
             "training": {"batch_size": 64, "steps": 1500, "eval_interval_steps": 500,
                          "checkpoint_disabled": True},
             "placement": {"accelerator": "ACCELERATOR_KIND_EMULATED",
-                          "strategy": "STRATEGY_REUSE_DISTANCE"},
+                          "strategy": "STRATEGY_REUSE_DISTANCE", "replan_threshold": 1e-9},
             "resources": {"accelerator_memory_bytes": 64 << 20},
         })), timeout=30).job
         failing = diverging_spec()

@@ -14,6 +14,7 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/layers/attention.h"
 #include "runtime/layers/blocks.h"
+#include "runtime/layers/conv.h"
 #include "runtime/layers/linear.h"
 
 namespace tandem {
@@ -112,6 +113,22 @@ TEST(Bf16Test, TransformerBlockMatchesFp32WithinBf16Precision) {
   ExpectBf16MatchesFp32(
       [] { return std::make_unique<TransformerBlock>(TransformerBlockOptions{.n_head = 4}); },
       Shape({16, 64}), 2);
+}
+
+// The cnn preset's two convolutions (one input channel, then 32).
+TEST(Bf16Test, ConvolutionsMatchFp32WithinBf16Precision) {
+  ExpectBf16MatchesFp32(
+      [] {
+        return std::make_unique<Conv2d>(
+            Conv2dOptions{.out_channels = 32, .kernel_size = 5, .padding = 2});
+      },
+      Shape({28, 28, 1}), 4);
+  ExpectBf16MatchesFp32(
+      [] {
+        return std::make_unique<Conv2d>(
+            Conv2dOptions{.out_channels = 64, .kernel_size = 5, .padding = 2});
+      },
+      Shape({14, 14, 32}), 4, /*accumulate=*/true);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "runtime/layers/conv.h"
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
@@ -61,6 +63,13 @@ cuda::ConvGeometry ConvGeometryOf(const Conv2dOptions& o, const Shape& in, const
 
 struct Conv2d::Primitives {
   memory::desc src, dst, weights_plain, bias;
+  // bf16 compute: x and dy are rounded into src16 and dst16 (bf16 NHWC) in the
+  // workspace, the weights reordered to bf16; outputs and gradients stay f32.
+  bool bf16 = false;
+  memory::desc src16, dst16;
+  // oneDNN's implementations of forward, backward-data and backward-weights,
+  // e.g. "jit_bf16:avx512_core_bf16".
+  std::string impls;
   dnnl::convolution_forward forward;
   memory::desc forward_weights;
   dnnl::reorder to_forward_weights;  // Valid when forward_weights != weights_plain.
@@ -129,53 +138,75 @@ LayerCost Conv2d::Cost(int64_t batch) const {
 
 const Conv2d::Primitives& Conv2d::Get(int64_t batch) const {
   return cache_->primitives.Get(batch, [&] {
-    const Conv2dOptions& o = options_;
-    const Shape& in = input_shape();
-    const memory::dims strides = {o.stride, o.stride}, pad = {o.padding, o.padding};
-    Primitives p;
-    p.src = Nhwc(batch, in);
-    p.dst = Nhwc(batch, output_shape());
-    p.weights_plain =
-        cpu::PlainF32({o.out_channels, in[2], o.kernel_size, o.kernel_size}, tag::oihw);
-    p.bias = cpu::PlainF32({o.out_channels}, tag::x);
-    const memory::desc any_weights(p.weights_plain.dims(), memory::data_type::f32, tag::any);
-    const memory::desc none;
-    const auto alg = dnnl::algorithm::convolution_direct;
-
-    dnnl::convolution_forward::primitive_desc fwd(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, any_weights,
-                                        o.bias ? p.bias : none, p.dst, strides, pad, pad),
-        cpu::UserScratchpad(), cpu::CpuEngine());
-    p.forward = dnnl::convolution_forward(fwd);
-    p.forward_weights = fwd.weights_desc();
-    if (p.forward_weights != p.weights_plain) {
-      p.to_forward_weights = MakeReorder(p.weights_plain, p.forward_weights, false);
+    if (compute_dtype() == DType::kBF16) {
+      // Where oneDNN has no bf16 kernel for this shape (only its reference
+      // one), the layer stays fp32: slower in bf16 is no mixed precision.
+      Primitives p = MakePrimitives(batch, /*bf16=*/true);
+      if (p.impls.find("ref") == std::string::npos) return p;
     }
-
-    dnnl::convolution_backward_data::primitive_desc bwd_data(
-        dnnl::convolution_backward_data::desc(alg, p.src, any_weights, p.dst, strides, pad, pad),
-        cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
-    p.backward_data = dnnl::convolution_backward_data(bwd_data);
-    p.backward_data_weights = bwd_data.weights_desc();
-    if (p.backward_data_weights != p.weights_plain) {
-      p.to_backward_data_weights = MakeReorder(p.weights_plain, p.backward_data_weights, false);
-    }
-
-    dnnl::convolution_backward_weights::primitive_desc bwd_weights(
-        dnnl::convolution_backward_weights::desc(alg, p.src, any_weights, o.bias ? p.bias : none,
-                                                 p.dst, strides, pad, pad),
-        cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
-    p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
-    p.diff_weights = bwd_weights.diff_weights_desc();
-    p.diff_weights_to_plain = MakeReorder(p.diff_weights, p.weights_plain, false);
-    p.diff_weights_add_to_plain = MakeReorder(p.diff_weights, p.weights_plain, true);
-
-    const int64_t forward_ws = p.forward_weights.get_size();
-    const int64_t backward_ws = p.backward_data_weights.get_size() + p.diff_weights.get_size() +
-                                4 * o.out_channels + 2 * cpu::kWorkspaceAlign;
-    p.workspace_bytes = std::max(forward_ws, backward_ws);
-    return p;
+    return MakePrimitives(batch, /*bf16=*/false);
   });
+}
+
+Conv2d::Primitives Conv2d::MakePrimitives(int64_t batch, bool bf16) const {
+  const Conv2dOptions& o = options_;
+  const Shape& in = input_shape();
+  const memory::dims strides = {o.stride, o.stride}, pad = {o.padding, o.padding};
+  const auto in_type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  Primitives p;
+  p.bf16 = bf16;
+  p.src = Nhwc(batch, in);
+  p.dst = Nhwc(batch, output_shape());
+  p.src16 = memory::desc(p.src.dims(), memory::data_type::bf16, tag::nhwc);
+  p.dst16 = memory::desc(p.dst.dims(), memory::data_type::bf16, tag::nhwc);
+  const memory::desc& src_in = bf16 ? p.src16 : p.src;
+  const memory::desc& dy_in = bf16 ? p.dst16 : p.dst;
+  p.weights_plain = cpu::PlainF32({o.out_channels, in[2], o.kernel_size, o.kernel_size}, tag::oihw);
+  p.bias = cpu::PlainF32({o.out_channels}, tag::x);
+  const memory::desc any_weights(p.weights_plain.dims(), in_type, tag::any);
+  const memory::desc any_diff_weights(p.weights_plain.dims(), memory::data_type::f32, tag::any);
+  const memory::desc none;
+  const auto alg = dnnl::algorithm::convolution_direct;
+
+  dnnl::convolution_forward::primitive_desc fwd(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, src_in, any_weights,
+                                      o.bias ? p.bias : none, p.dst, strides, pad, pad),
+      cpu::UserScratchpad(), cpu::CpuEngine());
+  p.forward = dnnl::convolution_forward(fwd);
+  p.impls = fwd.impl_info_str();
+  p.forward_weights = fwd.weights_desc();
+  if (p.forward_weights != p.weights_plain) {
+    p.to_forward_weights = MakeReorder(p.weights_plain, p.forward_weights, false);
+  }
+
+  dnnl::convolution_backward_data::primitive_desc bwd_data(
+      dnnl::convolution_backward_data::desc(alg, p.src, any_weights, dy_in, strides, pad, pad),
+      cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
+  p.backward_data = dnnl::convolution_backward_data(bwd_data);
+  p.impls = p.impls + " " + bwd_data.impl_info_str();
+  p.backward_data_weights = bwd_data.weights_desc();
+  if (p.backward_data_weights != p.weights_plain) {
+    p.to_backward_data_weights = MakeReorder(p.weights_plain, p.backward_data_weights, false);
+  }
+
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights(
+      dnnl::convolution_backward_weights::desc(alg, src_in, any_diff_weights,
+                                               o.bias ? p.bias : none, dy_in, strides, pad, pad),
+      cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
+  p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
+  p.impls = p.impls + " " + bwd_weights.impl_info_str();
+  p.diff_weights = bwd_weights.diff_weights_desc();
+  p.diff_weights_to_plain = MakeReorder(p.diff_weights, p.weights_plain, false);
+  p.diff_weights_add_to_plain = MakeReorder(p.diff_weights, p.weights_plain, true);
+
+  const int64_t copies =
+      bf16 ? cpu::AlignWorkspace(p.src16.get_size()) + cpu::AlignWorkspace(p.dst16.get_size()) : 0;
+  const int64_t forward_ws = cpu::AlignWorkspace(p.forward_weights.get_size()) + copies;
+  const int64_t backward_ws = cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
+                              cpu::AlignWorkspace(p.diff_weights.get_size()) +
+                              cpu::AlignWorkspace(4 * o.out_channels) + copies;
+  p.workspace_bytes = std::max(forward_ws, backward_ws);
+  return p;
 }
 
 // The CPU's oneDNN weight reorders, or on CUDA the weights and their gradient
@@ -217,7 +248,14 @@ void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
                   {DNNL_ARG_TO, cpu::Wrap(p.forward_weights, ctx.workspace)}});
     weights = static_cast<const float*>(ctx.workspace);
   }
-  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
+  memory src = cpu::Wrap(p.src, x.data);
+  if (p.bf16) {
+    auto* x16 = reinterpret_cast<uint16_t*>(static_cast<char*>(ctx.workspace) +
+                                            cpu::AlignWorkspace(p.forward_weights.get_size()));
+    cpu::ToBf16(x.f32(), x16, p.src16.get_size() / 2);
+    src = cpu::Wrap(p.src16, x16);
+  }
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src},
                                           {DNNL_ARG_WEIGHTS, cpu::Wrap(p.forward_weights, weights)},
                                           {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
   if (options_.bias) {
@@ -274,6 +312,18 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
       reinterpret_cast<float*>(ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
                                cpu::AlignWorkspace(p.diff_weights.get_size()));
   const int64_t n_weights = p.weights_plain.get_size() / 4;
+  memory src = cpu::Wrap(p.src, x.data), diff_dst = cpu::Wrap(p.dst, dy.data);
+  if (p.bf16) {
+    char* copies = ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
+                   cpu::AlignWorkspace(p.diff_weights.get_size()) +
+                   cpu::AlignWorkspace(4 * options_.out_channels);
+    auto* x16 = reinterpret_cast<uint16_t*>(copies);
+    auto* dy16 = reinterpret_cast<uint16_t*>(copies + cpu::AlignWorkspace(p.src16.get_size()));
+    cpu::ToBf16(x.f32(), x16, p.src16.get_size() / 2);
+    cpu::ToBf16(dy.f32(), dy16, p.dst16.get_size() / 2);
+    src = cpu::Wrap(p.src16, x16);
+    diff_dst = cpu::Wrap(p.dst16, dy16);
+  }
 
   if (dx.data != nullptr) {
     const float* weights = ctx.params;
@@ -283,13 +333,13 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
                     {DNNL_ARG_TO, cpu::Wrap(p.backward_data_weights, bwd_weights)}});
       weights = bwd_weights;
     }
-    cpu::Execute(p.backward_data, {{DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
+    cpu::Execute(p.backward_data, {{DNNL_ARG_DIFF_DST, diff_dst},
                                    {DNNL_ARG_WEIGHTS, cpu::Wrap(p.backward_data_weights, weights)},
                                    {DNNL_ARG_DIFF_SRC, cpu::Wrap(p.src, dx.data)}});
   }
   std::unordered_map<int, memory> args = {
-      {DNNL_ARG_SRC, cpu::Wrap(p.src, x.data)},
-      {DNNL_ARG_DIFF_DST, cpu::Wrap(p.dst, dy.data)},
+      {DNNL_ARG_SRC, src},
+      {DNNL_ARG_DIFF_DST, diff_dst},
       {DNNL_ARG_DIFF_WEIGHTS, cpu::Wrap(p.diff_weights, diff_weights)}};
   if (options_.bias) args.emplace(DNNL_ARG_DIFF_BIAS, cpu::Wrap(p.bias, diff_bias));
   cpu::Execute(p.backward_weights, args);

@@ -41,6 +41,8 @@ class Conv2d final : public Layer {
  private:
   struct Primitives;
   const Primitives& Get(int64_t batch) const;
+  // The primitives with bf16 inputs (x, W, dy) or fp32 ones.
+  Primitives MakePrimitives(int64_t batch, bool bf16) const;
 
   Conv2dOptions options_;
   struct Cache;

@@ -16,12 +16,13 @@ inline float Bf16ToFloat(uint16_t h) {
   return x;
 }
 
+// Branch-free, so that loops over it vectorise (cpu::ToBf16).
 inline uint16_t FloatToBf16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
-  if (x != x) return static_cast<uint16_t>((bits | 0x00400000u) >> 16);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (bits | 0x00400000u) >> 16;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
 }  // namespace tandem

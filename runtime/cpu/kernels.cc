@@ -7,6 +7,7 @@
 #include <limits>
 #include <utility>
 
+#include "runtime/core/bf16.h"
 #include "runtime/core/cpu_features.h"
 #include "runtime/core/isa_dispatch.h"
 #include "runtime/core/random.h"
@@ -48,17 +49,9 @@ void AccumulateRange(const float* a, float* out, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] += a[i];
 }
 
-// FloatToBf16 without its branch, so that it vectorises: a NaN keeps its high
-// half with the quiet bit set; everything else rounds to nearest, ties to even.
 void ToBf16Range(const float* x, uint16_t* out, int64_t begin, int64_t end) {
 #pragma omp simd
-  for (int64_t i = begin; i < end; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &x[i], sizeof(bits));
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t quiet = (bits | 0x00400000u) >> 16;
-    out[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-  }
+  for (int64_t i = begin; i < end; ++i) out[i] = FloatToBf16(x[i]);
 }
 
 }  // namespace

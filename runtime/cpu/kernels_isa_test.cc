@@ -145,6 +145,20 @@ std::vector<uint32_t> Bf16EdgeBits() {
           0x7f800001u, 0xffa00000u, 0x00000000u, 0x80000000u};
 }
 
+// The scalar conversion itself, on those values, against their worked-out
+// bf16 bits (the vector paths are checked against it below).
+TEST(ToBf16Test, ScalarConversionRoundsToNearestEvenAndKeepsNaNs) {
+  const std::vector<uint32_t> edges = Bf16EdgeBits();
+  const std::vector<uint16_t> expected = {0x3f80, 0x3f82, 0x3f81, 0x4000, 0x7f80, 0x7f80, 0xff80,
+                                          0x0000, 0x8000, 0x7fc0, 0x7fc0, 0xffe0, 0x0000, 0x8000};
+  ASSERT_EQ(edges.size(), expected.size());
+  for (size_t i = 0; i < edges.size(); ++i) {
+    float x;
+    std::memcpy(&x, &edges[i], sizeof(x));
+    EXPECT_EQ(FloatToBf16(x), expected[i]) << std::hex << "bits 0x" << edges[i];
+  }
+}
+
 TEST_P(ToBf16IsaTest, RoundsAsTheScalarConversionOnEveryLengthAndTail) {
   constexpr int64_t kGuard = 32;
   constexpr uint16_t kGuardBits = 0xbeef;

@@ -295,6 +295,8 @@ absl::StatusOr<Shape> ResidualBlock::InferOutput(const Shape& input) {
   conv2_ = std::make_unique<Conv2d>(Conv2dOptions{
       .out_channels = out, .kernel_size = 3, .stride = 1, .padding = 1, .bias = false});
   bn2_ = std::make_unique<BatchNorm2d>();
+  conv1_->set_compute_dtype(compute_dtype());
+  conv2_->set_compute_dtype(compute_dtype());
   absl::Status s = conv1_->Build(input);
   if (s.ok()) s = bn1_->Build(conv1_->output_shape());
   if (s.ok()) s = relu_->Build(conv1_->output_shape());
@@ -308,6 +310,7 @@ absl::StatusOr<Shape> ResidualBlock::InferOutput(const Shape& input) {
                                                         .padding = 0,
                                                         .bias = false});
     bn_skip_ = std::make_unique<BatchNorm2d>();
+    conv_skip_->set_compute_dtype(compute_dtype());
     s = conv_skip_->Build(input);
     if (s.ok()) s = bn_skip_->Build(conv_skip_->output_shape());
     if (!s.ok()) return s;

@@ -6,6 +6,7 @@
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
+#include "runtime/layers/carver.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include "runtime/cuda/context.h"
@@ -54,7 +55,67 @@ cuda::ConvGeometry ConvGeometryOf(const Conv2dOptions& o, const Shape& in, const
           .out_height = out[0],
           .out_width = out[1]};
 }
+
+// The CUDA paths: cuDNN on the weights transposed to OHWI in the workspace
+// (and the weight gradient there too), biases by our kernels.
+void ForwardOnCuda(const Conv2dOptions& o, const cuda::ConvGeometry& g, const LayerContext& ctx,
+                   const Tensor& x, const Tensor& y) {
+  const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
+  float* w_ohwi = static_cast<float*>(ctx.workspace);
+  cudaStream_t stream = ctx.cuda->stream;
+  if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
+                                        o.kernel_size, o.kernel_size, stream),
+                       "OihwToOhwi") ||
+      !ctx.cuda->Check(cuda::ConvolutionForward(ctx.cuda, g, x.f32(), w_ohwi, y.f32()))) {
+    return;
+  }
+  if (o.bias) {
+    const int64_t rows = x.batch() * g.out_height * g.out_width;
+    ctx.cuda->Check(cuda::BroadcastBias(y.f32(), ctx.params + n_weights, 1, rows, o.out_channels,
+                                        o.out_channels, 0, /*accumulate=*/true, stream),
+                    "BroadcastBias");
+  }
+}
+
+void BackwardOnCuda(const Conv2dOptions& o, const cuda::ConvGeometry& g, const LayerContext& ctx,
+                    const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
+  float* w_ohwi = static_cast<float*>(ctx.workspace);
+  float* dw_ohwi = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
+                                            cpu::AlignWorkspace(n_weights * 4));
+  cudaStream_t stream = ctx.cuda->stream;
+  if (dx.data != nullptr) {
+    if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
+                                          o.kernel_size, o.kernel_size, stream),
+                         "OihwToOhwi") ||
+        !ctx.cuda->Check(cuda::ConvolutionBackwardData(ctx.cuda, g, dy.f32(), w_ohwi, dx.f32()))) {
+      return;
+    }
+  }
+  if (!ctx.cuda->Check(cuda::ConvolutionBackwardFilter(ctx.cuda, g, x.f32(), dy.f32(), dw_ohwi)) ||
+      !ctx.cuda->Check(cuda::OhwiToOihw(ctx.grads, dw_ohwi, o.out_channels, g.in_channels,
+                                        o.kernel_size, o.kernel_size, ctx.accumulate_grads, stream),
+                       "OhwiToOihw")) {
+    return;
+  }
+  if (o.bias) {
+    ctx.cuda->Check(
+        cuda::ColumnSum(ctx.grads + n_weights, dy.f32(), x.batch() * g.out_height * g.out_width,
+                        o.out_channels, ctx.accumulate_grads, stream),
+        "ColumnSum");
+  }
+}
 #endif
+
+// The f32 tensor `t` as a oneDNN operand described by `f32`, or, when `round`,
+// rounded into `copy` and described by `bf16`.
+memory Operand(const memory::desc& f32, const memory::desc& bf16, const Tensor& t, void* copy,
+               bool round) {
+  if (!round) return cpu::Wrap(f32, t.data);
+  auto* h = static_cast<uint16_t*>(copy);
+  cpu::ToBf16(t.f32(), h, bf16.get_size() / 2);
+  return cpu::Wrap(bf16, h);
+}
 
 }  // namespace
 
@@ -220,24 +281,8 @@ int64_t Conv2d::WorkspaceBytes(int64_t batch) const {
 void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
-    const Conv2dOptions& o = options_;
-    const cuda::ConvGeometry g = ConvGeometryOf(o, input_shape(), output_shape(), x.batch());
-    const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
-    float* w_ohwi = static_cast<float*>(ctx.workspace);
-    cudaStream_t stream = ctx.cuda->stream;
-    if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
-                                          o.kernel_size, o.kernel_size, stream),
-                         "OihwToOhwi") ||
-        !ctx.cuda->Check(cuda::ConvolutionForward(ctx.cuda, g, x.f32(), w_ohwi, y.f32()))) {
-      return;
-    }
-    if (o.bias) {
-      const int64_t rows = x.batch() * g.out_height * g.out_width;
-      ctx.cuda->Check(cuda::BroadcastBias(y.f32(), ctx.params + n_weights, 1, rows, o.out_channels,
-                                          o.out_channels, 0, /*accumulate=*/true, stream),
-                      "BroadcastBias");
-    }
-    return;
+    return ForwardOnCuda(
+        options_, ConvGeometryOf(options_, input_shape(), output_shape(), x.batch()), ctx, x, y);
   }
 #endif
   const Primitives& p = Get(x.batch());
@@ -248,16 +293,12 @@ void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
                   {DNNL_ARG_TO, cpu::Wrap(p.forward_weights, ctx.workspace)}});
     weights = static_cast<const float*>(ctx.workspace);
   }
-  memory src = cpu::Wrap(p.src, x.data);
-  if (p.bf16) {
-    auto* x16 = reinterpret_cast<uint16_t*>(static_cast<char*>(ctx.workspace) +
-                                            cpu::AlignWorkspace(p.forward_weights.get_size()));
-    cpu::ToBf16(x.f32(), x16, p.src16.get_size() / 2);
-    src = cpu::Wrap(p.src16, x16);
-  }
-  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src},
-                                          {DNNL_ARG_WEIGHTS, cpu::Wrap(p.forward_weights, weights)},
-                                          {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
+  Carver w(ctx.workspace);
+  w.TakeBytes(p.forward_weights.get_size());
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, Operand(p.src, p.src16, x, w.TakeBytes(p.src16.get_size()), p.bf16)},
+      {DNNL_ARG_WEIGHTS, cpu::Wrap(p.forward_weights, weights)},
+      {DNNL_ARG_DST, cpu::Wrap(p.dst, y.data)}};
   if (options_.bias) {
     args.emplace(DNNL_ARG_BIAS,
                  cpu::Wrap(p.bias, ctx.params + options_.out_channels * input_shape()[2] *
@@ -270,60 +311,19 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
                       const Tensor& dy, const Tensor& dx) const {
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
-    const Conv2dOptions& o = options_;
-    const cuda::ConvGeometry g = ConvGeometryOf(o, input_shape(), output_shape(), x.batch());
-    const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
-    float* w_ohwi = static_cast<float*>(ctx.workspace);
-    float* dw_ohwi = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
-                                              cpu::AlignWorkspace(n_weights * 4));
-    cudaStream_t stream = ctx.cuda->stream;
-    if (dx.data != nullptr) {
-      if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
-                                            o.kernel_size, o.kernel_size, stream),
-                           "OihwToOhwi") ||
-          !ctx.cuda->Check(
-              cuda::ConvolutionBackwardData(ctx.cuda, g, dy.f32(), w_ohwi, dx.f32()))) {
-        return;
-      }
-    }
-    if (!ctx.cuda->Check(
-            cuda::ConvolutionBackwardFilter(ctx.cuda, g, x.f32(), dy.f32(), dw_ohwi)) ||
-        !ctx.cuda->Check(
-            cuda::OhwiToOihw(ctx.grads, dw_ohwi, o.out_channels, g.in_channels, o.kernel_size,
-                             o.kernel_size, ctx.accumulate_grads, stream),
-            "OhwiToOihw")) {
-      return;
-    }
-    if (o.bias) {
-      ctx.cuda->Check(
-          cuda::ColumnSum(ctx.grads + n_weights, dy.f32(), x.batch() * g.out_height * g.out_width,
-                          o.out_channels, ctx.accumulate_grads, stream),
-          "ColumnSum");
-    }
-    return;
+    return BackwardOnCuda(options_,
+                          ConvGeometryOf(options_, input_shape(), output_shape(), x.batch()), ctx,
+                          x, dy, dx);
   }
 #endif
   const Primitives& p = Get(x.batch());
-  char* ws = static_cast<char*>(ctx.workspace);
-  float* bwd_weights = reinterpret_cast<float*>(ws);
-  float* diff_weights =
-      reinterpret_cast<float*>(ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()));
-  float* diff_bias =
-      reinterpret_cast<float*>(ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
-                               cpu::AlignWorkspace(p.diff_weights.get_size()));
+  Carver w(ctx.workspace);
+  float* bwd_weights = static_cast<float*>(w.TakeBytes(p.backward_data_weights.get_size()));
+  float* diff_weights = static_cast<float*>(w.TakeBytes(p.diff_weights.get_size()));
+  float* diff_bias = w.Take(options_.out_channels);
+  const memory src = Operand(p.src, p.src16, x, w.TakeBytes(p.src16.get_size()), p.bf16);
+  const memory diff_dst = Operand(p.dst, p.dst16, dy, w.TakeBytes(p.dst16.get_size()), p.bf16);
   const int64_t n_weights = p.weights_plain.get_size() / 4;
-  memory src = cpu::Wrap(p.src, x.data), diff_dst = cpu::Wrap(p.dst, dy.data);
-  if (p.bf16) {
-    char* copies = ws + cpu::AlignWorkspace(p.backward_data_weights.get_size()) +
-                   cpu::AlignWorkspace(p.diff_weights.get_size()) +
-                   cpu::AlignWorkspace(4 * options_.out_channels);
-    auto* x16 = reinterpret_cast<uint16_t*>(copies);
-    auto* dy16 = reinterpret_cast<uint16_t*>(copies + cpu::AlignWorkspace(p.src16.get_size()));
-    cpu::ToBf16(x.f32(), x16, p.src16.get_size() / 2);
-    cpu::ToBf16(dy.f32(), dy16, p.dst16.get_size() / 2);
-    src = cpu::Wrap(p.src16, x16);
-    diff_dst = cpu::Wrap(p.dst16, dy16);
-  }
 
   if (dx.data != nullptr) {
     const float* weights = ctx.params;

@@ -20,39 +20,72 @@ bool NativeBf16Isa(const std::string& isa) {
   return isa == "avx512_core_bf16" || isa == "avx512_core_amx";
 }
 
+namespace {
+
+absl::StatusOr<PrecisionChoice> Bf16OnCuda(const LocalCompute& here, const std::string& field) {
+  const std::string gpu = here.cuda_name.empty() ? "cuda:0" : here.cuda_name;
+  if (here.cuda_capability < 80) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field,
+        ": PRECISION_BF16 on CUDA needs bf16 tensor cores (compute capability 8.0 or newer: "
+        "Ampere, Hopper); ",
+        here.cuda_capability == 0
+            ? std::string("this node has no CUDA GPU")
+            : absl::StrCat(gpu, " is ", here.cuda_capability / 10, ".", here.cuda_capability % 10),
+        ". Ask for PRECISION_FP32"));
+  }
+  const bool native = NativeBf16Isa(here.onednn_isa);
+  if (!native && here.onednn_isa.rfind("avx512_core", 0) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field,
+        ": PRECISION_BF16 multiplies in bf16 on the host too (layers the plan keeps there), and "
+        "oneDNN runs ",
+        here.onednn_isa, " here, which has no bf16 products. Ask for PRECISION_FP32"));
+  }
+  return PrecisionChoice{
+      tandem::v1::PRECISION_BF16,
+      absl::StrCat("asked for: matrix products (linear layers, attention) in bf16 on ", gpu,
+                   "'s tensor cores (cuBLAS, fp32 accumulation) and on oneDNN ", here.onednn_isa,
+                   native ? "" : " (emulated there: slower than fp32)",
+                   " for layers the plan keeps on the host; convolutions, master weights, "
+                   "optimizer state and the other layers in fp32")};
+}
+
+}  // namespace
+
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const LocalCompute& here,
                                                     const std::string& field) {
   const bool native = NativeBf16Isa(here.onednn_isa);
+  const bool emulated = here.accelerator == tandem::v1::ACCELERATOR_KIND_EMULATED;
   switch (asked) {
     case tandem::v1::PRECISION_AUTO:
       return PrecisionChoice{
           tandem::v1::PRECISION_FP32,
           absl::StrCat("the default (auto): fp32; auto does not choose bf16 yet. PRECISION_BF16 "
-                       "runs the matrix products in bf16 on the CPU engine (this CPU: oneDNN ",
-                       here.onednn_isa, native ? ", native bf16)" : ", no native bf16)")};
+                       "runs the matrix products in bf16 (this CPU: oneDNN ",
+                       here.onednn_isa, native ? ", native bf16" : ", no native bf16",
+                       here.cuda_capability >= 80 ? absl::StrCat("; ", here.cuda_name,
+                                                                 ": bf16 "
+                                                                 "tensor cores")
+                                                  : "",
+                       ")")};
     case tandem::v1::PRECISION_FP32:
       return PrecisionChoice{tandem::v1::PRECISION_FP32, "asked for"};
     case tandem::v1::PRECISION_BF16:
-      if (!here.cpu_engine) {
-        return absl::UnimplementedError(absl::StrCat(
-            field,
-            ": PRECISION_BF16 runs on the CPU engine only so far, and this job's placement has "
-            "an accelerator. Ask for placement.accelerator ACCELERATOR_KIND_NONE, or "
-            "PRECISION_FP32; plan bf16 offload with `tandem plan --precision=bf16 "
-            "--hardware=FILE`"));
-      }
+      if (here.accelerator == tandem::v1::ACCELERATOR_KIND_CUDA) return Bf16OnCuda(here, field);
       if (!native) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(field,
-                         ": PRECISION_BF16 needs a CPU that computes bf16 natively (AMX or "
-                         "AVX512-BF16); oneDNN runs ",
-                         here.onednn_isa,
-                         " here and would emulate it slower than fp32. Ask for PRECISION_FP32"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ": PRECISION_BF16 ",
+            emulated ? "on the emulated accelerator (which computes on the host's cores) " : "",
+            "needs a CPU that computes bf16 natively (AMX or AVX512-BF16); oneDNN runs ",
+            here.onednn_isa,
+            " here and would emulate it slower than fp32. Ask for PRECISION_FP32"));
       }
       return PrecisionChoice{
           tandem::v1::PRECISION_BF16,
           absl::StrCat("asked for: matrix products in bf16 with fp32 accumulation on oneDNN ",
                        here.onednn_isa,
+                       emulated ? " (the emulated accelerator computes on the host)" : "",
                        "; master weights, optimizer state and the other layers in fp32")};
     case tandem::v1::PRECISION_FP16:
       return absl::UnimplementedError(absl::StrCat(

@@ -23,11 +23,15 @@ struct PrecisionChoice {
   std::string reason;
 };
 
-// Where a job would run on this node: whether on the CPU engine (its placement
-// has no accelerator), and the ISA oneDNN uses here (cpu::OneDnnIsa()).
+// Where a job would run on this node: its accelerator (NONE: the CPU engine),
+// the ISA oneDNN uses here (cpu::OneDnnIsa()) and, for a CUDA job, its GPU.
 struct LocalCompute {
-  bool cpu_engine = false;
+  tandem::v1::AcceleratorKind accelerator = tandem::v1::ACCELERATOR_KIND_NONE;
   std::string onednn_isa;
+  // CUDA jobs: cuda:0's compute capability as major * 10 + minor (90 for an
+  // H100) and its name; 0 and empty where no GPU was found.
+  int cuda_capability = 0;
+  std::string cuda_name;
 };
 
 // Whether oneDNN computes bf16 natively with `isa` (avx512_core_bf16,
@@ -36,10 +40,12 @@ bool NativeBf16Isa(const std::string& isa);
 
 // A job on this node or in `tandem train` (the daemon's job manager and the
 // Trainer both ask). AUTO is FP32 (auto does not pick bf16 yet; the reason says
-// how to ask for it); FP32 is FP32. BF16 runs on the CPU engine only so far:
-// with an accelerator it is UNIMPLEMENTED, on a CPU without native bf16 it is
-// FAILED_PRECONDITION naming the ISA; FP16 (GPUs) is UNIMPLEMENTED. Errors
-// name `field` (e.g. "precision" or "spec.precision").
+// how to ask for it); FP32 is FP32. BF16 on the CPU engine or the emulated
+// accelerator (which computes on the host) needs a CPU with native bf16, else
+// FAILED_PRECONDITION naming the ISA; on CUDA it needs a GPU of compute
+// capability 8.0 or newer and a host with at least avx512_core (for layers the
+// plan keeps there), else FAILED_PRECONDITION saying which. FP16 (GPUs) is
+// UNIMPLEMENTED. Errors name `field` (e.g. "precision" or "spec.precision").
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(tandem::v1::Precision asked,
                                                     const LocalCompute& here,
                                                     const std::string& field);

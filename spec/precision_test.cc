@@ -11,8 +11,12 @@ using tandem::v1::PRECISION_BF16;
 using tandem::v1::PRECISION_FP16;
 using tandem::v1::PRECISION_FP32;
 
-TEST(PrecisionTest, HereAutoIsFp32AndBf16RunsOnlyOnTheCpuEngineOfANativeBf16Cpu) {
-  const LocalCompute native{.cpu_engine = true, .onednn_isa = "avx512_core_amx"};
+using tandem::v1::ACCELERATOR_KIND_CUDA;
+using tandem::v1::ACCELERATOR_KIND_EMULATED;
+using tandem::v1::ACCELERATOR_KIND_NONE;
+
+TEST(PrecisionTest, HereAutoIsFp32AndBf16RunsOnTheCpuEngineOfANativeBf16Cpu) {
+  const LocalCompute native{.accelerator = ACCELERATOR_KIND_NONE, .onednn_isa = "avx512_core_amx"};
   absl::StatusOr<PrecisionChoice> automatic =
       ChoosePrecisionHere(PRECISION_AUTO, native, "precision");
   ASSERT_TRUE(automatic.ok());
@@ -25,23 +29,12 @@ TEST(PrecisionTest, HereAutoIsFp32AndBf16RunsOnlyOnTheCpuEngineOfANativeBf16Cpu)
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   EXPECT_EQ(bf16->precision, PRECISION_BF16);
   EXPECT_NE(bf16->reason.find("oneDNN avx512_core_amx"), std::string::npos) << bf16->reason;
-  EXPECT_TRUE(ChoosePrecisionHere(PRECISION_BF16,
-                                  {.cpu_engine = true, .onednn_isa = "avx512_core_bf16"}, "p")
-                  .ok());
-
-  const absl::Status offload =
-      ChoosePrecisionHere(PRECISION_BF16, {.cpu_engine = false, .onednn_isa = "avx512_core_amx"},
-                          "spec.precision")
-          .status();
-  EXPECT_EQ(offload.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(offload.message().substr(0, 16), "spec.precision: ") << offload.message();
-  EXPECT_NE(offload.message().find("ACCELERATOR_KIND_NONE"), std::string::npos);
+  EXPECT_TRUE(ChoosePrecisionHere(PRECISION_BF16, {.onednn_isa = "avx512_core_bf16"}, "p").ok());
 
   const absl::Status emulated =
-      ChoosePrecisionHere(PRECISION_BF16, {.cpu_engine = true, .onednn_isa = "avx2"},
-                          "spec.precision")
-          .status();
+      ChoosePrecisionHere(PRECISION_BF16, {.onednn_isa = "avx2"}, "spec.precision").status();
   EXPECT_EQ(emulated.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(emulated.message().substr(0, 16), "spec.precision: ") << emulated.message();
   EXPECT_NE(emulated.message().find("oneDNN runs avx2"), std::string::npos) << emulated.message();
 
   const absl::Status fp16 = ChoosePrecisionHere(PRECISION_FP16, native, "spec.precision").status();
@@ -52,6 +45,62 @@ TEST(PrecisionTest, HereAutoIsFp32AndBf16RunsOnlyOnTheCpuEngineOfANativeBf16Cpu)
       ChoosePrecisionHere(static_cast<tandem::v1::Precision>(9), native, "precision").status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.message(), "precision: unknown value 9");
+}
+
+TEST(PrecisionTest, HereTheEmulatedAcceleratorNeedsTheHostsNativeBf16) {
+  absl::StatusOr<PrecisionChoice> bf16 = ChoosePrecisionHere(
+      PRECISION_BF16, {.accelerator = ACCELERATOR_KIND_EMULATED, .onednn_isa = "avx512_core_bf16"},
+      "precision");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_NE(bf16->reason.find("emulated accelerator computes on the host"), std::string::npos)
+      << bf16->reason;
+  const absl::Status refused =
+      ChoosePrecisionHere(PRECISION_BF16,
+                          {.accelerator = ACCELERATOR_KIND_EMULATED, .onednn_isa = "avx512_core"},
+                          "spec.precision")
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("on the emulated accelerator"), std::string::npos)
+      << refused.message();
+}
+
+TEST(PrecisionTest, HereCudaNeedsAmpereOrNewerAndAHostWithBf16Products) {
+  const LocalCompute h100{.accelerator = ACCELERATOR_KIND_CUDA,
+                          .onednn_isa = "avx512_core_amx",
+                          .cuda_capability = 90,
+                          .cuda_name = "NVIDIA H100 80GB HBM3"};
+  absl::StatusOr<PrecisionChoice> bf16 = ChoosePrecisionHere(PRECISION_BF16, h100, "precision");
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->precision, PRECISION_BF16);
+  EXPECT_NE(bf16->reason.find("NVIDIA H100 80GB HBM3's tensor cores"), std::string::npos)
+      << bf16->reason;
+  EXPECT_EQ(bf16->reason.find("emulated there"), std::string::npos) << bf16->reason;
+
+  LocalCompute avx512 = h100;
+  avx512.onednn_isa = "avx512_core";  // bf16 products emulated on the host: allowed, said
+  ASSERT_TRUE(ChoosePrecisionHere(PRECISION_BF16, avx512, "p").ok());
+  EXPECT_NE(ChoosePrecisionHere(PRECISION_BF16, avx512, "p")->reason.find("emulated there"),
+            std::string::npos);
+
+  LocalCompute avx2 = h100;
+  avx2.onednn_isa = "avx2";
+  const absl::Status no_host = ChoosePrecisionHere(PRECISION_BF16, avx2, "precision").status();
+  EXPECT_EQ(no_host.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(no_host.message().find("oneDNN runs avx2"), std::string::npos) << no_host.message();
+
+  LocalCompute volta = h100;
+  volta.cuda_capability = 70;
+  volta.cuda_name = "Tesla V100";
+  const absl::Status old = ChoosePrecisionHere(PRECISION_BF16, volta, "spec.precision").status();
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(old.message().find("Tesla V100 is 7.0"), std::string::npos) << old.message();
+
+  LocalCompute none = h100;
+  none.cuda_capability = 0;
+  none.cuda_name.clear();
+  const absl::Status absent = ChoosePrecisionHere(PRECISION_BF16, none, "precision").status();
+  EXPECT_EQ(absent.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(absent.message().find("no CUDA GPU"), std::string::npos) << absent.message();
 }
 
 TEST(PrecisionTest, NativeBf16IsasAreAmxAndAvx512Bf16) {

@@ -63,7 +63,7 @@ tests() {
   for t in "$root"/libexec/*_test; do
     t=$(basename "$t")
     echo "-- $t"
-    "$root/bin/$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
+    timeout "${TANDEM_TEST_TIMEOUT:-240}" "$root/bin/$t" --gtest_output="xml:$out/$t.xml" > "$out/$t.log" 2>&1
     local rc=$?
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|max error|deviation|differ' "$out/$t.log" | tail -25
     (( rc == 0 )) || { echo "FAILED: $t (exit $rc; log $out/$t.log)"; failed=1; }

@@ -87,7 +87,8 @@ def torch_peer(args, names):
            "--device=cuda", f"--models={','.join(names)}", f"--seconds={args.torch_seconds}",
            f"--gpt_layers={args.gpt_layers}", f"--gpt_heads={args.gpt_heads}",
            f"--gpt_d_model={args.gpt_d_model}", f"--gpt_context={args.gpt_context}",
-           f"--gpt_batch={args.gpt_batch}", f"--image_batch={args.cnn_batch}"]
+           f"--gpt_batch={args.gpt_batch}", f"--image_batch={args.cnn_batch}",
+           f"--precision={args.precision}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     results = {}
     for line in proc.stdout.splitlines():
@@ -120,6 +121,9 @@ def main():
                    help="the accelerator's own bytes added to every capped budget (CUDA: the "
                         "33 MiB of cuBLAS workspace that tandem train reserves before planning; "
                         "node/placement.cc kCudaFixedBytes)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="the jobs' precision (bf16: matrix products on the tensor cores, fp32 "
+                        "master state); the PyTorch peer runs under autocast(bfloat16) then")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--gpt_layers", type=int, default=4)
     p.add_argument("--gpt_heads", type=int, default=4)
@@ -155,7 +159,7 @@ def main():
         fractions = [f for f in fractions if f != float("inf")]
     rows = []
     json_out = open(args.json_out, "w") if args.json_out else None
-    print(f"accelerator: {args.accelerator}" +
+    print(f"accelerator: {args.accelerator}, precision: {args.precision}" +
           ("  (emulated: host cores, NOT GPU figures)" if args.accelerator == "emulated" else ""))
     print(f"{'model':5} {'budget':>14} {'strategy':15} {'samples/s':>10} {'pred ms':>9} "
           f"{'meas ms':>9} {'pred/meas':>9} {'peak MiB':>9}  note")
@@ -166,11 +170,14 @@ def main():
             budget = 0 if fraction == float("inf") else fixed + int(fraction * state)
             for strategy in strategies:
                 spec = dict(base)
+                if args.precision == "bf16":
+                    spec["precision"] = "PRECISION_BF16"
                 spec["placement"] = {"strategy": "STRATEGY_" + strategy.upper(), "accelerator": kind}
                 if budget:
                     spec["resources"] = {"accelerator_memory_bytes": budget}
                 rc, job, err = run_tandem(args.tandem, ["train"], spec, args.timeout)
-                row = {"model": name, "fraction": fraction, "budget_bytes": budget,
+                row = {"model": name, "precision": args.precision, "fraction": fraction,
+                       "budget_bytes": budget,
                        "model_state_bytes": state, "strategy": strategy, "batch": batch}
                 if job is not None and job.get("state") == "JOB_STATE_SUCCEEDED":
                     m = job.get("metrics", {})
@@ -226,7 +233,8 @@ def main():
             print("\n--torch compares with PyTorch on CUDA only; skipped")
         else:
             peer = torch_peer(args, names)
-            print("\ngpu_only vs PyTorch on the same GPU (PyTorch: no memory cap, TF32 matmuls):")
+            how = "autocast bf16" if args.precision == "bf16" else "TF32 matmuls"
+            print(f"\ngpu_only vs PyTorch on the same GPU (PyTorch: no memory cap, {how}):")
             for name in names:
                 ours = [r for r in rows if r["model"] == name and r["strategy"] == "gpu_only"
                         and r.get("ok")]

@@ -17,6 +17,8 @@
 #ifndef TANDEM_RUNTIME_CUDA_BLAS_H_
 #define TANDEM_RUNTIME_CUDA_BLAS_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "runtime/cpu/matmul.h"
 #include "runtime/cuda/context.h"
@@ -28,6 +30,12 @@ namespace tandem::cuda {
 // recorded in ctx: callers decide (layers use ctx->Check).
 absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
                     float* c, const float* bias = nullptr);
+
+// The same product from bfloat16 A and B (bit patterns; cuda::ToBf16 makes them)
+// on the tensor cores, with fp32 accumulation (CUBLAS_COMPUTE_32F) and an fp32 C
+// and bias: cpu::MatmulBf16's contract, whatever the context's TF32 setting.
+absl::Status MatmulBf16(CudaContext* ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                        const uint16_t* b, float* c, const float* bias = nullptr);
 
 }  // namespace tandem::cuda
 

@@ -1,7 +1,8 @@
 // cuda::Matmul against cpu::Matmul on the same MatmulShapes: transposes, padded
 // leading dimensions, batch strides, alpha, accumulation and bias. Compared in
 // full fp32 (TF32 off); the TF32 error is measured and reported as a property.
-// Skipped without a GPU.
+// cuda::MatmulBf16 against cpu::MatmulBf16 on the same bf16 operands (rounded by
+// cuda::ToBf16 on the GPU, bitwise the CPU's rounding). Skipped without a GPU.
 #include "runtime/cuda/blas.h"
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 
 #include "gtest/gtest.h"
 #include "runtime/core/random.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/matmul.h"
 #include "runtime/cuda/device_query.h"
+#include "runtime/cuda/kernels/elementwise.h"
 #include "runtime/cuda/test_util.h"
 
 namespace tandem::cuda {
@@ -68,7 +71,10 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_out) {
+// With `bf16`, both devices multiply a and b rounded to bf16: the GPU rounds
+// them itself, and its bf16 copies must be bitwise the CPU's.
+void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_out,
+             bool bf16 = false) {
   const cpu::MatmulShape& s = c.shape;
   const int64_t lda = s.lda ? s.lda : (s.trans_a ? s.m : s.k);
   const int64_t ldb = s.ldb ? s.ldb : (s.trans_b ? s.k : s.n);
@@ -85,10 +91,30 @@ void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_ou
   FillUniform(c0.data(), nc, -1, 1, 1, 3);
   FillUniform(bias.data(), s.n, -1, 1, 1, 4);
   std::vector<float> expected = c0;
-  cpu::Matmul(s, a.data(), b.data(), expected.data(), s.bias ? bias.data() : nullptr);
+  std::vector<uint16_t> a16(na), b16(nb);
+  const float* cbias = s.bias ? bias.data() : nullptr;
+  if (bf16) {
+    cpu::ToBf16(a.data(), a16.data(), na);
+    cpu::ToBf16(b.data(), b16.data(), nb);
+    cpu::MatmulBf16(s, a16.data(), b16.data(), expected.data(), cbias);
+  } else {
+    cpu::Matmul(s, a.data(), b.data(), expected.data(), cbias);
+  }
   Buffer da = Upload(ctx, a), db = Upload(ctx, b), dc = Upload(ctx, c0), dbias = Upload(ctx, bias);
-  const absl::Status st =
-      Matmul(ctx, s, da.f32(), db.f32(), dc.f32(), s.bias ? dbias.f32() : nullptr);
+  const float* gbias = s.bias ? dbias.f32() : nullptr;
+  absl::Status st;
+  if (bf16) {
+    Buffer ga = DeviceZeros(ctx, na * 2), gb = DeviceZeros(ctx, nb * 2);
+    auto* ga16 = static_cast<uint16_t*>(ga.data());
+    auto* gb16 = static_cast<uint16_t*>(gb.data());
+    ASSERT_EQ(ToBf16(da.f32(), ga16, na, ctx->stream), cudaSuccess);
+    ASSERT_EQ(ToBf16(db.f32(), gb16, nb, ctx->stream), cudaSuccess);
+    EXPECT_EQ(Download<uint16_t>(ctx, ga16, na), a16) << c.name << ": A's bf16 rounding";
+    EXPECT_EQ(Download<uint16_t>(ctx, gb16, nb), b16) << c.name << ": B's bf16 rounding";
+    st = MatmulBf16(ctx, s, ga16, gb16, dc.f32(), gbias);
+  } else {
+    st = Matmul(ctx, s, da.f32(), db.f32(), dc.f32(), gbias);
+  }
   ASSERT_TRUE(st.ok()) << c.name << ": " << st;
   std::vector<float> got = Download<float>(ctx, dc.data(), nc);
   // Whole buffers: the padding between rows and batches must be left as it was.
@@ -118,6 +144,21 @@ TEST(CudaMatmulTest, Tf32ErrorStaysWithinItsPrecision) {
   }
   ::testing::Test::RecordProperty("tf32_scaled_max_error", std::to_string(worst));
   std::cout << "TF32 GEMM scaled max error vs the CPU: " << worst << "\n";
+}
+
+TEST(CudaMatmulTest, Bf16MatchesTheCpusBf16Product) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  // TF32 on: the bf16 path must not depend on it.
+  TestDevice d = *MakeTestDevice(/*allow_tf32=*/true);
+  double worst = 0;
+  for (const Case& c : Cases()) {
+    double error = 0;
+    // Same bf16 operands, exact products, fp32 sums in another order.
+    RunCase(c, d.ctx.get(), 1e-5, &error, /*bf16=*/true);
+    worst = std::max(worst, error);
+  }
+  ::testing::Test::RecordProperty("bf16_scaled_max_error", std::to_string(worst));
+  std::cout << "bf16 GEMM scaled max error vs the CPU's bf16 product: " << worst << "\n";
 }
 
 TEST(CudaMatmulTest, RejectsShapesBeyondInt32) {

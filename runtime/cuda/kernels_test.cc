@@ -4,6 +4,8 @@
 #include "runtime/cpu/kernels.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -111,6 +113,33 @@ TEST(ElementwiseKernelTest, AddCopyAndBiasMatchTheCpu) {
   ASSERT_EQ(BroadcastBias(dc.f32(), dbias.f32(), 2, 3, 4, 5, 20, false, d.ctx->stream),
             cudaSuccess);
   EXPECT_TRUE(BitwiseEqual(expected, Download<float>(d.ctx.get(), dc.data(), 40), "bias"));
+}
+
+TEST(ElementwiseKernelTest, Bf16RoundingIsBitwiseTheCpus) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  TestDevice d = *MakeTestDevice();
+  // Random values over many binades, then the edges: ties to even both ways,
+  // the largest finite values (which round to infinity), infinities,
+  // subnormals, signed zeros and NaNs with payloads.
+  std::vector<float> x = Uniform(100001, 9, -3e4f, 3e4f);
+  const std::vector<float> small = Uniform(1000, 10, -1e-30f, 1e-30f);
+  x.insert(x.end(), small.begin(), small.end());
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
+                        0x7f800000u, 0xff800000u, 0x00000001u, 0x807fffffu, 0x00000000u,
+                        0x80000000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu}) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    x.push_back(f);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> cpu(n);
+  cpu::ToBf16(x.data(), cpu.data(), n);
+  Buffer in = Upload(d.ctx.get(), x), out = DeviceZeros(d.ctx.get(), n * 2);
+  ASSERT_EQ(ToBf16(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
+  const std::vector<uint16_t> gpu = Download<uint16_t>(d.ctx.get(), out.data(), n);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += cpu[i] != gpu[i];
+  EXPECT_EQ(differ, 0) << "of " << n << " values";
 }
 
 TEST(AttentionKernelTest, LayoutsAreBitwiseTheCpus) {

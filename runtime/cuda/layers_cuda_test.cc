@@ -3,7 +3,10 @@
 // parameter gradients, running statistics and the `saved` buffer (which means
 // the same on both devices, except max pooling's). Compared with TF32 off (full
 // fp32; differences come from summation order only), then with TF32 on, whose
-// error is reported as a test property and bounded loosely. Skipped without a GPU.
+// error is reported as a test property and bounded loosely. Layers with a bf16
+// compute type are compared with the same layer in bf16 on the CPU (the same
+// rounding of the same operands; fp32 sums in another order). Skipped without a
+// GPU.
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -209,6 +212,23 @@ void ExpectDevicesAgree(Layer& layer, const Shape& input, const Options& o) {
             << "\n";
 }
 
+// Builds `layer` in bf16 and compares CUDA (cuBLAS bf16, TF32 on, as a job runs)
+// with the CPU (oneDNN bf16) within `tolerance`.
+void ExpectDevicesAgreeInBf16(Layer& layer, const Shape& input, const Options& o,
+                              double tolerance) {
+  layer.set_compute_dtype(DType::kBF16);
+  ASSERT_TRUE(layer.Build(input).ok());
+  absl::StatusOr<cuda::TestDevice> device = cuda::MakeTestDevice(/*allow_tf32=*/true);
+  ASSERT_TRUE(device.ok()) << device.status();
+  const Inputs in = MakeInputs(layer, o);
+  const Outputs cpu = RunCpu(layer, in, o);
+  const Outputs gpu = RunCuda(layer, in, o, device->ctx.get());
+  const std::string name = std::string(layer.kind()) + " " + input.ToString();
+  const double error = Compare(cpu, gpu, o, tolerance, false, name + " bf16");
+  ::testing::Test::RecordProperty("bf16_scaled_max_error", std::to_string(error));
+  std::cout << name << ": scaled max error vs CPU, bf16 " << error << "\n";
+}
+
 // Tolerances: elementwise kernels differ from oneDNN's by a few ulp; layers with
 // GEMMs or convolutions sum in another order (fp32) or round inputs to TF32.
 constexpr double kUlps = 1e-5;
@@ -224,6 +244,29 @@ TEST(LayersOnCudaTest, Linear) {
   ExpectDevicesAgree(
       b, Shape({16, 64}),
       {.batch = 4, .accumulate = true, .fp32_tolerance = kGemmFp32, .tf32_tolerance = kGemmTf32});
+}
+
+// Both devices multiply the same bf16 operands: exact products, fp32 sums in
+// another order. In composite layers an intermediate that differs in its last
+// fp32 bits can round to a neighbouring bf16 value (relative 2^-8) downstream.
+constexpr double kBf16Same = 1e-4;
+constexpr double kBf16Composite = 2e-2;
+
+TEST(LayersOnCudaTest, LinearInBf16) {
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  Linear a({.out_features = 5});
+  ExpectDevicesAgreeInBf16(a, Shape({7}), {.batch = 3}, kBf16Same);
+  Linear b({.out_features = 96, .bias = false});
+  ExpectDevicesAgreeInBf16(b, Shape({16, 64}), {.batch = 4, .accumulate = true}, kBf16Same);
+}
+
+TEST(LayersOnCudaTest, AttentionAndTransformerBlockInBf16) {
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  Attention attention({.n_head = 4});
+  ExpectDevicesAgreeInBf16(attention, Shape({64, 32}), {.batch = 3, .accumulate = true},
+                           kBf16Composite);
+  TransformerBlock block({.n_head = 4, .dropout = 0.2f});
+  ExpectDevicesAgreeInBf16(block, Shape({32, 64}), {.batch = 2}, kBf16Composite);
 }
 
 TEST(LayersOnCudaTest, ReluAndGelu) {

@@ -24,10 +24,11 @@ optimizer: {kind: OPTIMIZER_KIND_ADAMW, learning_rate: 0.01, max_grad_norm: 1.0}
 training: {batch_size: 16, steps: 50, seed: 4}
 )";
 
-Fixture MakeFixture(const std::string& yaml) {
+Fixture MakeFixture(const std::string& yaml, DType compute) {
   Fixture f;
   f.spec = *ResolveJobSpec(*ParseJobSpec(yaml, "test.yaml"), false);
-  JobModel jm = *BuildJobModel(f.spec);
+  f.compute = compute;
+  JobModel jm = *BuildJobModel(f.spec, nullptr, compute);
   f.model = std::move(jm.model);
   f.data = *OpenDatasets(f.spec.data(), 1, nullptr, ModelContext(f.spec));
   return f;

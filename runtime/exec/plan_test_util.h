@@ -27,10 +27,12 @@ struct Fixture {
   tandem::v1::JobSpec spec;
   std::unique_ptr<Model> model;
   Datasets data;
+  // The model's matrix-product type (Model::Build).
+  DType compute = DType::kF32;
 };
 
-// The job of a YAML spec: its model and datasets.
-Fixture MakeFixture(const std::string& yaml);
+// The job of a YAML spec: its model (products in `compute`) and datasets.
+Fixture MakeFixture(const std::string& yaml, DType compute = DType::kF32);
 
 // `steps` training steps of the job's batches (shuffled by its seed) at its
 // learning rate; the mean loss of each. Stops at the first failure, reported

@@ -113,7 +113,7 @@ int64_t Attention::ScratchBytes(int64_t batch) const {
 
 void Attention::Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
                         const float* b, float* c, void* scratch) const {
-  if (compute_dtype() != DType::kBF16 || ctx.device == DeviceKind::kCuda) {
+  if (compute_dtype() != DType::kBF16) {
     device_ops::Matmul(ctx, shape, a, b, c);
     return;
   }
@@ -122,9 +122,9 @@ void Attention::Product(const LayerContext& ctx, const cpu::MatmulShape& shape, 
   Carver w(scratch);
   uint16_t* a16 = static_cast<uint16_t*>(w.TakeBytes(2 * a_n));
   uint16_t* b16 = static_cast<uint16_t*>(w.TakeBytes(2 * b_n));
-  cpu::ToBf16(a, a16, a_n);
-  cpu::ToBf16(b, b16, b_n);
-  cpu::MatmulBf16(shape, a16, b16, c);
+  device_ops::ToBf16(ctx, a, a16, a_n);
+  device_ops::ToBf16(ctx, b, b16, b_n);
+  device_ops::MatmulBf16(ctx, shape, a16, b16, c);
 }
 
 const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {

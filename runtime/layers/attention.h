@@ -46,8 +46,8 @@ class Attention final : public Layer {
   // or the bf16 products' operand copies.
   int64_t ScratchBytes(int64_t batch) const;
   // One batched product of the attention (scores, weighted values and their
-  // gradients): in bf16 on the CPU when compute_dtype() is kBF16, operands
-  // rounded into `scratch`; else device_ops::Matmul.
+  // gradients): in bf16 when compute_dtype() is kBF16, operands rounded into
+  // `scratch` (device_ops::MatmulBf16); else device_ops::Matmul.
   void Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
                const float* b, float* c, void* scratch) const;
 

@@ -33,6 +33,22 @@ void Matmul(const LayerContext& ctx, const cpu::MatmulShape& shape, const float*
   cpu::Matmul(shape, a, b, c, bias);
 }
 
+void ToBf16(const LayerContext& ctx, const float* x, uint16_t* out, int64_t n) {
+  TANDEM_ON_CUDA(ctx, cuda::ToBf16(x, out, n, ctx.cuda->stream), "ToBf16");
+  cpu::ToBf16(x, out, n);
+}
+
+void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                const uint16_t* b, float* c, const float* bias) {
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    ctx.cuda->Check(cuda::MatmulBf16(ctx.cuda, shape, a, b, c, bias));
+    return;
+  }
+#endif
+  cpu::MatmulBf16(shape, a, b, c, bias);
+}
+
 void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
                bool accumulate) {
   TANDEM_ON_CUDA(ctx, cuda::ColumnSum(db, dy, rows, cols, accumulate, ctx.cuda->stream),

@@ -18,6 +18,12 @@ namespace tandem::device_ops {
 // cpu::Matmul's contract, on either device (cuBLAS on CUDA).
 void Matmul(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
             float* c, const float* bias = nullptr);
+// out[i] = x[i] rounded to bfloat16 (cpu::ToBf16's rounding on every device).
+void ToBf16(const LayerContext& ctx, const float* x, uint16_t* out, int64_t n);
+// cpu::MatmulBf16's contract, on either device (cuBLAS's bf16 tensor-core GEMM
+// with fp32 accumulation on CUDA).
+void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                const uint16_t* b, float* c, const float* bias = nullptr);
 // db[j] (+)= sum_i dy[i, j], dy [rows, cols].
 void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
                bool accumulate);

@@ -54,10 +54,6 @@ int64_t Linear::WorkspaceBytes(int64_t batch) const {
          cpu::AlignWorkspace(2 * rows * out);
 }
 
-bool Linear::Bf16(const LayerContext& ctx) const {
-  return compute_dtype() == DType::kBF16 && ctx.device != DeviceKind::kCuda;
-}
-
 namespace {
 
 struct Bf16Copies {
@@ -78,45 +74,46 @@ Bf16Copies CarveBf16(void* workspace, int64_t rows, int64_t in, int64_t out) {
 void Linear::ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
   const Bf16Copies b = CarveBf16(ctx.workspace, rows, in_, out);
-  cpu::ToBf16(x.f32(), b.x, rows * in_);
-  cpu::ToBf16(ctx.params, b.w, out * in_);
+  device_ops::ToBf16(ctx, x.f32(), b.x, rows * in_);
+  device_ops::ToBf16(ctx, ctx.params, b.w, out * in_);
   cpu::MatmulShape s;
   s.m = rows;
   s.n = out;
   s.k = in_;
   s.trans_b = true;
   s.bias = options_.bias;
-  cpu::MatmulBf16(s, b.x, b.w, y.f32(), options_.bias ? ctx.params + out * in_ : nullptr);
+  device_ops::MatmulBf16(ctx, s, b.x, b.w, y.f32(),
+                         options_.bias ? ctx.params + out * in_ : nullptr);
 }
 
 void Linear::BackwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& dy,
                           const Tensor& dx) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
   const Bf16Copies b = CarveBf16(ctx.workspace, rows, in_, out);
-  cpu::ToBf16(dy.f32(), b.dy, rows * out);
+  device_ops::ToBf16(ctx, dy.f32(), b.dy, rows * out);
   if (dx.data != nullptr) {
-    cpu::ToBf16(ctx.params, b.w, out * in_);
+    device_ops::ToBf16(ctx, ctx.params, b.w, out * in_);
     cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]
     s.m = rows;
     s.n = in_;
     s.k = out;
-    cpu::MatmulBf16(s, b.dy, b.w, dx.f32());
+    device_ops::MatmulBf16(ctx, s, b.dy, b.w, dx.f32());
   }
-  cpu::ToBf16(x.f32(), b.x, rows * in_);
+  device_ops::ToBf16(ctx, x.f32(), b.x, rows * in_);
   cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
   s.m = out;
   s.n = in_;
   s.k = rows;
   s.trans_a = true;
   s.accumulate = ctx.accumulate_grads;
-  cpu::MatmulBf16(s, b.dy, b.x, ctx.grads);
+  device_ops::MatmulBf16(ctx, s, b.dy, b.x, ctx.grads);
   if (options_.bias) {
-    cpu::ColumnSum(dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
+    device_ops::ColumnSum(ctx, dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
   }
 }
 
 void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
-  if (Bf16(ctx)) return ForwardBf16(ctx, x, y);
+  if (compute_dtype() == DType::kBF16) return ForwardBf16(ctx, x, y);
   cpu::MatmulShape s;
   s.m = Rows(x.batch());
   s.n = options_.out_features;
@@ -129,7 +126,7 @@ void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
 
 void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
                       const Tensor& dy, const Tensor& dx) const {
-  if (Bf16(ctx)) return BackwardBf16(ctx, x, dy, dx);
+  if (compute_dtype() == DType::kBF16) return BackwardBf16(ctx, x, dy, dx);
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
   if (dx.data != nullptr) {
     cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]

@@ -1,9 +1,9 @@
 // Linear: y = x W^T + b over the last dimension, W [out, in] (PyTorch's layout).
 // Inputs may have leading dimensions beyond the batch ([B, T, C] in a GPT); they
-// are flattened into rows. GEMMs run on oneDNN's matmul (matmul.h); with a bf16
-// compute type, on the CPU, their inputs (x, W, dy) are rounded to bf16 into the
-// workspace first and the products accumulate in f32 into f32 outputs and
-// gradients.
+// are flattened into rows. GEMMs run on oneDNN's matmul (matmul.h) or cuBLAS
+// (device_ops); with a bf16 compute type their inputs (x, W, dy) are rounded to
+// bf16 into the workspace first (on the device the layer runs on) and the
+// products accumulate in f32 into f32 outputs and gradients.
 #ifndef TANDEM_RUNTIME_LAYERS_LINEAR_H_
 #define TANDEM_RUNTIME_LAYERS_LINEAR_H_
 
@@ -40,8 +40,7 @@ class Linear final : public Layer {
 
  private:
   int64_t Rows(int64_t batch) const { return batch * (input_shape().elements() / in_); }
-  // The bf16 products (compute_dtype() kBF16 on the CPU).
-  bool Bf16(const LayerContext& ctx) const;
+  // The bf16 products (compute_dtype() kBF16), on either device.
   void ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y) const;
   void BackwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& dy,
                     const Tensor& dx) const;

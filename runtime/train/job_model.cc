@@ -1,7 +1,10 @@
 #include "runtime/train/job_model.h"
 
+#include <vector>
+
 #include "base/status_macros.h"
 #include "runtime/cpu/onednn.h"
+#include "runtime/cuda/device_query.h"
 
 namespace tandem {
 
@@ -24,9 +27,16 @@ int64_t ModelContext(const JobSpec& resolved) {
 }
 
 LocalCompute LocalComputeFor(const JobSpec& resolved) {
-  return LocalCompute{
-      .cpu_engine = resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE,
-      .onednn_isa = cpu::OneDnnIsa()};
+  LocalCompute here{.accelerator = resolved.placement().accelerator(),
+                    .onednn_isa = cpu::OneDnnIsa()};
+  if (here.accelerator == tandem::v1::ACCELERATOR_KIND_CUDA) {
+    const std::vector<cuda::CudaDeviceInfo> gpus = cuda::QueryCudaDevices();
+    if (!gpus.empty()) {  // jobs run on cuda:0 (CreateCudaAccelerator)
+      here.cuda_capability = gpus[0].compute_major * 10 + gpus[0].compute_minor;
+      here.cuda_name = gpus[0].name;
+    }
+  }
+  return here;
 }
 
 DType ComputeDType(tandem::v1::Precision precision) {

@@ -34,8 +34,8 @@ absl::StatusOr<JobModel> BuildJobModel(const tandem::v1::JobSpec& resolved,
 // The layers' compute type for a resolved precision: kBF16 for BF16, else kF32.
 DType ComputeDType(tandem::v1::Precision precision);
 
-// Where a resolved job would run here, for ChoosePrecisionHere: the CPU engine
-// when its placement has no accelerator, and oneDNN's ISA on this CPU.
+// Where a resolved job would run here, for ChoosePrecisionHere: its accelerator,
+// oneDNN's ISA on this CPU and, for CUDA, cuda:0's compute capability and name.
 LocalCompute LocalComputeFor(const tandem::v1::JobSpec& resolved);
 
 }  // namespace tandem

@@ -164,7 +164,7 @@ placement: {strategy: STRATEGY_AUTO}
         self.assertEqual(result.returncode, 1)
         self.assertIn("--compare: unknown strategy 'fastest'", result.stderr)
 
-    def test_precision_resolves_with_its_reason_and_bf16_runs_on_the_cpu_engine_only(self):
+    def test_precision_resolves_with_its_reason_and_bf16_runs_where_the_cpu_computes_it(self):
         import grpc
         from tandem.v1 import profile_pb2
         job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1)),
@@ -192,13 +192,26 @@ placement: {strategy: STRATEGY_AUTO}
                 submit(profile_pb2.PRECISION_BF16, **cpu_only)
             self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
             self.assertIn("natively", e.exception.details())
-        refused = [(profile_pb2.PRECISION_BF16, {"placement": {"accelerator": "ACCELERATOR_KIND_EMULATED"}}),
-                   (profile_pb2.PRECISION_FP16, cpu_only)]
-        for precision, extra in refused:
+        # The emulated accelerator computes on the host: bf16 there needs the same CPU.
+        emulated = {"placement": {"accelerator": "ACCELERATOR_KIND_EMULATED",
+                                  "strategy": "STRATEGY_REUSE_DISTANCE"},
+                    "resources": {"accelerator_memory_bytes": 64 << 20}}
+        if native:
+            hybrid = submit(profile_pb2.PRECISION_BF16, **emulated).job
+            self.assertIn("the emulated accelerator computes on the host", hybrid.precision_reason)
+            done = wait_for_state(self.client, hybrid.id, [job_pb2.JOB_STATE_SUCCEEDED,
+                                                           job_pb2.JOB_STATE_FAILED])
+            self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+            self.assertTrue(math.isfinite(done.metrics.loss) and done.metrics.loss > 0, done.metrics)
+        else:
             with self.assertRaises(grpc.RpcError) as e:
-                submit(precision, **extra)
-            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
-            self.assertTrue(e.exception.details().startswith("spec.precision: "), e.exception.details())
+                submit(profile_pb2.PRECISION_BF16, **emulated)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("emulated accelerator", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            submit(profile_pb2.PRECISION_FP16, **cpu_only)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertTrue(e.exception.details().startswith("spec.precision: "), e.exception.details())
         # Planned for an H100 node: auto is bf16 there, and the report says why.
         hardware = repo_files.path("planner/hardware/h100_sxm_node.textproto")
         job_file = self.write_job("""

@@ -12,6 +12,16 @@ __global__ void ScaleKernel(float* x, float scale, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) x[i] *= scale;
 }
 
+// FloatToBf16's arithmetic: round to nearest even, a NaN kept a quiet NaN.
+__global__ void ToBf16Kernel(const float* x, uint16_t* out, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) {
+    const uint32_t bits = __float_as_uint(x[i]);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (bits | 0x00400000u) >> 16;
+    out[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+
 __global__ void AddKernel(float* out, const float* a, const float* b, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = a[i] + b[i];
 }
@@ -47,6 +57,12 @@ cudaError_t FillF32(float* out, float value, int64_t n, cudaStream_t stream) {
 
 cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream) {
   ScaleKernel<<<GridSize(n), kBlockSize, 0, stream>>>(x, scale, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ToBf16Kernel<<<GridSize(n), kBlockSize, 0, stream>>>(x, out, n);
   return cudaGetLastError();
 }
 

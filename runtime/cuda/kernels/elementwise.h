@@ -1,4 +1,5 @@
-// Elementwise and reduction CUDA kernels on fp32 buffers, launched on a
+// Elementwise and reduction CUDA kernels on fp32 buffers (and the fp32 -> bf16
+// rounding), launched on a
 // caller's stream: fills, the residual add and its backward, bias broadcast and
 // the bias gradient (column sum). Each returns the launch error (the kernel's own
 // faults surface at the next synchronisation). CPU references: cpu/kernels.h.
@@ -16,6 +17,10 @@ namespace tandem::cuda {
 cudaError_t FillF32(float* out, float value, int64_t n, cudaStream_t stream);
 // x[i] *= scale, for i < n.
 cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream);
+
+// out[i] = x[i] in bfloat16 (bit patterns), rounded exactly as the CPU's
+// FloatToBf16 (runtime/core/bf16.h): the operands of the bf16 products (blas.h).
+cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream);
 
 // Residual add, forward: out = a + b (N = B*T*C elements; any may alias).
 cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);

@@ -140,6 +140,13 @@ TEST(ElementwiseKernelTest, Bf16RoundingIsBitwiseTheCpus) {
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) differ += cpu[i] != gpu[i];
   EXPECT_EQ(differ, 0) << "of " << n << " values";
+  // From an odd element: no 16-byte alignment, so the one-value-per-thread path.
+  ASSERT_EQ(cudaMemsetAsync(out.data(), 0, n * 2, d.ctx->stream), cudaSuccess);
+  std::vector<uint16_t> expected = cpu;
+  expected[0] = 0;
+  ASSERT_EQ(ToBf16(in.f32() + 1, static_cast<uint16_t*>(out.data()) + 1, n - 1, d.ctx->stream),
+            cudaSuccess);
+  EXPECT_EQ(Download<uint16_t>(d.ctx.get(), out.data(), n), expected) << "unaligned";
 }
 
 TEST(AttentionKernelTest, LayoutsAreBitwiseTheCpus) {

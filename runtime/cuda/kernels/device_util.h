@@ -64,12 +64,14 @@ __device__ __forceinline__ float BlockMax(float v, float* shared) {
   return WarpMax(lane < warps ? shared[lane] : -INFINITY);
 }
 
-// Deterministic column sums: block (32, 32) covers 32 columns; thread (x, y) sums
-// rows y, y + 32, ... of column x in order, then the 32 partial sums are added
+// Deterministic column sums: block (8, 128) covers 8 columns; thread (x, y) sums
+// rows y, y + 128, ... of column x in order, then the 128 partial sums are added
 // in a fixed tree. `value(row, col)` gives the element(s); kOutputs sums of
-// different values are computed in the same pass.
-constexpr int kColumnTile = 32;
-constexpr int kColumnLanes = 32;
+// different values are computed in the same pass. Narrow tiles give a
+// transformer's 768 columns 96 blocks (a 32-wide tile gave 24, a fifth of an
+// H100's SMs); a warp still reads whole 32-byte sectors (4 rows of 8 columns).
+constexpr int kColumnTile = 8;
+constexpr int kColumnLanes = 128;
 
 template <int kOutputs, typename Value>
 __device__ __forceinline__ void ColumnReduce(int64_t rows, int64_t cols, Value value,

@@ -13,12 +13,22 @@ __global__ void ScaleKernel(float* x, float scale, int64_t n) {
 }
 
 // FloatToBf16's arithmetic: round to nearest even, a NaN kept a quiet NaN.
+__device__ __forceinline__ uint16_t RoundToBf16(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (bits | 0x00400000u) >> 16;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
 __global__ void ToBf16Kernel(const float* x, uint16_t* out, int64_t n) {
-  TANDEM_GRID_STRIDE_LOOP(i, n) {
-    const uint32_t bits = __float_as_uint(x[i]);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t quiet = (bits | 0x00400000u) >> 16;
-    out[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = RoundToBf16(x[i]);
+}
+
+// Four values per thread: 16-byte loads, 8-byte stores.
+__global__ void ToBf16Kernel4(const float4* x, ushort4* out, int64_t n4) {
+  TANDEM_GRID_STRIDE_LOOP(i, n4) {
+    const float4 v = x[i];
+    out[i] = make_ushort4(RoundToBf16(v.x), RoundToBf16(v.y), RoundToBf16(v.z), RoundToBf16(v.w));
   }
 }
 
@@ -30,13 +40,16 @@ __global__ void AccumulateKernel(float* dinp, const float* dout, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) dinp[i] += dout[i];
 }
 
+// One row per block (grid-stride over rows), the columns across its threads:
+// one division per row rather than per element.
 __global__ void BroadcastBiasKernel(float* out, const float* bias, int64_t batch, int64_t rows,
                                     int64_t cols, int64_t ld, int64_t batch_stride,
                                     bool accumulate) {
-  TANDEM_GRID_STRIDE_LOOP(i, batch * rows * cols) {
-    const int64_t c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
-    float* o = out + b * batch_stride + r * ld + c;
-    *o = accumulate ? *o + bias[c] : bias[c];
+  for (int64_t row = blockIdx.x; row < batch * rows; row += gridDim.x) {
+    float* o = out + (row / rows) * batch_stride + (row % rows) * ld;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      o[c] = accumulate ? o[c] + bias[c] : bias[c];
+    }
   }
 }
 
@@ -62,7 +75,18 @@ cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream) {
 
 cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ToBf16Kernel<<<GridSize(n), kBlockSize, 0, stream>>>(x, out, n);
+  int64_t done = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+    const int64_t n4 = n / 4;
+    if (n4 > 0) {
+      ToBf16Kernel4<<<GridSize(n4), kBlockSize, 0, stream>>>(reinterpret_cast<const float4*>(x),
+                                                             reinterpret_cast<ushort4*>(out), n4);
+    }
+    done = 4 * n4;
+  }
+  if (done < n) {
+    ToBf16Kernel<<<GridSize(n - done), kBlockSize, 0, stream>>>(x + done, out + done, n - done);
+  }
   return cudaGetLastError();
 }
 
@@ -83,8 +107,9 @@ cudaError_t CopyOrAccumulate(float* dinp, const float* dout, int64_t N, bool acc
 
 cudaError_t BroadcastBias(float* out, const float* bias, int64_t batch, int64_t rows, int64_t cols,
                           int64_t ld, int64_t batch_stride, bool accumulate, cudaStream_t stream) {
-  BroadcastBiasKernel<<<GridSize(batch * rows * cols), kBlockSize, 0, stream>>>(
-      out, bias, batch, rows, cols, ld, batch_stride, accumulate);
+  if (batch * rows == 0 || cols == 0) return cudaSuccess;
+  BroadcastBiasKernel<<<GridSize(batch * rows, 1), RowBlockSize(cols < 256 ? cols : 256), 0,
+                        stream>>>(out, bias, batch, rows, cols, ld, batch_stride, accumulate);
   return cudaGetLastError();
 }
 

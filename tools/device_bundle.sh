@@ -20,7 +20,7 @@ limit=$((64 * 1024 * 1024))
 
 cuda_tests=(allocator_test context_test device_query_test accelerator_factory_test kernels_test
             blas_test optimizer_test layers_cuda_test cuda_accelerator_test)
-targets=(//clients/cli:tandem //runtime/profile/cupti:cupti_test)
+targets=(//clients/cli:tandem //runtime/profile/cupti:cupti_test //bench/gpu:conv_precision)
 for t in "${cuda_tests[@]}"; do targets+=("//runtime/cuda:$t"); done
 if [[ -f runtime/profile/cuda_device_test.cc ]]; then targets+=(//runtime/profile:cuda_device_test); fi
 

@@ -59,6 +59,11 @@ struct CudaContextOptions {
   // Upper bound on the scratch a cuDNN convolution algorithm may use; faster
   // algorithms that need more are skipped.
   int64_t max_conv_workspace_bytes = int64_t{256} << 20;
+  // Convolutions of bf16 layers in cuDNN's bf16 configuration. Off: on an H100
+  // the algorithms the legacy heuristics give were 1.5x to 100x slower than
+  // TF32 for every convolution of the presets (bench/gpu/conv_precision,
+  // bench/gpu/RESULTS.md), so bf16 jobs convolve in fp32/TF32 unless this is set.
+  bool bf16_convolutions = false;
 };
 
 struct CudaContext {

@@ -28,16 +28,16 @@ struct TensorDesc {
   ~TensorDesc() {
     if (d) cudnnDestroyTensorDescriptor(d);
   }
-  absl::Status Nhwc(int64_t n, int64_t h, int64_t w, int64_t c) {
+  absl::Status Nhwc(int64_t n, int64_t h, int64_t w, int64_t c,
+                    cudnnDataType_t type = CUDNN_DATA_FLOAT) {
     TANDEM_RETURN_IF_ERROR(
         CudnnStatus(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor"));
     TANDEM_ASSIGN_OR_RETURN(int in, ToInt(n, "batch"));
     TANDEM_ASSIGN_OR_RETURN(int ih, ToInt(h, "height"));
     TANDEM_ASSIGN_OR_RETURN(int iw, ToInt(w, "width"));
     TANDEM_ASSIGN_OR_RETURN(int ic, ToInt(c, "channels"));
-    return CudnnStatus(
-        cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, in, ic, ih, iw),
-        "cudnnSetTensor4dDescriptor");
+    return CudnnStatus(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NHWC, type, in, ic, ih, iw),
+                       "cudnnSetTensor4dDescriptor");
   }
   absl::Status Nchw(int64_t n, int64_t c, int64_t h, int64_t w) {
     TANDEM_RETURN_IF_ERROR(
@@ -69,21 +69,23 @@ struct ConvPlan {
 };
 
 // Picks the heuristics' best usable algorithm. Backward passes first look for a
-// deterministic one.
+// deterministic one. `allow_tensor_ops`: TF32 allowed, or bf16 operands.
 template <typename Perf>
-absl::StatusOr<Perf> Choose(const std::vector<Perf>& results, size_t max_ws, bool allow_tf32,
+absl::StatusOr<Perf> Choose(const std::vector<Perf>& results, size_t max_ws, bool allow_tensor_ops,
                             bool prefer_deterministic, const char* pass) {
   for (int strict = prefer_deterministic ? 1 : 0; strict >= 0; --strict) {
     for (const Perf& p : results) {
       if (p.status != CUDNN_STATUS_SUCCESS || p.memory > max_ws) continue;
-      if (!allow_tf32 && p.mathType != CUDNN_DEFAULT_MATH && p.mathType != CUDNN_FMA_MATH) continue;
+      if (!allow_tensor_ops && p.mathType != CUDNN_DEFAULT_MATH && p.mathType != CUDNN_FMA_MATH) {
+        continue;
+      }
       if (strict && p.determinism != CUDNN_DETERMINISTIC) continue;
       return p;
     }
   }
   return absl::UnimplementedError(
       absl::StrCat("cuDNN offers no ", pass, " convolution algorithm within ", max_ws,
-                   " bytes of scratch", allow_tf32 ? "" : " without TF32"));
+                   " bytes of scratch", allow_tensor_ops ? "" : " without TF32"));
 }
 
 absl::Status NewConvDesc(const ConvGeometry& g, cudnnConvolutionDescriptor_t* d) {
@@ -109,20 +111,22 @@ absl::StatusOr<std::unique_ptr<ConvPlan>> MakeConvPlan(CudaContext* ctx, const C
     TANDEM_RETURN_IF_ERROR(ToInt(v, "convolution dimension").status());
   }
   auto plan = std::make_unique<ConvPlan>();
-  TANDEM_RETURN_IF_ERROR(plan->x.Nhwc(g.batch, g.height, g.width, g.in_channels));
-  TANDEM_RETURN_IF_ERROR(plan->y.Nhwc(g.batch, g.out_height, g.out_width, g.out_channels));
+  const cudnnDataType_t type = g.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  TANDEM_RETURN_IF_ERROR(plan->x.Nhwc(g.batch, g.height, g.width, g.in_channels, type));
+  TANDEM_RETURN_IF_ERROR(plan->y.Nhwc(g.batch, g.out_height, g.out_width, g.out_channels, type));
   TANDEM_RETURN_IF_ERROR(
       CudnnStatus(cudnnCreateFilterDescriptor(&plan->w), "cudnnCreateFilterDescriptor"));
   TANDEM_RETURN_IF_ERROR(CudnnStatus(
-      cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC,
-                                 static_cast<int>(g.out_channels), static_cast<int>(g.in_channels),
-                                 static_cast<int>(g.kernel), static_cast<int>(g.kernel)),
+      cudnnSetFilter4dDescriptor(plan->w, type, CUDNN_TENSOR_NHWC, static_cast<int>(g.out_channels),
+                                 static_cast<int>(g.in_channels), static_cast<int>(g.kernel),
+                                 static_cast<int>(g.kernel)),
       "cudnnSetFilter4dDescriptor"));
   TANDEM_RETURN_IF_ERROR(NewConvDesc(g, &plan->fwd));
   TANDEM_RETURN_IF_ERROR(NewConvDesc(g, &plan->bwd_data));
   TANDEM_RETURN_IF_ERROR(NewConvDesc(g, &plan->bwd_filter));
-  // Heuristics honour the descriptor's math type: with TF32 off, ask with FMA.
-  const bool tf32 = ctx->allow_tf32();
+  // Heuristics honour the descriptor's math type: with TF32 off, ask with FMA;
+  // bf16 operands are for the tensor cores whatever the TF32 setting.
+  const bool tf32 = ctx->allow_tf32() || g.bf16;
   const cudnnMathType_t ask = tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   for (auto d : {plan->fwd, plan->bwd_data, plan->bwd_filter}) {
     TANDEM_RETURN_IF_ERROR(
@@ -193,13 +197,13 @@ class PlanCache {
 };
 
 using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int, bool, int64_t>;
+                           int, bool, int64_t, bool>;
 
 absl::StatusOr<const ConvPlan*> GetConvPlan(CudaContext* ctx, const ConvGeometry& g) {
   static auto* cache = new PlanCache<ConvKey, ConvPlan>();
   const ConvKey key(g.batch, g.height, g.width, g.in_channels, g.out_channels, g.kernel, g.stride,
                     g.padding, ctx->device, ctx->allow_tf32(),
-                    ctx->options().max_conv_workspace_bytes);
+                    ctx->options().max_conv_workspace_bytes, g.bf16);
   return cache->Get(key, [&] { return MakeConvPlan(ctx, g); });
 }
 
@@ -269,8 +273,8 @@ absl::StatusOr<const BatchNormPlan*> GetBatchNormPlan(const BatchNormGeometry& g
 
 }  // namespace
 
-absl::Status ConvolutionForward(CudaContext* ctx, const ConvGeometry& g, const float* x,
-                                const float* w_ohwi, float* y) {
+absl::Status ConvolutionForward(CudaContext* ctx, const ConvGeometry& g, const void* x,
+                                const void* w_ohwi, void* y) {
   TANDEM_ASSIGN_OR_RETURN(const ConvPlan* p, GetConvPlan(ctx, g));
   TANDEM_ASSIGN_OR_RETURN(void* ws, Workspace(ctx, p->fwd_ws));
   return CudnnStatus(cudnnConvolutionForward(ctx->cudnn, &kOne, p->x.d, x, p->w, w_ohwi, p->fwd,
@@ -278,8 +282,8 @@ absl::Status ConvolutionForward(CudaContext* ctx, const ConvGeometry& g, const f
                      "cudnnConvolutionForward");
 }
 
-absl::Status ConvolutionBackwardData(CudaContext* ctx, const ConvGeometry& g, const float* dy,
-                                     const float* w_ohwi, float* dx) {
+absl::Status ConvolutionBackwardData(CudaContext* ctx, const ConvGeometry& g, const void* dy,
+                                     const void* w_ohwi, void* dx) {
   TANDEM_ASSIGN_OR_RETURN(const ConvPlan* p, GetConvPlan(ctx, g));
   TANDEM_ASSIGN_OR_RETURN(void* ws, Workspace(ctx, p->bwd_data_ws));
   return CudnnStatus(
@@ -288,8 +292,8 @@ absl::Status ConvolutionBackwardData(CudaContext* ctx, const ConvGeometry& g, co
       "cudnnConvolutionBackwardData");
 }
 
-absl::Status ConvolutionBackwardFilter(CudaContext* ctx, const ConvGeometry& g, const float* x,
-                                       const float* dy, float* dw_ohwi) {
+absl::Status ConvolutionBackwardFilter(CudaContext* ctx, const ConvGeometry& g, const void* x,
+                                       const void* dy, void* dw_ohwi) {
   TANDEM_ASSIGN_OR_RETURN(const ConvPlan* p, GetConvPlan(ctx, g));
   TANDEM_ASSIGN_OR_RETURN(void* ws, Workspace(ctx, p->bwd_filter_ws));
   return CudnnStatus(cudnnConvolutionBackwardFilter(ctx->cudnn, &kOne, p->x.d, x, p->y.d, dy,
@@ -300,9 +304,26 @@ absl::Status ConvolutionBackwardFilter(CudaContext* ctx, const ConvGeometry& g, 
 
 absl::StatusOr<std::string> ConvolutionAlgorithms(CudaContext* ctx, const ConvGeometry& g) {
   TANDEM_ASSIGN_OR_RETURN(const ConvPlan* p, GetConvPlan(ctx, g));
-  return absl::StrCat("fwd=", p->fwd_algo, "(ws ", p->fwd_ws, ") bwd_data=", p->bwd_data_algo,
-                      "(ws ", p->bwd_data_ws, ") bwd_filter=", p->bwd_filter_algo, "(ws ",
+  return absl::StrCat("fwd=", static_cast<int>(p->fwd_algo), "(ws ", p->fwd_ws,
+                      ") bwd_data=", static_cast<int>(p->bwd_data_algo), "(ws ", p->bwd_data_ws,
+                      ") bwd_filter=", static_cast<int>(p->bwd_filter_algo), "(ws ",
                       p->bwd_filter_ws, ")");
+}
+
+bool Bf16ConvolutionAvailable(CudaContext* ctx, ConvGeometry g) {
+  if (!ctx->options().bf16_convolutions) return false;
+  g.bf16 = true;
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* known = new std::map<ConvKey, bool>();
+  const ConvKey key(g.batch, g.height, g.width, g.in_channels, g.out_channels, g.kernel, g.stride,
+                    g.padding, ctx->device, ctx->allow_tf32(),
+                    ctx->options().max_conv_workspace_bytes, true);
+  absl::MutexLock lock(&mu);
+  auto it = known->find(key);
+  if (it != known->end()) return it->second;
+  const bool available = GetConvPlan(ctx, g).ok();
+  known->emplace(key, available);
+  return available;
 }
 
 absl::Status PoolingForward(CudaContext* ctx, const PoolGeometry& g, const float* x, float* y) {

@@ -34,22 +34,31 @@
 namespace tandem::cuda {
 
 // A square-kernel 2-d convolution (cross-correlation, as PyTorch's) of NHWC
-// images, symmetric padding, no dilation or groups.
+// images, symmetric padding, no dilation or groups. `bf16`: every operand and
+// result is bfloat16 (x, w, y, dx, dw; cuDNN's BFLOAT16 configuration on the
+// tensor cores, fp32 accumulation), else fp32.
 struct ConvGeometry {
   int64_t batch = 0, height = 0, width = 0, in_channels = 0;
   int64_t out_channels = 0, kernel = 0, stride = 1, padding = 0;
   int64_t out_height = 0, out_width = 0;
+  bool bf16 = false;
 };
 
-// y [B, OH, OW, O] = conv(x [B, H, W, I], w [O, K, K, I]).
-absl::Status ConvolutionForward(CudaContext* ctx, const ConvGeometry& g, const float* x,
-                                const float* w_ohwi, float* y);
+// y [B, OH, OW, O] = conv(x [B, H, W, I], w [O, K, K, I]). Operands are float
+// or, with g.bf16, uint16_t bfloat16 bit patterns.
+absl::Status ConvolutionForward(CudaContext* ctx, const ConvGeometry& g, const void* x,
+                                const void* w_ohwi, void* y);
 // dx [B, H, W, I] = conv^T(dy, w) (overwritten).
-absl::Status ConvolutionBackwardData(CudaContext* ctx, const ConvGeometry& g, const float* dy,
-                                     const float* w_ohwi, float* dx);
+absl::Status ConvolutionBackwardData(CudaContext* ctx, const ConvGeometry& g, const void* dy,
+                                     const void* w_ohwi, void* dx);
 // dw [O, K, K, I] = sum over the batch of x (*) dy (overwritten).
-absl::Status ConvolutionBackwardFilter(CudaContext* ctx, const ConvGeometry& g, const float* x,
-                                       const float* dy, float* dw_ohwi);
+absl::Status ConvolutionBackwardFilter(CudaContext* ctx, const ConvGeometry& g, const void* x,
+                                       const void* dy, void* dw_ohwi);
+// Whether a bf16 layer should convolve `g` (its bf16 flag ignored) in bf16:
+// the context's options().bf16_convolutions is set and cuDNN offers bf16
+// algorithms for all three passes within the scratch limit (remembered per
+// geometry). Layers convolve in fp32 where it is false.
+bool Bf16ConvolutionAvailable(CudaContext* ctx, ConvGeometry g);
 // The algorithms chosen for `g` on ctx's device and settings, e.g.
 // "fwd=1(ws 0) bwd_data=1(ws 0) bwd_filter=1(ws 1024)"; for tests and profiles.
 absl::StatusOr<std::string> ConvolutionAlgorithms(CudaContext* ctx, const ConvGeometry& g);

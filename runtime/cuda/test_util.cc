@@ -9,11 +9,12 @@
 
 namespace tandem::cuda {
 
-absl::StatusOr<TestDevice> MakeTestDevice(bool allow_tf32) {
+absl::StatusOr<TestDevice> MakeTestDevice(bool allow_tf32, bool bf16_convolutions) {
   TestDevice d;
   d.allocator = std::make_unique<CudaAllocator>(0);
   CudaContextOptions options;
   options.allow_tf32 = allow_tf32;
+  options.bf16_convolutions = bf16_convolutions;
   TANDEM_ASSIGN_OR_RETURN(d.ctx, CudaContext::Create(0, d.allocator.get(), options));
   return d;
 }

@@ -22,7 +22,7 @@ struct TestDevice {
   std::unique_ptr<CudaAllocator> allocator;
   std::unique_ptr<CudaContext> ctx;
 };
-absl::StatusOr<TestDevice> MakeTestDevice(bool allow_tf32 = false);
+absl::StatusOr<TestDevice> MakeTestDevice(bool allow_tf32 = false, bool bf16_convolutions = false);
 
 // Device copies of host data, complete on return; an empty vector gives an empty
 // Buffer. Copies go through ctx->stream: the context's stream is non-blocking,

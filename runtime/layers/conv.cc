@@ -41,7 +41,40 @@ dnnl::reorder MakeReorder(const memory::desc& from, const memory::desc& to, bool
       dnnl::reorder::primitive_desc(cpu::CpuEngine(), from, cpu::CpuEngine(), to, attr));
 }
 
+// CarveCuda's size; without CUDA types, so that plans count it in any build.
+int64_t CudaWorkspaceBytes(int64_t weights, int64_t inputs, int64_t outputs, bool bf16) {
+  Carver c(nullptr);
+  c.Take(weights);
+  c.Take(weights);
+  if (bf16) {
+    for (int64_t n : {weights, weights, inputs, outputs}) c.TakeBytes(2 * n);
+  }
+  return c.used();
+}
+
 #ifdef TANDEM_HAVE_CUDA
+// The CUDA workspace: the weights and their gradient transposed to OHWI (fp32),
+// then, for bf16 convolutions, bf16 copies of those two, of x (or dx) and of y
+// (or dy).
+struct CudaWorkspace {
+  float *w, *dw;
+  uint16_t *w16, *dw16, *x16, *y16;
+};
+
+CudaWorkspace CarveCuda(void* base, int64_t weights, int64_t inputs, int64_t outputs, bool bf16) {
+  Carver c(base);
+  CudaWorkspace w{};
+  w.w = c.Take(weights);
+  w.dw = c.Take(weights);
+  if (bf16) {
+    w.w16 = static_cast<uint16_t*>(c.TakeBytes(2 * weights));
+    w.dw16 = static_cast<uint16_t*>(c.TakeBytes(2 * weights));
+    w.x16 = static_cast<uint16_t*>(c.TakeBytes(2 * inputs));
+    w.y16 = static_cast<uint16_t*>(c.TakeBytes(2 * outputs));
+  }
+  return w;
+}
+
 cuda::ConvGeometry ConvGeometryOf(const Conv2dOptions& o, const Shape& in, const Shape& out,
                                   int64_t batch) {
   return {.batch = batch,
@@ -56,51 +89,80 @@ cuda::ConvGeometry ConvGeometryOf(const Conv2dOptions& o, const Shape& in, const
           .out_width = out[1]};
 }
 
-// The CUDA paths: cuDNN on the weights transposed to OHWI in the workspace
-// (and the weight gradient there too), biases by our kernels.
+struct CudaSizes {
+  int64_t weights, inputs, outputs;
+};
+
+CudaSizes SizesOf(const cuda::ConvGeometry& g) {
+  return {g.out_channels * g.in_channels * g.kernel * g.kernel,
+          g.batch * g.height * g.width * g.in_channels,
+          g.batch * g.out_height * g.out_width * g.out_channels};
+}
+
+// The CUDA paths: cuDNN on the weights transposed to OHWI in the workspace (and
+// the weight gradient there too), biases by our kernels. With g.bf16 the
+// convolutions take and give bf16 copies (cuDNN's BFLOAT16 configuration), which
+// are widened back into the fp32 outputs and gradients.
 void ForwardOnCuda(const Conv2dOptions& o, const cuda::ConvGeometry& g, const LayerContext& ctx,
                    const Tensor& x, const Tensor& y) {
-  const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
-  float* w_ohwi = static_cast<float*>(ctx.workspace);
+  const CudaSizes n = SizesOf(g);
+  const CudaWorkspace w = CarveCuda(ctx.workspace, n.weights, n.inputs, n.outputs, g.bf16);
   cudaStream_t stream = ctx.cuda->stream;
-  if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
-                                        o.kernel_size, o.kernel_size, stream),
-                       "OihwToOhwi") ||
-      !ctx.cuda->Check(cuda::ConvolutionForward(ctx.cuda, g, x.f32(), w_ohwi, y.f32()))) {
+  cuda::CudaContext* cc = ctx.cuda;
+  if (!cc->Check(cuda::OihwToOhwi(w.w, ctx.params, o.out_channels, g.in_channels, o.kernel_size,
+                                  o.kernel_size, stream),
+                 "OihwToOhwi")) {
     return;
   }
-  if (o.bias) {
+  const bool ok = g.bf16
+                      ? cc->Check(cuda::ToBf16(w.w, w.w16, n.weights, stream), "ToBf16") &&
+                            cc->Check(cuda::ToBf16(x.f32(), w.x16, n.inputs, stream), "ToBf16") &&
+                            cc->Check(cuda::ConvolutionForward(cc, g, w.x16, w.w16, w.y16)) &&
+                            cc->Check(cuda::FromBf16(w.y16, y.f32(), n.outputs, stream), "FromBf16")
+                      : cc->Check(cuda::ConvolutionForward(cc, g, x.f32(), w.w, y.f32()));
+  if (ok && o.bias) {
     const int64_t rows = x.batch() * g.out_height * g.out_width;
-    ctx.cuda->Check(cuda::BroadcastBias(y.f32(), ctx.params + n_weights, 1, rows, o.out_channels,
-                                        o.out_channels, 0, /*accumulate=*/true, stream),
-                    "BroadcastBias");
+    cc->Check(cuda::BroadcastBias(y.f32(), ctx.params + n.weights, 1, rows, o.out_channels,
+                                  o.out_channels, 0, /*accumulate=*/true, stream),
+              "BroadcastBias");
   }
 }
 
 void BackwardOnCuda(const Conv2dOptions& o, const cuda::ConvGeometry& g, const LayerContext& ctx,
                     const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  const int64_t n_weights = o.out_channels * g.in_channels * o.kernel_size * o.kernel_size;
-  float* w_ohwi = static_cast<float*>(ctx.workspace);
-  float* dw_ohwi = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
-                                            cpu::AlignWorkspace(n_weights * 4));
+  const CudaSizes n = SizesOf(g);
+  const CudaWorkspace w = CarveCuda(ctx.workspace, n.weights, n.inputs, n.outputs, g.bf16);
   cudaStream_t stream = ctx.cuda->stream;
-  if (dx.data != nullptr) {
-    if (!ctx.cuda->Check(cuda::OihwToOhwi(w_ohwi, ctx.params, o.out_channels, g.in_channels,
-                                          o.kernel_size, o.kernel_size, stream),
-                         "OihwToOhwi") ||
-        !ctx.cuda->Check(cuda::ConvolutionBackwardData(ctx.cuda, g, dy.f32(), w_ohwi, dx.f32()))) {
-      return;
-    }
-  }
-  if (!ctx.cuda->Check(cuda::ConvolutionBackwardFilter(ctx.cuda, g, x.f32(), dy.f32(), dw_ohwi)) ||
-      !ctx.cuda->Check(cuda::OhwiToOihw(ctx.grads, dw_ohwi, o.out_channels, g.in_channels,
-                                        o.kernel_size, o.kernel_size, ctx.accumulate_grads, stream),
-                       "OhwiToOihw")) {
+  cuda::CudaContext* cc = ctx.cuda;
+  // The weight gradient first: with bf16, x's copy is then free for dx's.
+  const bool filter =
+      g.bf16 ? cc->Check(cuda::ToBf16(dy.f32(), w.y16, n.outputs, stream), "ToBf16") &&
+                   cc->Check(cuda::ToBf16(x.f32(), w.x16, n.inputs, stream), "ToBf16") &&
+                   cc->Check(cuda::ConvolutionBackwardFilter(cc, g, w.x16, w.y16, w.dw16)) &&
+                   cc->Check(cuda::FromBf16(w.dw16, w.dw, n.weights, stream), "FromBf16")
+             : cc->Check(cuda::ConvolutionBackwardFilter(cc, g, x.f32(), dy.f32(), w.dw));
+  if (!filter ||
+      !cc->Check(cuda::OhwiToOihw(ctx.grads, w.dw, o.out_channels, g.in_channels, o.kernel_size,
+                                  o.kernel_size, ctx.accumulate_grads, stream),
+                 "OhwiToOihw")) {
     return;
   }
+  if (dx.data != nullptr) {
+    if (!cc->Check(cuda::OihwToOhwi(w.w, ctx.params, o.out_channels, g.in_channels, o.kernel_size,
+                                    o.kernel_size, stream),
+                   "OihwToOhwi")) {
+      return;
+    }
+    const bool data =
+        g.bf16 ? cc->Check(cuda::ToBf16(w.w, w.w16, n.weights, stream), "ToBf16") &&
+                     cc->Check(cuda::ConvolutionBackwardData(cc, g, w.y16, w.w16, w.x16)) &&
+                     cc->Check(cuda::FromBf16(w.x16, dx.f32(), n.inputs, stream), "FromBf16")
+               : cc->Check(cuda::ConvolutionBackwardData(cc, g, dy.f32(), w.w, dx.f32()));
+    if (!data) return;
+  }
   if (o.bias) {
-    ctx.cuda->Check(
-        cuda::ColumnSum(ctx.grads + n_weights, dy.f32(), x.batch() * g.out_height * g.out_width,
+    cc->Check(
+        cuda::ColumnSum(ctx.grads + n.weights, dy.f32(), x.batch() * g.out_height * g.out_width,
                         o.out_channels, ctx.accumulate_grads, stream),
         "ColumnSum");
   }
@@ -271,18 +333,30 @@ Conv2d::Primitives Conv2d::MakePrimitives(int64_t batch, bool bf16) const {
 }
 
 // The CPU's oneDNN weight reorders, or on CUDA the weights and their gradient
-// transposed to OHWI (the cuDNN algorithm's own scratch comes from the context).
+// transposed to OHWI and, in bf16, the bf16 copies (CarveCuda; the cuDNN
+// algorithm's own scratch comes from the context).
 int64_t Conv2d::WorkspaceBytes(int64_t batch) const {
   const int64_t weights =
       options_.out_channels * input_shape()[2] * options_.kernel_size * options_.kernel_size;
-  return std::max(Get(batch).workspace_bytes, 2 * cpu::AlignWorkspace(weights * 4));
+  return std::max(
+      Get(batch).workspace_bytes,
+      CudaWorkspaceBytes(weights, batch * input_shape().elements(),
+                         batch * output_shape().elements(), compute_dtype() == DType::kBF16));
 }
+
+#ifdef TANDEM_HAVE_CUDA
+// This layer's geometry on CUDA, in bf16 where asked for and cuDNN has it.
+cuda::ConvGeometry Conv2d::CudaGeometry(const LayerContext& ctx, int64_t batch) const {
+  cuda::ConvGeometry g = ConvGeometryOf(options_, input_shape(), output_shape(), batch);
+  g.bf16 = compute_dtype() == DType::kBF16 && cuda::Bf16ConvolutionAvailable(ctx.cuda, g);
+  return g;
+}
+#endif
 
 void Conv2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
-    return ForwardOnCuda(
-        options_, ConvGeometryOf(options_, input_shape(), output_shape(), x.batch()), ctx, x, y);
+    return ForwardOnCuda(options_, CudaGeometry(ctx, x.batch()), ctx, x, y);
   }
 #endif
   const Primitives& p = Get(x.batch());
@@ -311,9 +385,7 @@ void Conv2d::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
                       const Tensor& dy, const Tensor& dx) const {
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
-    return BackwardOnCuda(options_,
-                          ConvGeometryOf(options_, input_shape(), output_shape(), x.batch()), ctx,
-                          x, dy, dx);
+    return BackwardOnCuda(options_, CudaGeometry(ctx, x.batch()), ctx, x, dy, dx);
   }
 #endif
   const Primitives& p = Get(x.batch());

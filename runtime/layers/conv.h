@@ -1,6 +1,9 @@
 // Conv2d on NHWC activations: oneDNN direct convolution with the weights in the
 // primitive's preferred (blocked) layout, reordered from the plain OIHW
-// parameters (PyTorch's layout) on each call. Pool2d (max, average including
+// parameters (PyTorch's layout) on each call; on CUDA, cuDNN. With a bf16
+// compute type the inputs are rounded to bf16 (oneDNN: fp32 outputs; cuDNN: bf16
+// outputs widened to fp32), and a shape either library has no fast bf16 kernel
+// for stays fp32. Pool2d (max, average including
 // padding, as PyTorch's defaults) and GlobalAvgPool on oneDNN pooling.
 #ifndef TANDEM_RUNTIME_LAYERS_CONV_H_
 #define TANDEM_RUNTIME_LAYERS_CONV_H_
@@ -11,6 +14,10 @@
 #include "runtime/layers/layer.h"
 
 namespace tandem {
+
+namespace cuda {
+struct ConvGeometry;
+}  // namespace cuda
 
 struct Conv2dOptions {
   int64_t out_channels = 0;
@@ -43,6 +50,8 @@ class Conv2d final : public Layer {
   const Primitives& Get(int64_t batch) const;
   // The primitives with bf16 inputs (x, W, dy) or fp32 ones.
   Primitives MakePrimitives(int64_t batch, bool bf16) const;
+  // CUDA builds: the cuDNN geometry, in bf16 where asked for and cuDNN has it.
+  cuda::ConvGeometry CudaGeometry(const LayerContext& ctx, int64_t batch) const;
 
   Conv2dOptions options_;
   struct Cache;

@@ -24,6 +24,10 @@ __global__ void ToBf16Kernel(const float* x, uint16_t* out, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = RoundToBf16(x[i]);
 }
 
+__global__ void FromBf16Kernel(const uint16_t* x, float* out, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
 // Four values per thread: 16-byte loads, 8-byte stores.
 __global__ void ToBf16Kernel4(const float4* x, ushort4* out, int64_t n4) {
   TANDEM_GRID_STRIDE_LOOP(i, n4) {
@@ -87,6 +91,12 @@ cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream
   if (done < n) {
     ToBf16Kernel<<<GridSize(n - done), kBlockSize, 0, stream>>>(x + done, out + done, n - done);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t FromBf16(const uint16_t* x, float* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FromBf16Kernel<<<GridSize(n), kBlockSize, 0, stream>>>(x, out, n);
   return cudaGetLastError();
 }
 

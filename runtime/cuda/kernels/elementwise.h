@@ -21,6 +21,8 @@ cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream);
 // out[i] = x[i] in bfloat16 (bit patterns), rounded exactly as the CPU's
 // FloatToBf16 (runtime/core/bf16.h): the operands of the bf16 products (blas.h).
 cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream);
+// out[i] = x[i] widened from bfloat16 (exact).
+cudaError_t FromBf16(const uint16_t* x, float* out, int64_t n, cudaStream_t stream);
 
 // Residual add, forward: out = a + b (N = B*T*C elements; any may alias).
 cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);

@@ -32,6 +32,20 @@ using exec_test::Reference;
 using exec_test::RunSteps;
 using tandem::v1::Plan;
 
+// An executor of case `c`'s plan for the fixture's job on `device`.
+absl::StatusOr<std::unique_ptr<PlanExecutor>> OnDevice(const Fixture& f, const Case& c,
+                                                       HostAllocator* host,
+                                                       EmulatedAccelerator* device) {
+  ExecutorOptions options;
+  options.plan = c.plan(*f.model, f.spec.training().batch_size());
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = f.spec.training().batch_size();
+  options.init_seed = f.spec.training().seed();
+  options.host_allocator = host;
+  options.accelerator = device;
+  return PlanExecutor::Create(*f.model, options);
+}
+
 class ExecutorMatchesCpuTest : public testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
@@ -42,14 +56,7 @@ TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
   const std::vector<double> reference = Reference(f, steps);
   HostAllocator host;
   EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9});
-  ExecutorOptions options;
-  options.plan = c.plan(*f.model, f.spec.training().batch_size());
-  options.optimizer = f.spec.optimizer();
-  options.max_batch = f.spec.training().batch_size();
-  options.init_seed = f.spec.training().seed();
-  options.host_allocator = &host;
-  options.accelerator = &device;
-  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = PlanExecutor::Create(*f.model, options);
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = OnDevice(f, c, &host, &device);
   ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
   const std::vector<double> losses = RunSteps(f, **executor, steps);
   ASSERT_EQ(losses.size(), reference.size()) << c.name;
@@ -99,14 +106,7 @@ TEST_P(ExecutorMatchesCpuInBf16Test, LossTrajectoryMatchesTheCpuEngineInBf16) {
   const std::vector<double> reference_fp32 = Reference(fp32, steps);
   HostAllocator host;
   EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9});
-  ExecutorOptions options;
-  options.plan = c.plan(*f.model, f.spec.training().batch_size());
-  options.optimizer = f.spec.optimizer();
-  options.max_batch = f.spec.training().batch_size();
-  options.init_seed = f.spec.training().seed();
-  options.host_allocator = &host;
-  options.accelerator = &device;
-  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = PlanExecutor::Create(*f.model, options);
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = OnDevice(f, c, &host, &device);
   ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
   const std::vector<double> losses = RunSteps(f, **executor, steps);
   ASSERT_EQ(losses.size(), reference.size()) << c.name;

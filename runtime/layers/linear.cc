@@ -56,92 +56,84 @@ int64_t Linear::WorkspaceBytes(int64_t batch) const {
 
 namespace {
 
-struct Bf16Copies {
-  uint16_t *x, *w, *dy;
+// An operand in fp32, and its bf16 copy in the workspace when the layer
+// computes in bf16 (null otherwise).
+struct Operand {
+  const float* f32;
+  uint16_t* bf16;
 };
 
-Bf16Copies CarveBf16(void* workspace, int64_t rows, int64_t in, int64_t out) {
-  Carver c(workspace);
+// The bf16 copies of x [rows, in], W [out, in] and dy [rows, out]; all null
+// without bf16.
+struct Bf16Copies {
+  uint16_t *x = nullptr, *w = nullptr, *dy = nullptr;
+};
+
+Bf16Copies CarveBf16(void* workspace, bool bf16, int64_t rows, int64_t in, int64_t out) {
   Bf16Copies b;
+  if (!bf16) return b;
+  Carver c(workspace);
   b.x = static_cast<uint16_t*>(c.TakeBytes(2 * rows * in));
   b.w = static_cast<uint16_t*>(c.TakeBytes(2 * out * in));
   b.dy = static_cast<uint16_t*>(c.TakeBytes(2 * rows * out));
   return b;
 }
 
+// Rounds `op` into its bf16 copy, if it has one.
+void Round(const LayerContext& ctx, const Operand& op, int64_t n) {
+  if (op.bf16 != nullptr) device_ops::ToBf16(ctx, op.f32, op.bf16, n);
+}
+
+// c (+)= a b in bf16 when the operands have bf16 copies (rounded already), else
+// in fp32.
+void Multiply(const LayerContext& ctx, const cpu::MatmulShape& s, const Operand& a,
+              const Operand& b, float* c, const float* bias = nullptr) {
+  if (a.bf16 != nullptr) {
+    device_ops::MatmulBf16(ctx, s, a.bf16, b.bf16, c, bias);
+  } else {
+    device_ops::Matmul(ctx, s, a.f32, b.f32, c, bias);
+  }
+}
+
 }  // namespace
 
-void Linear::ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y) const {
+void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
-  const Bf16Copies b = CarveBf16(ctx.workspace, rows, in_, out);
-  device_ops::ToBf16(ctx, x.f32(), b.x, rows * in_);
-  device_ops::ToBf16(ctx, ctx.params, b.w, out * in_);
+  const Bf16Copies b = CarveBf16(ctx.workspace, compute_dtype() == DType::kBF16, rows, in_, out);
+  const Operand xs{x.f32(), b.x}, w{ctx.params, b.w};
+  Round(ctx, xs, rows * in_);
+  Round(ctx, w, out * in_);
   cpu::MatmulShape s;
   s.m = rows;
   s.n = out;
   s.k = in_;
-  s.trans_b = true;
-  s.bias = options_.bias;
-  device_ops::MatmulBf16(ctx, s, b.x, b.w, y.f32(),
-                         options_.bias ? ctx.params + out * in_ : nullptr);
-}
-
-void Linear::BackwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& dy,
-                          const Tensor& dx) const {
-  const int64_t rows = Rows(x.batch()), out = options_.out_features;
-  const Bf16Copies b = CarveBf16(ctx.workspace, rows, in_, out);
-  device_ops::ToBf16(ctx, dy.f32(), b.dy, rows * out);
-  if (dx.data != nullptr) {
-    device_ops::ToBf16(ctx, ctx.params, b.w, out * in_);
-    cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]
-    s.m = rows;
-    s.n = in_;
-    s.k = out;
-    device_ops::MatmulBf16(ctx, s, b.dy, b.w, dx.f32());
-  }
-  device_ops::ToBf16(ctx, x.f32(), b.x, rows * in_);
-  cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
-  s.m = out;
-  s.n = in_;
-  s.k = rows;
-  s.trans_a = true;
-  s.accumulate = ctx.accumulate_grads;
-  device_ops::MatmulBf16(ctx, s, b.dy, b.x, ctx.grads);
-  if (options_.bias) {
-    device_ops::ColumnSum(ctx, dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
-  }
-}
-
-void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
-  if (compute_dtype() == DType::kBF16) return ForwardBf16(ctx, x, y);
-  cpu::MatmulShape s;
-  s.m = Rows(x.batch());
-  s.n = options_.out_features;
-  s.k = in_;
   s.trans_b = true;  // W is [out, in]: op(B) = W^T.
   s.bias = options_.bias;
-  device_ops::Matmul(ctx, s, x.f32(), ctx.params, y.f32(),
-                     options_.bias ? ctx.params + s.n * s.k : nullptr);
+  Multiply(ctx, s, xs, w, y.f32(), options_.bias ? ctx.params + out * in_ : nullptr);
 }
 
 void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
                       const Tensor& dy, const Tensor& dx) const {
-  if (compute_dtype() == DType::kBF16) return BackwardBf16(ctx, x, dy, dx);
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
+  const Bf16Copies b = CarveBf16(ctx.workspace, compute_dtype() == DType::kBF16, rows, in_, out);
+  const Operand dys{dy.f32(), b.dy}, w{ctx.params, b.w}, xs{x.f32(), b.x};
+  Round(ctx, dys, rows * out);
   if (dx.data != nullptr) {
+    Round(ctx, w, out * in_);
     cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]
     s.m = rows;
     s.n = in_;
     s.k = out;
-    device_ops::Matmul(ctx, s, dy.f32(), ctx.params, dx.f32());
+    Multiply(ctx, s, dys, w, dx.f32());
   }
+  Round(ctx, xs, rows * in_);
   cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
   s.m = out;
   s.n = in_;
   s.k = rows;
   s.trans_a = true;
   s.accumulate = ctx.accumulate_grads;
-  device_ops::Matmul(ctx, s, dy.f32(), x.f32(), ctx.grads);
+  Multiply(ctx, s, dys, xs, ctx.grads);
   if (options_.bias) {
     device_ops::ColumnSum(ctx, dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
   }

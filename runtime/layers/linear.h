@@ -40,10 +40,6 @@ class Linear final : public Layer {
 
  private:
   int64_t Rows(int64_t batch) const { return batch * (input_shape().elements() / in_); }
-  // The bf16 products (compute_dtype() kBF16), on either device.
-  void ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y) const;
-  void BackwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& dy,
-                    const Tensor& dx) const;
 
   LinearOptions options_;
   int64_t in_ = 0;

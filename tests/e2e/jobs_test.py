@@ -178,36 +178,32 @@ placement: {strategy: STRATEGY_AUTO}
             spec.precision = precision
             return self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
 
+        def bf16_runs_or_is_refused(placement, reason, refusal):
+            """Where the CPU computes bf16 natively the job runs and succeeds;
+            elsewhere it is refused, saying why."""
+            if native:
+                job = submit(profile_pb2.PRECISION_BF16, **placement).job
+                self.assertEqual(job.resolved_spec.precision, profile_pb2.PRECISION_BF16)
+                self.assertIn(reason, job.precision_reason)
+                done = wait_for_state(self.client, job.id, [job_pb2.JOB_STATE_SUCCEEDED,
+                                                            job_pb2.JOB_STATE_FAILED])
+                self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+                self.assertTrue(math.isfinite(done.metrics.loss) and done.metrics.loss > 0,
+                                done.metrics)
+            else:
+                with self.assertRaises(grpc.RpcError) as e:
+                    submit(profile_pb2.PRECISION_BF16, **placement)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn(refusal, e.exception.details())
+
         cpu_only = {"placement": {"accelerator": "ACCELERATOR_KIND_NONE"}}
-        if native:
-            bf16 = submit(profile_pb2.PRECISION_BF16, **cpu_only).job
-            self.assertEqual(bf16.resolved_spec.precision, profile_pb2.PRECISION_BF16)
-            self.assertIn("matrix products in bf16", bf16.precision_reason)
-            done = wait_for_state(self.client, bf16.id, [job_pb2.JOB_STATE_SUCCEEDED,
-                                                         job_pb2.JOB_STATE_FAILED])
-            self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
-            self.assertTrue(math.isfinite(done.metrics.loss) and done.metrics.loss > 0, done.metrics)
-        else:
-            with self.assertRaises(grpc.RpcError) as e:
-                submit(profile_pb2.PRECISION_BF16, **cpu_only)
-            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-            self.assertIn("natively", e.exception.details())
+        bf16_runs_or_is_refused(cpu_only, "matrix products in bf16", "natively")
         # The emulated accelerator computes on the host: bf16 there needs the same CPU.
-        emulated = {"placement": {"accelerator": "ACCELERATOR_KIND_EMULATED",
-                                  "strategy": "STRATEGY_REUSE_DISTANCE"},
-                    "resources": {"accelerator_memory_bytes": 64 << 20}}
-        if native:
-            hybrid = submit(profile_pb2.PRECISION_BF16, **emulated).job
-            self.assertIn("the emulated accelerator computes on the host", hybrid.precision_reason)
-            done = wait_for_state(self.client, hybrid.id, [job_pb2.JOB_STATE_SUCCEEDED,
-                                                           job_pb2.JOB_STATE_FAILED])
-            self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
-            self.assertTrue(math.isfinite(done.metrics.loss) and done.metrics.loss > 0, done.metrics)
-        else:
-            with self.assertRaises(grpc.RpcError) as e:
-                submit(profile_pb2.PRECISION_BF16, **emulated)
-            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-            self.assertIn("emulated accelerator", e.exception.details())
+        bf16_runs_or_is_refused({"placement": {"accelerator": "ACCELERATOR_KIND_EMULATED",
+                                               "strategy": "STRATEGY_REUSE_DISTANCE"},
+                                 "resources": {"accelerator_memory_bytes": 64 << 20}},
+                                "the emulated accelerator computes on the host",
+                                "emulated accelerator")
         with self.assertRaises(grpc.RpcError) as e:
             submit(profile_pb2.PRECISION_FP16, **cpu_only)
         self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)

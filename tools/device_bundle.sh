@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without our Debian libraries needs to run the CUDA
-# tests and the hybrid benchmark: the test binaries, the tandem CLI, every
+# tests and the hybrid benchmark: the test binaries, the tandem CLI, tandemd, every
 # shared library they load except the CUDA ones (cudart, cuBLAS, cuDNN, CUPTI,
 # the driver: the GPU machine has its own) and our own glibc with its loader,
 # so the binaries run whatever the machine's glibc is. Also the benchmark
@@ -20,7 +20,8 @@ limit=$((64 * 1024 * 1024))
 
 cuda_tests=(allocator_test context_test device_query_test accelerator_factory_test kernels_test
             blas_test optimizer_test layers_cuda_test cuda_accelerator_test)
-targets=(//clients/cli:tandem //runtime/profile/cupti:cupti_test //bench/gpu:conv_precision)
+targets=(//clients/cli:tandem //server:tandemd //runtime/profile/cupti:cupti_test
+         //bench/gpu:conv_precision)
 for t in "${cuda_tests[@]}"; do targets+=("//runtime/cuda:$t"); done
 if [[ -f runtime/profile/cuda_device_test.cc ]]; then targets+=(//runtime/profile:cuda_device_test); fi
 

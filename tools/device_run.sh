@@ -6,6 +6,8 @@
 #   bash device-bundle/device_run.sh tests     every CUDA test binary (kernels against the CPU reference, ...)
 #   bash device-bundle/device_run.sh bench     bench/gpu/run.py: gpt and cnn x 3 strategies x 25/50/100%, and PyTorch
 #   bash device-bundle/device_run.sh profile   tandem profile of gpt and cnn on cpu + cuda:0, with traces
+#   bash device-bundle/device_run.sh closed_loop   tandemd runs a 12-layer GPT (whole GPU, and 50% of
+#                                              its state under reuse_distance); prints each plan history
 #   bash device-bundle/device_run.sh all       each in turn
 #
 # Results go to $OUT (the device tool's result folder) when set, else ./device-out.
@@ -89,6 +91,51 @@ profile() {
   done
 }
 
+closed_loop() {
+  echo "== tandemd's closed loop on cuda:0"
+  local state port=/tmp/tandemd-port t id job
+  state=$(mktemp -d)
+  rm -f "$port"
+  setsid "$root/bin/tandemd" --listen=127.0.0.1:0 --port_file="$port" --state_dir="$state" \
+    --data_root=/tmp > "$out/tandemd.log" 2>&1 < /dev/null &
+  local daemon=$!
+  for _ in $(seq 150); do [[ -s $port ]] && break; sleep 0.2; done
+  [[ -s $port ]] || { echo "tandemd did not start:"; tail -5 "$out/tandemd.log"; return 1; }
+  t=("$root/bin/tandem" --server=127.0.0.1:"$(cat "$port")")
+  (cd "$root" && "$py" bench/gpu/run.py --tandem "$root/bin/tandem" --write_specs "$state/specs" \
+     --models gpt --gpt_layers 12 --gpt_heads 12 --gpt_d_model 768 --gpt_context 256 --gpt_batch 16)
+  "$py" - "$state/specs" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+base = json.load(open(os.path.join(d, "gpt.json")))
+for name, strategy, budget in (("whole", "STRATEGY_GPU_ONLY", 0),
+                               ("half", "STRATEGY_REUSE_DISTANCE", 686 << 20)):
+    s = dict(base, display_name=f"closed-loop-{name}")
+    s["training"] = dict(s["training"], steps=60, log_interval_steps=10, eval_interval_steps=60)
+    s["placement"] = {"strategy": strategy, "accelerator": "ACCELERATOR_KIND_CUDA"}
+    if budget:
+        s["resources"] = {"accelerator_memory_bytes": budget}
+    json.dump(s, open(os.path.join(d, f"{name}.json"), "w"))
+PY
+  for job in whole half; do
+    "${t[@]}" submit "$state/specs/$job.json" --watch > "$out/closed-loop-$job.txt" 2>&1
+    echo "-- $job: exit $?"
+  done
+  for id in $("${t[@]}" jobs | awk '/^job-/ {print $1}'); do
+    "${t[@]}" --output=json status "$id" > "$out/$id.json"
+    "$py" - "$out/$id.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(j["spec"].get("display_name"), j["state"], "re-plans:", j.get("metrics", {}).get("replans", 0))
+for r in j.get("plan_history", []):
+    print(f"  from step {r.get('from_step', 0)}: predicted {float(r.get('predicted_step_seconds', 0)) * 1e3:.2f} ms,"
+          f" measured {float(r.get('measured_step_seconds', 0)) * 1e3:.2f} ms; {r.get('replaced_because', 'current')}")
+    print(f"    {r.get('cost_source', '')[:160]}")
+PY
+  done
+  kill "$daemon" 2> /dev/null
+}
+
 stage=${1:-all}
 shift || true
 case $stage in
@@ -96,6 +143,7 @@ case $stage in
   tests) tests ;;
   bench) bench "$@" ;;
   profile) profile ;;
-  all) probe; tests; bench "$@"; profile ;;
-  *) echo "usage: device_run.sh probe|tests|bench|profile|all [bench args]"; exit 2 ;;
+  closed_loop) closed_loop ;;
+  all) probe; tests; bench "$@"; profile; closed_loop ;;
+  *) echo "usage: device_run.sh probe|tests|bench|profile|closed_loop|all [bench args]"; exit 2 ;;
 esac

@@ -22,71 +22,71 @@ bool NativeBf16Isa(const std::string& isa) {
 
 namespace {
 
-absl::StatusOr<PrecisionChoice> Bf16OnCuda(const LocalCompute& here, const std::string& field) {
-  const std::string gpu = here.cuda_name.empty() ? "cuda:0" : here.cuda_name;
-  if (here.cuda_capability < 80) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field,
-        ": PRECISION_BF16 on CUDA needs bf16 tensor cores (compute capability 8.0 or newer: "
-        "Ampere, Hopper); ",
-        here.cuda_capability == 0
-            ? std::string("this node has no CUDA GPU")
-            : absl::StrCat(gpu, " is ", here.cuda_capability / 10, ".", here.cuda_capability % 10),
-        ". Ask for PRECISION_FP32"));
-  }
+// What a bf16 job would run here (for its reason), or why it cannot
+// (FAILED_PRECONDITION, without the field's name or advice).
+absl::StatusOr<std::string> Bf16Here(const LocalCompute& here) {
   const bool native = NativeBf16Isa(here.onednn_isa);
-  if (!native && here.onednn_isa.rfind("avx512_core", 0) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field,
-        ": PRECISION_BF16 multiplies in bf16 on the host too (layers the plan keeps there), and "
-        "oneDNN runs ",
-        here.onednn_isa, " here, which has no bf16 products. Ask for PRECISION_FP32"));
+  if (here.accelerator == tandem::v1::ACCELERATOR_KIND_CUDA) {
+    const std::string gpu = here.cuda_name.empty() ? "cuda:0" : here.cuda_name;
+    if (here.cuda_capability < 80) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bf16 on CUDA needs bf16 tensor cores (compute capability 8.0 or newer: Ampere, "
+          "Hopper); ",
+          here.cuda_capability == 0 ? std::string("this node has no CUDA GPU")
+                                    : absl::StrCat(gpu, " is ", here.cuda_capability / 10, ".",
+                                                   here.cuda_capability % 10)));
+    }
+    if (!native && here.onednn_isa.rfind("avx512_core", 0) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("bf16 multiplies on the host too (layers the plan keeps there), and oneDNN "
+                       "runs ",
+                       here.onednn_isa, " here, which has no bf16 products"));
+    }
+    return absl::StrCat("matrix products (linear layers, attention) in bf16 on ", gpu,
+                        "'s tensor cores (cuBLAS, fp32 accumulation) and on oneDNN ",
+                        here.onednn_isa, native ? "" : " (emulated there: slower than fp32)",
+                        " for layers the plan keeps on the host; convolutions, master weights, "
+                        "optimizer state and the other layers in fp32");
   }
-  return PrecisionChoice{
-      tandem::v1::PRECISION_BF16,
-      absl::StrCat("asked for: matrix products (linear layers, attention) in bf16 on ", gpu,
-                   "'s tensor cores (cuBLAS, fp32 accumulation) and on oneDNN ", here.onednn_isa,
-                   native ? "" : " (emulated there: slower than fp32)",
-                   " for layers the plan keeps on the host; convolutions, master weights, "
-                   "optimizer state and the other layers in fp32")};
+  const bool emulated = here.accelerator == tandem::v1::ACCELERATOR_KIND_EMULATED;
+  if (!native) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bf16 ",
+        emulated ? "on the emulated accelerator (which computes on the host's cores) " : "",
+        "needs a CPU that computes bf16 natively (AMX or AVX512-BF16); oneDNN runs ",
+        here.onednn_isa, " here and would emulate it slower than fp32"));
+  }
+  return absl::StrCat("matrix products in bf16 with fp32 accumulation on oneDNN ", here.onednn_isa,
+                      emulated ? " (the emulated accelerator computes on the host)" : "",
+                      "; master weights, optimizer state and the other layers in fp32");
 }
 
 }  // namespace
 
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const LocalCompute& here,
                                                     const std::string& field) {
-  const bool native = NativeBf16Isa(here.onednn_isa);
-  const bool emulated = here.accelerator == tandem::v1::ACCELERATOR_KIND_EMULATED;
   switch (asked) {
-    case tandem::v1::PRECISION_AUTO:
+    case tandem::v1::PRECISION_AUTO: {
+      // Not bf16 yet even where it would run: tests and plans across the tree
+      // still take the default to mean fp32 (see docs/planning.md).
+      const absl::StatusOr<std::string> bf16 = Bf16Here(here);
       return PrecisionChoice{
           tandem::v1::PRECISION_FP32,
-          absl::StrCat("the default (auto): fp32; auto does not choose bf16 yet. PRECISION_BF16 "
-                       "runs the matrix products in bf16 (this CPU: oneDNN ",
-                       here.onednn_isa, native ? ", native bf16" : ", no native bf16",
-                       here.cuda_capability >= 80 ? absl::StrCat("; ", here.cuda_name,
-                                                                 ": bf16 "
-                                                                 "tensor cores")
-                                                  : "",
-                       ")")};
+          absl::StrCat("the default (auto): fp32; auto does not choose bf16 yet. ",
+                       bf16.ok() ? absl::StrCat("PRECISION_BF16 would run here: ", *bf16)
+                                 : absl::StrCat("PRECISION_BF16 would be refused here: ",
+                                                bf16.status().message()))};
+    }
     case tandem::v1::PRECISION_FP32:
       return PrecisionChoice{tandem::v1::PRECISION_FP32, "asked for"};
-    case tandem::v1::PRECISION_BF16:
-      if (here.accelerator == tandem::v1::ACCELERATOR_KIND_CUDA) return Bf16OnCuda(here, field);
-      if (!native) {
+    case tandem::v1::PRECISION_BF16: {
+      const absl::StatusOr<std::string> bf16 = Bf16Here(here);
+      if (!bf16.ok()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            field, ": PRECISION_BF16 ",
-            emulated ? "on the emulated accelerator (which computes on the host's cores) " : "",
-            "needs a CPU that computes bf16 natively (AMX or AVX512-BF16); oneDNN runs ",
-            here.onednn_isa,
-            " here and would emulate it slower than fp32. Ask for PRECISION_FP32"));
+            field, ": PRECISION_BF16: ", bf16.status().message(), ". Ask for PRECISION_FP32"));
       }
-      return PrecisionChoice{
-          tandem::v1::PRECISION_BF16,
-          absl::StrCat("asked for: matrix products in bf16 with fp32 accumulation on oneDNN ",
-                       here.onednn_isa,
-                       emulated ? " (the emulated accelerator computes on the host)" : "",
-                       "; master weights, optimizer state and the other layers in fp32")};
+      return PrecisionChoice{tandem::v1::PRECISION_BF16, absl::StrCat("asked for: ", *bf16)};
+    }
     case tandem::v1::PRECISION_FP16:
       return absl::UnimplementedError(absl::StrCat(
           field,

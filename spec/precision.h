@@ -39,13 +39,14 @@ struct LocalCompute {
 bool NativeBf16Isa(const std::string& isa);
 
 // A job on this node or in `tandem train` (the daemon's job manager and the
-// Trainer both ask). AUTO is FP32 (auto does not pick bf16 yet; the reason says
-// how to ask for it); FP32 is FP32. BF16 on the CPU engine or the emulated
-// accelerator (which computes on the host) needs a CPU with native bf16, else
-// FAILED_PRECONDITION naming the ISA; on CUDA it needs a GPU of compute
-// capability 8.0 or newer and a host with at least avx512_core (for layers the
-// plan keeps there), else FAILED_PRECONDITION saying which. FP16 (GPUs) is
-// UNIMPLEMENTED. Errors name `field` (e.g. "precision" or "spec.precision").
+// Trainer both ask). BF16 on the CPU engine or the emulated accelerator (which
+// computes on the host) needs a CPU with native bf16, else FAILED_PRECONDITION
+// naming the ISA; on CUDA it needs a GPU of compute capability 8.0 or newer and
+// a host with at least avx512_core (for layers the plan keeps there), else
+// FAILED_PRECONDITION saying which. AUTO is FP32 (auto does not pick bf16 yet);
+// its reason says whether BF16 would run here and what it would run, or why
+// not. FP32 is FP32. FP16 (GPUs) is UNIMPLEMENTED. Errors name `field` (e.g. "precision" or
+// "spec.precision").
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(tandem::v1::Precision asked,
                                                     const LocalCompute& here,
                                                     const std::string& field);

@@ -15,14 +15,39 @@ using tandem::v1::ACCELERATOR_KIND_CUDA;
 using tandem::v1::ACCELERATOR_KIND_EMULATED;
 using tandem::v1::ACCELERATOR_KIND_NONE;
 
-TEST(PrecisionTest, HereAutoIsFp32AndBf16RunsOnTheCpuEngineOfANativeBf16Cpu) {
+TEST(PrecisionTest, HereAutoIsFp32AndSaysWhetherBf16WouldRun) {
   const LocalCompute native{.accelerator = ACCELERATOR_KIND_NONE, .onednn_isa = "avx512_core_amx"};
   absl::StatusOr<PrecisionChoice> automatic =
       ChoosePrecisionHere(PRECISION_AUTO, native, "precision");
   ASSERT_TRUE(automatic.ok());
   EXPECT_EQ(automatic->precision, PRECISION_FP32);
-  EXPECT_NE(automatic->reason.find("avx512_core_amx, native bf16"), std::string::npos)
+  EXPECT_NE(automatic->reason.find("auto does not choose bf16 yet. PRECISION_BF16 would run here: "
+                                   "matrix products in bf16 with fp32 accumulation on oneDNN "
+                                   "avx512_core_amx"),
+            std::string::npos)
       << automatic->reason;
+
+  absl::StatusOr<PrecisionChoice> plain =
+      ChoosePrecisionHere(PRECISION_AUTO, {.onednn_isa = "avx2"}, "precision");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->precision, PRECISION_FP32);
+  EXPECT_NE(plain->reason.find("PRECISION_BF16 would be refused here: bf16 needs a CPU"),
+            std::string::npos)
+      << plain->reason;
+  EXPECT_NE(plain->reason.find("oneDNN runs avx2"), std::string::npos) << plain->reason;
+
+  const LocalCompute volta{.accelerator = ACCELERATOR_KIND_CUDA,
+                           .onednn_isa = "avx512_core_amx",
+                           .cuda_capability = 70,
+                           .cuda_name = "Tesla V100"};
+  absl::StatusOr<PrecisionChoice> old_gpu = ChoosePrecisionHere(PRECISION_AUTO, volta, "p");
+  ASSERT_TRUE(old_gpu.ok());
+  EXPECT_EQ(old_gpu->precision, PRECISION_FP32);
+  EXPECT_NE(old_gpu->reason.find("Tesla V100 is 7.0"), std::string::npos) << old_gpu->reason;
+}
+
+TEST(PrecisionTest, HereBf16RunsOnTheCpuEngineOfANativeBf16Cpu) {
+  const LocalCompute native{.accelerator = ACCELERATOR_KIND_NONE, .onednn_isa = "avx512_core_amx"};
   EXPECT_EQ(ChoosePrecisionHere(PRECISION_FP32, native, "precision")->reason, "asked for");
 
   absl::StatusOr<PrecisionChoice> bf16 = ChoosePrecisionHere(PRECISION_BF16, native, "precision");

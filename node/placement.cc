@@ -541,30 +541,30 @@ std::string AnalyticCostSource(const NodeOffer& node) {
 
 namespace {
 
-// The precision a PlanModel request's plans are for, by its cost source.
-absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest& rpc) {
+// The precision a PlanModel request's plans are for, by its cost source; for
+// this node, the one a job of `resolved` would run in here (ChoosePrecisionHere),
+// planned as it runs: fp32 tensors and copies, bf16 operand copies in each
+// layer's workspace.
+absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest& rpc,
+                                              const JobSpec& resolved) {
   const tandem::v1::Precision asked = rpc.spec().precision();
   switch (rpc.cost_source_case()) {
     case tandem::v1::PlanModelRequest::kProfile:
       return ChoosePrecisionForProfile(asked, rpc.profile());
     case tandem::v1::PlanModelRequest::kHardware:
       return ChoosePrecisionFor(asked, rpc.hardware(), "spec.precision");
-    default:
-      if (IsMixed(asked)) {
-        return absl::UnimplementedError(absl::StrCat(
-            "spec.precision: ", tandem::v1::Precision_Name(asked),
-            ": plans for this node are made in fp32 only so far. Plan it for a machine with "
-            "`tandem plan --precision=",
-            PrecisionName(asked), " --hardware=FILE`, or ask for PRECISION_FP32"));
+    default: {
+      TANDEM_ASSIGN_OR_RETURN(
+          PrecisionChoice choice,
+          ChoosePrecisionHere(asked, LocalComputeFor(resolved), "spec.precision"));
+      if (IsMixed(choice.precision)) {
+        absl::StrAppend(&choice.reason,
+                        ". Planned as it runs here: tensors between layers, weights and copies "
+                        "in fp32, each layer's bf16 operand copies in its workspace; timed at "
+                        "fp32 rates unless a bf16 layer profile was measured here");
       }
-      if (asked != tandem::v1::PRECISION_AUTO && asked != tandem::v1::PRECISION_FP32) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("spec.precision: unknown value ", static_cast<int>(asked)));
-      }
-      return PrecisionChoice{tandem::v1::PRECISION_FP32,
-                             asked == tandem::v1::PRECISION_AUTO
-                                 ? "the default (auto): plans for this node are made in fp32"
-                                 : "asked for"};
+      return choice;
+    }
   }
 }
 
@@ -584,7 +584,12 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   absl::StatusOr<JobSpec> resolved =
       ResolveJobSpec(rpc.spec(), remote || !node.cuda_devices.empty());
   if (!resolved.ok()) return spec_error(resolved.status());
-  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, context.resolve);
+  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision, PlanPrecision(rpc, *resolved));
+  // Here the model is built as a job would run it (its layers' bf16 workspace);
+  // for another machine ProfileInPrecision re-counts the fp32 analytic profile.
+  if (!remote) resolved->set_precision(precision.precision);
+  absl::StatusOr<JobModel> jm = BuildJobModel(
+      *resolved, context.resolve, remote ? DType::kF32 : ComputeDType(precision.precision));
   if (!jm.ok()) return spec_error(jm.status());
   const Model& model = *jm->model;
   const tandem::v1::Profile analytic =
@@ -610,7 +615,6 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
     default:
       break;
   }
-  TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision, PlanPrecision(rpc));
   if (remote) {
     TANDEM_ASSIGN_OR_RETURN(request.profile,
                             planner::ProfileInPrecision(request.profile, precision.precision));

@@ -449,5 +449,32 @@ TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
       << answer.status();
 }
 
+// Planned for this node in bf16, a model is laid out as a bf16 job runs here:
+// the same fp32 tensors plus each layer's bf16 operand copies, so it needs more
+// accelerator memory than in fp32. Where this CPU has no native bf16 the
+// request is refused as such a job would be.
+TEST(PlacementTest, PlanModelHereInBf16PlansTheLayoutABf16JobRuns) {
+  tandem::v1::PlanModelRequest fp32;
+  *fp32.mutable_spec() = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, int64_t{1} << 20);
+  fp32.mutable_spec()->set_precision(tandem::v1::PRECISION_FP32);
+  tandem::v1::PlanModelRequest bf16 = fp32;
+  bf16.mutable_spec()->set_precision(tandem::v1::PRECISION_BF16);
+  absl::StatusOr<tandem::v1::PlanModelResponse> a = PlanModel(fp32, TestNode());
+  absl::StatusOr<tandem::v1::PlanModelResponse> b = PlanModel(bf16, TestNode());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->precision(), tandem::v1::PRECISION_FP32);
+  const LocalCompute here = LocalComputeFor(bf16.spec());
+  if (!NativeBf16Isa(here.onednn_isa)) {
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
+    EXPECT_NE(b.status().message().find("spec.precision: "), std::string::npos) << b.status();
+    return;
+  }
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->precision(), tandem::v1::PRECISION_BF16);
+  EXPECT_NE(b->precision_reason().find("Planned as it runs here"), std::string::npos)
+      << b->precision_reason();
+  EXPECT_GT(b->plan().min_accelerator_memory_bytes(), a->plan().min_accelerator_memory_bytes());
+}
+
 }  // namespace
 }  // namespace tandem::node

@@ -32,18 +32,35 @@ using exec_test::Reference;
 using exec_test::RunSteps;
 using tandem::v1::Plan;
 
-// An executor of case `c`'s plan for the fixture's job on `device`.
-absl::StatusOr<std::unique_ptr<PlanExecutor>> OnDevice(const Fixture& f, const Case& c,
-                                                       HostAllocator* host,
-                                                       EmulatedAccelerator* device) {
+// `steps` steps of case `c`'s plan for the fixture's job on a 64 MiB emulated
+// accelerator: the losses (empty, with a failure added, if the executor could
+// not be made), the device's peak and the last step's timeline.
+struct EmulatedRun {
+  std::vector<double> losses;
+  int64_t peak_bytes = 0;
+  tandem::v1::Timeline timeline;
+};
+
+EmulatedRun RunOnEmulated(const Fixture& f, const Case& c, int steps) {
+  HostAllocator host;
+  EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9});
   ExecutorOptions options;
   options.plan = c.plan(*f.model, f.spec.training().batch_size());
   options.optimizer = f.spec.optimizer();
   options.max_batch = f.spec.training().batch_size();
   options.init_seed = f.spec.training().seed();
-  options.host_allocator = host;
-  options.accelerator = device;
-  return PlanExecutor::Create(*f.model, options);
+  options.host_allocator = &host;
+  options.accelerator = &device;
+  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = PlanExecutor::Create(*f.model, options);
+  EmulatedRun run;
+  if (!executor.ok()) {
+    ADD_FAILURE() << c.name << ": " << executor.status();
+    return run;
+  }
+  run.losses = RunSteps(f, **executor, steps);
+  run.peak_bytes = device.allocator()->stats().peak_total_bytes;
+  run.timeline = (*executor)->last_timeline();
+  return run;
 }
 
 class ExecutorMatchesCpuTest : public testing::TestWithParam<std::tuple<const char*, int>> {};
@@ -54,11 +71,8 @@ TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
   const Case c = Cases()[which];
   const int steps = 50;
   const std::vector<double> reference = Reference(f, steps);
-  HostAllocator host;
-  EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9});
-  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = OnDevice(f, c, &host, &device);
-  ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
-  const std::vector<double> losses = RunSteps(f, **executor, steps);
+  const EmulatedRun run = RunOnEmulated(f, c, steps);
+  const std::vector<double>& losses = run.losses;
   ASSERT_EQ(losses.size(), reference.size()) << c.name;
   // Clipping sums the gradient norm where each gradient is, in another order than
   // the CPU engine's one flat buffer: equal to rounding, not bitwise.
@@ -72,9 +86,9 @@ TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
     }
   }
   EXPECT_LT(losses.back(), losses.front()) << c.name;
-  EXPECT_LE(device.allocator()->stats().peak_total_bytes, 64 << 20);
+  EXPECT_LE(run.peak_bytes, 64 << 20);
   // The measured timeline of a finished step is there, in the simulator's format.
-  const tandem::v1::Timeline t = (*executor)->last_timeline();
+  const tandem::v1::Timeline& t = run.timeline;
   EXPECT_EQ(t.source(), "measured") << c.name;
   EXPECT_GT(t.iteration_seconds(), 0) << c.name;
   EXPECT_GT(t.spans_size(), 0) << c.name;
@@ -104,11 +118,8 @@ TEST_P(ExecutorMatchesCpuInBf16Test, LossTrajectoryMatchesTheCpuEngineInBf16) {
   const int steps = 30;
   const std::vector<double> reference = Reference(f, steps);
   const std::vector<double> reference_fp32 = Reference(fp32, steps);
-  HostAllocator host;
-  EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9});
-  absl::StatusOr<std::unique_ptr<PlanExecutor>> executor = OnDevice(f, c, &host, &device);
-  ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
-  const std::vector<double> losses = RunSteps(f, **executor, steps);
+  const EmulatedRun run = RunOnEmulated(f, c, steps);
+  const std::vector<double>& losses = run.losses;
   ASSERT_EQ(losses.size(), reference.size()) << c.name;
   const double rtol = 4e-3;
   double from_bf16 = 0, from_fp32 = 0;
@@ -125,7 +136,7 @@ TEST_P(ExecutorMatchesCpuInBf16Test, LossTrajectoryMatchesTheCpuEngineInBf16) {
   EXPECT_GT(from_fp32, 0) << c.name;
   EXPECT_LT(from_fp32, 0.02) << c.name;
   EXPECT_LT(losses.back(), losses.front()) << c.name;
-  EXPECT_LE(device.allocator()->stats().peak_total_bytes, 64 << 20);
+  EXPECT_LE(run.peak_bytes, 64 << 20);
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInBf16Test, testing::Range(0, 7),

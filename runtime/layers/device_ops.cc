@@ -12,24 +12,21 @@
 
 namespace tandem::device_ops {
 
+// On CUDA: run `call` (a cudaError_t launch named `what`, or an absl::Status
+// with what omitted), record a failure in ctx.cuda, and return.
 #ifdef TANDEM_HAVE_CUDA
-#define TANDEM_ON_CUDA(ctx, call, what)    \
+#define TANDEM_ON_CUDA(ctx, ...)           \
   if ((ctx).device == DeviceKind::kCuda) { \
-    (ctx).cuda->Check(call, what);         \
+    (ctx).cuda->Check(__VA_ARGS__);        \
     return;                                \
   }
 #else
-#define TANDEM_ON_CUDA(ctx, call, what)
+#define TANDEM_ON_CUDA(ctx, ...)
 #endif
 
 void Matmul(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
             float* c, const float* bias) {
-#ifdef TANDEM_HAVE_CUDA
-  if (ctx.device == DeviceKind::kCuda) {
-    ctx.cuda->Check(cuda::Matmul(ctx.cuda, shape, a, b, c, bias));
-    return;
-  }
-#endif
+  TANDEM_ON_CUDA(ctx, cuda::Matmul(ctx.cuda, shape, a, b, c, bias));
   cpu::Matmul(shape, a, b, c, bias);
 }
 
@@ -40,12 +37,7 @@ void ToBf16(const LayerContext& ctx, const float* x, uint16_t* out, int64_t n) {
 
 void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
                 const uint16_t* b, float* c, const float* bias) {
-#ifdef TANDEM_HAVE_CUDA
-  if (ctx.device == DeviceKind::kCuda) {
-    ctx.cuda->Check(cuda::MatmulBf16(ctx.cuda, shape, a, b, c, bias));
-    return;
-  }
-#endif
+  TANDEM_ON_CUDA(ctx, cuda::MatmulBf16(ctx.cuda, shape, a, b, c, bias));
   cpu::MatmulBf16(shape, a, b, c, bias);
 }
 

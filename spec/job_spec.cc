@@ -258,6 +258,103 @@ absl::Status ValidateResources(const tandem::v1::ResourceSpec& r) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateUpdates(const tandem::v1::UpdateSpec& u, const tandem::v1::TrainingSpec& t) {
+  switch (u.rule_case()) {
+    case tandem::v1::UpdateSpec::kHogwild:
+      return InRange("updates.hogwild.workers", u.hogwild().workers(), 0, 64);
+    case tandem::v1::UpdateSpec::kEasgd: {
+      const auto& e = u.easgd();
+      TANDEM_RETURN_IF_ERROR(InRange("updates.easgd.replicas", e.replicas(), 0, 64));
+      if (e.has_alpha() && !(e.alpha() > 0 && e.alpha() < 1)) {
+        return FieldError("updates.easgd.alpha",
+                          absl::StrCat("must be in (0, 1) (the elasticity), got ", e.alpha()));
+      }
+      if (e.has_period())
+        TANDEM_RETURN_IF_ERROR(InRange("updates.easgd.period", e.period(), 1, 1 << 20));
+      return absl::OkStatus();
+    }
+    case tandem::v1::UpdateSpec::kSwa: {
+      const auto& w = u.swa();
+      TANDEM_RETURN_IF_ERROR(
+          InRange<int64_t>("updates.swa.start_step", w.start_step(), 0, 1000000000));
+      if (w.has_period()) {
+        TANDEM_RETURN_IF_ERROR(InRange<int64_t>("updates.swa.period", w.period(), 1, 1000000000));
+      }
+      if (t.duration_case() == tandem::v1::TrainingSpec::kSteps && w.start_step() > t.steps()) {
+        return FieldError(
+            "updates.swa.start_step",
+            absl::StrCat(w.start_step(), " is after the run's last step (training.steps ",
+                         t.steps(), "): nothing would be averaged"));
+      }
+      return absl::OkStatus();
+    }
+    case tandem::v1::UpdateSpec::kParameterServer: {
+      const auto& ps = u.parameter_server();
+      if (ps.has_staleness()) {
+        TANDEM_RETURN_IF_ERROR(
+            InRange("updates.parameter_server.staleness", ps.staleness(), 0, 1024));
+      }
+      TANDEM_RETURN_IF_ERROR(InRange("updates.parameter_server.workers", ps.workers(), 0, 64));
+      return InRange("updates.parameter_server.shards", ps.shards(), 0, 256);
+    }
+    case tandem::v1::UpdateSpec::kSynchronous:
+    case tandem::v1::UpdateSpec::RULE_NOT_SET:
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// Fills the rule's defaults; Hogwild and the parameter server run CPU workers.
+absl::Status ResolveUpdates(JobSpec& r) {
+  auto* u = r.mutable_updates();
+  const bool cpu_workers = u->has_hogwild() || u->has_parameter_server();
+  switch (u->rule_case()) {
+    case tandem::v1::UpdateSpec::kHogwild:
+      if (u->hogwild().workers() == 0) u->mutable_hogwild()->set_workers(2);
+      break;
+    case tandem::v1::UpdateSpec::kEasgd: {
+      auto* e = u->mutable_easgd();
+      if (e->replicas() == 0) e->set_replicas(2);
+      if (!e->has_alpha()) e->set_alpha(0.1f);
+      if (!e->has_period()) e->set_period(4);
+      break;
+    }
+    case tandem::v1::UpdateSpec::kSwa:
+      // start_step 0 (75% of the run) is filled by the trainer, which knows
+      // the run's length when it is given in epochs.
+      if (!u->swa().has_period()) u->mutable_swa()->set_period(1);
+      break;
+    case tandem::v1::UpdateSpec::kParameterServer: {
+      auto* ps = u->mutable_parameter_server();
+      if (!ps->has_staleness()) ps->set_staleness(2);
+      if (ps->workers() == 0) ps->set_workers(2);
+      if (ps->shards() == 0) ps->set_shards(4);
+      break;
+    }
+    case tandem::v1::UpdateSpec::kSynchronous:
+      break;
+    case tandem::v1::UpdateSpec::RULE_NOT_SET:
+      u->mutable_synchronous();
+      break;
+  }
+  if (!cpu_workers) return absl::OkStatus();
+  auto* p = r.mutable_placement();
+  const std::string rule = u->has_hogwild() ? "updates.hogwild" : "updates.parameter_server";
+  if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED ||
+      p->strategy() == tandem::v1::STRATEGY_AUTO) {
+    p->set_strategy(tandem::v1::STRATEGY_CPU_ONLY);
+  } else if (p->strategy() != tandem::v1::STRATEGY_CPU_ONLY) {
+    return FieldError(rule,
+                      absl::StrCat("its workers run on the CPU engine; placement.strategy ",
+                                   tandem::v1::Strategy_Name(p->strategy()),
+                                   " cannot run them (use STRATEGY_CPU_ONLY or leave it out)"));
+  }
+  if (r.precision() == tandem::v1::PRECISION_BF16 || r.precision() == tandem::v1::PRECISION_FP16) {
+    return FieldError(rule, "its workers run in fp32; set precision to FP32 or AUTO");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -270,7 +367,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!tandem::v1::Precision_IsValid(spec.precision())) {
     return FieldError("precision", absl::StrCat("unknown value ", spec.precision()));
   }
-  return absl::OkStatus();
+  return ValidateUpdates(spec.updates(), spec.training());
 }
 
 absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator) {
@@ -309,6 +406,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
                                        : tandem::v1::ACCELERATOR_KIND_NONE);
   }
   if (p->replan_threshold() == 0) p->set_replan_threshold(kDefaultReplanThreshold);
+  TANDEM_RETURN_IF_ERROR(ResolveUpdates(r));
   const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
     p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE

@@ -1,6 +1,7 @@
 // Job files: YAML and JSON parsing, validation errors naming the field, defaults.
 #include "spec/job_spec.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -112,6 +113,66 @@ TEST(JobSpecTest, ResolveFillsDefaults) {
   EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_CPU_ONLY);
   absl::StatusOr<tandem::v1::JobSpec> gpu = ResolveJobSpec(*spec, /*has_accelerator=*/true);
   EXPECT_EQ(gpu->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+}
+
+// Resolves kValid with `updates` (YAML flow mapping) added.
+absl::StatusOr<tandem::v1::JobSpec> ResolveWithUpdates(const std::string& updates,
+                                                       bool has_accelerator = false,
+                                                       const std::string& extra = "") {
+  absl::StatusOr<tandem::v1::JobSpec> spec =
+      ParseJobSpec(absl::StrCat(kValid, "updates: ", updates, "\n", extra), "job.yaml");
+  if (!spec.ok()) return spec.status();
+  return ResolveJobSpec(*spec, has_accelerator);
+}
+
+TEST(JobSpecTest, UpdateRulesGetTheirDefaults) {
+  absl::StatusOr<tandem::v1::JobSpec> plain =
+      ResolveJobSpec(*ParseJobSpec(kValid, "j.yaml"), false);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->updates().has_synchronous());
+  absl::StatusOr<tandem::v1::JobSpec> h = ResolveWithUpdates("{hogwild: {}}", true);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->updates().hogwild().workers(), 2);
+  // The workers are CPU threads even where the node has an accelerator.
+  EXPECT_EQ(h->placement().strategy(), tandem::v1::STRATEGY_CPU_ONLY);
+  absl::StatusOr<tandem::v1::JobSpec> e = ResolveWithUpdates("{easgd: {}}");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->updates().easgd().replicas(), 2);
+  EXPECT_FLOAT_EQ(e->updates().easgd().alpha(), 0.1f);
+  EXPECT_EQ(e->updates().easgd().period(), 4);
+  absl::StatusOr<tandem::v1::JobSpec> ps = ResolveWithUpdates("{parameter_server: {staleness: 0}}");
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  EXPECT_TRUE(ps->updates().parameter_server().has_staleness());
+  EXPECT_EQ(ps->updates().parameter_server().staleness(), 0);  // 0 is kept, not defaulted
+  EXPECT_EQ(ps->updates().parameter_server().shards(), 4);
+  absl::StatusOr<tandem::v1::JobSpec> swa = ResolveWithUpdates("{swa: {start_step: 2}}");
+  ASSERT_TRUE(swa.ok()) << swa.status();
+  EXPECT_EQ(swa->updates().swa().period(), 1);
+}
+
+TEST(JobSpecTest, BadUpdateRuleParametersNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{easgd: {alpha: 1.5}}", "updates.easgd.alpha: must be in (0, 1)"},
+      {"{easgd: {alpha: 0}}", "updates.easgd.alpha: must be in (0, 1)"},
+      {"{easgd: {period: 0}}", "updates.easgd.period: must be in [1,"},
+      {"{parameter_server: {staleness: -1}}", "updates.parameter_server.staleness: must be in [0,"},
+      {"{parameter_server: {shards: 300}}", "updates.parameter_server.shards"},
+      {"{hogwild: {workers: 65}}", "updates.hogwild.workers"},
+      {"{swa: {start_step: 3}}", "updates.swa.start_step: 3 is after the run's last step"},
+      {"{swa: {start_step: 1, period: 0}}", "updates.swa.period"},
+  };
+  for (const auto& [updates, error] : cases) {
+    absl::StatusOr<tandem::v1::JobSpec> r = ResolveWithUpdates(updates);
+    ASSERT_FALSE(r.ok()) << updates;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << updates;
+    EXPECT_NE(r.status().message().find(error), std::string::npos) << r.status();
+  }
+  absl::StatusOr<tandem::v1::JobSpec> offload =
+      ResolveWithUpdates("{hogwild: {}}", true, "placement: {strategy: STRATEGY_ZERO_OFFLOAD}\n");
+  ASSERT_FALSE(offload.ok());
+  EXPECT_NE(offload.status().message().find("updates.hogwild: its workers run on the CPU engine"),
+            std::string::npos)
+      << offload.status();
 }
 
 }  // namespace

@@ -766,6 +766,16 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
   if (m.predicted_step_seconds() > 0) {
     metrics_->job_predicted_step_seconds.Add(labels).Set(m.predicted_step_seconds());
   }
+  const auto& u = m.updates();
+  if (!u.rule().empty()) {
+    metrics_->job_update_rule.Add({{"job_id", entry.job.id()}, {"rule", u.rule()}}).Set(1);
+    metrics_->job_update_staleness.Add({{"job_id", entry.job.id()}, {"stat", "mean"}})
+        .Set(u.mean_staleness());
+    metrics_->job_update_staleness.Add({{"job_id", entry.job.id()}, {"stat", "max"}})
+        .Set(static_cast<double>(u.max_staleness()));
+    metrics_->job_update_wait_seconds.Add(labels).Set(u.wait_seconds());
+    metrics_->job_update_exchanges.Add(labels).Set(static_cast<double>(u.exchanges()));
+  }
 }
 
 void JobManager::RunJob(std::shared_ptr<Entry> entry) {
@@ -903,6 +913,7 @@ void JobManager::RecordStep(Entry& entry, const JobEvent::StepProgress& p,
   m->set_loss(p.loss());
   m->set_samples_per_second(p.samples_per_second());
   m->set_step_seconds(p.step_seconds());
+  if (p.has_updates()) *m->mutable_updates() = p.updates();
   entry.job.set_last_event_sequence(entry.log->last_sequence());
   UpdateJobMetrics(entry);
 }
@@ -1090,8 +1101,15 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
   for (auto* f : {&metrics_->job_loss, &metrics_->job_samples_per_second,
                   &metrics_->job_step_seconds, &metrics_->job_progress,
                   &metrics_->job_eval_accuracy, &metrics_->job_predicted_step_seconds,
-                  &metrics_->job_checked_step_seconds, &metrics_->job_step_time_ratio}) {
+                  &metrics_->job_checked_step_seconds, &metrics_->job_step_time_ratio,
+                  &metrics_->job_update_wait_seconds, &metrics_->job_update_exchanges}) {
     RemoveSeries(*f, old);
+  }
+  for (const char* rule : {"synchronous", "hogwild", "easgd", "swa", "parameter_server"}) {
+    RemoveSeries(metrics_->job_update_rule, {{"job_id", job_id}, {"rule", rule}});
+  }
+  for (const char* stat : {"mean", "max"}) {
+    RemoveSeries(metrics_->job_update_staleness, {{"job_id", job_id}, {"stat", stat}});
   }
   RemoveSeries(metrics_->job_step_duration, old, metrics_->job_step_duration_buckets);
   RemoveSeries(metrics_->job_steps, old);

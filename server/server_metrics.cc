@@ -62,6 +62,18 @@ ServerMetrics::ServerMetrics()
                        "Optimizer steps completed by the job in this process.", *registry)),
       job_predicted_step_seconds(Family(BuildGauge(), "tandem_job_predicted_step_seconds",
                                         "Step time the job's plan predicted.", *registry)),
+      job_update_rule(Family(BuildGauge(), "tandem_job_update_rule_info",
+                             "1 for the update rule the job runs (label rule).", *registry)),
+      job_update_staleness(
+          Family(BuildGauge(), "tandem_job_update_staleness",
+                 "Versions a gradient lagged the weights it was applied to: mean and max (label "
+                 "stat), parameter server and Hogwild.",
+                 *registry)),
+      job_update_wait_seconds(
+          Family(BuildGauge(), "tandem_job_update_wait_seconds",
+                 "Seconds the job's workers waited on the staleness bound, summed.", *registry)),
+      job_update_exchanges(Family(BuildGauge(), "tandem_job_update_exchanges",
+                                  "EASGD exchanges with the centre variable.", *registry)),
       job_checked_step_seconds(
           Family(BuildGauge(), "tandem_job_checked_step_seconds",
                  "Median step wall time of the job's latest plan check (closed-loop planning).",

@@ -44,6 +44,11 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Gauge>& job_progress;
   prometheus::Family<prometheus::Counter>& job_steps;
   prometheus::Family<prometheus::Gauge>& job_predicted_step_seconds;
+  // JobSpec.updates: the rule (an info gauge), staleness, waits and exchanges.
+  prometheus::Family<prometheus::Gauge>& job_update_rule;
+  prometheus::Family<prometheus::Gauge>& job_update_staleness;
+  prometheus::Family<prometheus::Gauge>& job_update_wait_seconds;
+  prometheus::Family<prometheus::Gauge>& job_update_exchanges;
   prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;
   prometheus::Family<prometheus::Gauge>& job_step_time_ratio;
   prometheus::Family<prometheus::Counter>& replans;

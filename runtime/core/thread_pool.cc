@@ -14,23 +14,24 @@ ThreadPool::ThreadPool(int threads, std::string name) : name_(std::move(name)) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(task));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_all();
 }
 
 void ThreadPool::WaitIdle() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](ThreadPool* p)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->queue_.empty() && p->running_ == 0; },
-      this));
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return queue_.empty() && running_ == 0; });
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -39,19 +40,19 @@ void ThreadPool::WorkerLoop(int index) {
   while (true) {
     std::function<void()> task;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](ThreadPool* p)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->stopping_ || !p->queue_.empty(); },
-          this));
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // Stopping with nothing left to run.
       task = std::move(queue_.front());
       queue_.pop_front();
       ++running_;
     }
     task();
-    absl::MutexLock lock(&mu_);
-    --running_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --running_;
+    }
+    cv_.notify_all();
   }
 }
 

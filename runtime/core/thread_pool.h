@@ -5,14 +5,13 @@
 #ifndef TANDEM_RUNTIME_CORE_THREAD_POOL_H_
 #define TANDEM_RUNTIME_CORE_THREAD_POOL_H_
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 
 namespace tandem {
 
@@ -34,10 +33,15 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   const std::string name_;
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  int running_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built for
+  // ThreadSanitizer, which would see neither its locking nor the conditions
+  // it evaluates on the unlocking thread. queue_, running_ and stopping_ are
+  // guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  int running_ = 0;
+  bool stopping_ = false;
   std::vector<std::thread> workers_;
 };
 

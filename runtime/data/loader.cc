@@ -13,12 +13,12 @@ BatchLoader::BatchLoader(const Dataset& dataset, int64_t batch_size, bool shuffl
 }
 
 BatchLoader::~BatchLoader() {
-  if (ready_) ready_->WaitForNotification();
+  if (ready_.valid()) ready_.wait();
 }
 
 void BatchLoader::Seek(int64_t epoch, int64_t offset) {
-  if (ready_) ready_->WaitForNotification();
-  ready_.reset();
+  if (ready_.valid()) ready_.wait();
+  ready_ = std::future<void>();
   prefetched_ = false;
   epoch_ = epoch;
   offset_ = offset;
@@ -62,11 +62,11 @@ void BatchLoader::StartPrefetch() {
   const int64_t epoch = epoch_, offset = offset_;
   Order(epoch);
   Batch* slot = &slots_[1 - current_];
-  ready_ = std::make_unique<absl::Notification>();
-  absl::Notification* done = ready_.get();
+  auto done = std::make_shared<std::promise<void>>();
+  ready_ = done->get_future();
   worker_->Schedule([this, epoch, offset, slot, done] {
     Fill(epoch, offset, slot);
-    done->Notify();
+    done->set_value();
   });
   prefetched_ = true;
 }
@@ -76,7 +76,7 @@ const Batch& BatchLoader::Next() {
     Fill(epoch_, offset_, &slots_[current_]);
   } else {
     if (!prefetched_) StartPrefetch();
-    ready_->WaitForNotification();
+    ready_.wait();
     current_ = 1 - current_;
   }
   const Batch& batch = slots_[current_];

@@ -25,13 +25,21 @@ int64_t CountCorrect(const float* logits, const int32_t* targets, int64_t rows, 
 
 absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
     const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
-    uint64_t init_seed, Allocator* allocator) {
+    uint64_t init_seed, Allocator* allocator, const SharedWeights* shared) {
   std::unique_ptr<CpuRunner> r(new CpuRunner(model, allocator));
   r->max_batch_ = max_batch;
   TANDEM_ASSIGN_OR_RETURN(r->state_, ModelState::Allocate(model, allocator));
-  model.Initialize(r->state_.params(), r->state_.buffers(), init_seed);
-  TANDEM_ASSIGN_OR_RETURN(r->optimizer_,
-                          Optimizer::Create(optimizer, model.parameter_elements(), allocator));
+  if (shared != nullptr) {
+    r->params_ = shared->params;
+    r->buffers_ = shared->buffers;
+    r->optimizer_ = Optimizer::Stateless(optimizer);
+  } else {
+    r->params_ = r->state_.params();
+    r->buffers_ = r->state_.buffers();
+    model.Initialize(r->params_, r->buffers_, init_seed);
+    TANDEM_ASSIGN_OR_RETURN(r->optimizer_,
+                            Optimizer::Create(optimizer, model.parameter_elements(), allocator));
+  }
   int64_t max_grad = model.data().sample_shape.elements() * 4 * max_batch;
   for (int l = 0; l < model.num_layers(); ++l) {
     const Layer& layer = model.layer(l);
@@ -56,10 +64,11 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
 LayerContext CpuRunner::Context(int l, bool training, const StepOptions& options,
                                 const int32_t* targets) {
   LayerContext ctx;
-  ctx.params = state_.layer_params(model_, l);
+  ctx.params = params_ + model_.param_offset(l);
   ctx.grads = state_.layer_grads(model_, l);
-  ctx.buffers = state_.layer_buffers(model_, l);
+  ctx.buffers = model_.buffer_elements() == 0 ? nullptr : buffers_ + model_.buffer_offset(l);
   ctx.training = training;
+  ctx.running_stats_momentum = options.running_stats_momentum;
   ctx.seed = options.seed;
   // Dropout differs per step and per layer; resuming at the same step gives the
   // same masks.
@@ -85,6 +94,16 @@ const float* CpuRunner::Forward(const Batch& batch, bool training, const StepOpt
 }
 
 absl::StatusOr<StepResult> CpuRunner::TrainStep(const Batch& batch, const StepOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(StepResult result, ComputeGradients(batch, options));
+  const float scale = Optimizer::ClipScale(result.grad_norm, optimizer_->spec().max_grad_norm());
+  const double start = timing_sink_ ? WallSeconds() : 0;
+  optimizer_->Step(params_, state_.grads(), options.learning_rate, scale);
+  if (timing_sink_) timing_sink_->Record(-1, Phase::kUpdate, WallSeconds() - start);
+  return result;
+}
+
+absl::StatusOr<StepResult> CpuRunner::ComputeGradients(const Batch& batch,
+                                                       const StepOptions& options) {
   if (batch.size > max_batch_ || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
@@ -116,15 +135,18 @@ absl::StatusOr<StepResult> CpuRunner::TrainStep(const Batch& batch, const StepOp
     std::swap(dy, dx);
   }
 
-  float scale = 1.0f;
   if (optimizer_->spec().max_grad_norm() > 0) {
     result.grad_norm = std::sqrt(optim::SumOfSquares(state_.grads(), model_.parameter_elements()));
-    scale = Optimizer::ClipScale(result.grad_norm, optimizer_->spec().max_grad_norm());
   }
-  const double start = timing_sink_ ? WallSeconds() : 0;
-  optimizer_->Step(state_.params(), state_.grads(), options.learning_rate, scale);
-  if (timing_sink_) timing_sink_->Record(-1, Phase::kUpdate, WallSeconds() - start);
   return result;
+}
+
+absl::Status CpuRunner::TrainingForward(const Batch& batch, const StepOptions& options) {
+  if (batch.size > max_batch_ || batch.size <= 0) {
+    return absl::InvalidArgumentError("batch larger than the runner was sized for");
+  }
+  Forward(batch, true, options);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<EvalResult> CpuRunner::EvalBatch(const Batch& batch) {
@@ -144,9 +166,12 @@ absl::StatusOr<EvalResult> CpuRunner::EvalBatch(const Batch& batch) {
 
 HostStateView CpuRunner::host_state() {
   HostStateView v;
-  v.params = state_.params();
-  v.buffers = state_.buffers();
-  for (int i = 0; i < optimizer_->state_count(); ++i) v.moments.push_back(optimizer_->state(i));
+  v.params = params_;
+  v.buffers = buffers_;
+  // A worker on shared weights has no moments of its own.
+  if (optimizer_->elements() > 0) {
+    for (int i = 0; i < optimizer_->state_count(); ++i) v.moments.push_back(optimizer_->state(i));
+  }
   v.optimizer = optimizer_.get();
   return v;
 }

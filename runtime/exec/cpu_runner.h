@@ -13,15 +13,35 @@
 
 namespace tandem {
 
+// Weights and batch-norm buffers that live elsewhere (another runner's, a
+// parameter server's), which a runner reads and writes in place of its own.
+struct SharedWeights {
+  float* params = nullptr;
+  float* buffers = nullptr;
+};
+
 class CpuRunner final : public StepRunner {
  public:
   // `model` must outlive the runner. Initial parameters from `init_seed`.
-  // `max_batch` bounds every batch the runner will see.
+  // `max_batch` bounds every batch the runner will see. With `shared`, the
+  // runner computes on those weights (which must outlive it) instead of
+  // initialising its own, and has no optimizer state of its own: it is a
+  // worker whose updates someone else applies (update_rules.h).
   static absl::StatusOr<std::unique_ptr<CpuRunner>> Create(
       const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
-      uint64_t init_seed, Allocator* allocator);
+      uint64_t init_seed, Allocator* allocator, const SharedWeights* shared = nullptr);
 
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
+  // Forward and backward only: the batch's gradient (of the mean loss) into
+  // grads(), the weights untouched except for batch-norm running statistics.
+  // grad_norm is filled when the optimizer clips.
+  absl::StatusOr<StepResult> ComputeGradients(const Batch& batch, const StepOptions& options);
+  // Forward only, in training mode (batch statistics, dropout): what moves the
+  // batch-norm running statistics, by options.running_stats_momentum when set.
+  absl::Status TrainingForward(const Batch& batch, const StepOptions& options);
+  float* grads() const { return state_.grads(); }
+  float* params() const { return params_; }
+  float* buffers() const { return buffers_; }
   absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;
   absl::Status SyncStateToHost() override { return absl::OkStatus(); }
   HostStateView host_state() override;
@@ -41,6 +61,9 @@ class CpuRunner final : public StepRunner {
   const Model& model_;
   Allocator* const allocator_;
   ModelState state_;
+  // state_'s weights, or the shared ones.
+  float* params_ = nullptr;
+  float* buffers_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
   int64_t max_batch_ = 0;
   // Per layer: its output and its saved tensors, sized for max_batch_.

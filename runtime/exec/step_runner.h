@@ -15,6 +15,7 @@
 #include "runtime/device/timing_sink.h"
 #include "runtime/model/model.h"
 #include "runtime/optim/optimizer.h"
+#include "tandem/v1/job.pb.h"
 #include "tandem/v1/plan.pb.h"
 #include "tandem/v1/schedule.pb.h"
 
@@ -25,6 +26,9 @@ struct StepOptions {
   int64_t step = 0;
   float learning_rate = 1e-3f;
   uint64_t seed = 0;
+  // > 0: batch-norm running statistics move by this much instead of by the
+  // layer's momentum (LayerContext::running_stats_momentum).
+  float running_stats_momentum = 0;
 };
 
 struct StepResult {
@@ -80,6 +84,9 @@ class StepRunner {
   // Conditions a user should know that do not stop training (host memory that
   // could not be page-locked, so copies run at pageable speed); one line each.
   virtual std::vector<std::string> warnings() const { return {}; }
+  // What a runner of an update rule other than synchronous did (update_rules.h);
+  // empty for the others.
+  virtual tandem::v1::UpdateStats update_stats() const { return tandem::v1::UpdateStats(); }
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 

@@ -65,6 +65,10 @@ struct LayerContext {
   // This forward repeats one already run (activation recompute): it must produce
   // the same result and leave state alone (no running-statistics update).
   bool recompute = false;
+  // When > 0, the momentum of running-statistics updates in place of the
+  // layer's own: 1/n for the n-th batch gives their plain average (SWA's
+  // recomputation of batch-norm statistics for an averaged model).
+  float running_stats_momentum = 0;
   // Randomness for this call (dropout): a counter-based stream, see random.h.
   uint64_t seed = 0;
   uint64_t rng_stream = 0;

@@ -123,10 +123,10 @@ void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor
     }
     const double n = static_cast<double>(g.rows);
     const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
-    ctx.cuda->Check(
-        cuda::BatchNormFinishForward(variance, mean, running_mean, running_var, channels_, epsilon_,
-                                     ctx.recompute ? 0.0f : momentum_, unbias, ctx.cuda->stream),
-        "BatchNormFinishForward");
+    ctx.cuda->Check(cuda::BatchNormFinishForward(
+                        variance, mean, running_mean, running_var, channels_, epsilon_,
+                        ctx.recompute ? 0.0f : Momentum(ctx), unbias, ctx.cuda->stream),
+                    "BatchNormFinishForward");
     return;
   }
 #endif
@@ -147,11 +147,12 @@ void BatchNorm2d::Forward(const LayerContext& ctx, const Tensor& x, const Tensor
   cpu::Execute(p.training, args);
   // PyTorch's running statistics: the variance is the unbiased estimate.
   if (ctx.recompute) return;  // The first run already updated the running statistics.
+  const float momentum = Momentum(ctx);
   const double n = static_cast<double>(x.elements() / channels_);
   const float unbias = n > 1 ? static_cast<float>(n / (n - 1)) : 1.0f;
   for (int64_t c = 0; c < channels_; ++c) {
-    running_mean[c] = (1 - momentum_) * running_mean[c] + momentum_ * mean[c];
-    running_var[c] = (1 - momentum_) * running_var[c] + momentum_ * variance[c] * unbias;
+    running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[c];
+    running_var[c] = (1 - momentum) * running_var[c] + momentum * variance[c] * unbias;
   }
 }
 

@@ -35,6 +35,9 @@ class BatchNorm2d final : public Layer {
   struct Primitives;
   const Primitives& Get(int64_t batch) const;
 
+  float Momentum(const LayerContext& ctx) const {
+    return ctx.running_stats_momentum > 0 ? ctx.running_stats_momentum : momentum_;
+  }
   const float momentum_, epsilon_;
   int64_t channels_ = 0;
   struct Cache;

@@ -50,13 +50,12 @@ float Optimizer::LearningRate(int64_t step, int64_t total_steps) const {
                             (base - spec_.min_learning_rate()) * cosine);
 }
 
-const StepConstants& Optimizer::BeginStep(float learning_rate, float grad_scale) {
-  ++step_;
-  StepConstants& c = current_;
+StepConstants Optimizer::ConstantsAt(int64_t t, float learning_rate, float grad_scale) const {
+  StepConstants c;
   c.kind = spec_.kind() == tandem::v1::OPTIMIZER_KIND_UNSPECIFIED ? tandem::v1::OPTIMIZER_KIND_ADAM
                                                                   : spec_.kind();
   c.learning_rate = learning_rate;
-  c.t = step_;
+  c.t = t;
   c.adam = optim::AdamStep{.lr = learning_rate,
                            .beta1 = spec_.beta1(),
                            .beta2 = spec_.beta2(),
@@ -64,14 +63,20 @@ const StepConstants& Optimizer::BeginStep(float learning_rate, float grad_scale)
                            .weight_decay = spec_.weight_decay(),
                            .decoupled = c.kind == tandem::v1::OPTIMIZER_KIND_ADAMW,
                            .grad_scale = grad_scale,
-                           .t = step_};
+                           .t = t};
   c.sgd = optim::SgdStep{.lr = learning_rate,
                          .momentum = spec_.momentum(),
                          .nesterov = spec_.nesterov(),
                          .weight_decay = spec_.weight_decay(),
                          .grad_scale = grad_scale,
-                         .first_step = step_ == 1};
+                         .first_step = t == 1};
   return c;
+}
+
+const StepConstants& Optimizer::BeginStep(float learning_rate, float grad_scale) {
+  ++step_;
+  current_ = ConstantsAt(step_, learning_rate, grad_scale);
+  return current_;
 }
 
 void Optimizer::UpdateSlice(const StepConstants& c, float* params, const float* grads,

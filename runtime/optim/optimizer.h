@@ -52,6 +52,10 @@ class Optimizer {
   // Starts step t = step() + 1 with the given learning rate; `grad_scale`
   // multiplies every gradient (global-norm clipping). Returns its constants.
   const StepConstants& BeginStep(float learning_rate, float grad_scale);
+  // The constants of step `t` (1-based) without starting it: for workers that
+  // update shared state concurrently, each with its own t (Hogwild, the
+  // parameter server).
+  StepConstants ConstantsAt(int64_t t, float learning_rate, float grad_scale) const;
   const StepConstants& current() const { return current_; }
   // Updates elements [begin, begin + n) of the flat buffers with the current
   // step's constants; `states` has state_count() pointers at the same offset.

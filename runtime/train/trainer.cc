@@ -18,6 +18,7 @@
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/job_model.h"
+#include "runtime/train/update_rules.h"
 #include "spec/job_spec.h"
 #include "spec/precision.h"
 
@@ -50,7 +51,23 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   return out;
 }
 
+constexpr char kSwaFile[] = "swa.tdm";
+
 }  // namespace
+
+absl::StatusOr<EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data,
+                                         int64_t batch_size) {
+  BatchLoader loader(data, batch_size, /*shuffle=*/false, 0);
+  EvalResult total;
+  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+    TANDEM_ASSIGN_OR_RETURN(const EvalResult r, runner.EvalBatch(loader.Next()));
+    total.loss_sum += r.loss_sum;
+    total.correct += r.correct;
+    total.positions += r.positions;
+    total.samples += r.samples;
+  }
+  return total;
+}
 
 Trainer::~Trainer() = default;
 
@@ -70,7 +87,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
     t->resolved_.set_precision(precision.precision);
   }
   const auto& training = t->resolved_.training();
-  if (t->options_.threads > 0) omp_set_num_threads(t->options_.threads);
+  // A rule with workers gives each a share of the threads; the trainer's
+  // thread takes a worker's share too (WorkerThreads says why).
+  const bool workers = t->resolved_.updates().has_hogwild() ||
+                       t->resolved_.updates().has_parameter_server() ||
+                       t->resolved_.updates().has_easgd();
+  t->omp_threads_ =
+      workers ? WorkerThreads(t->resolved_, t->options_.threads) : t->options_.threads;
+  if (t->omp_threads_ > 0) omp_set_num_threads(t->omp_threads_);
   TANDEM_ASSIGN_OR_RETURN(
       t->data_, OpenDatasets(t->resolved_.data(), training.seed(), t->options_.resolve_path,
                              ModelContext(t->resolved_), t->options_.data_reserved_bytes));
@@ -91,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
                                              t->resolved_.data().shuffle(), training.seed());
   t->total_steps_ = TotalSteps(t->resolved_, t->data_.train->size());
   t->progress_.set_total_steps(t->total_steps_);
+  TANDEM_RETURN_IF_ERROR(t->SetUpSwa());
   if (!t->options_.checkpoint_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(t->options_.checkpoint_dir, ec);
@@ -138,6 +163,7 @@ absl::Status Trainer::LoadNewestCheckpoint() {
     checkpoint_path_ = path;
     checkpoint_step_ = step_;
     progress_.set_step(step_);
+    LoadSwa();
     Log(tandem::v1::LOG_SEVERITY_INFO,
         absl::StrCat("resumed from checkpoint at step ", step_, " (", path, ")"));
     return absl::OkStatus();
@@ -167,6 +193,7 @@ absl::Status Trainer::SaveCheckpoint() {
   const std::string path = absl::StrFormat("%s/%s%010d%s", options_.checkpoint_dir,
                                            kCheckpointPrefix, step_, kCheckpointSuffix);
   TANDEM_ASSIGN_OR_RETURN(const int64_t bytes, WriteCheckpoint(path, header, tensors));
+  TANDEM_RETURN_IF_ERROR(SaveSwa());
   checkpoint_path_ = path;
   checkpoint_step_ = step_;
   const auto all = ListCheckpoints(options_.checkpoint_dir);
@@ -185,15 +212,9 @@ absl::StatusOr<JobEvent::EvalResult> Trainer::Evaluate() {
   JobEvent::EvalResult result;
   result.set_step(step_);
   if (data_.test == nullptr) return result;
-  BatchLoader loader(*data_.test, resolved_.training().eval_batch_size(), /*shuffle=*/false, 0);
-  EvalResult total;
-  for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
-    TANDEM_ASSIGN_OR_RETURN(const EvalResult r, runner_->EvalBatch(loader.Next()));
-    total.loss_sum += r.loss_sum;
-    total.correct += r.correct;
-    total.positions += r.positions;
-    total.samples += r.samples;
-  }
+  TANDEM_ASSIGN_OR_RETURN(
+      const EvalResult total,
+      EvaluateSplit(*runner_, *data_.test, resolved_.training().eval_batch_size()));
   result.set_loss(total.loss_sum / std::max<int64_t>(1, total.samples));
   result.set_accuracy(static_cast<double>(total.correct) / std::max<int64_t>(1, total.positions));
   result.set_samples(total.samples);
@@ -247,6 +268,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
     metrics_.set_samples_per_second(static_cast<double>(clock.window_samples) / window);
     metrics_.set_step_seconds(step_mean);
     progress_.set_eta_seconds(step_mean * static_cast<double>(total_steps_ - step_));
+    RecordUpdateStats();
     if (callbacks_.on_step) {
       JobEvent::StepProgress p;
       p.set_step(step_);
@@ -258,6 +280,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
       p.set_grad_norm(result.grad_norm);
       p.set_eta_seconds(progress_.eta_seconds());
       p.set_epoch(progress_.epoch());
+      *p.mutable_updates() = metrics_.updates();
       callbacks_.on_step(p);
     }
     clock.window_start = now;
@@ -287,6 +310,14 @@ absl::Status Trainer::AfterStep() {
 
 absl::StatusOr<std::unique_ptr<StepRunner>> Trainer::MakeRunner(const RunnerFactory& make) const {
   const int64_t max_batch = MaxBatch(resolved_);
+  const bool accelerated =
+      resolved_.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE &&
+      resolved_.placement().strategy() != tandem::v1::STRATEGY_CPU_ONLY;
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<StepRunner> rule,
+      MakeUpdateRuleRunner(*model_, resolved_, max_batch, host_allocator_, options_.threads,
+                           accelerated ? make : RunnerFactory()));
+  if (rule) return rule;
   if (make) return make(*model_, resolved_, max_batch, host_allocator_);
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu,
                           CpuRunner::Create(*model_, resolved_.optimizer(), max_batch,
@@ -331,8 +362,103 @@ absl::Status Trainer::SwitchRunner(const RunnerFactory& make, RunClock& clock) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::SetUpSwa() {
+  if (!resolved_.updates().has_swa()) return absl::OkStatus();
+  auto* swa = resolved_.mutable_updates()->mutable_swa();
+  if (swa->start_step() == 0) swa->set_start_step(std::max<int64_t>(1, total_steps_ * 3 / 4));
+  if (swa->start_step() > total_steps_) {
+    return absl::InvalidArgumentError(absl::StrCat("updates.swa.start_step: ", swa->start_step(),
+                                                   " is after the run's last step (", total_steps_,
+                                                   " steps): nothing would be averaged"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(swa_, SwaAverager::Create(model_->parameter_elements(), host_allocator_));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::FoldSwa() {
+  if (swa_ == nullptr) return absl::OkStatus();
+  const auto& swa = resolved_.updates().swa();
+  if (step_ < swa.start_step() || (step_ - swa.start_step()) % swa.period() != 0) {
+    return absl::OkStatus();
+  }
+  TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
+  swa_->Fold(runner_->host_state().params);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveSwa() {
+  if (swa_ == nullptr) return absl::OkStatus();
+  swa_->Wait();
+  if (swa_->models() == 0) return absl::OkStatus();
+  tandem::v1::CheckpointHeader header;
+  header.set_job_id(options_.job_id);
+  header.set_model_fingerprint(model_->fingerprint());
+  header.set_step(step_);
+  header.set_averaged_models(swa_->models());
+  *header.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  return WriteCheckpoint(absl::StrCat(options_.checkpoint_dir, "/", kSwaFile), header,
+                         {{"swa.parameters", swa_->average(), model_->parameter_elements()}})
+      .status();
+}
+
+void Trainer::LoadSwa() {
+  if (swa_ == nullptr) return;
+  const std::string path = absl::StrCat(options_.checkpoint_dir, "/", kSwaFile);
+  if (!std::filesystem::exists(path)) return;
+  swa_->Wait();
+  absl::StatusOr<tandem::v1::CheckpointHeader> header =
+      ReadCheckpoint(path, model_->fingerprint(),
+                     {{"swa.parameters", swa_->average(), model_->parameter_elements()}});
+  if (header.ok() && header->step() == step_) {
+    swa_->Restore(header->averaged_models());
+    return;
+  }
+  swa_->Restore(0);
+  Log(tandem::v1::LOG_SEVERITY_WARNING,
+      header.ok() ? absl::StrCat("SWA's average (", path, ") is of step ", header->step(),
+                                 ", not the checkpoint's ", step_, "; averaging starts again")
+                  : absl::StrCat("SWA's average is unreadable (", header.status().message(),
+                                 "); averaging starts again"));
+}
+
+absl::Status Trainer::EvaluateSwa() {
+  if (swa_ == nullptr) return absl::OkStatus();
+  swa_->Wait();
+  if (swa_->models() == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
+  TANDEM_ASSIGN_OR_RETURN(const JobEvent::EvalResult r,
+                          swa_->Evaluate(*model_, resolved_, runner_->host_state().buffers,
+                                         *data_.train, data_.test.get(), host_allocator_));
+  auto* stats = metrics_.mutable_updates();
+  stats->set_swa_models(swa_->models());
+  stats->set_swa_eval_loss(r.loss());
+  stats->set_swa_eval_accuracy(r.accuracy());
+  Log(tandem::v1::LOG_SEVERITY_INFO,
+      absl::StrFormat("SWA: the average of %d models (from step %d, every %d): accuracy %.4f, "
+                      "loss %.4f; the last iterate: accuracy %.4f, loss %.4f",
+                      swa_->models(), resolved_.updates().swa().start_step(),
+                      resolved_.updates().swa().period(), r.accuracy(), r.loss(),
+                      metrics_.eval_accuracy(), metrics_.eval_loss()));
+  return absl::OkStatus();
+}
+
+void Trainer::RecordUpdateStats() {
+  tandem::v1::UpdateStats stats = runner_->update_stats();
+  if (stats.rule().empty()) {
+    stats.set_rule(swa_ != nullptr ? "swa" : "synchronous");
+    stats.set_updates(step_);
+  }
+  const auto& old = metrics_.updates();
+  if (swa_ != nullptr) {
+    stats.set_swa_models(swa_->models());
+    stats.set_swa_eval_loss(old.swa_eval_loss());
+    stats.set_swa_eval_accuracy(old.swa_eval_accuracy());
+  }
+  *metrics_.mutable_updates() = stats;
+}
+
 absl::Status Trainer::Run() {
-  if (options_.threads > 0) omp_set_num_threads(options_.threads);
+  if (omp_threads_ > 0) omp_set_num_threads(omp_threads_);
   RunClock clock;
   clock.run_start = clock.window_start = WallSeconds();
   double last_loss = 0;
@@ -356,11 +482,14 @@ absl::Status Trainer::Run() {
     last_loss = result.loss;
     const double step_seconds = WallSeconds() - step_start;
     RecordStep(result, options, batch.size, step_seconds, clock);
+    TANDEM_RETURN_IF_ERROR(FoldSwa());
     if (callbacks_.after_step) callbacks_.after_step(step_, step_seconds, *runner_);
     TANDEM_RETURN_IF_ERROR(AfterStep());
   }
   TANDEM_RETURN_IF_ERROR(Evaluate().status());
+  TANDEM_RETURN_IF_ERROR(EvaluateSwa());
   if (!resolved_.training().checkpoint_disabled()) TANDEM_RETURN_IF_ERROR(SaveCheckpoint());
+  RecordUpdateStats();
   metrics_.set_peak_host_bytes(runner_->peak_host_bytes());
   metrics_.set_peak_accelerator_bytes(runner_->peak_accelerator_bytes());
   progress_.set_eta_seconds(0);

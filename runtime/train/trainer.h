@@ -73,6 +73,13 @@ struct TrainerCallbacks {
   std::function<void(const absl::Status&)> on_switch;
 };
 
+class SwaAverager;
+
+// Evaluation of `runner`'s current model over all of `data`, in batches of
+// `batch_size`, in order.
+absl::StatusOr<EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data,
+                                         int64_t batch_size);
+
 class Trainer {
  public:
   // Validates and resolves `spec` (unless options.spec_resolved), opens the
@@ -136,6 +143,17 @@ class Trainer {
   // callbacks_.switch_runner's switch; the clock's steady steps start again.
   absl::Status SwitchRunner(const RunnerFactory& make, RunClock& clock);
   absl::Status LoadNewestCheckpoint();
+  // SWA (JobSpec.updates.swa): its start step filled and checked, the average.
+  absl::Status SetUpSwa();
+  // Folds the weights into the average when this step is due.
+  absl::Status FoldSwa();
+  // The average's file next to the checkpoints (swa.tdm), written and read.
+  absl::Status SaveSwa();
+  void LoadSwa();
+  // The average evaluated (after its batch-norm statistics are recomputed).
+  absl::Status EvaluateSwa();
+  // metrics_.updates from the runner and the rule.
+  void RecordUpdateStats();
   void Log(tandem::v1::LogSeverity severity, const std::string& message);
 
   tandem::v1::JobSpec resolved_;
@@ -152,6 +170,9 @@ class Trainer {
   int64_t checkpoint_step_ = 0;
   tandem::v1::JobProgress progress_;
   tandem::v1::JobMetrics metrics_;
+  std::unique_ptr<SwaAverager> swa_;
+  // OpenMP threads of the trainer's thread: the job's, or a worker's share.
+  int omp_threads_ = 0;
 };
 
 }  // namespace tandem

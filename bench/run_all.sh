@@ -15,6 +15,9 @@ $py bench/cpu_adam/run.py --tandem bazel-bin/bench/cpu_adam/adam_bench
 echo "== Fashion-MNIST accuracy: Tandem vs PyTorch, and Tandem's 10-epoch curve =="
 $py bench/fmnist/run.py --tandem bazel-bin/clients/cli/tandem
 
+echo "== Update rules on Fashion-MNIST: each next to synchronous training =="
+$py bench/updates/run.py --tandem bazel-bin/clients/cli/tandem
+
 for extra in bench/*/run_extra.sh; do
   [ -x "$extra" ] && "$extra"
 done

@@ -13,6 +13,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "runtime/train/job_model.h"
+#include "runtime/train/update_rules.h"
 #include "spec/job_spec.h"
 #include "spec/precision.h"
 
@@ -115,7 +116,10 @@ const char* ReplanLabel(tandem::v1::ReplanReason reason) {
 std::string MemoryEstimate::Describe() const {
   return absl::StrCat("parameters and gradients ", FormatBytes(parameter_bytes, 1),
                       ", optimizer state ", FormatBytes(optimizer_state_bytes, 1), ", activations ",
-                      FormatBytes(activation_bytes, 1), ", data ", FormatBytes(data_bytes, 1));
+                      FormatBytes(activation_bytes, 1), ", data ", FormatBytes(data_bytes, 1),
+                      update_rule_bytes > 0
+                          ? absl::StrCat(", update rule ", FormatBytes(update_rule_bytes, 1))
+                          : "");
 }
 
 struct JobManager::Entry {
@@ -186,8 +190,9 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   e.data_bytes = jm.data.memory_bytes;
   // Allocations are 64-byte aligned, one per layer buffer: a small margin.
   const int64_t margin = 64 * 4 * m.num_layers() + (1 << 20);
-  e.host_bytes =
-      e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes + margin;
+  e.update_rule_bytes = UpdateRuleHostBytes(m, resolved, max_batch);
+  e.host_bytes = e.parameter_bytes + e.optimizer_state_bytes + e.activation_bytes + e.data_bytes +
+                 e.update_rule_bytes + margin;
   // A job may reserve more than it needs, never less: the reservation is what
   // admission counts and what the job's allocator allows, so a smaller figure
   // would let a job past the node's budget and then fail (or, were the limit

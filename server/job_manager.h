@@ -68,6 +68,8 @@ struct MemoryEstimate {
   int64_t optimizer_state_bytes = 0;
   int64_t activation_bytes = 0;
   int64_t data_bytes = 0;
+  // What the update rule adds (workers, replicas, SWA's average).
+  int64_t update_rule_bytes = 0;
   // The emulated accelerator's arena: host memory, but not the job's host
   // allocator's.
   int64_t emulated_bytes = 0;

@@ -220,6 +220,45 @@ TEST_F(JobManagerTest, InvalidSpecsNameTheField) {
   EXPECT_NE(s.message().find("outside the data root"), std::string::npos) << s;
 }
 
+TEST_F(JobManagerTest, UpdateRulesRunReserveTheirWorkersAndReport) {
+  Open("update_rules");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  tandem::v1::JobSpec plain = Spec(12);
+  tandem::v1::JobSpec ps = Spec(12);
+  ps.mutable_updates()->mutable_parameter_server()->set_staleness(1);
+  ps.mutable_updates()->mutable_parameter_server()->set_workers(3);
+  absl::StatusOr<JobManager::Submitted> a = jobs_->Submit(plain, "");
+  absl::StatusOr<JobManager::Submitted> b = jobs_->Submit(ps, "");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  const tandem::v1::Job sync = WaitFor(a->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  const tandem::v1::Job done = WaitFor(b->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  // Three workers' gradients, activations and weight copies are reserved.
+  EXPECT_GT(done.reserved_host_bytes(), sync.reserved_host_bytes());
+  EXPECT_EQ(sync.metrics().updates().rule(), "synchronous");
+  EXPECT_EQ(done.metrics().updates().rule(), "parameter_server");
+  EXPECT_EQ(done.metrics().updates().updates(), 12);
+  EXPECT_LE(done.metrics().updates().max_staleness(), 1);
+  EXPECT_EQ(done.resolved_spec().updates().parameter_server().shards(), 4);
+  const std::string text = metrics_.Serialize();
+  EXPECT_NE(text.find(absl::StrCat("tandem_job_update_rule_info{job_id=\"", done.id(),
+                                   "\",rule=\"parameter_server\"} 1")),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(absl::StrCat("tandem_job_update_staleness{job_id=\"", done.id(),
+                                   "\",stat=\"max\"}")),
+            std::string::npos);
+  // A bad parameter is refused naming the field; the daemon goes on.
+  tandem::v1::JobSpec bad = Spec(3);
+  bad.mutable_updates()->mutable_easgd()->set_alpha(1.5f);
+  const absl::Status refused = jobs_->Submit(bad, "").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("spec.updates.easgd.alpha: must be in (0, 1)"),
+            std::string::npos)
+      << refused;
+  EXPECT_TRUE(jobs_->Submit(Spec(3), "").ok());
+}
+
 TEST_F(JobManagerTest, AJobLargerThanTheBudgetIsResourceExhausted) {
   Open("too-big", /*host_budget=*/1 << 20);
   tandem::v1::JobSpec spec = Spec(3);

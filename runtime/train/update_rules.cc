@@ -487,7 +487,8 @@ class EasgdRunner final : public AsyncRunner {
                                       allocator, &centre));
     for (int i = 0; i < r->workers_; ++i) {
       std::unique_ptr<StepRunner> replica;
-      if (i > 0 && accelerated) {
+      // One replica per accelerator: the node's one takes replica 1.
+      if (i == 1 && accelerated) {
         TANDEM_ASSIGN_OR_RETURN(replica, accelerated(model, spec, max_batch, allocator));
       } else {
         TANDEM_ASSIGN_OR_RETURN(replica, CpuRunner::Create(model, spec.optimizer(), max_batch,
@@ -592,6 +593,37 @@ class EasgdRunner final : public AsyncRunner {
 };
 
 }  // namespace
+
+int64_t UpdateRuleHostBytes(const Model& model, const tandem::v1::JobSpec& resolved,
+                            int64_t max_batch) {
+  const int64_t params = model.parameter_elements() * 4, buffers = model.buffer_elements() * 4;
+  int64_t max_output = model.data().sample_shape.elements() * 4 * max_batch;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    max_output = std::max(max_output, model.layer(l).OutputBytes(max_batch));
+  }
+  // A CPU engine's allocations (weights, gradients, buffers, per-layer
+  // outputs and saved tensors, two gradient buffers, the workspace), each
+  // 64-byte aligned.
+  const int64_t engine = 2 * params + buffers + model.ActivationBytes(max_batch) + 2 * max_output +
+                         model.MaxWorkspaceBytes(max_batch) + 64 * (2 * model.num_layers() + 8);
+  int states = 2;
+  if (resolved.optimizer().kind() == tandem::v1::OPTIMIZER_KIND_SGD) {
+    states = resolved.optimizer().momentum() > 0 ? 1 : 0;
+  }
+  const auto& u = resolved.updates();
+  switch (u.rule_case()) {
+    case tandem::v1::UpdateSpec::kHogwild:
+      return u.hogwild().workers() * engine;
+    case tandem::v1::UpdateSpec::kParameterServer:
+      return u.parameter_server().workers() * (engine + params + buffers);
+    case tandem::v1::UpdateSpec::kEasgd:
+      return (u.easgd().replicas() - 1) * (engine + states * params) + (params + buffers) + engine;
+    case tandem::v1::UpdateSpec::kSwa:
+      return 2 * params + (params + buffers) + engine;
+    default:
+      return 0;
+  }
+}
 
 int WorkerThreads(const tandem::v1::JobSpec& resolved, int threads) {
   if (threads <= 0) threads = omp_get_max_threads();

@@ -40,9 +40,19 @@ namespace tandem {
 // training on that many threads.
 int WorkerThreads(const tandem::v1::JobSpec& resolved, int threads);
 
+// Host bytes `resolved.updates()`'s rule needs beyond one runner of the model
+// (what tandemd's admission reserves for it): each Hogwild or parameter-server
+// worker's gradients, activations and, for the server's workers, weight
+// copies; EASGD's other replicas (their optimizer state too), its centre and
+// the centre's evaluator; SWA's average, its snapshot and the evaluation of
+// the average at the end. 0 for synchronous training.
+int64_t UpdateRuleHostBytes(const Model& model, const tandem::v1::JobSpec& resolved,
+                            int64_t max_batch);
+
 // The runner for `resolved.updates()`'s rule, or null for rules the trainer
-// runs with its ordinary runner (synchronous, SWA). `accelerated` makes EASGD
-// replicas past the first (null: every replica on the CPU engine). `threads`
+// runs with its ordinary runner (synchronous, SWA). `accelerated` makes EASGD's
+// replica 1, the node's accelerator's (null: every replica on the CPU engine;
+// replicas past 1 always are). `threads`
 // is the job's CPU threads, shared out among the workers (WorkerThreads).
 absl::StatusOr<std::unique_ptr<StepRunner>> MakeUpdateRuleRunner(
     const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,

@@ -69,9 +69,10 @@ ServerMetrics::ServerMetrics()
                  "Versions a gradient lagged the weights it was applied to: mean and max (label "
                  "stat), parameter server and Hogwild.",
                  *registry)),
-      job_update_wait_seconds(
-          Family(BuildGauge(), "tandem_job_update_wait_seconds",
-                 "Seconds the job's workers waited on the staleness bound, summed.", *registry)),
+      job_update_wait_seconds(Family(BuildGauge(), "tandem_job_update_wait_seconds",
+                                     "Seconds the parameter server's workers waited on each other "
+                                     "(staleness bound, push order), summed.",
+                                     *registry)),
       job_update_exchanges(Family(BuildGauge(), "tandem_job_update_exchanges",
                                   "EASGD exchanges with the centre variable.", *registry)),
       job_checked_step_seconds(

@@ -8,7 +8,8 @@ time to the first evaluation at or above --target (evaluations every
 did (staleness, exchanges). --swa_epochs adds SWA on the cnn for that many
 epochs: the averaged model's accuracy next to the last iterate's.
 
-Every rule runs on the same --threads; on a 2-core machine the workers of
+The parameter server runs 4 workers (8 for s = 8, so that the bound can
+bind); EASGD 2 replicas with alpha 0.1. Every rule runs on the same --threads; on a 2-core machine the workers of
 Hogwild and the parameter server share those 2 cores, so the asynchronous
 rules cannot run faster than synchronous here: what this compares is the
 accuracy each rule reaches per sample and its overhead."""
@@ -27,7 +28,7 @@ sys.path.insert(0, os.path.join(REPO, "bench", "common"))
 from machine import cpu_model  # noqa: E402
 
 EVAL = re.compile(r"eval step (\d+): loss ([0-9.]+) accuracy ([0-9.]+)")
-ISA = re.compile(r"oneDNN[^\n]*?(avx[0-9a-z_]*|amx[0-9a-z_]*|sse[0-9a-z_]*)", re.I)
+ISA = re.compile(r"onednn_verbose,info,cpu,isa:(.*)")
 
 RULES = [
     ("synchronous", "{synchronous: {}}"),
@@ -37,9 +38,9 @@ RULES = [
     ("easgd tau=1", "{easgd: {replicas: 2, period: 1}}"),
     ("easgd tau=4", "{easgd: {replicas: 2, period: 4}}"),
     ("easgd tau=16", "{easgd: {replicas: 2, period: 16}}"),
-    ("ps s=0", "{parameter_server: {staleness: 0, workers: 2}}"),
-    ("ps s=2", "{parameter_server: {staleness: 2, workers: 2}}"),
-    ("ps s=8", "{parameter_server: {staleness: 8, workers: 2}}"),
+    ("ps s=0", "{parameter_server: {staleness: 0, workers: 4}}"),
+    ("ps s=2", "{parameter_server: {staleness: 2, workers: 4}}"),
+    ("ps s=8", "{parameter_server: {staleness: 8, workers: 8}}"),
     ("swa", "{swa: {}}"),
 ]
 
@@ -77,6 +78,20 @@ def run(tandem, path, target):
     return evals, job, reached, "".join(log)
 
 
+def onednn_isa(tandem):
+    """The ISA oneDNN dispatches to here, from its verbose banner on a one-step job."""
+    path = job_file("mlp", 1, "{synchronous: {}}", 1000, 1)
+    text = open(path).read().replace("epochs: 1", "steps: 1")
+    open(path, "w").write(text)
+    try:
+        out = subprocess.run([tandem, "train", path], capture_output=True, text=True,
+                             env=dict(os.environ, ONEDNN_VERBOSE="1"))
+    finally:
+        os.unlink(path)
+    m = ISA.search(out.stdout + out.stderr)
+    return m.group(1).strip() if m else "not reported"
+
+
 def describe(name, evals, job, reached, target):
     m = job.get("metrics", {})
     u = m.get("updates", {})
@@ -109,9 +124,9 @@ def main():
     parser.add_argument("--rules", default="", help="comma-separated names; default all")
     parser.add_argument("--swa_epochs", type=int, default=0)
     args = parser.parse_args()
-    print("machine: %s; %d threads per job" % (cpu_model(), args.threads), flush=True)
+    print("machine: %s; oneDNN ISA: %s; %d threads per job" % (
+        cpu_model(), onednn_isa(args.tandem), args.threads), flush=True)
     wanted = set(r for r in args.rules.split(",") if r)
-    isa_said = False
     for model in args.models.split(","):
         print("%s, %d epochs (batch 128, Adam 1e-3):" % (model, args.epochs), flush=True)
         for name, updates in RULES:
@@ -119,13 +134,9 @@ def main():
                 continue
             path = job_file(model, args.epochs, updates, args.eval_every, args.threads)
             try:
-                evals, job, reached, log = run(args.tandem, path, args.target)
+                evals, job, reached, _ = run(args.tandem, path, args.target)
             finally:
                 os.unlink(path)
-            if not isa_said:
-                isa = ISA.search(log)
-                print("  oneDNN ISA: %s" % (isa.group(1) if isa else "not reported"), flush=True)
-                isa_said = True
             print(describe(name, evals, job, reached, args.target), flush=True)
     if args.swa_epochs > 0:
         swa_every = 469 * args.swa_epochs

@@ -51,7 +51,13 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   return out;
 }
 
-constexpr char kSwaFile[] = "swa.tdm";
+// SWA's average at a checkpoint's step: swa-<step>.tdm beside ckpt-<step>.tdm,
+// kept and pruned with it, so whichever checkpoint a resume loads has its own.
+constexpr char kSwaPrefix[] = "swa-";
+
+std::string SwaPath(const std::string& dir, int64_t step) {
+  return absl::StrFormat("%s/%s%010d%s", dir, kSwaPrefix, step, kCheckpointSuffix);
+}
 
 }  // namespace
 
@@ -92,8 +98,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   const bool workers = t->resolved_.updates().has_hogwild() ||
                        t->resolved_.updates().has_parameter_server() ||
                        t->resolved_.updates().has_easgd();
-  t->omp_threads_ =
-      workers ? WorkerThreads(t->resolved_, t->options_.threads) : t->options_.threads;
+  // The job's threads, fixed before this thread's count changes below.
+  t->job_threads_ = t->options_.threads > 0 ? t->options_.threads : omp_get_max_threads();
+  t->omp_threads_ = workers ? WorkerThreads(t->resolved_, t->job_threads_) : t->options_.threads;
   if (t->omp_threads_ > 0) omp_set_num_threads(t->omp_threads_);
   TANDEM_ASSIGN_OR_RETURN(
       t->data_, OpenDatasets(t->resolved_.data(), training.seed(), t->options_.resolve_path,
@@ -197,7 +204,10 @@ absl::Status Trainer::SaveCheckpoint() {
   checkpoint_path_ = path;
   checkpoint_step_ = step_;
   const auto all = ListCheckpoints(options_.checkpoint_dir);
-  for (size_t i = kCheckpointsKept; i < all.size(); ++i) ::unlink(all[i].second.c_str());
+  for (size_t i = kCheckpointsKept; i < all.size(); ++i) {
+    ::unlink(all[i].second.c_str());
+    ::unlink(SwaPath(options_.checkpoint_dir, all[i].first).c_str());
+  }
   if (callbacks_.on_checkpoint) {
     JobEvent::CheckpointSaved saved;
     saved.set_step(step_);
@@ -313,10 +323,9 @@ absl::StatusOr<std::unique_ptr<StepRunner>> Trainer::MakeRunner(const RunnerFact
   const bool accelerated =
       resolved_.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE &&
       resolved_.placement().strategy() != tandem::v1::STRATEGY_CPU_ONLY;
-  TANDEM_ASSIGN_OR_RETURN(
-      std::unique_ptr<StepRunner> rule,
-      MakeUpdateRuleRunner(*model_, resolved_, max_batch, host_allocator_, options_.threads,
-                           accelerated ? make : RunnerFactory()));
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> rule,
+                          MakeUpdateRuleRunner(*model_, resolved_, max_batch, host_allocator_,
+                                               job_threads_, accelerated ? make : RunnerFactory()));
   if (rule) return rule;
   if (make) return make(*model_, resolved_, max_batch, host_allocator_);
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuRunner> cpu,
@@ -396,15 +405,24 @@ absl::Status Trainer::SaveSwa() {
   header.set_step(step_);
   header.set_averaged_models(swa_->models());
   *header.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  return WriteCheckpoint(absl::StrCat(options_.checkpoint_dir, "/", kSwaFile), header,
+  return WriteCheckpoint(SwaPath(options_.checkpoint_dir, step_), header,
                          {{"swa.parameters", swa_->average(), model_->parameter_elements()}})
       .status();
 }
 
 void Trainer::LoadSwa() {
   if (swa_ == nullptr) return;
-  const std::string path = absl::StrCat(options_.checkpoint_dir, "/", kSwaFile);
-  if (!std::filesystem::exists(path)) return;
+  const std::string path = SwaPath(options_.checkpoint_dir, step_);
+  if (!std::filesystem::exists(path)) {
+    swa_->Wait();
+    swa_->Restore(0);
+    if (step_ >= resolved_.updates().swa().start_step()) {
+      Log(tandem::v1::LOG_SEVERITY_WARNING,
+          absl::StrCat("SWA has no average for the checkpoint of step ", step_, " (", path,
+                       "); averaging starts again"));
+    }
+    return;
+  }
   swa_->Wait();
   absl::StatusOr<tandem::v1::CheckpointHeader> header =
       ReadCheckpoint(path, model_->fingerprint(),
@@ -486,6 +504,9 @@ absl::Status Trainer::Run() {
     if (callbacks_.after_step) callbacks_.after_step(step_, step_seconds, *runner_);
     TANDEM_RETURN_IF_ERROR(AfterStep());
   }
+  // Every batch in flight finished (asynchronous rules) before anything is
+  // read or reported, with or without a test split or checkpoints.
+  TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
   TANDEM_RETURN_IF_ERROR(Evaluate().status());
   TANDEM_RETURN_IF_ERROR(EvaluateSwa());
   if (!resolved_.training().checkpoint_disabled()) TANDEM_RETURN_IF_ERROR(SaveCheckpoint());

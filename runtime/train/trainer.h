@@ -147,7 +147,7 @@ class Trainer {
   absl::Status SetUpSwa();
   // Folds the weights into the average when this step is due.
   absl::Status FoldSwa();
-  // The average's file next to the checkpoints (swa.tdm), written and read.
+  // The average beside each checkpoint (swa-<step>.tdm), written and read.
   absl::Status SaveSwa();
   void LoadSwa();
   // The average evaluated (after its batch-norm statistics are recomputed).
@@ -171,7 +171,9 @@ class Trainer {
   tandem::v1::JobProgress progress_;
   tandem::v1::JobMetrics metrics_;
   std::unique_ptr<SwaAverager> swa_;
-  // OpenMP threads of the trainer's thread: the job's, or a worker's share.
+  // The job's CPU threads, and the trainer thread's OpenMP threads (the job's,
+  // or a worker's share of them under an update rule with workers).
+  int job_threads_ = 0;
   int omp_threads_ = 0;
 };
 

@@ -92,8 +92,9 @@ class AsyncRunner : public StepRunner {
   void Stop();
   // Waits until no batch is queued or running. The first worker error, if any.
   absl::Status Drain();
-  // What worker `w` does with `item`: its loss, or why it failed.
-  virtual absl::StatusOr<double> Process(int w, WorkItem& item) = 0;
+  // What worker `w` does with `item`: its loss (and gradient norm), or why it
+  // failed.
+  virtual absl::StatusOr<StepResult> Process(int w, WorkItem& item) = 0;
   // The runner that evaluates the rule's model once drained.
   virtual StepRunner& evaluator() = 0;
 
@@ -120,6 +121,10 @@ class AsyncRunner : public StepRunner {
 
   const std::string rule_;
   const int workers_;
+  // Each batch's computation waits for the previous batch's update (the
+  // parameter server at staleness 0): TrainStep then waits for its own batch
+  // and reports that batch's loss, as synchronous training does.
+  bool serial_ = false;
 
  private:
   void WorkerLoop(int w, int threads);
@@ -133,7 +138,7 @@ class AsyncRunner : public StepRunner {
   int in_flight_ = 0;
   int64_t next_sequence_ = 0;
   // Losses finished since the previous TrainStep returned.
-  double loss_sum_ = 0;
+  double loss_sum_ = 0, grad_norm_sum_ = 0;
   int64_t finished_ = 0;
   double last_loss_ = 0;
   bool any_finished_ = false;
@@ -174,19 +179,33 @@ void AsyncRunner::WorkerLoop(int w, int threads) {
       if (stopping_) return;
       item = queue_.front();
       queue_.pop_front();
+      // After a failure the batches still queued are dropped, not run: the
+      // model must not move on while the trainer stops.
+      if (!error_.ok()) {
+        --in_flight_;
+        free_.push_back(item);
+        cv_.notify_all();
+        continue;
+      }
     }
-    absl::StatusOr<double> loss = Process(w, *item);
+    absl::StatusOr<StepResult> result = Process(w, *item);
     Publish([&] {
       --in_flight_;
       free_.push_back(item);
-      if (!loss.ok()) {
-        if (error_.ok()) error_ = loss.status();
+      if (!result.ok()) {
+        // The trainer names the step it was at; this names the batch's own.
+        if (error_.ok()) {
+          error_ = absl::Status(result.status().code(),
+                                absl::StrCat("the batch of step ", item->sequence + 1, " (", rule_,
+                                             " worker ", w, "): ", result.status().message()));
+        }
         return;
       }
       ++updates_;
-      loss_sum_ += *loss;
+      loss_sum_ += result->loss;
+      grad_norm_sum_ += result->grad_norm;
       ++finished_;
-      last_loss_ = *loss;
+      last_loss_ = result->loss;
       any_finished_ = true;
     });
   }
@@ -208,20 +227,27 @@ absl::StatusOr<StepResult> AsyncRunner::TrainStep(const Batch& batch, const Step
   ++in_flight_;
   cv_.notify_all();
   // Back as soon as a worker is free for the next batch (and once at least
-  // one batch has finished, so there is a loss to report).
-  cv_.wait(l, [this] { return !error_.ok() || (in_flight_ < workers_ && any_finished_); });
+  // one batch has finished, so there is a loss to report); when each batch
+  // waits for the one before anyway, once this one has finished.
+  cv_.wait(l, [this] {
+    return !error_.ok() || (serial_ ? in_flight_ == 0 : in_flight_ < workers_ && any_finished_);
+  });
   if (!error_.ok()) return error_;
   StepResult result;
   result.samples = batch.size;
   result.loss = finished_ > 0 ? loss_sum_ / static_cast<double>(finished_) : last_loss_;
+  result.grad_norm = finished_ > 0 ? grad_norm_sum_ / static_cast<double>(finished_) : 0.0;
   loss_sum_ = 0;
+  grad_norm_sum_ = 0;
   finished_ = 0;
   return result;
 }
 
 absl::Status AsyncRunner::Drain() {
   std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [this] { return !error_.ok() || in_flight_ == 0; });
+  // Every batch finished or dropped, even after a failure: nothing runs on
+  // the weights once this returns.
+  cv_.wait(l, [this] { return in_flight_ == 0; });
   return error_;
 }
 
@@ -299,7 +325,7 @@ class HogwildRunner final : public AsyncRunner {
     return *owner_;
   }
 
-  absl::StatusOr<double> Process(int w, WorkItem& item) override {
+  absl::StatusOr<StepResult> Process(int w, WorkItem& item) override {
     CpuRunner& worker = *workers_list_[w];
     const int64_t seen = applied_.load();
     StepResult result;
@@ -316,7 +342,7 @@ class HogwildRunner final : public AsyncRunner {
       Optimizer::UpdateSlice(c, shared.params, worker.grads(), states, elements_);
     }
     RecordStaleness(applied_.fetch_add(1) - seen);
-    return result.loss;
+    return result;
   }
 
   std::unique_ptr<CpuRunner> owner_;
@@ -340,6 +366,7 @@ class ParameterServerRunner final : public AsyncRunner {
     const auto& ps = spec.updates().parameter_server();
     std::unique_ptr<ParameterServerRunner> r(new ParameterServerRunner(ps.workers()));
     r->staleness_bound_ = ps.staleness();
+    r->serial_ = ps.staleness() == 0;
     r->params_ = model.parameter_elements();
     r->buffer_elements_ = model.buffer_elements();
     TANDEM_ASSIGN_OR_RETURN(r->owner_, CpuRunner::Create(model, spec.optimizer(), max_batch,
@@ -418,23 +445,36 @@ class ParameterServerRunner final : public AsyncRunner {
 
   // Applies the worker's gradient to shard j as version k + 1, after k.
   absl::Status Push(int j, int64_t k, const StepConstants& c, Worker& worker) {
-    if (!AwaitOrAbort([&] { return versions_[j] == k; })) {
+    const double start = WallSeconds();
+    if (!AwaitOrAbort([&] { return versions_[j] >= k; })) {
       return absl::CancelledError("the parameter server stopped");
     }
+    AddWaitSeconds(WallSeconds() - start);
     std::unique_lock<std::shared_mutex> shard(shard_mu_[j]);
+    {
+      std::lock_guard<std::mutex> l(mu());
+      if (versions_[j] != k) {
+        return absl::InternalError(absl::StrCat("parameter server shard ", j, " is at version ",
+                                                versions_[j], ", past batch ", k,
+                                                "'s: its update would be lost"));
+      }
+    }
     const HostStateView server = owner_->host_state();
     const int64_t b = bounds_[j];
     float* states[2] = {server.moments.size() > 0 ? server.moments[0] + b : nullptr,
                         server.moments.size() > 1 ? server.moments[1] + b : nullptr};
     Optimizer::UpdateSlice(c, server.params + b, worker.runner->grads() + b, states,
                            bounds_[j + 1] - b);
-    // The running statistics the batch produced, as synchronous training keeps them.
+    // The running statistics the batch produced, as synchronous training keeps
+    // them. With staleness > 0 the worker's copy started from an older
+    // version, so this drops the moves of the batches in between: batch
+    // norm's statistics lag as the weights may (docs/update-rules.md).
     if (j == 0) CopyFloats(server.buffers, worker.buffers.f32(), buffer_elements_);
     Publish([&] { versions_[j] = k + 1; });
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> Process(int w, WorkItem& item) override {
+  absl::StatusOr<StepResult> Process(int w, WorkItem& item) override {
     Worker& worker = workers_list_[w];
     const int64_t k = item.sequence;
     int64_t pulled = k;
@@ -450,7 +490,7 @@ class ParameterServerRunner final : public AsyncRunner {
         Optimizer::ClipScale(result.grad_norm, optimizer.spec().max_grad_norm()));
     for (int j = 0; j < shards(); ++j) TANDEM_RETURN_IF_ERROR(Push(j, k, c, worker));
     RecordStaleness(k - pulled);
-    return result.loss;
+    return result;
   }
 
   std::unique_ptr<CpuRunner> owner_;
@@ -522,6 +562,8 @@ class EasgdRunner final : public AsyncRunner {
   // 0's optimizer state.
   absl::Status StateChangedOnHost() override {
     TANDEM_RETURN_IF_ERROR(Drain());
+    // Each replica's exchange period starts again from the loaded centre.
+    std::fill(local_steps_.begin(), local_steps_.end(), 0);
     return CopyToReplicas(/*moments=*/true);
   }
   int64_t peak_host_bytes() const override { return centre_->peak_host_bytes(); }
@@ -575,11 +617,11 @@ class EasgdRunner final : public AsyncRunner {
     }
   }
 
-  absl::StatusOr<double> Process(int w, WorkItem& item) override {
+  absl::StatusOr<StepResult> Process(int w, WorkItem& item) override {
     StepRunner& replica = *replicas_[w];
     TANDEM_ASSIGN_OR_RETURN(const StepResult result, replica.TrainStep(item.batch, item.options));
     if (++local_steps_[w] % period_ == 0) TANDEM_RETURN_IF_ERROR(Exchange(replica));
-    return result.loss;
+    return result;
   }
 
   float alpha_ = 0.1f;

@@ -1,10 +1,9 @@
 // The update rules of JobSpec.updates through the trainer: the parameter
 // server at staleness 0 and Hogwild with one worker are synchronous training
-// bit for bit (weights and evaluation), a resumed parameter-server run is the
-// uninterrupted one, the asynchronous rules learn and count what they did
-// (updates, staleness within its bound, EASGD's exchanges), and SWA's average
-// is the mean of the weights it folded, evaluated after batch-norm statistics
-// are recomputed.
+// bit for bit (every step's loss, the weights and the evaluation), a resumed parameter-server run
+// is the uninterrupted one, the asynchronous rules learn and count what they did (updates,
+// staleness within its bound, EASGD's exchanges), and SWA's average is the mean of the weights it
+// folded, evaluated after batch-norm statistics are recomputed.
 #include "runtime/train/update_rules.h"
 
 #include <cmath>
@@ -52,6 +51,7 @@ tandem::v1::JobSpec Job(const std::string& model, const std::string& updates, in
 
 struct Outcome {
   absl::Status status;
+  std::vector<double> losses;
   std::vector<float> params;
   tandem::v1::JobMetrics metrics;
 };
@@ -64,7 +64,10 @@ Outcome Train(const tandem::v1::JobSpec& spec, int threads, const std::string& d
   options.checkpoint_dir = dir;
   TrainerCallbacks callbacks;
   int steps = 0;
-  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress&) { ++steps; };
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+    run.losses.push_back(p.loss());
+    ++steps;
+  };
   callbacks.should_stop = [&] { return stop_after >= 0 && steps >= stop_after; };
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
   if (!trainer.ok()) {
@@ -86,6 +89,9 @@ void ExpectSameTraining(const Outcome& a, const Outcome& b) {
   int64_t differ = 0;
   for (size_t i = 0; i < a.params.size(); ++i) differ += a.params[i] != b.params[i];
   EXPECT_EQ(differ, 0) << "of " << a.params.size() << " weights";
+  // Step by step (b may be a resumed run: a's last steps).
+  ASSERT_LE(b.losses.size(), a.losses.size());
+  EXPECT_EQ(std::vector<double>(a.losses.end() - b.losses.size(), a.losses.end()), b.losses);
   EXPECT_EQ(a.metrics.eval_loss(), b.metrics.eval_loss());
   EXPECT_EQ(a.metrics.eval_accuracy(), b.metrics.eval_accuracy());
 }
@@ -182,7 +188,20 @@ TEST(UpdateRulesTest, SwaEvaluatesTheAverageNextToTheLastIterate) {
   EXPECT_EQ(resnet.metrics.updates().swa_models(), 5);
   EXPECT_TRUE(std::isfinite(resnet.metrics.updates().swa_eval_loss()));
   EXPECT_GT(resnet.metrics.updates().swa_eval_loss(), 0);
-  EXPECT_TRUE(std::filesystem::exists(dir + "/swa.tdm"));
+  // The final checkpoint (step 24) has its average beside it.
+  EXPECT_TRUE(std::filesystem::exists(dir + "/swa-0000000024.tdm"));
+}
+
+TEST(UpdateRulesTest, AResumedSwaRunAveragesWhatTheUninterruptedOneDoes) {
+  const tandem::v1::JobSpec spec = Job("mlp", "{swa: {start_step: 8, period: 2}}", 30);
+  const Outcome whole = Train(spec, 1);
+  const std::string dir = TempDir("swa_resume");
+  const Outcome first = Train(spec, 1, dir, /*stop_after=*/17);
+  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
+  const Outcome second = Train(spec, 1, dir);
+  ExpectSameTraining(whole, second);
+  EXPECT_EQ(second.metrics.updates().swa_models(), whole.metrics.updates().swa_models());
+  EXPECT_EQ(second.metrics.updates().swa_eval_loss(), whole.metrics.updates().swa_eval_loss());
 }
 
 TEST(UpdateRulesTest, SwaStartingAfterTheEndOfAnEpochRunIsRefused) {

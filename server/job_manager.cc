@@ -778,6 +778,10 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
         .Set(u.mean_staleness());
     metrics_->job_update_staleness.Add({{"job_id", entry.job.id()}, {"stat", "max"}})
         .Set(static_cast<double>(u.max_staleness()));
+    for (int lag = 0; lag < u.staleness_counts_size(); ++lag) {
+      metrics_->job_update_lagged.Add({{"job_id", entry.job.id()}, {"lag", absl::StrCat(lag)}})
+          .Set(static_cast<double>(u.staleness_counts(lag)));
+    }
     metrics_->job_update_wait_seconds.Add(labels).Set(u.wait_seconds());
     metrics_->job_update_exchanges.Add(labels).Set(static_cast<double>(u.exchanges()));
   }
@@ -1115,6 +1119,11 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
   }
   for (const char* stat : {"mean", "max"}) {
     RemoveSeries(metrics_->job_update_staleness, {{"job_id", job_id}, {"stat", stat}});
+  }
+  // Lags run up to the parameter server's largest bound (Hogwild's, up to the
+  // workers' count).
+  for (int lag = 0; lag <= 1024; ++lag) {
+    RemoveSeries(metrics_->job_update_lagged, {{"job_id", job_id}, {"lag", absl::StrCat(lag)}});
   }
   RemoveSeries(metrics_->job_step_duration, old, metrics_->job_step_duration_buckets);
   RemoveSeries(metrics_->job_steps, old);

@@ -69,6 +69,10 @@ ServerMetrics::ServerMetrics()
                  "Versions a gradient lagged the weights it was applied to: mean and max (label "
                  "stat), parameter server and Hogwild.",
                  *registry)),
+      job_update_lagged(Family(BuildGauge(), "tandem_job_update_lagged_updates",
+                               "Updates whose gradient lagged `lag` versions: the staleness "
+                               "distribution (parameter server, Hogwild).",
+                               *registry)),
       job_update_wait_seconds(Family(BuildGauge(), "tandem_job_update_wait_seconds",
                                      "Seconds the parameter server's workers waited on each other "
                                      "(staleness bound, push order), summed.",

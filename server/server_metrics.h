@@ -47,6 +47,7 @@ struct ServerMetrics {
   // JobSpec.updates: the rule (an info gauge), staleness, waits and exchanges.
   prometheus::Family<prometheus::Gauge>& job_update_rule;
   prometheus::Family<prometheus::Gauge>& job_update_staleness;
+  prometheus::Family<prometheus::Gauge>& job_update_lagged;
   prometheus::Family<prometheus::Gauge>& job_update_wait_seconds;
   prometheus::Family<prometheus::Gauge>& job_update_exchanges;
   prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;

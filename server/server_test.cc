@@ -245,6 +245,9 @@ TEST_F(JobManagerTest, UpdateRulesRunReserveTheirWorkersAndReport) {
                                    "\",rule=\"parameter_server\"} 1")),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find(absl::StrCat("tandem_job_update_lagged_updates{job_id=\"", done.id(),
+                                   "\",lag=\"0\"}")),
+            std::string::npos);
   EXPECT_NE(text.find(absl::StrCat("tandem_job_update_staleness{job_id=\"", done.id(),
                                    "\",stat=\"max\"}")),
             std::string::npos);

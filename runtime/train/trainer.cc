@@ -463,8 +463,11 @@ absl::Status Trainer::EvaluateSwa() {
 void Trainer::RecordUpdateStats() {
   tandem::v1::UpdateStats stats = runner_->update_stats();
   if (stats.rule().empty()) {
+    // Synchronous updates: each gradient lands on the weights it was
+    // computed on, lag 0.
     stats.set_rule(swa_ != nullptr ? "swa" : "synchronous");
     stats.set_updates(step_);
+    if (step_ > 0) stats.add_staleness_counts(step_);
   }
   const auto& old = metrics_.updates();
   if (swa_ != nullptr) {

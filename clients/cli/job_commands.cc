@@ -85,6 +85,8 @@ void PrintJobText(const Job& job) {
     std::printf("  eval:      accuracy %.4f, loss %.4f at step %ld\n", m.eval_accuracy(),
                 m.eval_loss(), static_cast<long>(m.eval_step()));
   }
+  const std::string updates = DescribeUpdates(m.updates());
+  if (!updates.empty()) std::printf("  updates:   %s\n", updates.c_str());
   if (job.checkpoint_step() > 0) {
     std::printf("  checkpoint step %ld: %s\n", static_cast<long>(job.checkpoint_step()),
                 job.checkpoint_path().c_str());

@@ -75,4 +75,23 @@ void ProgressPrinter::State(const tandem::v1::JobEvent::StateChange& s) {
   Line(line);
 }
 
+std::string DescribeUpdates(const tandem::v1::UpdateStats& u) {
+  if (u.rule().empty() || u.rule() == "synchronous") return "";
+  std::string line = absl::StrFormat("%s: %d updates", u.rule(), u.updates());
+  if (u.rule() == "hogwild" || u.rule() == "parameter_server") {
+    absl::StrAppendFormat(&line, ", staleness mean %.2f max %d", u.mean_staleness(),
+                          u.max_staleness());
+  }
+  if (u.wait_seconds() > 0) absl::StrAppendFormat(&line, ", waited %.1f s", u.wait_seconds());
+  if (u.exchanges() > 0) absl::StrAppendFormat(&line, ", %d exchanges", u.exchanges());
+  if (u.swa_models() > 0) {
+    absl::StrAppendFormat(&line, ", average of %d models", u.swa_models());
+    if (u.swa_eval_accuracy() > 0) {
+      absl::StrAppendFormat(&line, ": test accuracy %.4f (loss %.4f)", u.swa_eval_accuracy(),
+                            u.swa_eval_loss());
+    }
+  }
+  return line;
+}
+
 }  // namespace tandem::cli

@@ -35,6 +35,10 @@ class ProgressPrinter {
 // "1h02m", "3m05s", "12s".
 std::string FormatDuration(double seconds);
 
+// What a job's update rule did, in one line ("parameter_server: 938 updates,
+// staleness mean 1.87 max 2, waited 8.3 s"); "" for synchronous training.
+std::string DescribeUpdates(const tandem::v1::UpdateStats& u);
+
 }  // namespace tandem::cli
 
 #endif  // TANDEM_CLIENTS_CLI_PROGRESS_H_

@@ -92,6 +92,8 @@ void PrintSummary(const tandem::v1::Job& job) {
         m.peak_accelerator_bytes() / 1048576.0,
         job.resolved_spec().resources().accelerator_memory_bytes() / 1048576.0);
   }
+  const std::string updates = DescribeUpdates(m.updates());
+  if (!updates.empty()) std::printf("updates: %s\n", updates.c_str());
   if (job.state() != tandem::v1::JOB_STATE_SUCCEEDED) {
     std::printf("reason: %s\n", job.reason().c_str());
   }

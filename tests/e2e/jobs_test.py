@@ -128,6 +128,33 @@ class JobsTest(unittest.TestCase):
         self.assertEqual(done.measured_timeline.source, "measured")
         self.assertGreater(len(done.measured_timeline.spans), 0)
 
+    def test_update_rules_run_report_and_refuse_bad_parameters(self):
+        import grpc
+        spec = synthetic_spec(steps=24, updates={"parameter_server": {"staleness": 2, "workers": 3}})
+        submitted = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        self.assertEqual(submitted.resolved_spec.updates.parameter_server.shards, 4)
+        done = wait_for_state(self.client, submitted.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        u = done.metrics.updates
+        self.assertEqual(u.rule, "parameter_server")
+        self.assertEqual(u.updates, 24)
+        self.assertEqual(sum(u.staleness_counts), 24)
+        self.assertLessEqual(u.max_staleness, 2)
+        status = cli(self.daemon, "status", submitted.id)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("updates:   parameter_server: 24 updates, staleness mean", status.stdout)
+        # A bad parameter: INVALID_ARGUMENT naming the field; the daemon goes on.
+        bad = synthetic_spec(updates={"easgd": {"period": 0}})
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=bad), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.updates.easgd.period: must be in [1,", e.exception.details())
+        swa = synthetic_spec(steps=12, updates={"swa": {"start_step": 13}})
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=swa), timeout=30)
+        self.assertIn("spec.updates.swa.start_step: 13 is after the run's last step", e.exception.details())
+        self.assertEqual(self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(
+            spec=synthetic_spec()), timeout=30).job.state, job_pb2.JOB_STATE_QUEUED)
+
     def test_a_job_no_plan_fits_is_refused_with_the_capacity_it_needs(self):
         import grpc
         spec = synthetic_spec(steps=8)

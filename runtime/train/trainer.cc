@@ -61,8 +61,8 @@ std::string SwaPath(const std::string& dir, int64_t step) {
 
 }  // namespace
 
-absl::StatusOr<EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data,
-                                         int64_t batch_size) {
+absl::StatusOr<JobEvent::EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data,
+                                                   int64_t batch_size) {
   BatchLoader loader(data, batch_size, /*shuffle=*/false, 0);
   EvalResult total;
   for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
@@ -72,7 +72,11 @@ absl::StatusOr<EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data
     total.positions += r.positions;
     total.samples += r.samples;
   }
-  return total;
+  JobEvent::EvalResult result;
+  result.set_loss(total.loss_sum / std::max<int64_t>(1, total.samples));
+  result.set_accuracy(static_cast<double>(total.correct) / std::max<int64_t>(1, total.positions));
+  result.set_samples(total.samples);
+  return result;
 }
 
 Trainer::~Trainer() = default;
@@ -93,15 +97,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
     t->resolved_.set_precision(precision.precision);
   }
   const auto& training = t->resolved_.training();
-  // A rule with workers gives each a share of the threads; the trainer's
-  // thread takes a worker's share too (WorkerThreads says why).
-  const bool workers = t->resolved_.updates().has_hogwild() ||
-                       t->resolved_.updates().has_parameter_server() ||
-                       t->resolved_.updates().has_easgd();
-  // The job's threads, fixed before this thread's count changes below.
+  // The job's threads, fixed before this thread's count changes below. A rule
+  // with workers gives each a share, and the trainer's thread takes a
+  // worker's share too (WorkerThreads says why); other rules keep them all.
   t->job_threads_ = t->options_.threads > 0 ? t->options_.threads : omp_get_max_threads();
-  t->omp_threads_ = workers ? WorkerThreads(t->resolved_, t->job_threads_) : t->options_.threads;
-  if (t->omp_threads_ > 0) omp_set_num_threads(t->omp_threads_);
+  t->omp_threads_ = WorkerThreads(t->resolved_, t->job_threads_);
+  omp_set_num_threads(t->omp_threads_);
   TANDEM_ASSIGN_OR_RETURN(
       t->data_, OpenDatasets(t->resolved_.data(), training.seed(), t->options_.resolve_path,
                              ModelContext(t->resolved_), t->options_.data_reserved_bytes));
@@ -223,11 +224,8 @@ absl::StatusOr<JobEvent::EvalResult> Trainer::Evaluate() {
   result.set_step(step_);
   if (data_.test == nullptr) return result;
   TANDEM_ASSIGN_OR_RETURN(
-      const EvalResult total,
-      EvaluateSplit(*runner_, *data_.test, resolved_.training().eval_batch_size()));
-  result.set_loss(total.loss_sum / std::max<int64_t>(1, total.samples));
-  result.set_accuracy(static_cast<double>(total.correct) / std::max<int64_t>(1, total.positions));
-  result.set_samples(total.samples);
+      result, EvaluateSplit(*runner_, *data_.test, resolved_.training().eval_batch_size()));
+  result.set_step(step_);
   metrics_.set_eval_loss(result.loss());
   metrics_.set_eval_accuracy(result.accuracy());
   metrics_.set_eval_step(step_);
@@ -479,7 +477,7 @@ void Trainer::RecordUpdateStats() {
 }
 
 absl::Status Trainer::Run() {
-  if (omp_threads_ > 0) omp_set_num_threads(omp_threads_);
+  omp_set_num_threads(omp_threads_);
   RunClock clock;
   clock.run_start = clock.window_start = WallSeconds();
   double last_loss = 0;

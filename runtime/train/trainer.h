@@ -76,9 +76,10 @@ struct TrainerCallbacks {
 class SwaAverager;
 
 // Evaluation of `runner`'s current model over all of `data`, in batches of
-// `batch_size`, in order.
-absl::StatusOr<EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data,
-                                         int64_t batch_size);
+// `batch_size`, in order: mean loss per sample, accuracy, samples (step unset).
+absl::StatusOr<tandem::v1::JobEvent::EvalResult> EvaluateSplit(StepRunner& runner,
+                                                               const Dataset& data,
+                                                               int64_t batch_size);
 
 class Trainer {
  public:

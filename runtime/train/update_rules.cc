@@ -320,10 +320,7 @@ class HogwildRunner final : public AsyncRunner {
 
  private:
   explicit HogwildRunner(int workers) : AsyncRunner("hogwild", workers) {}
-  StepRunner& evaluator() override {
-    owner_->host_state().optimizer->set_step(t_.load());
-    return *owner_;
-  }
+  StepRunner& evaluator() override { return *owner_; }
 
   absl::StatusOr<StepResult> Process(int w, WorkItem& item) override {
     CpuRunner& worker = *workers_list_[w];
@@ -754,15 +751,8 @@ absl::StatusOr<tandem::v1::JobEvent::EvalResult> SwaAverager::Evaluate(
       TANDEM_RETURN_IF_ERROR(runner->TrainingForward(loader.Next(), options));
     }
   }
-  tandem::v1::JobEvent::EvalResult result;
-  if (test == nullptr) return result;
-  TANDEM_ASSIGN_OR_RETURN(const EvalResult r,
-                          EvaluateSplit(*runner, *test, resolved.training().eval_batch_size()));
-  result.set_loss(r.loss_sum / static_cast<double>(std::max<int64_t>(1, r.samples)));
-  result.set_accuracy(static_cast<double>(r.correct) /
-                      static_cast<double>(std::max<int64_t>(1, r.positions)));
-  result.set_samples(r.samples);
-  return result;
+  if (test == nullptr) return tandem::v1::JobEvent::EvalResult();
+  return EvaluateSplit(*runner, *test, resolved.training().eval_batch_size());
 }
 
 }  // namespace tandem

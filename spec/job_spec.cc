@@ -46,26 +46,43 @@ std::string PlainScalarToJson(const std::string& v) {
   return JsonQuote(v);
 }
 
-void AppendJson(const YAML::Node& node, std::string* out) {
+// Nesting a job file never needs: the deepest field path is under ten.
+constexpr int kMaxYamlDepth = 64;
+// What a job file may expand to through aliases: the 4 MiB it may be, and some.
+constexpr size_t kMaxYamlExpansion = size_t{16} << 20;
+
+// `node` as JSON. An alias inside the node it names (`a: &x {b: *x}`) is a
+// cycle, and aliases of aliases expand exponentially: both are refused, by
+// depth and by size, rather than recursing until the stack runs out (found by
+// job_spec_fuzz).
+absl::Status AppendJson(const YAML::Node& node, std::string* out, int depth = 0) {
+  if (depth > kMaxYamlDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nested more than ", kMaxYamlDepth, " levels deep (an alias inside what it names?)"));
+  }
+  if (out->size() > kMaxYamlExpansion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expands to more than ", kMaxYamlExpansion >> 20, " MiB through aliases"));
+  }
   switch (node.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined:
       *out += "null";
-      return;
+      return absl::OkStatus();
     case YAML::NodeType::Scalar:
       // Quoted scalars carry the "!" tag: they stay strings.
       *out += node.Tag() == "!" ? JsonQuote(node.Scalar()) : PlainScalarToJson(node.Scalar());
-      return;
+      return absl::OkStatus();
     case YAML::NodeType::Sequence: {
       *out += "[";
       bool first = true;
       for (const YAML::Node& item : node) {
         if (!first) *out += ",";
         first = false;
-        AppendJson(item, out);
+        TANDEM_RETURN_IF_ERROR(AppendJson(item, out, depth + 1));
       }
       *out += "]";
-      return;
+      return absl::OkStatus();
     }
     case YAML::NodeType::Map: {
       *out += "{";
@@ -75,12 +92,13 @@ void AppendJson(const YAML::Node& node, std::string* out) {
         first = false;
         *out += JsonQuote(kv.first.as<std::string>());
         *out += ":";
-        AppendJson(kv.second, out);
+        TANDEM_RETURN_IF_ERROR(AppendJson(kv.second, out, depth + 1));
       }
       *out += "}";
-      return;
+      return absl::OkStatus();
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -92,7 +110,9 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml, const std::strin
       return absl::InvalidArgumentError(absl::StrCat(filename, ": a job file must be a mapping"));
     }
     std::string json;
-    AppendJson(root, &json);
+    if (const absl::Status s = AppendJson(root, &json); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(filename, ": ", s.message()));
+    }
     return json;
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(

@@ -76,6 +76,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"priority: 5000", "priority"},
         BadCase{"training: {threads: -2}", "training.threads"}));
 
+TEST(JobSpecTest, CyclicAndExplodingAliasesAreRefused) {
+  // job_spec_fuzz's crash: an alias inside the mapping it names.
+  absl::Status s = ParseJobSpec("labels: &b {batching: *b}\n", "cycle.yaml").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cycle.yaml: nested more than 64 levels deep"), std::string::npos)
+      << s;
+  // Each level doubles the last: 2^30 copies of the first.
+  std::string bomb = "a0: &a0 [xxxxxxxxxxxxxxxx, xxxxxxxxxxxxxxxx]\n";
+  for (int i = 1; i <= 30; ++i) {
+    bomb += absl::StrCat("a", i, ": &a", i, " [*a", i - 1, ", *a", i - 1, "]\n");
+  }
+  s = ParseJobSpec(bomb, "bomb.yaml").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bomb.yaml: expands to more than 16 MiB through aliases"),
+            std::string::npos)
+      << s;
+}
+
 TEST(JobSpecTest, MissingModelAndDataAreNamed) {
   tandem::v1::JobSpec spec;
   spec.mutable_training()->set_batch_size(1);

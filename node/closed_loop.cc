@@ -44,6 +44,9 @@ constexpr double kSlowerMargin = 0.05;
 // A new placement is switched to when its predicted step is at least this
 // much shorter than the running plan's, both timed with the measured figures.
 constexpr double kMinGain = 0.05;
+// A plan's measured step time over its life: the median of its first this
+// many steps after the warm-up (enough for a median; the copy stays cheap).
+constexpr size_t kPlanStepsKept = 256;
 
 double EffectiveThreshold(double threshold) {
   return threshold == 0 ? kDefaultReplanThreshold : threshold;
@@ -582,9 +585,14 @@ PlanLoop::PlanLoop(const Model& model, JobSpec resolved, NodeOffer node, Plan pl
   done_ = plan_.layers_size() == 0;  // the CPU engine: nothing predicted
 }
 
+double PlanLoop::plan_measured_seconds() const {
+  return plan_seconds_.empty() ? 0 : profile::Median(plan_seconds_);
+}
+
 PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timeline) {
-  if (done_) return {};
   if (++steps_ <= options_.warmup_steps) return {};
+  if (plan_seconds_.size() < kPlanStepsKept) plan_seconds_.push_back(step_seconds);
+  if (done_) return {};
   window_seconds_.push_back(step_seconds);
   if (timeline.spans_size() > 0) window_timelines_.push_back(timeline);
   if (static_cast<int>(window_seconds_.size()) < options_.window_steps) return {};
@@ -710,6 +718,8 @@ void PlanLoop::Adopt(const Decision& decision) {
     dispatch_.clear();
     previous_.reset();
     done_ = true;
+    steps_ = 0;
+    plan_seconds_.clear();
     return;
   }
   dispatch_ = decision.dispatch_seconds;
@@ -725,6 +735,7 @@ void PlanLoop::Adopt(const Decision& decision) {
   // whose bookkeeping (the record written, the profile stored) runs beside
   // the next steps.
   steps_ = 0;
+  plan_seconds_.clear();
   plan_ = decision.plan;
 }
 
@@ -752,7 +763,14 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
                              int64_t step, double seconds, const StepRunner& runner) {
     if (before) before(step, seconds, runner);
     state->step = step;
-    if (state->loop->done()) return;
+    if (state->loop->done()) {
+      state->loop->AfterStep(seconds, tandem::v1::Timeline());
+      const int n = state->loop->plan_measured_steps();
+      if (state->hooks.measured && n > 0) {
+        state->hooks.measured(state->loop->plan_measured_seconds(), n);
+      }
+      return;
+    }
     // A timeline is a copy of a step's spans: taken only for a window's steps.
     PlanLoop::Outcome out = state->loop->AfterStep(
         seconds, state->loop->InWindow() ? runner.last_timeline() : tandem::v1::Timeline());

@@ -167,6 +167,11 @@ class PlanLoop {
   // The switch to decision.plan failed: the job goes on under the plan it had.
   void SwitchFailed();
   bool done() const { return done_; }
+  // Median wall time of the steps run under plan() after its warm-up, the
+  // checked windows' and every later one's (0 before the first), and how
+  // many: the plan's measured step time over its life, not one window's.
+  double plan_measured_seconds() const;
+  int plan_measured_steps() const { return static_cast<int>(plan_seconds_.size()); }
   // Whether the next step belongs to a window (AfterStep keeps its timeline).
   bool InWindow() const { return !done_ && steps_ >= options_.warmup_steps; }
   const tandem::v1::Plan& plan() const { return plan_; }
@@ -201,6 +206,8 @@ class PlanLoop {
   bool recalibrated_ = false;
   std::vector<double> window_seconds_;
   std::vector<tandem::v1::Timeline> window_timelines_;
+  // The seconds of plan_'s steps after its warm-up (the first 256).
+  std::vector<double> plan_seconds_;
   // The plan before the latest switch and its measured step.
   std::map<tandem::v1::TimelineResource, double> dispatch_;
   std::optional<tandem::v1::Plan> previous_;
@@ -212,6 +219,10 @@ class PlanLoop {
 // (after its switch, for a new placement) with the step it took effect at.
 struct PlanLoopHooks {
   std::function<void(const PlanCheck&)> checked;
+  // After the loop has settled (done): the running plan's
+  // measured step time over its life so far (plan_measured_seconds), after
+  // every step.
+  std::function<void(double seconds, int steps)> measured;
   std::function<void(const std::string&)> log;
   std::function<void(const PlanLoop::Decision&, int64_t step)> adopted;
 };

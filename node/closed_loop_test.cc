@@ -289,7 +289,10 @@ TEST_F(MeasuredProfileTest, LoopRecalibratesThenStopsWhenTheStepAgrees) {
   EXPECT_GT(next, 1.5 * predicted);
   EXPECT_LT(next, 2.5 * predicted);
   const Timeline as_predicted = out.decision->plan.timeline();
+  EXPECT_EQ(loop.plan_measured_steps(), options.window_steps);
+  EXPECT_DOUBLE_EQ(loop.plan_measured_seconds(), 2 * predicted);
   loop.Adopt(*out.decision);
+  EXPECT_EQ(loop.plan_measured_steps(), 0);  // a new plan's steps from its warm-up on
   // Steps as the new plan predicts: the next window agrees and the loop stops.
   // Warm-up again either way, then the window.
   const int until_window = options.warmup_steps + options.window_steps;
@@ -302,6 +305,11 @@ TEST_F(MeasuredProfileTest, LoopRecalibratesThenStopsWhenTheStepAgrees) {
   EXPECT_FALSE(out.decision);
   EXPECT_TRUE(loop.done());
   EXPECT_NE(out.log.find("within the 10% threshold"), std::string::npos) << out.log;
+  // Settled: the plan's measured step is every later step's median, not the
+  // window's alone.
+  for (int i = 0; i < 2 * options.window_steps; ++i) loop.AfterStep(1.2 * next, Timeline());
+  EXPECT_EQ(loop.plan_measured_steps(), 3 * options.window_steps);
+  EXPECT_DOUBLE_EQ(loop.plan_measured_seconds(), 1.2 * next);
 }
 
 TEST_F(MeasuredProfileTest, LoopSwitchesBackFromASlowerPlanAndStops) {

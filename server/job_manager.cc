@@ -1044,6 +1044,11 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
       entry->job.mutable_plan_history(n - 1)->set_measured_step_seconds(c.measured_step_seconds);
     }
   };
+  hooks.measured = [this, entry](double seconds, int /*steps*/) {
+    absl::MutexLock lock(&mu_);
+    const int n = entry->job.plan_history_size();
+    if (n > 0) entry->job.mutable_plan_history(n - 1)->set_measured_step_seconds(seconds);
+  };
   hooks.log = [this, entry](const std::string& line) {
     JobEvent e;
     e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_INFO);

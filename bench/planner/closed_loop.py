@@ -133,7 +133,7 @@ def main():
     p.add_argument("--tandem", default=os.path.join(ROOT, "bazel-bin/clients/cli/tandem"))
     p.add_argument("--models", default="text-gpt,fmnist-cnn,fmnist-resnet")
     p.add_argument("--fractions", default="0.25,0.5,1.0")
-    p.add_argument("--steps", type=int, default=36)
+    p.add_argument("--steps", type=int, default=48)
     p.add_argument("--strategy", default="reuse_distance")
     p.add_argument("--throttle", type=float, default=0,
                    help="tandemd --emulated_link_throttle, bytes per second (0 = none)")

@@ -1,0 +1,572 @@
+#include "runtime/exec/pipeline_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/random.h"
+#include "base/status_macros.h"
+
+namespace tandem {
+
+const char* PipelineScheduleName(PipelineSchedule schedule) {
+  switch (schedule) {
+    case PipelineSchedule::kGPipe:
+      return "gpipe";
+    case PipelineSchedule::kOneFOneB:
+      return "1f1b";
+  }
+  return "?";
+}
+
+struct PipelineRunner::Stage {
+  int first = 0, end = 0;
+  Accelerator* device = nullptr;
+  int64_t param_begin = 0, param_n = 0, buffer_begin = 0, buffer_n = 0;
+  Buffer params, grads, buffers;
+  std::vector<Buffer> moments;
+  // Per micro-batch: the stage's input (the batch's, or the stage before's
+  // output), the targets (last stage), and per layer of the stage its output
+  // and what its forward saved for backward.
+  std::vector<Buffer> in, targets;
+  std::vector<std::vector<Buffer>> out, saved;
+  // Timing of the latest step.
+  double busy = 0, copy = 0, update = 0;
+
+  // Empty slots for M micro-batches.
+  void Size(int M) {
+    for (auto* v : {&in, &targets}) {
+      v->clear();
+      v->resize(M);
+    }
+    for (auto* v : {&out, &saved}) {
+      v->clear();
+      v->resize(end - first);
+      for (auto& per_layer : *v) per_layer.resize(M);
+    }
+  }
+};
+
+// One step (or evaluation) in flight: the micro-batches, and between each two
+// neighbouring stages a mailbox per micro-batch for the activation going
+// forward and its gradient coming back, in staging host memory.
+struct PipelineRunner::Step {
+  const Batch* batch = nullptr;
+  StepOptions options;
+  bool training = true;
+  StepConstants constants;
+  std::vector<int64_t> mb_start, mb_size;
+  std::vector<double> loss_sums;
+  std::vector<int64_t> correct;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  // [boundary s (between stage s and s + 1)][micro-batch]
+  std::vector<std::vector<Buffer>> act, grad;
+  bool failed = false;
+  // Clipping: the stages' sums of squares, added as each finishes backward.
+  int norms_in = 0;
+  double sum_of_squares = 0;
+
+  int micro_batches() const { return static_cast<int>(mb_start.size()); }
+  // Waits for `box` to fill (false when another stage failed), then takes it.
+  bool Take(Buffer& box, Buffer* into) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return failed || !box.empty(); });
+    if (box.empty()) return false;
+    *into = std::move(box);
+    return true;
+  }
+  void Put(Buffer& box, Buffer from) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      box = std::move(from);
+    }
+    cv.notify_all();
+  }
+  void Fail() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      failed = true;
+    }
+    cv.notify_all();
+  }
+};
+
+PipelineRunner::PipelineRunner(const Model& model, PipelineOptions options)
+    : model_(model), options_(options) {}
+
+PipelineRunner::~PipelineRunner() = default;
+
+absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
+    const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+    std::vector<PipelineStageSpec> stages, PipelineOptions options) {
+  const int L = model.num_layers();
+  if (stages.empty()) return absl::InvalidArgumentError("pipeline: no stages");
+  if (static_cast<int>(stages.size()) > L) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline: ", stages.size(),
+                                                   " stages for a model of ", L, " layers"));
+  }
+  if (options.max_batch <= 0) return absl::InvalidArgumentError("pipeline: max_batch must be > 0");
+  if (options.micro_batches < 1 || options.micro_batches > options.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline: micro_batches must be in [1, ",
+                                                   options.max_batch, "], got ",
+                                                   options.micro_batches));
+  }
+  std::set<Accelerator*> devices;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const PipelineStageSpec& st = stages[s];
+    const int want = s == 0 ? 0 : stages[s - 1].end_layer;
+    if (st.first_layer != want || st.end_layer <= st.first_layer || st.end_layer > L) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: stage ", s, " has layers [", st.first_layer, ", ", st.end_layer,
+          "); stages must be non-empty, contiguous and start at layer ", want));
+    }
+    if (st.device == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("pipeline: stage ", s, " has no device"));
+    }
+    if (!devices.insert(st.device).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: stage ", s, " shares device ", st.device->id(),
+                       " with an earlier stage (one stage per accelerator)"));
+    }
+  }
+  if (stages.back().end_layer != L) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: the stages end at layer ", stages.back().end_layer, " of ", L));
+  }
+
+  std::unique_ptr<PipelineRunner> r(new PipelineRunner(model, options));
+  TANDEM_ASSIGN_OR_RETURN(r->host_params_,
+                          Buffer::Allocate(&r->host_alloc_, model.parameter_elements() * 4,
+                                           MemoryCategory::kParameters));
+  TANDEM_ASSIGN_OR_RETURN(r->host_buffers_,
+                          Buffer::Allocate(&r->host_alloc_,
+                                           std::max<int64_t>(model.buffer_elements(), 1) * 4,
+                                           MemoryCategory::kParameters));
+  TANDEM_ASSIGN_OR_RETURN(r->optimizer_, Optimizer::Create(optimizer, model.parameter_elements(),
+                                                           &r->host_alloc_));
+  model.Initialize(r->host_params_.f32(), r->host_buffers_.f32(), options.init_seed);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    auto stage = std::make_unique<Stage>();
+    stage->first = stages[s].first_layer;
+    stage->end = stages[s].end_layer;
+    stage->device = stages[s].device;
+    stage->param_begin = model.param_offset(stage->first);
+    stage->param_n = model.param_offset(stage->end) - stage->param_begin;
+    stage->buffer_begin = model.buffer_offset(stage->first);
+    stage->buffer_n = model.buffer_offset(stage->end) - stage->buffer_begin;
+    Allocator* alloc = stage->device->allocator();
+    auto fits = [&](absl::Status st) {
+      if (st.ok()) return st;
+      return absl::Status(st.code(), absl::StrCat("pipeline stage ", s, " (layers ", stage->first,
+                                                  "-", stage->end - 1, ") on ",
+                                                  stage->device->id(), ": ", st.message()));
+    };
+    auto allocate = [&](Buffer* b, int64_t elements, MemoryCategory c) {
+      absl::StatusOr<Buffer> got = Buffer::Allocate(alloc, std::max<int64_t>(elements, 1) * 4, c);
+      if (!got.ok()) return fits(got.status());
+      *b = *std::move(got);
+      return absl::OkStatus();
+    };
+    TANDEM_RETURN_IF_ERROR(allocate(&stage->params, stage->param_n, MemoryCategory::kParameters));
+    TANDEM_RETURN_IF_ERROR(allocate(&stage->grads, stage->param_n, MemoryCategory::kGradients));
+    TANDEM_RETURN_IF_ERROR(allocate(&stage->buffers, stage->buffer_n, MemoryCategory::kParameters));
+    stage->moments.resize(r->optimizer_->state_count());
+    for (Buffer& m : stage->moments) {
+      TANDEM_RETURN_IF_ERROR(allocate(&m, stage->param_n, MemoryCategory::kOptimizerState));
+    }
+    // The padding between layers' slices is never written by a backward:
+    // zero, so the gradient norm and the update see nothing there.
+    TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
+    r->stages_.push_back(std::move(stage));
+  }
+  r->stats_.resize(r->stages_.size());
+  TANDEM_RETURN_IF_ERROR(r->StateChangedOnHost());
+  return r;
+}
+
+LayerContext PipelineRunner::ContextOf(const Stage& stage, int l, int64_t mb_start, bool training,
+                                       const StepOptions& options) const {
+  LayerContext ctx = stage.device->ComputeContext();
+  ctx.params = stage.params.f32() + (model_.param_offset(l) - stage.param_begin);
+  ctx.grads = stage.grads.f32() + (model_.param_offset(l) - stage.param_begin);
+  ctx.buffers = model_.buffer_elements() == 0
+                    ? nullptr
+                    : stage.buffers.f32() + (model_.buffer_offset(l) - stage.buffer_begin);
+  ctx.training = training;
+  ctx.running_stats_momentum = options.running_stats_momentum;
+  ctx.seed = options.seed;
+  // The CPU engine's and the plan executor's dropout stream of (step, layer).
+  ctx.rng_stream = MixStream(0xd209, static_cast<uint64_t>(options.step), static_cast<uint64_t>(l));
+  ctx.sample_offset = static_cast<uint64_t>(mb_start);
+  return ctx;
+}
+
+absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
+  Stage& st = *stages_[s];
+  const int L = model_.num_layers();
+  const int64_t n = step.mb_size[m];
+  Allocator* alloc = st.device->allocator();
+  double t = WallSeconds();
+  if (s == 0) {
+    const int64_t elem = DTypeBytes(step.batch->input_dtype);
+    const int64_t bytes = n * model_.data().sample_shape.elements() * elem;
+    TANDEM_ASSIGN_OR_RETURN(st.in[m], Buffer::Allocate(alloc, bytes, MemoryCategory::kActivations));
+    const char* src = reinterpret_cast<const char*>(step.batch->inputs.data());
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(
+        st.in[m].data(), src + step.mb_start[m] * model_.data().sample_shape.elements() * elem,
+        bytes));
+  } else {
+    Buffer staged;
+    if (!step.Take(step.act[s - 1][m], &staged)) return absl::AbortedError("another stage failed");
+    t = WallSeconds();  // the wait was bubble, the copy is not
+    TANDEM_ASSIGN_OR_RETURN(st.in[m],
+                            Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.in[m].data(), staged.data(), staged.bytes()));
+  }
+  if (st.end == L) {
+    const int64_t tps = model_.data().targets_per_sample;
+    TANDEM_ASSIGN_OR_RETURN(st.targets[m],
+                            Buffer::Allocate(alloc, n * tps * 4, MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(
+        st.targets[m].data(), step.batch->targets.data() + step.mb_start[m] * tps, n * tps * 4));
+  }
+  st.copy += WallSeconds() - t;
+
+  t = WallSeconds();
+  for (int l = st.first; l < st.end; ++l) {
+    const Layer& layer = model_.layer(l);
+    const int i = l - st.first;
+    const Tensor x =
+        l == st.first
+            ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
+                     l == 0 ? model_.data().sample_shape.WithBatch(n)
+                            : layer.input_shape().WithBatch(n))
+            : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+    TANDEM_ASSIGN_OR_RETURN(
+        st.out[i][m], Buffer::Allocate(alloc, layer.OutputBytes(n), MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(st.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n),
+                                                             MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+    LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
+    ctx.workspace = ws.data();
+    ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
+    layer.Forward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
+                  st.saved[i][m].data());
+    TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+  }
+  st.busy += WallSeconds() - t;
+
+  t = WallSeconds();
+  const int last = st.end - st.first - 1;
+  if (st.end < L) {
+    TANDEM_ASSIGN_OR_RETURN(Buffer staged,
+                            Buffer::Allocate(st.device->host_staging_allocator(),
+                                             st.out[last][m].bytes(), MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(
+        st.device->CopyToHost(staged.data(), st.out[last][m].data(), staged.bytes()));
+    step.Put(step.act[s][m], std::move(staged));
+  } else {
+    // The per-sample losses, and in evaluation the logits (the loss's input).
+    std::vector<float> losses(n);
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(losses.data(), st.out[last][m].data(), n * 4));
+    double sum = 0;
+    for (float v : losses) sum += v;
+    step.loss_sums[m] = sum;
+    if (!step.training) {
+      const CrossEntropy& loss = model_.loss();
+      const int64_t positions = n * loss.positions();
+      std::vector<float> logits(positions * loss.classes());
+      const Buffer& from = last == 0 ? st.in[m] : st.out[last - 1][m];
+      TANDEM_RETURN_IF_ERROR(
+          st.device->CopyToHost(logits.data(), from.data(), logits.size() * sizeof(float)));
+      step.correct[m] = CountCorrect(logits.data(),
+                                     step.batch->targets.data() + step.mb_start[m] *
+                                                                      model_.data().targets_per_sample,
+                                     positions, loss.classes());
+    }
+  }
+  st.copy += WallSeconds() - t;
+  if (!step.training) {  // nothing is kept for a backward
+    st.in[m].Reset();
+    st.targets[m].Reset();
+    for (auto& per_layer : st.out) per_layer[m].Reset();
+    for (auto& per_layer : st.saved) per_layer[m].Reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
+  Stage& st = *stages_[s];
+  const int L = model_.num_layers();
+  const int64_t n = step.mb_size[m];
+  Allocator* alloc = st.device->allocator();
+  Buffer dy;
+  double t = WallSeconds();
+  if (st.end == L) {
+    // d(mean loss)/d(per-sample loss) = 1 / (whole batch).
+    TANDEM_ASSIGN_OR_RETURN(dy, Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(
+        st.device->Fill(dy.f32(), 1.0f / static_cast<float>(step.batch->size), n));
+  } else {
+    Buffer staged;
+    if (!step.Take(step.grad[s][m], &staged)) return absl::AbortedError("another stage failed");
+    t = WallSeconds();
+    TANDEM_ASSIGN_OR_RETURN(dy,
+                            Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(dy.data(), staged.data(), staged.bytes()));
+    st.copy += WallSeconds() - t;
+    t = WallSeconds();
+  }
+  for (int l = st.end - 1; l >= st.first; --l) {
+    const Layer& layer = model_.layer(l);
+    const int i = l - st.first;
+    Buffer dx;
+    if (l > 0) {
+      TANDEM_ASSIGN_OR_RETURN(dx, Buffer::Allocate(alloc, layer.input_shape().elements() * n * 4,
+                                                   MemoryCategory::kActivations));
+    }
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+    LayerContext ctx = ContextOf(st, l, step.mb_start[m], true, step.options);
+    ctx.workspace = ws.data();
+    ctx.accumulate_grads = m > 0;
+    ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
+    const Tensor x =
+        i == 0 ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
+                        l == 0 ? model_.data().sample_shape.WithBatch(n)
+                               : layer.input_shape().WithBatch(n))
+               : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+    layer.Backward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
+                   st.saved[i][m].data(), Tensor::F32(dy.f32(), layer.output_shape().WithBatch(n)),
+                   l == 0 ? Tensor() : Tensor::F32(dx.f32(), layer.input_shape().WithBatch(n)));
+    TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+    st.out[i][m].Reset();
+    st.saved[i][m].Reset();
+    dy = std::move(dx);
+  }
+  st.in[m].Reset();
+  st.targets[m].Reset();
+  st.busy += WallSeconds() - t;
+  if (s > 0) {  // dy is now the gradient of the stage's input
+    t = WallSeconds();
+    TANDEM_ASSIGN_OR_RETURN(Buffer staged,
+                            Buffer::Allocate(st.device->host_staging_allocator(), dy.bytes(),
+                                             MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), dy.data(), dy.bytes()));
+    dy.Reset();
+    step.Put(step.grad[s - 1][m], std::move(staged));
+    st.copy += WallSeconds() - t;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::RunStage(Step& step, int s) {
+  const int K = num_stages(), M = step.micro_batches();
+  std::vector<std::pair<bool, int>> ops;  // (backward, micro-batch) in order
+  if (options_.schedule == PipelineSchedule::kGPipe) {
+    for (int m = 0; m < M; ++m) ops.push_back({false, m});
+    for (int m = 0; m < M; ++m) ops.push_back({true, m});
+  } else {
+    const int warmup = std::min(K - s - 1, M);
+    for (int m = 0; m < warmup; ++m) ops.push_back({false, m});
+    for (int m = warmup; m < M; ++m) {
+      ops.push_back({false, m});
+      ops.push_back({true, m - warmup});
+    }
+    for (int m = M - warmup; m < M; ++m) ops.push_back({true, m});
+  }
+  for (const auto& [backward, m] : ops) {
+    absl::Status done = backward ? StageBackward(step, s, m) : StageForward(step, s, m);
+    if (!done.ok()) return done;
+  }
+  Stage& st = *stages_[s];
+  const double t = WallSeconds();
+  const float max_norm = optimizer_->spec().max_grad_norm();
+  float scale = 1;
+  if (max_norm > 0) {
+    TANDEM_ASSIGN_OR_RETURN(const double sum, st.device->SumOfSquares(st.grads.f32(), st.param_n));
+    std::unique_lock<std::mutex> lock(step.mu);
+    step.sum_of_squares += sum;
+    ++step.norms_in;
+    step.cv.notify_all();
+    step.cv.wait(lock, [&] { return step.failed || step.norms_in == K; });
+    if (step.norms_in < K) return absl::AbortedError("another stage failed");
+    scale = Optimizer::ClipScale(std::sqrt(step.sum_of_squares), max_norm);
+  }
+  StepConstants c = step.constants;
+  c.adam.grad_scale = c.sgd.grad_scale = scale;
+  std::vector<float*> states;
+  for (Buffer& b : st.moments) states.push_back(b.f32());
+  TANDEM_RETURN_IF_ERROR(
+      st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
+  TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+  st.update = WallSeconds() - t;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
+                                                     const StepOptions& options) {
+  if (batch.size > options_.max_batch || batch.size <= 0) {
+    return absl::InvalidArgumentError("batch larger than the runner was sized for");
+  }
+  const int K = num_stages();
+  Step step;
+  step.batch = &batch;
+  step.options = options;
+  step.training = true;
+  const int64_t mb = (batch.size + options_.micro_batches - 1) / options_.micro_batches;
+  for (int64_t first = 0; first < batch.size; first += mb) {
+    step.mb_start.push_back(first);
+    step.mb_size.push_back(std::min(mb, batch.size - first));
+  }
+  const int M = step.micro_batches();
+  step.loss_sums.assign(M, 0);
+  step.act.resize(K - 1);
+  step.grad.resize(K - 1);
+  for (int s = 0; s + 1 < K; ++s) {
+    step.act[s].resize(M);
+    step.grad[s].resize(M);
+  }
+  for (auto& st : stages_) {
+    st->Size(M);
+    st->busy = st->copy = st->update = 0;
+  }
+  step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
+
+  const double start = WallSeconds();
+  std::vector<absl::Status> results(K);
+  std::vector<double> ended(K, 0);
+  {
+    std::vector<std::thread> threads;
+    for (int s = 0; s < K; ++s) {
+      threads.emplace_back([&, s] {
+        results[s] = RunStage(step, s);
+        ended[s] = WallSeconds();
+        if (!results[s].ok()) step.Fail();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (int s = 0; s < K; ++s) {
+    // The first failure, not the stages it stopped.
+    if (!results[s].ok() && !absl::IsAborted(results[s])) return results[s];
+  }
+  for (const absl::Status& r : results) TANDEM_RETURN_IF_ERROR(r);
+
+  double end = start;
+  for (int s = 0; s < K; ++s) end = std::max(end, ended[s] - stages_[s]->update);
+  last_pipeline_seconds_ = end - start;
+  for (int s = 0; s < K; ++s) {
+    const Stage& st = *stages_[s];
+    PipelineStageStats& out = stats_[s];
+    out.busy_seconds = st.busy;
+    out.copy_seconds = st.copy;
+    out.update_seconds = st.update;
+    out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.busy - st.copy);
+    out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;
+  }
+  StepResult result;
+  result.samples = batch.size;
+  double sum = 0;
+  for (double v : step.loss_sums) sum += v;
+  result.loss = sum / static_cast<double>(batch.size);
+  if (optimizer_->spec().max_grad_norm() > 0) result.grad_norm = std::sqrt(step.sum_of_squares);
+  return result;
+}
+
+absl::StatusOr<EvalResult> PipelineRunner::EvalBatch(const Batch& batch) {
+  if (batch.size > options_.max_batch || batch.size <= 0) {
+    return absl::InvalidArgumentError("batch larger than the runner was sized for");
+  }
+  const int K = num_stages();
+  Step step;
+  step.batch = &batch;
+  step.training = false;
+  const int64_t mb = (batch.size + options_.micro_batches - 1) / options_.micro_batches;
+  for (int64_t first = 0; first < batch.size; first += mb) {
+    step.mb_start.push_back(first);
+    step.mb_size.push_back(std::min(mb, batch.size - first));
+  }
+  const int M = step.micro_batches();
+  step.loss_sums.assign(M, 0);
+  step.correct.assign(M, 0);
+  step.act.resize(K - 1);
+  for (auto& boxes : step.act) boxes.resize(M);
+  for (auto& st : stages_) st->Size(M);
+  // Stage after stage, each micro-batch: evaluation needs no overlap.
+  for (int m = 0; m < M; ++m) {
+    for (int s = 0; s < K; ++s) TANDEM_RETURN_IF_ERROR(StageForward(step, s, m));
+  }
+  EvalResult r;
+  r.samples = batch.size;
+  for (int m = 0; m < M; ++m) {
+    r.loss_sum += step.loss_sums[m];
+    r.correct += step.correct[m];
+  }
+  r.positions = batch.size * model_.loss().positions();
+  return r;
+}
+
+absl::Status PipelineRunner::SyncStateToHost() {
+  for (auto& st : stages_) {
+    TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(host_params_.f32() + st->param_begin,
+                                                  st->params.data(), st->param_n * 4));
+    if (st->buffer_n > 0) {
+      TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(host_buffers_.f32() + st->buffer_begin,
+                                                    st->buffers.data(), st->buffer_n * 4));
+    }
+    for (size_t i = 0; i < st->moments.size(); ++i) {
+      TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(optimizer_->state(i) + st->param_begin,
+                                                    st->moments[i].data(), st->param_n * 4));
+    }
+  }
+  return absl::OkStatus();
+}
+
+HostStateView PipelineRunner::host_state() {
+  HostStateView v;
+  v.params = host_params_.f32();
+  v.buffers = host_buffers_.f32();
+  for (int i = 0; i < optimizer_->state_count(); ++i) v.moments.push_back(optimizer_->state(i));
+  v.optimizer = optimizer_.get();
+  return v;
+}
+
+absl::Status PipelineRunner::StateChangedOnHost() {
+  for (auto& st : stages_) {
+    TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
+        st->params.data(), host_params_.f32() + st->param_begin, st->param_n * 4));
+    if (st->buffer_n > 0) {
+      TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
+          st->buffers.data(), host_buffers_.f32() + st->buffer_begin, st->buffer_n * 4));
+    }
+    for (size_t i = 0; i < st->moments.size(); ++i) {
+      TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
+          st->moments[i].data(), optimizer_->state(i) + st->param_begin, st->param_n * 4));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t PipelineRunner::peak_host_bytes() const {
+  return host_alloc_.stats().peak_total_bytes;
+}
+
+int64_t PipelineRunner::peak_accelerator_bytes() const {
+  int64_t peak = 0;
+  for (const auto& st : stages_) {
+    peak = std::max(peak, st->device->allocator()->stats().peak_total_bytes);
+  }
+  return peak;
+}
+
+}  // namespace tandem

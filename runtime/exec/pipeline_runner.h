@@ -1,0 +1,123 @@
+// Pipeline-parallel execution over several accelerators of one node
+// (docs/pipeline.md): the model cut into K stages, each a contiguous run of
+// layers whose weights, gradients, optimizer state and activations live on
+// its own accelerator; a batch split into M micro-batches that flow through
+// the stages, activations forward and their gradients back, copied between
+// the stage devices through staging host memory.
+//
+// Schedules, both synchronous and exactly one-device training at the same
+// micro-batches (gradients accumulated over the micro-batches, one update per
+// step):
+//  - GPipe: every stage runs all M forwards, then all M backwards; a stage
+//    holds the activations of all M micro-batches.
+//  - 1F1B (PipeDream-Flush): stage s runs min(K-s-1, M) forwards, then
+//    alternates one forward and one backward, then the remaining backwards;
+//    a stage holds at most K-s micro-batches' activations.
+// Each stage runs on its own thread (its device's compute stream) and waits
+// only for what it consumes; the update of every stage follows the last
+// backward (after the global gradient norm, when clipping).
+//
+// Thread-compatible, like every StepRunner: one thread drives it.
+#ifndef TANDEM_RUNTIME_EXEC_PIPELINE_RUNNER_H_
+#define TANDEM_RUNTIME_EXEC_PIPELINE_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/core/allocator.h"
+#include "runtime/device/accelerator.h"
+#include "runtime/exec/step_runner.h"
+#include "runtime/model/model.h"
+#include "runtime/optim/optimizer.h"
+#include "tandem/v1/job.pb.h"
+
+namespace tandem {
+
+enum class PipelineSchedule { kGPipe, kOneFOneB };
+const char* PipelineScheduleName(PipelineSchedule schedule);
+
+struct PipelineStageSpec {
+  // Layers [first_layer, end_layer) of the model.
+  int first_layer = 0;
+  int end_layer = 0;
+  // Where the stage lives; not owned, outlives the runner. One device per stage.
+  Accelerator* device = nullptr;
+};
+
+struct PipelineOptions {
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  // Micro-batches per step; a batch of B splits into ceil(B / ceil(B / M))
+  // pieces of ceil(B / M) samples (the last smaller), as the plan executor
+  // splits it at micro_batch_size ceil(B / M).
+  int micro_batches = 1;
+  int64_t max_batch = 0;
+  uint64_t init_seed = 0;
+};
+
+// What one stage did in the latest step.
+struct PipelineStageStats {
+  // Forward and backward compute.
+  double busy_seconds = 0;
+  // Copying activations and gradients in and out of its device.
+  double copy_seconds = 0;
+  // The rest of the step's forward-backward phase: waiting for a neighbour.
+  double bubble_seconds = 0;
+  double update_seconds = 0;
+  // Peak device bytes since the runner started.
+  int64_t peak_bytes = 0;
+};
+
+class PipelineRunner final : public StepRunner {
+ public:
+  // INVALID_ARGUMENT when the stages do not cover the model's layers in order
+  // (each non-empty), share a device, or the micro-batches are not in
+  // [1, max_batch]; RESOURCE_EXHAUSTED when a stage's state does not fit its
+  // device. `optimizer` must be resolved.
+  static absl::StatusOr<std::unique_ptr<PipelineRunner>> Create(
+      const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+      std::vector<PipelineStageSpec> stages, PipelineOptions options);
+  ~PipelineRunner() override;
+
+  absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
+  absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;
+  absl::Status SyncStateToHost() override;
+  HostStateView host_state() override;
+  absl::Status StateChangedOnHost() override;
+  int64_t peak_host_bytes() const override;
+  // The largest stage's peak.
+  int64_t peak_accelerator_bytes() const override;
+
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  const std::vector<PipelineStageStats>& stage_stats() const { return stats_; }
+  // The latest step's forward-backward wall time (the phase the bubbles are of).
+  double last_pipeline_seconds() const { return last_pipeline_seconds_; }
+
+ private:
+  struct Stage;
+  struct Step;
+  PipelineRunner(const Model& model, PipelineOptions options);
+
+  absl::Status RunStage(Step& step, int s);
+  absl::Status StageForward(Step& step, int s, int m);
+  absl::Status StageBackward(Step& step, int s, int m);
+  absl::Status Update(const StepOptions& options, double* grad_norm);
+  LayerContext ContextOf(const Stage& stage, int l, int64_t mb_start, bool training,
+                         const StepOptions& options) const;
+
+  const Model& model_;
+  const PipelineOptions options_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<PipelineStageStats> stats_;
+  double last_pipeline_seconds_ = 0;
+  // The host copy of the state (checkpoints) and the step constants.
+  HostAllocator host_alloc_;
+  Buffer host_params_, host_buffers_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_EXEC_PIPELINE_RUNNER_H_

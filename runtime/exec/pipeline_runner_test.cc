@@ -1,0 +1,235 @@
+// The pipeline runner on 2 and 4 emulated accelerators: GPipe and 1F1B train
+// the mlp, the gpt and the cnn preset to the CPU engine's loss trajectory
+// (the same micro-batches summed: equal to rounding), each stage stays within
+// its device, 1F1B holds fewer activations than GPipe, evaluation and a
+// restore from the host state agree, and bad stage lists are refused naming
+// what is wrong.
+#include "runtime/exec/pipeline_runner.h"
+
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/data/loader.h"
+#include "runtime/emulated/emulated_accelerator.h"
+#include "runtime/exec/cpu_runner.h"
+#include "runtime/exec/plan_test_util.h"
+
+namespace tandem {
+namespace {
+
+using exec_test::Fixture;
+using exec_test::MakeFixture;
+using exec_test::Reference;
+using exec_test::RunSteps;
+
+// The cnn preset (conv32-pool-conv64-pool-512-10) on synthetic 28x28 images.
+const char kCnn[] = R"(
+model: {cnn: {}}
+data: {synthetic: {sample_shape: [1, 28, 28], num_classes: 10, train_samples: 512}}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
+training: {batch_size: 32, steps: 50, seed: 5}
+)";
+
+// K emulated accelerators, each with its own memory and link.
+struct Devices {
+  std::vector<std::unique_ptr<EmulatedAccelerator>> owned;
+  explicit Devices(int k, int64_t capacity = int64_t{64} << 20) {
+    for (int i = 0; i < k; ++i) {
+      owned.push_back(std::make_unique<EmulatedAccelerator>(
+          EmulatedOptions{.capacity_bytes = capacity, .link_bytes_per_second = 4e9}, i));
+    }
+  }
+};
+
+// The model's layers cut into K runs of (nearly) equal length.
+std::vector<PipelineStageSpec> EvenStages(const Model& model, Devices& devices) {
+  const int K = static_cast<int>(devices.owned.size()), L = model.num_layers();
+  std::vector<PipelineStageSpec> stages;
+  for (int s = 0; s < K; ++s) {
+    stages.push_back({.first_layer = s * L / K,
+                      .end_layer = (s + 1) * L / K,
+                      .device = devices.owned[s].get()});
+  }
+  return stages;
+}
+
+std::unique_ptr<PipelineRunner> Make(const Fixture& f, Devices& devices,
+                                     PipelineSchedule schedule, int micro_batches) {
+  PipelineOptions options;
+  options.schedule = schedule;
+  options.micro_batches = micro_batches;
+  options.max_batch = f.spec.training().batch_size();
+  options.init_seed = f.spec.training().seed();
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> r = PipelineRunner::Create(
+      *f.model, f.spec.optimizer(), EvenStages(*f.model, devices), options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *std::move(r) : nullptr;
+}
+
+struct PipelineCase {
+  const char* model;
+  const char* yaml;
+  PipelineSchedule schedule;
+  int stages;
+};
+
+class PipelineMatchesOneDeviceTest : public testing::TestWithParam<PipelineCase> {};
+
+TEST_P(PipelineMatchesOneDeviceTest, FiftyStepsOfLossesMatchTheCpuEngine) {
+  const PipelineCase& c = GetParam();
+  const Fixture f = MakeFixture(c.yaml);
+  ASSERT_GE(f.model->num_layers(), c.stages);
+  const int steps = 50;
+  const std::vector<double> reference = Reference(f, steps);
+  Devices devices(c.stages);
+  std::unique_ptr<PipelineRunner> runner = Make(f, devices, c.schedule, 4);
+  ASSERT_TRUE(runner);
+  const std::vector<double> losses = RunSteps(f, *runner, steps);
+  ASSERT_EQ(losses.size(), reference.size());
+  // Four micro-batches' gradients summed in another order than one batch's:
+  // equal to rounding.
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_NEAR(losses[s], reference[s], 1e-5 * std::abs(reference[s]))
+        << c.model << " " << PipelineScheduleName(c.schedule) << " K=" << c.stages << " step "
+        << s;
+  }
+  EXPECT_LT(losses.back(), losses.front());  // it trains
+  std::cout << c.model << " (" << f.model->num_layers() << " layers) on " << c.stages << " stages, "
+            << PipelineScheduleName(c.schedule) << ": loss " << losses.front() << " -> "
+            << losses.back() << ", CPU engine " << reference.front() << " -> " << reference.back()
+            << "\n";
+  for (int s = 0; s < c.stages; ++s) {
+    const PipelineStageStats& st = runner->stage_stats()[s];
+    EXPECT_GT(st.busy_seconds, 0) << "stage " << s;
+    EXPECT_GT(st.peak_bytes, 0) << "stage " << s;
+    EXPECT_LE(st.peak_bytes, devices.owned[s]->options().capacity_bytes) << "stage " << s;
+    // Every stage but the last copies out; every stage but the first copies in.
+    EXPECT_GT(st.copy_seconds, 0) << "stage " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, PipelineMatchesOneDeviceTest,
+    testing::Values(PipelineCase{"mlp", exec_test::kMlp, PipelineSchedule::kGPipe, 2},
+                    PipelineCase{"mlp", exec_test::kMlp, PipelineSchedule::kOneFOneB, 4},
+                    PipelineCase{"gpt", exec_test::kGpt, PipelineSchedule::kGPipe, 2},
+                    PipelineCase{"gpt", exec_test::kGpt, PipelineSchedule::kGPipe, 4},
+                    PipelineCase{"gpt", exec_test::kGpt, PipelineSchedule::kOneFOneB, 2},
+                    PipelineCase{"gpt", exec_test::kGpt, PipelineSchedule::kOneFOneB, 4},
+                    PipelineCase{"cnn", kCnn, PipelineSchedule::kGPipe, 2},
+                    PipelineCase{"cnn", kCnn, PipelineSchedule::kGPipe, 4},
+                    PipelineCase{"cnn", kCnn, PipelineSchedule::kOneFOneB, 2},
+                    PipelineCase{"cnn", kCnn, PipelineSchedule::kOneFOneB, 4}),
+    [](const testing::TestParamInfo<PipelineCase>& info) {
+      return std::string(info.param.model) + "_" +
+             PipelineScheduleName(info.param.schedule) + "_" +
+             std::to_string(info.param.stages) + "stages";
+    });
+
+// 1F1B keeps at most K - s micro-batches' activations on stage s; GPipe all M.
+TEST(PipelineRunnerTest, OneFOneBHoldsFewerActivationsThanGPipe) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  int64_t first_stage_peak[2] = {0, 0};
+  for (PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB}) {
+    Devices devices(2);
+    std::unique_ptr<PipelineRunner> runner = Make(f, devices, schedule, 8);
+    ASSERT_TRUE(runner);
+    RunSteps(f, *runner, 2);
+    first_stage_peak[schedule == PipelineSchedule::kOneFOneB] = runner->stage_stats()[0].peak_bytes;
+  }
+  EXPECT_LT(first_stage_peak[1], first_stage_peak[0])
+      << "1f1b " << first_stage_peak[1] << " B, gpipe " << first_stage_peak[0] << " B";
+}
+
+TEST(PipelineRunnerTest, EvaluationMatchesTheCpuEngine) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  Devices devices(3);
+  std::unique_ptr<PipelineRunner> runner = Make(f, devices, PipelineSchedule::kOneFOneB, 3);
+  ASSERT_TRUE(runner);
+  absl::StatusOr<std::unique_ptr<CpuRunner>> cpu =
+      CpuRunner::Create(*f.model, f.spec.optimizer(), f.spec.training().batch_size(),
+                        f.spec.training().seed(), DefaultHostAllocator());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  BatchLoader loader(*f.data.train, f.spec.training().batch_size(), false, 1, false);
+  const Batch& batch = loader.Next();
+  absl::StatusOr<EvalResult> a = runner->EvalBatch(batch);
+  absl::StatusOr<EvalResult> b = (*cpu)->EvalBatch(batch);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-5 * std::abs(b->loss_sum));
+  EXPECT_EQ(a->correct, b->correct);
+  EXPECT_EQ(a->positions, b->positions);
+  EXPECT_EQ(a->samples, b->samples);
+}
+
+// What a checkpoint does: the host state of one runner loaded into another,
+// which then trains on exactly as the first.
+TEST(PipelineRunnerTest, RestoredFromHostStateTrainsOnIdentically) {
+  const Fixture f = MakeFixture(exec_test::kMlp);
+  Devices a_devices(2), b_devices(2);
+  std::unique_ptr<PipelineRunner> a = Make(f, a_devices, PipelineSchedule::kOneFOneB, 2);
+  std::unique_ptr<PipelineRunner> b = Make(f, b_devices, PipelineSchedule::kOneFOneB, 2);
+  ASSERT_TRUE(a && b);
+  RunSteps(f, *a, 5);
+  ASSERT_TRUE(a->SyncStateToHost().ok());
+  HostStateView from = a->host_state(), to = b->host_state();
+  std::copy_n(from.params, f.model->parameter_elements(), to.params);
+  std::copy_n(from.buffers, f.model->buffer_elements(), to.buffers);
+  for (size_t i = 0; i < from.moments.size(); ++i) {
+    std::copy_n(from.moments[i], f.model->parameter_elements(), to.moments[i]);
+  }
+  to.optimizer->set_step(from.optimizer->step());
+  ASSERT_TRUE(b->StateChangedOnHost().ok());
+  BatchLoader loader(*f.data.train, f.spec.training().batch_size(), true, 9, false);
+  for (int s = 5; s < 8; ++s) {
+    StepOptions o;
+    o.step = s;
+    o.seed = f.spec.training().seed();
+    o.learning_rate = f.spec.optimizer().learning_rate();
+    const Batch& batch = loader.Next();
+    absl::StatusOr<StepResult> ra = a->TrainStep(batch, o);
+    absl::StatusOr<StepResult> rb = b->TrainStep(batch, o);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    EXPECT_EQ(ra->loss, rb->loss) << "step " << s;  // bit for bit
+  }
+}
+
+TEST(PipelineRunnerTest, BadStageListsAreRefusedNamingWhatIsWrong) {
+  const Fixture f = MakeFixture(exec_test::kMlp);
+  const int L = f.model->num_layers();
+  Devices devices(2);
+  EmulatedAccelerator* d0 = devices.owned[0].get();
+  EmulatedAccelerator* d1 = devices.owned[1].get();
+  PipelineOptions options{.micro_batches = 2, .max_batch = 32};
+  auto refuse = [&](std::vector<PipelineStageSpec> stages, PipelineOptions o,
+                    absl::string_view says) {
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
+        PipelineRunner::Create(*f.model, f.spec.optimizer(), std::move(stages), o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(says), absl::string_view::npos) << r.status();
+  };
+  std::vector<PipelineStageSpec> too_many;
+  Devices many(L + 1);
+  for (int s = 0; s <= L; ++s) too_many.push_back({s, s + 1, many.owned[s].get()});
+  refuse(too_many, options, "stages for a model of");
+  refuse({{0, 2, d0}, {3, L, d1}}, options, "must be non-empty, contiguous and start at layer 2");
+  refuse({{0, 2, d0}, {2, L - 1, d1}}, options, "the stages end at layer");
+  refuse({{0, 2, d0}, {2, L, d0}}, options, "shares device emulated:0");
+  refuse({{0, 2, d0}, {2, L, nullptr}}, options, "stage 1 has no device");
+  refuse({{0, 2, d0}, {2, L, d1}}, {.micro_batches = 0, .max_batch = 32},
+         "micro_batches must be in [1, 32], got 0");
+  // A stage whose state does not fit its device.
+  EmulatedAccelerator tiny({.capacity_bytes = 256}, 7);
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
+      PipelineRunner::Create(*f.model, f.spec.optimizer(), {{0, 2, d0}, {2, L, &tiny}}, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("pipeline stage 1"), absl::string_view::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace tandem

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -22,6 +23,7 @@
 #include "runtime/cuda/accelerator_factory.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
+#include "runtime/exec/pipeline_runner.h"
 #include "runtime/exec/plan_executor.h"
 #include "runtime/profile/cpu_peaks.h"
 #include "runtime/profile/layer_profiler.h"
@@ -105,7 +107,7 @@ class HybridRunner final : public StepRunner {
 
 absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& resolved,
                                                                const NodeOffer& node,
-                                                               int64_t capacity) {
+                                                               int64_t capacity, int ordinal = 0) {
   switch (KindOf(resolved)) {
     case tandem::v1::ACCELERATOR_KIND_EMULATED: {
       EmulatedOptions options;
@@ -117,10 +119,10 @@ absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& re
                                                        node.emulated_link_throttle_bytes_per_second)
                                             : node.emulated_link_throttle_bytes_per_second;
       }
-      return std::unique_ptr<Accelerator>(std::make_unique<EmulatedAccelerator>(options));
+      return std::unique_ptr<Accelerator>(std::make_unique<EmulatedAccelerator>(options, ordinal));
     }
     case tandem::v1::ACCELERATOR_KIND_CUDA:
-      return cuda::CreateCudaAccelerator(0, capacity);
+      return cuda::CreateCudaAccelerator(ordinal, capacity);
     default:
       return absl::InvalidArgumentError("placement.accelerator: the job has no accelerator");
   }
@@ -336,6 +338,11 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     }
     hw.set_description(absl::StrCat("the host with ", node.cuda_devices[0].name));
   }
+  // The others alike (a pipeline's stages). Copies between them go through
+  // the host, as the pipeline runner stages them: no peer link.
+  for (int i = 1; i < AcceleratorCount(resolved, node); ++i) {
+    *hw.add_accelerators() = hw.accelerators(0);
+  }
   return hw;
 }
 
@@ -401,6 +408,47 @@ absl::Status ForcedPlanError(const std::string& field, const std::string& messag
   return absl::InvalidArgumentError(absl::StrCat("placement.plan.", field, ": ", message));
 }
 
+// A forced plan's stages against the model and placement.pipeline: the same
+// number, contiguous, every layer in one, each on its own accelerator.
+absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved, const Plan& plan) {
+  const int want = resolved.placement().pipeline().stages();
+  const int K = plan.pipeline_size();
+  if (K == 0 && want <= 1) return absl::OkStatus();
+  if (K != want) {
+    return ForcedPlanError("pipeline",
+                           absl::StrCat("the plan has ", K, " stages but placement.pipeline.stages",
+                                        " is ", want, " (a one-stage plan has no pipeline)"));
+  }
+  std::set<int> devices;
+  int next = 0;
+  for (int k = 0; k < K; ++k) {
+    const tandem::v1::PipelineStage& st = plan.pipeline(k);
+    const std::string field = absl::StrCat("pipeline[", k, "]");
+    if (st.first_layer() != next || st.last_layer() < st.first_layer() ||
+        st.last_layer() >= model.num_layers()) {
+      return ForcedPlanError(field, absl::StrCat("layers [", st.first_layer(), ", ",
+                                                 st.last_layer(), "]: stages must be non-empty, ",
+                                                 "contiguous and start at layer ", next, " of ",
+                                                 model.num_layers()));
+    }
+    if (st.device_index() < 0 || !devices.insert(st.device_index()).second) {
+      return ForcedPlanError(field + ".device_index",
+                             absl::StrCat(st.device_index(), " is negative or another stage's"));
+    }
+    next = st.last_layer() + 1;
+  }
+  if (next != model.num_layers()) {
+    return ForcedPlanError("pipeline", absl::StrCat("the stages end at layer ", next - 1,
+                                                    "; the model's last is ",
+                                                    model.num_layers() - 1));
+  }
+  if (!tandem::v1::PipelineSchedule_IsValid(plan.pipeline_schedule())) {
+    return ForcedPlanError("pipeline_schedule",
+                           absl::StrCat("unknown value ", plan.pipeline_schedule()));
+  }
+  return absl::OkStatus();
+}
+
 // A plan given in the spec, checked field by field before the job is accepted
 // (the executor would otherwise meet an unknown enum, a thread count or a
 // micro-batch it cannot run only when the job starts).
@@ -443,9 +491,7 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
     return ForcedPlanError("host_update_threads",
                            absl::StrCat("must be in [0, ", kMaxHostUpdateThreads, "]"));
   }
-  if (plan.pipeline_size() > 0) {
-    return ForcedPlanError("pipeline", "pipeline plans are solved by tandem plan, not run yet");
-  }
+  TANDEM_RETURN_IF_ERROR(ValidateForcedPipeline(model, resolved, plan));
   for (int l = 0; l < plan.layers_size(); ++l) {
     const LayerPlan& layer = plan.layers(l);
     const std::string field = absl::StrCat("layers[", l, "]");
@@ -472,10 +518,94 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
 
 }  // namespace
 
+// placement.pipeline.stages accelerators of the job's capacity each: the
+// planner's partition (SolvePipelinePlan) of the gpu_only layers.
+absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved,
+                                     const NodeOffer& node, const tandem::v1::Profile* measured) {
+  const auto& placement = resolved.placement();
+  const int K = placement.pipeline().stages();
+  if (K > model.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("placement.pipeline.stages: ", K,
+                                                   " stages for a model of ", model.num_layers(),
+                                                   " layers"));
+  }
+  const int have = AcceleratorCount(resolved, node);
+  if (K > have) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement.pipeline.stages: ", K, " stages, but this node offers ", have, " ",
+        KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED
+            ? "emulated accelerators (tandemd --emulated_accelerators)"
+            : "CUDA devices"));
+  }
+  if (placement.has_plan()) {
+    TANDEM_RETURN_IF_ERROR(ValidateForcedPlan(model, resolved, placement.plan()));
+    return placement.plan();
+  }
+  TANDEM_ASSIGN_OR_RETURN(int64_t capacity, AcceleratorCapacity(resolved, node));
+  if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_CUDA) capacity -= kCudaFixedBytes;
+  const int micro = placement.micro_batch_size();
+  // Each stage's transients (its input, the gradients between its layers, a
+  // workspace), as a single device's executor keeps room for them.
+  const int64_t margin = PipelineStageMargin(model, micro);
+  if (capacity <= margin) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("resources.accelerator_memory_bytes: ", FormatBytes(capacity, 1),
+                     " per stage does not hold the ", FormatBytes(margin, 1),
+                     " of a stage's transient buffers"));
+  }
+  planner::PlanRequest request;
+  if (measured != nullptr) {
+    request.profile = *measured;
+  } else {
+    request.profile =
+        profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
+  }
+  // The node's hardware even with a measured profile: it has the stage count.
+  TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
+  request.batch_size = resolved.training().batch_size();
+  request.micro_batch_size = micro;
+  request.accelerator_memory_bytes = capacity - margin;
+  request.pipeline_devices = K;
+  TANDEM_ASSIGN_OR_RETURN(Plan plan,
+                          planner::SolvePipelinePlan(request, placement.pipeline().schedule()));
+  if (!plan.feasible()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "placement.pipeline: no split of ", model.num_layers(), " layers over ", K,
+        " accelerators fits ", FormatBytes(capacity, 1), " each (resources.accelerator_memory_",
+        "bytes, ", FormatBytes(margin, 1), " of it kept for transient buffers): ",
+        plan.solver().note()));
+  }
+  plan.mutable_solver()->set_note(
+      absl::StrCat(plan.solver().note(), "; ", FormatBytes(margin, 1),
+                   " of each stage's accelerator kept for transient buffers"));
+  return plan;
+}
+
+int64_t PipelineStageMargin(const Model& model, int64_t micro_batch) {
+  // Parameters, gradients and up to two moments per layer, each slice padded
+  // to kSliceAlignElements; the running statistics' one.
+  const int64_t padding = (int64_t{model.num_layers()} * 4 + 1) * kSliceAlignElements * 4;
+  return ExecutorMemoryMargin(model, micro_batch) + padding;
+}
+
+int AcceleratorCount(const JobSpec& resolved, const NodeOffer& node) {
+  switch (KindOf(resolved)) {
+    case tandem::v1::ACCELERATOR_KIND_EMULATED:
+      return std::max(1, node.emulated_accelerators);
+    case tandem::v1::ACCELERATOR_KIND_CUDA:
+      return static_cast<int>(node.cuda_devices.size());
+    default:
+      return 0;
+  }
+}
+
 absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node,
                              const tandem::v1::Profile* measured) {
   work_counters::Count(work_counters::plan_solves);
   if (PlainCpu(resolved)) return Plan();
+  if (resolved.placement().pipeline().stages() > 1) {
+    return PlanPipelineJob(model, resolved, node, measured);
+  }
   const auto& placement = resolved.placement();
   if (placement.has_plan()) {
     TANDEM_RETURN_IF_ERROR(ValidateForcedPlan(model, resolved, placement.plan()));
@@ -679,6 +809,43 @@ absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model, const JobSp
   return schedule::ToProto(program);
 }
 
+namespace {
+
+// A pipeline plan's runner: one accelerator per stage, each of the job's
+// capacity.
+absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& model,
+                                                               const JobSpec& resolved,
+                                                               const NodeOffer& node,
+                                                               const Plan& plan,
+                                                               int64_t max_batch) {
+  TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
+  std::vector<std::unique_ptr<Accelerator>> devices;
+  std::vector<PipelineStageSpec> stages;
+  for (const tandem::v1::PipelineStage& st : plan.pipeline()) {
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
+                            CreateAccelerator(resolved, node, capacity, st.device_index()));
+    stages.push_back({st.first_layer(), st.last_layer() + 1, device.get()});
+    devices.push_back(std::move(device));
+  }
+  PipelineOptions options;
+  options.schedule = plan.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE
+                         ? PipelineSchedule::kGPipe
+                         : PipelineSchedule::kOneFOneB;
+  options.micro_batches = plan.micro_batches() > 0
+                              ? plan.micro_batches()
+                              : resolved.placement().pipeline().micro_batches();
+  options.max_batch = max_batch;
+  options.init_seed = resolved.training().seed();
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<PipelineRunner> runner,
+      PipelineRunner::Create(model, resolved.optimizer(), std::move(stages), options));
+  runner->AdoptDevices(std::move(devices));
+  runner->set_plan(plan);
+  return std::unique_ptr<StepRunner>(std::move(runner));
+}
+
+}  // namespace
+
 RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
                                 tandem::v1::Schedule stored_program) {
   return [node = std::move(node), stored_plan = std::move(stored_plan),
@@ -709,6 +876,7 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
           CpuRunner::Create(model, resolved.optimizer(), max_batch, seed, host_allocator));
       return std::unique_ptr<StepRunner>(std::move(cpu));
     }
+    if (plan.pipeline_size() > 1) return MakePipelineRunner(model, resolved, node, plan, max_batch);
     std::unique_ptr<Accelerator> accelerator;
     if (KindOf(resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
       TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));

@@ -57,7 +57,23 @@ struct NodeOffer {
   // second, and the planner is not told — a link slower than the node profile
   // measured. 0 = none.
   double emulated_link_throttle_bytes_per_second = 0;
+  // Emulated accelerators a job may use at once (tandemd's
+  // --emulated_accelerators): a pipeline job (placement.pipeline) takes one
+  // per stage, each with the job's accelerator capacity, its own copy engine
+  // and compute thread.
+  int emulated_accelerators = 1;
 };
+
+// Accelerators of the job's kind that `node` offers: its emulated ones, or
+// its CUDA devices.
+int AcceleratorCount(const tandem::v1::JobSpec& resolved, const NodeOffer& node);
+
+// What a pipeline stage holds beyond the planner's stage memory (state plus
+// the activations in flight), in bytes: the executor's transient buffers at
+// `micro_batch` (ExecutorMemoryMargin) and the alignment of each layer's
+// slice in the parameters, gradients and optimizer moments (64 bytes each).
+// PlanJob keeps it out of each stage's budget.
+int64_t PipelineStageMargin(const Model& model, int64_t micro_batch);
 
 // The host's fp32 GEMM rate (oneDNN) and triad bandwidth, measured once per
 // process on the calling thread's OpenMP team (about half a second), with the

@@ -38,7 +38,7 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   auto send = [&](int l) { return cost.PeerCopySeconds(cost.OutputBytes(l, m)); };
   // Stage k holding layers [i, j).
   auto stage_memory = [&](int k, int i, int j) {
-    const int64_t in_flight = std::min(S - k, r.micro_batches);
+    const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
     return state[j] - state[i] + in_flight * (activation[j] - activation[i]);
   };
   const double inf = std::numeric_limits<double>::infinity();

@@ -9,8 +9,8 @@
 //
 // with prefix sums for T, so O(S * L^2). A stage must fit its device: its
 // parameters, gradients and optimizer state, plus the activations of the
-// micro-batches in flight under 1F1B (S - k for stage k, at most the number
-// of micro-batches). Every accelerator takes at least one layer; with fewer
+// micro-batches in flight (under 1F1B S - k for stage k, at most the number
+// of micro-batches; under GPipe all of them). Every accelerator takes at least one layer; with fewer
 // layers than devices, some devices stay idle.
 //
 // Free function; thread-compatible.
@@ -32,6 +32,9 @@ struct PipelineRequest {
   int micro_batches = 1;
   // Per device, in bytes.
   int64_t device_memory_bytes = 0;
+  // GPipe holds every micro-batch's activations on every stage; 1F1B at most
+  // K - k on stage k.
+  bool gpipe = false;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED

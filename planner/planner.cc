@@ -213,32 +213,6 @@ tandem::v1::PlanModelResponse Respond(const StrategySelection& want,
   return response;
 }
 
-// Splits `plan` into pipeline stages over `devices` accelerators of
-// `device_memory_bytes` each, and says how it went in its note.
-void AddPipeline(const CostModel& cost, int devices, int64_t device_memory_bytes,
-                 tandem::v1::Plan* plan) {
-  PipelineRequest p;
-  p.devices = devices;
-  p.micro_batch_size = std::max(1, plan->micro_batch_size());
-  p.micro_batches = std::max(1, plan->micro_batches());
-  p.device_memory_bytes = device_memory_bytes;
-  std::string note;
-  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(cost, p);
-  if (stages.ok()) {
-    for (const tandem::v1::PipelineStage& s : *stages) *plan->add_pipeline() = s;
-    // 1F1B: (micro-batches + stages - 1) slots of the slowest stage.
-    const double bottleneck = BottleneckSeconds(*stages);
-    note = absl::StrFormat(
-        "pipeline over %d accelerators: slowest stage %.3f ms per "
-        "micro-batch, ~%.3f ms per step with 1F1B",
-        static_cast<int>(stages->size()), bottleneck * 1e3,
-        (p.micro_batches + stages->size() - 1) * bottleneck * 1e3);
-  } else {
-    note = absl::StrCat("pipeline: ", stages.status().message());
-  }
-  plan->mutable_solver()->set_note(absl::StrCat(plan->solver().note(), "; ", note));
-}
-
 }  // namespace
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
@@ -255,10 +229,121 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   tandem::v1::Plan auto_plan = AutoPlan(&plans, cost->has_accelerator());
   tandem::v1::PlanModelResponse response = Respond(want, &plans, std::move(auto_plan));
   if (request.pipeline_devices > 1) {
-    AddPipeline(*cost, request.pipeline_devices, c->accelerator_memory_budget_bytes,
-                response.mutable_plan());
+    PlanRequest pipelined = request;
+    pipelined.accelerator_memory_bytes = c->accelerator_memory_budget_bytes;
+    absl::StatusOr<tandem::v1::Plan> pipeline =
+        SolvePipelinePlan(pipelined, request.pipeline_schedule);
+    if (!pipeline.ok()) return pipeline.status();
+    *response.add_alternatives() = std::move(*response.mutable_plan());
+    *response.mutable_plan() = *std::move(pipeline);
   }
   return response;
+}
+
+absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
+                                                   tandem::v1::PipelineSchedule schedule) {
+  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+  if (request.pipeline_devices < 2) {
+    return Invalid("pipeline_devices", "a pipeline needs at least 2 accelerators");
+  }
+  absl::StatusOr<CostModel> cost = CostModelOf(request);
+  if (!cost.ok()) return cost.status();
+  if (!cost->has_accelerator()) return Invalid("pipeline_devices", "the hardware has no accelerator");
+  if (request.pipeline_devices > cost->accelerator_count()) {
+    return Invalid("pipeline_devices",
+                   absl::StrCat(request.pipeline_devices, " exceeds the ", cost->accelerator_count(),
+                                " accelerators of the cost source"));
+  }
+  if (request.pipeline_devices > cost->num_layers()) {
+    return Invalid("pipeline_devices", absl::StrCat(request.pipeline_devices,
+                                                    " stages for a model of ", cost->num_layers(),
+                                                    " layers"));
+  }
+  const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+  int micro = request.micro_batch_size;
+  if (micro <= 0) {
+    int m = std::min(batch, 4 * request.pipeline_devices);
+    while (batch % m != 0) --m;
+    micro = batch / m;
+  }
+  if (batch % micro != 0) {
+    return Invalid("micro_batch_size", absl::StrCat(micro, " does not divide the batch ", batch));
+  }
+  // The layers' placement: gpu_only's, solved without a memory bound (each
+  // stage's bound is the partitioner's).
+  PlanRequest whole = request;
+  whole.strategy = Strategy::STRATEGY_GPU_ONLY;
+  whole.compare = {Strategy::STRATEGY_GPU_ONLY};
+  whole.accelerator_memory_bytes = int64_t{1} << 50;
+  whole.micro_batch_size = micro;
+  whole.pipeline_devices = 1;
+  absl::StatusOr<tandem::v1::PlanModelResponse> solved = SolvePlan(whole);
+  if (!solved.ok()) return solved.status();
+  tandem::v1::Plan plan = solved->plan();
+  plan.clear_timeline();
+  plan.set_micro_batch_size(micro);
+  plan.set_micro_batches(batch / micro);
+  plan.set_batch_size(batch);
+  plan.set_pipeline_schedule(schedule);
+  plan.set_accelerator_memory_budget_bytes(request.accelerator_memory_bytes);
+  PipelineRequest p;
+  p.devices = request.pipeline_devices;
+  p.micro_batch_size = micro;
+  p.micro_batches = batch / micro;
+  p.device_memory_bytes = request.accelerator_memory_bytes;
+  p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
+  if (!stages.ok()) {
+    if (stages.status().code() != absl::StatusCode::kResourceExhausted) return stages.status();
+    plan.set_feasible(false);
+    plan.mutable_solver()->set_note(absl::StrCat("pipeline: ", stages.status().message()));
+    return plan;
+  }
+  plan.set_feasible(true);
+  plan.set_min_accelerator_memory_bytes(0);
+  double update = 0;
+  int64_t peak = 0;
+  for (const tandem::v1::PipelineStage& s : *stages) {
+    *plan.add_pipeline() = s;
+    double stage_update = 0;
+    for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
+      stage_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+    }
+    update = std::max(update, stage_update);
+    peak = std::max(peak, s.memory_bytes());
+  }
+  const int K = static_cast<int>(stages->size()), M = p.micro_batches;
+  const double bottleneck = BottleneckSeconds(*stages);
+  double step = (M + K - 1) * bottleneck + update;
+  // Emulated accelerators compute on the host's cores, each at the host's
+  // whole rate: together they run no faster than the host running every
+  // stage's work (and every update) one after another.
+  const bool shared_cores = cost->accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
+  if (shared_cores) {
+    double work = 0, updates = 0;
+    for (const tandem::v1::PipelineStage& s : *stages) {
+      work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
+      for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
+        updates += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+      }
+    }
+    step = std::max((M + K - 1) * bottleneck, work) + updates;
+  }
+  tandem::v1::PlanPrediction* prediction = plan.mutable_prediction();
+  *prediction = tandem::v1::PlanPrediction();
+  prediction->set_iteration_seconds(step);
+  prediction->set_samples_per_second(step > 0 ? batch / step : 0);
+  prediction->set_accelerator_peak_bytes(peak);
+  plan.mutable_solver()->set_method("pipeline partition (dynamic program)");
+  plan.mutable_solver()->set_note(absl::StrFormat(
+      "%s pipeline over %d accelerators, %d micro-batches of %d: slowest stage %.3f ms per "
+      "micro-batch, bubble (K-1)/(M+K-1) = %.0f%%, update %.3f ms, largest stage %.1f MiB%s",
+      schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe" : "1F1B", K, M, micro,
+      bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3, peak / 1048576.0,
+      shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
+                     "all their work in turn"
+                   : ""));
+  return plan;
 }
 
 int64_t PlanningMemoryBytes(int layers, int batch_size) {
@@ -296,7 +381,15 @@ absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelReques
   r.delayed_parameter_update = spec.placement().delayed_parameter_update();
   r.host_update_threads = spec.training().threads();
   for (int s : rpc.compare()) r.compare.push_back(static_cast<Strategy>(s));
-  r.pipeline_devices = rpc.pipeline_devices() > 0 ? rpc.pipeline_devices() : 1;
+  r.pipeline_devices = rpc.pipeline_devices() > 0 ? rpc.pipeline_devices()
+                       : spec.placement().pipeline().stages() > 1
+                           ? spec.placement().pipeline().stages()
+                           : 1;
+  r.pipeline_schedule = spec.placement().pipeline().schedule();
+  if (r.pipeline_devices > 1 && r.micro_batch_size == 0 &&
+      spec.placement().pipeline().micro_batches() > 0 && r.batch_size > 0) {
+    r.micro_batch_size = r.batch_size / spec.placement().pipeline().micro_batches();
+  }
   return r;
 }
 

@@ -55,8 +55,11 @@ struct PlanRequest {
   int micro_batch_size = 0;
   bool delayed_parameter_update = false;
   int host_update_threads = 0;
-  // Accelerators for a pipeline-parallel split (Plan.pipeline).
+  // Accelerators for a pipeline-parallel split (Plan.pipeline): above 1,
+  // SolvePlan's plan is SolvePipelinePlan's and the single-device plan of
+  // `strategy` joins the alternatives, for comparison.
   int pipeline_devices = 1;
+  tandem::v1::PipelineSchedule pipeline_schedule = tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED;
   // True once the caller has gone: solving ends with CANCELLED. Asked before
   // every simulation (so a strategy's search stops within one simulation of
   // one plan), between strategies and, in node::SolveForExecutor, between
@@ -65,6 +68,19 @@ struct PlanRequest {
 };
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request);
+
+// A pipeline plan (docs/pipeline.md) over request.pipeline_devices
+// accelerators of request.accelerator_memory_bytes each: every layer computes,
+// keeps its state and updates on its stage's accelerator; the stages are
+// PartitionPipeline's for micro-batches of request.micro_batch_size (0: the
+// largest divisor of the batch not above 4 x stages) held as `schedule` holds
+// them. Its prediction is the
+// pipeline's step: (M + K - 1) slots of the slowest stage (compute, or the
+// exchange of its boundary tensors), then the slowest stage's update; its
+// accelerator peak is the largest stage's. Not feasible (with the reason in
+// its note) when no partition fits.
+absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
+                                                   tandem::v1::PipelineSchedule schedule);
 
 // An upper estimate of SolvePlan's working memory, in bytes, for a chain of
 // `layers` layers at `batch_size` samples per step: the simulations' schedules

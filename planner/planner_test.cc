@@ -638,6 +638,82 @@ TEST(SolvePlanTest, PipelineDevicesFillThePlansStages) {
   }
 }
 
+TEST(SolvePlanTest, APipelineRequestAnswersThePipelineNextToOneDevice) {
+  PlanRequest r;
+  r.profile = testing::MlpProfile({512, 512, 512, 512, 512, 10}, 32);
+  r.hardware = SmallNode(/*accelerators=*/2);
+  r.pipeline_devices = 2;
+  r.strategy = tandem::v1::STRATEGY_ZERO_OFFLOAD;
+  absl::StatusOr<tandem::v1::PlanModelResponse> response = SolvePlan(r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  const tandem::v1::Plan& plan = response->plan();
+  EXPECT_EQ(plan.strategy(), tandem::v1::STRATEGY_GPU_ONLY);
+  EXPECT_EQ(plan.pipeline_size(), 2);
+  // Batch 32 over 2 stages: 8 micro-batches of 4 (the largest divisor <= 4 x 2).
+  EXPECT_EQ(plan.micro_batches(), 8);
+  EXPECT_EQ(plan.micro_batch_size(), 4);
+  for (const tandem::v1::LayerPlan& l : plan.layers()) {
+    EXPECT_EQ(l.update(), tandem::v1::PLACEMENT_ACCELERATOR);
+  }
+  // The single-device plan asked for, last among the alternatives.
+  ASSERT_GE(response->alternatives_size(), 1);
+  const tandem::v1::Plan& one = *response->alternatives().rbegin();
+  EXPECT_EQ(one.strategy(), tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  EXPECT_EQ(one.pipeline_size(), 0);
+}
+
+TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
+  PlanRequest r;
+  r.profile = testing::MlpProfile({1024, 1024, 1024, 1024, 1024, 1024, 1024, 10}, 64);
+  r.hardware = SmallNode(/*accelerators=*/4);
+  r.pipeline_devices = 4;
+  r.micro_batch_size = 8;
+  absl::StatusOr<tandem::v1::Plan> f1b =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  absl::StatusOr<tandem::v1::Plan> gpipe = SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE);
+  ASSERT_TRUE(f1b.ok()) << f1b.status();
+  ASSERT_TRUE(gpipe.ok()) << gpipe.status();
+  ASSERT_TRUE(f1b->feasible()) << f1b->solver().note();
+  ASSERT_EQ(f1b->pipeline_size(), 4);
+  EXPECT_EQ(f1b->micro_batches(), 8);
+  EXPECT_EQ(f1b->pipeline_schedule(), tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  double bottleneck = 0;
+  for (const auto& s : f1b->pipeline()) {
+    bottleneck = std::max({bottleneck, s.compute_seconds(), 2 * s.communication_seconds()});
+  }
+  // (M + K - 1) slots of the slowest stage, then the update.
+  EXPECT_GT(f1b->prediction().iteration_seconds(), (8 + 4 - 1) * bottleneck);
+  EXPECT_LT(f1b->prediction().iteration_seconds(), (8 + 4 - 1) * bottleneck * 2);
+  // GPipe keeps all 8 micro-batches on the first stage, 1F1B at most 4.
+  EXPECT_GT(gpipe->pipeline(0).memory_bytes(), f1b->pipeline(0).memory_bytes());
+  int64_t largest = 0;
+  for (const auto& s : f1b->pipeline()) largest = std::max(largest, s.memory_bytes());
+  EXPECT_EQ(f1b->prediction().accelerator_peak_bytes(), largest);
+
+  // Too little memory per device: not feasible, and the note says why.
+  r.accelerator_memory_bytes = 1 << 20;
+  absl::StatusOr<tandem::v1::Plan> tight =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_FALSE(tight->feasible());
+  EXPECT_NE(tight->solver().note().find("no partition of"), std::string::npos)
+      << tight->solver().note();
+
+  // Emulated stages share the host's cores: at least all the work in turn.
+  for (auto& a : *r.hardware->mutable_accelerators()) a.set_kind(tandem::v1::DEVICE_KIND_EMULATED);
+  r.accelerator_memory_bytes = 0;
+  absl::StatusOr<tandem::v1::Plan> emulated =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
+  double work = 0;
+  for (const auto& s : emulated->pipeline()) work += 8 * s.compute_seconds();
+  EXPECT_GE(emulated->prediction().iteration_seconds(), work);
+
+  r.pipeline_devices = 9;
+  EXPECT_EQ(SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PlanRequestFromRpcTest, TakesTheJobSpecsSettings) {
   tandem::v1::PlanModelRequest rpc;
   rpc.mutable_spec()->mutable_training()->set_batch_size(64);

@@ -1027,6 +1027,9 @@ void JobManager::TrackTelemetry(const std::string& id, Entry& entry, Trainer* tr
 void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
                                const std::shared_ptr<const node::NodeOffer>& offer) {
   if (!offer || trainer.runner().plan().layers_size() == 0) return;
+  // A pipeline's spans are per stage, which MeasuredLayerProfile does not read
+  // yet: its prediction is compared in the job's metrics, not re-planned.
+  if (trainer.runner().plan().pipeline_size() > 1) return;
   auto loop = std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *offer,
                                                trainer.runner().plan(), node::PlanLoopOptions{});
   const node::PlanLoop* raw = loop.get();

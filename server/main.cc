@@ -90,6 +90,9 @@ ABSL_FLAG(double, emulated_link_throttle, 0,
           "Testing closed-loop planning: the emulated accelerator's copies run at most this "
           "fast (bytes per second) and the planner is not told, standing in for a link slower "
           "than the node profile measured. 0 = none.");
+ABSL_FLAG(int, emulated_accelerators, 1,
+          "Emulated accelerators this node offers: a pipeline job (placement.pipeline.stages) "
+          "takes one per stage, each with the job's accelerator memory. In [1, 64].");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 
@@ -168,7 +171,8 @@ tandem::server::NodeOfferSettings NodeOfferSettingsFromFlags(
           .threads = absl::GetFlag(FLAGS_job_threads),
           .accelerator_budget_bytes = AcceleratorMemoryBudgetFlag(),
           .cuda_devices = resources.cuda_devices,
-          .emulated_link_throttle_bytes_per_second = absl::GetFlag(FLAGS_emulated_link_throttle)};
+          .emulated_link_throttle_bytes_per_second = absl::GetFlag(FLAGS_emulated_link_throttle),
+          .emulated_accelerators = absl::GetFlag(FLAGS_emulated_accelerators)};
 }
 
 // The node as the planner sees it, from the node profile: measured now (a few
@@ -187,6 +191,7 @@ tandem::node::NodeOffer NodeOfferOfThisNode(const std::string& state_dir,
   tandem::node::NodeOffer quick =
       tandem::node::DetectNodeOffer(settings.accelerator_budget_bytes, resources.cuda_devices);
   quick.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
+  quick.emulated_accelerators = settings.emulated_accelerators;
   return quick;
 }
 
@@ -325,6 +330,9 @@ int main(int argc, char** argv) {
 
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) return Fail("--state_dir is required");
+  if (const int k = absl::GetFlag(FLAGS_emulated_accelerators); k < 1 || k > 64) {
+    return Fail(absl::StrCat("--emulated_accelerators must be in [1, 64], got ", k));
+  }
   absl::StatusOr<PathPolicy> policy = PathPolicy::Create(absl::GetFlag(FLAGS_data_root));
   if (!policy.ok()) return Fail(std::string(policy.status().message()));
   absl::StatusOr<Authenticator> auth = AuthenticatorFromFlags();

@@ -48,6 +48,8 @@ struct NodeOfferSettings {
   std::vector<cuda::CudaDeviceInfo> cuda_devices;
   // --emulated_link_throttle (NodeOffer::emulated_link_throttle_bytes_per_second).
   double emulated_link_throttle_bytes_per_second = 0;
+  // --emulated_accelerators (NodeOffer::emulated_accelerators).
+  int emulated_accelerators = 1;
 };
 
 // The node as the planner sees it, from its node profile: read from the cache

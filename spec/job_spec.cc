@@ -249,6 +249,30 @@ absl::Status ValidateTraining(const tandem::v1::TrainingSpec& t) {
   return absl::OkStatus();
 }
 
+absl::Status ValidatePipeline(const tandem::v1::PlacementSpec& p,
+                              const tandem::v1::TrainingSpec& t) {
+  const tandem::v1::PipelineSpec& pipe = p.pipeline();
+  TANDEM_RETURN_IF_ERROR(InRange("placement.pipeline.stages", pipe.stages(), 0, kMaxPipelineStages));
+  if (!tandem::v1::PipelineSchedule_IsValid(pipe.schedule())) {
+    return FieldError("placement.pipeline.schedule", absl::StrCat("unknown value ", pipe.schedule()));
+  }
+  TANDEM_RETURN_IF_ERROR(
+      InRange("placement.pipeline.micro_batches", pipe.micro_batches(), 0, 65536));
+  if (pipe.micro_batches() > 0 && t.batch_size() % pipe.micro_batches() != 0) {
+    return FieldError("placement.pipeline.micro_batches",
+                      absl::StrCat(pipe.micro_batches(), " does not divide training.batch_size ",
+                                   t.batch_size()));
+  }
+  if (pipe.stages() > 1 && pipe.micro_batches() > 0 && p.micro_batch_size() > 0 &&
+      p.micro_batch_size() * pipe.micro_batches() != t.batch_size()) {
+    return FieldError("placement.pipeline.micro_batches",
+                      absl::StrCat(pipe.micro_batches(), " micro-batches of placement.",
+                                   "micro_batch_size ", p.micro_batch_size(),
+                                   " are not training.batch_size ", t.batch_size()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePlacement(const tandem::v1::PlacementSpec& p,
                                const tandem::v1::TrainingSpec& t) {
   if (!tandem::v1::Strategy_IsValid(p.strategy())) {
@@ -264,7 +288,7 @@ absl::Status ValidatePlacement(const tandem::v1::PlacementSpec& p,
                                    t.batch_size()));
   }
   TANDEM_RETURN_IF_ERROR(InRange("placement.replan_threshold", p.replan_threshold(), -1.0, 10.0));
-  return absl::OkStatus();
+  return ValidatePipeline(p, t);
 }
 
 absl::Status ValidateResources(const tandem::v1::ResourceSpec& r) {
@@ -375,6 +399,55 @@ absl::Status ResolveUpdates(JobSpec& r) {
   return absl::OkStatus();
 }
 
+// A pipeline (placement.pipeline.stages > 1): each stage keeps its layers'
+// weights, gradients, optimizer state and activations on its own
+// accelerator, and the whole batch updates synchronously once per step.
+absl::Status ResolvePipeline(JobSpec& r) {
+  auto* p = r.mutable_placement();
+  auto* pipe = p->mutable_pipeline();
+  if (pipe->stages() <= 1) return absl::OkStatus();
+  if (p->accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
+    return FieldError("placement.pipeline.stages",
+                      "a pipeline runs on accelerators, and placement.accelerator is NONE");
+  }
+  if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED ||
+      p->strategy() == tandem::v1::STRATEGY_AUTO) {
+    p->set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
+  } else if (p->strategy() != tandem::v1::STRATEGY_GPU_ONLY) {
+    return FieldError(
+        "placement.pipeline.stages",
+        absl::StrCat("each stage keeps its layers' state on its accelerator (STRATEGY_GPU_ONLY); "
+                     "placement.strategy ",
+                     tandem::v1::Strategy_Name(p->strategy()),
+                     " within pipeline stages is not built (use STRATEGY_GPU_ONLY or leave it out)"));
+  }
+  if (p->delayed_parameter_update()) {
+    return FieldError("placement.delayed_parameter_update",
+                      "a pipeline updates on its stages' accelerators; there is no CPU update to "
+                      "delay");
+  }
+  if (!r.updates().has_synchronous() && !r.updates().has_swa()) {
+    return FieldError("placement.pipeline.stages",
+                      "a pipeline updates synchronously once per step; set updates to synchronous "
+                      "(or swa)");
+  }
+  const int batch = r.training().batch_size();
+  if (pipe->micro_batches() == 0) {
+    if (p->micro_batch_size() > 0) {
+      pipe->set_micro_batches(batch / p->micro_batch_size());
+    } else {
+      int m = std::min(batch, 4 * pipe->stages());
+      while (batch % m != 0) --m;
+      pipe->set_micro_batches(m);
+    }
+  }
+  if (p->micro_batch_size() == 0) p->set_micro_batch_size(batch / pipe->micro_batches());
+  if (pipe->schedule() == tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED) {
+    pipe->set_schedule(tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -427,6 +500,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
   }
   if (p->replan_threshold() == 0) p->set_replan_threshold(kDefaultReplanThreshold);
   TANDEM_RETURN_IF_ERROR(ResolveUpdates(r));
+  TANDEM_RETURN_IF_ERROR(ResolvePipeline(r));
   const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
     p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE

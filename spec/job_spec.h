@@ -35,6 +35,8 @@ absl::Status ValidateJobSpec(const tandem::v1::JobSpec& spec);
 // placement.replan_threshold when a spec does not say: a measured step more
 // than 10% off the plan's prediction re-plans the job.
 inline constexpr double kDefaultReplanThreshold = 0.10;
+// placement.pipeline.stages at most.
+inline constexpr int kMaxPipelineStages = 64;
 
 // Validates, then fills every default. `has_accelerator` decides what an
 // unspecified strategy means.

@@ -193,5 +193,60 @@ TEST(JobSpecTest, BadUpdateRuleParametersNameTheField) {
       << offload.status();
 }
 
+// kValid (batch 4) with `placement` (YAML flow mapping) on a node with an accelerator.
+absl::StatusOr<tandem::v1::JobSpec> ResolveWithPlacement(const std::string& placement,
+                                                         const std::string& extra = "") {
+  absl::StatusOr<tandem::v1::JobSpec> spec =
+      ParseJobSpec(absl::StrCat(kValid, "placement: ", placement, "\n", extra), "job.yaml");
+  if (!spec.ok()) return spec.status();
+  return ResolveJobSpec(*spec, /*has_accelerator=*/true);
+}
+
+TEST(JobSpecTest, PipelinesGetTheirDefaults) {
+  absl::StatusOr<tandem::v1::JobSpec> r = ResolveWithPlacement(
+      "{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {stages: 2}}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_GPU_ONLY);
+  EXPECT_EQ(r->placement().pipeline().schedule(), tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  EXPECT_EQ(r->placement().pipeline().micro_batches(), 4);  // min(batch 4, 4 x stages)
+  EXPECT_EQ(r->placement().micro_batch_size(), 1);
+  absl::StatusOr<tandem::v1::JobSpec> mb = ResolveWithPlacement(
+      "{accelerator: ACCELERATOR_KIND_EMULATED, micro_batch_size: 2, pipeline: {stages: 3}}");
+  ASSERT_TRUE(mb.ok()) << mb.status();
+  EXPECT_EQ(mb->placement().pipeline().micro_batches(), 2);
+  // One stage is no pipeline: the spec resolves as it always did.
+  absl::StatusOr<tandem::v1::JobSpec> one = ResolveWithPlacement("{pipeline: {stages: 1}}");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+}
+
+TEST(JobSpecTest, BadPipelinesNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{pipeline: {stages: 65}}", "placement.pipeline.stages: must be in [0, 64]"},
+      {"{pipeline: {stages: 2, micro_batches: 3}}",
+       "placement.pipeline.micro_batches: 3 does not divide training.batch_size 4"},
+      {"{pipeline: {stages: 2, micro_batches: 4}, micro_batch_size: 2}",
+       "placement.pipeline.micro_batches: 4 micro-batches of placement.micro_batch_size 2"},
+      {"{pipeline: {stages: 2, schedule: 9}}", "placement.pipeline.schedule: unknown value 9"},
+      {"{accelerator: ACCELERATOR_KIND_NONE, pipeline: {stages: 2}}",
+       "placement.pipeline.stages: a pipeline runs on accelerators"},
+      {"{strategy: STRATEGY_ZERO_OFFLOAD, pipeline: {stages: 2}}",
+       "STRATEGY_ZERO_OFFLOAD within pipeline stages is not built"},
+      {"{delayed_parameter_update: true, pipeline: {stages: 2}}",
+       "placement.delayed_parameter_update: a pipeline updates on its stages"},
+  };
+  for (const auto& [placement, error] : cases) {
+    absl::StatusOr<tandem::v1::JobSpec> r = ResolveWithPlacement(placement);
+    ASSERT_FALSE(r.ok()) << placement;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << placement;
+    EXPECT_NE(r.status().message().find(error), std::string::npos) << r.status();
+  }
+  absl::StatusOr<tandem::v1::JobSpec> hogwild =
+      ResolveWithPlacement("{pipeline: {stages: 2}}", "updates: {easgd: {}}\n");
+  ASSERT_FALSE(hogwild.ok());
+  EXPECT_NE(hogwild.status().message().find("a pipeline updates synchronously"), std::string::npos)
+      << hogwild.status();
+}
+
 }  // namespace
 }  // namespace tandem

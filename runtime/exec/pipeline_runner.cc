@@ -557,6 +557,25 @@ absl::Status PipelineRunner::StateChangedOnHost() {
   return absl::OkStatus();
 }
 
+std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() const {
+  std::vector<tandem::v1::PipelineStageStats> out;
+  for (int s = 0; s < num_stages(); ++s) {
+    const Stage& st = *stages_[s];
+    tandem::v1::PipelineStageStats& o = out.emplace_back();
+    o.set_stage(s);
+    o.set_device(st.device->id());
+    o.set_first_layer(st.first);
+    o.set_last_layer(st.end - 1);
+    o.set_busy_seconds(stats_[s].busy_seconds);
+    o.set_bubble_seconds(stats_[s].bubble_seconds);
+    o.set_copy_seconds(stats_[s].copy_seconds);
+    o.set_update_seconds(stats_[s].update_seconds);
+    o.set_peak_bytes(st.device->allocator()->stats().peak_total_bytes);
+    if (s < plan_.pipeline_size()) o.set_predicted_bytes(plan_.pipeline(s).memory_bytes());
+  }
+  return out;
+}
+
 int64_t PipelineRunner::peak_host_bytes() const {
   return host_alloc_.stats().peak_total_bytes;
 }

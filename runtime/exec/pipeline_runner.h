@@ -90,6 +90,17 @@ class PipelineRunner final : public StepRunner {
   // The largest stage's peak.
   int64_t peak_accelerator_bytes() const override;
 
+  tandem::v1::Plan plan() const override { return plan_; }
+  std::vector<tandem::v1::PipelineStageStats> pipeline_stats() const override;
+
+  // The runner keeps `devices` (its stages' accelerators) alive until after
+  // its buffers are freed.
+  void AdoptDevices(std::vector<std::unique_ptr<Accelerator>> devices) {
+    owned_devices_ = std::move(devices);
+  }
+  // The plan it runs, for the job record (its stages' predicted memory).
+  void set_plan(tandem::v1::Plan plan) { plan_ = std::move(plan); }
+
   int num_stages() const { return static_cast<int>(stages_.size()); }
   const std::vector<PipelineStageStats>& stage_stats() const { return stats_; }
   // The latest step's forward-backward wall time (the phase the bubbles are of).
@@ -109,6 +120,9 @@ class PipelineRunner final : public StepRunner {
 
   const Model& model_;
   const PipelineOptions options_;
+  tandem::v1::Plan plan_;
+  // Declared before stages_: destroyed after the stages' buffers.
+  std::vector<std::unique_ptr<Accelerator>> owned_devices_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::vector<PipelineStageStats> stats_;
   double last_pipeline_seconds_ = 0;

@@ -87,6 +87,9 @@ class StepRunner {
   // What a runner of an update rule other than synchronous did (update_rules.h);
   // empty for the others.
   virtual tandem::v1::UpdateStats update_stats() const { return tandem::v1::UpdateStats(); }
+  // Pipeline runners: each stage's latest step (pipeline_runner.h); empty for
+  // the others.
+  virtual std::vector<tandem::v1::PipelineStageStats> pipeline_stats() const { return {}; }
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 

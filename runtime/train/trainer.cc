@@ -459,6 +459,9 @@ absl::Status Trainer::EvaluateSwa() {
 }
 
 void Trainer::RecordUpdateStats() {
+  const std::vector<tandem::v1::PipelineStageStats> stages = runner_->pipeline_stats();
+  metrics_.clear_pipeline_stages();
+  for (const tandem::v1::PipelineStageStats& s : stages) *metrics_.add_pipeline_stages() = s;
   tandem::v1::UpdateStats stats = runner_->update_stats();
   if (stats.rule().empty()) {
     // Synchronous updates: each gradient lands on the weights it was

@@ -153,7 +153,8 @@ class Trainer {
   void LoadSwa();
   // The average evaluated (after its batch-norm statistics are recomputed).
   absl::Status EvaluateSwa();
-  // metrics_.updates from the runner and the rule.
+  // metrics_.updates from the runner and the rule, and metrics_.pipeline_stages
+  // from a pipeline runner.
   void RecordUpdateStats();
   void Log(tandem::v1::LogSeverity severity, const std::string& message);
 

@@ -1,0 +1,200 @@
+// Pipeline jobs end to end below the daemon: a spec with placement.pipeline
+// is planned by the pipeline partitioner for the node's emulated
+// accelerators and trained by the pipeline runner, GPipe and 1F1B on 2 and 4
+// stages, to the CPU engine's losses; each stage's measured peak stays within
+// what the planner predicted for it plus the transient margin it kept; and
+// specs the node cannot run are refused naming what is wrong.
+#include <cmath>
+#include <iostream>
+
+#include "gtest/gtest.h"
+#include "node/placement.h"
+#include "node/placement_test_util.h"
+#include "runtime/train/job_model.h"
+#include "spec/job_spec.h"
+
+namespace tandem::node {
+namespace {
+
+using placement_testing::Gpt;
+using placement_testing::Mlp;
+using placement_testing::ModelStateBytes;
+using placement_testing::TestNode;
+using placement_testing::Train;
+using placement_testing::TrainRun;
+using tandem::v1::JobSpec;
+
+constexpr int kSteps = 50;
+
+NodeOffer NodeWith(int accelerators) {
+  NodeOffer node = TestNode();
+  node.emulated_accelerators = accelerators;
+  return node;
+}
+
+JobSpec Pipelined(JobSpec spec, int stages, tandem::v1::PipelineSchedule schedule) {
+  spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_UNSPECIFIED);
+  spec.mutable_placement()->mutable_pipeline()->set_stages(stages);
+  spec.mutable_placement()->mutable_pipeline()->set_schedule(schedule);
+  return spec;
+}
+
+// The job on one emulated accelerator holding everything, at `micro_batch`.
+JobSpec OneDevice(JobSpec spec, int micro_batch) {
+  spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
+  spec.mutable_placement()->set_micro_batch_size(micro_batch);
+  spec.mutable_resources()->set_accelerator_memory_bytes(int64_t{1} << 30);
+  return spec;
+}
+
+struct Case {
+  const char* model;
+  int stages;
+  tandem::v1::PipelineSchedule schedule;
+};
+
+class PipelineJobTest : public testing::TestWithParam<Case> {};
+
+TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
+  const Case& c = GetParam();
+  const int64_t capacity = int64_t{64} << 20;
+  const JobSpec base = std::string(c.model) == "gpt"
+                           ? Gpt(tandem::v1::STRATEGY_UNSPECIFIED, capacity, kSteps)
+                           : Mlp(tandem::v1::STRATEGY_UNSPECIFIED, capacity, kSteps);
+  const JobSpec spec = Pipelined(base, c.stages, c.schedule);
+  const absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  // One device at the same micro-batches: the pipeline adds up the same
+  // gradients in the same order.
+  const TrainRun reference =
+      Train(OneDevice(base, resolved->placement().micro_batch_size()), MakeRunnerFactory(NodeWith(1)));
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  const TrainRun run = Train(spec, MakeRunnerFactory(NodeWith(4)));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.plan.pipeline_size(), c.stages) << run.plan.solver().note();
+  EXPECT_EQ(run.plan.pipeline_schedule(), c.schedule);
+  ASSERT_EQ(run.losses.size(), reference.losses.size());
+  for (size_t s = 0; s < run.losses.size(); ++s) {
+    EXPECT_NEAR(run.losses[s], reference.losses[s], 1e-5 * std::abs(reference.losses[s]))
+        << "step " << s;
+  }
+  // The record has every stage; each stayed within its prediction plus the
+  // transient margin the planner kept out of the stage's budget.
+  const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok());
+  const int64_t margin =
+      PipelineStageMargin(*jm->model, resolved->placement().micro_batch_size());
+  ASSERT_EQ(run.metrics.pipeline_stages_size(), c.stages);
+  std::cout << c.model << " " << tandem::v1::PipelineSchedule_Name(c.schedule) << " K="
+            << c.stages << " M=" << run.plan.micro_batches() << ": " << run.plan.solver().note()
+            << "\n";
+  for (const tandem::v1::PipelineStageStats& st : run.metrics.pipeline_stages()) {
+    std::cout << "  stage " << st.stage() << " layers " << st.first_layer() << "-"
+              << st.last_layer() << " on " << st.device() << ": peak " << st.peak_bytes()
+              << " B, predicted " << st.predicted_bytes() << " B + margin " << margin
+              << " B; busy " << st.busy_seconds() * 1e3 << " ms, bubble "
+              << st.bubble_seconds() * 1e3 << " ms, copies " << st.copy_seconds() * 1e3
+              << " ms\n";
+    EXPECT_GT(st.predicted_bytes(), 0);
+    EXPECT_LE(st.peak_bytes(), st.predicted_bytes() + margin) << "stage " << st.stage();
+    EXPECT_LE(st.peak_bytes(), capacity) << "stage " << st.stage();
+    EXPECT_GT(st.busy_seconds(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, PipelineJobTest,
+    testing::Values(Case{"gpt", 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
+                    Case{"gpt", 4, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
+                    Case{"mlp", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
+                    Case{"mlp", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE}),
+    [](const testing::TestParamInfo<Case>& info) {
+      return std::string(info.param.model) + "_" + std::to_string(info.param.stages) + "_" +
+             (info.param.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+    });
+
+// The planner's split of a model too large for one accelerator: each stage
+// fits where the whole does not.
+TEST(PipelineJobTest, SplitsAModelNoSingleAcceleratorHolds) {
+  const JobSpec probe = Gpt(tandem::v1::STRATEGY_GPU_ONLY, int64_t{1} << 30);
+  const int64_t state = ModelStateBytes(probe);
+  const int64_t capacity = state * 6 / 10 + (int64_t{4} << 20);
+  const absl::StatusOr<JobSpec> one =
+      ResolveJobSpec(Gpt(tandem::v1::STRATEGY_GPU_ONLY, capacity), false);
+  ASSERT_TRUE(one.ok());
+  const absl::StatusOr<JobModel> jm = BuildJobModel(*one);
+  ASSERT_TRUE(jm.ok());
+  EXPECT_FALSE(PlanJob(*jm->model, *one, NodeWith(2)).ok()) << "one device holds it all";
+  const absl::StatusOr<JobSpec> two = ResolveJobSpec(
+      Pipelined(Gpt(tandem::v1::STRATEGY_GPU_ONLY, capacity), 2,
+                tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B),
+      false);
+  ASSERT_TRUE(two.ok()) << two.status();
+  const absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *two, NodeWith(2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->pipeline_size(), 2);
+  for (const auto& st : plan->pipeline()) EXPECT_LT(st.memory_bytes(), capacity);
+  const TrainRun run = Train(*two, MakeRunnerFactory(NodeWith(2)));
+  EXPECT_TRUE(run.status.ok()) << run.status;
+}
+
+TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
+  const int64_t capacity = int64_t{64} << 20;
+  auto plan = [&](JobSpec spec, const NodeOffer& node) -> absl::Status {
+    absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+    if (!resolved.ok()) return resolved.status();
+    absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+    if (!jm.ok()) return jm.status();
+    return PlanJob(*jm->model, *resolved, node).status();
+  };
+  const JobSpec gpt = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, capacity);
+  absl::Status s =
+      plan(Pipelined(gpt, 3, tandem::v1::PIPELINE_SCHEDULE_GPIPE), NodeWith(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("3 stages, but this node offers 2 emulated accelerators"),
+            std::string::npos)
+      << s;
+  s = plan(Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, capacity), 13,
+                     tandem::v1::PIPELINE_SCHEDULE_GPIPE),
+           NodeWith(16));
+  EXPECT_NE(s.message().find("placement.pipeline.stages: 13 stages for a model of 12 layers"),
+            std::string::npos)
+      << s;
+  JobSpec tiny = Pipelined(gpt, 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE);
+  tiny.mutable_resources()->set_accelerator_memory_bytes(int64_t{3} << 20);
+  s = plan(tiny, NodeWith(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("placement.pipeline: no split of"), std::string::npos) << s;
+
+  // A forced plan whose stages disagree with the spec or the model.
+  const absl::StatusOr<JobSpec> resolved =
+      ResolveJobSpec(Pipelined(gpt, 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE), false);
+  ASSERT_TRUE(resolved.ok());
+  const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok());
+  absl::StatusOr<tandem::v1::Plan> good = PlanJob(*jm->model, *resolved, NodeWith(2));
+  ASSERT_TRUE(good.ok()) << good.status();
+  const std::pair<std::function<void(tandem::v1::Plan&)>, std::string> cases[] = {
+      {[](tandem::v1::Plan& p) { p.mutable_pipeline()->RemoveLast(); },
+       "placement.plan.pipeline: the plan has 1 stages but placement.pipeline.stages is 2"},
+      {[](tandem::v1::Plan& p) { p.mutable_pipeline(1)->set_first_layer(1); },
+       "placement.plan.pipeline[1]: layers [1,"},
+      {[](tandem::v1::Plan& p) {
+         p.mutable_pipeline(1)->set_last_layer(p.pipeline(1).last_layer() - 1);
+       },
+       "placement.plan.pipeline: the stages end at layer"},
+      {[](tandem::v1::Plan& p) { p.mutable_pipeline(1)->set_device_index(0); },
+       "placement.plan.pipeline[1].device_index: 0 is negative or another stage's"},
+  };
+  for (const auto& [mutate, error] : cases) {
+    JobSpec forced = *resolved;
+    *forced.mutable_placement()->mutable_plan() = *good;
+    mutate(*forced.mutable_placement()->mutable_plan());
+    s = PlanJob(*jm->model, forced, NodeWith(2)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(error), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::node

@@ -18,6 +18,10 @@ $py bench/fmnist/run.py --tandem bazel-bin/clients/cli/tandem
 echo "== Update rules on Fashion-MNIST: each next to synchronous training =="
 $py bench/updates/run.py --tandem bazel-bin/clients/cli/tandem
 
+echo "== Pipelines on emulated accelerators: each next to one device =="
+bazel build //server:tandemd
+$py bench/pipeline/run.py --tandemd bazel-bin/server/tandemd --tandem bazel-bin/clients/cli/tandem
+
 for extra in bench/*/run_extra.sh; do
   [ -x "$extra" ] && "$extra"
 done

@@ -47,6 +47,22 @@ JobSpec OneDevice(JobSpec spec, int micro_batch) {
   return spec;
 }
 
+// The cnn preset on synthetic 28x28 images: its first convolution's output,
+// the second stage's input, is larger than its weights.
+JobSpec Cnn(int64_t capacity, int steps) {
+  JobSpec spec = placement_testing::Spec(R"(
+model: {cnn: {}}
+data: {synthetic: {sample_shape: [1, 28, 28], num_classes: 10, train_samples: 256, test_samples: 16}}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
+training: {batch_size: 16, seed: 5, checkpoint_disabled: true}
+placement: {accelerator: ACCELERATOR_KIND_EMULATED}
+)");
+  spec.mutable_training()->set_steps(steps);
+  spec.mutable_training()->set_eval_interval_steps(steps);
+  spec.mutable_resources()->set_accelerator_memory_bytes(capacity);
+  return spec;
+}
+
 struct Case {
   const char* model;
   int stages;
@@ -58,9 +74,10 @@ class PipelineJobTest : public testing::TestWithParam<Case> {};
 TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
   const Case& c = GetParam();
   const int64_t capacity = int64_t{64} << 20;
-  const JobSpec base = std::string(c.model) == "gpt"
-                           ? Gpt(tandem::v1::STRATEGY_UNSPECIFIED, capacity, kSteps)
-                           : Mlp(tandem::v1::STRATEGY_UNSPECIFIED, capacity, kSteps);
+  const std::string model = c.model;
+  const JobSpec base = model == "gpt"   ? Gpt(tandem::v1::STRATEGY_UNSPECIFIED, capacity, kSteps)
+                       : model == "mlp" ? Mlp(tandem::v1::STRATEGY_UNSPECIFIED, capacity, kSteps)
+                                        : Cnn(capacity, kSteps);
   const JobSpec spec = Pipelined(base, c.stages, c.schedule);
   const absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
@@ -82,8 +99,11 @@ TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
   // transient margin the planner kept out of the stage's budget.
   const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
   ASSERT_TRUE(jm.ok());
-  const int64_t margin =
-      PipelineStageMargin(*jm->model, resolved->placement().micro_batch_size());
+  const tandem::v1::PipelineSpec& pipe = resolved->placement().pipeline();
+  const int64_t margin = PipelineStageMargin(
+      *jm->model, resolved->placement().micro_batch_size(),
+      c.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? pipe.micro_batches()
+                                                          : std::min(c.stages, pipe.micro_batches()));
   ASSERT_EQ(run.metrics.pipeline_stages_size(), c.stages);
   std::cout << c.model << " " << tandem::v1::PipelineSchedule_Name(c.schedule) << " K="
             << c.stages << " M=" << run.plan.micro_batches() << ": " << run.plan.solver().note()
@@ -107,7 +127,9 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Case{"gpt", 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
                     Case{"gpt", 4, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
                     Case{"mlp", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
-                    Case{"mlp", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE}),
+                    Case{"mlp", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
+                    Case{"cnn", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
+                    Case{"cnn", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B}),
     [](const testing::TestParamInfo<Case>& info) {
       return std::string(info.param.model) + "_" + std::to_string(info.param.stages) + "_" +
              (info.param.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "gpipe" : "1f1b");

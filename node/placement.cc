@@ -546,7 +546,10 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   const int micro = placement.micro_batch_size();
   // Each stage's transients (its input, the gradients between its layers, a
   // workspace), as a single device's executor keeps room for them.
-  const int64_t margin = PipelineStageMargin(model, micro);
+  const int M = resolved.training().batch_size() / std::max(1, micro);
+  const int inputs_in_flight =
+      placement.pipeline().schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? M : std::min(K, M);
+  const int64_t margin = PipelineStageMargin(model, micro, inputs_in_flight);
   if (capacity <= margin) {
     return absl::ResourceExhaustedError(
         absl::StrCat("resources.accelerator_memory_bytes: ", FormatBytes(capacity, 1),
@@ -555,13 +558,29 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   }
   planner::PlanRequest request;
   if (measured != nullptr) {
+    // Timed from what an earlier job of this model measured on one of these
+    // accelerators; the others are alike.
     request.profile = *measured;
+    const tandem::v1::DeviceProfile* first = nullptr;
+    int count = 0;
+    for (const tandem::v1::DeviceProfile& d : request.profile.devices()) {
+      if (d.kind() == tandem::v1::DEVICE_KIND_CPU) continue;
+      if (first == nullptr) first = &d;
+      if (d.kind() == first->kind()) ++count;
+    }
+    if (first != nullptr) {
+      const tandem::v1::DeviceProfile like = *first;
+      for (; count < K; ++count) {
+        tandem::v1::DeviceProfile* copy = request.profile.add_devices();
+        *copy = like;
+        copy->set_id(absl::StrCat(like.id(), "+", count));
+      }
+    }
   } else {
     request.profile =
         profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
+    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
   }
-  // The node's hardware even with a measured profile: it has the stage count.
-  TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
   request.batch_size = resolved.training().batch_size();
   request.micro_batch_size = micro;
   request.accelerator_memory_bytes = capacity - margin;
@@ -581,11 +600,15 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   return plan;
 }
 
-int64_t PipelineStageMargin(const Model& model, int64_t micro_batch) {
+int64_t PipelineStageMargin(const Model& model, int64_t micro_batch, int inputs_in_flight) {
   // Parameters, gradients and up to two moments per layer, each slice padded
   // to kSliceAlignElements; the running statistics' one.
   const int64_t padding = (int64_t{model.num_layers()} * 4 + 1) * kSliceAlignElements * 4;
-  return ExecutorMemoryMargin(model, micro_batch) + padding;
+  // ExecutorMemoryMargin counts one micro-batch's input.
+  const int64_t inputs = std::max(0, inputs_in_flight - 1) * micro_batch *
+                         model.data().sample_shape.elements() * 4;
+  return ExecutorMemoryMargin(model, micro_batch) + model.MaxWorkspaceBytes(micro_batch) +
+         inputs + padding;
 }
 
 int AcceleratorCount(const JobSpec& resolved, const NodeOffer& node) {

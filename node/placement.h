@@ -68,12 +68,16 @@ struct NodeOffer {
 // its CUDA devices.
 int AcceleratorCount(const tandem::v1::JobSpec& resolved, const NodeOffer& node);
 
-// What a pipeline stage holds beyond the planner's stage memory (state plus
-// the activations in flight), in bytes: the executor's transient buffers at
-// `micro_batch` (ExecutorMemoryMargin) and the alignment of each layer's
-// slice in the parameters, gradients and optimizer moments (64 bytes each).
-// PlanJob keeps it out of each stage's budget.
-int64_t PipelineStageMargin(const Model& model, int64_t micro_batch);
+// What a pipeline stage holds beyond the planner's stage memory (its state,
+// and its layers' activations and its input for each micro-batch in flight),
+// in bytes: the executor's transient buffers at `micro_batch`
+// (ExecutorMemoryMargin), the largest layer workspace at that micro-batch
+// (a convolution's does not shrink with the batch as the cost model scales
+// it), the first stage's batch inputs in flight (`inputs_in_flight` of them)
+// and the alignment of each layer's slice in the parameters, gradients and
+// optimizer moments (64 bytes each). PlanJob keeps it out of each stage's
+// budget.
+int64_t PipelineStageMargin(const Model& model, int64_t micro_batch, int inputs_in_flight);
 
 // The host's fp32 GEMM rate (oneDNN) and triad bandwidth, measured once per
 // process on the calling thread's OpenMP team (about half a second), with the

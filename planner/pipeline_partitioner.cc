@@ -36,10 +36,13 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   }
   // Sending layer l's output one way.
   auto send = [&](int l) { return cost.PeerCopySeconds(cost.OutputBytes(l, m)); };
-  // Stage k holding layers [i, j).
+  // Stage k holding layers [i, j): their state, and for each micro-batch in
+  // flight their activations and the stage's input (layer i-1's output,
+  // received from the stage before and kept for the backward).
   auto stage_memory = [&](int k, int i, int j) {
     const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
-    return state[j] - state[i] + in_flight * (activation[j] - activation[i]);
+    const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;
+    return state[j] - state[i] + in_flight * (activation[j] - activation[i] + input);
   };
   const double inf = std::numeric_limits<double>::infinity();
   // best[s][j]: slowest stage when layers [0, j) form stages 0..s-1.

@@ -56,7 +56,8 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
           state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
           act += cost.ActivationBytes(l, m);
         }
-        const int64_t in_flight = std::min(S - k, r.micro_batches);
+        if (i > 0) act += cost.OutputBytes(i - 1, m);  // the stage's input
+        const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
         if (r.device_memory_bytes > 0 && state + in_flight * act > r.device_memory_bytes) {
           fits = false;
         }
@@ -105,6 +106,41 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
         EXPECT_LE(s.memory_bytes(), r.device_memory_bytes);
       }
     }
+  }
+}
+
+// A stage holds its input (the stage before's output) for every micro-batch
+// in flight, as the pipeline runner does: all M under GPipe, K - k under 1F1B.
+TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
+  std::vector<testing::SyntheticLayer> chain(4);
+  for (testing::SyntheticLayer& x : chain) {
+    x.name = "l";
+    x.accelerator_forward_seconds = x.accelerator_backward_seconds = 1;
+    x.host_forward_seconds = x.host_backward_seconds = 1;
+    x.parameter_bytes = 1000;
+    x.activation_bytes = 10;
+    x.output_bytes = 10;
+  }
+  chain[1].output_bytes = 5000;  // what stage 1 of a 2-2 split receives
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r;
+  r.devices = 2;
+  r.micro_batch_size = 1;
+  r.micro_batches = 6;
+  for (bool gpipe : {false, true}) {
+    r.gpipe = gpipe;
+    absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, r);
+    ASSERT_TRUE(stages.ok()) << stages.status();
+    ASSERT_EQ((*stages)[1].first_layer(), 2);
+    const int64_t state = 2 * (cost->ParameterBytes(2) + cost->GradientBytes(2) +
+                               cost->OptimizerStateBytes(2));
+    const int64_t in_flight = gpipe ? 6 : 1;
+    EXPECT_EQ((*stages)[1].memory_bytes(),
+              state + in_flight * (cost->ActivationBytes(2, 1) + cost->ActivationBytes(3, 1) +
+                                   cost->OutputBytes(1, 1)))
+        << (gpipe ? "gpipe" : "1f1b");
   }
 }
 

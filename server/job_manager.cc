@@ -923,6 +923,7 @@ void JobManager::RecordStep(Entry& entry, const JobEvent::StepProgress& p,
   m->set_samples_per_second(p.samples_per_second());
   m->set_step_seconds(p.step_seconds());
   if (p.has_updates()) *m->mutable_updates() = p.updates();
+  if (p.pipeline_stages_size() > 0) *m->mutable_pipeline_stages() = p.pipeline_stages();
   entry.job.set_last_event_sequence(entry.log->last_sequence());
   UpdateJobMetrics(entry);
 }

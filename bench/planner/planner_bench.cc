@@ -194,15 +194,15 @@ void GptRow(const Gpt& m, const tandem::v1::HardwareSpec& spec, tandem::v1::Prec
   // layer vs the gradient and weight copies, all layers.
   double fwd = 0, bwd = 0, host_update = 0, copies = 0;
   for (int l = 0; l < cost->num_layers(); ++l) {
-    fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
-    bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
+    fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size_size);
+    bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size_size);
     host_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_HOST, cost->host_threads());
     copies += cost->CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost->GradientBytes(l));
   }
   std::printf(
       "%s, batch %d: model state %s; per step: accelerator fwd %s + bwd %s, host Adam\n"
       "  over all layers %s, gradient D2H (= weight H2D) %s\n",
-      m.name, m.shape.batch_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
+      m.name, m.shape.batch_size_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
       FormatSeconds(bwd).c_str(), FormatSeconds(host_update).c_str(),
       FormatSeconds(copies).c_str());
   std::printf("  %6s %10s  %13s %13s %8s  %s\n", "budget", "GiB", "zero_offload", "reuse_dist",
@@ -312,6 +312,73 @@ void LargestGpt(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision prec
   std::printf("\n");
 }
 
+// Pipelines over 2, 4 and 8 of `spec`'s accelerators (1F1B, 4 micro-batches
+// per stage), next to the best single-accelerator plan with the host
+// (zero_offload or reuse_distance, or gpu_only where it fits): predicted step
+// and the largest stage's memory. A pipeline whose stages also offload to the
+// host is not built yet, so "both" has no row.
+void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision precision) {
+  const Gpt models[] = {
+      {"GPT-2 XL 1.6B", {32, 1024, 1600, 48, 25, 50257}},
+      {"GPT 6.7B (32 x 4096)", {32, 1024, 4096, 32, 32, 50257}},
+  };
+  std::printf(
+      "== Pipelines over %s's accelerators against one accelerator with the host, %s, Adam,\n"
+      "   batch 32, context 1024; pipelines 1F1B with 4 micro-batches per stage, each stage\n"
+      "   on one accelerator (%s).\n\n",
+      spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
+      FormatBytes(spec.accelerators(0).memory_bytes()).c_str());
+  std::printf("  %-22s %-28s %-9s %13s %11s %14s\n", "model", "plan", "feasible", "step",
+              "samples/s", "largest stage");
+  for (const Gpt& m : models) {
+    PlanRequest request;
+    request.profile = GptIn(m.shape, precision);
+    request.hardware = spec;
+    request.batch_size = m.shape.batch_size;
+    request.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
+                       tandem::v1::STRATEGY_REUSE_DISTANCE};
+    tandem::v1::PlanModelResponse response;
+    WallSeconds(request, &response);
+    const tandem::v1::Plan* best = nullptr;
+    for (const tandem::v1::Plan& p : response.alternatives()) {
+      if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
+                                                  best->prediction().iteration_seconds())) {
+        best = &p;
+      }
+    }
+    if (best != nullptr) {
+      std::printf("  %-22s %-28s %-9s %13s %11.1f %14s\n", m.name,
+                  ("1 accelerator + host, " + StrategyName(best->strategy())).c_str(), "yes",
+                  FormatSeconds(best->prediction().iteration_seconds()).c_str(),
+                  m.shape.batch_size / best->prediction().iteration_seconds(),
+                  FormatBytes(best->prediction().accelerator_peak_bytes()).c_str());
+    } else {
+      std::printf("  %-22s %-28s %-9s\n", m.name, "1 accelerator + host", "no");
+    }
+    for (int k : {2, 4, 8}) {
+      if (k > spec.accelerators_size()) break;
+      PlanRequest p = request;
+      p.pipeline_devices = k;
+      p.micro_batch_size = std::max(1, m.shape.batch_size / (4 * k));
+      absl::StatusOr<tandem::v1::Plan> plan =
+          SolvePipelinePlan(p, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+      const std::string name = absl::StrCat("pipeline x", k, ", ", plan.ok() ? plan->micro_batches() : 0,
+                                            " micro-batches");
+      if (!plan.ok() || !plan->feasible()) {
+        std::printf("  %-22s %-28s %-9s  %s\n", "", name.c_str(), "no",
+                    plan.ok() ? plan->solver().note().c_str()
+                              : std::string(plan.status().message()).c_str());
+        continue;
+      }
+      std::printf("  %-22s %-28s %-9s %13s %11.1f %14s\n", "", name.c_str(), "yes",
+                  FormatSeconds(plan->prediction().iteration_seconds()).c_str(),
+                  m.shape.batch_size / plan->prediction().iteration_seconds(),
+                  FormatBytes(plan->prediction().accelerator_peak_bytes()).c_str());
+    }
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 }  // namespace tandem::planner
 
@@ -334,5 +401,7 @@ int main(int argc, char** argv) {
   tandem::planner::GptSpeedups(*spec, tandem::v1::PRECISION_FP32);
   tandem::planner::GptSpeedups(*spec, tandem::v1::PRECISION_BF16);
   tandem::planner::LargestGpt(*spec, tandem::v1::PRECISION_BF16);
+  tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_FP32);
+  tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_BF16);
   return 0;
 }

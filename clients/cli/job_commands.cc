@@ -87,6 +87,9 @@ void PrintJobText(const Job& job) {
   }
   const std::string updates = DescribeUpdates(m.updates());
   if (!updates.empty()) std::printf("  updates:   %s\n", updates.c_str());
+  for (const std::string& line : DescribePipeline(m)) {
+    std::printf("  pipeline:  %s\n", line.c_str());
+  }
   if (job.checkpoint_step() > 0) {
     std::printf("  checkpoint step %ld: %s\n", static_cast<long>(job.checkpoint_step()),
                 job.checkpoint_path().c_str());

@@ -2,6 +2,7 @@
 // strategy compares, on this machine, on a machine described by a hardware
 // spec, or from a measured profile; in this process through the same entry
 // point as the PlanModel RPC, or on the daemon with --on_server.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -154,6 +155,9 @@ absl::StatusOr<int> RunPlan(const Args& args) {
     if (request.cost_source_case() == tandem::v1::PlanModelRequest::COST_SOURCE_NOT_SET) {
       offer = node::DetectNodeOffer(0);
     }
+    // Planned here, this machine has as many emulated accelerators as asked for.
+    offer.emulated_accelerators = std::max({1, request.pipeline_devices(),
+                                            request.spec().placement().pipeline().stages()});
     absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, offer);
     if (!answer.ok()) return answer.status();
     response = *std::move(answer);

@@ -94,4 +94,17 @@ std::string DescribeUpdates(const tandem::v1::UpdateStats& u) {
   return line;
 }
 
+std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
+  std::vector<std::string> lines;
+  for (const tandem::v1::PipelineStageStats& s : m.pipeline_stages()) {
+    lines.push_back(absl::StrFormat(
+        "stage %d (layers %d-%d, %s): busy %.1f ms, bubble %.1f ms, copies %.1f ms, update "
+        "%.1f ms; peak %.1f MiB, %.1f predicted",
+        s.stage(), s.first_layer(), s.last_layer(), s.device(), s.busy_seconds() * 1e3,
+        s.bubble_seconds() * 1e3, s.copy_seconds() * 1e3, s.update_seconds() * 1e3,
+        s.peak_bytes() / 1048576.0, s.predicted_bytes() / 1048576.0));
+  }
+  return lines;
+}
+
 }  // namespace tandem::cli

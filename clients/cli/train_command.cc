@@ -1,6 +1,7 @@
 // `tandem train FILE`: runs a job in this process, without a daemon.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -45,7 +46,10 @@ TrainerOptions LocalTrainerOptions(const tandem::v1::JobSpec& spec) {
       accelerator == tandem::v1::ACCELERATOR_KIND_CUDA ||
       (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
       spec.placement().has_plan()) {
-    options.make_runner = node::MakeRunnerFactory(node::DetectNodeOffer(0, std::move(gpus)));
+    node::NodeOffer offer = node::DetectNodeOffer(0, std::move(gpus));
+    // A local run has as many emulated accelerators as its pipeline asks for.
+    offer.emulated_accelerators = std::max(1, spec.placement().pipeline().stages());
+    options.make_runner = node::MakeRunnerFactory(std::move(offer));
   }
   return options;
 }
@@ -94,6 +98,9 @@ void PrintSummary(const tandem::v1::Job& job) {
   }
   const std::string updates = DescribeUpdates(m.updates());
   if (!updates.empty()) std::printf("updates: %s\n", updates.c_str());
+  for (const std::string& line : DescribePipeline(m)) {
+    std::printf("pipeline: %s\n", line.c_str());
+  }
   if (job.state() != tandem::v1::JOB_STATE_SUCCEEDED) {
     std::printf("reason: %s\n", job.reason().c_str());
   }

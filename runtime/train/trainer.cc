@@ -289,6 +289,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
       p.set_eta_seconds(progress_.eta_seconds());
       p.set_epoch(progress_.epoch());
       *p.mutable_updates() = metrics_.updates();
+      *p.mutable_pipeline_stages() = metrics_.pipeline_stages();
       callbacks_.on_step(p);
     }
     clock.window_start = now;

@@ -285,12 +285,16 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   plan.set_micro_batches(batch / micro);
   plan.set_batch_size(batch);
   plan.set_pipeline_schedule(schedule);
-  plan.set_accelerator_memory_budget_bytes(request.accelerator_memory_bytes);
+  // Per device: the request's, else the cost source's (0 there too: unbounded).
+  const int64_t per_device = request.accelerator_memory_bytes > 0
+                                 ? request.accelerator_memory_bytes
+                                 : cost->accelerator_memory_bytes();
+  plan.set_accelerator_memory_budget_bytes(per_device);
   PipelineRequest p;
   p.devices = request.pipeline_devices;
   p.micro_batch_size = micro;
   p.micro_batches = batch / micro;
-  p.device_memory_bytes = request.accelerator_memory_bytes;
+  p.device_memory_bytes = per_device;
   p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
   if (!stages.ok()) {

@@ -70,7 +70,8 @@ struct PlanRequest {
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request);
 
 // A pipeline plan (docs/pipeline.md) over request.pipeline_devices
-// accelerators of request.accelerator_memory_bytes each: every layer computes,
+// accelerators of request.accelerator_memory_bytes each (0: the cost
+// source's accelerator memory): every layer computes,
 // keeps its state and updates on its stage's accelerator; the stages are
 // PartitionPipeline's for micro-batches of request.micro_batch_size (0: the
 // largest divisor of the batch not above 4 x stages) held as `schedule` holds

@@ -705,6 +705,8 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   absl::StatusOr<tandem::v1::Plan> emulated =
       SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
   ASSERT_TRUE(emulated.ok()) << emulated.status();
+  // No budget in the request: each stage gets the cost source's accelerator.
+  EXPECT_EQ(emulated->accelerator_memory_budget_bytes(), int64_t{16} << 30);
   double work = 0;
   for (const auto& s : emulated->pipeline()) work += 8 * s.compute_seconds();
   EXPECT_GE(emulated->prediction().iteration_seconds(), work);

@@ -194,15 +194,15 @@ void GptRow(const Gpt& m, const tandem::v1::HardwareSpec& spec, tandem::v1::Prec
   // layer vs the gradient and weight copies, all layers.
   double fwd = 0, bwd = 0, host_update = 0, copies = 0;
   for (int l = 0; l < cost->num_layers(); ++l) {
-    fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size_size);
-    bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size_size);
+    fwd += cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
+    bwd += cost->BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m.shape.batch_size);
     host_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_HOST, cost->host_threads());
     copies += cost->CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost->GradientBytes(l));
   }
   std::printf(
       "%s, batch %d: model state %s; per step: accelerator fwd %s + bwd %s, host Adam\n"
       "  over all layers %s, gradient D2H (= weight H2D) %s\n",
-      m.name, m.shape.batch_size_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
+      m.name, m.shape.batch_size, FormatBytes(state).c_str(), FormatSeconds(fwd).c_str(),
       FormatSeconds(bwd).c_str(), FormatSeconds(host_update).c_str(),
       FormatSeconds(copies).c_str());
   std::printf("  %6s %10s  %13s %13s %8s  %s\n", "budget", "GiB", "zero_offload", "reuse_dist",
@@ -328,7 +328,7 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
       "   on one accelerator (%s).\n\n",
       spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
       FormatBytes(spec.accelerators(0).memory_bytes()).c_str());
-  std::printf("  %-22s %-28s %-9s %13s %11s %14s\n", "model", "plan", "feasible", "step",
+  std::printf("  %-22s %-36s %-9s %13s %11s %14s\n", "model", "plan", "feasible", "step",
               "samples/s", "largest stage");
   for (const Gpt& m : models) {
     PlanRequest request;
@@ -347,13 +347,13 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
       }
     }
     if (best != nullptr) {
-      std::printf("  %-22s %-28s %-9s %13s %11.1f %14s\n", m.name,
+      std::printf("  %-22s %-36s %-9s %13s %11.1f %14s\n", m.name,
                   ("1 accelerator + host, " + StrategyName(best->strategy())).c_str(), "yes",
                   FormatSeconds(best->prediction().iteration_seconds()).c_str(),
                   m.shape.batch_size / best->prediction().iteration_seconds(),
                   FormatBytes(best->prediction().accelerator_peak_bytes()).c_str());
     } else {
-      std::printf("  %-22s %-28s %-9s\n", m.name, "1 accelerator + host", "no");
+      std::printf("  %-22s %-36s %-9s\n", m.name, "1 accelerator + host", "no");
     }
     for (int k : {2, 4, 8}) {
       if (k > spec.accelerators_size()) break;
@@ -365,12 +365,12 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
       const std::string name = absl::StrCat("pipeline x", k, ", ", plan.ok() ? plan->micro_batches() : 0,
                                             " micro-batches");
       if (!plan.ok() || !plan->feasible()) {
-        std::printf("  %-22s %-28s %-9s  %s\n", "", name.c_str(), "no",
+        std::printf("  %-22s %-36s %-9s  %s\n", "", name.c_str(), "no",
                     plan.ok() ? plan->solver().note().c_str()
                               : std::string(plan.status().message()).c_str());
         continue;
       }
-      std::printf("  %-22s %-28s %-9s %13s %11.1f %14s\n", "", name.c_str(), "yes",
+      std::printf("  %-22s %-36s %-9s %13s %11.1f %14s\n", "", name.c_str(), "yes",
                   FormatSeconds(plan->prediction().iteration_seconds()).c_str(),
                   m.shape.batch_size / plan->prediction().iteration_seconds(),
                   FormatBytes(plan->prediction().accelerator_peak_bytes()).c_str());

@@ -36,11 +36,27 @@ struct PipelineRunner::Stage {
   // and what its forward saved for backward.
   std::vector<Buffer> in, targets;
   std::vector<std::vector<Buffer>> out, saved;
-  // Timing of the latest step.
+  // Timing of the latest step, and its spans (lane = the stage).
   double busy = 0, copy = 0, update = 0;
+  std::vector<tandem::v1::TimelineSpan> spans;
+  int index = 0;
+  double step_start = 0;
+  void Span(tandem::v1::TimelineResource resource, tandem::v1::TimelinePhase phase, int layer,
+            int m, double start, double end, int64_t bytes = 0) {
+    tandem::v1::TimelineSpan& s = spans.emplace_back();
+    s.set_resource(resource);
+    s.set_lane(index);
+    s.set_layer(layer);
+    s.set_phase(phase);
+    s.set_micro_batch(m);
+    s.set_start_seconds(start - step_start);
+    s.set_end_seconds(end - step_start);
+    s.set_bytes(bytes);
+  }
 
   // Empty slots for M micro-batches.
   void Size(int M) {
+    spans.clear();
     for (auto* v : {&in, &targets}) {
       v->clear();
       v->resize(M);
@@ -158,6 +174,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
     stage->first = stages[s].first_layer;
     stage->end = stages[s].end_layer;
     stage->device = stages[s].device;
+    stage->index = static_cast<int>(s);
     stage->param_begin = model.param_offset(stage->first);
     stage->param_n = model.param_offset(stage->end) - stage->param_begin;
     stage->buffer_begin = model.buffer_offset(stage->first);
@@ -239,6 +256,10 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
         st.targets[m].data(), step.batch->targets.data() + step.mb_start[m] * tps, n * tps * 4));
   }
   st.copy += WallSeconds() - t;
+  if (step.training) {
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, st.first, m, t, WallSeconds(),
+            st.in[m].bytes());
+  }
 
   t = WallSeconds();
   for (int l = st.first; l < st.end; ++l) {
@@ -259,9 +280,13 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
     ctx.workspace = ws.data();
     ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
+    const double began = WallSeconds();
     layer.Forward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
                   st.saved[i][m].data());
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+    if (step.training) {
+      st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_FORWARD, l, m, began, WallSeconds());
+    }
   }
   st.busy += WallSeconds() - t;
 
@@ -273,6 +298,10 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
                                              st.out[last][m].bytes(), MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(
         st.device->CopyToHost(staged.data(), st.out[last][m].data(), staged.bytes()));
+    if (step.training) {
+      st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, st.end - 1, m, t, WallSeconds(),
+              staged.bytes());
+    }
     step.Put(step.act[s][m], std::move(staged));
   } else {
     // The per-sample losses, and in evaluation the logits (the loss's input).
@@ -324,6 +353,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
                             Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(dy.data(), staged.data(), staged.bytes()));
     st.copy += WallSeconds() - t;
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, st.end - 1, m, t, WallSeconds(),
+            staged.bytes());
     t = WallSeconds();
   }
   for (int l = st.end - 1; l >= st.first; --l) {
@@ -345,10 +376,12 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
                         l == 0 ? model_.data().sample_shape.WithBatch(n)
                                : layer.input_shape().WithBatch(n))
                : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+    const double began = WallSeconds();
     layer.Backward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
                    st.saved[i][m].data(), Tensor::F32(dy.f32(), layer.output_shape().WithBatch(n)),
                    l == 0 ? Tensor() : Tensor::F32(dx.f32(), layer.input_shape().WithBatch(n)));
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+    st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_BACKWARD, l, m, began, WallSeconds());
     st.out[i][m].Reset();
     st.saved[i][m].Reset();
     dy = std::move(dx);
@@ -362,6 +395,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
                             Buffer::Allocate(st.device->host_staging_allocator(), dy.bytes(),
                                              MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), dy.data(), dy.bytes()));
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, st.first, m, t, WallSeconds(),
+            staged.bytes());
     dy.Reset();
     step.Put(step.grad[s - 1][m], std::move(staged));
     st.copy += WallSeconds() - t;
@@ -410,6 +445,7 @@ absl::Status PipelineRunner::RunStage(Step& step, int s) {
       st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
   TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
   st.update = WallSeconds() - t;
+  st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1, 0, t, t + st.update, st.param_n * 4);
   return absl::OkStatus();
 }
 
@@ -443,6 +479,7 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
 
   const double start = WallSeconds();
+  for (auto& st : stages_) st->step_start = start;
   std::vector<absl::Status> results(K);
   std::vector<double> ended(K, 0);
   {
@@ -474,6 +511,11 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
     out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.busy - st.copy);
     out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;
   }
+  timeline_.Clear();
+  for (const auto& st : stages_) {
+    for (const tandem::v1::TimelineSpan& span : st->spans) *timeline_.add_spans() = span;
+  }
+  timeline_.set_iteration_seconds(WallSeconds() - start);
   StepResult result;
   result.samples = batch.size;
   double sum = 0;

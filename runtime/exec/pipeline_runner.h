@@ -91,6 +91,10 @@ class PipelineRunner final : public StepRunner {
   int64_t peak_accelerator_bytes() const override;
 
   tandem::v1::Plan plan() const override { return plan_; }
+  // The latest step: stage k's forward, backward and update spans on lane k of
+  // ACCELERATOR_COMPUTE, its copies in and out on lane k of COPY_H2D and
+  // COPY_D2H (activations forward, their gradients back).
+  tandem::v1::Timeline last_timeline() const override { return timeline_; }
   std::vector<tandem::v1::PipelineStageStats> pipeline_stats() const override;
 
   // The runner keeps `devices` (its stages' accelerators) alive until after
@@ -126,6 +130,7 @@ class PipelineRunner final : public StepRunner {
   std::vector<std::unique_ptr<Stage>> stages_;
   std::vector<PipelineStageStats> stats_;
   double last_pipeline_seconds_ = 0;
+  tandem::v1::Timeline timeline_;
   // The host copy of the state (checkpoints) and the step constants.
   HostAllocator host_alloc_;
   Buffer host_params_, host_buffers_;

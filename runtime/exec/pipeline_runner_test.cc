@@ -97,6 +97,26 @@ TEST_P(PipelineMatchesOneDeviceTest, FiftyStepsOfLossesMatchTheCpuEngine) {
         << s;
   }
   EXPECT_LT(losses.back(), losses.front());  // it trains
+  // The last step's timeline: every layer's forward and backward for each of
+  // the 4 micro-batches on its stage's lane, and one update per stage.
+  const tandem::v1::Timeline timeline = runner->last_timeline();
+  std::vector<int> forwards(c.stages), backwards(c.stages), updates(c.stages);
+  for (const tandem::v1::TimelineSpan& span : timeline.spans()) {
+    ASSERT_GE(span.lane(), 0);
+    ASSERT_LT(span.lane(), c.stages);
+    EXPECT_LE(span.start_seconds(), span.end_seconds());
+    EXPECT_LE(span.end_seconds(), timeline.iteration_seconds() + 1e-6);
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_FORWARD) ++forwards[span.lane()];
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_BACKWARD) ++backwards[span.lane()];
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_UPDATE) ++updates[span.lane()];
+  }
+  const std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+  for (int s = 0; s < c.stages; ++s) {
+    const int layers = stages[s].end_layer - stages[s].first_layer;
+    EXPECT_EQ(forwards[s], 4 * layers) << "stage " << s;
+    EXPECT_EQ(backwards[s], 4 * layers) << "stage " << s;
+    EXPECT_EQ(updates[s], 1) << "stage " << s;
+  }
   std::cout << c.model << " (" << f.model->num_layers() << " layers) on " << c.stages << " stages, "
             << PipelineScheduleName(c.schedule) << ": loss " << losses.front() << " -> "
             << losses.back() << ", CPU engine " << reference.front() << " -> " << reference.back()

@@ -38,8 +38,10 @@ Track TrackOf(TimelineResource resource, int lane) {
       return {kAcceleratorPid, 1 + lane,
               lane == 0 ? "compute stream" : absl::StrCat("compute stream ", lane)};
     case tandem::v1::TIMELINE_RESOURCE_COPY_H2D:
+      if (lane > 0) return {kAcceleratorPid, 301 + 2 * lane, absl::StrCat("copy H2D ", lane)};
       return {kAcceleratorPid, 51, "copy H2D"};
     case tandem::v1::TIMELINE_RESOURCE_COPY_D2H:
+      if (lane > 0) return {kAcceleratorPid, 302 + 2 * lane, absl::StrCat("copy D2H ", lane)};
       return {kAcceleratorPid, 52, "copy D2H"};
     default:
       return {kHostPid, 200, "other"};

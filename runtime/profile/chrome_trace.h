@@ -14,6 +14,9 @@
 //   accelerator: tid 1+lane   "compute stream" (ACCELERATOR_COMPUTE)
 //                tid 51       "copy H2D"
 //                tid 52       "copy D2H"
+// A pipeline (docs/pipeline.md) puts stage k's spans on lane k of the
+// accelerator's resources: "compute stream k", and its copies on tids
+// 301+2k ("copy H2D k") and 302+2k ("copy D2H k") for k > 0.
 //
 // Only tracks that carry a span are named. Stateless; thread-safe.
 #ifndef TANDEM_RUNTIME_PROFILE_CHROME_TRACE_H_

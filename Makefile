@@ -24,12 +24,13 @@ run: deps
 	exec bazel-bin/server/tandemd --listen=$(LISTEN) --metrics_listen=$(METRICS_LISTEN) \
 	  --state_dir="$(STATE_DIR)" --data_root="$(DATA_ROOT)"
 
-# The format check, every test, then the executor's randomised stress and the
-# update rules' stress again under ThreadSanitizer, then each fuzz target for FUZZ_SECONDS with libFuzzer
+# The format check, every test, then the executor's randomised stress, the
+# update rules' stress and the pipeline's stage threads again under ThreadSanitizer, then each fuzz target for FUZZ_SECONDS with libFuzzer
 # (tools/fuzz.sh, docs/fuzzing.md); ends with GoogleTest-style totals over all
 # test cases.
 FUZZ_SECONDS ?= 30
-TSAN_TESTS := //runtime/exec:plan_executor_stress_test //runtime/train:update_rules_stress_test
+TSAN_TESTS := //runtime/exec:plan_executor_stress_test //runtime/train:update_rules_stress_test \
+	//runtime/exec:pipeline_runner_stress_test
 
 test: deps
 	tools/check_format.sh; status=$$?; \

@@ -24,7 +24,7 @@ def cli(daemon, *args):
 class JobsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Tandemd(TANDEMD).start()
+        cls.daemon = Tandemd(TANDEMD, extra_flags=["--emulated_accelerators=2"]).start()
         cls.channel, cls.client = stub(cls.daemon.address)
 
     @classmethod
@@ -127,6 +127,35 @@ class JobsTest(unittest.TestCase):
         self.assertLessEqual(done.metrics.peak_accelerator_bytes, 8 << 20)
         self.assertEqual(done.measured_timeline.source, "measured")
         self.assertGreater(len(done.measured_timeline.spans), 0)
+
+    def test_a_pipeline_job_runs_its_stages_and_the_node_bounds_them(self):
+        import grpc
+        spec = synthetic_spec(steps=6)
+        spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+        spec.placement.pipeline.stages = 2
+        spec.placement.pipeline.schedule = 1  # PIPELINE_SCHEDULE_GPIPE
+        spec.resources.accelerator_memory_bytes = 16 << 20
+        submitted = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30).job
+        self.assertEqual(len(submitted.plan.pipeline), 2)
+        self.assertGreater(submitted.metrics.predicted_step_seconds, 0)
+        done = wait_for_state(self.client, submitted.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        stages = done.metrics.pipeline_stages
+        self.assertEqual([s.device for s in stages], ["emulated:0", "emulated:1"])
+        for s, planned in zip(stages, done.plan.pipeline):
+            self.assertEqual((s.first_layer, s.last_layer), (planned.first_layer, planned.last_layer))
+            self.assertGreater(s.busy_seconds, 0)
+            self.assertGreater(s.peak_bytes, 0)
+            self.assertLessEqual(s.peak_bytes, 16 << 20)
+        self.assertEqual({span.lane for span in done.measured_timeline.spans}, {0, 1})
+        status = cli(self.daemon, "status", submitted.id)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("pipeline:  stage 1 (layers", status.stdout)
+        # More stages than this daemon's --emulated_accelerators: refused, naming both.
+        spec.placement.pipeline.stages = 3
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("3 stages, but this node offers 2 emulated accelerators", e.exception.details())
 
     def test_update_rules_run_report_and_refuse_bad_parameters(self):
         import grpc

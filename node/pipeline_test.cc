@@ -83,8 +83,8 @@ TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   // One device at the same micro-batches: the pipeline adds up the same
   // gradients in the same order.
-  const TrainRun reference =
-      Train(OneDevice(base, resolved->placement().micro_batch_size()), MakeRunnerFactory(NodeWith(1)));
+  const TrainRun reference = Train(OneDevice(base, resolved->placement().micro_batch_size()),
+                                   MakeRunnerFactory(NodeWith(1)));
   ASSERT_TRUE(reference.status.ok()) << reference.status;
   const TrainRun run = Train(spec, MakeRunnerFactory(NodeWith(4)));
   ASSERT_TRUE(run.status.ok()) << run.status;
@@ -100,21 +100,19 @@ TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
   const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
   ASSERT_TRUE(jm.ok());
   const tandem::v1::PipelineSpec& pipe = resolved->placement().pipeline();
-  const int64_t margin = PipelineStageMargin(
-      *jm->model, resolved->placement().micro_batch_size(),
-      c.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? pipe.micro_batches()
-                                                          : std::min(c.stages, pipe.micro_batches()));
+  const int64_t margin = PipelineStageMargin(*jm->model, resolved->placement().micro_batch_size(),
+                                             c.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE
+                                                 ? pipe.micro_batches()
+                                                 : std::min(c.stages, pipe.micro_batches()));
   ASSERT_EQ(run.metrics.pipeline_stages_size(), c.stages);
-  std::cout << c.model << " " << tandem::v1::PipelineSchedule_Name(c.schedule) << " K="
-            << c.stages << " M=" << run.plan.micro_batches() << ": " << run.plan.solver().note()
-            << "\n";
+  std::cout << c.model << " " << tandem::v1::PipelineSchedule_Name(c.schedule) << " K=" << c.stages
+            << " M=" << run.plan.micro_batches() << ": " << run.plan.solver().note() << "\n";
   for (const tandem::v1::PipelineStageStats& st : run.metrics.pipeline_stages()) {
     std::cout << "  stage " << st.stage() << " layers " << st.first_layer() << "-"
               << st.last_layer() << " on " << st.device() << ": peak " << st.peak_bytes()
-              << " B, predicted " << st.predicted_bytes() << " B + margin " << margin
-              << " B; busy " << st.busy_seconds() * 1e3 << " ms, bubble "
-              << st.bubble_seconds() * 1e3 << " ms, copies " << st.copy_seconds() * 1e3
-              << " ms\n";
+              << " B, predicted " << st.predicted_bytes() << " B + margin " << margin << " B; busy "
+              << st.busy_seconds() * 1e3 << " ms, bubble " << st.bubble_seconds() * 1e3
+              << " ms, copies " << st.copy_seconds() * 1e3 << " ms\n";
     EXPECT_GT(st.predicted_bytes(), 0);
     EXPECT_LE(st.peak_bytes(), st.predicted_bytes() + margin) << "stage " << st.stage();
     EXPECT_LE(st.peak_bytes(), capacity) << "stage " << st.stage();
@@ -122,18 +120,20 @@ TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, PipelineJobTest,
-    testing::Values(Case{"gpt", 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
-                    Case{"gpt", 4, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
-                    Case{"mlp", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
-                    Case{"mlp", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
-                    Case{"cnn", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
-                    Case{"cnn", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B}),
-    [](const testing::TestParamInfo<Case>& info) {
-      return std::string(info.param.model) + "_" + std::to_string(info.param.stages) + "_" +
-             (info.param.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
-    });
+INSTANTIATE_TEST_SUITE_P(All, PipelineJobTest,
+                         testing::Values(Case{"gpt", 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
+                                         Case{"gpt", 4, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
+                                         Case{"mlp", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B},
+                                         Case{"mlp", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
+                                         Case{"cnn", 4, tandem::v1::PIPELINE_SCHEDULE_GPIPE},
+                                         Case{"cnn", 2, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B}),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.model) + "_" +
+                                  std::to_string(info.param.stages) + "_" +
+                                  (info.param.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE
+                                       ? "gpipe"
+                                       : "1f1b");
+                         });
 
 // The planner's split of a model too large for one accelerator: each stage
 // fits where the whole does not.
@@ -147,10 +147,10 @@ TEST(PipelineJobTest, SplitsAModelNoSingleAcceleratorHolds) {
   const absl::StatusOr<JobModel> jm = BuildJobModel(*one);
   ASSERT_TRUE(jm.ok());
   EXPECT_FALSE(PlanJob(*jm->model, *one, NodeWith(2)).ok()) << "one device holds it all";
-  const absl::StatusOr<JobSpec> two = ResolveJobSpec(
-      Pipelined(Gpt(tandem::v1::STRATEGY_GPU_ONLY, capacity), 2,
-                tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B),
-      false);
+  const absl::StatusOr<JobSpec> two =
+      ResolveJobSpec(Pipelined(Gpt(tandem::v1::STRATEGY_GPU_ONLY, capacity), 2,
+                               tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B),
+                     false);
   ASSERT_TRUE(two.ok()) << two.status();
   const absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *two, NodeWith(2));
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -170,8 +170,7 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
     return PlanJob(*jm->model, *resolved, node).status();
   };
   const JobSpec gpt = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, capacity);
-  absl::Status s =
-      plan(Pipelined(gpt, 3, tandem::v1::PIPELINE_SCHEDULE_GPIPE), NodeWith(2));
+  absl::Status s = plan(Pipelined(gpt, 3, tandem::v1::PIPELINE_SCHEDULE_GPIPE), NodeWith(2));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("3 stages, but this node offers 2 emulated accelerators"),
             std::string::npos)

@@ -426,10 +426,10 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
     const std::string field = absl::StrCat("pipeline[", k, "]");
     if (st.first_layer() != next || st.last_layer() < st.first_layer() ||
         st.last_layer() >= model.num_layers()) {
-      return ForcedPlanError(field, absl::StrCat("layers [", st.first_layer(), ", ",
-                                                 st.last_layer(), "]: stages must be non-empty, ",
-                                                 "contiguous and start at layer ", next, " of ",
-                                                 model.num_layers()));
+      return ForcedPlanError(
+          field, absl::StrCat("layers [", st.first_layer(), ", ", st.last_layer(),
+                              "]: stages must be non-empty, ", "contiguous and start at layer ",
+                              next, " of ", model.num_layers()));
     }
     if (st.device_index() < 0 || !devices.insert(st.device_index()).second) {
       return ForcedPlanError(field + ".device_index",
@@ -438,9 +438,9 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
     next = st.last_layer() + 1;
   }
   if (next != model.num_layers()) {
-    return ForcedPlanError("pipeline", absl::StrCat("the stages end at layer ", next - 1,
-                                                    "; the model's last is ",
-                                                    model.num_layers() - 1));
+    return ForcedPlanError(
+        "pipeline", absl::StrCat("the stages end at layer ", next - 1, "; the model's last is ",
+                                 model.num_layers() - 1));
   }
   if (!tandem::v1::PipelineSchedule_IsValid(plan.pipeline_schedule())) {
     return ForcedPlanError("pipeline_schedule",
@@ -531,11 +531,11 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   }
   const int have = AcceleratorCount(resolved, node);
   if (K > have) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement.pipeline.stages: ", K, " stages, but this node offers ", have, " ",
-        KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED
-            ? "emulated accelerators (tandemd --emulated_accelerators)"
-            : "CUDA devices"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement.pipeline.stages: ", K, " stages, but this node offers ", have, " ",
+                     KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED
+                         ? "emulated accelerators (tandemd --emulated_accelerators)"
+                         : "CUDA devices"));
   }
   if (placement.has_plan()) {
     TANDEM_RETURN_IF_ERROR(ValidateForcedPlan(model, resolved, placement.plan()));
@@ -588,11 +588,11 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   TANDEM_ASSIGN_OR_RETURN(Plan plan,
                           planner::SolvePipelinePlan(request, placement.pipeline().schedule()));
   if (!plan.feasible()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "placement.pipeline: no split of ", model.num_layers(), " layers over ", K,
-        " accelerators fits ", FormatBytes(capacity, 1), " each (resources.accelerator_memory_",
-        "bytes, ", FormatBytes(margin, 1), " of it kept for transient buffers): ",
-        plan.solver().note()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("placement.pipeline: no split of ", model.num_layers(), " layers over ", K,
+                     " accelerators fits ", FormatBytes(capacity, 1),
+                     " each (resources.accelerator_memory_", "bytes, ", FormatBytes(margin, 1),
+                     " of it kept for transient buffers): ", plan.solver().note()));
   }
   plan.mutable_solver()->set_note(
       absl::StrCat(plan.solver().note(), "; ", FormatBytes(margin, 1),
@@ -605,10 +605,10 @@ int64_t PipelineStageMargin(const Model& model, int64_t micro_batch, int inputs_
   // to kSliceAlignElements; the running statistics' one.
   const int64_t padding = (int64_t{model.num_layers()} * 4 + 1) * kSliceAlignElements * 4;
   // ExecutorMemoryMargin counts one micro-batch's input.
-  const int64_t inputs = std::max(0, inputs_in_flight - 1) * micro_batch *
-                         model.data().sample_shape.elements() * 4;
-  return ExecutorMemoryMargin(model, micro_batch) + model.MaxWorkspaceBytes(micro_batch) +
-         inputs + padding;
+  const int64_t inputs =
+      std::max(0, inputs_in_flight - 1) * micro_batch * model.data().sample_shape.elements() * 4;
+  return ExecutorMemoryMargin(model, micro_batch) + model.MaxWorkspaceBytes(micro_batch) + inputs +
+         padding;
 }
 
 int AcceleratorCount(const JobSpec& resolved, const NodeOffer& node) {

@@ -11,8 +11,8 @@
 // parameters, gradients and optimizer state, plus the activations of the
 // micro-batches in flight (under 1F1B S - k for stage k, at most the number
 // of micro-batches; under GPipe all of them), each with the stage's input
-// (the previous stage's output, kept for the backward). Every accelerator takes at least one layer; with fewer
-// layers than devices, some devices stay idle.
+// (the previous stage's output, kept for the backward). Every accelerator takes at least one layer;
+// with fewer layers than devices, some devices stay idle.
 //
 // Free function; thread-compatible.
 #ifndef TANDEM_PLANNER_PIPELINE_PARTITIONER_H_

@@ -134,8 +134,8 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
     absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, r);
     ASSERT_TRUE(stages.ok()) << stages.status();
     ASSERT_EQ((*stages)[1].first_layer(), 2);
-    const int64_t state = 2 * (cost->ParameterBytes(2) + cost->GradientBytes(2) +
-                               cost->OptimizerStateBytes(2));
+    const int64_t state =
+        2 * (cost->ParameterBytes(2) + cost->GradientBytes(2) + cost->OptimizerStateBytes(2));
     const int64_t in_flight = gpipe ? 6 : 1;
     EXPECT_EQ((*stages)[1].memory_bytes(),
               state + in_flight * (cost->ActivationBytes(2, 1) + cost->ActivationBytes(3, 1) +

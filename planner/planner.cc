@@ -240,26 +240,31 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   return response;
 }
 
-absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
-                                                   tandem::v1::PipelineSchedule schedule) {
-  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+namespace {
+
+// SolvePipelinePlan's checks of the request against its cost source.
+absl::Status CheckPipelineRequest(const PlanRequest& request, const CostModel& cost) {
   if (request.pipeline_devices < 2) {
     return Invalid("pipeline_devices", "a pipeline needs at least 2 accelerators");
   }
-  absl::StatusOr<CostModel> cost = CostModelOf(request);
-  if (!cost.ok()) return cost.status();
-  if (!cost->has_accelerator()) return Invalid("pipeline_devices", "the hardware has no accelerator");
-  if (request.pipeline_devices > cost->accelerator_count()) {
+  if (!cost.has_accelerator())
+    return Invalid("pipeline_devices", "the hardware has no accelerator");
+  if (request.pipeline_devices > cost.accelerator_count()) {
     return Invalid("pipeline_devices",
-                   absl::StrCat(request.pipeline_devices, " exceeds the ", cost->accelerator_count(),
+                   absl::StrCat(request.pipeline_devices, " exceeds the ", cost.accelerator_count(),
                                 " accelerators of the cost source"));
   }
-  if (request.pipeline_devices > cost->num_layers()) {
-    return Invalid("pipeline_devices", absl::StrCat(request.pipeline_devices,
-                                                    " stages for a model of ", cost->num_layers(),
-                                                    " layers"));
+  if (request.pipeline_devices > cost.num_layers()) {
+    return Invalid("pipeline_devices",
+                   absl::StrCat(request.pipeline_devices, " stages for a model of ",
+                                cost.num_layers(), " layers"));
   }
-  const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+  return absl::OkStatus();
+}
+
+// The request's micro-batch, or the largest divisor of the batch not above
+// 4 x stages micro-batches' worth.
+absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
   int micro = request.micro_batch_size;
   if (micro <= 0) {
     int m = std::min(batch, 4 * request.pipeline_devices);
@@ -269,20 +274,75 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   if (batch % micro != 0) {
     return Invalid("micro_batch_size", absl::StrCat(micro, " does not divide the batch ", batch));
   }
+  return micro;
+}
+
+// Sets `plan`'s stages, prediction and note from the partition.
+void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
+                     int micro_batches, tandem::v1::Plan* plan) {
+  double update = 0, updates = 0, work = 0;
+  int64_t peak = 0;
+  const int K = static_cast<int>(stages.size()), M = micro_batches;
+  for (const tandem::v1::PipelineStage& s : stages) {
+    *plan->add_pipeline() = s;
+    double stage_update = 0;
+    for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
+      stage_update += cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+    }
+    update = std::max(update, stage_update);
+    updates += stage_update;
+    work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
+    peak = std::max(peak, s.memory_bytes());
+  }
+  const double bottleneck = BottleneckSeconds(stages);
+  double step = (M + K - 1) * bottleneck + update;
+  // Emulated accelerators compute on the host's cores, each at the host's
+  // whole rate: together they run no faster than the host running every
+  // stage's work (and every update) one after another.
+  const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
+  if (shared_cores) step = std::max((M + K - 1) * bottleneck, work) + updates;
+  tandem::v1::PlanPrediction* prediction = plan->mutable_prediction();
+  *prediction = tandem::v1::PlanPrediction();
+  prediction->set_iteration_seconds(step);
+  prediction->set_samples_per_second(step > 0 ? plan->batch_size() / step : 0);
+  prediction->set_accelerator_peak_bytes(peak);
+  plan->mutable_solver()->set_method("pipeline partition (dynamic program)");
+  plan->mutable_solver()->set_note(absl::StrFormat(
+      "%s pipeline over %d accelerators, %d micro-batches of %d: slowest stage %.3f ms per "
+      "micro-batch, bubble (K-1)/(M+K-1) = %.0f%%, update %.3f ms, largest stage %.1f MiB%s",
+      plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe" : "1F1B", K, M,
+      plan->micro_batch_size(), bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3,
+      peak / 1048576.0,
+      shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
+                     "all their work in turn"
+                   : ""));
+}
+
+}  // namespace
+
+absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
+                                                   tandem::v1::PipelineSchedule schedule) {
+  if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+  absl::StatusOr<CostModel> cost = CostModelOf(request);
+  if (!cost.ok()) return cost.status();
+  if (absl::Status s = CheckPipelineRequest(request, *cost); !s.ok()) return s;
+  const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+  absl::StatusOr<int> micro = PipelineMicroBatch(request, batch);
+  if (!micro.ok()) return micro.status();
   // The layers' placement: gpu_only's, solved without a memory bound (each
   // stage's bound is the partitioner's).
   PlanRequest whole = request;
   whole.strategy = Strategy::STRATEGY_GPU_ONLY;
   whole.compare = {Strategy::STRATEGY_GPU_ONLY};
   whole.accelerator_memory_bytes = int64_t{1} << 50;
-  whole.micro_batch_size = micro;
+  whole.micro_batch_size = *micro;
   whole.pipeline_devices = 1;
   absl::StatusOr<tandem::v1::PlanModelResponse> solved = SolvePlan(whole);
   if (!solved.ok()) return solved.status();
   tandem::v1::Plan plan = solved->plan();
   plan.clear_timeline();
-  plan.set_micro_batch_size(micro);
-  plan.set_micro_batches(batch / micro);
+  plan.set_micro_batch_size(*micro);
+  plan.set_micro_batches(batch / *micro);
   plan.set_batch_size(batch);
   plan.set_pipeline_schedule(schedule);
   // Per device: the request's, else the cost source's (0 there too: unbounded).
@@ -292,8 +352,8 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   plan.set_accelerator_memory_budget_bytes(per_device);
   PipelineRequest p;
   p.devices = request.pipeline_devices;
-  p.micro_batch_size = micro;
-  p.micro_batches = batch / micro;
+  p.micro_batch_size = *micro;
+  p.micro_batches = batch / *micro;
   p.device_memory_bytes = per_device;
   p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
@@ -305,48 +365,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  double update = 0;
-  int64_t peak = 0;
-  for (const tandem::v1::PipelineStage& s : *stages) {
-    *plan.add_pipeline() = s;
-    double stage_update = 0;
-    for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
-      stage_update += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
-    }
-    update = std::max(update, stage_update);
-    peak = std::max(peak, s.memory_bytes());
-  }
-  const int K = static_cast<int>(stages->size()), M = p.micro_batches;
-  const double bottleneck = BottleneckSeconds(*stages);
-  double step = (M + K - 1) * bottleneck + update;
-  // Emulated accelerators compute on the host's cores, each at the host's
-  // whole rate: together they run no faster than the host running every
-  // stage's work (and every update) one after another.
-  const bool shared_cores = cost->accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
-  if (shared_cores) {
-    double work = 0, updates = 0;
-    for (const tandem::v1::PipelineStage& s : *stages) {
-      work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
-      for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
-        updates += cost->UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
-      }
-    }
-    step = std::max((M + K - 1) * bottleneck, work) + updates;
-  }
-  tandem::v1::PlanPrediction* prediction = plan.mutable_prediction();
-  *prediction = tandem::v1::PlanPrediction();
-  prediction->set_iteration_seconds(step);
-  prediction->set_samples_per_second(step > 0 ? batch / step : 0);
-  prediction->set_accelerator_peak_bytes(peak);
-  plan.mutable_solver()->set_method("pipeline partition (dynamic program)");
-  plan.mutable_solver()->set_note(absl::StrFormat(
-      "%s pipeline over %d accelerators, %d micro-batches of %d: slowest stage %.3f ms per "
-      "micro-batch, bubble (K-1)/(M+K-1) = %.0f%%, update %.3f ms, largest stage %.1f MiB%s",
-      schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe" : "1F1B", K, M, micro,
-      bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3, peak / 1048576.0,
-      shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
-                     "all their work in turn"
-                   : ""));
+  PredictPipeline(*cost, *stages, p.micro_batches, &plan);
   return plan;
 }
 

@@ -670,7 +670,8 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   r.micro_batch_size = 8;
   absl::StatusOr<tandem::v1::Plan> f1b =
       SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
-  absl::StatusOr<tandem::v1::Plan> gpipe = SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE);
+  absl::StatusOr<tandem::v1::Plan> gpipe =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE);
   ASSERT_TRUE(f1b.ok()) << f1b.status();
   ASSERT_TRUE(gpipe.ok()) << gpipe.status();
   ASSERT_TRUE(f1b->feasible()) << f1b->solver().note();

@@ -252,9 +252,11 @@ absl::Status ValidateTraining(const tandem::v1::TrainingSpec& t) {
 absl::Status ValidatePipeline(const tandem::v1::PlacementSpec& p,
                               const tandem::v1::TrainingSpec& t) {
   const tandem::v1::PipelineSpec& pipe = p.pipeline();
-  TANDEM_RETURN_IF_ERROR(InRange("placement.pipeline.stages", pipe.stages(), 0, kMaxPipelineStages));
+  TANDEM_RETURN_IF_ERROR(
+      InRange("placement.pipeline.stages", pipe.stages(), 0, kMaxPipelineStages));
   if (!tandem::v1::PipelineSchedule_IsValid(pipe.schedule())) {
-    return FieldError("placement.pipeline.schedule", absl::StrCat("unknown value ", pipe.schedule()));
+    return FieldError("placement.pipeline.schedule",
+                      absl::StrCat("unknown value ", pipe.schedule()));
   }
   TANDEM_RETURN_IF_ERROR(
       InRange("placement.pipeline.micro_batches", pipe.micro_batches(), 0, 65536));
@@ -265,10 +267,10 @@ absl::Status ValidatePipeline(const tandem::v1::PlacementSpec& p,
   }
   if (pipe.stages() > 1 && pipe.micro_batches() > 0 && p.micro_batch_size() > 0 &&
       p.micro_batch_size() * pipe.micro_batches() != t.batch_size()) {
-    return FieldError("placement.pipeline.micro_batches",
-                      absl::StrCat(pipe.micro_batches(), " micro-batches of placement.",
-                                   "micro_batch_size ", p.micro_batch_size(),
-                                   " are not training.batch_size ", t.batch_size()));
+    return FieldError(
+        "placement.pipeline.micro_batches",
+        absl::StrCat(pipe.micro_batches(), " micro-batches of placement.", "micro_batch_size ",
+                     p.micro_batch_size(), " are not training.batch_size ", t.batch_size()));
   }
   return absl::OkStatus();
 }
@@ -416,10 +418,11 @@ absl::Status ResolvePipeline(JobSpec& r) {
   } else if (p->strategy() != tandem::v1::STRATEGY_GPU_ONLY) {
     return FieldError(
         "placement.pipeline.stages",
-        absl::StrCat("each stage keeps its layers' state on its accelerator (STRATEGY_GPU_ONLY); "
-                     "placement.strategy ",
-                     tandem::v1::Strategy_Name(p->strategy()),
-                     " within pipeline stages is not built (use STRATEGY_GPU_ONLY or leave it out)"));
+        absl::StrCat(
+            "each stage keeps its layers' state on its accelerator (STRATEGY_GPU_ONLY); "
+            "placement.strategy ",
+            tandem::v1::Strategy_Name(p->strategy()),
+            " within pipeline stages is not built (use STRATEGY_GPU_ONLY or leave it out)"));
   }
   if (p->delayed_parameter_update()) {
     return FieldError("placement.delayed_parameter_update",

@@ -203,8 +203,8 @@ absl::StatusOr<tandem::v1::JobSpec> ResolveWithPlacement(const std::string& plac
 }
 
 TEST(JobSpecTest, PipelinesGetTheirDefaults) {
-  absl::StatusOr<tandem::v1::JobSpec> r = ResolveWithPlacement(
-      "{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {stages: 2}}");
+  absl::StatusOr<tandem::v1::JobSpec> r =
+      ResolveWithPlacement("{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {stages: 2}}");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_GPU_ONLY);
   EXPECT_EQ(r->placement().pipeline().schedule(), tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);

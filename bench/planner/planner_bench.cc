@@ -362,8 +362,8 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
       p.micro_batch_size = std::max(1, m.shape.batch_size / (4 * k));
       absl::StatusOr<tandem::v1::Plan> plan =
           SolvePipelinePlan(p, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
-      const std::string name = absl::StrCat("pipeline x", k, ", ", plan.ok() ? plan->micro_batches() : 0,
-                                            " micro-batches");
+      const std::string name = absl::StrCat(
+          "pipeline x", k, ", ", plan.ok() ? plan->micro_batches() : 0, " micro-batches");
       if (!plan.ok() || !plan->feasible()) {
         std::printf("  %-22s %-36s %-9s  %s\n", "", name.c_str(), "no",
                     plan.ok() ? plan->solver().note().c_str()

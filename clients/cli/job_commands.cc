@@ -229,18 +229,16 @@ int WatchExit(const absl::StatusOr<JobState>& state) {
 absl::Status WriteJobTraces(const Job& job, const std::string& path) {
   profile::ChromeTraceOptions options;
   for (const auto& layer : job.plan().layers()) options.layer_names.push_back(layer.name());
-  options.accelerator_id = job.plan().pipeline_size() > 1
-                               ? absl::StrCat(job.plan().pipeline_size(),
-                                              "-stage pipeline: stage k on lane k",
-                                              job.plan().accelerator() ==
-                                                      tandem::v1::DEVICE_KIND_EMULATED
-                                                  ? " (emulated, never a GPU figure)"
-                                                  : "")
-                           : job.plan().accelerator() == tandem::v1::DEVICE_KIND_EMULATED
-                               ? "emulated:0 (never a GPU figure)"
-                           : job.plan().accelerator() == tandem::v1::DEVICE_KIND_CUDA
-                               ? "cuda:0"
-                               : "accelerator";
+  options.accelerator_id =
+      job.plan().pipeline_size() > 1
+          ? absl::StrCat(job.plan().pipeline_size(), "-stage pipeline: stage k on lane k",
+                         job.plan().accelerator() == tandem::v1::DEVICE_KIND_EMULATED
+                             ? " (emulated, never a GPU figure)"
+                             : "")
+      : job.plan().accelerator() == tandem::v1::DEVICE_KIND_EMULATED
+          ? "emulated:0 (never a GPU figure)"
+      : job.plan().accelerator() == tandem::v1::DEVICE_KIND_CUDA ? "cuda:0"
+                                                                 : "accelerator";
   options.title = absl::StrCat(job.id(), " measured");
   auto write = [](const std::string& file, const std::string& text) -> absl::Status {
     std::ofstream f(file);

@@ -156,8 +156,8 @@ absl::StatusOr<int> RunPlan(const Args& args) {
       offer = node::DetectNodeOffer(0);
     }
     // Planned here, this machine has as many emulated accelerators as asked for.
-    offer.emulated_accelerators = std::max({1, request.pipeline_devices(),
-                                            request.spec().placement().pipeline().stages()});
+    offer.emulated_accelerators =
+        std::max({1, request.pipeline_devices(), request.spec().placement().pipeline().stages()});
     absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, offer);
     if (!answer.ok()) return answer.status();
     response = *std::move(answer);

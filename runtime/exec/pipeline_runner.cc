@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
-#include "base/status_macros.h"
 
 namespace tandem {
 
@@ -120,14 +120,17 @@ PipelineRunner::PipelineRunner(const Model& model, PipelineOptions options)
 
 PipelineRunner::~PipelineRunner() = default;
 
-absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
-    const Model& model, const tandem::v1::OptimizerSpec& optimizer,
-    std::vector<PipelineStageSpec> stages, PipelineOptions options) {
+namespace {
+
+// The stages against the model and the options; INVALID_ARGUMENT naming the
+// first fault.
+absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec>& stages,
+                         const PipelineOptions& options) {
   const int L = model.num_layers();
   if (stages.empty()) return absl::InvalidArgumentError("pipeline: no stages");
   if (static_cast<int>(stages.size()) > L) {
-    return absl::InvalidArgumentError(absl::StrCat("pipeline: ", stages.size(),
-                                                   " stages for a model of ", L, " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: ", stages.size(), " stages for a model of ", L, " layers"));
   }
   if (options.max_batch <= 0) return absl::InvalidArgumentError("pipeline: max_batch must be > 0");
   if (options.micro_batches < 1 || options.micro_batches > options.max_batch) {
@@ -140,9 +143,9 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
     const PipelineStageSpec& st = stages[s];
     const int want = s == 0 ? 0 : stages[s - 1].end_layer;
     if (st.first_layer != want || st.end_layer <= st.first_layer || st.end_layer > L) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline: stage ", s, " has layers [", st.first_layer, ", ", st.end_layer,
-          "); stages must be non-empty, contiguous and start at layer ", want));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: stage ", s, " has layers [", st.first_layer, ", ", st.end_layer,
+                       "); stages must be non-empty, contiguous and start at layer ", want));
     }
     if (st.device == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("pipeline: stage ", s, " has no device"));
@@ -154,54 +157,69 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
     }
   }
   if (stages.back().end_layer != L) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline: the stages end at layer ", stages.back().end_layer, " of ", L));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: the stages end at layer ", stages.back().end_layer, " of ", L));
   }
+  return absl::OkStatus();
+}
 
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage(
+    const PipelineStageSpec& spec, int index) const {
+  auto stage = std::make_unique<Stage>();
+  stage->first = spec.first_layer;
+  stage->end = spec.end_layer;
+  stage->device = spec.device;
+  stage->index = index;
+  stage->param_begin = model_.param_offset(stage->first);
+  stage->param_n = model_.param_offset(stage->end) - stage->param_begin;
+  stage->buffer_begin = model_.buffer_offset(stage->first);
+  stage->buffer_n = model_.buffer_offset(stage->end) - stage->buffer_begin;
+  Allocator* alloc = stage->device->allocator();
+  auto fits = [&](absl::Status st) {
+    if (st.ok()) return st;
+    return absl::Status(
+        st.code(), absl::StrCat("pipeline stage ", index, " (layers ", stage->first, "-",
+                                stage->end - 1, ") on ", stage->device->id(), ": ", st.message()));
+  };
+  auto allocate = [&](Buffer* b, int64_t elements, MemoryCategory c) {
+    absl::StatusOr<Buffer> got = Buffer::Allocate(alloc, std::max<int64_t>(elements, 1) * 4, c);
+    if (!got.ok()) return fits(got.status());
+    *b = *std::move(got);
+    return absl::OkStatus();
+  };
+  TANDEM_RETURN_IF_ERROR(allocate(&stage->params, stage->param_n, MemoryCategory::kParameters));
+  TANDEM_RETURN_IF_ERROR(allocate(&stage->grads, stage->param_n, MemoryCategory::kGradients));
+  TANDEM_RETURN_IF_ERROR(allocate(&stage->buffers, stage->buffer_n, MemoryCategory::kParameters));
+  stage->moments.resize(optimizer_->state_count());
+  for (Buffer& m : stage->moments) {
+    TANDEM_RETURN_IF_ERROR(allocate(&m, stage->param_n, MemoryCategory::kOptimizerState));
+  }
+  // The padding between layers' slices is never written by a backward:
+  // zero, so the gradient norm and the update see nothing there.
+  TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
+  return stage;
+}
+
+absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
+    const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+    std::vector<PipelineStageSpec> stages, PipelineOptions options) {
+  TANDEM_RETURN_IF_ERROR(CheckStages(model, stages, options));
   std::unique_ptr<PipelineRunner> r(new PipelineRunner(model, options));
   TANDEM_ASSIGN_OR_RETURN(r->host_params_,
                           Buffer::Allocate(&r->host_alloc_, model.parameter_elements() * 4,
                                            MemoryCategory::kParameters));
-  TANDEM_ASSIGN_OR_RETURN(r->host_buffers_,
-                          Buffer::Allocate(&r->host_alloc_,
-                                           std::max<int64_t>(model.buffer_elements(), 1) * 4,
-                                           MemoryCategory::kParameters));
-  TANDEM_ASSIGN_OR_RETURN(r->optimizer_, Optimizer::Create(optimizer, model.parameter_elements(),
-                                                           &r->host_alloc_));
+  TANDEM_ASSIGN_OR_RETURN(
+      r->host_buffers_,
+      Buffer::Allocate(&r->host_alloc_, std::max<int64_t>(model.buffer_elements(), 1) * 4,
+                       MemoryCategory::kParameters));
+  TANDEM_ASSIGN_OR_RETURN(
+      r->optimizer_, Optimizer::Create(optimizer, model.parameter_elements(), &r->host_alloc_));
   model.Initialize(r->host_params_.f32(), r->host_buffers_.f32(), options.init_seed);
   for (size_t s = 0; s < stages.size(); ++s) {
-    auto stage = std::make_unique<Stage>();
-    stage->first = stages[s].first_layer;
-    stage->end = stages[s].end_layer;
-    stage->device = stages[s].device;
-    stage->index = static_cast<int>(s);
-    stage->param_begin = model.param_offset(stage->first);
-    stage->param_n = model.param_offset(stage->end) - stage->param_begin;
-    stage->buffer_begin = model.buffer_offset(stage->first);
-    stage->buffer_n = model.buffer_offset(stage->end) - stage->buffer_begin;
-    Allocator* alloc = stage->device->allocator();
-    auto fits = [&](absl::Status st) {
-      if (st.ok()) return st;
-      return absl::Status(st.code(), absl::StrCat("pipeline stage ", s, " (layers ", stage->first,
-                                                  "-", stage->end - 1, ") on ",
-                                                  stage->device->id(), ": ", st.message()));
-    };
-    auto allocate = [&](Buffer* b, int64_t elements, MemoryCategory c) {
-      absl::StatusOr<Buffer> got = Buffer::Allocate(alloc, std::max<int64_t>(elements, 1) * 4, c);
-      if (!got.ok()) return fits(got.status());
-      *b = *std::move(got);
-      return absl::OkStatus();
-    };
-    TANDEM_RETURN_IF_ERROR(allocate(&stage->params, stage->param_n, MemoryCategory::kParameters));
-    TANDEM_RETURN_IF_ERROR(allocate(&stage->grads, stage->param_n, MemoryCategory::kGradients));
-    TANDEM_RETURN_IF_ERROR(allocate(&stage->buffers, stage->buffer_n, MemoryCategory::kParameters));
-    stage->moments.resize(r->optimizer_->state_count());
-    for (Buffer& m : stage->moments) {
-      TANDEM_RETURN_IF_ERROR(allocate(&m, stage->param_n, MemoryCategory::kOptimizerState));
-    }
-    // The padding between layers' slices is never written by a backward:
-    // zero, so the gradient norm and the update see nothing there.
-    TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
+                            r->MakeStage(stages[s], static_cast<int>(s)));
     r->stages_.push_back(std::move(stage));
   }
   r->stats_.resize(r->stages_.size());
@@ -226,9 +244,8 @@ LayerContext PipelineRunner::ContextOf(const Stage& stage, int l, int64_t mb_sta
   return ctx;
 }
 
-absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
+absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
   Stage& st = *stages_[s];
-  const int L = model_.num_layers();
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
   double t = WallSeconds();
@@ -248,7 +265,7 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
                             Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.in[m].data(), staged.data(), staged.bytes()));
   }
-  if (st.end == L) {
+  if (st.end == model_.num_layers()) {
     const int64_t tps = model_.data().targets_per_sample;
     TANDEM_ASSIGN_OR_RETURN(st.targets[m],
                             Buffer::Allocate(alloc, n * tps * 4, MemoryCategory::kActivations));
@@ -257,73 +274,87 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   }
   st.copy += WallSeconds() - t;
   if (step.training) {
-    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, st.first, m, t, WallSeconds(),
-            st.in[m].bytes());
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
+            st.first, m, t, WallSeconds(), st.in[m].bytes());
   }
+  return absl::OkStatus();
+}
 
-  t = WallSeconds();
+absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
+  Stage& st = *stages_[s];
+  const int64_t n = step.mb_size[m];
+  const double t = WallSeconds();
+  const int last = st.end - st.first - 1;
+  if (st.end < model_.num_layers()) {
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer staged, Buffer::Allocate(st.device->host_staging_allocator(),
+                                        st.out[last][m].bytes(), MemoryCategory::kActivations));
+    TANDEM_RETURN_IF_ERROR(
+        st.device->CopyToHost(staged.data(), st.out[last][m].data(), staged.bytes()));
+    if (step.training) {
+      st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
+              st.end - 1, m, t, WallSeconds(), staged.bytes());
+    }
+    step.Put(step.act[s][m], std::move(staged));
+    st.copy += WallSeconds() - t;
+    return absl::OkStatus();
+  }
+  // The per-sample losses, and in evaluation the logits (the loss's input).
+  std::vector<float> losses(n);
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(losses.data(), st.out[last][m].data(), n * 4));
+  double sum = 0;
+  for (float v : losses) sum += v;
+  step.loss_sums[m] = sum;
+  if (!step.training) {
+    const CrossEntropy& loss = model_.loss();
+    const int64_t positions = n * loss.positions();
+    std::vector<float> logits(positions * loss.classes());
+    const Buffer& from = last == 0 ? st.in[m] : st.out[last - 1][m];
+    TANDEM_RETURN_IF_ERROR(
+        st.device->CopyToHost(logits.data(), from.data(), logits.size() * sizeof(float)));
+    step.correct[m] = CountCorrect(
+        logits.data(),
+        step.batch->targets.data() + step.mb_start[m] * model_.data().targets_per_sample, positions,
+        loss.classes());
+  }
+  st.copy += WallSeconds() - t;
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
+  Stage& st = *stages_[s];
+  const int64_t n = step.mb_size[m];
+  Allocator* alloc = st.device->allocator();
+  TANDEM_RETURN_IF_ERROR(ReceiveInput(step, s, m));
+  const double t = WallSeconds();
   for (int l = st.first; l < st.end; ++l) {
     const Layer& layer = model_.layer(l);
     const int i = l - st.first;
-    const Tensor x =
-        l == st.first
-            ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
-                     l == 0 ? model_.data().sample_shape.WithBatch(n)
-                            : layer.input_shape().WithBatch(n))
-            : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+    const Tensor x = l == st.first
+                         ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
+                                  l == 0 ? model_.data().sample_shape.WithBatch(n)
+                                         : layer.input_shape().WithBatch(n))
+                         : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
     TANDEM_ASSIGN_OR_RETURN(
         st.out[i][m], Buffer::Allocate(alloc, layer.OutputBytes(n), MemoryCategory::kActivations));
-    TANDEM_ASSIGN_OR_RETURN(st.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n),
-                                                             MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(
+        st.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
     ctx.workspace = ws.data();
-    ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
+    ctx.targets = reinterpret_cast<const int32_t*>(st.targets[m].data());
     const double began = WallSeconds();
     layer.Forward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
                   st.saved[i][m].data());
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
     if (step.training) {
-      st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_FORWARD, l, m, began, WallSeconds());
+      st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_FORWARD,
+              l, m, began, WallSeconds());
     }
   }
   st.busy += WallSeconds() - t;
-
-  t = WallSeconds();
-  const int last = st.end - st.first - 1;
-  if (st.end < L) {
-    TANDEM_ASSIGN_OR_RETURN(Buffer staged,
-                            Buffer::Allocate(st.device->host_staging_allocator(),
-                                             st.out[last][m].bytes(), MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(
-        st.device->CopyToHost(staged.data(), st.out[last][m].data(), staged.bytes()));
-    if (step.training) {
-      st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, st.end - 1, m, t, WallSeconds(),
-              staged.bytes());
-    }
-    step.Put(step.act[s][m], std::move(staged));
-  } else {
-    // The per-sample losses, and in evaluation the logits (the loss's input).
-    std::vector<float> losses(n);
-    TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(losses.data(), st.out[last][m].data(), n * 4));
-    double sum = 0;
-    for (float v : losses) sum += v;
-    step.loss_sums[m] = sum;
-    if (!step.training) {
-      const CrossEntropy& loss = model_.loss();
-      const int64_t positions = n * loss.positions();
-      std::vector<float> logits(positions * loss.classes());
-      const Buffer& from = last == 0 ? st.in[m] : st.out[last - 1][m];
-      TANDEM_RETURN_IF_ERROR(
-          st.device->CopyToHost(logits.data(), from.data(), logits.size() * sizeof(float)));
-      step.correct[m] = CountCorrect(logits.data(),
-                                     step.batch->targets.data() + step.mb_start[m] *
-                                                                      model_.data().targets_per_sample,
-                                     positions, loss.classes());
-    }
-  }
-  st.copy += WallSeconds() - t;
+  TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
   if (!step.training) {  // nothing is kept for a backward
     st.in[m].Reset();
     st.targets[m].Reset();
@@ -353,8 +384,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
                             Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(dy.data(), staged.data(), staged.bytes()));
     st.copy += WallSeconds() - t;
-    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D, st.end - 1, m, t, WallSeconds(),
-            staged.bytes());
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
+            st.end - 1, m, t, WallSeconds(), staged.bytes());
     t = WallSeconds();
   }
   for (int l = st.end - 1; l >= st.first; --l) {
@@ -371,17 +402,18 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     ctx.workspace = ws.data();
     ctx.accumulate_grads = m > 0;
     ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
-    const Tensor x =
-        i == 0 ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
-                        l == 0 ? model_.data().sample_shape.WithBatch(n)
-                               : layer.input_shape().WithBatch(n))
-               : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+    const Tensor x = i == 0
+                         ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
+                                  l == 0 ? model_.data().sample_shape.WithBatch(n)
+                                         : layer.input_shape().WithBatch(n))
+                         : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
     const double began = WallSeconds();
     layer.Backward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
                    st.saved[i][m].data(), Tensor::F32(dy.f32(), layer.output_shape().WithBatch(n)),
                    l == 0 ? Tensor() : Tensor::F32(dx.f32(), layer.input_shape().WithBatch(n)));
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
-    st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_BACKWARD, l, m, began, WallSeconds());
+    st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_BACKWARD,
+            l, m, began, WallSeconds());
     st.out[i][m].Reset();
     st.saved[i][m].Reset();
     dy = std::move(dx);
@@ -395,8 +427,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
                             Buffer::Allocate(st.device->host_staging_allocator(), dy.bytes(),
                                              MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), dy.data(), dy.bytes()));
-    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H, st.first, m, t, WallSeconds(),
-            staged.bytes());
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
+            st.first, m, t, WallSeconds(), staged.bytes());
     dy.Reset();
     step.Put(step.grad[s - 1][m], std::move(staged));
     st.copy += WallSeconds() - t;
@@ -445,20 +477,15 @@ absl::Status PipelineRunner::RunStage(Step& step, int s) {
       st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
   TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
   st.update = WallSeconds() - t;
-  st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1, 0, t, t + st.update, st.param_n * 4);
+  st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
+          0, t, t + st.update, st.param_n * 4);
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
-                                                     const StepOptions& options) {
-  if (batch.size > options_.max_batch || batch.size <= 0) {
-    return absl::InvalidArgumentError("batch larger than the runner was sized for");
-  }
+void PipelineRunner::Begin(Step& step, const Batch& batch, bool training) {
   const int K = num_stages();
-  Step step;
   step.batch = &batch;
-  step.options = options;
-  step.training = true;
+  step.training = training;
   const int64_t mb = (batch.size + options_.micro_batches - 1) / options_.micro_batches;
   for (int64_t first = 0; first < batch.size; first += mb) {
     step.mb_start.push_back(first);
@@ -466,20 +493,23 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   }
   const int M = step.micro_batches();
   step.loss_sums.assign(M, 0);
+  step.correct.assign(M, 0);
   step.act.resize(K - 1);
   step.grad.resize(K - 1);
   for (int s = 0; s + 1 < K; ++s) {
     step.act[s].resize(M);
     step.grad[s].resize(M);
   }
-  for (auto& st : stages_) {
-    st->Size(M);
-    st->busy = st->copy = st->update = 0;
-  }
-  step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
+  for (auto& st : stages_) st->Size(M);
+}
 
+absl::Status PipelineRunner::RunStages(Step& step) {
+  const int K = num_stages();
   const double start = WallSeconds();
-  for (auto& st : stages_) st->step_start = start;
+  for (auto& st : stages_) {
+    st->busy = st->copy = st->update = 0;
+    st->step_start = start;
+  }
   std::vector<absl::Status> results(K);
   std::vector<double> ended(K, 0);
   {
@@ -502,6 +532,7 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   double end = start;
   for (int s = 0; s < K; ++s) end = std::max(end, ended[s] - stages_[s]->update);
   last_pipeline_seconds_ = end - start;
+  timeline_.Clear();
   for (int s = 0; s < K; ++s) {
     const Stage& st = *stages_[s];
     PipelineStageStats& out = stats_[s];
@@ -510,12 +541,22 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
     out.update_seconds = st.update;
     out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.busy - st.copy);
     out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;
-  }
-  timeline_.Clear();
-  for (const auto& st : stages_) {
-    for (const tandem::v1::TimelineSpan& span : st->spans) *timeline_.add_spans() = span;
+    for (const tandem::v1::TimelineSpan& span : st.spans) *timeline_.add_spans() = span;
   }
   timeline_.set_iteration_seconds(WallSeconds() - start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
+                                                     const StepOptions& options) {
+  if (batch.size > options_.max_batch || batch.size <= 0) {
+    return absl::InvalidArgumentError("batch larger than the runner was sized for");
+  }
+  Step step;
+  step.options = options;
+  Begin(step, batch, /*training=*/true);
+  step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
+  TANDEM_RETURN_IF_ERROR(RunStages(step));
   StepResult result;
   result.samples = batch.size;
   double sum = 0;
@@ -529,28 +570,15 @@ absl::StatusOr<EvalResult> PipelineRunner::EvalBatch(const Batch& batch) {
   if (batch.size > options_.max_batch || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
-  const int K = num_stages();
   Step step;
-  step.batch = &batch;
-  step.training = false;
-  const int64_t mb = (batch.size + options_.micro_batches - 1) / options_.micro_batches;
-  for (int64_t first = 0; first < batch.size; first += mb) {
-    step.mb_start.push_back(first);
-    step.mb_size.push_back(std::min(mb, batch.size - first));
-  }
-  const int M = step.micro_batches();
-  step.loss_sums.assign(M, 0);
-  step.correct.assign(M, 0);
-  step.act.resize(K - 1);
-  for (auto& boxes : step.act) boxes.resize(M);
-  for (auto& st : stages_) st->Size(M);
+  Begin(step, batch, /*training=*/false);
   // Stage after stage, each micro-batch: evaluation needs no overlap.
-  for (int m = 0; m < M; ++m) {
-    for (int s = 0; s < K; ++s) TANDEM_RETURN_IF_ERROR(StageForward(step, s, m));
+  for (int m = 0; m < step.micro_batches(); ++m) {
+    for (int s = 0; s < num_stages(); ++s) TANDEM_RETURN_IF_ERROR(StageForward(step, s, m));
   }
   EvalResult r;
   r.samples = batch.size;
-  for (int m = 0; m < M; ++m) {
+  for (int m = 0; m < step.micro_batches(); ++m) {
     r.loss_sum += step.loss_sums[m];
     r.correct += step.correct[m];
   }
@@ -618,9 +646,7 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
   return out;
 }
 
-int64_t PipelineRunner::peak_host_bytes() const {
-  return host_alloc_.stats().peak_total_bytes;
-}
+int64_t PipelineRunner::peak_host_bytes() const { return host_alloc_.stats().peak_total_bytes; }
 
 int64_t PipelineRunner::peak_accelerator_bytes() const {
   int64_t peak = 0;

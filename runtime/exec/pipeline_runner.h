@@ -115,7 +115,20 @@ class PipelineRunner final : public StepRunner {
   struct Step;
   PipelineRunner(const Model& model, PipelineOptions options);
 
+  // A stage's state on its device, zeroed gradients included.
+  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const PipelineStageSpec& spec, int index) const;
+  // `batch` split into micro-batches, the stages' slots and mailboxes sized.
+  void Begin(Step& step, const Batch& batch, bool training);
+  // Every stage on its own thread through the step; the stats and the
+  // timeline of it.
+  absl::Status RunStages(Step& step);
   absl::Status RunStage(Step& step, int s);
+  // A stage's input for micro-batch m (the batch's slice, or the stage
+  // before's output) and, on the last stage, its targets, on its device.
+  absl::Status ReceiveInput(Step& step, int s, int m);
+  // The stage's output handed on: to the next stage's mailbox, or (last
+  // stage) the losses and, in evaluation, the correct predictions.
+  absl::Status SendOutput(Step& step, int s, int m);
   absl::Status StageForward(Step& step, int s, int m);
   absl::Status StageBackward(Step& step, int s, int m);
   absl::Status Update(const StepOptions& options, double* grad_norm);

@@ -49,22 +49,21 @@ std::vector<PipelineStageSpec> EvenStages(const Model& model, Devices& devices) 
   const int K = static_cast<int>(devices.owned.size()), L = model.num_layers();
   std::vector<PipelineStageSpec> stages;
   for (int s = 0; s < K; ++s) {
-    stages.push_back({.first_layer = s * L / K,
-                      .end_layer = (s + 1) * L / K,
-                      .device = devices.owned[s].get()});
+    stages.push_back(
+        {.first_layer = s * L / K, .end_layer = (s + 1) * L / K, .device = devices.owned[s].get()});
   }
   return stages;
 }
 
-std::unique_ptr<PipelineRunner> Make(const Fixture& f, Devices& devices,
-                                     PipelineSchedule schedule, int micro_batches) {
+std::unique_ptr<PipelineRunner> Make(const Fixture& f, Devices& devices, PipelineSchedule schedule,
+                                     int micro_batches) {
   PipelineOptions options;
   options.schedule = schedule;
   options.micro_batches = micro_batches;
   options.max_batch = f.spec.training().batch_size();
   options.init_seed = f.spec.training().seed();
-  absl::StatusOr<std::unique_ptr<PipelineRunner>> r = PipelineRunner::Create(
-      *f.model, f.spec.optimizer(), EvenStages(*f.model, devices), options);
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
+      PipelineRunner::Create(*f.model, f.spec.optimizer(), EvenStages(*f.model, devices), options);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *std::move(r) : nullptr;
 }
@@ -93,8 +92,7 @@ TEST_P(PipelineMatchesOneDeviceTest, FiftyStepsOfLossesMatchTheCpuEngine) {
   // equal to rounding.
   for (int s = 0; s < steps; ++s) {
     EXPECT_NEAR(losses[s], reference[s], 1e-5 * std::abs(reference[s]))
-        << c.model << " " << PipelineScheduleName(c.schedule) << " K=" << c.stages << " step "
-        << s;
+        << c.model << " " << PipelineScheduleName(c.schedule) << " K=" << c.stages << " step " << s;
   }
   EXPECT_LT(losses.back(), losses.front());  // it trains
   // The last step's timeline: every layer's forward and backward for each of
@@ -144,8 +142,7 @@ INSTANTIATE_TEST_SUITE_P(
                     PipelineCase{"cnn", kCnn, PipelineSchedule::kOneFOneB, 2},
                     PipelineCase{"cnn", kCnn, PipelineSchedule::kOneFOneB, 4}),
     [](const testing::TestParamInfo<PipelineCase>& info) {
-      return std::string(info.param.model) + "_" +
-             PipelineScheduleName(info.param.schedule) + "_" +
+      return std::string(info.param.model) + "_" + PipelineScheduleName(info.param.schedule) + "_" +
              std::to_string(info.param.stages) + "stages";
     });
 

@@ -785,6 +785,24 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
     metrics_->job_update_wait_seconds.Add(labels).Set(u.wait_seconds());
     metrics_->job_update_exchanges.Add(labels).Set(static_cast<double>(u.exchanges()));
   }
+  for (const tandem::v1::PipelineStageStats& st : m.pipeline_stages()) {
+    const std::string stage = absl::StrCat(st.stage());
+    auto seconds = [&](const char* phase, double v) {
+      metrics_->job_pipeline_stage_seconds
+          .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"phase", phase}})
+          .Set(v);
+    };
+    seconds("busy", st.busy_seconds());
+    seconds("bubble", st.bubble_seconds());
+    seconds("copy", st.copy_seconds());
+    seconds("update", st.update_seconds());
+    metrics_->job_pipeline_stage_bytes
+        .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"kind", "peak"}})
+        .Set(static_cast<double>(st.peak_bytes()));
+    metrics_->job_pipeline_stage_bytes
+        .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"kind", "predicted"}})
+        .Set(static_cast<double>(st.predicted_bytes()));
+  }
 }
 
 void JobManager::RunJob(std::shared_ptr<Entry> entry) {
@@ -1133,6 +1151,17 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
   // workers' count).
   for (int lag = 0; lag <= 1024; ++lag) {
     RemoveSeries(metrics_->job_update_lagged, {{"job_id", job_id}, {"lag", absl::StrCat(lag)}});
+  }
+  for (int stage = 0; stage < kMaxPipelineStages; ++stage) {
+    const std::string k = absl::StrCat(stage);
+    for (const char* phase : {"busy", "bubble", "copy", "update"}) {
+      RemoveSeries(metrics_->job_pipeline_stage_seconds,
+                   {{"job_id", job_id}, {"stage", k}, {"phase", phase}});
+    }
+    for (const char* kind : {"peak", "predicted"}) {
+      RemoveSeries(metrics_->job_pipeline_stage_bytes,
+                   {{"job_id", job_id}, {"stage", k}, {"kind", kind}});
+    }
   }
   RemoveSeries(metrics_->job_step_duration, old, metrics_->job_step_duration_buckets);
   RemoveSeries(metrics_->job_steps, old);

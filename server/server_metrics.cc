@@ -69,6 +69,16 @@ ServerMetrics::ServerMetrics()
                  "Versions a gradient lagged the weights it was applied to: mean and max (label "
                  "stat), parameter server and Hogwild.",
                  *registry)),
+      job_pipeline_stage_seconds(
+          Family(BuildGauge(), "tandem_job_pipeline_stage_seconds",
+                 "A pipeline stage's latest step: busy (forward and backward), bubble (waiting "
+                 "on a neighbour), copy (activations and gradients in and out) and update "
+                 "seconds (label phase; docs/pipeline.md).",
+                 *registry)),
+      job_pipeline_stage_bytes(Family(BuildGauge(), "tandem_job_pipeline_stage_bytes",
+                                      "A pipeline stage's device memory: its peak over the run "
+                                      "and the planner's prediction (label kind).",
+                                      *registry)),
       job_update_lagged(Family(BuildGauge(), "tandem_job_update_lagged_updates",
                                "Updates whose gradient lagged `lag` versions: the staleness "
                                "distribution (parameter server, Hogwild).",

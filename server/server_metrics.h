@@ -50,6 +50,10 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Gauge>& job_update_lagged;
   prometheus::Family<prometheus::Gauge>& job_update_wait_seconds;
   prometheus::Family<prometheus::Gauge>& job_update_exchanges;
+  // Pipeline jobs, per stage (label stage): the latest step's busy, bubble,
+  // copy and update seconds (label phase), and the peak against the plan.
+  prometheus::Family<prometheus::Gauge>& job_pipeline_stage_seconds;
+  prometheus::Family<prometheus::Gauge>& job_pipeline_stage_bytes;
   prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;
   prometheus::Family<prometheus::Gauge>& job_step_time_ratio;
   prometheus::Family<prometheus::Counter>& replans;

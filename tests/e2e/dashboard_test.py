@@ -30,12 +30,13 @@ from tandemd_fixture import Tandemd
 TANDEMD = None
 FAKE_NVML = None
 
-# Metric families the dashboard charts but the daemon does not feed yet, so
-# their queries may come back empty (they must still parse). Empty now: the
-# job below runs under a plan on the emulated accelerator, so it has a
-# predicted step time and per-layer timings. An entry whose series exist fails
+# Metric families the dashboard charts for a kind of job the dashboard's job
+# (below) is not, so their queries come back empty for it (they must still
+# parse): the pipeline rows have data only for pipeline jobs
+# (docs/pipeline.md). A pipeline job runs beside it, so the families are
+# registered. An entry whose queries return data for the dashboard's job fails
 # this test, so the list cannot go stale.
-PENDING_SERIES = []
+PENDING_SERIES = ["tandem_job_pipeline_stage_seconds", "tandem_job_pipeline_stage_bytes"]
 
 # What Grafana substitutes for its built-in variables, at a 1 s scrape interval.
 BUILTINS = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m"}
@@ -93,7 +94,8 @@ class DashboardTest(unittest.TestCase):
         # The GPU row's series come from a stand-in for libnvidia-ml with one GPU
         # of fixed readings (server/metrics/testing/fake_nvml.c).
         cls.daemon = Tandemd(TANDEMD, metrics=True,
-                             extra_flags=["--nvml_library=" + os.path.abspath(FAKE_NVML)]).start()
+                             extra_flags=["--nvml_library=" + os.path.abspath(FAKE_NVML),
+                                          "--emulated_accelerators=2"]).start()
         cls.channel, cls.client = stub(cls.daemon.address)
         cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         cls.target = "127.0.0.1:%d" % cls.daemon.metrics_port
@@ -127,10 +129,20 @@ class DashboardTest(unittest.TestCase):
                           "strategy": "STRATEGY_REUSE_DISTANCE", "replan_threshold": 1e-9},
             "resources": {"accelerator_memory_bytes": 64 << 20},
         })), timeout=30).job
+        # A 2-stage pipeline job: it registers the pipeline families.
+        pipeline = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec_from_dict({
+            "display_name": "dashboard-test-pipeline",
+            "model": {"mlp": {"hidden_sizes": [32]}},
+            "data": {"synthetic": {"sample_shape": [16], "num_classes": 4, "train_samples": 256}},
+            "training": {"batch_size": 16, "steps": 20, "checkpoint_disabled": True},
+            "placement": {"accelerator": "ACCELERATOR_KIND_EMULATED", "pipeline": {"stages": 2}},
+            "resources": {"accelerator_memory_bytes": 16 << 20},
+        })), timeout=30).job
         failing = diverging_spec()
         cls.failed = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=failing), timeout=30).job
         cls.job = wait_for_state(cls.client, job.id, [job_pb2.JOB_STATE_SUCCEEDED], timeout=300)
         wait_for_state(cls.client, cls.failed.id, [job_pb2.JOB_STATE_FAILED])
+        wait_for_state(cls.client, pipeline.id, [job_pb2.JOB_STATE_SUCCEEDED])
 
         cls.values = dict(BUILTINS, instance=cls.target, job_id=cls.job.id)
         cls.families = cls.exported_families()

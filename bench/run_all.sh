@@ -21,6 +21,8 @@ $py bench/updates/run.py --tandem bazel-bin/clients/cli/tandem
 echo "== Pipelines on emulated accelerators: each next to one device =="
 bazel build //server:tandemd
 $py bench/pipeline/run.py --tandemd bazel-bin/server/tandemd --tandem bazel-bin/clients/cli/tandem
+echo "== PipeDream against synchronous pipelines on Fashion-MNIST =="
+$py bench/pipeline/accuracy.py --tandem bazel-bin/clients/cli/tandem
 
 for extra in bench/*/run_extra.sh; do
   [ -x "$extra" ] && "$extra"

@@ -135,6 +135,26 @@ INSTANTIATE_TEST_SUITE_P(All, PipelineJobTest,
                                        : "1f1b");
                          });
 
+// PipeDream through PlanJob: the record says how stale each stage ran and
+// how many updates a step made.
+TEST(PipelineJobTest, PipeDreamJobsRecordTheirStaleness) {
+  const JobSpec spec = Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{64} << 20, kSteps),
+                                 2, tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  const TrainRun run = Train(spec, MakeRunnerFactory(NodeWith(2)));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.plan.pipeline_schedule(), tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  ASSERT_EQ(run.metrics.pipeline_stages_size(), 2);
+  EXPECT_EQ(run.metrics.pipeline_stages(0).staleness(), 1);
+  EXPECT_EQ(run.metrics.pipeline_stages(1).staleness(), 0);
+  EXPECT_EQ(run.metrics.pipeline_stages(0).updates(), run.plan.micro_batches());
+  double first = 0, last = 0;
+  for (int s = 0; s < 10; ++s) {
+    first += run.losses[s];
+    last += run.losses[run.losses.size() - 1 - s];
+  }
+  EXPECT_LT(last, first);  // it learns
+}
+
 // The planner's split of a model too large for one accelerator: each stage
 // fits where the whole does not.
 TEST(PipelineJobTest, SplitsAModelNoSingleAcceleratorHolds) {

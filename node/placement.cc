@@ -851,9 +851,16 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
     devices.push_back(std::move(device));
   }
   PipelineOptions options;
-  options.schedule = plan.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE
-                         ? PipelineSchedule::kGPipe
-                         : PipelineSchedule::kOneFOneB;
+  switch (plan.pipeline_schedule()) {
+    case tandem::v1::PIPELINE_SCHEDULE_GPIPE:
+      options.schedule = PipelineSchedule::kGPipe;
+      break;
+    case tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM:
+      options.schedule = PipelineSchedule::kPipeDream;
+      break;
+    default:
+      options.schedule = PipelineSchedule::kOneFOneB;
+  }
   options.micro_batches = plan.micro_batches() > 0
                               ? plan.micro_batches()
                               : resolved.placement().pipeline().micro_batches();

@@ -42,7 +42,11 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   auto stage_memory = [&](int k, int i, int j) {
     const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
     const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;
-    return state[j] - state[i] + in_flight * (activation[j] - activation[i] + input);
+    const int64_t stale = r.stash_weights ? std::min(S - k - 1, r.micro_batches) : 0;
+    int64_t weights = 0;
+    for (int l = i; l < j && stale > 0; ++l) weights += cost.ParameterBytes(l);
+    return state[j] - state[i] + in_flight * (activation[j] - activation[i] + input) +
+           (stale > 0 ? (stale + 1) * weights : 0);
   };
   const double inf = std::numeric_limits<double>::infinity();
   // best[s][j]: slowest stage when layers [0, j) form stages 0..s-1.

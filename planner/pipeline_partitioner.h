@@ -36,6 +36,9 @@ struct PipelineRequest {
   // GPipe holds every micro-batch's activations on every stage; 1F1B at most
   // K - k on stage k.
   bool gpipe = false;
+  // PipeDream: stage k also keeps min(S-k-1, micro_batches) + 1 versions of
+  // its weights when it has stale ones (weight stashing).
+  bool stash_weights = false;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED

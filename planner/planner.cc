@@ -294,8 +294,14 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
     peak = std::max(peak, s.memory_bytes());
   }
-  const double bottleneck = BottleneckSeconds(stages);
-  double step = (M + K - 1) * bottleneck + update;
+  double bottleneck = BottleneckSeconds(stages);
+  const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+  if (pipedream) {
+    // An update after every micro-batch's backward, on each stage's path.
+    bottleneck += update;
+    work += M * updates - updates;
+  }
+  double step = (M + K - 1) * bottleneck + (pipedream ? 0 : update);
   // Emulated accelerators compute on the host's cores, each at the host's
   // whole rate: together they run no faster than the host running every
   // stage's work (and every update) one after another.
@@ -310,8 +316,10 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   plan->mutable_solver()->set_note(absl::StrFormat(
       "%s pipeline over %d accelerators, %d micro-batches of %d: slowest stage %.3f ms per "
       "micro-batch, bubble (K-1)/(M+K-1) = %.0f%%, update %.3f ms, largest stage %.1f MiB%s",
-      plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe" : "1F1B", K, M,
-      plan->micro_batch_size(), bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3,
+      plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe"
+      : pipedream                                                      ? "PipeDream"
+                                                                       : "1F1B",
+      K, M, plan->micro_batch_size(), bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3,
       peak / 1048576.0,
       shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
                      "all their work in turn"
@@ -356,6 +364,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.micro_batches = batch / *micro;
   p.device_memory_bytes = per_device;
   p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
+  p.stash_weights = schedule == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
   if (!stages.ok()) {
     if (stages.status().code() != absl::StatusCode::kResourceExhausted) return stages.status();

@@ -687,6 +687,15 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   EXPECT_LT(f1b->prediction().iteration_seconds(), (8 + 4 - 1) * bottleneck * 2);
   // GPipe keeps all 8 micro-batches on the first stage, 1F1B at most 4.
   EXPECT_GT(gpipe->pipeline(0).memory_bytes(), f1b->pipeline(0).memory_bytes());
+  // PipeDream's first stage also keeps 4 stashed versions of its weights; the
+  // last has nothing stale.
+  absl::StatusOr<tandem::v1::Plan> pipedream =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  ASSERT_TRUE(pipedream.ok()) << pipedream.status();
+  if (pipedream->pipeline(0).last_layer() == f1b->pipeline(0).last_layer()) {
+    EXPECT_GT(pipedream->pipeline(0).memory_bytes(), f1b->pipeline(0).memory_bytes());
+  }
+  EXPECT_NE(pipedream->solver().note().find("PipeDream"), std::string::npos);
   int64_t largest = 0;
   for (const auto& s : f1b->pipeline()) largest = std::max(largest, s.memory_bytes());
   EXPECT_EQ(f1b->prediction().accelerator_peak_bytes(), largest);

@@ -448,6 +448,12 @@ absl::Status ResolvePipeline(JobSpec& r) {
   if (pipe->schedule() == tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED) {
     pipe->set_schedule(tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
   }
+  if (pipe->schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM &&
+      r.optimizer().max_grad_norm() > 0) {
+    return FieldError("placement.pipeline.schedule",
+                      "PipeDream updates each stage on its own; gradient clipping "
+                      "(optimizer.max_grad_norm) needs the whole model's norm first");
+  }
   return absl::OkStatus();
 }
 

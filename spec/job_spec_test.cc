@@ -241,6 +241,14 @@ TEST(JobSpecTest, BadPipelinesNameTheField) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << placement;
     EXPECT_NE(r.status().message().find(error), std::string::npos) << r.status();
   }
+  absl::StatusOr<tandem::v1::JobSpec> clipped =
+      ResolveWithPlacement("{pipeline: {stages: 2, schedule: PIPELINE_SCHEDULE_PIPEDREAM}}",
+                           "optimizer: {max_grad_norm: 1.0}\n");
+  ASSERT_FALSE(clipped.ok());
+  EXPECT_NE(clipped.status().message().find(
+                "placement.pipeline.schedule: PipeDream updates each stage on its own"),
+            std::string::npos)
+      << clipped.status();
   absl::StatusOr<tandem::v1::JobSpec> hogwild =
       ResolveWithPlacement("{pipeline: {stages: 2}}", "updates: {easgd: {}}\n");
   ASSERT_FALSE(hogwild.ok());

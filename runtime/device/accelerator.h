@@ -49,6 +49,16 @@ class Accelerator {
   // allocator() on the device side.
   virtual absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
+  // Device memory to device memory of this accelerator (compute context).
+  // By default through staging host memory; a device that copies in place
+  // overrides it.
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) {
+    absl::StatusOr<Buffer> staged =
+        Buffer::Allocate(host_staging_allocator(), bytes, MemoryCategory::kWorkspace);
+    if (!staged.ok()) return staged.status();
+    if (absl::Status s = CopyToHost(staged->data(), src, bytes); !s.ok()) return s;
+    return CopyToDevice(dst, staged->data(), bytes);
+  }
   // Makes [ptr, ptr + bytes) of host memory (the executor's long-lived copy
   // sources and targets) fast to copy from and to until UnregisterHost(ptr):
   // page-locked on CUDA, where a pageable copy is staged by the driver (on an

@@ -129,6 +129,14 @@ absl::Status EmulatedAccelerator::CopyToHost(void* dst, const void* src, int64_t
   return Copy(dst, src, bytes);
 }
 
+absl::Status EmulatedAccelerator::CopyOnDevice(void* dst, const void* src, int64_t bytes) {
+  if (!arena_.Contains(dst, bytes) || !arena_.Contains(src, bytes)) {
+    return absl::InternalError(absl::StrCat(id_, ": device copy outside device memory"));
+  }
+  std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
 absl::Status EmulatedAccelerator::Fill(float* dst, float value, int64_t n) {
   std::fill(dst, dst + n, value);
   return absl::OkStatus();

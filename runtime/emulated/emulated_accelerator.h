@@ -67,6 +67,8 @@ class EmulatedAccelerator final : public Accelerator {
   absl::Status FinishCompute() override { return absl::OkStatus(); }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override;
+  // A memcpy within the arena; not throttled (the link is not used).
+  absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) override;
   absl::Status Fill(float* dst, float value, int64_t n) override;
   absl::Status UpdateSlice(const StepConstants& step, float* params, const float* grads,
                            float* const* states, int64_t n) override;

@@ -21,6 +21,8 @@ const char* PipelineScheduleName(PipelineSchedule schedule) {
       return "gpipe";
     case PipelineSchedule::kOneFOneB:
       return "1f1b";
+    case PipelineSchedule::kPipeDream:
+      return "pipedream";
   }
   return "?";
 }
@@ -36,6 +38,11 @@ struct PipelineRunner::Stage {
   // and what its forward saved for backward.
   std::vector<Buffer> in, targets;
   std::vector<std::vector<Buffer>> out, saved;
+  // PipeDream: weight versions for the micro-batches in flight, and how
+  // many updates stale this stage's gradients are.
+  std::vector<Buffer> stash;
+  int staleness = 0;
+  int updates = 0;
   // Timing of the latest step, and its spans (lane = the stage).
   double busy = 0, copy = 0, update = 0;
   std::vector<tandem::v1::TimelineSpan> spans;
@@ -77,6 +84,8 @@ struct PipelineRunner::Step {
   StepOptions options;
   bool training = true;
   StepConstants constants;
+  // PipeDream: the optimizer's step count before this step's updates.
+  int64_t t0 = 0;
   std::vector<int64_t> mb_start, mb_size;
   std::vector<double> loss_sums;
   std::vector<int64_t> correct;
@@ -125,7 +134,7 @@ namespace {
 // The stages against the model and the options; INVALID_ARGUMENT naming the
 // first fault.
 absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec>& stages,
-                         const PipelineOptions& options) {
+                         const PipelineOptions& options, float max_grad_norm) {
   const int L = model.num_layers();
   if (stages.empty()) return absl::InvalidArgumentError("pipeline: no stages");
   if (static_cast<int>(stages.size()) > L) {
@@ -160,13 +169,18 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline: the stages end at layer ", stages.back().end_layer, " of ", L));
   }
+  if (options.schedule == PipelineSchedule::kPipeDream && max_grad_norm > 0) {
+    return absl::InvalidArgumentError(
+        "pipeline: PipeDream updates each stage on its own, and gradient clipping "
+        "(optimizer.max_grad_norm) needs the whole model's norm first");
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage(
-    const PipelineStageSpec& spec, int index) const {
+    const PipelineStageSpec& spec, int index, int stages) const {
   auto stage = std::make_unique<Stage>();
   stage->first = spec.first_layer;
   stage->end = spec.end_layer;
@@ -199,13 +213,20 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   // The padding between layers' slices is never written by a backward:
   // zero, so the gradient norm and the update see nothing there.
   TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
+  if (options_.schedule == PipelineSchedule::kPipeDream) {
+    stage->staleness = std::min(stages - index - 1, options_.micro_batches);
+    if (stage->staleness > 0) stage->stash.resize(stage->staleness + 1);
+    for (Buffer& b : stage->stash) {
+      TANDEM_RETURN_IF_ERROR(allocate(&b, stage->param_n, MemoryCategory::kParameters));
+    }
+  }
   return stage;
 }
 
 absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
     const Model& model, const tandem::v1::OptimizerSpec& optimizer,
     std::vector<PipelineStageSpec> stages, PipelineOptions options) {
-  TANDEM_RETURN_IF_ERROR(CheckStages(model, stages, options));
+  TANDEM_RETURN_IF_ERROR(CheckStages(model, stages, options, optimizer.max_grad_norm()));
   std::unique_ptr<PipelineRunner> r(new PipelineRunner(model, options));
   TANDEM_ASSIGN_OR_RETURN(r->host_params_,
                           Buffer::Allocate(&r->host_alloc_, model.parameter_elements() * 4,
@@ -218,8 +239,9 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
       r->optimizer_, Optimizer::Create(optimizer, model.parameter_elements(), &r->host_alloc_));
   model.Initialize(r->host_params_.f32(), r->host_buffers_.f32(), options.init_seed);
   for (size_t s = 0; s < stages.size(); ++s) {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
-                            r->MakeStage(stages[s], static_cast<int>(s)));
+    TANDEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<Stage> stage,
+        r->MakeStage(stages[s], static_cast<int>(s), static_cast<int>(stages.size())));
     r->stages_.push_back(std::move(stage));
   }
   r->stats_.resize(r->stages_.size());
@@ -326,6 +348,10 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
   TANDEM_RETURN_IF_ERROR(ReceiveInput(step, s, m));
+  if (step.training && !st.stash.empty()) {  // PipeDream: the backward's weights
+    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(st.stash[m % st.stash.size()].data(),
+                                                   st.params.data(), st.param_n * 4));
+  }
   const double t = WallSeconds();
   for (int l = st.first; l < st.end; ++l) {
     const Layer& layer = model_.layer(l);
@@ -372,10 +398,12 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   Buffer dy;
   double t = WallSeconds();
   if (st.end == L) {
-    // d(mean loss)/d(per-sample loss) = 1 / (whole batch).
+    // d(mean loss)/d(per-sample loss) = 1 / (whole batch); PipeDream steps
+    // on each micro-batch's mean.
+    const bool pipedream = options_.schedule == PipelineSchedule::kPipeDream;
     TANDEM_ASSIGN_OR_RETURN(dy, Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(
-        st.device->Fill(dy.f32(), 1.0f / static_cast<float>(step.batch->size), n));
+        st.device->Fill(dy.f32(), 1.0f / static_cast<float>(pipedream ? n : step.batch->size), n));
   } else {
     Buffer staged;
     if (!step.Take(step.grad[s][m], &staged)) return absl::AbortedError("another stage failed");
@@ -400,7 +428,15 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], true, step.options);
     ctx.workspace = ws.data();
-    ctx.accumulate_grads = m > 0;
+    if (options_.schedule == PipelineSchedule::kPipeDream) {
+      ctx.accumulate_grads = false;
+      if (!st.stash.empty()) {
+        ctx.params =
+            st.stash[m % st.stash.size()].f32() + (model_.param_offset(l) - st.param_begin);
+      }
+    } else {
+      ctx.accumulate_grads = m > 0;
+    }
     ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
     const Tensor x = i == 0
                          ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
@@ -433,6 +469,24 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     step.Put(step.grad[s - 1][m], std::move(staged));
     st.copy += WallSeconds() - t;
   }
+  if (options_.schedule == PipelineSchedule::kPipeDream) return UpdateAfter(step, s, m);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::UpdateAfter(Step& step, int s, int m) {
+  Stage& st = *stages_[s];
+  const double t = WallSeconds();
+  // The stage's (m+1)-th update of this step; every stage counts alike.
+  const StepConstants c = optimizer_->ConstantsAt(step.t0 + m + 1, step.options.learning_rate, 1);
+  std::vector<float*> states;
+  for (Buffer& b : st.moments) states.push_back(b.f32());
+  TANDEM_RETURN_IF_ERROR(
+      st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
+  TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+  st.update += WallSeconds() - t;
+  st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
+          m, t, WallSeconds(), st.param_n * 4);
+  ++st.updates;
   return absl::OkStatus();
 }
 
@@ -455,6 +509,12 @@ absl::Status PipelineRunner::RunStage(Step& step, int s) {
     absl::Status done = backward ? StageBackward(step, s, m) : StageForward(step, s, m);
     if (!done.ok()) return done;
   }
+  if (options_.schedule == PipelineSchedule::kPipeDream) return absl::OkStatus();
+  return UpdateAtEnd(step, s);
+}
+
+absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
+  const int K = num_stages();
   Stage& st = *stages_[s];
   const double t = WallSeconds();
   const float max_norm = optimizer_->spec().max_grad_norm();
@@ -479,6 +539,7 @@ absl::Status PipelineRunner::RunStage(Step& step, int s) {
   st.update = WallSeconds() - t;
   st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
           0, t, t + st.update, st.param_n * 4);
+  st.updates = 1;
   return absl::OkStatus();
 }
 
@@ -508,6 +569,7 @@ absl::Status PipelineRunner::RunStages(Step& step) {
   const double start = WallSeconds();
   for (auto& st : stages_) {
     st->busy = st->copy = st->update = 0;
+    st->updates = 0;
     st->step_start = start;
   }
   std::vector<absl::Status> results(K);
@@ -555,8 +617,15 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   Step step;
   step.options = options;
   Begin(step, batch, /*training=*/true);
-  step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
+  if (options_.schedule == PipelineSchedule::kPipeDream) {
+    step.t0 = optimizer_->step();  // one update per micro-batch, counted below
+  } else {
+    step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
+  }
   TANDEM_RETURN_IF_ERROR(RunStages(step));
+  if (options_.schedule == PipelineSchedule::kPipeDream) {
+    optimizer_->set_step(step.t0 + step.micro_batches());
+  }
   StepResult result;
   result.samples = batch.size;
   double sum = 0;
@@ -642,6 +711,8 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     o.set_update_seconds(stats_[s].update_seconds);
     o.set_peak_bytes(st.device->allocator()->stats().peak_total_bytes);
     if (s < plan_.pipeline_size()) o.set_predicted_bytes(plan_.pipeline(s).memory_bytes());
+    o.set_staleness(st.staleness);
+    o.set_updates(st.updates);
   }
   return out;
 }

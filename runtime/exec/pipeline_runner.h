@@ -13,6 +13,13 @@
 //  - 1F1B (PipeDream-Flush): stage s runs min(K-s-1, M) forwards, then
 //    alternates one forward and one backward, then the remaining backwards;
 //    a stage holds at most K-s micro-batches' activations.
+//  - PipeDream (asynchronous 1F1B with weight stashing): 1F1B's order, but
+//    each stage updates its layers after every micro-batch's backward, with
+//    that micro-batch's mean gradient; the backward runs on the weights the
+//    micro-batch's forward used, stashed on the device (stage s keeps
+//    min(K-s-1, M) + 1 versions). Stage s's gradients are K-s-1 updates
+//    stale: not one device's training. No gradient clipping (it would need
+//    every stage's norm before any update).
 // Each stage runs on its own thread (its device's compute stream) and waits
 // only for what it consumes; the update of every stage follows the last
 // backward (after the global gradient norm, when clipping).
@@ -36,7 +43,7 @@
 
 namespace tandem {
 
-enum class PipelineSchedule { kGPipe, kOneFOneB };
+enum class PipelineSchedule { kGPipe, kOneFOneB, kPipeDream };
 const char* PipelineScheduleName(PipelineSchedule schedule);
 
 struct PipelineStageSpec {
@@ -116,7 +123,12 @@ class PipelineRunner final : public StepRunner {
   PipelineRunner(const Model& model, PipelineOptions options);
 
   // A stage's state on its device, zeroed gradients included.
-  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const PipelineStageSpec& spec, int index) const;
+  absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const PipelineStageSpec& spec, int index,
+                                                   int stages) const;
+  // PipeDream: stage s's update after micro-batch m's backward.
+  absl::Status UpdateAfter(Step& step, int s, int m);
+  // The end-of-step update of GPipe and 1F1B, after the global norm.
+  absl::Status UpdateAtEnd(Step& step, int s);
   // `batch` split into micro-batches, the stages' slots and mailboxes sized.
   void Begin(Step& step, const Batch& batch, bool training);
   // Every stage on its own thread through the step; the stats and the

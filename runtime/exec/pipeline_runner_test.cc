@@ -248,5 +248,88 @@ TEST(PipelineRunnerTest, BadStageListsAreRefusedNamingWhatIsWrong) {
   EXPECT_NE(r.status().message().find("pipeline stage 1"), absl::string_view::npos) << r.status();
 }
 
+// An MLP without dropout: one stage of PipeDream is plain SGD on micro-batches.
+const char kMlpNoDropout[] = R"(
+model: {mlp: {hidden_sizes: [48, 40]}}
+data: {synthetic: {sample_shape: [12], num_classes: 5, train_samples: 512}}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}
+training: {batch_size: 32, steps: 50, seed: 3}
+)";
+
+// One PipeDream stage has nothing stale: each micro-batch is a step of its
+// own, so 10 steps of 4 micro-batches are the CPU engine's 40 steps on the
+// same 8-sample slices, update for update.
+TEST(PipelineRunnerTest, OneStageOfPipeDreamIsAStepPerMicroBatch) {
+  const Fixture f = MakeFixture(kMlpNoDropout);
+  Devices devices(1);
+  std::unique_ptr<PipelineRunner> pipe = Make(f, devices, PipelineSchedule::kPipeDream, 4);
+  ASSERT_TRUE(pipe);
+  absl::StatusOr<std::unique_ptr<CpuRunner>> cpu = CpuRunner::Create(
+      *f.model, f.spec.optimizer(), 8, f.spec.training().seed(), DefaultHostAllocator());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  BatchLoader loader(*f.data.train, 32, true, 11, false);
+  const int64_t sample = f.model->data().sample_shape.elements();
+  for (int s = 0; s < 10; ++s) {
+    const Batch& batch = loader.Next();
+    StepOptions o;
+    o.step = s;
+    o.learning_rate = f.spec.optimizer().learning_rate();
+    absl::StatusOr<StepResult> r = pipe->TrainStep(batch, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    double sum = 0;
+    for (int j = 0; j < 4; ++j) {
+      Batch part;
+      part.size = 8;
+      part.input_dtype = batch.input_dtype;
+      part.inputs.assign(batch.inputs.begin() + j * 8 * sample,
+                         batch.inputs.begin() + (j + 1) * 8 * sample);
+      part.targets.assign(batch.targets.begin() + j * 8, batch.targets.begin() + (j + 1) * 8);
+      absl::StatusOr<StepResult> c = (*cpu)->TrainStep(part, o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      sum += c->loss;
+    }
+    EXPECT_NEAR(r->loss, sum / 4, 1e-6 * std::abs(sum / 4)) << "step " << s;
+  }
+  EXPECT_EQ(pipe->host_state().optimizer->step(), 40);
+  EXPECT_EQ(pipe->pipeline_stats()[0].updates(), 4);
+  EXPECT_EQ(pipe->pipeline_stats()[0].staleness(), 0);
+}
+
+// Two stages: the first stage's gradients are one update stale, computed on
+// the weights its forward stashed; it trains, and says so.
+TEST(PipelineRunnerTest, PipeDreamStashesWeightsAndTrainsWithStaleGradients) {
+  const Fixture f = MakeFixture(kMlpNoDropout);
+  Devices devices(2);
+  std::unique_ptr<PipelineRunner> pipe = Make(f, devices, PipelineSchedule::kPipeDream, 4);
+  ASSERT_TRUE(pipe);
+  const std::vector<double> losses = RunSteps(f, *pipe, 50);
+  ASSERT_EQ(losses.size(), 50u);
+  EXPECT_LT(losses.back(), 0.8 * losses.front());
+  const std::vector<double> reference = Reference(f, 50);
+  // Not the synchronous trajectory: four updates a step, the first stage's stale.
+  EXPECT_NE(losses[10], reference[10]);
+  const auto stats = pipe->pipeline_stats();
+  EXPECT_EQ(stats[0].staleness(), 1);
+  EXPECT_EQ(stats[1].staleness(), 0);
+  EXPECT_EQ(stats[0].updates(), 4);
+  EXPECT_EQ(stats[1].updates(), 4);
+  EXPECT_EQ(pipe->host_state().optimizer->step(), 200);
+  // The stash is on the device: two versions of the first stage's weights.
+  EXPECT_GE(stats[0].peak_bytes(),
+            3 * 4 * (f.model->param_offset(EvenStages(*f.model, devices)[0].end_layer)));
+}
+
+TEST(PipelineRunnerTest, PipeDreamRefusesGradientClipping) {
+  const Fixture f = MakeFixture(exec_test::kGpt);  // max_grad_norm 1.0
+  Devices devices(2);
+  PipelineOptions options{.schedule = PipelineSchedule::kPipeDream,
+                          .micro_batches = 2,
+                          .max_batch = f.spec.training().batch_size()};
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
+      PipelineRunner::Create(*f.model, f.spec.optimizer(), EvenStages(*f.model, devices), options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("gradient clipping"), absl::string_view::npos) << r.status();
+}
+
 }  // namespace
 }  // namespace tandem

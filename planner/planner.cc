@@ -263,7 +263,8 @@ absl::Status CheckPipelineRequest(const PlanRequest& request, const CostModel& c
 }
 
 // The request's micro-batch, or the largest divisor of the batch not above
-// 4 x stages micro-batches' worth.
+// 4 x stages micro-batches' worth (the rule spec/job_spec.cc resolves
+// placement.pipeline.micro_batches with; the planner does not depend on it).
 absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
   int micro = request.micro_batch_size;
   if (micro <= 0) {

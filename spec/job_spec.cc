@@ -439,6 +439,8 @@ absl::Status ResolvePipeline(JobSpec& r) {
     if (p->micro_batch_size() > 0) {
       pipe->set_micro_batches(batch / p->micro_batch_size());
     } else {
+      // The planner's default for a bare `tandem plan --pipeline_devices`
+      // (PipelineMicroBatch, planner/planner.cc) is the same rule.
       int m = std::min(batch, 4 * pipe->stages());
       while (batch % m != 0) --m;
       pipe->set_micro_batches(m);

@@ -257,6 +257,18 @@ void GptSpeedups(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision pre
   for (const Gpt& m : models) GptRow(m, spec, precision);
 }
 
+// The feasible alternative with the shortest predicted step; null if none.
+const tandem::v1::Plan* FastestFeasible(const tandem::v1::PlanModelResponse& response) {
+  const tandem::v1::Plan* best = nullptr;
+  for (const tandem::v1::Plan& p : response.alternatives()) {
+    if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
+                                                best->prediction().iteration_seconds())) {
+      best = &p;
+    }
+  }
+  return best;
+}
+
 // The largest of a ladder of GPT shapes that one accelerator of `spec` trains
 // with the node's host memory: every shape's best feasible plan at the
 // accelerator's whole capacity, and why the next one does not fit.
@@ -288,13 +300,7 @@ void LargestGpt(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision prec
     request.compare = {tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::STRATEGY_REUSE_DISTANCE};
     tandem::v1::PlanModelResponse response;
     WallSeconds(request, &response);
-    const tandem::v1::Plan* best = nullptr;
-    for (const tandem::v1::Plan& p : response.alternatives()) {
-      if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
-                                                  best->prediction().iteration_seconds())) {
-        best = &p;
-      }
-    }
+    const tandem::v1::Plan* best = FastestFeasible(response);
     double flops = 0;
     for (const auto& l : request.profile.layers()) flops += l.forward_flops() + l.backward_flops();
     if (best == nullptr) {
@@ -339,13 +345,7 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
                        tandem::v1::STRATEGY_REUSE_DISTANCE};
     tandem::v1::PlanModelResponse response;
     WallSeconds(request, &response);
-    const tandem::v1::Plan* best = nullptr;
-    for (const tandem::v1::Plan& p : response.alternatives()) {
-      if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
-                                                  best->prediction().iteration_seconds())) {
-        best = &p;
-      }
-    }
+    const tandem::v1::Plan* best = FastestFeasible(response);
     if (best != nullptr) {
       std::printf("  %-22s %-36s %-9s %13s %11.1f %14s\n", m.name,
                   ("1 accelerator + host, " + StrategyName(best->strategy())).c_str(), "yes",

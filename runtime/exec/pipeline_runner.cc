@@ -390,32 +390,53 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   return absl::OkStatus();
 }
 
-absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
+absl::StatusOr<Buffer> PipelineRunner::ReceiveGradient(Step& step, int s, int m) {
   Stage& st = *stages_[s];
-  const int L = model_.num_layers();
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
-  Buffer dy;
-  double t = WallSeconds();
-  if (st.end == L) {
+  if (st.end == model_.num_layers()) {
     // d(mean loss)/d(per-sample loss) = 1 / (whole batch); PipeDream steps
     // on each micro-batch's mean.
     const bool pipedream = options_.schedule == PipelineSchedule::kPipeDream;
-    TANDEM_ASSIGN_OR_RETURN(dy, Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(Buffer dy,
+                            Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(
         st.device->Fill(dy.f32(), 1.0f / static_cast<float>(pipedream ? n : step.batch->size), n));
-  } else {
-    Buffer staged;
-    if (!step.Take(step.grad[s][m], &staged)) return absl::AbortedError("another stage failed");
-    t = WallSeconds();
-    TANDEM_ASSIGN_OR_RETURN(dy,
-                            Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(dy.data(), staged.data(), staged.bytes()));
-    st.copy += WallSeconds() - t;
-    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
-            st.end - 1, m, t, WallSeconds(), staged.bytes());
-    t = WallSeconds();
+    return dy;
   }
+  Buffer staged;
+  if (!step.Take(step.grad[s][m], &staged)) return absl::AbortedError("another stage failed");
+  const double t = WallSeconds();  // the wait was bubble, the copy is not
+  TANDEM_ASSIGN_OR_RETURN(Buffer dy,
+                          Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(dy.data(), staged.data(), staged.bytes()));
+  st.copy += WallSeconds() - t;
+  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
+          st.end - 1, m, t, WallSeconds(), staged.bytes());
+  return dy;
+}
+
+absl::Status PipelineRunner::SendGradient(Step& step, int s, int m, Buffer dx) {
+  Stage& st = *stages_[s];
+  const double t = WallSeconds();
+  TANDEM_ASSIGN_OR_RETURN(Buffer staged,
+                          Buffer::Allocate(st.device->host_staging_allocator(), dx.bytes(),
+                                           MemoryCategory::kActivations));
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), dx.data(), dx.bytes()));
+  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
+          st.first, m, t, WallSeconds(), staged.bytes());
+  dx.Reset();
+  step.Put(step.grad[s - 1][m], std::move(staged));
+  st.copy += WallSeconds() - t;
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
+  Stage& st = *stages_[s];
+  const int64_t n = step.mb_size[m];
+  Allocator* alloc = st.device->allocator();
+  TANDEM_ASSIGN_OR_RETURN(Buffer dy, ReceiveGradient(step, s, m));
+  const double t = WallSeconds();
   for (int l = st.end - 1; l >= st.first; --l) {
     const Layer& layer = model_.layer(l);
     const int i = l - st.first;
@@ -437,7 +458,7 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     } else {
       ctx.accumulate_grads = m > 0;
     }
-    ctx.targets = st.end == L ? reinterpret_cast<const int32_t*>(st.targets[m].data()) : nullptr;
+    ctx.targets = reinterpret_cast<const int32_t*>(st.targets[m].data());
     const Tensor x = i == 0
                          ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
                                   l == 0 ? model_.data().sample_shape.WithBatch(n)
@@ -457,18 +478,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   st.in[m].Reset();
   st.targets[m].Reset();
   st.busy += WallSeconds() - t;
-  if (s > 0) {  // dy is now the gradient of the stage's input
-    t = WallSeconds();
-    TANDEM_ASSIGN_OR_RETURN(Buffer staged,
-                            Buffer::Allocate(st.device->host_staging_allocator(), dy.bytes(),
-                                             MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), dy.data(), dy.bytes()));
-    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
-            st.first, m, t, WallSeconds(), staged.bytes());
-    dy.Reset();
-    step.Put(step.grad[s - 1][m], std::move(staged));
-    st.copy += WallSeconds() - t;
-  }
+  // dy is now the gradient of the stage's input.
+  if (s > 0) TANDEM_RETURN_IF_ERROR(SendGradient(step, s, m, std::move(dy)));
   if (options_.schedule == PipelineSchedule::kPipeDream) return UpdateAfter(step, s, m);
   return absl::OkStatus();
 }

@@ -141,6 +141,11 @@ class PipelineRunner final : public StepRunner {
   // The stage's output handed on: to the next stage's mailbox, or (last
   // stage) the losses and, in evaluation, the correct predictions.
   absl::Status SendOutput(Step& step, int s, int m);
+  // The gradient of the stage's output for micro-batch m on its device: the
+  // loss's (last stage), or the next stage's input gradient.
+  absl::StatusOr<Buffer> ReceiveGradient(Step& step, int s, int m);
+  // The gradient of the stage's input, `dx`, handed to the stage before.
+  absl::Status SendGradient(Step& step, int s, int m, Buffer dx);
   absl::Status StageForward(Step& step, int s, int m);
   absl::Status StageBackward(Step& step, int s, int m);
   absl::Status Update(const StepOptions& options, double* grad_norm);

@@ -70,7 +70,7 @@ build_packages=(
   bazel-bootstrap bazel-rules-java g++ make
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libgrpc-dev
   libabsl-dev libgtest-dev libgmock-dev libsqlite3-dev prometheus-cpp-dev
-  libyaml-cpp-dev libdnnl-dev zlib1g-dev libssl-dev libtsan2
+  libyaml-cpp-dev libdnnl-dev zlib1g-dev libssl-dev libtsan2 libgloo-dev
 )
 test_packages=(
   python3 python3-grpcio python3-protobuf python3-yaml prometheus

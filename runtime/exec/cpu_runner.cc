@@ -27,7 +27,6 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
     const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
     uint64_t init_seed, Allocator* allocator, const SharedWeights* shared) {
   std::unique_ptr<CpuRunner> r(new CpuRunner(model, allocator));
-  r->max_batch_ = max_batch;
   TANDEM_ASSIGN_OR_RETURN(r->state_, ModelState::Allocate(model, allocator));
   if (shared != nullptr) {
     r->params_ = shared->params;
@@ -40,24 +39,46 @@ absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
     TANDEM_ASSIGN_OR_RETURN(r->optimizer_,
                             Optimizer::Create(optimizer, model.parameter_elements(), allocator));
   }
-  int64_t max_grad = model.data().sample_shape.elements() * 4 * max_batch;
-  for (int l = 0; l < model.num_layers(); ++l) {
-    const Layer& layer = model.layer(l);
-    TANDEM_ASSIGN_OR_RETURN(Buffer out, Buffer::Allocate(allocator, layer.OutputBytes(max_batch),
+  TANDEM_RETURN_IF_ERROR(r->AllocateActivations(max_batch));
+  return r;
+}
+
+absl::Status CpuRunner::AllocateActivations(int64_t max_batch) {
+  max_batch_ = max_batch;
+  int64_t max_grad = model_.data().sample_shape.elements() * 4 * max_batch;
+  for (int l = 0; l < model_.num_layers(); ++l) {
+    const Layer& layer = model_.layer(l);
+    TANDEM_ASSIGN_OR_RETURN(Buffer out, Buffer::Allocate(allocator_, layer.OutputBytes(max_batch),
                                                          MemoryCategory::kActivations));
-    TANDEM_ASSIGN_OR_RETURN(Buffer saved, Buffer::Allocate(allocator, layer.SavedBytes(max_batch),
+    TANDEM_ASSIGN_OR_RETURN(Buffer saved, Buffer::Allocate(allocator_, layer.SavedBytes(max_batch),
                                                            MemoryCategory::kActivations));
-    r->outputs_.push_back(std::move(out));
-    r->saved_.push_back(std::move(saved));
+    outputs_.push_back(std::move(out));
+    saved_.push_back(std::move(saved));
     max_grad = std::max(max_grad, layer.OutputBytes(max_batch));
   }
-  TANDEM_ASSIGN_OR_RETURN(r->grad_a_,
-                          Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
-  TANDEM_ASSIGN_OR_RETURN(r->grad_b_,
-                          Buffer::Allocate(allocator, max_grad, MemoryCategory::kActivations));
-  TANDEM_ASSIGN_OR_RETURN(
-      r->workspace_,
-      Buffer::Allocate(allocator, model.MaxWorkspaceBytes(max_batch), MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(grad_a_,
+                          Buffer::Allocate(allocator_, max_grad, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(grad_b_,
+                          Buffer::Allocate(allocator_, max_grad, MemoryCategory::kActivations));
+  TANDEM_ASSIGN_OR_RETURN(workspace_,
+                          Buffer::Allocate(allocator_, model_.MaxWorkspaceBytes(max_batch),
+                                           MemoryCategory::kWorkspace));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::CreateGradientEngine(const Model& model,
+                                                                           int64_t max_batch,
+                                                                           uint64_t init_seed,
+                                                                           Allocator* allocator) {
+  // A stateless SGD stands in for the optimizer nobody will run.
+  std::unique_ptr<CpuRunner> r(new CpuRunner(model, allocator));
+  TANDEM_ASSIGN_OR_RETURN(r->state_, ModelState::Allocate(model, allocator));
+  r->params_ = r->state_.params();
+  r->buffers_ = r->state_.buffers();
+  model.Initialize(r->params_, r->buffers_, init_seed);
+  r->optimizer_ = Optimizer::Stateless(tandem::v1::OptimizerSpec());
+  r->updates_ = false;
+  TANDEM_RETURN_IF_ERROR(r->AllocateActivations(max_batch));
   return r;
 }
 
@@ -70,6 +91,7 @@ LayerContext CpuRunner::Context(int l, bool training, const StepOptions& options
   ctx.training = training;
   ctx.running_stats_momentum = options.running_stats_momentum;
   ctx.seed = options.seed;
+  ctx.sample_offset = static_cast<uint64_t>(options.sample_offset);
   // Dropout differs per step and per layer; resuming at the same step gives the
   // same masks.
   ctx.rng_stream = MixStream(0xd209, static_cast<uint64_t>(options.step), static_cast<uint64_t>(l));
@@ -94,6 +116,9 @@ const float* CpuRunner::Forward(const Batch& batch, bool training, const StepOpt
 }
 
 absl::StatusOr<StepResult> CpuRunner::TrainStep(const Batch& batch, const StepOptions& options) {
+  if (!updates_) {
+    return absl::FailedPreconditionError("a gradient engine computes gradients; it does not train");
+  }
   TANDEM_ASSIGN_OR_RETURN(StepResult result, ComputeGradients(batch, options));
   const float scale = Optimizer::ClipScale(result.grad_norm, optimizer_->spec().max_grad_norm());
   const double start = timing_sink_ ? WallSeconds() : 0;
@@ -116,10 +141,11 @@ absl::StatusOr<StepResult> CpuRunner::ComputeGradients(const Batch& batch,
   for (int64_t b = 0; b < B; ++b) sum += losses[b];
   result.loss = sum / static_cast<double>(B);
 
-  // d(mean loss)/d(per-sample loss) = 1/B.
+  // d(mean loss)/d(per-sample loss) = 1/B (B of the global batch for a share).
+  const int64_t divisor = options.global_batch > 0 ? options.global_batch : B;
   float* dy = grad_a_.f32();
   float* dx = grad_b_.f32();
-  for (int64_t b = 0; b < B; ++b) dy[b] = 1.0f / static_cast<float>(B);
+  for (int64_t b = 0; b < B; ++b) dy[b] = 1.0f / static_cast<float>(divisor);
   for (int l = L - 1; l >= 0; --l) {
     const Layer& layer = model_.layer(l);
     const Tensor x = l == 0 ? Tensor(const_cast<float*>(batch.inputs.data()), batch.input_dtype,
@@ -132,6 +158,7 @@ absl::StatusOr<StepResult> CpuRunner::ComputeGradients(const Batch& batch,
     layer.Backward(Context(l, true, options, batch.targets.data()), x, y, saved_[l].data(),
                    Tensor::F32(dy, layer.output_shape().WithBatch(B)), dxt);
     if (timing_sink_) timing_sink_->Record(l, Phase::kBackward, WallSeconds() - start);
+    if (options.on_layer_gradients) options.on_layer_gradients(l);
     std::swap(dy, dx);
   }
 

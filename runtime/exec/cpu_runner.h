@@ -31,6 +31,14 @@ class CpuRunner final : public StepRunner {
       const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
       uint64_t init_seed, Allocator* allocator, const SharedWeights* shared = nullptr);
 
+  // Weights of its own (from `init_seed`) but no optimizer state: forward and
+  // backward only (ComputeGradients), for a caller that applies the updates
+  // itself (a data-parallel rank, runtime/dist/). TrainStep is refused.
+  static absl::StatusOr<std::unique_ptr<CpuRunner>> CreateGradientEngine(const Model& model,
+                                                                         int64_t max_batch,
+                                                                         uint64_t init_seed,
+                                                                         Allocator* allocator);
+
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
   // Forward and backward only: the batch's gradient (of the mean loss) into
   // grads(), the weights untouched except for batch-norm running statistics.
@@ -54,6 +62,8 @@ class CpuRunner final : public StepRunner {
 
  private:
   CpuRunner(const Model& model, Allocator* allocator) : model_(model), allocator_(allocator) {}
+  // Output, saved-tensor, gradient and workspace buffers for `max_batch`.
+  absl::Status AllocateActivations(int64_t max_batch);
   // Runs forward over the chain; returns the per-sample losses.
   const float* Forward(const Batch& batch, bool training, const StepOptions& options);
   LayerContext Context(int l, bool training, const StepOptions& options, const int32_t* targets);
@@ -65,6 +75,8 @@ class CpuRunner final : public StepRunner {
   float* params_ = nullptr;
   float* buffers_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
+  // False for a gradient engine: someone else updates the weights.
+  bool updates_ = true;
   int64_t max_batch_ = 0;
   // Per layer: its output and its saved tensors, sized for max_batch_.
   std::vector<Buffer> outputs_, saved_;

@@ -6,6 +6,7 @@
 #define TANDEM_RUNTIME_EXEC_STEP_RUNNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,18 @@ struct StepOptions {
   // > 0: batch-norm running statistics move by this much instead of by the
   // layer's momentum (LayerContext::running_stats_momentum).
   float running_stats_momentum = 0;
+  // A data-parallel rank's share of a global batch: the index of the share's
+  // first sample in the global batch (so dropout masks match the whole batch's)
+  // and the global batch's size. With global_batch > 0 the gradient is of
+  // (sum of the share's losses) / global_batch, so the shares' gradients add up
+  // to the whole batch's; StepResult.loss stays the share's mean. Runners other
+  // than the CPU engine ignore both.
+  int64_t sample_offset = 0;
+  int64_t global_batch = 0;
+  // When set, the CPU engine calls it with each layer's index (the last layer
+  // first) as soon as that layer's gradients are final, so that a data-parallel
+  // rank starts reducing them while the rest of backward runs.
+  std::function<void(int)> on_layer_gradients;
 };
 
 struct StepResult {

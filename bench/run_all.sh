@@ -24,6 +24,9 @@ $py bench/pipeline/run.py --tandemd bazel-bin/server/tandemd --tandem bazel-bin/
 echo "== PipeDream against synchronous pipelines on Fashion-MNIST =="
 $py bench/pipeline/accuracy.py --tandem bazel-bin/clients/cli/tandem
 
+echo "== Scale-out on loopback: Gloo all-reduce vs memcpy; 1, 2 and 4 data-parallel ranks =="
+bazel-bin/bench/dist/dist_bench
+
 for extra in bench/*/run_extra.sh; do
   [ -x "$extra" ] && "$extra"
 done

@@ -268,6 +268,25 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
   r.precision_reason = precision.reason;
+  if (resolved->distributed().replicas() > 1) {
+    const auto& d = spec.distributed();
+    const bool partitioned =
+        resolved->distributed().sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+    if (d.sharding() != tandem::v1::OPTIMIZER_SHARDING_AUTO) {
+      r.distributed_reason = "asked for";
+    } else if (partitioned) {
+      r.distributed_reason = absl::StrCat(
+          "the default (auto): the optimizer keeps ",
+          FormatBytes(estimate->optimizer_state_bytes, 1),
+          " of state; partitioned, each rank keeps 1/", resolved->distributed().replicas(),
+          " of it, and a reduce-scatter plus an all-gather move the same bytes as the "
+          "replicated all-reduce");
+    } else {
+      r.distributed_reason =
+          "the default (auto): plain SGD keeps no optimizer state to partition, so every rank "
+          "updates all the weights after one all-reduce";
+    }
+  }
   if (plan && offer) {
     // This model measured on this node before: planned from what was measured.
     const std::optional<tandem::v1::Profile> measured =
@@ -361,12 +380,22 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   const tandem::v1::JobSpec& resolved = r.spec;
   const MemoryEstimate& estimate = r.estimate;
   TANDEM_RETURN_IF_ERROR(CheckBudgets(estimate));
+  if (resolved.distributed().replicas() > 1) {
+    if (!options_.admit_distributed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("spec.distributed.replicas: ", resolved.distributed().replicas(),
+                       " ranks need a cluster of tandemd daemons, and this one has no --peers "
+                       "or --peers_dns"));
+    }
+    TANDEM_RETURN_IF_ERROR(options_.admit_distributed(resolved));
+  }
 
   Job job;
   job.set_request_id(request_id);
   *job.mutable_spec() = spec;
   *job.mutable_resolved_spec() = resolved;
   job.set_precision_reason(r.precision_reason);
+  job.set_distributed_reason(r.distributed_reason);
   job.set_state(tandem::v1::JOB_STATE_QUEUED);
   job.set_reason("queued");
   *job.mutable_plan() = r.plan;
@@ -821,10 +850,31 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   // The node as it is when the run starts, for its runner and its plan loop
   // alike (a refresh may replace it meanwhile).
   const std::shared_ptr<const node::NodeOffer> offer = node();
+  TrainerOptions trainer_options = TrainerOptionsFor(job, *entry, resolved, offer);
+  TrainerCallbacks callbacks = CallbacksFor(job.id(), entry);
+  std::optional<DistributedRun> distributed;
+  if (job.resolved_spec().distributed().replicas() > 1 && options_.begin_distributed) {
+    distributed = options_.begin_distributed(job);
+    trainer_options.make_runner = distributed->factory;
+    // A stop (cancel, shutdown) is voted on, so that every rank stops at the
+    // same step with the same final checkpoint.
+    callbacks.should_stop = [entry, vote = distributed->vote] {
+      if (entry->stop.load()) vote->Request();
+      return vote->agreed();
+    };
+    callbacks.after_step = [this, entry, nodes = distributed->nodes](int64_t, double,
+                                                                     const StepRunner& runner) {
+      const auto* dp = dynamic_cast<const DataParallelRunner*>(&runner);
+      if (dp == nullptr) return;
+      tandem::v1::DistributedStats d = dp->DistributedRecord();
+      for (const std::string& n : *nodes) d.add_nodes(n);
+      absl::MutexLock lock(&mu_);
+      *entry->job.mutable_metrics()->mutable_distributed() = std::move(d);
+    };
+  }
   {
-    absl::StatusOr<std::unique_ptr<Trainer>> created = Trainer::Create(
-        resolved ? job.resolved_spec() : job.spec(),
-        TrainerOptionsFor(job, *entry, resolved, offer), CallbacksFor(job.id(), entry));
+    absl::StatusOr<std::unique_ptr<Trainer>> created =
+        Trainer::Create(resolved ? job.resolved_spec() : job.spec(), trainer_options, callbacks);
     if (created.ok()) {
       trainer = std::move(*created);
       ReportReplacedProgram(job, *entry, trainer->runner());
@@ -834,6 +884,13 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     } else {
       status = created.status();
     }
+  }
+  if (distributed) {
+    // A lost rank shows on rank 0 as a failed collective: say which.
+    if (!status.ok() && status.code() != absl::StatusCode::kCancelled && distributed->explain) {
+      status = distributed->explain(status);
+    }
+    if (distributed->end) distributed->end();
   }
   FlushEvents();
   absl::MutexLock lock(&mu_);
@@ -987,8 +1044,10 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
     // plan's prediction is in the record, not in the runner, which runs on.
     const double predicted = record.metrics().predicted_step_seconds();
     const int replans = record.metrics().replans();
+    const tandem::v1::DistributedStats distributed = record.metrics().distributed();
     *record.mutable_metrics() = trainer->metrics();
     record.mutable_metrics()->set_replans(replans);
+    *record.mutable_metrics()->mutable_distributed() = distributed;
     record.set_checkpoint_step(trainer->checkpoint_step());
     record.set_checkpoint_path(trainer->checkpoint_path());
     if (node::SamePlacement(record.plan(), trainer->runner().plan())) {

@@ -26,6 +26,7 @@
 #include "node/closed_loop.h"
 #include "node/placement.h"
 #include "runtime/core/allocator.h"
+#include "runtime/dist/data_parallel_runner.h"
 #include "runtime/profile/job_telemetry.h"
 #include "runtime/train/trainer.h"
 #include "server/event_log.h"
@@ -34,6 +35,21 @@
 #include "server/store/job_store.h"
 
 namespace tandem::server {
+
+// A distributed job's run as its rank 0 sees it (server/cluster/ranks.h makes
+// it; docs/distributed.md).
+struct DistributedRun {
+  // Rank 0's runner: starts the other ranks on their nodes and joins them.
+  RunnerFactory factory;
+  // Shared with rank 0's runner: a stop of the job stops every rank together.
+  std::shared_ptr<StopVote> vote;
+  // After the run, whatever its end: stops the ranks still running elsewhere.
+  std::function<void()> end;
+  // A failed run's status with each other rank's state appended.
+  std::function<absl::Status(const absl::Status&)> explain;
+  // Each rank's node, rank 0 ("self") first, once the factory has run.
+  std::shared_ptr<std::vector<std::string>> nodes;
+};
 
 struct JobManagerOptions {
   // Checkpoints go to <state_dir>/jobs/<id>/checkpoints.
@@ -57,6 +73,11 @@ struct JobManagerOptions {
   // recorded in the job) and run through the plan executor. Unset: every job
   // runs on the CPU engine and jobs asking for an accelerator are refused.
   std::optional<node::NodeOffer> node;
+  // Distributed jobs (distributed.replicas > 1). `admit_distributed` checks at
+  // submission that the cluster has nodes for the ranks; `begin_distributed`
+  // makes each run's rank 0. Unset: such jobs are refused (no --peers).
+  std::function<absl::Status(const tandem::v1::JobSpec& resolved)> admit_distributed;
+  std::function<DistributedRun(const tandem::v1::Job& job)> begin_distributed;
   // Overrides the runner (tests); null = placement's MakeRunnerFactory when
   // `node` is set, else the CPU engine.
   RunnerFactory make_runner;
@@ -121,6 +142,8 @@ class JobManager {
     std::string cost_source;
     // Why spec.precision is what it is (Job.precision_reason).
     std::string precision_reason;
+    // Why spec.distributed.sharding is what it is (Job.distributed_reason).
+    std::string distributed_reason;
   };
   // With `plan` false, the plan and program stay empty (nothing is solved).
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;

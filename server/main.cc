@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "base/build_info.h"
 #include "base/flags_usage.h"
@@ -34,6 +35,9 @@
 #include "runtime/cuda/device_query.h"
 #include "runtime/train/profile_model.h"
 #include "server/auth.h"
+#include "server/cluster/peers.h"
+#include "server/cluster/ranks.h"
+#include "server/cluster/rendezvous.h"
 #include "server/health_watchdog.h"
 #include "server/job_manager.h"
 #include "server/metrics/exposer.h"
@@ -95,6 +99,17 @@ ABSL_FLAG(int, emulated_accelerators, 1,
           "takes one per stage, each with the job's accelerator memory. In [1, 64].");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
+ABSL_FLAG(std::string, peers, "",
+          "The other tandemd daemons of this one's cluster, HOST:PORT,...: distributed jobs "
+          "(distributed.replicas > 1) place their ranks on them (docs/distributed.md).");
+ABSL_FLAG(std::string, peers_dns, "",
+          "NAME:PORT whose address records are the peers (a Kubernetes headless Service), "
+          "resolved again at every health check.");
+ABSL_FLAG(std::string, advertise, "",
+          "HOST:PORT at which the peers reach this daemon; default --listen (which then must "
+          "name its port).");
+ABSL_FLAG(std::string, peer_ca_file, "",
+          "PEM roots that peers' TLS certificates are checked against; default --tls_cert.");
 
 namespace {
 
@@ -219,6 +234,41 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
   return o;
 }
 
+// The peers of --peers/--peers_dns, called with the token and TLS of
+// --auth_token_file and --tls_cert. Null without either flag.
+absl::StatusOr<std::unique_ptr<tandem::server::PeerSet>> PeersFromFlags() {
+  using namespace tandem::server;
+  const std::string list = absl::GetFlag(FLAGS_peers), dns = absl::GetFlag(FLAGS_peers_dns);
+  if (list.empty() && dns.empty()) return nullptr;
+  PeerSetOptions o;
+  TANDEM_ASSIGN_OR_RETURN(o.static_peers, ParsePeerList(list));
+  if (!dns.empty() && dns.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError("--peers_dns: must be NAME:PORT");
+  }
+  o.dns = dns;
+  o.self = absl::GetFlag(FLAGS_advertise).empty() ? absl::GetFlag(FLAGS_listen)
+                                                  : absl::GetFlag(FLAGS_advertise);
+  if (absl::EndsWith(o.self, ":0")) {
+    return absl::InvalidArgumentError(
+        "--advertise: peers need this daemon's port; set --advertise=HOST:PORT (or a --listen "
+        "port other than 0)");
+  }
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    o.credentials.token =
+        std::string(absl::StripAsciiWhitespace(ReadFile(absl::GetFlag(FLAGS_auth_token_file))));
+  }
+  if (absl::GetFlag(FLAGS_tls_cert).empty()) {
+    o.credentials.channel = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs =
+        ReadFile(absl::GetFlag(FLAGS_peer_ca_file).empty() ? absl::GetFlag(FLAGS_tls_cert)
+                                                           : absl::GetFlag(FLAGS_peer_ca_file));
+    o.credentials.channel = grpc::SslCredentials(ssl);
+  }
+  return std::make_unique<PeerSet>(std::move(o));
+}
+
 // What the service needs beyond the job manager: authentication, the node's
 // description, and the PlanModel/ProfileModel work. `jobs` and `policy` must
 // outlive it.
@@ -290,7 +340,8 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
 
 // The gRPC server with the service, health and (without a token) reflection,
 // listening on --listen; its port written.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
+                                                        grpc::Service* cluster) {
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                           CredentialsFromFlags());
   grpc::EnableDefaultHealthCheckService(true);
@@ -304,6 +355,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service) 
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_message_bytes));
   builder.RegisterService(service);
+  if (cluster != nullptr) builder.RegisterService(cluster);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
@@ -346,23 +398,55 @@ int main(int argc, char** argv) {
 
   const NodeResources resources = tandem::node::DetectNodeResources();
   ServerMetrics metrics;
-  const JobManagerOptions options = JobManagerOptionsFromFlags(state_dir, *policy, resources);
+  absl::StatusOr<std::unique_ptr<PeerSet>> peers = PeersFromFlags();
+  if (!peers.ok()) return Fail(std::string(peers.status().message()));
+  RendezvousTable rendezvous;
+  std::unique_ptr<Coordinator> coordinator;
+  JobManagerOptions options = JobManagerOptionsFromFlags(state_dir, *policy, resources);
+  if (*peers != nullptr) {
+    coordinator = std::make_unique<Coordinator>(peers->get(), &rendezvous);
+    options.admit_distributed = [&coordinator](const tandem::v1::JobSpec& resolved) {
+      return coordinator->Admit(resolved);
+    };
+    options.begin_distributed = [&coordinator](const tandem::v1::Job& job) {
+      return coordinator->Begin(job);
+    };
+  }
   JobManager jobs(options, store->get(), &metrics);
+  std::unique_ptr<RankHost> ranks;
+  std::unique_ptr<ClusterService> cluster;
+  if (*peers != nullptr) {
+    ranks = std::make_unique<RankHost>(&jobs, peers->get(), state_dir);
+    cluster = std::make_unique<ClusterService>(*auth, ranks.get(), &rendezvous);
+  }
   if (absl::Status s = jobs.Recover(); !s.ok())
     return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();
 
-  TandemService service(&jobs, &metrics,
-                        ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy));
+  ServiceOptions service_options = ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy);
+  if (*peers != nullptr) {
+    service_options.node_info = [base = service_options.node_info, set = peers->get()] {
+      tandem::v1::NodeInfo node = base();
+      for (tandem::v1::PeerInfo& p : set->Snapshot()) *node.add_peers() = std::move(p);
+      node.set_advertise_address(set->self());
+      return node;
+    };
+  }
+  TandemService service(&jobs, &metrics, std::move(service_options));
 
   const std::vector<std::shared_ptr<prometheus::Collectable>> sources =
       MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));
   absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> exposer = StartMetrics(sources);
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
-      exposer.ok() ? StartGrpc(&service) : exposer.status();
+      exposer.ok() ? StartGrpc(&service, cluster.get()) : exposer.status();
   if (!server.ok()) {
     jobs.Shutdown();
     return Fail(std::string(server.status().message()));
+  }
+  if (*peers != nullptr) {
+    (*peers)->Start();
+    std::fprintf(stderr, "tandemd: cluster of %zu peers, reached as %s\n",
+                 (*peers)->Snapshot().size(), (*peers)->self().c_str());
   }
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
@@ -380,9 +464,11 @@ int main(int argc, char** argv) {
   // watch streams end; in-flight RPCs get up to 10 s.
   watchdog.reset();
   health->SetServingStatus(false);
+  if (ranks != nullptr) ranks->StopAll("tandemd is stopping");
   jobs.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   (*server)->Wait();
+  ranks.reset();
   std::fprintf(stderr, "tandemd: shutting down cleanly\n");
   return 0;
 }

@@ -461,6 +461,82 @@ absl::Status ResolvePipeline(JobSpec& r) {
 
 }  // namespace
 
+absl::Status ValidateDistributed(const tandem::v1::DistributedSpec& d) {
+  TANDEM_RETURN_IF_ERROR(InRange("distributed.replicas", d.replicas(), 0, kMaxReplicas));
+  if (!tandem::v1::CollectiveBackend_IsValid(d.backend())) {
+    return FieldError("distributed.backend", absl::StrCat("unknown value ", d.backend()));
+  }
+  if (!tandem::v1::OptimizerSharding_IsValid(d.sharding())) {
+    return FieldError("distributed.sharding", absl::StrCat("unknown value ", d.sharding()));
+  }
+  TANDEM_RETURN_IF_ERROR(
+      InRange("distributed.bucket_bytes", d.bucket_bytes(), int64_t{0}, int64_t{1} << 30));
+  TANDEM_RETURN_IF_ERROR(InRange("distributed.rendezvous_timeout_seconds",
+                                 d.rendezvous_timeout_seconds(), 0.0, 86400.0));
+  TANDEM_RETURN_IF_ERROR(InRange("distributed.collective_timeout_seconds",
+                                 d.collective_timeout_seconds(), 0.0, 86400.0));
+  if (d.nodes_size() > kMaxReplicas) {
+    return FieldError("distributed.nodes", absl::StrCat("at most ", kMaxReplicas, " entries"));
+  }
+  for (int i = 0; i < d.nodes_size(); ++i) {
+    if (d.nodes(i).empty() || d.nodes(i).size() > 256) {
+      return FieldError(absl::StrCat("distributed.nodes[", i, "]"),
+                        "must be a HOST:PORT of 1 to 256 characters");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A data-parallel job: one rank per node, each on the CPU engine over Gloo
+// (what this version builds; docs/distributed.md).
+absl::Status ResolveDistributed(JobSpec& r) {
+  auto* d = r.mutable_distributed();
+  if (d->replicas() == 0) d->set_replicas(1);
+  if (d->replicas() == 1) {
+    if (d->nodes_size() > 0) {
+      return FieldError("distributed.nodes", "names nodes for a job of one replica");
+    }
+    return absl::OkStatus();
+  }
+  if (d->nodes_size() > 0 && d->nodes_size() != d->replicas() - 1) {
+    return FieldError("distributed.nodes",
+                      absl::StrCat(d->nodes_size(), " nodes for ranks 1..", d->replicas() - 1,
+                                   " (rank 0 is the daemon that accepts the job): name ",
+                                   d->replicas() - 1, " or none"));
+  }
+  if (r.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+    return FieldError("distributed.replicas",
+                      "ranks run on each node's CPU engine in this version, and "
+                      "placement.accelerator is not NONE (set it to NONE; device ranks over "
+                      "NCCL are not built yet)");
+  }
+  if (d->backend() == tandem::v1::COLLECTIVE_BACKEND_NCCL) {
+    return FieldError("distributed.backend",
+                      "NCCL reduces device tensors, and these ranks hold host tensors (use GLOO "
+                      "or AUTO)");
+  }
+  d->set_backend(tandem::v1::COLLECTIVE_BACKEND_GLOO);
+  if (!r.updates().has_synchronous()) {
+    return FieldError("distributed.replicas",
+                      "data-parallel ranks update synchronously; set updates to synchronous");
+  }
+  if (r.training().batch_size() < d->replicas()) {
+    return FieldError("distributed.replicas",
+                      absl::StrCat(d->replicas(), " ranks need a training.batch_size of at least ",
+                                   d->replicas(), " (it is ", r.training().batch_size(), ")"));
+  }
+  if (d->bucket_bytes() == 0) d->set_bucket_bytes(int64_t{25} << 20);
+  if (d->rendezvous_timeout_seconds() == 0) d->set_rendezvous_timeout_seconds(60);
+  if (d->collective_timeout_seconds() == 0) d->set_collective_timeout_seconds(60);
+  if (d->sharding() == tandem::v1::OPTIMIZER_SHARDING_AUTO) {
+    const bool stateful =
+        r.optimizer().kind() != tandem::v1::OPTIMIZER_KIND_SGD || r.optimizer().momentum() != 0;
+    d->set_sharding(stateful ? tandem::v1::OPTIMIZER_SHARDING_PARTITIONED
+                             : tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   TANDEM_RETURN_IF_ERROR(ValidateHeader(spec));
   TANDEM_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
@@ -471,6 +547,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!tandem::v1::Precision_IsValid(spec.precision())) {
     return FieldError("precision", absl::StrCat("unknown value ", spec.precision()));
   }
+  TANDEM_RETURN_IF_ERROR(ValidateDistributed(spec.distributed()));
   return ValidateUpdates(spec.updates(), spec.training());
 }
 
@@ -512,6 +589,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
   if (p->replan_threshold() == 0) p->set_replan_threshold(kDefaultReplanThreshold);
   TANDEM_RETURN_IF_ERROR(ResolveUpdates(r));
   TANDEM_RETURN_IF_ERROR(ResolvePipeline(r));
+  TANDEM_RETURN_IF_ERROR(ResolveDistributed(r));
   const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
     p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE

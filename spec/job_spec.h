@@ -37,6 +37,8 @@ absl::Status ValidateJobSpec(const tandem::v1::JobSpec& spec);
 inline constexpr double kDefaultReplanThreshold = 0.10;
 // placement.pipeline.stages at most.
 inline constexpr int kMaxPipelineStages = 64;
+// distributed.replicas' upper bound.
+inline constexpr int kMaxReplicas = 1024;
 
 // Validates, then fills every default. `has_accelerator` decides what an
 // unspecified strategy means.

@@ -56,9 +56,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
     gloo::transport::tcp::attr attr(options.hostname.c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(Millis(options.timeout));
+    context->setTimeout(Millis(options.rendezvous_timeout > absl::ZeroDuration()
+                                   ? options.rendezvous_timeout
+                                   : options.timeout));
     gloo::rendezvous::PrefixStore prefixed(prefix, store);
     context->connectFullMesh(prefixed, device);
+    context->setTimeout(Millis(options.timeout));
     return std::unique_ptr<Communicator>(
         new Communicator(std::move(context), rank, size, options.timeout));
   } catch (const std::exception& e) {

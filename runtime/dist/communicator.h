@@ -35,9 +35,11 @@ namespace tandem {
 struct CommunicatorOptions {
   // The address this rank accepts its peers' connections on.
   std::string hostname = "127.0.0.1";
-  // Bounds the rendezvous and every collective: a peer that does not answer
-  // within it fails the call with DEADLINE_EXCEEDED or UNAVAILABLE.
+  // Bounds every collective: a peer that does not answer within it fails the
+  // call with DEADLINE_EXCEEDED or UNAVAILABLE.
   absl::Duration timeout = absl::Seconds(30);
+  // Bounds the rendezvous (every rank joining); zero = `timeout`.
+  absl::Duration rendezvous_timeout = absl::ZeroDuration();
 };
 
 // What one rank's collectives moved, and how long it spent in them.

@@ -141,6 +141,33 @@ absl::StatusOr<std::unique_ptr<DataParallelRunner>> DataParallelRunner::Create(
   return r;
 }
 
+absl::StatusOr<std::unique_ptr<DataParallelRunner>> DataParallelRunner::Create(
+    const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t global_batch,
+    uint64_t init_seed, Allocator* allocator, std::unique_ptr<Communicator> comm,
+    const DataParallelOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(
+      std::unique_ptr<DataParallelRunner> r,
+      Create(model, optimizer, global_batch, init_seed, allocator, comm.get(), options));
+  r->owned_comm_ = std::move(comm);
+  return r;
+}
+
+tandem::v1::DistributedStats DataParallelRunner::DistributedRecord() const {
+  tandem::v1::DistributedStats d;
+  d.set_ranks(comm_->size());
+  d.set_sharding(options_.sharding == OptimizerSharding::kPartitioned
+                     ? tandem::v1::OPTIMIZER_SHARDING_PARTITIONED
+                     : tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  d.set_buckets(stats_.buckets);
+  d.set_collective_bytes(stats_.total.bytes);
+  d.set_collective_seconds(stats_.total.seconds);
+  d.set_step_gradient_seconds(stats_.step_comm_seconds);
+  d.set_step_waited_seconds(stats_.step_exposed_seconds);
+  d.set_step_other_seconds(stats_.step_other_seconds);
+  d.set_optimizer_elements(optimizer_->elements());
+  return d;
+}
+
 absl::Status DataParallelRunner::BuildBuckets() {
   const int n = comm_->size();
   const int64_t cap = options_.bucket_bytes / 4;
@@ -231,8 +258,21 @@ absl::StatusOr<StepResult> DataParallelRunner::TrainStep(const Batch& batch,
   stats_.step_exposed_seconds = waited;
   const double other_start = WallSeconds();
 
-  double sums[2] = {share_result.loss * static_cast<double>(share_.size), 0};
-  TANDEM_RETURN_IF_ERROR(comm_->AllReduceSum(sums, 1));
+  // One reduction carries the loss, the stop vote, and the step (its sum and
+  // sum of squares are N s and N s^2 only when every rank is at step s: a rank
+  // that resumed elsewhere is caught at its first step).
+  const double step = static_cast<double>(options.step);
+  const bool vote = options_.stop_vote != nullptr && options_.stop_vote->requested();
+  double sums[4] = {share_result.loss * static_cast<double>(share_.size), vote ? 1.0 : 0.0, step,
+                    step * step};
+  TANDEM_RETURN_IF_ERROR(comm_->AllReduceSum(sums, 4));
+  const double n = comm_->size();
+  if (sums[2] * sums[2] != n * sums[3]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ranks are not at the same step (rank ", comm_->rank(), " is at ", options.step,
+        ", the mean is ", sums[2] / n, "): a rank resumed from another checkpoint"));
+  }
+  if (sums[1] > 0 && options_.stop_vote != nullptr) options_.stop_vote->Agree();
   StepResult result;
   result.samples = batch.size;
   result.loss = sums[0] / static_cast<double>(batch.size);

@@ -21,6 +21,7 @@
 #ifndef TANDEM_RUNTIME_DIST_DATA_PARALLEL_RUNNER_H_
 #define TANDEM_RUNTIME_DIST_DATA_PARALLEL_RUNNER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -33,12 +34,30 @@ namespace tandem {
 
 enum class OptimizerSharding { kReplicated, kPartitioned };
 
+// How the ranks of a job stop together. Any rank may ask (a cancel, a daemon
+// stopping); the request travels with the next step's loss reduction, after
+// which every rank sees agreed() at the same step boundary and stops there
+// (with the same final checkpoint). Thread-safe.
+class StopVote {
+ public:
+  void Request() { requested_.store(true); }
+  bool requested() const { return requested_.load(); }
+  bool agreed() const { return agreed_.load(); }
+  void Agree() { agreed_.store(true); }
+
+ private:
+  std::atomic<bool> requested_{false};
+  std::atomic<bool> agreed_{false};
+};
+
 struct DataParallelOptions {
   OptimizerSharding sharding = OptimizerSharding::kReplicated;
   // Bucket size, in bytes of fp32 gradient (PyTorch DDP's default: 25 MiB).
   // A bucket closes once it holds at least this much; 0 puts every layer with
   // parameters in a bucket of its own.
   int64_t bucket_bytes = int64_t{25} << 20;
+  // Shared with the rank's trainer callbacks; null = no vote.
+  std::shared_ptr<StopVote> stop_vote;
 };
 
 // One rank's communication in its latest step and in total.
@@ -65,6 +84,11 @@ class DataParallelRunner final : public StepRunner {
       const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t global_batch,
       uint64_t init_seed, Allocator* allocator, Communicator* comm,
       const DataParallelOptions& options);
+  // The same, owning `comm`.
+  static absl::StatusOr<std::unique_ptr<DataParallelRunner>> Create(
+      const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t global_batch,
+      uint64_t init_seed, Allocator* allocator, std::unique_ptr<Communicator> comm,
+      const DataParallelOptions& options);
   ~DataParallelRunner() override;
 
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
@@ -81,6 +105,8 @@ class DataParallelRunner final : public StepRunner {
   const DataParallelStats& stats() const { return stats_; }
   int rank() const { return comm_->rank(); }
   int ranks() const { return comm_->size(); }
+  // rank 0's view, for the job record.
+  tandem::v1::DistributedStats DistributedRecord() const;
   // Floats of optimizer state per moment this rank keeps.
   int64_t optimizer_elements() const { return optimizer_->elements(); }
 
@@ -100,7 +126,8 @@ class DataParallelRunner final : public StepRunner {
 
   const Model& model_;
   Allocator* const allocator_;
-  Communicator* const comm_;
+  Communicator* comm_;
+  std::unique_ptr<Communicator> owned_comm_;
   const DataParallelOptions options_;
   int64_t global_batch_ = 0;
   ModelState weights_;

@@ -1,0 +1,487 @@
+#include "server/cluster/ranks.h"
+
+#include <filesystem>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "runtime/train/trainer.h"
+#include "server/tandem_service.h"
+
+namespace tandem::server {
+namespace {
+
+absl::Duration Seconds(double s) { return absl::Milliseconds(static_cast<int64_t>(s * 1000)); }
+
+// The rendezvous keys of one run of one job.
+std::string RunPrefix(const std::string& job_id, int attempt) {
+  return absl::StrCat(job_id, "/run-", attempt, "/");
+}
+
+OptimizerSharding ShardingOf(const tandem::v1::JobSpec& resolved) {
+  return resolved.distributed().sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED
+             ? OptimizerSharding::kPartitioned
+             : OptimizerSharding::kReplicated;
+}
+
+// A runner factory joining `ranks` ranks as `rank` through `store` (made when
+// the factory runs, so that its waits count from then).
+RunnerFactory DataParallelFactory(
+    int rank, int ranks, std::string prefix, std::string hostname,
+    std::function<std::unique_ptr<gloo::rendezvous::Store>()> make_store,
+    std::shared_ptr<StopVote> vote) {
+  return [=](const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
+             Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+    const auto& d = resolved.distributed();
+    CommunicatorOptions copts;
+    copts.hostname = hostname;
+    copts.timeout = Seconds(d.collective_timeout_seconds());
+    copts.rendezvous_timeout = Seconds(d.rendezvous_timeout_seconds());
+    std::unique_ptr<gloo::rendezvous::Store> store = make_store();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        Communicator::Connect(*store, prefix, rank, ranks, copts);
+    if (!comm.ok()) return comm.status();
+    DataParallelOptions options;
+    options.sharding = ShardingOf(resolved);
+    options.bucket_bytes = d.bucket_bytes();
+    options.stop_vote = vote;
+    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelRunner> runner,
+                            DataParallelRunner::Create(model, resolved.optimizer(), max_batch,
+                                                       resolved.training().seed(), allocator,
+                                                       *std::move(comm), options));
+    return std::unique_ptr<StepRunner>(std::move(runner));
+  };
+}
+
+// What each started rank is doing, as its daemon says (or that it does not
+// answer): "rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED (...)".
+std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
+                       const std::string& job_id) {
+  std::vector<std::string> states;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    auto stub = tandem::v1::Cluster::NewStub(peers->Channel(nodes[i]));
+    grpc::ClientContext context;
+    peers->credentials().Prepare(context, absl::Seconds(2));
+    tandem::v1::GetRankRequest request;
+    request.set_job_id(job_id);
+    tandem::v1::RankStatus status;
+    const grpc::Status s = stub->GetRank(&context, request, &status);
+    states.push_back(absl::StrCat(
+        "rank ", i + 1, " on ", nodes[i], ": ",
+        s.ok() ? absl::StrCat(tandem::v1::JobState_Name(status.state()), " (", status.reason(), ")")
+               : absl::StrCat("unreachable (", s.error_message(), ")")));
+  }
+  return absl::StrJoin(states, "; ");
+}
+
+bool SafeId(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '_' && c != '.') return false;
+  }
+  return id != "." && id != "..";
+}
+
+}  // namespace
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// ---------------------------------------------------------------- RankHost
+
+struct RankHost::Rank {
+  tandem::v1::StartRankRequest request;
+  std::shared_ptr<void> memory;
+  int64_t reserved_bytes = 0;
+  std::shared_ptr<StopVote> vote = std::make_shared<StopVote>();
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> step{0};
+  absl::Mutex mu;
+  tandem::v1::JobState state ABSL_GUARDED_BY(mu) = tandem::v1::JOB_STATE_QUEUED;
+  std::string reason ABSL_GUARDED_BY(mu) = "joining the other ranks";
+  std::thread thread;
+
+  tandem::v1::RankStatus Status() {
+    tandem::v1::RankStatus s;
+    s.set_job_id(request.job_id());
+    s.set_rank(request.rank());
+    s.set_attempt(request.attempt());
+    s.set_step(step.load());
+    s.set_reserved_host_bytes(reserved_bytes);
+    absl::MutexLock lock(&mu);
+    s.set_state(state);
+    s.set_reason(reason);
+    return s;
+  }
+  bool ended() {
+    absl::MutexLock lock(&mu);
+    return state == tandem::v1::JOB_STATE_SUCCEEDED || state == tandem::v1::JOB_STATE_FAILED ||
+           state == tandem::v1::JOB_STATE_CANCELLED;
+  }
+};
+
+RankHost::RankHost(JobManager* jobs, PeerSet* peers, std::string state_dir)
+    : jobs_(jobs), peers_(peers), state_dir_(std::move(state_dir)) {}
+
+RankHost::~RankHost() {
+  std::map<std::string, std::shared_ptr<Rank>> ranks;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    ranks = ranks_;
+  }
+  for (auto& [id, rank] : ranks) {
+    rank->stop = true;
+    rank->vote->Request();
+    if (rank->thread.joinable()) rank->thread.join();
+  }
+}
+
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRankRequest& r) {
+  if (!SafeId(r.job_id())) {
+    return absl::InvalidArgumentError("job_id: must be 1 to 128 letters, digits, '-', '_' or '.'");
+  }
+  if (r.ranks() < 2 || r.ranks() > 1024) {
+    return absl::InvalidArgumentError("ranks: must be in [2, 1024]");
+  }
+  if (r.rank() < 1 || r.rank() >= r.ranks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [1, ", r.ranks() - 1, "] (rank 0 is the coordinator's)"));
+  }
+  if (r.coordinator().empty() || r.hostname().empty()) {
+    return absl::InvalidArgumentError("coordinator and hostname: both must be set");
+  }
+  if (r.spec().distributed().replicas() != r.ranks()) {
+    return absl::InvalidArgumentError("spec.distributed.replicas: is not ranks");
+  }
+  TANDEM_ASSIGN_OR_RETURN(const MemoryEstimate estimate, jobs_->Estimate(r.spec()));
+  auto rank = std::make_shared<Rank>();
+  rank->request = r;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::FailedPreconditionError("this tandemd is stopping");
+    auto it = ranks_.find(r.job_id());
+    if (it != ranks_.end() && !it->second->ended()) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", it->second->request.rank(), " of ",
+                                                   r.job_id(), " already runs here"));
+    }
+  }
+  const int64_t bytes = estimate.host_bytes;
+  absl::StatusOr<std::shared_ptr<void>> memory =
+      jobs_->HoldHostMemory(bytes, absl::StrCat("rank ", r.rank(), " of ", r.job_id()));
+  if (!memory.ok()) return memory.status();
+  rank->memory = *std::move(memory);
+  rank->reserved_bytes = bytes;
+  absl::MutexLock lock(&mu_);
+  auto it = ranks_.find(r.job_id());
+  if (it != ranks_.end()) {
+    if (!it->second->ended()) {
+      return absl::AlreadyExistsError(absl::StrCat(r.job_id(), " already runs here"));
+    }
+    if (it->second->thread.joinable()) it->second->thread.join();
+  }
+  ranks_[r.job_id()] = rank;
+  rank->thread = std::thread([this, rank] { Run(rank); });
+  return rank->Status();
+}
+
+void RankHost::Run(std::shared_ptr<Rank> rank) {
+  const tandem::v1::StartRankRequest& r = rank->request;
+  const tandem::v1::JobSpec& spec = r.spec();
+  TrainerOptions options;
+  options.job_id = absl::StrCat(r.job_id(), "-rank", r.rank());
+  // Every rank checkpoints at rank 0's steps (a partitioned checkpoint
+  // gathers the optimizer state: all ranks take part).
+  options.checkpoint_dir = absl::StrCat(state_dir_, "/ranks/", r.job_id(), "/rank-", r.rank());
+  options.resume = true;
+  options.spec_resolved = true;
+  options.threads =
+      spec.training().threads() > 0 ? spec.training().threads() : jobs_->options().default_threads;
+  const PathPolicy& policy = jobs_->options().data_policy;
+  options.resolve_path = [&policy](const std::string& f, const std::string& p) {
+    return policy.Resolve(f, p);
+  };
+  HostAllocator allocator(rank->reserved_bytes);
+  options.host_allocator = &allocator;
+  std::shared_ptr<grpc::Channel> channel = peers_->Channel(r.coordinator());
+  const PeerCredentials credentials = peers_->credentials();
+  const absl::Duration wait = Seconds(spec.distributed().rendezvous_timeout_seconds());
+  const std::string prefix = RunPrefix(r.job_id(), r.attempt());
+  options.make_runner = DataParallelFactory(
+      r.rank(), r.ranks(), "gloo", r.hostname(),
+      [channel, credentials, prefix, wait] {
+        return std::make_unique<RemoteStore>(channel, credentials, prefix, wait);
+      },
+      rank->vote);
+  TrainerCallbacks callbacks;
+  callbacks.should_stop = [rank] {
+    if (rank->stop.load()) rank->vote->Request();
+    return rank->vote->agreed();
+  };
+  callbacks.on_step = [rank](const tandem::v1::JobEvent::StepProgress& p) {
+    rank->step = p.step();
+  };
+  absl::Status status;
+  {
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+    if (trainer.ok()) {
+      {
+        absl::MutexLock lock(&rank->mu);
+        rank->state = tandem::v1::JOB_STATE_RUNNING;
+        rank->reason = "running";
+      }
+      status = (*trainer)->Run();
+    } else {
+      status = trainer.status();
+    }
+  }
+  absl::MutexLock lock(&rank->mu);
+  if (status.ok()) {
+    rank->state = tandem::v1::JOB_STATE_SUCCEEDED;
+    rank->reason = "finished";
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    rank->state = tandem::v1::JOB_STATE_CANCELLED;
+    rank->reason = std::string(status.message());
+  } else {
+    rank->state = tandem::v1::JOB_STATE_FAILED;
+    rank->reason = status.ToString();
+  }
+  std::fprintf(stderr, "tandemd: rank %d of %s (coordinator %s) ended: %s\n", r.rank(),
+               r.job_id().c_str(), r.coordinator().c_str(), rank->reason.c_str());
+  rank->memory.reset();
+}
+
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id,
+                                                      const std::string& why) {
+  std::shared_ptr<Rank> rank;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(job_id);
+    if (it == ranks_.end())
+      return absl::NotFoundError(absl::StrCat("no rank of ", job_id, " here"));
+    rank = it->second;
+  }
+  rank->stop = true;
+  rank->vote->Request();
+  return rank->Status();
+}
+
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Get(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = ranks_.find(job_id);
+  if (it == ranks_.end()) return absl::NotFoundError(absl::StrCat("no rank of ", job_id, " here"));
+  return it->second->Status();
+}
+
+void RankHost::StopAll(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  for (auto& [id, rank] : ranks_) {
+    rank->stop = true;
+    rank->vote->Request();
+  }
+}
+
+int RankHost::running() {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (auto& [id, rank] : ranks_) n += rank->ended() ? 0 : 1;
+  return n;
+}
+
+// ---------------------------------------------------------------- Coordinator
+
+absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
+    const tandem::v1::JobSpec& resolved) {
+  const auto& d = resolved.distributed();
+  const int wanted = d.replicas() - 1;
+  const std::vector<tandem::v1::PeerInfo> peers = peers_->Snapshot();
+  std::vector<std::string> healthy, unhealthy;
+  for (const auto& p : peers) {
+    if (p.healthy()) {
+      healthy.push_back(p.address());
+    } else {
+      unhealthy.push_back(absl::StrCat(p.address(), " (", p.reason(), ")"));
+    }
+  }
+  if (d.nodes_size() > 0) {
+    std::vector<std::string> chosen;
+    for (int i = 0; i < d.nodes_size(); ++i) {
+      const std::string& n = d.nodes(i);
+      auto it = std::find_if(peers.begin(), peers.end(),
+                             [&](const tandem::v1::PeerInfo& p) { return p.address() == n; });
+      if (it == peers.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "spec.distributed.nodes[", i, "]: ", n, " is not a peer of this tandemd (peers: ",
+            peers.empty() ? "none" : absl::StrJoin(healthy, ", "), ")"));
+      }
+      if (!it->healthy()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("spec.distributed.nodes[", i, "]: ", n, " is unhealthy: ", it->reason()));
+      }
+      chosen.push_back(n);
+    }
+    return chosen;
+  }
+  if (static_cast<int>(healthy.size()) < wanted) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.distributed.replicas: ", d.replicas(), " ranks need ", wanted,
+        " other healthy tandemd node", wanted == 1 ? "" : "s",
+        " (one rank per node); this one has ", healthy.size(),
+        healthy.empty() ? "" : absl::StrCat(" (", absl::StrJoin(healthy, ", "), ")"),
+        unhealthy.empty() ? "" : absl::StrCat("; unhealthy: ", absl::StrJoin(unhealthy, "; "))));
+  }
+  healthy.resize(wanted);
+  return healthy;
+}
+
+absl::Status Coordinator::Admit(const tandem::v1::JobSpec& resolved) {
+  return PickNodes(resolved).status();
+}
+
+DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
+  DistributedRun run;
+  run.vote = std::make_shared<StopVote>();
+  run.nodes = std::make_shared<std::vector<std::string>>();
+  // The peers started for this run, shared with `end`.
+  auto started = std::make_shared<std::vector<std::string>>();
+  const std::string job_id = job.id();
+  const int attempt = std::max(1, job.attempts());
+  const std::string prefix = RunPrefix(job_id, attempt);
+  PeerSet* peers = peers_;
+  RendezvousTable* table = table_;
+  auto stop_all = [peers, started, job_id](const std::string& why) {
+    for (const std::string& node : *started) {
+      auto stub = tandem::v1::Cluster::NewStub(peers->Channel(node));
+      grpc::ClientContext context;
+      peers->credentials().Prepare(context, absl::Seconds(2));
+      tandem::v1::StopRankRequest request;
+      request.set_job_id(job_id);
+      request.set_reason(why);
+      tandem::v1::RankStatus status;
+      stub->StopRank(&context, request, &status);  // best effort: it may be gone
+    }
+  };
+  run.end = [stop_all, table, prefix] {
+    stop_all("the job's run ended on its coordinator");
+    table->Erase(prefix);
+  };
+  auto picked_nodes = run.nodes;
+  RunnerFactory join = DataParallelFactory(
+      0, job.resolved_spec().distributed().replicas(), "gloo", HostOf(peers_->self()),
+      [table, prefix, job] {
+        return std::make_unique<LocalStore>(
+            table, prefix, Seconds(job.resolved_spec().distributed().rendezvous_timeout_seconds()));
+      },
+      run.vote);
+  run.factory = [this, job, attempt, started, join, picked_nodes, peers](
+                    const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
+                    Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+    TANDEM_ASSIGN_OR_RETURN(const std::vector<std::string> nodes, PickNodes(resolved));
+    picked_nodes->assign({"self"});
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      tandem::v1::StartRankRequest request;
+      request.set_job_id(job.id());
+      request.set_attempt(attempt);
+      request.set_rank(static_cast<int>(i) + 1);
+      request.set_ranks(resolved.distributed().replicas());
+      request.set_coordinator(peers->self());
+      *request.mutable_spec() = resolved;
+      request.set_hostname(HostOf(nodes[i]));
+      auto stub = tandem::v1::Cluster::NewStub(peers->Channel(nodes[i]));
+      grpc::ClientContext context;
+      peers->credentials().Prepare(context, absl::Seconds(30));
+      tandem::v1::RankStatus status;
+      const grpc::Status s = stub->StartRank(&context, request, &status);
+      if (!s.ok()) {
+        return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                            absl::StrCat("rank ", i + 1, " on node ", nodes[i],
+                                         " could not start: ", s.error_message()));
+      }
+      started->push_back(nodes[i]);
+      picked_nodes->push_back(nodes[i]);
+    }
+    // On failure the run ends: `explain` adds what each rank was doing, and
+    // `end` stops them.
+    absl::StatusOr<std::unique_ptr<StepRunner>> runner =
+        join(model, resolved, max_batch, allocator);
+    if (!runner.ok()) {
+      return absl::Status(runner.status().code(),
+                          absl::StrCat("the ranks did not join: ", runner.status().message()));
+    }
+    return runner;
+  };
+  run.explain = [peers, started, job_id](const absl::Status& status) {
+    if (started->empty()) return status;
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(), "; ", RankStates(peers, *started, job_id)));
+  };
+  return run;
+}
+
+// ---------------------------------------------------------------- ClusterService
+
+grpc::Status ClusterService::StartRank(grpc::ServerContext* context,
+                                       const tandem::v1::StartRankRequest* request,
+                                       tandem::v1::RankStatus* response) {
+  if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
+  absl::StatusOr<tandem::v1::RankStatus> status = ranks_->Start(*request);
+  if (!status.ok()) return ToGrpc(status.status());
+  *response = *status;
+  return grpc::Status::OK;
+}
+
+grpc::Status ClusterService::StopRank(grpc::ServerContext* context,
+                                      const tandem::v1::StopRankRequest* request,
+                                      tandem::v1::RankStatus* response) {
+  if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
+  absl::StatusOr<tandem::v1::RankStatus> status =
+      ranks_->Stop(request->job_id(), request->reason());
+  if (!status.ok()) return ToGrpc(status.status());
+  *response = *status;
+  return grpc::Status::OK;
+}
+
+grpc::Status ClusterService::GetRank(grpc::ServerContext* context,
+                                     const tandem::v1::GetRankRequest* request,
+                                     tandem::v1::RankStatus* response) {
+  if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
+  absl::StatusOr<tandem::v1::RankStatus> status = ranks_->Get(request->job_id());
+  if (!status.ok()) return ToGrpc(status.status());
+  *response = *status;
+  return grpc::Status::OK;
+}
+
+grpc::Status ClusterService::RendezvousSet(grpc::ServerContext* context,
+                                           const tandem::v1::RendezvousSetRequest* request,
+                                           tandem::v1::RendezvousSetResponse*) {
+  if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
+  return ToGrpc(table_->Set(request->key(), request->value()));
+}
+
+grpc::Status ClusterService::RendezvousGet(grpc::ServerContext* context,
+                                           const tandem::v1::RendezvousGetRequest* request,
+                                           tandem::v1::RendezvousGetResponse* response) {
+  if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
+  if (request->keys_size() == 0 || request->keys_size() > 4096) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "keys: 1 to 4096 of them");
+  }
+  if (!(request->timeout_seconds() >= 0 && request->timeout_seconds() <= 3600)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "timeout_seconds: must be in [0, 3600]");
+  }
+  absl::StatusOr<std::vector<std::string>> values = table_->Get(
+      {request->keys().begin(), request->keys().end()}, Seconds(request->timeout_seconds()));
+  if (!values.ok()) return ToGrpc(values.status());
+  for (std::string& v : *values) response->add_values(std::move(v));
+  return grpc::Status::OK;
+}
+
+}  // namespace tandem::server

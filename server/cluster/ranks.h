@@ -1,0 +1,109 @@
+// Distributed jobs across tandemd daemons (docs/distributed.md).
+//
+// The daemon that accepts a job with distributed.replicas = N > 1 coordinates
+// it: its JobManager runs the job as rank 0 (the job's record, events and
+// metrics are rank 0's), and when a run starts the Coordinator picks N - 1
+// healthy peers, starts rank r on each through tandem.v1.Cluster/StartRank
+// (all or nothing: a refusal stops the ranks already started, and the run
+// fails saying which node lacked what), and joins them over Gloo through the
+// rendezvous it serves. Every rank trains its share of each global batch with
+// a DataParallelRunner. When the run ends, for whatever reason, the
+// coordinator stops whatever ranks are left.
+//
+// RankHost is the other side: the ranks this daemon runs for coordinators,
+// each on a thread with the memory StartRank reserved for it, checkpointing
+// under <state_dir>/ranks/ at the same steps as rank 0.
+//
+// ClusterService serves both over gRPC, behind the same token as the rest.
+#ifndef TANDEM_SERVER_CLUSTER_RANKS_H_
+#define TANDEM_SERVER_CLUSTER_RANKS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "runtime/dist/data_parallel_runner.h"
+#include "server/auth.h"
+#include "server/cluster/peers.h"
+#include "server/cluster/rendezvous.h"
+#include "server/job_manager.h"
+#include "tandem/v1/cluster.grpc.pb.h"
+
+namespace tandem::server {
+
+// The Gloo transport's address for a daemon reached at HOST:PORT: HOST.
+std::string HostOf(const std::string& address);
+
+class RankHost {
+ public:
+  RankHost(JobManager* jobs, PeerSet* peers, std::string state_dir);
+  // Stops every rank and waits for their threads.
+  ~RankHost();
+
+  absl::StatusOr<tandem::v1::RankStatus> Start(const tandem::v1::StartRankRequest& request);
+  absl::StatusOr<tandem::v1::RankStatus> Stop(const std::string& job_id, const std::string& why);
+  absl::StatusOr<tandem::v1::RankStatus> Get(const std::string& job_id);
+  // Asks every rank to stop (tandemd is shutting down) without waiting.
+  void StopAll(const std::string& why);
+  // Ranks running now.
+  int running();
+
+ private:
+  struct Rank;
+  void Run(std::shared_ptr<Rank> rank);
+
+  JobManager* const jobs_;
+  PeerSet* const peers_;
+  const std::string state_dir_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Rank>> ranks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class Coordinator {
+ public:
+  Coordinator(PeerSet* peers, RendezvousTable* table) : peers_(peers), table_(table) {}
+
+  // At submission: OK when the cluster has enough healthy nodes for the
+  // job's ranks now; FAILED_PRECONDITION saying which are missing or why
+  // they are unhealthy otherwise.
+  absl::Status Admit(const tandem::v1::JobSpec& resolved);
+  // At the start of a run of `job` (a resolved distributed job).
+  DistributedRun Begin(const tandem::v1::Job& job);
+
+ private:
+  // The nodes of ranks 1..N-1, or why there are not enough.
+  absl::StatusOr<std::vector<std::string>> PickNodes(const tandem::v1::JobSpec& resolved);
+
+  PeerSet* const peers_;
+  RendezvousTable* const table_;
+};
+
+class ClusterService final : public tandem::v1::Cluster::Service {
+ public:
+  ClusterService(Authenticator auth, RankHost* ranks, RendezvousTable* table)
+      : auth_(std::move(auth)), ranks_(ranks), table_(table) {}
+  grpc::Status StartRank(grpc::ServerContext* context, const tandem::v1::StartRankRequest* request,
+                         tandem::v1::RankStatus* response) override;
+  grpc::Status StopRank(grpc::ServerContext* context, const tandem::v1::StopRankRequest* request,
+                        tandem::v1::RankStatus* response) override;
+  grpc::Status GetRank(grpc::ServerContext* context, const tandem::v1::GetRankRequest* request,
+                       tandem::v1::RankStatus* response) override;
+  grpc::Status RendezvousSet(grpc::ServerContext* context,
+                             const tandem::v1::RendezvousSetRequest* request,
+                             tandem::v1::RendezvousSetResponse* response) override;
+  grpc::Status RendezvousGet(grpc::ServerContext* context,
+                             const tandem::v1::RendezvousGetRequest* request,
+                             tandem::v1::RendezvousGetResponse* response) override;
+
+ private:
+  const Authenticator auth_;
+  RankHost* const ranks_;
+  RendezvousTable* const table_;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_CLUSTER_RANKS_H_

@@ -1,0 +1,148 @@
+#include "server/cluster/rendezvous.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gloo/common/error.h"
+
+namespace tandem::server {
+
+absl::Status RendezvousTable::Set(const std::string& key, const std::string& value) {
+  if (key.empty() || key.size() > 1024) {
+    return absl::InvalidArgumentError("key: must be 1 to 1024 bytes");
+  }
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("value: more than ", kMaxValueBytes, " bytes"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (values_.size() >= kMaxKeys && values_.count(key) == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("the rendezvous holds ", kMaxKeys, " keys"));
+  }
+  values_[key] = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> RendezvousTable::Get(const std::vector<std::string>& keys,
+                                                              absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto all_set = [&] {
+    for (const std::string& k : keys) {
+      if (values_.count(k) == 0) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&all_set), timeout);
+  std::vector<std::string> values, missing;
+  for (const std::string& k : keys) {
+    auto it = values_.find(k);
+    if (it == values_.end()) {
+      missing.push_back(k);
+    } else {
+      values.push_back(it->second);
+    }
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat("Timed out after ",
+                                                    absl::FormatDuration(timeout), " waiting for ",
+                                                    absl::StrJoin(missing, ", ")));
+  }
+  return values;
+}
+
+void RendezvousTable::Erase(const std::string& prefix) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = values_.lower_bound(prefix);
+       it != values_.end() && absl::StartsWith(it->first, prefix);) {
+    it = values_.erase(it);
+  }
+}
+
+int RendezvousTable::size() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(values_.size());
+}
+
+void PeerCredentials::Prepare(grpc::ClientContext& context, absl::Duration timeout) const {
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
+}
+
+// Gloo expects its Store to throw; the Communicator turns these into statuses.
+namespace {
+[[noreturn]] void Throw(const absl::Status& status) {
+  throw gloo::IoException(std::string(status.message()));
+}
+}  // namespace
+
+void LocalStore::set(const std::string& key, const std::vector<char>& data) {
+  const absl::Status s = table_->Set(prefix_ + key, std::string(data.begin(), data.end()));
+  if (!s.ok()) Throw(s);
+}
+
+std::vector<char> LocalStore::get(const std::string& key) {
+  absl::StatusOr<std::vector<std::string>> v = table_->Get({prefix_ + key}, timeout_);
+  if (!v.ok()) Throw(v.status());
+  return std::vector<char>((*v)[0].begin(), (*v)[0].end());
+}
+
+void LocalStore::wait(const std::vector<std::string>& keys,
+                      const std::chrono::milliseconds& timeout) {
+  std::vector<std::string> full;
+  for (const std::string& k : keys) full.push_back(prefix_ + k);
+  absl::StatusOr<std::vector<std::string>> v =
+      table_->Get(full, std::min(timeout_, absl::FromChrono(timeout)));
+  if (!v.ok()) Throw(v.status());
+}
+
+RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, PeerCredentials credentials,
+                         std::string prefix, absl::Duration timeout)
+    : stub_(tandem::v1::Cluster::NewStub(std::move(channel))),
+      credentials_(std::move(credentials)),
+      prefix_(std::move(prefix)),
+      timeout_(timeout) {}
+
+void RemoteStore::set(const std::string& key, const std::vector<char>& data) {
+  tandem::v1::RendezvousSetRequest request;
+  request.set_key(prefix_ + key);
+  request.set_value(std::string(data.begin(), data.end()));
+  tandem::v1::RendezvousSetResponse response;
+  grpc::ClientContext context;
+  credentials_.Prepare(context, timeout_);
+  const grpc::Status s = stub_->RendezvousSet(&context, request, &response);
+  if (!s.ok()) {
+    Throw(absl::UnavailableError(
+        absl::StrCat("the coordinator's rendezvous refused ", key, ": ", s.error_message())));
+  }
+}
+
+std::vector<std::string> RemoteStore::Fetch(const std::vector<std::string>& keys,
+                                            absl::Duration timeout) {
+  tandem::v1::RendezvousGetRequest request;
+  for (const std::string& k : keys) request.add_keys(prefix_ + k);
+  request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
+  tandem::v1::RendezvousGetResponse response;
+  grpc::ClientContext context;
+  credentials_.Prepare(context, timeout + absl::Seconds(5));
+  const grpc::Status s = stub_->RendezvousGet(&context, request, &response);
+  if (!s.ok()) {
+    const bool late = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    Throw(absl::UnavailableError(absl::StrCat(
+        late ? "Timed out: " : "", "the coordinator's rendezvous: ", s.error_message())));
+  }
+  return {response.values().begin(), response.values().end()};
+}
+
+std::vector<char> RemoteStore::get(const std::string& key) {
+  const std::string v = Fetch({key}, timeout_)[0];
+  return std::vector<char>(v.begin(), v.end());
+}
+
+void RemoteStore::wait(const std::vector<std::string>& keys) { Fetch(keys, timeout_); }
+
+void RemoteStore::wait(const std::vector<std::string>& keys,
+                       const std::chrono::milliseconds& timeout) {
+  Fetch(keys, std::min(timeout_, absl::FromChrono(timeout)));
+}
+
+}  // namespace tandem::server

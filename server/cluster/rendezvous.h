@@ -1,0 +1,95 @@
+// The rendezvous of a distributed job's ranks (docs/distributed.md). The
+// coordinator (the daemon that accepted the job) keeps a RendezvousTable and
+// serves it over tandem.v1.Cluster; each rank reaches it through a Gloo
+// rendezvous Store: LocalStore on the coordinator's own rank 0, RemoteStore on
+// the other daemons. Keys carry the job's id and run, so runs never meet.
+// Thread-safe.
+#ifndef TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_
+#define TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gloo/rendezvous/store.h"
+#include "grpcpp/grpcpp.h"
+#include "tandem/v1/cluster.grpc.pb.h"
+
+namespace tandem::server {
+
+class RendezvousTable {
+ public:
+  // At most this many keys and bytes per value: the table serves peers, and a
+  // peer that floods it is refused rather than let it grow.
+  static constexpr int kMaxKeys = 1 << 16;
+  static constexpr int kMaxValueBytes = 1 << 20;
+
+  absl::Status Set(const std::string& key, const std::string& value);
+  // Every key's value, waiting up to `timeout` for those not set yet;
+  // DEADLINE_EXCEEDED naming the missing ones.
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout);
+  // Drops every key that starts with `prefix` (a run has ended).
+  void Erase(const std::string& prefix);
+  int size();
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+};
+
+// Credentials and the bearer token for calls to other daemons: the same TLS
+// and token clients use.
+struct PeerCredentials {
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+  std::string token;
+  // Adds the token to a call's metadata and sets its deadline.
+  void Prepare(grpc::ClientContext& context, absl::Duration timeout) const;
+};
+
+// Gloo's Store over a RendezvousTable in this process, under `prefix`.
+class LocalStore final : public gloo::rendezvous::Store {
+ public:
+  LocalStore(RendezvousTable* table, std::string prefix, absl::Duration timeout)
+      : table_(table), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, ToChrono(timeout_)); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  static std::chrono::milliseconds ToChrono(absl::Duration d) {
+    return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+  }
+  RendezvousTable* const table_;
+  const std::string prefix_;
+  const absl::Duration timeout_;
+};
+
+// Gloo's Store over the coordinator's Rendezvous RPCs, under `prefix`.
+class RemoteStore final : public gloo::rendezvous::Store {
+ public:
+  RemoteStore(std::shared_ptr<grpc::Channel> channel, PeerCredentials credentials,
+              std::string prefix, absl::Duration timeout);
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  std::vector<std::string> Fetch(const std::vector<std::string>& keys, absl::Duration timeout);
+  std::unique_ptr<tandem::v1::Cluster::Stub> stub_;
+  const PeerCredentials credentials_;
+  const std::string prefix_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace tandem::server
+
+#endif  // TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_

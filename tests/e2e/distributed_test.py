@@ -1,0 +1,354 @@
+"""Distributed jobs across tandemd daemons on loopback (docs/distributed.md).
+
+Two and four daemons, each the others' --peers: a job with
+distributed.replicas N submitted to one of them runs a rank on each, over
+Gloo, and its losses are one replica's for the first 20 steps, replicated and
+ZeRO-partitioned. Hostile specs and lost ranks end with a clear status and
+hold nothing.
+"""
+import signal
+import socket
+import sys
+import time
+import unittest
+
+import junit_runner
+from tandem_stubs import job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
+from tandemd_fixture import Tandemd
+
+TANDEMD = None
+STEPS = 20
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_cluster(n, extra=None):
+    """n daemons, each listing the others as peers; extra[i]: more flags for i."""
+    ports = free_ports(n)
+    addresses = ["127.0.0.1:%d" % p for p in ports]
+    daemons = []
+    for i in range(n):
+        flags = ["--listen=" + addresses[i], "--job_threads=1", "--max_running_jobs=4",
+                 "--peers=" + ",".join(a for j, a in enumerate(addresses) if j != i)]
+        daemons.append(Tandemd(TANDEMD, extra_flags=flags + list((extra or {}).get(i, []))).start())
+    clients = [stub(d.address)[1] for d in daemons]
+    # Every daemon sees every other healthy before the tests submit.
+    deadline = time.time() + 60
+    for c in clients:
+        while True:
+            node = c.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
+            if len(node.peers) == n - 1 and all(p.healthy for p in node.peers):
+                break
+            if time.time() > deadline:
+                raise AssertionError("peers not healthy: %s" % node.peers)
+            time.sleep(0.2)
+    return daemons, clients
+
+
+def stop_cluster(daemons):
+    for d in daemons:
+        d.stop()
+        d.cleanup()
+
+
+def gpt_spec(replicas=1, sharding=None, steps=STEPS, **distributed):
+    """A small GPT with dropout, AdamW and clipping: what makes shares differ
+    from one batch if anything is wrong (dropout masks, the norm, the mean)."""
+    d = {
+        "model": {"gpt": {"n_layer": 2, "n_head": 2, "d_model": 32, "context": 16,
+                          "dropout": 0.1}},
+        "data": {"synthetic": {"sample_shape": [16], "num_classes": 24, "tokens": True,
+                               "train_samples": 512}},
+        "optimizer": {"kind": "OPTIMIZER_KIND_ADAMW", "learning_rate": 0.003,
+                      "max_grad_norm": 1.0},
+        "training": {"batch_size": 16, "steps": steps, "seed": 7, "log_interval_steps": 1},
+    }
+    if replicas > 1:
+        d["distributed"] = dict(replicas=replicas, **distributed)
+        if sharding:
+            d["distributed"]["sharding"] = sharding
+    return spec_from_dict(d)
+
+
+def step_losses(client, job_id):
+    events = client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job_id), timeout=120)
+    return {e.step.step: e.step.loss for e in events if e.HasField("step")}
+
+
+def run(client, spec, timeout=600):
+    job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+    return wait_for_state(client, job.id, [job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED,
+                                           job_pb2.JOB_STATE_CANCELLED], timeout=timeout)
+
+
+def host_reserved(client):
+    node = client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
+    return sum(d.memory_reserved_bytes for d in node.devices if d.kind == 1)
+
+
+class ParityMixin:
+    def check_parity(self, replicas):
+        reference = run(self.clients[0], gpt_spec())
+        self.assertEqual(reference.state, job_pb2.JOB_STATE_SUCCEEDED, reference.reason)
+        want = step_losses(self.clients[0], reference.id)
+        self.assertEqual(sorted(want), list(range(1, STEPS + 1)))
+        for sharding in ("OPTIMIZER_SHARDING_REPLICATED", "OPTIMIZER_SHARDING_PARTITIONED"):
+            job = run(self.clients[0], gpt_spec(replicas, sharding))
+            self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED,
+                             job.reason + "".join(d.logs()[-3000:] for d in self.daemons))
+            got = step_losses(self.clients[0], job.id)
+            worst = max(abs(got[s] - want[s]) for s in want)
+            print("%d ranks %s: loss %.5f -> %.5f, one replica %.5f -> %.5f, worst difference "
+                  "%.2e" % (replicas, sharding, got[1], got[STEPS], want[1], want[STEPS], worst))
+            for s in want:
+                self.assertAlmostEqual(got[s], want[s], delta=1e-4, msg="step %d" % s)
+            d = job.metrics.distributed
+            self.assertEqual(d.ranks, replicas)
+            self.assertEqual(len(d.nodes), replicas)
+            self.assertEqual(d.nodes[0], "self")
+            self.assertEqual(job_pb2.OptimizerSharding.Name(d.sharding), sharding)
+            self.assertGreater(d.collective_bytes, 0)
+            self.assertEqual(job.distributed_reason, "asked for")
+        # Nothing is held anywhere once the jobs are over (the other ranks
+        # end just after rank 0: their last checkpoint).
+        deadline = time.time() + 60
+        for c in self.clients:
+            while host_reserved(c) != 0:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.2)
+
+
+class TwoDaemonsTest(unittest.TestCase, ParityMixin):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemons, cls.clients = start_cluster(2)
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_cluster(cls.daemons)
+
+    def test_two_ranks_train_as_one_replica(self):
+        self.check_parity(2)
+
+    def test_auto_sharding_partitions_adam_and_says_why(self):
+        job = run(self.clients[0], gpt_spec(2, steps=3))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.reason)
+        self.assertEqual(job.resolved_spec.distributed.sharding,
+                         job_pb2.OPTIMIZER_SHARDING_PARTITIONED)
+        self.assertIn("each rank keeps 1/2", job.distributed_reason)
+
+    def test_cancel_stops_every_rank_at_the_same_step(self):
+        from tandem.v1 import cluster_pb2, cluster_pb2_grpc
+        spec = gpt_spec(2, steps=100000)
+        job = self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec),
+                                        timeout=60).job
+        while self.clients[0].GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
+                                     timeout=10).progress.step < 3:
+            time.sleep(0.05)
+        self.clients[0].CancelJob(tandem_service_pb2.CancelJobRequest(job_id=job.id,
+                                                                      reason="e2e"), timeout=30)
+        done = wait_for_state(self.clients[0], job.id, [job_pb2.JOB_STATE_CANCELLED,
+                                                        job_pb2.JOB_STATE_FAILED], timeout=120)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_CANCELLED, done.reason)
+        self.assertGreater(done.checkpoint_step, 0)
+        channel = stub(self.daemons[1].address)[0]
+        ranks = cluster_pb2_grpc.ClusterStub(channel)
+        deadline = time.time() + 60
+        while True:
+            rank = ranks.GetRank(cluster_pb2.GetRankRequest(job_id=job.id), timeout=10)
+            if rank.state != job_pb2.JOB_STATE_RUNNING:
+                break
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.1)
+        channel.close()
+        print("cancelled at step %d; rank 1: %s at step %d (%s)" % (
+            done.checkpoint_step, job_pb2.JobState.Name(rank.state), rank.step, rank.reason))
+        self.assertEqual(rank.state, job_pb2.JOB_STATE_CANCELLED, rank.reason)
+        self.assertEqual(rank.step, done.checkpoint_step)
+
+    def test_more_replicas_than_nodes_is_refused_at_submission(self):
+        import grpc
+        with self.assertRaises(grpc.RpcError) as e:
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=gpt_spec(3)),
+                                      timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("3 ranks need 2 other healthy tandemd nodes", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(
+                spec=gpt_spec(2, nodes=["127.0.0.1:1"])), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("distributed.nodes[0]: 127.0.0.1:1 is not a peer", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            spec = gpt_spec(2)
+            spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.distributed.replicas", e.exception.details())
+        self.assertEqual(host_reserved(self.clients[0]), 0)
+
+    def test_a_rank_lost_mid_training_fails_the_job_in_bounded_time(self):
+        # A third daemon joins as the job's rank 1 and is killed (-9) mid-run.
+        ports = free_ports(2)
+        a, b = ["127.0.0.1:%d" % p for p in ports]
+        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
+                                              "--job_threads=1"]).start()
+        second = Tandemd(TANDEMD, extra_flags=["--listen=" + b, "--peers=" + a,
+                                               "--job_threads=1"]).start()
+        try:
+            client = stub(first.address)[1]
+            deadline = time.time() + 30
+            while not all(p.healthy for p in client.GetNode(
+                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.2)
+            spec = gpt_spec(2, steps=100000, collective_timeout_seconds=5)
+            job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+            while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
+                                timeout=10).progress.step < 5:
+                time.sleep(0.1)
+            second.kill9()
+            start = time.time()
+            done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
+                                                   job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
+            took = time.time() - start
+            print("rank 1's daemon killed: the job FAILED after %.1f s: %s" % (took, done.reason))
+            self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
+            self.assertLess(took, 60)
+            self.assertTrue("all-reduce" in done.reason or "reduce-scatter" in done.reason or
+                            "all-gather" in done.reason, done.reason)
+            self.assertEqual(host_reserved(client), 0)
+        finally:
+            first.stop()
+            second.stop()
+            first.cleanup()
+            second.cleanup()
+
+    def test_a_node_that_refuses_its_rank_fails_the_run_saying_why_and_holds_nothing(self):
+        # Rank 1's daemon cannot open the dataset (its --data_root does not
+        # hold it): it refuses the rank, and the run ends saying so.
+        ports = free_ports(2)
+        a, b = ["127.0.0.1:%d" % p for p in ports]
+        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
+                                              "--job_threads=1"]).start()
+        second = Tandemd(TANDEMD, data_root="/tmp", extra_flags=[
+            "--listen=" + b, "--peers=" + a, "--job_threads=1"]).start()
+        try:
+            client = stub(first.address)[1]
+            deadline = time.time() + 30
+            while not all(p.healthy for p in client.GetNode(
+                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.2)
+            spec = spec_from_dict({
+                "model": {"mlp": {}},
+                "data": {"idx": {"train_images": "/usr/share/datasets/fashion-mnist/"
+                                                 "train-images-idx3-ubyte.gz",
+                                 "train_labels": "/usr/share/datasets/fashion-mnist/"
+                                                 "train-labels-idx1-ubyte.gz"}},
+                "training": {"batch_size": 32, "steps": 5},
+                "distributed": {"replicas": 2, "rendezvous_timeout_seconds": 4},
+            })
+            start = time.time()
+            done = run(client, spec, timeout=120)
+            print("a node that refuses its rank: %s after %.1f s: %s" % (
+                job_pb2.JobState.Name(done.state), time.time() - start, done.reason))
+            self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
+            self.assertIn("rank 1 on node %s could not start" % b, done.reason)
+            self.assertIn("outside the data root /tmp", done.reason)
+            self.assertEqual(host_reserved(client), 0)
+            self.assertEqual(host_reserved(stub(second.address)[1]), 0)
+        finally:
+            first.stop()
+            second.stop()
+            first.cleanup()
+            second.cleanup()
+
+
+    def test_a_rendezvous_that_never_completes_fails_the_run_in_bounded_time(self):
+        # Rank 1's daemon is frozen (SIGSTOP) once it has accepted the rank,
+        # while the rank loads its data: it never joins.
+        from tandem.v1 import cluster_pb2, cluster_pb2_grpc
+        ports = free_ports(2)
+        a, b = ["127.0.0.1:%d" % p for p in ports]
+        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
+                                              "--job_threads=1"]).start()
+        second = Tandemd(TANDEMD, extra_flags=["--listen=" + b, "--peers=" + a,
+                                               "--job_threads=1"]).start()
+        try:
+            client = stub(first.address)[1]
+            channel = stub(second.address)[0]
+            ranks = cluster_pb2_grpc.ClusterStub(channel)
+            deadline = time.time() + 30
+            while not all(p.healthy for p in client.GetNode(
+                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.2)
+            spec = spec_from_dict({
+                "model": {"mlp": {}},
+                "data": {"idx": {"train_images": "/usr/share/datasets/fashion-mnist/"
+                                                 "train-images-idx3-ubyte.gz",
+                                 "train_labels": "/usr/share/datasets/fashion-mnist/"
+                                                 "train-labels-idx1-ubyte.gz"}},
+                "training": {"batch_size": 32, "steps": 5},
+                "distributed": {"replicas": 2, "rendezvous_timeout_seconds": 4},
+            })
+            job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+            deadline = time.time() + 60
+            while True:
+                try:
+                    ranks.GetRank(cluster_pb2.GetRankRequest(job_id=job.id), timeout=5)
+                    break
+                except Exception:  # NOT_FOUND until the coordinator starts it
+                    self.assertLess(time.time(), deadline)
+                    time.sleep(0.01)
+            second.proc.send_signal(signal.SIGSTOP)
+            start = time.time()
+            done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
+                                                   job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
+            took = time.time() - start
+            second.proc.send_signal(signal.SIGCONT)
+            print("a rendezvous that never completes: %s after %.1f s: %s" % (
+                job_pb2.JobState.Name(done.state), took, done.reason))
+            self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
+            self.assertIn("the ranks did not join", done.reason)
+            self.assertIn("rank 1 on " + b, done.reason)
+            self.assertLess(took, 60)
+            self.assertEqual(host_reserved(client), 0)
+            # The frozen daemon, thawed, ends its rank (stopped, or its own
+            # rendezvous timing out) and gives its memory back.
+            deadline = time.time() + 60
+            while host_reserved(stub(second.address)[1]) != 0:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.2)
+            channel.close()
+        finally:
+            first.stop()
+            second.stop()
+            first.cleanup()
+            second.cleanup()
+
+
+class FourDaemonsTest(unittest.TestCase, ParityMixin):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemons, cls.clients = start_cluster(4)
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_cluster(cls.daemons)
+
+    def test_four_ranks_train_as_one_replica(self):
+        self.check_parity(4)
+
+
+if __name__ == "__main__":
+    TANDEMD = sys.argv.pop(1)
+    junit_runner.main()

@@ -814,6 +814,18 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
     metrics_->job_update_wait_seconds.Add(labels).Set(u.wait_seconds());
     metrics_->job_update_exchanges.Add(labels).Set(static_cast<double>(u.exchanges()));
   }
+  if (m.has_distributed() && m.distributed().ranks() > 1) {
+    const tandem::v1::DistributedStats& d = m.distributed();
+    metrics_->job_ranks.Add(labels).Set(d.ranks());
+    metrics_->job_collective_bytes.Add(labels).Set(static_cast<double>(d.collective_bytes()));
+    auto seconds = [&](const char* phase, double v) {
+      metrics_->job_collective_seconds.Add({{"job_id", entry.job.id()}, {"phase", phase}}).Set(v);
+    };
+    seconds("total", d.collective_seconds());
+    seconds("step_gradient", d.step_gradient_seconds());
+    seconds("step_waited", d.step_waited_seconds());
+    seconds("step_other", d.step_other_seconds());
+  }
   for (const tandem::v1::PipelineStageStats& st : m.pipeline_stages()) {
     const std::string stage = absl::StrCat(st.stage());
     auto seconds = [&](const char* phase, double v) {
@@ -870,6 +882,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
       for (const std::string& n : *nodes) d.add_nodes(n);
       absl::MutexLock lock(&mu_);
       *entry->job.mutable_metrics()->mutable_distributed() = std::move(d);
+      UpdateJobMetrics(*entry);
     };
   }
   {
@@ -1210,6 +1223,11 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
   // workers' count).
   for (int lag = 0; lag <= 1024; ++lag) {
     RemoveSeries(metrics_->job_update_lagged, {{"job_id", job_id}, {"lag", absl::StrCat(lag)}});
+  }
+  RemoveSeries(metrics_->job_ranks, old);
+  RemoveSeries(metrics_->job_collective_bytes, old);
+  for (const char* phase : {"total", "step_gradient", "step_waited", "step_other"}) {
+    RemoveSeries(metrics_->job_collective_seconds, {{"job_id", job_id}, {"phase", phase}});
   }
   for (int stage = 0; stage < kMaxPipelineStages; ++stage) {
     const std::string k = absl::StrCat(stage);

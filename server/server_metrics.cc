@@ -79,6 +79,20 @@ ServerMetrics::ServerMetrics()
                                       "A pipeline stage's device memory: its peak over the run "
                                       "and the planner's prediction (label kind).",
                                       *registry)),
+      job_ranks(Family(BuildGauge(), "tandem_job_ranks",
+                       "Ranks of a distributed job (docs/distributed.md).", *registry)),
+      job_collective_bytes(
+          Family(BuildGauge(), "tandem_job_collective_bytes",
+                 "Bytes rank 0 of a distributed job has sent in collectives this run, counted "
+                 "as bandwidth-optimal algorithms send them (an all-reduce of n bytes: "
+                 "2(N-1)/N n).",
+                 *registry)),
+      job_collective_seconds(
+          Family(BuildGauge(), "tandem_job_collective_seconds",
+                 "Rank 0's collectives: the latest step's gradient reductions (step_gradient, "
+                 "overlapped with backward), what the step waited on after its backward "
+                 "(step_waited), the rest (step_other), and the run's total (label phase).",
+                 *registry)),
       job_update_lagged(Family(BuildGauge(), "tandem_job_update_lagged_updates",
                                "Updates whose gradient lagged `lag` versions: the staleness "
                                "distribution (parameter server, Hogwild).",

@@ -54,6 +54,9 @@ struct ServerMetrics {
   // copy and update seconds (label phase), and the peak against the plan.
   prometheus::Family<prometheus::Gauge>& job_pipeline_stage_seconds;
   prometheus::Family<prometheus::Gauge>& job_pipeline_stage_bytes;
+  prometheus::Family<prometheus::Gauge>& job_ranks;
+  prometheus::Family<prometheus::Gauge>& job_collective_bytes;
+  prometheus::Family<prometheus::Gauge>& job_collective_seconds;
   prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;
   prometheus::Family<prometheus::Gauge>& job_step_time_ratio;
   prometheus::Family<prometheus::Counter>& replans;

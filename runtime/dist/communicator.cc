@@ -69,6 +69,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
   }
 }
 
+int64_t Communicator::BusBytes(int64_t bytes) const { return bytes * (size_ - 1) / size_; }
+
 template <typename Op>
 absl::Status Communicator::Run(const char* what, int64_t bytes, Op op) {
   const double start = WallSeconds();
@@ -85,7 +87,7 @@ absl::Status Communicator::Run(const char* what, int64_t bytes, Op op) {
 
 absl::Status Communicator::AllReduceSum(float* data, int64_t n) {
   if (size_ == 1 || n == 0) return absl::OkStatus();
-  return Run("all-reduce", n * 4, [&] {
+  return Run("all-reduce", BusBytes(2 * n * 4), [&] {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(data, static_cast<size_t>(n));
     opts.setReduceFunction(
@@ -97,7 +99,7 @@ absl::Status Communicator::AllReduceSum(float* data, int64_t n) {
 
 absl::Status Communicator::AllReduceSum(double* data, int64_t n) {
   if (size_ == 1 || n == 0) return absl::OkStatus();
-  return Run("all-reduce", n * 8, [&] {
+  return Run("all-reduce", BusBytes(2 * n * 8), [&] {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(data, static_cast<size_t>(n));
     opts.setReduceFunction(
@@ -125,7 +127,7 @@ absl::Status Communicator::ReduceScatterSum(float* data, const std::vector<int64
   if (size_ == 1 || total == 0) return absl::OkStatus();
   if (total > INT32_MAX) return absl::InvalidArgumentError("reduce-scatter: 2^31 floats or more");
   auto& algorithm = reduce_scatters_[ReduceScatterKey{data, counts}];
-  return Run("reduce-scatter", total * 4, [&] {
+  return Run("reduce-scatter", BusBytes(total * 4), [&] {
     if (algorithm == nullptr) {
       std::vector<int> recv(counts.begin(), counts.end());
       algorithm = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
@@ -151,7 +153,7 @@ absl::Status Communicator::AllGather(float* data, const std::vector<int64_t>& co
   if (size_ == 1 || total == 0) return absl::OkStatus();
   // Gloo's input and output may not overlap.
   gather_scratch_.assign(data + offset, data + offset + counts[rank_]);
-  return Run("all-gather", total * 4, [&] {
+  return Run("all-gather", BusBytes(total * 4), [&] {
     gloo::AllgathervOptions opts(context_);
     opts.setInput(gather_scratch_.data(), gather_scratch_.size());
     opts.setOutput(data, std::vector<size_t>(counts.begin(), counts.end()));

@@ -45,8 +45,11 @@ struct CommunicatorOptions {
 // What one rank's collectives moved, and how long it spent in them.
 struct CollectiveStats {
   int64_t calls = 0;
-  // Bytes of the buffers reduced or gathered (not wire bytes: a ring all-reduce
-  // of n bytes sends 2(N-1)/N n of them).
+  // Bytes each rank sends, counted as the bandwidth-optimal algorithms do
+  // (NCCL's "bus bytes"): an all-reduce of n bytes 2(N-1)/N n, a
+  // reduce-scatter or an all-gather of n bytes in all (N-1)/N n, a broadcast
+  // n. So a partitioned step (reduce-scatter + all-gather) counts what a
+  // replicated one (all-reduce) does.
   int64_t bytes = 0;
   double seconds = 0;
 };
@@ -84,6 +87,8 @@ class Communicator {
   Communicator(std::shared_ptr<gloo::Context> context, int rank, int size, absl::Duration timeout);
   // Runs `op` (which may throw Gloo's exceptions), turning them into a status
   // naming `what`, and counts `bytes` and the time taken.
+  // (N-1)/N of `bytes`: what a bandwidth-optimal collective sends per rank.
+  int64_t BusBytes(int64_t bytes) const;
   template <typename Op>
   absl::Status Run(const char* what, int64_t bytes, Op op);
 

@@ -33,10 +33,13 @@ FAKE_NVML = None
 # Metric families the dashboard charts for a kind of job the dashboard's job
 # (below) is not, so their queries come back empty for it (they must still
 # parse): the pipeline rows have data only for pipeline jobs
-# (docs/pipeline.md). A pipeline job runs beside it, so the families are
-# registered. An entry whose queries return data for the dashboard's job fails
+# (docs/pipeline.md), the distributed row only for distributed jobs
+# (docs/distributed.md). A pipeline job and a 2-rank job (with a peer daemon)
+# run beside it, so the families are registered. An entry whose queries return data for the dashboard's job fails
 # this test, so the list cannot go stale.
-PENDING_SERIES = ["tandem_job_pipeline_stage_seconds", "tandem_job_pipeline_stage_bytes"]
+PENDING_SERIES = ["tandem_job_pipeline_stage_seconds", "tandem_job_pipeline_stage_bytes",
+                  "tandem_job_ranks", "tandem_job_collective_bytes",
+                  "tandem_job_collective_seconds"]
 
 # What Grafana substitutes for its built-in variables, at a 1 s scrape interval.
 BUILTINS = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m"}
@@ -93,9 +96,15 @@ class DashboardTest(unittest.TestCase):
             cls.rules = yaml.safe_load(f)
         # The GPU row's series come from a stand-in for libnvidia-ml with one GPU
         # of fixed readings (server/metrics/testing/fake_nvml.c).
+        # A peer, so that a distributed job registers the distributed families.
+        ports = [repo_files.free_port(), repo_files.free_port()]
+        cls.peer = Tandemd(TANDEMD, extra_flags=["--listen=127.0.0.1:%d" % ports[1],
+                                                 "--peers=127.0.0.1:%d" % ports[0]]).start()
         cls.daemon = Tandemd(TANDEMD, metrics=True,
                              extra_flags=["--nvml_library=" + os.path.abspath(FAKE_NVML),
-                                          "--emulated_accelerators=2"]).start()
+                                          "--emulated_accelerators=2",
+                                          "--listen=127.0.0.1:%d" % ports[0],
+                                          "--peers=127.0.0.1:%d" % ports[1]]).start()
         cls.channel, cls.client = stub(cls.daemon.address)
         cls.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         cls.target = "127.0.0.1:%d" % cls.daemon.metrics_port
@@ -138,11 +147,25 @@ class DashboardTest(unittest.TestCase):
             "placement": {"accelerator": "ACCELERATOR_KIND_EMULATED", "pipeline": {"stages": 2}},
             "resources": {"accelerator_memory_bytes": 16 << 20},
         })), timeout=30).job
+        # A 2-rank distributed job (docs/distributed.md) once the peer is healthy.
+        deadline = time.time() + 60
+        while not all(p.healthy for p in cls.client.GetNode(
+                tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+            assert time.time() < deadline, "the peer never became healthy"
+            time.sleep(0.2)
+        distributed = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec_from_dict({
+            "display_name": "dashboard-test-distributed",
+            "model": {"mlp": {"hidden_sizes": [32]}},
+            "data": {"synthetic": {"sample_shape": [16], "num_classes": 4, "train_samples": 256}},
+            "training": {"batch_size": 16, "steps": 20, "checkpoint_disabled": True},
+            "distributed": {"replicas": 2},
+        })), timeout=30).job
         failing = diverging_spec()
         cls.failed = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=failing), timeout=30).job
         cls.job = wait_for_state(cls.client, job.id, [job_pb2.JOB_STATE_SUCCEEDED], timeout=300)
         wait_for_state(cls.client, cls.failed.id, [job_pb2.JOB_STATE_FAILED])
         wait_for_state(cls.client, pipeline.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        wait_for_state(cls.client, distributed.id, [job_pb2.JOB_STATE_SUCCEEDED])
 
         cls.values = dict(BUILTINS, instance=cls.target, job_id=cls.job.id)
         cls.families = cls.exported_families()
@@ -168,6 +191,8 @@ class DashboardTest(unittest.TestCase):
         cls.channel.close()
         assert cls.daemon.stop() == 0, cls.daemon.logs()
         cls.daemon.cleanup()
+        cls.peer.stop()
+        cls.peer.cleanup()
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     @classmethod

@@ -437,8 +437,16 @@ class GrafanaProvisioningTest(unittest.TestCase):
         self.assertEqual(config_flag, ["--config.file=/etc/prometheus/prometheus.yml"])
         config = yaml.safe_load(open(os.path.join(config_dir, "prometheus.yml")))
         metrics_port = flag_value(self.services["tandemd"]["command"], "metrics_listen").rsplit(":", 1)[1]
+        # Every tandemd of the compose cluster (docs/distributed.md).
+        daemons = sorted(n for n in self.services if n.startswith("tandemd"))
+        self.assertEqual(daemons, ["tandemd", "tandemd-2", "tandemd-3"])
         self.assertEqual(config["scrape_configs"][0]["static_configs"][0]["targets"],
-                         ["tandemd:" + metrics_port])
+                         ["%s:%s" % (n, metrics_port) for n in daemons])
+        for n in daemons:
+            command = self.services[n]["command"]
+            self.assertEqual(flag_value(command, "advertise"), n + ":50051")
+            self.assertEqual(sorted(flag_value(command, "peers").split(",")),
+                             sorted(m + ":50051" for m in daemons if m != n))
         for rule_file in config["rule_files"]:
             self.assertTrue(os.path.isfile(os.path.join(config_dir, rule_file)), rule_file)
         self.assertIn("%s:%s" % (metrics_port, metrics_port),

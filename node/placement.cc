@@ -18,6 +18,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "planner/memory_fit.h"
 #include "planner/precision.h"
+#include "planner/scale_out.h"
 #include "planner/strategies.h"
 #include "runtime/core/allocator.h"
 #include "runtime/cuda/accelerator_factory.h"
@@ -794,8 +795,30 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
     }
   }
+  std::optional<planner::ScaleOutRequest> scale_out;
+  if (rpc.nodes_size() > 0) {
+    if (!request.hardware || rpc.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
+      return absl::InvalidArgumentError(
+          "nodes: a multi-node plan is for a hardware spec (hardware), not this machine or a "
+          "profile");
+    }
+    scale_out.emplace();
+    scale_out->rank = request;
+    scale_out->nodes.assign(rpc.nodes().begin(), rpc.nodes().end());
+    if (resolved->distributed().bucket_bytes() > 0) {
+      scale_out->bucket_bytes = resolved->distributed().bucket_bytes();
+    }
+    scale_out->sharding = rpc.spec().distributed().sharding();
+    scale_out->gradient_bytes_per_element =
+        precision.precision == tandem::v1::PRECISION_BF16 ? 2 : 4;
+  }
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response,
                           SolveForExecutor(model, std::move(request), capacity));
+  if (scale_out) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<tandem::v1::ScaleOutPlan> plans,
+                            planner::PlanScaleOut(*scale_out));
+    for (auto& p : plans) *response.add_scale_out() = std::move(p);
+  }
   response.set_cost_source(std::move(cost_source));
   response.set_precision(precision.precision);
   response.set_precision_reason(precision.reason);

@@ -148,6 +148,37 @@ std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response) {
   if (response.alternatives_size() > 0) {
     absl::StrAppend(&out, "\n", RenderStrategyComparison(response));
   }
+  if (response.scale_out_size() > 0) absl::StrAppend(&out, "\n", RenderScaleOut(response));
+  return out;
+}
+
+std::string RenderScaleOut(const tandem::v1::PlanModelResponse& response) {
+  std::string out =
+      "Data parallel over nodes (one rank per accelerator; global batch = nodes x the spec's "
+      "batch; 'plan alone' is the rank's plan without its collectives, its whole update "
+      "included; 'reduce' the gradient collectives, 'exposed' the part not hidden behind "
+      "backward; eff. = samples/s over nodes x one node's):\n";
+  absl::StrAppend(
+      &out, absl::StrFormat("  %5s %6s %6s %-12s %-16s %10s %10s %10s %10s %12s %6s\n", "nodes",
+                            "ranks", "batch", "sharding", "rank plan", "plan alone", "reduce",
+                            "exposed", "step", "samples/s", "eff."));
+  for (const tandem::v1::ScaleOutPlan& s : response.scale_out()) {
+    const bool partitioned = s.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "  %5d %6d %6d %-12s %-16s %10s %10s %10s %10s %12.1f %5.1f%%%s\n", s.nodes(),
+            s.ranks(), s.global_batch_size(), partitioned ? "partitioned" : "replicated",
+            s.feasible() ? StrategyName(s.rank_plan().strategy()) : "INFEASIBLE",
+            FormatSeconds(s.compute_seconds()), FormatSeconds(s.gradient_seconds()),
+            FormatSeconds(s.exposed_seconds()), FormatSeconds(s.step_seconds()),
+            s.samples_per_second(), 100 * s.scaling_efficiency(),
+            partitioned ? absl::StrFormat(" (all-gather %s)", FormatSeconds(s.gather_seconds()))
+                        : ""));
+  }
+  for (const tandem::v1::ScaleOutPlan& s : response.scale_out()) {
+    absl::StrAppend(&out, absl::StrFormat("  %d nodes: %s\n", s.nodes(), s.reason()));
+  }
   return out;
 }
 

@@ -25,6 +25,9 @@ std::string RenderStrategyComparison(const tandem::v1::PlanModelResponse& respon
 
 // The chosen plan's summary and layer table, then the comparison.
 std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response);
+// PlanModelResponse.scale_out as a table, one row per node count, and each
+// count's sharding reason.
+std::string RenderScaleOut(const tandem::v1::PlanModelResponse& response);
 
 // `--output=json`: the response in the protobuf JSON mapping.
 absl::StatusOr<std::string> PlanResponseToJson(const tandem::v1::PlanModelResponse& response);

@@ -92,10 +92,10 @@ void PrintJobText(const Job& job) {
   }
   if (job.resolved_spec().distributed().replicas() > 1) {
     const tandem::v1::DistributedStats& d = m.distributed();
-    std::printf("  distributed: %d ranks, %s (%s)\n", job.resolved_spec().distributed().replicas(),
-                tandem::v1::OptimizerSharding_Name(job.resolved_spec().distributed().sharding())
-                    .c_str(),
-                job.distributed_reason().c_str());
+    std::printf(
+        "  distributed: %d ranks, %s (%s)\n", job.resolved_spec().distributed().replicas(),
+        tandem::v1::OptimizerSharding_Name(job.resolved_spec().distributed().sharding()).c_str(),
+        job.distributed_reason().c_str());
     if (d.ranks() > 1) {
       std::string nodes;
       for (const std::string& n : d.nodes()) nodes += (nodes.empty() ? "" : ", ") + n;

@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, gpu_memory, "",
 ABSL_FLAG(std::string, compare, "all",
           "tandem plan: strategies to compare: \"all\", or a comma-separated list of gpu_only, "
           "cpu_only, zero_offload, reuse_distance, hetero_dp, auto.");
+ABSL_FLAG(std::string, nodes, "",
+          "tandem plan: data parallelism over these node counts of --hardware, e.g. 1,2,4,8,64: "
+          "per-rank plans, step time and scaling efficiency (docs/distributed.md).");
 ABSL_FLAG(int, pipeline_devices, 0,
           "tandem plan: also split the model into a pipeline over this many accelerators.");
 ABSL_FLAG(std::string, precision, "",
@@ -142,6 +145,19 @@ absl::StatusOr<int> RunPlan(const Args& args) {
     return absl::InvalidArgumentError("--pipeline_devices: must be >= 0");
   }
   request.set_pipeline_devices(absl::GetFlag(FLAGS_pipeline_devices));
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipWhitespace())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 65536) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nodes: \"", part, "\" is not a node count in [1, 65536]"));
+    }
+    request.add_nodes(n);
+  }
+  if (request.nodes_size() > 0 &&
+      request.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
+    return absl::InvalidArgumentError("--nodes: plans other machines: give --hardware=SPEC");
+  }
 
   tandem::v1::PlanModelResponse response;
   if (absl::GetFlag(FLAGS_on_server)) {

@@ -1,0 +1,243 @@
+#include "planner/scale_out.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace tandem::planner {
+namespace {
+
+using tandem::v1::Plan;
+using tandem::v1::ScaleOutPlan;
+
+// One ring phase (a reduce-scatter or an all-gather) of `bytes` among `n`
+// members over `link`.
+double RingPhase(const tandem::v1::LinkSpec& link, int n, double bytes) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return (n - 1.0) / n * bytes / link.bandwidth_bytes_per_second() +
+         (n - 1.0) * link.latency_seconds();
+}
+
+int64_t ParameterCount(const tandem::v1::Profile& profile) {
+  int64_t p = 0;
+  for (const auto& l : profile.layers()) p += l.parameter_count();
+  return p;
+}
+
+// When backward has finished each layer (the last micro-batch's backward of
+// it), from a plan's predicted timeline; and when backward ends.
+struct BackwardTimes {
+  std::map<int, double> layer_done;
+  double end = 0;
+};
+
+BackwardTimes Backward(const Plan& plan) {
+  BackwardTimes t;
+  for (const auto& s : plan.timeline().spans()) {
+    if (s.phase() != tandem::v1::TIMELINE_PHASE_BACKWARD || s.layer() < 0) continue;
+    double& done = t.layer_done[s.layer()];
+    done = std::max(done, s.end_seconds());
+    t.end = std::max(t.end, s.end_seconds());
+  }
+  return t;
+}
+
+// The update work after backward ended, in seconds.
+double UpdateTail(const Plan& plan, double backward_end) {
+  double end = backward_end;
+  for (const auto& s : plan.timeline().spans()) {
+    if (s.phase() == tandem::v1::TIMELINE_PHASE_UPDATE) end = std::max(end, s.end_seconds());
+  }
+  return end - backward_end;
+}
+
+struct Comm {
+  double gradient = 0;  // all the buckets' collectives
+  double exposed = 0;   // past the end of backward
+};
+
+// Buckets of consecutive layers, last first, each reduced once backward has
+// finished it and the previous bucket is done. `fraction`: of an all-reduce's
+// time each bucket takes (1, or 1/2 for a reduce-scatter).
+Comm Gradients(const ScaleOutRequest& request, const Plan& plan, int nodes, int accelerators,
+               double fraction) {
+  const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
+  const BackwardTimes backward = Backward(plan);
+  const auto& layers = request.rank.profile.layers();
+  Comm c;
+  double link_free = 0, bucket = 0, ready = 0;
+  auto flush = [&] {
+    if (bucket <= 0) return;
+    const double t = fraction * AllReduceSeconds(hw, nodes, accelerators, bucket);
+    link_free = std::max(link_free, ready) + t;
+    c.gradient += t;
+    bucket = 0;
+    ready = 0;
+  };
+  for (int l = layers.size() - 1; l >= 0; --l) {
+    if (layers[l].parameter_count() == 0) continue;
+    bucket += static_cast<double>(layers[l].parameter_count()) * request.gradient_bytes_per_element;
+    auto it = backward.layer_done.find(l);
+    ready = std::max(ready, it == backward.layer_done.end() ? backward.end : it->second);
+    if (bucket >= static_cast<double>(request.bucket_bytes)) flush();
+  }
+  flush();
+  c.exposed = std::max(0.0, link_free - backward.end);
+  return c;
+}
+
+// The rank's best plan for `host_bytes` of host memory.
+absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes) {
+  request.host_memory_bytes = host_bytes;
+  request.pipeline_devices = 1;
+  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::PlanModelResponse r, SolvePlan(request));
+  return r.plan();
+}
+
+// One node count's prediction under `sharding` with the rank's `plan`.
+ScaleOutPlan Predict(const ScaleOutRequest& request, const Plan& plan, int nodes, int accelerators,
+                     tandem::v1::OptimizerSharding sharding) {
+  ScaleOutPlan s;
+  s.set_nodes(nodes);
+  s.set_ranks(nodes * accelerators);
+  s.set_sharding(sharding);
+  s.set_feasible(plan.feasible());
+  s.set_note(plan.solver().note());
+  s.set_compute_seconds(plan.prediction().iteration_seconds());
+  const bool partitioned = sharding == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  const Comm comm = Gradients(request, plan, nodes, accelerators, partitioned ? 0.5 : 1.0);
+  s.set_gradient_seconds(comm.gradient);
+  s.set_exposed_seconds(comm.exposed);
+  if (partitioned && s.ranks() > 1) {
+    const double weights = static_cast<double>(ParameterCount(request.rank.profile)) *
+                           request.gradient_bytes_per_element;
+    s.set_gather_seconds(0.5 *
+                         AllReduceSeconds(*request.rank.hardware, nodes, accelerators, weights));
+    // Each rank updates 1/ranks of the weights on its share of the host (or
+    // its accelerator).
+    const double tail = UpdateTail(plan, Backward(plan).end);
+    s.set_update_saved_seconds(tail * (1.0 - 1.0 / s.ranks()));
+  }
+  s.set_step_seconds(s.compute_seconds() + s.exposed_seconds() + s.gather_seconds() -
+                     s.update_saved_seconds());
+  Plan kept = plan;
+  kept.clear_timeline();
+  *s.mutable_rank_plan() = std::move(kept);
+  return s;
+}
+
+}  // namespace
+
+double AllReduceSeconds(const tandem::v1::HardwareSpec& hardware, int nodes, int accelerators,
+                        double bytes) {
+  const double within = 2 * RingPhase(hardware.accelerator_to_accelerator(), accelerators, bytes);
+  const double across = 2 * RingPhase(hardware.network(), nodes, bytes / std::max(1, accelerators));
+  return within + across;
+}
+
+absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& request) {
+  if (!request.rank.hardware) {
+    return absl::InvalidArgumentError("hardware: a multi-node plan needs a hardware spec");
+  }
+  const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
+  for (int n : request.nodes) {
+    if (n < 1 || n > 65536) return absl::InvalidArgumentError("nodes: each must be in [1, 65536]");
+    if (n > 1 && hw.network().bandwidth_bytes_per_second() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("hardware.network: ", hw.name(),
+                                                     " says nothing of the network between nodes"));
+    }
+  }
+  const int g = std::max(1, hw.accelerators_size());
+  if (g > 1 && hw.accelerator_to_accelerator().bandwidth_bytes_per_second() <= 0) {
+    return absl::InvalidArgumentError("hardware.accelerator_to_accelerator: bandwidth unset");
+  }
+  const int node_batch =
+      request.rank.batch_size > 0 ? request.rank.batch_size : request.rank.profile.batch_size();
+  PlanRequest rank = request.rank;
+  rank.batch_size = std::max(1, node_batch / g);
+  // A node's ranks share its host: each plans with 1/G of its cores, compute
+  // rates and memory bandwidth.
+  tandem::v1::ProcessorSpec* h = rank.hardware->mutable_host();
+  h->set_threads(std::max(1, h->threads() / g));
+  h->set_peak_matmul_flops_per_second(h->peak_matmul_flops_per_second() / g);
+  h->set_peak_vector_flops_per_second(h->peak_vector_flops_per_second() / g);
+  h->set_peak_bf16_matmul_flops_per_second(h->peak_bf16_matmul_flops_per_second() / g);
+  h->set_peak_fp16_matmul_flops_per_second(h->peak_fp16_matmul_flops_per_second() / g);
+  h->set_memory_bandwidth_bytes_per_second(h->memory_bandwidth_bytes_per_second() / g);
+  if (rank.micro_batch_size > 0 && rank.batch_size % rank.micro_batch_size != 0) {
+    rank.micro_batch_size = 0;
+  }
+  const int64_t host = (request.rank.host_memory_bytes > 0 ? request.rank.host_memory_bytes
+                                                           : hw.host().memory_bytes()) /
+                       g;
+  const double state_bytes = static_cast<double>(ParameterCount(rank.profile)) *
+                             (rank.profile.optimizer_state_per_parameter() +
+                              (request.gradient_bytes_per_element < 4 ? 1 : 0)) *
+                             4.0;
+  TANDEM_ASSIGN_OR_RETURN(const Plan replicated_plan, RankPlan(rank, host));
+
+  auto choose = [&](int nodes) -> absl::StatusOr<ScaleOutPlan> {
+    const int ranks = nodes * g;
+    ScaleOutPlan rep =
+        Predict(request, replicated_plan, nodes, g, tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+    // Partitioned, the host holds 1/ranks of the optimizer state: the plan
+    // may keep more there.
+    Plan partitioned_plan = replicated_plan;
+    if (!replicated_plan.feasible() && ranks > 1) {
+      TANDEM_ASSIGN_OR_RETURN(
+          partitioned_plan,
+          RankPlan(rank, host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks))));
+    }
+    ScaleOutPlan par =
+        Predict(request, partitioned_plan, nodes, g, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
+    const auto asked = request.sharding;
+    ScaleOutPlan chosen;
+    if (asked == tandem::v1::OPTIMIZER_SHARDING_REPLICATED || ranks == 1) {
+      chosen = rep;
+      chosen.set_reason(ranks == 1 ? "one rank: nothing to reduce" : "asked for");
+    } else if (asked == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED) {
+      chosen = par;
+      chosen.set_reason("asked for");
+    } else if (!rep.feasible() && par.feasible()) {
+      chosen = par;
+      chosen.set_reason(absl::StrCat("replicated does not fit a rank (", rep.note(),
+                                     "); partitioned keeps 1/", ranks, " of the optimizer state"));
+    } else if (rep.feasible() && par.feasible() && par.step_seconds() < rep.step_seconds()) {
+      chosen = par;
+      chosen.set_reason(
+          absl::StrCat("faster: a step of ", par.step_seconds(), " s against ", rep.step_seconds(),
+                       " s replicated (its reduce-scatter leaves ", par.exposed_seconds(),
+                       " s exposed against the all-reduce's ", rep.exposed_seconds(),
+                       "; the all-gather costs ", par.gather_seconds(), " s; updating 1/", ranks,
+                       " of the weights saves ", par.update_saved_seconds(), " s)"));
+    } else {
+      chosen = rep;
+      chosen.set_reason(rep.feasible()
+                            ? absl::StrCat("fits, and partitioning is not faster (a step of ",
+                                           par.step_seconds(), " s: its all-gather costs ",
+                                           par.gather_seconds(), " s, its update saves ",
+                                           par.update_saved_seconds(), " s)")
+                            : "neither fits a rank");
+    }
+    chosen.set_rank_batch_size(rank.batch_size);
+    chosen.set_global_batch_size(rank.batch_size * ranks);
+    if (chosen.step_seconds() > 0) {
+      chosen.set_samples_per_second(chosen.global_batch_size() / chosen.step_seconds());
+    }
+    return chosen;
+  };
+  TANDEM_ASSIGN_OR_RETURN(const ScaleOutPlan one_node, choose(1));
+  std::vector<ScaleOutPlan> out;
+  for (int n : request.nodes) {
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan s, choose(n));
+    if (one_node.samples_per_second() > 0) {
+      s.set_scaling_efficiency(s.samples_per_second() / (n * one_node.samples_per_second()));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace tandem::planner

@@ -1,0 +1,115 @@
+// The multi-node prediction: the hierarchical all-reduce formula, a GPT-2
+// small on 1 to 64 H100 nodes (efficiency 1 on one node, then falling, never
+// above 1; communication only with more than one rank; a step never shorter
+// than the rank's compute when replicated), partitioned asked for (the
+// all-gather is paid, the update shrinks) and the refusals naming the field.
+#include "planner/scale_out.h"
+
+#include <cmath>
+#include <iostream>
+
+#include "gtest/gtest.h"
+#include "planner/spec_files.h"
+#include "planner/testing/synthetic_models.h"
+
+namespace tandem::planner {
+namespace {
+
+tandem::v1::HardwareSpec H100() {
+  absl::StatusOr<tandem::v1::HardwareSpec> h =
+      LoadHardwareSpec("planner/hardware/h100_sxm_node.textproto");
+  EXPECT_TRUE(h.ok()) << h.status();
+  return *h;
+}
+
+TEST(ScaleOutTest, AllReduceIsTheHierarchicalRingFormula) {
+  const tandem::v1::HardwareSpec h = H100();
+  const double s = 1e9;
+  const double nv = h.accelerator_to_accelerator().bandwidth_bytes_per_second();
+  const double nva = h.accelerator_to_accelerator().latency_seconds();
+  const double net = h.network().bandwidth_bytes_per_second();
+  const double neta = h.network().latency_seconds();
+  EXPECT_DOUBLE_EQ(AllReduceSeconds(h, 1, 1, s), 0);
+  EXPECT_NEAR(AllReduceSeconds(h, 1, 8, s), 2 * 7.0 / 8 * s / nv + 14 * nva, 1e-12);
+  EXPECT_NEAR(AllReduceSeconds(h, 4, 8, s),
+              2 * 7.0 / 8 * s / nv + 14 * nva + 2 * 3.0 / 4 * (s / 8) / net + 6 * neta, 1e-12);
+}
+
+ScaleOutRequest Gpt2Small() {
+  ScaleOutRequest r;
+  testing::GptShape shape;
+  shape.batch_size = 64;
+  shape.context = 256;
+  r.rank.profile = testing::GptProfile(shape);
+  r.rank.hardware = H100();
+  r.rank.batch_size = 64;
+  r.nodes = {1, 2, 4, 8, 64};
+  return r;
+}
+
+TEST(ScaleOutTest, EfficiencyStartsAtOneAndFallsWithTheNodes) {
+  absl::StatusOr<std::vector<tandem::v1::ScaleOutPlan>> plans = PlanScaleOut(Gpt2Small());
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_EQ(plans->size(), 5u);
+  double previous = 2;
+  for (const auto& p : *plans) {
+    std::cout << p.nodes() << " nodes, " << p.ranks() << " ranks: step " << p.step_seconds()
+              << " s (compute " << p.compute_seconds() << ", gradients " << p.gradient_seconds()
+              << ", exposed " << p.exposed_seconds() << "), efficiency "
+              << p.scaling_efficiency() << ", "
+              << tandem::v1::OptimizerSharding_Name(p.sharding()) << ": " << p.reason() << "\n";
+    EXPECT_TRUE(p.feasible());
+    EXPECT_EQ(p.ranks(), 8 * p.nodes());
+    EXPECT_EQ(p.rank_batch_size(), 8);
+    EXPECT_EQ(p.global_batch_size(), 8 * p.ranks());
+    EXPECT_GT(p.gradient_seconds(), 0);  // 8 ranks even on one node
+    EXPECT_LE(p.exposed_seconds(), p.gradient_seconds() + 1e-12);
+    if (p.sharding() == tandem::v1::OPTIMIZER_SHARDING_REPLICATED) {
+      EXPECT_GE(p.step_seconds(), p.compute_seconds());
+    }
+    EXPECT_LE(p.scaling_efficiency(), previous + 1e-9);
+    EXPECT_LE(p.scaling_efficiency(), 1 + 1e-9);
+    previous = p.scaling_efficiency();
+    EXPECT_EQ(p.rank_plan().timeline().spans_size(), 0);  // left out
+  }
+  EXPECT_NEAR((*plans)[0].scaling_efficiency(), 1, 1e-9);
+  EXPECT_LT(plans->back().scaling_efficiency(), 1);
+}
+
+TEST(ScaleOutTest, PartitionedPaysTheAllGatherAndSavesUpdateTime) {
+  ScaleOutRequest r = Gpt2Small();
+  r.nodes = {2};
+  r.sharding = tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  absl::StatusOr<std::vector<tandem::v1::ScaleOutPlan>> plans = PlanScaleOut(r);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const tandem::v1::ScaleOutPlan& p = (*plans)[0];
+  EXPECT_EQ(p.sharding(), tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
+  EXPECT_EQ(p.reason(), "asked for");
+  EXPECT_GT(p.gather_seconds(), 0);
+  EXPECT_GE(p.update_saved_seconds(), 0);
+  EXPECT_NEAR(p.step_seconds(), p.compute_seconds() + p.exposed_seconds() + p.gather_seconds() -
+                                    p.update_saved_seconds(),
+              1e-12);
+}
+
+TEST(ScaleOutTest, RefusesWhatItCannotPlan) {
+  ScaleOutRequest r = Gpt2Small();
+  r.rank.hardware->clear_network();
+  absl::StatusOr<std::vector<tandem::v1::ScaleOutPlan>> plans = PlanScaleOut(r);
+  EXPECT_EQ(plans.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plans.status().message().find("hardware.network"), std::string::npos);
+  r = Gpt2Small();
+  r.nodes = {0};
+  EXPECT_EQ(PlanScaleOut(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r = Gpt2Small();
+  r.rank.hardware.reset();
+  EXPECT_EQ(PlanScaleOut(r).status().code(), absl::StatusCode::kInvalidArgument);
+  // One node needs no network.
+  r = Gpt2Small();
+  r.rank.hardware->clear_network();
+  r.nodes = {1};
+  EXPECT_TRUE(PlanScaleOut(r).ok());
+}
+
+}  // namespace
+}  // namespace tandem::planner

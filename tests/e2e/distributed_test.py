@@ -6,8 +6,10 @@ Gloo, and its losses are one replica's for the first 20 steps, replicated and
 ZeRO-partitioned. Hostile specs and lost ranks end with a clear status and
 hold nothing.
 """
+import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import unittest
@@ -334,6 +336,90 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
             second.stop()
             first.cleanup()
             second.cleanup()
+
+
+class NetworkNamespacesTest(unittest.TestCase):
+    """Two daemons, each in its own network namespace, joined by veth pairs to a
+    bridge in the test's namespace (which reaches both): the ranks' Gloo
+    traffic crosses real interfaces, not loopback."""
+
+    @classmethod
+    def setUpClass(cls):
+        tag = "%d" % (os.getpid() % 100000)
+        cls.bridge = "tdbr" + tag
+        cls.namespaces = ["tdns%s%s" % (tag, c) for c in "ab"]
+        cls.made = []
+        commands = [["ip", "link", "add", cls.bridge, "type", "bridge"],
+                    ["ip", "addr", "add", "10.77.0.254/24", "dev", cls.bridge],
+                    ["ip", "link", "set", cls.bridge, "up"]]
+        cls.addresses = []
+        for i, ns in enumerate(cls.namespaces):
+            host, inside = "tdv%s%d" % (tag, i), "tdp%s%d" % (tag, i)
+            ip = "10.77.0.%d" % (i + 1)
+            cls.addresses.append(ip)
+            commands += [["ip", "netns", "add", ns],
+                         ["ip", "link", "add", host, "type", "veth", "peer", "name", inside],
+                         ["ip", "link", "set", inside, "netns", ns],
+                         ["ip", "link", "set", host, "master", cls.bridge],
+                         ["ip", "link", "set", host, "up"],
+                         ["ip", "netns", "exec", ns, "ip", "addr", "add", ip + "/24", "dev", inside],
+                         ["ip", "netns", "exec", ns, "ip", "link", "set", inside, "up"],
+                         ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]]
+        for c in commands:
+            r = subprocess.run(c, capture_output=True, text=True)
+            if r.returncode != 0:
+                cls.cleanup_network()
+                raise unittest.SkipTest("this machine refuses network namespaces (%s: %s)" % (
+                    " ".join(c), r.stderr.strip()))
+            cls.made.append(c)
+        port = 50151
+        peers = ["%s:%d" % (a, port) for a in cls.addresses]
+        cls.daemons = []
+        for i, ns in enumerate(cls.namespaces):
+            cls.daemons.append(Tandemd(TANDEMD, prefix=["ip", "netns", "exec", ns], extra_flags=[
+                "--listen=%s" % peers[i], "--job_threads=1",
+                "--peers=" + ",".join(p for j, p in enumerate(peers) if j != i)]))
+        try:
+            for d in cls.daemons:
+                d.start()
+            cls.clients = [stub(p)[1] for p in peers]
+            deadline = time.time() + 60
+            while not all(p.healthy for p in cls.clients[0].GetNode(
+                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+                assert time.time() < deadline, "the other namespace's peer never became healthy"
+                time.sleep(0.2)
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def cleanup_network(cls):
+        for ns in cls.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", cls.bridge], capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        for d in getattr(cls, "daemons", []):
+            if d.proc is not None:
+                d.stop()
+            d.cleanup()
+        cls.cleanup_network()
+
+    def test_two_ranks_in_two_namespaces_train_as_one_replica(self):
+        node = self.clients[0].GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
+        self.assertEqual([p.address for p in node.peers], ["%s:50151" % self.addresses[1]])
+        reference = run(self.clients[0], gpt_spec())
+        want = step_losses(self.clients[0], reference.id)
+        job = run(self.clients[0], gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED"))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.reason)
+        got = step_losses(self.clients[0], job.id)
+        worst = max(abs(got[s] - want[s]) for s in want)
+        print("2 ranks in 2 network namespaces over veth: worst difference %.2e over %d steps; "
+              "nodes %s" % (worst, len(want), list(job.metrics.distributed.nodes)))
+        self.assertLess(worst, 1e-4)
+        self.assertEqual(list(job.metrics.distributed.nodes),
+                         ["self", "%s:50151" % self.addresses[1]])
 
 
 class FourDaemonsTest(unittest.TestCase, ParityMixin):

@@ -13,8 +13,11 @@ import time
 
 class Tandemd:
     def __init__(self, binary, extra_flags=(), state_dir=None, data_root="/usr/share",
-                 metrics=False):
+                 metrics=False, prefix=()):
         self.binary = binary
+        # Runs the daemon under this command, e.g. ["ip", "netns", "exec", NS]
+        # (which execs it, so the process is tandemd's own).
+        self.prefix = list(prefix)
         self.extra_flags = list(extra_flags)
         self.workdir = tempfile.mkdtemp(prefix="tandemd-test-", dir=os.environ.get("TEST_TMPDIR"))
         self.state_dir = state_dir or os.path.join(self.workdir, "state")
@@ -38,7 +41,8 @@ class Tandemd:
             flags += ["--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + self.metrics_port_file]
         else:
             flags += ["--metrics_listen="]
-        self.proc = subprocess.Popen([self.binary] + flags + self.extra_flags, stdout=self.log,
+        self.proc = subprocess.Popen(self.prefix + [self.binary] + flags + self.extra_flags,
+                                     stdout=self.log,
                                      stderr=subprocess.STDOUT)
         deadline = time.time() + timeout_seconds
         while time.time() < deadline:

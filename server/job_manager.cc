@@ -6,8 +6,10 @@
 #include <deque>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -141,6 +143,10 @@ struct JobManager::Entry {
   // collector forgets meanwhile.
   std::shared_ptr<profile::JobTelemetry> telemetry;
   int64_t seq = 0;
+  // Distributed jobs: when the current run of rank losses began (a run that
+  // trains a step ends it), and no restart before `not_before`.
+  absl::Time fault_since = absl::InfiniteFuture();
+  absl::Time not_before = absl::InfinitePast();
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics)
@@ -727,6 +733,7 @@ void JobManager::ScheduleLocked() {
   });
   const Entry* blocked = nullptr;
   for (Entry* e : queue) {
+    if (e->not_before > absl::Now()) continue;  // a distributed job waiting to restart
     if (!store_->read_only().ok()) {
       // A run could record neither its start, its checkpoints nor its end.
       e->job.set_reason(absl::StrCat("waiting: ", store_->read_only().message()));
@@ -882,6 +889,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
       for (const std::string& n : *nodes) d.add_nodes(n);
       absl::MutexLock lock(&mu_);
       *entry->job.mutable_metrics()->mutable_distributed() = std::move(d);
+      entry->fault_since = absl::InfiniteFuture();  // the ranks train again
       UpdateJobMetrics(*entry);
     };
   }
@@ -1046,6 +1054,30 @@ std::pair<JobState, std::string> JobManager::EndOfRun(const Entry& entry,
         absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
                      record.checkpoint_step())};
   }
+  // A distributed job that lost a rank (a collective or the rendezvous gave
+  // up, or too few peers are healthy) restarts every rank from rank 0's
+  // checkpoint while its fault wait lasts.
+  const auto& d = record.resolved_spec().distributed();
+  const bool lost_rank = status.code() == absl::StatusCode::kUnavailable ||
+                         status.code() == absl::StatusCode::kDeadlineExceeded ||
+                         (status.code() == absl::StatusCode::kFailedPrecondition &&
+                          absl::StrContains(status.message(), "healthy"));
+  if (d.replicas() > 1 && lost_rank) {
+    const absl::Duration waited = absl::Now() - entry.fault_since;
+    const absl::Duration budget = absl::Seconds(d.fault_wait_seconds());
+    if (waited < budget) {
+      return {tandem::v1::JOB_STATE_QUEUED,
+              absl::StrCat("a rank was lost (", status.message(),
+                           "); restarting every rank from the checkpoint at step ",
+                           record.checkpoint_step(), " once enough peers are healthy (",
+                           absl::FormatDuration(absl::Trunc(budget - waited, absl::Seconds(1))),
+                           " of distributed.fault_wait_seconds left)")};
+    }
+    return {tandem::v1::JOB_STATE_FAILED,
+            absl::StrCat("a rank was lost and the ranks could not restart within "
+                         "distributed.fault_wait_seconds (",
+                         d.fault_wait_seconds(), " s): ", status.message())};
+  }
   return {tandem::v1::JOB_STATE_FAILED, std::string(status.message())};
 }
 
@@ -1076,7 +1108,12 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
   entry.running = false;
   --running_;
+  if (!status.ok() && entry.fault_since == absl::InfiniteFuture()) entry.fault_since = absl::Now();
   const auto [next, reason] = EndOfRun(entry, status);
+  if (next == tandem::v1::JOB_STATE_QUEUED && record.resolved_spec().distributed().replicas() > 1 &&
+      !status.ok() && status.code() != absl::StatusCode::kCancelled) {
+    entry.not_before = absl::Now() + absl::Seconds(2);  // give the peers a moment
+  }
   if (next == tandem::v1::JOB_STATE_FAILED) {
     JobEvent e;
     e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_ERROR);

@@ -475,6 +475,8 @@ absl::Status ValidateDistributed(const tandem::v1::DistributedSpec& d) {
                                  d.rendezvous_timeout_seconds(), 0.0, 86400.0));
   TANDEM_RETURN_IF_ERROR(InRange("distributed.collective_timeout_seconds",
                                  d.collective_timeout_seconds(), 0.0, 86400.0));
+  TANDEM_RETURN_IF_ERROR(
+      InRange("distributed.fault_wait_seconds", d.fault_wait_seconds(), 0.0, 86400.0));
   if (d.nodes_size() > kMaxReplicas) {
     return FieldError("distributed.nodes", absl::StrCat("at most ", kMaxReplicas, " entries"));
   }
@@ -528,6 +530,7 @@ absl::Status ResolveDistributed(JobSpec& r) {
   if (d->bucket_bytes() == 0) d->set_bucket_bytes(int64_t{25} << 20);
   if (d->rendezvous_timeout_seconds() == 0) d->set_rendezvous_timeout_seconds(60);
   if (d->collective_timeout_seconds() == 0) d->set_collective_timeout_seconds(60);
+  if (d->fault_wait_seconds() == 0) d->set_fault_wait_seconds(120);
   if (d->sharding() == tandem::v1::OPTIMIZER_SHARDING_AUTO) {
     const bool stateful =
         r.optimizer().kind() != tandem::v1::OPTIMIZER_KIND_SGD || r.optimizer().momentum() != 0;

@@ -174,6 +174,18 @@ absl::Status Communicator::Broadcast(float* data, int64_t n, int root) {
   });
 }
 
+absl::Status Communicator::Broadcast(double* data, int64_t n, int root) {
+  if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: no such root");
+  if (size_ == 1 || n == 0) return absl::OkStatus();
+  return Run("broadcast", n * 8, [&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(data, static_cast<size_t>(n));
+    opts.setRoot(root);
+    opts.setTimeout(Millis(timeout_));
+    gloo::broadcast(opts);
+  });
+}
+
 absl::Status Communicator::Barrier() {
   if (size_ == 1) return absl::OkStatus();
   return Run("barrier", 0, [&] {

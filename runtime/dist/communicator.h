@@ -79,6 +79,7 @@ class Communicator {
   absl::Status AllGather(float* data, const std::vector<int64_t>& counts);
   // data from rank `root` to every rank.
   absl::Status Broadcast(float* data, int64_t n, int root);
+  absl::Status Broadcast(double* data, int64_t n, int root);
   absl::Status Barrier();
 
   const CollectiveStats& stats() const { return stats_; }

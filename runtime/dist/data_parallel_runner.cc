@@ -353,6 +353,42 @@ absl::StatusOr<EvalResult> DataParallelRunner::EvalBatch(const Batch& batch) {
   return r;
 }
 
+absl::StatusOr<bool> DataParallelRunner::SynchronizeStart(StartPoint* point) {
+  if (comm_->size() == 1) return false;
+  double at[5] = {static_cast<double>(point->step), static_cast<double>(point->samples),
+                  static_cast<double>(point->epoch), static_cast<double>(point->epoch_offset),
+                  static_cast<double>(point->optimizer_step)};
+  TANDEM_RETURN_IF_ERROR(comm_->Broadcast(at, 5, 0));
+  const int64_t p = model_.parameter_elements();
+  TANDEM_RETURN_IF_ERROR(comm_->Broadcast(engine_->params(), p, 0));
+  TANDEM_RETURN_IF_ERROR(comm_->Broadcast(engine_->buffers(), model_.buffer_elements(), 0));
+  for (int i = 0; i < optimizer_->state_count(); ++i) {
+    if (options_.sharding == OptimizerSharding::kReplicated) {
+      TANDEM_RETURN_IF_ERROR(comm_->Broadcast(optimizer_->state(i), p, 0));
+      continue;
+    }
+    // Rank 0 holds the whole state when it loaded a checkpoint (host_state's
+    // full moments), else only its pieces: a fresh start, all zero.
+    std::vector<float> full(p, 0.0f);
+    if (comm_->rank() == 0 && i < static_cast<int>(full_moments_.size()) &&
+        static_cast<int64_t>(full_moments_[i].size()) == p) {
+      full = full_moments_[i];
+    }
+    TANDEM_RETURN_IF_ERROR(comm_->Broadcast(full.data(), p, 0));
+    for (const Bucket& b : buckets_) {
+      std::memcpy(optimizer_->state(i) + b.state_offset, full.data() + b.offset + b.piece_start,
+                  b.pieces[comm_->rank()] * sizeof(float));
+    }
+  }
+  if (comm_->rank() == 0) return false;
+  point->step = static_cast<int64_t>(at[0]);
+  point->samples = static_cast<int64_t>(at[1]);
+  point->epoch = static_cast<int64_t>(at[2]);
+  point->epoch_offset = static_cast<int64_t>(at[3]);
+  point->optimizer_step = static_cast<int64_t>(at[4]);
+  return true;
+}
+
 absl::Status DataParallelRunner::SyncStateToHost() {
   if (options_.sharding == OptimizerSharding::kReplicated) return absl::OkStatus();
   full_moments_.resize(optimizer_->state_count());

@@ -95,6 +95,10 @@ class DataParallelRunner final : public StepRunner {
   // Each rank evaluates its share; the sums are all-reduced, so every rank
   // returns the whole batch's figures.
   absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;
+  // Rank 0's position, weights, buffers and optimizer state (its checkpoint's,
+  // when it resumed) to every rank: a run restarted after a lost rank goes on
+  // from rank 0's checkpoint whatever the others hold.
+  absl::StatusOr<bool> SynchronizeStart(StartPoint* point) override;
   // kPartitioned: all-gathers the optimizer state into full-length host copies
   // (allocated on first use) so that host_state() is the whole state.
   absl::Status SyncStateToHost() override;

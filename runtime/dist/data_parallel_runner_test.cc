@@ -203,3 +203,73 @@ TEST(DataParallelTest, RefusesABatchSmallerThanTheRanks) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// A restarted run: rank 0 resumed from a checkpoint (here: state written into
+// its host view, as a checkpoint load does), the others hold something else;
+// after SynchronizeStart every rank holds rank 0's weights, buffers and
+// optimizer state and starts at its step.
+class SynchronizeStartTest : public testing::TestWithParam<OptimizerSharding> {};
+
+TEST_P(SynchronizeStartTest, EveryRankTakesRankZerosStateAndPosition) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  const int64_t p = f.model->parameter_elements();
+  gloo::rendezvous::HashStore store;
+  std::vector<std::vector<float>> params(3), moments(3);
+  std::vector<StartPoint> points(3);
+  std::vector<bool> changed(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = Communicator::Connect(store, "sync", r, 3, {});
+      ASSERT_TRUE(comm.ok());
+      HostAllocator host;
+      DataParallelOptions options;
+      options.sharding = GetParam();
+      options.bucket_bytes = 1024;
+      auto runner = DataParallelRunner::Create(*f.model, f.spec.optimizer(), 16, 4, &host,
+                                               comm->get(), options);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      HostStateView view = (*runner)->host_state();
+      for (int64_t i = 0; i < p; ++i) {
+        view.params[i] = r == 0 ? 0.001f * (i % 97) : -1.0f;
+        view.moments[1][i] = r == 0 ? 0.5f + 0.001f * (i % 13) : 7.0f;
+      }
+      ASSERT_TRUE((*runner)->StateChangedOnHost().ok());
+      StartPoint point;
+      if (r == 0)
+        point = {.step = 40, .samples = 640, .epoch = 2, .epoch_offset = 128, .optimizer_step = 40};
+      auto c = (*runner)->SynchronizeStart(&point);
+      ASSERT_TRUE(c.ok()) << c.status();
+      changed[r] = *c;
+      points[r] = point;
+      ASSERT_TRUE((*runner)->SyncStateToHost().ok());
+      view = (*runner)->host_state();
+      params[r].assign(view.params, view.params + p);
+      moments[r].assign(view.moments[1], view.moments[1] + p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(changed[0]);
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_TRUE(changed[r]);
+    EXPECT_EQ(points[r].step, 40);
+    EXPECT_EQ(points[r].samples, 640);
+    EXPECT_EQ(points[r].epoch, 2);
+    EXPECT_EQ(points[r].epoch_offset, 128);
+    EXPECT_EQ(points[r].optimizer_step, 40);
+    EXPECT_EQ(params[r], params[0]) << "rank " << r;
+    EXPECT_EQ(moments[r], moments[0]) << "rank " << r;
+  }
+  EXPECT_FLOAT_EQ(moments[0][14], 0.5f + 0.001f);
+  EXPECT_FLOAT_EQ(params[2][5], 0.005f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sharding, SynchronizeStartTest,
+                         testing::Values(OptimizerSharding::kReplicated,
+                                         OptimizerSharding::kPartitioned));
+
+}  // namespace
+}  // namespace tandem

@@ -70,9 +70,25 @@ struct HostStateView {
   Optimizer* optimizer = nullptr;
 };
 
+// Where a run starts: the trainer's position after loading its checkpoint
+// (all zero for a fresh start).
+struct StartPoint {
+  int64_t step = 0;
+  int64_t samples = 0;
+  int64_t epoch = 0;
+  int64_t epoch_offset = 0;
+  int64_t optimizer_step = 0;
+};
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
+
+  // Called once by the trainer after it loaded (or did not load) a
+  // checkpoint: a runner whose state is shared with others (a data-parallel
+  // rank) makes every rank start where rank 0 does, with rank 0's state, and
+  // returns true when `point` changed. The others: false.
+  virtual absl::StatusOr<bool> SynchronizeStart(StartPoint* point) { return false; }
 
   // Forward, backward and the optimizer update on one batch.
   virtual absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) = 0;

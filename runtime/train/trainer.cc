@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
                                               t->options_.checkpoint_dir, "': ", ec.message()));
     }
     if (t->options_.resume) TANDEM_RETURN_IF_ERROR(t->LoadNewestCheckpoint());
+    TANDEM_RETURN_IF_ERROR(t->SynchronizeStart());
   }
   t->Log(tandem::v1::LOG_SEVERITY_INFO,
          absl::StrCat("model ", t->model_->fingerprint().substr(0, 12), ": ",
@@ -143,6 +144,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
 
 void Trainer::Log(LogSeverity severity, const std::string& message) {
   if (callbacks_.on_log) callbacks_.on_log(severity, message);
+}
+
+absl::Status Trainer::SynchronizeStart() {
+  StartPoint p{.step = step_,
+               .samples = samples_,
+               .epoch = loader_->epoch(),
+               .epoch_offset = loader_->offset(),
+               .optimizer_step = runner_->host_state().optimizer->step()};
+  TANDEM_ASSIGN_OR_RETURN(const bool changed, runner_->SynchronizeStart(&p));
+  if (!changed) return absl::OkStatus();
+  step_ = p.step;
+  samples_ = p.samples;
+  loader_->Seek(p.epoch, p.epoch_offset);
+  runner_->host_state().optimizer->set_step(p.optimizer_step);
+  progress_.set_step(step_);
+  if (step_ > 0) {
+    Log(tandem::v1::LOG_SEVERITY_INFO,
+        absl::StrCat("starting at rank 0's step ", step_, ", with its state"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::LoadNewestCheckpoint() {

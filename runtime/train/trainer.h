@@ -144,6 +144,8 @@ class Trainer {
   // callbacks_.switch_runner's switch; the clock's steady steps start again.
   absl::Status SwitchRunner(const RunnerFactory& make, RunClock& clock);
   absl::Status LoadNewestCheckpoint();
+  // Where the runner says the run starts (StepRunner::SynchronizeStart).
+  absl::Status SynchronizeStart();
   // SWA (JobSpec.updates.swa): its start step filled and checked, the average.
   absl::Status SetUpSwa();
   // Folds the weights into the average when this step is due.

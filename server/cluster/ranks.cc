@@ -200,7 +200,9 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
   // Every rank checkpoints at rank 0's steps (a partitioned checkpoint
   // gathers the optimizer state: all ranks take part).
   options.checkpoint_dir = absl::StrCat(state_dir_, "/ranks/", r.job_id(), "/rank-", r.rank());
-  options.resume = true;
+  // Rank 0's state and position reach every rank when the run starts
+  // (DataParallelRunner::SynchronizeStart): nothing to load here.
+  options.resume = false;
   options.spec_resolved = true;
   options.threads =
       spec.training().threads() > 0 ? spec.training().threads() : jobs_->options().default_threads;

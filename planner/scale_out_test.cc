@@ -55,9 +55,9 @@ TEST(ScaleOutTest, EfficiencyStartsAtOneAndFallsWithTheNodes) {
   for (const auto& p : *plans) {
     std::cout << p.nodes() << " nodes, " << p.ranks() << " ranks: step " << p.step_seconds()
               << " s (compute " << p.compute_seconds() << ", gradients " << p.gradient_seconds()
-              << ", exposed " << p.exposed_seconds() << "), efficiency "
-              << p.scaling_efficiency() << ", "
-              << tandem::v1::OptimizerSharding_Name(p.sharding()) << ": " << p.reason() << "\n";
+              << ", exposed " << p.exposed_seconds() << "), efficiency " << p.scaling_efficiency()
+              << ", " << tandem::v1::OptimizerSharding_Name(p.sharding()) << ": " << p.reason()
+              << "\n";
     EXPECT_TRUE(p.feasible());
     EXPECT_EQ(p.ranks(), 8 * p.nodes());
     EXPECT_EQ(p.rank_batch_size(), 8);
@@ -87,9 +87,10 @@ TEST(ScaleOutTest, PartitionedPaysTheAllGatherAndSavesUpdateTime) {
   EXPECT_EQ(p.reason(), "asked for");
   EXPECT_GT(p.gather_seconds(), 0);
   EXPECT_GE(p.update_saved_seconds(), 0);
-  EXPECT_NEAR(p.step_seconds(), p.compute_seconds() + p.exposed_seconds() + p.gather_seconds() -
-                                    p.update_saved_seconds(),
-              1e-12);
+  EXPECT_NEAR(
+      p.step_seconds(),
+      p.compute_seconds() + p.exposed_seconds() + p.gather_seconds() - p.update_saved_seconds(),
+      1e-12);
 }
 
 TEST(ScaleOutTest, RefusesWhatItCannotPlan) {

@@ -724,6 +724,45 @@ absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest
 
 }  // namespace
 
+namespace {
+
+// What a request's own cost source is, for PlanModelResponse.cost_source
+// (empty: this machine, said later).
+std::string RequestCostSource(const tandem::v1::PlanModelRequest& rpc) {
+  switch (rpc.cost_source_case()) {
+    case tandem::v1::PlanModelRequest::kProfile:
+      return absl::StrCat("the request's profile (", rpc.profile().provenance().source(), ")");
+    case tandem::v1::PlanModelRequest::kHardware:
+      return absl::StrCat("the analytic profile on the request's hardware (", rpc.hardware().name(),
+                          ")");
+    default:
+      return "";
+  }
+}
+
+// PlanModelRequest.nodes' multi-node prediction of the job (planner/scale_out.h),
+// or nothing without nodes.
+absl::StatusOr<std::optional<planner::ScaleOutRequest>> ScaleOutRequestFor(
+    const tandem::v1::PlanModelRequest& rpc, const JobSpec& resolved,
+    const planner::PlanRequest& request, tandem::v1::Precision precision) {
+  if (rpc.nodes_size() == 0) return std::nullopt;
+  if (!request.hardware || rpc.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
+    return absl::InvalidArgumentError(
+        "nodes: a multi-node plan is for a hardware spec (hardware), not this machine or a "
+        "profile");
+  }
+  planner::ScaleOutRequest s;
+  s.rank = request;
+  s.nodes.assign(rpc.nodes().begin(), rpc.nodes().end());
+  if (resolved.distributed().bucket_bytes() > 0)
+    s.bucket_bytes = resolved.distributed().bucket_bytes();
+  s.sharding = rpc.spec().distributed().sharding();
+  s.gradient_bytes_per_element = precision == tandem::v1::PRECISION_BF16 ? 2 : 4;
+  return s;
+}
+
+}  // namespace
+
 absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
                                             const NodeOffer& node,
                                             const PlanModelContext& context) {
@@ -756,19 +795,7 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
     TANDEM_ASSIGN_OR_RETURN(
         hold, context.reserve(planner::PlanningMemoryBytes(analytic.layers_size(), batch)));
   }
-  std::string cost_source;
-  switch (rpc.cost_source_case()) {
-    case tandem::v1::PlanModelRequest::kProfile:
-      cost_source =
-          absl::StrCat("the request's profile (", rpc.profile().provenance().source(), ")");
-      break;
-    case tandem::v1::PlanModelRequest::kHardware:
-      cost_source = absl::StrCat("the analytic profile on the request's hardware (",
-                                 rpc.hardware().name(), ")");
-      break;
-    default:
-      break;
-  }
+  std::string cost_source = RequestCostSource(rpc);
   if (remote) {
     TANDEM_ASSIGN_OR_RETURN(request.profile,
                             planner::ProfileInPrecision(request.profile, precision.precision));
@@ -795,23 +822,8 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
     }
   }
-  std::optional<planner::ScaleOutRequest> scale_out;
-  if (rpc.nodes_size() > 0) {
-    if (!request.hardware || rpc.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
-      return absl::InvalidArgumentError(
-          "nodes: a multi-node plan is for a hardware spec (hardware), not this machine or a "
-          "profile");
-    }
-    scale_out.emplace();
-    scale_out->rank = request;
-    scale_out->nodes.assign(rpc.nodes().begin(), rpc.nodes().end());
-    if (resolved->distributed().bucket_bytes() > 0) {
-      scale_out->bucket_bytes = resolved->distributed().bucket_bytes();
-    }
-    scale_out->sharding = rpc.spec().distributed().sharding();
-    scale_out->gradient_bytes_per_element =
-        precision.precision == tandem::v1::PRECISION_BF16 ? 2 : 4;
-  }
+  TANDEM_ASSIGN_OR_RETURN(const std::optional<planner::ScaleOutRequest> scale_out,
+                          ScaleOutRequestFor(rpc, *resolved, request, precision.precision));
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response,
                           SolveForExecutor(model, std::move(request), capacity));
   if (scale_out) {

@@ -128,6 +128,41 @@ ScaleOutPlan Predict(const ScaleOutRequest& request, const Plan& plan, int nodes
   return s;
 }
 
+// Replicated or partitioned, as asked or (AUTO) whichever fits and is faster,
+// with the reason.
+ScaleOutPlan Choose(tandem::v1::OptimizerSharding asked, int ranks, ScaleOutPlan rep,
+                    ScaleOutPlan par) {
+  ScaleOutPlan chosen;
+  if (asked == tandem::v1::OPTIMIZER_SHARDING_REPLICATED || ranks == 1) {
+    chosen = rep;
+    chosen.set_reason(ranks == 1 ? "one rank: nothing to reduce" : "asked for");
+  } else if (asked == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED) {
+    chosen = par;
+    chosen.set_reason("asked for");
+  } else if (!rep.feasible() && par.feasible()) {
+    chosen = par;
+    chosen.set_reason(absl::StrCat("replicated does not fit a rank (", rep.note(),
+                                   "); partitioned keeps 1/", ranks, " of the optimizer state"));
+  } else if (rep.feasible() && par.feasible() && par.step_seconds() < rep.step_seconds()) {
+    chosen = par;
+    chosen.set_reason(absl::StrCat("faster: a step of ", par.step_seconds(), " s against ",
+                                   rep.step_seconds(), " s replicated (its reduce-scatter leaves ",
+                                   par.exposed_seconds(), " s exposed against the all-reduce's ",
+                                   rep.exposed_seconds(), "; the all-gather costs ",
+                                   par.gather_seconds(), " s; updating 1/", ranks,
+                                   " of the weights saves ", par.update_saved_seconds(), " s)"));
+  } else {
+    chosen = rep;
+    chosen.set_reason(rep.feasible()
+                          ? absl::StrCat("fits, and partitioning is not faster (a step of ",
+                                         par.step_seconds(), " s: its all-gather costs ",
+                                         par.gather_seconds(), " s, its update saves ",
+                                         par.update_saved_seconds(), " s)")
+                          : "neither fits a rank");
+  }
+  return chosen;
+}
+
 }  // namespace
 
 double AllReduceSeconds(const tandem::v1::HardwareSpec& hardware, int nodes, int accelerators,
@@ -192,35 +227,7 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
     }
     ScaleOutPlan par =
         Predict(request, partitioned_plan, nodes, g, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
-    const auto asked = request.sharding;
-    ScaleOutPlan chosen;
-    if (asked == tandem::v1::OPTIMIZER_SHARDING_REPLICATED || ranks == 1) {
-      chosen = rep;
-      chosen.set_reason(ranks == 1 ? "one rank: nothing to reduce" : "asked for");
-    } else if (asked == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED) {
-      chosen = par;
-      chosen.set_reason("asked for");
-    } else if (!rep.feasible() && par.feasible()) {
-      chosen = par;
-      chosen.set_reason(absl::StrCat("replicated does not fit a rank (", rep.note(),
-                                     "); partitioned keeps 1/", ranks, " of the optimizer state"));
-    } else if (rep.feasible() && par.feasible() && par.step_seconds() < rep.step_seconds()) {
-      chosen = par;
-      chosen.set_reason(
-          absl::StrCat("faster: a step of ", par.step_seconds(), " s against ", rep.step_seconds(),
-                       " s replicated (its reduce-scatter leaves ", par.exposed_seconds(),
-                       " s exposed against the all-reduce's ", rep.exposed_seconds(),
-                       "; the all-gather costs ", par.gather_seconds(), " s; updating 1/", ranks,
-                       " of the weights saves ", par.update_saved_seconds(), " s)"));
-    } else {
-      chosen = rep;
-      chosen.set_reason(rep.feasible()
-                            ? absl::StrCat("fits, and partitioning is not faster (a step of ",
-                                           par.step_seconds(), " s: its all-gather costs ",
-                                           par.gather_seconds(), " s, its update saves ",
-                                           par.update_saved_seconds(), " s)")
-                            : "neither fits a rank");
-    }
+    ScaleOutPlan chosen = Choose(request.sharding, ranks, std::move(rep), std::move(par));
     chosen.set_rank_batch_size(rank.batch_size);
     chosen.set_global_batch_size(rank.batch_size * ranks);
     if (chosen.step_seconds() > 0) {

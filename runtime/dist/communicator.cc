@@ -85,29 +85,22 @@ absl::Status Communicator::Run(const char* what, int64_t bytes, Op op) {
   return absl::OkStatus();
 }
 
-absl::Status Communicator::AllReduceSum(float* data, int64_t n) {
+template <typename T>
+absl::Status Communicator::AllReduceOf(T* data, int64_t n) {
   if (size_ == 1 || n == 0) return absl::OkStatus();
-  return Run("all-reduce", BusBytes(2 * n * 4), [&] {
+  return Run("all-reduce", BusBytes(2 * n * static_cast<int64_t>(sizeof(T))), [&] {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(data, static_cast<size_t>(n));
     opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
     opts.setTimeout(Millis(timeout_));
     gloo::allreduce(opts);
   });
 }
 
-absl::Status Communicator::AllReduceSum(double* data, int64_t n) {
-  if (size_ == 1 || n == 0) return absl::OkStatus();
-  return Run("all-reduce", BusBytes(2 * n * 8), [&] {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, static_cast<size_t>(n));
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
-    opts.setTimeout(Millis(timeout_));
-    gloo::allreduce(opts);
-  });
-}
+absl::Status Communicator::AllReduceSum(float* data, int64_t n) { return AllReduceOf(data, n); }
+
+absl::Status Communicator::AllReduceSum(double* data, int64_t n) { return AllReduceOf(data, n); }
 
 absl::Status Communicator::ReduceScatterSum(float* data, const std::vector<int64_t>& counts) {
   if (static_cast<int>(counts.size()) != size_) {
@@ -162,10 +155,11 @@ absl::Status Communicator::AllGather(float* data, const std::vector<int64_t>& co
   });
 }
 
-absl::Status Communicator::Broadcast(float* data, int64_t n, int root) {
+template <typename T>
+absl::Status Communicator::BroadcastOf(T* data, int64_t n, int root) {
   if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: no such root");
   if (size_ == 1 || n == 0) return absl::OkStatus();
-  return Run("broadcast", n * 4, [&] {
+  return Run("broadcast", n * static_cast<int64_t>(sizeof(T)), [&] {
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(data, static_cast<size_t>(n));
     opts.setRoot(root);
@@ -174,16 +168,12 @@ absl::Status Communicator::Broadcast(float* data, int64_t n, int root) {
   });
 }
 
+absl::Status Communicator::Broadcast(float* data, int64_t n, int root) {
+  return BroadcastOf(data, n, root);
+}
+
 absl::Status Communicator::Broadcast(double* data, int64_t n, int root) {
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: no such root");
-  if (size_ == 1 || n == 0) return absl::OkStatus();
-  return Run("broadcast", n * 8, [&] {
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(data, static_cast<size_t>(n));
-    opts.setRoot(root);
-    opts.setTimeout(Millis(timeout_));
-    gloo::broadcast(opts);
-  });
+  return BroadcastOf(data, n, root);
 }
 
 absl::Status Communicator::Barrier() {

@@ -90,6 +90,10 @@ class Communicator {
   // naming `what`, and counts `bytes` and the time taken.
   // (N-1)/N of `bytes`: what a bandwidth-optimal collective sends per rank.
   int64_t BusBytes(int64_t bytes) const;
+  template <typename T>
+  absl::Status AllReduceOf(T* data, int64_t n);
+  template <typename T>
+  absl::Status BroadcastOf(T* data, int64_t n, int root);
   template <typename Op>
   absl::Status Run(const char* what, int64_t bytes, Op op);
 

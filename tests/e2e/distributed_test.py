@@ -15,7 +15,7 @@ import time
 import unittest
 
 import junit_runner
-from tandem_stubs import job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
+from tandem_stubs import FASHION, job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -80,6 +80,18 @@ def gpt_spec(replicas=1, sharding=None, steps=STEPS, **distributed):
     return spec_from_dict(d)
 
 
+def fmnist_spec(**distributed):
+    """5 steps of the mlp on Fashion-MNIST as a 2-rank job: rank 1 loads the
+    dataset (about a second) before it joins."""
+    return spec_from_dict({
+        "model": {"mlp": {}},
+        "data": {"idx": {"train_images": FASHION + "train-images-idx3-ubyte.gz",
+                         "train_labels": FASHION + "train-labels-idx1-ubyte.gz"}},
+        "training": {"batch_size": 32, "steps": 5},
+        "distributed": dict(replicas=2, **distributed),
+    })
+
+
 def step_losses(client, job_id):
     events = client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job_id), timeout=120)
     return {e.step.step: e.step.loss for e in events if e.HasField("step")}
@@ -129,6 +141,25 @@ class ParityMixin:
 
 
 class TwoDaemonsTest(unittest.TestCase, ParityMixin):
+    def start_pair(self, second_data_root="/usr/share"):
+        """Two more daemons, each the other's peer, both healthy; stopped after
+        the test. Returns them, a client of the first, and the second's address."""
+        a, b = ["127.0.0.1:%d" % p for p in free_ports(2)]
+        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
+                                              "--job_threads=1"]).start()
+        self.addCleanup(first.cleanup)
+        self.addCleanup(first.stop)
+        second = Tandemd(TANDEMD, data_root=second_data_root, extra_flags=[
+            "--listen=" + b, "--peers=" + a, "--job_threads=1"]).start()
+        self.addCleanup(second.cleanup)
+        self.addCleanup(second.stop)
+        client = stub(first.address)[1]
+        deadline = time.time() + 30
+        while not all(p.healthy for p in client.GetNode(
+                tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.2)
+        return first, second, client, b
     @classmethod
     def setUpClass(cls):
         cls.daemons, cls.clients = start_cluster(2)
@@ -199,214 +230,129 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
     def test_a_rank_whose_node_never_comes_back_fails_the_job_in_bounded_time(self):
         # A second pair of daemons; rank 1's is killed (-9) mid-run and never
         # restarted: the coordinator keeps trying for fault_wait_seconds.
-        ports = free_ports(2)
-        a, b = ["127.0.0.1:%d" % p for p in ports]
-        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
-                                              "--job_threads=1"]).start()
-        second = Tandemd(TANDEMD, extra_flags=["--listen=" + b, "--peers=" + a,
-                                               "--job_threads=1"]).start()
-        try:
-            client = stub(first.address)[1]
-            deadline = time.time() + 30
-            while not all(p.healthy for p in client.GetNode(
-                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.2)
-            spec = gpt_spec(2, steps=100000, collective_timeout_seconds=5,
-                            fault_wait_seconds=6)
-            job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-            while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
-                                timeout=10).progress.step < 5:
-                time.sleep(0.1)
-            second.kill9()
-            start = time.time()
-            done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
-                                                   job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
-            took = time.time() - start
-            print("rank 1's daemon killed for good: the job FAILED after %.1f s: %s" % (
-                took, done.reason))
-            self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
-            self.assertGreaterEqual(took, 5)
-            self.assertLess(took, 60)
-            self.assertIn("could not restart within distributed.fault_wait_seconds (6 s)",
-                          done.reason)
-            # The first run's end named the collective that lost the rank.
-            reasons = [e.state_change.reason for e in client.WatchJob(
-                tandem_service_pb2.WatchJobRequest(job_id=job.id), timeout=30)
-                if e.HasField("state_change")]
-            self.assertTrue(any("a rank was lost" in r and (
-                "all-reduce" in r or "reduce-scatter" in r or "all-gather" in r)
-                for r in reasons), reasons)
-            self.assertEqual(host_reserved(client), 0)
-        finally:
-            first.stop()
-            second.stop()
-            first.cleanup()
-            second.cleanup()
+        first, second, client, b = self.start_pair()
+        spec = gpt_spec(2, steps=100000, collective_timeout_seconds=5,
+                        fault_wait_seconds=6)
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+        while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
+                            timeout=10).progress.step < 5:
+            time.sleep(0.1)
+        second.kill9()
+        start = time.time()
+        done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
+                                               job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
+        took = time.time() - start
+        print("rank 1's daemon killed for good: the job FAILED after %.1f s: %s" % (
+            took, done.reason))
+        self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
+        self.assertGreaterEqual(took, 5)
+        self.assertLess(took, 60)
+        self.assertIn("could not restart within distributed.fault_wait_seconds (6 s)",
+                      done.reason)
+        # The first run's end named the collective that lost the rank.
+        reasons = [e.state_change.reason for e in client.WatchJob(
+            tandem_service_pb2.WatchJobRequest(job_id=job.id), timeout=30)
+            if e.HasField("state_change")]
+        self.assertTrue(any("a rank was lost" in r and (
+            "all-reduce" in r or "reduce-scatter" in r or "all-gather" in r)
+            for r in reasons), reasons)
+        self.assertEqual(host_reserved(client), 0)
 
     def test_a_rank_killed_mid_training_resumes_from_the_checkpoint_and_succeeds(self):
         # Rank 1's daemon is killed (-9) mid-run and started again on the same
         # port and state: every rank restarts from rank 0's latest checkpoint,
         # and the job's losses are still one replica's.
-        ports = free_ports(2)
-        a, b = ["127.0.0.1:%d" % p for p in ports]
-        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
-                                              "--job_threads=1"]).start()
-        second = Tandemd(TANDEMD, extra_flags=["--listen=" + b, "--peers=" + a,
-                                               "--job_threads=1"]).start()
-        try:
-            client = stub(first.address)[1]
-            deadline = time.time() + 30
-            while not all(p.healthy for p in client.GetNode(
-                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.2)
-            steps = 300
-            reference = run(client, gpt_spec(steps=steps))
-            want = step_losses(client, reference.id)
-            spec = gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED", steps=steps,
-                            collective_timeout_seconds=5, fault_wait_seconds=60)
-            spec.training.checkpoint_interval_steps = 40
-            job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-            while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
-                                timeout=10).progress.step < 100:
-                time.sleep(0.02)
-            second.kill9()
-            killed = time.time()
-            time.sleep(1)
-            second.start()
-            done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
-                                                   job_pb2.JOB_STATE_SUCCEEDED], timeout=300)
-            events = list(client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job.id),
-                                          timeout=60))
-            resumed = [e.log.message for e in events if e.HasField("log") and
-                       "resumed from checkpoint" in e.log.message]
-            got = {e.step.step: e.step.loss for e in events if e.HasField("step")}
-            worst = max(abs(got[s] - want[s]) for s in want)
-            print("rank 1's daemon killed at step >= 100 and restarted: %s after %.1f s, %d "
-                  "attempts, %s; worst loss difference to one replica over %d steps %.2e" % (
-                      job_pb2.JobState.Name(done.state), time.time() - killed, done.attempts,
-                      resumed, steps, worst))
-            self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
-            self.assertGreaterEqual(done.attempts, 2)
-            self.assertTrue(resumed)
-            self.assertEqual(sorted(got), list(range(1, steps + 1)))
-            self.assertLess(worst, 1e-4)
-            self.assertEqual(host_reserved(client), 0)
-        finally:
-            first.stop()
-            second.stop()
-            first.cleanup()
-            second.cleanup()
+        first, second, client, b = self.start_pair()
+        steps = 300
+        reference = run(client, gpt_spec(steps=steps))
+        want = step_losses(client, reference.id)
+        spec = gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED", steps=steps,
+                        collective_timeout_seconds=5, fault_wait_seconds=60)
+        spec.training.checkpoint_interval_steps = 40
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+        while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
+                            timeout=10).progress.step < 100:
+            time.sleep(0.02)
+        second.kill9()
+        killed = time.time()
+        time.sleep(1)
+        second.start()
+        done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
+                                               job_pb2.JOB_STATE_SUCCEEDED], timeout=300)
+        events = list(client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job.id),
+                                      timeout=60))
+        resumed = [e.log.message for e in events if e.HasField("log") and
+                   "resumed from checkpoint" in e.log.message]
+        got = {e.step.step: e.step.loss for e in events if e.HasField("step")}
+        worst = max(abs(got[s] - want[s]) for s in want)
+        print("rank 1's daemon killed at step >= 100 and restarted: %s after %.1f s, %d "
+              "attempts, %s; worst loss difference to one replica over %d steps %.2e" % (
+                  job_pb2.JobState.Name(done.state), time.time() - killed, done.attempts,
+                  resumed, steps, worst))
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.assertGreaterEqual(done.attempts, 2)
+        self.assertTrue(resumed)
+        self.assertEqual(sorted(got), list(range(1, steps + 1)))
+        self.assertLess(worst, 1e-4)
+        self.assertEqual(host_reserved(client), 0)
 
     def test_a_node_that_refuses_its_rank_fails_the_run_saying_why_and_holds_nothing(self):
         # Rank 1's daemon cannot open the dataset (its --data_root does not
         # hold it): it refuses the rank, and the run ends saying so.
-        ports = free_ports(2)
-        a, b = ["127.0.0.1:%d" % p for p in ports]
-        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
-                                              "--job_threads=1"]).start()
-        second = Tandemd(TANDEMD, data_root="/tmp", extra_flags=[
-            "--listen=" + b, "--peers=" + a, "--job_threads=1"]).start()
-        try:
-            client = stub(first.address)[1]
-            deadline = time.time() + 30
-            while not all(p.healthy for p in client.GetNode(
-                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.2)
-            spec = spec_from_dict({
-                "model": {"mlp": {}},
-                "data": {"idx": {"train_images": "/usr/share/datasets/fashion-mnist/"
-                                                 "train-images-idx3-ubyte.gz",
-                                 "train_labels": "/usr/share/datasets/fashion-mnist/"
-                                                 "train-labels-idx1-ubyte.gz"}},
-                "training": {"batch_size": 32, "steps": 5},
-                "distributed": {"replicas": 2, "rendezvous_timeout_seconds": 4},
-            })
-            start = time.time()
-            done = run(client, spec, timeout=120)
-            print("a node that refuses its rank: %s after %.1f s: %s" % (
-                job_pb2.JobState.Name(done.state), time.time() - start, done.reason))
-            self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
-            self.assertIn("rank 1 on node %s could not start" % b, done.reason)
-            self.assertIn("outside the data root /tmp", done.reason)
-            self.assertEqual(host_reserved(client), 0)
-            self.assertEqual(host_reserved(stub(second.address)[1]), 0)
-        finally:
-            first.stop()
-            second.stop()
-            first.cleanup()
-            second.cleanup()
+        first, second, client, b = self.start_pair(second_data_root="/tmp")
+        spec = fmnist_spec(rendezvous_timeout_seconds=4)
+        start = time.time()
+        done = run(client, spec, timeout=120)
+        print("a node that refuses its rank: %s after %.1f s: %s" % (
+            job_pb2.JobState.Name(done.state), time.time() - start, done.reason))
+        self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
+        self.assertIn("rank 1 on node %s could not start" % b, done.reason)
+        self.assertIn("outside the data root /tmp", done.reason)
+        self.assertEqual(host_reserved(client), 0)
+        self.assertEqual(host_reserved(stub(second.address)[1]), 0)
 
 
     def test_a_rendezvous_that_never_completes_fails_the_run_in_bounded_time(self):
         # Rank 1's daemon is frozen (SIGSTOP) once it has accepted the rank,
         # while the rank loads its data: it never joins.
         from tandem.v1 import cluster_pb2, cluster_pb2_grpc
-        ports = free_ports(2)
-        a, b = ["127.0.0.1:%d" % p for p in ports]
-        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
-                                              "--job_threads=1"]).start()
-        second = Tandemd(TANDEMD, extra_flags=["--listen=" + b, "--peers=" + a,
-                                               "--job_threads=1"]).start()
-        try:
-            client = stub(first.address)[1]
-            channel = stub(second.address)[0]
-            ranks = cluster_pb2_grpc.ClusterStub(channel)
-            deadline = time.time() + 30
-            while not all(p.healthy for p in client.GetNode(
-                    tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
+        first, second, client, b = self.start_pair()
+        channel = stub(second.address)[0]
+        ranks = cluster_pb2_grpc.ClusterStub(channel)
+        spec = fmnist_spec(rendezvous_timeout_seconds=4, fault_wait_seconds=3)
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+        deadline = time.time() + 60
+        while True:
+            try:
+                ranks.GetRank(cluster_pb2.GetRankRequest(job_id=job.id), timeout=5)
+                break
+            except Exception:  # NOT_FOUND until the coordinator starts it
                 self.assertLess(time.time(), deadline)
-                time.sleep(0.2)
-            spec = spec_from_dict({
-                "model": {"mlp": {}},
-                "data": {"idx": {"train_images": "/usr/share/datasets/fashion-mnist/"
-                                                 "train-images-idx3-ubyte.gz",
-                                 "train_labels": "/usr/share/datasets/fashion-mnist/"
-                                                 "train-labels-idx1-ubyte.gz"}},
-                "training": {"batch_size": 32, "steps": 5},
-                "distributed": {"replicas": 2, "rendezvous_timeout_seconds": 4,
-                                "fault_wait_seconds": 3},
-            })
-            job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-            deadline = time.time() + 60
-            while True:
-                try:
-                    ranks.GetRank(cluster_pb2.GetRankRequest(job_id=job.id), timeout=5)
-                    break
-                except Exception:  # NOT_FOUND until the coordinator starts it
-                    self.assertLess(time.time(), deadline)
-                    time.sleep(0.01)
-            second.proc.send_signal(signal.SIGSTOP)
-            start = time.time()
-            done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
-                                                   job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
-            took = time.time() - start
-            second.proc.send_signal(signal.SIGCONT)
-            print("a rendezvous that never completes: %s after %.1f s: %s" % (
-                job_pb2.JobState.Name(done.state), took, done.reason))
-            self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
-            self.assertIn("could not restart within distributed.fault_wait_seconds", done.reason)
-            self.assertLess(took, 60)
-            reasons = [e.state_change.reason for e in client.WatchJob(
-                tandem_service_pb2.WatchJobRequest(job_id=job.id), timeout=30)
-                if e.HasField("state_change")]
-            self.assertTrue(any("the ranks did not join" in r and "rank 1 on " + b in r
-                                for r in reasons), reasons)
-            self.assertEqual(host_reserved(client), 0)
-            # The frozen daemon, thawed, ends its rank (stopped, or its own
-            # rendezvous timing out) and gives its memory back.
-            deadline = time.time() + 60
-            while host_reserved(stub(second.address)[1]) != 0:
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.2)
-            channel.close()
-        finally:
-            first.stop()
-            second.stop()
-            first.cleanup()
-            second.cleanup()
+                time.sleep(0.01)
+        second.proc.send_signal(signal.SIGSTOP)
+        start = time.time()
+        done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
+                                               job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
+        took = time.time() - start
+        second.proc.send_signal(signal.SIGCONT)
+        print("a rendezvous that never completes: %s after %.1f s: %s" % (
+            job_pb2.JobState.Name(done.state), took, done.reason))
+        self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
+        self.assertIn("could not restart within distributed.fault_wait_seconds", done.reason)
+        self.assertLess(took, 60)
+        reasons = [e.state_change.reason for e in client.WatchJob(
+            tandem_service_pb2.WatchJobRequest(job_id=job.id), timeout=30)
+            if e.HasField("state_change")]
+        self.assertTrue(any("the ranks did not join" in r and "rank 1 on " + b in r
+                            for r in reasons), reasons)
+        self.assertEqual(host_reserved(client), 0)
+        # The frozen daemon, thawed, ends its rank (stopped, or its own
+        # rendezvous timing out) and gives its memory back.
+        deadline = time.time() + 60
+        while host_reserved(stub(second.address)[1]) != 0:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.2)
+        channel.close()
 
 
 class NetworkNamespacesTest(unittest.TestCase):

@@ -26,6 +26,8 @@ $py bench/pipeline/accuracy.py --tandem bazel-bin/clients/cli/tandem
 
 echo "== Scale-out on loopback: Gloo all-reduce vs memcpy; 1, 2 and 4 data-parallel ranks =="
 bazel-bin/bench/dist/dist_bench
+echo "== Data parallelism on Fashion-MNIST: 1, 2 and 4 ranks on 4 tandemd daemons =="
+$py bench/dist/fmnist.py --tandemd bazel-bin/server/tandemd --tandem bazel-bin/clients/cli/tandem
 
 for extra in bench/*/run_extra.sh; do
   [ -x "$extra" ] && "$extra"

@@ -23,6 +23,8 @@ cuda_tests=(allocator_test context_test device_query_test accelerator_factory_te
 targets=(//clients/cli:tandem //server:tandemd //runtime/profile/cupti:cupti_test
          //bench/gpu:conv_precision)
 for t in "${cuda_tests[@]}"; do targets+=("//runtime/cuda:$t"); done
+# NCCL on one GPU; libnccl (200+ MB) comes from the GPU machine (PyTorch's).
+targets+=(//runtime/dist:nccl_communicator_test)
 if [[ -f runtime/profile/cuda_device_test.cc ]]; then targets+=(//runtime/profile:cuda_device_test); fi
 
 bazel build "${targets[@]}"
@@ -41,7 +43,7 @@ for t in "${targets[@]}"; do
 done
 
 # Shared libraries, minus what the GPU machine must provide itself.
-skip='^(linux-vdso|libcuda\.|libcudart|libcublas|libcudnn|libcupti|libnvrtc|libnvidia)'
+skip='^(linux-vdso|libcuda\.|libcudart|libcublas|libcudnn|libcupti|libnvrtc|libnvidia|libnccl)'
 for bin in "$stage"/tandem/libexec/*; do
   ldd "$bin" | awk '$3 ~ /^\// {print $1, $3} $1 ~ /^\// {print $1, $1}'
 done | sort -u | while read -r name path; do

@@ -36,7 +36,7 @@ find_dir() {
 }
 libs=()
 missing=()
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcupti.so.13 libnvrtc.so.13; do
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcupti.so.13 libnvrtc.so.13 libnccl.so.2; do
   d=$(find_dir "$lib")
   if [[ -n $d ]]; then
     [[ " ${libs[*]-} " == *" $d "* ]] || libs+=("$d")

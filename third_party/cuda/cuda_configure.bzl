@@ -5,6 +5,7 @@ when bin/nvcc and include/cuda_runtime.h exist. The generated repository holds:
 
   //:defs.bzl    CUDA_AVAILABLE, NVCC, if_cuda(yes, no)
   //:cuda        headers plus cudart, cuBLAS and cuDNN linkage (empty when absent)
+  //:nccl        NCCL linkage (empty when absent)
   //:cupti_headers  CUPTI headers only: CUPTI itself is dlopen'ed at run time
 
 When the toolkit is absent every target above is an empty library, so the rest
@@ -34,6 +35,7 @@ def _cuda_configure_impl(rctx):
         rctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 cc_library(name = "cuda")
+cc_library(name = "nccl")
 cc_library(name = "cupti_headers")
 """)
         rctx.file("defs.bzl", """
@@ -73,6 +75,13 @@ cc_library(
         "-lcudnn",
         "-ldl",
     ],
+)
+
+# NCCL, shipped with the toolkit: collectives on device memory.
+cc_library(
+    name = "nccl",
+    deps = [":cuda"],
+    linkopts = ["-L{lib}", "-lnccl"],
 )
 
 {cupti_rule}

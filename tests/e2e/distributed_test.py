@@ -296,6 +296,46 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertLess(worst, 1e-4)
         self.assertEqual(host_reserved(client), 0)
 
+    def test_daemons_talk_with_the_clients_token_and_a_wrong_one_is_refused(self):
+        # Two daemons with one --auth_token_file, a third with another token:
+        # the first two are healthy peers and run a 2-rank job; the third is
+        # unhealthy to them (UNAUTHENTICATED) and they to it.
+        tokens = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "tokens-%d" % os.getpid())
+        os.makedirs(tokens, exist_ok=True)
+        good, bad = os.path.join(tokens, "good"), os.path.join(tokens, "bad")
+        for path, token in ((good, "cluster-token-0123456789"), (bad, "another-token-9876543210")):
+            with open(path, "w") as f:
+                f.write(token + "\n")
+            os.chmod(path, 0o600)
+        addresses = ["127.0.0.1:%d" % p for p in free_ports(3)]
+        daemons = []
+        for i, token in enumerate((good, good, bad)):
+            d = Tandemd(TANDEMD, extra_flags=[
+                "--listen=" + addresses[i], "--job_threads=1", "--auth_token_file=" + token,
+                "--peers=" + ",".join(a for j, a in enumerate(addresses) if j != i)]).start()
+            self.addCleanup(d.cleanup)
+            self.addCleanup(d.stop)
+            daemons.append(d)
+        client = stub(daemons[0].address)[1]
+        md = (("authorization", "Bearer cluster-token-0123456789"),)
+        deadline = time.time() + 30
+        while True:
+            peers = {p.address: p for p in client.GetNode(
+                tandem_service_pb2.GetNodeRequest(), timeout=10, metadata=md).peers}
+            # (Connection refused until the third daemon has started.)
+            if peers[addresses[1]].healthy and "code 16" in peers[addresses[2]].reason:
+                break
+            self.assertLess(time.time(), deadline, peers)
+            time.sleep(0.2)
+        self.assertFalse(peers[addresses[2]].healthy)  # UNAUTHENTICATED: code 16
+        spec = gpt_spec(2, steps=5, nodes=[addresses[1]])
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60,
+                               metadata=md).job
+        done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_SUCCEEDED,
+                                               job_pb2.JOB_STATE_FAILED], token=md[0][1][7:])
+        self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
+        self.assertEqual(list(done.metrics.distributed.nodes), ["self", addresses[1]])
+
     def test_a_node_that_refuses_its_rank_fails_the_run_saying_why_and_holds_nothing(self):
         # Rank 1's daemon cannot open the dataset (its --data_root does not
         # hold it): it refuses the rank, and the run ends saying so.

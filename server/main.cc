@@ -416,7 +416,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<RankHost> ranks;
   std::unique_ptr<ClusterService> cluster;
   if (*peers != nullptr) {
-    ranks = std::make_unique<RankHost>(&jobs, peers->get(), state_dir);
+    ranks = std::make_unique<RankHost>(&jobs, peers->get(), state_dir, &metrics);
     cluster = std::make_unique<ClusterService>(*auth, ranks.get(), &rendezvous);
   }
   if (absl::Status s = jobs.Recover(); !s.ok())

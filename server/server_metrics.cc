@@ -93,6 +93,17 @@ ServerMetrics::ServerMetrics()
                  "overlapped with backward), what the step waited on after its backward "
                  "(step_waited), the rest (step_other), and the run's total (label phase).",
                  *registry)),
+      rank_collective_bytes(
+          Family(BuildGauge(), "tandem_rank_collective_bytes",
+                 "Bytes a rank this daemon runs for another daemon's distributed job has sent in "
+                 "collectives this run (bus bytes; labels job_id, rank).",
+                 *registry)),
+      rank_collective_seconds(
+          Family(BuildGauge(), "tandem_rank_collective_seconds",
+                 "That rank's collectives: the latest step's gradient reductions "
+                 "(step_gradient), what its step waited on after its backward (step_waited: "
+                 "waiting on the other ranks), the rest (step_other), the run's total.",
+                 *registry)),
       job_update_lagged(Family(BuildGauge(), "tandem_job_update_lagged_updates",
                                "Updates whose gradient lagged `lag` versions: the staleness "
                                "distribution (parameter server, Hogwild).",

@@ -57,6 +57,9 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Gauge>& job_ranks;
   prometheus::Family<prometheus::Gauge>& job_collective_bytes;
   prometheus::Family<prometheus::Gauge>& job_collective_seconds;
+  // Ranks this daemon runs for distributed jobs coordinated elsewhere.
+  prometheus::Family<prometheus::Gauge>& rank_collective_bytes;
+  prometheus::Family<prometheus::Gauge>& rank_collective_seconds;
   prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;
   prometheus::Family<prometheus::Gauge>& job_step_time_ratio;
   prometheus::Family<prometheus::Counter>& replans;

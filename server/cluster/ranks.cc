@@ -127,8 +127,8 @@ struct RankHost::Rank {
   }
 };
 
-RankHost::RankHost(JobManager* jobs, PeerSet* peers, std::string state_dir)
-    : jobs_(jobs), peers_(peers), state_dir_(std::move(state_dir)) {}
+RankHost::RankHost(JobManager* jobs, PeerSet* peers, std::string state_dir, ServerMetrics* metrics)
+    : jobs_(jobs), peers_(peers), state_dir_(std::move(state_dir)), metrics_(metrics) {}
 
 RankHost::~RankHost() {
   std::map<std::string, std::shared_ptr<Rank>> ranks;
@@ -230,6 +230,24 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
   callbacks.on_step = [rank](const tandem::v1::JobEvent::StepProgress& p) {
     rank->step = p.step();
   };
+  const prometheus::Labels labels = {{"job_id", r.job_id()}, {"rank", absl::StrCat(r.rank())}};
+  if (metrics_ != nullptr) {
+    callbacks.after_step = [this, labels](int64_t, double, const StepRunner& runner) {
+      const auto* dp = dynamic_cast<const DataParallelRunner*>(&runner);
+      if (dp == nullptr) return;
+      const tandem::v1::DistributedStats d = dp->DistributedRecord();
+      metrics_->rank_collective_bytes.Add(labels).Set(static_cast<double>(d.collective_bytes()));
+      auto seconds = [&](const char* phase, double v) {
+        prometheus::Labels l = labels;
+        l["phase"] = phase;
+        metrics_->rank_collective_seconds.Add(l).Set(v);
+      };
+      seconds("total", d.collective_seconds());
+      seconds("step_gradient", d.step_gradient_seconds());
+      seconds("step_waited", d.step_waited_seconds());
+      seconds("step_other", d.step_other_seconds());
+    };
+  }
   absl::Status status;
   {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
@@ -244,20 +262,44 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
       status = trainer.status();
     }
   }
-  absl::MutexLock lock(&rank->mu);
-  if (status.ok()) {
-    rank->state = tandem::v1::JOB_STATE_SUCCEEDED;
-    rank->reason = "finished";
-  } else if (status.code() == absl::StatusCode::kCancelled) {
-    rank->state = tandem::v1::JOB_STATE_CANCELLED;
-    rank->reason = std::string(status.message());
-  } else {
-    rank->state = tandem::v1::JOB_STATE_FAILED;
-    rank->reason = status.ToString();
-  }
-  std::fprintf(stderr, "tandemd: rank %d of %s (coordinator %s) ended: %s\n", r.rank(),
-               r.job_id().c_str(), r.coordinator().c_str(), rank->reason.c_str());
+  // Its memory goes back first, so that a rank seen ended holds nothing.
   rank->memory.reset();
+  std::string reason;
+  {
+    absl::MutexLock lock(&rank->mu);
+    if (status.ok()) {
+      rank->state = tandem::v1::JOB_STATE_SUCCEEDED;
+      rank->reason = "finished";
+    } else if (status.code() == absl::StatusCode::kCancelled) {
+      rank->state = tandem::v1::JOB_STATE_CANCELLED;
+      rank->reason = std::string(status.message());
+    } else {
+      rank->state = tandem::v1::JOB_STATE_FAILED;
+      rank->reason = status.ToString();
+    }
+    reason = rank->reason;
+  }
+  if (metrics_ != nullptr) KeepSeries(labels);
+  std::fprintf(stderr, "tandemd: rank %d of %s (coordinator %s) ended: %s\n", r.rank(),
+               r.job_id().c_str(), r.coordinator().c_str(), reason.c_str());
+}
+
+void RankHost::KeepSeries(const prometheus::Labels& labels) {
+  absl::MutexLock lock(&mu_);
+  finished_series_.push_back(labels);
+  if (finished_series_.size() <= kFinishedSeriesKept) return;
+  const prometheus::Labels old = finished_series_.front();
+  finished_series_.pop_front();
+  for (const auto& [id, rank] : ranks_) {
+    // A rank of the same job running again here writes the same series.
+    if (!rank->ended() && rank->request.job_id() == old.at("job_id")) return;
+  }
+  RemoveSeries(metrics_->rank_collective_bytes, old);
+  for (const char* phase : {"total", "step_gradient", "step_waited", "step_other"}) {
+    prometheus::Labels l = old;
+    l["phase"] = phase;
+    RemoveSeries(metrics_->rank_collective_seconds, l);
+  }
 }
 
 absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id,

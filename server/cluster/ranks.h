@@ -18,6 +18,7 @@
 #ifndef TANDEM_SERVER_CLUSTER_RANKS_H_
 #define TANDEM_SERVER_CLUSTER_RANKS_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,7 +39,9 @@ std::string HostOf(const std::string& address);
 
 class RankHost {
  public:
-  RankHost(JobManager* jobs, PeerSet* peers, std::string state_dir);
+  // `metrics` (may be null) gets each running rank's collectives.
+  RankHost(JobManager* jobs, PeerSet* peers, std::string state_dir,
+           ServerMetrics* metrics = nullptr);
   // Stops every rank and waits for their threads.
   ~RankHost();
 
@@ -53,13 +56,19 @@ class RankHost {
  private:
   struct Rank;
   void Run(std::shared_ptr<Rank> rank);
+  // A finished rank's series stay exported (its last values) until
+  // kFinishedSeriesKept newer ranks have finished.
+  void KeepSeries(const prometheus::Labels& labels);
+  static constexpr size_t kFinishedSeriesKept = 64;
 
   JobManager* const jobs_;
   PeerSet* const peers_;
   const std::string state_dir_;
+  ServerMetrics* const metrics_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Rank>> ranks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<prometheus::Labels> finished_series_ ABSL_GUARDED_BY(mu_);
 };
 
 class Coordinator {

@@ -39,7 +39,8 @@ FAKE_NVML = None
 # this test, so the list cannot go stale.
 PENDING_SERIES = ["tandem_job_pipeline_stage_seconds", "tandem_job_pipeline_stage_bytes",
                   "tandem_job_ranks", "tandem_job_collective_bytes",
-                  "tandem_job_collective_seconds"]
+                  "tandem_job_collective_seconds", "tandem_rank_collective_bytes",
+                  "tandem_rank_collective_seconds"]
 
 # What Grafana substitutes for its built-in variables, at a 1 s scrape interval.
 BUILTINS = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m"}
@@ -98,8 +99,9 @@ class DashboardTest(unittest.TestCase):
         # of fixed readings (server/metrics/testing/fake_nvml.c).
         # A peer, so that a distributed job registers the distributed families.
         ports = [repo_files.free_port(), repo_files.free_port()]
-        cls.peer = Tandemd(TANDEMD, extra_flags=["--listen=127.0.0.1:%d" % ports[1],
-                                                 "--peers=127.0.0.1:%d" % ports[0]]).start()
+        cls.peer = Tandemd(TANDEMD, metrics=True,
+                           extra_flags=["--listen=127.0.0.1:%d" % ports[1],
+                                        "--peers=127.0.0.1:%d" % ports[0]]).start()
         cls.daemon = Tandemd(TANDEMD, metrics=True,
                              extra_flags=["--nvml_library=" + os.path.abspath(FAKE_NVML),
                                           "--emulated_accelerators=2",
@@ -111,7 +113,10 @@ class DashboardTest(unittest.TestCase):
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [cls.rules_path],
-            "scrape_configs": [{"job_name": "tandemd", "static_configs": [{"targets": [cls.target]}]}],
+            # The peer too: it runs the distributed job's rank 1 (the per-rank
+            # families); the dashboard's $instance keeps its panels to the main daemon.
+            "scrape_configs": [{"job_name": "tandemd", "static_configs": [{"targets": [
+                cls.target, "127.0.0.1:%d" % cls.peer.metrics_port]}]}],
         }
         config_path = os.path.join(cls.dir, "prometheus.yml")
         with open(config_path, "w") as f:
@@ -197,11 +202,14 @@ class DashboardTest(unittest.TestCase):
 
     @classmethod
     def exported_families(cls):
-        """Family name -> type, from the TYPE lines of tandemd's exposition
+        """Family name -> type, from the TYPE lines of both daemons' exposition
         (prometheus-cpp writes a registry family once it has a series)."""
-        with urllib.request.urlopen("http://%s/metrics" % cls.target, timeout=10) as r:
-            text = r.read().decode()
-        return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+        families = {}
+        for port in (cls.daemon.metrics_port, cls.peer.metrics_port):
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+                text = r.read().decode()
+            families.update(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+        return families
 
     @classmethod
     def evaluate(cls, expr):

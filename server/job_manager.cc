@@ -357,6 +357,17 @@ std::optional<tandem::v1::Profile> JobManager::MeasuredLayerProfile(
   return layer_profiles_.Load(model, resolved, *offer);
 }
 
+absl::Status JobManager::AdmitDistributed(const tandem::v1::JobSpec& resolved) const {
+  if (resolved.distributed().replicas() <= 1) return absl::OkStatus();
+  if (!options_.admit_distributed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.distributed.replicas: ", resolved.distributed().replicas(),
+                     " ranks need a cluster of tandemd daemons, and this one has no --peers "
+                     "or --peers_dns"));
+  }
+  return options_.admit_distributed(resolved);
+}
+
 absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSpec& spec,
                                                          const std::string& request_id) {
   {
@@ -386,15 +397,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   const tandem::v1::JobSpec& resolved = r.spec;
   const MemoryEstimate& estimate = r.estimate;
   TANDEM_RETURN_IF_ERROR(CheckBudgets(estimate));
-  if (resolved.distributed().replicas() > 1) {
-    if (!options_.admit_distributed) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("spec.distributed.replicas: ", resolved.distributed().replicas(),
-                       " ranks need a cluster of tandemd daemons, and this one has no --peers "
-                       "or --peers_dns"));
-    }
-    TANDEM_RETURN_IF_ERROR(options_.admit_distributed(resolved));
-  }
+  TANDEM_RETURN_IF_ERROR(AdmitDistributed(resolved));
 
   Job job;
   job.set_request_id(request_id);
@@ -824,14 +827,8 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
   if (m.has_distributed() && m.distributed().ranks() > 1) {
     const tandem::v1::DistributedStats& d = m.distributed();
     metrics_->job_ranks.Add(labels).Set(d.ranks());
-    metrics_->job_collective_bytes.Add(labels).Set(static_cast<double>(d.collective_bytes()));
-    auto seconds = [&](const char* phase, double v) {
-      metrics_->job_collective_seconds.Add({{"job_id", entry.job.id()}, {"phase", phase}}).Set(v);
-    };
-    seconds("total", d.collective_seconds());
-    seconds("step_gradient", d.step_gradient_seconds());
-    seconds("step_waited", d.step_waited_seconds());
-    seconds("step_other", d.step_other_seconds());
+    SetCollectiveSeries(metrics_->job_collective_bytes, metrics_->job_collective_seconds, labels,
+                        d);
   }
   for (const tandem::v1::PipelineStageStats& st : m.pipeline_stages()) {
     const std::string stage = absl::StrCat(st.stage());
@@ -1262,10 +1259,7 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
     RemoveSeries(metrics_->job_update_lagged, {{"job_id", job_id}, {"lag", absl::StrCat(lag)}});
   }
   RemoveSeries(metrics_->job_ranks, old);
-  RemoveSeries(metrics_->job_collective_bytes, old);
-  for (const char* phase : {"total", "step_gradient", "step_waited", "step_other"}) {
-    RemoveSeries(metrics_->job_collective_seconds, {{"job_id", job_id}, {"phase", phase}});
-  }
+  RemoveCollectiveSeries(metrics_->job_collective_bytes, metrics_->job_collective_seconds, old);
   for (int stage = 0; stage < kMaxPipelineStages; ++stage) {
     const std::string k = absl::StrCat(stage);
     for (const char* phase : {"busy", "bubble", "copy", "update"}) {

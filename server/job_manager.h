@@ -234,6 +234,9 @@ class JobManager {
   // --state_min_free_bytes: submits stop while running jobs still have room to
   // record their steps and ends.
   absl::Status CheckStateSpace() const;
+  // A distributed job needs the cluster's nodes (options_.admit_distributed);
+  // FAILED_PRECONDITION without a cluster. OK for the others.
+  absl::Status AdmitDistributed(const tandem::v1::JobSpec& resolved) const;
   // RESOURCE_EXHAUSTED when a job needs more than the node's budgets hold at all.
   absl::Status CheckBudgets(const MemoryEstimate& estimate) const;
   void UpdateJobMetrics(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

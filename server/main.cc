@@ -269,6 +269,38 @@ absl::StatusOr<std::unique_ptr<tandem::server::PeerSet>> PeersFromFlags() {
   return std::make_unique<PeerSet>(std::move(o));
 }
 
+// Distributed jobs are admitted and run through `coordinator` (null: no
+// --peers, and such jobs are refused).
+void CoordinateDistributedJobs(tandem::server::Coordinator* coordinator,
+                               tandem::server::JobManagerOptions& options) {
+  if (coordinator == nullptr) return;
+  options.admit_distributed = [coordinator](const tandem::v1::JobSpec& resolved) {
+    return coordinator->Admit(resolved);
+  };
+  options.begin_distributed = [coordinator](const tandem::v1::Job& job) {
+    return coordinator->Begin(job);
+  };
+}
+
+// The peers' health checks start once this daemon serves.
+void StartPeers(tandem::server::PeerSet* peers) {
+  if (peers == nullptr) return;
+  peers->Start();
+  std::fprintf(stderr, "tandemd: cluster of %zu peers, reached as %s\n", peers->Snapshot().size(),
+               peers->self().c_str());
+}
+
+// GetNode answers the peers' health and this daemon's advertised address too.
+void AddPeersToNodeInfo(tandem::server::PeerSet* peers, tandem::server::ServiceOptions& options) {
+  if (peers == nullptr) return;
+  options.node_info = [base = options.node_info, peers] {
+    tandem::v1::NodeInfo node = base();
+    for (tandem::v1::PeerInfo& p : peers->Snapshot()) *node.add_peers() = std::move(p);
+    node.set_advertise_address(peers->self());
+    return node;
+  };
+}
+
 // What the service needs beyond the job manager: authentication, the node's
 // description, and the PlanModel/ProfileModel work. `jobs` and `policy` must
 // outlive it.
@@ -401,37 +433,23 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<PeerSet>> peers = PeersFromFlags();
   if (!peers.ok()) return Fail(std::string(peers.status().message()));
   RendezvousTable rendezvous;
-  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<Coordinator> coordinator =
+      *peers != nullptr ? std::make_unique<Coordinator>(peers->get(), &rendezvous) : nullptr;
   JobManagerOptions options = JobManagerOptionsFromFlags(state_dir, *policy, resources);
-  if (*peers != nullptr) {
-    coordinator = std::make_unique<Coordinator>(peers->get(), &rendezvous);
-    options.admit_distributed = [&coordinator](const tandem::v1::JobSpec& resolved) {
-      return coordinator->Admit(resolved);
-    };
-    options.begin_distributed = [&coordinator](const tandem::v1::Job& job) {
-      return coordinator->Begin(job);
-    };
-  }
+  CoordinateDistributedJobs(coordinator.get(), options);
   JobManager jobs(options, store->get(), &metrics);
-  std::unique_ptr<RankHost> ranks;
-  std::unique_ptr<ClusterService> cluster;
-  if (*peers != nullptr) {
-    ranks = std::make_unique<RankHost>(&jobs, peers->get(), state_dir, &metrics);
-    cluster = std::make_unique<ClusterService>(*auth, ranks.get(), &rendezvous);
-  }
+  // The ranks this daemon runs for other daemons' jobs, and the service
+  // between daemons.
+  std::unique_ptr<RankHost> ranks =
+      *peers ? std::make_unique<RankHost>(&jobs, peers->get(), state_dir, &metrics) : nullptr;
+  std::unique_ptr<ClusterService> cluster =
+      ranks ? std::make_unique<ClusterService>(*auth, ranks.get(), &rendezvous) : nullptr;
   if (absl::Status s = jobs.Recover(); !s.ok())
     return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();
 
   ServiceOptions service_options = ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy);
-  if (*peers != nullptr) {
-    service_options.node_info = [base = service_options.node_info, set = peers->get()] {
-      tandem::v1::NodeInfo node = base();
-      for (tandem::v1::PeerInfo& p : set->Snapshot()) *node.add_peers() = std::move(p);
-      node.set_advertise_address(set->self());
-      return node;
-    };
-  }
+  AddPeersToNodeInfo(peers->get(), service_options);
   TandemService service(&jobs, &metrics, std::move(service_options));
 
   const std::vector<std::shared_ptr<prometheus::Collectable>> sources =
@@ -443,11 +461,7 @@ int main(int argc, char** argv) {
     jobs.Shutdown();
     return Fail(std::string(server.status().message()));
   }
-  if (*peers != nullptr) {
-    (*peers)->Start();
-    std::fprintf(stderr, "tandemd: cluster of %zu peers, reached as %s\n",
-                 (*peers)->Snapshot().size(), (*peers)->self().c_str());
-  }
+  StartPeers(peers->get());
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
   grpc::HealthCheckServiceInterface* health = (*server)->GetHealthCheckService();

@@ -174,4 +174,30 @@ std::string ServerMetrics::Serialize() const {
   return prometheus::TextSerializer().Serialize(families);
 }
 
+namespace {
+constexpr const char* kCollectivePhases[] = {"total", "step_gradient", "step_waited", "step_other"};
+
+prometheus::Labels WithPhase(prometheus::Labels labels, const char* phase) {
+  labels["phase"] = phase;
+  return labels;
+}
+}  // namespace
+
+void SetCollectiveSeries(prometheus::Family<prometheus::Gauge>& bytes,
+                         prometheus::Family<prometheus::Gauge>& seconds,
+                         const prometheus::Labels& labels,
+                         const tandem::v1::DistributedStats& stats) {
+  bytes.Add(labels).Set(static_cast<double>(stats.collective_bytes()));
+  const double values[] = {stats.collective_seconds(), stats.step_gradient_seconds(),
+                           stats.step_waited_seconds(), stats.step_other_seconds()};
+  for (int i = 0; i < 4; ++i) seconds.Add(WithPhase(labels, kCollectivePhases[i])).Set(values[i]);
+}
+
+void RemoveCollectiveSeries(prometheus::Family<prometheus::Gauge>& bytes,
+                            prometheus::Family<prometheus::Gauge>& seconds,
+                            const prometheus::Labels& labels) {
+  RemoveSeries(bytes, labels);
+  for (const char* phase : kCollectivePhases) RemoveSeries(seconds, WithPhase(labels, phase));
+}
+
 }  // namespace tandem::server

@@ -21,6 +21,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/metrics/job_telemetry_collector.h"
+#include "tandem/v1/job.pb.h"
 
 namespace tandem::server {
 
@@ -92,6 +93,18 @@ template <typename T, typename... Args>
 void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& labels, Args&&... args) {
   if (family.Has(labels)) family.Remove(&family.Add(labels, std::forward<Args>(args)...));
 }
+
+// A distributed job's (or rank's) collectives: `bytes` set to the bytes sent,
+// `seconds` to each phase's seconds (label phase: total, step_gradient,
+// step_waited, step_other), each series under `labels` (plus phase).
+void SetCollectiveSeries(prometheus::Family<prometheus::Gauge>& bytes,
+                         prometheus::Family<prometheus::Gauge>& seconds,
+                         const prometheus::Labels& labels,
+                         const tandem::v1::DistributedStats& stats);
+// Drops the series SetCollectiveSeries set under `labels`.
+void RemoveCollectiveSeries(prometheus::Family<prometheus::Gauge>& bytes,
+                            prometheus::Family<prometheus::Gauge>& seconds,
+                            const prometheus::Labels& labels);
 
 }  // namespace tandem::server
 

@@ -69,6 +69,25 @@ bool Terminal(JobState s) {
          s == tandem::v1::JOB_STATE_CANCELLED;
 }
 
+// A distributed job's ranks, sharding and collectives (docs/distributed.md).
+void PrintDistributed(const Job& job) {
+  if (job.resolved_spec().distributed().replicas() <= 1) return;
+  const tandem::v1::DistributedStats& d = job.metrics().distributed();
+  std::printf(
+      "  distributed: %d ranks, %s (%s)\n", job.resolved_spec().distributed().replicas(),
+      tandem::v1::OptimizerSharding_Name(job.resolved_spec().distributed().sharding()).c_str(),
+      job.distributed_reason().c_str());
+  if (d.ranks() > 1) {
+    std::string nodes;
+    for (const std::string& n : d.nodes()) nodes += (nodes.empty() ? "" : ", ") + n;
+    std::printf(
+        "  collectives: %d buckets; latest step %.4f s of gradient reduction, %.4f s waited "
+        "after backward, %.4f s other; %.1f MB sent in %.2f s this run; nodes %s\n",
+        d.buckets(), d.step_gradient_seconds(), d.step_waited_seconds(), d.step_other_seconds(),
+        d.collective_bytes() / 1e6, d.collective_seconds(), nodes.c_str());
+  }
+}
+
 void PrintJobText(const Job& job) {
   const auto& p = job.progress();
   const auto& m = job.metrics();
@@ -90,22 +109,7 @@ void PrintJobText(const Job& job) {
   for (const std::string& line : DescribePipeline(m)) {
     std::printf("  pipeline:  %s\n", line.c_str());
   }
-  if (job.resolved_spec().distributed().replicas() > 1) {
-    const tandem::v1::DistributedStats& d = m.distributed();
-    std::printf(
-        "  distributed: %d ranks, %s (%s)\n", job.resolved_spec().distributed().replicas(),
-        tandem::v1::OptimizerSharding_Name(job.resolved_spec().distributed().sharding()).c_str(),
-        job.distributed_reason().c_str());
-    if (d.ranks() > 1) {
-      std::string nodes;
-      for (const std::string& n : d.nodes()) nodes += (nodes.empty() ? "" : ", ") + n;
-      std::printf(
-          "  collectives: %d buckets; latest step %.4f s of gradient reduction, %.4f s waited "
-          "after backward, %.4f s other; %.1f MB sent in %.2f s this run; nodes %s\n",
-          d.buckets(), d.step_gradient_seconds(), d.step_waited_seconds(), d.step_other_seconds(),
-          d.collective_bytes() / 1e6, d.collective_seconds(), nodes.c_str());
-    }
-  }
+  PrintDistributed(job);
   if (job.checkpoint_step() > 0) {
     std::printf("  checkpoint step %ld: %s\n", static_cast<long>(job.checkpoint_step()),
                 job.checkpoint_path().c_str());

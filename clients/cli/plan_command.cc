@@ -96,6 +96,25 @@ absl::StatusOr<tandem::v1::Precision> ParsePrecision(const std::string& text) {
   return p;
 }
 
+// --nodes into request.nodes; a multi-node plan needs --hardware.
+absl::Status AddNodes(tandem::v1::PlanModelRequest& request) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipWhitespace())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 65536) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nodes: \"", part, "\" is not a node count in [1, 65536]"));
+    }
+    request.add_nodes(n);
+  }
+  if (request.nodes_size() > 0 &&
+      request.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
+    return absl::InvalidArgumentError("--nodes: plans other machines: give --hardware=SPEC");
+  }
+
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<int> RunPlan(const Args& args) {
@@ -145,20 +164,7 @@ absl::StatusOr<int> RunPlan(const Args& args) {
     return absl::InvalidArgumentError("--pipeline_devices: must be >= 0");
   }
   request.set_pipeline_devices(absl::GetFlag(FLAGS_pipeline_devices));
-  for (absl::string_view part :
-       absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipWhitespace())) {
-    int n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 65536) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--nodes: \"", part, "\" is not a node count in [1, 65536]"));
-    }
-    request.add_nodes(n);
-  }
-  if (request.nodes_size() > 0 &&
-      request.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
-    return absl::InvalidArgumentError("--nodes: plans other machines: give --hardware=SPEC");
-  }
-
+  if (absl::Status nodes = AddNodes(request); !nodes.ok()) return nodes;
   tandem::v1::PlanModelResponse response;
   if (absl::GetFlag(FLAGS_on_server)) {
     RpcClient client({.server = GetGlobals().server, .token = GetGlobals().token});

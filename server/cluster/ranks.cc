@@ -54,19 +54,30 @@ RunnerFactory DataParallelFactory(
   };
 }
 
+// One tandem.v1.Cluster call to the daemon at `address`, with the cluster's
+// credentials and a deadline of `timeout`.
+template <typename Request, typename Response>
+grpc::Status CallPeer(PeerSet* peers, const std::string& address, absl::Duration timeout,
+                      grpc::Status (tandem::v1::Cluster::Stub::*method)(grpc::ClientContext*,
+                                                                        const Request&, Response*),
+                      const Request& request, Response* response) {
+  auto stub = tandem::v1::Cluster::NewStub(peers->Channel(address));
+  grpc::ClientContext context;
+  peers->credentials().Prepare(context, timeout);
+  return ((*stub).*method)(&context, request, response);
+}
+
 // What each started rank is doing, as its daemon says (or that it does not
 // answer): "rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED (...)".
 std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
                        const std::string& job_id) {
   std::vector<std::string> states;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    auto stub = tandem::v1::Cluster::NewStub(peers->Channel(nodes[i]));
-    grpc::ClientContext context;
-    peers->credentials().Prepare(context, absl::Seconds(2));
     tandem::v1::GetRankRequest request;
     request.set_job_id(job_id);
     tandem::v1::RankStatus status;
-    const grpc::Status s = stub->GetRank(&context, request, &status);
+    const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(2),
+                                    &tandem::v1::Cluster::Stub::GetRank, request, &status);
     states.push_back(absl::StrCat(
         "rank ", i + 1, " on ", nodes[i], ": ",
         s.ok() ? absl::StrCat(tandem::v1::JobState_Name(status.state()), " (", status.reason(), ")")
@@ -119,6 +130,11 @@ struct RankHost::Rank {
     s.set_state(state);
     s.set_reason(reason);
     return s;
+  }
+  void SetState(tandem::v1::JobState s, std::string why) {
+    absl::MutexLock lock(&mu);
+    state = s;
+    reason = std::move(why);
   }
   bool ended() {
     absl::MutexLock lock(&mu);
@@ -192,8 +208,8 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   return rank->Status();
 }
 
-void RankHost::Run(std::shared_ptr<Rank> rank) {
-  const tandem::v1::StartRankRequest& r = rank->request;
+TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) const {
+  const tandem::v1::StartRankRequest& r = rank.request;
   const tandem::v1::JobSpec& spec = r.spec();
   TrainerOptions options;
   options.job_id = absl::StrCat(r.job_id(), "-rank", r.rank());
@@ -210,8 +226,7 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
   options.resolve_path = [&policy](const std::string& f, const std::string& p) {
     return policy.Resolve(f, p);
   };
-  HostAllocator allocator(rank->reserved_bytes);
-  options.host_allocator = &allocator;
+  options.host_allocator = allocator;
   std::shared_ptr<grpc::Channel> channel = peers_->Channel(r.coordinator());
   const PeerCredentials credentials = peers_->credentials();
   const absl::Duration wait = Seconds(spec.distributed().rendezvous_timeout_seconds());
@@ -221,7 +236,12 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
       [channel, credentials, prefix, wait] {
         return std::make_unique<RemoteStore>(channel, credentials, prefix, wait);
       },
-      rank->vote);
+      rank.vote);
+  return options;
+}
+
+TrainerCallbacks RankHost::CallbacksFor(std::shared_ptr<Rank> rank,
+                                        const prometheus::Labels& labels) {
   TrainerCallbacks callbacks;
   callbacks.should_stop = [rank] {
     if (rank->stop.load()) rank->vote->Request();
@@ -230,33 +250,27 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
   callbacks.on_step = [rank](const tandem::v1::JobEvent::StepProgress& p) {
     rank->step = p.step();
   };
-  const prometheus::Labels labels = {{"job_id", r.job_id()}, {"rank", absl::StrCat(r.rank())}};
   if (metrics_ != nullptr) {
     callbacks.after_step = [this, labels](int64_t, double, const StepRunner& runner) {
       const auto* dp = dynamic_cast<const DataParallelRunner*>(&runner);
       if (dp == nullptr) return;
-      const tandem::v1::DistributedStats d = dp->DistributedRecord();
-      metrics_->rank_collective_bytes.Add(labels).Set(static_cast<double>(d.collective_bytes()));
-      auto seconds = [&](const char* phase, double v) {
-        prometheus::Labels l = labels;
-        l["phase"] = phase;
-        metrics_->rank_collective_seconds.Add(l).Set(v);
-      };
-      seconds("total", d.collective_seconds());
-      seconds("step_gradient", d.step_gradient_seconds());
-      seconds("step_waited", d.step_waited_seconds());
-      seconds("step_other", d.step_other_seconds());
+      SetCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds,
+                          labels, dp->DistributedRecord());
     };
   }
+  return callbacks;
+}
+
+void RankHost::Run(std::shared_ptr<Rank> rank) {
+  const tandem::v1::StartRankRequest& r = rank->request;
+  const prometheus::Labels labels = {{"job_id", r.job_id()}, {"rank", absl::StrCat(r.rank())}};
+  HostAllocator allocator(rank->reserved_bytes);
   absl::Status status;
   {
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(r.spec(), OptionsFor(*rank, &allocator), CallbacksFor(rank, labels));
     if (trainer.ok()) {
-      {
-        absl::MutexLock lock(&rank->mu);
-        rank->state = tandem::v1::JOB_STATE_RUNNING;
-        rank->reason = "running";
-      }
+      rank->SetState(tandem::v1::JOB_STATE_RUNNING, "running");
       status = (*trainer)->Run();
     } else {
       status = trainer.status();
@@ -264,24 +278,16 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
   }
   // Its memory goes back first, so that a rank seen ended holds nothing.
   rank->memory.reset();
-  std::string reason;
-  {
-    absl::MutexLock lock(&rank->mu);
-    if (status.ok()) {
-      rank->state = tandem::v1::JOB_STATE_SUCCEEDED;
-      rank->reason = "finished";
-    } else if (status.code() == absl::StatusCode::kCancelled) {
-      rank->state = tandem::v1::JOB_STATE_CANCELLED;
-      rank->reason = std::string(status.message());
-    } else {
-      rank->state = tandem::v1::JOB_STATE_FAILED;
-      rank->reason = status.ToString();
-    }
-    reason = rank->reason;
+  if (status.ok()) {
+    rank->SetState(tandem::v1::JOB_STATE_SUCCEEDED, "finished");
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    rank->SetState(tandem::v1::JOB_STATE_CANCELLED, std::string(status.message()));
+  } else {
+    rank->SetState(tandem::v1::JOB_STATE_FAILED, status.ToString());
   }
   if (metrics_ != nullptr) KeepSeries(labels);
   std::fprintf(stderr, "tandemd: rank %d of %s (coordinator %s) ended: %s\n", r.rank(),
-               r.job_id().c_str(), r.coordinator().c_str(), reason.c_str());
+               r.job_id().c_str(), r.coordinator().c_str(), rank->Status().reason().c_str());
 }
 
 void RankHost::KeepSeries(const prometheus::Labels& labels) {
@@ -294,12 +300,7 @@ void RankHost::KeepSeries(const prometheus::Labels& labels) {
     // A rank of the same job running again here writes the same series.
     if (!rank->ended() && rank->request.job_id() == old.at("job_id")) return;
   }
-  RemoveSeries(metrics_->rank_collective_bytes, old);
-  for (const char* phase : {"total", "step_gradient", "step_waited", "step_other"}) {
-    prometheus::Labels l = old;
-    l["phase"] = phase;
-    RemoveSeries(metrics_->rank_collective_seconds, l);
-  }
+  RemoveCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds, old);
 }
 
 absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id,
@@ -403,14 +404,13 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
   RendezvousTable* table = table_;
   auto stop_all = [peers, started, job_id](const std::string& why) {
     for (const std::string& node : *started) {
-      auto stub = tandem::v1::Cluster::NewStub(peers->Channel(node));
-      grpc::ClientContext context;
-      peers->credentials().Prepare(context, absl::Seconds(2));
       tandem::v1::StopRankRequest request;
       request.set_job_id(job_id);
       request.set_reason(why);
       tandem::v1::RankStatus status;
-      stub->StopRank(&context, request, &status);  // best effort: it may be gone
+      // Best effort: the rank's daemon may be gone.
+      CallPeer(peers, node, absl::Seconds(2), &tandem::v1::Cluster::Stub::StopRank, request,
+               &status);
     }
   };
   run.end = [stop_all, table, prefix] {
@@ -439,11 +439,9 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
       request.set_coordinator(peers->self());
       *request.mutable_spec() = resolved;
       request.set_hostname(HostOf(nodes[i]));
-      auto stub = tandem::v1::Cluster::NewStub(peers->Channel(nodes[i]));
-      grpc::ClientContext context;
-      peers->credentials().Prepare(context, absl::Seconds(30));
       tandem::v1::RankStatus status;
-      const grpc::Status s = stub->StartRank(&context, request, &status);
+      const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(30),
+                                      &tandem::v1::Cluster::Stub::StartRank, request, &status);
       if (!s.ok()) {
         return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                             absl::StrCat("rank ", i + 1, " on node ", nodes[i],

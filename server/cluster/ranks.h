@@ -56,6 +56,11 @@ class RankHost {
  private:
   struct Rank;
   void Run(std::shared_ptr<Rank> rank);
+  // The rank's trainer: its checkpoints here, its runner joining the others
+  // through the coordinator's rendezvous; its callbacks: the stop vote, its
+  // step, its collectives on the metrics.
+  TrainerOptions OptionsFor(const Rank& rank, HostAllocator* allocator) const;
+  TrainerCallbacks CallbacksFor(std::shared_ptr<Rank> rank, const prometheus::Labels& labels);
   // A finished rank's series stay exported (its last values) until
   // kFinishedSeriesKept newer ranks have finished.
   void KeepSeries(const prometheus::Labels& labels);

@@ -18,8 +18,9 @@ constexpr Placement kHost = tandem::v1::PLACEMENT_HOST;
 constexpr ActivationPolicy kOffload = tandem::v1::ACTIVATION_POLICY_OFFLOAD;
 constexpr ActivationPolicy kRecompute = tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
 
-// The resources of one node with one accelerator, in this order.
-enum ResourceIndex : int { kAccCompute = 0, kH2D, kD2H, kHostUpdate, kHostCompute };
+// The resources of one node with one accelerator, in this order; a
+// data-parallel rank's NETWORK stream last.
+enum ResourceIndex : int { kAccCompute = 0, kH2D, kD2H, kHostUpdate, kHostCompute, kNetwork };
 enum PoolIndex : int { kAccPool = 0, kHostPool = 1 };
 
 absl::Status Invalid(int layer, absl::string_view field, absl::string_view what) {
@@ -39,8 +40,15 @@ struct Pending {
 
 class Lowering {
  public:
-  Lowering(const Decisions& d, const std::vector<LayerSizes>& sizes, Mode mode, bool clip)
-      : d_(d), sizes_(sizes), mode_(mode), clip_(clip), L_(static_cast<int>(d.layers.size())) {
+  Lowering(const Decisions& d, const std::vector<LayerSizes>& sizes, Mode mode,
+           const LowerOptions& options)
+      : d_(d),
+        sizes_(sizes),
+        mode_(mode),
+        clip_(options.clip_gradients),
+        dp_(options.ranks > 1),
+        bucket_bytes_(options.bucket_bytes),
+        L_(static_cast<int>(d.layers.size())) {
     s_.mode = mode;
     using tandem::v1::TimelineResource;
     for (TimelineResource r :
@@ -51,6 +59,8 @@ class Lowering {
                           r == tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE;
       s_.resources.push_back({r, 0, 0, stream});
     }
+    // A stream: every rank issues the same collectives in the same order.
+    if (dp_) s_.resources.push_back({tandem::v1::TIMELINE_RESOURCE_NETWORK, 0, 0, true});
     s_.order.resize(s_.resources.size());
     s_.pools = {MemoryPool{false, 0, 0}, MemoryPool{true, 0, 0}};
     s_.resident_bytes = {0, 0};
@@ -59,6 +69,7 @@ class Lowering {
     host_update_.assign(L_, -1);
     host_backward_.assign(L_, -1);
     gradient_d2h_.assign(L_, -1);
+    reduced_.assign(L_, -1);
   }
 
   Schedule Run() {
@@ -149,15 +160,59 @@ class Lowering {
       for (int l = 0; l < L_; ++l) AcceleratorForward(l, j, hetero, &offload);
       for (int l = L_ - 1; l >= 0; --l) AcceleratorBackward(l, j, M, hetero, offload);
     }
-    if (!clip_ || hetero) return;
+    if (dp_) FlushBucket();
+    if (hetero || (!clip_ && !dp_)) return;
     // Clipping: the norm once every gradient is known (those updated on the
-    // host once they are down), then the updates held back for it.
-    norm_ = Add(OpKind::kGradientNorm, kAccCompute, kAcceleratorReplica,
-                tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
-    for (int l = L_ - 1; l >= 0; --l) Dep(norm_, gradient_d2h_[l]);
-    for (int l = L_ - 1; l >= 0; --l) {
-      if (sizes_[l].has_parameters()) AcceleratorUpdate(l, M - 1, s_.layers[l].reuse_start);
+    // host once they are down; all of them summed over the ranks), then the
+    // updates held back for it. Data-parallel: the accelerator's updates
+    // after the last backward, each once its bucket is summed.
+    if (clip_) {
+      norm_ = Add(OpKind::kGradientNorm, kAccCompute, kAcceleratorReplica,
+                  tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
+      for (int l = L_ - 1; l >= 0; --l) Dep(norm_, gradient_d2h_[l]);
+      for (int ar : all_reduces_) Dep(norm_, ar);
     }
+    for (int l = L_ - 1; l >= 0; --l) {
+      if (sizes_[l].has_parameters() && (clip_ || d_.layers[l].update == kAcc)) {
+        AcceleratorUpdate(l, M - 1, s_.layers[l].reuse_start);
+      }
+    }
+  }
+
+  // Data-parallel: layer l's gradient, final once `ready` ends, joins the
+  // open bucket (a bucket holds one memory's gradients).
+  void Bucket(int l, bool host, int ready) {
+    if (!bucket_.layers.empty() && bucket_.host != host) FlushBucket();
+    bucket_.host = host;
+    bucket_.layers.push_back(l);
+    bucket_.ready.push_back(ready);
+    bucket_.bytes += sizes_[l].gradients;
+    if (bucket_.bytes >= bucket_bytes_) FlushBucket();
+  }
+
+  // The open bucket's ALL_REDUCE, then the host updates that wait for it
+  // alone (the accelerator's follow the last backward; under clipping all
+  // follow the norm).
+  void FlushBucket() {
+    if (bucket_.layers.empty()) return;
+    const int low = bucket_.layers.back(), high = bucket_.layers.front();
+    const int M = d_.micro_batches();
+    const int ar = Add(
+        OpKind::kAllReduce, kNetwork, bucket_.host ? kHostReplica : kAcceleratorReplica,
+        tandem::v1::TIMELINE_PHASE_ALL_REDUCE, low, M - 1, bucket_.bytes, TensorKind::kGradient);
+    s_.ops[ar].bucket_layers = high - low + 1;
+    for (int ready : bucket_.ready) Dep(ar, ready);
+    all_reduces_.push_back(ar);
+    for (int l : bucket_.layers) {
+      reduced_[l] = ar;
+      if (clip_) continue;
+      if (mode_ == Mode::kHost) {
+        HostUpdate(l, M - 1, host_backward_[l]);
+      } else if (d_.layers[l].update == kHost) {
+        AcceleratorUpdate(l, M - 1, gradient_d2h_[l]);
+      }
+    }
+    bucket_ = OpenBucket();
   }
 
   // Layer l's update after BACKWARD(l, M-1) `b` (accelerator plans): on the
@@ -170,6 +225,7 @@ class Lowering {
       const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
                         tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
       Dep(u, norm_);
+      Dep(u, reduced_[l]);
       Mem(u, true, kAccPool, -n.gradients);
       s_.layers[l].reuse_start = u;
       return;
@@ -182,11 +238,12 @@ class Lowering {
       Mem(g, true, kAccPool, -n.gradients);
       gradient_d2h_[l] = g;
     }
-    if (clip_ && norm_ < 0) return;
+    if ((clip_ && norm_ < 0) || (dp_ && reduced_[l] < 0)) return;
     const int u = Add(OpKind::kUpdate, kHostUpdate, kHostReplica, tandem::v1::TIMELINE_PHASE_UPDATE,
                       l, j, n.update);
     Dep(u, g);
     Dep(u, norm_);
+    Dep(u, reduced_[l]);
     s_.layers[l].host_update = u;
     if (!Streamed(l)) {
       const int h = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
@@ -275,8 +332,10 @@ class Lowering {
     s_.layers[l].reuse_start = b;
     if (hetero || !n.has_parameters()) return;
     // Under clipping an accelerator update waits for the norm; the host
-    // ones' gradients go down now (their updates wait for it too).
-    if (!clip_ || d.update == kHost) AcceleratorUpdate(l, j, b);
+    // ones' gradients go down now (their updates wait for it too); so do
+    // a data-parallel rank's, whose updates wait for their bucket's sum.
+    if ((!clip_ && !dp_) || d.update == kHost) AcceleratorUpdate(l, j, b);
+    if (dp_) Bucket(l, d.update == kHost, d.update == kHost ? gradient_d2h_[l] : b);
   }
 
   void HostReplica() {
@@ -316,12 +375,18 @@ class Lowering {
         host_backward_[l] = b;
         if (hetero) continue;
         s_.layers[l].reuse_start = b;
-        if (n.has_parameters() && !clip_) HostUpdate(l, j, b);
+        if (n.has_parameters() && dp_) {
+          Bucket(l, /*host=*/true, b);
+        } else if (n.has_parameters() && !clip_) {
+          HostUpdate(l, j, b);
+        }
       }
     }
+    if (dp_) FlushBucket();
     if (hetero || !clip_) return;
     norm_ = Add(OpKind::kGradientNorm, kHostCompute, kHostReplica,
                 tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
+    for (int ar : all_reduces_) Dep(norm_, ar);
     for (int l = L_ - 1; l >= 0; --l) {
       if (sizes_[l].has_parameters()) HostUpdate(l, M - 1, host_backward_[l]);
     }
@@ -334,6 +399,7 @@ class Lowering {
                       l, j, sizes_[l].update);
     Dep(u, b);
     Dep(u, norm_);
+    Dep(u, reduced_[l]);
     host_update_[l] = u;
     s_.layers[l].host_update = u;
   }
@@ -410,11 +476,24 @@ class Lowering {
   const std::vector<LayerSizes>& sizes_;
   const Mode mode_;
   const bool clip_;
+  // Data-parallel (LowerOptions::ranks > 1).
+  const bool dp_;
+  const int64_t bucket_bytes_;
   const int L_;
   // Clipping: the GRADIENT_NORM operation (-1 before it is written or
   // without clipping); per layer, its GRADIENT_D2H once written.
   int norm_ = -1;
   std::vector<int> gradient_d2h_;
+  // Data-parallel: the bucket being filled (layers the last first, the
+  // operations after which each gradient is final), per layer the
+  // ALL_REDUCE that sums its gradient, and every ALL_REDUCE.
+  struct OpenBucket {
+    bool host = true;
+    std::vector<int> layers, ready;
+    int64_t bytes = 0;
+  };
+  OpenBucket bucket_;
+  std::vector<int> reduced_, all_reduces_;
   Schedule s_;
   // The accelerator's latest forward or backward (prefetches start with it).
   int layer_op_ = -1;
@@ -504,7 +583,13 @@ absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<Lay
                                const LowerOptions& options) {
   const int L = static_cast<int>(sizes.size());
   if (absl::Status v = Validate(decisions, L, options.has_accelerator); !v.ok()) return v;
-  return Lowering(decisions, sizes, ModeOf(decisions), options.clip_gradients).Run();
+  if (options.ranks < 1) return absl::InvalidArgumentError("ranks: must be >= 1");
+  if (options.ranks > 1 && ModeOf(decisions) == Mode::kHetero) {
+    return absl::InvalidArgumentError(
+        "plan.strategy: hetero_dp already splits the batch between the host and the "
+        "accelerator; it does not run as a data-parallel rank");
+  }
+  return Lowering(decisions, sizes, ModeOf(decisions), options).Run();
 }
 
 absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<LayerSizes>& sizes,

@@ -61,6 +61,19 @@
 // hetero_dp, on the host update pool after every average. The accelerator's
 // UPDATEs follow it on the compute stream (L-1 first); host UPDATEs wait for it.
 //
+// DATA-PARALLEL RANKS (LowerOptions::ranks > 1). Every gradient is summed over
+// the ranks before its update reads it. Layers with parameters join buckets,
+// L-1 first, as their gradients become final where their updates read them:
+// after BACKWARD(l, M-1) (cpu_only; accelerator updates) or after
+// GRADIENT_D2H(l) (host updates). A bucket closes once it holds bucket_bytes of
+// gradient, or before a gradient in the other memory joins it; each bucket is
+// one ALL_REDUCE on the NETWORK stream (a stream, so that every rank issues the
+// same collectives in the same order), covering layers [layer, layer +
+// bucket_layers), the host's gradients or the accelerator's. Host updates wait
+// for their bucket; accelerator updates move behind the last backward (as
+// under clipping), L-1 first, each after its bucket; GRADIENT_NORM waits for
+// every bucket. The collectives thereby overlap the rest of backward.
+//
 // Resident memory. Accelerator: resident parameters and the optimizer state of
 // layers updated there. Host: master parameters, gradient and optimizer state
 // of every layer updated on the host.
@@ -104,6 +117,11 @@ struct LowerOptions {
   bool has_accelerator = true;
   // The optimizer clips gradients to a global norm (max_grad_norm > 0).
   bool clip_gradients = false;
+  // Data parallelism: the step is one of `ranks` ranks' (see DATA-PARALLEL
+  // RANKS above); hetero_dp is refused for ranks > 1.
+  int ranks = 1;
+  // A bucket closes once it holds at least this many bytes of gradient.
+  int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 // `sizes` has one entry per layer. Validates first.

@@ -3,9 +3,9 @@
 // and compute, later each link and rank) the ordered list of operations it
 // runs: forward, recompute and backward of a layer for a micro-batch, copies of
 // weights, gradients and activations between memories, optimizer updates,
-// hetero_dp's gradient average, and (for what comes next) all-reduce and
-// send/receive. Each operation names its dependencies and the memory it
-// allocates and frees.
+// hetero_dp's gradient average, a data-parallel rank's gradient all-reduce on
+// the NETWORK stream, and (for what comes next) send/receive. Each operation names its dependencies
+// and the memory it allocates and frees.
 //
 // Lower (lower.h) turns a plan's Decisions into a Schedule; the planner's
 // simulator times it (simulate.h, planner/simulator.cc) and the plan executor
@@ -60,9 +60,12 @@ enum class OpKind : int8_t {
   // The global gradient norm, for clipping (LowerOptions::clip_gradients):
   // every update waits for it.
   kGradientNorm,
-  // Between accelerators and ranks. No strategy lowers to these yet; the
-  // simulator times them like copies and the executor rejects them.
+  // A bucket of consecutive layers' gradients summed over the data-parallel
+  // ranks (LowerOptions::ranks > 1) where the updates read them: on the
+  // host for layers updated there, else on the accelerator.
   kAllReduce,
+  // Between pipeline stages. No strategy lowers to these yet; the simulator
+  // times them like copies and the executor rejects them.
   kSend,
   kReceive,
 };
@@ -118,6 +121,9 @@ struct Op {
   // A copy that brings freshly updated weights to the accelerator: a compute
   // operation whose last dependency it is was stalled on the update.
   bool delivers_update = false;
+  // kAllReduce: the bucket is layers [layer, layer + bucket_layers); the
+  // host's gradients (kHostReplica) or the accelerator's.
+  int bucket_layers = 0;
   std::vector<Dep> deps;
   std::vector<MemoryEvent> memory;
 };

@@ -27,6 +27,7 @@ PB::Op OpToProto(const Op& op) {
   out.set_bytes(op.bytes);
   out.set_tensor(static_cast<PB::TensorKind>(op.tensor));
   out.set_delivers_update(op.delivers_update);
+  out.set_bucket_layers(op.bucket_layers);
   for (const Dep& d : op.deps) {
     PB::Dep* dep = out.add_deps();
     dep->set_op(d.op);
@@ -83,6 +84,10 @@ absl::StatusOr<Op> OpFromProto(const PB::Op& in, int index, const PB& proto, con
   }
   op.tensor = static_cast<TensorKind>(in.tensor());
   op.delivers_update = in.delivers_update();
+  if (in.bucket_layers() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule.", field, ".bucket_layers: < 0"));
+  }
+  op.bucket_layers = in.bucket_layers();
   for (int i = 0; i < in.deps_size(); ++i) {
     const PB::Dep& d = in.deps(i);
     const std::string dep = absl::StrCat(field, ".deps[", i, "]");

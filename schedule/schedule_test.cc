@@ -180,5 +180,91 @@ TEST(LowerTest, ClippingOnTheHostAndInHeteroDp) {
                                       "gradient_norm-1/0", "update1/0", "update0/0"}));
 }
 
+// The bucket ALL_REDUCE that sums layer l's gradient, -1 if none.
+int BucketOf(const Schedule& s, int l) {
+  for (int o = 0; o < s.num_ops(); ++o) {
+    const Op& op = s.ops[o];
+    if (op.kind == OpKind::kAllReduce && l >= op.layer && l < op.layer + op.bucket_layers) return o;
+  }
+  return -1;
+}
+
+TEST(LowerTest, DataParallelRanksSumEachBucketWhereItsUpdatesReadIt) {
+  // Four layers: 3 and 2 update on the accelerator, 1 and 0 on the host.
+  Decisions d = Chain(4, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  d.layers[0].update = d.layers[1].update = tandem::v1::PLACEMENT_HOST;
+  LowerOptions options;
+  options.ranks = 2;
+  options.bucket_bytes = 150;  // two 100-byte gradients per bucket
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(4), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  const int net = s->ResourceOf(tandem::v1::TIMELINE_RESOURCE_NETWORK);
+  ASSERT_GE(net, 0);
+  EXPECT_TRUE(s->resources[net].in_order);
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_NETWORK),
+            (std::vector<std::string>{"all_reduce2/1", "all_reduce0/1"}));
+  const int device_bucket = BucketOf(*s, 3), host_bucket = BucketOf(*s, 0);
+  EXPECT_EQ(s->ops[device_bucket].bucket_layers, 2);
+  EXPECT_EQ(s->ops[device_bucket].bytes, 200);
+  EXPECT_EQ(s->ops[device_bucket].replica, kAcceleratorReplica);
+  EXPECT_EQ(s->ops[host_bucket].replica, kHostReplica);
+  EXPECT_EQ(BucketOf(*s, 1), host_bucket);
+  // The accelerator's updates follow the last backward, each after its bucket.
+  EXPECT_EQ(
+      Program(*s, tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE),
+      (std::vector<std::string>{
+          "forward0/0", "forward1/0", "forward2/0", "forward3/0", "backward3/0", "backward2/0",
+          "backward1/0", "backward0/0", "forward0/1", "forward1/1", "forward2/1", "forward3/1",
+          "backward3/1", "backward2/1", "backward1/1", "backward0/1", "update3/1", "update2/1"}));
+  for (int o = 0; o < s->num_ops(); ++o) {
+    const Op& op = s->ops[o];
+    if (op.kind == OpKind::kUpdate) {
+      EXPECT_TRUE(DependsOn(*s, o, BucketOf(*s, op.layer))) << o;
+    }
+    // The host bucket sums the gradients once they are down.
+    if (op.phase == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) {
+      EXPECT_TRUE(DependsOn(*s, host_bucket, o));
+    }
+  }
+  // The step still runs to the end under the execution rules.
+  absl::StatusOr<Timing> t = Simulate(*s, std::vector<double>(s->num_ops(), 1.0), 3);
+  EXPECT_TRUE(t.ok()) << t.status();
+}
+
+TEST(LowerTest, DataParallelOnTheHostWithClippingAndRefusedForHeteroDp) {
+  LowerOptions options;
+  options.ranks = 4;
+  options.bucket_bytes = 0;  // a bucket per layer
+  options.clip_gradients = true;
+  options.has_accelerator = false;
+  Decisions cpu = Chain(2, tandem::v1::STRATEGY_CPU_ONLY);
+  for (LayerDecisions& l : cpu.layers) {
+    l.compute = l.update = tandem::v1::PLACEMENT_HOST;
+    l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
+  }
+  absl::StatusOr<Schedule> s = Lower(cpu, Sizes(2), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_NETWORK),
+            (std::vector<std::string>{"all_reduce1/1", "all_reduce0/1"}));
+  int norm = -1;
+  for (int o = 0; o < s->num_ops(); ++o) {
+    if (s->ops[o].kind == OpKind::kGradientNorm) norm = o;
+  }
+  ASSERT_GE(norm, 0);
+  EXPECT_TRUE(DependsOn(*s, norm, BucketOf(*s, 0)));
+  EXPECT_TRUE(DependsOn(*s, norm, BucketOf(*s, 1)));
+  absl::StatusOr<Timing> t = Simulate(*s, std::vector<double>(s->num_ops(), 1.0), 3);
+  EXPECT_TRUE(t.ok()) << t.status();
+
+  Decisions hetero = Chain(2, tandem::v1::STRATEGY_HETERO_DP);
+  hetero.accelerator_batch_share = 2;
+  options.has_accelerator = true;
+  s = Lower(hetero, Sizes(2), options);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("hetero_dp"), std::string::npos) << s.status();
+}
+
 }  // namespace
 }  // namespace tandem::schedule

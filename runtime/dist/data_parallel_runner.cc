@@ -219,27 +219,12 @@ absl::Status DataParallelRunner::ReduceBucket(const Bucket& bucket) {
   return comm_->AllReduceSum(grads, bucket.count);
 }
 
-void DataParallelRunner::TakeShare(const Batch& batch) {
-  const int n = comm_->size(), r = comm_->rank();
-  const int64_t begin = batch.size * r / n, end = batch.size * (r + 1) / n;
-  const int64_t in = model_.data().sample_shape.elements();
-  const int64_t targets = batch.size == 0 ? 0 : batch.targets.size() / batch.size;
-  share_.size = end - begin;
-  share_.epoch = batch.epoch;
-  share_.offset = batch.offset + begin;
-  share_.input_dtype = batch.input_dtype;
-  share_.inputs.assign(batch.inputs.begin() + begin * in, batch.inputs.begin() + end * in);
-  share_.targets.assign(batch.targets.begin() + begin * targets,
-                        batch.targets.begin() + end * targets);
-  share_start_ = begin;
-}
-
 absl::StatusOr<StepResult> DataParallelRunner::TrainStep(const Batch& batch,
                                                          const StepOptions& options) {
   if (batch.size > global_batch_ || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
-  TakeShare(batch);
+  share_start_ = TakeShare(model_, batch, comm_->rank(), comm_->size(), &share_);
   StepOptions share_options = options;
   share_options.sample_offset = share_start_;
   share_options.global_batch = batch.size;
@@ -258,24 +243,12 @@ absl::StatusOr<StepResult> DataParallelRunner::TrainStep(const Batch& batch,
   stats_.step_exposed_seconds = waited;
   const double other_start = WallSeconds();
 
-  // One reduction carries the loss, the stop vote, and the step (its sum and
-  // sum of squares are N s and N s^2 only when every rank is at step s: a rank
-  // that resumed elsewhere is caught at its first step).
-  const double step = static_cast<double>(options.step);
-  const bool vote = options_.stop_vote != nullptr && options_.stop_vote->requested();
-  double sums[4] = {share_result.loss * static_cast<double>(share_.size), vote ? 1.0 : 0.0, step,
-                    step * step};
-  TANDEM_RETURN_IF_ERROR(comm_->AllReduceSum(sums, 4));
-  const double n = comm_->size();
-  if (sums[2] * sums[2] != n * sums[3]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ranks are not at the same step (rank ", comm_->rank(), " is at ", options.step,
-        ", the mean is ", sums[2] / n, "): a rank resumed from another checkpoint"));
-  }
-  if (sums[1] > 0 && options_.stop_vote != nullptr) options_.stop_vote->Agree();
+  TANDEM_ASSIGN_OR_RETURN(const double loss_sum,
+                          AgreeStepEnd(comm_, share_result.loss * static_cast<double>(share_.size),
+                                       options.step, options_.stop_vote.get()));
   StepResult result;
   result.samples = batch.size;
-  result.loss = sums[0] / static_cast<double>(batch.size);
+  result.loss = loss_sum / static_cast<double>(batch.size);
   const float max_norm = optimizer_->spec().max_grad_norm();
   if (max_norm > 0) {
     TANDEM_ASSIGN_OR_RETURN(result.grad_norm, GlobalGradNorm());
@@ -337,28 +310,17 @@ absl::StatusOr<EvalResult> DataParallelRunner::EvalBatch(const Batch& batch) {
   if (batch.size > global_batch_ || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
-  TakeShare(batch);
+  share_start_ = TakeShare(model_, batch, comm_->rank(), comm_->size(), &share_);
   EvalResult share;
   if (share_.size > 0) {
     TANDEM_ASSIGN_OR_RETURN(share, engine_->EvalBatch(share_));
   }
-  double sums[4] = {share.loss_sum, static_cast<double>(share.correct),
-                    static_cast<double>(share.positions), static_cast<double>(share.samples)};
-  TANDEM_RETURN_IF_ERROR(comm_->AllReduceSum(sums, 4));
-  EvalResult r;
-  r.loss_sum = sums[0];
-  r.correct = static_cast<int64_t>(std::llround(sums[1]));
-  r.positions = static_cast<int64_t>(std::llround(sums[2]));
-  r.samples = static_cast<int64_t>(std::llround(sums[3]));
-  return r;
+  return SumEvaluation(comm_, share);
 }
 
 absl::StatusOr<bool> DataParallelRunner::SynchronizeStart(StartPoint* point) {
   if (comm_->size() == 1) return false;
-  double at[5] = {static_cast<double>(point->step), static_cast<double>(point->samples),
-                  static_cast<double>(point->epoch), static_cast<double>(point->epoch_offset),
-                  static_cast<double>(point->optimizer_step)};
-  TANDEM_RETURN_IF_ERROR(comm_->Broadcast(at, 5, 0));
+  TANDEM_ASSIGN_OR_RETURN(const bool moved, BroadcastStartPoint(comm_, point));
   const int64_t p = model_.parameter_elements();
   TANDEM_RETURN_IF_ERROR(comm_->Broadcast(engine_->params(), p, 0));
   TANDEM_RETURN_IF_ERROR(comm_->Broadcast(engine_->buffers(), model_.buffer_elements(), 0));
@@ -380,13 +342,7 @@ absl::StatusOr<bool> DataParallelRunner::SynchronizeStart(StartPoint* point) {
                   b.pieces[comm_->rank()] * sizeof(float));
     }
   }
-  if (comm_->rank() == 0) return false;
-  point->step = static_cast<int64_t>(at[0]);
-  point->samples = static_cast<int64_t>(at[1]);
-  point->epoch = static_cast<int64_t>(at[2]);
-  point->epoch_offset = static_cast<int64_t>(at[3]);
-  point->optimizer_step = static_cast<int64_t>(at[4]);
-  return true;
+  return moved;
 }
 
 absl::Status DataParallelRunner::SyncStateToHost() {

@@ -27,28 +27,13 @@
 #include <vector>
 
 #include "runtime/dist/communicator.h"
+#include "runtime/dist/rank_step.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/exec/step_runner.h"
 
 namespace tandem {
 
 enum class OptimizerSharding { kReplicated, kPartitioned };
-
-// How the ranks of a job stop together. Any rank may ask (a cancel, a daemon
-// stopping); the request travels with the next step's loss reduction, after
-// which every rank sees agreed() at the same step boundary and stops there
-// (with the same final checkpoint). Thread-safe.
-class StopVote {
- public:
-  void Request() { requested_.store(true); }
-  bool requested() const { return requested_.load(); }
-  bool agreed() const { return agreed_.load(); }
-  void Agree() { agreed_.store(true); }
-
- private:
-  std::atomic<bool> requested_{false};
-  std::atomic<bool> agreed_{false};
-};
 
 struct DataParallelOptions {
   OptimizerSharding sharding = OptimizerSharding::kReplicated;
@@ -122,8 +107,6 @@ class DataParallelRunner final : public StepRunner {
   absl::Status BuildBuckets();
   // The bucket's collective (on the reducer's thread).
   absl::Status ReduceBucket(const Bucket& bucket);
-  // This rank's share of `batch`, copied into share_.
-  void TakeShare(const Batch& batch);
   absl::StatusOr<double> GlobalGradNorm();
   void UpdateOwnedSlices(float learning_rate, float grad_scale);
   absl::Status AverageBuffers();

@@ -148,9 +148,10 @@ absl::Status PlanExecutor::Init() {
       [=](TimelineResource r) {
         // The update pool runs one layer's step at a time on all its threads;
         // compute streams use the job's threads; copy engines one.
-        omp_set_num_threads(r == kHostUpdate           ? update_threads
-                            : (r == kH2D || r == kD2H) ? 1
-                                                       : compute_threads);
+        omp_set_num_threads(r == kHostUpdate ? update_threads
+                            : (r == kH2D || r == kD2H || r == tandem::v1::TIMELINE_RESOURCE_NETWORK)
+                                ? 1
+                                : compute_threads);
       },
       options_.span_jitter_seconds, options_.span_recorder);
   if (accel_ != nullptr) {

@@ -45,6 +45,7 @@
 
 #include "runtime/device/accelerator.h"
 #include "runtime/exec/backpressure_allocator.h"
+#include "runtime/exec/gradient_collective.h"
 #include "runtime/exec/span_engine.h"
 #include "runtime/exec/step_runner.h"
 #include "schedule/lower.h"
@@ -74,6 +75,14 @@ struct ExecutorOptions {
   // (damaged, or stored by another version) is replaced by the lowering, and
   // program() then differs from it, which the caller can report.
   tandem::v1::Schedule schedule;
+  // A data-parallel rank's (runtime/dist/plan_rank.h): the executor steps on
+  // its share of every global batch (StepOptions::sample_offset and
+  // global_batch) and sums each gradient bucket over the ranks through it
+  // before the bucket's updates (schedule/lower.h, DATA-PARALLEL RANKS). Null
+  // for one replica. Must outlive the executor.
+  GradientCollective* collective = nullptr;
+  // The ranks' gradient bucket size (LowerOptions::bucket_bytes).
+  int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 // The step program a full batch of `plan` runs on `model` (a plan without a
@@ -165,6 +174,8 @@ class PlanExecutor final : public StepRunner {
   absl::Status HostUpdate(const Iteration& it, int layer);
   absl::Status AcceleratorUpdate(const Iteration& it, int layer);
   absl::Status AverageGradients(int layer);
+  // A bucket of gradients summed over the data-parallel ranks.
+  absl::Status AllReduceBucket(const Iteration& it, int op);
   // Global gradient norm for clipping, over wherever each layer's gradient is.
   absl::Status ClipNorm(Iteration& it);
   // The weights operation `op` (a forward, recompute or backward) reads.

@@ -46,6 +46,8 @@ std::function<absl::Status()> PlanExecutor::Work(const std::shared_ptr<Iteration
         return AverageGradients(op.layer);
       case OpKind::kGradientNorm:
         return ClipNorm(it);
+      case OpKind::kAllReduce:
+        return AllReduceBucket(it, o);
       default:
         return absl::UnimplementedError(
             absl::StrCat("no work for ", schedule::OpKindName(op.kind), " operations"));
@@ -75,7 +77,8 @@ LayerContext PlanExecutor::ContextOf(const Iteration& it, const Replica& r, int 
   ctx.training = true;
   ctx.seed = it.options.seed;
   ctx.rng_stream = RngStream(it.options.step, l);
-  ctx.sample_offset = static_cast<uint64_t>(r.mb_start[j]);
+  // A data-parallel rank's share starts at sample_offset of the global batch.
+  ctx.sample_offset = static_cast<uint64_t>(it.options.sample_offset + r.mb_start[j]);
   ctx.accumulate_grads = j > 0;
   ctx.buffers =
       r.side.dev != nullptr
@@ -162,10 +165,12 @@ absl::Status PlanExecutor::Backward(Iteration& it, Replica& r, int o) {
     TANDEM_RETURN_IF_ERROR(r.side.Fill(layer.grads.f32(), 0.0f, layer.param_elements));
   }
   if (l == L - 1) {
-    // d(mean loss)/d(per-sample loss) = 1 / (whole batch).
+    // d(mean loss)/d(per-sample loss) = 1 / (whole batch): a data-parallel
+    // rank's share carries 1 / (global batch), so the ranks' sum is the mean.
+    const int64_t whole = it.options.global_batch > 0 ? it.options.global_batch : it.batch;
     TANDEM_ASSIGN_OR_RETURN(r.grad[l][j],
                             Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(r.side.Fill(r.grad[l][j].f32(), 1.0f / static_cast<float>(it.batch), n));
+    TANDEM_RETURN_IF_ERROR(r.side.Fill(r.grad[l][j].f32(), 1.0f / static_cast<float>(whole), n));
   }
   Buffer dx;
   if (l > 0) {
@@ -288,6 +293,27 @@ absl::Status PlanExecutor::AverageGradients(int l) {
   const float* h = host_replica_grads_.f32() + layer.param_offset;
   for (int64_t i = 0; i < layer.param_elements; ++i) a[i] += h[i];
   return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::AllReduceBucket(const Iteration& it, int o) {
+  const Op& op = it.schedule->ops[o];
+  GradientCollective* collective = options_.collective;
+  if (collective == nullptr) {
+    return absl::FailedPreconditionError("an all-reduce in a step program without ranks");
+  }
+  const int low = op.layer, high = op.layer + op.bucket_layers;
+  if (op.replica == schedule::kHostReplica) {
+    // Host gradients lie in layer order in one buffer: the bucket is one range.
+    const int64_t begin = layers_[low]->param_offset;
+    const int64_t end = layers_[high - 1]->param_offset + layers_[high - 1]->param_elements;
+    return collective->AllReduceHost(host_grads_.f32() + begin, end - begin);
+  }
+  std::vector<GradientCollective::Range> ranges;
+  for (int l = high - 1; l >= low; --l) {
+    Layer& layer = *layers_[l];
+    if (layer.has_params) ranges.push_back({layer.grads.f32(), layer.param_elements});
+  }
+  return collective->AllReduceDevice(accel_, ranges);
 }
 
 absl::Status PlanExecutor::ClipNorm(Iteration& it) {

@@ -55,10 +55,10 @@ int Counterpart(const schedule::Schedule& from, int op, const schedule::Schedule
   return -1;
 }
 
-// Operations the executor cannot run yet (between accelerators and ranks).
+// Operations the executor cannot run yet (between pipeline stages).
 absl::Status CheckRunnable(const schedule::Schedule& s) {
   for (const Op& op : s.ops) {
-    if (op.kind == OpKind::kAllReduce || op.kind == OpKind::kSend || op.kind == OpKind::kReceive) {
+    if (op.kind == OpKind::kSend || op.kind == OpKind::kReceive) {
       return absl::UnimplementedError(absl::StrCat("the plan executor does not run ",
                                                    schedule::OpKindName(op.kind), " operations"));
     }
@@ -71,8 +71,8 @@ absl::Status CheckRunnable(const schedule::Schedule& s) {
 // them, or a short last one).
 absl::StatusOr<schedule::Schedule> LowerProgram(const schedule::Decisions& decisions,
                                                 const std::vector<schedule::LayerSizes>& sizes,
-                                                int micro_batches, bool has_accelerator,
-                                                bool clip_gradients) {
+                                                int micro_batches,
+                                                const schedule::LowerOptions& options) {
   schedule::Decisions d = decisions;
   d.micro_batch_size = 1;
   if (d.strategy == tandem::v1::STRATEGY_HETERO_DP) {
@@ -81,10 +81,7 @@ absl::StatusOr<schedule::Schedule> LowerProgram(const schedule::Decisions& decis
   } else {
     d.batch_size = micro_batches;
   }
-  schedule::LowerOptions lower;
-  lower.has_accelerator = has_accelerator;
-  lower.clip_gradients = clip_gradients;
-  TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s, schedule::Lower(d, sizes, lower));
+  TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s, schedule::Lower(d, sizes, options));
   TANDEM_RETURN_IF_ERROR(CheckRunnable(s));
   return s;
 }
@@ -174,9 +171,10 @@ absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
   TANDEM_ASSIGN_OR_RETURN(const schedule::Decisions d, ExecutorDecisions(model, plan));
   const std::vector<schedule::LayerSizes> sizes = ExecutorLayerSizes(
       model, plan.micro_batch_size(), Optimizer::Stateless(optimizer)->state_count());
-  return LowerProgram(d, sizes, FullMicroBatches(plan, max_batch),
-                      /*has_accelerator=*/plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY,
-                      /*clip_gradients=*/optimizer.max_grad_norm() > 0);
+  schedule::LowerOptions lower;
+  lower.has_accelerator = plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY;
+  lower.clip_gradients = optimizer.max_grad_norm() > 0;
+  return LowerProgram(d, sizes, FullMicroBatches(plan, max_batch), lower);
 }
 PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::move(s)) {
   const int L = static_cast<int>(layers.size());
@@ -200,9 +198,15 @@ absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro
                                                                        bool full_batch) {
   auto found = schedules_.find(micro_batches);
   if (found != schedules_.end()) return found->second.get();
+  schedule::LowerOptions lower;
+  lower.has_accelerator = accel_ != nullptr;
+  lower.clip_gradients = options_.optimizer.max_grad_norm() > 0;
+  if (options_.collective != nullptr) {
+    lower.ranks = options_.collective->ranks();
+    lower.bucket_bytes = options_.bucket_bytes;
+  }
   TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s,
-                          LowerProgram(decisions_, sizes_, micro_batches, accel_ != nullptr,
-                                       /*clip_gradients=*/options_.optimizer.max_grad_norm() > 0));
+                          LowerProgram(decisions_, sizes_, micro_batches, lower));
   if (full_batch && options_.schedule.ops_size() > 0) {
     AdoptStoredProgram(micro_batches, std::move(s));
   } else {

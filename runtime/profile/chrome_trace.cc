@@ -43,6 +43,8 @@ Track TrackOf(TimelineResource resource, int lane) {
     case tandem::v1::TIMELINE_RESOURCE_COPY_D2H:
       if (lane > 0) return {kAcceleratorPid, 302 + 2 * lane, absl::StrCat("copy D2H ", lane)};
       return {kAcceleratorPid, 52, "copy D2H"};
+    case tandem::v1::TIMELINE_RESOURCE_NETWORK:
+      return {kHostPid, 201, "network (gradient all-reduce)"};
     default:
       return {kHostPid, 200, "other"};
   }

@@ -1,0 +1,123 @@
+// One rank of a data-parallel job that runs a plan (plan_executor.h) on its
+// node: an accelerator plan (gpu_only, zero_offload, reuse_distance, streamed
+// layers, micro-batches) on the node's accelerator and host together, or
+// cpu_only. Every rank sees the same global batch and trains on its share
+// (samples [r B / N, (r + 1) B / N)), so the ranks together are one replica of
+// the job: the same losses, up to the order of floating-point sums.
+//
+// The rank's step program is its plan lowered for N ranks (schedule/lower.h,
+// DATA-PARALLEL RANKS): each gradient bucket is summed where its updates read
+// it, as soon as its layers' gradients are final there, on the executor's
+// NETWORK stream while backward goes on. Host buckets (layers updated on the
+// host: ZeRO-Offload's CPU updates, CoTrain's reuse-distance updates) go
+// through Gloo in host memory; accelerator buckets through the accelerator's
+// collective path (GradientCollective): on the emulated accelerator, staged
+// through host memory and Gloo.
+//
+// The per-step agreement (loss, stop vote, step check), evaluation and the
+// start broadcast run on a fork of the communicator, so they never interleave
+// with a bucket still being summed on the NETWORK stream.
+//
+// Optimizer state is replicated (DDP): every rank applies the same update.
+// Batch-norm running statistics are rank 0's at the start and then each
+// rank's own (DDP without SyncBatchNorm); checkpoints keep rank 0's.
+#ifndef TANDEM_RUNTIME_DIST_PLAN_RANK_H_
+#define TANDEM_RUNTIME_DIST_PLAN_RANK_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "runtime/core/mutex.h"
+#include "runtime/dist/communicator.h"
+#include "runtime/dist/data_parallel_runner.h"
+#include "runtime/exec/gradient_collective.h"
+#include "runtime/exec/plan_executor.h"
+
+namespace tandem {
+
+// GradientCollective over a Communicator: host ranges summed in place; device
+// ranges copied to a host staging buffer, summed as one message, copied back
+// (the emulated accelerator's path; a CUDA rank's would be NCCL's, which is not
+// wired here).
+class StagedGradientCollective final : public GradientCollective {
+ public:
+  explicit StagedGradientCollective(Communicator* comm) : comm_(comm) {}
+  int rank() const override { return comm_->rank(); }
+  int ranks() const override { return comm_->size(); }
+  absl::Status AllReduceHost(float* data, int64_t n) override;
+  absl::Status AllReduceDevice(Accelerator* accelerator, const std::vector<Range>& ranges) override;
+  // What the collectives moved so far (any thread).
+  CollectiveStats stats() const;
+
+ private:
+  // Runs one collective of `comm_` and publishes its figures.
+  template <typename F>
+  absl::Status Counted(F collective);
+
+  Communicator* const comm_;
+  std::vector<float> staging_;
+  mutable Mutex mu_;
+  CollectiveStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+class PlanRankRunner final : public StepRunner {
+ public:
+  // `options` are the rank's executor's: its plan for a share of the global
+  // batch (at most ceil(global_batch / N) samples: options.max_batch), the
+  // job's optimizer and init seed. `comm` sets the rank and the rank count.
+  // Every rank must pass the same model, plan, optimizer, seed, global batch
+  // and `dp`. INVALID_ARGUMENT for what it cannot run (a partitioned
+  // optimizer, hetero_dp, a global batch smaller than the ranks).
+  static absl::StatusOr<std::unique_ptr<PlanRankRunner>> Create(
+      const Model& model, ExecutorOptions options, int64_t global_batch,
+      std::unique_ptr<Communicator> comm, const DataParallelOptions& dp);
+  ~PlanRankRunner() override;
+
+  absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
+  absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;
+  // Rank 0's position, weights, buffers and optimizer state to every rank.
+  absl::StatusOr<bool> SynchronizeStart(StartPoint* point) override;
+  absl::Status SyncStateToHost() override { return executor_->SyncStateToHost(); }
+  HostStateView host_state() override { return executor_->host_state(); }
+  absl::Status StateChangedOnHost() override { return executor_->StateChangedOnHost(); }
+  int64_t peak_host_bytes() const override { return executor_->peak_host_bytes(); }
+  int64_t peak_accelerator_bytes() const override { return executor_->peak_accelerator_bytes(); }
+  tandem::v1::Plan plan() const override { return executor_->plan(); }
+  tandem::v1::Schedule program() const override { return executor_->program(); }
+  tandem::v1::Timeline last_timeline() const override { return executor_->last_timeline(); }
+  std::vector<std::string> warnings() const override { return executor_->warnings(); }
+  void set_timing_sink(LayerTimingSink* sink) override;
+
+  int rank() const { return comm_->rank(); }
+  int ranks() const { return comm_->size(); }
+  // The gradient buckets' collectives since the run started.
+  CollectiveStats gradient_stats() const { return collective_.stats(); }
+  // rank 0's view, for the job record (as DataParallelRunner's).
+  tandem::v1::DistributedStats DistributedRecord() const;
+
+ private:
+  PlanRankRunner(const Model& model, std::unique_ptr<Communicator> comm,
+                 const DataParallelOptions& dp);
+
+  const Model& model_;
+  // Gradient buckets, on the executor's NETWORK worker.
+  std::unique_ptr<Communicator> comm_;
+  // Everything on the trainer's thread (a fork of comm_).
+  std::unique_ptr<Communicator> control_;
+  StagedGradientCollective collective_;
+  const DataParallelOptions dp_;
+  int64_t global_batch_ = 0;
+  int buckets_ = 0;
+  std::unique_ptr<PlanExecutor> executor_;
+  Batch share_;
+  // Gradient-collective seconds at the end of the previous step, and the
+  // latest step's figures.
+  double comm_seconds_before_ = 0;
+  double step_gradient_seconds_ = 0, step_waited_seconds_ = 0;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_RUNTIME_DIST_PLAN_RANK_H_

@@ -26,6 +26,8 @@
 #include "node/resources.h"
 #include "planner/planner.h"
 #include "runtime/cuda/device_query.h"
+#include "runtime/device/accelerator.h"
+#include "runtime/exec/plan_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/train/trainer.h"
 #include "tandem/v1/job.pb.h"
@@ -193,6 +195,28 @@ std::string AnalyticCostSource(const NodeOffer& node);
 RunnerFactory MakeRunnerFactory(NodeOffer node,
                                 std::optional<tandem::v1::Plan> stored_plan = std::nullopt,
                                 tandem::v1::Schedule stored_program = {});
+
+// The plan of a data-parallel rank of `resolved` (one of `ranks`, with an
+// accelerator) on this node: PlanJob's for its share of the global batch,
+// ceil(training.batch_size / ranks) samples (placement.plan when the spec
+// gives one). A job's coordinator solves it once and pins it in the spec every
+// rank gets, so that all ranks run the same step program: the same gradient
+// buckets, summed in the same order, whatever each node measured.
+absl::StatusOr<tandem::v1::Plan> RankPlan(const Model& model, const tandem::v1::JobSpec& resolved,
+                                          const NodeOffer& node, int ranks);
+
+// What such a rank runs on this node: RankPlan's plan on the job's
+// accelerator, as executor options; runtime/dist/plan_rank.h adds the rank's
+// collectives. `options.accelerator` points at `accelerator`, which must
+// outlive them.
+struct RankExecutor {
+  std::unique_ptr<Accelerator> accelerator;
+  ExecutorOptions options;
+};
+absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model,
+                                                 const tandem::v1::JobSpec& resolved,
+                                                 const NodeOffer& node, int ranks,
+                                                 Allocator* host_allocator);
 
 }  // namespace tandem::node
 

@@ -23,6 +23,16 @@ Decisions Chain(int layers, tandem::v1::Strategy strategy) {
 
 std::vector<LayerSizes> Sizes(int layers) { return testing::UniformSizes(layers); }
 
+// cpu_only: every layer computes, keeps its state and updates on the host.
+Decisions CpuChain(int layers) {
+  Decisions d = Chain(layers, tandem::v1::STRATEGY_CPU_ONLY);
+  for (LayerDecisions& l : d.layers) {
+    l.compute = l.update = tandem::v1::PLACEMENT_HOST;
+    l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
+  }
+  return d;
+}
+
 // Every operation is on exactly one resource's order, once.
 void ExpectEachOpOrderedOnce(const Schedule& s) {
   std::vector<int> seen(s.num_ops(), 0);
@@ -158,11 +168,7 @@ TEST(LowerTest, ClippingOnTheHostAndInHeteroDp) {
   LowerOptions options;
   options.clip_gradients = true;
   options.has_accelerator = false;
-  Decisions cpu = Chain(2, tandem::v1::STRATEGY_CPU_ONLY);
-  for (LayerDecisions& l : cpu.layers) {
-    l.compute = l.update = tandem::v1::PLACEMENT_HOST;
-    l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
-  }
+  const Decisions cpu = CpuChain(2);
   absl::StatusOr<Schedule> s = Lower(cpu, Sizes(2), options);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE).back(), "gradient_norm-1/1");
@@ -238,11 +244,7 @@ TEST(LowerTest, DataParallelOnTheHostWithClippingAndRefusedForHeteroDp) {
   options.bucket_bytes = 0;  // a bucket per layer
   options.clip_gradients = true;
   options.has_accelerator = false;
-  Decisions cpu = Chain(2, tandem::v1::STRATEGY_CPU_ONLY);
-  for (LayerDecisions& l : cpu.layers) {
-    l.compute = l.update = tandem::v1::PLACEMENT_HOST;
-    l.parameter_home = tandem::v1::PARAMETER_HOME_HOST;
-  }
+  const Decisions cpu = CpuChain(2);
   absl::StatusOr<Schedule> s = Lower(cpu, Sizes(2), options);
   ASSERT_TRUE(s.ok()) << s.status();
   ExpectEachOpOrderedOnce(*s);

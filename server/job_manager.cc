@@ -880,9 +880,9 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     };
     callbacks.after_step = [this, entry, nodes = distributed->nodes](int64_t, double,
                                                                      const StepRunner& runner) {
-      const auto* dp = dynamic_cast<const DataParallelRunner*>(&runner);
-      if (dp == nullptr) return;
-      tandem::v1::DistributedStats d = dp->DistributedRecord();
+      std::optional<tandem::v1::DistributedStats> record = DistributedRecordOf(runner);
+      if (!record) return;
+      tandem::v1::DistributedStats d = *std::move(record);
       for (const std::string& n : *nodes) d.add_nodes(n);
       absl::MutexLock lock(&mu_);
       *entry->job.mutable_metrics()->mutable_distributed() = std::move(d);

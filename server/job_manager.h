@@ -27,6 +27,7 @@
 #include "node/placement.h"
 #include "runtime/core/allocator.h"
 #include "runtime/dist/data_parallel_runner.h"
+#include "runtime/dist/plan_rank.h"
 #include "runtime/profile/job_telemetry.h"
 #include "runtime/train/trainer.h"
 #include "server/event_log.h"

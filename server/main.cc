@@ -402,6 +402,26 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
 
 }  // namespace
 
+// This daemon's part in a cluster (none without --peers): the ranks it runs
+// for other daemons' jobs and the service between daemons; the coordinator
+// (if any) plans its jobs' ranks on the JobManager's node offer.
+struct ClusterRole {
+  std::unique_ptr<tandem::server::RankHost> ranks;
+  std::unique_ptr<tandem::server::ClusterService> service;
+};
+ClusterRole JoinCluster(tandem::server::PeerSet* peers, tandem::server::Coordinator* coordinator,
+                        tandem::server::JobManager& jobs, const tandem::server::Authenticator& auth,
+                        tandem::server::RendezvousTable* rendezvous, const std::string& state_dir,
+                        tandem::server::ServerMetrics* metrics) {
+  ClusterRole role;
+  if (coordinator != nullptr) coordinator->set_node_source([&jobs] { return jobs.node(); });
+  if (peers == nullptr) return role;
+  role.ranks = std::make_unique<tandem::server::RankHost>(&jobs, peers, state_dir, metrics);
+  role.service =
+      std::make_unique<tandem::server::ClusterService>(auth, role.ranks.get(), rendezvous);
+  return role;
+}
+
 int main(int argc, char** argv) {
   tandem::InstallFlagsUsage(
       "trains neural networks on this node's CPU and GPU together.\n"
@@ -438,12 +458,8 @@ int main(int argc, char** argv) {
   JobManagerOptions options = JobManagerOptionsFromFlags(state_dir, *policy, resources);
   CoordinateDistributedJobs(coordinator.get(), options);
   JobManager jobs(options, store->get(), &metrics);
-  // The ranks this daemon runs for other daemons' jobs, and the service
-  // between daemons.
-  std::unique_ptr<RankHost> ranks =
-      *peers ? std::make_unique<RankHost>(&jobs, peers->get(), state_dir, &metrics) : nullptr;
-  std::unique_ptr<ClusterService> cluster =
-      ranks ? std::make_unique<ClusterService>(*auth, ranks.get(), &rendezvous) : nullptr;
+  ClusterRole role =
+      JoinCluster(peers->get(), coordinator.get(), jobs, *auth, &rendezvous, state_dir, &metrics);
   if (absl::Status s = jobs.Recover(); !s.ok())
     return Fail(absl::StrCat("recovery: ", s.ToString()));
   jobs.Start();
@@ -456,7 +472,7 @@ int main(int argc, char** argv) {
       MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));
   absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> exposer = StartMetrics(sources);
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
-      exposer.ok() ? StartGrpc(&service, cluster.get()) : exposer.status();
+      exposer.ok() ? StartGrpc(&service, role.service.get()) : exposer.status();
   if (!server.ok()) {
     jobs.Shutdown();
     return Fail(std::string(server.status().message()));
@@ -478,11 +494,11 @@ int main(int argc, char** argv) {
   // watch streams end; in-flight RPCs get up to 10 s.
   watchdog.reset();
   health->SetServingStatus(false);
-  if (ranks != nullptr) ranks->StopAll("tandemd is stopping");
+  if (role.ranks != nullptr) role.ranks->StopAll("tandemd is stopping");
   jobs.Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   (*server)->Wait();
-  ranks.reset();
+  role.ranks.reset();
   std::fprintf(stderr, "tandemd: shutting down cleanly\n");
   return 0;
 }

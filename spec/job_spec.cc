@@ -489,8 +489,38 @@ absl::Status ValidateDistributed(const tandem::v1::DistributedSpec& d) {
   return absl::OkStatus();
 }
 
-// A data-parallel job: one rank per node, each on the CPU engine over Gloo
-// (what this version builds; docs/distributed.md).
+// What ranks with an accelerator can run in this version: the emulated
+// accelerator, each rank's plan on its own node, gradients over Gloo (the
+// accelerator's staged through host memory).
+absl::Status CheckDeviceRanks(const JobSpec& r) {
+  const auto kind = r.placement().accelerator();
+  if (kind == tandem::v1::ACCELERATOR_KIND_CUDA) {
+    return FieldError("distributed.replicas",
+                      "ranks on CUDA GPUs sum their device gradients through NCCL, which this "
+                      "version compiles but has not run on a GPU; set placement.accelerator to "
+                      "EMULATED or NONE");
+  }
+  if (kind != tandem::v1::ACCELERATOR_KIND_NONE &&
+      r.placement().strategy() == tandem::v1::STRATEGY_HETERO_DP) {
+    return FieldError("placement.strategy",
+                      "hetero_dp already splits each batch between a node's host and its "
+                      "accelerator; a data-parallel rank runs one of the other strategies");
+  }
+  if (r.placement().pipeline().stages() > 1) {
+    return FieldError("distributed.replicas",
+                      "a pipeline (placement.pipeline.stages > 1) runs on one node's "
+                      "accelerators; data-parallel pipelines are not built");
+  }
+  if (r.distributed().backend() == tandem::v1::COLLECTIVE_BACKEND_NCCL) {
+    return FieldError("distributed.backend",
+                      "NCCL reduces CUDA device memory, and these ranks' gradients are in host "
+                      "memory or on an emulated accelerator (use GLOO or AUTO)");
+  }
+  return absl::OkStatus();
+}
+
+// A data-parallel job: one rank per node, each on its CPU engine or running
+// its plan on its node's (emulated) accelerator, over Gloo (docs/distributed.md).
 absl::Status ResolveDistributed(JobSpec& r) {
   auto* d = r.mutable_distributed();
   if (d->replicas() == 0) d->set_replicas(1);
@@ -506,17 +536,7 @@ absl::Status ResolveDistributed(JobSpec& r) {
                                    " (rank 0 is the daemon that accepts the job): name ",
                                    d->replicas() - 1, " or none"));
   }
-  if (r.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
-    return FieldError("distributed.replicas",
-                      "ranks run on each node's CPU engine in this version, and "
-                      "placement.accelerator is not NONE (set it to NONE; device ranks over "
-                      "NCCL are not built yet)");
-  }
-  if (d->backend() == tandem::v1::COLLECTIVE_BACKEND_NCCL) {
-    return FieldError("distributed.backend",
-                      "NCCL reduces device tensors, and these ranks hold host tensors (use GLOO "
-                      "or AUTO)");
-  }
+  TANDEM_RETURN_IF_ERROR(CheckDeviceRanks(r));
   d->set_backend(tandem::v1::COLLECTIVE_BACKEND_GLOO);
   if (!r.updates().has_synchronous()) {
     return FieldError("distributed.replicas",
@@ -531,7 +551,16 @@ absl::Status ResolveDistributed(JobSpec& r) {
   if (d->rendezvous_timeout_seconds() == 0) d->set_rendezvous_timeout_seconds(60);
   if (d->collective_timeout_seconds() == 0) d->set_collective_timeout_seconds(60);
   if (d->fault_wait_seconds() == 0) d->set_fault_wait_seconds(120);
-  if (d->sharding() == tandem::v1::OPTIMIZER_SHARDING_AUTO) {
+  const bool device_ranks = r.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
+  if (device_ranks && d->sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED) {
+    return FieldError("distributed.sharding",
+                      "PARTITIONED optimizer state is built for ranks on the CPU engine "
+                      "(placement.accelerator NONE); ranks with an accelerator keep it "
+                      "REPLICATED (or say AUTO)");
+  }
+  if (device_ranks) {
+    d->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  } else if (d->sharding() == tandem::v1::OPTIMIZER_SHARDING_AUTO) {
     const bool stateful =
         r.optimizer().kind() != tandem::v1::OPTIMIZER_KIND_SGD || r.optimizer().momentum() != 0;
     d->set_sharding(stateful ? tandem::v1::OPTIMIZER_SHARDING_PARTITIONED

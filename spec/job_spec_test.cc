@@ -74,7 +74,35 @@ INSTANTIATE_TEST_SUITE_P(
                 "placement.strategy"},
         BadCase{"resources: {host_memory_bytes: -1}", "resources.host_memory_bytes"},
         BadCase{"priority: 5000", "priority"},
-        BadCase{"training: {threads: -2}", "training.threads"}));
+        BadCase{"training: {threads: -2}", "training.threads"},
+        // Data-parallel ranks with an accelerator: the emulated one, replicated, over Gloo.
+        BadCase{"distributed: {replicas: 2}\nplacement: {accelerator: ACCELERATOR_KIND_CUDA}",
+                "distributed.replicas"},
+        BadCase{"distributed: {replicas: 2, sharding: OPTIMIZER_SHARDING_PARTITIONED}\n"
+                "placement: {accelerator: ACCELERATOR_KIND_EMULATED}",
+                "distributed.sharding"},
+        BadCase{"distributed: {replicas: 2}\nplacement: {accelerator: ACCELERATOR_KIND_EMULATED, "
+                "strategy: STRATEGY_HETERO_DP}",
+                "placement.strategy"},
+        BadCase{"distributed: {replicas: 2, backend: COLLECTIVE_BACKEND_NCCL}\n"
+                "placement: {accelerator: ACCELERATOR_KIND_EMULATED}",
+                "distributed.backend"}));
+
+TEST(JobSpecTest, RanksWithAnEmulatedAcceleratorKeepReplicatedStateOverGloo) {
+  absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<tandem::v1::JobSpec> patch = ParseJobSpec(
+      "distributed: {replicas: 2}\nplacement: {accelerator: ACCELERATOR_KIND_EMULATED}", "p.yaml");
+  ASSERT_TRUE(patch.ok()) << patch.status();
+  spec->MergeFrom(*patch);
+  absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Adam would be partitioned on the CPU engine (AUTO); ranks with an
+  // accelerator keep it replicated.
+  EXPECT_EQ(r->distributed().sharding(), tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  EXPECT_EQ(r->distributed().backend(), tandem::v1::COLLECTIVE_BACKEND_GLOO);
+  EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+}
 
 TEST(JobSpecTest, CyclicAndExplodingAliasesAreRefused) {
   // job_spec_fuzz's crash: an alias inside the mapping it names.

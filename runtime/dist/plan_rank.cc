@@ -55,12 +55,14 @@ PlanRankRunner::PlanRankRunner(const Model& model, std::unique_ptr<Communicator>
                                const DataParallelOptions& dp)
     : model_(model), comm_(std::move(comm)), collective_(comm_.get()), dp_(dp) {}
 
-// The executor (and its NETWORK worker) stops before the communicators go.
+// The executor (and its NETWORK worker) stops before the communicators and
+// the accelerator go.
 PlanRankRunner::~PlanRankRunner() { executor_.reset(); }
 
 absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
     const Model& model, ExecutorOptions options, int64_t global_batch,
-    std::unique_ptr<Communicator> comm, const DataParallelOptions& dp) {
+    std::unique_ptr<Communicator> comm, const DataParallelOptions& dp,
+    std::unique_ptr<Accelerator> accelerator) {
   const int n = comm->size();
   if (dp.sharding == OptimizerSharding::kPartitioned) {
     return absl::InvalidArgumentError(
@@ -82,6 +84,7 @@ absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
   }
   std::unique_ptr<PlanRankRunner> r(new PlanRankRunner(model, std::move(comm), dp));
   r->global_batch_ = global_batch;
+  r->accelerator_ = std::move(accelerator);
   TANDEM_ASSIGN_OR_RETURN(r->control_, r->comm_->Fork());
   options.collective = &r->collective_;
   options.bucket_bytes = dp.bucket_bytes;
@@ -175,6 +178,16 @@ tandem::v1::DistributedStats PlanRankRunner::DistributedRecord() const {
   d.set_step_waited_seconds(step_waited_seconds_);
   d.set_optimizer_elements(model_.parameter_elements());
   return d;
+}
+
+std::optional<tandem::v1::DistributedStats> DistributedRecordOf(const StepRunner& runner) {
+  if (const auto* cpu = dynamic_cast<const DataParallelRunner*>(&runner)) {
+    return cpu->DistributedRecord();
+  }
+  if (const auto* plan = dynamic_cast<const PlanRankRunner*>(&runner)) {
+    return plan->DistributedRecord();
+  }
+  return std::nullopt;
 }
 
 }  // namespace tandem

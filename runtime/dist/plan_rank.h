@@ -25,6 +25,7 @@
 #define TANDEM_RUNTIME_DIST_PLAN_RANK_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,10 +70,13 @@ class PlanRankRunner final : public StepRunner {
   // job's optimizer and init seed. `comm` sets the rank and the rank count.
   // Every rank must pass the same model, plan, optimizer, seed, global batch
   // and `dp`. INVALID_ARGUMENT for what it cannot run (a partitioned
-  // optimizer, hetero_dp, a global batch smaller than the ranks).
+  // optimizer, hetero_dp, a global batch smaller than the ranks). `accelerator`,
+  // when given, is the one options.accelerator points at: the runner keeps it
+  // until its executor is gone.
   static absl::StatusOr<std::unique_ptr<PlanRankRunner>> Create(
       const Model& model, ExecutorOptions options, int64_t global_batch,
-      std::unique_ptr<Communicator> comm, const DataParallelOptions& dp);
+      std::unique_ptr<Communicator> comm, const DataParallelOptions& dp,
+      std::unique_ptr<Accelerator> accelerator = nullptr);
   ~PlanRankRunner() override;
 
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
@@ -108,6 +112,7 @@ class PlanRankRunner final : public StepRunner {
   std::unique_ptr<Communicator> control_;
   StagedGradientCollective collective_;
   const DataParallelOptions dp_;
+  std::unique_ptr<Accelerator> accelerator_;
   int64_t global_batch_ = 0;
   int buckets_ = 0;
   std::unique_ptr<PlanExecutor> executor_;
@@ -117,6 +122,10 @@ class PlanRankRunner final : public StepRunner {
   double comm_seconds_before_ = 0;
   double step_gradient_seconds_ = 0, step_waited_seconds_ = 0;
 };
+
+// The job record's figures of a data-parallel rank's runner, either kind
+// (DataParallelRunner, PlanRankRunner); nullopt for any other runner.
+std::optional<tandem::v1::DistributedStats> DistributedRecordOf(const StepRunner& runner);
 
 }  // namespace tandem
 

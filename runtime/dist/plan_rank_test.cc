@@ -109,8 +109,8 @@ TEST_P(PlanRankTest, TwentyStepsMatchOneReplica) {
     EXPECT_GT(runs[r].gradients.bytes, 0);
     EXPECT_GE(runs[r].host_buckets + runs[r].device_buckets, 1);
   }
-  std::cout << rc.model << " " << c.name << " on " << rc.ranks << " ranks: "
-            << runs[0].device_buckets << " accelerator and " << runs[0].host_buckets
+  std::cout << rc.model << " " << c.name << " on " << rc.ranks
+            << " ranks: " << runs[0].device_buckets << " accelerator and " << runs[0].host_buckets
             << " host buckets, loss " << runs[0].losses.front() << " -> " << runs[0].losses.back()
             << ", one replica " << reference.front() << " -> " << reference.back()
             << ", worst difference " << worst << "\n";
@@ -118,21 +118,21 @@ TEST_P(PlanRankTest, TwentyStepsMatchOneReplica) {
 
 // Cases(): 0 gpu_only, 1 zero_offload, 2 reuse_distance (host and accelerator
 // updates), 3 streamed_offload_recompute, 4 micro_batches, 5 cpu_only.
-INSTANTIATE_TEST_SUITE_P(
-    Plans, PlanRankTest,
-    testing::Values(RankCase{"mlp", exec_test::kMlp, 0, 2, 0},
-                    RankCase{"mlp", exec_test::kMlp, 1, 2, 25 << 20},
-                    RankCase{"mlp", exec_test::kMlp, 2, 2, 0},
-                    RankCase{"mlp", exec_test::kMlp, 3, 2, 0},
-                    RankCase{"mlp", exec_test::kMlp, 4, 2, 0},
-                    RankCase{"mlp", exec_test::kMlp, 5, 2, 0},
-                    RankCase{"mlp", exec_test::kMlp, 2, 4, 0},
-                    RankCase{"gpt", exec_test::kGpt, 2, 2, 0},
-                    RankCase{"gpt", exec_test::kGpt, 3, 4, 25 << 20}),
-    [](const testing::TestParamInfo<RankCase>& info) {
-      return std::string(info.param.model) + "_" + Cases()[info.param.plan].name + "_" +
-             std::to_string(info.param.ranks) + "_ranks";
-    });
+INSTANTIATE_TEST_SUITE_P(Plans, PlanRankTest,
+                         testing::Values(RankCase{"mlp", exec_test::kMlp, 0, 2, 0},
+                                         RankCase{"mlp", exec_test::kMlp, 1, 2, 25 << 20},
+                                         RankCase{"mlp", exec_test::kMlp, 2, 2, 0},
+                                         RankCase{"mlp", exec_test::kMlp, 3, 2, 0},
+                                         RankCase{"mlp", exec_test::kMlp, 4, 2, 0},
+                                         RankCase{"mlp", exec_test::kMlp, 5, 2, 0},
+                                         RankCase{"mlp", exec_test::kMlp, 2, 4, 0},
+                                         RankCase{"gpt", exec_test::kGpt, 2, 2, 0},
+                                         RankCase{"gpt", exec_test::kGpt, 3, 4, 25 << 20}),
+                         [](const testing::TestParamInfo<RankCase>& info) {
+                           return std::string(info.param.model) + "_" +
+                                  Cases()[info.param.plan].name + "_" +
+                                  std::to_string(info.param.ranks) + "_ranks";
+                         });
 
 TEST(PlanRankTest, RefusesWhatItCannotRun) {
   const Fixture f = MakeFixture(exec_test::kMlp);

@@ -29,9 +29,9 @@ absl::StatusOr<double> AgreeStepEnd(Communicator* comm, double share_loss_sum, i
   TANDEM_RETURN_IF_ERROR(comm->AllReduceSum(sums, 4));
   const double n = comm->size();
   if (sums[2] * sums[2] != n * sums[3]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ranks are not at the same step (rank ", comm->rank(), " is at ", step,
-        ", the mean is ", sums[2] / n, "): a rank resumed from another checkpoint"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ranks are not at the same step (rank ", comm->rank(), " is at ", step,
+                     ", the mean is ", sums[2] / n, "): a rank resumed from another checkpoint"));
   }
   if (sums[1] > 0 && vote != nullptr) vote->Agree();
   return sums[0];

@@ -26,11 +26,13 @@ OptimizerSharding ShardingOf(const tandem::v1::JobSpec& resolved) {
 }
 
 // A runner factory joining `ranks` ranks as `rank` through `store` (made when
-// the factory runs, so that its waits count from then).
+// the factory runs, so that its waits count from then): the CPU engine's rank
+// for a job without an accelerator, else one running the rank's plan for its
+// share on this node (`node`'s offer when the run starts).
 RunnerFactory DataParallelFactory(
     int rank, int ranks, std::string prefix, std::string hostname,
     std::function<std::unique_ptr<gloo::rendezvous::Store>()> make_store,
-    std::shared_ptr<StopVote> vote) {
+    std::shared_ptr<StopVote> vote, NodeSource node) {
   return [=](const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
              Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     const auto& d = resolved.distributed();
@@ -46,12 +48,39 @@ RunnerFactory DataParallelFactory(
     options.sharding = ShardingOf(resolved);
     options.bucket_bytes = d.bucket_bytes();
     options.stop_vote = vote;
+    if (resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+      const std::shared_ptr<const node::NodeOffer> offer = node ? node() : nullptr;
+      if (offer == nullptr) return absl::InternalError("no node offer to plan a rank on");
+      TANDEM_ASSIGN_OR_RETURN(node::RankExecutor executor,
+                              node::PrepareRankExecutor(model, resolved, *offer, ranks, allocator));
+      TANDEM_ASSIGN_OR_RETURN(
+          std::unique_ptr<PlanRankRunner> runner,
+          PlanRankRunner::Create(model, std::move(executor.options), max_batch, *std::move(comm),
+                                 options, std::move(executor.accelerator)));
+      return std::unique_ptr<StepRunner>(std::move(runner));
+    }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelRunner> runner,
                             DataParallelRunner::Create(model, resolved.optimizer(), max_batch,
                                                        resolved.training().seed(), allocator,
                                                        *std::move(comm), options));
     return std::unique_ptr<StepRunner>(std::move(runner));
   };
+}
+
+// The spec every rank of a run gets: `resolved`, and for a job with an
+// accelerator the rank plan solved here (node::RankPlan) pinned as its
+// placement.plan, so that every rank runs the same step program.
+absl::StatusOr<tandem::v1::JobSpec> PinRankPlan(const Model& model,
+                                                const tandem::v1::JobSpec& resolved,
+                                                const NodeSource& node) {
+  if (resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) return resolved;
+  const std::shared_ptr<const node::NodeOffer> offer = node ? node() : nullptr;
+  if (offer == nullptr) return absl::InternalError("no node offer to plan the ranks on");
+  TANDEM_ASSIGN_OR_RETURN(tandem::v1::Plan plan, node::RankPlan(model, resolved, *offer,
+                                                                resolved.distributed().replicas()));
+  tandem::v1::JobSpec pinned = resolved;
+  *pinned.mutable_placement()->mutable_plan() = std::move(plan);
+  return pinned;
 }
 
 // One tandem.v1.Cluster call to the daemon at `address`, with the cluster's
@@ -236,7 +265,7 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
       [channel, credentials, prefix, wait] {
         return std::make_unique<RemoteStore>(channel, credentials, prefix, wait);
       },
-      rank.vote);
+      rank.vote, [jobs = jobs_] { return jobs->node(); });
   return options;
 }
 
@@ -252,10 +281,10 @@ TrainerCallbacks RankHost::CallbacksFor(std::shared_ptr<Rank> rank,
   };
   if (metrics_ != nullptr) {
     callbacks.after_step = [this, labels](int64_t, double, const StepRunner& runner) {
-      const auto* dp = dynamic_cast<const DataParallelRunner*>(&runner);
-      if (dp == nullptr) return;
+      std::optional<tandem::v1::DistributedStats> record = DistributedRecordOf(runner);
+      if (!record) return;
       SetCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds,
-                          labels, dp->DistributedRecord());
+                          labels, *record);
     };
   }
   return callbacks;
@@ -424,11 +453,12 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
         return std::make_unique<LocalStore>(
             table, prefix, Seconds(job.resolved_spec().distributed().rendezvous_timeout_seconds()));
       },
-      run.vote);
+      run.vote, node_);
   run.factory = [this, job, attempt, started, join, picked_nodes, peers](
                     const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
                     Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     TANDEM_ASSIGN_OR_RETURN(const std::vector<std::string> nodes, PickNodes(resolved));
+    TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec, PinRankPlan(model, resolved, node_));
     picked_nodes->assign({"self"});
     for (size_t i = 0; i < nodes.size(); ++i) {
       tandem::v1::StartRankRequest request;
@@ -437,7 +467,7 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
       request.set_rank(static_cast<int>(i) + 1);
       request.set_ranks(resolved.distributed().replicas());
       request.set_coordinator(peers->self());
-      *request.mutable_spec() = resolved;
+      *request.mutable_spec() = spec;
       request.set_hostname(HostOf(nodes[i]));
       tandem::v1::RankStatus status;
       const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(30),
@@ -452,8 +482,7 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
     }
     // On failure the run ends: `explain` adds what each rank was doing, and
     // `end` stops them.
-    absl::StatusOr<std::unique_ptr<StepRunner>> runner =
-        join(model, resolved, max_batch, allocator);
+    absl::StatusOr<std::unique_ptr<StepRunner>> runner = join(model, spec, max_batch, allocator);
     if (!runner.ok()) {
       return absl::Status(runner.status().code(),
                           absl::StrCat("the ranks did not join: ", runner.status().message()));

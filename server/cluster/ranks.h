@@ -19,6 +19,7 @@
 #define TANDEM_SERVER_CLUSTER_RANKS_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "runtime/dist/data_parallel_runner.h"
+#include "runtime/dist/plan_rank.h"
 #include "server/auth.h"
 #include "server/cluster/peers.h"
 #include "server/cluster/rendezvous.h"
@@ -33,6 +35,10 @@
 #include "tandem/v1/cluster.grpc.pb.h"
 
 namespace tandem::server {
+
+// The node's offer as it is now (JobManager::node()): what a rank with an
+// accelerator is planned on.
+using NodeSource = std::function<std::shared_ptr<const node::NodeOffer>()>;
 
 // The Gloo transport's address for a daemon reached at HOST:PORT: HOST.
 std::string HostOf(const std::string& address);
@@ -79,6 +85,9 @@ class RankHost {
 class Coordinator {
  public:
   Coordinator(PeerSet* peers, RendezvousTable* table) : peers_(peers), table_(table) {}
+  // Where rank 0 of a job with an accelerator is planned (the JobManager's
+  // current offer); set before the first run begins.
+  void set_node_source(NodeSource node) { node_ = std::move(node); }
 
   // At submission: OK when the cluster has enough healthy nodes for the
   // job's ranks now; FAILED_PRECONDITION saying which are missing or why
@@ -93,6 +102,7 @@ class Coordinator {
 
   PeerSet* const peers_;
   RendezvousTable* const table_;
+  NodeSource node_;
 };
 
 class ClusterService final : public tandem::v1::Cluster::Service {

@@ -3,7 +3,8 @@
 Two and four daemons, each the others' --peers: a job with
 distributed.replicas N submitted to one of them runs a rank on each, over
 Gloo, and its losses are one replica's for the first 20 steps, replicated and
-ZeRO-partitioned. Hostile specs and lost ranks end with a clear status and
+ZeRO-partitioned on the CPU engine, and with each rank running a hybrid plan on
+its daemon's emulated accelerator. Hostile specs and lost ranks end with a clear status and
 hold nothing.
 """
 import os
@@ -15,7 +16,8 @@ import time
 import unittest
 
 import junit_runner
-from tandem_stubs import FASHION, job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
+from tandem_stubs import (FASHION, job_pb2, plan_pb2, spec_from_dict, stub, tandem_service_pb2,
+                          wait_for_state)
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -92,6 +94,14 @@ def fmnist_spec(**distributed):
     })
 
 
+def emulated(spec, strategy):
+    """`spec` on each daemon's emulated accelerator under `strategy`."""
+    spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+    spec.placement.strategy = plan_pb2.Strategy.Value(strategy)
+    spec.resources.accelerator_memory_bytes = 256 << 20
+    return spec
+
+
 def step_losses(client, job_id):
     events = client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job_id), timeout=120)
     return {e.step.step: e.step.loss for e in events if e.HasField("step")}
@@ -131,6 +141,9 @@ class ParityMixin:
             self.assertEqual(job_pb2.OptimizerSharding.Name(d.sharding), sharding)
             self.assertGreater(d.collective_bytes, 0)
             self.assertEqual(job.distributed_reason, "asked for")
+        self.check_nothing_held()
+
+    def check_nothing_held(self):
         # Nothing is held anywhere once the jobs are over (the other ranks
         # end just after rank 0: their last checkpoint).
         deadline = time.time() + 60
@@ -138,6 +151,30 @@ class ParityMixin:
             while host_reserved(c) != 0:
                 self.assertLess(time.time(), deadline)
                 time.sleep(0.2)
+
+    def check_hybrid_parity(self, replicas, strategy):
+        """Each rank runs `strategy`'s plan for its share on its daemon's
+        emulated accelerator; one replica is the same job on one daemon."""
+        reference = run(self.clients[0], emulated(gpt_spec(), strategy))
+        self.assertEqual(reference.state, job_pb2.JOB_STATE_SUCCEEDED, reference.reason)
+        want = step_losses(self.clients[0], reference.id)
+        job = run(self.clients[0], emulated(gpt_spec(replicas), strategy))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED,
+                         job.reason + "".join(d.logs()[-3000:] for d in self.daemons))
+        got = step_losses(self.clients[0], job.id)
+        worst = max(abs(got[s] - want[s]) for s in want)
+        d = job.metrics.distributed
+        print("%d ranks, each %s on an emulated accelerator: %d buckets, loss %.5f -> %.5f, "
+              "one replica %.5f -> %.5f, worst difference %.2e" % (
+                  replicas, strategy, d.buckets, got[1], got[STEPS], want[1], want[STEPS], worst))
+        for s in want:
+            self.assertAlmostEqual(got[s], want[s], delta=1e-4, msg="step %d" % s)
+        self.assertEqual(d.ranks, replicas)
+        self.assertEqual(job_pb2.OptimizerSharding.Name(d.sharding),
+                         "OPTIMIZER_SHARDING_REPLICATED")
+        self.assertGreaterEqual(d.buckets, 1)
+        self.assertGreater(d.collective_bytes, 0)
+        self.check_nothing_held()
 
 
 class TwoDaemonsTest(unittest.TestCase, ParityMixin):
@@ -170,6 +207,9 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
 
     def test_two_ranks_train_as_one_replica(self):
         self.check_parity(2)
+
+    def test_two_ranks_with_emulated_accelerators_run_zero_offload_as_one_replica(self):
+        self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD")
 
     def test_auto_sharding_partitions_adam_and_says_why(self):
         job = run(self.clients[0], gpt_spec(2, steps=3))
@@ -221,10 +261,16 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertIn("distributed.nodes[0]: 127.0.0.1:1 is not a peer", e.exception.details())
         with self.assertRaises(grpc.RpcError) as e:
             spec = gpt_spec(2)
-            spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+            spec.placement.accelerator = job_pb2.ACCELERATOR_KIND_CUDA
             self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("spec.distributed.replicas", e.exception.details())
+        self.assertIn("NCCL", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            spec = emulated(gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED"), "STRATEGY_ZERO_OFFLOAD")
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.distributed.sharding", e.exception.details())
         self.assertEqual(host_reserved(self.clients[0]), 0)
 
     def test_a_rank_whose_node_never_comes_back_fails_the_job_in_bounded_time(self):
@@ -477,6 +523,15 @@ class NetworkNamespacesTest(unittest.TestCase):
         self.assertLess(worst, 1e-4)
         self.assertEqual(list(job.metrics.distributed.nodes),
                          ["self", "%s:50151" % self.addresses[1]])
+        # The same with each rank running ZeRO-Offload's plan on its
+        # namespace's emulated accelerator.
+        job = run(self.clients[0], emulated(gpt_spec(2), "STRATEGY_ZERO_OFFLOAD"))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.reason)
+        got = step_losses(self.clients[0], job.id)
+        worst = max(abs(got[s] - want[s]) for s in want)
+        print("2 ranks with emulated accelerators (zero_offload) in 2 network namespaces: worst "
+              "difference %.2e from the CPU engine's one replica" % worst)
+        self.assertLess(worst, 1e-4)
 
 
 class FourDaemonsTest(unittest.TestCase, ParityMixin):
@@ -490,6 +545,9 @@ class FourDaemonsTest(unittest.TestCase, ParityMixin):
 
     def test_four_ranks_train_as_one_replica(self):
         self.check_parity(4)
+
+    def test_four_ranks_with_emulated_accelerators_run_reuse_distance_as_one_replica(self):
+        self.check_hybrid_parity(4, "STRATEGY_REUSE_DISTANCE")
 
 
 if __name__ == "__main__":

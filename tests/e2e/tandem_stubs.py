@@ -15,7 +15,7 @@ for root in ([os.path.join(_RUNFILES, "tandem", "proto")] if _RUNFILES else []) 
 
 import grpc  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
-from tandem.v1 import job_pb2, tandem_service_pb2, tandem_service_pb2_grpc  # noqa: E402,F401
+from tandem.v1 import job_pb2, plan_pb2, tandem_service_pb2, tandem_service_pb2_grpc  # noqa: E402,F401
 
 FASHION = "/usr/share/datasets/fashion-mnist/"
 

@@ -9,7 +9,10 @@ time, and rank 0's communication. All daemons share this machine's cores
 here, not how training scales across machines.
 
   /usr/bin/python3 bench/dist/fmnist.py --tandemd bazel-bin/server/tandemd \\
-      --tandem bazel-bin/clients/cli/tandem
+      --tandem bazel-bin/clients/cli/tandem [--strategy=zero_offload]
+
+With --strategy every rank runs that plan on its daemon's emulated
+accelerator (docs/distributed.md, "Ranks that run a plan").
 """
 import argparse
 import json
@@ -38,11 +41,14 @@ def free_ports(n):
     return ports
 
 
-def job_file(workdir, epochs, replicas, sharding):
+def job_file(workdir, epochs, replicas, sharding, strategy=None):
     job = open(os.path.join(REPO, "clients", "examples", "fmnist-mlp.yaml")).read()
     job = re.sub(r"epochs: \d+", "epochs: %d" % epochs, job)
     job = re.sub(r"checkpoint_interval_steps: \d+", "checkpoint_disabled: true", job)
     job = job.replace("  seed: 1\n", "  seed: 1\n  threads: 1\n")
+    if strategy:
+        job += ("placement:\n  accelerator: ACCELERATOR_KIND_EMULATED\n  strategy: STRATEGY_%s\n"
+                "resources:\n  accelerator_memory_bytes: 268435456\n" % strategy.upper())
     if replicas > 1:
         job += "distributed:\n  replicas: %d\n  sharding: OPTIMIZER_SHARDING_%s\n" % (replicas,
                                                                                      sharding)
@@ -58,6 +64,9 @@ def main():
     parser.add_argument("--tandem", default=os.path.join(REPO, "bazel-bin/clients/cli/tandem"))
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--daemons", type=int, default=4)
+    parser.add_argument("--strategy", default="",
+                        help="e.g. zero_offload: every rank runs this plan on its daemon's "
+                        "emulated accelerator (replicated state) instead of the CPU engine")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="tandem-dist-fmnist-")
     ports = free_ports(args.daemons)
@@ -75,16 +84,22 @@ def main():
                 stdout=log, stderr=subprocess.STDOUT))
         time.sleep(3)  # the peers' first health checks
         print("machine: %s; %d tandemd daemons on loopback, 1 thread per rank; mlp, batch 128, "
-              "%d epochs" % (cpu_model(), args.daemons, args.epochs), flush=True)
+              "%d epochs; ranks on %s" % (
+                  cpu_model(), args.daemons, args.epochs,
+                  "the CPU engine" if not args.strategy else
+                  "emulated accelerators, plan " + args.strategy), flush=True)
         print("%-8s %-12s %10s %10s %9s %14s %12s" % ("ranks", "sharding", "accuracy",
                                                       "vs 1 rank", "wall s", "collective GB",
                                                       "Adam floats"), flush=True)
         baseline = None
-        for replicas, sharding in ((1, "-"), (2, "REPLICATED"), (2, "PARTITIONED"),
-                                   (4, "REPLICATED"), (4, "PARTITIONED")):
+        runs = ((1, "-"), (2, "REPLICATED"), (2, "PARTITIONED"), (4, "REPLICATED"),
+                (4, "PARTITIONED"))
+        if args.strategy:  # ranks with an accelerator keep the state replicated
+            runs = ((1, "-"), (2, "REPLICATED"), (4, "REPLICATED"))
+        for replicas, sharding in runs:
             if replicas > args.daemons:
                 continue
-            path = job_file(workdir, args.epochs, replicas, sharding)
+            path = job_file(workdir, args.epochs, replicas, sharding, args.strategy)
             start = time.time()
             out = subprocess.run([args.tandem, "--server=" + addresses[0], "submit", path,
                                   "--watch"], capture_output=True, text=True, timeout=7200)

@@ -40,14 +40,9 @@ absl::Status FromGloo(const char* what, const std::exception& e) {
 
 }  // namespace
 
-Communicator::Communicator(std::shared_ptr<gloo::Context> context,
-                           std::shared_ptr<gloo::transport::Device> device, int rank, int size,
+Communicator::Communicator(std::shared_ptr<gloo::Context> context, int rank, int size,
                            absl::Duration timeout)
-    : context_(std::move(context)),
-      device_(std::move(device)),
-      rank_(rank),
-      size_(size),
-      timeout_(timeout) {}
+    : context_(std::move(context)), rank_(rank), size_(size), timeout_(timeout) {}
 
 Communicator::~Communicator() = default;
 
@@ -68,26 +63,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
     context->connectFullMesh(prefixed, device);
     context->setTimeout(Millis(options.timeout));
     return std::unique_ptr<Communicator>(
-        new Communicator(std::move(context), std::move(device), rank, size, options.timeout));
+        new Communicator(std::move(context), rank, size, options.timeout));
   } catch (const std::exception& e) {
     return FromGloo(absl::StrCat("rendezvous of rank ", rank, " of ", size).c_str(), e);
-  }
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Fork() {
-  // One rank has no peers to connect to: the fork shares the context, on
-  // which no collective does anything.
-  if (size_ == 1) {
-    return std::unique_ptr<Communicator>(new Communicator(context_, device_, 0, 1, timeout_));
-  }
-  try {
-    gloo::rendezvous::ContextFactory factory(context_);
-    std::shared_ptr<gloo::Context> context = factory.makeContext(device_);
-    context->setTimeout(Millis(timeout_));
-    return std::unique_ptr<Communicator>(
-        new Communicator(std::move(context), device_, rank_, size_, timeout_));
-  } catch (const std::exception& e) {
-    return FromGloo(absl::StrCat("fork of rank ", rank_, "'s communicator").c_str(), e);
   }
 }
 

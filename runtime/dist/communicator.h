@@ -25,9 +25,6 @@
 namespace gloo {
 class Algorithm;
 class Context;
-namespace transport {
-class Device;
-}  // namespace transport
 namespace rendezvous {
 class Store;
 }  // namespace rendezvous
@@ -70,13 +67,6 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // A second communicator between the same ranks, over new connections made
-  // through this one's (no store needed): its collectives may run on another
-  // thread while this one's run, e.g. a rank's per-step reductions while its
-  // gradient buckets are still being summed. A collective call: every rank
-  // forks, in the same order.
-  absl::StatusOr<std::unique_ptr<Communicator>> Fork();
-
   // data[i] = sum over ranks of data[i], on every rank.
   absl::Status AllReduceSum(float* data, int64_t n);
   absl::Status AllReduceSum(double* data, int64_t n);
@@ -95,9 +85,7 @@ class Communicator {
   const CollectiveStats& stats() const { return stats_; }
 
  private:
-  Communicator(std::shared_ptr<gloo::Context> context,
-               std::shared_ptr<gloo::transport::Device> device, int rank, int size,
-               absl::Duration timeout);
+  Communicator(std::shared_ptr<gloo::Context> context, int rank, int size, absl::Duration timeout);
   // Runs `op` (which may throw Gloo's exceptions), turning them into a status
   // naming `what`, and counts `bytes` and the time taken.
   // (N-1)/N of `bytes`: what a bandwidth-optimal collective sends per rank.
@@ -110,7 +98,6 @@ class Communicator {
   absl::Status Run(const char* what, int64_t bytes, Op op);
 
   std::shared_ptr<gloo::Context> context_;
-  std::shared_ptr<gloo::transport::Device> device_;
   const int rank_;
   const int size_;
   const absl::Duration timeout_;

@@ -48,29 +48,6 @@ TEST_P(CommunicatorTest, AllReduceSumsEveryRanksValues) {
   });
 }
 
-TEST_P(CommunicatorTest, AForkRunsItsCollectivesWhileTheOriginalRunsOnAnotherThread) {
-  const int size = GetParam();
-  OnRanks(size, [&](Communicator& comm) {
-    absl::StatusOr<std::unique_ptr<Communicator>> fork = comm.Fork();
-    ASSERT_TRUE(fork.ok()) << fork.status();
-    // Many collectives on each at once; neither sees the other's data.
-    std::thread other([&] {
-      for (int i = 0; i < 50; ++i) {
-        std::vector<float> x(4096, 1.0f);
-        ASSERT_TRUE(comm.AllReduceSum(x.data(), x.size()).ok());
-        ASSERT_EQ(x[4095], static_cast<float>(size));
-      }
-    });
-    for (int i = 0; i < 50; ++i) {
-      double d[2] = {static_cast<double>(comm.rank()), 2.0};
-      ASSERT_TRUE((*fork)->AllReduceSum(d, 2).ok());
-      ASSERT_EQ(d[0], size * (size - 1) / 2.0);
-      ASSERT_EQ(d[1], 2.0 * size);
-    }
-    other.join();
-  });
-}
-
 TEST_P(CommunicatorTest, ReduceScatterThenAllGatherIsAnAllReduce) {
   const int size = GetParam();
   // Uneven slices.

@@ -61,9 +61,12 @@ PlanRankRunner::~PlanRankRunner() { executor_.reset(); }
 
 absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
     const Model& model, ExecutorOptions options, int64_t global_batch,
-    std::unique_ptr<Communicator> comm, const DataParallelOptions& dp,
-    std::unique_ptr<Accelerator> accelerator) {
+    std::unique_ptr<Communicator> comm, std::unique_ptr<Communicator> control,
+    const DataParallelOptions& dp, std::unique_ptr<Accelerator> accelerator) {
   const int n = comm->size();
+  if (control == nullptr || control->size() != n || control->rank() != comm->rank()) {
+    return absl::InvalidArgumentError("the control communicator is not of the same ranks");
+  }
   if (dp.sharding == OptimizerSharding::kPartitioned) {
     return absl::InvalidArgumentError(
         "distributed.sharding: PARTITIONED optimizer state is built for CPU-engine ranks; ranks "
@@ -85,7 +88,7 @@ absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
   std::unique_ptr<PlanRankRunner> r(new PlanRankRunner(model, std::move(comm), dp));
   r->global_batch_ = global_batch;
   r->accelerator_ = std::move(accelerator);
-  TANDEM_ASSIGN_OR_RETURN(r->control_, r->comm_->Fork());
+  r->control_ = std::move(control);
   options.collective = &r->collective_;
   options.bucket_bytes = dp.bucket_bytes;
   options.max_batch = std::max<int64_t>(options.max_batch, (global_batch + n - 1) / n);

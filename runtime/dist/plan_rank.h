@@ -15,8 +15,11 @@
 // through host memory and Gloo.
 //
 // The per-step agreement (loss, stop vote, step check), evaluation and the
-// start broadcast run on a fork of the communicator, so they never interleave
-// with a bucket still being summed on the NETWORK stream.
+// start broadcast run on a second communicator between the same ranks (its own
+// connections), so they never interleave with a bucket still being summed on
+// the NETWORK stream. (A second Gloo context made from the first through
+// Gloo's ContextFactory slowed the first one's all-reduces about twentyfold
+// on loopback, even after it was destroyed: hence two rendezvous.)
 //
 // Optimizer state is replicated (DDP): every rank applies the same update.
 // Batch-norm running statistics are rank 0's at the start and then each
@@ -67,7 +70,8 @@ class PlanRankRunner final : public StepRunner {
  public:
   // `options` are the rank's executor's: its plan for a share of the global
   // batch (at most ceil(global_batch / N) samples: options.max_batch), the
-  // job's optimizer and init seed. `comm` sets the rank and the rank count.
+  // job's optimizer and init seed. `comm` sets the rank and the rank count;
+  // `control` is a second communicator of the same ranks (another prefix).
   // Every rank must pass the same model, plan, optimizer, seed, global batch
   // and `dp`. INVALID_ARGUMENT for what it cannot run (a partitioned
   // optimizer, hetero_dp, a global batch smaller than the ranks). `accelerator`,
@@ -75,8 +79,8 @@ class PlanRankRunner final : public StepRunner {
   // until its executor is gone.
   static absl::StatusOr<std::unique_ptr<PlanRankRunner>> Create(
       const Model& model, ExecutorOptions options, int64_t global_batch,
-      std::unique_ptr<Communicator> comm, const DataParallelOptions& dp,
-      std::unique_ptr<Accelerator> accelerator = nullptr);
+      std::unique_ptr<Communicator> comm, std::unique_ptr<Communicator> control,
+      const DataParallelOptions& dp, std::unique_ptr<Accelerator> accelerator = nullptr);
   ~PlanRankRunner() override;
 
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
@@ -108,7 +112,7 @@ class PlanRankRunner final : public StepRunner {
   const Model& model_;
   // Gradient buckets, on the executor's NETWORK worker.
   std::unique_ptr<Communicator> comm_;
-  // Everything on the trainer's thread (a fork of comm_).
+  // Everything on the trainer's thread.
   std::unique_ptr<Communicator> control_;
   StagedGradientCollective collective_;
   const DataParallelOptions dp_;

@@ -47,6 +47,8 @@ std::vector<RankRun> RunRanks(const Fixture& f, const Case& c, int ranks, int64_
       copts.timeout = absl::Seconds(120);
       auto comm = Communicator::Connect(store, "plan_dp", r, ranks, copts);
       ASSERT_TRUE(comm.ok()) << comm.status();
+      auto control = Communicator::Connect(store, "plan_dp_control", r, ranks, copts);
+      ASSERT_TRUE(control.ok()) << control.status();
       HostAllocator host;
       EmulatedAccelerator device({.capacity_bytes = 64 << 20, .link_bytes_per_second = 2e9}, r);
       ExecutorOptions options;
@@ -58,7 +60,8 @@ std::vector<RankRun> RunRanks(const Fixture& f, const Case& c, int ranks, int64_
       options.accelerator = &device;
       DataParallelOptions dp;
       dp.bucket_bytes = bucket_bytes;
-      auto runner = PlanRankRunner::Create(*f.model, options, batch, *std::move(comm), dp);
+      auto runner = PlanRankRunner::Create(*f.model, options, batch, *std::move(comm),
+                                           *std::move(control), dp);
       ASSERT_TRUE(runner.ok()) << runner.status();
       RankRun& run = runs[r];
       run.losses = exec_test::RunSteps(f, **runner, steps);
@@ -147,7 +150,8 @@ TEST(PlanRankTest, RefusesWhatItCannotRun) {
   options.max_batch = 32;
   options.host_allocator = &host;
   options.accelerator = &device;
-  auto hetero = PlanRankRunner::Create(*f.model, options, 32, *std::move(comm), {});
+  auto hetero = PlanRankRunner::Create(*f.model, options, 32, *std::move(comm),
+                                       *Communicator::Connect(store, "one-c", 0, 1, {}), {});
   EXPECT_EQ(hetero.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(hetero.status().message().find("hetero_dp"), std::string::npos);
   comm = Communicator::Connect(store, "two", 0, 1, CommunicatorOptions());
@@ -155,7 +159,8 @@ TEST(PlanRankTest, RefusesWhatItCannotRun) {
   options.plan = Cases()[1].plan(*f.model, 32);
   DataParallelOptions partitioned;
   partitioned.sharding = OptimizerSharding::kPartitioned;
-  auto zero = PlanRankRunner::Create(*f.model, options, 32, *std::move(comm), partitioned);
+  auto zero = PlanRankRunner::Create(*f.model, options, 32, *std::move(comm),
+                                     *Communicator::Connect(store, "two-c", 0, 1, {}), partitioned);
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(zero.status().message().find("distributed.sharding"), std::string::npos);
 }

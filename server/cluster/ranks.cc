@@ -53,10 +53,14 @@ RunnerFactory DataParallelFactory(
       if (offer == nullptr) return absl::InternalError("no node offer to plan a rank on");
       TANDEM_ASSIGN_OR_RETURN(node::RankExecutor executor,
                               node::PrepareRankExecutor(model, resolved, *offer, ranks, allocator));
+      // The per-step agreement's own connections (plan_rank.h).
+      TANDEM_ASSIGN_OR_RETURN(
+          std::unique_ptr<Communicator> control,
+          Communicator::Connect(*store, prefix + "-control", rank, ranks, copts));
       TANDEM_ASSIGN_OR_RETURN(
           std::unique_ptr<PlanRankRunner> runner,
           PlanRankRunner::Create(model, std::move(executor.options), max_batch, *std::move(comm),
-                                 options, std::move(executor.accelerator)));
+                                 std::move(control), options, std::move(executor.accelerator)));
       return std::unique_ptr<StepRunner>(std::move(runner));
     }
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelRunner> runner,

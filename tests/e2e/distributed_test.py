@@ -305,15 +305,24 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertEqual(host_reserved(client), 0)
 
     def test_a_rank_killed_mid_training_resumes_from_the_checkpoint_and_succeeds(self):
+        self.check_kill_and_resume(lambda spec: spec, "OPTIMIZER_SHARDING_PARTITIONED",
+                                   "CPU-engine ranks")
+
+    def test_a_plan_rank_killed_mid_training_resumes_from_the_checkpoint_and_succeeds(self):
+        self.check_kill_and_resume(lambda spec: emulated(spec, "STRATEGY_ZERO_OFFLOAD"),
+                                   "OPTIMIZER_SHARDING_REPLICATED",
+                                   "ranks running zero_offload on emulated accelerators")
+
+    def check_kill_and_resume(self, place, sharding, what):
         # Rank 1's daemon is killed (-9) mid-run and started again on the same
         # port and state: every rank restarts from rank 0's latest checkpoint,
-        # and the job's losses are still one replica's.
+        # and the job's losses are still one replica's (the CPU engine's).
         first, second, client, b = self.start_pair()
         steps = 300
         reference = run(client, gpt_spec(steps=steps))
         want = step_losses(client, reference.id)
-        spec = gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED", steps=steps,
-                        collective_timeout_seconds=5, fault_wait_seconds=60)
+        spec = place(gpt_spec(2, sharding, steps=steps, collective_timeout_seconds=5,
+                              fault_wait_seconds=60))
         spec.training.checkpoint_interval_steps = 40
         job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
         while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
@@ -331,9 +340,9 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
                    "resumed from checkpoint" in e.log.message]
         got = {e.step.step: e.step.loss for e in events if e.HasField("step")}
         worst = max(abs(got[s] - want[s]) for s in want)
-        print("rank 1's daemon killed at step >= 100 and restarted: %s after %.1f s, %d "
+        print("%s: rank 1's daemon killed at step >= 100 and restarted: %s after %.1f s, %d "
               "attempts, %s; worst loss difference to one replica over %d steps %.2e" % (
-                  job_pb2.JobState.Name(done.state), time.time() - killed, done.attempts,
+                  what, job_pb2.JobState.Name(done.state), time.time() - killed, done.attempts,
                   resumed, steps, worst))
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)
         self.assertGreaterEqual(done.attempts, 2)

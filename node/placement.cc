@@ -964,12 +964,9 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
 
 namespace {
 
-// `resolved` as one of `ranks` ranks sees it: a share of the batch.
-JobSpec RankSpec(const JobSpec& resolved, int ranks) {
-  JobSpec rank_spec = resolved;
-  rank_spec.mutable_training()->set_batch_size((resolved.training().batch_size() + ranks - 1) /
-                                               ranks);
-  return rank_spec;
+// The largest share of a global batch one of `ranks` ranks trains.
+int64_t ShareOf(const JobSpec& resolved, int ranks) {
+  return (resolved.training().batch_size() + ranks - 1) / ranks;
 }
 
 }  // namespace
@@ -980,20 +977,20 @@ absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const
     return absl::InvalidArgumentError(
         "placement.accelerator: a rank without an accelerator runs on the CPU engine");
   }
-  return PlanJob(model, RankSpec(resolved, ranks), node);
+  JobSpec rank_spec = resolved;
+  rank_spec.mutable_training()->set_batch_size(ShareOf(resolved, ranks));
+  return PlanJob(model, rank_spec, node);
 }
 
 absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model, const JobSpec& resolved,
                                                  const NodeOffer& node, int ranks,
                                                  Allocator* host_allocator) {
-  const JobSpec rank_spec = RankSpec(resolved, ranks);
-  const int64_t share = rank_spec.training().batch_size();
   RankExecutor r;
   TANDEM_ASSIGN_OR_RETURN(r.options.plan, RankPlan(model, resolved, node, ranks));
-  TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(rank_spec, node));
-  TANDEM_ASSIGN_OR_RETURN(r.accelerator, CreateAccelerator(rank_spec, node, capacity));
+  TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
+  TANDEM_ASSIGN_OR_RETURN(r.accelerator, CreateAccelerator(resolved, node, capacity));
   r.options.optimizer = resolved.optimizer();
-  r.options.max_batch = share;
+  r.options.max_batch = ShareOf(resolved, ranks);
   r.options.init_seed = resolved.training().seed();
   r.options.host_allocator = host_allocator;
   r.options.accelerator = r.accelerator.get();

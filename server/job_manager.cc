@@ -880,9 +880,8 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     };
     callbacks.after_step = [this, entry, nodes = distributed->nodes](int64_t, double,
                                                                      const StepRunner& runner) {
-      std::optional<tandem::v1::DistributedStats> record = DistributedRecordOf(runner);
-      if (!record) return;
-      tandem::v1::DistributedStats d = *std::move(record);
+      tandem::v1::DistributedStats d = runner.distributed_stats();
+      if (d.ranks() == 0) return;
       for (const std::string& n : *nodes) d.add_nodes(n);
       absl::MutexLock lock(&mu_);
       *entry->job.mutable_metrics()->mutable_distributed() = std::move(d);

@@ -152,7 +152,7 @@ absl::StatusOr<std::unique_ptr<DataParallelRunner>> DataParallelRunner::Create(
   return r;
 }
 
-tandem::v1::DistributedStats DataParallelRunner::DistributedRecord() const {
+tandem::v1::DistributedStats DataParallelRunner::distributed_stats() const {
   tandem::v1::DistributedStats d;
   d.set_ranks(comm_->size());
   d.set_sharding(options_.sharding == OptimizerSharding::kPartitioned

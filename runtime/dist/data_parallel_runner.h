@@ -94,8 +94,8 @@ class DataParallelRunner final : public StepRunner {
   const DataParallelStats& stats() const { return stats_; }
   int rank() const { return comm_->rank(); }
   int ranks() const { return comm_->size(); }
-  // rank 0's view, for the job record.
-  tandem::v1::DistributedStats DistributedRecord() const;
+  // For the job record (rank 0's) and the per-rank metrics.
+  tandem::v1::DistributedStats distributed_stats() const override;
   // Floats of optimizer state per moment this rank keeps.
   int64_t optimizer_elements() const { return optimizer_->elements(); }
 

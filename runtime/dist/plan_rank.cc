@@ -124,10 +124,9 @@ absl::StatusOr<StepResult> PlanRankRunner::TrainStep(const Batch& batch,
   share_options.sample_offset = start;
   share_options.global_batch = batch.size;
   TANDEM_ASSIGN_OR_RETURN(const StepResult share, executor_->TrainStep(share_, share_options));
-  // Every rank's buckets of this step are summed before its agreement can
-  // complete on any rank: each rank's compute (which returned above) needs its
-  // gradients summed before the next step's forward, not before this point, so
-  // the time here is the wait on the slowest rank.
+  // The agreement completes once every rank's compute of this step has (the
+  // buckets go on summing on the NETWORK stream meanwhile): the time here is
+  // this rank's wait on the slowest.
   const double wait_start = WallSeconds();
   TANDEM_ASSIGN_OR_RETURN(
       const double loss_sum,
@@ -168,7 +167,7 @@ absl::StatusOr<bool> PlanRankRunner::SynchronizeStart(StartPoint* point) {
   return moved;
 }
 
-tandem::v1::DistributedStats PlanRankRunner::DistributedRecord() const {
+tandem::v1::DistributedStats PlanRankRunner::distributed_stats() const {
   const CollectiveStats gradients = collective_.stats();
   const CollectiveStats& control = control_->stats();
   tandem::v1::DistributedStats d;
@@ -181,16 +180,6 @@ tandem::v1::DistributedStats PlanRankRunner::DistributedRecord() const {
   d.set_step_waited_seconds(step_waited_seconds_);
   d.set_optimizer_elements(model_.parameter_elements());
   return d;
-}
-
-std::optional<tandem::v1::DistributedStats> DistributedRecordOf(const StepRunner& runner) {
-  if (const auto* cpu = dynamic_cast<const DataParallelRunner*>(&runner)) {
-    return cpu->DistributedRecord();
-  }
-  if (const auto* plan = dynamic_cast<const PlanRankRunner*>(&runner)) {
-    return plan->DistributedRecord();
-  }
-  return std::nullopt;
 }
 
 }  // namespace tandem

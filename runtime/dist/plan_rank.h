@@ -28,7 +28,6 @@
 #define TANDEM_RUNTIME_DIST_PLAN_RANK_H_
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,8 +101,8 @@ class PlanRankRunner final : public StepRunner {
   int ranks() const { return comm_->size(); }
   // The gradient buckets' collectives since the run started.
   CollectiveStats gradient_stats() const { return collective_.stats(); }
-  // rank 0's view, for the job record (as DataParallelRunner's).
-  tandem::v1::DistributedStats DistributedRecord() const;
+  // As DataParallelRunner's.
+  tandem::v1::DistributedStats distributed_stats() const override;
 
  private:
   PlanRankRunner(const Model& model, std::unique_ptr<Communicator> comm,
@@ -126,10 +125,6 @@ class PlanRankRunner final : public StepRunner {
   double comm_seconds_before_ = 0;
   double step_gradient_seconds_ = 0, step_waited_seconds_ = 0;
 };
-
-// The job record's figures of a data-parallel rank's runner, either kind
-// (DataParallelRunner, PlanRankRunner); nullopt for any other runner.
-std::optional<tandem::v1::DistributedStats> DistributedRecordOf(const StepRunner& runner);
 
 }  // namespace tandem
 

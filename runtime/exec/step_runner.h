@@ -119,6 +119,11 @@ class StepRunner {
   // Pipeline runners: each stage's latest step (pipeline_runner.h); empty for
   // the others.
   virtual std::vector<tandem::v1::PipelineStageStats> pipeline_stats() const { return {}; }
+  // Data-parallel ranks (runtime/dist): their collectives, as the job record
+  // keeps them; ranks() == 0 for the others.
+  virtual tandem::v1::DistributedStats distributed_stats() const {
+    return tandem::v1::DistributedStats();
+  }
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 

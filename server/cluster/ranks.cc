@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "runtime/dist/data_parallel_runner.h"
+#include "runtime/dist/plan_rank.h"
 #include "runtime/train/trainer.h"
 #include "server/tandem_service.h"
 
@@ -285,10 +287,10 @@ TrainerCallbacks RankHost::CallbacksFor(std::shared_ptr<Rank> rank,
   };
   if (metrics_ != nullptr) {
     callbacks.after_step = [this, labels](int64_t, double, const StepRunner& runner) {
-      std::optional<tandem::v1::DistributedStats> record = DistributedRecordOf(runner);
-      if (!record) return;
+      const tandem::v1::DistributedStats d = runner.distributed_stats();
+      if (d.ranks() == 0) return;
       SetCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds,
-                          labels, *record);
+                          labels, d);
     };
   }
   return callbacks;

@@ -26,8 +26,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "runtime/dist/data_parallel_runner.h"
-#include "runtime/dist/plan_rank.h"
+#include "runtime/dist/rank_step.h"
 #include "server/auth.h"
 #include "server/cluster/peers.h"
 #include "server/cluster/rendezvous.h"

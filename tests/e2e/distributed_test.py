@@ -113,6 +113,12 @@ def run(client, spec, timeout=600):
                                            job_pb2.JOB_STATE_CANCELLED], timeout=timeout)
 
 
+def wait_for_step(client, job_id, step):
+    while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job_id),
+                        timeout=10).progress.step < step:
+        time.sleep(0.02)
+
+
 def host_reserved(client):
     node = client.GetNode(tandem_service_pb2.GetNodeRequest(), timeout=10)
     return sum(d.memory_reserved_bytes for d in node.devices if d.kind == 1)
@@ -223,9 +229,7 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         spec = gpt_spec(2, steps=100000)
         job = self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec),
                                         timeout=60).job
-        while self.clients[0].GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
-                                     timeout=10).progress.step < 3:
-            time.sleep(0.05)
+        wait_for_step(self.clients[0], job.id, 3)
         self.clients[0].CancelJob(tandem_service_pb2.CancelJobRequest(job_id=job.id,
                                                                       reason="e2e"), timeout=30)
         done = wait_for_state(self.clients[0], job.id, [job_pb2.JOB_STATE_CANCELLED,
@@ -280,9 +284,7 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         spec = gpt_spec(2, steps=100000, collective_timeout_seconds=5,
                         fault_wait_seconds=6)
         job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-        while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
-                            timeout=10).progress.step < 5:
-            time.sleep(0.1)
+        wait_for_step(client, job.id, 5)
         second.kill9()
         start = time.time()
         done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
@@ -325,9 +327,7 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
                               fault_wait_seconds=60))
         spec.training.checkpoint_interval_steps = 40
         job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-        while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
-                            timeout=10).progress.step < 100:
-            time.sleep(0.02)
+        wait_for_step(client, job.id, 100)
         second.kill9()
         killed = time.time()
         time.sleep(1)

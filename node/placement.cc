@@ -697,8 +697,10 @@ namespace {
 
 // The precision a PlanModel request's plans are for, by its cost source; for
 // this node, the one a job of `resolved` would run in here (ChoosePrecisionHere),
-// planned as it runs: fp32 tensors and copies, bf16 operand copies in each
-// layer's workspace.
+// planned as it runs (AnalyticProfile of the bf16 model): fp32 tensors between
+// layers, bf16 working copies of host-updated weights and their gradients on
+// the accelerator and across the link, bf16 operand copies in each layer's
+// workspace.
 absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest& rpc,
                                               const JobSpec& resolved) {
   const tandem::v1::Precision asked = rpc.spec().precision();
@@ -713,9 +715,11 @@ absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest
           ChoosePrecisionHere(asked, LocalComputeFor(resolved), "spec.precision"));
       if (IsMixed(choice.precision)) {
         absl::StrAppend(&choice.reason,
-                        ". Planned as it runs here: tensors between layers, weights and copies "
-                        "in fp32, each layer's bf16 operand copies in its workspace; timed at "
-                        "fp32 rates unless a bf16 layer profile was measured here");
+                        ". Planned as it runs here: tensors between layers in fp32; weights "
+                        "and gradients on the accelerator and across the link as bf16 working "
+                        "copies, fp32 master weights with the optimizer state; each layer's "
+                        "bf16 operand copies and fp32 staging in its workspace; timed at fp32 "
+                        "rates unless a bf16 layer profile was measured here");
       }
       return choice;
     }

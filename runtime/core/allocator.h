@@ -123,6 +123,7 @@ class Buffer {
 
   void* data() const { return data_; }
   float* f32() const { return static_cast<float*>(data_); }
+  uint16_t* bf16() const { return static_cast<uint16_t*>(data_); }
   int64_t bytes() const { return bytes_; }
   MemoryCategory category() const { return category_; }
   Allocator* allocator() const { return allocator_; }

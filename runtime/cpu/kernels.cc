@@ -72,6 +72,15 @@ void ToBf16(const float* x, uint16_t* out, int64_t n) {
   internal::ToBf16ForIsa(AutoVectorizedIsa(), x, out, n);
 }
 
+void FromBf16(const uint16_t* x, float* out, int64_t n) {
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(n, 32);
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) out[i] = Bf16ToFloat(x[i]);
+  }
+}
+
 namespace internal {
 
 void ColumnSumForIsa(CpuIsa isa, const float* dy, int64_t rows, int64_t cols, float* db,

@@ -22,6 +22,9 @@ void CopyOrAccumulate(const float* a, float* out, int64_t n, bool accumulate);
 // out[i] = x[i] in bfloat16, rounded as FloatToBf16 (runtime/core/bf16.h): the
 // inputs of the bf16 matrix products (matmul.h).
 void ToBf16(const float* x, uint16_t* out, int64_t n);
+// out[i] = x[i] widened from bfloat16 (exact): a bf16 working copy of weights,
+// or a bf16 gradient, read by fp32 code.
+void FromBf16(const uint16_t* x, float* out, int64_t n);
 
 // Inverted dropout with a counter-based mask: element i is kept with probability
 // 1-p (Philox at (seed, stream, offset + i)) and scaled by 1/(1-p). `offset` is

@@ -119,6 +119,7 @@ absl::Status EmulatedAccelerator::CopyToDevice(void* dst, const void* src, int64
   if (!arena_.Contains(dst, bytes)) {
     return absl::InternalError(absl::StrCat(id_, ": copy to a pointer outside device memory"));
   }
+  bytes_to_device_ += bytes;
   return Copy(dst, src, bytes);
 }
 
@@ -126,6 +127,7 @@ absl::Status EmulatedAccelerator::CopyToHost(void* dst, const void* src, int64_t
   if (!arena_.Contains(src, bytes)) {
     return absl::InternalError(absl::StrCat(id_, ": copy from a pointer outside device memory"));
   }
+  bytes_to_host_ += bytes;
   return Copy(dst, src, bytes);
 }
 

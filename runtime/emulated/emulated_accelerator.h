@@ -12,6 +12,7 @@
 #ifndef TANDEM_RUNTIME_EMULATED_EMULATED_ACCELERATOR_H_
 #define TANDEM_RUNTIME_EMULATED_EMULATED_ACCELERATOR_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,6 +76,9 @@ class EmulatedAccelerator final : public Accelerator {
   absl::StatusOr<double> SumOfSquares(const float* x, int64_t n) override;
 
   const EmulatedOptions& options() const { return options_; }
+  // Bytes copied over the link so far, each way (tests: what a plan moves).
+  int64_t bytes_to_device() const { return bytes_to_device_.load(); }
+  int64_t bytes_to_host() const { return bytes_to_host_.load(); }
 
  private:
   absl::Status Copy(void* dst, const void* src, int64_t bytes);
@@ -83,6 +87,7 @@ class EmulatedAccelerator final : public Accelerator {
   const std::string id_;
   ArenaAllocator arena_;
   HostAllocator staging_;
+  std::atomic<int64_t> bytes_to_device_{0}, bytes_to_host_{0};
 };
 
 }  // namespace tandem

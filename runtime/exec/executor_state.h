@@ -20,9 +20,15 @@ namespace tandem {
 // INVALID_ARGUMENT naming the plan field it cannot run.
 absl::StatusOr<schedule::Decisions> ExecutorDecisions(const Model& model,
                                                       const tandem::v1::Plan& plan);
-// The schedule's bytes per layer: the accelerator replica's at `micro_batch`.
+// The schedule's bytes per layer: the accelerator replica's at `micro_batch`,
+// its state counted in `state` (StateBytesOf: kBF16 for the bf16 working
+// copies of a mixed-precision plan, ExecutorStateType).
 std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t micro_batch,
-                                                     int optimizer_states);
+                                                     int optimizer_states, DType state);
+// How a plan's accelerator holds the state of `model`: kBF16 (working copies)
+// for a bf16 model under a plan that computes on the accelerator, except
+// hetero_dp, whose two replicas keep fp32 weights; kF32 otherwise.
+DType ExecutorStateType(const Model& model, const tandem::v1::Plan& plan);
 // INVALID_ARGUMENT "plan.<field>: <message>".
 absl::Status PlanError(const std::string& field, const std::string& message);
 // Micro-batches of a full batch (the plan's, or `max_batch` samples).
@@ -49,11 +55,20 @@ struct PlanExecutor::Layer {
   bool streamed = false;
   bool accel_update = true;
   bool has_params = false;
+  // A mixed-precision plan's host-updated layer: the accelerator holds a bf16
+  // working copy of its weights (`params`, resident or streamed) and a bf16
+  // gradient (`grads`); the fp32 master weights and state stay on the host.
+  // Each call widens the copy to fp32 for the layer and rounds the gradient
+  // it computes back (StateBytesOf's staging).
+  bool working_copy = false;
+  // Bytes of the weights and of the gradient on the accelerator.
+  int64_t state_bytes() const { return param_elements * (working_copy ? 2 : 4); }
   int64_t param_elements = 0;  // the layer's slice of the flat buffers (padded)
   int64_t buffer_elements = 0;
   int64_t param_offset = 0, buffer_offset = 0;
   // Accelerator state: resident weights, running statistics, optimizer moments,
-  // and the gradient from a step's first backward until copied or applied.
+  // and the gradient from a step's first backward until copied or applied
+  // (bf16 for a working copy, else fp32).
   Buffer params, buffers, grads;
   std::vector<Buffer> moments;
 };

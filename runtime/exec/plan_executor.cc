@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/core/clock.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/exec/executor_state.h"
 #include "schedule/decisions.h"
 #include "schedule/schedule_proto.h"
@@ -68,7 +69,8 @@ std::vector<std::string> PlanExecutor::warnings() const {
 
 void PlanExecutor::RegisterCopyBuffers() {
   if (accel_ == nullptr || host_only_) return;
-  for (Buffer* b : {&host_params_, &host_grads_, &host_replica_grads_}) {
+  for (Buffer* b :
+       {&host_params_, &host_grads_, &host_replica_grads_, &host_copy_, &host_grads16_}) {
     if (b->empty()) continue;
     const absl::Status s = accel_->RegisterHost(b->data(), b->bytes());
     if (s.ok()) {
@@ -117,10 +119,24 @@ absl::Status PlanExecutor::Init() {
     std::memset(host_replica_grads_.data(), 0, P * 4);
   }
   optimizer_ = Optimizer::Stateless(options_.optimizer);
+  TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
+  state_type_ = ExecutorStateType(model_, plan);
+  bool working_copies = false;
+  for (int l = 0; l < L; ++l) {
+    working_copies |= state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
+                      decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST;
+  }
+  if (working_copies) {
+    TANDEM_ASSIGN_OR_RETURN(host_copy_, Buffer::Allocate(host, P * 2, MemoryCategory::kParameters));
+    TANDEM_ASSIGN_OR_RETURN(host_grads16_,
+                            Buffer::Allocate(host, P * 2, MemoryCategory::kGradients));
+    std::memset(host_grads16_.data(), 0, P * 2);
+    RoundWorkingCopies();
+  }
   RegisterCopyBuffers();
 
-  TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
-  sizes_ = ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count());
+  sizes_ =
+      ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count(), state_type_);
   for (int l = 0; l < L; ++l) TANDEM_RETURN_IF_ERROR(InitLayer(l));
   // Host moments: for host updates (cpu_only, hetero_dp's host replica,
   // CPU-updated layers) and, for every plan, the checkpoint's copy of the
@@ -172,6 +188,8 @@ absl::Status PlanExecutor::InitLayer(int l) {
   layer->has_params = layer->layer->ParamCount() > 0;
   layer->streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
   layer->accel_update = !host_only_ && d.update != tandem::v1::PLACEMENT_HOST;
+  layer->working_copy =
+      state_type_ == DType::kBF16 && layer->param_elements > 0 && !layer->accel_update;
   if (!host_only_) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
   layers_.push_back(std::move(layer));
   return absl::OkStatus();
@@ -181,9 +199,9 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
   Allocator* dev = accel_->allocator();
   if (!layer.streamed && layer.param_elements > 0) {
     TANDEM_ASSIGN_OR_RETURN(
-        layer.params, Buffer::Allocate(dev, layer.param_elements * 4, MemoryCategory::kParameters));
-    TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(
-        layer.params.data(), host_params_.f32() + layer.param_offset, layer.param_elements * 4));
+        layer.params, Buffer::Allocate(dev, layer.state_bytes(), MemoryCategory::kParameters));
+    TANDEM_RETURN_IF_ERROR(
+        accel_->CopyToDevice(layer.params.data(), HostWeights(layer), layer.state_bytes()));
   }
   if (layer.buffer_elements > 0) {
     TANDEM_ASSIGN_OR_RETURN(layer.buffers, Buffer::Allocate(dev, layer.buffer_elements * 4,
@@ -201,6 +219,16 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
     }
   }
   return absl::OkStatus();
+}
+
+void PlanExecutor::RoundWorkingCopies() {
+  if (host_copy_.empty()) return;
+  cpu::ToBf16(host_params_.f32(), host_copy_.bf16(), model_.parameter_elements());
+}
+
+const void* PlanExecutor::HostWeights(const Layer& layer) const {
+  if (layer.working_copy) return host_copy_.bf16() + layer.param_offset;
+  return host_params_.f32() + layer.param_offset;
 }
 
 absl::Status PlanExecutor::Drain() {
@@ -312,22 +340,22 @@ absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
                                                              MemoryCategory::kActivations));
       TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(side.alloc, impl.WorkspaceBytes(n),
                                                           MemoryCategory::kWorkspace));
-      Buffer streamed;
+      Buffer streamed, widened;
       LayerContext ctx = side.Context();
       ctx.training = false;
       ctx.workspace = ws.data();
       ctx.targets = reinterpret_cast<const int32_t*>(targets.data());
       if (on_accel) {
         ctx.buffers = layer.buffers.f32();
+        void* weights = layer.params.data();
         if (layer.streamed && layer.param_elements > 0) {
-          TANDEM_ASSIGN_OR_RETURN(streamed, Buffer::Allocate(side.alloc, layer.param_elements * 4,
+          TANDEM_ASSIGN_OR_RETURN(streamed, Buffer::Allocate(side.alloc, layer.state_bytes(),
                                                              MemoryCategory::kParameters));
-          TANDEM_RETURN_IF_ERROR(side.FromHost(
-              streamed.data(), host_params_.f32() + layer.param_offset, layer.param_elements * 4));
-          ctx.params = streamed.f32();
-        } else {
-          ctx.params = layer.params.f32();
+          TANDEM_RETURN_IF_ERROR(
+              side.FromHost(streamed.data(), HostWeights(layer), layer.state_bytes()));
+          weights = streamed.data();
         }
+        TANDEM_ASSIGN_OR_RETURN(ctx.params, ComputeWeights(side, layer, weights, widened));
       } else {
         ctx.params = host_params_.f32() + layer.param_offset;
         ctx.buffers =
@@ -376,6 +404,7 @@ absl::Status PlanExecutor::StateChangedOnHost() {
   TANDEM_RETURN_IF_ERROR(Drain());
   // The optimizer's step counter was set through host_state().optimizer.
   if (host_only_) return absl::OkStatus();
+  RoundWorkingCopies();
   for (auto& layer : layers_) {
     if (layer->buffer_elements > 0) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->buffers.data(),
@@ -383,8 +412,8 @@ absl::Status PlanExecutor::StateChangedOnHost() {
                                                   layer->buffer_elements * 4));
     }
     if (layer->streamed || layer->param_elements == 0) continue;
-    TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(
-        layer->params.data(), host_params_.f32() + layer->param_offset, layer->param_elements * 4));
+    TANDEM_RETURN_IF_ERROR(
+        accel_->CopyToDevice(layer->params.data(), HostWeights(*layer), layer->state_bytes()));
     for (size_t s = 0; s < layer->moments.size(); ++s) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->moments[s].data(),
                                                   host_moments_.at(s).f32() + layer->param_offset,

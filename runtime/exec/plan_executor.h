@@ -176,10 +176,23 @@ class PlanExecutor final : public StepRunner {
   absl::Status AverageGradients(int layer);
   // A bucket of gradients summed over the data-parallel ranks.
   absl::Status AllReduceBucket(const Iteration& it, int op);
+  // A working copy's bf16 gradient on the host widened into host_grads_
+  // (for the norm and the ranks' sums); nothing for other layers.
+  void WidenHostGradient(const Layer& layer);
   // Global gradient norm for clipping, over wherever each layer's gradient is.
   absl::Status ClipNorm(Iteration& it);
-  // The weights operation `op` (a forward, recompute or backward) reads.
-  float* WeightsOf(Iteration& it, const Replica& r, int op);
+  // The weights operation `op` (a forward, recompute or backward) reads as
+  // they lie on its side (a working copy's in bf16).
+  void* WeightsOf(Iteration& it, const Replica& r, int op);
+  // The fp32 weights a layer computes with on `side`, from `weights`
+  // (WeightsOf): those, or a working copy widened into `widened`.
+  absl::StatusOr<const float*> ComputeWeights(const Side& side, const Layer& layer, void* weights,
+                                              Buffer& widened);
+  // The working copy of every layer rounded from the host master weights.
+  void RoundWorkingCopies();
+  // What an H2D copy of `layer`'s weights reads: its working copy, or the
+  // master weights (Layer::state_bytes() of them).
+  const void* HostWeights(const Layer& layer) const;
   LayerContext ContextOf(const Iteration& it, const Replica& r, int l, int j) const;
 
   // Page-locks the host buffers every step copies to or from (RegisterHost); a
@@ -202,6 +215,10 @@ class PlanExecutor final : public StepRunner {
   // down), optimizer moments, running statistics; hetero_dp's host replica
   // gradients.
   Buffer host_params_, host_grads_, host_buffers_, host_replica_grads_;
+  // Mixed precision (Layer::working_copy): the bf16 working copy of the master
+  // weights, which the host updates write and H2D copies take up, and the
+  // bf16 gradients the D2H copies bring down. Empty unless a layer has one.
+  Buffer host_copy_, host_grads16_;
   std::vector<Buffer> host_moments_;
   // Of those, the ones copies read or write every step and the accelerator
   // page-locked (Accelerator::RegisterHost); unregistered before they are freed.
@@ -223,6 +240,8 @@ class PlanExecutor final : public StepRunner {
   std::map<int64_t, std::vector<SpanRecord>> records_;
   tandem::v1::Timeline last_timeline_;
   bool hetero_ = false, host_only_ = false;
+  // ExecutorStateType: kBF16 when host-updated layers keep working copies.
+  DType state_type_ = DType::kF32;
 };
 
 }  // namespace tandem

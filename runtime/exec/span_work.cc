@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/core/random.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/exec/executor_state.h"
+#include "runtime/layers/device_ops.h"
 #include "runtime/optim/kernels.h"
 
 namespace tandem {
@@ -55,20 +57,30 @@ std::function<absl::Status()> PlanExecutor::Work(const std::shared_ptr<Iteration
   };
 }
 
-float* PlanExecutor::WeightsOf(Iteration& it, const Replica& r, int o) {
+void* PlanExecutor::WeightsOf(Iteration& it, const Replica& r, int o) {
   const Op& op = it.schedule->ops[o];
   Layer& layer = *layers_[op.layer];
   if (r.side.dev == nullptr) return host_params_.f32() + layer.param_offset;
-  if (!layer.streamed) return layer.params.f32();
+  if (!layer.streamed) return layer.params.data();
   // A streamed layer reads the weights of the copy the schedule feeds it from.
   for (const schedule::Dep& d : op.deps) {
     const Op& from = it.schedule->ops[d.op];
     if (d.lag == 0 && from.kind == OpKind::kCopy && from.tensor == schedule::TensorKind::kWeights &&
         from.layer == op.layer) {
-      return it.streamed[d.op].f32();
+      return it.streamed[d.op].data();
     }
   }
   return nullptr;
+}
+
+absl::StatusOr<const float*> PlanExecutor::ComputeWeights(const Side& side, const Layer& layer,
+                                                          void* weights, Buffer& widened) {
+  if (side.dev == nullptr || !layer.working_copy) return static_cast<const float*>(weights);
+  TANDEM_ASSIGN_OR_RETURN(
+      widened, Buffer::Allocate(side.alloc, layer.param_elements * 4, MemoryCategory::kWorkspace));
+  device_ops::FromBf16(side.Context(), static_cast<const uint16_t*>(weights), widened.f32(),
+                       layer.param_elements);
+  return widened.f32();
 }
 
 LayerContext PlanExecutor::ContextOf(const Iteration& it, const Replica& r, int l, int j) const {
@@ -126,7 +138,9 @@ absl::Status PlanExecutor::Forward(Iteration& it, Replica& r, int o, bool recomp
   TANDEM_ASSIGN_OR_RETURN(Buffer ws, Buffer::Allocate(r.side.alloc, impl.WorkspaceBytes(n),
                                                       MemoryCategory::kWorkspace));
   LayerContext ctx = ContextOf(it, r, l, j);
-  ctx.params = WeightsOf(it, r, o);
+  Buffer widened;
+  TANDEM_ASSIGN_OR_RETURN(ctx.params,
+                          ComputeWeights(r.side, *layers_[l], WeightsOf(it, r, o), widened));
   ctx.workspace = ws.data();
   ctx.recompute = recompute;
   const Shape& sample = model_.data().sample_shape;
@@ -161,8 +175,10 @@ absl::Status PlanExecutor::Backward(Iteration& it, Replica& r, int o) {
   Allocator* alloc = r.side.alloc;
   if (on_accel && layer.has_params && layer.grads.empty()) {
     TANDEM_ASSIGN_OR_RETURN(
-        layer.grads, Buffer::Allocate(alloc, layer.param_elements * 4, MemoryCategory::kGradients));
-    TANDEM_RETURN_IF_ERROR(r.side.Fill(layer.grads.f32(), 0.0f, layer.param_elements));
+        layer.grads, Buffer::Allocate(alloc, layer.state_bytes(), MemoryCategory::kGradients));
+    // A working copy's first backward writes its bf16 gradient whole.
+    if (!layer.working_copy)
+      TANDEM_RETURN_IF_ERROR(r.side.Fill(layer.grads.f32(), 0.0f, layer.param_elements));
   }
   if (l == L - 1) {
     // d(mean loss)/d(per-sample loss) = 1 / (whole batch): a data-parallel
@@ -180,8 +196,19 @@ absl::Status PlanExecutor::Backward(Iteration& it, Replica& r, int o) {
   TANDEM_ASSIGN_OR_RETURN(
       Buffer ws, Buffer::Allocate(alloc, impl.WorkspaceBytes(n), MemoryCategory::kWorkspace));
   LayerContext ctx = ContextOf(it, r, l, j);
-  ctx.params = WeightsOf(it, r, o);
+  Buffer widened, grad32;
+  TANDEM_ASSIGN_OR_RETURN(ctx.params, ComputeWeights(r.side, layer, WeightsOf(it, r, o), widened));
   ctx.grads = on_accel ? layer.grads.f32() : r.host_grads + layer.param_offset;
+  const bool round_gradient = on_accel && layer.working_copy;
+  if (round_gradient) {
+    // The layer accumulates in fp32: the bf16 gradient of the micro-batches
+    // so far is widened into it, and the sum rounded back.
+    TANDEM_ASSIGN_OR_RETURN(
+        grad32, Buffer::Allocate(alloc, layer.param_elements * 4, MemoryCategory::kWorkspace));
+    if (ctx.accumulate_grads)
+      device_ops::FromBf16(ctx, layer.grads.bf16(), grad32.f32(), layer.param_elements);
+    ctx.grads = grad32.f32();
+  }
   ctx.workspace = ws.data();
   const Shape& sample = model_.data().sample_shape;
   const Tensor x = l == 0 ? Tensor(r.x[j].data(), it.input->input_dtype, sample.WithBatch(n))
@@ -190,6 +217,8 @@ absl::Status PlanExecutor::Backward(Iteration& it, Replica& r, int o) {
   const Tensor dy = Tensor::F32(r.grad[l][j].f32(), impl.output_shape().WithBatch(n));
   const Tensor dxt = l == 0 ? Tensor() : Tensor::F32(dx.f32(), impl.input_shape().WithBatch(n));
   impl.Backward(ctx, x, y, r.saved[l][j].data(), dy, dxt);
+  if (round_gradient)
+    device_ops::ToBf16(ctx, grad32.f32(), layer.grads.bf16(), layer.param_elements);
   TANDEM_RETURN_IF_ERROR(r.side.Finish());
   // This layer's activations and incoming gradient are done with, and the
   // weights a streaming copy brought for it (and its recompute).
@@ -230,19 +259,22 @@ absl::Status PlanExecutor::Copy(Iteration& it, int o) {
   const int l = op.layer;
   Layer& layer = *layers_[l];
   const int64_t bytes = layer.param_elements * 4;
-  float* host_params = host_params_.f32() + layer.param_offset;
+  const void* host_weights = HostWeights(layer);
   float* host_grads = host_grads_.f32() + layer.param_offset;
   const bool down =
       it.schedule->resources[op.resource].kind == tandem::v1::TIMELINE_RESOURCE_COPY_D2H;
   switch (op.phase) {
     case tandem::v1::TIMELINE_PHASE_PARAMETER_H2D: {
-      if (!layer.streamed) return accel_->CopyToDevice(layer.params.data(), host_params, bytes);
-      TANDEM_ASSIGN_OR_RETURN(it.streamed[o], Buffer::Allocate(device_alloc_.get(), bytes,
+      const int64_t copied = layer.state_bytes();
+      if (!layer.streamed) return accel_->CopyToDevice(layer.params.data(), host_weights, copied);
+      TANDEM_ASSIGN_OR_RETURN(it.streamed[o], Buffer::Allocate(device_alloc_.get(), copied,
                                                                MemoryCategory::kParameters));
-      return accel_->CopyToDevice(it.streamed[o].data(), host_params, bytes);
+      return accel_->CopyToDevice(it.streamed[o].data(), host_weights, copied);
     }
     case tandem::v1::TIMELINE_PHASE_GRADIENT_D2H: {
-      TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_grads, layer.grads.data(), bytes));
+      void* to = layer.working_copy ? static_cast<void*>(host_grads16_.bf16() + layer.param_offset)
+                                    : host_grads;
+      TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(to, layer.grads.data(), layer.state_bytes()));
       layer.grads.Reset();
       return absl::OkStatus();
     }
@@ -265,11 +297,24 @@ absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
   std::vector<float*> states;
   for (Buffer& m : host_moments_) states.push_back(m.f32() + layer.param_offset);
-  // cpu_only's backward, the accelerator's gradient copy and hetero_dp's
-  // average all leave the gradient to step with in the host gradients.
-  Optimizer::UpdateSlice(s, host_params_.f32() + layer.param_offset,
-                         host_grads_.f32() + layer.param_offset, states.data(),
-                         layer.param_elements);
+  float* params = host_params_.f32() + layer.param_offset;
+  float* grads = host_grads_.f32() + layer.param_offset;
+  if (!layer.working_copy) {
+    // cpu_only's backward, the accelerator's gradient copy and hetero_dp's
+    // average all leave the gradient to step with in the host gradients.
+    Optimizer::UpdateSlice(s, params, grads, states.data(), layer.param_elements);
+    return absl::OkStatus();
+  }
+  uint16_t* copy = host_copy_.bf16() + layer.param_offset;
+  if (options_.collective != nullptr) {
+    // The ranks summed the gradient widened to fp32 (AllReduceBucket).
+    Optimizer::UpdateSlice(s, params, grads, states.data(), layer.param_elements);
+    cpu::ToBf16(params, copy, layer.param_elements);
+    return absl::OkStatus();
+  }
+  // The bf16 gradient that came down; the working copy the next H2D takes up.
+  Optimizer::UpdateSliceBf16(s, params, host_grads16_.bf16() + layer.param_offset, states.data(),
+                             copy, grads, layer.param_elements);
   return absl::OkStatus();
 }
 
@@ -303,7 +348,9 @@ absl::Status PlanExecutor::AllReduceBucket(const Iteration& it, int o) {
   }
   const int low = op.layer, high = op.layer + op.bucket_layers;
   if (op.replica == schedule::kHostReplica) {
-    // Host gradients lie in layer order in one buffer: the bucket is one range.
+    // Host gradients lie in layer order in one buffer: the bucket is one
+    // range, summed in fp32 (a working copy's bf16 gradient widened first).
+    for (int l = low; l < high; ++l) WidenHostGradient(*layers_[l]);
     const int64_t begin = layers_[low]->param_offset;
     const int64_t end = layers_[high - 1]->param_offset + layers_[high - 1]->param_elements;
     return collective->AllReduceHost(host_grads_.f32() + begin, end - begin);
@@ -316,6 +363,12 @@ absl::Status PlanExecutor::AllReduceBucket(const Iteration& it, int o) {
   return collective->AllReduceDevice(accel_, ranges);
 }
 
+void PlanExecutor::WidenHostGradient(const Layer& layer) {
+  if (!layer.working_copy) return;
+  cpu::FromBf16(host_grads16_.bf16() + layer.param_offset, host_grads_.f32() + layer.param_offset,
+                layer.param_elements);
+}
+
 absl::Status PlanExecutor::ClipNorm(Iteration& it) {
   double sum = 0;
   for (auto& layer : layers_) {
@@ -326,6 +379,8 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
                               accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
       sum += s;
     } else {
+      // Ranks' buckets were widened and summed already.
+      if (options_.collective == nullptr) WidenHostGradient(*layer);
       sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset, layer->param_elements);
     }
   }

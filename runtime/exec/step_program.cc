@@ -132,21 +132,30 @@ absl::StatusOr<schedule::Decisions> ExecutorDecisions(const Model& model,
 }
 
 std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t micro,
-                                                     int optimizer_states) {
+                                                     int optimizer_states, DType state) {
   std::vector<schedule::LayerSizes> sizes(model.num_layers());
   for (int l = 0; l < model.num_layers(); ++l) {
     const tandem::Layer& layer = model.layer(l);
     schedule::LayerSizes& z = sizes[l];
-    z.parameters = z.gradients = z.update = model.param_slice(l) * 4;
-    z.optimizer_state = optimizer_states * z.parameters;
+    const LayerStateBytes bytes = StateBytesOf(model.param_slice(l), optimizer_states, state);
+    z.parameters = bytes.parameters;
+    z.gradients = bytes.gradients;
+    z.update = model.param_slice(l) * 4;
+    z.optimizer_state = bytes.optimizer_state;
     z.activations = layer.OutputBytes(micro) + layer.SavedBytes(micro);
     z.checkpoint = l == 0 ? 0 : std::min(z.activations, model.layer(l - 1).OutputBytes(micro));
-    z.workspace = layer.WorkspaceBytes(micro);
+    z.workspace = layer.WorkspaceBytes(micro) + bytes.staging;
     z.host_activations = z.activations;
     z.host_checkpoint = z.checkpoint;
     z.host_workspace = z.workspace;
   }
   return sizes;
+}
+
+DType ExecutorStateType(const Model& model, const tandem::v1::Plan& plan) {
+  const bool accelerator_state = plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY &&
+                                 plan.strategy() != tandem::v1::STRATEGY_HETERO_DP;
+  return accelerator_state ? model.compute_dtype() : DType::kF32;
 }
 
 int FullMicroBatches(const tandem::v1::Plan& plan, int64_t max_batch) {
@@ -170,7 +179,8 @@ absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
   if (plan.micro_batch_size() <= 0) return PlanError("micro_batch_size", "must be > 0");
   TANDEM_ASSIGN_OR_RETURN(const schedule::Decisions d, ExecutorDecisions(model, plan));
   const std::vector<schedule::LayerSizes> sizes = ExecutorLayerSizes(
-      model, plan.micro_batch_size(), Optimizer::Stateless(optimizer)->state_count());
+      model, plan.micro_batch_size(), Optimizer::Stateless(optimizer)->state_count(),
+      ExecutorStateType(model, plan));
   schedule::LowerOptions lower;
   lower.has_accelerator = plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY;
   lower.clip_gradients = optimizer.max_grad_norm() > 0;

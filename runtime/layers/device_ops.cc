@@ -35,6 +35,11 @@ void ToBf16(const LayerContext& ctx, const float* x, uint16_t* out, int64_t n) {
   cpu::ToBf16(x, out, n);
 }
 
+void FromBf16(const LayerContext& ctx, const uint16_t* x, float* out, int64_t n) {
+  TANDEM_ON_CUDA(ctx, cuda::FromBf16(x, out, n, ctx.cuda->stream), "FromBf16");
+  cpu::FromBf16(x, out, n);
+}
+
 void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
                 const uint16_t* b, float* c, const float* bias) {
   TANDEM_ON_CUDA(ctx, cuda::MatmulBf16(ctx.cuda, shape, a, b, c, bias));

@@ -20,6 +20,8 @@ void Matmul(const LayerContext& ctx, const cpu::MatmulShape& shape, const float*
             float* c, const float* bias = nullptr);
 // out[i] = x[i] rounded to bfloat16 (cpu::ToBf16's rounding on every device).
 void ToBf16(const LayerContext& ctx, const float* x, uint16_t* out, int64_t n);
+// out[i] = x[i] widened from bfloat16 (exact), on every device.
+void FromBf16(const LayerContext& ctx, const uint16_t* x, float* out, int64_t n);
 // cpu::MatmulBf16's contract, on either device (cuBLAS's bf16 tensor-core GEMM
 // with fp32 accumulation on CUDA).
 void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,

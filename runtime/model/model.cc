@@ -377,6 +377,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(const ModelSpec& spec, const
 absl::StatusOr<std::unique_ptr<Model>> Model::FromLayers(std::vector<std::unique_ptr<Layer>> layers,
                                                          const DataInfo& data) {
   auto model = std::unique_ptr<Model>(new Model());
+  for (const auto& layer : layers) {
+    if (layer->compute_dtype() == DType::kBF16) model->compute_ = DType::kBF16;
+  }
   model->layers_ = std::move(layers);
   model->data_ = data;
   TANDEM_RETURN_IF_ERROR(model->Finish());
@@ -503,6 +506,19 @@ absl::StatusOr<ModelState> ModelState::Allocate(const Model& model, Allocator* a
                                                            MemoryCategory::kParameters));
   std::fill(state.grads(), state.grads() + model.parameter_elements(), 0.0f);
   return state;
+}
+
+LayerStateBytes StateBytesOf(int64_t elements, int optimizer_states, DType compute) {
+  LayerStateBytes b;
+  if (compute == DType::kBF16) {
+    b.parameters = b.gradients = 2 * elements;
+    b.optimizer_state = (4 * int64_t{optimizer_states} + 4) * elements;
+    b.staging = 8 * elements;
+  } else {
+    b.parameters = b.gradients = 4 * elements;
+    b.optimizer_state = 4 * int64_t{optimizer_states} * elements;
+  }
+  return b;
 }
 
 }  // namespace tandem

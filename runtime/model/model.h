@@ -68,6 +68,10 @@ class Model {
   // Activation bytes one forward keeps for backward: outputs and saved tensors.
   int64_t ActivationBytes(int64_t batch) const;
 
+  // The layers' matrix-product input type (kBF16 when Build was asked for it,
+  // or when FromLayers got a layer that computes in bf16).
+  DType compute_dtype() const { return compute_; }
+
   // Hex digest of the architecture (kinds, shapes, parameter layout); equal
   // models hash equal. Checkpoints and profiles are keyed by it.
   const std::string& fingerprint() const { return fingerprint_; }
@@ -93,8 +97,31 @@ class Model {
   DataInfo data_;
   std::vector<int64_t> param_offsets_, buffer_offsets_;
   int64_t parameter_count_ = 0;
+  DType compute_ = DType::kF32;
   std::string fingerprint_;
 };
+
+// A layer's state as the device that computes it holds it, for `elements`
+// parameters and `optimizer_states` fp32 elements of state per parameter, in a
+// job computing in `compute` (docs/planning.md, "Mixed precision"). The plans
+// (AnalyticProfile) and the executor's step program (ExecutorLayerSizes) both
+// count from here.
+//   fp32: weights 4 bytes, gradient 4, state 4k.
+//   bf16: a bf16 working copy of the weights (2) and a bf16 gradient (2), the
+//         fp32 master weights beside the fp32 state where the update runs
+//         (4k + 4), and, while the layer computes, its weights widened to fp32
+//         and an fp32 gradient to accumulate into (8, `staging`): the layers
+//         read and write fp32 state whatever they compute in.
+// A layer updated on the accelerator keeps its fp32 master as its weights and
+// an fp32 gradient instead (4 + 4 + 4k): the same total, so the plan's count
+// holds for it too.
+struct LayerStateBytes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  int64_t staging = 0;
+};
+LayerStateBytes StateBytesOf(int64_t elements, int optimizer_states, DType compute);
 
 // The host copy of a model's state: parameters, gradients and non-trainable
 // buffers, each one contiguous allocation. Optimizer moments belong to the

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/status_macros.h"
+#include "runtime/core/bf16.h"
 
 namespace tandem {
 
@@ -86,6 +87,19 @@ void Optimizer::UpdateSlice(const StepConstants& c, float* params, const float* 
   } else {
     optim::AdamUpdate(params, grads, states[0], states[1], n, c.adam);
   }
+}
+
+void Optimizer::UpdateSliceBf16(const StepConstants& c, float* params, const uint16_t* grads16,
+                                float* const* states, uint16_t* copy16, float* scratch, int64_t n) {
+  if (c.kind != tandem::v1::OPTIMIZER_KIND_SGD) {
+    optim::AdamUpdateBf16(params, grads16, states[0], states[1], copy16, n, c.adam);
+    return;
+  }
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) scratch[i] = Bf16ToFloat(grads16[i]);
+  UpdateSlice(c, params, scratch, states, n);
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) copy16[i] = FloatToBf16(params[i]);
 }
 
 void Optimizer::Step(float* params, const float* grads, float learning_rate, float grad_scale) {

@@ -61,6 +61,14 @@ class Optimizer {
   // step's constants; `states` has state_count() pointers at the same offset.
   static void UpdateSlice(const StepConstants& c, float* params, const float* grads,
                           float* const* states, int64_t n);
+  // UpdateSlice in mixed precision (docs/planning.md, "Mixed precision"): the
+  // fp32 master `params` and state stepped with the bf16 gradient `grads16`
+  // (widened exactly), and the updated weights rounded to bf16 into `copy16`,
+  // the working copy the accelerator reads. Adam and AdamW in one fused pass
+  // (optim::AdamUpdateBf16); SGD widens the gradient into `scratch` (n floats)
+  // first and rounds after.
+  static void UpdateSliceBf16(const StepConstants& c, float* params, const uint16_t* grads16,
+                              float* const* states, uint16_t* copy16, float* scratch, int64_t n);
   // BeginStep + UpdateSlice over everything.
   void Step(float* params, const float* grads, float learning_rate, float grad_scale);
 

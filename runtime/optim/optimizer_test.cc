@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/core/bf16.h"
 #include "runtime/core/random.h"
 
 namespace tandem {
@@ -96,6 +97,43 @@ TEST(AdamTest, VectorPathsMatchScalarOnOddLengths) {
     optim::AdamUpdate(p2.data() + i, g.data() + i, m2.data() + i, v2.data() + i, 1, step);
     EXPECT_NEAR(p1[i], p2[i], 1e-6) << i;
     EXPECT_NEAR(v1[i], v2[i], 1e-9) << i;
+  }
+}
+
+// Mixed precision: from a bf16 gradient, the master weights and state end as
+// the fp32 step's on the widened gradient, and the working copy is the
+// updated weights rounded, for Adam (fused) and SGD with momentum (widened
+// into the scratch).
+TEST(MixedPrecisionTest, UpdateSliceBf16IsTheFp32StepOnTheWidenedGradient) {
+  tandem::v1::OptimizerSpec sgd;
+  sgd.set_kind(tandem::v1::OPTIMIZER_KIND_SGD);
+  sgd.set_learning_rate(0.1f);
+  sgd.set_momentum(0.9f);
+  for (const tandem::v1::OptimizerSpec& spec : {Adam(1e-2f, 0.01f, true), sgd}) {
+    const int64_t n = 1001;
+    auto a = *Optimizer::Create(spec, n, DefaultHostAllocator());
+    auto b = *Optimizer::Create(spec, n, DefaultHostAllocator());
+    std::vector<float> p(n), q(n), g(n), scratch(n);
+    std::vector<uint16_t> g16(n), copy(n);
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = q[i] = std::sin(0.37 * i);
+      g16[i] = FloatToBf16(std::cos(0.11 * i) * 0.3f);
+      g[i] = Bf16ToFloat(g16[i]);
+    }
+    float* sa[2] = {a->state_count() > 0 ? a->state(0) : nullptr,
+                    a->state_count() > 1 ? a->state(1) : nullptr};
+    float* sb[2] = {b->state_count() > 0 ? b->state(0) : nullptr,
+                    b->state_count() > 1 ? b->state(1) : nullptr};
+    for (int step = 0; step < 3; ++step) {
+      Optimizer::UpdateSlice(a->BeginStep(0.1f, 0.5f), p.data(), g.data(), sa, n);
+      Optimizer::UpdateSliceBf16(b->BeginStep(0.1f, 0.5f), q.data(), g16.data(), sb, copy.data(),
+                                 scratch.data(), n);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(q[i], p[i]) << spec.kind() << " " << i;
+      ASSERT_EQ(copy[i], FloatToBf16(p[i])) << spec.kind() << " " << i;
+      for (int s = 0; s < a->state_count(); ++s) ASSERT_EQ(sb[s][i], sa[s][i]) << i;
+    }
   }
 }
 

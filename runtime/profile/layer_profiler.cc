@@ -325,6 +325,10 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
   profile.set_batch_size(static_cast<int32_t>(batch));
   for (int64_t d : model.data().sample_shape.dims()) profile.add_sample_shape(d);
   profile.set_optimizer_state_per_parameter(states);
+  // A bf16 model's state is counted as the executor holds it on an
+  // accelerator (StateBytesOf): bf16 working copies and gradients, fp32 master
+  // weights with the state; its tensors between layers stay fp32.
+  if (model.compute_dtype() == DType::kBF16) profile.set_precision(tandem::v1::PRECISION_BF16);
   profile.mutable_provenance()->set_source("analytic");
   for (int l = 0; l < model.num_layers(); ++l) {
     const Layer& layer = model.layer(l);
@@ -339,12 +343,12 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
     p->set_forward_memory_bytes(cost.forward_bytes);
     p->set_backward_memory_bytes(cost.backward_bytes);
     LayerMemory* m = p->mutable_analytic_memory();
-    const int64_t parameter_bytes = layer.ParamCount() * 4;
-    m->set_parameter_bytes(parameter_bytes);
-    m->set_gradient_bytes(parameter_bytes);
-    m->set_optimizer_state_bytes(parameter_bytes * states);
+    const LayerStateBytes state = StateBytesOf(layer.ParamCount(), states, model.compute_dtype());
+    m->set_parameter_bytes(state.parameters);
+    m->set_gradient_bytes(state.gradients);
+    m->set_optimizer_state_bytes(state.optimizer_state);
     m->set_activation_bytes(layer.OutputBytes(batch) + layer.SavedBytes(batch));
-    m->set_workspace_bytes(layer.WorkspaceBytes(batch));
+    m->set_workspace_bytes(layer.WorkspaceBytes(batch) + state.staging);
     m->set_output_bytes(layer.OutputBytes(batch));
     const Shape input = layer.input_shape().WithBatch(batch);
     const Shape output = layer.output_shape().WithBatch(batch);

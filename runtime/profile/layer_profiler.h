@@ -81,9 +81,11 @@ struct LayerProfilerOptions {
 // figures; provenance.source is "analytic". The planner plans from this and a
 // HardwareSpec.
 //
-// Analytic memory per layer: parameters and gradients ParamCount * 4 bytes,
-// optimizer state ParamCount * 4 * moments, activations OutputBytes +
-// SavedBytes, workspace WorkspaceBytes, output OutputBytes.
+// Analytic memory per layer: parameters, gradients and optimizer state as
+// StateBytesOf counts them in the model's compute type (fp32: ParamCount * 4,
+// * 4, * 4 * moments; a bf16 model: * 2, * 2, * (4 * moments + 4), and the
+// profile's precision PRECISION_BF16), activations OutputBytes + SavedBytes,
+// workspace WorkspaceBytes (plus StateBytesOf's staging), output OutputBytes.
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch);
 

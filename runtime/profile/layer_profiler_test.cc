@@ -100,6 +100,34 @@ TEST(AnalyticProfileTest, TakesEveryFigureFromTheLayers) {
   EXPECT_EQ(p.layers(p.layers_size() - 1).kind(), "cross_entropy");
 }
 
+// A bf16 model is counted as the executor holds it on an accelerator
+// (StateBytesOf): bf16 weights and gradients, fp32 master weights with the
+// state, and the fp32 staging of a call in the workspace; activations stay fp32.
+TEST(AnalyticProfileTest, Bf16ModelCountsWorkingCopiesAndMasterWeights) {
+  const Job job = Load(kSmallGpt);
+  absl::StatusOr<JobModel> bf16 = BuildJobModel(job.resolved, nullptr, DType::kBF16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const Model& model = *bf16->model;
+  const tandem::v1::Profile p = AnalyticProfile(model, job.resolved.optimizer(), 4);
+  const tandem::v1::Profile f = AnalyticProfile(*job.model.model, job.resolved.optimizer(), 4);
+  EXPECT_EQ(p.precision(), tandem::v1::PRECISION_BF16);
+  EXPECT_NE(f.precision(), tandem::v1::PRECISION_BF16);
+  for (int l = 0; l < model.num_layers(); ++l) {
+    const int64_t n = model.layer(l).ParamCount();
+    const tandem::v1::LayerMemory& m = p.layers(l).analytic_memory();
+    EXPECT_EQ(m.parameter_bytes(), 2 * n) << l;
+    EXPECT_EQ(m.gradient_bytes(), 2 * n) << l;
+    EXPECT_EQ(m.optimizer_state_bytes(), 12 * n) << l;  // AdamW's m and v, the master
+    EXPECT_EQ(m.workspace_bytes(), model.layer(l).WorkspaceBytes(4) + 8 * n) << l;
+    EXPECT_EQ(m.activation_bytes(), f.layers(l).analytic_memory().activation_bytes()) << l;
+    // Model state per parameter is 16 bytes either way.
+    const tandem::v1::LayerMemory& m32 = f.layers(l).analytic_memory();
+    EXPECT_EQ(m.parameter_bytes() + m.gradient_bytes() + m.optimizer_state_bytes(),
+              m32.parameter_bytes() + m32.gradient_bytes() + m32.optimizer_state_bytes())
+        << l;
+  }
+}
+
 TEST(AnalyticProfileTest, SgdWithoutMomentumHasNoOptimizerState) {
   Job job = Load(kSmallCnn);
   tandem::v1::OptimizerSpec sgd;

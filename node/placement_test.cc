@@ -452,10 +452,9 @@ TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
 // Planned for this node in bf16, a model is laid out as a bf16 job runs here:
 // fp32 tensors between layers, bf16 working copies of weights and gradients,
 // and in each layer's workspace its bf16 operand copies and the fp32 staging
-// of its weights and gradient. For this GPT the copies save more than the
-// staging adds, so its smallest plan needs less accelerator memory than in
-// fp32. Where this CPU has no native bf16 the request is refused as such a
-// job would be.
+// of its weights and gradient (8 bytes per parameter, whatever the
+// micro-batch). Where this CPU has no native bf16 the request is refused as
+// such a job would be.
 TEST(PlacementTest, PlanModelHereInBf16PlansTheLayoutABf16JobRuns) {
   tandem::v1::PlanModelRequest fp32;
   *fp32.mutable_spec() = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, int64_t{1} << 20);
@@ -478,7 +477,19 @@ TEST(PlacementTest, PlanModelHereInBf16PlansTheLayoutABf16JobRuns) {
       << b->precision_reason();
   EXPECT_NE(b->precision_reason().find("bf16 working copies"), std::string::npos)
       << b->precision_reason();
-  EXPECT_LT(b->plan().min_accelerator_memory_bytes(), a->plan().min_accelerator_memory_bytes());
+  ASSERT_EQ(b->plan().layers_size(), a->plan().layers_size());
+  int with_weights = 0;
+  for (int l = 0; l < a->plan().layers_size(); ++l) {
+    const tandem::v1::LayerMemory& m32 = a->plan().layers(l).accelerator_memory();
+    const tandem::v1::LayerMemory& m16 = b->plan().layers(l).accelerator_memory();
+    if (m32.parameter_bytes() == 0) continue;
+    ++with_weights;
+    EXPECT_EQ(2 * m16.parameter_bytes(), m32.parameter_bytes()) << l;
+    EXPECT_EQ(2 * m16.gradient_bytes(), m32.gradient_bytes()) << l;
+    EXPECT_GE(m16.workspace_bytes(), m32.workspace_bytes() + 2 * m32.parameter_bytes()) << l;
+    EXPECT_EQ(m16.activation_bytes(), m32.activation_bytes()) << l;
+  }
+  EXPECT_GT(with_weights, 0);
 }
 
 }  // namespace

@@ -66,6 +66,7 @@ absl::Status ValidateLayers(const Profile& profile) {
         {"activation_bytes", m.activation_bytes()},
         {"workspace_bytes", m.workspace_bytes()},
         {"output_bytes", m.output_bytes()},
+        {"staging_bytes", m.staging_bytes()},
     };
     for (const auto& [name, value] : bytes) {
       if (value < 0) return Invalid(absl::StrCat(f, ".analytic_memory.", name), "must be >= 0");
@@ -432,7 +433,7 @@ int64_t CostModel::ActivationBytes(int layer, int samples) const {
 }
 
 int64_t CostModel::WorkspaceBytes(int layer, int samples) const {
-  return ScaledBytes(layers_[layer].workspace_bytes, samples);
+  return ScaledBytes(layers_[layer].workspace_bytes, samples) + layers_[layer].staging_bytes;
 }
 
 int64_t CostModel::OutputBytes(int layer, int samples) const {
@@ -498,6 +499,7 @@ CostModel::LayerCosts CostModel::AnalyticLayer(const LayerProfile& layer) {
   c.optimizer_state_bytes = m.optimizer_state_bytes();
   c.activation_bytes = m.activation_bytes();
   c.workspace_bytes = m.workspace_bytes();
+  c.staging_bytes = m.staging_bytes();
   c.output_bytes = m.output_bytes();
   return c;
 }

@@ -25,7 +25,8 @@
 // where o is the fixed per-call overhead (the processor's launch overhead, or
 // for measured timings min(default overhead, t(B))): the work scales linearly in
 // samples, the call does not. Activation, workspace and output bytes scale
-// linearly in s (rounded down); parameter, gradient and optimizer bytes do not.
+// linearly in s (rounded down); parameter, gradient, optimizer and staging
+// bytes do not (WorkspaceBytes adds a layer's staging to its scaled workspace).
 //
 // Optimizer step. The step of one layer touches 2 * parameter_bytes (read and
 // write the weights) + gradient_bytes (read) + 2 * optimizer_state_bytes (read
@@ -145,6 +146,7 @@ class CostModel {
     int64_t optimizer_state_bytes = 0;
     int64_t activation_bytes = 0;
     int64_t workspace_bytes = 0;
+    int64_t staging_bytes = 0;
     int64_t output_bytes = 0;
   };
   struct Link {

@@ -94,6 +94,11 @@ TEST(CostModelTest, Bf16UsesTheBf16RateAndMovesHalfTheBytes) {
   EXPECT_NEAR(cost->UpdateSeconds(0, PLACEMENT_HOST, 10), 1e-6 + 28 * params / 50e9, 1e-12);
   EXPECT_EQ(cost->ModelStateBytes(), static_cast<int64_t>(16 * params));
   EXPECT_EQ(cost->ActivationBytes(0, 50), 2 * 50 * 1000);
+  // A call's staging (weights widened, the fp32 gradient) is 8 bytes per
+  // parameter at any number of samples; the workspace scales.
+  const int64_t workspace = bf16->layers(0).analytic_memory().workspace_bytes();
+  EXPECT_EQ(cost->WorkspaceBytes(0, 100), workspace + static_cast<int64_t>(8 * params));
+  EXPECT_EQ(cost->WorkspaceBytes(0, 50), workspace / 2 + static_cast<int64_t>(8 * params));
 
   // Compute-bound (a slow vector unit): Adam's mixed step is 2 + 5 * 2 FLOPs
   // per parameter on its two fp32 state elements, plus 1 to write the copy;

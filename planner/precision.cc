@@ -27,6 +27,9 @@ void HalveLayer(LayerProfile* layer) {
   if (trained) m->set_optimizer_state_bytes(m->optimizer_state_bytes() + 4 * params);
   m->set_parameter_bytes(2 * params);
   m->set_gradient_bytes(trained ? 2 * params : 0);
+  // The runtime widens a call's weights to fp32 and accumulates its gradient
+  // in fp32 (runtime/model/model.h, StateBytesOf).
+  m->set_staging_bytes(trained ? 8 * params : 0);
   // An embedding's too: in the analytic profile it is the embedding's output;
   // the token indices beside it are a few bytes per sample.
   m->set_activation_bytes(m->activation_bytes() / 2);

@@ -31,7 +31,9 @@ int64_t ParameterCount(const tandem::v1::LayerProfile& layer, tandem::v1::Precis
 // `fp32` (an analytic profile in fp32: precision AUTO or FP32) re-counted for
 // `precision`. Per layer of P parameters: parameter_bytes 2P, gradient_bytes
 // 2P, optimizer_state_bytes the fp32 state plus 4P of master weights (none
-// for a layer without a gradient: it has no update); activation, workspace and
+// for a layer without a gradient: it has no update), staging_bytes 8P (the
+// runtime's fp32 widening of a call's weights and gradient; 0 without a
+// gradient); activation, workspace and
 // output bytes and the forward/backward memory traffic halved, except the loss
 // layer's, which stays fp32 (softmax and loss). FLOPs are unchanged. FP32 or AUTO returns the
 // profile marked FP32; a profile already in `precision` comes back as it is. One in another 16-bit

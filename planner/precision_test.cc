@@ -42,6 +42,7 @@ TEST(PrecisionTest, Bf16HalvesWhatIs16BitAndKeepsMasterWeightsWithTheState) {
     EXPECT_EQ(m16.optimizer_state_bytes(), 8 * p + 4 * p);
     EXPECT_EQ(m16.output_bytes(), m32.output_bytes() / 2);
     EXPECT_EQ(m16.workspace_bytes(), m32.workspace_bytes() / 2);
+    EXPECT_EQ(m16.staging_bytes(), 8 * p);
     EXPECT_EQ(b.forward_memory_bytes(), a.forward_memory_bytes() / 2);
     EXPECT_EQ(m16.activation_bytes(), m32.activation_bytes() / 2);
   }
@@ -57,6 +58,7 @@ TEST(PrecisionTest, AFrozenLayerGetsNoMasterWeights) {
   EXPECT_EQ(m.parameter_bytes(), 2 * fp32.layers(0).parameter_count());
   EXPECT_EQ(m.gradient_bytes(), 0);
   EXPECT_EQ(m.optimizer_state_bytes(), 0);
+  EXPECT_EQ(m.staging_bytes(), 0);
 }
 
 TEST(PrecisionTest, Fp32AndAutoMarkTheProfileAndChangeNothingElse) {

@@ -199,5 +199,22 @@ TEST_P(ToBf16IsaTest, RoundsAsTheScalarConversionOnEveryLengthAndTail) {
 INSTANTIATE_TEST_SUITE_P(EveryIsa, ToBf16IsaTest, ::testing::ValuesIn(isa_testing::AllCpuIsas()),
                          isa_testing::IsaName);
 
+// Widening is exact: every one of the 65,536 bf16 values widens to its fp32
+// value (the high half), and rounds back to itself (a NaN to a quiet NaN).
+TEST(FromBf16Test, WidensEveryValueExactly) {
+  std::vector<uint16_t> all(65536), back(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> wide(65536);
+  FromBf16(all.data(), wide.data(), 65536);
+  ToBf16(wide.data(), back.data(), 65536);
+  for (int i = 0; i < 65536; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &wide[i], 4);
+    ASSERT_EQ(bits, static_cast<uint32_t>(i) << 16) << i;
+    const bool nan = (i & 0x7fff) > 0x7f80;
+    ASSERT_EQ(back[i], nan ? (i | 0x40) : i) << i;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::cpu

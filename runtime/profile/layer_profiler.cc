@@ -348,7 +348,8 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
     m->set_gradient_bytes(state.gradients);
     m->set_optimizer_state_bytes(state.optimizer_state);
     m->set_activation_bytes(layer.OutputBytes(batch) + layer.SavedBytes(batch));
-    m->set_workspace_bytes(layer.WorkspaceBytes(batch) + state.staging);
+    m->set_workspace_bytes(layer.WorkspaceBytes(batch));
+    m->set_staging_bytes(state.staging);
     m->set_output_bytes(layer.OutputBytes(batch));
     const Shape input = layer.input_shape().WithBatch(batch);
     const Shape output = layer.output_shape().WithBatch(batch);

@@ -85,7 +85,7 @@ struct LayerProfilerOptions {
 // StateBytesOf counts them in the model's compute type (fp32: ParamCount * 4,
 // * 4, * 4 * moments; a bf16 model: * 2, * 2, * (4 * moments + 4), and the
 // profile's precision PRECISION_BF16), activations OutputBytes + SavedBytes,
-// workspace WorkspaceBytes (plus StateBytesOf's staging), output OutputBytes.
+// workspace WorkspaceBytes, staging StateBytesOf's, output OutputBytes.
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch);
 

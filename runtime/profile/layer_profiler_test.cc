@@ -118,7 +118,8 @@ TEST(AnalyticProfileTest, Bf16ModelCountsWorkingCopiesAndMasterWeights) {
     EXPECT_EQ(m.parameter_bytes(), 2 * n) << l;
     EXPECT_EQ(m.gradient_bytes(), 2 * n) << l;
     EXPECT_EQ(m.optimizer_state_bytes(), 12 * n) << l;  // AdamW's m and v, the master
-    EXPECT_EQ(m.workspace_bytes(), model.layer(l).WorkspaceBytes(4) + 8 * n) << l;
+    EXPECT_EQ(m.workspace_bytes(), model.layer(l).WorkspaceBytes(4)) << l;
+    EXPECT_EQ(m.staging_bytes(), 8 * n) << l;
     EXPECT_EQ(m.activation_bytes(), f.layers(l).analytic_memory().activation_bytes()) << l;
     // Model state per parameter is 16 bytes either way.
     const tandem::v1::LayerMemory& m32 = f.layers(l).analytic_memory();

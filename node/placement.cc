@@ -130,15 +130,17 @@ absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& re
 }
 
 // The host as the planner sees it, from its GEMM rate (matrix and vector
-// work alike) and triad bandwidth.
+// work alike), its bf16 GEMM rate (0: none measured; bf16 products are timed
+// at the fp32 rate) and triad bandwidth.
 ProcessorSpec HostSpec(int threads, int64_t memory_bytes, double gemm_flops_per_second,
-                       double bandwidth_bytes_per_second) {
+                       double bf16_gemm_flops_per_second, double bandwidth_bytes_per_second) {
   ProcessorSpec s;
   s.set_kind(tandem::v1::DEVICE_KIND_CPU);
   s.set_threads(threads);
   s.set_memory_bytes(memory_bytes);
   s.set_launch_overhead_seconds(1e-6);
   s.set_peak_matmul_flops_per_second(gemm_flops_per_second);
+  s.set_peak_bf16_matmul_flops_per_second(bf16_gemm_flops_per_second);
   s.set_peak_vector_flops_per_second(gemm_flops_per_second);
   s.set_memory_bandwidth_bytes_per_second(bandwidth_bytes_per_second);
   return s;
@@ -158,14 +160,17 @@ ProcessorSpec MeasureHostProcessor() {
     triad.repeats = 3;
     absl::StatusOr<double> flops = profile::MeasureGemmFlopsPerSecond(gemm);
     absl::StatusOr<double> bandwidth = profile::MeasureTriadBytesPerSecond(triad);
+    absl::StatusOr<double> bf16 = profile::MeasureNativeBf16GemmFlopsPerSecond(gemm);
     // A measurement failure (no memory for the buffers) is not fatal: a plan
     // from conservative figures still runs correctly, only less well placed.
     const double f = flops.ok() ? *flops : 20e9 * threads;
     const double b = bandwidth.ok() ? *bandwidth : 10e9;
-    spec = new ProcessorSpec(HostSpec(threads, PhysicalMemoryBytes(), f, b));
+    const double h = bf16.ok() ? *bf16 : 0;
+    spec = new ProcessorSpec(HostSpec(threads, PhysicalMemoryBytes(), f, h, b));
     spec->set_name(absl::StrFormat(
-        "host, %d threads (measured: GEMM %.0f GFLOP/s, triad %.1f GB/s%s)", threads, f / 1e9,
-        b / 1e9, flops.ok() && bandwidth.ok() ? "" : "; estimated after a failure"));
+        "host, %d threads (measured: GEMM %.0f GFLOP/s%s, triad %.1f GB/s%s)", threads, f / 1e9,
+        h > 0 ? absl::StrFormat(", bf16 GEMM %.0f GFLOP/s", h / 1e9) : "", b / 1e9,
+        flops.ok() && bandwidth.ok() && bf16.ok() ? "" : "; estimated after a failure"));
   });
   return *spec;
 }
@@ -198,7 +203,7 @@ NodeOffer NodeOfferFromProfile(const tandem::v1::NodeProfile& profile, int64_t f
   }
   ProcessorSpec& s = node.host;
   s = HostSpec(cpu->threads(), cpu->memory_bytes(), cpu->gemm_flops_per_second(),
-               cpu->memory_bandwidth_bytes_per_second());
+               cpu->bf16_gemm_flops_per_second(), cpu->memory_bandwidth_bytes_per_second());
   constexpr double kAdamBytesPerParameter = 28;  // p, g, m, v read; p, m, v written
   if (profile.host_adam_parameters_per_second() > 0) {
     (*s.mutable_efficiency())["optimizer"] =
@@ -207,9 +212,12 @@ NodeOffer NodeOfferFromProfile(const tandem::v1::NodeProfile& profile, int64_t f
                    0.01, 1.0);
   }
   s.set_name(absl::StrFormat(
-      "host, %d threads (node profile: GEMM %.0f GFLOP/s, triad %.1f GB/s, Adam %.0f M "
+      "host, %d threads (node profile: GEMM %.0f GFLOP/s%s, triad %.1f GB/s, Adam %.0f M "
       "parameters/s)",
       s.threads(), cpu->gemm_flops_per_second() / 1e9,
+      cpu->bf16_gemm_flops_per_second() > 0
+          ? absl::StrFormat(", bf16 GEMM %.0f GFLOP/s", cpu->bf16_gemm_flops_per_second() / 1e9)
+          : "",
       cpu->memory_bandwidth_bytes_per_second() / 1e9,
       profile.host_adam_parameters_per_second() / 1e6));
   return node;
@@ -718,8 +726,9 @@ absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest
                         ". Planned as it runs here: tensors between layers in fp32; weights "
                         "and gradients on the accelerator and across the link as bf16 working "
                         "copies, fp32 master weights with the optimizer state; each layer's "
-                        "bf16 operand copies and fp32 staging in its workspace; timed at fp32 "
-                        "rates unless a bf16 layer profile was measured here");
+                        "bf16 operand copies and fp32 staging in its workspace; its products "
+                        "timed at the node's measured bf16 GEMM rate (the fp32 rate where none "
+                        "was measured), or from a bf16 layer profile measured here");
       }
       return choice;
     }

@@ -371,6 +371,7 @@ TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
   cpu->set_threads(2);
   cpu->set_memory_bytes(int64_t{24} << 30);
   cpu->set_gemm_flops_per_second(200e9);
+  cpu->set_bf16_gemm_flops_per_second(450e9);
   cpu->set_memory_bandwidth_bytes_per_second(28e9);
   profile.set_host_memcpy_bytes_per_second(7e9);
   profile.set_host_adam_parameters_per_second(0.5e9);  // 14 GB/s of Adam traffic
@@ -391,6 +392,10 @@ TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
   const cuda::CudaDeviceInfo h100{0, "NVIDIA H100 80GB HBM3", int64_t{80} << 30, 132, 9, 0};
   const NodeOffer node = NodeOfferFromProfile(profile, 0, {h100});
   EXPECT_EQ(node.host.peak_matmul_flops_per_second(), 200e9);
+  // bf16 products (a bf16 job's, planner/precision.h MatmulPeak) at the
+  // measured bf16 rate, also on the emulated accelerator made of the host.
+  EXPECT_EQ(node.host.peak_bf16_matmul_flops_per_second(), 450e9);
+  EXPECT_NE(node.host.name().find("bf16 GEMM 450 GFLOP/s"), std::string::npos) << node.host.name();
   EXPECT_EQ(node.host.memory_bandwidth_bytes_per_second(), 28e9);
   EXPECT_DOUBLE_EQ(node.host.efficiency().at("optimizer"), 0.5);
 
@@ -398,6 +403,7 @@ TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
   absl::StatusOr<tandem::v1::HardwareSpec> hw = NodeHardware(emulated, node, 64 << 20);
   ASSERT_TRUE(hw.ok()) << hw.status();
   EXPECT_EQ(hw->host_to_accelerator().bandwidth_bytes_per_second(), 7e9);
+  EXPECT_EQ(hw->accelerators(0).peak_bf16_matmul_flops_per_second(), 450e9);
 
   JobSpec on_gpu = emulated;
   on_gpu.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_CUDA);

@@ -138,7 +138,9 @@ absl::Status CpuProfiledDevice::CollectLayer(int layer, tandem::v1::LayerDeviceP
 absl::Status CpuProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
   TANDEM_ASSIGN_OR_RETURN(const double gemm, MeasureGemmFlopsPerSecond(options_.gemm));
   TANDEM_ASSIGN_OR_RETURN(const double triad, MeasureTriadBytesPerSecond(options_.triad));
+  TANDEM_ASSIGN_OR_RETURN(const double bf16, MeasureNativeBf16GemmFlopsPerSecond(options_.gemm));
   out->set_gemm_flops_per_second(gemm);
+  out->set_bf16_gemm_flops_per_second(bf16);
   out->set_memory_bandwidth_bytes_per_second(triad);
   return absl::OkStatus();
 }

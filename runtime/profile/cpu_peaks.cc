@@ -7,7 +7,10 @@
 #include "runtime/core/allocator.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/random.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/matmul.h"
+#include "runtime/cpu/onednn.h"
+#include "spec/precision.h"
 
 namespace tandem::profile {
 namespace {
@@ -74,6 +77,38 @@ absl::StatusOr<double> MeasureGemmFlopsPerSecond(const GemmOptions& options) {
   const double seconds =
       BestSeconds(options.repeats, [&] { cpu::Matmul(shape, a.f32(), b.f32(), c.f32()); });
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds;
+}
+
+absl::StatusOr<double> MeasureBf16GemmFlopsPerSecond(const GemmOptions& options) {
+  const int64_t n = options.size;
+  if (n <= 0) return absl::InvalidArgumentError("gemm: size must be > 0");
+  HostAllocator allocator;
+  TANDEM_ASSIGN_OR_RETURN(Buffer a32,
+                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(Buffer b32,
+                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(Buffer a,
+                          Buffer::Allocate(&allocator, n * n * 2, MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(Buffer b,
+                          Buffer::Allocate(&allocator, n * n * 2, MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(Buffer c,
+                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
+  FillUniform(a32.f32(), n * n, -1.0f, 1.0f, 1, 1);
+  FillUniform(b32.f32(), n * n, -1.0f, 1.0f, 1, 2);
+  cpu::MatmulShape shape;
+  shape.m = shape.n = shape.k = n;
+  // As the layers run it: both fp32 operands rounded to bf16, then multiplied.
+  const double seconds = BestSeconds(options.repeats, [&] {
+    cpu::ToBf16(a32.f32(), a.bf16(), n * n);
+    cpu::ToBf16(b32.f32(), b.bf16(), n * n);
+    cpu::MatmulBf16(shape, a.bf16(), b.bf16(), c.f32());
+  });
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds;
+}
+
+absl::StatusOr<double> MeasureNativeBf16GemmFlopsPerSecond(const GemmOptions& options) {
+  if (!NativeBf16Isa(cpu::OneDnnIsa())) return 0.0;
+  return MeasureBf16GemmFlopsPerSecond(options);
 }
 
 }  // namespace tandem::profile

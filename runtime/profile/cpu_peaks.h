@@ -33,6 +33,14 @@ struct GemmOptions {
 
 // 2 * m * n * k / seconds of oneDNN's fp32 matmul, in FLOP/s.
 absl::StatusOr<double> MeasureGemmFlopsPerSecond(const GemmOptions& options = {});
+// The same for the bf16 products of a mixed-precision job as its layers run
+// them: both fp32 operands rounded to bf16 (cpu::ToBf16), then multiplied
+// with fp32 accumulation and output (cpu::MatmulBf16), in FLOP/s. On a CPU
+// without native bf16 oneDNN emulates it and this measures the emulation.
+absl::StatusOr<double> MeasureBf16GemmFlopsPerSecond(const GemmOptions& options = {});
+// MeasureBf16GemmFlopsPerSecond where oneDNN computes bf16 natively (AMX or
+// AVX512-BF16, spec/precision.h NativeBf16Isa), else 0: no bf16 rate.
+absl::StatusOr<double> MeasureNativeBf16GemmFlopsPerSecond(const GemmOptions& options = {});
 
 }  // namespace tandem::profile
 

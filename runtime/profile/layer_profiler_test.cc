@@ -12,13 +12,16 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/cpu/onednn.h"
 #include "runtime/exec/profiled_iteration.h"
 #include "runtime/layers/layer.h"
 #include "runtime/layers/loss.h"
 #include "runtime/model/model.h"
 #include "runtime/profile/cpu_device.h"
+#include "runtime/profile/cpu_peaks.h"
 #include "runtime/profile/testing/fakes.h"
 #include "runtime/train/job_model.h"
+#include "spec/precision.h"
 
 namespace tandem::profile {
 namespace {
@@ -127,6 +130,27 @@ TEST(AnalyticProfileTest, Bf16ModelCountsWorkingCopiesAndMasterWeights) {
               m32.parameter_bytes() + m32.gradient_bytes() + m32.optimizer_state_bytes())
         << l;
   }
+}
+
+// The bf16 GEMM rate the planner times a bf16 job's products at: measured
+// where oneDNN computes bf16 natively, 0 (none) where it would emulate it.
+TEST(CpuPeaksTest, Bf16GemmRateIsMeasuredWhereBf16IsNative) {
+  GemmOptions gemm;
+  gemm.size = 256;
+  gemm.repeats = 2;
+  absl::StatusOr<double> any = MeasureBf16GemmFlopsPerSecond(gemm);
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_GT(*any, 0);
+  absl::StatusOr<double> native = MeasureNativeBf16GemmFlopsPerSecond(gemm);
+  ASSERT_TRUE(native.ok()) << native.status();
+  if (NativeBf16Isa(cpu::OneDnnIsa())) {
+    EXPECT_GT(*native, 0) << cpu::OneDnnIsa();
+  } else {
+    EXPECT_EQ(*native, 0) << cpu::OneDnnIsa();
+  }
+  gemm.size = 0;
+  EXPECT_EQ(MeasureBf16GemmFlopsPerSecond(gemm).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AnalyticProfileTest, SgdWithoutMomentumHasNoOptimizerState) {

@@ -143,6 +143,10 @@ void AppendDeviceSummary(const tandem::v1::DeviceProfile& device, std::string* o
                   device.gemm_flops_per_second() > 0
                       ? absl::StrFormat("%.1f GFLOP/s", device.gemm_flops_per_second() / 1e9)
                       : "-"});
+  if (device.bf16_gemm_flops_per_second() > 0) {
+    rows.push_back({"GEMM (bf16, fp32 accumulation)",
+                    absl::StrFormat("%.1f GFLOP/s", device.bf16_gemm_flops_per_second() / 1e9)});
+  }
   rows.push_back(
       {gpu ? "memory bandwidth (device copy)" : "memory bandwidth (triad)",
        device.memory_bandwidth_bytes_per_second() > 0

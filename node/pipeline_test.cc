@@ -56,6 +56,7 @@ data: {synthetic: {sample_shape: [1, 28, 28], num_classes: 10, train_samples: 25
 optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
 training: {batch_size: 16, seed: 5, checkpoint_disabled: true}
 placement: {accelerator: ACCELERATOR_KIND_EMULATED}
+precision: PRECISION_FP32  # pipelines run fp32; the one-device reference too
 )");
   spec.mutable_training()->set_steps(steps);
   spec.mutable_training()->set_eval_interval_steps(steps);

@@ -586,8 +586,10 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
       }
     }
   } else {
-    request.profile =
-        profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
+    // The pipeline runner keeps fp32 weights and gradients on every stage
+    // (no working copies), whatever its layers compute in.
+    request.profile = profile::AnalyticProfile(model, resolved.optimizer(),
+                                               resolved.training().batch_size(), DType::kF32);
     TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
   }
   request.batch_size = resolved.training().batch_size();

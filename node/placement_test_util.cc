@@ -30,8 +30,11 @@ JobSpec Spec(const std::string& yaml) {
 namespace {
 
 // `steps` steps with one evaluation at the end, under `strategy` with an
-// accelerator of `capacity` bytes.
+// accelerator of `capacity` bytes, in fp32 (what these tests size and
+// predict; auto would be bf16 on a CPU that computes it natively, and bf16
+// plans have tests of their own).
 JobSpec Planned(JobSpec spec, Strategy strategy, int64_t capacity, int steps) {
+  spec.set_precision(tandem::v1::PRECISION_FP32);
   spec.mutable_training()->set_steps(steps);
   spec.mutable_training()->set_eval_interval_steps(steps);
   spec.mutable_placement()->set_strategy(strategy);

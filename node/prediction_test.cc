@@ -93,6 +93,9 @@ void PredictionsWithinTheBand(const char* model, JobSpec (*make)(), double tight
     const std::string name = absl::StrCat(model, " ", tandem::v1::Strategy_Name(c.strategy), " at ",
                                           c.state_fraction, " of the state");
     SCOPED_TRACE(name);
+    // fp32, whatever auto would choose here: bf16 plans are predicted from a
+    // GEMM rate their layers do not reach (docs/planning.md, "Mixed precision").
+    spec.set_precision(tandem::v1::PRECISION_FP32);
     spec.mutable_training()->set_steps(kSteps);
     spec.mutable_training()->set_eval_interval_steps(kSteps);
     spec.mutable_placement()->set_strategy(c.strategy);

@@ -242,6 +242,14 @@ TEST(JobSpecTest, PipelinesGetTheirDefaults) {
       "{accelerator: ACCELERATOR_KIND_EMULATED, micro_batch_size: 2, pipeline: {stages: 3}}");
   ASSERT_TRUE(mb.ok()) << mb.status();
   EXPECT_EQ(mb->placement().pipeline().micro_batches(), 2);
+  // Pipelines run fp32: auto resolves to it, bf16 is refused naming the field.
+  EXPECT_EQ(mb->precision(), tandem::v1::PRECISION_FP32);
+  absl::StatusOr<tandem::v1::JobSpec> bf16 =
+      ResolveWithPlacement("{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {stages: 2}}",
+                           "precision: PRECISION_BF16\n");
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("precision: a pipeline"), std::string::npos)
+      << bf16.status();
   // One stage is no pipeline: the spec resolves as it always did.
   absl::StatusOr<tandem::v1::JobSpec> one = ResolveWithPlacement("{pipeline: {stages: 1}}");
   ASSERT_TRUE(one.ok()) << one.status();

@@ -67,15 +67,22 @@ absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const Local
                                                     const std::string& field) {
   switch (asked) {
     case tandem::v1::PRECISION_AUTO: {
-      // Not bf16 yet even where it would run: tests and plans across the tree
-      // still take the default to mean fp32 (see docs/planning.md).
+      // bf16 where everything that may compute computes it natively: a GPU
+      // whose host may also multiply (hetero_dp, cpu_only) needs both.
       const absl::StatusOr<std::string> bf16 = Bf16Here(here);
+      if (bf16.ok() && NativeBf16Isa(here.onednn_isa)) {
+        return PrecisionChoice{tandem::v1::PRECISION_BF16,
+                               absl::StrCat("the default (auto): bf16, computed natively here: ",
+                                            *bf16, ". Ask for PRECISION_FP32 for fp32")};
+      }
       return PrecisionChoice{
           tandem::v1::PRECISION_FP32,
-          absl::StrCat("the default (auto): fp32; auto does not choose bf16 yet. ",
-                       bf16.ok() ? absl::StrCat("PRECISION_BF16 would run here: ", *bf16)
-                                 : absl::StrCat("PRECISION_BF16 would be refused here: ",
-                                                bf16.status().message()))};
+          absl::StrCat(
+              "the default (auto): fp32, as bf16 is not native here: ",
+              bf16.ok()
+                  ? absl::StrCat("PRECISION_BF16 would run (", *bf16, "), but oneDNN runs ",
+                                 here.onednn_isa, " on the host, without bf16 products")
+                  : absl::StrCat("PRECISION_BF16 would be refused: ", bf16.status().message()))};
     }
     case tandem::v1::PRECISION_FP32:
       return PrecisionChoice{tandem::v1::PRECISION_FP32, "asked for"};

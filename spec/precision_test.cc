@@ -15,23 +15,39 @@ using tandem::v1::ACCELERATOR_KIND_CUDA;
 using tandem::v1::ACCELERATOR_KIND_EMULATED;
 using tandem::v1::ACCELERATOR_KIND_NONE;
 
-TEST(PrecisionTest, HereAutoIsFp32AndSaysWhetherBf16WouldRun) {
+TEST(PrecisionTest, HereAutoIsBf16WhereNativeElseFp32WithTheReason) {
   const LocalCompute native{.accelerator = ACCELERATOR_KIND_NONE, .onednn_isa = "avx512_core_amx"};
   absl::StatusOr<PrecisionChoice> automatic =
       ChoosePrecisionHere(PRECISION_AUTO, native, "precision");
   ASSERT_TRUE(automatic.ok());
-  EXPECT_EQ(automatic->precision, PRECISION_FP32);
-  EXPECT_NE(automatic->reason.find("auto does not choose bf16 yet. PRECISION_BF16 would run here: "
+  EXPECT_EQ(automatic->precision, PRECISION_BF16);
+  EXPECT_NE(automatic->reason.find("the default (auto): bf16, computed natively here: "
                                    "matrix products in bf16 with fp32 accumulation on oneDNN "
                                    "avx512_core_amx"),
             std::string::npos)
       << automatic->reason;
+  const LocalCompute emulated{.accelerator = ACCELERATOR_KIND_EMULATED,
+                              .onednn_isa = "avx512_core_bf16"};
+  EXPECT_EQ(ChoosePrecisionHere(PRECISION_AUTO, emulated, "p")->precision, PRECISION_BF16);
+  const LocalCompute hopper{.accelerator = ACCELERATOR_KIND_CUDA,
+                            .onednn_isa = "avx512_core_amx",
+                            .cuda_capability = 90,
+                            .cuda_name = "NVIDIA H100"};
+  EXPECT_EQ(ChoosePrecisionHere(PRECISION_AUTO, hopper, "p")->precision, PRECISION_BF16);
+  // A Hopper GPU on a host that would emulate bf16 products: fp32.
+  LocalCompute plain_host = hopper;
+  plain_host.onednn_isa = "avx512_core";
+  absl::StatusOr<PrecisionChoice> mixed_host = ChoosePrecisionHere(PRECISION_AUTO, plain_host, "p");
+  ASSERT_TRUE(mixed_host.ok());
+  EXPECT_EQ(mixed_host->precision, PRECISION_FP32);
+  EXPECT_NE(mixed_host->reason.find("oneDNN runs avx512_core on the host"), std::string::npos)
+      << mixed_host->reason;
 
   absl::StatusOr<PrecisionChoice> plain =
       ChoosePrecisionHere(PRECISION_AUTO, {.onednn_isa = "avx2"}, "precision");
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->precision, PRECISION_FP32);
-  EXPECT_NE(plain->reason.find("PRECISION_BF16 would be refused here: bf16 needs a CPU"),
+  EXPECT_NE(plain->reason.find("PRECISION_BF16 would be refused: bf16 needs a CPU"),
             std::string::npos)
       << plain->reason;
   EXPECT_NE(plain->reason.find("oneDNN runs avx2"), std::string::npos) << plain->reason;

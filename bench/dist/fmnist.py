@@ -46,6 +46,8 @@ def job_file(workdir, epochs, replicas, sharding, strategy=None):
     job = re.sub(r"epochs: \d+", "epochs: %d" % epochs, job)
     job = re.sub(r"checkpoint_interval_steps: \d+", "checkpoint_disabled: true", job)
     job = job.replace("  seed: 1\n", "  seed: 1\n  threads: 1\n")
+    # fp32 as in earlier runs: auto would be bf16 on a CPU that computes it natively.
+    job += "precision: PRECISION_FP32\n"
     if strategy:
         job += ("placement:\n  accelerator: ACCELERATOR_KIND_EMULATED\n  strategy: STRATEGY_%s\n"
                 "resources:\n  accelerator_memory_bytes: 268435456\n" % strategy.upper())

@@ -21,6 +21,8 @@ def tandem_curve(tandem, model, epochs):
     example = open(os.path.join(REPO, "clients", "examples", "fmnist-%s.yaml" % model)).read()
     job = re.sub(r"epochs: \d+", "epochs: %d" % epochs, example)
     job = re.sub(r"checkpoint_interval_steps: \d+", "checkpoint_disabled: true", job)
+    # fp32 like its peer: auto would be bf16 on a CPU that computes it natively.
+    job += "\nprecision: PRECISION_FP32\n"
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(job)
     result = subprocess.run([tandem, "--output=json", "train", f.name], capture_output=True,

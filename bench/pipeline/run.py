@@ -61,6 +61,7 @@ def job_file(model, steps, stages, schedule, threads):
     else:
         job += "  strategy: STRATEGY_GPU_ONLY\n  micro_batch_size: %d\n" % (batch // micro_batches)
     job += "resources:\n  accelerator_memory_bytes: %d\n" % (memory if stages > 1 else 4 * memory)
+    job += "precision: PRECISION_FP32\n"  # pipelines run fp32; one device too
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     f.write(job)
     f.close()

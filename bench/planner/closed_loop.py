@@ -58,6 +58,9 @@ def spec_of(name, steps):
         training.pop(key, None)
     training.update(steps=steps, log_interval_steps=1, checkpoint_disabled=True)
     spec.setdefault("resources", {}).pop("accelerator_memory_bytes", None)
+    # fp32, as in earlier runs: auto would be bf16 on a CPU that computes it
+    # natively, whose plans are predicted from a rate its layers do not reach.
+    spec["precision"] = "PRECISION_FP32"
     return spec
 
 

@@ -52,6 +52,8 @@ def job_file(model, epochs, updates, eval_every, threads):
     job = re.sub(r"eval_interval_steps: \d+.*", "eval_interval_steps: %d" % eval_every, job)
     job = job.replace("  seed: 1\n", "  seed: 1\n  threads: %d\n" % threads)
     job += "updates: %s\n" % updates
+    # fp32 for every rule (Hogwild and the parameter server compute in fp32).
+    job += "precision: PRECISION_FP32\n"
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     f.write(job)
     f.close()

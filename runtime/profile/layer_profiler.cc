@@ -319,6 +319,11 @@ class LayerRun {
 
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch) {
+  return AnalyticProfile(model, optimizer, batch, model.compute_dtype());
+}
+
+tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+                                    int64_t batch, DType state_type) {
   tandem::v1::Profile profile;
   const int states = StateCount(optimizer);
   profile.set_model_fingerprint(model.fingerprint());
@@ -328,7 +333,7 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
   // A bf16 model's state is counted as the executor holds it on an
   // accelerator (StateBytesOf): bf16 working copies and gradients, fp32 master
   // weights with the state; its tensors between layers stay fp32.
-  if (model.compute_dtype() == DType::kBF16) profile.set_precision(tandem::v1::PRECISION_BF16);
+  if (state_type == DType::kBF16) profile.set_precision(tandem::v1::PRECISION_BF16);
   profile.mutable_provenance()->set_source("analytic");
   for (int l = 0; l < model.num_layers(); ++l) {
     const Layer& layer = model.layer(l);
@@ -343,7 +348,7 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
     p->set_forward_memory_bytes(cost.forward_bytes);
     p->set_backward_memory_bytes(cost.backward_bytes);
     LayerMemory* m = p->mutable_analytic_memory();
-    const LayerStateBytes state = StateBytesOf(layer.ParamCount(), states, model.compute_dtype());
+    const LayerStateBytes state = StateBytesOf(layer.ParamCount(), states, state_type);
     m->set_parameter_bytes(state.parameters);
     m->set_gradient_bytes(state.gradients);
     m->set_optimizer_state_bytes(state.optimizer_state);

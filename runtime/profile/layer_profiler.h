@@ -86,8 +86,13 @@ struct LayerProfilerOptions {
 // * 4, * 4 * moments; a bf16 model: * 2, * 2, * (4 * moments + 4), and the
 // profile's precision PRECISION_BF16), activations OutputBytes + SavedBytes,
 // workspace WorkspaceBytes, staging StateBytesOf's, output OutputBytes.
+// `state`: how the state is counted, by default as the model computes
+// (kF32 for a runner that keeps fp32 state whatever the model computes in:
+// pipelines).
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch);
+tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
+                                    int64_t batch, DType state);
 
 // Measures every layer of `model` on `device` and records it in `profile`
 // (made by AnalyticProfile for the same model, optimizer and batch): a

@@ -90,7 +90,9 @@ TEST(TrainerTest, Bf16JobResumesExactlyFromItsFp32MasterState) {
   }
   ASSERT_TRUE(whole.status.ok()) << whole.status;
   ASSERT_EQ(whole.losses.size(), 30u);
-  const TrainRun fp32 = Train(SyntheticMlp(30), "");
+  tandem::v1::JobSpec fp32_spec = SyntheticMlp(30);
+  fp32_spec.set_precision(tandem::v1::PRECISION_FP32);
+  const TrainRun fp32 = Train(fp32_spec, "");
   ASSERT_TRUE(fp32.status.ok()) << fp32.status;
   EXPECT_NE(whole.losses.back(), fp32.losses.back()) << "the bf16 products did not run";
   EXPECT_NEAR(whole.losses.back(), fp32.losses.back(), 0.05 * fp32.losses.back());

@@ -43,7 +43,10 @@ tandem::v1::JobSpec Job(const std::string& model, const std::string& updates, in
                 "test_samples: 256}}\n",
           "optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}\n"
           "training: {batch_size: 16, steps: ",
-          steps, ", seed: 3, checkpoint_interval_steps: 10}\n", "updates: ", updates, "\n"),
+          steps, ", seed: 3, checkpoint_interval_steps: 10}\n", "updates: ", updates, "\n",
+          // The asynchronous rules compute in fp32; the synchronous runs they
+          // are compared with too (auto is bf16 on a CPU that computes it).
+          "precision: PRECISION_FP32\n"),
       "test.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;

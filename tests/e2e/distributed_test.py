@@ -74,6 +74,8 @@ def gpt_spec(replicas=1, sharding=None, steps=STEPS, **distributed):
         "optimizer": {"kind": "OPTIMIZER_KIND_ADAMW", "learning_rate": 0.003,
                       "max_grad_norm": 1.0},
         "training": {"batch_size": 16, "steps": steps, "seed": 7, "log_interval_steps": 1},
+        # Ranks are compared with one replica to fp32 rounding.
+        "precision": "PRECISION_FP32",
     }
     if replicas > 1:
         d["distributed"] = dict(replicas=replicas, **distributed)
@@ -90,6 +92,7 @@ def fmnist_spec(**distributed):
         "data": {"idx": {"train_images": FASHION + "train-images-idx3-ubyte.gz",
                          "train_labels": FASHION + "train-labels-idx1-ubyte.gz"}},
         "training": {"batch_size": 32, "steps": 5},
+        "precision": "PRECISION_FP32",
         "distributed": dict(replicas=2, **distributed),
     })
 

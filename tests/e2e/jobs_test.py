@@ -225,10 +225,14 @@ placement: {strategy: STRATEGY_AUTO}
         from tandem.v1 import profile_pb2
         job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=synthetic_spec(steps=1)),
                                     timeout=30).job
-        # Auto is fp32; its reason says whether bf16 would run here.
-        self.assertEqual(job.resolved_spec.precision, profile_pb2.PRECISION_FP32)
-        self.assertIn("auto does not choose bf16 yet", job.precision_reason)
-        native = "PRECISION_BF16 would run here" in job.precision_reason
+        # Auto is bf16 where this CPU computes it natively, else fp32; the
+        # reason says which and why.
+        native = "bf16, computed natively here" in job.precision_reason
+        self.assertEqual(job.resolved_spec.precision,
+                         profile_pb2.PRECISION_BF16 if native else profile_pb2.PRECISION_FP32,
+                         job.precision_reason)
+        if not native:
+            self.assertIn("the default (auto): fp32", job.precision_reason)
 
         def submit(precision, **extra):
             spec = synthetic_spec(steps=3, **extra)

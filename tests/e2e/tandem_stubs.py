@@ -70,6 +70,8 @@ def diverging_spec():
         "data": {"synthetic": {"sample_shape": [8], "num_classes": 3}},
         "optimizer": {"kind": "OPTIMIZER_KIND_SGD", "learning_rate": 10, "momentum": 0.99},
         "training": {"batch_size": 8, "steps": 40, "checkpoint_disabled": True},
+        # In bf16 (auto on a CPU that computes it natively) it trains on.
+        "precision": "PRECISION_FP32",
     })
 
 

@@ -121,18 +121,7 @@ absl::Status PlanExecutor::Init() {
   optimizer_ = Optimizer::Stateless(options_.optimizer);
   TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
   state_type_ = ExecutorStateType(model_, plan);
-  bool working_copies = false;
-  for (int l = 0; l < L; ++l) {
-    working_copies |= state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
-                      decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST;
-  }
-  if (working_copies) {
-    TANDEM_ASSIGN_OR_RETURN(host_copy_, Buffer::Allocate(host, P * 2, MemoryCategory::kParameters));
-    TANDEM_ASSIGN_OR_RETURN(host_grads16_,
-                            Buffer::Allocate(host, P * 2, MemoryCategory::kGradients));
-    std::memset(host_grads16_.data(), 0, P * 2);
-    RoundWorkingCopies();
-  }
+  TANDEM_RETURN_IF_ERROR(InitWorkingCopies());
   RegisterCopyBuffers();
 
   sizes_ =
@@ -218,6 +207,22 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
       layer.moments.push_back(std::move(m));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::InitWorkingCopies() {
+  bool working_copies = false;
+  for (int l = 0; l < model_.num_layers(); ++l) {
+    working_copies |= state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
+                      decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST;
+  }
+  if (!working_copies) return absl::OkStatus();
+  const int64_t P = model_.parameter_elements();
+  Allocator* host = options_.host_allocator;
+  TANDEM_ASSIGN_OR_RETURN(host_copy_, Buffer::Allocate(host, P * 2, MemoryCategory::kParameters));
+  TANDEM_ASSIGN_OR_RETURN(host_grads16_, Buffer::Allocate(host, P * 2, MemoryCategory::kGradients));
+  std::memset(host_grads16_.data(), 0, P * 2);
+  RoundWorkingCopies();
   return absl::OkStatus();
 }
 

@@ -188,6 +188,9 @@ class PlanExecutor final : public StepRunner {
   // (WeightsOf): those, or a working copy widened into `widened`.
   absl::StatusOr<const float*> ComputeWeights(const Side& side, const Layer& layer, void* weights,
                                               Buffer& widened);
+  // The host's working copies and bf16 gradients, where a layer has one
+  // (Layer::working_copy).
+  absl::Status InitWorkingCopies();
   // The working copy of every layer rounded from the host master weights.
   void RoundWorkingCopies();
   // What an H2D copy of `layer`'s weights reads: its working copy, or the

@@ -60,50 +60,53 @@ absl::StatusOr<double> MeasureTriadBytesPerSecond(const TriadOptions& options) {
   return 12.0 * static_cast<double>(n) / seconds;
 }
 
-absl::StatusOr<double> MeasureGemmFlopsPerSecond(const GemmOptions& options) {
+namespace {
+
+// 2 n^3 FLOPs over the best of `repeats` calls of multiply(a, b, c, scratch)
+// on n x n fp32 operands a and b (uniform in [-1, 1)), an fp32 product c and
+// `scratch_bytes` of scratch.
+template <typename Multiply>
+absl::StatusOr<double> SquareGemmRate(const GemmOptions& options, int64_t scratch_bytes,
+                                      Multiply multiply) {
   const int64_t n = options.size;
   if (n <= 0) return absl::InvalidArgumentError("gemm: size must be > 0");
   HostAllocator allocator;
-  TANDEM_ASSIGN_OR_RETURN(Buffer a,
-                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
-  TANDEM_ASSIGN_OR_RETURN(Buffer b,
-                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
-  TANDEM_ASSIGN_OR_RETURN(Buffer c,
-                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
-  FillUniform(a.f32(), n * n, -1.0f, 1.0f, 1, 1);
-  FillUniform(b.f32(), n * n, -1.0f, 1.0f, 1, 2);
+  Buffer buffers[4];
+  const int64_t bytes[4] = {n * n * 4, n * n * 4, n * n * 4, std::max<int64_t>(scratch_bytes, 1)};
+  for (int i = 0; i < 4; ++i) {
+    TANDEM_ASSIGN_OR_RETURN(buffers[i],
+                            Buffer::Allocate(&allocator, bytes[i], MemoryCategory::kWorkspace));
+  }
+  FillUniform(buffers[0].f32(), n * n, -1.0f, 1.0f, 1, 1);
+  FillUniform(buffers[1].f32(), n * n, -1.0f, 1.0f, 1, 2);
   cpu::MatmulShape shape;
   shape.m = shape.n = shape.k = n;
-  const double seconds =
-      BestSeconds(options.repeats, [&] { cpu::Matmul(shape, a.f32(), b.f32(), c.f32()); });
+  const double seconds = BestSeconds(options.repeats, [&] {
+    multiply(shape, buffers[0].f32(), buffers[1].f32(), buffers[2].f32(), buffers[3].data());
+  });
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds;
+}
+
+}  // namespace
+
+absl::StatusOr<double> MeasureGemmFlopsPerSecond(const GemmOptions& options) {
+  return SquareGemmRate(options, 0,
+                        [](const cpu::MatmulShape& shape, const float* a, const float* b, float* c,
+                           void*) { cpu::Matmul(shape, a, b, c); });
 }
 
 absl::StatusOr<double> MeasureBf16GemmFlopsPerSecond(const GemmOptions& options) {
   const int64_t n = options.size;
-  if (n <= 0) return absl::InvalidArgumentError("gemm: size must be > 0");
-  HostAllocator allocator;
-  TANDEM_ASSIGN_OR_RETURN(Buffer a32,
-                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
-  TANDEM_ASSIGN_OR_RETURN(Buffer b32,
-                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
-  TANDEM_ASSIGN_OR_RETURN(Buffer a,
-                          Buffer::Allocate(&allocator, n * n * 2, MemoryCategory::kWorkspace));
-  TANDEM_ASSIGN_OR_RETURN(Buffer b,
-                          Buffer::Allocate(&allocator, n * n * 2, MemoryCategory::kWorkspace));
-  TANDEM_ASSIGN_OR_RETURN(Buffer c,
-                          Buffer::Allocate(&allocator, n * n * 4, MemoryCategory::kWorkspace));
-  FillUniform(a32.f32(), n * n, -1.0f, 1.0f, 1, 1);
-  FillUniform(b32.f32(), n * n, -1.0f, 1.0f, 1, 2);
-  cpu::MatmulShape shape;
-  shape.m = shape.n = shape.k = n;
   // As the layers run it: both fp32 operands rounded to bf16, then multiplied.
-  const double seconds = BestSeconds(options.repeats, [&] {
-    cpu::ToBf16(a32.f32(), a.bf16(), n * n);
-    cpu::ToBf16(b32.f32(), b.bf16(), n * n);
-    cpu::MatmulBf16(shape, a.bf16(), b.bf16(), c.f32());
-  });
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / seconds;
+  return SquareGemmRate(
+      options, 2 * n * n * 2,
+      [n](const cpu::MatmulShape& shape, const float* a, const float* b, float* c, void* scratch) {
+        uint16_t* a16 = static_cast<uint16_t*>(scratch);
+        uint16_t* b16 = a16 + n * n;
+        cpu::ToBf16(a, a16, n * n);
+        cpu::ToBf16(b, b16, n * n);
+        cpu::MatmulBf16(shape, a16, b16, c);
+      });
 }
 
 absl::StatusOr<double> MeasureNativeBf16GemmFlopsPerSecond(const GemmOptions& options) {

@@ -17,8 +17,10 @@
 
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
+#include "runtime/cpu/onednn.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/plan_test_util.h"
+#include "spec/precision.h"
 
 namespace tandem {
 namespace {
@@ -136,6 +138,32 @@ INSTANTIATE_TEST_SUITE_P(Plans, PlanRankTest,
                                   Cases()[info.param.plan].name + "_" +
                                   std::to_string(info.param.ranks) + "_ranks";
                          });
+
+// In bf16 the host-updated layers keep working copies on each rank's
+// accelerator, and the host widens their bf16 gradients before the
+// all-reduce: two ranks under reuse_distance (host and accelerator updates,
+// clipping) follow the CPU engine in bf16 within bf16's tolerance (as one
+// replica does, plan_executor_test), and end with the same weights.
+TEST(PlanRankTest, Bf16WorkingCopiesMatchTheCpuEngineInBf16) {
+  if (!NativeBf16Isa(cpu::OneDnnIsa())) {
+    GTEST_SKIP() << "oneDNN runs " << cpu::OneDnnIsa() << " here: no native bf16";
+  }
+  const Fixture f = MakeFixture(exec_test::kGpt, DType::kBF16);
+  const int steps = 20;
+  const std::vector<double> reference = exec_test::Reference(f, steps);
+  const std::vector<RankRun> runs = RunRanks(f, Cases()[2], 2, 0, steps);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(runs[r].losses.size(), reference.size()) << "rank " << r;
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_NEAR(runs[r].losses[s], reference[s], 8e-3 * std::abs(reference[s]))
+          << "rank " << r << " step " << s;
+    }
+    EXPECT_EQ(0, std::memcmp(runs[r].params.data(), runs[0].params.data(),
+                             runs[0].params.size() * sizeof(float)))
+        << "rank " << r;
+    EXPECT_GT(runs[r].host_buckets, 0);
+  }
+}
 
 TEST(PlanRankTest, RefusesWhatItCannotRun) {
   const Fixture f = MakeFixture(exec_test::kMlp);

@@ -177,8 +177,7 @@ absl::Status PlanExecutor::InitLayer(int l) {
   layer->has_params = layer->layer->ParamCount() > 0;
   layer->streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
   layer->accel_update = !host_only_ && d.update != tandem::v1::PLACEMENT_HOST;
-  layer->working_copy =
-      state_type_ == DType::kBF16 && layer->param_elements > 0 && !layer->accel_update;
+  layer->working_copy = HasWorkingCopy(l);
   if (!host_only_) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
   layers_.push_back(std::move(layer));
   return absl::OkStatus();
@@ -210,13 +209,16 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
   return absl::OkStatus();
 }
 
+bool PlanExecutor::HasWorkingCopy(int l) const {
+  // state_type_ is kF32 for cpu_only, where every layer updates on the host.
+  return state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
+         decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST;
+}
+
 absl::Status PlanExecutor::InitWorkingCopies() {
-  bool working_copies = false;
-  for (int l = 0; l < model_.num_layers(); ++l) {
-    working_copies |= state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
-                      decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST;
-  }
-  if (!working_copies) return absl::OkStatus();
+  bool any = false;
+  for (int l = 0; l < model_.num_layers(); ++l) any |= HasWorkingCopy(l);
+  if (!any) return absl::OkStatus();
   const int64_t P = model_.parameter_elements();
   Allocator* host = options_.host_allocator;
   TANDEM_ASSIGN_OR_RETURN(host_copy_, Buffer::Allocate(host, P * 2, MemoryCategory::kParameters));

@@ -188,8 +188,10 @@ class PlanExecutor final : public StepRunner {
   // (WeightsOf): those, or a working copy widened into `widened`.
   absl::StatusOr<const float*> ComputeWeights(const Side& side, const Layer& layer, void* weights,
                                               Buffer& widened);
-  // The host's working copies and bf16 gradients, where a layer has one
-  // (Layer::working_copy).
+  // Whether layer l keeps a bf16 working copy (Layer::working_copy), from the
+  // state type and the plan's decisions.
+  bool HasWorkingCopy(int l) const;
+  // The host's working copies and bf16 gradients, where a layer has one.
   absl::Status InitWorkingCopies();
   // The working copy of every layer rounded from the host master weights.
   void RoundWorkingCopies();

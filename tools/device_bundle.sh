@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 out=${1:-device-bundle}
 limit=$((64 * 1024 * 1024))
 
-cuda_tests=(allocator_test context_test device_query_test accelerator_factory_test kernels_test
+cuda_tests=(allocator_test context_test device_query_test accelerator_factory_test kernels_test pipeline_cuda_test
             blas_test optimizer_test layers_cuda_test cuda_accelerator_test)
 targets=(//clients/cli:tandem //server:tandemd //runtime/profile/cupti:cupti_test
          //bench/gpu:conv_precision)

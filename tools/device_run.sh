@@ -8,7 +8,9 @@
 #   bash device-bundle/device_run.sh profile   tandem profile of gpt and cnn on cpu + cuda:0, with traces
 #   bash device-bundle/device_run.sh closed_loop   tandemd runs a 12-layer GPT (whole GPU, and 50% of
 #                                              its state under reuse_distance); prints each plan history
-#   bash device-bundle/device_run.sh all       each in turn
+#   bash device-bundle/device_run.sh precision  the 12-layer GPT in fp32 and bf16, whole GPU and 50%
+#                                              of its state, each against PyTorch
+#   bash device-bundle/device_run.sh all       each in turn (not precision)
 #
 # Results go to $OUT (the device tool's result folder) when set, else ./device-out.
 # Extra arguments after `bench` go to bench/gpu/run.py (e.g. --models=gpt --steps=20).
@@ -28,6 +30,13 @@ fi
 # folders first, then the system's, then pip wheels (PyTorch's nvidia-* packages).
 find_dir() {
   local lib=$1 d
+  # NCCL: PyTorch's wheel (manylinux, so it runs on our bundled glibc 2.36)
+  # rather than the system's, which needs GLIBC_2.38 (seen on the H100 machine
+  # of 2026-11-27); its folder goes first in the search path below.
+  if [[ $lib == libnccl.so.2 ]]; then
+    d=$(find / -xdev -name "$lib" -path '*nvidia*' 2>/dev/null | head -1 | xargs -r dirname)
+    [[ -n $d ]] && { echo "$d"; return 0; }
+  fi
   for d in /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda-13*/lib64 \
            /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
     [[ -e $d/$lib ]] && { echo "$d"; return 0; }
@@ -44,6 +53,12 @@ for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libcu
     missing+=("$lib")
   fi
 done
+nccl_dir=$(find_dir libnccl.so.2)
+if [[ -n $nccl_dir ]]; then
+  rest=()
+  for d in "${libs[@]}"; do [[ $d == "$nccl_dir" ]] || rest+=("$d"); done
+  libs=("$nccl_dir" "${rest[@]}")
+fi
 TANDEM_CUDA_LIBS=$(IFS=:; echo "${libs[*]-}")
 export TANDEM_CUDA_LIBS
 py=$(command -v python3 || echo /usr/bin/python3)
@@ -88,6 +103,21 @@ profile() {
       > "$out/profile-$m.txt" 2> "$out/profile-$m.err"
     echo "-- $m: exit $?"; cat "$out/profile-$m.err"; head -60 "$out/profile-$m.txt"
     "$root/bin/tandem" profile "$out/specs/$m.json" --output=json > "$out/profile-$m.profile.json" 2>/dev/null
+  done
+}
+
+# The 12-layer GPT (85.6 M parameters) in fp32 and bf16 at 50% of its model
+# state and with the whole GPU, each against PyTorch in the same run: the
+# mixed-precision offload (bf16 working copies and gradients) against fp32's.
+precision() {
+  echo "== fp32 and bf16 on cuda:0 (bench/gpu/run.py, 12-layer GPT)"
+  local p
+  for p in fp32 bf16; do
+    (cd "$root" && "$py" bench/gpu/run.py --tandem "$root/bin/tandem" --accelerator cuda --torch \
+         --python "$py" --models gpt --fractions "${TANDEM_FRACTIONS:-0.5,all}" --steps 20 \
+         --gpt_layers 12 --gpt_heads 12 --gpt_d_model 768 --gpt_context 256 --gpt_batch 16 \
+         --torch_seconds 5 --timeout 120 --precision "$p" --json_out "$out/precision-$p.jsonl" "$@") \
+      2>&1 | tee "$out/precision-$p.txt"
   done
 }
 
@@ -144,6 +174,7 @@ case $stage in
   bench) bench "$@" ;;
   profile) profile ;;
   closed_loop) closed_loop ;;
+  precision) precision "$@" ;;
   all) probe; tests; bench "$@"; profile; closed_loop ;;
-  *) echo "usage: device_run.sh probe|tests|bench|profile|closed_loop|all [bench args]"; exit 2 ;;
+  *) echo "usage: device_run.sh probe|tests|bench|profile|closed_loop|precision|all [bench args]"; exit 2 ;;
 esac

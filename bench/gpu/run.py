@@ -170,8 +170,9 @@ def main():
             budget = 0 if fraction == float("inf") else fixed + int(fraction * state)
             for strategy in strategies:
                 spec = dict(base)
-                if args.precision == "bf16":
-                    spec["precision"] = "PRECISION_BF16"
+                # Named either way: PRECISION_AUTO (the default) is bf16 on a
+                # GPU of compute capability 8.0+ and a host that computes bf16.
+                spec["precision"] = "PRECISION_" + args.precision.upper()
                 spec["placement"] = {"strategy": "STRATEGY_" + strategy.upper(), "accelerator": kind}
                 if budget:
                     spec["resources"] = {"accelerator_memory_bytes": budget}

@@ -810,6 +810,10 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
   if (m.predicted_step_seconds() > 0) {
     metrics_->job_predicted_step_seconds.Add(labels).Set(m.predicted_step_seconds());
   }
+  if (m.loss_scale() > 0) {
+    metrics_->job_loss_scale.Add(labels).Set(m.loss_scale());
+    metrics_->job_skipped_steps.Add(labels).Set(static_cast<double>(m.skipped_steps()));
+  }
   const auto& u = m.updates();
   if (!u.rule().empty()) {
     metrics_->job_update_rule.Add({{"job_id", entry.job.id()}, {"rule", u.rule()}}).Set(1);
@@ -1239,11 +1243,12 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
 
 void JobManager::ForgetJobSeries(const std::string& job_id) {
   const prometheus::Labels old = {{"job_id", job_id}};
-  for (auto* f : {&metrics_->job_loss, &metrics_->job_samples_per_second,
-                  &metrics_->job_step_seconds, &metrics_->job_progress,
-                  &metrics_->job_eval_accuracy, &metrics_->job_predicted_step_seconds,
-                  &metrics_->job_checked_step_seconds, &metrics_->job_step_time_ratio,
-                  &metrics_->job_update_wait_seconds, &metrics_->job_update_exchanges}) {
+  for (auto* f :
+       {&metrics_->job_loss, &metrics_->job_samples_per_second, &metrics_->job_step_seconds,
+        &metrics_->job_progress, &metrics_->job_eval_accuracy,
+        &metrics_->job_predicted_step_seconds, &metrics_->job_checked_step_seconds,
+        &metrics_->job_step_time_ratio, &metrics_->job_update_wait_seconds,
+        &metrics_->job_update_exchanges, &metrics_->job_loss_scale, &metrics_->job_skipped_steps}) {
     RemoveSeries(*f, old);
   }
   for (const char* rule : {"synchronous", "hogwild", "easgd", "swa", "parameter_server"}) {

@@ -114,6 +114,14 @@ ServerMetrics::ServerMetrics()
                                      *registry)),
       job_update_exchanges(Family(BuildGauge(), "tandem_job_update_exchanges",
                                   "EASGD exchanges with the centre variable.", *registry)),
+      job_loss_scale(Family(BuildGauge(), "tandem_job_loss_scale",
+                            "An fp16 job's dynamic loss scale: what its next step's loss "
+                            "gradient is multiplied by.",
+                            *registry)),
+      job_skipped_steps(Family(BuildGauge(), "tandem_job_skipped_steps",
+                               "An fp16 job's steps whose update was skipped because the "
+                               "scaled gradients overflowed, since the job started.",
+                               *registry)),
       job_checked_step_seconds(
           Family(BuildGauge(), "tandem_job_checked_step_seconds",
                  "Median step wall time of the job's latest plan check (closed-loop planning).",

@@ -51,6 +51,10 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Gauge>& job_update_lagged;
   prometheus::Family<prometheus::Gauge>& job_update_wait_seconds;
   prometheus::Family<prometheus::Gauge>& job_update_exchanges;
+  // PRECISION_FP16 jobs' dynamic loss scaling: the scale the next step uses,
+  // and the steps whose update an overflow skipped.
+  prometheus::Family<prometheus::Gauge>& job_loss_scale;
+  prometheus::Family<prometheus::Gauge>& job_skipped_steps;
   // Pipeline jobs, per stage (label stage): the latest step's busy, bubble,
   // copy and update seconds (label phase), and the peak against the plan.
   prometheus::Family<prometheus::Gauge>& job_pipeline_stage_seconds;

@@ -246,6 +246,13 @@ absl::Status ValidateTraining(const tandem::v1::TrainingSpec& t) {
       InRange<int64_t>("training.log_interval_steps", t.log_interval_steps(), 0, 1000000000));
   TANDEM_RETURN_IF_ERROR(InRange("training.eval_batch_size", t.eval_batch_size(), 0, 65536));
   TANDEM_RETURN_IF_ERROR(InRange("training.threads", t.threads(), 0, 1024));
+  const tandem::v1::LossScaling& ls = t.loss_scaling();
+  TANDEM_RETURN_IF_ERROR(
+      InRange("training.loss_scaling.initial_scale", ls.initial_scale(), 0.0, 0x1p64));
+  TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.loss_scaling.growth_interval_steps",
+                                          ls.growth_interval_steps(), 0, 1000000000));
+  TANDEM_RETURN_IF_ERROR(InRange("training.loss_scaling.max_consecutive_skips",
+                                 ls.max_consecutive_skips(), 0, 1000000));
   return absl::OkStatus();
 }
 
@@ -581,6 +588,32 @@ absl::Status ResolveDistributed(JobSpec& r) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// training.loss_scaling: PRECISION_FP16 jobs alone, defaults filled in.
+absl::Status ResolveLossScaling(JobSpec& r) {
+  if (r.precision() != tandem::v1::PRECISION_FP16) {
+    if (r.training().has_loss_scaling()) {
+      return FieldError("training.loss_scaling",
+                        "scales the loss of PRECISION_FP16 jobs alone (bf16 and fp32 keep "
+                        "fp32's range); leave it out or set precision to FP16");
+    }
+    return absl::OkStatus();
+  }
+  if (r.distributed().replicas() > 1) {
+    return FieldError("precision",
+                      "data-parallel ranks do not run fp16 (loss scaling across ranks is not "
+                      "built); set precision to BF16 or FP32");
+  }
+  auto* ls = r.mutable_training()->mutable_loss_scaling();
+  if (ls->initial_scale() == 0) ls->set_initial_scale(65536);
+  if (ls->growth_interval_steps() == 0) ls->set_growth_interval_steps(2000);
+  if (ls->max_consecutive_skips() == 0) ls->set_max_consecutive_skips(100);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   TANDEM_RETURN_IF_ERROR(ValidateHeader(spec));
   TANDEM_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
@@ -634,6 +667,7 @@ absl::StatusOr<JobSpec> ResolveJobSpec(const JobSpec& spec, bool has_accelerator
   TANDEM_RETURN_IF_ERROR(ResolveUpdates(r));
   TANDEM_RETURN_IF_ERROR(ResolvePipeline(r));
   TANDEM_RETURN_IF_ERROR(ResolveDistributed(r));
+  TANDEM_RETURN_IF_ERROR(ResolveLossScaling(r));
   const bool accelerated = p->accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
   if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED) {
     p->set_strategy(accelerated ? tandem::v1::STRATEGY_REUSE_DISTANCE

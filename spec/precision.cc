@@ -61,6 +61,38 @@ absl::StatusOr<std::string> Bf16Here(const LocalCompute& here) {
                       "; master weights, optimizer state and the other layers in fp32");
 }
 
+// What an fp16 job would run here, or why it cannot (as Bf16Here).
+absl::StatusOr<std::string> Fp16Here(const LocalCompute& here) {
+  constexpr char kRest[] =
+      "; dynamic loss scaling (training.loss_scaling); convolutions, master weights, optimizer "
+      "state and the other layers in fp32";
+  switch (here.accelerator) {
+    case tandem::v1::ACCELERATOR_KIND_CUDA: {
+      const std::string gpu = here.cuda_name.empty() ? "cuda:0" : here.cuda_name;
+      if (here.cuda_capability < 70) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "fp16 on CUDA needs fp16 tensor cores (compute capability 7.0 or newer); ",
+            here.cuda_capability == 0 ? std::string("this node has no CUDA GPU")
+                                      : absl::StrCat(gpu, " is ", here.cuda_capability / 10, ".",
+                                                     here.cuda_capability % 10)));
+      }
+      return absl::StrCat("matrix products (linear layers, attention) in fp16 on ", gpu,
+                          "'s tensor cores (cuBLAS, fp32 accumulation); layers the plan keeps "
+                          "on the host round their operands to fp16 and multiply in fp32",
+                          kRest);
+    }
+    case tandem::v1::ACCELERATOR_KIND_EMULATED:
+      return absl::StrCat(
+          "emulated: matrix products' operands rounded to fp16 and multiplied in fp32 on the "
+          "host's cores, which is fp16's arithmetic (not its speed: slower than fp32)",
+          kRest);
+    default:
+      return absl::FailedPreconditionError(
+          "fp16 is for GPUs (and the emulated accelerator that stands in for one); the CPU "
+          "engine has no fp16 products");
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const LocalCompute& here,
@@ -94,12 +126,15 @@ absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(Precision asked, const Local
       }
       return PrecisionChoice{tandem::v1::PRECISION_BF16, absl::StrCat("asked for: ", *bf16)};
     }
-    case tandem::v1::PRECISION_FP16:
-      return absl::UnimplementedError(absl::StrCat(
-          field,
-          ": PRECISION_FP16 is for GPUs, and this build of Tandem runs no GPU job in fp16 yet. "
-          "Plan it with `tandem plan --precision=fp16 --hardware=FILE`, or ask for "
-          "PRECISION_FP32"));
+    case tandem::v1::PRECISION_FP16: {
+      const absl::StatusOr<std::string> fp16 = Fp16Here(here);
+      if (!fp16.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(field, ": PRECISION_FP16: ", fp16.status().message(),
+                         ". Ask for PRECISION_BF16 (where the hardware has it) or PRECISION_FP32"));
+      }
+      return PrecisionChoice{tandem::v1::PRECISION_FP16, absl::StrCat("asked for: ", *fp16)};
+    }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": unknown value ", static_cast<int>(asked)));

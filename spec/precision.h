@@ -43,10 +43,12 @@ bool NativeBf16Isa(const std::string& isa);
 // computes on the host) needs a CPU with native bf16, else FAILED_PRECONDITION
 // naming the ISA; on CUDA it needs a GPU of compute capability 8.0 or newer and
 // a host with at least avx512_core (for layers the plan keeps there), else
-// FAILED_PRECONDITION saying which. AUTO is FP32 (auto does not pick bf16 yet);
-// its reason says whether BF16 would run here and what it would run, or why
-// not. FP32 is FP32. FP16 (GPUs) is UNIMPLEMENTED. Errors name `field` (e.g. "precision" or
-// "spec.precision").
+// FAILED_PRECONDITION saying which. AUTO is BF16 where everything that may
+// compute does so natively, else FP32; its reason says which and why. FP32 is
+// FP32. FP16 runs on CUDA (compute capability 7.0 or newer) and on the
+// emulated accelerator (fp16 rounding, fp32 products), and is
+// FAILED_PRECONDITION on the CPU engine or an older GPU. Errors name `field`
+// (e.g. "precision" or "spec.precision").
 absl::StatusOr<PrecisionChoice> ChoosePrecisionHere(tandem::v1::Precision asked,
                                                     const LocalCompute& here,
                                                     const std::string& field);

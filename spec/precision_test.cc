@@ -78,14 +78,54 @@ TEST(PrecisionTest, HereBf16RunsOnTheCpuEngineOfANativeBf16Cpu) {
   EXPECT_EQ(emulated.message().substr(0, 16), "spec.precision: ") << emulated.message();
   EXPECT_NE(emulated.message().find("oneDNN runs avx2"), std::string::npos) << emulated.message();
 
+  // fp16 is for GPUs: the CPU engine refuses it, whatever the CPU.
   const absl::Status fp16 = ChoosePrecisionHere(PRECISION_FP16, native, "spec.precision").status();
-  EXPECT_EQ(fp16.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(fp16.message().find("tandem plan --precision=fp16"), std::string::npos);
+  EXPECT_EQ(fp16.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fp16.message().substr(0, 32), "spec.precision: PRECISION_FP16: ") << fp16.message();
+  EXPECT_NE(fp16.message().find("no fp16 products"), std::string::npos) << fp16.message();
 
   const absl::Status unknown =
       ChoosePrecisionHere(static_cast<tandem::v1::Precision>(9), native, "precision").status();
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.message(), "precision: unknown value 9");
+}
+
+TEST(PrecisionTest, HereFp16RunsOnVoltaOrNewerAndOnTheEmulatedAccelerator) {
+  absl::StatusOr<PrecisionChoice> h100 = ChoosePrecisionHere(PRECISION_FP16,
+                                                             {.accelerator = ACCELERATOR_KIND_CUDA,
+                                                              .onednn_isa = "avx2",
+                                                              .cuda_capability = 90,
+                                                              .cuda_name = "NVIDIA H100"},
+                                                             "precision");
+  ASSERT_TRUE(h100.ok()) << h100.status();
+  EXPECT_EQ(h100->precision, PRECISION_FP16);
+  EXPECT_NE(h100->reason.find("fp16 on NVIDIA H100's tensor cores"), std::string::npos)
+      << h100->reason;
+  EXPECT_NE(h100->reason.find("loss scaling"), std::string::npos) << h100->reason;
+  EXPECT_TRUE(ChoosePrecisionHere(PRECISION_FP16,
+                                  {.accelerator = ACCELERATOR_KIND_CUDA, .cuda_capability = 70},
+                                  "precision")
+                  .ok());
+  const absl::Status pascal =
+      ChoosePrecisionHere(
+          PRECISION_FP16,
+          {.accelerator = ACCELERATOR_KIND_CUDA, .cuda_capability = 61, .cuda_name = "Tesla P100"},
+          "precision")
+          .status();
+  EXPECT_EQ(pascal.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(pascal.message().find("Tesla P100 is 6.1"), std::string::npos) << pascal.message();
+  absl::StatusOr<PrecisionChoice> emulated = ChoosePrecisionHere(
+      PRECISION_FP16, {.accelerator = ACCELERATOR_KIND_EMULATED, .onednn_isa = "avx2"}, "p");
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
+  EXPECT_NE(emulated->reason.find("rounded to fp16"), std::string::npos) << emulated->reason;
+  // Auto never picks fp16.
+  EXPECT_NE(ChoosePrecisionHere(PRECISION_AUTO,
+                                {.accelerator = ACCELERATOR_KIND_CUDA,
+                                 .onednn_isa = "avx512_core_amx",
+                                 .cuda_capability = 90},
+                                "p")
+                ->precision,
+            PRECISION_FP16);
 }
 
 TEST(PrecisionTest, HereTheEmulatedAcceleratorNeedsTheHostsNativeBf16) {

@@ -106,6 +106,8 @@ void PrintJobText(const Job& job) {
   }
   const std::string updates = DescribeUpdates(m.updates());
   if (!updates.empty()) std::printf("  updates:   %s\n", updates.c_str());
+  const std::string scaling = DescribeLossScaling(m);
+  if (!scaling.empty()) std::printf("  loss scale: %s\n", scaling.c_str());
   for (const std::string& line : DescribePipeline(m)) {
     std::printf("  pipeline:  %s\n", line.c_str());
   }

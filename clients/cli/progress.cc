@@ -94,6 +94,12 @@ std::string DescribeUpdates(const tandem::v1::UpdateStats& u) {
   return line;
 }
 
+std::string DescribeLossScaling(const tandem::v1::JobMetrics& m) {
+  if (m.loss_scale() <= 0) return "";
+  return absl::StrFormat("scale %g, %d step%s skipped (fp16 overflows)", m.loss_scale(),
+                         m.skipped_steps(), m.skipped_steps() == 1 ? "" : "s");
+}
+
 std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
   std::vector<std::string> lines;
   for (const tandem::v1::PipelineStageStats& s : m.pipeline_stages()) {

@@ -44,6 +44,9 @@ std::string DescribeUpdates(const tandem::v1::UpdateStats& u);
 // busy 39.2 ms, bubble 13.1 ms, copies 0.1 ms, update 1.2 ms; peak 10.0 of
 // 10.1 MiB predicted"); empty for other jobs.
 std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m);
+// An fp16 job's loss scaling: "scale 16384, 3 steps skipped (overflows)"; ""
+// for the others.
+std::string DescribeLossScaling(const tandem::v1::JobMetrics& m);
 
 }  // namespace tandem::cli
 

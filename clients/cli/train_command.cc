@@ -98,6 +98,8 @@ void PrintSummary(const tandem::v1::Job& job) {
   }
   const std::string updates = DescribeUpdates(m.updates());
   if (!updates.empty()) std::printf("updates: %s\n", updates.c_str());
+  const std::string scaling = DescribeLossScaling(m);
+  if (!scaling.empty()) std::printf("loss scaling: %s\n", scaling.c_str());
   for (const std::string& line : DescribePipeline(m)) {
     std::printf("pipeline: %s\n", line.c_str());
   }

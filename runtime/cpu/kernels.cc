@@ -9,6 +9,7 @@
 
 #include "runtime/core/bf16.h"
 #include "runtime/core/cpu_features.h"
+#include "runtime/core/fp16.h"
 #include "runtime/core/isa_dispatch.h"
 #include "runtime/core/random.h"
 
@@ -78,6 +79,22 @@ void FromBf16(const uint16_t* x, float* out, int64_t n) {
     const auto [begin, end] = ThreadShare(n, 32);
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) out[i] = Bf16ToFloat(x[i]);
+  }
+}
+
+void ToF16(const float* x, uint16_t* out, int64_t n) {
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(n, 32);
+    for (int64_t i = begin; i < end; ++i) out[i] = FloatToHalf(x[i]);
+  }
+}
+
+void FromF16(const uint16_t* x, float* out, int64_t n) {
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(n, 32);
+    for (int64_t i = begin; i < end; ++i) out[i] = HalfToFloat(x[i]);
   }
 }
 

@@ -25,6 +25,11 @@ void ToBf16(const float* x, uint16_t* out, int64_t n);
 // out[i] = x[i] widened from bfloat16 (exact): a bf16 working copy of weights,
 // or a bf16 gradient, read by fp32 code.
 void FromBf16(const uint16_t* x, float* out, int64_t n);
+// out[i] = x[i] in IEEE fp16, rounded as FloatToHalf (runtime/core/fp16.h;
+// beyond 65504 it is infinity): the inputs of the fp16 matrix products.
+void ToF16(const float* x, uint16_t* out, int64_t n);
+// out[i] = x[i] widened from fp16 (exact).
+void FromF16(const uint16_t* x, float* out, int64_t n);
 
 // Inverted dropout with a counter-based mask: element i is kept with probability
 // 1-p (Philox at (seed, stream, offset + i)) and scaled by 1/(1-p). `offset` is

@@ -1,9 +1,11 @@
 #include "runtime/cpu/matmul.h"
 
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "runtime/core/mutex.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
 
 namespace tandem::cpu {
@@ -100,6 +102,32 @@ void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c, 
 void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
                 const float* bias) {
   Run(Cache().Get(shape, /*bf16=*/true), shape, a, b, c, bias);
+}
+
+namespace {
+
+// Elements an operand of `rows` x `cols` (after op) spans, with its row and
+// batch strides: what must be widened for the fp32 product to read it.
+int64_t Extent(int64_t batch, int64_t batch_stride, int64_t rows, int64_t cols, int64_t ld) {
+  if (batch == 0 || rows == 0 || cols == 0) return 0;
+  return (batch - 1) * batch_stride + (rows - 1) * ld + cols;
+}
+
+}  // namespace
+
+void MatmulF16(const MatmulShape& s, const uint16_t* a, const uint16_t* b, float* c,
+               const float* bias) {
+  // A is m x k after op: stored k x m when transposed. B is k x n likewise.
+  const int64_t a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
+  const int64_t b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
+  const int64_t lda = s.lda ? s.lda : a_cols, ldb = s.ldb ? s.ldb : b_cols;
+  const int64_t bsa = s.batch_stride_a ? s.batch_stride_a : s.m * s.k;
+  const int64_t bsb = s.batch_stride_b ? s.batch_stride_b : s.k * s.n;
+  std::vector<float> wa(Extent(s.batch, bsa, a_rows, a_cols, lda));
+  std::vector<float> wb(Extent(s.batch, bsb, b_rows, b_cols, ldb));
+  FromF16(a, wa.data(), static_cast<int64_t>(wa.size()));
+  FromF16(b, wb.data(), static_cast<int64_t>(wb.size()));
+  Matmul(s, wa.data(), wb.data(), c, bias);
 }
 
 std::string MatmulImplementation(const MatmulShape& shape, bool bf16) {

@@ -38,6 +38,15 @@ void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c,
 void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
                 const float* bias = nullptr);
 
+// The same product from IEEE fp16 A and B (runtime/core/fp16.h), accumulated
+// and written in fp32: what a GPU's fp16 tensor-core GEMM computes, up to the
+// order of the sums. The CPU has no fp16 products here: the operands are
+// widened (exactly) and multiplied by the fp32 Matmul, so every product of two
+// fp16 values is exact as on the GPU. A reference and an emulation, slower
+// than fp32.
+void MatmulF16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
+               const float* bias = nullptr);
+
 // The oneDNN implementation chosen for a shape, e.g. "brg:avx512_core"; for tests
 // and the profiler, which flag reference ("ref") fallbacks.
 std::string MatmulImplementation(const MatmulShape& shape, bool bf16 = false);

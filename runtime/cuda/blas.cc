@@ -10,10 +10,10 @@ namespace tandem::cuda {
 
 namespace {
 
-// Matmul and MatmulBf16: the checks, the bias and k == 0 are the same; `bf16`
-// says what a and b point at.
+// Matmul, MatmulBf16 and MatmulF16: the checks, the bias and k == 0 are the
+// same; `half` says what a and b point at (CUDA_R_32F: fp32, through SGEMM).
 absl::Status Gemm(CudaContext* ctx, const cpu::MatmulShape& s, const void* a, const void* b,
-                  bool bf16, float* c, const float* bias) {
+                  cudaDataType_t half, float* c, const float* bias) {
   const int64_t lda = s.lda ? s.lda : (s.trans_a ? s.m : s.k);
   const int64_t ldb = s.ldb ? s.ldb : (s.trans_b ? s.k : s.n);
   const int64_t ldc = s.ldc ? s.ldc : s.n;
@@ -53,14 +53,15 @@ absl::Status Gemm(CudaContext* ctx, const cpu::MatmulShape& s, const void* a, co
     }
     return absl::OkStatus();
   }
-  if (bf16) {
+  if (half != CUDA_R_32F) {
     return CublasStatus(
         cublasGemmStridedBatchedEx(
             ctx->cublas, op_b, op_a, static_cast<int>(s.n), static_cast<int>(s.m),
-            static_cast<int>(s.k), &alpha, b, CUDA_R_16BF, static_cast<int>(ldb), bsb, a,
-            CUDA_R_16BF, static_cast<int>(lda), bsa, &beta, c, CUDA_R_32F, static_cast<int>(ldc),
-            bsc, static_cast<int>(s.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmStridedBatchedEx (bf16)");
+            static_cast<int>(s.k), &alpha, b, half, static_cast<int>(ldb), bsb, a, half,
+            static_cast<int>(lda), bsa, &beta, c, CUDA_R_32F, static_cast<int>(ldc), bsc,
+            static_cast<int>(s.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        half == CUDA_R_16BF ? "cublasGemmStridedBatchedEx (bf16)"
+                            : "cublasGemmStridedBatchedEx (fp16)");
   }
   return CublasStatus(
       cublasSgemmStridedBatched(ctx->cublas, op_b, op_a, static_cast<int>(s.n),
@@ -75,12 +76,17 @@ absl::Status Gemm(CudaContext* ctx, const cpu::MatmulShape& s, const void* a, co
 
 absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& shape, const float* a, const float* b,
                     float* c, const float* bias) {
-  return Gemm(ctx, shape, a, b, /*bf16=*/false, c, bias);
+  return Gemm(ctx, shape, a, b, CUDA_R_32F, c, bias);
 }
 
 absl::Status MatmulBf16(CudaContext* ctx, const cpu::MatmulShape& shape, const uint16_t* a,
                         const uint16_t* b, float* c, const float* bias) {
-  return Gemm(ctx, shape, a, b, /*bf16=*/true, c, bias);
+  return Gemm(ctx, shape, a, b, CUDA_R_16BF, c, bias);
+}
+
+absl::Status MatmulF16(CudaContext* ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                       const uint16_t* b, float* c, const float* bias) {
+  return Gemm(ctx, shape, a, b, CUDA_R_16F, c, bias);
 }
 
 }  // namespace tandem::cuda

@@ -37,6 +37,11 @@ absl::Status Matmul(CudaContext* ctx, const cpu::MatmulShape& shape, const float
 absl::Status MatmulBf16(CudaContext* ctx, const cpu::MatmulShape& shape, const uint16_t* a,
                         const uint16_t* b, float* c, const float* bias = nullptr);
 
+// The same from IEEE fp16 A and B (cuda::ToF16 makes them), fp32 accumulation
+// and an fp32 C and bias: cpu::MatmulF16's contract.
+absl::Status MatmulF16(CudaContext* ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                       const uint16_t* b, float* c, const float* bias = nullptr);
+
 }  // namespace tandem::cuda
 
 #endif  // TANDEM_RUNTIME_CUDA_BLAS_H_

@@ -74,7 +74,7 @@ std::vector<Case> Cases() {
 // With `bf16`, both devices multiply a and b rounded to bf16: the GPU rounds
 // them itself, and its bf16 copies must be bitwise the CPU's.
 void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_out,
-             bool bf16 = false) {
+             bool bf16 = false, bool fp16 = false) {
   const cpu::MatmulShape& s = c.shape;
   const int64_t lda = s.lda ? s.lda : (s.trans_a ? s.m : s.k);
   const int64_t ldb = s.ldb ? s.ldb : (s.trans_b ? s.k : s.n);
@@ -97,6 +97,10 @@ void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_ou
     cpu::ToBf16(a.data(), a16.data(), na);
     cpu::ToBf16(b.data(), b16.data(), nb);
     cpu::MatmulBf16(s, a16.data(), b16.data(), expected.data(), cbias);
+  } else if (fp16) {
+    cpu::ToF16(a.data(), a16.data(), na);
+    cpu::ToF16(b.data(), b16.data(), nb);
+    cpu::MatmulF16(s, a16.data(), b16.data(), expected.data(), cbias);
   } else {
     cpu::Matmul(s, a.data(), b.data(), expected.data(), cbias);
   }
@@ -112,6 +116,15 @@ void RunCase(const Case& c, CudaContext* ctx, double tolerance, double* error_ou
     EXPECT_EQ(Download<uint16_t>(ctx, ga16, na), a16) << c.name << ": A's bf16 rounding";
     EXPECT_EQ(Download<uint16_t>(ctx, gb16, nb), b16) << c.name << ": B's bf16 rounding";
     st = MatmulBf16(ctx, s, ga16, gb16, dc.f32(), gbias);
+  } else if (fp16) {
+    Buffer ga = DeviceZeros(ctx, na * 2), gb = DeviceZeros(ctx, nb * 2);
+    auto* ga16 = static_cast<uint16_t*>(ga.data());
+    auto* gb16 = static_cast<uint16_t*>(gb.data());
+    ASSERT_EQ(ToF16(da.f32(), ga16, na, ctx->stream), cudaSuccess);
+    ASSERT_EQ(ToF16(db.f32(), gb16, nb, ctx->stream), cudaSuccess);
+    EXPECT_EQ(Download<uint16_t>(ctx, ga16, na), a16) << c.name << ": A's fp16 rounding";
+    EXPECT_EQ(Download<uint16_t>(ctx, gb16, nb), b16) << c.name << ": B's fp16 rounding";
+    st = MatmulF16(ctx, s, ga16, gb16, dc.f32(), gbias);
   } else {
     st = Matmul(ctx, s, da.f32(), db.f32(), dc.f32(), gbias);
   }
@@ -144,6 +157,21 @@ TEST(CudaMatmulTest, Tf32ErrorStaysWithinItsPrecision) {
   }
   ::testing::Test::RecordProperty("tf32_scaled_max_error", std::to_string(worst));
   std::cout << "TF32 GEMM scaled max error vs the CPU: " << worst << "\n";
+}
+
+TEST(CudaMatmulTest, Fp16MatchesTheCpusFp16Product) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  TestDevice d = *MakeTestDevice(/*allow_tf32=*/true);
+  double worst = 0;
+  for (const Case& c : Cases()) {
+    double error = 0;
+    // The same fp16 operands; every product of two fp16 values is exact in
+    // fp32 on both; the sums run in another order.
+    RunCase(c, d.ctx.get(), 1e-5, &error, /*bf16=*/false, /*fp16=*/true);
+    worst = std::max(worst, error);
+  }
+  ::testing::Test::RecordProperty("fp16_scaled_max_error", std::to_string(worst));
+  std::cout << "fp16 GEMM scaled max error vs the CPU's fp16 product: " << worst << "\n";
 }
 
 TEST(CudaMatmulTest, Bf16MatchesTheCpusBf16Product) {

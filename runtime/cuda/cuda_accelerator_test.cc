@@ -462,7 +462,10 @@ double ExpectExecutorMatchesCpu(const Fixture& f, const Case& c, bool allow_tf32
   const tandem::v1::Timeline t = (*executor)->last_timeline();
   EXPECT_EQ(t.source(), "measured") << c.name;
   EXPECT_GT(t.spans_size(), 0) << c.name;
-  const std::string precision = f.compute == DType::kBF16 ? "bf16" : allow_tf32 ? "tf32" : "fp32";
+  const std::string precision = f.compute == DType::kBF16  ? "bf16"
+                                : f.compute == DType::kF16 ? "fp16"
+                                : allow_tf32               ? "tf32"
+                                                           : "fp32";
   std::cout << c.name << " (" << precision << "): max relative loss deviation " << worst
             << ", final weights relative L2 error " << weights << "\n";
   ::testing::Test::RecordProperty(c.name + "_" + precision + "_loss_deviation",
@@ -520,6 +523,50 @@ TEST(CudaExecutorTest, InBf16EveryPlanStaysCloseToTheCpuEngineInBf16) {
   for (int which : AcceleratorCases()) {
     ExpectExecutorMatchesCpu(f, Cases()[which], /*allow_tf32=*/true, /*steps=*/20,
                              {.loss = 2e-2, .weights = 5e-2, .eval = 2e-2});
+  }
+}
+
+// fp16 on both with a fixed loss scale: cuBLAS's fp16 GEMMs against the CPU's
+// (the same fp16 operands), the state fp32 on both.
+TEST(CudaExecutorTest, InFp16WithLossScalingEveryPlanStaysCloseToTheCpuEngineInFp16) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  Fixture f = MakeFixture(kGpt, DType::kF16);
+  f.loss_scale = 1024;
+  for (int which : AcceleratorCases()) {
+    ExpectExecutorMatchesCpu(f, Cases()[which], /*allow_tf32=*/true, /*steps=*/20,
+                             {.loss = 5e-3, .weights = 2e-2, .eval = 5e-3});
+  }
+}
+
+// A scale that overflows fp16 on the GPU: the step is skipped, the weights
+// on the device untouched, and the CPU engine skips the same step.
+TEST(CudaExecutorTest, AnOverflowingLossScaleSkipsTheStepOnTheGpu) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  const Fixture f = MakeFixture(kGpt, DType::kF16);
+  for (int which : AcceleratorCases()) {
+    const Case& c = Cases()[which];
+    std::unique_ptr<CudaAccelerator> device = Open(kBudgetBytes, true);
+    ASSERT_NE(device, nullptr);
+    HostAllocator host;
+    ExecutorOptions options;
+    options.plan = c.plan(*f.model, 16);
+    options.optimizer = f.spec.optimizer();
+    options.max_batch = 16;
+    options.init_seed = f.spec.training().seed();
+    options.host_allocator = &host;
+    options.accelerator = device.get();
+    auto executor = PlanExecutor::Create(*f.model, options);
+    ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
+    const std::vector<float> before = HostParams(**executor, *f.model);
+    BatchLoader loader(*f.data.train, 16, true, 1, false);
+    StepOptions o;
+    o.learning_rate = 0.01f;
+    o.loss_scale = 1e30f;
+    absl::StatusOr<StepResult> r = (*executor)->TrainStep(loader.Next(), o);
+    ASSERT_TRUE(r.ok()) << c.name << ": " << r.status();
+    EXPECT_TRUE(r->skipped) << c.name;
+    EXPECT_EQ(HostParams(**executor, *f.model), before) << c.name;
+    EXPECT_EQ((*executor)->host_state().optimizer->step(), 0) << c.name;
   }
 }
 

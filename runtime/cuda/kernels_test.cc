@@ -149,6 +149,49 @@ TEST(ElementwiseKernelTest, Bf16RoundingIsBitwiseTheCpus) {
   EXPECT_EQ(Download<uint16_t>(d.ctx.get(), out.data(), n), expected) << "unaligned";
 }
 
+// fp16: the same bits as the CPU's FloatToHalf over every binade fp16 has and
+// beyond (subnormal results, overflow to infinity from 65520), ties both ways,
+// NaNs; and widening back is exact.
+TEST(ElementwiseKernelTest, Fp16RoundingIsBitwiseTheCpus) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  TestDevice d = *MakeTestDevice();
+  std::vector<float> x = Uniform(100001, 11, -7e4f, 7e4f);
+  for (float scale : {1e-3f, 1e-5f, 1e-7f, 1e-9f}) {
+    const std::vector<float> small = Uniform(1000, 12, -scale, scale);
+    x.insert(x.end(), small.begin(), small.end());
+  }
+  for (uint32_t bits :
+       {0x3f801000u, 0x3f803000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u, 0x38800000u, 0x387fffffu,
+        0x33800000u, 0x33000000u, 0x33000001u, 0x7f800000u, 0xff800000u, 0x00000001u, 0x80000000u,
+        0x7fc00000u, 0x7f800001u, 0xffbfffffu}) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    x.push_back(f);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> cpu(n);
+  cpu::ToF16(x.data(), cpu.data(), n);
+  Buffer in = Upload(d.ctx.get(), x), out = DeviceZeros(d.ctx.get(), n * 2);
+  ASSERT_EQ(ToF16(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
+  const std::vector<uint16_t> gpu = Download<uint16_t>(d.ctx.get(), out.data(), n);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += cpu[i] != gpu[i];
+  EXPECT_EQ(differ, 0) << "of " << n << " values";
+  // From an odd element: the one-value-per-thread path.
+  ASSERT_EQ(cudaMemsetAsync(out.data(), 0, n * 2, d.ctx->stream), cudaSuccess);
+  std::vector<uint16_t> expected = cpu;
+  expected[0] = 0;
+  ASSERT_EQ(ToF16(in.f32() + 1, static_cast<uint16_t*>(out.data()) + 1, n - 1, d.ctx->stream),
+            cudaSuccess);
+  EXPECT_EQ(Download<uint16_t>(d.ctx.get(), out.data(), n), expected) << "unaligned";
+  ASSERT_EQ(ToF16(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
+  std::vector<float> widened(n);
+  cpu::FromF16(cpu.data(), widened.data(), n);
+  Buffer back = DeviceZeros(d.ctx.get(), n * 4);
+  ASSERT_EQ(FromF16(static_cast<uint16_t*>(out.data()), back.f32(), n, d.ctx->stream), cudaSuccess);
+  EXPECT_TRUE(BitwiseEqual(widened, Download<float>(d.ctx.get(), back.data(), n), "FromF16"));
+}
+
 TEST(AttentionKernelTest, LayoutsAreBitwiseTheCpus) {
   if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   TestDevice d = *MakeTestDevice();

@@ -216,8 +216,8 @@ void ExpectDevicesAgree(Layer& layer, const Shape& input, const Options& o) {
 // Builds `layer` in bf16 and compares CUDA (cuBLAS bf16, TF32 on, as a job runs)
 // with the CPU (oneDNN bf16) within `tolerance`.
 void ExpectDevicesAgreeInBf16(Layer& layer, const Shape& input, const Options& o, double tolerance,
-                              bool bf16_convolutions = false) {
-  layer.set_compute_dtype(DType::kBF16);
+                              bool bf16_convolutions = false, DType half = DType::kBF16) {
+  layer.set_compute_dtype(half);
   ASSERT_TRUE(layer.Build(input).ok());
   absl::StatusOr<cuda::TestDevice> device =
       cuda::MakeTestDevice(/*allow_tf32=*/true, bf16_convolutions);
@@ -227,9 +227,10 @@ void ExpectDevicesAgreeInBf16(Layer& layer, const Shape& input, const Options& o
   const Outputs gpu = RunCuda(layer, in, o, device->ctx.get());
   const std::string name = std::string(layer.kind()) + " " + input.ToString() +
                            (bf16_convolutions ? " (cuDNN bf16)" : "");
-  const double error = Compare(cpu, gpu, o, tolerance, false, name + " bf16");
-  ::testing::Test::RecordProperty("bf16_scaled_max_error", std::to_string(error));
-  std::cout << name << ": scaled max error vs CPU, bf16 " << error << "\n";
+  const std::string type = DTypeName(half);
+  const double error = Compare(cpu, gpu, o, tolerance, false, name + " " + type);
+  ::testing::Test::RecordProperty(type + "_scaled_max_error", std::to_string(error));
+  std::cout << name << ": scaled max error vs CPU, " << type << " " << error << "\n";
 }
 
 // Tolerances: elementwise kernels differ from oneDNN's by a few ulp; layers with
@@ -270,6 +271,23 @@ TEST(LayersOnCudaTest, AttentionAndTransformerBlockInBf16) {
                            kBf16Composite);
   TransformerBlock block({.n_head = 4, .dropout = 0.2f});
   ExpectDevicesAgreeInBf16(block, Shape({32, 64}), {.batch = 2}, kBf16Composite);
+}
+
+// fp16: cuBLAS's fp16 GEMM against the CPU's (the same operands, widened and
+// multiplied in fp32). fp16 keeps 3 more mantissa bits than bf16, so a
+// neighbouring rounding downstream moves a composite layer less.
+TEST(LayersOnCudaTest, LinearAttentionAndTransformerBlockInFp16) {
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  Linear a({.out_features = 5});
+  ExpectDevicesAgreeInBf16(a, Shape({7}), {.batch = 3}, kBf16Same, false, DType::kF16);
+  Linear b({.out_features = 96, .bias = false});
+  ExpectDevicesAgreeInBf16(b, Shape({16, 64}), {.batch = 4, .accumulate = true}, kBf16Same, false,
+                           DType::kF16);
+  Attention attention({.n_head = 4});
+  ExpectDevicesAgreeInBf16(attention, Shape({64, 32}), {.batch = 3, .accumulate = true}, 5e-3,
+                           false, DType::kF16);
+  TransformerBlock block({.n_head = 4, .dropout = 0.2f});
+  ExpectDevicesAgreeInBf16(block, Shape({32, 64}), {.batch = 2}, 5e-3, false, DType::kF16);
 }
 
 // A bf16 layer's convolutions on CUDA: TF32 by default (the CPU rounds x, W and

@@ -120,8 +120,8 @@ TEST_P(CudaPipelineMatchesCpuTest, LossesMatchTheCpuEngine) {
   for (int s = 0; s < steps; ++s) {
     const double deviation = std::fabs(losses[s] - reference[s]) / std::fabs(reference[s]);
     worst = std::max(worst, deviation);
-    EXPECT_LE(deviation, c.tolerance) << c.model << " step " << s << ": " << losses[s] << " vs "
-                               << reference[s];
+    EXPECT_LE(deviation, c.tolerance)
+        << c.model << " step " << s << ": " << losses[s] << " vs " << reference[s];
   }
   EXPECT_LT(losses.back(), losses.front());
   for (int s = 0; s < c.stages; ++s) {
@@ -131,10 +131,10 @@ TEST_P(CudaPipelineMatchesCpuTest, LossesMatchTheCpuEngine) {
     EXPECT_GT(st.peak_bytes, 0) << "stage " << s;
     EXPECT_LE(st.peak_bytes, kStageBudgetBytes) << "stage " << s;
   }
-  std::cout << c.model << " on " << c.stages << " CUDA stages, "
-            << PipelineScheduleName(c.schedule) << ": loss " << losses.front() << " -> "
-            << losses.back() << ", max relative deviation from the CPU engine " << worst
-            << "; stage 0 busy " << runner->stage_stats()[0].busy_seconds * 1e3 << " ms, copies "
+  std::cout << c.model << " on " << c.stages << " CUDA stages, " << PipelineScheduleName(c.schedule)
+            << ": loss " << losses.front() << " -> " << losses.back()
+            << ", max relative deviation from the CPU engine " << worst << "; stage 0 busy "
+            << runner->stage_stats()[0].busy_seconds * 1e3 << " ms, copies "
             << runner->stage_stats()[0].copy_seconds * 1e3 << " ms, bubble "
             << runner->stage_stats()[0].bubble_seconds * 1e3 << " ms\n";
   ::testing::Test::RecordProperty("max_loss_deviation", std::to_string(worst));

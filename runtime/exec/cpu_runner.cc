@@ -120,7 +120,8 @@ absl::StatusOr<StepResult> CpuRunner::TrainStep(const Batch& batch, const StepOp
     return absl::FailedPreconditionError("a gradient engine computes gradients; it does not train");
   }
   TANDEM_ASSIGN_OR_RETURN(StepResult result, ComputeGradients(batch, options));
-  const float scale = Optimizer::ClipScale(result.grad_norm, optimizer_->spec().max_grad_norm());
+  if (result.skipped) return result;
+  const float scale = gradient_scale_;
   const double start = timing_sink_ ? WallSeconds() : 0;
   optimizer_->Step(params_, state_.grads(), options.learning_rate, scale);
   if (timing_sink_) timing_sink_->Record(-1, Phase::kUpdate, WallSeconds() - start);
@@ -145,7 +146,9 @@ absl::StatusOr<StepResult> CpuRunner::ComputeGradients(const Batch& batch,
   const int64_t divisor = options.global_batch > 0 ? options.global_batch : B;
   float* dy = grad_a_.f32();
   float* dx = grad_b_.f32();
-  for (int64_t b = 0; b < B; ++b) dy[b] = 1.0f / static_cast<float>(divisor);
+  const float seed =
+      (options.loss_scale > 0 ? options.loss_scale : 1.0f) / static_cast<float>(divisor);
+  for (int64_t b = 0; b < B; ++b) dy[b] = seed;
   for (int l = L - 1; l >= 0; --l) {
     const Layer& layer = model_.layer(l);
     const Tensor x = l == 0 ? Tensor(const_cast<float*>(batch.inputs.data()), batch.input_dtype,
@@ -162,8 +165,12 @@ absl::StatusOr<StepResult> CpuRunner::ComputeGradients(const Batch& batch,
     std::swap(dy, dx);
   }
 
-  if (optimizer_->spec().max_grad_norm() > 0) {
-    result.grad_norm = std::sqrt(optim::SumOfSquares(state_.grads(), model_.parameter_elements()));
+  gradient_scale_ = 1.0f;
+  if (optimizer_->spec().max_grad_norm() > 0 || options.loss_scale > 0) {
+    gradient_scale_ = Optimizer::GradientScale(
+        optim::SumOfSquares(state_.grads(), model_.parameter_elements()), options.loss_scale,
+        optimizer_->spec().max_grad_norm(), &result.grad_norm);
+    result.skipped = gradient_scale_ == 0;
   }
   return result;
 }

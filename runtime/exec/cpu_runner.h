@@ -42,7 +42,8 @@ class CpuRunner final : public StepRunner {
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
   // Forward and backward only: the batch's gradient (of the mean loss) into
   // grads(), the weights untouched except for batch-norm running statistics.
-  // grad_norm is filled when the optimizer clips.
+  // grad_norm is filled when the optimizer clips or the loss is scaled; under
+  // loss scaling `skipped` says the scaled gradients overflowed.
   absl::StatusOr<StepResult> ComputeGradients(const Batch& batch, const StepOptions& options);
   // Forward only, in training mode (batch statistics, dropout): what moves the
   // batch-norm running statistics, by options.running_stats_momentum when set.
@@ -77,6 +78,9 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<Optimizer> optimizer_;
   // False for a gradient engine: someone else updates the weights.
   bool updates_ = true;
+  // What the latest ComputeGradients found every gradient is to be multiplied
+  // by (clipping, and the loss scale undone); 0 when it overflowed.
+  float gradient_scale_ = 1.0f;
   int64_t max_batch_ = 0;
   // Per layer: its output and its saved tensors, sized for max_batch_.
   std::vector<Buffer> outputs_, saved_;

@@ -29,6 +29,9 @@ std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t
 // for a bf16 model under a plan that computes on the accelerator, except
 // hetero_dp, whose two replicas keep fp32 weights; kF32 otherwise.
 DType ExecutorStateType(const Model& model, const tandem::v1::Plan& plan);
+// Whether a step takes the global gradient norm before any update: to clip,
+// or, for an fp16 model (dynamic loss scaling), to find an overflow.
+bool NeedsGradientNorm(const Model& model, const tandem::v1::OptimizerSpec& optimizer);
 // INVALID_ARGUMENT "plan.<field>: <message>".
 absl::Status PlanError(const std::string& field, const std::string& message);
 // Micro-batches of a full batch (the plan's, or `max_batch` samples).

@@ -298,6 +298,18 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
     if (s.resources[r].in_order && !s.order[r].empty())
       TANDEM_RETURN_IF_ERROR(engine_->Wait(it->spans[s.order[r].back()]));
   }
+  if (options.loss_scale > 0) {
+    // Whether this step updates at all: the norm decides.
+    if (!NeedsGradientNorm(model_, options_.optimizer)) {
+      return absl::FailedPreconditionError(
+          "loss scaling needs an fp16 model (the step program takes no gradient norm)");
+    }
+    for (int o = 0; o < s.num_ops(); ++o) {
+      if (s.ops[o].kind == schedule::OpKind::kGradientNorm) {
+        TANDEM_RETURN_IF_ERROR(engine_->Wait(it->spans[o]));
+      }
+    }
+  }
   TANDEM_RETURN_IF_ERROR(engine_->status());
   CollectTimelines();
   StepResult result;
@@ -306,6 +318,12 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
   for (float l : it->losses) sum += l;
   result.loss = sum / static_cast<double>(batch.size);
   result.grad_norm = it->grad_norm;
+  if (options.loss_scale > 0 && it->grad_scale == 0) {
+    // Skipped: the optimizer's step count goes back to where it was (no
+    // update of this step reads it any more: each took its constants).
+    result.skipped = true;
+    optimizer_->set_step(optimizer_->step() - 1);
+  }
   return result;
 }
 

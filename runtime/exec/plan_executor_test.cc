@@ -182,6 +182,105 @@ INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInBf16Test, testing::Range(0, 
                            return "gpt_" + Cases()[info.param].name;
                          });
 
+// fp16 products on both sides with a fixed loss scale of 1024 (the gradients
+// multiplied by it in backward, divided by it before clipping and the
+// update): the executor's layers round the same operands as the CPU engine's,
+// the state stays fp32 everywhere (no working copies in fp16), so the
+// trajectories part only where sums run in another order and a rounding
+// lands on the other side of an fp16 step (2^-11).
+class ExecutorMatchesCpuInFp16Test : public testing::TestWithParam<int> {};
+
+TEST_P(ExecutorMatchesCpuInFp16Test, LossTrajectoryMatchesTheCpuEngineInFp16) {
+  Fixture f = MakeFixture(kGpt, DType::kF16);
+  f.loss_scale = 1024;
+  const Fixture fp32 = MakeFixture(kGpt);
+  const Case c = Cases()[GetParam()];
+  const int steps = 30;
+  const std::vector<double> reference = Reference(f, steps);
+  const std::vector<double> reference_fp32 = Reference(fp32, steps);
+  const EmulatedRun run = RunOnEmulated(f, c, steps);
+  ASSERT_EQ(run.losses.size(), reference.size()) << c.name;
+  double from_fp16 = 0, from_fp32 = 0;
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_NEAR(run.losses[s], reference[s], 5e-4 * std::fabs(reference[s]))
+        << c.name << " step " << s;
+    from_fp16 = std::max(from_fp16, std::fabs(run.losses[s] / reference[s] - 1));
+    from_fp32 = std::max(from_fp32, std::fabs(run.losses[s] / reference_fp32[s] - 1));
+  }
+  std::cout << c.name << " (fp16): max relative loss deviation from the CPU engine in fp16 "
+            << from_fp16 << ", in fp32 " << from_fp32 << "\n";
+  RecordProperty("max_relative_deviation_from_cpu_fp16", std::to_string(from_fp16));
+  EXPECT_GT(from_fp32, 0) << c.name << ": fp16 did not run";
+  EXPECT_LT(from_fp32, 0.01) << c.name;
+  EXPECT_LT(run.losses.back(), run.losses.front()) << c.name;
+  EXPECT_LE(run.peak_bytes, 64 << 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInFp16Test, testing::Range(0, 7),
+                         [](const testing::TestParamInfo<int>& info) {
+                           return "gpt_" + Cases()[info.param].name;
+                         });
+
+// A loss scale so large that the scaled gradients overflow fp16: every plan
+// skips the update (weights, optimizer state and Adam's step count as they
+// were, wherever they live), says so, and the next step at a sane scale
+// updates as the CPU engine does after the same skipped step.
+TEST(ExecutorTest, AnOverflowingLossScaleSkipsTheUpdateUnderEveryPlan) {
+  const Fixture f = MakeFixture(kGpt, DType::kF16);
+  const int64_t P = f.model->parameter_elements();
+  for (const Case& c : Cases()) {
+    HostAllocator host;
+    EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+    ExecutorOptions options;
+    options.plan = c.plan(*f.model, 16);
+    options.optimizer = f.spec.optimizer();
+    options.max_batch = 16;
+    options.init_seed = f.spec.training().seed();
+    options.host_allocator = &host;
+    options.accelerator = &device;
+    auto executor = PlanExecutor::Create(*f.model, options);
+    ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
+    auto cpu =
+        *CpuRunner::Create(*f.model, f.spec.optimizer(), 16, f.spec.training().seed(), &host);
+    ASSERT_TRUE((*executor)->SyncStateToHost().ok());
+    const std::vector<float> before((*executor)->host_state().params,
+                                    (*executor)->host_state().params + P);
+    const std::vector<float> moment((*executor)->host_state().moments[0],
+                                    (*executor)->host_state().moments[0] + P);
+    BatchLoader loader(*f.data.train, 16, true, 1, false);
+    StepOptions o;
+    o.learning_rate = 0.01f;
+    o.loss_scale = 1e30f;
+    const Batch& first = loader.Next();
+    absl::StatusOr<StepResult> skipped = (*executor)->TrainStep(first, o);
+    ASSERT_TRUE(skipped.ok()) << c.name << ": " << skipped.status();
+    EXPECT_TRUE(skipped->skipped) << c.name;
+    EXPECT_TRUE(std::isfinite(skipped->loss)) << c.name;
+    absl::StatusOr<StepResult> cpu_skipped = cpu->TrainStep(first, o);
+    ASSERT_TRUE(cpu_skipped.ok());
+    EXPECT_TRUE(cpu_skipped->skipped);
+    ASSERT_TRUE((*executor)->SyncStateToHost().ok());
+    HostStateView state = (*executor)->host_state();
+    EXPECT_EQ(std::vector<float>(state.params, state.params + P), before) << c.name;
+    EXPECT_EQ(std::vector<float>(state.moments[0], state.moments[0] + P), moment) << c.name;
+    EXPECT_EQ(state.optimizer->step(), 0) << c.name;
+
+    o.step = 1;
+    o.loss_scale = 1024;
+    const Batch& second = loader.Next();
+    absl::StatusOr<StepResult> updated = (*executor)->TrainStep(second, o);
+    absl::StatusOr<StepResult> cpu_updated = cpu->TrainStep(second, o);
+    ASSERT_TRUE(updated.ok() && cpu_updated.ok()) << c.name;
+    EXPECT_FALSE(updated->skipped) << c.name;
+    EXPECT_NEAR(updated->loss, cpu_updated->loss, 1e-3 * cpu_updated->loss) << c.name;
+    EXPECT_NEAR(updated->grad_norm, cpu_updated->grad_norm, 1e-2 * cpu_updated->grad_norm)
+        << c.name;
+    ASSERT_TRUE((*executor)->SyncStateToHost().ok());
+    EXPECT_EQ((*executor)->host_state().optimizer->step(), 1) << c.name;
+    EXPECT_NE(std::vector<float>(state.params, state.params + P), before) << c.name;
+  }
+}
+
 // Nine layers of 256 x 256 under zero_offload: resident weights are bf16
 // working copies, half the fp32 bytes, and the savings on the weights and
 // gradients outweigh one layer's staging, so the bf16 step peaks lower.

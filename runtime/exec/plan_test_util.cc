@@ -43,6 +43,7 @@ std::vector<double> RunSteps(const Fixture& f, StepRunner& runner, int steps) {
     o.step = s;
     o.seed = f.spec.training().seed();
     o.learning_rate = f.spec.optimizer().learning_rate();
+    o.loss_scale = f.loss_scale;
     absl::StatusOr<StepResult> r = runner.TrainStep(loader.Next(), o);
     if (!r.ok()) {
       ADD_FAILURE() << r.status();

@@ -29,6 +29,8 @@ struct Fixture {
   Datasets data;
   // The model's matrix-product type (Model::Build).
   DType compute = DType::kF32;
+  // StepOptions::loss_scale of every step RunSteps takes (0: none).
+  float loss_scale = 0;
 };
 
 // The job of a YAML spec: its model (products in `compute`) and datasets.

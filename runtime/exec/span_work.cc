@@ -186,7 +186,8 @@ absl::Status PlanExecutor::Backward(Iteration& it, Replica& r, int o) {
     const int64_t whole = it.options.global_batch > 0 ? it.options.global_batch : it.batch;
     TANDEM_ASSIGN_OR_RETURN(r.grad[l][j],
                             Buffer::Allocate(alloc, n * 4, MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(r.side.Fill(r.grad[l][j].f32(), 1.0f / static_cast<float>(whole), n));
+    const float scale = it.options.loss_scale > 0 ? it.options.loss_scale : 1.0f;
+    TANDEM_RETURN_IF_ERROR(r.side.Fill(r.grad[l][j].f32(), scale / static_cast<float>(whole), n));
   }
   Buffer dx;
   if (l > 0) {
@@ -293,6 +294,7 @@ absl::Status PlanExecutor::Copy(Iteration& it, int o) {
 
 absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
   const Layer& layer = *layers_[l];
+  if (it.grad_scale == 0) return absl::OkStatus();  // an overflow: the step is skipped
   StepConstants s = it.step;
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
   std::vector<float*> states;
@@ -320,6 +322,10 @@ absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
 
 absl::Status PlanExecutor::AcceleratorUpdate(const Iteration& it, int l) {
   Layer& layer = *layers_[l];
+  if (it.grad_scale == 0) {  // an overflow: the step is skipped
+    layer.grads.Reset();
+    return absl::OkStatus();
+  }
   StepConstants s = it.step;
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
   std::vector<float*> states;
@@ -384,8 +390,9 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
       sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset, layer->param_elements);
     }
   }
-  it.grad_norm = std::sqrt(sum);
-  it.grad_scale = Optimizer::ClipScale(it.grad_norm, options_.optimizer.max_grad_norm());
+  // 0 when the loss-scaled gradients overflowed: every update is skipped.
+  it.grad_scale = Optimizer::GradientScale(sum, it.options.loss_scale,
+                                           options_.optimizer.max_grad_norm(), &it.grad_norm);
   return absl::OkStatus();
 }
 

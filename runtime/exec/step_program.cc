@@ -152,10 +152,15 @@ std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t
   return sizes;
 }
 
+bool NeedsGradientNorm(const Model& model, const tandem::v1::OptimizerSpec& optimizer) {
+  return optimizer.max_grad_norm() > 0 || model.compute_dtype() == DType::kF16;
+}
+
 DType ExecutorStateType(const Model& model, const tandem::v1::Plan& plan) {
   const bool accelerator_state = plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY &&
                                  plan.strategy() != tandem::v1::STRATEGY_HETERO_DP;
-  return accelerator_state ? model.compute_dtype() : DType::kF32;
+  // fp16 models keep fp32 state: working copies are bf16's alone.
+  return accelerator_state && model.compute_dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
 }
 
 int FullMicroBatches(const tandem::v1::Plan& plan, int64_t max_batch) {
@@ -183,7 +188,7 @@ absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
       ExecutorStateType(model, plan));
   schedule::LowerOptions lower;
   lower.has_accelerator = plan.strategy() != tandem::v1::STRATEGY_CPU_ONLY;
-  lower.clip_gradients = optimizer.max_grad_norm() > 0;
+  lower.clip_gradients = NeedsGradientNorm(model, optimizer);
   return LowerProgram(d, sizes, FullMicroBatches(plan, max_batch), lower);
 }
 PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::move(s)) {
@@ -210,7 +215,7 @@ absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro
   if (found != schedules_.end()) return found->second.get();
   schedule::LowerOptions lower;
   lower.has_accelerator = accel_ != nullptr;
-  lower.clip_gradients = options_.optimizer.max_grad_norm() > 0;
+  lower.clip_gradients = NeedsGradientNorm(model_, options_.optimizer);
   if (options_.collective != nullptr) {
     lower.ranks = options_.collective->ranks();
     lower.bucket_bytes = options_.bucket_bytes;

@@ -42,13 +42,23 @@ struct StepOptions {
   // first) as soon as that layer's gradients are final, so that a data-parallel
   // rank starts reducing them while the rest of backward runs.
   std::function<void(int)> on_layer_gradients;
+  // Dynamic loss scaling (fp16 models; the trainer's LossScaler keeps the
+  // scale): > 0 multiplies the loss's gradient by it, so that small gradients
+  // survive fp16's range; the runner then takes the global norm of the scaled
+  // gradients, skips the update when it is not finite (an fp16 overflow) and
+  // otherwise steps with the gradients divided by it. 0: off.
+  float loss_scale = 0;
 };
 
 struct StepResult {
   // Mean loss over the batch, in nats per sample.
   double loss = 0;
-  // Global gradient L2 norm before clipping; 0 when clipping is off (not computed).
+  // Global gradient L2 norm before clipping (of the unscaled gradients under
+  // loss scaling); 0 when neither clips nor scales (not computed).
   double grad_norm = 0;
+  // Loss scaling only: the scaled gradients overflowed, and the update was
+  // skipped (the weights, the optimizer state and its step count unchanged).
+  bool skipped = false;
   int64_t samples = 0;
 };
 

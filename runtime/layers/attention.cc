@@ -102,18 +102,18 @@ int64_t Attention::WorkspaceBytes(int64_t batch) const {
   return std::max(forward, backward) + ScratchBytes(batch);
 }
 
-// The projections' own workspace, or the bf16 copies of one product's two
+// The projections' own workspace, or the 16-bit copies of one product's two
 // operands (each at most [B, H, T, T] or [B, T, C]); they never overlap in time.
 int64_t Attention::ScratchBytes(int64_t batch) const {
   const int64_t projections = std::max(qkv_.WorkspaceBytes(batch), proj_.WorkspaceBytes(batch));
-  if (compute_dtype() != DType::kBF16) return projections;
+  if (!IsHalf(compute_dtype())) return projections;
   const int64_t operand = std::max(batch * T_ * C_, batch * options_.n_head * T_ * T_);
   return std::max(projections, 2 * cpu::AlignWorkspace(2 * operand));
 }
 
 void Attention::Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
                         const float* b, float* c, void* scratch) const {
-  if (compute_dtype() != DType::kBF16) {
+  if (!IsHalf(compute_dtype())) {
     device_ops::Matmul(ctx, shape, a, b, c);
     return;
   }
@@ -122,9 +122,9 @@ void Attention::Product(const LayerContext& ctx, const cpu::MatmulShape& shape, 
   Carver w(scratch);
   uint16_t* a16 = static_cast<uint16_t*>(w.TakeBytes(2 * a_n));
   uint16_t* b16 = static_cast<uint16_t*>(w.TakeBytes(2 * b_n));
-  device_ops::ToBf16(ctx, a, a16, a_n);
-  device_ops::ToBf16(ctx, b, b16, b_n);
-  device_ops::MatmulBf16(ctx, shape, a16, b16, c);
+  device_ops::ToHalf(ctx, compute_dtype(), a, a16, a_n);
+  device_ops::ToHalf(ctx, compute_dtype(), b, b16, b_n);
+  device_ops::MatmulHalf(ctx, compute_dtype(), shape, a16, b16, c);
 }
 
 const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {

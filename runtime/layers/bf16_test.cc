@@ -1,8 +1,10 @@
-// bf16 mixed precision against the fp32 reference: the same layer built with
-// compute_dtype kBF16 and kF32, the same parameters, input and incoming
-// gradient; the output, the input gradient and the parameter gradients must
-// agree to bf16's precision (relative L2 error) and must differ from fp32 (the
-// bf16 products ran). Finite-difference tests stay on fp32 (layers_test).
+// bf16 and fp16 mixed precision against the fp32 reference: the same layer
+// built with compute_dtype kBF16 (or kF16) and kF32, the same parameters, input
+// and incoming gradient; the output, the input gradient and the parameter
+// gradients must agree to the 16-bit type's precision (relative L2 error) and
+// must differ from fp32 (the 16-bit products ran). fp16's range ends at 65504:
+// an operand beyond it is infinite, which is what loss scaling watches for.
+// Finite-difference tests stay on fp32 (layers_test).
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -73,26 +75,40 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
 // rounding and far below what a wrong operand or layout gives (order 1).
 constexpr double kBf16Tolerance = 1e-2;
 
-void ExpectBf16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make, const Shape& input,
-                           int64_t batch, bool accumulate = false,
-                           double tolerance = kBf16Tolerance) {
+// fp16 keeps 11 significant bits: 8 times bf16's precision.
+constexpr double kFp16Tolerance = 2e-3;
+
+void ExpectHalfMatchesFp32(DType half, const std::function<std::unique_ptr<Layer>()>& make,
+                           const Shape& input, int64_t batch, bool accumulate, double tolerance) {
   std::unique_ptr<Layer> fp32 = make(), bf16 = make();
-  bf16->set_compute_dtype(DType::kBF16);
+  bf16->set_compute_dtype(half);
   ASSERT_TRUE(fp32->Build(input).ok());
   ASSERT_TRUE(bf16->Build(input).ok());
   EXPECT_GT(bf16->WorkspaceBytes(batch), fp32->WorkspaceBytes(batch))
-      << "the bf16 copies live in the workspace";
+      << "the 16-bit copies live in the workspace";
   const Outputs ref = Run(*fp32, input, batch, accumulate);
   const Outputs got = Run(*bf16, input, batch, accumulate);
-  const std::string where = std::string(fp32->kind()) + " on oneDNN " + cpu::OneDnnIsa();
+  const std::string where =
+      std::string(fp32->kind()) + " in " + DTypeName(half) + " on oneDNN " + cpu::OneDnnIsa();
   for (const auto& [name, a, b] :
        {std::tuple{"output", &got.y, &ref.y}, std::tuple{"input gradient", &got.dx, &ref.dx},
         std::tuple{"parameter gradients", &got.grads, &ref.grads}}) {
     const double error = RelativeError(*a, *b);
     EXPECT_LT(error, tolerance) << name << ", " << where;
-    EXPECT_GT(error, 0.0) << name << " equals fp32 to the bit: the bf16 products did not run, "
+    EXPECT_GT(error, 0.0) << name << " equals fp32 to the bit: the 16-bit products did not run, "
                           << where;
   }
+}
+
+void ExpectBf16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make, const Shape& input,
+                           int64_t batch, bool accumulate = false,
+                           double tolerance = kBf16Tolerance) {
+  ExpectHalfMatchesFp32(DType::kBF16, make, input, batch, accumulate, tolerance);
+}
+
+void ExpectFp16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make, const Shape& input,
+                           int64_t batch, bool accumulate = false) {
+  ExpectHalfMatchesFp32(DType::kF16, make, input, batch, accumulate, kFp16Tolerance);
 }
 
 TEST(Bf16Test, LinearMatchesFp32WithinBf16Precision) {
@@ -145,6 +161,69 @@ TEST(Bf16Test, ResidualBlockMatchesFp32WithinBf16Precision) {
             ResidualBlockOptions{.out_channels = 32, .stride = 2});
       },
       Shape({16, 16, 16}), 4, /*accumulate=*/false, /*tolerance=*/0.1);
+}
+
+TEST(Fp16Test, LinearMatchesFp32WithinFp16Precision) {
+  ExpectFp16MatchesFp32([] { return std::make_unique<Linear>(LinearOptions{.out_features = 48}); },
+                        Shape({96}), 16);
+}
+
+TEST(Fp16Test, LinearOnSequencesAccumulatesGradients) {
+  ExpectFp16MatchesFp32(
+      [] { return std::make_unique<Linear>(LinearOptions{.out_features = 24, .bias = false}); },
+      Shape({5, 40}), 3, /*accumulate=*/true);
+}
+
+TEST(Fp16Test, AttentionMatchesFp32WithinFp16Precision) {
+  ExpectFp16MatchesFp32([] { return std::make_unique<Attention>(AttentionOptions{.n_head = 4}); },
+                        Shape({16, 64}), 2);
+}
+
+TEST(Fp16Test, TransformerBlockMatchesFp32WithinFp16Precision) {
+  ExpectFp16MatchesFp32(
+      [] { return std::make_unique<TransformerBlock>(TransformerBlockOptions{.n_head = 4}); },
+      Shape({16, 64}), 2);
+}
+
+// Convolutions have no fp16 path: an fp16 model convolves in fp32, bit for bit.
+TEST(Fp16Test, ConvolutionsStayFp32) {
+  Conv2d fp32(Conv2dOptions{.out_channels = 8, .kernel_size = 3, .padding = 1});
+  Conv2d fp16(Conv2dOptions{.out_channels = 8, .kernel_size = 3, .padding = 1});
+  fp16.set_compute_dtype(DType::kF16);
+  ASSERT_TRUE(fp32.Build(Shape({8, 8, 3})).ok());
+  ASSERT_TRUE(fp16.Build(Shape({8, 8, 3})).ok());
+  const Outputs a = tandem::Run(fp32, Shape({8, 8, 3}), 2);
+  const Outputs b = tandem::Run(fp16, Shape({8, 8, 3}), 2);
+  EXPECT_EQ(a.y, b.y);
+  EXPECT_EQ(a.dx, b.dx);
+  EXPECT_EQ(a.grads, b.grads);
+}
+
+// A gradient beyond fp16's range becomes infinite in the products that take
+// it, and the weight gradient says so: the overflow dynamic loss scaling
+// finds (a non-finite gradient norm) and skips. bf16 has fp32's range.
+TEST(Fp16Test, AGradientBeyond65504OverflowsInFp16AndNotInBf16) {
+  for (DType half : {DType::kF16, DType::kBF16}) {
+    Linear layer(LinearOptions{.out_features = 4});
+    layer.set_compute_dtype(half);
+    ASSERT_TRUE(layer.Build(Shape({8})).ok());
+    std::vector<float> params(layer.ParamCount()), x(2 * 8, 0.5f), y(2 * 4), dx(2 * 8);
+    std::vector<float> dy(2 * 4, 1e5f), grads(layer.ParamCount());
+    layer.Initialize(params.data(), nullptr, 5, 1);
+    std::vector<float> workspace(layer.WorkspaceBytes(2) / 4 + 16);
+    LayerContext ctx;
+    ctx.params = params.data();
+    ctx.grads = grads.data();
+    ctx.workspace = workspace.data();
+    layer.Forward(ctx, Tensor::F32(x.data(), Shape({2, 8})), Tensor::F32(y.data(), Shape({2, 4})),
+                  nullptr);
+    layer.Backward(ctx, Tensor::F32(x.data(), Shape({2, 8})), Tensor::F32(y.data(), Shape({2, 4})),
+                   nullptr, Tensor::F32(dy.data(), Shape({2, 4})),
+                   Tensor::F32(dx.data(), Shape({2, 8})));
+    bool finite = true;
+    for (int i = 0; i < 4 * 8; ++i) finite = finite && std::isfinite(grads[i]);
+    EXPECT_EQ(finite, half == DType::kBF16) << DTypeName(half);
+  }
 }
 
 }  // namespace

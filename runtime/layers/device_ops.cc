@@ -46,6 +46,25 @@ void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const ui
   cpu::MatmulBf16(shape, a, b, c, bias);
 }
 
+void ToHalf(const LayerContext& ctx, DType half, const float* x, uint16_t* out, int64_t n) {
+  if (half == DType::kBF16) {
+    ToBf16(ctx, x, out, n);
+    return;
+  }
+  TANDEM_ON_CUDA(ctx, cuda::ToF16(x, out, n, ctx.cuda->stream), "ToF16");
+  cpu::ToF16(x, out, n);
+}
+
+void MatmulHalf(const LayerContext& ctx, DType half, const cpu::MatmulShape& shape,
+                const uint16_t* a, const uint16_t* b, float* c, const float* bias) {
+  if (half == DType::kBF16) {
+    MatmulBf16(ctx, shape, a, b, c, bias);
+    return;
+  }
+  TANDEM_ON_CUDA(ctx, cuda::MatmulF16(ctx.cuda, shape, a, b, c, bias));
+  cpu::MatmulF16(shape, a, b, c, bias);
+}
+
 void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
                bool accumulate) {
   TANDEM_ON_CUDA(ctx, cuda::ColumnSum(db, dy, rows, cols, accumulate, ctx.cuda->stream),

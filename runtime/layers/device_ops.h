@@ -26,6 +26,13 @@ void FromBf16(const LayerContext& ctx, const uint16_t* x, float* out, int64_t n)
 // with fp32 accumulation on CUDA).
 void MatmulBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
                 const uint16_t* b, float* c, const float* bias = nullptr);
+// out[i] = x[i] rounded to `half` (kBF16 or kF16: ToBf16, or cpu::ToF16's
+// rounding on every device).
+void ToHalf(const LayerContext& ctx, DType half, const float* x, uint16_t* out, int64_t n);
+// MatmulBf16, or the same from fp16 operands (cpu::MatmulF16; cuBLAS's fp16
+// tensor-core GEMM with fp32 accumulation on CUDA), as `half` says.
+void MatmulHalf(const LayerContext& ctx, DType half, const cpu::MatmulShape& shape,
+                const uint16_t* a, const uint16_t* b, float* c, const float* bias = nullptr);
 // db[j] (+)= sum_i dy[i, j], dy [rows, cols].
 void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
                bool accumulate);

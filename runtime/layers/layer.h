@@ -107,10 +107,12 @@ class Layer {
   const Shape& output_shape() const { return output_shape_; }
   // Token ids for embeddings; f32 for everything else.
   virtual DType input_dtype() const { return DType::kF32; }
-  // The input type of the layer's matrix products on the CPU: kF32, or kBF16
-  // for mixed precision (bf16 inputs, f32 accumulation and output; tensors,
-  // parameters and everything else stay f32). Set before Build; layers made of
-  // parts give it to them. CUDA runs f32 whatever it says (not built yet).
+  // The input type of the layer's matrix products: kF32, or kBF16 or kF16 for
+  // mixed precision (16-bit inputs, f32 accumulation and output; tensors,
+  // parameters and everything else stay f32). Linear layers and attention
+  // honour both 16-bit types on every device; convolutions honour bf16 only
+  // (fp16 convolves in fp32, TF32 on CUDA). Set before Build; layers made of
+  // parts give it to them.
   void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
   DType compute_dtype() const { return compute_dtype_; }
 

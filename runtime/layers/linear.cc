@@ -46,9 +46,9 @@ LayerCost Linear::Cost(int64_t batch) const {
   return cost;
 }
 
-// bf16 copies of x [rows, in], W [out, in] and dy [rows, out].
+// 16-bit copies (bf16 or fp16) of x [rows, in], W [out, in] and dy [rows, out].
 int64_t Linear::WorkspaceBytes(int64_t batch) const {
-  if (compute_dtype() != DType::kBF16) return 0;
+  if (!IsHalf(compute_dtype())) return 0;
   const int64_t rows = Rows(batch), out = options_.out_features;
   return cpu::AlignWorkspace(2 * rows * in_) + cpu::AlignWorkspace(2 * out * in_) +
          cpu::AlignWorkspace(2 * rows * out);
@@ -56,15 +56,15 @@ int64_t Linear::WorkspaceBytes(int64_t batch) const {
 
 namespace {
 
-// An operand in fp32, and its bf16 copy in the workspace when the layer
-// computes in bf16 (null otherwise).
+// An operand in fp32, and its 16-bit copy in the workspace when the layer
+// computes in bf16 or fp16 (null otherwise).
 struct Operand {
   const float* f32;
   uint16_t* bf16;
 };
 
-// The bf16 copies of x [rows, in], W [out, in] and dy [rows, out]; all null
-// without bf16.
+// The 16-bit copies of x [rows, in], W [out, in] and dy [rows, out]; all
+// null in fp32.
 struct Bf16Copies {
   uint16_t *x = nullptr, *w = nullptr, *dy = nullptr;
 };
@@ -79,17 +79,17 @@ Bf16Copies CarveBf16(void* workspace, bool bf16, int64_t rows, int64_t in, int64
   return b;
 }
 
-// Rounds `op` into its bf16 copy, if it has one.
-void Round(const LayerContext& ctx, const Operand& op, int64_t n) {
-  if (op.bf16 != nullptr) device_ops::ToBf16(ctx, op.f32, op.bf16, n);
+// Rounds `op` into its 16-bit copy, if it has one.
+void Round(const LayerContext& ctx, DType half, const Operand& op, int64_t n) {
+  if (op.bf16 != nullptr) device_ops::ToHalf(ctx, half, op.f32, op.bf16, n);
 }
 
-// c (+)= a b in bf16 when the operands have bf16 copies (rounded already), else
-// in fp32.
-void Multiply(const LayerContext& ctx, const cpu::MatmulShape& s, const Operand& a,
+// c (+)= a b in `half` when the operands have 16-bit copies (rounded already),
+// else in fp32.
+void Multiply(const LayerContext& ctx, DType half, const cpu::MatmulShape& s, const Operand& a,
               const Operand& b, float* c, const float* bias = nullptr) {
   if (a.bf16 != nullptr) {
-    device_ops::MatmulBf16(ctx, s, a.bf16, b.bf16, c, bias);
+    device_ops::MatmulHalf(ctx, half, s, a.bf16, b.bf16, c, bias);
   } else {
     device_ops::Matmul(ctx, s, a.f32, b.f32, c, bias);
   }
@@ -99,41 +99,42 @@ void Multiply(const LayerContext& ctx, const cpu::MatmulShape& s, const Operand&
 
 void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
-  const Bf16Copies b = CarveBf16(ctx.workspace, compute_dtype() == DType::kBF16, rows, in_, out);
+  const Bf16Copies b = CarveBf16(ctx.workspace, IsHalf(compute_dtype()), rows, in_, out);
   const Operand xs{x.f32(), b.x}, w{ctx.params, b.w};
-  Round(ctx, xs, rows * in_);
-  Round(ctx, w, out * in_);
+  Round(ctx, compute_dtype(), xs, rows * in_);
+  Round(ctx, compute_dtype(), w, out * in_);
   cpu::MatmulShape s;
   s.m = rows;
   s.n = out;
   s.k = in_;
   s.trans_b = true;  // W is [out, in]: op(B) = W^T.
   s.bias = options_.bias;
-  Multiply(ctx, s, xs, w, y.f32(), options_.bias ? ctx.params + out * in_ : nullptr);
+  Multiply(ctx, compute_dtype(), s, xs, w, y.f32(),
+           options_.bias ? ctx.params + out * in_ : nullptr);
 }
 
 void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
                       const Tensor& dy, const Tensor& dx) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
-  const Bf16Copies b = CarveBf16(ctx.workspace, compute_dtype() == DType::kBF16, rows, in_, out);
+  const Bf16Copies b = CarveBf16(ctx.workspace, IsHalf(compute_dtype()), rows, in_, out);
   const Operand dys{dy.f32(), b.dy}, w{ctx.params, b.w}, xs{x.f32(), b.x};
-  Round(ctx, dys, rows * out);
+  Round(ctx, compute_dtype(), dys, rows * out);
   if (dx.data != nullptr) {
-    Round(ctx, w, out * in_);
+    Round(ctx, compute_dtype(), w, out * in_);
     cpu::MatmulShape s;  // dX[rows, in] = dY[rows, out] W[out, in]
     s.m = rows;
     s.n = in_;
     s.k = out;
-    Multiply(ctx, s, dys, w, dx.f32());
+    Multiply(ctx, compute_dtype(), s, dys, w, dx.f32());
   }
-  Round(ctx, xs, rows * in_);
+  Round(ctx, compute_dtype(), xs, rows * in_);
   cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
   s.m = out;
   s.n = in_;
   s.k = rows;
   s.trans_a = true;
   s.accumulate = ctx.accumulate_grads;
-  Multiply(ctx, s, dys, xs, ctx.grads);
+  Multiply(ctx, compute_dtype(), s, dys, xs, ctx.grads);
   if (options_.bias) {
     device_ops::ColumnSum(ctx, dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
   }

@@ -378,7 +378,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromLayers(std::vector<std::unique
                                                          const DataInfo& data) {
   auto model = std::unique_ptr<Model>(new Model());
   for (const auto& layer : layers) {
-    if (layer->compute_dtype() == DType::kBF16) model->compute_ = DType::kBF16;
+    if (IsHalf(layer->compute_dtype())) model->compute_ = layer->compute_dtype();
   }
   model->layers_ = std::move(layers);
   model->data_ = data;

@@ -68,8 +68,8 @@ class Model {
   // Activation bytes one forward keeps for backward: outputs and saved tensors.
   int64_t ActivationBytes(int64_t batch) const;
 
-  // The layers' matrix-product input type (kBF16 when Build was asked for it,
-  // or when FromLayers got a layer that computes in bf16).
+  // The layers' matrix-product input type (kBF16 or kF16 when Build was asked
+  // for it, or when FromLayers got a layer that computes in one).
   DType compute_dtype() const { return compute_; }
 
   // Hex digest of the architecture (kinds, shapes, parameter layout); equal

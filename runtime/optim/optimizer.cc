@@ -109,6 +109,17 @@ void Optimizer::Step(float* params, const float* grads, float learning_rate, flo
   UpdateSlice(c, params, grads, states, elements_);
 }
 
+float Optimizer::GradientScale(double scaled_sum_of_squares, float loss_scale, float max_norm,
+                               double* norm) {
+  if (!std::isfinite(scaled_sum_of_squares)) {
+    *norm = 0;
+    return 0;
+  }
+  const double unscale = loss_scale > 0 ? 1.0 / loss_scale : 1.0;
+  *norm = std::sqrt(scaled_sum_of_squares) * unscale;
+  return static_cast<float>(ClipScale(*norm, max_norm) * unscale);
+}
+
 float Optimizer::ClipScale(double norm, float max_norm) {
   if (max_norm <= 0) return 1.0f;
   const double scale = max_norm / (norm + 1e-6);

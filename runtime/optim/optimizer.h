@@ -79,6 +79,13 @@ class Optimizer {
   // Scale for clipping to `max_norm` given the gradients' global norm (PyTorch's
   // clip_grad_norm_): min(1, max_norm / (norm + 1e-6)); 1 when max_norm is 0.
   static float ClipScale(double norm, float max_norm);
+  // What multiplies every gradient when the gradients were computed for a loss
+  // scaled by `loss_scale` (0: not scaled) and `scaled_sum_of_squares` is their
+  // squared global norm: sets *norm to the unscaled gradients' norm and
+  // returns ClipScale(*norm, max_norm) / loss_scale; or returns 0 with
+  // *norm = 0 when the sum is not finite (an overflow: the update is skipped).
+  static float GradientScale(double scaled_sum_of_squares, float loss_scale, float max_norm,
+                             double* norm);
 
   const tandem::v1::OptimizerSpec& spec() const { return spec_; }
 

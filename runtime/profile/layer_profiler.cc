@@ -319,7 +319,9 @@ class LayerRun {
 
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch) {
-  return AnalyticProfile(model, optimizer, batch, model.compute_dtype());
+  // An fp16 model is profiled as fp32 (its state is fp32; see ExecutorStateType).
+  return AnalyticProfile(model, optimizer, batch,
+                         model.compute_dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32);
 }
 
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,

@@ -40,7 +40,9 @@ LocalCompute LocalComputeFor(const JobSpec& resolved) {
 }
 
 DType ComputeDType(tandem::v1::Precision precision) {
-  return precision == tandem::v1::PRECISION_BF16 ? DType::kBF16 : DType::kF32;
+  return precision == tandem::v1::PRECISION_BF16   ? DType::kBF16
+         : precision == tandem::v1::PRECISION_FP16 ? DType::kF16
+                                                   : DType::kF32;
 }
 
 absl::StatusOr<JobModel> BuildJobModel(const JobSpec& resolved, const PathResolver& resolve,

@@ -31,7 +31,8 @@ absl::StatusOr<JobModel> BuildJobModel(const tandem::v1::JobSpec& resolved,
                                        const PathResolver& resolve = nullptr,
                                        DType compute = DType::kF32);
 
-// The layers' compute type for a resolved precision: kBF16 for BF16, else kF32.
+// The layers' compute type for a resolved precision: kBF16 for BF16, kF16 for
+// FP16, else kF32.
 DType ComputeDType(tandem::v1::Precision precision);
 
 // Where a resolved job would run here, for ChoosePrecisionHere: its accelerator,

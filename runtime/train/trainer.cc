@@ -123,6 +123,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
                                              t->resolved_.data().shuffle(), training.seed());
   t->total_steps_ = TotalSteps(t->resolved_, t->data_.train->size());
   t->progress_.set_total_steps(t->total_steps_);
+  if (t->resolved_.precision() == tandem::v1::PRECISION_FP16) {
+    t->loss_scaler_ = std::make_unique<LossScaler>(training.loss_scaling());
+    t->metrics_.set_loss_scale(t->loss_scaler_->scale());
+  }
   TANDEM_RETURN_IF_ERROR(t->SetUpSwa());
   if (!t->options_.checkpoint_dir.empty()) {
     std::error_code ec;
@@ -187,6 +191,12 @@ absl::Status Trainer::LoadNewestCheckpoint() {
     step_ = header->step();
     samples_ = header->samples();
     state.optimizer->set_step(header->optimizer_step());
+    if (loss_scaler_ != nullptr && header->loss_scale() > 0) {
+      loss_scaler_->Restore(header->loss_scale(), header->loss_scale_good_steps(),
+                            header->skipped_steps());
+      metrics_.set_loss_scale(loss_scaler_->scale());
+      metrics_.set_skipped_steps(loss_scaler_->skipped_steps());
+    }
     loader_->Seek(header->epoch(), header->epoch_offset());
     TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
     checkpoint_path_ = path;
@@ -212,6 +222,11 @@ absl::Status Trainer::SaveCheckpoint() {
   header.set_epoch_offset(loader_->offset());
   header.set_samples(samples_);
   header.set_optimizer_step(state.optimizer->step());
+  if (loss_scaler_ != nullptr) {
+    header.set_loss_scale(loss_scaler_->scale());
+    header.set_loss_scale_good_steps(loss_scaler_->good_steps());
+    header.set_skipped_steps(loss_scaler_->skipped_steps());
+  }
   *header.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
                                       {"buffers", state.buffers, model_->buffer_elements()}};
@@ -268,6 +283,24 @@ absl::StatusOr<StepResult> Trainer::TrainStep(const Batch& batch, const StepOpti
         std::isnan(result->loss) ? "NaN" : "infinite", step_ + 1, options.learning_rate,
         last_loss));
   }
+  if (loss_scaler_ == nullptr) {
+    if (result->skipped) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the gradients became non-finite at step %d (learning rate %g, loss %g): training "
+          "diverged; lower optimizer.learning_rate",
+          step_ + 1, options.learning_rate, result->loss));
+    }
+    return result;
+  }
+  if (result->skipped) {
+    Log(tandem::v1::LOG_SEVERITY_INFO,
+        absl::StrFormat("step %d: the fp16 gradients overflowed at loss scale %g; update "
+                        "skipped, the scale halved",
+                        step_ + 1, loss_scaler_->scale()));
+  }
+  TANDEM_RETURN_IF_ERROR(loss_scaler_->Update(result->skipped));
+  metrics_.set_loss_scale(loss_scaler_->scale());
+  metrics_.set_skipped_steps(loss_scaler_->skipped_steps());
   return result;
 }
 
@@ -307,6 +340,10 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
       p.set_step_seconds(step_seconds);
       p.set_learning_rate(options.learning_rate);
       p.set_grad_norm(result.grad_norm);
+      if (loss_scaler_ != nullptr) {
+        p.set_loss_scale(options.loss_scale);
+        p.set_skipped_steps(metrics_.skipped_steps());
+      }
       p.set_eta_seconds(progress_.eta_seconds());
       p.set_epoch(progress_.epoch());
       *p.mutable_updates() = metrics_.updates();
@@ -521,6 +558,7 @@ absl::Status Trainer::Run() {
     options.step = step_;
     options.seed = resolved_.training().seed();
     options.learning_rate = runner_->host_state().optimizer->LearningRate(step_, total_steps_);
+    if (loss_scaler_ != nullptr) options.loss_scale = static_cast<float>(loss_scaler_->scale());
     const double step_start = WallSeconds();
     TANDEM_ASSIGN_OR_RETURN(const StepResult result, TrainStep(batch, options, last_loss));
     last_loss = result.loss;

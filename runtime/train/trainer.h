@@ -18,6 +18,7 @@
 #include "runtime/data/loader.h"
 #include "runtime/exec/step_runner.h"
 #include "runtime/model/model.h"
+#include "runtime/train/loss_scaler.h"
 #include "tandem/v1/job.pb.h"
 
 namespace tandem {
@@ -130,7 +131,9 @@ class Trainer {
   };
   static constexpr int64_t kWarmupSteps = 2;
   Trainer() = default;
-  // One optimizer step; FAILED_PRECONDITION when the loss is no longer finite.
+  // One optimizer step; FAILED_PRECONDITION when the loss is no longer finite,
+  // when the gradients are not (a step skipped without loss scaling), or when
+  // the loss scaler gives up.
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options,
                                        double last_loss);
   // The step's progress and metrics; a step event every log interval.
@@ -175,6 +178,8 @@ class Trainer {
   tandem::v1::JobProgress progress_;
   tandem::v1::JobMetrics metrics_;
   std::unique_ptr<SwaAverager> swa_;
+  // PRECISION_FP16 jobs' dynamic loss scale; null for the others.
+  std::unique_ptr<LossScaler> loss_scaler_;
   // The job's CPU threads, and the trainer thread's OpenMP threads (the job's,
   // or a worker's share of them under an update rule with workers).
   int job_threads_ = 0;

@@ -108,6 +108,63 @@ TEST(TrainerTest, Bf16JobResumesExactlyFromItsFp32MasterState) {
   for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
 }
 
+// fp16 with dynamic loss scaling, started at a scale that overflows: the
+// first steps are skipped (the scale halving each time) until the scaled
+// gradients fit fp16, then it trains; the skipped steps are counted, and a
+// run resumed from a checkpoint carries on with the same scale, the same
+// count and the same losses, to the bit.
+TEST(TrainerTest, Fp16LossScalingSkipsOverflowsAndResumesExactly) {
+  tandem::v1::JobSpec spec = SyntheticMlp(30);
+  spec.set_precision(tandem::v1::PRECISION_FP16);
+  // fp16 runs where a GPU (or the emulated one) is; the trainer's own runner
+  // here is the CPU engine, whose layers compute the same fp16 products.
+  spec.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_EMULATED);
+  spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_CPU_ONLY);
+  spec.mutable_training()->mutable_loss_scaling()->set_initial_scale(0x1p40);
+  spec.mutable_training()->mutable_loss_scaling()->set_growth_interval_steps(8);
+  std::vector<double> scales;
+  TrainerOptions options;
+  TrainerCallbacks callbacks;
+  std::vector<double> losses;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+    losses.push_back(p.loss());
+    scales.push_back(p.loss_scale());
+  };
+  auto trainer = Trainer::Create(spec, options, callbacks);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  const tandem::v1::JobMetrics& m = (*trainer)->metrics();
+  // 2^40 down to a scale whose products fit: a handful of halvings, each a
+  // skipped step, then growth every 8 clean steps.
+  EXPECT_GT(m.skipped_steps(), 0);
+  EXPECT_LT(m.skipped_steps(), 30);
+  ASSERT_EQ(scales.size(), 30u);
+  EXPECT_EQ(scales[0], 0x1p40);
+  EXPECT_EQ(scales[1], 0x1p39);
+  EXPECT_GT(m.loss_scale(), 0);
+  EXPECT_LT(m.loss_scale(), 0x1p40);
+  EXPECT_LT(losses.back(), losses[m.skipped_steps()]) << "it trains once the scale fits";
+  const TrainRun whole = Train(spec, "");
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  ASSERT_EQ(whole.losses, losses) << "two runs of the same job";
+
+  const std::string dir = TempDir("resume_fp16");
+  const TrainRun first = Train(spec, dir, /*stop_after=*/13);
+  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
+  const TrainRun second = Train(spec, dir);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  ASSERT_EQ(second.losses.size(), 17u);
+  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
+}
+
+TEST(TrainerTest, Fp16IsRefusedOnTheCpuEngine) {
+  tandem::v1::JobSpec spec = SyntheticMlp(3);
+  spec.set_precision(tandem::v1::PRECISION_FP16);
+  const TrainRun run = Train(spec, "");
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << run.status;
+  EXPECT_NE(run.status.message().find("PRECISION_FP16"), std::string::npos) << run.status;
+}
+
 TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const tandem::v1::JobSpec spec = SyntheticMlp(10);
   const std::string dir = TempDir("damaged");

@@ -34,13 +34,15 @@ FAKE_NVML = None
 # (below) is not, so their queries come back empty for it (they must still
 # parse): the pipeline rows have data only for pipeline jobs
 # (docs/pipeline.md), the distributed row only for distributed jobs
-# (docs/distributed.md). A pipeline job and a 2-rank job (with a peer daemon)
-# run beside it, so the families are registered. An entry whose queries return data for the dashboard's job fails
+# (docs/distributed.md), the mixed-precision row only for fp16 jobs. A
+# pipeline job, a 2-rank job (with a peer daemon) and an fp16 job run beside
+# it, so the families are registered. An entry whose queries return data for the dashboard's job fails
 # this test, so the list cannot go stale.
 PENDING_SERIES = ["tandem_job_pipeline_stage_seconds", "tandem_job_pipeline_stage_bytes",
                   "tandem_job_ranks", "tandem_job_collective_bytes",
                   "tandem_job_collective_seconds", "tandem_rank_collective_bytes",
-                  "tandem_rank_collective_seconds"]
+                  "tandem_rank_collective_seconds", "tandem_job_loss_scale",
+                  "tandem_job_skipped_steps"]
 
 # What Grafana substitutes for its built-in variables, at a 1 s scrape interval.
 BUILTINS = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m"}
@@ -152,6 +154,16 @@ class DashboardTest(unittest.TestCase):
             "placement": {"accelerator": "ACCELERATOR_KIND_EMULATED", "pipeline": {"stages": 2}},
             "resources": {"accelerator_memory_bytes": 16 << 20},
         })), timeout=30).job
+        # An fp16 job on the emulated accelerator: it registers the loss-scale families.
+        fp16 = cls.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec_from_dict({
+            "display_name": "dashboard-test-fp16",
+            "model": {"mlp": {"hidden_sizes": [32]}},
+            "data": {"synthetic": {"sample_shape": [16], "num_classes": 4, "train_samples": 256}},
+            "training": {"batch_size": 16, "steps": 20, "checkpoint_disabled": True},
+            "precision": "PRECISION_FP16",
+            "placement": {"accelerator": "ACCELERATOR_KIND_EMULATED"},
+            "resources": {"accelerator_memory_bytes": 16 << 20},
+        })), timeout=30).job
         # A 2-rank distributed job (docs/distributed.md) once the peer is healthy.
         deadline = time.time() + 60
         while not all(p.healthy for p in cls.client.GetNode(
@@ -170,6 +182,7 @@ class DashboardTest(unittest.TestCase):
         cls.job = wait_for_state(cls.client, job.id, [job_pb2.JOB_STATE_SUCCEEDED], timeout=300)
         wait_for_state(cls.client, cls.failed.id, [job_pb2.JOB_STATE_FAILED])
         wait_for_state(cls.client, pipeline.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        wait_for_state(cls.client, fp16.id, [job_pb2.JOB_STATE_SUCCEEDED])
         wait_for_state(cls.client, distributed.id, [job_pb2.JOB_STATE_SUCCEEDED])
 
         cls.values = dict(BUILTINS, instance=cls.target, job_id=cls.job.id)

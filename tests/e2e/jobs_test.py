@@ -265,10 +265,19 @@ placement: {strategy: STRATEGY_AUTO}
                                  "resources": {"accelerator_memory_bytes": 64 << 20}},
                                 "the emulated accelerator computes on the host",
                                 "emulated accelerator")
+        # fp16 is for GPUs and the emulated accelerator; the CPU engine refuses it.
         with self.assertRaises(grpc.RpcError) as e:
             submit(profile_pb2.PRECISION_FP16, **cpu_only)
-        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
-        self.assertTrue(e.exception.details().startswith("spec.precision: "), e.exception.details())
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertTrue(e.exception.details().startswith("spec.precision: PRECISION_FP16: "),
+                        e.exception.details())
+        # Loss scaling belongs to fp16 jobs alone.
+        with self.assertRaises(grpc.RpcError) as e:
+            submit(profile_pb2.PRECISION_FP32, training={"batch_size": 8, "steps": 2,
+                                                        "loss_scaling": {"initial_scale": 1024}},
+                   **cpu_only)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("training.loss_scaling", e.exception.details())
         # Planned for an H100 node: auto is bf16 there, and the report says why.
         hardware = repo_files.path("planner/hardware/h100_sxm_node.textproto")
         job_file = self.write_job("""

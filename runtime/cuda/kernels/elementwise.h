@@ -23,6 +23,11 @@ cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream);
 cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream);
 // out[i] = x[i] widened from bfloat16 (exact).
 cudaError_t FromBf16(const uint16_t* x, float* out, int64_t n, cudaStream_t stream);
+// out[i] = x[i] in IEEE fp16, rounded exactly as the CPU's FloatToHalf
+// (runtime/core/fp16.h), NaNs included: the operands of the fp16 products.
+cudaError_t ToF16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream);
+// out[i] = x[i] widened from fp16 (exact).
+cudaError_t FromF16(const uint16_t* x, float* out, int64_t n, cudaStream_t stream);
 
 // Residual add, forward: out = a + b (N = B*T*C elements; any may alias).
 cudaError_t AddForward(float* out, const float* a, const float* b, int64_t N, cudaStream_t stream);

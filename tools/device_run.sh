@@ -106,13 +106,14 @@ profile() {
   done
 }
 
-# The 12-layer GPT (85.6 M parameters) in fp32 and bf16 at 50% of its model
-# state and with the whole GPU, each against PyTorch in the same run: the
-# mixed-precision offload (bf16 working copies and gradients) against fp32's.
+# The 12-layer GPT (85.6 M parameters) in fp32 and bf16 (TANDEM_PRECISIONS:
+# also fp16) at 50% of its model state and with the whole GPU, each against
+# PyTorch in the same run: the mixed-precision offload (bf16 working copies
+# and gradients) against fp32's.
 precision() {
   echo "== fp32 and bf16 on cuda:0 (bench/gpu/run.py, 12-layer GPT)"
   local p
-  for p in fp32 bf16; do
+  for p in ${TANDEM_PRECISIONS:-fp32 bf16}; do
     (cd "$root" && "$py" bench/gpu/run.py --tandem "$root/bin/tandem" --accelerator cuda --torch \
          --python "$py" --models gpt --fractions "${TANDEM_FRACTIONS:-0.5,all}" --steps 20 \
          --gpt_layers 12 --gpt_heads 12 --gpt_d_model 768 --gpt_context 256 --gpt_batch 16 \

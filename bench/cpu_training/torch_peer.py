@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The PyTorch peer of train_throughput.cc: the same mlp, cnn and gpt, the same
 batch sizes, Adam, fixed synthetic batches, 2 threads. Prints one JSON object per
-model (--precision=bf16: under torch.autocast with bfloat16). Run with Debian's python3-torch (and libopenblas0-pthread installed, or
+model (--precision=bf16: under torch.autocast with bfloat16; --precision=fp16 on
+a GPU: autocast with float16 and a GradScaler). Run with Debian's python3-torch (and libopenblas0-pthread installed, or
 its matrix products use the reference BLAS).
 
 With --device=cuda it is the GPU peer of bench/gpu/run.py (gpu_only): the same
@@ -92,16 +93,21 @@ def bench(name, args):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     seconds = args.seconds
 
-    autocast = args.precision == "bf16"
+    autocast = args.precision in ("bf16", "fp16")
+    half = torch.float16 if args.precision == "fp16" else torch.bfloat16
+    # fp16: GradScaler's dynamic loss scaling, as a PyTorch user writes it.
+    scaler = torch.cuda.amp.GradScaler(enabled=args.precision == "fp16")
 
     def step():
         opt.zero_grad(set_to_none=True)
-        # bf16: autocast's matrix products and convolutions in bf16, the
-        # parameters, optimizer and loss in fp32 (what a PyTorch user writes).
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        # bf16 / fp16: autocast's matrix products and convolutions in the
+        # 16-bit type, the parameters, optimizer and loss in fp32 (what a
+        # PyTorch user writes).
+        with torch.autocast(device.type, dtype=half, enabled=autocast):
             loss = loss_fn(model(x))
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
     for _ in range(3):
         step()
@@ -129,8 +135,9 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU peer")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                        help="bf16: torch.autocast(dtype=torch.bfloat16)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="bf16: torch.autocast(dtype=torch.bfloat16); fp16 (GPUs): "
+                             "torch.autocast(dtype=torch.float16) with a GradScaler")
     parser.add_argument("--gpt_layers", type=int, default=4)
     parser.add_argument("--gpt_heads", type=int, default=4)
     parser.add_argument("--gpt_d_model", type=int, default=256)

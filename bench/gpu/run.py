@@ -121,9 +121,11 @@ def main():
                    help="the accelerator's own bytes added to every capped budget (CUDA: the "
                         "33 MiB of cuBLAS workspace that tandem train reserves before planning; "
                         "node/placement.cc kCudaFixedBytes)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="the jobs' precision (bf16: matrix products on the tensor cores, fp32 "
-                        "master state); the PyTorch peer runs under autocast(bfloat16) then")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the jobs' precision (bf16 / fp16: matrix products on the tensor "
+                        "cores, fp32 master state; fp16 with dynamic loss scaling); the PyTorch "
+                        "peer runs under autocast with the same type then (fp16: and a "
+                        "GradScaler)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--gpt_layers", type=int, default=4)
     p.add_argument("--gpt_heads", type=int, default=4)
@@ -191,6 +193,11 @@ def main():
                                micro_batch=job.get("plan", {}).get("micro_batch_size", batch),
                                loss=float(m.get("loss", 0)))
                     note = f"micro-batch {row['micro_batch']}, loss {row['loss']:.4f}"
+                    if float(m.get("loss_scale", 0)) > 0:
+                        row.update(loss_scale=float(m["loss_scale"]),
+                                   skipped_steps=int(m.get("skipped_steps", 0)))
+                        note += (f", loss scale {row['loss_scale']:g}, "
+                                 f"{row['skipped_steps']} skipped")
                     print(f"{name:5} {Label(fraction)} {Budget(budget)} {strategy:15} "
                           f"{row['samples_per_second']:10.1f} {predicted * 1e3:9.2f} {measured * 1e3:9.2f} "
                           f"{(predicted / measured if measured else 0):9.3f} "
@@ -234,7 +241,8 @@ def main():
             print("\n--torch compares with PyTorch on CUDA only; skipped")
         else:
             peer = torch_peer(args, names)
-            how = "autocast bf16" if args.precision == "bf16" else "TF32 matmuls"
+            how = {"bf16": "autocast bf16", "fp16": "autocast fp16 with GradScaler"}.get(
+                args.precision, "TF32 matmuls")
             print(f"\ngpu_only vs PyTorch on the same GPU (PyTorch: no memory cap, {how}):")
             for name in names:
                 ours = [r for r in rows if r["model"] == name and r["strategy"] == "gpu_only"

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "node/placement.h"
+#include "runtime/profile/cpu_device.h"
 #include "server/tandem_service.h"
 
 namespace tandem::server {
@@ -74,8 +75,11 @@ constexpr int64_t kNodeProfileHostBytes = int64_t{320} << 20;
 NodeRefresher MakeNodeRefresher(NodeOfferSettings settings, JobManager* jobs);
 
 // What a profile reserves beyond its model's estimate: the profiler's own
-// buffers (cache eviction, peak measurements, per-layer inputs).
-constexpr int64_t kProfileOverhead = int64_t{64} << 20;
+// buffers, the largest at a time: the cache-eviction sweep (up to
+// profile::kMaxEvictionBytes, held while the layers are measured; the peak
+// measurements' 192 MiB of triad arrays come and go before it), and 64 MiB
+// of per-layer inputs and the rest.
+constexpr int64_t kProfileOverhead = profile::kMaxEvictionBytes + (int64_t{64} << 20);
 
 }  // namespace tandem::server
 

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -53,6 +54,8 @@ int64_t LastLevelCacheBytes() {
   return best > 0 ? best : int64_t{32} << 20;
 }
 
+int64_t EvictionBytes() { return std::min(2 * LastLevelCacheBytes(), kMaxEvictionBytes); }
+
 std::unique_ptr<CpuProfiledDevice> CpuProfiledDevice::Create(CpuDeviceOptions options) {
   return std::make_unique<CpuProfiledDevice>(OpenPerfCounters(), options);
 }
@@ -83,7 +86,7 @@ std::unique_ptr<Allocator> CpuProfiledDevice::NewAllocator() {
 }
 
 void CpuProfiledDevice::EvictCaches() {
-  if (eviction_.empty()) eviction_.resize(2 * LastLevelCacheBytes() / sizeof(float));
+  if (eviction_.empty()) eviction_.resize(EvictionBytes() / sizeof(float));
   float* p = eviction_.data();
   const int64_t n = static_cast<int64_t>(eviction_.size());
   const float value = ++eviction_generation_;

@@ -96,6 +96,17 @@ class ScopedThreads {
 // The last-level cache of CPU 0, in bytes, from sysfs; 32 MiB when unknown.
 int64_t LastLevelCacheBytes();
 
+// The most EvictCaches writes, in bytes: twice the last-level cache where that
+// is smaller. Some machines report a cache too large to sweep at every
+// update call within a daemon's memory budget (a 2-core VM here reported a
+// 480 MiB L3, which made every profile hold 960 MiB beyond its budget; parts
+// with stacked cache have over 1 GiB); there the sweep evicts part of it.
+constexpr int64_t kMaxEvictionBytes = int64_t{256} << 20;
+
+// What EvictCaches writes on this machine: min(2 x LastLevelCacheBytes(),
+// kMaxEvictionBytes).
+int64_t EvictionBytes();
+
 // "AMD EPYC 7B13", from /proc/cpuinfo; "unknown CPU" when it says nothing.
 std::string HostCpuName();
 

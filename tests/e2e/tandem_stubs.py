@@ -21,7 +21,9 @@ FASHION = "/usr/share/datasets/fashion-mnist/"
 
 
 def stub(address, token=None):
-    channel = grpc.insecure_channel(address)
+    # As the tandem CLI (clients/cli/rpc_client.cc): a PlanModel answer with
+    # every strategy's timeline can pass gRPC's default 4 MiB.
+    channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
     return channel, tandem_service_pb2_grpc.TandemStub(channel)
 
 

@@ -4,10 +4,11 @@
 // hardware's on a million random floats spread over every exponent.
 #include "runtime/core/fp16.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <immintrin.h>
 #include <limits>
 
 #include "gtest/gtest.h"

@@ -723,7 +723,12 @@ absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest
       TANDEM_ASSIGN_OR_RETURN(
           PrecisionChoice choice,
           ChoosePrecisionHere(asked, LocalComputeFor(resolved), "spec.precision"));
-      if (IsMixed(choice.precision)) {
+      if (choice.precision == tandem::v1::PRECISION_FP16) {
+        absl::StrAppend(&choice.reason,
+                        ". Planned as it runs here: an fp16 job keeps fp32 weights, gradients "
+                        "and optimizer state (no working copies), and its products are timed "
+                        "at the fp32 rate");
+      } else if (IsMixed(choice.precision)) {
         absl::StrAppend(&choice.reason,
                         ". Planned as it runs here: tensors between layers in fp32; weights "
                         "and gradients on the accelerator and across the link as bf16 working "

@@ -247,8 +247,10 @@ absl::Status ValidateTraining(const tandem::v1::TrainingSpec& t) {
   TANDEM_RETURN_IF_ERROR(InRange("training.eval_batch_size", t.eval_batch_size(), 0, 65536));
   TANDEM_RETURN_IF_ERROR(InRange("training.threads", t.threads(), 0, 1024));
   const tandem::v1::LossScaling& ls = t.loss_scaling();
-  TANDEM_RETURN_IF_ERROR(
-      InRange("training.loss_scaling.initial_scale", ls.initial_scale(), 0.0, 0x1p64));
+  if (ls.initial_scale() != 0) {
+    TANDEM_RETURN_IF_ERROR(
+        InRange("training.loss_scaling.initial_scale", ls.initial_scale(), 0x1p-24, 0x1p64));
+  }
   TANDEM_RETURN_IF_ERROR(InRange<int64_t>("training.loss_scaling.growth_interval_steps",
                                           ls.growth_interval_steps(), 0, 1000000000));
   TANDEM_RETURN_IF_ERROR(InRange("training.loss_scaling.max_consecutive_skips",
@@ -366,6 +368,13 @@ absl::Status ResolveUpdates(JobSpec& r) {
       if (u->hogwild().workers() == 0) u->mutable_hogwild()->set_workers(2);
       break;
     case tandem::v1::UpdateSpec::kEasgd: {
+      // Its replicas step on their own, and their results come back for
+      // earlier batches: a skipped fp16 step would never reach the scaler.
+      if (r.precision() == tandem::v1::PRECISION_FP16) {
+        return FieldError("updates.easgd",
+                          "its replicas do not run fp16 (loss scaling across replicas is not "
+                          "built); set precision to BF16 or FP32");
+      }
       auto* e = u->mutable_easgd();
       if (e->replicas() == 0) e->set_replicas(2);
       if (!e->has_alpha()) e->set_alpha(0.1f);

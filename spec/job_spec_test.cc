@@ -86,7 +86,33 @@ INSTANTIATE_TEST_SUITE_P(
                 "placement.strategy"},
         BadCase{"distributed: {replicas: 2, backend: COLLECTIVE_BACKEND_NCCL}\n"
                 "placement: {accelerator: ACCELERATOR_KIND_EMULATED}",
-                "distributed.backend"}));
+                "distributed.backend"},
+        // Loss scaling: fp16 jobs alone, a scale a float divides by, fp16
+        // refused where a skipped step could not reach the scaler.
+        BadCase{"training: {loss_scaling: {initial_scale: 1024}}", "training.loss_scaling"},
+        BadCase{"precision: PRECISION_BF16\ntraining: {loss_scaling: {growth_interval_steps: 5}}",
+                "training.loss_scaling"},
+        BadCase{"precision: PRECISION_FP16\ntraining: {loss_scaling: {initial_scale: 1e-9}}",
+                "training.loss_scaling.initial_scale"},
+        BadCase{"precision: PRECISION_FP16\ntraining: {loss_scaling: {max_consecutive_skips: -1}}",
+                "training.loss_scaling.max_consecutive_skips"},
+        BadCase{"precision: PRECISION_FP16\nupdates: {easgd: {}}", "updates.easgd"},
+        BadCase{"precision: PRECISION_FP16\ndistributed: {replicas: 2}", "precision"}));
+
+TEST(JobSpecTest, Fp16GetsLossScalingDefaults) {
+  absl::StatusOr<tandem::v1::JobSpec> spec =
+      ParseJobSpec(std::string(kValid) + "precision: PRECISION_FP16\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->training().loss_scaling().initial_scale(), 65536);
+  EXPECT_EQ(r->training().loss_scaling().growth_interval_steps(), 2000);
+  EXPECT_EQ(r->training().loss_scaling().max_consecutive_skips(), 100);
+  // Other precisions carry none.
+  absl::StatusOr<tandem::v1::JobSpec> fp32 = ResolveJobSpec(*ParseJobSpec(kValid, "j.yaml"), false);
+  ASSERT_TRUE(fp32.ok());
+  EXPECT_FALSE(fp32->training().has_loss_scaling());
+}
 
 TEST(JobSpecTest, RanksWithAnEmulatedAcceleratorKeepReplicatedStateOverGloo) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");

@@ -393,6 +393,12 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
   // 0 when the loss-scaled gradients overflowed: every update is skipped.
   it.grad_scale = Optimizer::GradientScale(sum, it.options.loss_scale,
                                            options_.optimizer.max_grad_norm(), &it.grad_norm);
+  if (it.grad_scale == 0 && it.options.loss_scale <= 0) {
+    // Not an overflow that a smaller scale would avoid: the gradients diverged.
+    return absl::FailedPreconditionError(
+        absl::StrCat("the gradients' global norm is ", it.grad_norm,
+                     ": training diverged; lower optimizer.learning_rate"));
+  }
   return absl::OkStatus();
 }
 

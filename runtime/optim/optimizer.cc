@@ -112,7 +112,7 @@ void Optimizer::Step(float* params, const float* grads, float learning_rate, flo
 float Optimizer::GradientScale(double scaled_sum_of_squares, float loss_scale, float max_norm,
                                double* norm) {
   if (!std::isfinite(scaled_sum_of_squares)) {
-    *norm = 0;
+    *norm = std::sqrt(scaled_sum_of_squares);  // inf or NaN, as ClipScale's callers saw it
     return 0;
   }
   const double unscale = loss_scale > 0 ? 1.0 / loss_scale : 1.0;

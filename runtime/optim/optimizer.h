@@ -82,8 +82,9 @@ class Optimizer {
   // What multiplies every gradient when the gradients were computed for a loss
   // scaled by `loss_scale` (0: not scaled) and `scaled_sum_of_squares` is their
   // squared global norm: sets *norm to the unscaled gradients' norm and
-  // returns ClipScale(*norm, max_norm) / loss_scale; or returns 0 with
-  // *norm = 0 when the sum is not finite (an overflow: the update is skipped).
+  // returns ClipScale(*norm, max_norm) / loss_scale; or returns 0 when the sum
+  // is not finite (*norm then inf or NaN): under loss scaling an overflow, and
+  // the update is skipped; without it, diverged gradients.
   static float GradientScale(double scaled_sum_of_squares, float loss_scale, float max_norm,
                              double* norm);
 

@@ -20,7 +20,7 @@ absl::Status LossScaler::Update(bool skipped) {
   }
   ++skipped_steps_;
   good_steps_ = 0;
-  scale_ *= 0.5;
+  scale_ = std::max(scale_ * 0.5, kMinScale);
   if (++consecutive_skips_ >= spec_.max_consecutive_skips()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "fp16 loss scaling: %d steps in a row overflowed, down to a scale of %g; the model "
@@ -31,11 +31,12 @@ absl::Status LossScaler::Update(bool skipped) {
   return absl::OkStatus();
 }
 
-void LossScaler::Restore(double scale, int64_t good_steps, int64_t skipped_steps) {
-  scale_ = scale;
+void LossScaler::Restore(double scale, int64_t good_steps, int64_t skipped_steps,
+                         int consecutive_skips) {
+  scale_ = std::clamp(scale, kMinScale, kMaxScale);
   good_steps_ = good_steps;
   skipped_steps_ = skipped_steps;
-  consecutive_skips_ = 0;
+  consecutive_skips_ = consecutive_skips;
 }
 
 }  // namespace tandem

@@ -17,8 +17,10 @@ namespace tandem {
 
 class LossScaler {
  public:
-  // Growth stops here (the runners take the scale as a float).
-  static constexpr double kMaxScale = 18446744073709551616.0;  // 2^64
+  // Growth stops at kMaxScale and halving at kMinScale (the runners take the
+  // scale as a float, and divide by it).
+  static constexpr double kMaxScale = 0x1p64;
+  static constexpr double kMinScale = 0x1p-24;
 
   // `spec` is resolved (its defaults filled in).
   explicit LossScaler(const tandem::v1::LossScaling& spec);
@@ -27,14 +29,15 @@ class LossScaler {
   double scale() const { return scale_; }
   int64_t good_steps() const { return good_steps_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  int consecutive_skips() const { return consecutive_skips_; }
 
   // After a step: `skipped` when its update was skipped for an overflow.
   // FAILED_PRECONDITION once max_consecutive_skips steps in a row were.
   absl::Status Update(bool skipped);
 
-  // From a checkpoint: the scale (> 0), the good steps since it last changed
-  // and the skipped steps so far.
-  void Restore(double scale, int64_t good_steps, int64_t skipped_steps);
+  // From a checkpoint: the scale (> 0), the good steps since it last changed,
+  // the skipped steps so far and how many of the latest were in a row.
+  void Restore(double scale, int64_t good_steps, int64_t skipped_steps, int consecutive_skips);
 
  private:
   const tandem::v1::LossScaling spec_;

@@ -48,10 +48,13 @@ TEST(LossScalerTest, ARunOfOverflowsIsAnErrorSayingWhatToDo) {
 }
 
 TEST(LossScalerTest, ARestoredScalerContinuesWhereItWasSaved) {
-  LossScaler a(Spec(256, 4, 10));
-  for (bool skipped : {false, true, false, false}) ASSERT_TRUE(a.Update(skipped).ok());
-  LossScaler b(Spec(256, 4, 10));
-  b.Restore(a.scale(), a.good_steps(), a.skipped_steps());
+  LossScaler a(Spec(256, 4, 3));
+  for (bool skipped : {false, false, true, true}) ASSERT_TRUE(a.Update(skipped).ok());
+  LossScaler b(Spec(256, 4, 3));
+  b.Restore(a.scale(), a.good_steps(), a.skipped_steps(), a.consecutive_skips());
+  // One more skip in a row is the third: both give up there, restored or not.
+  EXPECT_FALSE(a.Update(true).ok());
+  EXPECT_FALSE(b.Update(true).ok());
   for (bool skipped : {false, false, true, false, false, false, false, false}) {
     ASSERT_TRUE(a.Update(skipped).ok());
     ASSERT_TRUE(b.Update(skipped).ok());
@@ -59,6 +62,15 @@ TEST(LossScalerTest, ARestoredScalerContinuesWhereItWasSaved) {
     EXPECT_EQ(a.good_steps(), b.good_steps());
     EXPECT_EQ(a.skipped_steps(), b.skipped_steps());
   }
+}
+
+TEST(LossScalerTest, TheScaleStaysWithinWhatAFloatDividesBy) {
+  LossScaler low(Spec(0x1p-23, 100, 1000));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(low.Update(true).ok());
+  EXPECT_EQ(low.scale(), LossScaler::kMinScale);
+  LossScaler high(Spec(0x1p63, 1, 10));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(high.Update(false).ok());
+  EXPECT_EQ(high.scale(), LossScaler::kMaxScale);
 }
 
 }  // namespace

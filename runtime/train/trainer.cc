@@ -193,7 +193,7 @@ absl::Status Trainer::LoadNewestCheckpoint() {
     state.optimizer->set_step(header->optimizer_step());
     if (loss_scaler_ != nullptr && header->loss_scale() > 0) {
       loss_scaler_->Restore(header->loss_scale(), header->loss_scale_good_steps(),
-                            header->skipped_steps());
+                            header->skipped_steps(), header->loss_scale_consecutive_skips());
       metrics_.set_loss_scale(loss_scaler_->scale());
       metrics_.set_skipped_steps(loss_scaler_->skipped_steps());
     }
@@ -226,6 +226,7 @@ absl::Status Trainer::SaveCheckpoint() {
     header.set_loss_scale(loss_scaler_->scale());
     header.set_loss_scale_good_steps(loss_scaler_->good_steps());
     header.set_skipped_steps(loss_scaler_->skipped_steps());
+    header.set_loss_scale_consecutive_skips(loss_scaler_->consecutive_skips());
   }
   *header.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
@@ -276,7 +277,11 @@ absl::StatusOr<StepResult> Trainer::TrainStep(const Batch& batch, const StepOpti
     return absl::Status(result.status().code(),
                         absl::StrCat("step ", step_ + 1, ": ", result.status().message()));
   }
-  if (!std::isfinite(result->loss)) {
+  // Under loss scaling a step whose fp16 forward overflowed has no finite
+  // gradient either: it is skipped like any overflow, and a model that keeps
+  // overflowing ends at max_consecutive_skips with the scaler's reason.
+  const bool scaled_overflow = loss_scaler_ != nullptr && result->skipped;
+  if (!std::isfinite(result->loss) && !scaled_overflow) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "loss became %s at step %d (learning rate %g, previous loss %g): training diverged; "
         "lower optimizer.learning_rate or set optimizer.max_grad_norm",

@@ -698,7 +698,19 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::Replan(const PlanCheck& check) cons
   const double then = next.prediction().iteration_seconds();
   const bool other = !SamePlacement(next, plan_);
   d.placement_changed = other && then < now * (1 - kMinGain);
-  if (other && !d.placement_changed) {
+  const auto ran = measured_strategies_.find(next.strategy());
+  if (d.placement_changed && next.strategy() != plan_.strategy() &&
+      ran != measured_strategies_.end() &&
+      ran->second >= check.measured_step_seconds * (1 - kMinGain)) {
+    d.placement_changed = false;
+    absl::StrAppend(
+        &d.cost_source,
+        absl::StrFormat("; the best other placement, %s, is predicted %s, but %s ran at %s per "
+                        "step earlier in this job, no faster than this plan's %s",
+                        tandem::v1::Strategy_Name(next.strategy()), Ms(then),
+                        tandem::v1::Strategy_Name(next.strategy()), Ms(ran->second),
+                        Ms(check.measured_step_seconds)));
+  } else if (other && !d.placement_changed) {
     absl::StrAppend(&d.cost_source,
                     absl::StrFormat("; the best other placement, %s, gains too little", Ms(then)));
   }
@@ -713,6 +725,12 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::Replan(const PlanCheck& check) cons
 
 void PlanLoop::Adopt(const Decision& decision) {
   ++replans_;
+  // What the plan being left measured, for later re-plans (Replan).
+  const double measured = decision.check.measured_step_seconds;
+  if (measured > 0) {
+    auto [it, inserted] = measured_strategies_.emplace(plan_.strategy(), measured);
+    if (!inserted) it->second = std::min(it->second, measured);
+  }
   if (decision.reason == tandem::v1::REPLAN_REASON_SLOWER) {
     plan_ = decision.plan;
     dispatch_.clear();

@@ -212,6 +212,12 @@ class PlanLoop {
   std::map<tandem::v1::TimelineResource, double> dispatch_;
   std::optional<tandem::v1::Plan> previous_;
   double previous_measured_ = 0;
+  // Per strategy, the fastest step measured under a plan of it in this run
+  // (a window's median). A re-plan does not switch to a strategy that has
+  // already run here no faster than the running plan measures: predictions
+  // miss what the node does to a strategy (an emulated accelerator and the
+  // host sharing two cores under hetero_dp), measurements do not.
+  std::map<tandem::v1::Strategy, double> measured_strategies_;
 };
 
 // What the owner of a loop is told (each may be null): every closed window,

@@ -670,6 +670,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   request.micro_batch_size = placement.micro_batch_size();
   request.delayed_parameter_update = placement.delayed_parameter_update();
   request.host_update_threads = resolved.training().threads();
+  request.accelerator_shares_host_cores =
+      KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, SolveForExecutor(model, request, capacity));
   const Plan& plan = response.plan();
   if (!plan.feasible()) {
@@ -841,6 +843,10 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       cost_source = AnalyticCostSource(node);
       TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
     }
+  }
+  if (!remote) {
+    request.accelerator_shares_host_cores =
+        KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
   }
   TANDEM_ASSIGN_OR_RETURN(const std::optional<planner::ScaleOutRequest> scale_out,
                           ScaleOutRequestFor(rpc, *resolved, request, precision.precision));

@@ -171,7 +171,8 @@ absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> SolveWanted(
 // auto: the fastest feasible of `plans`; when none is, the fallback
 // (reuse_distance, or cpu_only without an accelerator), if solved; else an
 // empty plan. Its solve time is all of theirs.
-tandem::v1::Plan AutoPlan(std::map<Strategy, tandem::v1::Plan>* plans, bool has_accelerator) {
+tandem::v1::Plan AutoPlan(std::map<Strategy, tandem::v1::Plan>* plans, bool has_accelerator,
+                          bool shared_cores) {
   tandem::v1::Plan auto_plan;
   const tandem::v1::Plan* best = nullptr;
   double total_seconds = 0;
@@ -179,6 +180,7 @@ tandem::v1::Plan AutoPlan(std::map<Strategy, tandem::v1::Plan>* plans, bool has_
     auto it = plans->find(s);
     if (it == plans->end()) continue;
     total_seconds += it->second.solver().solve_seconds();
+    if (shared_cores && s == tandem::v1::STRATEGY_HETERO_DP) continue;
     if (it->second.feasible() && (best == nullptr || Faster(it->second, *best))) {
       best = &it->second;
     }
@@ -193,7 +195,12 @@ tandem::v1::Plan AutoPlan(std::map<Strategy, tandem::v1::Plan>* plans, bool has_
       best->feasible()
           ? absl::StrCat("auto: chose ", StrategyName(best->strategy()), " (",
                          absl::StrFormat("%.3f", best->prediction().iteration_seconds() * 1e3),
-                         " ms per step) as the fastest feasible; ", best->solver().note())
+                         " ms per step) as the fastest feasible",
+                         shared_cores ? " (hetero_dp left out: the accelerator computes on the "
+                                        "host's cores, so its replica and the host's would share "
+                                        "them)"
+                                      : "",
+                         "; ", best->solver().note())
           : absl::StrCat("auto: no strategy fits; ", best->solver().note()));
   return auto_plan;
 }
@@ -226,7 +233,8 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> solved = SolveWanted(*c, want, request.stop);
   if (!solved.ok()) return solved.status();
   std::map<Strategy, tandem::v1::Plan>& plans = *solved;
-  tandem::v1::Plan auto_plan = AutoPlan(&plans, cost->has_accelerator());
+  tandem::v1::Plan auto_plan =
+      AutoPlan(&plans, cost->has_accelerator(), request.accelerator_shares_host_cores);
   tandem::v1::PlanModelResponse response = Respond(want, &plans, std::move(auto_plan));
   if (request.pipeline_devices > 1) {
     PlanRequest pipelined = request;

@@ -55,6 +55,11 @@ struct PlanRequest {
   int micro_batch_size = 0;
   bool delayed_parameter_update = false;
   int host_update_threads = 0;
+  // The accelerator computes on the host's cores (the emulated one): auto
+  // leaves hetero_dp out, whose two replicas would share those cores while
+  // the simulator runs them side by side (on 2 cores such a job measured 6-8x
+  // its prediction). Asked for by name, hetero_dp is still solved.
+  bool accelerator_shares_host_cores = false;
   // Accelerators for a pipeline-parallel split (Plan.pipeline): above 1,
   // SolvePlan's plan is SolvePipelinePlan's and the single-device plan of
   // `strategy` joins the alternatives, for comparison.

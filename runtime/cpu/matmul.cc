@@ -123,11 +123,14 @@ void MatmulF16(const MatmulShape& s, const uint16_t* a, const uint16_t* b, float
   const int64_t lda = s.lda ? s.lda : a_cols, ldb = s.ldb ? s.ldb : b_cols;
   const int64_t bsa = s.batch_stride_a ? s.batch_stride_a : s.m * s.k;
   const int64_t bsb = s.batch_stride_b ? s.batch_stride_b : s.k * s.n;
-  std::vector<float> wa(Extent(s.batch, bsa, a_rows, a_cols, lda));
-  std::vector<float> wb(Extent(s.batch, bsb, b_rows, b_cols, ldb));
-  FromF16(a, wa.data(), static_cast<int64_t>(wa.size()));
-  FromF16(b, wb.data(), static_cast<int64_t>(wb.size()));
-  Matmul(s, wa.data(), wb.data(), c, bias);
+  const int64_t na = Extent(s.batch, bsa, a_rows, a_cols, lda);
+  const int64_t nb = Extent(s.batch, bsb, b_rows, b_cols, ldb);
+  // Kept per calling thread and grown, not allocated (and zeroed) per product.
+  thread_local std::vector<float> widened;
+  if (static_cast<int64_t>(widened.size()) < na + nb) widened.resize(na + nb);
+  FromF16(a, widened.data(), na);
+  FromF16(b, widened.data() + na, nb);
+  Matmul(s, widened.data(), widened.data() + na, c, bias);
 }
 
 std::string MatmulImplementation(const MatmulShape& shape, bool bf16) {

@@ -43,7 +43,8 @@ void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, 
 // order of the sums. The CPU has no fp16 products here: the operands are
 // widened (exactly) and multiplied by the fp32 Matmul, so every product of two
 // fp16 values is exact as on the GPU. A reference and an emulation, slower
-// than fp32.
+// than fp32. The widened operands live in a per-thread buffer that grows to the
+// largest product's and stays (outside every allocator's accounting).
 void MatmulF16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
                const float* bias = nullptr);
 

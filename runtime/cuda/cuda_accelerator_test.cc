@@ -548,14 +548,8 @@ TEST(CudaExecutorTest, AnOverflowingLossScaleSkipsTheStepOnTheGpu) {
     std::unique_ptr<CudaAccelerator> device = Open(kBudgetBytes, true);
     ASSERT_NE(device, nullptr);
     HostAllocator host;
-    ExecutorOptions options;
-    options.plan = c.plan(*f.model, 16);
-    options.optimizer = f.spec.optimizer();
-    options.max_batch = 16;
-    options.init_seed = f.spec.training().seed();
-    options.host_allocator = &host;
-    options.accelerator = device.get();
-    auto executor = PlanExecutor::Create(*f.model, options);
+    auto executor = PlanExecutor::Create(
+        *f.model, exec_test::ExecutorOptionsFor(f, c.plan(*f.model, 16), 16, device.get(), &host));
     ASSERT_TRUE(executor.ok()) << c.name << ": " << executor.status();
     const std::vector<float> before = HostParams(**executor, *f.model);
     BatchLoader loader(*f.data.train, 16, true, 1, false);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -115,6 +116,38 @@ TEST(ElementwiseKernelTest, AddCopyAndBiasMatchTheCpu) {
   EXPECT_TRUE(BitwiseEqual(expected, Download<float>(d.ctx.get(), dc.data(), 40), "bias"));
 }
 
+using CpuRounding = void (*)(const float*, uint16_t*, int64_t);
+using GpuRounding = cudaError_t (*)(const float*, uint16_t*, int64_t, cudaStream_t);
+
+// `x` plus the bit patterns `edges`, rounded on the GPU (from an aligned start:
+// four values per thread; and from an odd element: one per thread) must give
+// the CPU's bits. Returns the CPU's rounding of the whole of it.
+std::vector<uint16_t> ExpectRoundingBitwiseTheCpus(TestDevice& d, std::vector<float> x,
+                                                   std::initializer_list<uint32_t> edges,
+                                                   CpuRounding on_cpu, GpuRounding on_gpu) {
+  for (uint32_t bits : edges) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    x.push_back(f);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> cpu(n);
+  on_cpu(x.data(), cpu.data(), n);
+  Buffer in = Upload(d.ctx.get(), x), out = DeviceZeros(d.ctx.get(), n * 2);
+  EXPECT_EQ(on_gpu(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
+  const std::vector<uint16_t> gpu = Download<uint16_t>(d.ctx.get(), out.data(), n);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += cpu[i] != gpu[i];
+  EXPECT_EQ(differ, 0) << "of " << n << " values";
+  EXPECT_EQ(cudaMemsetAsync(out.data(), 0, n * 2, d.ctx->stream), cudaSuccess);
+  std::vector<uint16_t> expected = cpu;
+  expected[0] = 0;
+  EXPECT_EQ(on_gpu(in.f32() + 1, static_cast<uint16_t*>(out.data()) + 1, n - 1, d.ctx->stream),
+            cudaSuccess);
+  EXPECT_EQ(Download<uint16_t>(d.ctx.get(), out.data(), n), expected) << "unaligned";
+  return cpu;
+}
+
 TEST(ElementwiseKernelTest, Bf16RoundingIsBitwiseTheCpus) {
   if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
   TestDevice d = *MakeTestDevice();
@@ -124,29 +157,11 @@ TEST(ElementwiseKernelTest, Bf16RoundingIsBitwiseTheCpus) {
   std::vector<float> x = Uniform(100001, 9, -3e4f, 3e4f);
   const std::vector<float> small = Uniform(1000, 10, -1e-30f, 1e-30f);
   x.insert(x.end(), small.begin(), small.end());
-  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu,
-                        0x7f800000u, 0xff800000u, 0x00000001u, 0x807fffffu, 0x00000000u,
-                        0x80000000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu}) {
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    x.push_back(f);
-  }
-  const int64_t n = static_cast<int64_t>(x.size());
-  std::vector<uint16_t> cpu(n);
-  cpu::ToBf16(x.data(), cpu.data(), n);
-  Buffer in = Upload(d.ctx.get(), x), out = DeviceZeros(d.ctx.get(), n * 2);
-  ASSERT_EQ(ToBf16(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
-  const std::vector<uint16_t> gpu = Download<uint16_t>(d.ctx.get(), out.data(), n);
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) differ += cpu[i] != gpu[i];
-  EXPECT_EQ(differ, 0) << "of " << n << " values";
-  // From an odd element: no 16-byte alignment, so the one-value-per-thread path.
-  ASSERT_EQ(cudaMemsetAsync(out.data(), 0, n * 2, d.ctx->stream), cudaSuccess);
-  std::vector<uint16_t> expected = cpu;
-  expected[0] = 0;
-  ASSERT_EQ(ToBf16(in.f32() + 1, static_cast<uint16_t*>(out.data()) + 1, n - 1, d.ctx->stream),
-            cudaSuccess);
-  EXPECT_EQ(Download<uint16_t>(d.ctx.get(), out.data(), n), expected) << "unaligned";
+  ExpectRoundingBitwiseTheCpus(
+      d, std::move(x),
+      {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+       0x00000001u, 0x807fffffu, 0x00000000u, 0x80000000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu},
+      cpu::ToBf16, ToBf16);
 }
 
 // fp16: the same bits as the CPU's FloatToHalf over every binade fp16 has and
@@ -160,35 +175,18 @@ TEST(ElementwiseKernelTest, Fp16RoundingIsBitwiseTheCpus) {
     const std::vector<float> small = Uniform(1000, 12, -scale, scale);
     x.insert(x.end(), small.begin(), small.end());
   }
-  for (uint32_t bits :
-       {0x3f801000u, 0x3f803000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u, 0x38800000u, 0x387fffffu,
-        0x33800000u, 0x33000000u, 0x33000001u, 0x7f800000u, 0xff800000u, 0x00000001u, 0x80000000u,
-        0x7fc00000u, 0x7f800001u, 0xffbfffffu}) {
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    x.push_back(f);
-  }
-  const int64_t n = static_cast<int64_t>(x.size());
-  std::vector<uint16_t> cpu(n);
-  cpu::ToF16(x.data(), cpu.data(), n);
-  Buffer in = Upload(d.ctx.get(), x), out = DeviceZeros(d.ctx.get(), n * 2);
-  ASSERT_EQ(ToF16(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
-  const std::vector<uint16_t> gpu = Download<uint16_t>(d.ctx.get(), out.data(), n);
-  int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) differ += cpu[i] != gpu[i];
-  EXPECT_EQ(differ, 0) << "of " << n << " values";
-  // From an odd element: the one-value-per-thread path.
-  ASSERT_EQ(cudaMemsetAsync(out.data(), 0, n * 2, d.ctx->stream), cudaSuccess);
-  std::vector<uint16_t> expected = cpu;
-  expected[0] = 0;
-  ASSERT_EQ(ToF16(in.f32() + 1, static_cast<uint16_t*>(out.data()) + 1, n - 1, d.ctx->stream),
-            cudaSuccess);
-  EXPECT_EQ(Download<uint16_t>(d.ctx.get(), out.data(), n), expected) << "unaligned";
-  ASSERT_EQ(ToF16(in.f32(), static_cast<uint16_t*>(out.data()), n, d.ctx->stream), cudaSuccess);
+  const std::vector<uint16_t> cpu = ExpectRoundingBitwiseTheCpus(
+      d, std::move(x),
+      {0x3f801000u, 0x3f803000u, 0x477fefffu, 0x477ff000u, 0xc77ff000u, 0x38800000u, 0x387fffffu,
+       0x33800000u, 0x33000000u, 0x33000001u, 0x7f800000u, 0xff800000u, 0x00000001u, 0x80000000u,
+       0x7fc00000u, 0x7f800001u, 0xffbfffffu},
+      cpu::ToF16, ToF16);
+  const int64_t n = static_cast<int64_t>(cpu.size());
   std::vector<float> widened(n);
   cpu::FromF16(cpu.data(), widened.data(), n);
-  Buffer back = DeviceZeros(d.ctx.get(), n * 4);
-  ASSERT_EQ(FromF16(static_cast<uint16_t*>(out.data()), back.f32(), n, d.ctx->stream), cudaSuccess);
+  Buffer halves = Upload(d.ctx.get(), cpu), back = DeviceZeros(d.ctx.get(), n * 4);
+  ASSERT_EQ(FromF16(static_cast<uint16_t*>(halves.data()), back.f32(), n, d.ctx->stream),
+            cudaSuccess);
   EXPECT_TRUE(BitwiseEqual(widened, Download<float>(d.ctx.get(), back.data(), n), "FromF16"));
 }
 

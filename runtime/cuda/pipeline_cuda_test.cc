@@ -116,13 +116,7 @@ TEST_P(CudaPipelineMatchesCpuTest, LossesMatchTheCpuEngine) {
   ASSERT_TRUE(runner);
   const std::vector<double> losses = RunSteps(f, *runner, steps);
   ASSERT_EQ(losses.size(), reference.size());
-  double worst = 0;
-  for (int s = 0; s < steps; ++s) {
-    const double deviation = std::fabs(losses[s] - reference[s]) / std::fabs(reference[s]);
-    worst = std::max(worst, deviation);
-    EXPECT_LE(deviation, c.tolerance)
-        << c.model << " step " << s << ": " << losses[s] << " vs " << reference[s];
-  }
+  const double worst = exec_test::ExpectLossesClose(losses, reference, c.tolerance, c.model);
   EXPECT_LT(losses.back(), losses.front());
   for (int s = 0; s < c.stages; ++s) {
     const PipelineStageStats& st = runner->stage_stats()[s];
@@ -171,12 +165,7 @@ TEST(CudaPipelineTest, PipeDreamFollowsTheEmulatedSchedule) {
   ASSERT_TRUE(runner);
   const std::vector<double> losses = RunSteps(f, *runner, steps);
   ASSERT_EQ(losses.size(), reference.size());
-  double worst = 0;
-  for (int s = 0; s < steps; ++s) {
-    const double deviation = std::fabs(losses[s] - reference[s]) / std::fabs(reference[s]);
-    worst = std::max(worst, deviation);
-    EXPECT_LE(deviation, 1e-4) << "step " << s;
-  }
+  const double worst = exec_test::ExpectLossesClose(losses, reference, 1e-4, "PipeDream");
   EXPECT_LT(losses.back(), losses.front());
   const auto stats = runner->pipeline_stats();
   EXPECT_EQ(stats[0].staleness(), 1);

@@ -48,6 +48,8 @@ struct PlanExecutor::Program : schedule::Schedule {
   // Per replica (schedule::Replica) and layer: whether the schedule
   // recomputes it, so its forward's saved tensors are dropped.
   std::vector<bool> recomputes[2];
+  // The GRADIENT_NORM operation (clipping, fp16's overflow check); -1: none.
+  int gradient_norm = -1;
 
   explicit Program(schedule::Schedule s);
 };

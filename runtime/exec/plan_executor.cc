@@ -258,59 +258,10 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
   it->input = &batch;
   it->losses.assign(batch.size, 0.0f);
   it->step = optimizer_->BeginStep(options.learning_rate, 1.0f);
-  const int L = model_.num_layers();
-  const tandem::v1::Plan& plan = options_.plan;
-  const Side accel_side{accel_, device_alloc_.get()};
-  const Side host_side{nullptr, options_.host_allocator};
-  const int64_t micro = plan.micro_batch_size();
-  int micro_batches = 0;
-  if (host_only_) {
-    it->host.side = host_side;
-    it->host.Size(L, 0, batch.size, std::min<int64_t>(micro, batch.size));
-    it->host.host_grads = host_grads_.f32();
-    micro_batches = it->host.micro_batches();
-  } else if (hetero_) {
-    // The accelerator takes its share of this batch (scaled for a short last batch).
-    const int64_t share = plan.batch_size() > 0
-                              ? (static_cast<int64_t>(plan.accelerator_batch_share()) * batch.size +
-                                 plan.batch_size() / 2) /
-                                    plan.batch_size()
-                              : batch.size / 2;
-    const int64_t a = std::clamp<int64_t>(share, 1, batch.size - 1);
-    it->accel.side = accel_side;
-    it->accel.Size(L, 0, a, std::min<int64_t>(micro, a));
-    it->host.side = host_side;
-    it->host.Size(L, a, batch.size - a, batch.size - a);
-    it->host.host_grads = host_replica_grads_.f32();
-    micro_batches = it->accel.micro_batches();
-  } else {
-    it->accel.side = accel_side;
-    it->accel.Size(L, 0, batch.size, std::min<int64_t>(micro, batch.size));
-    micro_batches = it->accel.micro_batches();
-  }
-  TANDEM_ASSIGN_OR_RETURN(it->schedule, ScheduleFor(micro_batches));
+  TANDEM_ASSIGN_OR_RETURN(it->schedule, ScheduleFor(SizeReplicas(*it)));
   ++iteration_;
   BuildStep(it);
-  // The step's compute is done when each compute stream's last operation is;
-  // updates and copies may still run on.
-  const schedule::Schedule& s = *it->schedule;
-  for (size_t r = 0; r < s.resources.size(); ++r) {
-    if (s.resources[r].in_order && !s.order[r].empty())
-      TANDEM_RETURN_IF_ERROR(engine_->Wait(it->spans[s.order[r].back()]));
-  }
-  if (options.loss_scale > 0) {
-    // Whether this step updates at all: the norm decides.
-    if (!NeedsGradientNorm(model_, options_.optimizer)) {
-      return absl::FailedPreconditionError(
-          "loss scaling needs an fp16 model (the step program takes no gradient norm)");
-    }
-    for (int o = 0; o < s.num_ops(); ++o) {
-      if (s.ops[o].kind == schedule::OpKind::kGradientNorm) {
-        TANDEM_RETURN_IF_ERROR(engine_->Wait(it->spans[o]));
-      }
-    }
-  }
-  TANDEM_RETURN_IF_ERROR(engine_->status());
+  TANDEM_RETURN_IF_ERROR(WaitForCompute(*it));
   CollectTimelines();
   StepResult result;
   result.samples = batch.size;
@@ -325,6 +276,57 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
     optimizer_->set_step(optimizer_->step() - 1);
   }
   return result;
+}
+
+int PlanExecutor::SizeReplicas(Iteration& it) const {
+  const int L = model_.num_layers();
+  const tandem::v1::Plan& plan = options_.plan;
+  const Side accel_side{accel_, device_alloc_.get()};
+  const Side host_side{nullptr, options_.host_allocator};
+  const int64_t micro = plan.micro_batch_size(), batch = it.batch;
+  if (host_only_) {
+    it.host.side = host_side;
+    it.host.Size(L, 0, batch, std::min<int64_t>(micro, batch));
+    it.host.host_grads = host_grads_.f32();
+    return it.host.micro_batches();
+  }
+  if (hetero_) {
+    // The accelerator takes its share of this batch (scaled for a short last batch).
+    const int64_t share = plan.batch_size() > 0
+                              ? (static_cast<int64_t>(plan.accelerator_batch_share()) * batch +
+                                 plan.batch_size() / 2) /
+                                    plan.batch_size()
+                              : batch / 2;
+    const int64_t a = std::clamp<int64_t>(share, 1, batch - 1);
+    it.accel.side = accel_side;
+    it.accel.Size(L, 0, a, std::min<int64_t>(micro, a));
+    it.host.side = host_side;
+    it.host.Size(L, a, batch - a, batch - a);
+    it.host.host_grads = host_replica_grads_.f32();
+    return it.accel.micro_batches();
+  }
+  it.accel.side = accel_side;
+  it.accel.Size(L, 0, batch, std::min<int64_t>(micro, batch));
+  return it.accel.micro_batches();
+}
+
+absl::Status PlanExecutor::WaitForCompute(const Iteration& it) {
+  // The step's compute is done when each compute stream's last operation is;
+  // updates and copies may still run on.
+  const Program& s = *it.schedule;
+  for (size_t r = 0; r < s.resources.size(); ++r) {
+    if (s.resources[r].in_order && !s.order[r].empty())
+      TANDEM_RETURN_IF_ERROR(engine_->Wait(it.spans[s.order[r].back()]));
+  }
+  if (it.options.loss_scale > 0) {
+    // Whether this step updates at all: the norm decides.
+    if (s.gradient_norm < 0) {
+      return absl::FailedPreconditionError(
+          "loss scaling needs an fp16 model (the step program takes no gradient norm)");
+    }
+    TANDEM_RETURN_IF_ERROR(engine_->Wait(it.spans[s.gradient_norm]));
+  }
+  return engine_->status();
 }
 
 absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {

@@ -151,7 +151,13 @@ class PlanExecutor final : public StepRunner {
   absl::StatusOr<const Program*> ScheduleFor(int micro_batches, bool full_batch = false);
   void AdoptStoredProgram(int micro_batches, schedule::Schedule lowered);
   // One span per operation of `it`'s schedule.
+  // Sizes the step's replicas (accelerator, host, or both for hetero_dp) for
+  // its batch; returns the micro-batches the schedule runs.
+  int SizeReplicas(Iteration& it) const;
   void BuildStep(const std::shared_ptr<Iteration>& it);
+  // Until every compute stream's last operation of `it` (and, under loss
+  // scaling, its gradient norm) is done; the engine's status.
+  absl::Status WaitForCompute(const Iteration& it);
   // Adds operation `op` of iteration `it` with its schedule's dependencies,
   // its stream order and `extra` (hazards).
   void AddOp(const std::shared_ptr<Iteration>& it, int op, std::vector<SpanId> extra);

@@ -1,5 +1,9 @@
 #include "runtime/exec/plan_test_util.h"
 
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
 #include "gtest/gtest.h"
 #include "runtime/core/allocator.h"
 #include "runtime/data/loader.h"
@@ -59,6 +63,31 @@ std::vector<double> Reference(const Fixture& f, int steps) {
   auto cpu = *CpuRunner::Create(*f.model, f.spec.optimizer(), f.spec.training().batch_size(),
                                 f.spec.training().seed(), &host);
   return RunSteps(f, *cpu, steps);
+}
+
+double ExpectLossesClose(const std::vector<double>& losses, const std::vector<double>& reference,
+                         double rtol, const std::string& what) {
+  EXPECT_EQ(losses.size(), reference.size()) << what;
+  double worst = 0;
+  for (size_t s = 0; s < losses.size() && s < reference.size(); ++s) {
+    const double deviation = std::fabs(losses[s] - reference[s]) / std::fabs(reference[s]);
+    worst = std::max(worst, deviation);
+    EXPECT_LE(deviation, rtol) << what << " step " << s << ": " << losses[s] << " vs "
+                               << reference[s];
+  }
+  return worst;
+}
+
+ExecutorOptions ExecutorOptionsFor(const Fixture& f, tandem::v1::Plan plan, int64_t max_batch,
+                                   Accelerator* accelerator, Allocator* host) {
+  ExecutorOptions options;
+  options.plan = std::move(plan);
+  options.optimizer = f.spec.optimizer();
+  options.max_batch = max_batch;
+  options.init_seed = f.spec.training().seed();
+  options.host_allocator = host;
+  options.accelerator = accelerator;
+  return options;
 }
 
 Plan MakePlan(const Model& m, tandem::v1::Strategy strategy, int batch, int micro,

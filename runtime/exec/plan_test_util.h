@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/data/dataset.h"
+#include "runtime/exec/plan_executor.h"
 #include "runtime/exec/step_runner.h"
 #include "runtime/model/model.h"
 #include "spec/job_spec.h"
@@ -43,6 +44,16 @@ std::vector<double> RunSteps(const Fixture& f, StepRunner& runner, int steps);
 
 // RunSteps on the CPU engine: the reference every plan must match.
 std::vector<double> Reference(const Fixture& f, int steps);
+
+// Each step's loss within `rtol` of the reference's, relative (a failure names
+// `what` and the step); returns the largest relative deviation.
+double ExpectLossesClose(const std::vector<double>& losses, const std::vector<double>& reference,
+                         double rtol, const std::string& what);
+
+// An executor's options for `plan` of f's job (its optimizer and seed) at
+// batches of up to `max_batch`, on `accelerator` with `host` memory.
+ExecutorOptions ExecutorOptionsFor(const Fixture& f, tandem::v1::Plan plan, int64_t max_batch,
+                                   Accelerator* accelerator, Allocator* host);
 
 // A plan in which every layer computes on the accelerator with resident
 // weights, updates there and keeps its activations, then gets `make(l)`.

@@ -206,6 +206,7 @@ PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::m
     if (op.phase == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) gradient_d2h[op.layer] = o;
     if (op.kind == OpKind::kUpdate && op.resource == pool) host_update[op.layer] = o;
     if (op.kind == OpKind::kRecompute) recomputes[op.replica][op.layer] = true;
+    if (op.kind == OpKind::kGradientNorm) gradient_norm = o;
   }
 }
 

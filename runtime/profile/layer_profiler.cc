@@ -319,9 +319,7 @@ class LayerRun {
 
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch) {
-  // An fp16 model is profiled as fp32 (its state is fp32; see ExecutorStateType).
-  return AnalyticProfile(model, optimizer, batch,
-                         model.compute_dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32);
+  return AnalyticProfile(model, optimizer, batch, model.compute_dtype());
 }
 
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,

@@ -88,7 +88,7 @@ struct LayerProfilerOptions {
 // workspace WorkspaceBytes, staging StateBytesOf's, output OutputBytes.
 // `state`: how the state is counted, by default as the model computes
 // (kF32 for a runner that keeps fp32 state whatever the model computes in:
-// pipelines).
+// pipelines). Only kBF16 counts 16-bit state: an fp16 model's is fp32.
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch);
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,

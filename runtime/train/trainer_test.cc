@@ -63,22 +63,29 @@ TrainRun Train(const tandem::v1::JobSpec& spec, const std::string& dir, int stop
   return run;
 }
 
-TEST(TrainerTest, ResumeContinuesTheSameLossTrajectory) {
-  const tandem::v1::JobSpec spec = SyntheticMlp(30);
-  const TrainRun whole = Train(spec, "");
-  ASSERT_TRUE(whole.status.ok()) << whole.status;
-  ASSERT_EQ(whole.losses.size(), 30u);
-
-  const std::string dir = TempDir("resume");
+// A 30-step job stopped after 13 steps (in a fresh checkpoint directory
+// named `dir_name`) and resumed gives `whole`'s 30 losses, to the bit.
+void ExpectResumesExactly(const tandem::v1::JobSpec& spec, const std::vector<double>& whole,
+                          const std::string& dir_name) {
+  const std::string dir = TempDir(dir_name);
   const TrainRun first = Train(spec, dir, /*stop_after=*/13);
   EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
   EXPECT_EQ(first.checkpoint_step, 13);
   const TrainRun second = Train(spec, dir);
   ASSERT_TRUE(second.status.ok()) << second.status;
+  ASSERT_EQ(first.losses.size(), 13u);
   ASSERT_EQ(second.losses.size(), 17u);
-  for (size_t i = 0; i < 13; ++i) EXPECT_EQ(first.losses[i], whole.losses[i]) << i;
+  for (size_t i = 0; i < 13; ++i) EXPECT_EQ(first.losses[i], whole[i]) << i;
+  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole[13 + i]) << i;
+}
+
+TEST(TrainerTest, ResumeContinuesTheSameLossTrajectory) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(30);
+  const TrainRun whole = Train(spec, "");
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  ASSERT_EQ(whole.losses.size(), 30u);
   // Bitwise: same batches, dropout masks, parameters and Adam moments.
-  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
+  ExpectResumesExactly(spec, whole.losses, "resume");
 }
 
 TEST(TrainerTest, Bf16JobResumesExactlyFromItsFp32MasterState) {
@@ -97,15 +104,9 @@ TEST(TrainerTest, Bf16JobResumesExactlyFromItsFp32MasterState) {
   EXPECT_NE(whole.losses.back(), fp32.losses.back()) << "the bf16 products did not run";
   EXPECT_NEAR(whole.losses.back(), fp32.losses.back(), 0.05 * fp32.losses.back());
 
-  const std::string dir = TempDir("resume_bf16");
-  const TrainRun first = Train(spec, dir, /*stop_after=*/13);
-  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
-  const TrainRun second = Train(spec, dir);
-  ASSERT_TRUE(second.status.ok()) << second.status;
-  ASSERT_EQ(second.losses.size(), 17u);
   // The checkpoint holds the fp32 master weights and Adam moments; the bf16
   // copies are rounded from them again, so the trajectory is the same to the bit.
-  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
+  ExpectResumesExactly(spec, whole.losses, "resume_bf16");
 }
 
 // fp16 with dynamic loss scaling, started at a scale that overflows: the
@@ -148,13 +149,7 @@ TEST(TrainerTest, Fp16LossScalingSkipsOverflowsAndResumesExactly) {
   ASSERT_TRUE(whole.status.ok()) << whole.status;
   ASSERT_EQ(whole.losses, losses) << "two runs of the same job";
 
-  const std::string dir = TempDir("resume_fp16");
-  const TrainRun first = Train(spec, dir, /*stop_after=*/13);
-  EXPECT_EQ(first.status.code(), absl::StatusCode::kCancelled) << first.status;
-  const TrainRun second = Train(spec, dir);
-  ASSERT_TRUE(second.status.ok()) << second.status;
-  ASSERT_EQ(second.losses.size(), 17u);
-  for (size_t i = 0; i < 17; ++i) EXPECT_EQ(second.losses[i], whole.losses[13 + i]) << i;
+  ExpectResumesExactly(spec, whole.losses, "resume_fp16");
 }
 
 TEST(TrainerTest, Fp16IsRefusedOnTheCpuEngine) {

@@ -36,18 +36,6 @@ __device__ __forceinline__ uint16_t RoundToHalf(float x) {
   return sign | static_cast<uint16_t>((magnitude - (112u << 23) + 0xfffu + odd) >> 13);
 }
 
-__global__ void ToF16Kernel(const float* x, uint16_t* out, int64_t n) {
-  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = RoundToHalf(x[i]);
-}
-
-// Four values per thread: 16-byte loads, 8-byte stores (as ToBf16Kernel4).
-__global__ void ToF16Kernel4(const float4* x, ushort4* out, int64_t n4) {
-  TANDEM_GRID_STRIDE_LOOP(i, n4) {
-    const float4 v = x[i];
-    out[i] = make_ushort4(RoundToHalf(v.x), RoundToHalf(v.y), RoundToHalf(v.z), RoundToHalf(v.w));
-  }
-}
-
 // HalfToFloat's arithmetic: exact for every value, and a NaN keeps its
 // payload as on the CPU (__half2float makes every NaN the canonical one).
 __device__ __forceinline__ float WidenHalf(uint16_t h) {
@@ -63,20 +51,52 @@ __global__ void FromF16Kernel(const uint16_t* x, float* out, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = WidenHalf(x[i]);
 }
 
-__global__ void ToBf16Kernel(const float* x, uint16_t* out, int64_t n) {
-  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = RoundToBf16(x[i]);
+// The 16-bit roundings as types, for the kernels below.
+struct Bf16Rounding {
+  __device__ uint16_t operator()(float x) const { return RoundToBf16(x); }
+};
+struct HalfRounding {
+  __device__ uint16_t operator()(float x) const { return RoundToHalf(x); }
+};
+
+template <typename Round>
+__global__ void RoundKernel(const float* x, uint16_t* out, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = Round()(x[i]);
+}
+
+// Four values per thread: 16-byte loads, 8-byte stores.
+template <typename Round>
+__global__ void RoundKernel4(const float4* x, ushort4* out, int64_t n4) {
+  const Round round;
+  TANDEM_GRID_STRIDE_LOOP(i, n4) {
+    const float4 v = x[i];
+    out[i] = make_ushort4(round(v.x), round(v.y), round(v.z), round(v.w));
+  }
+}
+
+// x rounded into out: four values per thread where both are aligned for it,
+// one per thread for the rest.
+template <typename Round>
+cudaError_t LaunchRounding(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  int64_t done = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+    const int64_t n4 = n / 4;
+    if (n4 > 0) {
+      RoundKernel4<Round><<<GridSize(n4), kBlockSize, 0, stream>>>(
+          reinterpret_cast<const float4*>(x), reinterpret_cast<ushort4*>(out), n4);
+    }
+    done = 4 * n4;
+  }
+  if (done < n) {
+    RoundKernel<Round>
+        <<<GridSize(n - done), kBlockSize, 0, stream>>>(x + done, out + done, n - done);
+  }
+  return cudaGetLastError();
 }
 
 __global__ void FromBf16Kernel(const uint16_t* x, float* out, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) out[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
-}
-
-// Four values per thread: 16-byte loads, 8-byte stores.
-__global__ void ToBf16Kernel4(const float4* x, ushort4* out, int64_t n4) {
-  TANDEM_GRID_STRIDE_LOOP(i, n4) {
-    const float4 v = x[i];
-    out[i] = make_ushort4(RoundToBf16(v.x), RoundToBf16(v.y), RoundToBf16(v.z), RoundToBf16(v.w));
-  }
 }
 
 __global__ void AddKernel(float* out, const float* a, const float* b, int64_t n) {
@@ -121,20 +141,7 @@ cudaError_t ScaleF32(float* x, float scale, int64_t n, cudaStream_t stream) {
 }
 
 cudaError_t ToBf16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  int64_t done = 0;
-  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
-    const int64_t n4 = n / 4;
-    if (n4 > 0) {
-      ToBf16Kernel4<<<GridSize(n4), kBlockSize, 0, stream>>>(reinterpret_cast<const float4*>(x),
-                                                             reinterpret_cast<ushort4*>(out), n4);
-    }
-    done = 4 * n4;
-  }
-  if (done < n) {
-    ToBf16Kernel<<<GridSize(n - done), kBlockSize, 0, stream>>>(x + done, out + done, n - done);
-  }
-  return cudaGetLastError();
+  return LaunchRounding<Bf16Rounding>(x, out, n, stream);
 }
 
 cudaError_t FromBf16(const uint16_t* x, float* out, int64_t n, cudaStream_t stream) {
@@ -144,20 +151,7 @@ cudaError_t FromBf16(const uint16_t* x, float* out, int64_t n, cudaStream_t stre
 }
 
 cudaError_t ToF16(const float* x, uint16_t* out, int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  int64_t done = 0;
-  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
-    const int64_t n4 = n / 4;
-    if (n4 > 0) {
-      ToF16Kernel4<<<GridSize(n4), kBlockSize, 0, stream>>>(reinterpret_cast<const float4*>(x),
-                                                            reinterpret_cast<ushort4*>(out), n4);
-    }
-    done = 4 * n4;
-  }
-  if (done < n) {
-    ToF16Kernel<<<GridSize(n - done), kBlockSize, 0, stream>>>(x + done, out + done, n - done);
-  }
-  return cudaGetLastError();
+  return LaunchRounding<HalfRounding>(x, out, n, stream);
 }
 
 cudaError_t FromF16(const uint16_t* x, float* out, int64_t n, cudaStream_t stream) {

@@ -42,7 +42,7 @@ bool ResidentChain::Covers(const Decisions& s) {
   if (s.strategy == tandem::v1::STRATEGY_HETERO_DP || s.layers.empty()) return false;
   for (const LayerDecisions& l : s.layers) {
     if (l.compute != kAcc || l.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR ||
-        l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD) {
+        l.activation == tandem::v1::ACTIVATION_POLICY_OFFLOAD || l.stream_state) {
       return false;
     }
   }

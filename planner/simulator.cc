@@ -11,6 +11,7 @@
 #include "planner/steady_state.h"
 #include "schedule/lower.h"
 #include "schedule/simulate.h"
+#include "spec/precision.h"
 
 namespace tandem::planner {
 namespace {
@@ -30,6 +31,7 @@ using schedule::OpKind;
 struct LayerNumbers {
   double fwd = 0, bwd = 0, upd_acc = 0, upd_host = 0;
   double grad_d2h = 0, grad_h2d = 0, param_h2d = 0, act_d2h = 0, act_h2d = 0;
+  double state_h2d = 0, state_d2h = 0;
   double host_fwd = 0, host_bwd = 0, average = 0;
   schedule::LayerSizes sizes;
 };
@@ -56,6 +58,12 @@ std::vector<LayerNumbers> Numbers(const CostModel& cost, const Decisions& s, Mod
       n.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, z.gradients);
       n.grad_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.gradients);
       n.param_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.parameters);
+      n.state_h2d =
+          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.optimizer_state);
+      n.state_d2h =
+          cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, z.optimizer_state);
+      // A streamed update of a bf16 gradient widens it to fp32 first.
+      z.update_staging = IsMixed(cost.precision()) ? 2 * z.gradients : 0;
       z.activations = cost.ActivationBytes(l, m);
       z.workspace = cost.WorkspaceBytes(l, m);
       z.checkpoint = l == 0 ? 0 : std::min(z.activations, cost.OutputBytes(l - 1, m));
@@ -100,6 +108,8 @@ double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNu
       return n.param_h2d;
     case schedule::TensorKind::kActivation:
       return down ? n.act_d2h : n.act_h2d;
+    case schedule::TensorKind::kOptimizerState:
+      return down ? n.state_d2h : n.state_h2d;
     default:
       return down ? n.grad_d2h : n.grad_h2d;
   }

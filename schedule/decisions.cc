@@ -20,7 +20,8 @@ absl::StatusOr<Decisions> DecisionsFromPlan(const tandem::v1::Plan& plan, int nu
   s.layers.resize(num_layers);
   for (int i = 0; i < num_layers; ++i) {
     const tandem::v1::LayerPlan& l = plan.layers(i);
-    s.layers[i] = {l.compute(), l.parameter_home(), l.update(), l.activation_policy()};
+    s.layers[i] = {l.compute(), l.parameter_home(), l.update(), l.activation_policy(),
+                   l.stream_optimizer_state()};
   }
   return s;
 }
@@ -42,6 +43,7 @@ void WriteDecisionsToPlan(const Decisions& schedule, tandem::v1::Plan* plan) {
     l->set_parameter_home(d.parameter_home);
     l->set_update(d.update);
     l->set_activation_policy(d.activation);
+    l->set_stream_optimizer_state(d.stream_state);
   }
 }
 

@@ -18,10 +18,13 @@ struct LayerDecisions {
   tandem::v1::ParameterHome parameter_home = tandem::v1::PARAMETER_HOME_ACCELERATOR;
   tandem::v1::Placement update = tandem::v1::PLACEMENT_ACCELERATOR;
   tandem::v1::ActivationPolicy activation = tandem::v1::ACTIVATION_POLICY_KEEP;
+  // An accelerator update whose optimizer state lives on the host and is
+  // streamed in for it (LayerPlan.stream_optimizer_state).
+  bool stream_state = false;
 
   bool operator==(const LayerDecisions& o) const {
     return compute == o.compute && parameter_home == o.parameter_home && update == o.update &&
-           activation == o.activation;
+           activation == o.activation && stream_state == o.stream_state;
   }
 };
 

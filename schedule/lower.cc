@@ -102,7 +102,8 @@ class Lowering {
         host += n.parameters + n.gradients + n.optimizer_state;
       } else {
         if (d.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) acc += n.parameters;
-        if (n.has_parameters() && d.update == kAcc) acc += n.optimizer_state;
+        if (n.has_parameters() && d.update == kAcc && !d.stream_state) acc += n.optimizer_state;
+        if (n.has_parameters() && d.update == kAcc && d.stream_state) host += n.optimizer_state;
         if (n.has_parameters() && d.update == kHost) {
           host += n.parameters + n.gradients + n.optimizer_state;
         }
@@ -222,12 +223,16 @@ class Lowering {
   void AcceleratorUpdate(int l, int j, int b) {
     const LayerSizes& n = sizes_[l];
     if (d_.layers[l].update == kAcc) {
+      const bool streamed = d_.layers[l].stream_state;
+      const int in = streamed ? StateIn(l, j, b) : -1;
       const int u = Add(OpKind::kUpdate, kAccCompute, kAcceleratorReplica,
                         tandem::v1::TIMELINE_PHASE_UPDATE, l, j, n.update);
       Dep(u, norm_);
       Dep(u, reduced_[l]);
+      Dep(u, in);
       Mem(u, true, kAccPool, -n.gradients);
       s_.layers[l].reuse_start = u;
+      if (streamed) StateOut(l, j, in, u);
       return;
     }
     int g = gradient_d2h_[l];
@@ -251,6 +256,36 @@ class Lowering {
       Dep(h, u);
       s_.layers[l].weights_return = h;
     }
+  }
+
+  // Streamed optimizer state (see STREAMED OPTIMIZER STATE in lower.h): the
+  // STATE_H2D before layer l's accelerator update, after BACKWARD(l, M-1)
+  // `b` starts or the previous streamed update does, and after the state of
+  // the streamed layer two before has gone back.
+  int StateIn(int l, int j, int b) {
+    const int64_t bytes = sizes_[l].optimizer_state;
+    const int in = Copy(kH2D, tandem::v1::TIMELINE_PHASE_STATE_H2D, l, j, bytes,
+                        TensorKind::kOptimizerState);
+    const size_t k = state_updates_.size();
+    Dep(in, k > 0 ? state_updates_[k - 1] : b, /*on_start=*/true);
+    if (k >= 2) Dep(in, s_.layers[s_.ops[state_updates_[k - 2]].layer].state_out);
+    Mem(in, false, kAccPool, bytes);
+    s_.layers[l].state_in = in;
+    return in;
+  }
+  // The update `u` of the state `in` brought, then the STATE_D2H that takes
+  // the state back; the next step's STATE_H2D of the layer reads what it wrote.
+  void StateOut(int l, int j, int in, int u) {
+    const int64_t bytes = sizes_[l].optimizer_state;
+    Mem(u, false, kAccPool, sizes_[l].update_staging);
+    Mem(u, true, kAccPool, -sizes_[l].update_staging);
+    const int out = Copy(kD2H, tandem::v1::TIMELINE_PHASE_STATE_D2H, l, j, bytes,
+                         TensorKind::kOptimizerState);
+    Dep(out, u);
+    Mem(out, true, kAccPool, -bytes);
+    s_.ops[in].deps.push_back({out, 1, false});
+    s_.layers[l].state_out = out;
+    state_updates_.push_back(u);
   }
 
   // A streamed layer's weights for its forward (or backward) of micro-batch
@@ -498,6 +533,8 @@ class Lowering {
   // The accelerator's latest forward or backward (prefetches start with it).
   int layer_op_ = -1;
   std::vector<int> host_update_, host_backward_;
+  // The accelerator updates of streamed optimizer state, in program order.
+  std::vector<int> state_updates_;
   std::vector<Pending> pending_;
 };
 
@@ -542,6 +579,12 @@ absl::Status Validate(const Decisions& s, int num_layers, bool has_accelerator) 
     if (a != tandem::v1::ACTIVATION_POLICY_KEEP && a != kOffload && a != kRecompute) {
       return Invalid(l, "activation_policy", "must be KEEP, OFFLOAD or RECOMPUTE");
     }
+    if (d.stream_state && mode != Mode::kAccelerator) {
+      return Invalid(l, "stream_optimizer_state",
+                     mode == Mode::kHost ? "needs an accelerator: the layer computes on the host"
+                                         : "hetero_dp's accelerator replica keeps its state "
+                                           "resident");
+    }
     if (mode == Mode::kHost) {
       if (d.parameter_home != tandem::v1::PARAMETER_HOME_HOST) {
         return Invalid(l, "parameter_home", "must be HOST when computing on the host");
@@ -570,6 +613,12 @@ absl::Status Validate(const Decisions& s, int num_layers, bool has_accelerator) 
     if (d.update != kAcc && d.update != kHost) {
       return Invalid(l, "update", "must be ACCELERATOR or HOST");
     }
+    if (d.stream_state && (d.update != kAcc ||
+                           d.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR)) {
+      return Invalid(l, "stream_optimizer_state",
+                     "streams the state of an accelerator update to resident weights: needs "
+                     "update ACCELERATOR and parameter_home ACCELERATOR");
+    }
     if (d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED && d.update != kHost) {
       return Invalid(l, "update",
                      "a HOST_STREAMED layer's master weights live on the host, so it "
@@ -588,6 +637,15 @@ absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<Lay
     return absl::InvalidArgumentError(
         "plan.strategy: hetero_dp already splits the batch between the host and the "
         "accelerator; it does not run as a data-parallel rank");
+  }
+  if (options.ranks > 1) {
+    for (int l = 0; l < L; ++l) {
+      if (decisions.layers[l].stream_state) {
+        return Invalid(l, "stream_optimizer_state",
+                       "not supported on data-parallel ranks yet: keep the state resident or "
+                       "update on the host");
+      }
+    }
   }
   return Lowering(decisions, sizes, ModeOf(decisions), options).Run();
 }

@@ -24,6 +24,20 @@
 // layer has no separate return copy. The copy is allocated when it starts and
 // freed when the forward (backward) ends.
 //
+// STREAMED OPTIMIZER STATE (stream_state: update ACCELERATOR, weights
+// resident). The layer's optimizer state S = optimizer_state bytes (with its
+// fp32 master weights in mixed precision) lives on the host; UPDATE(l) runs on
+// the compute stream right after BACKWARD(l, M-1) as for resident state, but
+// waits for a STATE_H2D of S on the H2D engine and is followed by a STATE_D2H
+// of S on the D2H engine. Two state buffers at most are in flight: the
+// STATE_H2D of the k-th streamed update of the step (program order, L-1
+// first) is issued when the (k-1)-th UPDATE starts (the first: when its own
+// BACKWARD(l, M-1) starts) and after the STATE_D2H of the (k-2)-th ends; and
+// after the layer's STATE_D2H of the step before (lag 1), whose bytes it
+// reads. S is allocated on the accelerator when the STATE_H2D starts and freed
+// when the STATE_D2H ends; the update holds update_staging (the bf16 gradient
+// widened to fp32) while it runs. Not with data-parallel ranks.
+//
 // Activations, per micro-batch (A = activation bytes; checkpoint C = min(A,
 // output bytes of layer l-1), 0 for l = 0):
 //   KEEP       A allocated when FORWARD starts, freed when BACKWARD ends.
@@ -75,8 +89,9 @@
 // every bucket. The collectives thereby overlap the rest of backward.
 //
 // Resident memory. Accelerator: resident parameters and the optimizer state of
-// layers updated there. Host: master parameters, gradient and optimizer state
-// of every layer updated on the host.
+// layers updated there (not streamed). Host: master parameters, gradient and
+// optimizer state of every layer updated on the host; the streamed state of
+// the others.
 #ifndef TANDEM_SCHEDULE_LOWER_H_
 #define TANDEM_SCHEDULE_LOWER_H_
 
@@ -98,6 +113,8 @@ struct LayerSizes {
   int64_t optimizer_state = 0;
   // Bytes an update reads and writes.
   int64_t update = 0;
+  // Bytes an accelerator update of streamed state allocates while it runs.
+  int64_t update_staging = 0;
   int64_t activations = 0;
   int64_t checkpoint = 0;
   int64_t workspace = 0;

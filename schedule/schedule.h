@@ -72,7 +72,9 @@ enum class OpKind : int8_t {
 const char* OpKindName(OpKind kind);
 
 // What a copy moves.
-enum class TensorKind : int8_t { kNone, kWeights, kGradient, kActivation };
+// kOptimizerState: a layer's fp32 master weights (mixed precision) and
+// optimizer state, streamed in for an accelerator update and back.
+enum class TensorKind : int8_t { kNone, kWeights, kGradient, kActivation, kOptimizerState };
 
 // Which replica an operation belongs to.
 enum Replica : int8_t { kAcceleratorReplica = 0, kHostReplica = 1 };
@@ -139,6 +141,10 @@ struct LayerMarks {
   int host_update = -1;
   // The PARAMETER_H2D that brings them back (resident weights only).
   int weights_return = -1;
+  // Streamed optimizer state: the STATE_H2D that brings it in, and the
+  // STATE_D2H that takes it back.
+  int state_in = -1;
+  int state_out = -1;
 };
 
 struct Schedule {

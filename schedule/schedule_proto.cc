@@ -14,7 +14,7 @@ using PB = tandem::v1::Schedule;
 // (TensorKind has none: kNone is 0 in both).
 constexpr int kOpKinds = static_cast<int>(OpKind::kReceive) + 1;
 constexpr int kModes = static_cast<int>(Mode::kHetero) + 1;
-constexpr int kTensorKinds = static_cast<int>(TensorKind::kActivation) + 1;
+constexpr int kTensorKinds = static_cast<int>(TensorKind::kOptimizerState) + 1;
 
 PB::Op OpToProto(const Op& op) {
   PB::Op out;

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "schedule/lower.h"
@@ -266,6 +268,91 @@ TEST(LowerTest, DataParallelOnTheHostWithClippingAndRefusedForHeteroDp) {
   s = Lower(hetero, Sizes(2), options);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("hetero_dp"), std::string::npos) << s.status();
+}
+
+
+// Streamed optimizer state: each layer's state comes in for its accelerator
+// update and goes back after it, at most two layers' state on the device.
+TEST(LowerTest, StreamedStateComesInForTheUpdateAndGoesBackTwoLayersAtATime) {
+  const int L = 4;
+  Decisions d = Chain(L, tandem::v1::STRATEGY_REUSE_DISTANCE);
+  for (LayerDecisions& l : d.layers) l.stream_state = true;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(L));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  // Only the weights stay on the accelerator; the state lives on the host.
+  EXPECT_EQ(s->resident_bytes[0], L * 100);
+  EXPECT_EQ(s->resident_bytes[1], L * 200);
+  const int h2d = s->ResourceOf(tandem::v1::TIMELINE_RESOURCE_COPY_H2D);
+  const int d2h = s->ResourceOf(tandem::v1::TIMELINE_RESOURCE_COPY_D2H);
+  for (int l = 0; l < L; ++l) {
+    const LayerMarks& m = s->layers[l];
+    ASSERT_GE(m.state_in, 0) << l;
+    ASSERT_GE(m.state_out, 0) << l;
+    const Op& in = s->ops[m.state_in];
+    const Op& out = s->ops[m.state_out];
+    EXPECT_EQ(in.resource, h2d);
+    EXPECT_EQ(out.resource, d2h);
+    EXPECT_EQ(in.tensor, TensorKind::kOptimizerState);
+    EXPECT_EQ(in.bytes, 200);
+    EXPECT_EQ(in.phase, tandem::v1::TIMELINE_PHASE_STATE_H2D);
+    EXPECT_EQ(out.phase, tandem::v1::TIMELINE_PHASE_STATE_D2H);
+    // The update on the compute stream waits for the state, which goes
+    // back once it has run, before the next step brings it in again.
+    const int u = m.reuse_start;
+    EXPECT_EQ(s->ops[u].kind, OpKind::kUpdate);
+    EXPECT_TRUE(DependsOn(*s, u, m.state_in)) << l;
+    EXPECT_TRUE(DependsOn(*s, m.state_out, u)) << l;
+    bool after_last_out = false;
+    for (const Dep& dep : in.deps) after_last_out |= dep.op == m.state_out && dep.lag == 1;
+    EXPECT_TRUE(after_last_out) << l;
+    // No weights return and no gradient copy: the update was on the device.
+    EXPECT_LT(m.weights_return, 0) << l;
+  }
+  // Copies ten times slower than compute: the device never holds more than
+  // two layers' state (200 bytes each) at once.
+  std::vector<double> seconds(s->num_ops(), 1.0);
+  for (int o = 0; o < s->num_ops(); ++o) {
+    if (s->ops[o].tensor == TensorKind::kOptimizerState) seconds[o] = 10.0;
+  }
+  absl::StatusOr<Timing> t = Simulate(*s, seconds, 3);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<std::pair<double, int>> events;
+  for (int i = 0; i < 3; ++i) {
+    for (int l = 0; l < L; ++l) {
+      events.push_back({t->start[t->Index(i, s->layers[l].state_in)], +1});
+      events.push_back({t->end[t->Index(i, s->layers[l].state_out)], -1});
+    }
+  }
+  std::sort(events.begin(), events.end());  // a release before a start at the same time
+  int held = 0, most = 0;
+  for (const auto& [time, delta] : events) most = std::max(most, held += delta);
+  EXPECT_EQ(most, 2);
+}
+
+TEST(LowerTest, StreamedStateNeedsAnAcceleratorUpdateToResidentWeightsAndOneRank) {
+  Decisions d = Chain(2, tandem::v1::STRATEGY_REUSE_DISTANCE);
+  d.layers[1].stream_state = true;
+  d.layers[1].update = tandem::v1::PLACEMENT_HOST;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(2));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("plan.layers[1].stream_optimizer_state"), std::string::npos)
+      << s.status();
+  d.layers[1].update = tandem::v1::PLACEMENT_ACCELERATOR;
+  d.layers[1].parameter_home = tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+  EXPECT_EQ(Lower(d, Sizes(2)).status().code(), absl::StatusCode::kInvalidArgument);
+  d.layers[1].parameter_home = tandem::v1::PARAMETER_HOME_ACCELERATOR;
+  EXPECT_TRUE(Lower(d, Sizes(2)).ok());
+  LowerOptions ranks;
+  ranks.ranks = 2;
+  s = Lower(d, Sizes(2), ranks);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("data-parallel"), std::string::npos) << s.status();
+  Decisions cpu = CpuChain(2);
+  cpu.layers[0].stream_state = true;
+  s = Lower(cpu, Sizes(2));
+  EXPECT_NE(s.status().message().find("plan.layers[0].stream_optimizer_state"), std::string::npos)
+      << s.status();
 }
 
 }  // namespace

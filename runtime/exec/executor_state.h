@@ -59,8 +59,13 @@ struct PlanExecutor::Layer {
   const tandem::Layer* layer = nullptr;
   bool streamed = false;
   bool accel_update = true;
+  // An accelerator update of state streamed from the host
+  // (LayerPlan.stream_optimizer_state): `moments` (and, for a working copy,
+  // `master`) exist on the accelerator from the layer's STATE_H2D to its
+  // STATE_D2H; the host's copies hold them in between.
+  bool stream_state = false;
   bool has_params = false;
-  // A mixed-precision plan's host-updated layer: the accelerator holds a bf16
+  // A mixed-precision plan's host-updated (or streamed-state) layer: the accelerator holds a bf16
   // working copy of its weights (`params`, resident or streamed) and a bf16
   // gradient (`grads`); the fp32 master weights and state stay on the host.
   // Each call widens the copy to fp32 for the layer and rounds the gradient
@@ -76,6 +81,8 @@ struct PlanExecutor::Layer {
   // (bf16 for a working copy, else fp32).
   Buffer params, buffers, grads;
   std::vector<Buffer> moments;
+  // A streamed working copy's fp32 master weights while on the accelerator.
+  Buffer master;
 };
 
 // Where a replica computes: its memory, layer contexts and copies to and from

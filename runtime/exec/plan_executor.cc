@@ -177,6 +177,7 @@ absl::Status PlanExecutor::InitLayer(int l) {
   layer->has_params = layer->layer->ParamCount() > 0;
   layer->streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
   layer->accel_update = !host_only_ && d.update != tandem::v1::PLACEMENT_HOST;
+  layer->stream_state = layer->accel_update && d.stream_state;
   layer->working_copy = HasWorkingCopy(l);
   if (!host_only_) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
   layers_.push_back(std::move(layer));
@@ -198,7 +199,7 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
                                                 host_buffers_.f32() + layer.buffer_offset,
                                                 layer.buffer_elements * 4));
   }
-  if (layer.accel_update && layer.param_elements > 0) {
+  if (layer.accel_update && !layer.stream_state && layer.param_elements > 0) {
     for (int s = 0; s < optimizer_->state_count(); ++s) {
       TANDEM_ASSIGN_OR_RETURN(Buffer m, Buffer::Allocate(dev, layer.param_elements * 4,
                                                          MemoryCategory::kOptimizerState));
@@ -211,8 +212,10 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
 
 bool PlanExecutor::HasWorkingCopy(int l) const {
   // state_type_ is kF32 for cpu_only, where every layer updates on the host.
+  // A streamed-state update brings the fp32 master in with the moments.
   return state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
-         decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST;
+         (decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST ||
+          decisions_.layers[l].stream_state);
 }
 
 absl::Status PlanExecutor::InitWorkingCopies() {
@@ -414,8 +417,11 @@ absl::Status PlanExecutor::SyncStateToHost() {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_buffers_.f32() + layer->buffer_offset,
                                                 layer->buffers.data(), layer->buffer_elements * 4));
     }
-    // hetero_dp's host replica already holds the same weights and moments.
-    if (hetero_ || !layer->accel_update || layer->param_elements == 0) continue;
+    // hetero_dp's host replica already holds the same weights and moments;
+    // a working copy's master weights are the host's (streamed state too,
+    // whose moments are back on the host once the step has drained).
+    if (hetero_ || !layer->accel_update || layer->working_copy || layer->param_elements == 0)
+      continue;
     TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_params_.f32() + layer->param_offset,
                                               layer->params.data(), layer->param_elements * 4));
     for (size_t s = 0; s < layer->moments.size(); ++s) {

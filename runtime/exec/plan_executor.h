@@ -177,6 +177,8 @@ class PlanExecutor final : public StepRunner {
   absl::Status LoadInputs(Iteration& it, Replica& r, int j);
   absl::Status Copy(Iteration& it, int op);
   absl::Status MoveActivations(Replica& r, int l, int j, bool to_host);
+  // A streamed-state layer's moments (and master weights) in or out.
+  absl::Status MoveState(Layer& layer, bool to_host);
   absl::Status HostUpdate(const Iteration& it, int layer);
   absl::Status AcceleratorUpdate(const Iteration& it, int layer);
   absl::Status AverageGradients(int layer);

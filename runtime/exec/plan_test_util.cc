@@ -172,6 +172,17 @@ std::vector<Case> Cases() {
          return p;
        },
        1e-5},
+      // The three update places: every third layer from the first streams
+      // its optimizer state in for an accelerator update, the next updates
+      // on the host, the third keeps its state resident.
+      {"streamed_state",
+       [](const Model& m, int b) {
+         return MakePlan(m, STRATEGY_REUSE_DISTANCE, b, b, [](int l, LayerPlan* lp) {
+           if (l % 3 == 0) lp->set_stream_optimizer_state(true);
+           if (l % 3 == 1) lp->set_update(PLACEMENT_HOST);
+         });
+       },
+       0},
   };
 }
 

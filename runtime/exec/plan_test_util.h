@@ -69,7 +69,7 @@ struct Case {
 };
 
 // gpu_only, zero_offload, reuse_distance, streamed_offload_recompute,
-// micro_batches, cpu_only, hetero_dp (in that order).
+// micro_batches, cpu_only, hetero_dp, streamed_state (in that order).
 std::vector<Case> Cases();
 
 }  // namespace tandem::exec_test

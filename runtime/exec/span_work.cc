@@ -282,6 +282,9 @@ absl::Status PlanExecutor::Copy(Iteration& it, int o) {
     case tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H:
     case tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D:
       return MoveActivations(it.accel, l, op.micro_batch, down);
+    case tandem::v1::TIMELINE_PHASE_STATE_H2D:
+    case tandem::v1::TIMELINE_PHASE_STATE_D2H:
+      return MoveState(layer, down);
     case tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC:
       // hetero_dp: the accelerator's gradient down to be summed, the sum back.
       return down ? accel_->CopyToHost(host_grads, layer.grads.data(), bytes)
@@ -290,6 +293,30 @@ absl::Status PlanExecutor::Copy(Iteration& it, int o) {
       return absl::InternalError(
           absl::StrCat("no copy for phase ", tandem::v1::TimelinePhase_Name(op.phase)));
   }
+}
+
+absl::Status PlanExecutor::MoveState(Layer& layer, bool to_host) {
+  // The moments, then a working copy's fp32 master weights: the host's
+  // copies at the layer's offset in the flat buffers.
+  const int64_t n = layer.param_elements;
+  std::vector<std::pair<Buffer*, float*>> tensors;
+  if (!to_host) layer.moments.resize(host_moments_.size());
+  for (size_t s = 0; s < host_moments_.size(); ++s) {
+    tensors.push_back({&layer.moments[s], host_moments_[s].f32() + layer.param_offset});
+  }
+  if (layer.working_copy) tensors.push_back({&layer.master, host_params_.f32() + layer.param_offset});
+  for (auto [device, host] : tensors) {
+    if (to_host) {
+      TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host, device->data(), n * 4));
+      device->Reset();
+      continue;
+    }
+    TANDEM_ASSIGN_OR_RETURN(*device, Buffer::Allocate(device_alloc_.get(), n * 4,
+                                                      MemoryCategory::kOptimizerState));
+    TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(device->data(), host, n * 4));
+  }
+  if (to_host) layer.moments.clear();
+  return absl::OkStatus();
 }
 
 absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
@@ -330,8 +357,23 @@ absl::Status PlanExecutor::AcceleratorUpdate(const Iteration& it, int l) {
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
   std::vector<float*> states;
   for (Buffer& m : layer.moments) states.push_back(m.f32());
-  TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, layer.params.f32(), layer.grads.f32(),
-                                             states.data(), layer.param_elements));
+  if (!layer.working_copy) {
+    TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, layer.params.f32(), layer.grads.f32(),
+                                               states.data(), layer.param_elements));
+    TANDEM_RETURN_IF_ERROR(accel_->FinishCompute());
+    layer.grads.Reset();
+    return absl::OkStatus();
+  }
+  // Streamed state of a working copy: the fp32 master steps with the bf16
+  // gradient widened, and the working copy is rounded from it.
+  const int64_t n = layer.param_elements;
+  TANDEM_ASSIGN_OR_RETURN(Buffer grad32, Buffer::Allocate(device_alloc_.get(), n * 4,
+                                                          MemoryCategory::kWorkspace));
+  const LayerContext ctx = accel_->ComputeContext();
+  device_ops::FromBf16(ctx, layer.grads.bf16(), grad32.f32(), n);
+  TANDEM_RETURN_IF_ERROR(
+      accel_->UpdateSlice(s, layer.master.f32(), grad32.f32(), states.data(), n));
+  device_ops::ToBf16(ctx, layer.master.f32(), layer.params.bf16(), n);
   TANDEM_RETURN_IF_ERROR(accel_->FinishCompute());
   layer.grads.Reset();
   return absl::OkStatus();
@@ -380,7 +422,15 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
   for (auto& layer : layers_) {
     if (!layer->has_params) continue;
     // hetero_dp's sums, and every gradient that came down, are on the host.
-    if (!hetero_ && layer->accel_update) {
+    if (!hetero_ && layer->accel_update && layer->working_copy) {
+      // A streamed-state layer's bf16 gradient, widened to be summed.
+      const int64_t n = layer->param_elements;
+      TANDEM_ASSIGN_OR_RETURN(Buffer grad32, Buffer::Allocate(device_alloc_.get(), n * 4,
+                                                              MemoryCategory::kWorkspace));
+      device_ops::FromBf16(accel_->ComputeContext(), layer->grads.bf16(), grad32.f32(), n);
+      TANDEM_ASSIGN_OR_RETURN(const double s, accel_->SumOfSquares(grad32.f32(), n));
+      sum += s;
+    } else if (!hetero_ && layer->accel_update) {
       TANDEM_ASSIGN_OR_RETURN(const double s,
                               accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
       sum += s;

@@ -145,6 +145,8 @@ std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t
     z.activations = layer.OutputBytes(micro) + layer.SavedBytes(micro);
     z.checkpoint = l == 0 ? 0 : std::min(z.activations, model.layer(l - 1).OutputBytes(micro));
     z.workspace = layer.WorkspaceBytes(micro) + bytes.staging;
+    // A streamed-state update widens a bf16 gradient to fp32 (span_work.cc).
+    z.update_staging = state == DType::kBF16 ? model.param_slice(l) * 4 : 0;
     z.host_activations = z.activations;
     z.host_checkpoint = z.checkpoint;
     z.host_workspace = z.workspace;

@@ -96,6 +96,7 @@ absl::StatusOr<StrategyContext> ContextOf(const PlanRequest& request,
   c.host_memory_budget_bytes =
       request.host_memory_bytes > 0 ? request.host_memory_bytes : cost.host_memory_bytes();
   c.delayed_parameter_update = request.delayed_parameter_update;
+  c.stream_optimizer_state = request.stream_optimizer_state;
   c.host_update_threads =
       request.host_update_threads > 0 ? request.host_update_threads : cost.host_threads();
   return c;
@@ -420,6 +421,7 @@ absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelReques
   r.strategy = spec.placement().strategy();
   r.micro_batch_size = spec.placement().micro_batch_size();
   r.delayed_parameter_update = spec.placement().delayed_parameter_update();
+  r.stream_optimizer_state = !spec.placement().no_streamed_optimizer_state();
   r.host_update_threads = spec.training().threads();
   for (int s : rpc.compare()) r.compare.push_back(static_cast<Strategy>(s));
   r.pipeline_devices = rpc.pipeline_devices() > 0 ? rpc.pipeline_devices()

@@ -55,6 +55,8 @@ struct PlanRequest {
   int micro_batch_size = 0;
   bool delayed_parameter_update = false;
   int host_update_threads = 0;
+  // reuse_distance may stream optimizer state (state_streaming.h).
+  bool stream_optimizer_state = true;
   // The accelerator computes on the host's cores (the emulated one): auto
   // leaves hetero_dp out, whose two replicas would share those cores while
   // the simulator runs them side by side (on 2 cores such a job measured 6-8x

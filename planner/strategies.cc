@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "base/units.h"
 #include "planner/memory_fit.h"
+#include "planner/state_streaming.h"
 #include "planner/update_placement.h"
 
 namespace tandem::planner {
@@ -196,6 +197,23 @@ struct ReuseSearch {
   bool simulator_scored = false;
 };
 
+constexpr char kStreamedOrigin[] = "search over three update places";
+// The streamed-state search's simulations cost O(layers) each: it gets this
+// many layer-simulations, at least 16 simulations and at most its default.
+constexpr int64_t kStreamLayerEvaluations = 20000;
+
+// Whether a layer with parameters and resident weights updates on the host:
+// one that could stream its state instead.
+bool AnyHostUpdate(const CostModel& cost, const Decisions& d) {
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    if (cost.ParameterBytes(l) > 0 && d.layers[l].update == PLACEMENT_HOST &&
+        d.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Layers whose update may move to the accelerator: those with resident
 // weights.
 std::vector<bool> EligibleLayers(const CostModel& cost, const Decisions& config) {
@@ -270,6 +288,24 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
     // search: try again with half the micro-batch, whose activations leave
     // room for more optimizer state.
     const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
+    // The third place, state streamed in for an accelerator update, can
+    // only shorten the step by the time the accelerator waits: not searched
+    // when that is under 1% of it.
+    const double idle = r->prediction.accelerator_idle_seconds();
+    if (c.stream_optimizer_state && AnyHostUpdate(c.cost(), s) &&
+        idle > 0.01 * r->prediction.iteration_seconds()) {
+      StreamSearchOptions options;
+      options.max_evaluations = std::clamp<int64_t>(
+          kStreamLayerEvaluations / c.cost().num_layers(), 16, options.max_evaluations);
+      StreamSearchResult streamed =
+          SearchStreamedState(*c.simulator, s, r->prediction.iteration_seconds(),
+                              c.accelerator_memory_budget_bytes, options);
+      out->plans_evaluated += streamed.evaluations;
+      if (streamed.improved && WithinBudgets(c, streamed.simulation.prediction)) {
+        search.candidates.push_back({std::move(streamed.decisions),
+                                     std::move(streamed.simulation), nullptr, kStreamedOrigin});
+      }
+    }
     search.candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
     if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0 &&
         2 * zero_offload.schedule.micro_batches() <= MaxMicroBatches(c.cost().num_layers())) {
@@ -312,11 +348,17 @@ std::string ReuseDistanceNote(const CostModel& cost, const StrategyOutcome& out,
                               const ReuseSearch& search) {
   const int L = cost.num_layers();
   std::vector<int> on_accelerator;
+  std::string streamed;
+  int streamed_count = 0;
   for (int l = 0; l < L; ++l) {
     if (cost.ParameterBytes(l) > 0 && out.schedule.layers[l].update == PLACEMENT_ACCELERATOR) {
       on_accelerator.push_back(l);
+      if (out.schedule.layers[l].stream_state && streamed_count++ < 12) {
+        absl::StrAppend(&streamed, streamed.empty() ? "" : ",", l);
+      }
     }
   }
+  if (streamed_count > 12) absl::StrAppend(&streamed, ",...");
   int with_params = 0;
   for (int l = 0; l < L; ++l) with_params += cost.ParameterBytes(l) > 0;
   std::string which;
@@ -326,11 +368,17 @@ std::string ReuseDistanceNote(const CostModel& cost, const StrategyOutcome& out,
   if (on_accelerator.size() > 12) absl::StrAppend(&which, ",...");
   return absl::StrCat(
       on_accelerator.size(), " of ", with_params, " layers with parameters update on the ",
-      "accelerator [", which, "] (", origin, "); ",
+      "accelerator [", which, "]",
+      streamed_count > 0
+          ? absl::StrCat(", ", streamed_count, " of them with streamed state [", streamed, "]")
+          : "",
+      " (", origin, "); ",
       FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
       FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
       Describe(out.schedule), "; ",
-      out.placement_proven_optimal
+      origin == kStreamedOrigin
+          ? "placement by local search over three places (no exact search)"
+      : out.placement_proven_optimal
           ? absl::StrCat("placement proven optimal (", search.search_nodes, " search nodes)")
       : search.simulator_scored
           ? "placement by local search (offloaded activations or streamed weights: no exact search)"
@@ -536,6 +584,8 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
         {gpu_only.schedule, {}, &gpu_only.simulation, "every layer fits on the accelerator"});
   }
   const std::string origin = AdoptFastest(c, &search.candidates, &out);
+  // The exact search covers two places; a streamed winner is outside it.
+  if (origin == kStreamedOrigin) out.placement_proven_optimal = false;
   out.note = ReuseDistanceNote(c.cost(), out, zero_offload, origin, search);
   out.solve_seconds = clock.seconds();
   return out;

@@ -53,6 +53,9 @@ struct StrategyContext {
   int micro_batch_size = 0;
   bool delayed_parameter_update = false;
   int host_update_threads = 1;
+  // reuse_distance may stream a layer's optimizer state in for an
+  // accelerator update (state_streaming.h).
+  bool stream_optimizer_state = true;
 
   const CostModel& cost() const { return simulator->cost(); }
 };

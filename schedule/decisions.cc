@@ -1,5 +1,7 @@
 #include "schedule/decisions.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -17,6 +19,8 @@ absl::StatusOr<Decisions> DecisionsFromPlan(const tandem::v1::Plan& plan, int nu
   s.accelerator_batch_share = plan.accelerator_batch_share();
   s.delayed_parameter_update = plan.delayed_parameter_update();
   s.host_update_threads = plan.host_update_threads();
+  s.state_prefetch_layers = std::max(1, plan.state_prefetch_layers());
+  s.state_update_lag = std::max(0, plan.state_update_lag());
   s.layers.resize(num_layers);
   for (int i = 0; i < num_layers; ++i) {
     const tandem::v1::LayerPlan& l = plan.layers(i);
@@ -34,6 +38,8 @@ void WriteDecisionsToPlan(const Decisions& schedule, tandem::v1::Plan* plan) {
   plan->set_accelerator_batch_share(schedule.accelerator_batch_share);
   plan->set_delayed_parameter_update(schedule.delayed_parameter_update);
   plan->set_host_update_threads(schedule.host_update_threads);
+  plan->set_state_prefetch_layers(schedule.state_prefetch_layers);
+  plan->set_state_update_lag(schedule.state_update_lag);
   while (plan->layers_size() < static_cast<int>(schedule.layers.size())) plan->add_layers();
   for (int i = 0; i < static_cast<int>(schedule.layers.size()); ++i) {
     tandem::v1::LayerPlan* l = plan->mutable_layers(i);

@@ -40,6 +40,9 @@ struct Decisions {
   int accelerator_batch_share = 0;
   bool delayed_parameter_update = false;
   int host_update_threads = 1;
+  // Plan.state_prefetch_layers, at least 1, and Plan.state_update_lag.
+  int state_prefetch_layers = 1;
+  int state_update_lag = 0;
 
   // Samples the layer-computing replica processes per step.
   int replica_samples() const {

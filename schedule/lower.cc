@@ -68,6 +68,7 @@ class Lowering {
     s_.program_resource = mode == Mode::kHost ? kHostCompute : kAccCompute;
     host_update_.assign(L_, -1);
     host_backward_.assign(L_, -1);
+    last_backward_.assign(L_, -1);
     gradient_d2h_.assign(L_, -1);
     reduced_.assign(L_, -1);
   }
@@ -259,15 +260,18 @@ class Lowering {
   }
 
   // Streamed optimizer state (see STREAMED OPTIMIZER STATE in lower.h): the
-  // STATE_H2D before layer l's accelerator update, after BACKWARD(l, M-1)
-  // `b` starts or the previous streamed update does, and after the state of
-  // the streamed layer two before has gone back.
+  // STATE_H2D before layer l's accelerator update, once BACKWARD(l + d, M-1)
+  // (d the prefetch distance; past the last layer, its) and the previous
+  // streamed update have started, and the state of the streamed layer two
+  // before has gone back.
   int StateIn(int l, int j, int b) {
     const int64_t bytes = sizes_[l].optimizer_state;
     const int in = Copy(kH2D, tandem::v1::TIMELINE_PHASE_STATE_H2D, l, j, bytes,
                         TensorKind::kOptimizerState);
     const size_t k = state_updates_.size();
-    Dep(in, k > 0 ? state_updates_[k - 1] : b, /*on_start=*/true);
+    const int ahead = std::min(L_ - 1, l + std::max(1, d_.state_prefetch_layers));
+    Dep(in, ahead > l ? last_backward_[ahead] : b, /*on_start=*/true);
+    if (k > 0) Dep(in, state_updates_[k - 1], /*on_start=*/true);
     if (k >= 2) Dep(in, s_.layers[s_.ops[state_updates_[k - 2]].layer].state_out);
     Mem(in, false, kAccPool, bytes);
     s_.layers[l].state_in = in;
@@ -365,12 +369,23 @@ class Lowering {
     layer_op_ = b;
     if (j != M - 1) return;
     s_.layers[l].reuse_start = b;
+    last_backward_[l] = b;
     if (hetero || !n.has_parameters()) return;
     // Under clipping an accelerator update waits for the norm; the host
     // ones' gradients go down now (their updates wait for it too); so do
     // a data-parallel rank's, whose updates wait for their bucket's sum.
-    if ((!clip_ && !dp_) || d.update == kHost) AcceleratorUpdate(l, j, b);
+    const bool lagged = !clip_ && !dp_ && d.stream_state && d_.state_update_lag > 0;
+    if (((!clip_ && !dp_) || d.update == kHost) && !lagged) AcceleratorUpdate(l, j, b);
+    if (lagged) lagged_.push_back(l);
     if (dp_) Bucket(l, d.update == kHost, d.update == kHost ? gradient_d2h_[l] : b);
+    // Streamed updates lagged behind this backward: those of layer l + lag,
+    // and after the first layer's, every one still waiting (L-1 first).
+    while (!lagged_.empty() &&
+           (l == 0 || lagged_.front() - d_.state_update_lag >= l)) {
+      const int u = lagged_.front();
+      lagged_.erase(lagged_.begin());
+      AcceleratorUpdate(u, j, last_backward_[u]);
+    }
   }
 
   void HostReplica() {
@@ -533,6 +548,10 @@ class Lowering {
   // The accelerator's latest forward or backward (prefetches start with it).
   int layer_op_ = -1;
   std::vector<int> host_update_, host_backward_;
+  // The accelerator's BACKWARD(l, M-1) of each layer.
+  std::vector<int> last_backward_;
+  // Streamed updates waiting for their place (state_update_lag), L-1 first.
+  std::vector<int> lagged_;
   // The accelerator updates of streamed optimizer state, in program order.
   std::vector<int> state_updates_;
   std::vector<Pending> pending_;

@@ -27,14 +27,17 @@
 // STREAMED OPTIMIZER STATE (stream_state: update ACCELERATOR, weights
 // resident). The layer's optimizer state S = optimizer_state bytes (with its
 // fp32 master weights in mixed precision) lives on the host; UPDATE(l) runs on
-// the compute stream right after BACKWARD(l, M-1) as for resident state, but
+// the compute stream right after BACKWARD(l, M-1) as for resident state (with
+// state_update_lag q > 0 and neither clipping nor ranks: after BACKWARD(max(l
+// - q, 0), M-1) and the updates placed there before it, L-1 first), but
 // waits for a STATE_H2D of S on the H2D engine and is followed by a STATE_D2H
-// of S on the D2H engine. Two state buffers at most are in flight: the
-// STATE_H2D of the k-th streamed update of the step (program order, L-1
-// first) is issued when the (k-1)-th UPDATE starts (the first: when its own
-// BACKWARD(l, M-1) starts) and after the STATE_D2H of the (k-2)-th ends; and
-// after the layer's STATE_D2H of the step before (lag 1), whose bytes it
-// reads. S is allocated on the accelerator when the STATE_H2D starts and freed
+// of S on the D2H engine. The STATE_H2D is prefetched d =
+// state_prefetch_layers layers ahead: issued when BACKWARD(min(l + d, L-1),
+// M-1) starts (for l = L-1, its own). Two state buffers
+// at most are in flight: the STATE_H2D of the k-th streamed update of the
+// step (program order, L-1 first) also waits for the (k-1)-th UPDATE to start
+// and for the STATE_D2H of the (k-2)-th to end; and for the layer's STATE_D2H
+// of the step before (lag 1), whose bytes it reads. S is allocated on the accelerator when the STATE_H2D starts and freed
 // when the STATE_D2H ends; the update holds update_staging (the bf16 gradient
 // widened to fp32) while it runs. Not with data-parallel ranks.
 //

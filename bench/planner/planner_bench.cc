@@ -259,6 +259,103 @@ void GptSpeedups(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision pre
   for (const Gpt& m : models) GptRow(m, spec, precision);
 }
 
+// "h12 r3 s33: host 0-11, resident 12-14, streamed 15-47" style: how many
+// layers with parameters update in each place, and which.
+std::string PlacesOf(const tandem::v1::Plan& plan, const CostModel& cost) {
+  std::string lists[3];
+  int counts[3] = {0, 0, 0};
+  for (int l = 0; l < plan.layers_size() && l < cost.num_layers(); ++l) {
+    if (cost.ParameterBytes(l) <= 0) continue;
+    const tandem::v1::LayerPlan& lp = plan.layers(l);
+    const int place = lp.update() == tandem::v1::PLACEMENT_HOST ? 0
+                      : lp.stream_optimizer_state()            ? 2
+                                                               : 1;
+    ++counts[place];
+    lists[place] += (lists[place].empty() ? "" : ",") + std::to_string(l);
+  }
+  static const char* kNames[] = {"host", "resident", "streamed"};
+  std::string out;
+  for (int p = 0; p < 3; ++p) {
+    if (counts[p] == 0) continue;
+    if (lists[p].size() > 48) lists[p] = lists[p].substr(0, 45) + "...";
+    out += std::string(out.empty() ? "" : "; ") + kNames[p] + " " + std::to_string(counts[p]) +
+           " [" + lists[p] + "]";
+  }
+  return out;
+}
+
+// Streamed optimizer state (docs/planning.md): zero_offload, reuse_distance
+// with two update places and with three, at 10/25/50% of model state, in
+// `precision`, each solved in the same run; the host's update pool with all
+// its threads, or (`gpus_sharing_host` > 1) with its share when that many
+// accelerators of the node train at once, each with its own link.
+void StreamedState(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision precision,
+                   int gpus_sharing_host) {
+  const Gpt models[] = {
+      {"GPT-2 XL 1.6B (48 x 1600, untied head)", {8, 1024, 1600, 48, 25, 50257}},
+      {"GPT 2.7B (32 x 2560, untied head)", {8, 1024, 2560, 32, 32, 50257}},
+      {"GPT 6.7B (32 x 4096, untied head)", {8, 1024, 4096, 32, 32, 50257}},
+  };
+  const int threads = std::max(1, spec.host().threads() / std::max(1, gpus_sharing_host));
+  std::printf(
+      "== Streamed optimizer state on %s: %s, Adam, batch 8, context 1024; host update\n"
+      "   pool of %d threads (%s).\n"
+      "   zero_offload; reuse_distance with two update places (host, accelerator with\n"
+      "   resident state); with three (+ accelerator with state streamed in for the update).\n\n",
+      spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32", threads,
+      gpus_sharing_host > 1
+          ? absl::StrCat("its share when ", gpus_sharing_host, " accelerators train at once").c_str()
+          : "all of the host's");
+  for (const Gpt& m : models) {
+    const tandem::v1::Profile profile = GptIn(m.shape, precision);
+    const int64_t state = ModelState(profile);
+    absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(profile, spec);
+    if (!cost.ok()) std::exit(1);
+    std::printf("%s: model state %s\n", m.name, FormatBytes(state).c_str());
+    std::printf("  %6s %8s  %12s %12s %12s  %8s %8s  %s\n", "budget", "GiB", "zero_offload",
+                "reuse(2)", "reuse(3)", "2/zero", "3/zero", "three-place plan (solve)");
+    for (double share : {0.10, 0.25, 0.5}) {
+      PlanRequest request;
+      request.profile = profile;
+      request.hardware = spec;
+      request.accelerator_memory_bytes =
+          std::min<int64_t>(static_cast<int64_t>(share * state), cost->accelerator_memory_bytes());
+      request.host_update_threads = threads;
+      request.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
+                         tandem::v1::STRATEGY_REUSE_DISTANCE};
+      tandem::v1::PlanModelResponse two, three;
+      request.stream_optimizer_state = false;
+      WallSeconds(request, &two);
+      request.stream_optimizer_state = true;
+      WallSeconds(request, &three);
+      const tandem::v1::Plan* zero = Find(three, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+      const tandem::v1::Plan* r2 = Find(two, tandem::v1::STRATEGY_REUSE_DISTANCE);
+      const tandem::v1::Plan* r3 = Find(three, tandem::v1::STRATEGY_REUSE_DISTANCE);
+      if (!zero->feasible()) {
+        std::printf("  %5.0f%% %8.2f  infeasible: %s\n", share * 100,
+                    request.accelerator_memory_bytes / 1073741824.0, zero->solver().note().c_str());
+        continue;
+      }
+      const double z = zero->prediction().iteration_seconds();
+      const double t2 = r2->prediction().iteration_seconds();
+      const double t3 = r3->prediction().iteration_seconds();
+      std::printf("  %5.0f%% %8.2f  %12s %12s %12s  %7.2fx %7.2fx  %s (%s)\n", share * 100,
+                  request.accelerator_memory_bytes / 1073741824.0, FormatSeconds(z).c_str(),
+                  FormatSeconds(t2).c_str(), FormatSeconds(t3).c_str(), z / t2, z / t3,
+                  PlacesOf(*r3, *cost).c_str(), FormatSeconds(r3->solver().solve_seconds()).c_str());
+      std::printf("  %17s three places: accelerator idle %s, H2D idle %s, D2H idle %s, host pool "
+                  "idle %s, peak %s; %s\n",
+                  "", FormatSeconds(r3->prediction().accelerator_idle_seconds()).c_str(),
+                  FormatSeconds(r3->prediction().h2d_idle_seconds()).c_str(),
+                  FormatSeconds(r3->prediction().d2h_idle_seconds()).c_str(),
+                  FormatSeconds(r3->prediction().host_update_idle_seconds()).c_str(),
+                  FormatBytes(r3->prediction().accelerator_peak_bytes()).c_str(),
+                  r3->solver().note().c_str());
+    }
+    std::printf("\n");
+  }
+}
+
 // The feasible alternative with the shortest predicted step; null if none.
 const tandem::v1::Plan* FastestFeasible(const tandem::v1::PlanModelResponse& response) {
   const tandem::v1::Plan* best = nullptr;
@@ -427,11 +524,13 @@ void ScaleOutTable(const tandem::v1::HardwareSpec& spec) {
 }  // namespace
 }  // namespace tandem::planner
 
-// Usage: planner_bench [HARDWARE_SPEC [gpt | solve LAYERS RUNS [all]]]; "gpt" skips the
+// Usage: planner_bench [HARDWARE_SPEC [gpt | streamed | solve LAYERS RUNS [all]]]; "streamed"
+// prints the streamed-state table alone; "gpt" skips the
 // solve times; "solve" times one chain length only (for profilers).
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
   const bool gpt_only = argc > 2 && std::string(argv[2]) == "gpt";
+  const bool streamed_only = argc > 2 && std::string(argv[2]) == "streamed";
   absl::StatusOr<tandem::v1::HardwareSpec> spec = tandem::planner::LoadHardwareSpec(path);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
@@ -442,9 +541,16 @@ int main(int argc, char** argv) {
                               argc > 5 && std::string(argv[5]) == "all");
     return 0;
   }
+  if (streamed_only) {
+    tandem::planner::StreamedState(*spec, tandem::v1::PRECISION_BF16, 1);
+    tandem::planner::StreamedState(*spec, tandem::v1::PRECISION_BF16, 8);
+    return 0;
+  }
   if (!gpt_only) tandem::planner::SolveTimes(*spec);
   tandem::planner::GptSpeedups(*spec, tandem::v1::PRECISION_FP32);
   tandem::planner::GptSpeedups(*spec, tandem::v1::PRECISION_BF16);
+  tandem::planner::StreamedState(*spec, tandem::v1::PRECISION_BF16, 1);
+  tandem::planner::StreamedState(*spec, tandem::v1::PRECISION_BF16, 8);
   tandem::planner::LargestGpt(*spec, tandem::v1::PRECISION_BF16);
   tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_FP32);
   tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_BF16);

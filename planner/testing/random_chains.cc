@@ -75,7 +75,10 @@ std::vector<bool> LayersWithParameters(const CostModel& cost) {
 }
 
 PlacementProblem RandomPlacementProblem(int trial, std::mt19937* rng) {
-  const int layers = 1 + trial % 12;
+  return RandomPlacementProblemOf(1 + trial % 12, rng);
+}
+
+PlacementProblem RandomPlacementProblemOf(int layers, std::mt19937* rng) {
   PlacementProblem p{RandomResidentChain(layers, rng), {}, 0};
   p.eligible = LayersWithParameters(p.chain.cost);
   const PlanSimulator simulator(p.chain.cost);

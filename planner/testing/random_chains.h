@@ -49,6 +49,8 @@ struct PlacementProblem {
 // the peak with every update on the host (low) and every eligible update on
 // the accelerator (high).
 PlacementProblem RandomPlacementProblem(int trial, std::mt19937* rng);
+// The same with `layers` layers.
+PlacementProblem RandomPlacementProblemOf(int layers, std::mt19937* rng);
 
 }  // namespace tandem::planner::testing
 

@@ -1,0 +1,82 @@
+// The third update place (docs/planning.md, "Streamed optimizer state"): a
+// layer updates on the host (ZeRO-Offload's way: its gradient down, its
+// weights back, 2-4 bytes per parameter each way), on the accelerator with
+// its optimizer state resident for the whole run, or on the accelerator with
+// its state (and, in mixed precision, its fp32 master weights) streamed in
+// once its gradient is ready and back after the update (12-16 bytes per
+// parameter each way, but an update many times faster than the host's, in
+// memory that backward has freed).
+//
+// SearchStreamedState starts from a two-place answer (update_placement.h)
+// and searches the three places with the simulator as the judge:
+//
+//   1. among the layers the answer updates on the host, which stream their
+//      state instead: update_placement.h's local search over that subset
+//      (runs by reuse distance from either end, greedy fill, descent);
+//   2. steepest descent over single-layer moves to either other place (a
+//      resident layer may stream, freeing its state for another layer's),
+//      taking the fastest move that fits, until none improves or the
+//      evaluations run out.
+//
+// It is a local search: on small chains ExhaustivePlaces enumerates all 3^n
+// placements to check it (update_placement_test, bench/planner).
+//
+// Free functions; thread-compatible.
+#ifndef TANDEM_PLANNER_STATE_STREAMING_H_
+#define TANDEM_PLANNER_STATE_STREAMING_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "planner/decisions.h"
+#include "planner/simulator.h"
+
+namespace tandem::planner {
+
+enum class UpdatePlace : int8_t { kHost, kResident, kStreamed };
+
+// Per layer: where `decisions` update it.
+std::vector<UpdatePlace> UpdatePlacesOf(const Decisions& decisions);
+// `base` with layer l's update at places[l] where eligible[l].
+Decisions WithUpdatePlaces(Decisions base, const std::vector<bool>& eligible,
+                           const std::vector<UpdatePlace>& places);
+
+// Layers that may take any of the three places: parameters, resident weights.
+std::vector<bool> ThreePlaceEligible(const PlanSimulator& simulator, const Decisions& base);
+
+struct StreamSearchOptions {
+  // Simulations in all (both steps).
+  int64_t max_evaluations = 2000;
+};
+
+struct StreamSearchResult {
+  // A placement faster than the start was found within the budget.
+  bool improved = false;
+  Decisions decisions;
+  SimulationResult simulation;
+  int64_t evaluations = 0;
+};
+
+// From `start` (feasible under `budget_bytes`, iteration `start_seconds`).
+StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Decisions& start,
+                                       double start_seconds, int64_t budget_bytes,
+                                       const StreamSearchOptions& options = {});
+
+struct ExhaustiveResult {
+  bool feasible = false;
+  double iteration_seconds = 0;
+  std::vector<UpdatePlace> places;
+  int prefetch_layers = 1, update_lag = 0;
+  int64_t evaluations = 0;
+};
+
+// Every combination of the three places over `base`'s eligible layers, each
+// (where a layer streams) under every prefetch distance and update lag the
+// search reaches (powers of two below the layer count, and lag 0): ~3^n
+// log^2 n simulations, for small chains only. The fastest within the budget.
+ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decisions& base,
+                                  int64_t budget_bytes);
+
+}  // namespace tandem::planner
+
+#endif  // TANDEM_PLANNER_STATE_STREAMING_H_

@@ -184,13 +184,16 @@ bool SamePlacement(const Plan& a, const Plan& b) {
   if (a.strategy() != b.strategy() || a.micro_batch_size() != b.micro_batch_size() ||
       a.delayed_parameter_update() != b.delayed_parameter_update() ||
       a.accelerator_batch_share() != b.accelerator_batch_share() ||
-      a.host_update_threads() != b.host_update_threads() || a.layers_size() != b.layers_size()) {
+      a.host_update_threads() != b.host_update_threads() || a.layers_size() != b.layers_size() ||
+      std::max(1, a.state_prefetch_layers()) != std::max(1, b.state_prefetch_layers()) ||
+      a.state_update_lag() != b.state_update_lag()) {
     return false;
   }
   for (int l = 0; l < a.layers_size(); ++l) {
     const auto &x = a.layers(l), &y = b.layers(l);
     if (x.compute() != y.compute() || x.parameter_home() != y.parameter_home() ||
-        x.update() != y.update() || x.activation_policy() != y.activation_policy()) {
+        x.update() != y.update() || x.activation_policy() != y.activation_policy() ||
+        x.stream_optimizer_state() != y.stream_optimizer_state()) {
       return false;
     }
   }

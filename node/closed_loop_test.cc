@@ -109,6 +109,16 @@ TEST(SamePlacementTest, EveryDecisionCounts) {
                                           : tandem::v1::PLACEMENT_HOST);
   EXPECT_FALSE(SamePlacement(*plan, other));
   other = *plan;
+  other.mutable_layers(1)->set_update(tandem::v1::PLACEMENT_ACCELERATOR);
+  other.mutable_layers(1)->set_stream_optimizer_state(!plan->layers(1).stream_optimizer_state());
+  EXPECT_FALSE(SamePlacement(*plan, other));
+  other = *plan;
+  other.set_state_update_lag(plan->state_update_lag() + 1);
+  EXPECT_FALSE(SamePlacement(*plan, other));
+  other = *plan;
+  other.set_state_prefetch_layers(std::max(1, plan->state_prefetch_layers()) + 1);
+  EXPECT_FALSE(SamePlacement(*plan, other));
+  other = *plan;
   other.mutable_layers(0)->set_activation_policy(tandem::v1::ACTIVATION_POLICY_RECOMPUTE);
   EXPECT_EQ(SamePlacement(*plan, other),
             plan->layers(0).activation_policy() == tandem::v1::ACTIVATION_POLICY_RECOMPUTE);

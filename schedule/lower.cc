@@ -370,16 +370,18 @@ class Lowering {
     if (j != M - 1) return;
     s_.layers[l].reuse_start = b;
     last_backward_[l] = b;
-    if (hetero || !n.has_parameters()) return;
-    // Under clipping an accelerator update waits for the norm; the host
-    // ones' gradients go down now (their updates wait for it too); so do
-    // a data-parallel rank's, whose updates wait for their bucket's sum.
-    const bool lagged = !clip_ && !dp_ && d.stream_state && d_.state_update_lag > 0;
-    if (((!clip_ && !dp_) || d.update == kHost) && !lagged) AcceleratorUpdate(l, j, b);
-    if (lagged) lagged_.push_back(l);
-    if (dp_) Bucket(l, d.update == kHost, d.update == kHost ? gradient_d2h_[l] : b);
-    // Streamed updates lagged behind this backward: those of layer l + lag,
-    // and after the first layer's, every one still waiting (L-1 first).
+    if (!hetero && n.has_parameters()) {
+      // Under clipping an accelerator update waits for the norm; the host
+      // ones' gradients go down now (their updates wait for it too); so do
+      // a data-parallel rank's, whose updates wait for their bucket's sum.
+      const bool lagged = !clip_ && !dp_ && d.stream_state && d_.state_update_lag > 0;
+      if (((!clip_ && !dp_) || d.update == kHost) && !lagged) AcceleratorUpdate(l, j, b);
+      if (lagged) lagged_.push_back(l);
+      if (dp_) Bucket(l, d.update == kHost, d.update == kHost ? gradient_d2h_[l] : b);
+    }
+    // Streamed updates lagged behind this backward (whatever the layer): those
+    // of layer l + lag and above, and after the first layer's, every one still
+    // waiting (L-1 first).
     while (!lagged_.empty() &&
            (l == 0 || lagged_.front() - d_.state_update_lag >= l)) {
       const int u = lagged_.front();

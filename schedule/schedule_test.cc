@@ -355,5 +355,25 @@ TEST(LowerTest, StreamedStateNeedsAnAcceleratorUpdateToResidentWeightsAndOneRank
       << s.status();
 }
 
+// A lagged streamed update waits behind the backward of the layer `lag`
+// below it, whether or not that layer has parameters; those still waiting
+// when backward reaches the first layer follow it, even when it has none.
+TEST(LowerTest, LaggedStreamedUpdatesRunAfterTheLaterBackwardEvenOfLayersWithoutParameters) {
+  const int L = 5;
+  std::vector<LayerSizes> sizes = Sizes(L);
+  for (int l : {0, 2}) sizes[l] = LayerSizes{.activations = 50, .workspace = 10};
+  Decisions d = Chain(L, tandem::v1::STRATEGY_REUSE_DISTANCE);
+  d.micro_batch_size = d.batch_size;
+  for (LayerDecisions& l : d.layers) l.stream_state = true;
+  d.state_update_lag = 1;
+  absl::StatusOr<Schedule> s = Lower(d, sizes);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE),
+            (std::vector<std::string>{"forward0/0", "forward1/0", "forward2/0", "forward3/0",
+                                      "forward4/0", "backward4/0", "backward3/0", "update4/0",
+                                      "backward2/0", "update3/0", "backward1/0", "backward0/0",
+                                      "update1/0"}));
+}
+
 }  // namespace
 }  // namespace tandem::schedule

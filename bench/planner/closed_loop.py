@@ -125,9 +125,10 @@ def placement_of(record):
     layers = plan.get("layers", [])
     host_updates = sum(1 for l in layers if l.get("update") == "PLACEMENT_HOST")
     streamed = sum(1 for l in layers if l.get("parameter_home") == "PARAMETER_HOME_HOST_STREAMED")
+    state = sum(1 for l in layers if l.get("stream_optimizer_state"))
     strategy = plan.get("strategy", "?").replace("STRATEGY_", "").lower()
     return (f"{strategy} mb{plan.get('micro_batch_size', 0)} "
-            f"upd@host {host_updates} streamed {streamed}")
+            f"upd@host {host_updates} streamed {streamed}" + (f" state {state}" if state else ""))
 
 
 def main():

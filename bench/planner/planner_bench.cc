@@ -217,6 +217,8 @@ void GptRow(const Gpt& m, const tandem::v1::HardwareSpec& spec, tandem::v1::Prec
         std::min<int64_t>(static_cast<int64_t>(share * state), cost->accelerator_memory_bytes());
     request.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
                        tandem::v1::STRATEGY_REUSE_DISTANCE};
+    // CoTrain's two update places; the streamed-state table has the third.
+    request.stream_optimizer_state = false;
     tandem::v1::PlanModelResponse response;
     WallSeconds(request, &response);
     const tandem::v1::Plan* zero = Find(response, tandem::v1::STRATEGY_ZERO_OFFLOAD);
@@ -252,7 +254,8 @@ void GptSpeedups(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision pre
   };
   std::printf(
       "== GPT-style models on %s: %s, Adam, context 1024. Budget = share of\n"
-      "   model state (%s = 16 bytes/param), capped at the GPU.\n\n",
+      "   model state (%s = 16 bytes/param), capped at the GPU. reuse_distance with\n"
+      "   two update places (host, accelerator with resident state), as CoTrain.\n\n",
       spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
       IsMixed(precision) ? "bf16 weights + bf16 grads + fp32 master and Adam state"
                          : "params + grads + Adam state");

@@ -16,6 +16,7 @@
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/exec/plan_test_util.h"
+#include "runtime/profile/chrome_trace.h"
 #include "spec/precision.h"
 
 namespace tandem {
@@ -107,6 +108,20 @@ TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
   EXPECT_EQ(t.source(), "measured") << c.name;
   EXPECT_GT(t.iteration_seconds(), 0) << c.name;
   EXPECT_GT(t.spans_size(), 0) << c.name;
+  // Streamed state moves in and out of the device, and the trace shows it.
+  int state_in = 0, state_out = 0;
+  for (const tandem::v1::TimelineSpan& s : t.spans()) {
+    state_in += s.phase() == tandem::v1::TIMELINE_PHASE_STATE_H2D;
+    state_out += s.phase() == tandem::v1::TIMELINE_PHASE_STATE_D2H;
+  }
+  const bool streams = c.name == "streamed_state";
+  EXPECT_EQ(state_in > 0, streams) << c.name;
+  EXPECT_EQ(state_out, state_in) << c.name;
+  if (streams) {
+    const std::string trace = profile::TimelineToChromeTrace(t, {});
+    EXPECT_NE(trace.find("\"state_h2d"), std::string::npos) << c.name;
+    EXPECT_NE(trace.find("\"state_d2h"), std::string::npos) << c.name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuTest,

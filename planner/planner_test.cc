@@ -578,9 +578,8 @@ TEST(SolvePlanTest, ReuseDistanceRemovesTheHostUpdateStallZeroOffloadHas) {
       EXPECT_NE(three.solver().note().find("with streamed state"), std::string::npos)
           << three.solver().note();
     }
-    std::cout << L << " layers, k = " << k << ": two places " << reuse_seconds
-              << " s, three " << three.prediction().iteration_seconds() << " s (" << streamed
-              << " streamed)\n";
+    std::cout << L << " layers, k = " << k << ": two places " << reuse_seconds << " s, three "
+              << three.prediction().iteration_seconds() << " s (" << streamed << " streamed)\n";
   }
 }
 

@@ -58,10 +58,8 @@ std::vector<LayerNumbers> Numbers(const CostModel& cost, const Decisions& s, Mod
       n.grad_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, z.gradients);
       n.grad_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.gradients);
       n.param_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.parameters);
-      n.state_h2d =
-          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.optimizer_state);
-      n.state_d2h =
-          cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, z.optimizer_state);
+      n.state_h2d = cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, z.optimizer_state);
+      n.state_d2h = cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, z.optimizer_state);
       // A streamed update of a bf16 gradient widens it to fp32 first.
       z.update_staging = IsMixed(cost.precision()) ? 2 * z.gradients : 0;
       z.activations = cost.ActivationBytes(l, m);

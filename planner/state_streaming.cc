@@ -46,7 +46,8 @@ std::vector<UpdatePlace> UpdatePlacesOf(const Decisions& d) {
   std::vector<UpdatePlace> places(d.layers.size(), UpdatePlace::kHost);
   for (size_t l = 0; l < d.layers.size(); ++l) {
     const LayerDecisions& x = d.layers[l];
-    if (x.update == kAcc) places[l] = x.stream_state ? UpdatePlace::kStreamed : UpdatePlace::kResident;
+    if (x.update == kAcc)
+      places[l] = x.stream_state ? UpdatePlace::kStreamed : UpdatePlace::kResident;
   }
   return places;
 }
@@ -201,75 +202,75 @@ StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Dec
   constexpr UpdatePlace kPlaces[] = {UpdatePlace::kHost, UpdatePlace::kResident,
                                      UpdatePlace::kStreamed};
   auto descend = [&](bool pairs) {
-  while (out.evaluations < options.max_evaluations) {
-    const std::vector<UpdatePlace> at = best;
-    const int ahead = best_ahead, lag = best_lag;
-    const double before = best_seconds;
-    // The distances and lags a move that streams is tried with: the
-    // current ones and their neighbours; single moves on small chains, every
-    // distance and lag the search reaches (ExhaustivePlaces's).
-    std::vector<std::pair<int, int>> near = {{ahead, lag}};
-    auto add = [&](std::vector<std::pair<int, int>>* to, int a, int q) {
-      if (a < 1 || (a > 1 && a >= L) || q < 0 || q > L) return;
-      for (auto t : *to) {
-        if (t == std::pair{a, q}) return;
-      }
-      to->push_back({a, q});
-    };
-    add(&near, ahead / 2, lag);
-    add(&near, ahead * 2, lag);
-    add(&near, ahead, lag / 2);
-    add(&near, ahead, std::max(1, lag * 2));
-    std::vector<std::pair<int, int>> single = near;
-    if (small) {
-      for (int a = 1; a == 1 || a < L; a *= 2) {
-        for (int q = 0; q <= L; q = std::max(1, q * 2)) add(&single, a, q);
-      }
-    }
-    auto offer_all = [&](const std::vector<UpdatePlace>& places,
-                         const std::vector<std::pair<int, int>>& timings) {
-      bool streams = false;
-      for (UpdatePlace x : places) streams |= x == UpdatePlace::kStreamed;
-      if (!streams) return offer(places, 1, 0), void();
-      for (auto [a, q] : timings) offer(places, a, q);
-    };
-    bool streams = false;
-    for (UpdatePlace x : at) streams |= x == UpdatePlace::kStreamed;
-    if (streams) {
-      for (size_t t = 1; t < single.size(); ++t) offer(at, single[t].first, single[t].second);
-    }
-    for (int l : movable) {
-      if (out.evaluations >= options.max_evaluations) break;
-      for (UpdatePlace p : kPlaces) {
-        if (p == at[l]) continue;
-        std::vector<UpdatePlace> places = at;
-        places[l] = p;
-        // offer() keeps the fastest of this round's moves: each is scored
-        // against the best so far, which only falls.
-        if (p == UpdatePlace::kStreamed || streams) {
-          offer_all(places, single);
-        } else {
-          offer(places, ahead, lag);
+    while (out.evaluations < options.max_evaluations) {
+      const std::vector<UpdatePlace> at = best;
+      const int ahead = best_ahead, lag = best_lag;
+      const double before = best_seconds;
+      // The distances and lags a move that streams is tried with: the
+      // current ones and their neighbours; single moves on small chains, every
+      // distance and lag the search reaches (ExhaustivePlaces's).
+      std::vector<std::pair<int, int>> near = {{ahead, lag}};
+      auto add = [&](std::vector<std::pair<int, int>>* to, int a, int q) {
+        if (a < 1 || (a > 1 && a >= L) || q < 0 || q > L) return;
+        for (auto t : *to) {
+          if (t == std::pair{a, q}) return;
+        }
+        to->push_back({a, q});
+      };
+      add(&near, ahead / 2, lag);
+      add(&near, ahead * 2, lag);
+      add(&near, ahead, lag / 2);
+      add(&near, ahead, std::max(1, lag * 2));
+      std::vector<std::pair<int, int>> single = near;
+      if (small) {
+        for (int a = 1; a == 1 || a < L; a *= 2) {
+          for (int q = 0; q <= L; q = std::max(1, q * 2)) add(&single, a, q);
         }
       }
-    }
-    if (best_seconds < before) continue;
-    if (!pairs) break;
-    for (size_t i = 0; i < movable.size() && out.evaluations < options.max_evaluations; ++i) {
-      for (size_t k = i + 1; k < movable.size(); ++k) {
+      auto offer_all = [&](const std::vector<UpdatePlace>& places,
+                           const std::vector<std::pair<int, int>>& timings) {
+        bool streams = false;
+        for (UpdatePlace x : places) streams |= x == UpdatePlace::kStreamed;
+        if (!streams) return offer(places, 1, 0), void();
+        for (auto [a, q] : timings) offer(places, a, q);
+      };
+      bool streams = false;
+      for (UpdatePlace x : at) streams |= x == UpdatePlace::kStreamed;
+      if (streams) {
+        for (size_t t = 1; t < single.size(); ++t) offer(at, single[t].first, single[t].second);
+      }
+      for (int l : movable) {
+        if (out.evaluations >= options.max_evaluations) break;
         for (UpdatePlace p : kPlaces) {
-          for (UpdatePlace q : kPlaces) {
-            if (p == at[movable[i]] || q == at[movable[k]]) continue;
-            std::vector<UpdatePlace> places = at;
-            places[movable[i]] = p;
-            places[movable[k]] = q;
-            offer_all(places, near);
+          if (p == at[l]) continue;
+          std::vector<UpdatePlace> places = at;
+          places[l] = p;
+          // offer() keeps the fastest of this round's moves: each is scored
+          // against the best so far, which only falls.
+          if (p == UpdatePlace::kStreamed || streams) {
+            offer_all(places, single);
+          } else {
+            offer(places, ahead, lag);
           }
         }
       }
+      if (best_seconds < before) continue;
+      if (!pairs) break;
+      for (size_t i = 0; i < movable.size() && out.evaluations < options.max_evaluations; ++i) {
+        for (size_t k = i + 1; k < movable.size(); ++k) {
+          for (UpdatePlace p : kPlaces) {
+            for (UpdatePlace q : kPlaces) {
+              if (p == at[movable[i]] || q == at[movable[k]]) continue;
+              std::vector<UpdatePlace> places = at;
+              places[movable[i]] = p;
+              places[movable[k]] = q;
+              offer_all(places, near);
+            }
+          }
+        }
+      }
+      if (!(best_seconds < before)) break;
     }
-    if (!(best_seconds < before)) break;
-  }
   };
   // From the best so far, then from the fastest other starts of step 1 (a
   // slower start may descend further); the best of all stays.

@@ -78,12 +78,12 @@ TEST(StateStreamingTest, OnSmallChainsTheSearchFindsTheExhaustiveOptimumAlmostAl
     // ...and rarely worse.
     if (found > truth.iteration_seconds * (1 + 1e-9)) {
       ++misses;
-      std::cout << "trial " << trial << " (" << layers << " layers): " << found
-                << " s, optimum " << truth.iteration_seconds << " s\n";
+      std::cout << "trial " << trial << " (" << layers << " layers): " << found << " s, optimum "
+                << truth.iteration_seconds << " s\n";
     }
   }
-  std::cout << feasible << " feasible, " << streaming_optima << " optima stream state, "
-            << misses << " missed\n";
+  std::cout << feasible << " feasible, " << streaming_optima << " optima stream state, " << misses
+            << " missed\n";
   // The instances must exercise the third place.
   EXPECT_GE(streaming_optima, 8);
   EXPECT_LE(misses, 1);

@@ -295,15 +295,15 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
     if (c.stream_optimizer_state && AnyHostUpdate(c.cost(), s) &&
         idle > 0.01 * r->prediction.iteration_seconds()) {
       StreamSearchOptions options;
-      options.max_evaluations = std::clamp<int64_t>(
-          kStreamLayerEvaluations / c.cost().num_layers(), 16, options.max_evaluations);
+      options.max_evaluations = std::clamp<int64_t>(kStreamLayerEvaluations / c.cost().num_layers(),
+                                                    16, options.max_evaluations);
       StreamSearchResult streamed =
           SearchStreamedState(*c.simulator, s, r->prediction.iteration_seconds(),
                               c.accelerator_memory_budget_bytes, options);
       out->plans_evaluated += streamed.evaluations;
       if (streamed.improved && WithinBudgets(c, streamed.simulation.prediction)) {
-        search.candidates.push_back({std::move(streamed.decisions),
-                                     std::move(streamed.simulation), nullptr, kStreamedOrigin});
+        search.candidates.push_back({std::move(streamed.decisions), std::move(streamed.simulation),
+                                     nullptr, kStreamedOrigin});
       }
     }
     search.candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
@@ -372,12 +372,10 @@ std::string ReuseDistanceNote(const CostModel& cost, const StrategyOutcome& out,
       streamed_count > 0
           ? absl::StrCat(", ", streamed_count, " of them with streamed state [", streamed, "]")
           : "",
-      " (", origin, "); ",
-      FormatSeconds(out.simulation.prediction.iteration_seconds()), " vs zero_offload ",
-      FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()), "; ",
-      Describe(out.schedule), "; ",
-      origin == kStreamedOrigin
-          ? "placement by local search over three places (no exact search)"
+      " (", origin, "); ", FormatSeconds(out.simulation.prediction.iteration_seconds()),
+      " vs zero_offload ", FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()),
+      "; ", Describe(out.schedule), "; ",
+      origin == kStreamedOrigin ? "placement by local search over three places (no exact search)"
       : out.placement_proven_optimal
           ? absl::StrCat("placement proven optimal (", search.search_nodes, " search nodes)")
       : search.simulator_scored

@@ -266,8 +266,8 @@ class Lowering {
   // before has gone back.
   int StateIn(int l, int j, int b) {
     const int64_t bytes = sizes_[l].optimizer_state;
-    const int in = Copy(kH2D, tandem::v1::TIMELINE_PHASE_STATE_H2D, l, j, bytes,
-                        TensorKind::kOptimizerState);
+    const int in =
+        Copy(kH2D, tandem::v1::TIMELINE_PHASE_STATE_H2D, l, j, bytes, TensorKind::kOptimizerState);
     const size_t k = state_updates_.size();
     const int ahead = std::min(L_ - 1, l + std::max(1, d_.state_prefetch_layers));
     Dep(in, ahead > l ? last_backward_[ahead] : b, /*on_start=*/true);
@@ -283,8 +283,8 @@ class Lowering {
     const int64_t bytes = sizes_[l].optimizer_state;
     Mem(u, false, kAccPool, sizes_[l].update_staging);
     Mem(u, true, kAccPool, -sizes_[l].update_staging);
-    const int out = Copy(kD2H, tandem::v1::TIMELINE_PHASE_STATE_D2H, l, j, bytes,
-                         TensorKind::kOptimizerState);
+    const int out =
+        Copy(kD2H, tandem::v1::TIMELINE_PHASE_STATE_D2H, l, j, bytes, TensorKind::kOptimizerState);
     Dep(out, u);
     Mem(out, true, kAccPool, -bytes);
     s_.ops[in].deps.push_back({out, 1, false});
@@ -382,8 +382,7 @@ class Lowering {
     // Streamed updates lagged behind this backward (whatever the layer): those
     // of layer l + lag and above, and after the first layer's, every one still
     // waiting (L-1 first).
-    while (!lagged_.empty() &&
-           (l == 0 || lagged_.front() - d_.state_update_lag >= l)) {
+    while (!lagged_.empty() && (l == 0 || lagged_.front() - d_.state_update_lag >= l)) {
       const int u = lagged_.front();
       lagged_.erase(lagged_.begin());
       AcceleratorUpdate(u, j, last_backward_[u]);
@@ -634,8 +633,8 @@ absl::Status Validate(const Decisions& s, int num_layers, bool has_accelerator) 
     if (d.update != kAcc && d.update != kHost) {
       return Invalid(l, "update", "must be ACCELERATOR or HOST");
     }
-    if (d.stream_state && (d.update != kAcc ||
-                           d.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR)) {
+    if (d.stream_state &&
+        (d.update != kAcc || d.parameter_home != tandem::v1::PARAMETER_HOME_ACCELERATOR)) {
       return Invalid(l, "stream_optimizer_state",
                      "streams the state of an accelerator update to resident weights: needs "
                      "update ACCELERATOR and parameter_home ACCELERATOR");

@@ -37,9 +37,9 @@
 // at most are in flight: the STATE_H2D of the k-th streamed update of the
 // step (program order, L-1 first) also waits for the (k-1)-th UPDATE to start
 // and for the STATE_D2H of the (k-2)-th to end; and for the layer's STATE_D2H
-// of the step before (lag 1), whose bytes it reads. S is allocated on the accelerator when the STATE_H2D starts and freed
-// when the STATE_D2H ends; the update holds update_staging (the bf16 gradient
-// widened to fp32) while it runs. Not with data-parallel ranks.
+// of the step before (lag 1), whose bytes it reads. S is allocated on the accelerator when the
+// STATE_H2D starts and freed when the STATE_D2H ends; the update holds update_staging (the bf16
+// gradient widened to fp32) while it runs. Not with data-parallel ranks.
 //
 // Activations, per micro-batch (A = activation bytes; checkpoint C = min(A,
 // output bytes of layer l-1), 0 for l = 0):

@@ -270,7 +270,6 @@ TEST(LowerTest, DataParallelOnTheHostWithClippingAndRefusedForHeteroDp) {
   EXPECT_NE(s.status().message().find("hetero_dp"), std::string::npos) << s.status();
 }
 
-
 // Streamed optimizer state: each layer's state comes in for its accelerator
 // update and goes back after it, at most two layers' state on the device.
 TEST(LowerTest, StreamedStateComesInForTheUpdateAndGoesBackTwoLayersAtATime) {

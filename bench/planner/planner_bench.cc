@@ -271,8 +271,8 @@ std::string PlacesOf(const tandem::v1::Plan& plan, const CostModel& cost) {
     if (cost.ParameterBytes(l) <= 0) continue;
     const tandem::v1::LayerPlan& lp = plan.layers(l);
     const int place = lp.update() == tandem::v1::PLACEMENT_HOST ? 0
-                      : lp.stream_optimizer_state()            ? 2
-                                                               : 1;
+                      : lp.stream_optimizer_state()             ? 2
+                                                                : 1;
     ++counts[place];
     lists[place] += (lists[place].empty() ? "" : ",") + std::to_string(l);
   }
@@ -307,7 +307,8 @@ void StreamedState(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision p
       "   resident state); with three (+ accelerator with state streamed in for the update).\n\n",
       spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32", threads,
       gpus_sharing_host > 1
-          ? absl::StrCat("its share when ", gpus_sharing_host, " accelerators train at once").c_str()
+          ? absl::StrCat("its share when ", gpus_sharing_host, " accelerators train at once")
+                .c_str()
           : "all of the host's");
   for (const Gpt& m : models) {
     const tandem::v1::Profile profile = GptIn(m.shape, precision);
@@ -345,15 +346,17 @@ void StreamedState(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision p
       std::printf("  %5.0f%% %8.2f  %12s %12s %12s  %7.2fx %7.2fx  %s (%s)\n", share * 100,
                   request.accelerator_memory_bytes / 1073741824.0, FormatSeconds(z).c_str(),
                   FormatSeconds(t2).c_str(), FormatSeconds(t3).c_str(), z / t2, z / t3,
-                  PlacesOf(*r3, *cost).c_str(), FormatSeconds(r3->solver().solve_seconds()).c_str());
-      std::printf("  %17s three places: accelerator idle %s, H2D idle %s, D2H idle %s, host pool "
-                  "idle %s, peak %s; %s\n",
-                  "", FormatSeconds(r3->prediction().accelerator_idle_seconds()).c_str(),
-                  FormatSeconds(r3->prediction().h2d_idle_seconds()).c_str(),
-                  FormatSeconds(r3->prediction().d2h_idle_seconds()).c_str(),
-                  FormatSeconds(r3->prediction().host_update_idle_seconds()).c_str(),
-                  FormatBytes(r3->prediction().accelerator_peak_bytes()).c_str(),
-                  r3->solver().note().c_str());
+                  PlacesOf(*r3, *cost).c_str(),
+                  FormatSeconds(r3->solver().solve_seconds()).c_str());
+      std::printf(
+          "  %17s three places: accelerator idle %s, H2D idle %s, D2H idle %s, host pool "
+          "idle %s, peak %s; %s\n",
+          "", FormatSeconds(r3->prediction().accelerator_idle_seconds()).c_str(),
+          FormatSeconds(r3->prediction().h2d_idle_seconds()).c_str(),
+          FormatSeconds(r3->prediction().d2h_idle_seconds()).c_str(),
+          FormatSeconds(r3->prediction().host_update_idle_seconds()).c_str(),
+          FormatBytes(r3->prediction().accelerator_peak_bytes()).c_str(),
+          r3->solver().note().c_str());
     }
     std::printf("\n");
   }

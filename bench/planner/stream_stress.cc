@@ -62,8 +62,7 @@ int Run(int instances, int max_layers, uint32_t seed, const StreamSearchOptions&
                               r.improved ? r.decisions.state_update_lag : 0);
       found_feasible = true;
     }
-    search_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     if (found_feasible != truth.feasible) {
       ++wrong_feasibility;
       std::printf("seed %u trial %d (%d layers): search feasible=%d, exhaustive %d\n", seed, trial,

@@ -125,7 +125,8 @@ TEST_P(ExecutorMatchesCpuTest, LossTrajectoryMatchesTheCpuEngine) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuTest,
-                         testing::Combine(testing::Values(kMlp, kGpt), testing::Range(0, static_cast<int>(Cases().size()))),
+                         testing::Combine(testing::Values(kMlp, kGpt),
+                                          testing::Range(0, static_cast<int>(Cases().size()))),
                          [](const testing::TestParamInfo<std::tuple<const char*, int>>& info) {
                            return std::string(std::get<0>(info.param) == kMlp ? "mlp_" : "gpt_") +
                                   Cases()[std::get<1>(info.param)].name;
@@ -203,7 +204,8 @@ TEST_P(ExecutorMatchesCpuInBf16Test, LossTrajectoryMatchesTheCpuEngineInBf16) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInBf16Test, testing::Range(0, static_cast<int>(Cases().size())),
+INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInBf16Test,
+                         testing::Range(0, static_cast<int>(Cases().size())),
                          [](const testing::TestParamInfo<int>& info) {
                            return "gpt_" + Cases()[info.param].name;
                          });
@@ -240,7 +242,8 @@ TEST_P(ExecutorMatchesCpuInFp16Test, LossTrajectoryMatchesTheCpuEngineInFp16) {
   EXPECT_LE(run.peak_bytes, 64 << 20);
 }
 
-INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInFp16Test, testing::Range(0, static_cast<int>(Cases().size())),
+INSTANTIATE_TEST_SUITE_P(Plans, ExecutorMatchesCpuInFp16Test,
+                         testing::Range(0, static_cast<int>(Cases().size())),
                          [](const testing::TestParamInfo<int>& info) {
                            return "gpt_" + Cases()[info.param].name;
                          });
@@ -353,8 +356,8 @@ TEST(ExecutorTest, CheckpointStateRoundTripsThroughTheHost) {
       const std::string what = Cases()[which].name + (dtype == DType::kF32 ? " fp32" : " bf16");
       HostAllocator host;
       EmulatedAccelerator device({.capacity_bytes = 64 << 20});
-      ExecutorOptions options = ExecutorOptionsFor(f, Cases()[which].plan(*f.model, 32), 32,
-                                                   &device, &host);
+      ExecutorOptions options =
+          ExecutorOptionsFor(f, Cases()[which].plan(*f.model, 32), 32, &device, &host);
       options.init_seed = 3;
       auto a = *PlanExecutor::Create(*f.model, options);
       RunSteps(f, *a, 5);
@@ -364,8 +367,7 @@ TEST(ExecutorTest, CheckpointStateRoundTripsThroughTheHost) {
       HostStateView from = a->host_state(), to = b->host_state();
       std::copy(from.params, from.params + f.model->parameter_elements(), to.params);
       for (size_t i = 0; i < from.moments.size(); ++i) {
-        std::copy(from.moments[i], from.moments[i] + f.model->parameter_elements(),
-                  to.moments[i]);
+        std::copy(from.moments[i], from.moments[i] + f.model->parameter_elements(), to.moments[i]);
       }
       to.optimizer->set_step(from.optimizer->step());
       ASSERT_TRUE(b->StateChangedOnHost().ok()) << what;

@@ -304,15 +304,16 @@ absl::Status PlanExecutor::MoveState(Layer& layer, bool to_host) {
   for (size_t s = 0; s < host_moments_.size(); ++s) {
     tensors.push_back({&layer.moments[s], host_moments_[s].f32() + layer.param_offset});
   }
-  if (layer.working_copy) tensors.push_back({&layer.master, host_params_.f32() + layer.param_offset});
+  if (layer.working_copy)
+    tensors.push_back({&layer.master, host_params_.f32() + layer.param_offset});
   for (auto [device, host] : tensors) {
     if (to_host) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host, device->data(), n * 4));
       device->Reset();
       continue;
     }
-    TANDEM_ASSIGN_OR_RETURN(*device, Buffer::Allocate(device_alloc_.get(), n * 4,
-                                                      MemoryCategory::kOptimizerState));
+    TANDEM_ASSIGN_OR_RETURN(
+        *device, Buffer::Allocate(device_alloc_.get(), n * 4, MemoryCategory::kOptimizerState));
     TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(device->data(), host, n * 4));
   }
   if (to_host) layer.moments.clear();
@@ -367,8 +368,8 @@ absl::Status PlanExecutor::AcceleratorUpdate(const Iteration& it, int l) {
   // Streamed state of a working copy: the fp32 master steps with the bf16
   // gradient widened, and the working copy is rounded from it.
   const int64_t n = layer.param_elements;
-  TANDEM_ASSIGN_OR_RETURN(Buffer grad32, Buffer::Allocate(device_alloc_.get(), n * 4,
-                                                          MemoryCategory::kWorkspace));
+  TANDEM_ASSIGN_OR_RETURN(Buffer grad32,
+                          Buffer::Allocate(device_alloc_.get(), n * 4, MemoryCategory::kWorkspace));
   const LayerContext ctx = accel_->ComputeContext();
   device_ops::FromBf16(ctx, layer.grads.bf16(), grad32.f32(), n);
   TANDEM_RETURN_IF_ERROR(
@@ -425,8 +426,8 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
     if (!hetero_ && layer->accel_update && layer->working_copy) {
       // A streamed-state layer's bf16 gradient, widened to be summed.
       const int64_t n = layer->param_elements;
-      TANDEM_ASSIGN_OR_RETURN(Buffer grad32, Buffer::Allocate(device_alloc_.get(), n * 4,
-                                                              MemoryCategory::kWorkspace));
+      TANDEM_ASSIGN_OR_RETURN(
+          Buffer grad32, Buffer::Allocate(device_alloc_.get(), n * 4, MemoryCategory::kWorkspace));
       device_ops::FromBf16(accel_->ComputeContext(), layer->grads.bf16(), grad32.f32(), n);
       TANDEM_ASSIGN_OR_RETURN(const double s, accel_->SumOfSquares(grad32.f32(), n));
       sum += s;

@@ -79,8 +79,11 @@ std::string RenderLayerTable(const tandem::v1::Plan& plan) {
   for (const tandem::v1::LayerPlan& l : plan.layers()) {
     const bool chained =
         l.compute() != l.update() && l.update() != tandem::v1::PLACEMENT_UNSPECIFIED;
+    // An accelerator update of state streamed in from the host.
+    const std::string update =
+        l.stream_optimizer_state() ? Side(l.update()) + " (state streamed)" : Side(l.update());
     rows.push_back({absl::StrCat(l.index()), l.name(), Side(l.compute()), Home(l.parameter_home()),
-                    Side(l.update()), Activation(l.activation_policy()),
+                    update, Activation(l.activation_policy()),
                     FormatSeconds(l.reuse_distance_seconds()),
                     chained ? FormatSeconds(l.slack_seconds()) : "-"});
   }

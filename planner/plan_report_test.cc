@@ -50,6 +50,12 @@ TEST(PlanReportTest, RendersTheLayerTableAndTheComparison) {
   // One row per layer plus the header.
   const std::string table = RenderLayerTable(response->plan());
   EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 3);
+  // A layer whose state streams says so in its update column.
+  tandem::v1::Plan streamed = response->plan();
+  streamed.mutable_layers(0)->set_update(tandem::v1::PLACEMENT_ACCELERATOR);
+  streamed.mutable_layers(0)->set_stream_optimizer_state(true);
+  EXPECT_NE(RenderLayerTable(streamed).find("accel (state streamed)"), std::string::npos)
+      << RenderLayerTable(streamed);
   absl::StatusOr<std::string> json = PlanResponseToJson(*response);
   ASSERT_TRUE(json.ok());
   EXPECT_NE(json->find("\"reuse_distance_seconds\""), std::string::npos);

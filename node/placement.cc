@@ -1004,6 +1004,9 @@ absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const
   }
   JobSpec rank_spec = resolved;
   rank_spec.mutable_training()->set_batch_size(ShareOf(resolved, ranks));
+  // A rank's step program does not stream optimizer state yet
+  // (schedule/lower.h): its plan keeps to the host and resident places.
+  rank_spec.mutable_placement()->set_no_streamed_optimizer_state(true);
   return PlanJob(model, rank_spec, node);
 }
 

@@ -92,6 +92,8 @@ Comm Gradients(const ScaleOutRequest& request, const Plan& plan, int nodes, int 
 absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes) {
   request.host_memory_bytes = host_bytes;
   request.pipeline_devices = 1;
+  // As tandemd's ranks run: without streamed optimizer state (not on ranks yet).
+  request.stream_optimizer_state = false;
   TANDEM_ASSIGN_OR_RETURN(const tandem::v1::PlanModelResponse r, SolvePlan(request));
   return r.plan();
 }

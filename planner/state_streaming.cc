@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "planner/update_placement.h"
 
@@ -72,269 +73,322 @@ std::vector<bool> ThreePlaceEligible(const PlanSimulator& simulator, const Decis
   return eligible;
 }
 
-StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Decisions& start,
-                                       double start_seconds, int64_t budget_bytes,
-                                       const StreamSearchOptions& options) {
-  StreamSearchResult out;
-  out.decisions = start;
-  const std::vector<bool> eligible = ThreePlaceEligible(simulator, start);
-  const int L = static_cast<int>(start.layers.size());
-  // The best placement so far, its prefetch distance and update lag.
-  std::vector<UpdatePlace> best = UpdatePlacesOf(start);
-  int best_ahead = std::max(1, start.state_prefetch_layers);
-  int best_lag = std::max(0, start.state_update_lag);
-  double best_seconds = start_seconds;
-  Scored current;
-  auto decisions = [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
-    Decisions d = WithUpdatePlaces(start, eligible, places);
-    d.state_prefetch_layers = ahead;
-    d.state_update_lag = lag;
-    return d;
-  };
-  // Simulates a candidate; adopts it when it fits and is the fastest yet.
-  auto offer = [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
-    Scored s = Score(simulator, decisions(places, ahead, lag), &out.evaluations);
-    if (!s.ok || s.peak > budget_bytes || !(s.seconds < best_seconds)) return false;
-    best = places;
-    best_ahead = ahead;
-    best_lag = lag;
-    best_seconds = s.seconds;
-    current = std::move(s);
-    return true;
-  };
+namespace {
 
-  std::vector<int> candidates;  // host-updated layers that could stream
-  for (int l = 0; l < L; ++l) {
-    if (eligible[l] && best[l] == UpdatePlace::kHost) candidates.push_back(l);
+bool Streams(const std::vector<UpdatePlace>& places) {
+  for (UpdatePlace p : places) {
+    if (p == UpdatePlace::kStreamed) return true;
   }
-  const std::vector<UpdatePlace> from = best;
-  const int C = static_cast<int>(candidates.size());
-  // 1. Every k-th of them streams, so that each one's copies overlap the
-  //    backward of the k - 1 between, under a few prefetch distances and
-  //    lags; the same with the resident layers streaming too (their memory
-  //    freed for others, which the descent moves); and every k-th of all the
-  //    eligible layers, the rest on the host.
-  std::vector<int> all;
-  for (int l = 0; l < L; ++l) {
-    if (eligible[l]) all.push_back(l);
+  return false;
+}
+
+constexpr UpdatePlace kPlaces[] = {UpdatePlace::kHost, UpdatePlace::kResident,
+                                   UpdatePlace::kStreamed};
+
+// A point of the search: every layer's update place, the state's prefetch
+// distance and the update lag (Decisions::state_prefetch_layers, _lag).
+struct Candidate {
+  std::vector<UpdatePlace> places;
+  int ahead = 1;
+  int lag = 0;
+  bool operator==(const Candidate& o) const {
+    return places == o.places && ahead == o.ahead && lag == o.lag;
   }
-  const std::vector<UpdatePlace> host(L, UpdatePlace::kHost);
-  // Every start that fits; the fastest few are descended from (step 3).
-  struct Start {
-    double seconds;
-    std::vector<UpdatePlace> places;
-    int ahead, lag;
-  };
-  std::vector<Start> starts;
-  std::vector<UpdatePlace> unresident = from;
-  for (UpdatePlace& x : unresident) {
-    if (x == UpdatePlace::kResident) x = UpdatePlace::kStreamed;
+};
+
+// SearchStreamedState's state: the best candidate so far (it only improves,
+// except while a descent from another start or a kick is tried, which
+// Explore puts back when it ends no faster) and the simulations spent.
+class StreamSearch {
+ public:
+  StreamSearch(const PlanSimulator& simulator, const Decisions& start, double start_seconds,
+               int64_t budget_bytes, const StreamSearchOptions& options)
+      : simulator_(simulator),
+        start_(start),
+        budget_(budget_bytes),
+        options_(options),
+        eligible_(ThreePlaceEligible(simulator, start)),
+        L_(static_cast<int>(start.layers.size())),
+        start_seconds_(start_seconds) {
+    for (int l = 0; l < L_; ++l) {
+      if (eligible_[l]) movable_.push_back(l);
+    }
+    small_ = static_cast<int>(movable_.size()) <= kPairLayers;
+    best_ = {UpdatePlacesOf(start), std::max(1, start.state_prefetch_layers),
+             std::max(0, start.state_update_lag)};
+    best_seconds_ = start_seconds;
   }
-  for (const auto& [layers, base] :
-       {std::pair{&candidates, &from}, {&candidates, &unresident}, {&all, &host}}) {
-    const int n = static_cast<int>(layers->size());
-    // k = 0: the base alone (the unresident one), 1: every candidate streams.
-    for (int k : {0, 1, 2, 3, 4, 6, 8, 12, 16}) {
-      if (k > std::max(n, 1)) break;
-      if (k <= 1 && base != &unresident) continue;
-      if (k == 0 && unresident == from) continue;
-      for (auto [ahead, lag] : {std::pair{1, 0}, {1, 2}, {1, 4}, {4, 4}}) {
-        if (out.evaluations >= options.max_evaluations / 4) break;
-        std::vector<UpdatePlace> places = *base;
-        for (int i = 0; k > 0 && i < n; i += k) places[(*layers)[i]] = UpdatePlace::kStreamed;
-        const int a = std::min(ahead, std::max(1, L - 1));
-        Scored s = Score(simulator, decisions(places, a, lag), &out.evaluations);
-        if (!s.ok || s.peak > budget_bytes) continue;
-        starts.push_back({s.seconds, places, a, lag});
-        if (s.seconds < best_seconds) {
-          best = places;
-          best_ahead = a;
-          best_lag = lag;
-          best_seconds = s.seconds;
-          current = std::move(s);
+
+  StreamSearchResult Run() {
+    SpacedStarts();
+    SearchWhichStream();
+    Descend(small_);
+    DescendFromStarts();
+    Kicks();
+    StreamSearchResult out;
+    out.evaluations = evaluations_;
+    out.decisions = start_;
+    if (!(best_seconds_ < start_seconds_) || !best_scored_.ok) return out;
+    out.decisions = DecisionsOf(best_);
+    out.improved = true;
+    out.simulation = std::move(best_scored_.result);
+    return out;
+  }
+
+ private:
+  bool Spent() const { return evaluations_ >= options_.max_evaluations; }
+
+  Decisions DecisionsOf(const Candidate& c) const {
+    Decisions d = WithUpdatePlaces(start_, eligible_, c.places);
+    d.state_prefetch_layers = c.ahead;
+    d.state_update_lag = c.lag;
+    return d;
+  }
+
+  // The candidate's simulation, or not ok when it cannot be simulated or
+  // does not fit.
+  Scored Fitting(const Candidate& c) {
+    Scored s = Score(simulator_, DecisionsOf(c), &evaluations_);
+    if (s.ok && s.peak > budget_) s.ok = false;
+    return s;
+  }
+
+  // Adopts `c` when it fits and is faster than the best.
+  void Offer(const Candidate& c) {
+    Scored s = Fitting(c);
+    if (!s.ok || !(s.seconds < best_seconds_)) return;
+    Adopt(c, std::move(s));
+  }
+  void Adopt(Candidate c, Scored s) {
+    best_ = std::move(c);
+    best_seconds_ = s.seconds;
+    best_scored_ = std::move(s);
+  }
+
+  // 1. Every k-th host-updated layer streams, so that each one's copies
+  //    overlap the backward of the k - 1 between, under a few prefetch
+  //    distances and lags; the same with the resident layers streaming too
+  //    (their memory freed for others, which the descent moves); and every
+  //    k-th of all the eligible layers, the rest on the host. Each start that
+  //    fits is kept for DescendFromStarts.
+  void SpacedStarts() {
+    std::vector<UpdatePlace> unresident = best_.places;
+    for (UpdatePlace& x : unresident) {
+      if (x == UpdatePlace::kResident) x = UpdatePlace::kStreamed;
+    }
+    const std::vector<UpdatePlace> host(L_, UpdatePlace::kHost);
+    const std::vector<UpdatePlace> from = best_.places;
+    for (const auto& [layers, base] :
+         {std::pair{HostUpdated(), &from}, {HostUpdated(), &unresident}, {movable_, &host}}) {
+      const int n = static_cast<int>(layers.size());
+      // k = 0: the base alone (the unresident one), 1: every layer streams.
+      for (int k : {0, 1, 2, 3, 4, 6, 8, 12, 16}) {
+        if (k > std::max(n, 1)) break;
+        if (k <= 1 && base != &unresident) continue;
+        if (k == 0 && unresident == from) continue;
+        for (auto [ahead, lag] : {std::pair{1, 0}, {1, 2}, {1, 4}, {4, 4}}) {
+          if (evaluations_ >= options_.max_evaluations / 4) return;
+          Candidate c{*base, std::min(ahead, std::max(1, L_ - 1)), lag};
+          for (int i = 0; k > 0 && i < n; i += k) c.places[layers[i]] = UpdatePlace::kStreamed;
+          Scored s = Fitting(c);
+          if (!s.ok) continue;
+          starts_.push_back({s.seconds, c});
+          if (s.seconds < best_seconds_) Adopt(c, std::move(s));
         }
       }
     }
   }
 
-  // 2. update_placement.h's local search over which of them stream (runs by
-  //    reuse distance from either end, greedy fill, descent), under the best
-  //    prefetch distance and lag so far.
-  if (C > 0) {
-    std::vector<bool> subset(L, false);
+  // Layers the two-place start updates on the host.
+  std::vector<int> HostUpdated() const {
+    std::vector<int> out;
+    for (int l : movable_) {
+      if (start_.layers[l].update == tandem::v1::PLACEMENT_HOST) out.push_back(l);
+    }
+    return out;
+  }
+
+  // 2. update_placement.h's local search over which host-updated layers
+  //    stream (runs by reuse distance from either end, greedy fill,
+  //    descent), under the best prefetch distance and lag so far, with a
+  //    quarter of the simulations.
+  void SearchWhichStream() {
+    const std::vector<int> candidates = HostUpdated();
+    if (candidates.empty()) return;
+    std::vector<bool> subset(L_, false);
     for (int l : candidates) subset[l] = true;
-    const int64_t limit = out.evaluations + options.max_evaluations / 4;
-    const int ahead = best_ahead, lag = best_lag;
-    PlacementScorer scorer = [&](const std::vector<bool>& streamed, bool) {
-      // Past its share of the simulations every placement scores as
-      // unusable, so the search's start phases end too.
-      if (out.evaluations >= limit) return PlacementScore{HUGE_VAL, INT64_MAX};
-      std::vector<UpdatePlace> places = from;
+    const Candidate from{UpdatePlacesOf(start_), best_.ahead, best_.lag};
+    auto streaming = [&](const std::vector<bool>& streamed) {
+      Candidate c = from;
       for (int l : candidates) {
-        if (streamed[l]) places[l] = UpdatePlace::kStreamed;
+        if (streamed[l]) c.places[l] = UpdatePlace::kStreamed;
       }
-      const Scored s = Score(simulator, decisions(places, ahead, lag), &out.evaluations);
+      return c;
+    };
+    const int64_t limit = evaluations_ + options_.max_evaluations / 4;
+    PlacementScorer scorer = [&](const std::vector<bool>& streamed, bool) {
+      // Past its share every placement scores as unusable, so that the
+      // search's start phases end too.
+      if (evaluations_ >= limit) return PlacementScore{HUGE_VAL, INT64_MAX};
+      const Scored s = Score(simulator_, DecisionsOf(streaming(streamed)), &evaluations_);
       return PlacementScore{s.seconds, s.peak};
     };
     PlacementSearchOptions search;
     search.max_evaluations = limit;
     search.max_kick_evaluations = 0;
-    const PlacementSearchResult found = SearchUpdatePlacement(subset, budget_bytes, scorer, search);
-    if (found.feasible && found.iteration_seconds < best_seconds) {
-      std::vector<UpdatePlace> places = from;
-      for (int l : candidates) {
-        if (found.on_accelerator[l]) places[l] = UpdatePlace::kStreamed;
-      }
-      offer(places, ahead, lag);
+    const PlacementSearchResult found = SearchUpdatePlacement(subset, budget_, scorer, search);
+    if (found.feasible && found.iteration_seconds < best_seconds_) {
+      Offer(streaming(found.on_accelerator));
     }
   }
 
-  // 3. Steepest descent: single-layer moves to either other place, the
-  //    prefetch distance and the lag halved or doubled; the fastest move that
-  //    fits, until none improves. At a local optimum of those, on chains of
-  //    at most kPairLayers eligible layers, pair moves (two layers at once).
-  //    (descend: from the best, which it replaces by each improvement.)
-  std::vector<int> movable;
-  for (int l = 0; l < L; ++l) {
-    if (eligible[l]) movable.push_back(l);
+  // The prefetch distances and lags a move that streams is tried with: the
+  // best's and their neighbours (halved, doubled); with `all`, on small
+  // chains, every one ExhaustivePlaces covers.
+  std::vector<std::pair<int, int>> Timings(bool all) const {
+    std::vector<std::pair<int, int>> out = {{best_.ahead, best_.lag}};
+    auto add = [&](int a, int q) {
+      if (a < 1 || (a > 1 && a >= L_) || q < 0 || q > L_) return;
+      if (std::find(out.begin(), out.end(), std::pair{a, q}) == out.end()) out.push_back({a, q});
+    };
+    add(best_.ahead / 2, best_.lag);
+    add(best_.ahead * 2, best_.lag);
+    add(best_.ahead, best_.lag / 2);
+    add(best_.ahead, std::max(1, best_.lag * 2));
+    if (all && small_) {
+      for (int a = 1; a == 1 || a < L_; a *= 2) {
+        for (int q = 0; q <= L_; q = std::max(1, q * 2)) add(a, q);
+      }
+    }
+    return out;
   }
-  const bool small = static_cast<int>(movable.size()) <= kPairLayers;
-  constexpr UpdatePlace kPlaces[] = {UpdatePlace::kHost, UpdatePlace::kResident,
-                                     UpdatePlace::kStreamed};
-  auto descend = [&](bool pairs) {
-    while (out.evaluations < options.max_evaluations) {
-      const std::vector<UpdatePlace> at = best;
-      const int ahead = best_ahead, lag = best_lag;
-      const double before = best_seconds;
-      // The distances and lags a move that streams is tried with: the
-      // current ones and their neighbours; single moves on small chains, every
-      // distance and lag the search reaches (ExhaustivePlaces's).
-      std::vector<std::pair<int, int>> near = {{ahead, lag}};
-      auto add = [&](std::vector<std::pair<int, int>>* to, int a, int q) {
-        if (a < 1 || (a > 1 && a >= L) || q < 0 || q > L) return;
-        for (auto t : *to) {
-          if (t == std::pair{a, q}) return;
-        }
-        to->push_back({a, q});
-      };
-      add(&near, ahead / 2, lag);
-      add(&near, ahead * 2, lag);
-      add(&near, ahead, lag / 2);
-      add(&near, ahead, std::max(1, lag * 2));
-      std::vector<std::pair<int, int>> single = near;
-      if (small) {
-        for (int a = 1; a == 1 || a < L; a *= 2) {
-          for (int q = 0; q <= L; q = std::max(1, q * 2)) add(&single, a, q);
-        }
-      }
-      auto offer_all = [&](const std::vector<UpdatePlace>& places,
-                           const std::vector<std::pair<int, int>>& timings) {
-        bool streams = false;
-        for (UpdatePlace x : places) streams |= x == UpdatePlace::kStreamed;
-        if (!streams) return offer(places, 1, 0), void();
-        for (auto [a, q] : timings) offer(places, a, q);
-      };
-      bool streams = false;
-      for (UpdatePlace x : at) streams |= x == UpdatePlace::kStreamed;
+
+  // Offers `places` under each of `timings` (under none but 1 and 0 when
+  // nothing streams).
+  void OfferTimed(const std::vector<UpdatePlace>& places,
+                  const std::vector<std::pair<int, int>>& timings) {
+    if (!Streams(places)) return Offer({places, 1, 0});
+    for (auto [a, q] : timings) Offer({places, a, q});
+  }
+
+  // 3. Steepest descent from the best: single-layer moves to either other
+  //    place and the best's timing changed; the fastest move that fits (each
+  //    is offered against the best so far, which only falls), until none
+  //    improves. At a local optimum of those, with `pairs`, pair moves.
+  void Descend(bool pairs) {
+    while (!Spent()) {
+      const Candidate at = best_;
+      const double before = best_seconds_;
+      const std::vector<std::pair<int, int>> near = Timings(false), single = Timings(true);
+      const bool streams = Streams(at.places);
       if (streams) {
-        for (size_t t = 1; t < single.size(); ++t) offer(at, single[t].first, single[t].second);
+        for (size_t t = 1; t < single.size(); ++t)
+          Offer({at.places, single[t].first, single[t].second});
       }
-      for (int l : movable) {
-        if (out.evaluations >= options.max_evaluations) break;
+      for (int l : movable_) {
+        if (Spent()) break;
         for (UpdatePlace p : kPlaces) {
-          if (p == at[l]) continue;
-          std::vector<UpdatePlace> places = at;
+          if (p == at.places[l]) continue;
+          std::vector<UpdatePlace> places = at.places;
           places[l] = p;
-          // offer() keeps the fastest of this round's moves: each is scored
-          // against the best so far, which only falls.
           if (p == UpdatePlace::kStreamed || streams) {
-            offer_all(places, single);
+            OfferTimed(places, single);
           } else {
-            offer(places, ahead, lag);
+            Offer({places, at.ahead, at.lag});
           }
         }
       }
-      if (best_seconds < before) continue;
+      if (best_seconds_ < before) continue;
       if (!pairs) break;
-      for (size_t i = 0; i < movable.size() && out.evaluations < options.max_evaluations; ++i) {
-        for (size_t k = i + 1; k < movable.size(); ++k) {
+      for (size_t i = 0; i < movable_.size() && !Spent(); ++i) {
+        for (size_t k = i + 1; k < movable_.size(); ++k) {
           for (UpdatePlace p : kPlaces) {
             for (UpdatePlace q : kPlaces) {
-              if (p == at[movable[i]] || q == at[movable[k]]) continue;
-              std::vector<UpdatePlace> places = at;
-              places[movable[i]] = p;
-              places[movable[k]] = q;
-              offer_all(places, near);
+              if (p == at.places[movable_[i]] || q == at.places[movable_[k]]) continue;
+              std::vector<UpdatePlace> places = at.places;
+              places[movable_[i]] = p;
+              places[movable_[k]] = q;
+              OfferTimed(places, near);
             }
           }
         }
       }
-      if (!(best_seconds < before)) break;
+      if (!(best_seconds_ < before)) break;
     }
-  };
-  // From the best so far, then from the fastest other starts of step 1 (a
-  // slower start may descend further); the best of all stays.
-  descend(small);
-  std::sort(starts.begin(), starts.end(),
-            [](const Start& a, const Start& b) { return a.seconds < b.seconds; });
-  for (size_t i = 0; i < starts.size() && i < kDescents; ++i) {
-    if (out.evaluations >= options.max_evaluations) break;
-    const Start& s = starts[i];
-    if (s.places == best && s.ahead == best_ahead && s.lag == best_lag) continue;
-    const std::vector<UpdatePlace> at = best;
-    const int ahead = best_ahead, lag = best_lag;
-    const double seconds = best_seconds;
-    const Scored scored = current;
-    best = s.places;
-    best_ahead = s.ahead;
-    best_lag = s.lag;
-    best_seconds = s.seconds;
-    current = Score(simulator, decisions(best, best_ahead, best_lag), &out.evaluations);
-    descend(small);
-    if (best_seconds < seconds) continue;
-    best = at;
-    best_ahead = ahead;
-    best_lag = lag;
-    best_seconds = seconds;
-    current = scored;
   }
+
+  // Makes `from` (simulated as `scored`) the best, descends from it (with
+  // pair moves or not), and keeps the outcome only when it is faster than
+  // the best before; returns whether it was.
+  bool Explore(const Candidate& from, Scored scored, bool pairs) {
+    const Candidate kept = best_;
+    const double kept_seconds = best_seconds_;
+    Scored kept_scored = best_scored_;
+    Adopt(from, std::move(scored));
+    Descend(pairs);
+    if (best_seconds_ < kept_seconds) return true;
+    Adopt(kept, std::move(kept_scored));
+    best_seconds_ = kept_seconds;
+    return false;
+  }
+
+  // Descents from the kDescents fastest starts of step 1 other than the best
+  // (a slower start may descend further).
+  void DescendFromStarts() {
+    std::stable_sort(starts_.begin(), starts_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 0; i < starts_.size() && i < kDescents && !Spent(); ++i) {
+      const Candidate& c = starts_[i].second;
+      if (c == best_) continue;
+      Scored s = Fitting(c);
+      if (s.ok) Explore(c, std::move(s), small_);
+    }
+  }
+
   // 4. Kicks, on small chains: each single move from the best, taken even
   //    when it is slower, then descended from without pair moves; the first
   //    that ends faster than the best is kept, and the kicks start again.
-  for (bool kicked = small; kicked && out.evaluations < options.max_evaluations;) {
-    kicked = false;
-    const std::vector<UpdatePlace> at = best;
-    const int ahead = best_ahead, lag = best_lag;
-    const double seconds = best_seconds;
-    const Scored scored = current;
-    for (size_t i = 0; i < movable.size() && !kicked; ++i) {
-      for (UpdatePlace p : kPlaces) {
-        if (p == at[movable[i]] || out.evaluations >= options.max_evaluations) continue;
-        std::vector<UpdatePlace> places = at;
-        places[movable[i]] = p;
-        Scored s = Score(simulator, decisions(places, ahead, lag), &out.evaluations);
-        if (!s.ok || s.peak > budget_bytes) continue;
-        best = std::move(places);
-        best_seconds = s.seconds;
-        current = std::move(s);
-        descend(false);
-        if (best_seconds < seconds) {
-          kicked = true;
-          break;
+  void Kicks() {
+    for (bool kicked = small_; kicked && !Spent();) {
+      kicked = false;
+      const Candidate at = best_;
+      for (size_t i = 0; i < movable_.size() && !kicked; ++i) {
+        for (UpdatePlace p : kPlaces) {
+          if (p == at.places[movable_[i]] || Spent()) continue;
+          Candidate c = at;
+          c.places[movable_[i]] = p;
+          Scored s = Fitting(c);
+          if (s.ok && Explore(c, std::move(s), false)) {
+            kicked = true;
+            break;
+          }
         }
-        best = at;
-        best_ahead = ahead;
-        best_lag = lag;
-        best_seconds = seconds;
-        current = scored;
       }
     }
   }
-  if (!(best_seconds < start_seconds) || !current.ok) return out;
-  out.decisions = decisions(best, best_ahead, best_lag);
-  out.improved = true;
-  out.simulation = std::move(current.result);
-  return out;
+
+  const PlanSimulator& simulator_;
+  const Decisions& start_;
+  const int64_t budget_;
+  const StreamSearchOptions options_;
+  const std::vector<bool> eligible_;
+  const int L_;
+  const double start_seconds_;
+  std::vector<int> movable_;
+  bool small_ = false;
+  Candidate best_;
+  double best_seconds_ = 0;
+  Scored best_scored_;
+  std::vector<std::pair<double, Candidate>> starts_;
+  int64_t evaluations_ = 0;
+};
+
+}  // namespace
+
+StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Decisions& start,
+                                       double start_seconds, int64_t budget_bytes,
+                                       const StreamSearchOptions& options) {
+  return StreamSearch(simulator, start, start_seconds, budget_bytes, options).Run();
 }
 
 ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decisions& base,

@@ -69,8 +69,15 @@ std::vector<std::string> PlanExecutor::warnings() const {
 
 void PlanExecutor::RegisterCopyBuffers() {
   if (accel_ == nullptr || host_only_) return;
-  for (Buffer* b :
-       {&host_params_, &host_grads_, &host_replica_grads_, &host_copy_, &host_grads16_}) {
+  std::vector<Buffer*> buffers = {&host_params_, &host_grads_, &host_replica_grads_, &host_copy_,
+                                  &host_grads16_};
+  // The moments travel only where a layer's state is streamed.
+  bool streams = false;
+  for (const auto& layer : layers_) streams |= layer->stream_state;
+  if (streams) {
+    for (Buffer& m : host_moments_) buffers.push_back(&m);
+  }
+  for (Buffer* b : buffers) {
     if (b->empty()) continue;
     const absl::Status s = accel_->RegisterHost(b->data(), b->bytes());
     if (s.ok()) {
@@ -122,7 +129,6 @@ absl::Status PlanExecutor::Init() {
   TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
   state_type_ = ExecutorStateType(model_, plan);
   TANDEM_RETURN_IF_ERROR(InitWorkingCopies());
-  RegisterCopyBuffers();
 
   sizes_ =
       ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count(), state_type_);
@@ -136,6 +142,8 @@ absl::Status PlanExecutor::Init() {
     std::memset(m.data(), 0, P * 4);
     host_moments_.push_back(std::move(m));
   }
+  // Pinned where the device can, so that copies run at the link's rate.
+  RegisterCopyBuffers();
   // The program of a full batch: an invalid plan fails here, not at its first
   // step. The job record's stored program runs when it is this lowering.
   TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(FullMicroBatches(plan, options_.max_batch),

@@ -6,7 +6,7 @@
 // Prints every instance where the search is slower, then totals; exits
 // non-zero on a miss.
 //
-//   bazel run -c opt //bench/planner:stream_stress -- [INSTANCES [MAX_LAYERS [SEED [EVALUATIONS]]]]
+//   bazel run -c opt //bench/planner:stream_stress -- [INSTANCES [MAX_LAYERS [SEED [EVALUATIONS [MIN_LAYERS]]]]]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,13 +30,14 @@ std::string Describe(const std::vector<UpdatePlace>& places, int ahead, int lag)
   return s + " d" + std::to_string(ahead) + " q" + std::to_string(lag);
 }
 
-int Run(int instances, int max_layers, uint32_t seed, const StreamSearchOptions& options) {
+int Run(int instances, int min_layers, int max_layers, uint32_t seed,
+        const StreamSearchOptions& options) {
   std::mt19937 rng(seed);
   int misses = 0, streamed_optima = 0, feasible = 0, wrong_feasibility = 0;
   double worst = 0, search_seconds = 0, exhaustive_seconds = 0;
   int64_t evaluations = 0, exhaustive_evaluations = 0;
   for (int trial = 0; trial < instances; ++trial) {
-    const int layers = 1 + trial % max_layers;
+    const int layers = min_layers + trial % (max_layers - min_layers + 1);
     testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
     const PlanSimulator simulator(p.chain.cost);
     auto t0 = std::chrono::steady_clock::now();
@@ -85,10 +86,10 @@ int Run(int instances, int max_layers, uint32_t seed, const StreamSearchOptions&
     }
   }
   std::printf(
-      "%d instances of 1-%d layers (seed %u): %d feasible, %d whose optimum streams state; %d "
+      "%d instances of %d-%d layers (seed %u): %d feasible, %d whose optimum streams state; %d "
       "slower than the optimum (worst +%.3g%%), %d wrong feasibility; search %.1f ms and %.1f "
       "simulations per instance, exhaustive %.1f ms and %.1f\n",
-      instances, max_layers, seed, feasible, streamed_optima, misses, 100 * worst,
+      instances, min_layers, max_layers, seed, feasible, streamed_optima, misses, 100 * worst,
       wrong_feasibility, 1e3 * search_seconds / instances,
       static_cast<double>(evaluations) / instances, 1e3 * exhaustive_seconds / instances,
       static_cast<double>(exhaustive_evaluations) / instances);
@@ -104,5 +105,6 @@ int main(int argc, char** argv) {
   const uint32_t seed = argc > 3 ? static_cast<uint32_t>(std::atoll(argv[3])) : 1;
   tandem::planner::StreamSearchOptions options;
   if (argc > 4) options.max_evaluations = std::atoll(argv[4]);
-  return tandem::planner::Run(instances, max_layers, seed, options);
+  const int min_layers = argc > 5 ? std::atoi(argv[5]) : 1;
+  return tandem::planner::Run(instances, min_layers, max_layers, seed, options);
 }

@@ -6,7 +6,8 @@
 // Prints every instance where the search is slower, then totals; exits
 // non-zero on a miss.
 //
-//   bazel run -c opt //bench/planner:stream_stress -- [INSTANCES [MAX_LAYERS [SEED [EVALUATIONS [MIN_LAYERS]]]]]
+//   bazel run -c opt //bench/planner:stream_stress -- [INSTANCES [MAX_LAYERS [SEED [EVALUATIONS
+//   [MIN_LAYERS]]]]]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

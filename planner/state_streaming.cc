@@ -63,16 +63,6 @@ Decisions WithUpdatePlaces(Decisions base, const std::vector<bool>& eligible,
   return base;
 }
 
-std::vector<bool> ThreePlaceEligible(const PlanSimulator& simulator, const Decisions& base) {
-  const CostModel& cost = simulator.cost();
-  std::vector<bool> eligible(base.layers.size(), false);
-  for (size_t l = 0; l < base.layers.size(); ++l) {
-    eligible[l] = cost.ParameterBytes(static_cast<int>(l)) > 0 &&
-                  base.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR;
-  }
-  return eligible;
-}
-
 namespace {
 
 bool Streams(const std::vector<UpdatePlace>& places) {
@@ -107,16 +97,16 @@ class StreamSearch {
         start_(start),
         budget_(budget_bytes),
         options_(options),
-        eligible_(ThreePlaceEligible(simulator, start)),
-        L_(static_cast<int>(start.layers.size())),
-        start_seconds_(start_seconds) {
+        eligible_(UpdateEligibleLayers(simulator.cost(), start)),
+        L_(static_cast<int>(start.layers.size())) {
     for (int l = 0; l < L_; ++l) {
       if (eligible_[l]) movable_.push_back(l);
     }
     small_ = static_cast<int>(movable_.size()) <= kPairLayers;
     best_ = {UpdatePlacesOf(start), std::max(1, start.state_prefetch_layers),
              std::max(0, start.state_update_lag)};
-    best_seconds_ = start_seconds;
+    // The start is not simulated again: its time alone, marked not ok.
+    best_scored_.seconds = start_seconds;
   }
 
   StreamSearchResult Run() {
@@ -128,7 +118,7 @@ class StreamSearch {
     StreamSearchResult out;
     out.evaluations = evaluations_;
     out.decisions = start_;
-    if (!(best_seconds_ < start_seconds_) || !best_scored_.ok) return out;
+    if (!best_scored_.ok) return out;  // nothing faster than the start
     out.decisions = DecisionsOf(best_);
     out.improved = true;
     out.simulation = std::move(best_scored_.result);
@@ -156,14 +146,14 @@ class StreamSearch {
   // Adopts `c` when it fits and is faster than the best.
   void Offer(const Candidate& c) {
     Scored s = Fitting(c);
-    if (!s.ok || !(s.seconds < best_seconds_)) return;
+    if (!s.ok || !(s.seconds < BestSeconds())) return;
     Adopt(c, std::move(s));
   }
   void Adopt(Candidate c, Scored s) {
     best_ = std::move(c);
-    best_seconds_ = s.seconds;
     best_scored_ = std::move(s);
   }
+  double BestSeconds() const { return best_scored_.seconds; }
 
   // 1. Every k-th host-updated layer streams, so that each one's copies
   //    overlap the backward of the k - 1 between, under a few prefetch
@@ -193,7 +183,7 @@ class StreamSearch {
           Scored s = Fitting(c);
           if (!s.ok) continue;
           starts_.push_back({s.seconds, c});
-          if (s.seconds < best_seconds_) Adopt(c, std::move(s));
+          if (s.seconds < BestSeconds()) Adopt(c, std::move(s));
         }
       }
     }
@@ -237,7 +227,7 @@ class StreamSearch {
     search.max_evaluations = limit;
     search.max_kick_evaluations = 0;
     const PlacementSearchResult found = SearchUpdatePlacement(subset, budget_, scorer, search);
-    if (found.feasible && found.iteration_seconds < best_seconds_) {
+    if (found.feasible && found.iteration_seconds < BestSeconds()) {
       Offer(streaming(found.on_accelerator));
     }
   }
@@ -278,7 +268,7 @@ class StreamSearch {
   void Descend(bool pairs) {
     while (!Spent()) {
       const Candidate at = best_;
-      const double before = best_seconds_;
+      const double before = BestSeconds();
       const std::vector<std::pair<int, int>> near = Timings(false), single = Timings(true);
       const bool streams = Streams(at.places);
       if (streams) {
@@ -298,7 +288,7 @@ class StreamSearch {
           }
         }
       }
-      if (best_seconds_ < before) continue;
+      if (BestSeconds() < before) continue;
       if (!pairs) break;
       for (size_t i = 0; i < movable_.size() && !Spent(); ++i) {
         for (size_t k = i + 1; k < movable_.size(); ++k) {
@@ -313,7 +303,7 @@ class StreamSearch {
           }
         }
       }
-      if (!(best_seconds_ < before)) break;
+      if (!(BestSeconds() < before)) break;
     }
   }
 
@@ -322,13 +312,12 @@ class StreamSearch {
   // the best before; returns whether it was.
   bool Explore(const Candidate& from, Scored scored, bool pairs) {
     const Candidate kept = best_;
-    const double kept_seconds = best_seconds_;
+    const double kept_seconds = BestSeconds();
     Scored kept_scored = best_scored_;
     Adopt(from, std::move(scored));
     Descend(pairs);
-    if (best_seconds_ < kept_seconds) return true;
+    if (BestSeconds() < kept_seconds) return true;
     Adopt(kept, std::move(kept_scored));
-    best_seconds_ = kept_seconds;
     return false;
   }
 
@@ -373,11 +362,9 @@ class StreamSearch {
   const StreamSearchOptions options_;
   const std::vector<bool> eligible_;
   const int L_;
-  const double start_seconds_;
   std::vector<int> movable_;
   bool small_ = false;
   Candidate best_;
-  double best_seconds_ = 0;
   Scored best_scored_;
   std::vector<std::pair<double, Candidate>> starts_;
   int64_t evaluations_ = 0;
@@ -393,7 +380,7 @@ StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Dec
 
 ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decisions& base,
                                   int64_t budget_bytes) {
-  const std::vector<bool> eligible = ThreePlaceEligible(simulator, base);
+  const std::vector<bool> eligible = UpdateEligibleLayers(simulator.cost(), base);
   const int L = static_cast<int>(base.layers.size());
   std::vector<int> e;
   for (int l = 0; l < L; ++l) {

@@ -41,9 +41,6 @@ std::vector<UpdatePlace> UpdatePlacesOf(const Decisions& decisions);
 Decisions WithUpdatePlaces(Decisions base, const std::vector<bool>& eligible,
                            const std::vector<UpdatePlace>& places);
 
-// Layers that may take any of the three places: parameters, resident weights.
-std::vector<bool> ThreePlaceEligible(const PlanSimulator& simulator, const Decisions& base);
-
 struct StreamSearchOptions {
   // Simulations in all (both steps).
   int64_t max_evaluations = 2000;
@@ -70,7 +67,7 @@ struct ExhaustiveResult {
   int64_t evaluations = 0;
 };
 
-// Every combination of the three places over `base`'s eligible layers, each
+// Every combination of the three places over `base`'s UpdateEligibleLayers, each
 // (where a layer streams) under every prefetch distance and update lag the
 // search reaches (powers of two below the layer count, and lag 0): ~3^n
 // log^2 n simulations, for small chains only. The fastest within the budget.

@@ -202,29 +202,6 @@ constexpr char kStreamedOrigin[] = "search over three update places";
 // many layer-simulations, at least 16 simulations and at most its default.
 constexpr int64_t kStreamLayerEvaluations = 20000;
 
-// Whether a layer with parameters and resident weights updates on the host:
-// one that could stream its state instead.
-bool AnyHostUpdate(const CostModel& cost, const Decisions& d) {
-  for (int l = 0; l < cost.num_layers(); ++l) {
-    if (cost.ParameterBytes(l) > 0 && d.layers[l].update == PLACEMENT_HOST &&
-        d.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Layers whose update may move to the accelerator: those with resident
-// weights.
-std::vector<bool> EligibleLayers(const CostModel& cost, const Decisions& config) {
-  std::vector<bool> eligible(cost.num_layers());
-  for (int l = 0; l < cost.num_layers(); ++l) {
-    eligible[l] = cost.ParameterBytes(l) > 0 &&
-                  config.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR;
-  }
-  return eligible;
-}
-
 // The fastest placement of `config`'s eligible updates within the budget:
 // the exact chain search where the chain evaluator covers the configuration.
 PlacementSearchResult PlaceUpdates(const StrategyContext& c, const Decisions& config,
@@ -256,6 +233,28 @@ bool WithinBudgets(const StrategyContext& c, const tandem::v1::PlanPrediction& p
          (c.host_memory_budget_bytes <= 0 || p.host_peak_bytes() <= c.host_memory_budget_bytes);
 }
 
+// The third place, state streamed in for an accelerator update, from the
+// two-place answer `s` (simulated as `r`): a candidate when it is faster. It
+// can only shorten the step by the time the accelerator waits, so it is not
+// searched when that is under 1% of it.
+void AddStreamedCandidate(const StrategyContext& c, const Decisions& s, const SimulationResult& r,
+                          ReuseSearch* search, StrategyOutcome* out) {
+  const tandem::v1::PlanPrediction& p = r.prediction;
+  if (!c.stream_optimizer_state || p.accelerator_idle_seconds() <= 0.01 * p.iteration_seconds()) {
+    return;
+  }
+  StreamSearchOptions options;
+  options.max_evaluations = std::clamp<int64_t>(kStreamLayerEvaluations / c.cost().num_layers(), 16,
+                                                options.max_evaluations);
+  StreamSearchResult streamed = SearchStreamedState(*c.simulator, s, p.iteration_seconds(),
+                                                    c.accelerator_memory_budget_bytes, options);
+  out->plans_evaluated += streamed.evaluations;
+  if (streamed.improved && WithinBudgets(c, streamed.simulation.prediction)) {
+    search->candidates.push_back(
+        {std::move(streamed.decisions), std::move(streamed.simulation), nullptr, kStreamedOrigin});
+  }
+}
+
 // Searches zero_offload's memory configuration and, when host updates still
 // stall the accelerator there, the same with half the micro-batch; each
 // placement found, simulated, competes with zero_offload's plan.
@@ -272,7 +271,7 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
   for (size_t config_index = 0; config_index < search.configs.size(); ++config_index) {
     Decisions config = search.configs[config_index];
     config.strategy = out->strategy;
-    const std::vector<bool> eligible = EligibleLayers(c.cost(), config);
+    const std::vector<bool> eligible = UpdateEligibleLayers(c.cost(), config);
     const PlacementSearchResult found = PlaceUpdates(c, config, eligible, &search, out);
     if (!found.feasible) continue;
     Decisions s = config;
@@ -288,24 +287,11 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
     // search: try again with half the micro-batch, whose activations leave
     // room for more optimizer state.
     const bool stalled = r->prediction.accelerator_stall_seconds() > 0;
-    // The third place, state streamed in for an accelerator update, can
-    // only shorten the step by the time the accelerator waits: not searched
-    // when that is under 1% of it.
-    const double idle = r->prediction.accelerator_idle_seconds();
-    if (c.stream_optimizer_state && AnyHostUpdate(c.cost(), s) &&
-        idle > 0.01 * r->prediction.iteration_seconds()) {
-      StreamSearchOptions options;
-      options.max_evaluations = std::clamp<int64_t>(kStreamLayerEvaluations / c.cost().num_layers(),
-                                                    16, options.max_evaluations);
-      StreamSearchResult streamed =
-          SearchStreamedState(*c.simulator, s, r->prediction.iteration_seconds(),
-                              c.accelerator_memory_budget_bytes, options);
-      out->plans_evaluated += streamed.evaluations;
-      if (streamed.improved && WithinBudgets(c, streamed.simulation.prediction)) {
-        search.candidates.push_back({std::move(streamed.decisions), std::move(streamed.simulation),
-                                     nullptr, kStreamedOrigin});
-      }
+    bool host_updates = false;
+    for (int l = 0; l < c.cost().num_layers(); ++l) {
+      host_updates |= eligible[l] && !found.on_accelerator[l];
     }
+    if (host_updates) AddStreamedCandidate(c, s, *r, &search, out);
     search.candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
     if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0 &&
         2 * zero_offload.schedule.micro_batches() <= MaxMicroBatches(c.cost().num_layers())) {

@@ -22,6 +22,15 @@ bool Shorter(double a, double b) { return a < b - 1e-12 * std::max(1.0, std::fab
 
 }  // namespace
 
+std::vector<bool> UpdateEligibleLayers(const CostModel& cost, const Decisions& decisions) {
+  std::vector<bool> eligible(cost.num_layers());
+  for (int l = 0; l < cost.num_layers(); ++l) {
+    eligible[l] = cost.ParameterBytes(l) > 0 &&
+                  decisions.layers[l].parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR;
+  }
+  return eligible;
+}
+
 PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Decisions& base) {
   return [&simulator, base](const std::vector<bool>& acc, bool need_peak) {
     Decisions s = base;

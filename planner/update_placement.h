@@ -59,6 +59,11 @@ namespace tandem::planner {
 using PlacementScorer =
     std::function<PlacementScore(const std::vector<bool>& on_accelerator, bool need_peak)>;
 
+// Layers whose update place the searches choose: those with parameters and
+// resident weights (a streamed layer's master weights live on the host, so it
+// updates there).
+std::vector<bool> UpdateEligibleLayers(const CostModel& cost, const Decisions& decisions);
+
 // Scores with PlanSimulator (any schedule): `base` with the update placements
 // replaced; layers not eligible keep theirs.
 PlacementScorer SimulatorPlacementScorer(const PlanSimulator& simulator, const Decisions& base);

@@ -196,6 +196,9 @@ class PlanExecutor final : public StepRunner {
   // (WeightsOf): those, or a working copy widened into `widened`.
   absl::StatusOr<const float*> ComputeWeights(const Side& side, const Layer& layer, void* weights,
                                               Buffer& widened);
+  // An accelerator-updated layer's gradient in fp32: its own, or a working
+  // copy's (streamed state) bf16 gradient widened into `widened`.
+  absl::StatusOr<const float*> Fp32Gradient(const Layer& layer, Buffer& widened);
   // Whether layer l keeps a bf16 working copy (Layer::working_copy), from the
   // state type and the plan's decisions.
   bool HasWorkingCopy(int l) const;

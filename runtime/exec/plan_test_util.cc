@@ -110,6 +110,28 @@ Plan MakePlan(const Model& m, tandem::v1::Strategy strategy, int batch, int micr
   return p;
 }
 
+namespace {
+
+// The three update places: of the layers with parameters, every third from
+// the first streams its optimizer state in for an accelerator update, the next
+// updates on the host, the third keeps its state resident. The state comes in
+// two layers ahead and the update waits one more layer's backward.
+Plan StreamedStatePlan(const Model& m, int batch) {
+  using namespace tandem::v1;
+  int k = 0;
+  Plan p = MakePlan(m, STRATEGY_REUSE_DISTANCE, batch, batch, [&m, &k](int l, LayerPlan* lp) {
+    if (m.layer(l).ParamCount() == 0) return;
+    if (k % 3 == 0) lp->set_stream_optimizer_state(true);
+    if (k % 3 == 1) lp->set_update(PLACEMENT_HOST);
+    ++k;
+  });
+  p.set_state_prefetch_layers(2);
+  p.set_state_update_lag(1);
+  return p;
+}
+
+}  // namespace
+
 std::vector<Case> Cases() {
   using namespace tandem::v1;
   return {
@@ -172,25 +194,7 @@ std::vector<Case> Cases() {
          return p;
        },
        1e-5},
-      // The three update places: of the layers with parameters, every third
-      // from the first streams its optimizer state in for an accelerator
-      // update, the next updates on the host, the third keeps its state
-      // resident. The state comes in two layers ahead and the update waits
-      // one more layer's backward.
-      {"streamed_state",
-       [](const Model& m, int b) {
-         int k = 0;
-         Plan p = MakePlan(m, STRATEGY_REUSE_DISTANCE, b, b, [&m, &k](int l, LayerPlan* lp) {
-           if (m.layer(l).ParamCount() == 0) return;
-           if (k % 3 == 0) lp->set_stream_optimizer_state(true);
-           if (k % 3 == 1) lp->set_update(PLACEMENT_HOST);
-           ++k;
-         });
-         p.set_state_prefetch_layers(2);
-         p.set_state_update_lag(1);
-         return p;
-       },
-       0},
+      {"streamed_state", StreamedStatePlan, 0},
   };
 }
 

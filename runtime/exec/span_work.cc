@@ -83,6 +83,15 @@ absl::StatusOr<const float*> PlanExecutor::ComputeWeights(const Side& side, cons
   return widened.f32();
 }
 
+absl::StatusOr<const float*> PlanExecutor::Fp32Gradient(const Layer& layer, Buffer& widened) {
+  if (!layer.working_copy) return static_cast<const float*>(layer.grads.f32());
+  TANDEM_ASSIGN_OR_RETURN(widened, Buffer::Allocate(device_alloc_.get(), layer.param_elements * 4,
+                                                    MemoryCategory::kWorkspace));
+  device_ops::FromBf16(accel_->ComputeContext(), layer.grads.bf16(), widened.f32(),
+                       layer.param_elements);
+  return static_cast<const float*>(widened.f32());
+}
+
 LayerContext PlanExecutor::ContextOf(const Iteration& it, const Replica& r, int l, int j) const {
   const Layer& layer = *layers_[l];
   LayerContext ctx = r.side.Context();
@@ -358,23 +367,16 @@ absl::Status PlanExecutor::AcceleratorUpdate(const Iteration& it, int l) {
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
   std::vector<float*> states;
   for (Buffer& m : layer.moments) states.push_back(m.f32());
-  if (!layer.working_copy) {
-    TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, layer.params.f32(), layer.grads.f32(),
-                                               states.data(), layer.param_elements));
-    TANDEM_RETURN_IF_ERROR(accel_->FinishCompute());
-    layer.grads.Reset();
-    return absl::OkStatus();
-  }
-  // Streamed state of a working copy: the fp32 master steps with the bf16
-  // gradient widened, and the working copy is rounded from it.
+  // Streamed state of a working copy: the fp32 master steps, and the working
+  // copy is rounded from it.
   const int64_t n = layer.param_elements;
-  TANDEM_ASSIGN_OR_RETURN(Buffer grad32,
-                          Buffer::Allocate(device_alloc_.get(), n * 4, MemoryCategory::kWorkspace));
-  const LayerContext ctx = accel_->ComputeContext();
-  device_ops::FromBf16(ctx, layer.grads.bf16(), grad32.f32(), n);
-  TANDEM_RETURN_IF_ERROR(
-      accel_->UpdateSlice(s, layer.master.f32(), grad32.f32(), states.data(), n));
-  device_ops::ToBf16(ctx, layer.master.f32(), layer.params.bf16(), n);
+  Buffer widened;
+  TANDEM_ASSIGN_OR_RETURN(const float* grads, Fp32Gradient(layer, widened));
+  float* weights = layer.working_copy ? layer.master.f32() : layer.params.f32();
+  TANDEM_RETURN_IF_ERROR(accel_->UpdateSlice(s, weights, grads, states.data(), n));
+  if (layer.working_copy) {
+    device_ops::ToBf16(accel_->ComputeContext(), weights, layer.params.bf16(), n);
+  }
   TANDEM_RETURN_IF_ERROR(accel_->FinishCompute());
   layer.grads.Reset();
   return absl::OkStatus();
@@ -423,17 +425,10 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
   for (auto& layer : layers_) {
     if (!layer->has_params) continue;
     // hetero_dp's sums, and every gradient that came down, are on the host.
-    if (!hetero_ && layer->accel_update && layer->working_copy) {
-      // A streamed-state layer's bf16 gradient, widened to be summed.
-      const int64_t n = layer->param_elements;
-      TANDEM_ASSIGN_OR_RETURN(
-          Buffer grad32, Buffer::Allocate(device_alloc_.get(), n * 4, MemoryCategory::kWorkspace));
-      device_ops::FromBf16(accel_->ComputeContext(), layer->grads.bf16(), grad32.f32(), n);
-      TANDEM_ASSIGN_OR_RETURN(const double s, accel_->SumOfSquares(grad32.f32(), n));
-      sum += s;
-    } else if (!hetero_ && layer->accel_update) {
-      TANDEM_ASSIGN_OR_RETURN(const double s,
-                              accel_->SumOfSquares(layer->grads.f32(), layer->param_elements));
+    if (!hetero_ && layer->accel_update) {
+      Buffer widened;
+      TANDEM_ASSIGN_OR_RETURN(const float* grads, Fp32Gradient(*layer, widened));
+      TANDEM_ASSIGN_OR_RETURN(const double s, accel_->SumOfSquares(grads, layer->param_elements));
       sum += s;
     } else {
       // Ranks' buckets were widened and summed already.

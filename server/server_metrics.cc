@@ -40,6 +40,10 @@ ServerMetrics::ServerMetrics()
                           "RPCs answered, by method and gRPC status code.", *registry)),
       rpc_duration(Family(BuildHistogram(), "tandem_rpc_duration_seconds",
                           "RPC latency from arrival to status, by method and code.", *registry)),
+      rpc_lane_requests(Family(BuildGauge(), "tandem_rpc_lane_requests",
+                               "Expensive RPCs (profiles, plans, node refreshes) accepted on "
+                               "their lane and not yet answered, queued or running, by lane.",
+                               *registry)),
       jobs(Family(BuildGauge(), "tandem_jobs", "Jobs known to this daemon, by state.", *registry)),
       queue_length(
           Family(BuildGauge(), "tandem_job_queue_length", "Jobs waiting to run.", *registry)),

@@ -34,6 +34,8 @@ struct ServerMetrics {
   prometheus::Family<prometheus::Gauge>& build_info;
   prometheus::Family<prometheus::Counter>& rpc_requests;
   prometheus::Family<prometheus::Histogram>& rpc_duration;
+  // The expensive RPCs' lanes (work_lane.h): requests queued or running, by lane.
+  prometheus::Family<prometheus::Gauge>& rpc_lane_requests;
   prometheus::Family<prometheus::Gauge>& jobs;
   prometheus::Family<prometheus::Gauge>& queue_length;
   prometheus::Family<prometheus::Counter>& jobs_finished;
@@ -48,13 +50,6 @@ struct ServerMetrics {
   // JobSpec.updates: the rule (an info gauge), staleness, waits and exchanges.
   prometheus::Family<prometheus::Gauge>& job_update_rule;
   prometheus::Family<prometheus::Gauge>& job_update_staleness;
-  prometheus::Family<prometheus::Gauge>& job_update_lagged;
-  prometheus::Family<prometheus::Gauge>& job_update_wait_seconds;
-  prometheus::Family<prometheus::Gauge>& job_update_exchanges;
-  // PRECISION_FP16 jobs' dynamic loss scaling: the scale the next step uses,
-  // and the steps whose update an overflow skipped.
-  prometheus::Family<prometheus::Gauge>& job_loss_scale;
-  prometheus::Family<prometheus::Gauge>& job_skipped_steps;
   // Pipeline jobs, per stage (label stage): the latest step's busy, bubble,
   // copy and update seconds (label phase), and the peak against the plan.
   prometheus::Family<prometheus::Gauge>& job_pipeline_stage_seconds;
@@ -65,6 +60,13 @@ struct ServerMetrics {
   // Ranks this daemon runs for distributed jobs coordinated elsewhere.
   prometheus::Family<prometheus::Gauge>& rank_collective_bytes;
   prometheus::Family<prometheus::Gauge>& rank_collective_seconds;
+  prometheus::Family<prometheus::Gauge>& job_update_lagged;
+  prometheus::Family<prometheus::Gauge>& job_update_wait_seconds;
+  prometheus::Family<prometheus::Gauge>& job_update_exchanges;
+  // PRECISION_FP16 jobs' dynamic loss scaling: the scale the next step uses,
+  // and the steps whose update an overflow skipped.
+  prometheus::Family<prometheus::Gauge>& job_loss_scale;
+  prometheus::Family<prometheus::Gauge>& job_skipped_steps;
   prometheus::Family<prometheus::Gauge>& job_checked_step_seconds;
   prometheus::Family<prometheus::Gauge>& job_step_time_ratio;
   prometheus::Family<prometheus::Counter>& replans;

@@ -248,6 +248,14 @@ std::optional<grpc::Status> CallerGone(grpc::CallbackServerContext& context, con
   return std::nullopt;
 }
 
+// `lane` reporting its requests in flight to tandem_rpc_lane_requests.
+WorkLaneOptions WithGauge(WorkLaneOptions lane, ServerMetrics* metrics) {
+  prometheus::Gauge& gauge = metrics->rpc_lane_requests.Add({{"lane", lane.name}});
+  gauge.Set(0);
+  lane.on_in_flight = [&gauge](int in_flight) { gauge.Set(in_flight); };
+  return lane;
+}
+
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& status) {
@@ -260,8 +268,8 @@ TandemService::TandemService(JobManager* jobs, ServerMetrics* metrics, ServiceOp
       metrics_(metrics),
       options_(std::move(options)),
       workers_(options_.worker_threads, "rpc"),
-      profile_lane_(options_.profile_lane),
-      plan_lane_(options_.plan_lane) {}
+      profile_lane_(WithGauge(options_.profile_lane, metrics)),
+      plan_lane_(WithGauge(options_.plan_lane, metrics)) {}
 
 TandemService::~TandemService() = default;
 

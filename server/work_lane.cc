@@ -29,6 +29,7 @@ absl::Status WorkLane::Submit(const std::string& client, std::function<void()> t
     }
     ++mine;
     ++in_flight_;
+    if (options_.on_in_flight) options_.on_in_flight(in_flight_);
   }
   pool_.Schedule([this, client, task = std::move(task)] {
     task();
@@ -40,6 +41,7 @@ absl::Status WorkLane::Submit(const std::string& client, std::function<void()> t
 void WorkLane::Done(const std::string& client) {
   absl::MutexLock lock(&mu_);
   --in_flight_;
+  if (options_.on_in_flight) options_.on_in_flight(in_flight_);
   auto it = per_client_.find(client);
   if (it != per_client_.end() && --it->second <= 0) per_client_.erase(it);
 }

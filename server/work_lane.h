@@ -28,6 +28,9 @@ struct WorkLaneOptions {
   int max_queued = 8;
   // Requests one client may have queued or running together.
   int max_per_client = 2;
+  // Told the lane's requests accepted and not yet finished (queued or
+  // running) each time that changes, under the lane's lock: for a gauge.
+  std::function<void(int in_flight)> on_in_flight;
 };
 
 class WorkLane {

@@ -4,6 +4,7 @@
 #include "server/work_lane.h"
 
 #include <atomic>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -49,6 +50,24 @@ TEST(WorkLaneTest, AClientsShareComesBackWhenItsRequestsEnd) {
   // Done() runs just after the task: wait for the count to drop.
   while (lane.in_flight() > 0) absl::SleepFor(absl::Milliseconds(1));
   EXPECT_TRUE(lane.Submit("c", [] {}).ok());
+}
+
+TEST(WorkLaneTest, ReportsItsRequestsInFlightAsTheyChange) {
+  std::vector<int> seen;  // written under the lane's lock
+  absl::Notification release;
+  {
+    WorkLane lane({.name = "plan",
+                   .threads = 1,
+                   .max_queued = 1,
+                   .max_per_client = 2,
+                   .on_in_flight = [&](int n) { seen.push_back(n); }});
+    ASSERT_TRUE(lane.Submit("c", [&] { release.WaitForNotification(); }).ok());
+    ASSERT_TRUE(lane.Submit("c", [] {}).ok());
+    // A refusal changes nothing, so reports nothing.
+    EXPECT_FALSE(lane.Submit("d", [] {}).ok());
+    release.Notify();
+  }
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 1, 0}));
 }
 
 TEST(WorkLaneTest, PeerClientDropsThePort) {

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 import grpc
 
@@ -31,6 +32,17 @@ def heavy_profile():
     }), iterations=300, warmup_iterations=2, refresh=True, device_ids=["cpu"])
 
 
+def lane_requests(daemon, lane):
+    """tandem_rpc_lane_requests{lane=...} as the daemon's metrics read now."""
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % daemon.metrics_port,
+                                  timeout=10).read().decode()
+    prefix = 'tandem_rpc_lane_requests{lane="%s"} ' % lane
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    raise AssertionError("no %s in the metrics:\n%s" % (prefix, text))
+
+
 def percentile(values, p):
     values = sorted(values)
     return values[min(len(values) - 1, int(p / 100.0 * len(values)))]
@@ -42,7 +54,7 @@ class HostileLoadTest(unittest.TestCase):
         cls.data_root = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         cls.fifo = os.path.join(cls.data_root, "corpus.txt")
         os.mkfifo(cls.fifo)
-        cls.daemon = Tandemd(TANDEMD, data_root=cls.data_root).start()
+        cls.daemon = Tandemd(TANDEMD, data_root=cls.data_root, metrics=True).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -54,7 +66,12 @@ class HostileLoadTest(unittest.TestCase):
         # One profile runs, a second waits behind it (this client's share is 2).
         running = client.ProfileModel.future(heavy_profile(), timeout=600)
         queued = client.ProfileModel.future(heavy_profile(), timeout=600)
-        time.sleep(0.5)
+        # Both accepted on the profile lane before the third is sent (on a
+        # loaded machine the second can take more than a moment to arrive).
+        deadline = time.time() + 60
+        while lane_requests(self.daemon, "profile") < 2:
+            self.assertLess(time.time(), deadline, "the two profiles were never both accepted")
+            time.sleep(0.05)
         start = time.perf_counter()
         with self.assertRaises(grpc.RpcError) as refused:
             client.ProfileModel(heavy_profile(), timeout=30)

@@ -669,6 +669,7 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   request.compare = {placement.strategy()};
   request.micro_batch_size = placement.micro_batch_size();
   request.delayed_parameter_update = placement.delayed_parameter_update();
+  request.stream_optimizer_state = !placement.no_streamed_optimizer_state();
   request.host_update_threads = resolved.training().threads();
   request.accelerator_shares_host_cores = KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, SolveForExecutor(model, request, capacity));

@@ -470,8 +470,10 @@ absl::StatusOr<Profile> MeasuredLayerProfile(const Model& model, const JobSpec& 
 std::string LayerProfileCache::Key(const Model& model, const JobSpec& resolved,
                                    const NodeOffer& node) {
   if (!node.profile) return "";
+  // v2: 16-bit layers save their products' inputs for backward (other
+  // activation bytes and times than v1's).
   return profile::HexKey(absl::StrCat(
-      "layer-profile-v1|model=", model.fingerprint(), "|batch=", resolved.training().batch_size(),
+      "layer-profile-v2|model=", model.fingerprint(), "|batch=", resolved.training().batch_size(),
       "|optimizer=", resolved.optimizer().kind(), "|precision=",
       PrecisionName(resolved.precision()), "|accelerator=", resolved.placement().accelerator(),
       "|link=", resolved.resources().emulated_link_bytes_per_second(), "|throttle=",

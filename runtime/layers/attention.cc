@@ -84,47 +84,93 @@ LayerCost Attention::Cost(int64_t batch) const {
   return c;
 }
 
-int64_t Attention::SavedBytes(int64_t batch) const {
-  // q, k, v [B, H, T, hs]; att [B, H, T, T]; the projection's input [B, T, C].
-  const int64_t btc = batch * T_ * C_;
-  return 4 * cpu::AlignWorkspace(btc * 4) +
-         cpu::AlignWorkspace(batch * options_.n_head * T_ * T_ * 4);
+namespace {
+
+// An operand of the attention's products: fp32, or its 16-bit copy under a
+// 16-bit compute type (the other pointer null).
+struct Operand {
+  const float* f32 = nullptr;
+  const uint16_t* half = nullptr;
+};
+
+// c = a b (batched), in `dtype` when the operands are 16-bit copies.
+void Product(const LayerContext& ctx, DType dtype, const cpu::MatmulShape& shape, Operand a,
+             Operand b, float* c) {
+  if (a.half != nullptr) {
+    device_ops::MatmulHalf(ctx, dtype, shape, a.half, b.half, c);
+  } else {
+    device_ops::Matmul(ctx, shape, a.f32, b.f32, c);
+  }
 }
+
+// x [n] as a product operand: itself in fp32, else rounded into `slot`.
+Operand Rounded(const LayerContext& ctx, DType dtype, const float* x, int64_t n, void* slot) {
+  if (!IsHalf(dtype)) return {x, nullptr};
+  uint16_t* out = static_cast<uint16_t*>(slot);
+  device_ops::ToHalf(ctx, dtype, x, out, n);
+  return {nullptr, out};
+}
+
+}  // namespace
+
+struct Attention::SavedRegions {
+  // q, k, v [B, H, T, hs]: in fp32, or (16-bit compute) their 16-bit copies.
+  float *q = nullptr, *k = nullptr, *v = nullptr;
+  uint16_t *q16 = nullptr, *k16 = nullptr, *v16 = nullptr;
+  // The projection's input [B, T, C], fp32 only: in 16 bits the projection
+  // keeps its own copy (Linear's saved region).
+  float* atty = nullptr;
+  // The softmax's output [B, H, T, T].
+  float* att = nullptr;
+  void *qkv_saved = nullptr, *proj_saved = nullptr;
+  int64_t bytes = 0;
+
+  Operand Q() const { return {q, q16}; }
+  Operand K() const { return {k, k16}; }
+  Operand V() const { return {v, v16}; }
+};
+
+Attention::SavedRegions Attention::CarveSaved(const void* saved, int64_t batch) const {
+  const int64_t btc = batch * T_ * C_;
+  Carver s(saved);
+  SavedRegions r;
+  if (IsHalf(compute_dtype())) {
+    r.q16 = static_cast<uint16_t*>(s.TakeBytes(2 * btc));
+    r.k16 = static_cast<uint16_t*>(s.TakeBytes(2 * btc));
+    r.v16 = static_cast<uint16_t*>(s.TakeBytes(2 * btc));
+  } else {
+    r.q = s.Take(btc);
+    r.k = s.Take(btc);
+    r.v = s.Take(btc);
+    r.atty = s.Take(btc);
+  }
+  r.att = s.Take(batch * options_.n_head * T_ * T_);
+  r.qkv_saved = s.TakeBytes(qkv_.SavedBytes(batch));
+  r.proj_saved = s.TakeBytes(proj_.SavedBytes(batch));
+  r.bytes = s.used();
+  return r;
+}
+
+int64_t Attention::SavedBytes(int64_t batch) const { return CarveSaved(nullptr, batch).bytes; }
 
 int64_t Attention::WorkspaceBytes(int64_t batch) const {
   const int64_t btc = batch * T_ * C_, att = batch * options_.n_head * T_ * T_;
-  // Forward: qkv [B, T, 3C] + o [B, H, T, hs]. Backward: d_atty, dO, datt, dq,
-  // dk, dv, dqkv.
-  const int64_t forward = cpu::AlignWorkspace(3 * btc * 4) + cpu::AlignWorkspace(btc * 4);
-  const int64_t backward = 5 * cpu::AlignWorkspace(btc * 4) + cpu::AlignWorkspace(att * 4) +
-                           cpu::AlignWorkspace(3 * btc * 4);
-  // Then the scratch the projections and the bf16 products take in turn.
+  // Forward: qkv [B, T, 3C] + o [B, H, T, hs], and in 16 bits the fp32 heads
+  // q, k, v before they are rounded into `saved`. Backward: d_atty, dO, dq,
+  // dk, dv, datt, dqkv.
+  const int64_t heads = IsHalf(compute_dtype()) ? 3 * Carver::Floats(btc) : 0;
+  const int64_t forward = Carver::Floats(3 * btc) + Carver::Floats(btc) + heads;
+  const int64_t backward = 5 * Carver::Floats(btc) + Carver::Floats(att) + Carver::Floats(3 * btc);
+  // Then the scratch the projections and the 16-bit products take in turn.
   return std::max(forward, backward) + ScratchBytes(batch);
 }
 
-// The projections' own workspace, or the 16-bit copies of one product's two
-// operands (each at most [B, H, T, T] or [B, T, C]); they never overlap in time.
+// The projections' own workspace, or two slots for 16-bit operand copies (each
+// at most [B, H, T, T] or [B, T, C]); they never overlap in time.
 int64_t Attention::ScratchBytes(int64_t batch) const {
   const int64_t projections = std::max(qkv_.WorkspaceBytes(batch), proj_.WorkspaceBytes(batch));
   if (!IsHalf(compute_dtype())) return projections;
-  const int64_t operand = std::max(batch * T_ * C_, batch * options_.n_head * T_ * T_);
-  return std::max(projections, 2 * cpu::AlignWorkspace(2 * operand));
-}
-
-void Attention::Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
-                        const float* b, float* c, void* scratch) const {
-  if (!IsHalf(compute_dtype())) {
-    device_ops::Matmul(ctx, shape, a, b, c);
-    return;
-  }
-  // Dense operands: batch x m x k and batch x k x n elements, transposed or not.
-  const int64_t a_n = shape.batch * shape.m * shape.k, b_n = shape.batch * shape.k * shape.n;
-  Carver w(scratch);
-  uint16_t* a16 = static_cast<uint16_t*>(w.TakeBytes(2 * a_n));
-  uint16_t* b16 = static_cast<uint16_t*>(w.TakeBytes(2 * b_n));
-  device_ops::ToHalf(ctx, compute_dtype(), a, a16, a_n);
-  device_ops::ToHalf(ctx, compute_dtype(), b, b16, b_n);
-  device_ops::MatmulHalf(ctx, compute_dtype(), shape, a16, b16, c);
+  return std::max(projections, 2 * cpu::AlignWorkspace(2 * SlotElements(batch)));
 }
 
 const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {
@@ -144,21 +190,27 @@ const Attention::Softmax& Attention::GetSoftmax(int64_t batch) const {
 void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                         void* saved) const {
   const int64_t B = x.batch(), H = options_.n_head, btc = B * T_ * C_;
-  Carver s(saved);
-  float* q = s.Take(btc);
-  float* k = s.Take(btc);
-  float* v = s.Take(btc);
-  float* atty = s.Take(btc);
-  float* att = s.Take(B * H * T_ * T_);
+  const DType dtype = compute_dtype();
+  const bool half = IsHalf(dtype);
+  const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* qkv = w.Take(3 * btc);
   float* o = w.Take(btc);
+  // The heads in fp32: in `saved`, or in 16 bits here before rounding.
+  float* q = half ? w.Take(btc) : r.q;
+  float* k = half ? w.Take(btc) : r.k;
+  float* v = half ? w.Take(btc) : r.v;
 
   void* scratch = w.TakeBytes(ScratchBytes(B));
   LayerContext sub = ctx;
   sub.workspace = scratch;
-  qkv_.Forward(sub, x, Tensor::F32(qkv, Shape({B, T_, 3 * C_})), nullptr);
+  qkv_.Forward(sub, x, Tensor::F32(qkv, Shape({B, T_, 3 * C_})), r.qkv_saved);
   device_ops::SplitHeads(ctx, qkv, q, k, v, B, T_, H, hs_);
+  if (half) {
+    device_ops::ToHalf(ctx, dtype, q, r.q16, btc);
+    device_ops::ToHalf(ctx, dtype, k, r.k16, btc);
+    device_ops::ToHalf(ctx, dtype, v, r.v16, btc);
+  }
 
   cpu::MatmulShape scores;  // att[bh] = q[bh] k[bh]^T / sqrt(hs)
   scores.batch = B * H;
@@ -167,7 +219,8 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   scores.k = hs_;
   scores.trans_b = true;
   scores.alpha = 1.0f / std::sqrt(static_cast<float>(hs_));
-  Product(ctx, scores, q, k, att, scratch);
+  float* att = r.att;
+  Product(ctx, dtype, scores, r.Q(), r.K(), att);
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
     ctx.cuda->Check(cuda::CausalSoftmaxForward(att, B * H, T_, ctx.cuda->stream),
@@ -186,22 +239,21 @@ void Attention::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   av.m = T_;
   av.n = hs_;
   av.k = T_;
-  Product(ctx, av, att, v, o, scratch);
+  Product(ctx, dtype, av, Rounded(ctx, dtype, att, B * H * T_ * T_, scratch), r.V(), o);
+  // In 16 bits the projection's input goes where qkv was (split already).
+  float* atty = half ? qkv : r.atty;
   device_ops::HeadsToRows(ctx, o, atty, B, T_, H, hs_);
 
   sub.params = ctx.params + qkv_.ParamCount();
-  proj_.Forward(sub, Tensor::F32(atty, Shape({B, T_, C_})), y, nullptr);
+  proj_.Forward(sub, Tensor::F32(atty, Shape({B, T_, C_})), y, r.proj_saved);
 }
 
 void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void* saved,
                          const Tensor& dy, const Tensor& dx) const {
   const int64_t B = x.batch(), H = options_.n_head, btc = B * T_ * C_;
-  Carver s(saved);
-  const float* q = s.Take(btc);
-  const float* k = s.Take(btc);
-  const float* v = s.Take(btc);
-  const float* atty = s.Take(btc);
-  const float* att = s.Take(B * H * T_ * T_);
+  const DType dtype = compute_dtype();
+  const SavedRegions r = CarveSaved(saved, B);
+  const float* att = r.att;
   Carver w(ctx.workspace);
   float* d_atty = w.Take(btc);
   float* d_o = w.Take(btc);
@@ -212,22 +264,27 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   float* d_qkv = w.Take(3 * btc);
 
   void* scratch = w.TakeBytes(ScratchBytes(B));
+  // Two operand slots in the scratch (used in 16 bits only).
+  char* slot0 = static_cast<char*>(scratch);
+  char* slot1 = IsHalf(dtype) ? slot0 + cpu::AlignWorkspace(2 * SlotElements(B)) : nullptr;
   LayerContext sub = ctx;
   sub.workspace = scratch;
   sub.params = ctx.params + qkv_.ParamCount();
   sub.grads = ctx.grads + qkv_.ParamCount();
   const Shape btc_shape({B, T_, C_});
-  proj_.Backward(sub, Tensor::F32(const_cast<float*>(atty), btc_shape), Tensor(), nullptr, dy,
+  proj_.Backward(sub, Tensor::F32(r.atty, btc_shape), Tensor(), r.proj_saved, dy,
                  Tensor::F32(d_atty, btc_shape));
   device_ops::RowsToHeads(ctx, d_atty, d_o, B, T_, H, hs_);
 
+  // dO, rounded once for its two products.
+  const Operand d_o_op = Rounded(ctx, dtype, d_o, btc, slot1);
   cpu::MatmulShape dv;  // dv[bh] = att[bh]^T dO[bh]
   dv.batch = B * H;
   dv.m = T_;
   dv.n = hs_;
   dv.k = T_;
   dv.trans_a = true;
-  Product(ctx, dv, att, d_o, d_v, scratch);
+  Product(ctx, dtype, dv, Rounded(ctx, dtype, att, B * H * T_ * T_, slot0), d_o_op, d_v);
 
   cpu::MatmulShape datt;  // datt[bh] = dO[bh] v[bh]^T
   datt.batch = B * H;
@@ -235,7 +292,7 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   datt.n = T_;
   datt.k = hs_;
   datt.trans_b = true;
-  Product(ctx, datt, d_o, v, d_att, scratch);
+  Product(ctx, dtype, datt, d_o_op, r.V(), d_att);
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
     ctx.cuda->Check(cuda::CausalSoftmaxBackward(d_att, att, B * H, T_, ctx.cuda->stream),
@@ -249,6 +306,8 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
                                {DNNL_ARG_DIFF_SRC, cpu::Wrap(sm.md, d_att)}});
   }
 
+  // dS, rounded once for its two products.
+  const Operand d_s = Rounded(ctx, dtype, d_att, B * H * T_ * T_, slot0);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs_));
   cpu::MatmulShape dq;  // dq[bh] = scale * dS[bh] k[bh]
   dq.batch = B * H;
@@ -256,15 +315,15 @@ void Attention::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   dq.n = hs_;
   dq.k = T_;
   dq.alpha = scale;
-  Product(ctx, dq, d_att, k, d_q, scratch);
+  Product(ctx, dtype, dq, d_s, r.K(), d_q);
   cpu::MatmulShape dk = dq;  // dk[bh] = scale * dS[bh]^T q[bh]
   dk.trans_a = true;
-  Product(ctx, dk, d_att, q, d_k, scratch);
+  Product(ctx, dtype, dk, d_s, r.Q(), d_k);
   device_ops::MergeHeadGradients(ctx, d_q, d_k, d_v, d_qkv, B, T_, H, hs_);
 
   sub.params = ctx.params;
   sub.grads = ctx.grads;
-  qkv_.Backward(sub, x, Tensor(), nullptr, Tensor::F32(d_qkv, Shape({B, T_, 3 * C_})), dx);
+  qkv_.Backward(sub, x, Tensor(), r.qkv_saved, Tensor::F32(d_qkv, Shape({B, T_, 3 * C_})), dx);
 }
 
 }  // namespace tandem

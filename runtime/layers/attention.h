@@ -3,9 +3,13 @@
 //   o = att v;  y = concat_h(o) Wproj^T + bproj.
 // The GEMMs run on oneDNN matmul (batched over batch x heads), the softmax on
 // oneDNN softmax; the causal mask sets future positions to -inf before it.
+// Under a 16-bit compute type each product's operands are rounded once:
+// forward saves q, k and v in 16 bits only (backward uses them only in
+// products), and backward rounds dO and dS once for their two products each.
 #ifndef TANDEM_RUNTIME_LAYERS_ATTENTION_H_
 #define TANDEM_RUNTIME_LAYERS_ATTENTION_H_
 
+#include <algorithm>
 #include <memory>
 
 #include "runtime/cpu/matmul.h"
@@ -43,13 +47,15 @@ class Attention final : public Layer {
   struct Softmax;
   const Softmax& GetSoftmax(int64_t batch) const;
   // Scratch after the attention's own temporaries: the projections' workspace,
-  // or the bf16 products' operand copies.
+  // or two slots for the 16-bit products' operand copies.
   int64_t ScratchBytes(int64_t batch) const;
-  // One batched product of the attention (scores, weighted values and their
-  // gradients): in bf16 when compute_dtype() is kBF16, operands rounded into
-  // `scratch` (device_ops::MatmulBf16); else device_ops::Matmul.
-  void Product(const LayerContext& ctx, const cpu::MatmulShape& shape, const float* a,
-               const float* b, float* c, void* scratch) const;
+  // Elements of the largest 16-bit operand copy: [B, H, T, T] or [B, T, C].
+  int64_t SlotElements(int64_t batch) const {
+    return std::max(batch * T_ * C_, batch * options_.n_head * T_ * T_);
+  }
+  // Where forward's results for backward sit in `saved` (null: sizes only).
+  struct SavedRegions;
+  SavedRegions CarveSaved(const void* saved, int64_t batch) const;
 
   AttentionOptions options_;
   int64_t T_ = 0, C_ = 0, hs_ = 0;

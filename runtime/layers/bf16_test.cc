@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/core/random.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/layers/attention.h"
 #include "runtime/layers/blocks.h"
@@ -133,6 +134,28 @@ TEST(Bf16Test, TransformerBlockMatchesFp32WithinBf16Precision) {
       Shape({16, 64}), 2);
 }
 
+// Under a 16-bit type the block keeps its products' inputs for backward in 16
+// bits, in place of the fp32 activations (which its backward then never
+// reads: Run passes them, but the block's own are left unsaved), so it saves
+// less than in fp32; a lone linear layer keeps its input's 16-bit copy.
+TEST(Bf16Test, SixteenBitBlocksSaveLessForBackwardThanFp32) {
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    TransformerBlock fp32({.n_head = 4}), block({.n_head = 4});
+    Attention attention_fp32({.n_head = 4}), attention({.n_head = 4});
+    Linear linear({.out_features = 8});
+    block.set_compute_dtype(half);
+    attention.set_compute_dtype(half);
+    linear.set_compute_dtype(half);
+    for (Layer* l : std::initializer_list<Layer*>{&fp32, &block, &attention_fp32, &attention}) {
+      ASSERT_TRUE(l->Build(Shape({16, 64})).ok());
+    }
+    ASSERT_TRUE(linear.Build(Shape({64})).ok());
+    EXPECT_LT(block.SavedBytes(2), 0.8 * fp32.SavedBytes(2)) << DTypeName(half);
+    EXPECT_LT(attention.SavedBytes(2), attention_fp32.SavedBytes(2)) << DTypeName(half);
+    EXPECT_EQ(linear.SavedBytes(4), cpu::AlignWorkspace(2 * 4 * 64)) << DTypeName(half);
+  }
+}
+
 // The cnn preset's two convolutions (one input channel, then 32).
 TEST(Bf16Test, ConvolutionsMatchFp32WithinBf16Precision) {
   ExpectBf16MatchesFp32(
@@ -211,14 +234,15 @@ TEST(Fp16Test, AGradientBeyond65504OverflowsInFp16AndNotInBf16) {
     std::vector<float> dy(2 * 4, 1e5f), grads(layer.ParamCount());
     layer.Initialize(params.data(), nullptr, 5, 1);
     std::vector<float> workspace(layer.WorkspaceBytes(2) / 4 + 16);
+    std::vector<float> saved(layer.SavedBytes(2) / 4 + 16);
     LayerContext ctx;
     ctx.params = params.data();
     ctx.grads = grads.data();
     ctx.workspace = workspace.data();
     layer.Forward(ctx, Tensor::F32(x.data(), Shape({2, 8})), Tensor::F32(y.data(), Shape({2, 4})),
-                  nullptr);
+                  saved.data());
     layer.Backward(ctx, Tensor::F32(x.data(), Shape({2, 8})), Tensor::F32(y.data(), Shape({2, 4})),
-                   nullptr, Tensor::F32(dy.data(), Shape({2, 4})),
+                   saved.data(), Tensor::F32(dy.data(), Shape({2, 4})),
                    Tensor::F32(dx.data(), Shape({2, 8})));
     bool finite = true;
     for (int i = 0; i < 4 * 8; ++i) finite = finite && std::isfinite(grads[i]);

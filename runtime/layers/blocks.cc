@@ -179,24 +179,30 @@ LayerCost TransformerBlock::Cost(int64_t batch) const {
 }
 
 struct TransformerBlock::SavedRegions {
+  // ln1's and ln2's outputs and GELU's are read back only as the inputs of
+  // attention's and the FCs' products: under a 16-bit compute type those keep
+  // their own 16-bit copies, and these are not saved (null).
   float *ln1_out, *res1, *ln2_out, *fc1_out, *gelu_out;
-  void *ln1_saved, *attn_saved, *ln2_saved;
+  void *ln1_saved, *attn_saved, *ln2_saved, *fc1_saved, *fc2_saved;
   int64_t bytes;
 };
 
 TransformerBlock::SavedRegions TransformerBlock::CarveSaved(const void* saved,
                                                             int64_t batch) const {
   const int64_t btc = batch * T_ * C_, bth = batch * T_ * hidden_;
+  const bool fp32 = !IsHalf(compute_dtype());
   Carver s(saved);
   SavedRegions r;
-  r.ln1_out = s.Take(btc);
+  r.ln1_out = fp32 ? s.Take(btc) : nullptr;
   r.ln1_saved = s.TakeBytes(ln1_->SavedBytes(batch));
   r.attn_saved = s.TakeBytes(attn_->SavedBytes(batch));
   r.res1 = s.Take(btc);
-  r.ln2_out = s.Take(btc);
+  r.ln2_out = fp32 ? s.Take(btc) : nullptr;
   r.ln2_saved = s.TakeBytes(ln2_->SavedBytes(batch));
   r.fc1_out = s.Take(bth);
-  r.gelu_out = s.Take(bth);
+  r.gelu_out = fp32 ? s.Take(bth) : nullptr;
+  r.fc1_saved = s.TakeBytes(fc1_->SavedBytes(batch));
+  r.fc2_saved = s.TakeBytes(fc2_->SavedBytes(batch));
   r.bytes = s.used();
   return r;
 }
@@ -222,19 +228,24 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
   Carver w(ctx.workspace);
   float* branch = w.Take(btc);
   float* dropped = w.Take(btc);
-  w.Take(btc);
-  w.Take(bth);
+  float* spare_seq = w.Take(btc);
+  float* spare_hid = w.Take(bth);
   void* scratch = w.TakeBytes(0);
+  // What is not saved (16-bit compute) lives in the spares: ln1's output is
+  // dead once attention has run, so ln2's takes its place.
+  float* ln1_out = r.ln1_out != nullptr ? r.ln1_out : spare_seq;
+  float* ln2_out = r.ln2_out != nullptr ? r.ln2_out : spare_seq;
+  float* gelu_out = r.gelu_out != nullptr ? r.gelu_out : spare_hid;
 
   const PartContexts part(ctx, Parts(), scratch);
-  ln1_->Forward(part(0), x, F32(r.ln1_out, seq, B), r.ln1_saved);
-  attn_->Forward(part(1), F32(r.ln1_out, seq, B), F32(branch, seq, B), r.attn_saved);
+  ln1_->Forward(part(0), x, F32(ln1_out, seq, B), r.ln1_saved);
+  attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), r.attn_saved);
   drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
   ResidualAdd::Forward(ctx, x.f32(), dropped, r.res1, btc);
-  ln2_->Forward(part(2), F32(r.res1, seq, B), F32(r.ln2_out, seq, B), r.ln2_saved);
-  fc1_->Forward(part(3), F32(r.ln2_out, seq, B), F32(r.fc1_out, hid, B), nullptr);
-  gelu_->Forward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr);
-  fc2_->Forward(part(4), F32(r.gelu_out, hid, B), F32(branch, seq, B), nullptr);
+  ln2_->Forward(part(2), F32(r.res1, seq, B), F32(ln2_out, seq, B), r.ln2_saved);
+  fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(r.fc1_out, hid, B), r.fc1_saved);
+  gelu_->Forward(part(3), F32(r.fc1_out, hid, B), F32(gelu_out, hid, B), nullptr);
+  fc2_->Forward(part(4), F32(gelu_out, hid, B), F32(branch, seq, B), r.fc2_saved);
   drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
   ResidualAdd::Forward(ctx, r.res1, dropped, y.f32(), btc);
 }
@@ -254,11 +265,13 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
   const PartContexts part(ctx, Parts(), scratch);
   // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
   drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
-  fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), nullptr, F32(d_branch, seq, B),
+  // Null activations (16-bit compute) carry their shapes only: the layers
+  // reading them take their 16-bit copies from their own saved regions.
+  fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
                  F32(d_hidden, hid, B));
   gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
                   F32(d_hidden, hid, B), F32(d_hidden, hid, B));
-  fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), nullptr, F32(d_hidden, hid, B),
+  fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), r.fc1_saved, F32(d_hidden, hid, B),
                  F32(d_tmp, seq, B));
   ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
                  F32(d_res1, seq, B));

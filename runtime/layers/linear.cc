@@ -46,34 +46,40 @@ LayerCost Linear::Cost(int64_t batch) const {
   return cost;
 }
 
-// 16-bit copies (bf16 or fp16) of x [rows, in], W [out, in] and dy [rows, out].
+// Under a 16-bit compute type, forward's 16-bit copy of x [rows, in], kept for
+// backward's dW product.
+int64_t Linear::SavedBytes(int64_t batch) const {
+  return IsHalf(compute_dtype()) ? cpu::AlignWorkspace(2 * Rows(batch) * in_) : 0;
+}
+
+// 16-bit copies (bf16 or fp16) of W [out, in] and dy [rows, out].
 int64_t Linear::WorkspaceBytes(int64_t batch) const {
   if (!IsHalf(compute_dtype())) return 0;
-  const int64_t rows = Rows(batch), out = options_.out_features;
-  return cpu::AlignWorkspace(2 * rows * in_) + cpu::AlignWorkspace(2 * out * in_) +
-         cpu::AlignWorkspace(2 * rows * out);
+  return cpu::AlignWorkspace(2 * options_.out_features * in_) +
+         cpu::AlignWorkspace(2 * Rows(batch) * options_.out_features);
 }
 
 namespace {
 
-// An operand in fp32, and its 16-bit copy in the workspace when the layer
-// computes in bf16 or fp16 (null otherwise).
+// An operand in fp32, and its 16-bit copy when the layer computes in bf16 or
+// fp16 (null otherwise).
 struct Operand {
   const float* f32;
   uint16_t* bf16;
 };
 
-// The 16-bit copies of x [rows, in], W [out, in] and dy [rows, out]; all
-// null in fp32.
+// The 16-bit copies of x [rows, in] (in `saved`), W [out, in] and dy
+// [rows, out] (in the workspace); all null in fp32.
 struct Bf16Copies {
   uint16_t *x = nullptr, *w = nullptr, *dy = nullptr;
 };
 
-Bf16Copies CarveBf16(void* workspace, bool bf16, int64_t rows, int64_t in, int64_t out) {
+Bf16Copies CarveBf16(const void* saved, void* workspace, bool bf16, int64_t out, int64_t in,
+                     int64_t rows) {
   Bf16Copies b;
   if (!bf16) return b;
+  b.x = static_cast<uint16_t*>(const_cast<void*>(saved));
   Carver c(workspace);
-  b.x = static_cast<uint16_t*>(c.TakeBytes(2 * rows * in));
   b.w = static_cast<uint16_t*>(c.TakeBytes(2 * out * in));
   b.dy = static_cast<uint16_t*>(c.TakeBytes(2 * rows * out));
   return b;
@@ -97,9 +103,9 @@ void Multiply(const LayerContext& ctx, DType half, const cpu::MatmulShape& s, co
 
 }  // namespace
 
-void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
+void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void* saved) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
-  const Bf16Copies b = CarveBf16(ctx.workspace, IsHalf(compute_dtype()), rows, in_, out);
+  const Bf16Copies b = CarveBf16(saved, ctx.workspace, IsHalf(compute_dtype()), out, in_, rows);
   const Operand xs{x.f32(), b.x}, w{ctx.params, b.w};
   Round(ctx, compute_dtype(), xs, rows * in_);
   Round(ctx, compute_dtype(), w, out * in_);
@@ -113,10 +119,10 @@ void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
            options_.bias ? ctx.params + out * in_ : nullptr);
 }
 
-void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void*,
+void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void* saved,
                       const Tensor& dy, const Tensor& dx) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
-  const Bf16Copies b = CarveBf16(ctx.workspace, IsHalf(compute_dtype()), rows, in_, out);
+  const Bf16Copies b = CarveBf16(saved, ctx.workspace, IsHalf(compute_dtype()), out, in_, rows);
   const Operand dys{dy.f32(), b.dy}, w{ctx.params, b.w}, xs{x.f32(), b.x};
   Round(ctx, compute_dtype(), dys, rows * out);
   if (dx.data != nullptr) {
@@ -127,7 +133,7 @@ void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
     s.k = out;
     Multiply(ctx, compute_dtype(), s, dys, w, dx.f32());
   }
-  Round(ctx, compute_dtype(), xs, rows * in_);
+  // x's 16-bit copy is forward's, in `saved`.
   cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
   s.m = out;
   s.n = in_;

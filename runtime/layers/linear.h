@@ -1,9 +1,11 @@
 // Linear: y = x W^T + b over the last dimension, W [out, in] (PyTorch's layout).
 // Inputs may have leading dimensions beyond the batch ([B, T, C] in a GPT); they
 // are flattened into rows. GEMMs run on oneDNN's matmul (matmul.h) or cuBLAS
-// (device_ops); with a bf16 compute type their inputs (x, W, dy) are rounded to
-// bf16 into the workspace first (on the device the layer runs on) and the
-// products accumulate in f32 into f32 outputs and gradients.
+// (device_ops); with a 16-bit compute type their inputs (x, W, dy) are rounded
+// to 16 bits first (on the device the layer runs on) and the products
+// accumulate in f32 into f32 outputs and gradients. Forward keeps its 16-bit
+// copy of x in `saved` for backward, which then reads that copy and never x:
+// a caller may pass backward an x without data (shape only) there.
 #ifndef TANDEM_RUNTIME_LAYERS_LINEAR_H_
 #define TANDEM_RUNTIME_LAYERS_LINEAR_H_
 
@@ -26,6 +28,7 @@ class Linear final : public Layer {
   std::vector<ParamSpec> Params() const override;
   void Initialize(float* params, float* buffers, uint64_t seed, uint64_t stream) const override;
   LayerCost Cost(int64_t batch) const override;
+  int64_t SavedBytes(int64_t batch) const override;
   int64_t WorkspaceBytes(int64_t batch) const override;
   void Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                void* saved) const override;

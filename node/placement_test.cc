@@ -485,7 +485,10 @@ TEST(PlacementTest, PlanModelHereInBf16PlansTheLayoutABf16JobRuns) {
       << b->precision_reason();
   ASSERT_EQ(b->plan().layers_size(), a->plan().layers_size());
   int with_weights = 0;
+  int64_t activations16 = 0, activations32 = 0;
   for (int l = 0; l < a->plan().layers_size(); ++l) {
+    activations16 += b->plan().layers(l).accelerator_memory().activation_bytes();
+    activations32 += a->plan().layers(l).accelerator_memory().activation_bytes();
     const tandem::v1::LayerMemory& m32 = a->plan().layers(l).accelerator_memory();
     const tandem::v1::LayerMemory& m16 = b->plan().layers(l).accelerator_memory();
     if (m32.parameter_bytes() == 0) continue;
@@ -493,9 +496,11 @@ TEST(PlacementTest, PlanModelHereInBf16PlansTheLayoutABf16JobRuns) {
     EXPECT_EQ(2 * m16.parameter_bytes(), m32.parameter_bytes()) << l;
     EXPECT_EQ(2 * m16.gradient_bytes(), m32.gradient_bytes()) << l;
     EXPECT_GE(m16.workspace_bytes(), m32.workspace_bytes() + 2 * m32.parameter_bytes()) << l;
-    EXPECT_EQ(m16.activation_bytes(), m32.activation_bytes()) << l;
   }
   EXPECT_GT(with_weights, 0);
+  // bf16 layers save their products' inputs in bf16 (transformer blocks keep
+  // them in place of fp32 activations).
+  EXPECT_LT(activations16, activations32);
 }
 
 }  // namespace

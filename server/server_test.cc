@@ -430,6 +430,10 @@ node::NodeOffer TestNode() {
   return node;
 }
 
+// An emulated accelerator's capacity that makes EmulatedSpec's model offload:
+// its fp32 model state is 2.1 MiB.
+constexpr int64_t kHybridCapacity = int64_t{5} << 18;  // 1.25 MiB
+
 tandem::v1::JobSpec EmulatedSpec(int64_t capacity) {
   tandem::v1::JobSpec spec = Spec(6);
   spec.mutable_model()->mutable_mlp()->clear_hidden_sizes();
@@ -455,7 +459,7 @@ TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("placement.accelerator"), std::string::npos) << refused;
 
-  const int64_t capacity = 1 << 20;
+  const int64_t capacity = kHybridCapacity;
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(capacity), "");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->job.plan().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
@@ -510,7 +514,7 @@ TEST_F(JobManagerTest, EachJobIsResolvedAndPlannedOnceAndItsModelBuiltOncePerRun
   const int64_t resolutions = work_counters::spec_resolutions.load();
   const int64_t plans = work_counters::plan_solves.load();
   const int64_t builds = work_counters::model_builds.load();
-  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(1 << 20), "");
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(kHybridCapacity), "");
   ASSERT_TRUE(s.ok()) << s.status();
   // Counted once the job has run (it may start before Submit returns).
   const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
@@ -530,7 +534,7 @@ TEST_F(JobManagerTest, EachJobIsResolvedAndPlannedOnceAndItsModelBuiltOncePerRun
 TEST_F(JobManagerTest, TheRecordKeepsTheStepProgramAndTheRunExecutesIt) {
   Open("program", int64_t{1} << 32, true, TestNode());
   ASSERT_TRUE(jobs_->Recover().ok());
-  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(1 << 20), "");
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(EmulatedSpec(kHybridCapacity), "");
   ASSERT_TRUE(s.ok()) << s.status();
   const tandem::v1::Schedule& program = s->job.schedule();
   ASSERT_GT(program.ops_size(), 0);
@@ -540,7 +544,7 @@ TEST_F(JobManagerTest, TheRecordKeepsTheStepProgramAndTheRunExecutesIt) {
   ASSERT_TRUE(stored.ok() && stored->has_value());
   EXPECT_EQ((*stored)->schedule().SerializeAsString(), program.SerializeAsString());
   // A second job whose stored program is damaged before it runs.
-  absl::StatusOr<JobManager::Submitted> damaged = jobs_->Submit(EmulatedSpec(1 << 20), "");
+  absl::StatusOr<JobManager::Submitted> damaged = jobs_->Submit(EmulatedSpec(kHybridCapacity), "");
   ASSERT_TRUE(damaged.ok()) << damaged.status();
   tandem::v1::Job record = *store_->GetJob(damaged->job.id()).value();
   record.mutable_schedule()->mutable_ops(0)->add_deps()->set_op(1 << 20);
@@ -594,7 +598,7 @@ TEST_F(JobManagerTest, AProgramOverTheRecordLimitIsLeftToTheRun) {
 
 TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {
   Open("no-node");
-  const absl::Status s = jobs_->Submit(EmulatedSpec(1 << 20), "").status();
+  const absl::Status s = jobs_->Submit(EmulatedSpec(kHybridCapacity), "").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("placement.accelerator"), std::string::npos) << s;
 }

@@ -322,6 +322,15 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
   return AnalyticProfile(model, optimizer, batch, model.compute_dtype());
 }
 
+int64_t FixedWorkspaceBytes(const Layer& layer, int64_t batch) {
+  const int64_t at_batch = layer.WorkspaceBytes(batch);
+  if (batch <= 1) return at_batch;
+  // A layer's workspace is a batch-independent part plus parts that grow
+  // with the batch: its intercept, from one and two samples.
+  const int64_t intercept = 2 * layer.WorkspaceBytes(1) - layer.WorkspaceBytes(2);
+  return std::clamp<int64_t>(intercept, 0, at_batch);
+}
+
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch, DType state_type) {
   tandem::v1::Profile profile;
@@ -353,8 +362,12 @@ tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::Optimi
     m->set_gradient_bytes(state.gradients);
     m->set_optimizer_state_bytes(state.optimizer_state);
     m->set_activation_bytes(layer.OutputBytes(batch) + layer.SavedBytes(batch));
-    m->set_workspace_bytes(layer.WorkspaceBytes(batch));
-    m->set_staging_bytes(state.staging);
+    // What a call needs whatever its batch (16-bit copies of the weights)
+    // goes with the staging, which the planner does not scale with the
+    // samples of a call; the rest scales.
+    const int64_t fixed = FixedWorkspaceBytes(layer, batch);
+    m->set_workspace_bytes(layer.WorkspaceBytes(batch) - fixed);
+    m->set_staging_bytes(state.staging + fixed);
     m->set_output_bytes(layer.OutputBytes(batch));
     const Shape input = layer.input_shape().WithBatch(batch);
     const Shape output = layer.output_shape().WithBatch(batch);

@@ -85,12 +85,21 @@ struct LayerProfilerOptions {
 // StateBytesOf counts them in the model's compute type (fp32: ParamCount * 4,
 // * 4, * 4 * moments; a bf16 model: * 2, * 2, * (4 * moments + 4), and the
 // profile's precision PRECISION_BF16), activations OutputBytes + SavedBytes,
-// workspace WorkspaceBytes, staging StateBytesOf's, output OutputBytes.
+// workspace WorkspaceBytes less its batch-independent part
+// (FixedWorkspaceBytes), staging StateBytesOf's plus that part, output
+// OutputBytes: so the planner, which scales workspace_bytes with the samples
+// of a call and not staging_bytes, counts a micro-batch's 16-bit weight copies
+// whole.
 // `state`: how the state is counted, by default as the model computes
 // (kF32 for a runner that keeps fp32 state whatever the model computes in:
 // pipelines). Only kBF16 counts 16-bit state: an fp16 model's is fp32.
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch);
+// The part of `layer`'s workspace at `batch` that a call needs whatever its
+// batch (a 16-bit layer's weight copies): the intercept of WorkspaceBytes over
+// the batch, taken from one and two samples, within [0, WorkspaceBytes(batch)];
+// all of it at a batch of 1.
+int64_t FixedWorkspaceBytes(const Layer& layer, int64_t batch);
 tandem::v1::Profile AnalyticProfile(const Model& model, const tandem::v1::OptimizerSpec& optimizer,
                                     int64_t batch, DType state);
 

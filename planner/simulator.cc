@@ -215,18 +215,30 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
   p.set_iteration_seconds(period);
   p.set_samples_per_second(period > 0 ? s.batch_size / period : 0.0);
 
-  std::map<TimelineResource, double> busy;
+  // Busy seconds by resource kind (TimelineResource values are small).
+  std::vector<double> busy(tandem::v1::TimelineResource_ARRAYSIZE, 0.0);
   int64_t h2d_bytes = 0, d2h_bytes = 0;
   double stall = 0;
+  // Memory: every change at or before the window's start goes into the level
+  // there; only those inside the window are kept (and sorted) for its peak.
+  int64_t resident[2] = {0, 0};
+  for (size_t pool = 0; pool < sched.pools.size(); ++pool) {
+    resident[sched.pools[pool].host ? 1 : 0] += sched.resident_bytes[pool];
+  }
   std::vector<MemoryChange> changes[2];
   for (int x = 0; x < per * iterations; ++x) {
     const Op& op = sched.ops[x % per];
-    const TimelineResource kind = sched.resources[op.resource].kind;
     const double a = std::max(run.start[x], t0), b = std::min(run.end[x], t1);
+    const TimelineResource kind = sched.resources[op.resource].kind;
     if (b > a) busy[kind] += b - a;
     for (const schedule::MemoryEvent& m : op.memory) {
-      changes[sched.pools[m.pool].host ? 1 : 0].push_back(
-          {m.at_end ? run.end[x] : run.start[x], m.delta});
+      const int side = sched.pools[m.pool].host ? 1 : 0;
+      const double at = m.at_end ? run.end[x] : run.start[x];
+      if (at <= t0) {
+        resident[side] += m.delta;
+      } else if (at < t1) {
+        changes[side].push_back({at, m.delta});
+      }
     }
     if (x / per != k) continue;
     if (kind == tandem::v1::TIMELINE_RESOURCE_COPY_H2D) h2d_bytes += op.bytes;
@@ -251,10 +263,6 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
     std::sort(c.begin(), c.end(), [](const MemoryChange& x, const MemoryChange& y) {
       return x.time_seconds < y.time_seconds;
     });
-  }
-  int64_t resident[2] = {0, 0};
-  for (size_t pool = 0; pool < sched.pools.size(); ++pool) {
-    resident[sched.pools[pool].host ? 1 : 0] += sched.resident_bytes[pool];
   }
   tandem::v1::Timeline* timeline = options.record_timeline ? &result.timeline : nullptr;
   p.set_accelerator_peak_bytes(

@@ -1,5 +1,7 @@
 #include "schedule/simulate.h"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <queue>
 #include <utility>
@@ -10,52 +12,72 @@
 namespace tandem::schedule {
 namespace {
 
-struct Edge {
-  int prerequisite;
-  int dependent;
+// A dependent of an operation, within one iteration's template: operation
+// `op` of the iteration `lag` later waits on its start or its end.
+struct Dependent {
+  int op;
+  int lag;
   bool on_start;
 };
 
-// Every dependency of every iteration, and each stream's order as a
-// dependency on the operation before in line.
-std::vector<Edge> UnrolledEdges(const Schedule& s, int iterations) {
-  const int n = s.num_ops();
-  std::vector<Edge> edges;
-  for (int i = 0; i < iterations; ++i) {
-    for (int o = 0; o < n; ++o) {
-      for (const Dep& d : s.ops[o].deps) {
-        if (i - d.lag >= 0) edges.push_back({(i - d.lag) * n + d.op, i * n + o, d.on_start});
-      }
-    }
-    for (size_t r = 0; r < s.order.size(); ++r) {
-      if (!s.resources[r].in_order) continue;
-      const std::vector<int>& order = s.order[r];
-      for (size_t t = 0; t < order.size(); ++t) {
-        const int prev = t > 0 ? i * n + order[t - 1] : (i > 0 ? (i - 1) * n + order.back() : -1);
-        if (prev >= 0) edges.push_back({prev, i * n + order[t], false});
-      }
+// Every operation's dependents over one iteration (`offsets` into
+// `dependents`): the dependencies of the schedule, and each in-order
+// resource's order as a dependency of each operation on the one before it in
+// line (the last of an iteration before the first of the next). Unrolled
+// over the iterations on the fly, so one table serves them all.
+struct Template {
+  std::vector<int> offsets;
+  std::vector<Dependent> dependents;
+  // Per operation: all its prerequisites, and the lags of those in earlier
+  // iterations (`lag_offsets` into `lags`): in iteration i those with a lag
+  // above i are met before the run (a lag reaching before the first
+  // iteration is met).
+  std::vector<int> prerequisites;
+  std::vector<int> lag_offsets;
+  std::vector<int> lags;
+};
+
+// Calls `edge(prerequisite, dependent)` for every edge of one iteration.
+template <typename Edge>
+void ForEachEdge(const Schedule& s, Edge edge) {
+  for (int o = 0; o < s.num_ops(); ++o) {
+    for (const Dep& d : s.ops[o].deps) edge(d.op, Dependent{o, d.lag, d.on_start});
+  }
+  for (size_t r = 0; r < s.order.size(); ++r) {
+    if (!s.resources[r].in_order) continue;
+    const std::vector<int>& order = s.order[r];
+    for (size_t k = 0; k < order.size(); ++k) {
+      // The first of an iteration waits on the previous iteration's last.
+      const bool first = k == 0;
+      edge(first ? order.back() : order[k - 1], Dependent{order[k], first ? 1 : 0, false});
     }
   }
-  return edges;
 }
 
-// The edges as lists of dependents per operation (`offsets` into
-// `dependents`, each entry dependent * 2 + on_start) and each operation's
-// count of unmet dependencies.
-void Adjacency(const std::vector<Edge>& edges, int n, std::vector<int>* remaining,
-               std::vector<int>* offsets, std::vector<int>* dependents) {
-  remaining->assign(n, 0);
-  offsets->assign(n + 1, 0);
-  for (const Edge& e : edges) {
-    ++(*remaining)[e.dependent];
-    ++(*offsets)[e.prerequisite + 1];
+Template Build(const Schedule& s) {
+  const int n = s.num_ops();
+  Template t;
+  t.offsets.assign(n + 1, 0);
+  t.prerequisites.assign(n, 0);
+  t.lag_offsets.assign(n + 1, 0);
+  ForEachEdge(s, [&](int from, const Dependent& to) {
+    ++t.offsets[from + 1];
+    ++t.prerequisites[to.op];
+    if (to.lag > 0) ++t.lag_offsets[to.op + 1];
+  });
+  for (int o = 0; o < n; ++o) {
+    t.offsets[o + 1] += t.offsets[o];
+    t.lag_offsets[o + 1] += t.lag_offsets[o];
   }
-  for (int i = 0; i < n; ++i) (*offsets)[i + 1] += (*offsets)[i];
-  dependents->assign(edges.size(), 0);
-  std::vector<int> fill(offsets->begin(), offsets->end() - 1);
-  for (const Edge& e : edges) {
-    (*dependents)[fill[e.prerequisite]++] = e.dependent * 2 + (e.on_start ? 1 : 0);
-  }
+  t.dependents.resize(t.offsets[n]);
+  t.lags.resize(t.lag_offsets[n]);
+  std::vector<int> fill(t.offsets.begin(), t.offsets.end() - 1);
+  std::vector<int> lag_fill(t.lag_offsets.begin(), t.lag_offsets.end() - 1);
+  ForEachEdge(s, [&](int from, const Dependent& to) {
+    t.dependents[fill[from]++] = to;
+    if (to.lag > 0) t.lags[lag_fill[to.op]++] = to.lag;
+  });
+  return t;
 }
 
 }  // namespace
@@ -68,8 +90,19 @@ absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& se
   }
   const int per = s.num_ops();
   const int n = per * iterations;
-  std::vector<int> remaining, offsets, dependents;
-  Adjacency(UnrolledEdges(s, iterations), n, &remaining, &offsets, &dependents);
+  const Template tpl = Build(s);
+  // Per unrolled operation: its unmet prerequisites, its iteration and its
+  // operation in the template (no divisions in the loop below).
+  std::vector<int> remaining(n), op_of(n), iteration_of(n);
+  for (int i = 0; i < iterations; ++i) {
+    for (int o = 0; o < per; ++o) {
+      int count = tpl.prerequisites[o];
+      for (int k = tpl.lag_offsets[o]; k < tpl.lag_offsets[o + 1]; ++k) count -= tpl.lags[k] > i;
+      remaining[i * per + o] = count;
+      op_of[i * per + o] = o;
+      iteration_of[i * per + o] = i;
+    }
+  }
 
   Timing run;
   run.iterations = iterations;
@@ -78,47 +111,64 @@ absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& se
   run.end.assign(n, -1.0);
   run.binding.assign(n, -1);
   std::vector<double> ready(n, 0.0);
-  auto resource = [&](int x) { return s.ops[x % per].resource; };
-  auto duration = [&](int x) { return seconds[x % per]; };
+  auto resource = [&](int x) { return s.ops[op_of[x]].resource; };
 
   using Entry = std::pair<double, int64_t>;
   using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
   const int R = static_cast<int>(s.resources.size());
   std::vector<MinHeap> queues(R);
-  std::vector<bool> busy(R, false);
-  MinHeap events;  // (time, op * 2 + is_end)
+  // The operation each resource runs (-1: idle); a resource runs one at a
+  // time, so these are the only ends in the future.
+  std::vector<int> running(R, -1);
+  // Starts happen at the current time and wait in `starts` (op * 2); ends are
+  // op * 2 + 1. Each instant's events are handled in the order of those
+  // codes, starts and ends together.
+  std::vector<int64_t> starts, batch;
   for (int x = 0; x < n; ++x) {
     if (remaining[x] == 0) queues[resource(x)].push({0.0, x});
   }
   auto dispatch = [&](double t) {
     for (int r = 0; r < R; ++r) {
-      if (busy[r] || queues[r].empty()) continue;
+      if (running[r] >= 0 || queues[r].empty()) continue;
       const int x = static_cast<int>(queues[r].top().second);
       queues[r].pop();
-      busy[r] = true;
+      running[r] = x;
       run.start[x] = t;
-      run.end[x] = t + duration(x);
-      events.push({t, int64_t{x} * 2});
-      events.push({run.end[x], int64_t{x} * 2 + 1});
+      run.end[x] = t + seconds[op_of[x]];
+      starts.push_back(int64_t{x} * 2);
     }
   };
-  dispatch(0.0);
+  double t = 0.0;
+  dispatch(t);
   int finished = 0;
-  while (!events.empty()) {
-    const double t = events.top().first;
-    while (!events.empty() && events.top().first == t) {
-      const int64_t code = events.top().second;
-      events.pop();
-      const int x = static_cast<int>(code / 2);
-      const bool is_end = (code & 1) != 0;
-      if (is_end) {
-        busy[resource(x)] = false;
+  while (true) {
+    // The next instant: now, while starts wait, else the earliest end.
+    if (starts.empty()) {
+      double next = HUGE_VAL;
+      for (int r = 0; r < R; ++r) {
+        if (running[r] >= 0) next = std::min(next, run.end[running[r]]);
+      }
+      if (next == HUGE_VAL) break;
+      t = next;
+    }
+    batch.swap(starts);
+    starts.clear();
+    for (int r = 0; r < R; ++r) {
+      if (running[r] >= 0 && run.end[running[r]] == t) {
+        batch.push_back(int64_t{running[r]} * 2 + 1);
+        running[r] = -1;  // free for the dispatch after this instant
         ++finished;
       }
-      for (int k = offsets[x]; k < offsets[x + 1]; ++k) {
-        const int d = dependents[k] / 2;
-        const bool on_start = (dependents[k] & 1) != 0;
-        if (on_start == is_end) continue;
+    }
+    std::sort(batch.begin(), batch.end());
+    for (const int64_t code : batch) {
+      const int x = static_cast<int>(code / 2);
+      const bool is_end = (code & 1) != 0;
+      const int i = iteration_of[x], o = op_of[x];
+      for (int k = tpl.offsets[o]; k < tpl.offsets[o + 1]; ++k) {
+        const Dependent& dep = tpl.dependents[k];
+        if (dep.on_start == is_end || i + dep.lag >= iterations) continue;
+        const int d = (i + dep.lag) * per + dep.op;
         if (t >= ready[d]) {
           ready[d] = t;
           run.binding[d] = x;
@@ -126,6 +176,7 @@ absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& se
         if (--remaining[d] == 0) queues[resource(d)].push({t, d});
       }
     }
+    batch.clear();
     dispatch(t);
   }
   if (finished != n) {

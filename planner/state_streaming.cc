@@ -143,8 +143,10 @@ class StreamSearch {
     return s;
   }
 
-  // Adopts `c` when it fits and is faster than the best.
+  // Adopts `c` when it fits and is faster than the best; nothing once the
+  // simulations are spent (a move's several timings stop there too).
   void Offer(const Candidate& c) {
+    if (Spent()) return;
     Scored s = Fitting(c);
     if (!s.ok || !(s.seconds < BestSeconds())) return;
     Adopt(c, std::move(s));
@@ -177,7 +179,8 @@ class StreamSearch {
         if (k <= 1 && base != &unresident) continue;
         if (k == 0 && unresident == from) continue;
         for (auto [ahead, lag] : {std::pair{1, 0}, {1, 2}, {1, 4}, {4, 4}}) {
-          if (evaluations_ >= options_.max_evaluations / 4) return;
+          // A quarter of the budget, and the first start whatever the budget.
+          if (evaluations_ >= std::max<int64_t>(1, options_.max_evaluations / 4)) return;
           Candidate c{*base, std::min(ahead, std::max(1, L_ - 1)), lag};
           for (int i = 0; k > 0 && i < n; i += k) c.places[layers[i]] = UpdatePlace::kStreamed;
           Scored s = Fitting(c);

@@ -198,9 +198,22 @@ struct ReuseSearch {
 };
 
 constexpr char kStreamedOrigin[] = "search over three update places";
-// The streamed-state search's simulations cost O(layers) each: it gets this
-// many layer-simulations, at least 16 simulations and at most its default.
+// The streamed-state search's simulations cost O(layers) each: it gets
+// kStreamLayerEvaluations layer-simulations up to kStreamFullLayers layers
+// (200 simulations there), and past that a number falling with the square
+// of the layers, so that the solve of a long chain stays within ~10 ms (3
+// simulations at 1,000 layers: a spaced start, and a descent step); at least
+// kStreamMinEvaluations, at most the search's default.
 constexpr int64_t kStreamLayerEvaluations = 20000;
+constexpr int64_t kStreamFullLayers = 100;
+constexpr int64_t kStreamMinEvaluations = 3;
+
+int64_t StreamEvaluations(int64_t layers, int64_t most) {
+  const int64_t l = std::max<int64_t>(1, layers);
+  const int64_t squared = kStreamLayerEvaluations * kStreamFullLayers / l / l;
+  return std::clamp<int64_t>(std::min(kStreamLayerEvaluations / l, squared),
+                             kStreamMinEvaluations, most);
+}
 
 // The fastest placement of `config`'s eligible updates within the budget:
 // the exact chain search where the chain evaluator covers the configuration.
@@ -244,8 +257,7 @@ void AddStreamedCandidate(const StrategyContext& c, const Decisions& s, const Si
     return;
   }
   StreamSearchOptions options;
-  options.max_evaluations = std::clamp<int64_t>(kStreamLayerEvaluations / c.cost().num_layers(), 16,
-                                                options.max_evaluations);
+  options.max_evaluations = StreamEvaluations(c.cost().num_layers(), options.max_evaluations);
   StreamSearchResult streamed = SearchStreamedState(*c.simulator, s, p.iteration_seconds(),
                                                     c.accelerator_memory_budget_bytes, options);
   out->plans_evaluated += streamed.evaluations;

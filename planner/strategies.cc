@@ -211,8 +211,8 @@ constexpr int64_t kStreamMinEvaluations = 3;
 int64_t StreamEvaluations(int64_t layers, int64_t most) {
   const int64_t l = std::max<int64_t>(1, layers);
   const int64_t squared = kStreamLayerEvaluations * kStreamFullLayers / l / l;
-  return std::clamp<int64_t>(std::min(kStreamLayerEvaluations / l, squared),
-                             kStreamMinEvaluations, most);
+  return std::clamp<int64_t>(std::min(kStreamLayerEvaluations / l, squared), kStreamMinEvaluations,
+                             most);
 }
 
 // The fastest placement of `config`'s eligible updates within the budget:

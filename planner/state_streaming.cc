@@ -75,6 +75,59 @@ bool Streams(const std::vector<UpdatePlace>& places) {
 constexpr UpdatePlace kPlaces[] = {UpdatePlace::kHost, UpdatePlace::kResident,
                                    UpdatePlace::kStreamed};
 
+// The prefetch distances and update lags the search can reach from 1 and 0
+// on a chain of `layers`: powers of two below the layer count, and lags
+// from 0 to the first power of two at or past it.
+std::pair<std::vector<int>, std::vector<int>> ReachableTimings(int layers) {
+  std::vector<int> aheads = {1}, lags = {0, 1};
+  while (aheads.back() * 2 < layers) aheads.push_back(aheads.back() * 2);
+  while (lags.back() < layers) lags.push_back(lags.back() * 2);
+  return {aheads, lags};
+}
+
+// Simulations ExhaustivePlaces spends on `movable` layers of a chain of
+// `layers`: every placement without a streamed layer once, every other under
+// each reachable timing. Saturates past `most`.
+int64_t ExhaustiveSimulations(int movable, int layers, int64_t most) {
+  const auto [aheads, lags] = ReachableTimings(layers);
+  const int64_t timings = static_cast<int64_t>(aheads.size() * lags.size());
+  int64_t all = 1, unstreamed = 1;
+  for (int i = 0; i < movable; ++i) {
+    all *= 3;
+    unstreamed *= 2;
+    if (unstreamed + (all - unstreamed) * timings > most) return most + 1;
+  }
+  return unstreamed + (all - unstreamed) * timings;
+}
+
+// Calls `visit(places, ahead, lag)` for every placement of the layers in
+// `movable` over `base` (the others keep theirs) under every reachable
+// timing (once, at 1 and 0, where nothing streams), in ExhaustivePlaces'
+// order.
+template <typename Visit>
+void ForEachPlacement(std::vector<UpdatePlace> places, const std::vector<int>& movable,
+                      Visit visit) {
+  const auto [aheads, lags] = ReachableTimings(static_cast<int>(places.size()));
+  int64_t combinations = 1;
+  for (size_t i = 0; i < movable.size(); ++i) combinations *= 3;
+  for (int64_t c = 0; c < combinations; ++c) {
+    int64_t code = c;
+    bool streams = false;
+    for (int l : movable) {
+      places[l] = static_cast<UpdatePlace>(code % 3);
+      streams |= places[l] == UpdatePlace::kStreamed;
+      code /= 3;
+    }
+    for (int ahead : aheads) {
+      for (int lag : lags) {
+        // Without a streamed layer the distance and lag change nothing.
+        if (!streams && (ahead != 1 || lag != 0)) continue;
+        visit(places, ahead, lag);
+      }
+    }
+  }
+}
+
 // A point of the search: every layer's update place, the state's prefetch
 // distance and the update lag (Decisions::state_prefetch_layers, _lag).
 struct Candidate {
@@ -110,11 +163,21 @@ class StreamSearch {
   }
 
   StreamSearchResult Run() {
-    SpacedStarts();
-    SearchWhichStream();
-    Descend(small_);
-    DescendFromStarts();
-    Kicks();
+    const int movable = static_cast<int>(movable_.size());
+    if (ExhaustiveSimulations(movable, L_, options_.max_evaluations) <= options_.max_evaluations) {
+      // Enumerating every placement costs no more than the local search
+      // may spend: enumerate (exact).
+      ForEachPlacement(best_.places, movable_,
+                       [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
+                         Offer({places, ahead, lag});
+                       });
+    } else {
+      SpacedStarts();
+      SearchWhichStream();
+      Descend(small_);
+      DescendFromStarts();
+      Kicks();
+    }
     StreamSearchResult out;
     out.evaluations = evaluations_;
     out.decisions = start_;
@@ -389,41 +452,22 @@ ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decision
   for (int l = 0; l < L; ++l) {
     if (eligible[l]) e.push_back(l);
   }
-  // The prefetch distances and lags the search can reach from 1 and 0.
-  std::vector<int> aheads = {1}, lags = {0, 1};
-  while (aheads.back() * 2 < L) aheads.push_back(aheads.back() * 2);
-  while (lags.back() < L) lags.push_back(lags.back() * 2);
   ExhaustiveResult out;
-  std::vector<UpdatePlace> places(L, UpdatePlace::kHost);
-  int64_t combinations = 1;
-  for (size_t i = 0; i < e.size(); ++i) combinations *= 3;
-  for (int64_t c = 0; c < combinations; ++c) {
-    int64_t code = c;
-    bool streams = false;
-    for (int l : e) {
-      places[l] = static_cast<UpdatePlace>(code % 3);
-      streams |= places[l] == UpdatePlace::kStreamed;
-      code /= 3;
-    }
-    for (int ahead : aheads) {
-      for (int lag : lags) {
-        // Without a streamed layer the distance and lag change nothing.
-        if (!streams && (ahead != 1 || lag != 0)) continue;
-        Decisions d = WithUpdatePlaces(base, eligible, places);
-        d.state_prefetch_layers = ahead;
-        d.state_update_lag = lag;
-        const Scored s = Score(simulator, d, &out.evaluations);
-        if (!s.ok || s.peak > budget_bytes) continue;
-        if (!out.feasible || s.seconds < out.iteration_seconds) {
-          out.feasible = true;
-          out.iteration_seconds = s.seconds;
-          out.places = places;
-          out.prefetch_layers = ahead;
-          out.update_lag = lag;
-        }
-      }
-    }
-  }
+  ForEachPlacement(std::vector<UpdatePlace>(L, UpdatePlace::kHost), e,
+                   [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
+                     Decisions d = WithUpdatePlaces(base, eligible, places);
+                     d.state_prefetch_layers = ahead;
+                     d.state_update_lag = lag;
+                     const Scored s = Score(simulator, d, &out.evaluations);
+                     if (!s.ok || s.peak > budget_bytes) return;
+                     if (!out.feasible || s.seconds < out.iteration_seconds) {
+                       out.feasible = true;
+                       out.iteration_seconds = s.seconds;
+                       out.places = places;
+                       out.prefetch_layers = ahead;
+                       out.update_lag = lag;
+                     }
+                   });
   return out;
 }
 

@@ -18,8 +18,12 @@
 //      taking the fastest move that fits, until none improves or the
 //      evaluations run out.
 //
-// It is a local search: on small chains ExhaustivePlaces enumerates all 3^n
-// placements to check it (update_placement_test, bench/planner).
+// Where enumerating every placement (ExhaustivePlaces: all 3^n, each that
+// streams under every reachable prefetch distance and lag) costs no more
+// simulations than the search may spend (n <= 4 movable layers at the
+// default 2,000), it enumerates them instead, and its answer is exact.
+// Otherwise it is a local search: on small chains ExhaustivePlaces checks it
+// (state_streaming_test, bench/planner/stream_stress).
 //
 // Free functions; thread-compatible.
 #ifndef TANDEM_PLANNER_STATE_STREAMING_H_

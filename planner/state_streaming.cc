@@ -233,6 +233,10 @@ class StreamSearch {
     }
     const std::vector<UpdatePlace> host(L_, UpdatePlace::kHost);
     const std::vector<UpdatePlace> from = best_.places;
+    // Prefetch distances and lags: the next layer's, a few layers', and
+    // every update after the whole backward (the longest lag reachable).
+    const int last = ReachableTimings(L_).second.back();
+    const std::pair<int, int> timings[] = {{1, 0}, {1, 2}, {1, 4}, {4, 4}, {1, last}};
     for (const auto& [layers, base] :
          {std::pair{HostUpdated(), &from}, {HostUpdated(), &unresident}, {movable_, &host}}) {
       const int n = static_cast<int>(layers.size());
@@ -241,7 +245,8 @@ class StreamSearch {
         if (k > std::max(n, 1)) break;
         if (k <= 1 && base != &unresident) continue;
         if (k == 0 && unresident == from) continue;
-        for (auto [ahead, lag] : {std::pair{1, 0}, {1, 2}, {1, 4}, {4, 4}}) {
+        for (const auto& [ahead, lag] : timings) {
+          if (lag == last && last <= 4) continue;  // one of the above
           // A quarter of the budget, and the first start whatever the budget.
           if (evaluations_ >= std::max<int64_t>(1, options_.max_evaluations / 4)) return;
           Candidate c{*base, std::min(ahead, std::max(1, L_ - 1)), lag};

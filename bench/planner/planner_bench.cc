@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/units.h"
 #include "planner/cost_model.h"
 #include "planner/plan_report.h"
@@ -423,11 +424,82 @@ void LargestGpt(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision prec
   std::printf("\n");
 }
 
+// Layers [first, last] of `profile`, as a profile of their own.
+tandem::v1::Profile SubChain(const tandem::v1::Profile& profile, int first, int last) {
+  tandem::v1::Profile sub = profile;
+  sub.clear_layers();
+  for (int l = first; l <= last; ++l) {
+    tandem::v1::LayerProfile* layer = sub.add_layers();
+    *layer = profile.layers(l);
+    layer->set_index(l - first);
+  }
+  return sub;
+}
+
+// K contiguous stages of about equal compute (forward and backward FLOPs):
+// each stage's first layer.
+std::vector<int> BalancedStages(const tandem::v1::Profile& profile, int k) {
+  double total = 0;
+  for (const auto& l : profile.layers()) total += l.forward_flops() + l.backward_flops();
+  std::vector<int> firsts = {0};
+  double done = 0;
+  for (int l = 0; l < profile.layers_size() && static_cast<int>(firsts.size()) < k; ++l) {
+    done += profile.layers(l).forward_flops() + profile.layers(l).backward_flops();
+    if (done >= total * firsts.size() / k && l + 1 < profile.layers_size()) firsts.push_back(l + 1);
+  }
+  return firsts;
+}
+
+// "Both": a pipeline of `k` stages whose stages also offload. Each stage's
+// layers are planned alone, as one accelerator with 1/k of the host's
+// update threads and its own link, at the pipeline's micro-batches (the best
+// of gpu_only, zero_offload and reuse_distance); the pipeline's step is the
+// slowest stage's predicted step plus 1F1B's fill and drain ((k - 1)
+// micro-batches of the busiest stage's compute). An estimate composed from
+// the single-accelerator planner, and nothing runs it: the pipeline runner's
+// stages do not offload (docs/pipeline.md). Returns false, saying why, where
+// a stage fits under no strategy.
+bool PrintPipelineWithOffload(const PlanRequest& request, int k, int micro) {
+  const std::vector<int> firsts = BalancedStages(request.profile, k);
+  const int layers = request.profile.layers_size();
+  const int micro_batches = request.batch_size / micro;
+  double slowest = 0, busiest = 0;
+  int64_t largest = 0;
+  std::string mix;
+  for (int s = 0; s < k; ++s) {
+    const int last = s + 1 < k ? firsts[s + 1] - 1 : layers - 1;
+    PlanRequest stage = request;
+    stage.profile = SubChain(request.profile, firsts[s], last);
+    stage.micro_batch_size = micro;
+    stage.host_update_threads = std::max(1, request.hardware->host().threads() / k);
+    tandem::v1::PlanModelResponse response;
+    WallSeconds(stage, &response);
+    const tandem::v1::Plan* best = FastestFeasible(response);
+    const std::string name = absl::StrCat("pipeline x", k, " + host, ", micro_batches, " micro-b.");
+    if (best == nullptr) {
+      std::printf("  %-22s %-36s %-9s  stage %d (layers %d-%d) fits under no strategy\n", "",
+                  name.c_str(), "no", s, firsts[s], last);
+      return false;
+    }
+    const double step = best->prediction().iteration_seconds();
+    slowest = std::max(slowest, step);
+    busiest = std::max(busiest, step - best->prediction().accelerator_idle_seconds());
+    largest = std::max(largest, best->prediction().accelerator_peak_bytes());
+    absl::StrAppend(&mix, s > 0 ? ", " : "", StrategyName(best->strategy()));
+  }
+  const double step = slowest + (k - 1) * busiest / micro_batches;
+  std::printf("  %-22s %-36s %-9s %13s %11.1f %14s  stages: %s\n", "",
+              absl::StrCat("pipeline x", k, " + host, ", micro_batches, " micro-b.").c_str(), "yes",
+              FormatSeconds(step).c_str(), request.batch_size / step, FormatBytes(largest).c_str(),
+              mix.c_str());
+  return true;
+}
+
 // Pipelines over 2, 4 and 8 of `spec`'s accelerators (1F1B, 4 micro-batches
 // per stage), next to the best single-accelerator plan with the host
-// (zero_offload or reuse_distance, or gpu_only where it fits): predicted step
-// and the largest stage's memory. A pipeline whose stages also offload to the
-// host is not built yet, so "both" has no row.
+// (zero_offload or reuse_distance, or gpu_only where it fits) and to
+// pipelines whose stages offload too (PrintPipelineWithOffload's estimate):
+// predicted step and the largest stage's memory.
 void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision precision) {
   const Gpt models[] = {
       {"GPT-2 XL 1.6B", {32, 1024, 1600, 48, 25, 50257}},
@@ -436,7 +508,8 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
   std::printf(
       "== Pipelines over %s's accelerators against one accelerator with the host, %s, Adam,\n"
       "   batch 32, context 1024; pipelines 1F1B with 4 micro-batches per stage, each stage\n"
-      "   on one accelerator (%s).\n\n",
+      "   on one accelerator (%s). \"+ host\": each stage also offloads, planned alone with\n"
+      "   1/K of the host (an estimate: the runner's stages do not offload).\n\n",
       spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
       FormatBytes(spec.accelerators(0).memory_bytes()).c_str());
   std::printf("  %-22s %-36s %-9s %13s %11s %14s\n", "model", "plan", "feasible", "step",
@@ -479,6 +552,10 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
                   FormatSeconds(plan->prediction().iteration_seconds()).c_str(),
                   m.shape.batch_size / plan->prediction().iteration_seconds(),
                   FormatBytes(plan->prediction().accelerator_peak_bytes()).c_str());
+    }
+    for (int k : {2, 4, 8}) {
+      if (k > spec.accelerators_size()) break;
+      PrintPipelineWithOffload(request, k, std::max(1, m.shape.batch_size / (4 * k)));
     }
   }
   std::printf("\n");
@@ -530,8 +607,8 @@ void ScaleOutTable(const tandem::v1::HardwareSpec& spec) {
 }  // namespace
 }  // namespace tandem::planner
 
-// Usage: planner_bench [HARDWARE_SPEC [gpt | streamed | solve LAYERS RUNS [all]]]; "streamed"
-// prints the streamed-state table alone; "gpt" skips the
+// Usage: planner_bench [HARDWARE_SPEC [gpt | streamed | pipeline | solve LAYERS RUNS [all]]];
+// "streamed" prints the streamed-state table alone, "pipeline" the pipeline tables; "gpt" skips the
 // solve times; "solve" times one chain length only (for profilers).
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
@@ -545,6 +622,11 @@ int main(int argc, char** argv) {
   if (argc > 4 && std::string(argv[2]) == "solve") {
     tandem::planner::SolveOne(*spec, std::atoi(argv[3]), std::atoi(argv[4]),
                               argc > 5 && std::string(argv[5]) == "all");
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[2]) == "pipeline") {
+    tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_FP32);
+    tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_BF16);
     return 0;
   }
   if (streamed_only) {

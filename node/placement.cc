@@ -596,6 +596,7 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   request.micro_batch_size = micro;
   request.accelerator_memory_bytes = capacity - margin;
   request.pipeline_devices = K;
+  request.pipeline_vertical_sync = placement.pipeline().vertical_sync();
   TANDEM_ASSIGN_OR_RETURN(Plan plan,
                           planner::SolvePipelinePlan(request, placement.pipeline().schedule()));
   if (!plan.feasible()) {
@@ -927,6 +928,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
                               : resolved.placement().pipeline().micro_batches();
   options.max_batch = max_batch;
   options.init_seed = resolved.training().seed();
+  options.vertical_sync = resolved.placement().pipeline().vertical_sync();
   TANDEM_ASSIGN_OR_RETURN(
       std::unique_ptr<PipelineRunner> runner,
       PipelineRunner::Create(model, resolved.optimizer(), std::move(stages), options));

@@ -43,10 +43,15 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
     const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
     const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;
     const int64_t stale = r.stash_weights ? std::min(S - k - 1, r.micro_batches) : 0;
+    // Weight copies besides the stage's own: the stash (none without stale
+    // gradients, unless vertical sync delays even the last stage's), and
+    // vertical sync's history of the stage's latest versions.
+    int64_t versions = stale > 0 || r.vertical_sync ? stale + 1 : 0;
+    if (r.vertical_sync && k > 0) versions += k + 1;
     int64_t weights = 0;
-    for (int l = i; l < j && stale > 0; ++l) weights += cost.ParameterBytes(l);
+    for (int l = i; l < j && versions > 0; ++l) weights += cost.ParameterBytes(l);
     return state[j] - state[i] + in_flight * (activation[j] - activation[i] + input) +
-           (stale > 0 ? (stale + 1) * weights : 0);
+           versions * weights;
   };
   const double inf = std::numeric_limits<double>::infinity();
   // best[s][j]: slowest stage when layers [0, j) form stages 0..s-1.

@@ -39,6 +39,10 @@ struct PipelineRequest {
   // PipeDream: stage k also keeps min(S-k-1, micro_batches) + 1 versions of
   // its weights when it has stale ones (weight stashing).
   bool stash_weights = false;
+  // PipeDream with vertical sync: every stage stashes min(S-k-1,
+  // micro_batches) + 1 versions, and stage k > 0 keeps k + 1 more (the
+  // versions the first stage's micro-batches still need).
+  bool vertical_sync = false;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED

@@ -144,5 +144,40 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
   }
 }
 
+// PipeDream's weight versions: stage 0 of 2 stashes min(1, M) + 1 = 2 copies
+// of its weights and stage 1 none; with vertical sync stage 1 stashes one
+// and keeps 1 + 1 for its history.
+TEST(PartitionPipelineTest, StageMemoryCountsPipeDreamsWeightVersions) {
+  std::vector<testing::SyntheticLayer> chain(4);
+  for (testing::SyntheticLayer& x : chain) {
+    x.name = "l";
+    x.accelerator_forward_seconds = x.accelerator_backward_seconds = 1;
+    x.host_forward_seconds = x.host_backward_seconds = 1;
+    x.parameter_bytes = 1000;
+    x.activation_bytes = 10;
+    x.output_bytes = 10;
+  }
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r;
+  r.devices = 2;
+  r.micro_batch_size = 1;
+  r.micro_batches = 4;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> plain = PartitionPipeline(*cost, r);
+  r.stash_weights = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stashed = PartitionPipeline(*cost, r);
+  r.vertical_sync = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> synced = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(plain.ok() && stashed.ok() && synced.ok());
+  ASSERT_EQ((*plain)[1].first_layer(), 2);
+  ASSERT_EQ((*synced)[1].first_layer(), 2);
+  const int64_t weights = cost->ParameterBytes(0) + cost->ParameterBytes(1);
+  EXPECT_EQ((*stashed)[0].memory_bytes() - (*plain)[0].memory_bytes(), 2 * weights);
+  EXPECT_EQ((*stashed)[1].memory_bytes(), (*plain)[1].memory_bytes());
+  EXPECT_EQ((*synced)[0].memory_bytes(), (*stashed)[0].memory_bytes());
+  EXPECT_EQ((*synced)[1].memory_bytes() - (*plain)[1].memory_bytes(), 3 * weights);
+}
+
 }  // namespace
 }  // namespace tandem::planner

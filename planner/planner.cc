@@ -375,6 +375,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.device_memory_bytes = per_device;
   p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
   p.stash_weights = schedule == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+  p.vertical_sync = p.stash_weights && request.pipeline_vertical_sync;
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
   if (!stages.ok()) {
     if (stages.status().code() != absl::StatusCode::kResourceExhausted) return stages.status();

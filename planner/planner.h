@@ -66,6 +66,9 @@ struct PlanRequest {
   // SolvePlan's plan is SolvePipelinePlan's and the single-device plan of
   // `strategy` joins the alternatives, for comparison.
   int pipeline_devices = 1;
+  // PipeDream pipelines: vertical sync (its extra weight versions count in
+  // each stage's memory; pipeline_partitioner.h).
+  bool pipeline_vertical_sync = false;
   tandem::v1::PipelineSchedule pipeline_schedule = tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED;
   // True once the caller has gone: solving ends with CANCELLED. Asked before
   // every simulation (so a strategy's search stops within one simulation of

@@ -274,6 +274,11 @@ absl::Status ValidatePipeline(const tandem::v1::PlacementSpec& p,
                       absl::StrCat(pipe.micro_batches(), " does not divide training.batch_size ",
                                    t.batch_size()));
   }
+  if (pipe.vertical_sync() && pipe.schedule() != tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM) {
+    return FieldError("placement.pipeline.vertical_sync",
+                      "only PipeDream (placement.pipeline.schedule: PIPELINE_SCHEDULE_PIPEDREAM) "
+                      "has stale weights to synchronise");
+  }
   if (pipe.stages() > 1 && pipe.micro_batches() > 0 && p.micro_batch_size() > 0 &&
       p.micro_batch_size() * pipe.micro_batches() != t.batch_size()) {
     return FieldError(

@@ -42,6 +42,9 @@ struct PipelineRunner::Stage {
   // many updates stale this stage's gradients are.
   std::vector<Buffer> stash;
   int staleness = 0;
+  // Vertical sync (stages after the first): the stage's weights after each
+  // of this step's updates, after j of them in slot j % size.
+  std::vector<Buffer> history;
   int updates = 0;
   // Timing of the latest step, and its spans (lane = the stage).
   double busy = 0, copy = 0, update = 0;
@@ -214,10 +217,19 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   // zero, so the gradient norm and the update see nothing there.
   TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
   if (options_.schedule == PipelineSchedule::kPipeDream) {
-    stage->staleness = std::min(stages - index - 1, options_.micro_batches);
-    if (stage->staleness > 0) stage->stash.resize(stage->staleness + 1);
-    for (Buffer& b : stage->stash) {
-      TANDEM_RETURN_IF_ERROR(allocate(&b, stage->param_n, MemoryCategory::kParameters));
+    const int in_flight = std::min(stages - index - 1, options_.micro_batches);
+    stage->staleness =
+        options_.vertical_sync ? std::min(stages - 1, options_.micro_batches) : in_flight;
+    // The weights each micro-batch in flight ran forward on; with vertical
+    // sync even the last stage's may be older than its latest.
+    if (in_flight > 0 || options_.vertical_sync) stage->stash.resize(in_flight + 1);
+    // Vertical sync: the first stage is at most `index` updates behind this
+    // one, so its version is among this stage's latest index + 1.
+    if (options_.vertical_sync && index > 0) stage->history.resize(index + 1);
+    for (auto* versions : {&stage->stash, &stage->history}) {
+      for (Buffer& b : *versions) {
+        TANDEM_RETURN_IF_ERROR(allocate(&b, stage->param_n, MemoryCategory::kParameters));
+      }
     }
   }
   return stage;
@@ -348,9 +360,19 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
   TANDEM_RETURN_IF_ERROR(ReceiveInput(step, s, m));
-  if (step.training && !st.stash.empty()) {  // PipeDream: the backward's weights
-    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(st.stash[m % st.stash.size()].data(),
-                                                   st.params.data(), st.param_n * 4));
+  // PipeDream: the weights this forward and its backward run on, stashed:
+  // the stage's latest, or with vertical sync the version the first stage
+  // ran micro-batch m on (its updates before m's forward: m - its warm-up).
+  const Buffer* stashed = nullptr;
+  if (step.training && !st.stash.empty()) {
+    const void* version = st.params.data();
+    if (!st.history.empty()) {
+      const int first_warmup = std::min(num_stages() - 1, step.micro_batches());
+      const int j = std::max(0, m - first_warmup);
+      version = st.history[j % st.history.size()].data();
+    }
+    stashed = &st.stash[m % st.stash.size()];
+    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(stashed->data(), version, st.param_n * 4));
   }
   const double t = WallSeconds();
   for (int l = st.first; l < st.end; ++l) {
@@ -368,6 +390,7 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
+    if (stashed != nullptr) ctx.params = stashed->f32() + (model_.param_offset(l) - st.param_begin);
     ctx.workspace = ws.data();
     ctx.targets = reinterpret_cast<const int32_t*>(st.targets[m].data());
     const double began = WallSeconds();
@@ -498,11 +521,19 @@ absl::Status PipelineRunner::UpdateAfter(Step& step, int s, int m) {
   st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
           m, t, WallSeconds(), st.param_n * 4);
   ++st.updates;
-  return absl::OkStatus();
+  return KeepVersion(st);
+}
+
+absl::Status PipelineRunner::KeepVersion(Stage& st) {
+  if (st.history.empty()) return absl::OkStatus();
+  return st.device->CopyOnDevice(st.history[st.updates % st.history.size()].data(),
+                                 st.params.data(), st.param_n * 4);
 }
 
 absl::Status PipelineRunner::RunStage(Step& step, int s) {
   const int K = num_stages(), M = step.micro_batches();
+  // Vertical sync: the step's first version, before any update.
+  if (step.training) TANDEM_RETURN_IF_ERROR(KeepVersion(*stages_[s]));
   std::vector<std::pair<bool, int>> ops;  // (backward, micro-batch) in order
   if (options_.schedule == PipelineSchedule::kGPipe) {
     for (int m = 0; m < M; ++m) ops.push_back({false, m});

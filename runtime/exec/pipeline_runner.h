@@ -19,7 +19,11 @@
 //    micro-batch's forward used, stashed on the device (stage s keeps
 //    min(K-s-1, M) + 1 versions). Stage s's gradients are K-s-1 updates
 //    stale: not one device's training. No gradient clipping (it would need
-//    every stage's norm before any update).
+//    every stage's norm before any update). With vertical sync, every stage
+//    runs micro-batch m on the weight version the first stage ran it on
+//    (the first stage's count of updates when m entered it), so every
+//    stage's gradients are min(K-1, M) updates stale alike; stage s keeps
+//    its last s + 1 versions for that.
 // Each stage runs on its own thread (its device's compute stream) and waits
 // only for what it consumes; the update of every stage follows the last
 // backward (after the global gradient norm, when clipping).
@@ -62,6 +66,8 @@ struct PipelineOptions {
   int micro_batches = 1;
   int64_t max_batch = 0;
   uint64_t init_seed = 0;
+  // kPipeDream only: vertical sync (above).
+  bool vertical_sync = false;
 };
 
 // What one stage did in the latest step.
@@ -127,6 +133,9 @@ class PipelineRunner final : public StepRunner {
                                                    int stages) const;
   // PipeDream: stage s's update after micro-batch m's backward.
   absl::Status UpdateAfter(Step& step, int s, int m);
+  // Vertical sync: copies the stage's weights into its history slot for its
+  // updates so far this step (nothing without a history).
+  absl::Status KeepVersion(Stage& stage);
   // The end-of-step update of GPipe and 1F1B, after the global norm.
   absl::Status UpdateAtEnd(Step& step, int s);
   // `batch` split into micro-batches, the stages' slots and mailboxes sized.

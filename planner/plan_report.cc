@@ -148,6 +148,9 @@ std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response) {
                   s.first_layer(), s.last_layer(), FormatSeconds(s.compute_seconds()),
                   FormatSeconds(s.communication_seconds()), FormatBytes(s.memory_bytes())));
   }
+  // A pipeline plan is not among the alternatives, whose notes follow the
+  // table: its own note here.
+  if (p.pipeline_size() > 0) absl::StrAppend(&out, "pipeline: ", p.solver().note(), "\n");
   if (response.alternatives_size() > 0) {
     absl::StrAppend(&out, "\n", RenderStrategyComparison(response));
   }

@@ -223,6 +223,58 @@ tandem::v1::PlanModelResponse Respond(const StrategySelection& want,
 
 }  // namespace
 
+namespace {
+
+// PlanRequest::pipeline_auto: pipelines over 2, 4, 8... accelerators (each at
+// `budget` per device) compete with `response`'s plan; the fastest feasible
+// becomes the plan, the rest alternatives.
+absl::Status AddPipelines(const PlanRequest& request, const CostModel& cost, int64_t budget,
+                          tandem::v1::PlanModelResponse* response) {
+  const int most = std::min(cost.accelerator_count(), cost.num_layers());
+  std::vector<tandem::v1::Plan> pipelines;
+  std::string compared = absl::StrCat(
+      "auto over pipelines: one accelerator (", StrategyName(response->plan().strategy()), ") ",
+      response->plan().feasible()
+          ? absl::StrFormat("%.3f ms", 1e3 * response->plan().prediction().iteration_seconds())
+          : std::string("does not fit"));
+  for (int k = 2; k <= most; k *= 2) {
+    PlanRequest pipelined = request;
+    pipelined.pipeline_devices = k;
+    pipelined.pipeline_auto = false;
+    pipelined.accelerator_memory_bytes = budget;
+    absl::StatusOr<tandem::v1::Plan> p = SolvePipelinePlan(pipelined, request.pipeline_schedule);
+    if (!p.ok()) return p.status();
+    absl::StrAppend(&compared, ", ", k, " stages ",
+                    p->feasible()
+                        ? absl::StrFormat("%.3f ms", 1e3 * p->prediction().iteration_seconds())
+                        : std::string("do not fit"));
+    pipelines.push_back(*std::move(p));
+  }
+  if (pipelines.empty()) return absl::OkStatus();
+  const tandem::v1::Plan* best = response->plan().feasible() ? &response->plan() : nullptr;
+  for (const tandem::v1::Plan& p : pipelines) {
+    if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
+                                                best->prediction().iteration_seconds())) {
+      best = &p;
+    }
+  }
+  if (best == nullptr || best == &response->plan()) {
+    for (tandem::v1::Plan& p : pipelines) *response->add_alternatives() = std::move(p);
+  } else {
+    tandem::v1::Plan chosen = *best;
+    *response->add_alternatives() = std::move(*response->mutable_plan());
+    for (tandem::v1::Plan& p : pipelines) {
+      if (&p != best) *response->add_alternatives() = std::move(p);
+    }
+    *response->mutable_plan() = std::move(chosen);
+  }
+  tandem::v1::SolverStats* solver = response->mutable_plan()->mutable_solver();
+  solver->set_note(absl::StrCat(solver->note(), solver->note().empty() ? "" : "; ", compared));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
   if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
   absl::StatusOr<CostModel> cost = CostModelOf(request);
@@ -245,6 +297,12 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
     if (!pipeline.ok()) return pipeline.status();
     *response.add_alternatives() = std::move(*response.mutable_plan());
     *response.mutable_plan() = *std::move(pipeline);
+  } else if (request.pipeline_auto) {
+    if (absl::Status s =
+            AddPipelines(request, *cost, c->accelerator_memory_budget_bytes, &response);
+        !s.ok()) {
+      return s;
+    }
   }
   return response;
 }
@@ -355,6 +413,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   whole.accelerator_memory_bytes = int64_t{1} << 50;
   whole.micro_batch_size = *micro;
   whole.pipeline_devices = 1;
+  whole.pipeline_auto = false;
   absl::StatusOr<tandem::v1::PlanModelResponse> solved = SolvePlan(whole);
   if (!solved.ok()) return solved.status();
   tandem::v1::Plan plan = solved->plan();
@@ -430,6 +489,7 @@ absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelReques
                            ? spec.placement().pipeline().stages()
                            : 1;
   r.pipeline_schedule = spec.placement().pipeline().schedule();
+  r.pipeline_auto = rpc.pipeline_auto();
   if (r.pipeline_devices > 1 && r.micro_batch_size == 0 &&
       spec.placement().pipeline().micro_batches() > 0 && r.batch_size > 0) {
     r.micro_batch_size = r.batch_size / spec.placement().pipeline().micro_batches();

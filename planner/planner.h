@@ -66,6 +66,12 @@ struct PlanRequest {
   // SolvePlan's plan is SolvePipelinePlan's and the single-device plan of
   // `strategy` joins the alternatives, for comparison.
   int pipeline_devices = 1;
+  // With pipeline_devices 0 or 1: pipelines over 2, 4, 8... of the
+  // hardware's accelerators (at most its accelerators and the layers, the
+  // default micro-batches) compete with the single-accelerator plan, and the
+  // fastest feasible one is SolvePlan's plan; the others are alternatives,
+  // and the plan's note says what was compared.
+  bool pipeline_auto = false;
   // PipeDream pipelines: vertical sync (its extra weight versions count in
   // each stage's memory; pipeline_partitioner.h).
   bool pipeline_vertical_sync = false;

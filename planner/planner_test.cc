@@ -4,6 +4,7 @@
 #include <functional>
 #include <iostream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -685,6 +686,43 @@ TEST(SolvePlanTest, APipelineRequestAnswersThePipelineNextToOneDevice) {
   const tandem::v1::Plan& one = *response->alternatives().rbegin();
   EXPECT_EQ(one.strategy(), tandem::v1::STRATEGY_ZERO_OFFLOAD);
   EXPECT_EQ(one.pipeline_size(), 0);
+}
+
+// pipeline_auto: pipelines over 2 and 4 of 4 accelerators compete with the
+// one-accelerator plan; the plan is the fastest feasible of them, the rest
+// stay as alternatives, and the note says what was compared. On one
+// accelerator nothing is added.
+TEST(SolvePlanTest, PipelineAutoAnswersTheFastestOfOneDeviceAndPipelines) {
+  for (int64_t budget : {int64_t{0}, int64_t{6} << 20}) {
+    PlanRequest r;
+    r.profile = testing::MlpProfile({512, 512, 512, 512, 512, 10}, 32);
+    r.hardware = SmallNode(/*accelerators=*/4);
+    r.accelerator_memory_bytes = budget;
+    r.pipeline_auto = true;
+    absl::StatusOr<tandem::v1::PlanModelResponse> response = SolvePlan(r);
+    ASSERT_TRUE(response.ok()) << response.status();
+    const tandem::v1::Plan& plan = response->plan();
+    ASSERT_TRUE(plan.feasible()) << budget;
+    EXPECT_NE(plan.solver().note().find("auto over pipelines: one accelerator"), std::string::npos)
+        << plan.solver().note();
+    EXPECT_NE(plan.solver().note().find(", 2 stages "), std::string::npos) << plan.solver().note();
+    EXPECT_NE(plan.solver().note().find(", 4 stages "), std::string::npos) << plan.solver().note();
+    for (const tandem::v1::Plan& p : response->alternatives()) {
+      if (p.feasible()) {
+        EXPECT_LE(plan.prediction().iteration_seconds(), p.prediction().iteration_seconds())
+            << budget << ": " << p.pipeline_size() << " stages, " << StrategyName(p.strategy());
+      }
+    }
+    std::cout << "budget " << budget << ": " << plan.solver().note() << "\n";
+  }
+  PlanRequest one;
+  one.profile = testing::MlpProfile({512, 512, 10}, 32);
+  one.hardware = SmallNode(/*accelerators=*/1);
+  one.pipeline_auto = true;
+  absl::StatusOr<tandem::v1::PlanModelResponse> alone = SolvePlan(one);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->plan().pipeline_size(), 0);
+  for (const tandem::v1::Plan& p : alone->alternatives()) EXPECT_EQ(p.pipeline_size(), 0);
 }
 
 TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {

@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, nodes, "",
           "per-rank plans, step time and scaling efficiency (docs/distributed.md).");
 ABSL_FLAG(int, pipeline_devices, 0,
           "tandem plan: also split the model into a pipeline over this many accelerators.");
+ABSL_FLAG(bool, pipeline_auto, false,
+          "tandem plan, without --pipeline_devices: also plan pipelines over 2, 4, 8... of the "
+          "hardware's accelerators, and answer the fastest of those and the one-accelerator "
+          "plan.");
 ABSL_FLAG(std::string, precision, "",
           "tandem plan: plan in this precision (auto, fp32, bf16, fp16) instead of the job "
           "file's precision.");
@@ -164,6 +168,7 @@ absl::StatusOr<int> RunPlan(const Args& args) {
     return absl::InvalidArgumentError("--pipeline_devices: must be >= 0");
   }
   request.set_pipeline_devices(absl::GetFlag(FLAGS_pipeline_devices));
+  request.set_pipeline_auto(absl::GetFlag(FLAGS_pipeline_auto));
   if (absl::Status nodes = AddNodes(request); !nodes.ok()) return nodes;
   tandem::v1::PlanModelResponse response;
   if (absl::GetFlag(FLAGS_on_server)) {

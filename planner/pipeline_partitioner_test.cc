@@ -109,9 +109,9 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
   }
 }
 
-// A stage holds its input (the stage before's output) for every micro-batch
-// in flight, as the pipeline runner does: all M under GPipe, K - k under 1F1B.
-TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
+// Four layers of 1 s each way, 1000 bytes of weights, 10 of activations and
+// output.
+std::vector<testing::SyntheticLayer> FourEqualLayers() {
   std::vector<testing::SyntheticLayer> chain(4);
   for (testing::SyntheticLayer& x : chain) {
     x.name = "l";
@@ -121,6 +121,13 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
     x.activation_bytes = 10;
     x.output_bytes = 10;
   }
+  return chain;
+}
+
+// A stage holds its input (the stage before's output) for every micro-batch
+// in flight, as the pipeline runner does: all M under GPipe, K - k under 1F1B.
+TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
+  std::vector<testing::SyntheticLayer> chain = FourEqualLayers();
   chain[1].output_bytes = 5000;  // what stage 1 of a 2-2 split receives
   absl::StatusOr<CostModel> cost =
       CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
@@ -148,15 +155,7 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
 // of its weights and stage 1 none; with vertical sync stage 1 stashes one
 // and keeps 1 + 1 for its history.
 TEST(PartitionPipelineTest, StageMemoryCountsPipeDreamsWeightVersions) {
-  std::vector<testing::SyntheticLayer> chain(4);
-  for (testing::SyntheticLayer& x : chain) {
-    x.name = "l";
-    x.accelerator_forward_seconds = x.accelerator_backward_seconds = 1;
-    x.host_forward_seconds = x.host_backward_seconds = 1;
-    x.parameter_bytes = 1000;
-    x.activation_bytes = 10;
-    x.output_bytes = 10;
-  }
+  std::vector<testing::SyntheticLayer> chain = FourEqualLayers();
   absl::StatusOr<CostModel> cost =
       CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
   ASSERT_TRUE(cost.ok()) << cost.status();

@@ -489,6 +489,7 @@ absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelReques
                            ? spec.placement().pipeline().stages()
                            : 1;
   r.pipeline_schedule = spec.placement().pipeline().schedule();
+  r.pipeline_vertical_sync = spec.placement().pipeline().vertical_sync();
   r.pipeline_auto = rpc.pipeline_auto();
   if (r.pipeline_devices > 1 && r.micro_batch_size == 0 &&
       spec.placement().pipeline().micro_batches() > 0 && r.batch_size > 0) {

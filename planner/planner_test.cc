@@ -797,9 +797,13 @@ TEST(PlanRequestFromRpcTest, TakesTheJobSpecsSettings) {
   rpc.mutable_spec()->mutable_resources()->set_accelerator_memory_bytes(123);
   *rpc.mutable_hardware() = SmallNode();
   rpc.add_compare(tandem::v1::STRATEGY_GPU_ONLY);
+  rpc.mutable_spec()->mutable_placement()->mutable_pipeline()->set_vertical_sync(true);
+  rpc.set_pipeline_auto(true);
   const tandem::v1::Profile model = testing::MlpProfile({64, 10}, 8);
   absl::StatusOr<PlanRequest> r = PlanRequestFromRpc(rpc, model);
   ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->pipeline_vertical_sync);
+  EXPECT_TRUE(r->pipeline_auto);
   EXPECT_EQ(r->batch_size, 64);
   EXPECT_EQ(r->strategy, tandem::v1::STRATEGY_ZERO_OFFLOAD);
   EXPECT_TRUE(r->delayed_parameter_update);

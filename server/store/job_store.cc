@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -241,8 +242,12 @@ absl::Status JobStore::OpenWritable(const std::string& path, Sync sync) {
   {
     Statement s(db, "SELECT COALESCE(MAX(seq), 0) FROM jobs");
     if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "read job count");
+    const int64_t last = s.Int(0);
     absl::MutexLock lock(&write_mu_);
-    next_sequence_ = s.Int(0) + 1;
+    // A last job number at the largest there is (only a damaged or forged
+    // store has one) leaves none for new jobs (InsertJob refuses them); the
+    // store's jobs stay readable and writable.
+    next_sequence_ = last == std::numeric_limits<int64_t>::max() ? last : last + 1;
   }
   absl::MutexLock lock(&read_mu_);
   TANDEM_ASSIGN_OR_RETURN(read_db_, OpenConnection(path));
@@ -366,6 +371,9 @@ bool JobStore::ReleaseReserve() {
 absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
   {
     absl::MutexLock lock(&write_mu_);
+    if (next_sequence_ == std::numeric_limits<int64_t>::max()) {
+      return absl::ResourceExhaustedError("job store: no job number is left");
+    }
     job.set_id(FormatJobId(next_sequence_++));
   }
   for (JobEvent& e : events) e.set_job_id(job.id());

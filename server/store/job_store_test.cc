@@ -219,6 +219,33 @@ TEST(JobStoreTest, AStoreFromBeforeRetentionIsMigrated) {
   EXPECT_EQ((*store)->ReadEvents(id, 1, 10)->size(), 2u);
 }
 
+// A store whose last job number is the largest an int64 holds (forged or
+// damaged: job_store_fuzz found the overflow) opens writable, keeps its
+// jobs, and refuses new ones instead of overflowing.
+TEST(JobStoreTest, AStoreAtTheLastJobNumberRefusesNewJobs) {
+  const std::string path = Db("last-number");
+  {
+    auto store = *JobStore::Open(path);
+    ASSERT_TRUE(store->InsertJob(NewJob("a"), {}).ok());
+  }
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET seq = 9223372036854775807 WHERE seq = 1", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->read_only().ok()) << (*store)->read_only();
+  absl::StatusOr<JobPage> page = (*store)->ListJobs(JobFilter());
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs.size(), 1u);
+  absl::StatusOr<tandem::v1::Job> refused = (*store)->InsertJob(NewJob("b"), {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+}
+
 // A record that no longer decodes (a damaged disk, a bad edit) is listed with
 // what its row still says, counted, and reported; never silently dropped.
 TEST(JobStoreTest, ADamagedRecordIsListedAsSuchNotDropped) {

@@ -525,6 +525,27 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
   return absl::OkStatus();
 }
 
+// `measured` (what an earlier job of this model measured on one of the
+// node's accelerators) with `k` accelerators of that kind: the others are
+// copies of the first, as the node's accelerators are alike.
+tandem::v1::Profile WithAcceleratorsAlike(tandem::v1::Profile measured, int k) {
+  const tandem::v1::DeviceProfile* first = nullptr;
+  int count = 0;
+  for (const tandem::v1::DeviceProfile& d : measured.devices()) {
+    if (d.kind() == tandem::v1::DEVICE_KIND_CPU) continue;
+    if (first == nullptr) first = &d;
+    if (d.kind() == first->kind()) ++count;
+  }
+  if (first == nullptr) return measured;
+  const tandem::v1::DeviceProfile like = *first;
+  for (; count < k; ++count) {
+    tandem::v1::DeviceProfile* copy = measured.add_devices();
+    *copy = like;
+    copy->set_id(absl::StrCat(like.id(), "+", count));
+  }
+  return measured;
+}
+
 }  // namespace
 
 // placement.pipeline.stages accelerators of the job's capacity each: the
@@ -567,24 +588,7 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   }
   planner::PlanRequest request;
   if (measured != nullptr) {
-    // Timed from what an earlier job of this model measured on one of these
-    // accelerators; the others are alike.
-    request.profile = *measured;
-    const tandem::v1::DeviceProfile* first = nullptr;
-    int count = 0;
-    for (const tandem::v1::DeviceProfile& d : request.profile.devices()) {
-      if (d.kind() == tandem::v1::DEVICE_KIND_CPU) continue;
-      if (first == nullptr) first = &d;
-      if (d.kind() == first->kind()) ++count;
-    }
-    if (first != nullptr) {
-      const tandem::v1::DeviceProfile like = *first;
-      for (; count < K; ++count) {
-        tandem::v1::DeviceProfile* copy = request.profile.add_devices();
-        *copy = like;
-        copy->set_id(absl::StrCat(like.id(), "+", count));
-      }
-    }
+    request.profile = WithAcceleratorsAlike(*measured, K);
   } else {
     // The pipeline runner keeps fp32 weights and gradients on every stage
     // (no working copies), whatever its layers compute in.
@@ -592,11 +596,10 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
                                                resolved.training().batch_size(), DType::kF32);
     TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
   }
+  planner::TakePlacement(resolved, &request);
   request.batch_size = resolved.training().batch_size();
-  request.micro_batch_size = micro;
   request.accelerator_memory_bytes = capacity - margin;
   request.pipeline_devices = K;
-  request.pipeline_vertical_sync = placement.pipeline().vertical_sync();
   TANDEM_ASSIGN_OR_RETURN(Plan plan,
                           planner::SolvePipelinePlan(request, placement.pipeline().schedule()));
   if (!plan.feasible()) {
@@ -666,12 +669,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   }
   request.batch_size = resolved.training().batch_size();
   request.host_memory_bytes = resolved.resources().host_memory_bytes();
-  request.strategy = placement.strategy();
+  planner::TakePlacement(resolved, &request);
   request.compare = {placement.strategy()};
-  request.micro_batch_size = placement.micro_batch_size();
-  request.delayed_parameter_update = placement.delayed_parameter_update();
-  request.stream_optimizer_state = !placement.no_streamed_optimizer_state();
-  request.host_update_threads = resolved.training().threads();
   request.accelerator_shares_host_cores = KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, SolveForExecutor(model, request, capacity));
   const Plan& plan = response.plan();

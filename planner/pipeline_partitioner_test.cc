@@ -124,6 +124,15 @@ std::vector<testing::SyntheticLayer> FourEqualLayers() {
   return chain;
 }
 
+// Two stages, `micro_batches` micro-batches of one sample.
+PipelineRequest TwoStages(int micro_batches) {
+  PipelineRequest r;
+  r.devices = 2;
+  r.micro_batch_size = 1;
+  r.micro_batches = micro_batches;
+  return r;
+}
+
 // A stage holds its input (the stage before's output) for every micro-batch
 // in flight, as the pipeline runner does: all M under GPipe, K - k under 1F1B.
 TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
@@ -132,10 +141,7 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
   absl::StatusOr<CostModel> cost =
       CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
   ASSERT_TRUE(cost.ok()) << cost.status();
-  PipelineRequest r;
-  r.devices = 2;
-  r.micro_batch_size = 1;
-  r.micro_batches = 6;
+  PipelineRequest r = TwoStages(6);
   for (bool gpipe : {false, true}) {
     r.gpipe = gpipe;
     absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, r);
@@ -155,14 +161,10 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
 // of its weights and stage 1 none; with vertical sync stage 1 stashes one
 // and keeps 1 + 1 for its history.
 TEST(PartitionPipelineTest, StageMemoryCountsPipeDreamsWeightVersions) {
-  std::vector<testing::SyntheticLayer> chain = FourEqualLayers();
   absl::StatusOr<CostModel> cost =
-      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(FourEqualLayers(), 1));
   ASSERT_TRUE(cost.ok()) << cost.status();
-  PipelineRequest r;
-  r.devices = 2;
-  r.micro_batch_size = 1;
-  r.micro_batches = 4;
+  PipelineRequest r = TwoStages(4);
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> plain = PartitionPipeline(*cost, r);
   r.stash_weights = true;
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stashed = PartitionPipeline(*cost, r);

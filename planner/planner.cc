@@ -221,53 +221,45 @@ tandem::v1::PlanModelResponse Respond(const StrategySelection& want,
   return response;
 }
 
-}  // namespace
-
-namespace {
+// "0.434 ms", or `infeasible` when the plan does not fit.
+std::string TimedOr(const tandem::v1::Plan& p, const char* infeasible) {
+  return p.feasible() ? absl::StrFormat("%.3f ms", 1e3 * p.prediction().iteration_seconds())
+                      : std::string(infeasible);
+}
 
 // PlanRequest::pipeline_auto: pipelines over 2, 4, 8... accelerators (each at
 // `budget` per device) compete with `response`'s plan; the fastest feasible
-// becomes the plan, the rest alternatives.
+// becomes the plan (the one-accelerator plan on ties and when none fits),
+// the rest alternatives.
 absl::Status AddPipelines(const PlanRequest& request, const CostModel& cost, int64_t budget,
                           tandem::v1::PlanModelResponse* response) {
-  const int most = std::min(cost.accelerator_count(), cost.num_layers());
-  std::vector<tandem::v1::Plan> pipelines;
-  std::string compared = absl::StrCat(
-      "auto over pipelines: one accelerator (", StrategyName(response->plan().strategy()), ") ",
-      response->plan().feasible()
-          ? absl::StrFormat("%.3f ms", 1e3 * response->plan().prediction().iteration_seconds())
-          : std::string("does not fit"));
-  for (int k = 2; k <= most; k *= 2) {
+  std::vector<tandem::v1::Plan> candidates = {response->plan()};
+  std::string compared = absl::StrCat("auto over pipelines: one accelerator (",
+                                      StrategyName(response->plan().strategy()), ") ",
+                                      TimedOr(response->plan(), "does not fit"));
+  for (int k = 2; k <= std::min(cost.accelerator_count(), cost.num_layers()); k *= 2) {
     PlanRequest pipelined = request;
     pipelined.pipeline_devices = k;
     pipelined.pipeline_auto = false;
     pipelined.accelerator_memory_bytes = budget;
     absl::StatusOr<tandem::v1::Plan> p = SolvePipelinePlan(pipelined, request.pipeline_schedule);
     if (!p.ok()) return p.status();
-    absl::StrAppend(&compared, ", ", k, " stages ",
-                    p->feasible()
-                        ? absl::StrFormat("%.3f ms", 1e3 * p->prediction().iteration_seconds())
-                        : std::string("do not fit"));
-    pipelines.push_back(*std::move(p));
+    absl::StrAppend(&compared, ", ", k, " stages ", TimedOr(*p, "do not fit"));
+    candidates.push_back(*std::move(p));
   }
-  if (pipelines.empty()) return absl::OkStatus();
-  const tandem::v1::Plan* best = response->plan().feasible() ? &response->plan() : nullptr;
-  for (const tandem::v1::Plan& p : pipelines) {
-    if (p.feasible() && (best == nullptr || p.prediction().iteration_seconds() <
-                                                best->prediction().iteration_seconds())) {
-      best = &p;
+  if (candidates.size() == 1) return absl::OkStatus();
+  size_t best = 0;
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    if (candidates[i].feasible() &&
+        (!candidates[best].feasible() || candidates[i].prediction().iteration_seconds() <
+                                             candidates[best].prediction().iteration_seconds())) {
+      best = i;
     }
   }
-  if (best == nullptr || best == &response->plan()) {
-    for (tandem::v1::Plan& p : pipelines) *response->add_alternatives() = std::move(p);
-  } else {
-    tandem::v1::Plan chosen = *best;
-    *response->add_alternatives() = std::move(*response->mutable_plan());
-    for (tandem::v1::Plan& p : pipelines) {
-      if (&p != best) *response->add_alternatives() = std::move(p);
-    }
-    *response->mutable_plan() = std::move(chosen);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (i != best) *response->add_alternatives() = std::move(candidates[i]);
   }
+  *response->mutable_plan() = std::move(candidates[best]);
   tandem::v1::SolverStats* solver = response->mutable_plan()->mutable_solver();
   solver->set_note(absl::StrCat(solver->note(), solver->note().empty() ? "" : "; ", compared));
   return absl::OkStatus();
@@ -455,6 +447,17 @@ int64_t PlanningMemoryBytes(int layers, int batch_size) {
   return (int64_t{64} << 20) + 2048 * calls + (int64_t{32} << 10) * layers;
 }
 
+void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r) {
+  const tandem::v1::PlacementSpec& p = spec.placement();
+  r->strategy = p.strategy();
+  r->micro_batch_size = p.micro_batch_size();
+  r->delayed_parameter_update = p.delayed_parameter_update();
+  r->stream_optimizer_state = !p.no_streamed_optimizer_state();
+  r->host_update_threads = spec.training().threads();
+  r->pipeline_schedule = p.pipeline().schedule();
+  r->pipeline_vertical_sync = p.pipeline().vertical_sync();
+}
+
 absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelRequest& rpc,
                                                const tandem::v1::Profile& model_profile) {
   PlanRequest r;
@@ -478,18 +481,12 @@ absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelReques
                                    : spec.resources().accelerator_memory_bytes();
   r.host_memory_bytes =
       rpc.host_memory_bytes() > 0 ? rpc.host_memory_bytes() : spec.resources().host_memory_bytes();
-  r.strategy = spec.placement().strategy();
-  r.micro_batch_size = spec.placement().micro_batch_size();
-  r.delayed_parameter_update = spec.placement().delayed_parameter_update();
-  r.stream_optimizer_state = !spec.placement().no_streamed_optimizer_state();
-  r.host_update_threads = spec.training().threads();
+  TakePlacement(spec, &r);
   for (int s : rpc.compare()) r.compare.push_back(static_cast<Strategy>(s));
   r.pipeline_devices = rpc.pipeline_devices() > 0 ? rpc.pipeline_devices()
                        : spec.placement().pipeline().stages() > 1
                            ? spec.placement().pipeline().stages()
                            : 1;
-  r.pipeline_schedule = spec.placement().pipeline().schedule();
-  r.pipeline_vertical_sync = spec.placement().pipeline().vertical_sync();
   r.pipeline_auto = rpc.pipeline_auto();
   if (r.pipeline_devices > 1 && r.micro_batch_size == 0 &&
       spec.placement().pipeline().micro_batches() > 0 && r.batch_size > 0) {

@@ -109,6 +109,12 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
 // PlanModel runs.
 int64_t PlanningMemoryBytes(int layers, int batch_size);
 
+// What a job spec says of its plan, into `r`: the strategy, micro-batch,
+// delayed updates, streamed optimizer state, update threads and pipeline
+// schedule and vertical sync. Every path from a spec to a request takes
+// them here, so none forgets one.
+void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r);
+
 // The request the RPC describes. `model_profile` is the model's profile when
 // the RPC carries none (cost source unset: the node's cached profile;
 // hardware: the runtime's analytic export for spec.model).

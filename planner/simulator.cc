@@ -186,21 +186,19 @@ std::vector<int> Places(const schedule::Schedule& sched) {
   return place;
 }
 
-// Reads the reported iteration (the second to last) out of a run of the
-// schedule: the prediction, the timeline, reuse distances and slack.
-SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
-                        const schedule::Timing& run, const std::vector<double>& starts,
-                        const std::vector<double>& seconds,
-                        const std::vector<LayerNumbers>& numbers,
-                        const SimulationOptions& options) {
+// The reported window [t0, t1 = t0 + period) of a run: its iteration k.
+struct Window {
+  int k;
+  double t0, period, t1;
+};
+
+// Each resource's idle time in the window, the bytes the reported iteration
+// copies each way, and the accelerator's stall on host updates.
+void SetResourceFigures(const schedule::Schedule& sched, const schedule::Timing& run,
+                        const Window& w, const std::vector<int>& place,
+                        tandem::v1::PlanPrediction* p) {
   const int per = sched.num_ops();
-  const int iterations = run.iterations;
-  const int k = iterations - 2;
-  const double t0 = starts[k];
-  const double period = starts[k + 1] - t0;
-  const double t1 = t0 + period;
   const int acc = sched.ResourceOf(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE);
-  const std::vector<int> place = Places(sched);
   // The operation before `x` (unrolled) on its resource, -1 for the first.
   auto previous = [&](int x) {
     const int i = x / per, o = x % per;
@@ -208,39 +206,16 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
     if (place[o] > 0) return run.Index(i, order[place[o] - 1]);
     return i > 0 ? run.Index(i - 1, order.back()) : -1;
   };
-
-  SimulationResult result;
-  result.iterations_simulated = iterations;
-  tandem::v1::PlanPrediction& p = result.prediction;
-  p.set_iteration_seconds(period);
-  p.set_samples_per_second(period > 0 ? s.batch_size / period : 0.0);
-
   // Busy seconds by resource kind (TimelineResource values are small).
   std::vector<double> busy(tandem::v1::TimelineResource_ARRAYSIZE, 0.0);
   int64_t h2d_bytes = 0, d2h_bytes = 0;
   double stall = 0;
-  // Memory: every change at or before the window's start goes into the level
-  // there; only those inside the window are kept (and sorted) for its peak.
-  int64_t resident[2] = {0, 0};
-  for (size_t pool = 0; pool < sched.pools.size(); ++pool) {
-    resident[sched.pools[pool].host ? 1 : 0] += sched.resident_bytes[pool];
-  }
-  std::vector<MemoryChange> changes[2];
-  for (int x = 0; x < per * iterations; ++x) {
+  for (int x = 0; x < per * run.iterations; ++x) {
     const Op& op = sched.ops[x % per];
-    const double a = std::max(run.start[x], t0), b = std::min(run.end[x], t1);
+    const double a = std::max(run.start[x], w.t0), b = std::min(run.end[x], w.t1);
     const TimelineResource kind = sched.resources[op.resource].kind;
     if (b > a) busy[kind] += b - a;
-    for (const schedule::MemoryEvent& m : op.memory) {
-      const int side = sched.pools[m.pool].host ? 1 : 0;
-      const double at = m.at_end ? run.end[x] : run.start[x];
-      if (at <= t0) {
-        resident[side] += m.delta;
-      } else if (at < t1) {
-        changes[side].push_back({at, m.delta});
-      }
-    }
-    if (x / per != k) continue;
+    if (x / per != w.k) continue;
     if (kind == tandem::v1::TIMELINE_RESOURCE_COPY_H2D) h2d_bytes += op.bytes;
     if (kind == tandem::v1::TIMELINE_RESOURCE_COPY_D2H) d2h_bytes += op.bytes;
     if (op.resource == acc && run.binding[x] >= 0 &&
@@ -250,28 +225,72 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
       stall += std::max(0.0, run.start[x] - free_at);
     }
   }
-  p.set_accelerator_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE]);
-  p.set_h2d_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_COPY_H2D]);
-  p.set_d2h_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_COPY_D2H]);
-  p.set_host_update_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE]);
-  p.set_host_compute_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE]);
-  p.set_accelerator_stall_seconds(stall);
-  p.set_h2d_bytes(h2d_bytes);
-  p.set_d2h_bytes(d2h_bytes);
+  const double period = w.period;
+  p->set_accelerator_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE]);
+  p->set_h2d_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_COPY_H2D]);
+  p->set_d2h_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_COPY_D2H]);
+  p->set_host_update_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE]);
+  p->set_host_compute_idle_seconds(period - busy[tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE]);
+  p->set_accelerator_stall_seconds(stall);
+  p->set_h2d_bytes(h2d_bytes);
+  p->set_d2h_bytes(d2h_bytes);
+}
 
+// The accelerator's and the host's memory peaks in the window (and their
+// samples into `timeline`, when given). Every change at or before the
+// window's start goes into the level there; only those inside the window
+// are kept, and sorted, for the peak.
+void SetMemoryPeaks(const schedule::Schedule& sched, const schedule::Timing& run, const Window& w,
+                    tandem::v1::Timeline* timeline, tandem::v1::PlanPrediction* p) {
+  const int per = sched.num_ops();
+  int64_t resident[2] = {0, 0};
+  for (size_t pool = 0; pool < sched.pools.size(); ++pool) {
+    resident[sched.pools[pool].host ? 1 : 0] += sched.resident_bytes[pool];
+  }
+  std::vector<MemoryChange> changes[2];
+  for (int x = 0; x < per * run.iterations; ++x) {
+    for (const schedule::MemoryEvent& m : sched.ops[x % per].memory) {
+      const int side = sched.pools[m.pool].host ? 1 : 0;
+      const double at = m.at_end ? run.end[x] : run.start[x];
+      if (at <= w.t0) {
+        resident[side] += m.delta;
+      } else if (at < w.t1) {
+        changes[side].push_back({at, m.delta});
+      }
+    }
+  }
   for (std::vector<MemoryChange>& c : changes) {
     std::sort(c.begin(), c.end(), [](const MemoryChange& x, const MemoryChange& y) {
       return x.time_seconds < y.time_seconds;
     });
   }
-  tandem::v1::Timeline* timeline = options.record_timeline ? &result.timeline : nullptr;
-  p.set_accelerator_peak_bytes(
-      PeakInWindow(changes[0], resident[0], t0, t1,
+  p->set_accelerator_peak_bytes(
+      PeakInWindow(changes[0], resident[0], w.t0, w.t1,
                    timeline ? timeline->mutable_accelerator_memory() : nullptr));
-  p.set_host_peak_bytes(PeakInWindow(changes[1], resident[1], t0, t1,
-                                     timeline ? timeline->mutable_host_memory() : nullptr));
-  if (timeline != nullptr) WriteSpans(sched, run, k, t0, period, timeline);
+  p->set_host_peak_bytes(PeakInWindow(changes[1], resident[1], w.t0, w.t1,
+                                      timeline ? timeline->mutable_host_memory() : nullptr));
+}
 
+// Reads the reported iteration (the second to last) out of a run of the
+// schedule: the prediction, the timeline, reuse distances and slack.
+SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
+                        const schedule::Timing& run, const std::vector<double>& starts,
+                        const std::vector<double>& seconds,
+                        const std::vector<LayerNumbers>& numbers,
+                        const SimulationOptions& options) {
+  const int k = run.iterations - 2;
+  const double period = starts[k + 1] - starts[k];
+  const Window w{k, starts[k], period, starts[k] + period};
+  const std::vector<int> place = Places(sched);
+  SimulationResult result;
+  result.iterations_simulated = run.iterations;
+  tandem::v1::PlanPrediction& p = result.prediction;
+  p.set_iteration_seconds(period);
+  p.set_samples_per_second(period > 0 ? s.batch_size / period : 0.0);
+  SetResourceFigures(sched, run, w, place, &p);
+  tandem::v1::Timeline* timeline = options.record_timeline ? &result.timeline : nullptr;
+  SetMemoryPeaks(sched, run, w, timeline, &p);
+  if (timeline != nullptr) WriteSpans(sched, run, k, w.t0, period, timeline);
   result.layers = LayerTimings(s, sched, run, seconds, numbers, place, period);
   return result;
 }

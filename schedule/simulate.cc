@@ -80,6 +80,138 @@ Template Build(const Schedule& s) {
   return t;
 }
 
+// The discrete-event run of `iterations` copies of a schedule: each
+// operation starts once its prerequisites are met and its resource is free
+// (the earliest ready first), then releases its dependents on start or end.
+class EventLoop {
+ public:
+  EventLoop(const Schedule& s, const std::vector<double>& seconds, int iterations)
+      : s_(s),
+        seconds_(seconds),
+        iterations_(iterations),
+        per_(s.num_ops()),
+        n_(per_ * iterations),
+        tpl_(Build(s)),
+        queues_(s.resources.size()),
+        running_(s.resources.size(), -1) {}
+
+  absl::StatusOr<Timing> Run() {
+    Start();
+    Dispatch();
+    while (NextInstant()) {
+      for (const int64_t code : TakeInstant()) Release(code);
+      Dispatch();
+    }
+    if (finished_ != n_) {
+      return absl::InternalError(absl::StrCat("schedule deadlocked: ", n_ - finished_, " of ", n_,
+                                              " operations never ran"));
+    }
+    return std::move(run_);
+  }
+
+ private:
+  int Resource(int x) const { return s_.ops[x % per_].resource; }
+
+  // Every unrolled operation's unmet prerequisites (those with a lag
+  // reaching before the first iteration are met); those with none are ready.
+  void Start() {
+    run_.iterations = iterations_;
+    run_.ops_per_iteration = per_;
+    run_.start.assign(n_, -1.0);
+    run_.end.assign(n_, -1.0);
+    run_.binding.assign(n_, -1);
+    ready_.assign(n_, 0.0);
+    remaining_.resize(n_);
+    for (int i = 0; i < iterations_; ++i) {
+      for (int o = 0; o < per_; ++o) {
+        int count = tpl_.prerequisites[o];
+        for (int k = tpl_.lag_offsets[o]; k < tpl_.lag_offsets[o + 1]; ++k) {
+          count -= tpl_.lags[k] > i;
+        }
+        remaining_[i * per_ + o] = count;
+      }
+    }
+    for (int x = 0; x < n_; ++x) {
+      if (remaining_[x] == 0) queues_[Resource(x)].push({0.0, x});
+    }
+  }
+
+  // Each idle resource starts its earliest ready operation now.
+  void Dispatch() {
+    for (size_t r = 0; r < queues_.size(); ++r) {
+      if (running_[r] >= 0 || queues_[r].empty()) continue;
+      const int x = static_cast<int>(queues_[r].top().second);
+      queues_[r].pop();
+      running_[r] = x;
+      run_.start[x] = now_;
+      run_.end[x] = now_ + seconds_[x % per_];
+      starts_.push_back(int64_t{x} * 2);
+    }
+  }
+
+  // Moves to the next instant: now while starts wait, else the earliest end
+  // (a resource runs one operation at a time, so those are the only future
+  // events); false when nothing runs.
+  bool NextInstant() {
+    if (!starts_.empty()) return true;
+    double next = HUGE_VAL;
+    for (const int x : running_) {
+      if (x >= 0) next = std::min(next, run_.end[x]);
+    }
+    now_ = next;
+    return next != HUGE_VAL;
+  }
+
+  // This instant's events in the order of their codes (starts op * 2, ends
+  // op * 2 + 1, together); the resources that end are free again.
+  const std::vector<int64_t>& TakeInstant() {
+    batch_.swap(starts_);
+    starts_.clear();
+    for (int& x : running_) {
+      if (x >= 0 && run_.end[x] == now_) {
+        batch_.push_back(int64_t{x} * 2 + 1);
+        x = -1;
+        ++finished_;
+      }
+    }
+    std::sort(batch_.begin(), batch_.end());
+    return batch_;
+  }
+
+  // The dependents an operation's start or end releases.
+  void Release(int64_t code) {
+    const int x = static_cast<int>(code / 2);
+    const bool is_end = (code & 1) != 0;
+    const int i = x / per_, o = x % per_;
+    for (int k = tpl_.offsets[o]; k < tpl_.offsets[o + 1]; ++k) {
+      const Dependent& dep = tpl_.dependents[k];
+      if (dep.on_start == is_end || i + dep.lag >= iterations_) continue;
+      const int d = (i + dep.lag) * per_ + dep.op;
+      if (now_ >= ready_[d]) {
+        ready_[d] = now_;
+        run_.binding[d] = x;
+      }
+      if (--remaining_[d] == 0) queues_[Resource(d)].push({now_, d});
+    }
+  }
+
+  using Entry = std::pair<double, int64_t>;
+  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  const Schedule& s_;
+  const std::vector<double>& seconds_;
+  const int iterations_, per_, n_;
+  const Template tpl_;
+  // Per resource: its ready operations, and the one it runs (-1: idle).
+  std::vector<MinHeap> queues_;
+  std::vector<int> running_;
+  std::vector<int> remaining_;
+  std::vector<double> ready_;
+  std::vector<int64_t> starts_, batch_;
+  double now_ = 0.0;
+  int finished_ = 0;
+  Timing run_;
+};
+
 }  // namespace
 
 absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& seconds,
@@ -88,102 +220,7 @@ absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& se
     return absl::InvalidArgumentError(absl::StrCat("seconds: has ", seconds.size(),
                                                    " durations for ", s.num_ops(), " operations"));
   }
-  const int per = s.num_ops();
-  const int n = per * iterations;
-  const Template tpl = Build(s);
-  // Per unrolled operation: its unmet prerequisites, its iteration and its
-  // operation in the template (no divisions in the loop below).
-  std::vector<int> remaining(n), op_of(n), iteration_of(n);
-  for (int i = 0; i < iterations; ++i) {
-    for (int o = 0; o < per; ++o) {
-      int count = tpl.prerequisites[o];
-      for (int k = tpl.lag_offsets[o]; k < tpl.lag_offsets[o + 1]; ++k) count -= tpl.lags[k] > i;
-      remaining[i * per + o] = count;
-      op_of[i * per + o] = o;
-      iteration_of[i * per + o] = i;
-    }
-  }
-
-  Timing run;
-  run.iterations = iterations;
-  run.ops_per_iteration = per;
-  run.start.assign(n, -1.0);
-  run.end.assign(n, -1.0);
-  run.binding.assign(n, -1);
-  std::vector<double> ready(n, 0.0);
-  auto resource = [&](int x) { return s.ops[op_of[x]].resource; };
-
-  using Entry = std::pair<double, int64_t>;
-  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
-  const int R = static_cast<int>(s.resources.size());
-  std::vector<MinHeap> queues(R);
-  // The operation each resource runs (-1: idle); a resource runs one at a
-  // time, so these are the only ends in the future.
-  std::vector<int> running(R, -1);
-  // Starts happen at the current time and wait in `starts` (op * 2); ends are
-  // op * 2 + 1. Each instant's events are handled in the order of those
-  // codes, starts and ends together.
-  std::vector<int64_t> starts, batch;
-  for (int x = 0; x < n; ++x) {
-    if (remaining[x] == 0) queues[resource(x)].push({0.0, x});
-  }
-  auto dispatch = [&](double t) {
-    for (int r = 0; r < R; ++r) {
-      if (running[r] >= 0 || queues[r].empty()) continue;
-      const int x = static_cast<int>(queues[r].top().second);
-      queues[r].pop();
-      running[r] = x;
-      run.start[x] = t;
-      run.end[x] = t + seconds[op_of[x]];
-      starts.push_back(int64_t{x} * 2);
-    }
-  };
-  double t = 0.0;
-  dispatch(t);
-  int finished = 0;
-  while (true) {
-    // The next instant: now, while starts wait, else the earliest end.
-    if (starts.empty()) {
-      double next = HUGE_VAL;
-      for (int r = 0; r < R; ++r) {
-        if (running[r] >= 0) next = std::min(next, run.end[running[r]]);
-      }
-      if (next == HUGE_VAL) break;
-      t = next;
-    }
-    batch.swap(starts);
-    starts.clear();
-    for (int r = 0; r < R; ++r) {
-      if (running[r] >= 0 && run.end[running[r]] == t) {
-        batch.push_back(int64_t{running[r]} * 2 + 1);
-        running[r] = -1;  // free for the dispatch after this instant
-        ++finished;
-      }
-    }
-    std::sort(batch.begin(), batch.end());
-    for (const int64_t code : batch) {
-      const int x = static_cast<int>(code / 2);
-      const bool is_end = (code & 1) != 0;
-      const int i = iteration_of[x], o = op_of[x];
-      for (int k = tpl.offsets[o]; k < tpl.offsets[o + 1]; ++k) {
-        const Dependent& dep = tpl.dependents[k];
-        if (dep.on_start == is_end || i + dep.lag >= iterations) continue;
-        const int d = (i + dep.lag) * per + dep.op;
-        if (t >= ready[d]) {
-          ready[d] = t;
-          run.binding[d] = x;
-        }
-        if (--remaining[d] == 0) queues[resource(d)].push({t, d});
-      }
-    }
-    batch.clear();
-    dispatch(t);
-  }
-  if (finished != n) {
-    return absl::InternalError(
-        absl::StrCat("schedule deadlocked: ", n - finished, " of ", n, " operations never ran"));
-  }
-  return run;
+  return EventLoop(s, seconds, iterations).Run();
 }
 
 }  // namespace tandem::schedule

@@ -34,6 +34,15 @@ tandem::v1::JobEvent StateEvent(uint64_t seq) {
   return e;
 }
 
+// Runs `sql` on the store's database file behind its back (a damaged or
+// forged store).
+void ExecOn(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+  sqlite3_close(db);
+}
+
 TEST(JobStoreTest, InsertGetAndReopen) {
   const std::string path = Db("reopen");
   std::string id;
@@ -228,14 +237,7 @@ TEST(JobStoreTest, AStoreAtTheLastJobNumberRefusesNewJobs) {
     auto store = *JobStore::Open(path);
     ASSERT_TRUE(store->InsertJob(NewJob("a"), {}).ok());
   }
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET seq = 9223372036854775807 WHERE seq = 1", nullptr,
-                           nullptr, nullptr),
-              SQLITE_OK);
-    sqlite3_close(db);
-  }
+  ExecOn(path, "UPDATE jobs SET seq = 9223372036854775807 WHERE seq = 1");
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_TRUE((*store)->read_only().ok()) << (*store)->read_only();
@@ -254,14 +256,7 @@ TEST(JobStoreTest, ADamagedRecordIsListedAsSuchNotDropped) {
     auto store = *JobStore::Open(path);
     for (const char* r : {"a", "b", "c"}) ASSERT_TRUE(store->InsertJob(NewJob(r), {}).ok());
   }
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, "UPDATE jobs SET job = x'ffffffffffff' WHERE seq = 2", nullptr,
-                           nullptr, nullptr),
-              SQLITE_OK);
-    sqlite3_close(db);
-  }
+  ExecOn(path, "UPDATE jobs SET job = x'ffffffffffff' WHERE seq = 2");
   auto store = *JobStore::Open(path);
   absl::StatusOr<JobPage> page = store->ListJobs(JobFilter());
   ASSERT_TRUE(page.ok()) << page.status();

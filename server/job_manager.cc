@@ -874,8 +874,9 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   TrainerCallbacks callbacks = CallbacksFor(job.id(), entry);
   std::optional<DistributedRun> distributed;
   if (job.resolved_spec().distributed().replicas() > 1 && options_.begin_distributed) {
-    distributed = options_.begin_distributed(job);
+    distributed = options_.begin_distributed(job, trainer_options.checkpoint_dir);
     trainer_options.make_runner = distributed->factory;
+    trainer_options.rank_nodes = distributed->nodes;
     // A stop (cancel, shutdown) is voted on, so that every rank stops at the
     // same step with the same final checkpoint.
     callbacks.should_stop = [entry, vote = distributed->vote] {

@@ -77,7 +77,10 @@ struct JobManagerOptions {
   // submission that the cluster has nodes for the ranks; `begin_distributed`
   // makes each run's rank 0. Unset: such jobs are refused (no --peers).
   std::function<absl::Status(const tandem::v1::JobSpec& resolved)> admit_distributed;
-  std::function<DistributedRun(const tandem::v1::Job& job)> begin_distributed;
+  // `checkpoint_dir` is the job's, where a partitioned job's manifests say
+  // which node holds each rank's partition.
+  std::function<DistributedRun(const tandem::v1::Job& job, const std::string& checkpoint_dir)>
+      begin_distributed;
   // Overrides the runner (tests); null = placement's MakeRunnerFactory when
   // `node` is set, else the CPU engine.
   RunnerFactory make_runner;

@@ -277,8 +277,9 @@ void CoordinateDistributedJobs(tandem::server::Coordinator* coordinator,
   options.admit_distributed = [coordinator](const tandem::v1::JobSpec& resolved) {
     return coordinator->Admit(resolved);
   };
-  options.begin_distributed = [coordinator](const tandem::v1::Job& job) {
-    return coordinator->Begin(job);
+  options.begin_distributed = [coordinator](const tandem::v1::Job& job,
+                                            const std::string& checkpoint_dir) {
+    return coordinator->Begin(job, checkpoint_dir);
   };
 }
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "runtime/core/clock.h"
 #include "runtime/optim/kernels.h"
@@ -324,22 +325,9 @@ absl::StatusOr<bool> DataParallelRunner::SynchronizeStart(StartPoint* point) {
   const int64_t p = model_.parameter_elements();
   TANDEM_RETURN_IF_ERROR(comm_->Broadcast(engine_->params(), p, 0));
   TANDEM_RETURN_IF_ERROR(comm_->Broadcast(engine_->buffers(), model_.buffer_elements(), 0));
-  for (int i = 0; i < optimizer_->state_count(); ++i) {
-    if (options_.sharding == OptimizerSharding::kReplicated) {
+  if (options_.sharding == OptimizerSharding::kReplicated) {
+    for (int i = 0; i < optimizer_->state_count(); ++i) {
       TANDEM_RETURN_IF_ERROR(comm_->Broadcast(optimizer_->state(i), p, 0));
-      continue;
-    }
-    // Rank 0 holds the whole state when it loaded a checkpoint (host_state's
-    // full moments), else only its pieces: a fresh start, all zero.
-    std::vector<float> full(p, 0.0f);
-    if (comm_->rank() == 0 && i < static_cast<int>(full_moments_.size()) &&
-        static_cast<int64_t>(full_moments_[i].size()) == p) {
-      full = full_moments_[i];
-    }
-    TANDEM_RETURN_IF_ERROR(comm_->Broadcast(full.data(), p, 0));
-    for (const Bucket& b : buckets_) {
-      std::memcpy(optimizer_->state(i) + b.state_offset, full.data() + b.offset + b.piece_start,
-                  b.pieces[comm_->rank()] * sizeof(float));
     }
   }
   return moved;
@@ -368,9 +356,7 @@ HostStateView DataParallelRunner::host_state() {
   for (int i = 0; i < optimizer_->state_count(); ++i) {
     if (options_.sharding == OptimizerSharding::kReplicated) {
       v.moments.push_back(optimizer_->state(i));
-    } else {
-      full_moments_.resize(optimizer_->state_count());
-      full_moments_[i].resize(model_.parameter_elements());
+    } else if (i < static_cast<int>(full_moments_.size())) {
       v.moments.push_back(full_moments_[i].data());
     }
   }
@@ -380,7 +366,8 @@ HostStateView DataParallelRunner::host_state() {
 absl::Status DataParallelRunner::StateChangedOnHost() {
   // Every rank loaded the same checkpoint: it takes its own pieces back.
   if (options_.sharding == OptimizerSharding::kReplicated) return absl::OkStatus();
-  for (int i = 0; i < optimizer_->state_count(); ++i) {
+  for (int i = 0; i < optimizer_->state_count() && i < static_cast<int>(full_moments_.size());
+       ++i) {
     for (const Bucket& b : buckets_) {
       std::memcpy(optimizer_->state(i) + b.state_offset,
                   full_moments_[i].data() + b.offset + b.piece_start,
@@ -391,5 +378,29 @@ absl::Status DataParallelRunner::StateChangedOnHost() {
 }
 
 int64_t DataParallelRunner::peak_host_bytes() const { return allocator_->stats().peak_total_bytes; }
+
+std::optional<StatePartition> DataParallelRunner::state_partition() {
+  if (options_.sharding != OptimizerSharding::kPartitioned) return std::nullopt;
+  StatePartition part;
+  part.rank = comm_->rank();
+  part.ranks = comm_->size();
+  part.elements = optimizer_->elements();
+  std::vector<std::string> cuts;
+  for (const Bucket& b : buckets_) {
+    cuts.push_back(absl::StrCat(b.offset, "+", absl::StrJoin(b.pieces, ",")));
+  }
+  part.layout = absl::StrCat("zero ranks=", comm_->size(), " buckets=", absl::StrJoin(cuts, ";"));
+  for (int i = 0; i < optimizer_->state_count(); ++i) part.moments.push_back(optimizer_->state(i));
+  return part;
+}
+
+absl::StatusOr<std::vector<double>> DataParallelRunner::GatherFromRanks(
+    const std::vector<double>& mine) {
+  const size_t n = mine.size();
+  std::vector<double> all(n * comm_->size(), 0.0);
+  std::copy(mine.begin(), mine.end(), all.begin() + n * comm_->rank());
+  TANDEM_RETURN_IF_ERROR(comm_->AllReduceSum(all.data(), static_cast<int64_t>(all.size())));
+  return all;
+}
 
 }  // namespace tandem

@@ -80,16 +80,24 @@ class DataParallelRunner final : public StepRunner {
   // Each rank evaluates its share; the sums are all-reduced, so every rank
   // returns the whole batch's figures.
   absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;
-  // Rank 0's position, weights, buffers and optimizer state (its checkpoint's,
-  // when it resumed) to every rank: a run restarted after a lost rank goes on
-  // from rank 0's checkpoint whatever the others hold.
+  // Rank 0's position, weights and buffers (its checkpoint's, when it
+  // resumed) to every rank, and kReplicated its optimizer state: a run
+  // restarted after a lost rank goes on from rank 0's checkpoint whatever the
+  // others hold. kPartitioned ranks keep their own pieces (each loads its
+  // partition of the checkpoint: trainer.h).
   absl::StatusOr<bool> SynchronizeStart(StartPoint* point) override;
   // kPartitioned: all-gathers the optimizer state into full-length host copies
-  // (allocated on first use) so that host_state() is the whole state.
+  // (allocated on first use) so that host_state() is the whole state; until
+  // the first call host_state() has no moments (the trainer checkpoints a
+  // partitioned rank's own pieces: state_partition()).
   absl::Status SyncStateToHost() override;
   HostStateView host_state() override;
   absl::Status StateChangedOnHost() override;
   int64_t peak_host_bytes() const override;
+  // kPartitioned: this rank's pieces (optimizer_elements() floats per moment),
+  // cut by the buckets' split over the ranks.
+  std::optional<StatePartition> state_partition() override;
+  absl::StatusOr<std::vector<double>> GatherFromRanks(const std::vector<double>& mine) override;
 
   const DataParallelStats& stats() const { return stats_; }
   int rank() const { return comm_->rank(); }

@@ -110,7 +110,9 @@ TEST_P(DataParallelTest, TwentyStepsMatchOneReplica) {
   } else {
     EXPECT_EQ(owned, p * c.ranks);
   }
-  if (c.bucket_bytes == 0) EXPECT_GT(runs[0].stats.buckets, 1);
+  if (c.bucket_bytes == 0) {
+    EXPECT_GT(runs[0].stats.buckets, 1);
+  }
   std::cout << c.model << " " << sharding << " on " << c.ranks << " ranks, "
             << runs[0].stats.buckets << " buckets: loss " << runs[0].losses.front() << " -> "
             << runs[0].losses.back() << ", one replica " << reference.front() << " -> "
@@ -209,15 +211,18 @@ namespace {
 
 // A restarted run: rank 0 resumed from a checkpoint (here: state written into
 // its host view, as a checkpoint load does), the others hold something else;
-// after SynchronizeStart every rank holds rank 0's weights, buffers and
-// optimizer state and starts at its step.
+// after SynchronizeStart every rank holds rank 0's weights and buffers and
+// starts at its step. Replicated ranks take rank 0's optimizer state too;
+// partitioned ranks keep their own pieces (each loads its partition of the
+// checkpoint: runtime/train/partitioned_checkpoint.h).
 class SynchronizeStartTest : public testing::TestWithParam<OptimizerSharding> {};
 
 TEST_P(SynchronizeStartTest, EveryRankTakesRankZerosStateAndPosition) {
   const Fixture f = MakeFixture(exec_test::kGpt);
   const int64_t p = f.model->parameter_elements();
+  const bool partitioned = GetParam() == OptimizerSharding::kPartitioned;
   gloo::rendezvous::HashStore store;
-  std::vector<std::vector<float>> params(3), moments(3);
+  std::vector<std::vector<float>> params(3), moments(3), pieces(3);
   std::vector<StartPoint> points(3);
   std::vector<bool> changed(3);
   std::vector<std::thread> threads;
@@ -233,9 +238,15 @@ TEST_P(SynchronizeStartTest, EveryRankTakesRankZerosStateAndPosition) {
                                                comm->get(), options);
       ASSERT_TRUE(runner.ok()) << runner.status();
       HostStateView view = (*runner)->host_state();
-      for (int64_t i = 0; i < p; ++i) {
-        view.params[i] = r == 0 ? 0.001f * (i % 97) : -1.0f;
-        view.moments[1][i] = r == 0 ? 0.5f + 0.001f * (i % 13) : 7.0f;
+      for (int64_t i = 0; i < p; ++i) view.params[i] = r == 0 ? 0.001f * (i % 97) : -1.0f;
+      const std::optional<StatePartition> part = (*runner)->state_partition();
+      ASSERT_EQ(part.has_value(), partitioned);
+      if (partitioned) {
+        for (int64_t i = 0; i < part->elements; ++i) part->moments[1][i] = r + 0.001f * (i % 13);
+      } else {
+        for (int64_t i = 0; i < p; ++i) {
+          view.moments[1][i] = r == 0 ? 0.5f + 0.001f * (i % 13) : 7.0f;
+        }
       }
       ASSERT_TRUE((*runner)->StateChangedOnHost().ok());
       StartPoint point;
@@ -245,6 +256,7 @@ TEST_P(SynchronizeStartTest, EveryRankTakesRankZerosStateAndPosition) {
       ASSERT_TRUE(c.ok()) << c.status();
       changed[r] = *c;
       points[r] = point;
+      if (partitioned) pieces[r].assign(part->moments[1], part->moments[1] + part->elements);
       ASSERT_TRUE((*runner)->SyncStateToHost().ok());
       view = (*runner)->host_state();
       params[r].assign(view.params, view.params + p);
@@ -263,8 +275,15 @@ TEST_P(SynchronizeStartTest, EveryRankTakesRankZerosStateAndPosition) {
     EXPECT_EQ(params[r], params[0]) << "rank " << r;
     EXPECT_EQ(moments[r], moments[0]) << "rank " << r;
   }
-  EXPECT_FLOAT_EQ(moments[0][14], 0.5f + 0.001f);
   EXPECT_FLOAT_EQ(params[2][5], 0.005f);
+  if (!partitioned) {
+    EXPECT_FLOAT_EQ(moments[0][14], 0.5f + 0.001f);
+    return;
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_FALSE(pieces[r].empty());
+    EXPECT_FLOAT_EQ(pieces[r][14], r + 0.001f) << "rank " << r << " kept its own pieces";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sharding, SynchronizeStartTest,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,19 @@ struct StartPoint {
   int64_t optimizer_step = 0;
 };
 
+// A ZeRO-partitioned data-parallel rank's own pieces of the optimizer state:
+// what its partition of a checkpoint holds (docs/distributed.md).
+struct StatePartition {
+  int rank = 0;
+  int ranks = 1;
+  // How the state is cut into pieces (the buckets and the ranks): a partition
+  // loads only into a runner that cuts it the same way.
+  std::string layout;
+  // Each moment's pieces, `elements` floats each, in the runner's memory.
+  std::vector<float*> moments;
+  int64_t elements = 0;
+};
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
@@ -136,6 +150,18 @@ class StepRunner {
   }
   // The measured timeline of the latest step, when the runner records one.
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
+
+  // ZeRO-partitioned ranks: their own pieces of the optimizer state, which
+  // they checkpoint instead of the whole; their weights and buffers are
+  // always current in host_state() (no SyncStateToHost needed for them).
+  // SynchronizeStart leaves each rank's pieces as they are. nullopt for the
+  // runners that hold the whole state.
+  virtual std::optional<StatePartition> state_partition() { return std::nullopt; }
+  // Runners with a partition: every rank's `mine` (the same length on each),
+  // concatenated in rank order, through one collective.
+  virtual absl::StatusOr<std::vector<double>> GatherFromRanks(const std::vector<double>& mine) {
+    return mine;
+  }
 
   // Virtual so that a runner wrapping another can pass the sink on.
   virtual void set_timing_sink(LayerTimingSink* sink) { timing_sink_ = sink; }

@@ -2,19 +2,27 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/atomic_file.h"
 #include "base/status_macros.h"
+#include "google/protobuf/text_format.h"
 
 namespace tandem {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'N', 'D', 'M', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kFormatVersion = 1;
+constexpr char kCheckpointPrefix[] = "ckpt-";
 
 // Writes all of `data` to `fd`, updating `crc`.
 absl::Status WriteAll(int fd, const void* data, size_t n, uLong* crc, const std::string& path) {
@@ -32,9 +40,9 @@ absl::Status WriteAll(int fd, const void* data, size_t n, uLong* crc, const std:
 
 }  // namespace
 
-absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
-                                        tandem::v1::CheckpointHeader header,
-                                        const std::vector<NamedTensor>& tensors) {
+absl::StatusOr<CheckpointFile> WriteCheckpoint(const std::string& path,
+                                               tandem::v1::CheckpointHeader header,
+                                               const std::vector<NamedTensor>& tensors) {
   header.set_format_version(kFormatVersion);
   header.clear_tensors();
   int64_t offset = 0;
@@ -47,7 +55,8 @@ absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
     offset += t.elements * 4;
   }
   const std::string header_bytes = header.SerializeAsString();
-  return WriteFileAtomically(path, [&](int fd) -> absl::Status {
+  CheckpointFile file;
+  absl::StatusOr<int64_t> bytes = WriteFileAtomically(path, [&](int fd) -> absl::Status {
     uLong crc = crc32(0, nullptr, 0);
     const uint32_t version = kFormatVersion;
     const uint64_t header_len = header_bytes.size();
@@ -58,14 +67,18 @@ absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
     for (const NamedTensor& t : tensors) {
       TANDEM_RETURN_IF_ERROR(WriteAll(fd, t.data, t.elements * 4, &crc, path));
     }
-    const uint32_t crc32_value = static_cast<uint32_t>(crc);
-    return WriteAll(fd, &crc32_value, sizeof(crc32_value), nullptr, path);
+    file.crc32 = static_cast<uint32_t>(crc);
+    return WriteAll(fd, &file.crc32, sizeof(file.crc32), nullptr, path);
   });
+  if (!bytes.ok()) return bytes.status();
+  file.bytes = *bytes;
+  return file;
 }
 
 absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& path,
                                                             const std::string& fingerprint,
-                                                            const std::vector<NamedTensor>& into) {
+                                                            const std::vector<NamedTensor>& into,
+                                                            CheckpointFile* file) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open checkpoint '", path, "'"));
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -80,6 +93,7 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
   if (static_cast<uint32_t>(crc) != stored_crc) {
     return absl::DataLossError(absl::StrCat("checkpoint '", path, "' is damaged (CRC mismatch)"));
   }
+  if (file != nullptr) *file = {static_cast<int64_t>(bytes.size()), stored_crc};
   uint32_t version;
   uint64_t header_len;
   std::memcpy(&version, bytes.data() + sizeof(kMagic), 4);
@@ -124,6 +138,45 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
     std::memcpy(t.data, data + found->offset(), t.elements * 4);
   }
   return header;
+}
+
+absl::Status WriteManifest(const std::string& path,
+                           const tandem::v1::CheckpointManifest& manifest) {
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(manifest, &text)) {
+    return absl::InternalError(absl::StrCat("cannot print the manifest for '", path, "'"));
+  }
+  return WriteFileAtomically(path, text);
+}
+
+absl::StatusOr<tandem::v1::CheckpointManifest> ReadManifest(const std::string& path) {
+  const std::optional<std::string> text = ReadWholeFile(path);
+  if (!text) return absl::NotFoundError(absl::StrCat("cannot read manifest '", path, "'"));
+  tandem::v1::CheckpointManifest manifest;
+  if (!google::protobuf::TextFormat::ParseFromString(*text, &manifest)) {
+    return absl::DataLossError(absl::StrCat("manifest '", path, "' does not parse"));
+  }
+  return manifest;
+}
+
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir,
+                                                             const std::string& suffix) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  const size_t prefix = std::strlen(kCheckpointPrefix);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, kCheckpointPrefix) || !absl::EndsWith(name, suffix)) continue;
+    int64_t step;
+    const std::string digits = name.substr(prefix, name.size() - prefix - suffix.size());
+    if (absl::SimpleAtoi(digits, &step)) out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+std::string CheckpointPath(const std::string& dir, int64_t step, const std::string& suffix) {
+  return absl::StrFormat("%s/%s%010d%s", dir, kCheckpointPrefix, step, suffix);
 }
 
 }  // namespace tandem

@@ -6,7 +6,9 @@
 #ifndef TANDEM_RUNTIME_TRAIN_CHECKPOINT_H_
 #define TANDEM_RUNTIME_TRAIN_CHECKPOINT_H_
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,19 +22,39 @@ struct NamedTensor {
   int64_t elements = 0;
 };
 
+// A checkpoint file as written or read: its size and its trailing CRC-32,
+// which a partitioned checkpoint's manifest records for each partition.
+struct CheckpointFile {
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
 // Writes `header` (its `tensors` list is filled here) and the tensors to `path`.
-// Returns the file size in bytes.
-absl::StatusOr<int64_t> WriteCheckpoint(const std::string& path,
-                                        tandem::v1::CheckpointHeader header,
-                                        const std::vector<NamedTensor>& tensors);
+absl::StatusOr<CheckpointFile> WriteCheckpoint(const std::string& path,
+                                               tandem::v1::CheckpointHeader header,
+                                               const std::vector<NamedTensor>& tensors);
 
 // Reads `path`, checks the CRC, the model fingerprint (when `fingerprint` is not
 // empty) and that every tensor of `into` is present with the same size, then
 // fills them. DATA_LOSS for a damaged file, FAILED_PRECONDITION for a checkpoint
-// of another model.
+// of another model. `file` (when not null) gets the file's size and CRC.
 absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& path,
                                                             const std::string& fingerprint,
-                                                            const std::vector<NamedTensor>& into);
+                                                            const std::vector<NamedTensor>& into,
+                                                            CheckpointFile* file = nullptr);
+
+// A partitioned checkpoint's manifest, written atomically (text format) or
+// read back; DATA_LOSS when it does not parse.
+absl::Status WriteManifest(const std::string& path, const tandem::v1::CheckpointManifest& manifest);
+absl::StatusOr<tandem::v1::CheckpointManifest> ReadManifest(const std::string& path);
+
+// ckpt-<step><suffix> in `dir` (".tdm": checkpoints; ".manifest": manifests),
+// newest step first; and the path of one.
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir,
+                                                             const std::string& suffix);
+std::string CheckpointPath(const std::string& dir, int64_t step, const std::string& suffix);
+inline constexpr char kCheckpointSuffix[] = ".tdm";
+inline constexpr char kManifestSuffix[] = ".manifest";
 
 }  // namespace tandem
 

@@ -18,6 +18,7 @@
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/job_model.h"
+#include "runtime/train/partitioned_checkpoint.h"
 #include "runtime/train/update_rules.h"
 #include "spec/job_spec.h"
 #include "spec/precision.h"
@@ -28,28 +29,8 @@ namespace {
 using tandem::v1::JobEvent;
 using tandem::v1::LogSeverity;
 
-constexpr char kCheckpointPrefix[] = "ckpt-";
-constexpr char kCheckpointSuffix[] = ".tdm";
 // Checkpoints kept: the newest and one before it, in case the newest is damaged.
 constexpr int kCheckpointsKept = 2;
-
-// Checkpoint files in `dir`, newest step first.
-std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!absl::StartsWith(name, kCheckpointPrefix) || !absl::EndsWith(name, kCheckpointSuffix))
-      continue;
-    int64_t step;
-    const std::string digits =
-        name.substr(std::strlen(kCheckpointPrefix),
-                    name.size() - std::strlen(kCheckpointPrefix) - std::strlen(kCheckpointSuffix));
-    if (absl::SimpleAtoi(digits, &step)) out.emplace_back(step, entry.path().string());
-  }
-  std::sort(out.begin(), out.end(), std::greater<>());
-  return out;
-}
 
 // SWA's average at a checkpoint's step: swa-<step>.tdm beside ckpt-<step>.tdm,
 // kept and pruned with it, so whichever checkpoint a resume loads has its own.
@@ -118,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const tandem::v1::JobSp
   }
   TANDEM_ASSIGN_OR_RETURN(t->runner_, t->MakeRunner(t->options_.make_runner));
   t->runner_->set_timing_sink(t->options_.timing_sink);
+  t->partition_ = t->runner_->state_partition();
   t->metrics_.set_predicted_step_seconds(t->runner_->plan().prediction().iteration_seconds());
   t->loader_ = std::make_unique<BatchLoader>(*t->data_.train, training.batch_size(),
                                              t->resolved_.data().shuffle(), training.seed());
@@ -157,6 +139,18 @@ absl::Status Trainer::SynchronizeStart() {
                .epoch_offset = loader_->offset(),
                .optimizer_step = runner_->host_state().optimizer->step()};
   TANDEM_ASSIGN_OR_RETURN(const bool changed, runner_->SynchronizeStart(&p));
+  if (partition_ && p.step > 0) {
+    // Every rank starts at the manifest's step; each takes its own pieces of
+    // the optimizer state from its partition.
+    TANDEM_ASSIGN_OR_RETURN(
+        const std::string path,
+        LoadOwnPartition(*runner_, *partition_, options_.checkpoint_dir, p.step,
+                         model_->fingerprint(), resumed_manifest_ ? &*resumed_manifest_ : nullptr));
+    if (partition_->rank != 0) {
+      checkpoint_path_ = path;
+      checkpoint_step_ = p.step;
+    }
+  }
   if (!changed) return absl::OkStatus();
   step_ = p.step;
   samples_ = p.samples;
@@ -171,14 +165,9 @@ absl::Status Trainer::SynchronizeStart() {
 }
 
 absl::Status Trainer::LoadNewestCheckpoint() {
-  HostStateView state = runner_->host_state();
-  std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
-                                      {"buffers", state.buffers, model_->buffer_elements()}};
-  for (size_t i = 0; i < state.moments.size(); ++i) {
-    tensors.push_back(
-        {absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
-  }
-  for (const auto& [step, path] : ListCheckpoints(options_.checkpoint_dir)) {
+  if (partition_) return LoadNewestManifest();
+  const std::vector<NamedTensor> tensors = StateTensors(runner_->host_state(), true);
+  for (const auto& [step, path] : ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix)) {
     absl::StatusOr<tandem::v1::CheckpointHeader> header =
         ReadCheckpoint(path, model_->fingerprint(), tensors);
     if (!header.ok()) {
@@ -188,32 +177,59 @@ absl::Status Trainer::LoadNewestCheckpoint() {
       if (header.status().code() == absl::StatusCode::kFailedPrecondition) return header.status();
       continue;
     }
-    step_ = header->step();
-    samples_ = header->samples();
-    state.optimizer->set_step(header->optimizer_step());
-    if (loss_scaler_ != nullptr && header->loss_scale() > 0) {
-      loss_scaler_->Restore(header->loss_scale(), header->loss_scale_good_steps(),
-                            header->skipped_steps(), header->loss_scale_consecutive_skips());
-      metrics_.set_loss_scale(loss_scaler_->scale());
-      metrics_.set_skipped_steps(loss_scaler_->skipped_steps());
-    }
-    loader_->Seek(header->epoch(), header->epoch_offset());
-    TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
-    checkpoint_path_ = path;
-    checkpoint_step_ = step_;
-    progress_.set_step(step_);
-    LoadSwa();
-    Log(tandem::v1::LOG_SEVERITY_INFO,
-        absl::StrCat("resumed from checkpoint at step ", step_, " (", path, ")"));
-    return absl::OkStatus();
+    return Resume(*header, path, /*state_changed_on_host=*/true);
   }
   return absl::OkStatus();
 }
 
-absl::Status Trainer::SaveCheckpoint() {
-  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
+absl::Status Trainer::LoadNewestManifest() {
+  TANDEM_ASSIGN_OR_RETURN(
+      std::optional<LoadedManifest> loaded,
+      tandem::LoadNewestManifest(
+          options_.checkpoint_dir, model_->fingerprint(), *partition_,
+          StateTensors(runner_->host_state(), false), [this](const std::string& why) {
+            Log(tandem::v1::LOG_SEVERITY_WARNING, absl::StrCat("skipping checkpoint: ", why));
+          }));
+  if (!loaded) return absl::OkStatus();
+  resumed_manifest_ = std::move(loaded->manifest);
+  // The partition was read into the runner's own memory: nothing to push.
+  return Resume(loaded->header, loaded->path, /*state_changed_on_host=*/false);
+}
+
+absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const std::string& path,
+                             bool state_changed_on_host) {
   HostStateView state = runner_->host_state();
+  step_ = header.step();
+  samples_ = header.samples();
+  state.optimizer->set_step(header.optimizer_step());
+  if (loss_scaler_ != nullptr && header.loss_scale() > 0) {
+    loss_scaler_->Restore(header.loss_scale(), header.loss_scale_good_steps(),
+                          header.skipped_steps(), header.loss_scale_consecutive_skips());
+    metrics_.set_loss_scale(loss_scaler_->scale());
+    metrics_.set_skipped_steps(loss_scaler_->skipped_steps());
+  }
+  loader_->Seek(header.epoch(), header.epoch_offset());
+  if (state_changed_on_host) TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
+  checkpoint_path_ = path;
+  checkpoint_step_ = step_;
+  progress_.set_step(step_);
+  LoadSwa();
+  Log(tandem::v1::LOG_SEVERITY_INFO,
+      absl::StrCat("resumed from checkpoint at step ", step_, " (", path, ")"));
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> Trainer::StateTensors(const HostStateView& state, bool moments) const {
+  std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
+                                      {"buffers", state.buffers, model_->buffer_elements()}};
+  for (size_t i = 0; moments && i < state.moments.size(); ++i) {
+    tensors.push_back(
+        {absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
+  }
+  return tensors;
+}
+
+tandem::v1::CheckpointHeader Trainer::CheckpointHeaderNow() {
   tandem::v1::CheckpointHeader header;
   header.set_job_id(options_.job_id);
   header.set_model_fingerprint(model_->fingerprint());
@@ -221,7 +237,7 @@ absl::Status Trainer::SaveCheckpoint() {
   header.set_epoch(loader_->epoch());
   header.set_epoch_offset(loader_->offset());
   header.set_samples(samples_);
-  header.set_optimizer_step(state.optimizer->step());
+  header.set_optimizer_step(runner_->host_state().optimizer->step());
   if (loss_scaler_ != nullptr) {
     header.set_loss_scale(loss_scaler_->scale());
     header.set_loss_scale_good_steps(loss_scaler_->good_steps());
@@ -229,29 +245,43 @@ absl::Status Trainer::SaveCheckpoint() {
     header.set_loss_scale_consecutive_skips(loss_scaler_->consecutive_skips());
   }
   *header.mutable_create_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  std::vector<NamedTensor> tensors = {{"parameters", state.params, model_->parameter_elements()},
-                                      {"buffers", state.buffers, model_->buffer_elements()}};
-  for (size_t i = 0; i < state.moments.size(); ++i) {
-    tensors.push_back(
-        {absl::StrCat("optimizer.", i), state.moments[i], model_->parameter_elements()});
+  return header;
+}
+
+absl::Status Trainer::SaveCheckpoint() {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  SavedPartitions saved;
+  if (partition_) {
+    // Each rank writes its own pieces; rank 0 commits the manifest.
+    TANDEM_ASSIGN_OR_RETURN(
+        saved,
+        SavePartitioned(*runner_, *partition_, options_.checkpoint_dir, CheckpointHeaderNow(),
+                        StateTensors(runner_->host_state(), false),
+                        options_.rank_nodes ? *options_.rank_nodes : std::vector<std::string>{},
+                        kCheckpointsKept));
+    TANDEM_RETURN_IF_ERROR(SaveSwa());
+  } else {
+    TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
+    const std::vector<NamedTensor> tensors = StateTensors(runner_->host_state(), true);
+    saved.path = CheckpointPath(options_.checkpoint_dir, step_, kCheckpointSuffix);
+    TANDEM_ASSIGN_OR_RETURN(const CheckpointFile file,
+                            WriteCheckpoint(saved.path, CheckpointHeaderNow(), tensors));
+    saved.bytes = file.bytes;
+    TANDEM_RETURN_IF_ERROR(SaveSwa());
+    const auto all = ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix);
+    for (size_t i = kCheckpointsKept; i < all.size(); ++i) {
+      ::unlink(all[i].second.c_str());
+      ::unlink(SwaPath(options_.checkpoint_dir, all[i].first).c_str());
+    }
   }
-  const std::string path = absl::StrFormat("%s/%s%010d%s", options_.checkpoint_dir,
-                                           kCheckpointPrefix, step_, kCheckpointSuffix);
-  TANDEM_ASSIGN_OR_RETURN(const int64_t bytes, WriteCheckpoint(path, header, tensors));
-  TANDEM_RETURN_IF_ERROR(SaveSwa());
-  checkpoint_path_ = path;
+  checkpoint_path_ = saved.path;
   checkpoint_step_ = step_;
-  const auto all = ListCheckpoints(options_.checkpoint_dir);
-  for (size_t i = kCheckpointsKept; i < all.size(); ++i) {
-    ::unlink(all[i].second.c_str());
-    ::unlink(SwaPath(options_.checkpoint_dir, all[i].first).c_str());
-  }
   if (callbacks_.on_checkpoint) {
-    JobEvent::CheckpointSaved saved;
-    saved.set_step(step_);
-    saved.set_path(path);
-    saved.set_bytes(bytes);
-    callbacks_.on_checkpoint(saved);
+    JobEvent::CheckpointSaved event;
+    event.set_step(step_);
+    event.set_path(saved.path);
+    event.set_bytes(saved.bytes);
+    callbacks_.on_checkpoint(event);
   }
   return absl::OkStatus();
 }
@@ -402,9 +432,12 @@ void Trainer::set_timing_sink(LayerTimingSink* sink) {
 }
 
 absl::Status Trainer::SwitchRunner(const RunnerFactory& make, RunClock& clock) {
-  if (options_.checkpoint_dir.empty()) {
+  if (options_.checkpoint_dir.empty() || partition_) {
     const absl::Status refused = absl::FailedPreconditionError(
-        "switching runners needs a checkpoint directory; going on under the current one");
+        partition_ ? "a ZeRO-partitioned rank does not switch runners (its ranks would have to "
+                     "switch together); going on under the current one"
+                   : "switching runners needs a checkpoint directory; going on under the "
+                     "current one");
     if (callbacks_.on_switch) callbacks_.on_switch(refused);
     return absl::OkStatus();
   }

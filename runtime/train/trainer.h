@@ -12,13 +12,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/exec/step_runner.h"
 #include "runtime/model/model.h"
+#include "runtime/train/checkpoint.h"
 #include "runtime/train/loss_scaler.h"
+#include "tandem/v1/checkpoint.pb.h"
 #include "tandem/v1/job.pb.h"
 
 namespace tandem {
@@ -52,6 +55,9 @@ struct TrainerOptions {
   LayerTimingSink* timing_sink = nullptr;
   // Null = the CPU engine.
   RunnerFactory make_runner;
+  // A ZeRO-partitioned job's rank 0: each rank's node, for the checkpoint
+  // manifests (partitioned_checkpoint.h); filled by make_runner.
+  std::shared_ptr<const std::vector<std::string>> rank_nodes;
 };
 
 struct TrainerCallbacks {
@@ -147,6 +153,17 @@ class Trainer {
   // callbacks_.switch_runner's switch; the clock's steady steps start again.
   absl::Status SwitchRunner(const RunnerFactory& make, RunClock& clock);
   absl::Status LoadNewestCheckpoint();
+  // A ZeRO-partitioned rank 0's: the newest committed manifest, its own
+  // partition loaded (the others load theirs in SynchronizeStart).
+  absl::Status LoadNewestManifest();
+  // The position and the loss scaling of a loaded checkpoint, and (when its
+  // tensors were read into host_state()) the runner told of its new state.
+  absl::Status Resume(const tandem::v1::CheckpointHeader& header, const std::string& path,
+                      bool state_changed_on_host);
+  tandem::v1::CheckpointHeader CheckpointHeaderNow();
+  // The checkpoint's tensors in `state`: the weights, the buffers and (with
+  // `moments`) the whole optimizer state.
+  std::vector<NamedTensor> StateTensors(const HostStateView& state, bool moments) const;
   // Where the runner says the run starts (StepRunner::SynchronizeStart).
   absl::Status SynchronizeStart();
   // SWA (JobSpec.updates.swa): its start step filled and checked, the average.
@@ -171,6 +188,10 @@ class Trainer {
   std::unique_ptr<Allocator> owned_allocator_;
   Allocator* host_allocator_ = nullptr;
   std::unique_ptr<StepRunner> runner_;
+  // ZeRO-partitioned ranks: the runner's own pieces, checkpointed by
+  // partition; and on rank 0 the manifest it resumed from.
+  std::optional<StatePartition> partition_;
+  std::optional<tandem::v1::CheckpointManifest> resumed_manifest_;
   std::unique_ptr<BatchLoader> loader_;
   int64_t step_ = 0, total_steps_ = 0, samples_ = 0;
   std::string checkpoint_path_;

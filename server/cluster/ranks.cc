@@ -248,11 +248,12 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
   const tandem::v1::JobSpec& spec = r.spec();
   TrainerOptions options;
   options.job_id = absl::StrCat(r.job_id(), "-rank", r.rank());
-  // Every rank checkpoints at rank 0's steps (a partitioned checkpoint
-  // gathers the optimizer state: all ranks take part).
+  // Every rank checkpoints at rank 0's steps: the whole state (replicated),
+  // or its own partition of it, which rank 0's manifest names.
   options.checkpoint_dir = absl::StrCat(state_dir_, "/ranks/", r.job_id(), "/rank-", r.rank());
-  // Rank 0's state and position reach every rank when the run starts
-  // (DataParallelRunner::SynchronizeStart): nothing to load here.
+  // Rank 0's position, weights and buffers (and a replicated job's optimizer
+  // state) reach every rank when the run starts; a partitioned rank then loads
+  // its own partition of rank 0's step from here (partitioned_checkpoint.h).
   options.resume = false;
   options.spec_resolved = true;
   options.threads =
@@ -422,11 +423,29 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
   return healthy;
 }
 
+absl::StatusOr<std::vector<std::string>> Coordinator::PinnedNodes(
+    const PartitionPlacement& placement) {
+  const std::vector<tandem::v1::PeerInfo> peers = peers_->Snapshot();
+  for (size_t i = 0; i < placement.nodes.size(); ++i) {
+    const std::string& n = placement.nodes[i];
+    auto it = std::find_if(peers.begin(), peers.end(),
+                           [&](const tandem::v1::PeerInfo& p) { return p.address() == n; });
+    if (it == peers.end() || !it->healthy()) {
+      // "healthy" in the message: the job waits for the node as for a lost rank.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", i + 1, "'s partition of the checkpoint at step ", placement.step, " is on ", n,
+          ", which is not a healthy peer now",
+          it == peers.end() ? " (not among the peers)" : absl::StrCat(" (", it->reason(), ")")));
+    }
+  }
+  return placement.nodes;
+}
+
 absl::Status Coordinator::Admit(const tandem::v1::JobSpec& resolved) {
   return PickNodes(resolved).status();
 }
 
-DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
+DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string& checkpoint_dir) {
   DistributedRun run;
   run.vote = std::make_shared<StopVote>();
   run.nodes = std::make_shared<std::vector<std::string>>();
@@ -460,10 +479,15 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job) {
             table, prefix, Seconds(job.resolved_spec().distributed().rendezvous_timeout_seconds()));
       },
       run.vote, node_);
-  run.factory = [this, job, attempt, started, join, picked_nodes, peers](
+  run.factory = [this, job, attempt, started, join, picked_nodes, peers, checkpoint_dir](
                     const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
                     Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
-    TANDEM_ASSIGN_OR_RETURN(const std::vector<std::string> nodes, PickNodes(resolved));
+    // A committed partitioned checkpoint binds each rank to its partition's node.
+    const std::optional<PartitionPlacement> pinned =
+        checkpoint_dir.empty() ? std::nullopt
+                               : PartitionNodes(checkpoint_dir, resolved.distributed().replicas());
+    TANDEM_ASSIGN_OR_RETURN(const std::vector<std::string> nodes,
+                            pinned ? PinnedNodes(*pinned) : PickNodes(resolved));
     TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec, PinRankPlan(model, resolved, node_));
     picked_nodes->assign({"self"});
     for (size_t i = 0; i < nodes.size(); ++i) {

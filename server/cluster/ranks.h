@@ -27,6 +27,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "runtime/dist/rank_step.h"
+#include "runtime/train/partitioned_checkpoint.h"
 #include "server/auth.h"
 #include "server/cluster/peers.h"
 #include "server/cluster/rendezvous.h"
@@ -92,12 +93,17 @@ class Coordinator {
   // job's ranks now; FAILED_PRECONDITION saying which are missing or why
   // they are unhealthy otherwise.
   absl::Status Admit(const tandem::v1::JobSpec& resolved);
-  // At the start of a run of `job` (a resolved distributed job).
-  DistributedRun Begin(const tandem::v1::Job& job);
+  // At the start of a run of `job` (a resolved distributed job). A
+  // ZeRO-partitioned job whose `checkpoint_dir` holds a committed manifest
+  // restarts each rank on the node that holds its partition, and waits (as
+  // for a lost rank) while that node is not healthy.
+  DistributedRun Begin(const tandem::v1::Job& job, const std::string& checkpoint_dir);
 
  private:
   // The nodes of ranks 1..N-1, or why there are not enough.
   absl::StatusOr<std::vector<std::string>> PickNodes(const tandem::v1::JobSpec& resolved);
+  // The nodes `placement` names for ranks 1..N-1, when all are healthy peers.
+  absl::StatusOr<std::vector<std::string>> PinnedNodes(const PartitionPlacement& placement);
 
   PeerSet* const peers_;
   RendezvousTable* const table_;

@@ -16,8 +16,10 @@ import time
 import unittest
 
 import junit_runner
+from google.protobuf import text_format
 from tandem_stubs import (FASHION, job_pb2, plan_pb2, spec_from_dict, stub, tandem_service_pb2,
                           wait_for_state)
+from tandem.v1 import checkpoint_pb2  # noqa: E402 (tandem_stubs puts it on the path)
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -282,12 +284,14 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
 
     def test_a_rank_whose_node_never_comes_back_fails_the_job_in_bounded_time(self):
         # A second pair of daemons; rank 1's is killed (-9) mid-run and never
-        # restarted: the coordinator keeps trying for fault_wait_seconds.
+        # restarted: the coordinator keeps trying for fault_wait_seconds,
+        # waiting for the node that holds rank 1's checkpoint partition.
         first, second, client, b = self.start_pair()
-        spec = gpt_spec(2, steps=100000, collective_timeout_seconds=5,
-                        fault_wait_seconds=6)
+        spec = gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED", steps=100000,
+                        collective_timeout_seconds=5, fault_wait_seconds=6)
+        spec.training.checkpoint_interval_steps = 5
         job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-        wait_for_step(client, job.id, 5)
+        wait_for_step(client, job.id, 12)
         second.kill9()
         start = time.time()
         done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
@@ -300,6 +304,8 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertLess(took, 60)
         self.assertIn("could not restart within distributed.fault_wait_seconds (6 s)",
                       done.reason)
+        self.assertIn("rank 1's partition of the checkpoint at step", done.reason)
+        self.assertIn("is on %s, which is not a healthy peer now" % b, done.reason)
         # The first run's end named the collective that lost the rank.
         reasons = [e.state_change.reason for e in client.WatchJob(
             tandem_service_pb2.WatchJobRequest(job_id=job.id), timeout=30)
@@ -353,6 +359,28 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertEqual(sorted(got), list(range(1, steps + 1)))
         self.assertLess(worst, 1e-4)
         self.assertEqual(host_reserved(client), 0)
+        if sharding == "OPTIMIZER_SHARDING_PARTITIONED":
+            self.check_partitions(first, second, job.id, b)
+
+    def check_partitions(self, first, second, job_id, b):
+        # Rank 0's daemon committed manifests naming rank 1's partition on the
+        # second daemon, whose state directory holds that very file.
+        mine = os.path.join(first.state_dir, "jobs", job_id, "checkpoints")
+        theirs = os.path.join(second.state_dir, "ranks", job_id, "rank-1")
+        manifests = sorted(n for n in os.listdir(mine) if n.endswith(".manifest"))
+        self.assertTrue(manifests, os.listdir(mine))
+        with open(os.path.join(mine, manifests[-1])) as f:
+            manifest = text_format.Parse(f.read(), checkpoint_pb2.CheckpointManifest())
+        self.assertEqual([p.node for p in manifest.partitions], ["self", b])
+        part = manifest.partitions[1]
+        size = os.path.getsize(os.path.join(theirs, part.file))
+        whole = os.path.getsize(os.path.join(mine, manifest.partitions[0].file))
+        print("partitioned checkpoint at step %d: rank 0's file %d bytes (weights, buffers, its "
+              "half of the Adam state), rank 1's on %s %d bytes" % (
+                  manifest.step, whole, b, size))
+        self.assertEqual(size, part.bytes)
+        # Rank 0: P floats of weights and P of its two half-moments; rank 1: P.
+        self.assertLess(size, 0.6 * whole)
 
     def test_daemons_talk_with_the_clients_token_and_a_wrong_one_is_refused(self):
         # Two daemons with one --auth_token_file, a third with another token:

@@ -18,7 +18,8 @@ using tandem::v1::CheckpointManifest;
 std::vector<NamedTensor> PartitionTensors(const StatePartition& part) {
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < part.moments.size(); ++i) {
-    tensors.push_back({absl::StrCat("optimizer.", i, ".partition"), part.moments[i], part.elements});
+    tensors.push_back(
+        {absl::StrCat("optimizer.", i, ".partition"), part.moments[i], part.elements});
   }
   return tensors;
 }
@@ -136,8 +137,7 @@ absl::StatusOr<SavedPartitions> SavePartitioned(StepRunner& runner, const StateP
 
 absl::StatusOr<std::optional<LoadedManifest>> LoadNewestManifest(
     const std::string& dir, const std::string& fingerprint, const StatePartition& part,
-    const std::vector<NamedTensor>& whole,
-    const std::function<void(const std::string&)>& skipped) {
+    const std::vector<NamedTensor>& whole, const std::function<void(const std::string&)>& skipped) {
   std::vector<NamedTensor> tensors = whole;
   for (const NamedTensor& t : PartitionTensors(part)) tensors.push_back(t);
   for (const auto& [step, path] : ListCheckpoints(dir, kManifestSuffix)) {
@@ -199,10 +199,9 @@ absl::StatusOr<std::string> LoadOwnPartition(StepRunner& runner, const StatePart
                        header->partition().ranks(), " at step ", header->step(), ", not ",
                        part.rank, " of ", part.ranks, " at step ", step));
     } else if (read.bytes != bytes || read.crc32 != crc) {
-      status = absl::DataLossError(
-          absl::StrCat("'", path, "' is not the partition the manifest of step ", step,
-                       " committed (", read.bytes, " bytes, CRC ", read.crc32, "; it names ",
-                       bytes, " bytes, CRC ", crc, ")"));
+      status = absl::DataLossError(absl::StrCat(
+          "'", path, "' is not the partition the manifest of step ", step, " committed (",
+          read.bytes, " bytes, CRC ", read.crc32, "; it names ", bytes, " bytes, CRC ", crc, ")"));
     }
   }
   TANDEM_ASSIGN_OR_RETURN(const std::vector<double> loaded,

@@ -62,8 +62,7 @@ struct LoadedManifest {
 };
 absl::StatusOr<std::optional<LoadedManifest>> LoadNewestManifest(
     const std::string& dir, const std::string& fingerprint, const StatePartition& part,
-    const std::vector<NamedTensor>& whole,
-    const std::function<void(const std::string&)>& skipped);
+    const std::vector<NamedTensor>& whole, const std::function<void(const std::string&)>& skipped);
 
 // Every rank, once all start at `step` (> 0): rank 0 sends what `manifest`
 // (rank 0's; null elsewhere) records of each partition, every other rank

@@ -58,8 +58,8 @@ std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
   gloo::rendezvous::HashStore store;
   std::vector<RankRun> runs(kRanks);
   std::vector<std::thread> threads;
-  auto nodes = std::make_shared<std::vector<std::string>>(
-      std::vector<std::string>{"self", "node-b:7070"});
+  auto nodes =
+      std::make_shared<std::vector<std::string>>(std::vector<std::string>{"self", "node-b:7070"});
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
       TrainerOptions options;
@@ -67,9 +67,9 @@ std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
       options.resume = r == 0;
       options.threads = 1;
       if (r == 0) options.rank_nodes = nodes;
-      options.make_runner = [&store, r](const Model& model, const tandem::v1::JobSpec& resolved,
-                                        int64_t, Allocator* allocator)
-          -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+      options.make_runner =
+          [&store, r](const Model& model, const tandem::v1::JobSpec& resolved, int64_t,
+                      Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
         CommunicatorOptions copts;
         copts.timeout = absl::Seconds(60);
         absl::StatusOr<std::unique_ptr<Communicator>> comm =
@@ -163,8 +163,8 @@ TEST(PartitionedCheckpointTest, EachRankWritesItsPiecesAndAResumeContinuesExactl
   EXPECT_EQ(Files(dirs[0]),
             (std::vector<std::string>{"ckpt-0000000008.manifest", "ckpt-0000000008.tdm",
                                       "ckpt-0000000012.manifest", "ckpt-0000000012.tdm"}));
-  EXPECT_EQ(Files(dirs[1]), (std::vector<std::string>{
-                                "ckpt-0000000006.tdm", "ckpt-0000000008.tdm", "ckpt-0000000012.tdm"}));
+  EXPECT_EQ(Files(dirs[1]), (std::vector<std::string>{"ckpt-0000000006.tdm", "ckpt-0000000008.tdm",
+                                                      "ckpt-0000000012.tdm"}));
 }
 
 TEST(PartitionedCheckpointTest, ADamagedOrForeignPartitionFailsTheResumeNamingTheRank) {

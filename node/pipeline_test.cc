@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "node/placement.h"
 #include "node/placement_test_util.h"
@@ -179,6 +180,91 @@ TEST(PipelineJobTest, SplitsAModelNoSingleAcceleratorHolds) {
   for (const auto& st : plan->pipeline()) EXPECT_LT(st.memory_bytes(), capacity);
   const TrainRun run = Train(*two, MakeRunnerFactory(NodeWith(2)));
   EXPECT_TRUE(run.status.ok()) << run.status;
+}
+
+// placement.pipeline.auto_stages on a node of 4 emulated accelerators: every
+// candidate (one accelerator, 2 and 4 stages) is solved and the fastest
+// predicted runs. 10 MiB per accelerator over a 50 MB/s link: one accelerator
+// must stream the model's state over the link, two stages hold it, and the
+// pipeline runs, as the same pipeline asked for by name does. With room and
+// an unthrottled link, one accelerator wins; where no split fits, one
+// accelerator (offloading) is chosen.
+struct AutoCase {
+  int64_t capacity;
+  double link_bytes_per_second;
+  int want_stages;  // 1: one accelerator
+};
+
+JobSpec AutoStagesGpt(const AutoCase& c) {
+  JobSpec spec = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, c.capacity, 12);
+  spec.mutable_placement()->mutable_pipeline()->set_auto_stages(true);
+  spec.mutable_resources()->set_emulated_link_bytes_per_second(c.link_bytes_per_second);
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  EXPECT_TRUE(resolved.ok()) << resolved.status();
+  return *resolved;
+}
+
+TEST(PipelineJobTest, AutoStagesRunTheFastestPredictedCandidate) {
+  const NodeOffer node = NodeWith(4);
+  for (const AutoCase& c :
+       {AutoCase{int64_t{10} << 20, 50e6, 2}, AutoCase{int64_t{64} << 20, 0, 1}}) {
+    const JobSpec resolved = AutoStagesGpt(c);
+    const absl::StatusOr<JobModel> jm = BuildJobModel(resolved);
+    ASSERT_TRUE(jm.ok());
+    const absl::StatusOr<tandem::v1::Plan> chosen = PlanJob(*jm->model, resolved, node);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    std::cout << "auto_stages at " << (c.capacity >> 20) << " MiB, link " << c.link_bytes_per_second
+              << " B/s: " << chosen->solver().note().substr(0, 300) << "\n";
+    EXPECT_NE(chosen->solver().note().find("placement.pipeline.auto_stages chose"),
+              std::string::npos);
+    EXPECT_EQ(std::max(1, chosen->pipeline_size()), c.want_stages);
+    // Each candidate asked for by name: the chosen one is the fastest.
+    double fastest = 1e30;
+    for (int k : {1, 2, 4}) {
+      JobSpec asked = resolved;
+      ASSERT_TRUE(ResolvePipelineStages(asked, k).ok());
+      const absl::StatusOr<tandem::v1::Plan> p = PlanJob(*jm->model, asked, node);
+      ASSERT_TRUE(p.ok()) << k << ": " << p.status();
+      fastest = std::min(fastest, p->prediction().iteration_seconds());
+    }
+    EXPECT_DOUBLE_EQ(chosen->prediction().iteration_seconds(), fastest);
+    const absl::StatusOr<JobSpec> staged = ChosenStages(resolved, *chosen);
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    EXPECT_FALSE(staged->placement().pipeline().auto_stages());
+    EXPECT_EQ(std::max(1, staged->placement().pipeline().stages()), c.want_stages);
+    // Trained from the auto spec, and from the chosen one asked for by name:
+    // the same run.
+    const TrainRun run = Train(resolved, MakeRunnerFactory(node));
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    const TrainRun named = Train(*staged, MakeRunnerFactory(node));
+    ASSERT_TRUE(named.status.ok()) << named.status;
+    EXPECT_EQ(run.losses, named.losses);
+    EXPECT_EQ(run.plan.pipeline_size(), chosen->pipeline_size());
+  }
+
+  // 4.5 MiB per accelerator holds no split of the model's state, and one
+  // accelerator offloading it needs 4.1 MiB: one accelerator.
+  const JobSpec tight = AutoStagesGpt({int64_t{9} << 19, 0, 1});
+  const absl::StatusOr<JobModel> jm = BuildJobModel(tight);
+  ASSERT_TRUE(jm.ok());
+  const absl::StatusOr<tandem::v1::Plan> one = PlanJob(*jm->model, tight, node);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->pipeline_size(), 0);
+  EXPECT_NE(one->solver().note().find("chose one accelerator (reuse_distance)"), std::string::npos)
+      << one->solver().note();
+  for (const char* stages : {"2 stages", "4 stages"}) {
+    EXPECT_NE(one->solver().note().find(absl::StrCat(
+                  stages, " (PIPELINE_SCHEDULE_ONE_F_ONE_B, 4 micro-batches) does not fit")),
+              std::string::npos)
+        << one->solver().note();
+  }
+  // Nothing fits: RESOURCE_EXHAUSTED listing every candidate.
+  const JobSpec none = AutoStagesGpt({int64_t{3} << 20, 0, 1});
+  const absl::Status refused = PlanJob(*jm->model, none, node).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("placement.pipeline.auto_stages: nothing fits"),
+            std::string::npos)
+      << refused;
 }
 
 TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "base/work_counters.h"
@@ -637,6 +638,64 @@ int AcceleratorCount(const JobSpec& resolved, const NodeOffer& node) {
   }
 }
 
+namespace {
+
+absl::StatusOr<Plan> PlanOneAccelerator(const Model& model, const JobSpec& resolved,
+                                        const NodeOffer& node, const tandem::v1::Profile* measured);
+
+// "4 stages (1F1B, 16 micro-batches) 12.345 ms" or "one accelerator
+// (reuse_distance) does not fit: ...".
+std::string CandidateLine(const std::string& name, const absl::StatusOr<Plan>& plan) {
+  if (!plan.ok()) return absl::StrCat(name, " does not fit (", plan.status().message(), ")");
+  return absl::StrFormat("%s %.3f ms", name, 1e3 * plan->prediction().iteration_seconds());
+}
+
+// placement.pipeline.auto_stages: the one-accelerator plan against pipelines
+// over 2, 4, 8, ... of the node's accelerators; the fastest predicted that
+// fits, its note saying what was compared. A candidate that does not fit
+// (RESOURCE_EXHAUSTED) loses; any other error is the job's.
+absl::StatusOr<Plan> PlanAutoStages(const Model& model, const JobSpec& resolved,
+                                    const NodeOffer& node, const tandem::v1::Profile* measured) {
+  std::vector<std::pair<std::string, absl::StatusOr<Plan>>> candidates;
+  candidates.emplace_back(absl::StrCat("one accelerator (",
+                                       planner::StrategyName(resolved.placement().strategy()), ")"),
+                          PlanOneAccelerator(model, resolved, node, measured));
+  const int most = std::min(AcceleratorCount(resolved, node), model.num_layers());
+  for (int k = 2; k <= most; k *= 2) {
+    JobSpec staged = resolved;
+    TANDEM_RETURN_IF_ERROR(ResolvePipelineStages(staged, k));
+    const auto& pipe = staged.placement().pipeline();
+    candidates.emplace_back(
+        absl::StrCat(k, " stages (", tandem::v1::PipelineSchedule_Name(pipe.schedule()), ", ",
+                     pipe.micro_batches(), " micro-batches)"),
+        PlanPipelineJob(model, staged, node, measured));
+  }
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {
+    const absl::StatusOr<Plan>& c = candidates[i].second;
+    if (!c.ok() && c.status().code() != absl::StatusCode::kResourceExhausted) return c.status();
+    if (c.ok() && (best < 0 || c->prediction().iteration_seconds() <
+                                   candidates[best].second->prediction().iteration_seconds())) {
+      best = i;
+    }
+  }
+  std::vector<std::string> lines;
+  for (const auto& [name, plan] : candidates) lines.push_back(CandidateLine(name, plan));
+  const std::string compared = absl::StrJoin(lines, "; ");
+  if (best < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "placement.pipeline.auto_stages: nothing fits resources.accelerator_memory_bytes: ",
+        compared));
+  }
+  Plan plan = *std::move(candidates[best].second);
+  plan.mutable_solver()->set_note(absl::StrCat("placement.pipeline.auto_stages chose ",
+                                               candidates[best].first, " of: ", compared, ". ",
+                                               plan.solver().note()));
+  return plan;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node,
                              const tandem::v1::Profile* measured) {
   work_counters::Count(work_counters::plan_solves);
@@ -644,6 +703,23 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   if (resolved.placement().pipeline().stages() > 1) {
     return PlanPipelineJob(model, resolved, node, measured);
   }
+  if (resolved.placement().pipeline().auto_stages() && !resolved.placement().has_plan()) {
+    return PlanAutoStages(model, resolved, node, measured);
+  }
+  return PlanOneAccelerator(model, resolved, node, measured);
+}
+
+absl::StatusOr<JobSpec> ChosenStages(JobSpec resolved, const Plan& plan) {
+  if (!resolved.placement().pipeline().auto_stages()) return resolved;
+  TANDEM_RETURN_IF_ERROR(ResolvePipelineStages(resolved, plan.pipeline_size()));
+  return resolved;
+}
+
+namespace {
+
+absl::StatusOr<Plan> PlanOneAccelerator(const Model& model, const JobSpec& resolved,
+                                        const NodeOffer& node,
+                                        const tandem::v1::Profile* measured) {
   const auto& placement = resolved.placement();
   if (placement.has_plan()) {
     TANDEM_RETURN_IF_ERROR(ValidateForcedPlan(model, resolved, placement.plan()));
@@ -688,6 +764,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
   }
   return plan;
 }
+
+}  // namespace
 
 std::string MeasuredCostSource(const tandem::v1::Profile& measured) {
   const auto& provenance = measured.provenance();
@@ -968,7 +1046,10 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
           CpuRunner::Create(model, resolved.optimizer(), max_batch, seed, host_allocator));
       return std::unique_ptr<StepRunner>(std::move(cpu));
     }
-    if (plan.pipeline_size() > 1) return MakePipelineRunner(model, resolved, node, plan, max_batch);
+    if (plan.pipeline_size() > 1) {
+      TANDEM_ASSIGN_OR_RETURN(const JobSpec staged, ChosenStages(resolved, plan));
+      return MakePipelineRunner(model, staged, node, plan, max_batch);
+    }
     std::unique_ptr<Accelerator> accelerator;
     if (KindOf(resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
       TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));

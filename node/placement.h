@@ -137,9 +137,20 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolveForExecutor(const Model& mode
 // With `measured` (a layer profile of this model measured on this node, see
 // node/closed_loop.h) the plan is solved from its timings and links instead of
 // the analytic profile on NodeHardware.
+//
+// placement.pipeline.auto_stages: the one-accelerator plan and pipelines over
+// 2, 4, 8, ... accelerators are all solved, and the fastest predicted that
+// fits is returned, its solver note listing each candidate's prediction;
+// ChosenStages then makes the spec say what it chose.
 absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::JobSpec& resolved,
                                          const NodeOffer& node,
                                          const tandem::v1::Profile* measured = nullptr);
+
+// `resolved` as a spec asking for what its auto_stages plan chose (its
+// pipeline's stages, or one accelerator): ResolvePipelineStages. A spec
+// without auto_stages comes back as it is.
+absl::StatusOr<tandem::v1::JobSpec> ChosenStages(tandem::v1::JobSpec resolved,
+                                                 const tandem::v1::Plan& plan);
 
 // The step program `plan` runs for `resolved`'s model (LowerStepProgram,
 // schedule/schedule.h as a message): what tandemd stores in the job record

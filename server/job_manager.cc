@@ -220,8 +220,9 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
     }
     TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, node::AcceleratorCapacity(resolved, *node));
     if (kind == tandem::v1::ACCELERATOR_KIND_EMULATED) {
-      e.emulated_bytes = capacity;
-      e.host_bytes += capacity;
+      // A pipeline's stages are an emulated accelerator each, in host memory.
+      e.emulated_bytes = capacity * std::max(1, resolved.placement().pipeline().stages());
+      e.host_bytes += e.emulated_bytes;
     } else {
       e.accelerator_bytes = capacity;
     }
@@ -304,7 +305,16 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
         node::PlanJob(*jm->model, *resolved, *offer, measured ? &*measured : nullptr);
     if (!solved.ok()) return AsSpecError(solved.status());
     r.plan = *std::move(solved);
-    absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, *resolved, r.plan);
+    // auto_stages: the stored spec says what was chosen.
+    absl::StatusOr<tandem::v1::JobSpec> chosen = node::ChosenStages(*resolved, r.plan);
+    if (!chosen.ok()) return AsSpecError(chosen.status());
+    if (chosen->placement().pipeline().stages() != r.spec.placement().pipeline().stages()) {
+      absl::StatusOr<MemoryEstimate> staged = EstimateModel(*chosen, *jm, offer.get());
+      if (!staged.ok()) return AsSpecError(staged.status());
+      r.estimate = *std::move(staged);
+    }
+    r.spec = *std::move(chosen);
+    absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, r.spec, r.plan);
     if (!program.ok()) return AsSpecError(program.status());
     // A program for thousands of micro-batches would outgrow the record's
     // readers (GetJob under gRPC's default 4 MiB): the run lowers it instead.

@@ -274,6 +274,11 @@ absl::Status ValidatePipeline(const tandem::v1::PlacementSpec& p,
                       absl::StrCat(pipe.micro_batches(), " does not divide training.batch_size ",
                                    t.batch_size()));
   }
+  if (pipe.auto_stages() && pipe.stages() > 1) {
+    return FieldError("placement.pipeline.auto_stages",
+                      absl::StrCat("tandemd chooses the stages, and placement.pipeline.stages ",
+                                   "asks for ", pipe.stages(), "; set one of them"));
+  }
   if (pipe.vertical_sync() && pipe.schedule() != tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM) {
     return FieldError("placement.pipeline.vertical_sync",
                       "only PipeDream (placement.pipeline.schedule: PIPELINE_SCHEDULE_PIPEDREAM) "
@@ -431,22 +436,26 @@ absl::Status ResolveUpdates(JobSpec& r) {
 absl::Status ResolvePipeline(JobSpec& r) {
   auto* p = r.mutable_placement();
   auto* pipe = p->mutable_pipeline();
-  if (pipe->stages() <= 1) return absl::OkStatus();
+  const bool choose = pipe->auto_stages();
+  if (pipe->stages() <= 1 && !choose) return absl::OkStatus();
+  // What a pipeline needs, checked alike when tandemd is to choose the stages.
+  const std::string field = choose ? "placement.pipeline.auto_stages" : "placement.pipeline.stages";
   if (p->accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
-    return FieldError("placement.pipeline.stages",
-                      "a pipeline runs on accelerators, and placement.accelerator is NONE");
+    return FieldError(field, "a pipeline runs on accelerators, and placement.accelerator is NONE");
   }
-  if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED ||
-      p->strategy() == tandem::v1::STRATEGY_AUTO) {
+  if (choose) {
+    // The one-accelerator candidate runs placement.strategy; the stages are
+    // gpu_only whatever it is.
+  } else if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED ||
+             p->strategy() == tandem::v1::STRATEGY_AUTO) {
     p->set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
   } else if (p->strategy() != tandem::v1::STRATEGY_GPU_ONLY) {
     return FieldError(
-        "placement.pipeline.stages",
-        absl::StrCat(
-            "each stage keeps its layers' state on its accelerator (STRATEGY_GPU_ONLY); "
-            "placement.strategy ",
-            tandem::v1::Strategy_Name(p->strategy()),
-            " within pipeline stages is not built (use STRATEGY_GPU_ONLY or leave it out)"));
+        field, absl::StrCat(
+                   "each stage keeps its layers' state on its accelerator (STRATEGY_GPU_ONLY); "
+                   "placement.strategy ",
+                   tandem::v1::Strategy_Name(p->strategy()),
+                   " within pipeline stages is not built (use STRATEGY_GPU_ONLY or leave it out)"));
   }
   if (p->delayed_parameter_update()) {
     return FieldError("placement.delayed_parameter_update",
@@ -457,16 +466,17 @@ absl::Status ResolvePipeline(JobSpec& r) {
   // convolutions' bf16 buffers), so pipelines stay fp32 until that is planned.
   if (r.precision() == tandem::v1::PRECISION_BF16 || r.precision() == tandem::v1::PRECISION_FP16) {
     return FieldError("precision",
-                      "a pipeline (placement.pipeline.stages > 1) runs in fp32 for now: its "
-                      "stages' memory in bf16 is not planned right yet; set precision to FP32 "
-                      "or AUTO");
+                      absl::StrCat("a pipeline (", field,
+                                   ") runs in fp32 for now: its stages' memory in bf16 is not "
+                                   "planned right yet; set precision to FP32 or AUTO"));
   }
   r.set_precision(tandem::v1::PRECISION_FP32);
   if (!r.updates().has_synchronous() && !r.updates().has_swa()) {
-    return FieldError("placement.pipeline.stages",
+    return FieldError(field,
                       "a pipeline updates synchronously once per step; set updates to synchronous "
                       "(or swa)");
   }
+  if (choose) return absl::OkStatus();  // the rest once the stages are chosen
   const int batch = r.training().batch_size();
   if (pipe->micro_batches() == 0) {
     if (p->micro_batch_size() > 0) {
@@ -493,6 +503,19 @@ absl::Status ResolvePipeline(JobSpec& r) {
 }
 
 }  // namespace
+
+absl::Status ResolvePipelineStages(JobSpec& resolved, int stages) {
+  auto* pipe = resolved.mutable_placement()->mutable_pipeline();
+  pipe->set_auto_stages(false);
+  if (stages <= 1) {
+    pipe->set_stages(0);
+    return absl::OkStatus();
+  }
+  pipe->set_stages(stages);
+  // placement.strategy was the one-accelerator candidate's: stages are gpu_only.
+  resolved.mutable_placement()->set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
+  return ResolvePipeline(resolved);
+}
 
 absl::Status ValidateDistributed(const tandem::v1::DistributedSpec& d) {
   TANDEM_RETURN_IF_ERROR(InRange("distributed.replicas", d.replicas(), 0, kMaxReplicas));
@@ -539,10 +562,10 @@ absl::Status CheckDeviceRanks(const JobSpec& r) {
                       "hetero_dp already splits each batch between a node's host and its "
                       "accelerator; a data-parallel rank runs one of the other strategies");
   }
-  if (r.placement().pipeline().stages() > 1) {
+  if (r.placement().pipeline().stages() > 1 || r.placement().pipeline().auto_stages()) {
     return FieldError("distributed.replicas",
-                      "a pipeline (placement.pipeline.stages > 1) runs on one node's "
-                      "accelerators; data-parallel pipelines are not built");
+                      "a pipeline (placement.pipeline.stages > 1 or auto_stages) runs on one "
+                      "node's accelerators; data-parallel pipelines are not built");
   }
   if (r.distributed().backend() == tandem::v1::COLLECTIVE_BACKEND_NCCL) {
     return FieldError("distributed.backend",

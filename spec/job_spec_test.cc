@@ -282,6 +282,55 @@ TEST(JobSpecTest, PipelinesGetTheirDefaults) {
   EXPECT_EQ(one->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
 }
 
+// auto_stages: checked as a pipeline would be, resolved in fp32 with the
+// one-accelerator candidate's strategy; ResolvePipelineStages then makes it
+// the spec of the stages chosen.
+TEST(JobSpecTest, AutoStagesResolveAsAPipelineOnceChosen) {
+  absl::StatusOr<tandem::v1::JobSpec> r = ResolveWithPlacement(
+      "{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {auto_stages: true}}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->precision(), tandem::v1::PRECISION_FP32);
+  EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+  EXPECT_EQ(r->placement().pipeline().stages(), 0);
+  tandem::v1::JobSpec four = *r;
+  ASSERT_TRUE(ResolvePipelineStages(four, 4).ok());
+  EXPECT_FALSE(four.placement().pipeline().auto_stages());
+  EXPECT_EQ(four.placement().pipeline().stages(), 4);
+  EXPECT_EQ(four.placement().strategy(), tandem::v1::STRATEGY_GPU_ONLY);
+  EXPECT_EQ(four.placement().pipeline().micro_batches(), 4);
+  EXPECT_EQ(four.placement().pipeline().schedule(), tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  // Resolving it again changes nothing (the trainer resolves what it is given).
+  absl::StatusOr<tandem::v1::JobSpec> again = ResolveJobSpec(*r, true);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), r->SerializeAsString());
+  tandem::v1::JobSpec one = *r;
+  ASSERT_TRUE(ResolvePipelineStages(one, 1).ok());
+  EXPECT_FALSE(one.placement().pipeline().auto_stages());
+  EXPECT_EQ(one.placement().pipeline().stages(), 0);
+  EXPECT_EQ(one.placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+
+  const std::pair<const char*, const char*> cases[] = {
+      {"{pipeline: {auto_stages: true, stages: 2}}",
+       "placement.pipeline.auto_stages: tandemd chooses the stages, and "
+       "placement.pipeline.stages asks for 2"},
+      {"{accelerator: ACCELERATOR_KIND_NONE, pipeline: {auto_stages: true}}",
+       "placement.pipeline.auto_stages: a pipeline runs on accelerators"},
+      {"{delayed_parameter_update: true, pipeline: {auto_stages: true}}",
+       "placement.delayed_parameter_update: a pipeline updates on its stages"},
+  };
+  for (const auto& [placement, error] : cases) {
+    absl::StatusOr<tandem::v1::JobSpec> bad = ResolveWithPlacement(placement);
+    ASSERT_FALSE(bad.ok()) << placement;
+    EXPECT_NE(bad.status().message().find(error), std::string::npos) << bad.status();
+  }
+  absl::StatusOr<tandem::v1::JobSpec> bf16 =
+      ResolveWithPlacement("{pipeline: {auto_stages: true}}", "precision: PRECISION_BF16\n");
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("precision: a pipeline (placement.pipeline.auto_stages)"),
+            std::string::npos)
+      << bf16.status();
+}
+
 TEST(JobSpecTest, BadPipelinesNameTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"{pipeline: {stages: 65}}", "placement.pipeline.stages: must be in [0, 64]"},

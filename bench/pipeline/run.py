@@ -41,8 +41,9 @@ MODELS = {
 }
 
 
-def job_file(model, steps, stages, schedule, threads):
-    example, micro_batches, memory = MODELS[model]
+def base_job(model, steps, threads):
+    """The example's job, `steps` steps on `threads` threads, up to its placement."""
+    example = MODELS[model][0]
     job = open(os.path.join(REPO, "clients", "examples", example)).read()
     job = re.sub(r"\n  (epochs|steps): \d+", "\n  steps: %d" % steps, job)
     job = re.sub(r"checkpoint_interval_steps: \d+", "checkpoint_disabled: true", job)
@@ -51,8 +52,20 @@ def job_file(model, steps, stages, schedule, threads):
     job = job.replace("  seed: 1\n", "  seed: 1\n  threads: %d\n" % threads)
     # Everything from placement: on is this run's.
     job = job[:job.index("\nplacement:")] if "\nplacement:" in job else job
-    job = job.replace("  checkpoint_disabled: true\n  checkpoint_disabled: true\n",
-                      "  checkpoint_disabled: true\n")
+    return job.replace("  checkpoint_disabled: true\n  checkpoint_disabled: true\n",
+                       "  checkpoint_disabled: true\n")
+
+
+def write_job(job):
+    f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    f.write(job)
+    f.close()
+    return f.name
+
+
+def job_file(model, steps, stages, schedule, threads, measured_profile=False):
+    _, micro_batches, memory = MODELS[model]
+    job = base_job(model, steps, threads)
     batch = int(re.search(r"batch_size: (\d+)", job).group(1))
     job += "\nplacement:\n  accelerator: ACCELERATOR_KIND_EMULATED\n"
     if stages > 1:
@@ -60,12 +73,14 @@ def job_file(model, steps, stages, schedule, threads):
                 % (stages, schedule, micro_batches))
     else:
         job += "  strategy: STRATEGY_GPU_ONLY\n  micro_batch_size: %d\n" % (batch // micro_batches)
+        if measured_profile:
+            # Re-planned at once: tandemd measures the model's layer profile
+            # on this node and caches it, and the pipelines after it are
+            # planned from it, as any later job of this model here would be.
+            job += "  replan_threshold: 1e-9\n"
     job += "resources:\n  accelerator_memory_bytes: %d\n" % (memory if stages > 1 else 4 * memory)
     job += "precision: PRECISION_FP32\n"  # pipelines run fp32; one device too
-    f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    f.write(job)
-    f.close()
-    return f.name
+    return write_job(job)
 
 
 def free_port():
@@ -100,6 +115,13 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json_out", default="")
+    parser.add_argument("--measured_profile", action="store_true",
+                        help="the one-device job measures the model's layer profile (it is "
+                        "re-planned at once) and the pipelines are planned from it")
+    parser.add_argument("--auto", default="",
+                        help="MIB:BYTES_PER_SECOND: instead, placement.pipeline.auto_stages at "
+                        "that memory per accelerator and link cap, next to one accelerator "
+                        "and 2 and 4 stages asked for by name")
     args = parser.parse_args()
     print("machine: %s; %d threads per job; emulated accelerators (host cores, NOT GPU "
           "figures)" % (cpu_model(), args.threads), flush=True)
@@ -117,7 +139,7 @@ def main():
                               capture_output=True).returncode == 0:
                 break
             time.sleep(0.1)
-        return bench(args, server)
+        return auto_bench(args, server) if args.auto else bench(args, server)
     finally:
         daemon.terminate()
         daemon.wait(timeout=60)
@@ -132,7 +154,8 @@ def bench(args, server):
         base = None
         for stages, schedule in [(1, ""), (2, "GPIPE"), (2, "ONE_F_ONE_B"), (4, "GPIPE"),
                                  (4, "ONE_F_ONE_B")]:
-            path = job_file(model, args.steps, stages, schedule, args.threads)
+            path = job_file(model, args.steps, stages, schedule, args.threads,
+                            args.measured_profile)
             try:
                 job = run(args.tandem, server, path)
             finally:
@@ -144,8 +167,12 @@ def bench(args, server):
             err = meas / pred - 1 if pred and meas else float("nan")
             name = "one device" if stages == 1 else "%d x %s" % (stages, schedule.lower())
             M = plan.get("micro_batches", 0)
+            history = job.get("plan_history", [{}])
+            source = history[0].get("cost_source", "")
             line = ("%-4s %-16s M=%-2d predicted %7.1f ms  measured %7.1f ms  (%+6.1f%%)  "
-                    "loss %.5f" % (model, name, M, pred * 1e3, meas * 1e3, err * 100, m["loss"]))
+                    "loss %.5f  [%s]" % (model, name, M, pred * 1e3, meas * 1e3, err * 100,
+                                        m["loss"], "measured profile" if "measured here" in source
+                                        else "analytic"))
             if stages == 1:
                 base = m
             else:
@@ -174,6 +201,49 @@ def bench(args, server):
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)
+    return 0
+
+
+def auto_bench(args, server):
+    """tandemd choosing the stages (auto_stages) against each candidate run by
+    name at the same memory and link cap: what it chose, and whether the
+    choice measured fastest."""
+    mib, link = args.auto.split(":")
+    resources = "resources:\n  accelerator_memory_bytes: %d\n  emulated_link_bytes_per_second: %s\n" % (
+        int(float(mib) * 2**20), link)
+    placements = [("auto_stages", "  pipeline: {auto_stages: true}\n"),
+                  ("one accelerator", ""),
+                  ("2 stages", "  pipeline: {stages: 2}\n"),
+                  ("4 stages", "  pipeline: {stages: 4}\n")]
+    for model in args.models.split(","):
+        measured = {}
+        for name, placement in placements:
+            path = write_job(base_job(model, args.steps, args.threads) +
+                             "\nplacement:\n  accelerator: ACCELERATOR_KIND_EMULATED\n" +
+                             placement + resources + "precision: PRECISION_FP32\n")
+            try:
+                job = run(args.tandem, server, path)
+            except RuntimeError as e:
+                print("%-4s %-16s %s" % (model, name, str(e)[:300]), flush=True)
+                continue
+            finally:
+                os.unlink(path)
+            m = job["metrics"]
+            stages = len(job.get("plan", {}).get("pipeline", [])) or 1
+            measured[name] = m.get("measured_step_seconds", 0)
+            print("%-4s %-16s %d stage(s), %-16s predicted %8.1f ms  measured %8.1f ms  loss %.5f" % (
+                model, name, stages, job.get("plan", {}).get("strategy", "")[9:].lower(),
+                m.get("predicted_step_seconds", 0) * 1e3, measured[name] * 1e3, m["loss"]),
+                flush=True)
+            if name == "auto_stages":
+                note = job.get("plan", {}).get("solver", {}).get("note", "")
+                print("     " + note[:note.find(". ") + 1], flush=True)
+        named = {k: v for k, v in measured.items() if k != "auto_stages" and v > 0}
+        if "auto_stages" in measured and named:
+            best = min(named, key=named.get)
+            print("%s: auto_stages measured %.1f ms; the fastest asked for by name was %s at "
+                  "%.1f ms (x%.2f)" % (model, measured["auto_stages"] * 1e3, best,
+                                       named[best] * 1e3, measured["auto_stages"] / named[best]))
     return 0
 
 

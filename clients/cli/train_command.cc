@@ -33,6 +33,8 @@ namespace {
 // node's GPU, or the emulated one) runs under the planner's plan through the
 // plan executor, the host measured once for it (about half a second); CPU jobs
 // go straight to the CPU engine.
+constexpr int kAutoStagesAccelerators = 4;
+
 TrainerOptions LocalTrainerOptions(const tandem::v1::JobSpec& spec) {
   TrainerOptions options;
   options.job_id = "local";
@@ -47,8 +49,11 @@ TrainerOptions LocalTrainerOptions(const tandem::v1::JobSpec& spec) {
       (accelerator == tandem::v1::ACCELERATOR_KIND_UNSPECIFIED && options.has_accelerator) ||
       spec.placement().has_plan()) {
     node::NodeOffer offer = node::DetectNodeOffer(0, std::move(gpus));
-    // A local run has as many emulated accelerators as its pipeline asks for.
-    offer.emulated_accelerators = std::max(1, spec.placement().pipeline().stages());
+    // A local run has as many emulated accelerators as its pipeline asks
+    // for, and kAutoStagesAccelerators when it is to choose the stages.
+    offer.emulated_accelerators = spec.placement().pipeline().auto_stages()
+                                      ? kAutoStagesAccelerators
+                                      : std::max(1, spec.placement().pipeline().stages());
     options.make_runner = node::MakeRunnerFactory(std::move(offer));
   }
   return options;

@@ -150,6 +150,22 @@ class JobsTest(unittest.TestCase):
         status = cli(self.daemon, "status", submitted.id)
         self.assertEqual(status.returncode, 0, status.stderr)
         self.assertIn("pipeline:  stage 1 (layers", status.stdout)
+        # tandemd choosing the stages: the stored spec says what it chose, the
+        # plan's note what it compared, and the job runs it.
+        auto = synthetic_spec(steps=6)
+        auto.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+        auto.placement.pipeline.auto_stages = True
+        auto.resources.accelerator_memory_bytes = 16 << 20
+        chosen = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=auto),
+                                       timeout=30).job
+        self.assertFalse(chosen.resolved_spec.placement.pipeline.auto_stages)
+        self.assertIn(chosen.resolved_spec.placement.pipeline.stages, (0, 2))
+        self.assertEqual(len(chosen.plan.pipeline), chosen.resolved_spec.placement.pipeline.stages)
+        self.assertIn("placement.pipeline.auto_stages chose", chosen.plan.solver.note)
+        self.assertIn("one accelerator (", chosen.plan.solver.note)
+        self.assertIn("2 stages (", chosen.plan.solver.note)
+        done = wait_for_state(self.client, chosen.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        self.assertEqual(done.progress.step, 6)
         # More stages than this daemon's --emulated_accelerators: refused, naming both.
         spec.placement.pipeline.stages = 3
         with self.assertRaises(grpc.RpcError) as e:

@@ -6,6 +6,7 @@
 // specs the node cannot run are refused naming what is wrong.
 #include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -136,6 +137,68 @@ INSTANTIATE_TEST_SUITE_P(All, PipelineJobTest,
                                        ? "gpipe"
                                        : "1f1b");
                          });
+
+// GPipe holding all 16 micro-batches of the gpt does not fit where the
+// stages' state and one micro-batch's activations do: the planner has the
+// stages recompute their activations (GPipe's re-materialisation), the job
+// trains to the one-device run's losses, and each stage stays within its
+// (smaller) prediction plus the margin.
+TEST(PipelineJobTest, AGPipeThatFitsOnlyByRecomputingRecomputes) {
+  const JobSpec base = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{1} << 30, 20);
+  auto plan_at = [&](int64_t capacity) -> absl::StatusOr<std::pair<JobSpec, tandem::v1::Plan>> {
+    JobSpec spec = Pipelined(base, 2, tandem::v1::PIPELINE_SCHEDULE_GPIPE);
+    spec.mutable_training()->set_batch_size(16);
+    spec.mutable_placement()->mutable_pipeline()->set_micro_batches(16);
+    spec.mutable_resources()->set_accelerator_memory_bytes(capacity);
+    absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+    if (!resolved.ok()) return resolved.status();
+    absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+    if (!jm.ok()) return jm.status();
+    absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, NodeWith(2));
+    if (!plan.ok()) return plan.status();
+    return std::make_pair(*resolved, *plan);
+  };
+  // Down from room for everything, 10% at a time, to the first capacity at
+  // which the stages recompute.
+  std::optional<std::pair<JobSpec, tandem::v1::Plan>> found;
+  for (int64_t capacity = int64_t{64} << 20; capacity > (int64_t{1} << 20);
+       capacity = capacity * 9 / 10) {
+    absl::StatusOr<std::pair<JobSpec, tandem::v1::Plan>> at = plan_at(capacity);
+    if (!at.ok()) break;
+    bool recomputes = false;
+    for (const auto& st : at->second.pipeline()) recomputes |= st.recompute();
+    if (recomputes) {
+      found = *at;
+      break;
+    }
+  }
+  ASSERT_TRUE(found.has_value()) << "no capacity made a stage recompute";
+  const auto& [spec, plan] = *found;
+  const int64_t capacity = spec.resources().accelerator_memory_bytes();
+  std::cout << "at " << capacity << " B per stage: " << plan.solver().note() << "\n";
+  EXPECT_NE(plan.solver().note().find("recompute their activations"), std::string::npos);
+  JobSpec one = base;
+  one.mutable_training()->set_batch_size(16);
+  const TrainRun reference =
+      Train(OneDevice(one, spec.placement().micro_batch_size()), MakeRunnerFactory(NodeWith(1)));
+  ASSERT_TRUE(reference.status.ok()) << reference.status;
+  const TrainRun run = Train(spec, MakeRunnerFactory(NodeWith(2)));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.losses.size(), reference.losses.size());
+  for (size_t s = 0; s < run.losses.size(); ++s) {
+    EXPECT_NEAR(run.losses[s], reference.losses[s], 1e-5 * std::abs(reference.losses[s]))
+        << "step " << s;
+  }
+  const absl::StatusOr<JobModel> jm = BuildJobModel(spec);
+  ASSERT_TRUE(jm.ok());
+  const int64_t margin = PipelineStageMargin(*jm->model, spec.placement().micro_batch_size(), 16);
+  for (const tandem::v1::PipelineStageStats& st : run.metrics.pipeline_stages()) {
+    std::cout << "  stage " << st.stage() << ": peak " << st.peak_bytes() << " B, predicted "
+              << st.predicted_bytes() << " B + margin " << margin << " B\n";
+    EXPECT_LE(st.peak_bytes(), st.predicted_bytes() + margin) << "stage " << st.stage();
+    EXPECT_LE(st.peak_bytes(), capacity) << "stage " << st.stage();
+  }
+}
 
 // PipeDream through PlanJob: the record says how stale each stage ran and
 // how many updates a step made.
@@ -314,6 +377,25 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
       {[](tandem::v1::Plan& p) { p.mutable_pipeline(1)->set_device_index(0); },
        "placement.plan.pipeline[1].device_index: 0 is negative or another stage's"},
   };
+  // PipeDream's stashed weights and a recomputing stage.
+  {
+    const absl::StatusOr<JobSpec> pipedream =
+        ResolveJobSpec(Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, capacity), 2,
+                                 tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM),
+                       false);
+    ASSERT_TRUE(pipedream.ok()) << pipedream.status();
+    const absl::StatusOr<JobModel> mlp = BuildJobModel(*pipedream);
+    ASSERT_TRUE(mlp.ok());
+    absl::StatusOr<tandem::v1::Plan> stashing = PlanJob(*mlp->model, *pipedream, NodeWith(2));
+    ASSERT_TRUE(stashing.ok()) << stashing.status();
+    JobSpec forced = *pipedream;
+    *forced.mutable_placement()->mutable_plan() = *stashing;
+    forced.mutable_placement()->mutable_plan()->mutable_pipeline(0)->set_recompute(true);
+    s = PlanJob(*mlp->model, forced, NodeWith(2)).status();
+    EXPECT_NE(s.message().find("placement.plan.pipeline[0].recompute: PipeDream's stashed"),
+              std::string::npos)
+        << s;
+  }
   for (const auto& [mutate, error] : cases) {
     JobSpec forced = *resolved;
     *forced.mutable_placement()->mutable_plan() = *good;

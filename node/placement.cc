@@ -445,6 +445,11 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
       return ForcedPlanError(field + ".device_index",
                              absl::StrCat(st.device_index(), " is negative or another stage's"));
     }
+    if (st.recompute() &&
+        resolved.placement().pipeline().schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM) {
+      return ForcedPlanError(field + ".recompute",
+                             "PipeDream's stashed weights do not recompute (GPipe and 1F1B do)");
+    }
     next = st.last_layer() + 1;
   }
   if (next != model.num_layers()) {
@@ -986,7 +991,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
   for (const tandem::v1::PipelineStage& st : plan.pipeline()) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
                             CreateAccelerator(resolved, node, capacity, st.device_index()));
-    stages.push_back({st.first_layer(), st.last_layer() + 1, device.get()});
+    stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute()});
     devices.push_back(std::move(device));
   }
   PipelineOptions options;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -25,9 +26,10 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   }
   const int S = std::min(r.devices, L);
   const int m = r.micro_batch_size;
-  std::vector<double> time(L + 1, 0.0);
+  std::vector<double> time(L + 1, 0.0), forward(L + 1, 0.0);
   std::vector<int64_t> state(L + 1, 0), activation(L + 1, 0);
   for (int l = 0; l < L; ++l) {
+    forward[l + 1] = forward[l] + cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
     time[l + 1] = time[l] + cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
                   cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
     state[l + 1] =
@@ -39,7 +41,9 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   // Stage k holding layers [i, j): their state, and for each micro-batch in
   // flight their activations and the stage's input (layer i-1's output,
   // received from the stage before and kept for the backward).
-  auto stage_memory = [&](int k, int i, int j) {
+  // With `recompute`, one micro-batch's activations at a time and every
+  // micro-batch's input.
+  auto stage_memory = [&](int k, int i, int j, bool recompute) {
     const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
     const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;
     const int64_t stale = r.stash_weights ? std::min(S - k - 1, r.micro_batches) : 0;
@@ -50,8 +54,24 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
     if (r.vertical_sync && k > 0) versions += k + 1;
     int64_t weights = 0;
     for (int l = i; l < j && versions > 0; ++l) weights += cost.ParameterBytes(l);
-    return state[j] - state[i] + in_flight * (activation[j] - activation[i] + input) +
-           versions * weights;
+    const int64_t activations = recompute ? in_flight * input + (activation[j] - activation[i])
+                                          : in_flight * (activation[j] - activation[i] + input);
+    return state[j] - state[i] + activations + versions * weights;
+  };
+  // Whether stage k holding [i, j) recomputes: only when it fits no other way;
+  // nullopt when it does not fit at all.
+  auto recomputes = [&](int k, int i, int j) -> std::optional<bool> {
+    if (r.device_memory_bytes <= 0 || stage_memory(k, i, j, false) <= r.device_memory_bytes) {
+      return false;
+    }
+    if (r.allow_recompute && !r.stash_weights &&
+        stage_memory(k, i, j, true) <= r.device_memory_bytes) {
+      return true;
+    }
+    return std::nullopt;
+  };
+  auto stage_time = [&](int i, int j, bool recompute) {
+    return time[j] - time[i] + (recompute ? forward[j] - forward[i] : 0.0);
   };
   const double inf = std::numeric_limits<double>::infinity();
   // best[s][j]: slowest stage when layers [0, j) form stages 0..s-1.
@@ -62,11 +82,10 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
     for (int j = s; j <= L - (S - s); ++j) {
       for (int i = s - 1; i < j; ++i) {
         if (best[s - 1][i] == inf) continue;
-        if (r.device_memory_bytes > 0 && stage_memory(s - 1, i, j) > r.device_memory_bytes) {
-          continue;
-        }
+        const std::optional<bool> recompute = recomputes(s - 1, i, j);
+        if (!recompute) continue;
         const double boundary = i > 0 ? 2 * send(i - 1) : 0.0;
-        const double slowest = std::max({best[s - 1][i], boundary, time[j] - time[i]});
+        const double slowest = std::max({best[s - 1][i], boundary, stage_time(i, j, *recompute)});
         if (slowest < best[s][j]) {
           best[s][j] = slowest;
           cut[s][j] = i;
@@ -87,9 +106,11 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
     stage.set_device_index(s - 1);
     stage.set_first_layer(i);
     stage.set_last_layer(j - 1);
-    stage.set_compute_seconds(time[j] - time[i]);
+    const bool recompute = recomputes(s - 1, i, j).value_or(false);
+    stage.set_recompute(recompute);
+    stage.set_compute_seconds(stage_time(i, j, recompute));
     stage.set_communication_seconds(j < L ? send(j - 1) : 0.0);
-    stage.set_memory_bytes(stage_memory(s - 1, i, j));
+    stage.set_memory_bytes(stage_memory(s - 1, i, j, recompute));
     j = i;
   }
   return stages;

@@ -3,7 +3,8 @@
 // where a stage's time is the larger of its compute (forward + backward of
 // one micro-batch) and the time to exchange its boundary tensors (its output
 // forward and that output's gradient backward, over the peer link). Dynamic
-// program over (layers so far, stages so far):
+// program over (layers so far, stages so far), where a stage that fits only
+// by recomputing its activations (allow_recompute) counts that forward twice:
 //
 //   A(j, s) = min_{i<j} max(A(i, s-1), 2 * C(i-1), T(i..j-1))
 //
@@ -43,6 +44,11 @@ struct PipelineRequest {
   // micro_batches) + 1 versions, and stage k > 0 keeps k + 1 more (the
   // versions the first stage's micro-batches still need).
   bool vertical_sync = false;
+  // A stage whose activations do not fit may recompute them (GPipe's
+  // re-materialisation): it then keeps each micro-batch's input alone and
+  // holds one micro-batch's activations at a time, for one more forward per
+  // micro-batch. Not with weight stashing.
+  bool allow_recompute = false;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED

@@ -48,18 +48,26 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
       bool fits = true;
       for (int k = 0; k < S; ++k) {
         const int i = starts[k], j = k + 1 < S ? starts[k + 1] : L;
-        double t = 0;
+        double t = 0, forward = 0;
         int64_t state = 0, act = 0;
         for (int l = i; l < j; ++l) {
+          forward += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
           t += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
                cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
           state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
           act += cost.ActivationBytes(l, m);
         }
-        if (i > 0) act += cost.OutputBytes(i - 1, m);  // the stage's input
+        const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;  // the stage's input
         const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
-        if (r.device_memory_bytes > 0 && state + in_flight * act > r.device_memory_bytes) {
-          fits = false;
+        if (r.device_memory_bytes > 0 &&
+            state + in_flight * (act + input) > r.device_memory_bytes) {
+          // Recomputing: one micro-batch's activations, every one's input,
+          // one more forward.
+          if (r.allow_recompute && state + in_flight * input + act <= r.device_memory_bytes) {
+            t += forward;
+          } else {
+            fits = false;
+          }
         }
         slowest = std::max(slowest, t);
         if (j < L)
@@ -87,8 +95,12 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
     r.devices = 2 + trial % 3;
     r.micro_batch_size = 4;
     r.micro_batches = 1 + trial % 4;
-    // Half the trials have a memory limit that rules some splits out.
+    // Half the trials have a memory limit that rules some splits out; some of
+    // those may recompute a stage's activations to fit, under GPipe's
+    // holding of every micro-batch.
     r.device_memory_bytes = trial % 2 ? 0 : 2500 + static_cast<int64_t>(rng() % 4000);
+    r.allow_recompute = trial % 4 == 0;
+    r.gpipe = trial % 8 == 0;
     const double truth = BruteForce(cost, r);
     absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(cost, r);
     if (truth == HUGE_VAL) {
@@ -155,6 +167,44 @@ TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {
                                    cost->OutputBytes(1, 1)))
         << (gpipe ? "gpipe" : "1f1b");
   }
+}
+
+// GPipe's re-materialisation: with 8 micro-batches of 100 bytes of
+// activations per layer, a 2-2 split needs 8 x 200 + state per stage; at less,
+// a stage recomputes (one micro-batch's activations, one more forward each) and
+// only where it must; without allow_recompute (or with PipeDream's stashed
+// weights) nothing fits.
+TEST(PartitionPipelineTest, AStageRecomputesOnlyWhenItFitsNoOtherWay) {
+  std::vector<testing::SyntheticLayer> chain = FourEqualLayers();
+  for (testing::SyntheticLayer& x : chain) x.activation_bytes = 100;
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r = TwoStages(8);
+  r.gpipe = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> roomy = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  const tandem::v1::PipelineStage whole = (*roomy)[0];
+  ASSERT_EQ(whole.last_layer(), 1);
+  EXPECT_FALSE(whole.recompute());
+  const int64_t state =
+      whole.memory_bytes() - 8 * (cost->ActivationBytes(0, 1) + cost->ActivationBytes(1, 1));
+  // Room for stage 0's state and a third of its activations.
+  r.device_memory_bytes = state + 8 * 200 / 3;
+  EXPECT_FALSE(PartitionPipeline(*cost, r).ok());
+  r.allow_recompute = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> tight = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  for (const tandem::v1::PipelineStage& st : *tight) {
+    EXPECT_TRUE(st.recompute()) << "stage " << st.device_index();
+    EXPECT_LE(st.memory_bytes(), r.device_memory_bytes);
+    // Two layers: 2 s forward and back each, and the forward again.
+    EXPECT_DOUBLE_EQ(st.compute_seconds(), 4 + 2) << "stage " << st.device_index();
+  }
+  EXPECT_EQ((*tight)[0].memory_bytes(), state + 200);
+  r.stash_weights = true;
+  r.gpipe = false;
+  EXPECT_FALSE(PartitionPipeline(*cost, r).ok()) << "PipeDream does not recompute";
 }
 
 // PipeDream's weight versions: stage 0 of 2 stashes min(1, M) + 1 = 2 copies

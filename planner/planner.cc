@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "planner/cost_model.h"
 #include "planner/memory_fit.h"
 #include "planner/pipeline_partitioner.h"
@@ -367,6 +368,10 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   // stage's work (and every update) one after another.
   const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
   if (shared_cores) step = std::max((M + K - 1) * bottleneck, work) + updates;
+  std::vector<std::string> recomputing;
+  for (const tandem::v1::PipelineStage& s : stages) {
+    if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
+  }
   tandem::v1::PlanPrediction* prediction = plan->mutable_prediction();
   *prediction = tandem::v1::PlanPrediction();
   prediction->set_iteration_seconds(step);
@@ -384,6 +389,11 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
       shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
                      "all their work in turn"
                    : ""));
+  if (!recomputing.empty()) {
+    absl::StrAppend(plan->mutable_solver()->mutable_note(), "; stage",
+                    recomputing.size() == 1 ? " " : "s ", absl::StrJoin(recomputing, ", "),
+                    " recompute their activations (they fit no other way)");
+  }
 }
 
 }  // namespace
@@ -427,6 +437,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
   p.stash_weights = schedule == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   p.vertical_sync = p.stash_weights && request.pipeline_vertical_sync;
+  p.allow_recompute = !p.stash_weights;
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
   if (!stages.ok()) {
     if (stages.status().code() != absl::StatusCode::kResourceExhausted) return stages.status();

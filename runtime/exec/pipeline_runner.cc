@@ -30,6 +30,7 @@ const char* PipelineScheduleName(PipelineSchedule schedule) {
 struct PipelineRunner::Stage {
   int first = 0, end = 0;
   Accelerator* device = nullptr;
+  bool recompute = false;
   int64_t param_begin = 0, param_n = 0, buffer_begin = 0, buffer_n = 0;
   Buffer params, grads, buffers;
   std::vector<Buffer> moments;
@@ -162,6 +163,12 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
     if (st.device == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("pipeline: stage ", s, " has no device"));
     }
+    if (st.recompute && options.schedule == PipelineSchedule::kPipeDream) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: stage ", s,
+                       " recomputes its activations, which PipeDream's stashed weights do not "
+                       "support (GPipe and 1F1B do)"));
+    }
     if (!devices.insert(st.device).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s, " shares device ", st.device->id(),
@@ -188,6 +195,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->first = spec.first_layer;
   stage->end = spec.end_layer;
   stage->device = spec.device;
+  stage->recompute = spec.recompute;
   stage->index = index;
   stage->param_begin = model_.param_offset(stage->first);
   stage->param_n = model_.param_offset(stage->end) - stage->param_begin;
@@ -357,13 +365,10 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
 
 absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   Stage& st = *stages_[s];
-  const int64_t n = step.mb_size[m];
-  Allocator* alloc = st.device->allocator();
   TANDEM_RETURN_IF_ERROR(ReceiveInput(step, s, m));
   // PipeDream: the weights this forward and its backward run on, stashed:
   // the stage's latest, or with vertical sync the version the first stage
   // ran micro-batch m on (its updates before m's forward: m - its warm-up).
-  const Buffer* stashed = nullptr;
   if (step.training && !st.stash.empty()) {
     const void* version = st.params.data();
     if (!st.history.empty()) {
@@ -371,9 +376,29 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
       const int j = std::max(0, m - first_warmup);
       version = st.history[j % st.history.size()].data();
     }
-    stashed = &st.stash[m % st.stash.size()];
-    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(stashed->data(), version, st.param_n * 4));
+    const Buffer& stashed = st.stash[m % st.stash.size()];
+    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(stashed.data(), version, st.param_n * 4));
   }
+  TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/false));
+  TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
+  // Nothing is kept for a backward in evaluation; a recomputing stage keeps
+  // its input alone and runs the forward again before the backward.
+  if (!step.training || st.recompute) {
+    for (auto& per_layer : st.out) per_layer[m].Reset();
+    for (auto& per_layer : st.saved) per_layer[m].Reset();
+  }
+  if (!step.training) {
+    st.in[m].Reset();
+    st.targets[m].Reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute) {
+  Stage& st = *stages_[s];
+  const int64_t n = step.mb_size[m];
+  Allocator* alloc = st.device->allocator();
+  const Buffer* stashed = st.stash.empty() ? nullptr : &st.stash[m % st.stash.size()];
   const double t = WallSeconds();
   for (int l = st.first; l < st.end; ++l) {
     const Layer& layer = model_.layer(l);
@@ -390,7 +415,10 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
-    if (stashed != nullptr) ctx.params = stashed->f32() + (model_.param_offset(l) - st.param_begin);
+    ctx.recompute = recompute;
+    if (stashed != nullptr && step.training) {
+      ctx.params = stashed->f32() + (model_.param_offset(l) - st.param_begin);
+    }
     ctx.workspace = ws.data();
     ctx.targets = reinterpret_cast<const int32_t*>(st.targets[m].data());
     const double began = WallSeconds();
@@ -398,18 +426,12 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
                   st.saved[i][m].data());
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
     if (step.training) {
-      st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_FORWARD,
+      st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE,
+              recompute ? tandem::v1::TIMELINE_PHASE_RECOMPUTE : tandem::v1::TIMELINE_PHASE_FORWARD,
               l, m, began, WallSeconds());
     }
   }
   st.busy += WallSeconds() - t;
-  TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
-  if (!step.training) {  // nothing is kept for a backward
-    st.in[m].Reset();
-    st.targets[m].Reset();
-    for (auto& per_layer : st.out) per_layer[m].Reset();
-    for (auto& per_layer : st.saved) per_layer[m].Reset();
-  }
   return absl::OkStatus();
 }
 
@@ -458,6 +480,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   Stage& st = *stages_[s];
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
+  // A recomputing stage's activations, again (while the gradient comes).
+  if (st.recompute) TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/true));
   TANDEM_ASSIGN_OR_RETURN(Buffer dy, ReceiveGradient(step, s, m));
   const double t = WallSeconds();
   for (int l = st.end - 1; l >= st.first; --l) {

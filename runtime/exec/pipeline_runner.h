@@ -56,6 +56,12 @@ struct PipelineStageSpec {
   int end_layer = 0;
   // Where the stage lives; not owned, outlives the runner. One device per stage.
   Accelerator* device = nullptr;
+  // GPipe's re-materialisation (GPipe and 1F1B): the stage keeps only each
+  // micro-batch's input after its forward and runs that forward again
+  // (LayerContext::recompute: same result, no running-statistics update)
+  // before the backward; the same training, one micro-batch's activations
+  // at a time.
+  bool recompute = false;
 };
 
 struct PipelineOptions {
@@ -131,6 +137,9 @@ class PipelineRunner final : public StepRunner {
   // A stage's state on its device, zeroed gradients included.
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const PipelineStageSpec& spec, int index,
                                                    int stages) const;
+  // Stage s's layers forward on micro-batch m's input, filling out/saved
+  // (`recompute`: a second time, before its backward).
+  absl::Status RunForward(Step& step, int s, int m, bool recompute);
   // PipeDream: stage s's update after micro-batch m's backward.
   absl::Status UpdateAfter(Step& step, int s, int m);
   // Vertical sync: copies the stage's weights into its history slot for its

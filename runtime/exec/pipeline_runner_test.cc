@@ -162,6 +162,51 @@ TEST(PipelineRunnerTest, OneFOneBHoldsFewerActivationsThanGPipe) {
       << "1f1b " << first_stage_peak[1] << " B, gpipe " << first_stage_peak[0] << " B";
 }
 
+// GPipe's re-materialisation: every stage recomputing its activations trains
+// exactly as without (the same losses, to the bit: the forward is repeated
+// with the same dropout masks and without a second running-statistics
+// update), holds one micro-batch's activations at a time instead of all M,
+// and its timeline shows the second forward. The gpt (dropout) and the cnn
+// (its conv layers' saved buffers).
+TEST(PipelineRunnerTest, RecomputingStagesTrainAlikeInLessMemory) {
+  for (const char* yaml : {exec_test::kGpt, kCnn}) {
+    const Fixture f = MakeFixture(yaml);
+    std::vector<double> losses[2];
+    int64_t peak[2] = {0, 0};
+    for (const bool recompute : {false, true}) {
+      for (PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB}) {
+        Devices devices(2);
+        std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+        for (PipelineStageSpec& st : stages) st.recompute = recompute;
+        PipelineOptions options{.schedule = schedule,
+                                .micro_batches = 8,
+                                .max_batch = f.spec.training().batch_size(),
+                                .init_seed = f.spec.training().seed()};
+        absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+            PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
+        ASSERT_TRUE(runner.ok()) << runner.status();
+        const std::vector<double> got = RunSteps(f, **runner, 6);
+        if (schedule == PipelineSchedule::kGPipe) {
+          losses[recompute] = got;
+          peak[recompute] = (*runner)->stage_stats()[0].peak_bytes;
+        } else {
+          EXPECT_EQ(got, losses[recompute]) << "1F1B and GPipe sum alike";
+        }
+        int recomputes = 0;
+        const tandem::v1::Timeline timeline = (*runner)->last_timeline();
+        for (const auto& span : timeline.spans()) {
+          recomputes += span.phase() == tandem::v1::TIMELINE_PHASE_RECOMPUTE;
+        }
+        EXPECT_EQ(recomputes, recompute ? 8 * f.model->num_layers() : 0);
+      }
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_LT(peak[1], peak[0]);
+    std::cout << f.model->num_layers() << " layers, GPipe over 2 stages, 8 micro-batches: stage 0 "
+              << "peaks at " << peak[0] << " B, recomputing " << peak[1] << " B\n";
+  }
+}
+
 TEST(PipelineRunnerTest, EvaluationMatchesTheCpuEngine) {
   const Fixture f = MakeFixture(exec_test::kGpt);
   Devices devices(3);
@@ -240,6 +285,9 @@ TEST(PipelineRunnerTest, BadStageListsAreRefusedNamingWhatIsWrong) {
   refuse({{0, 2, d0}, {2, L, nullptr}}, options, "stage 1 has no device");
   refuse({{0, 2, d0}, {2, L, d1}}, {.micro_batches = 0, .max_batch = 32},
          "micro_batches must be in [1, 32], got 0");
+  refuse({{0, 2, d0}, {2, L, d1, /*recompute=*/true}},
+         {.schedule = PipelineSchedule::kPipeDream, .micro_batches = 2, .max_batch = 32},
+         "stage 1 recomputes its activations, which PipeDream's stashed weights do not support");
   // A stage whose state does not fit its device.
   EmulatedAccelerator tiny({.capacity_bytes = 256}, 7);
   absl::StatusOr<std::unique_ptr<PipelineRunner>> r =

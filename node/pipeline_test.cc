@@ -281,13 +281,14 @@ TEST(PipelineJobTest, AutoStagesRunTheFastestPredictedCandidate) {
     EXPECT_NE(chosen->solver().note().find("placement.pipeline.auto_stages chose"),
               std::string::npos);
     EXPECT_EQ(std::max(1, chosen->pipeline_size()), c.want_stages);
-    // Each candidate asked for by name: the chosen one is the fastest.
+    // Each candidate asked for by name (K stages at each M from K to 8K that
+    // divides the batch of 4): the chosen one is the fastest.
     double fastest = 1e30;
-    for (int k : {1, 2, 4}) {
+    for (const auto& [k, m] : std::vector<std::pair<int, int>>{{1, 0}, {2, 2}, {2, 4}, {4, 4}}) {
       JobSpec asked = resolved;
-      ASSERT_TRUE(ResolvePipelineStages(asked, k).ok());
+      ASSERT_TRUE(ResolvePipelineStages(asked, k, m).ok());
       const absl::StatusOr<tandem::v1::Plan> p = PlanJob(*jm->model, asked, node);
-      ASSERT_TRUE(p.ok()) << k << ": " << p.status();
+      ASSERT_TRUE(p.ok()) << k << " x " << m << ": " << p.status();
       fastest = std::min(fastest, p->prediction().iteration_seconds());
     }
     EXPECT_DOUBLE_EQ(chosen->prediction().iteration_seconds(), fastest);
@@ -295,6 +296,9 @@ TEST(PipelineJobTest, AutoStagesRunTheFastestPredictedCandidate) {
     ASSERT_TRUE(staged.ok()) << staged.status();
     EXPECT_FALSE(staged->placement().pipeline().auto_stages());
     EXPECT_EQ(std::max(1, staged->placement().pipeline().stages()), c.want_stages);
+    if (chosen->pipeline_size() > 1) {
+      EXPECT_EQ(staged->placement().pipeline().micro_batches(), chosen->micro_batches());
+    }
     // Trained from the auto spec, and from the chosen one asked for by name:
     // the same run.
     const TrainRun run = Train(resolved, MakeRunnerFactory(node));

@@ -655,6 +655,26 @@ std::string CandidateLine(const std::string& name, const absl::StatusOr<Plan>& p
   return absl::StrFormat("%s %.3f ms", name, 1e3 * plan->prediction().iteration_seconds());
 }
 
+// The micro-batch counts auto_stages tries for k stages: the spec's when it
+// gives them (pipeline.micro_batches, or placement.micro_batch_size), else
+// every divisor of the batch from k to 8k (fewer micro-batches than stages
+// leave stages idle; more shrink the bubble, (k-1)/(M+k-1), but each
+// micro-batch is smaller and pays its own per-call costs).
+std::vector<int> MicroBatchCandidates(const JobSpec& resolved, int k) {
+  const int batch = resolved.training().batch_size();
+  if (resolved.placement().pipeline().micro_batches() > 0) {
+    return {resolved.placement().pipeline().micro_batches()};
+  }
+  if (resolved.placement().micro_batch_size() > 0) {
+    return {batch / resolved.placement().micro_batch_size()};
+  }
+  std::vector<int> out;
+  for (int m = std::min(k, batch); m <= std::min(8 * k, batch); ++m) {
+    if (batch % m == 0) out.push_back(m);
+  }
+  return out;
+}
+
 // placement.pipeline.auto_stages: the one-accelerator plan against pipelines
 // over 2, 4, 8, ... of the node's accelerators; the fastest predicted that
 // fits, its note saying what was compared. A candidate that does not fit
@@ -667,13 +687,15 @@ absl::StatusOr<Plan> PlanAutoStages(const Model& model, const JobSpec& resolved,
                           PlanOneAccelerator(model, resolved, node, measured));
   const int most = std::min(AcceleratorCount(resolved, node), model.num_layers());
   for (int k = 2; k <= most; k *= 2) {
-    JobSpec staged = resolved;
-    TANDEM_RETURN_IF_ERROR(ResolvePipelineStages(staged, k));
-    const auto& pipe = staged.placement().pipeline();
-    candidates.emplace_back(
-        absl::StrCat(k, " stages (", tandem::v1::PipelineSchedule_Name(pipe.schedule()), ", ",
-                     pipe.micro_batches(), " micro-batches)"),
-        PlanPipelineJob(model, staged, node, measured));
+    for (int m : MicroBatchCandidates(resolved, k)) {
+      JobSpec staged = resolved;
+      TANDEM_RETURN_IF_ERROR(ResolvePipelineStages(staged, k, m));
+      const auto& pipe = staged.placement().pipeline();
+      candidates.emplace_back(
+          absl::StrCat(k, " stages (", tandem::v1::PipelineSchedule_Name(pipe.schedule()), ", ",
+                       pipe.micro_batches(), " micro-batches)"),
+          PlanPipelineJob(model, staged, node, measured));
+    }
   }
   int best = -1;
   for (int i = 0; i < static_cast<int>(candidates.size()); ++i) {
@@ -716,7 +738,8 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
 
 absl::StatusOr<JobSpec> ChosenStages(JobSpec resolved, const Plan& plan) {
   if (!resolved.placement().pipeline().auto_stages()) return resolved;
-  TANDEM_RETURN_IF_ERROR(ResolvePipelineStages(resolved, plan.pipeline_size()));
+  TANDEM_RETURN_IF_ERROR(ResolvePipelineStages(
+      resolved, plan.pipeline_size(), plan.pipeline_size() > 1 ? plan.micro_batches() : 0));
   return resolved;
 }
 

@@ -504,7 +504,7 @@ absl::Status ResolvePipeline(JobSpec& r) {
 
 }  // namespace
 
-absl::Status ResolvePipelineStages(JobSpec& resolved, int stages) {
+absl::Status ResolvePipelineStages(JobSpec& resolved, int stages, int micro_batches) {
   auto* pipe = resolved.mutable_placement()->mutable_pipeline();
   pipe->set_auto_stages(false);
   if (stages <= 1) {
@@ -512,6 +512,10 @@ absl::Status ResolvePipelineStages(JobSpec& resolved, int stages) {
     return absl::OkStatus();
   }
   pipe->set_stages(stages);
+  if (micro_batches > 0) {
+    pipe->set_micro_batches(micro_batches);
+    resolved.mutable_placement()->set_micro_batch_size(0);
+  }
   // placement.strategy was the one-accelerator candidate's: stages are gpu_only.
   resolved.mutable_placement()->set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
   return ResolvePipeline(resolved);

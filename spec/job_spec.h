@@ -46,9 +46,11 @@ absl::StatusOr<tandem::v1::JobSpec> ResolveJobSpec(const tandem::v1::JobSpec& sp
                                                    bool has_accelerator);
 
 // A resolved spec whose placement.pipeline.auto_stages was chosen: `stages`
-// (<= 1: one accelerator) filled in as a spec asking for them would be
-// resolved (micro-batches, schedule, strategy), auto_stages cleared.
-absl::Status ResolvePipelineStages(tandem::v1::JobSpec& resolved, int stages);
+// (<= 1: one accelerator) and `micro_batches` (0: the spec's, else the
+// default) filled in as a spec asking for them would be resolved (schedule,
+// strategy), auto_stages cleared.
+absl::Status ResolvePipelineStages(tandem::v1::JobSpec& resolved, int stages,
+                                   int micro_batches = 0);
 
 // The largest batch a resolved spec runs: its training or its eval batch.
 int64_t MaxBatch(const tandem::v1::JobSpec& resolved);

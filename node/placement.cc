@@ -445,10 +445,16 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
       return ForcedPlanError(field + ".device_index",
                              absl::StrCat(st.device_index(), " is negative or another stage's"));
     }
-    if (st.recompute() &&
-        resolved.placement().pipeline().schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM) {
+    const bool pipedream =
+        resolved.placement().pipeline().schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+    if (st.recompute() && pipedream) {
       return ForcedPlanError(field + ".recompute",
                              "PipeDream's stashed weights do not recompute (GPipe and 1F1B do)");
+    }
+    if (st.offload_optimizer() && pipedream) {
+      return ForcedPlanError(field + ".offload_optimizer",
+                             "PipeDream updates on the device after every micro-batch (GPipe and "
+                             "1F1B offload)");
     }
     next = st.last_layer() + 1;
   }
@@ -1014,7 +1020,8 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
   for (const tandem::v1::PipelineStage& st : plan.pipeline()) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
                             CreateAccelerator(resolved, node, capacity, st.device_index()));
-    stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute()});
+    stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute(),
+                      st.offload_optimizer()});
     devices.push_back(std::move(device));
   }
   PipelineOptions options;

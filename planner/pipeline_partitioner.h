@@ -3,8 +3,11 @@
 // where a stage's time is the larger of its compute (forward + backward of
 // one micro-batch) and the time to exchange its boundary tensors (its output
 // forward and that output's gradient backward, over the peer link). Dynamic
-// program over (layers so far, stages so far), where a stage that fits only
-// by recomputing its activations (allow_recompute) counts that forward twice:
+// program over (layers so far, stages so far). A stage that does not fit as
+// it is may recompute its activations (counting its forward twice) or offload
+// its optimizer state and update to the host, whichever fits and adds less to
+// the step ((M + S - 1) forwards against the offloaded update's extra time),
+// both if need be:
 //
 //   A(j, s) = min_{i<j} max(A(i, s-1), 2 * C(i-1), T(i..j-1))
 //
@@ -49,12 +52,22 @@ struct PipelineRequest {
   // holds one micro-batch's activations at a time, for one more forward per
   // micro-batch. Not with weight stashing.
   bool allow_recompute = false;
+  // A stage may instead (or as well) keep its optimizer state on the host and
+  // update there (ZeRO-Offload within the stage): its device holds weights and
+  // gradients only, and its update becomes gradients down, the host's update
+  // on `host_threads` threads, weights up. Not with weight stashing.
+  bool allow_offload = false;
+  int host_threads = 0;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED
 // when no partition fits the devices' memory.
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
     const CostModel& cost, const PipelineRequest& request);
+
+// Layer `layer`'s update when its stage offloads it: its gradients down, the
+// host's update on `host_threads` threads (0: all of them), its weights up.
+double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads);
 
 // The slowest stage's time: what bounds the pipeline's throughput, in
 // seconds per micro-batch.

@@ -48,26 +48,46 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
       bool fits = true;
       for (int k = 0; k < S; ++k) {
         const int i = starts[k], j = k + 1 < S ? starts[k + 1] : L;
-        double t = 0, forward = 0;
-        int64_t state = 0, act = 0;
+        double t = 0, forward = 0, extra = 0;
+        int64_t state = 0, act = 0, optimizer = 0;
         for (int l = i; l < j; ++l) {
           forward += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
           t += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
                cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
           state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
+          optimizer += cost.OptimizerStateBytes(l);
           act += cost.ActivationBytes(l, m);
+          extra += OffloadedUpdateSeconds(cost, l, r.host_threads) -
+                   cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
         }
         const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;  // the stage's input
         const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
         if (r.device_memory_bytes > 0 &&
             state + in_flight * (act + input) > r.device_memory_bytes) {
-          // Recomputing: one micro-batch's activations, every one's input,
-          // one more forward.
-          if (r.allow_recompute && state + in_flight * input + act <= r.device_memory_bytes) {
-            t += forward;
-          } else {
-            fits = false;
+          // Recomputing (one micro-batch's activations, every one's input,
+          // one more forward) or offloading (no optimizer state), or both:
+          // the mix that fits and adds least to the step.
+          double best_added = HUGE_VAL, best_t = 0;
+          for (int recompute = 0; recompute < 2; ++recompute) {
+            for (int offload = 0; offload < 2; ++offload) {
+              if ((!recompute && !offload) || (recompute && !r.allow_recompute) ||
+                  (offload && !r.allow_offload)) {
+                continue;
+              }
+              const int64_t bytes =
+                  state - (offload ? optimizer : 0) +
+                  (recompute ? in_flight * input + act : in_flight * (act + input));
+              if (bytes > r.device_memory_bytes) continue;
+              const double added = (recompute ? (r.micro_batches + S - 1) * forward : 0.0) +
+                                   (offload ? std::max(0.0, extra) : 0.0);
+              if (added < best_added) {
+                best_added = added;
+                best_t = t + (recompute ? forward : 0.0);
+              }
+            }
           }
+          if (best_added == HUGE_VAL) fits = false;
+          t = best_t;
         }
         slowest = std::max(slowest, t);
         if (j < L)
@@ -100,6 +120,7 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
     // holding of every micro-batch.
     r.device_memory_bytes = trial % 2 ? 0 : 2500 + static_cast<int64_t>(rng() % 4000);
     r.allow_recompute = trial % 4 == 0;
+    r.allow_offload = trial % 6 == 0;
     r.gpipe = trial % 8 == 0;
     const double truth = BruteForce(cost, r);
     absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(cost, r);
@@ -205,6 +226,34 @@ TEST(PartitionPipelineTest, AStageRecomputesOnlyWhenItFitsNoOtherWay) {
   r.stash_weights = true;
   r.gpipe = false;
   EXPECT_FALSE(PartitionPipeline(*cost, r).ok()) << "PipeDream does not recompute";
+}
+
+// ZeRO-Offload within a stage: where a stage's state does not fit but its
+// weights and gradients do, it keeps its optimizer state on the host (and
+// updates there); recomputing would not help (its activations are small).
+TEST(PartitionPipelineTest, AStageOffloadsItsOptimizerStateWhenOnlyThatFits) {
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(FourEqualLayers(), 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r = TwoStages(2);
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> roomy = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  const int64_t whole = (*roomy)[0].memory_bytes();
+  const int64_t optimizer = cost->OptimizerStateBytes(0) + cost->OptimizerStateBytes(1);
+  ASSERT_GT(optimizer, 0);
+  r.device_memory_bytes = whole - optimizer / 2;
+  r.allow_recompute = true;
+  EXPECT_FALSE(PartitionPipeline(*cost, r).ok()) << "recomputing does not make it fit";
+  r.allow_offload = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> tight = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  for (const tandem::v1::PipelineStage& st : *tight) {
+    EXPECT_TRUE(st.offload_optimizer()) << "stage " << st.device_index();
+    EXPECT_FALSE(st.recompute()) << "stage " << st.device_index();
+    EXPECT_LE(st.memory_bytes(), r.device_memory_bytes);
+  }
+  EXPECT_EQ((*tight)[0].memory_bytes(), whole - optimizer);
+  EXPECT_DOUBLE_EQ((*tight)[0].compute_seconds(), (*roomy)[0].compute_seconds());
 }
 
 // PipeDream's weight versions: stage 0 of 2 stashes min(1, M) + 1 = 2 copies

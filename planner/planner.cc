@@ -340,7 +340,7 @@ absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
 
 // Sets `plan`'s stages, prediction and note from the partition.
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
-                     int micro_batches, tandem::v1::Plan* plan) {
+                     int micro_batches, int host_threads, tandem::v1::Plan* plan) {
   double update = 0, updates = 0, work = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
@@ -348,7 +348,9 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     *plan->add_pipeline() = s;
     double stage_update = 0;
     for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
-      stage_update += cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+      stage_update += s.offload_optimizer()
+                          ? OffloadedUpdateSeconds(cost, l, host_threads)
+                          : cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
     }
     update = std::max(update, stage_update);
     updates += stage_update;
@@ -368,9 +370,10 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   // stage's work (and every update) one after another.
   const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
   if (shared_cores) step = std::max((M + K - 1) * bottleneck, work) + updates;
-  std::vector<std::string> recomputing;
+  std::vector<std::string> recomputing, offloading;
   for (const tandem::v1::PipelineStage& s : stages) {
     if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
+    if (s.offload_optimizer()) offloading.push_back(absl::StrCat(s.device_index()));
   }
   tandem::v1::PlanPrediction* prediction = plan->mutable_prediction();
   *prediction = tandem::v1::PlanPrediction();
@@ -390,9 +393,17 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
                      "all their work in turn"
                    : ""));
   if (!recomputing.empty()) {
-    absl::StrAppend(plan->mutable_solver()->mutable_note(), "; stage",
-                    recomputing.size() == 1 ? " " : "s ", absl::StrJoin(recomputing, ", "),
-                    " recompute their activations (they fit no other way)");
+    absl::StrAppend(
+        plan->mutable_solver()->mutable_note(), recomputing.size() == 1 ? "; stage " : "; stages ",
+        absl::StrJoin(recomputing, ", "),
+        recomputing.size() == 1 ? " recomputes its activations" : " recompute their activations");
+  }
+  if (!offloading.empty()) {
+    absl::StrAppend(
+        plan->mutable_solver()->mutable_note(), offloading.size() == 1 ? "; stage " : "; stages ",
+        absl::StrJoin(offloading, ", "),
+        offloading.size() == 1 ? " keeps its optimizer state on the host and updates there"
+                               : " keep their optimizer state on the host and update there");
   }
 }
 
@@ -438,6 +449,12 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.stash_weights = schedule == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   p.vertical_sync = p.stash_weights && request.pipeline_vertical_sync;
   p.allow_recompute = !p.stash_weights;
+  p.allow_offload = !p.stash_weights;
+  // Offloading stages update on the host at the same time: each with its
+  // share of the host's update threads.
+  const int host_threads =
+      request.host_update_threads > 0 ? request.host_update_threads : cost->host_threads();
+  p.host_threads = std::max(1, host_threads / p.devices);
   absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
   if (!stages.ok()) {
     if (stages.status().code() != absl::StatusCode::kResourceExhausted) return stages.status();
@@ -447,7 +464,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  PredictPipeline(*cost, *stages, p.micro_batches, &plan);
+  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, &plan);
   return plan;
 }
 

@@ -31,6 +31,10 @@ struct PipelineRunner::Stage {
   int first = 0, end = 0;
   Accelerator* device = nullptr;
   bool recompute = false;
+  // Offloading stages: their gradients' host copy (staging memory); their
+  // moments are the runner's host copy (no device moments).
+  bool offload = false;
+  Buffer host_grads;
   int64_t param_begin = 0, param_n = 0, buffer_begin = 0, buffer_n = 0;
   Buffer params, grads, buffers;
   std::vector<Buffer> moments;
@@ -169,6 +173,12 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
                        " recomputes its activations, which PipeDream's stashed weights do not "
                        "support (GPipe and 1F1B do)"));
     }
+    if (st.offload_optimizer && options.schedule == PipelineSchedule::kPipeDream) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: stage ", s,
+                       " offloads its optimizer state, which PipeDream's update per micro-batch "
+                       "does not support (GPipe and 1F1B do)"));
+    }
     if (!devices.insert(st.device).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s, " shares device ", st.device->id(),
@@ -196,6 +206,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->end = spec.end_layer;
   stage->device = spec.device;
   stage->recompute = spec.recompute;
+  stage->offload = spec.offload_optimizer;
   stage->index = index;
   stage->param_begin = model_.param_offset(stage->first);
   stage->param_n = model_.param_offset(stage->end) - stage->param_begin;
@@ -217,9 +228,17 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   TANDEM_RETURN_IF_ERROR(allocate(&stage->params, stage->param_n, MemoryCategory::kParameters));
   TANDEM_RETURN_IF_ERROR(allocate(&stage->grads, stage->param_n, MemoryCategory::kGradients));
   TANDEM_RETURN_IF_ERROR(allocate(&stage->buffers, stage->buffer_n, MemoryCategory::kParameters));
-  stage->moments.resize(optimizer_->state_count());
-  for (Buffer& m : stage->moments) {
-    TANDEM_RETURN_IF_ERROR(allocate(&m, stage->param_n, MemoryCategory::kOptimizerState));
+  if (stage->offload) {
+    absl::StatusOr<Buffer> grads =
+        Buffer::Allocate(stage->device->host_staging_allocator(),
+                         std::max<int64_t>(stage->param_n, 1) * 4, MemoryCategory::kGradients);
+    if (!grads.ok()) return fits(grads.status());
+    stage->host_grads = *std::move(grads);
+  } else {
+    stage->moments.resize(optimizer_->state_count());
+    for (Buffer& m : stage->moments) {
+      TANDEM_RETURN_IF_ERROR(allocate(&m, stage->param_n, MemoryCategory::kOptimizerState));
+    }
   }
   // The padding between layers' slices is never written by a backward:
   // zero, so the gradient norm and the update see nothing there.
@@ -597,6 +616,8 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   }
   StepConstants c = step.constants;
   c.adam.grad_scale = c.sgd.grad_scale = scale;
+  st.updates = 1;
+  if (st.offload) return UpdateOnHost(st, c, t);
   std::vector<float*> states;
   for (Buffer& b : st.moments) states.push_back(b.f32());
   TANDEM_RETURN_IF_ERROR(
@@ -605,7 +626,31 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   st.update = WallSeconds() - t;
   st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
           0, t, t + st.update, st.param_n * 4);
-  st.updates = 1;
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::UpdateOnHost(Stage& st, const StepConstants& c, double t) {
+  const int64_t bytes = st.param_n * 4;
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(st.host_grads.data(), st.grads.data(), bytes));
+  const double down = WallSeconds();
+  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, -1, 0, t,
+          down, bytes);
+  // The host copy of the weights is the master: the same kernel the device's
+  // update runs on the emulated accelerator.
+  float* params = host_params_.f32() + st.param_begin;
+  std::vector<float*> states;
+  for (int i = 0; i < optimizer_->state_count(); ++i) {
+    states.push_back(optimizer_->state(i) + st.param_begin);
+  }
+  Optimizer::UpdateSlice(c, params, st.host_grads.f32(), states.data(), st.param_n);
+  const double updated = WallSeconds();
+  st.Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, -1, 0, down,
+          updated, bytes);
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.params.data(), params, bytes));
+  const double up = WallSeconds();
+  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, -1, 0,
+          updated, up, bytes);
+  st.update = up - t;
   return absl::OkStatus();
 }
 

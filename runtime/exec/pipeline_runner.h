@@ -62,6 +62,11 @@ struct PipelineStageSpec {
   // before the backward; the same training, one micro-batch's activations
   // at a time.
   bool recompute = false;
+  // ZeRO-Offload within the stage (GPipe and 1F1B): its optimizer state
+  // stays in the runner's host copy and its end-of-step update runs on the
+  // host (gradients down, the CPU kernel, weights back up); the device holds
+  // the stage's weights and gradients only. The same update as on the device.
+  bool offload_optimizer = false;
 };
 
 struct PipelineOptions {
@@ -147,6 +152,9 @@ class PipelineRunner final : public StepRunner {
   absl::Status KeepVersion(Stage& stage);
   // The end-of-step update of GPipe and 1F1B, after the global norm.
   absl::Status UpdateAtEnd(Step& step, int s);
+  // An offloading stage's update (started at `t`): its gradients down, the
+  // host's update of the host copy, the weights back up.
+  absl::Status UpdateOnHost(Stage& stage, const StepConstants& c, double t);
   // `batch` split into micro-batches, the stages' slots and mailboxes sized.
   void Begin(Step& step, const Batch& batch, bool training);
   // Every stage on its own thread through the step; the stats and the

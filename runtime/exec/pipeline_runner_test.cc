@@ -207,6 +207,47 @@ TEST(PipelineRunnerTest, RecomputingStagesTrainAlikeInLessMemory) {
   }
 }
 
+// ZeRO-Offload within the stages: each offloading stage keeps weights and
+// gradients on its device, its Adam moments on the host, and updates there
+// with the same kernel: the same losses as on the device, to the bit, in
+// less device memory; its timeline shows the gradients down, the host's
+// update and the weights up. A checkpoint's host state holds the moments.
+TEST(PipelineRunnerTest, OffloadingStagesUpdateOnTheHostAlike) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  std::vector<double> losses[2];
+  int64_t peak[2] = {0, 0};
+  std::vector<float> moments[2];
+  for (const bool offload : {false, true}) {
+    Devices devices(2);
+    std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+    for (PipelineStageSpec& st : stages) st.offload_optimizer = offload;
+    PipelineOptions options{.schedule = PipelineSchedule::kOneFOneB,
+                            .micro_batches = 4,
+                            .max_batch = f.spec.training().batch_size(),
+                            .init_seed = f.spec.training().seed()};
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+        PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    losses[offload] = RunSteps(f, **runner, 8);
+    peak[offload] = (*runner)->stage_stats()[0].peak_bytes;
+    ASSERT_TRUE((*runner)->SyncStateToHost().ok());
+    const HostStateView state = (*runner)->host_state();
+    moments[offload].assign(state.moments[1], state.moments[1] + f.model->parameter_elements());
+    int host_updates = 0;
+    const tandem::v1::Timeline timeline = (*runner)->last_timeline();
+    for (const auto& span : timeline.spans()) {
+      host_updates += span.resource() == tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE;
+    }
+    EXPECT_EQ(host_updates, offload ? 2 : 0);
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(moments[1], moments[0]);
+  // Stage 0's device no longer holds its two moments.
+  EXPECT_LT(peak[1], peak[0]);
+  std::cout << "gpt over 2 stages: stage 0 peaks at " << peak[0] << " B, offloading " << peak[1]
+            << " B\n";
+}
+
 TEST(PipelineRunnerTest, EvaluationMatchesTheCpuEngine) {
   const Fixture f = MakeFixture(exec_test::kGpt);
   Devices devices(3);
@@ -288,6 +329,9 @@ TEST(PipelineRunnerTest, BadStageListsAreRefusedNamingWhatIsWrong) {
   refuse({{0, 2, d0}, {2, L, d1, /*recompute=*/true}},
          {.schedule = PipelineSchedule::kPipeDream, .micro_batches = 2, .max_batch = 32},
          "stage 1 recomputes its activations, which PipeDream's stashed weights do not support");
+  refuse({{0, 2, d0}, {2, L, d1, /*recompute=*/false, /*offload_optimizer=*/true}},
+         {.schedule = PipelineSchedule::kPipeDream, .micro_batches = 2, .max_batch = 32},
+         "stage 1 offloads its optimizer state, which PipeDream's update per micro-batch");
   // A stage whose state does not fit its device.
   EmulatedAccelerator tiny({.capacity_bytes = 256}, 7);
   absl::StatusOr<std::unique_ptr<PipelineRunner>> r =

@@ -63,7 +63,7 @@ def write_job(job):
     return f.name
 
 
-def job_file(model, steps, stages, schedule, threads, measured_profile=False):
+def job_file(model, steps, stages, schedule, threads, measured_profile=False, stage_memory=0):
     _, micro_batches, memory = MODELS[model]
     job = base_job(model, steps, threads)
     batch = int(re.search(r"batch_size: (\d+)", job).group(1))
@@ -78,6 +78,8 @@ def job_file(model, steps, stages, schedule, threads, measured_profile=False):
             # on this node and caches it, and the pipelines after it are
             # planned from it, as any later job of this model here would be.
             job += "  replan_threshold: 1e-9\n"
+    if stages > 1 and stage_memory:
+        memory = stage_memory
     job += "resources:\n  accelerator_memory_bytes: %d\n" % (memory if stages > 1 else 4 * memory)
     job += "precision: PRECISION_FP32\n"  # pipelines run fp32; one device too
     return write_job(job)
@@ -118,6 +120,10 @@ def main():
     parser.add_argument("--measured_profile", action="store_true",
                         help="the one-device job measures the model's layer profile (it is "
                         "re-planned at once) and the pipelines are planned from it")
+    parser.add_argument("--stage_mib", type=float, default=0,
+                        help="each pipeline stage's accelerator memory (default: the model's "
+                        "128 MiB); a tight one makes stages recompute or offload their "
+                        "optimizer state, as the plan's note says")
     parser.add_argument("--auto", default="",
                         help="MIB:BYTES_PER_SECOND: instead, placement.pipeline.auto_stages at "
                         "that memory per accelerator and link cap, next to one accelerator "
@@ -155,7 +161,7 @@ def bench(args, server):
         for stages, schedule in [(1, ""), (2, "GPIPE"), (2, "ONE_F_ONE_B"), (4, "GPIPE"),
                                  (4, "ONE_F_ONE_B")]:
             path = job_file(model, args.steps, stages, schedule, args.threads,
-                            args.measured_profile)
+                            args.measured_profile, int(args.stage_mib * 2**20))
             try:
                 job = run(args.tandem, server, path)
             finally:
@@ -181,6 +187,12 @@ def bench(args, server):
                 line += "  (one device %.5f)  step x%.2f of one device" % (
                     base["loss"], meas / base["measured_step_seconds"])
             print(line, flush=True)
+            modes = ["%d:%s%s" % (i, "recompute " if st.get("recompute") else "",
+                                  "offload" if st.get("offload_optimizer") else "")
+                     for i, st in enumerate(plan.get("pipeline", []))
+                     if st.get("recompute") or st.get("offload_optimizer")]
+            if modes:
+                print("      stages not all on their device: " + ", ".join(modes), flush=True)
             stage_rows = []
             for s in m.get("pipeline_stages", []):
                 phase = s.get("busy_seconds", 0) + s.get("bubble_seconds", 0) + s.get(

@@ -824,6 +824,8 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     if (s < plan_.pipeline_size()) o.set_predicted_bytes(plan_.pipeline(s).memory_bytes());
     o.set_staleness(st.staleness);
     o.set_updates(st.updates);
+    o.set_recompute(st.recompute);
+    o.set_offload_optimizer(st.offload);
   }
   return out;
 }

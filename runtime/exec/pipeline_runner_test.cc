@@ -239,6 +239,10 @@ TEST(PipelineRunnerTest, OffloadingStagesUpdateOnTheHostAlike) {
       host_updates += span.resource() == tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE;
     }
     EXPECT_EQ(host_updates, offload ? 2 : 0);
+    for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
+      EXPECT_EQ(st.offload_optimizer(), offload) << "stage " << st.stage();
+      EXPECT_FALSE(st.recompute()) << "stage " << st.stage();
+    }
   }
   EXPECT_EQ(losses[1], losses[0]);
   EXPECT_EQ(moments[1], moments[0]);

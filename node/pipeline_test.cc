@@ -14,8 +14,10 @@
 #include "gtest/gtest.h"
 #include "node/placement.h"
 #include "node/placement_test_util.h"
+#include "runtime/cpu/onednn.h"
 #include "runtime/train/job_model.h"
 #include "spec/job_spec.h"
+#include "spec/precision.h"
 
 namespace tandem::node {
 namespace {
@@ -223,6 +225,57 @@ TEST(PipelineJobTest, A1F1BStageThatFitsOnlyByOffloadingOffloads) {
 
 // PipeDream through PlanJob: the record says how stale each stage ran and
 // how many updates a step made.
+// bf16 pipelines (asked for: auto stays fp32): the gpt, the cnn and the mlp
+// on 2 and 4 stages, GPipe and 1F1B, train as one device in bf16 at the same
+// micro-batches does (the same products, rounded alike, summed in the same
+// order: to fp32 rounding), and every stage stays within its predicted
+// memory plus the margin, which counts a 16-bit layer's weight copies.
+TEST(PipelineJobTest, Bf16PipelinesTrainAsOneDeviceWithinTheirPlannedMemory) {
+  if (!NativeBf16Isa(cpu::OneDnnIsa())) {
+    GTEST_SKIP() << "oneDNN runs " << cpu::OneDnnIsa() << " here: no native bf16";
+  }
+  const int64_t capacity = int64_t{64} << 20;
+  for (const std::string model : {"gpt", "cnn", "mlp"}) {
+    JobSpec base = model == "gpt"   ? Gpt(tandem::v1::STRATEGY_UNSPECIFIED, capacity, 6)
+                   : model == "mlp" ? Mlp(tandem::v1::STRATEGY_UNSPECIFIED, capacity, 6)
+                                    : Cnn(capacity, 6);
+    base.set_precision(tandem::v1::PRECISION_BF16);
+    for (const auto schedule :
+         {tandem::v1::PIPELINE_SCHEDULE_GPIPE, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B}) {
+      for (const int K : {2, 4}) {
+        const absl::StatusOr<JobSpec> resolved =
+            ResolveJobSpec(Pipelined(base, K, schedule), false);
+        ASSERT_TRUE(resolved.ok()) << resolved.status();
+        ASSERT_EQ(resolved->precision(), tandem::v1::PRECISION_BF16);
+        const TrainRun run = Train(*resolved, MakeRunnerFactory(NodeWith(4)));
+        ASSERT_TRUE(run.status.ok()) << run.status;
+        const TrainRun reference = Train(OneDevice(base, resolved->placement().micro_batch_size()),
+                                         MakeRunnerFactory(NodeWith(1)));
+        ASSERT_TRUE(reference.status.ok()) << reference.status;
+        ASSERT_EQ(run.losses.size(), reference.losses.size());
+        for (size_t s = 0; s < run.losses.size(); ++s) {
+          EXPECT_NEAR(run.losses[s], reference.losses[s], 1e-4 * std::abs(reference.losses[s]))
+              << model << " K=" << K << " step " << s;
+        }
+        const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, nullptr, DType::kBF16);
+        ASSERT_TRUE(jm.ok());
+        const auto& pipe = resolved->placement().pipeline();
+        const int64_t margin = PipelineStageMargin(
+            *jm->model, resolved->placement().micro_batch_size(),
+            schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? pipe.micro_batches()
+                                                            : std::min(K, pipe.micro_batches()));
+        for (const tandem::v1::PipelineStageStats& st : run.metrics.pipeline_stages()) {
+          EXPECT_LE(st.peak_bytes(), st.predicted_bytes() + margin)
+              << model << " K=" << K << " stage " << st.stage();
+        }
+        std::cout << model << " bf16 " << tandem::v1::PipelineSchedule_Name(schedule) << " K=" << K
+                  << ": loss " << run.losses.back() << ", one device " << reference.losses.back()
+                  << "\n";
+      }
+    }
+  }
+}
+
 TEST(PipelineJobTest, PipeDreamJobsRecordTheirStaleness) {
   const JobSpec spec = Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{64} << 20, kSteps),
                                  2, tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);

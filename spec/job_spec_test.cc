@@ -268,14 +268,20 @@ TEST(JobSpecTest, PipelinesGetTheirDefaults) {
       "{accelerator: ACCELERATOR_KIND_EMULATED, micro_batch_size: 2, pipeline: {stages: 3}}");
   ASSERT_TRUE(mb.ok()) << mb.status();
   EXPECT_EQ(mb->placement().pipeline().micro_batches(), 2);
-  // Pipelines run fp32: auto resolves to it, bf16 is refused naming the field.
+  // Pipelines run fp32 unless asked for bf16: auto resolves to fp32, bf16
+  // stays, fp16 is refused naming the field.
   EXPECT_EQ(mb->precision(), tandem::v1::PRECISION_FP32);
   absl::StatusOr<tandem::v1::JobSpec> bf16 =
       ResolveWithPlacement("{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {stages: 2}}",
                            "precision: PRECISION_BF16\n");
-  ASSERT_FALSE(bf16.ok());
-  EXPECT_NE(bf16.status().message().find("precision: a pipeline"), std::string::npos)
-      << bf16.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->precision(), tandem::v1::PRECISION_BF16);
+  absl::StatusOr<tandem::v1::JobSpec> fp16 =
+      ResolveWithPlacement("{accelerator: ACCELERATOR_KIND_EMULATED, pipeline: {stages: 2}}",
+                           "precision: PRECISION_FP16\n");
+  ASSERT_FALSE(fp16.ok());
+  EXPECT_NE(fp16.status().message().find("precision: a pipeline"), std::string::npos)
+      << fp16.status();
   // One stage is no pipeline: the spec resolves as it always did.
   absl::StatusOr<tandem::v1::JobSpec> one = ResolveWithPlacement("{pipeline: {stages: 1}}");
   ASSERT_TRUE(one.ok()) << one.status();
@@ -323,12 +329,12 @@ TEST(JobSpecTest, AutoStagesResolveAsAPipelineOnceChosen) {
     ASSERT_FALSE(bad.ok()) << placement;
     EXPECT_NE(bad.status().message().find(error), std::string::npos) << bad.status();
   }
-  absl::StatusOr<tandem::v1::JobSpec> bf16 =
-      ResolveWithPlacement("{pipeline: {auto_stages: true}}", "precision: PRECISION_BF16\n");
-  ASSERT_FALSE(bf16.ok());
-  EXPECT_NE(bf16.status().message().find("precision: a pipeline (placement.pipeline.auto_stages)"),
+  absl::StatusOr<tandem::v1::JobSpec> fp16 =
+      ResolveWithPlacement("{pipeline: {auto_stages: true}}", "precision: PRECISION_FP16\n");
+  ASSERT_FALSE(fp16.ok());
+  EXPECT_NE(fp16.status().message().find("precision: a pipeline (placement.pipeline.auto_stages)"),
             std::string::npos)
-      << bf16.status();
+      << fp16.status();
 }
 
 TEST(JobSpecTest, BadPipelinesNameTheField) {

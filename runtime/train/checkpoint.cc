@@ -1,5 +1,6 @@
 #include "runtime/train/checkpoint.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -177,6 +178,16 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
 
 std::string CheckpointPath(const std::string& dir, int64_t step, const std::string& suffix) {
   return absl::StrFormat("%s/%s%010d%s", dir, kCheckpointPrefix, step, suffix);
+}
+
+std::string SwaPath(const std::string& dir, int64_t step) {
+  return absl::StrFormat("%s/swa-%010d%s", dir, step, kCheckpointSuffix);
+}
+
+void RemoveCheckpointStep(const std::string& dir, int64_t step) {
+  ::unlink(CheckpointPath(dir, step, kCheckpointSuffix).c_str());
+  ::unlink(CheckpointPath(dir, step, kManifestSuffix).c_str());
+  ::unlink(SwaPath(dir, step).c_str());
 }
 
 }  // namespace tandem

@@ -56,6 +56,12 @@ std::string CheckpointPath(const std::string& dir, int64_t step, const std::stri
 inline constexpr char kCheckpointSuffix[] = ".tdm";
 inline constexpr char kManifestSuffix[] = ".manifest";
 
+// SWA's average at a checkpoint's step: swa-<step>.tdm beside ckpt-<step>.tdm,
+// kept and pruned with it, so whichever checkpoint a resume loads has its own.
+std::string SwaPath(const std::string& dir, int64_t step);
+// Removes a step's checkpoint, manifest and SWA average, where they exist.
+void RemoveCheckpointStep(const std::string& dir, int64_t step);
+
 }  // namespace tandem
 
 #endif  // TANDEM_RUNTIME_TRAIN_CHECKPOINT_H_

@@ -1,11 +1,8 @@
 #include "runtime/train/partitioned_checkpoint.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -33,20 +30,10 @@ int FirstFailed(const std::vector<double>& all, size_t per_rank, size_t at) {
   return -1;
 }
 
-std::string SwaPathOf(const std::string& dir, int64_t step) {
-  return absl::StrFormat("%s/swa-%010d%s", dir, step, kCheckpointSuffix);
-}
-
-void RemoveStep(const std::string& dir, int64_t step) {
-  ::unlink(CheckpointPath(dir, step, kCheckpointSuffix).c_str());
-  ::unlink(CheckpointPath(dir, step, kManifestSuffix).c_str());
-  ::unlink(SwaPathOf(dir, step).c_str());
-}
-
 void Prune(const std::string& dir, int rank, int keep) {
   if (rank != 0) {
     const auto parts = ListCheckpoints(dir, kCheckpointSuffix);
-    for (size_t i = keep + 1; i < parts.size(); ++i) RemoveStep(dir, parts[i].first);
+    for (size_t i = keep + 1; i < parts.size(); ++i) RemoveCheckpointStep(dir, parts[i].first);
     return;
   }
   const auto manifests = ListCheckpoints(dir, kManifestSuffix);
@@ -55,10 +42,10 @@ void Prune(const std::string& dir, int rank, int keep) {
   // Older manifests go, and so do rank 0's partitions older than the oldest
   // kept one (those never committed included).
   for (const auto& [step, path] : ListCheckpoints(dir, kCheckpointSuffix)) {
-    if (step < oldest_kept) RemoveStep(dir, step);
+    if (step < oldest_kept) RemoveCheckpointStep(dir, step);
   }
   for (const auto& [step, path] : manifests) {
-    if (step < oldest_kept) RemoveStep(dir, step);
+    if (step < oldest_kept) RemoveCheckpointStep(dir, step);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "base/test_dir.h"
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
 #include "runtime/dist/data_parallel_runner.h"
@@ -20,13 +21,6 @@ namespace tandem {
 namespace {
 
 constexpr int kRanks = 2;
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 tandem::v1::JobSpec Spec(int seed) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(

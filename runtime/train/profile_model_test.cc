@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "base/test_dir.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "runtime/profile/layer_profiler.h"
@@ -15,13 +16,6 @@
 
 namespace tandem::profile {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 tandem::v1::ProfileModelRequest Request(int batch = 8) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(

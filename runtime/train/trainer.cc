@@ -32,14 +32,6 @@ using tandem::v1::LogSeverity;
 // Checkpoints kept: the newest and one before it, in case the newest is damaged.
 constexpr int kCheckpointsKept = 2;
 
-// SWA's average at a checkpoint's step: swa-<step>.tdm beside ckpt-<step>.tdm,
-// kept and pruned with it, so whichever checkpoint a resume loads has its own.
-constexpr char kSwaPrefix[] = "swa-";
-
-std::string SwaPath(const std::string& dir, int64_t step) {
-  return absl::StrFormat("%s/%s%010d%s", dir, kSwaPrefix, step, kCheckpointSuffix);
-}
-
 }  // namespace
 
 absl::StatusOr<JobEvent::EvalResult> EvaluateSplit(StepRunner& runner, const Dataset& data,
@@ -270,8 +262,7 @@ absl::Status Trainer::SaveCheckpoint() {
     TANDEM_RETURN_IF_ERROR(SaveSwa());
     const auto all = ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix);
     for (size_t i = kCheckpointsKept; i < all.size(); ++i) {
-      ::unlink(all[i].second.c_str());
-      ::unlink(SwaPath(options_.checkpoint_dir, all[i].first).c_str());
+      RemoveCheckpointStep(options_.checkpoint_dir, all[i].first);
     }
   }
   checkpoint_path_ = saved.path;

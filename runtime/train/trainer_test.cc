@@ -5,19 +5,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/test_dir.h"
 #include "gtest/gtest.h"
 #include "runtime/exec/cpu_runner.h"
 #include "spec/job_spec.h"
 
 namespace tandem {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 tandem::v1::JobSpec SyntheticMlp(int steps) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(

@@ -11,19 +11,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/test_dir.h"
 #include "gtest/gtest.h"
 #include "runtime/core/allocator.h"
 #include "spec/job_spec.h"
 
 namespace tandem {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 // A small job on a synthetic teacher's labels: the MLP (with dropout) on 12
 // features, or on 8x8 images the CNN or a ResNet (batch norm); `updates` in

@@ -441,6 +441,15 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PinnedNodes(
   return placement.nodes;
 }
 
+absl::StatusOr<std::vector<std::string>> Coordinator::NodesFor(const tandem::v1::JobSpec& resolved,
+                                                               const std::string& checkpoint_dir) {
+  // A committed partitioned checkpoint binds each rank to its partition's node.
+  const std::optional<PartitionPlacement> pinned =
+      checkpoint_dir.empty() ? std::nullopt
+                             : PartitionNodes(checkpoint_dir, resolved.distributed().replicas());
+  return pinned ? PinnedNodes(*pinned) : PickNodes(resolved);
+}
+
 absl::Status Coordinator::Admit(const tandem::v1::JobSpec& resolved) {
   return PickNodes(resolved).status();
 }
@@ -482,12 +491,8 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
   run.factory = [this, job, attempt, started, join, picked_nodes, peers, checkpoint_dir](
                     const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
                     Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
-    // A committed partitioned checkpoint binds each rank to its partition's node.
-    const std::optional<PartitionPlacement> pinned =
-        checkpoint_dir.empty() ? std::nullopt
-                               : PartitionNodes(checkpoint_dir, resolved.distributed().replicas());
     TANDEM_ASSIGN_OR_RETURN(const std::vector<std::string> nodes,
-                            pinned ? PinnedNodes(*pinned) : PickNodes(resolved));
+                            NodesFor(resolved, checkpoint_dir));
     TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec, PinRankPlan(model, resolved, node_));
     picked_nodes->assign({"self"});
     for (size_t i = 0; i < nodes.size(); ++i) {

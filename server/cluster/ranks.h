@@ -104,6 +104,10 @@ class Coordinator {
   absl::StatusOr<std::vector<std::string>> PickNodes(const tandem::v1::JobSpec& resolved);
   // The nodes `placement` names for ranks 1..N-1, when all are healthy peers.
   absl::StatusOr<std::vector<std::string>> PinnedNodes(const PartitionPlacement& placement);
+  // A run's nodes for ranks 1..N-1: those holding the partitions of the
+  // newest manifest in `checkpoint_dir` when there is one, else PickNodes'.
+  absl::StatusOr<std::vector<std::string>> NodesFor(const tandem::v1::JobSpec& resolved,
+                                                    const std::string& checkpoint_dir);
 
   PeerSet* const peers_;
   RendezvousTable* const table_;

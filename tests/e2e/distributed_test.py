@@ -17,9 +17,8 @@ import unittest
 
 import junit_runner
 from google.protobuf import text_format
-from tandem_stubs import (FASHION, job_pb2, plan_pb2, spec_from_dict, stub, tandem_service_pb2,
-                          wait_for_state)
-from tandem.v1 import checkpoint_pb2  # noqa: E402 (tandem_stubs puts it on the path)
+from tandem_stubs import (FASHION, checkpoint_pb2, job_pb2, plan_pb2, spec_from_dict, stub,
+                          tandem_service_pb2, wait_for_state)
 from tandemd_fixture import Tandemd
 
 TANDEMD = None

@@ -15,7 +15,8 @@ for root in ([os.path.join(_RUNFILES, "tandem", "proto")] if _RUNFILES else []) 
 
 import grpc  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
-from tandem.v1 import job_pb2, plan_pb2, tandem_service_pb2, tandem_service_pb2_grpc  # noqa: E402,F401
+from tandem.v1 import (checkpoint_pb2, job_pb2, plan_pb2, tandem_service_pb2,  # noqa: E402,F401
+                       tandem_service_pb2_grpc)
 
 FASHION = "/usr/share/datasets/fashion-mnist/"
 

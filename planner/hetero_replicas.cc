@@ -279,7 +279,9 @@ SimulationResult HeteroReplicas::Simulate(bool record_timeline) {
   int n = InitialSimulatedIterations(/*delayed_parameter_update=*/false);
   while (true) {
     RunOnce(n, nullptr);
-    if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
+    // Without PeriodSettled's bound on the work: the replicas need not keep
+    // pace, and the period is the earlier one's (simulator.cc does the same).
+    if (!KeepSimulating(starts_, {}, 0.0)) break;
     n *= 2;
   }
   const double t0 = starts_[n - 2], t1 = starts_[n - 1];
@@ -293,8 +295,9 @@ SimulationResult HeteroReplicas::Simulate(bool record_timeline) {
   result.iterations_simulated = n;
 
   tandem::v1::PlanPrediction& p = result.prediction;
-  p.set_iteration_seconds(period);
-  p.set_samples_per_second(period > 0 ? batch_size_ / period : 0.0);
+  const double reported = ReportedPeriod(starts_, {}, 0.0);
+  p.set_iteration_seconds(reported);
+  p.set_samples_per_second(reported > 0 ? batch_size_ / reported : 0.0);
   p.set_accelerator_idle_seconds(period - record.acc_busy);
   p.set_h2d_idle_seconds(period - record.h2d_busy);
   p.set_d2h_idle_seconds(period - record.d2h_busy);

@@ -19,7 +19,8 @@
 // feeds each stream to its own WindowLevel and sums busy time.
 //
 // Cost: O(iterations * (micro-batches + 1) * layers). hetero_dp's period
-// often alternates between two values, so runs go to the 64-iteration cap.
+// often alternates between two values, so runs go to the 64-iteration cap
+// and report the two values' mean (steady_state.h, ReportedPeriod).
 //
 // Not thread-safe (scratch buffers): one instance per thread.
 #ifndef TANDEM_PLANNER_HETERO_REPLICAS_H_

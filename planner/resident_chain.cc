@@ -120,6 +120,7 @@ void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* me
                             Record* record) {
   const int lag = delayed_ ? 2 : 1;
   starts_.assign(n, 0.0);
+  finishes_.assign(n, 0.0);
   returned_.assign(static_cast<size_t>(lag + 1) * num_layers(), 0.0);
   pending_frees_.clear();
   Pass p{acc, memory, record, lag, &pending_frees_};
@@ -135,6 +136,9 @@ void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* me
       Forwards(&p, j);
       Backwards(&p, j);
     }
+    // Its last operation: the compute stream's, or the last weights copied
+    // up (every chain ends there, and the last one last).
+    finishes_[i] = std::max(p.t, p.h2d_free);
   }
 }
 
@@ -270,21 +274,47 @@ void ResidentChain::HostUpdate(Pass* p, int l, int j) {
   window->delivered[l] = p->h2d_free;
 }
 
+std::vector<double> ResidentChain::ResourceWork(const std::vector<bool>& acc) const {
+  double compute = 0, d2h = 0, pool = 0, h2d = 0;
+  for (int j = 0; j < micro_batches_; ++j) {
+    for (const ResidentLayer& x : layers_) compute += x.fwd + (x.recompute ? x.fwd : 0) + x.bwd;
+  }
+  for (int l = 0; l < num_layers(); ++l) {
+    const ResidentLayer& x = layers_[l];
+    if (!x.has_params) continue;
+    if (acc[l]) {
+      compute += x.upd_acc;
+    } else {
+      d2h += x.grad_d2h;
+      pool += x.upd_host;
+      h2d += x.param_h2d;
+    }
+  }
+  std::vector<double> work(tandem::v1::TimelineResource_ARRAYSIZE, 0.0);
+  work[tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE] = compute;
+  work[tandem::v1::TIMELINE_RESOURCE_COPY_D2H] = d2h;
+  work[tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE] = pool;
+  work[tandem::v1::TIMELINE_RESOURCE_COPY_H2D] = h2d;
+  return work;
+}
+
 ResidentChain::Timing ResidentChain::Run(const std::vector<bool>& acc, bool need_peak) {
   int64_t base = static_accelerator_params_;
   for (int l = 0; l < num_layers(); ++l) {
     if (layers_[l].has_params && acc[l]) base += layers_[l].opt;
   }
+  const std::vector<double> work = ResourceWork(acc);
+  const double busiest = *std::max_element(work.begin(), work.end());
   int n = InitialSimulatedIterations(delayed_);
   Timing timing;
   while (true) {
     WindowLevel memory(base, nullptr);
     RunOnce(acc, n, need_peak ? &memory : nullptr, nullptr);
     if (need_peak) timing.accelerator_peak_bytes = memory.peak();
-    if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
+    if (!KeepSimulating(starts_, finishes_, busiest)) break;
     n *= 2;
   }
-  timing.iteration_seconds = starts_[n - 1] - starts_[n - 2];
+  timing.iteration_seconds = ReportedPeriod(starts_, finishes_, busiest);
   return timing;
 }
 
@@ -302,6 +332,8 @@ SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool reco
   }
   SimulationResult result;
   Record record;
+  std::vector<double> work = ResourceWork(acc);
+  const double busiest = *std::max_element(work.begin(), work.end());
   int n = InitialSimulatedIterations(delayed_);
   while (true) {
     result = SimulationResult();
@@ -314,12 +346,13 @@ SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool reco
     WindowLevel memory(static_acc,
                        record_timeline ? result.timeline.mutable_accelerator_memory() : nullptr);
     RunOnce(acc, n, &memory, &record);
-    if (PeriodSettled(starts_) || n >= kMaxSimulatedIterations) break;
+    if (!KeepSimulating(starts_, finishes_, busiest)) break;
     n *= 2;
   }
   const double t0 = starts_[n - 2], t1 = starts_[n - 1];
   const double period = t1 - t0;
   result.iterations_simulated = n;
+  result.resource_work_seconds = std::move(work);
 
   // Busy time of each FIFO resource inside the window, its spans in creation
   // order as the event graph sums them.
@@ -332,8 +365,9 @@ SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool reco
     return sum;
   };
   tandem::v1::PlanPrediction& p = result.prediction;
-  p.set_iteration_seconds(period);
-  p.set_samples_per_second(period > 0 ? batch_size_ / period : 0.0);
+  const double reported = ReportedPeriod(starts_, finishes_, busiest);
+  p.set_iteration_seconds(reported);
+  p.set_samples_per_second(reported > 0 ? batch_size_ / reported : 0.0);
   p.set_accelerator_idle_seconds(period - record.compute_busy);
   p.set_h2d_idle_seconds(period - busy(record.h2d));
   p.set_d2h_idle_seconds(period - busy(record.d2h));

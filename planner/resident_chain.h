@@ -51,6 +51,10 @@ class ResidentChain {
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const ResidentLayer& layer(int l) const { return layers_[l]; }
   int micro_batches() const { return micro_batches_; }
+  // One iteration's work on each resource (SimulationResult's
+  // resource_work_seconds) when the layers in `acc` update on the
+  // accelerator.
+  std::vector<double> ResourceWork(const std::vector<bool>& acc) const;
   bool delayed_parameter_update() const { return delayed_; }
 
   struct Timing {
@@ -96,6 +100,8 @@ class ResidentChain {
   int64_t static_accelerator_params_ = 0;
   // Scratch.
   std::vector<double> starts_;
+  // When each iteration's last operation ends (steady_state.h).
+  std::vector<double> finishes_;
   std::vector<double> returned_;
   std::vector<MemoryChange> pending_frees_;
 };

@@ -277,6 +277,7 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
                         const schedule::Timing& run, const std::vector<double>& starts,
                         const std::vector<double>& seconds,
                         const std::vector<LayerNumbers>& numbers,
+                        const std::vector<double>& finishes, double busiest,
                         const SimulationOptions& options) {
   const int k = run.iterations - 2;
   const double period = starts[k + 1] - starts[k];
@@ -285,8 +286,9 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
   SimulationResult result;
   result.iterations_simulated = run.iterations;
   tandem::v1::PlanPrediction& p = result.prediction;
-  p.set_iteration_seconds(period);
-  p.set_samples_per_second(period > 0 ? s.batch_size / period : 0.0);
+  const double reported = ReportedPeriod(starts, finishes, busiest);
+  p.set_iteration_seconds(reported);
+  p.set_samples_per_second(reported > 0 ? s.batch_size / reported : 0.0);
   SetResourceFigures(sched, run, w, place, &p);
   tandem::v1::Timeline* timeline = options.record_timeline ? &result.timeline : nullptr;
   SetMemoryPeaks(sched, run, w, timeline, &p);
@@ -334,9 +336,23 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
     seconds[o] = op.layer >= 0 ? OpSeconds(sched, op, numbers[op.layer]) : 0.0;
   }
 
+  // Lower makes one resource of each kind. hetero_dp's replicas need not
+  // keep pace where nothing syncs them (hetero_replicas.h), and its period
+  // is the earlier replica's: neither path bounds it by the work or tracks
+  // when its iterations end, nor reports the work.
+  const bool hetero = HeteroReplicas::Covers(s);
+  std::vector<double> work;
+  double busiest = 0;
+  if (!hetero) {
+    work.assign(tandem::v1::TimelineResource_ARRAYSIZE, 0.0);
+    for (int o = 0; o < sched.num_ops(); ++o) {
+      work[sched.resources[sched.ops[o].resource].kind] += seconds[o];
+    }
+    busiest = *std::max_element(work.begin(), work.end());
+  }
   int iterations = InitialSimulatedIterations(s.delayed_parameter_update);
   absl::StatusOr<schedule::Timing> run;
-  std::vector<double> starts;
+  std::vector<double> starts, finishes;
   while (true) {
     run = schedule::Simulate(sched, seconds, iterations);
     if (!run.ok()) return run.status();
@@ -346,10 +362,21 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
       for (int op : sched.lead) t = std::min(t, run->start[run->Index(i, op)]);
       starts[i] = t;
     }
-    if (PeriodSettled(starts) || iterations >= kMaxSimulatedIterations) break;
+    if (!hetero) {
+      finishes.assign(iterations, 0.0);
+      for (int i = 0; i < iterations; ++i) {
+        for (int o = 0; o < sched.num_ops(); ++o) {
+          finishes[i] = std::max(finishes[i], run->end[run->Index(i, o)]);
+        }
+      }
+    }
+    if (!KeepSimulating(starts, finishes, busiest)) break;
     iterations *= 2;
   }
-  return Report(s, sched, *run, starts, seconds, numbers, options);
+  SimulationResult result =
+      Report(s, sched, *run, starts, seconds, numbers, finishes, busiest, options);
+  result.resource_work_seconds = std::move(work);
+  return result;
 }
 
 }  // namespace tandem::planner

@@ -19,16 +19,19 @@
 // pool in the order they become ready (ties in program order).
 //
 // STEADY STATE. The run starts with all weights in place and is simulated for
-// InitialSimulatedIterations() iterations, doubled until PeriodSettled()
-// (steady_state.h). Iteration k starts when its first forward starts (the
-// earlier of the two replicas' in hetero_dp); the reported iteration is the
-// second to last, its time is the gap to the next start, and its window is
-// [start, next start). Idle time of a resource is the window minus the time
-// any span (of any iteration) occupies it within the window. Memory peak is
-// the largest level at any instant of the window (PeakInWindow). Bytes per
-// link count the reported iteration's copies. Stall is the compute stream's
-// idle time, within the reported iteration, before spans whose last
-// dependency was a copy that brings updated weights.
+// InitialSimulatedIterations() iterations, doubled while KeepSimulating()
+// (steady_state.h: until the period settles, is no shorter than any
+// resource's work and iterations stop ending later after their start; up to
+// 64 iterations, or 1,024 while a backlog still grows). Iteration k starts when its first
+// forward starts (the earlier of the two replicas' in hetero_dp); the
+// reported iteration is the second to last, its window is [start, next
+// start), and its time is that gap where the run settled, else the mean
+// gap over the run's second half (ReportedPeriod), at least the busiest
+// resource's work (SimulationResult.resource_work_seconds). Idle time of a resource is the window
+// minus the time any span (of any iteration) occupies it within the window. Memory peak is the
+// largest level at any instant of the window (PeakInWindow). Bytes per link count the reported
+// iteration's copies. Stall is the compute stream's idle time, within the reported iteration,
+// before spans whose last dependency was a copy that brings updated weights.
 //
 // Reuse distance of layer l: the stall-free program time between the end of
 // BACKWARD(l, M-1) (of its own UPDATE when that follows on the accelerator)
@@ -85,6 +88,11 @@ struct SimulationResult {
   tandem::v1::Timeline timeline;
   std::vector<LayerTiming> layers;
   int iterations_simulated = 0;
+  // One iteration's work on each resource (its operations' durations
+  // summed), indexed by TimelineResource: a steady-state period is at least
+  // each (steady_state.h). Empty for hetero_dp, whose replicas need not keep
+  // pace and whose period is the earlier replica's.
+  std::vector<double> resource_work_seconds;
 };
 
 class PlanSimulator {

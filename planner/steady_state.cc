@@ -5,12 +5,52 @@
 
 namespace tandem::planner {
 
-bool PeriodSettled(const std::vector<double>& starts) {
+namespace {
+
+bool Near(double a, double b, double scale) {
+  return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(scale), 1e-12);
+}
+
+}  // namespace
+
+bool PeriodSettled(const std::vector<double>& starts, const std::vector<double>& finishes,
+                   double busiest_seconds) {
   const size_t n = starts.size();
   if (n < 3) return false;
   const double reported = starts[n - 1] - starts[n - 2];
   const double before = starts[n - 2] - starts[n - 3];
-  return std::fabs(reported - before) <= 1e-9 * std::max(std::fabs(reported), 1e-12);
+  if (reported < busiest_seconds * (1 - 1e-9)) return false;
+  if (!Near(reported, before, reported)) return false;
+  if (finishes.empty()) return true;
+  const double late = finishes[n - 2] - starts[n - 2], earlier = finishes[n - 3] - starts[n - 3];
+  return Near(late, earlier, std::max(reported, late));
+}
+
+bool KeepSimulating(const std::vector<double>& starts, const std::vector<double>& finishes,
+                    double busiest_seconds) {
+  const size_t n = starts.size();
+  if (PeriodSettled(starts, finishes, busiest_seconds)) return false;
+  if (n < static_cast<size_t>(kMaxSimulatedIterations)) return true;
+  if (n >= static_cast<size_t>(kMaxBackloggedIterations)) return false;
+  const double reported = starts[n - 1] - starts[n - 2];
+  if (reported < busiest_seconds * (1 - 1e-9)) return true;
+  if (finishes.empty()) return false;
+  // Still later than half the run before (same parity: a period that
+  // alternates between two values is not a backlog).
+  const size_t back = n - 2 - 2 * (n / 4);
+  const double late = finishes[n - 2] - starts[n - 2];
+  return late > finishes[back] - starts[back] + 1e-9 * std::max(reported, late);
+}
+
+double ReportedPeriod(const std::vector<double>& starts, const std::vector<double>& finishes,
+                      double busiest_seconds) {
+  const size_t n = starts.size();
+  double period = starts[n - 1] - starts[n - 2];
+  if (!PeriodSettled(starts, finishes, busiest_seconds) && n >= 4) {
+    const size_t k = 2 * (n / 4);
+    period = (starts[n - 1] - starts[n - 1 - k]) / static_cast<double>(k);
+  }
+  return period < busiest_seconds * (1 - 1e-9) ? busiest_seconds : period;
 }
 
 int64_t PeakInWindow(const std::vector<MemoryChange>& changes, int64_t base, double window_start,

@@ -19,13 +19,42 @@ namespace tandem::planner {
 inline int InitialSimulatedIterations(bool delayed_parameter_update) {
   return delayed_parameter_update ? 6 : 4;
 }
-// A run is doubled until settled, up to this many iterations.
+// A run is doubled until settled, up to this many iterations...
 inline constexpr int kMaxSimulatedIterations = 64;
+// ... and past that, while its period is still shorter than a resource's
+// work (a backlog that has not yet made anything wait), up to this many.
+inline constexpr int kMaxBackloggedIterations = 1024;
 
-// Iteration k starts at starts[k]. A run of n >= 3 iterations reports
+// Iteration k starts at starts[k] and its last operation ends at
+// finishes[k] (empty: not tracked). A run of n >= 3 iterations reports
 // iteration n-2 (its period ends where iteration n-1 starts); it is settled
-// when that period equals the one before it to 1e-9 relative.
-bool PeriodSettled(const std::vector<double>& starts);
+// when that period equals the one before it to 1e-9 relative, is no
+// shorter (to 1e-9 relative) than `busiest_seconds`, the most work one
+// resource (a stream, a copy engine, the update pool) does in an
+// iteration, and iteration n-2 ends as long after its start as iteration
+// n-3 did. A period shorter than a resource's work cannot last: that
+// resource's backlog grows every iteration until something waits on it.
+// Nor can one whose iterations end later and later after they start: with
+// delayed updates, or streamed state whose copies back nothing waits on
+// soon, two equal periods can come long before the backlog bites.
+bool PeriodSettled(const std::vector<double>& starts, const std::vector<double>& finishes,
+                   double busiest_seconds);
+// Whether a run is to be doubled: not settled, and under
+// kMaxSimulatedIterations; or under kMaxBackloggedIterations with a backlog
+// still growing (its period shorter than `busiest_seconds`, or iteration
+// n-2 ending later after its start than the one half the run before).
+bool KeepSimulating(const std::vector<double>& starts, const std::vector<double>& finishes,
+                    double busiest_seconds);
+// The iteration time to report from a run that stopped: the last period
+// where it settled; otherwise the mean of its last 2 * floor(n / 4) periods
+// (a period that alternates between two values, as hetero_dp's often does
+// and a pool behind delayed updates can, reports their mean: one of them
+// alone is not a rate the run keeps). Either way at least `busiest_seconds`
+// (to 1e-9 relative, so that sums in another order change nothing): a run
+// stopped at kMaxBackloggedIterations with a backlog still growing gets
+// there later. The idle times and the timeline stay the last period's.
+double ReportedPeriod(const std::vector<double>& starts, const std::vector<double>& finishes,
+                      double busiest_seconds);
 
 struct MemoryChange {
   double time_seconds = 0;

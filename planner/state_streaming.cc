@@ -1,6 +1,7 @@
 #include "planner/state_streaming.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -41,6 +42,211 @@ Scored Score(const PlanSimulator& simulator, const Decisions& d, int64_t* evalua
   return s;
 }
 
+// The branch and bound's lower bound (state_streaming.h, step 3) on the
+// iteration of every placement that completes a partial one. Built from
+// 1 + 2n simulations: `origin` (every movable layer on the host) and each
+// movable layer moved alone to either other place. Two bounds, the larger:
+//
+//  - Resource work. An op's duration depends on its own layer's place only,
+//    so one iteration's work on each resource is the origin's plus what
+//    each layer's place adds; a steady period is at least each resource's
+//    work (the simulator's ReportedPeriod holds it to that). An undecided
+//    layer adds its least.
+//  - The compute stream's wait for a host update. A host-updated layer's
+//    weights come back after its gradient's copy down, its host update and
+//    its copy up, one after the other (`chain`, their three durations: what
+//    updating it resident saves on those resources). Until then the stream
+//    can only run the program between that layer's last backward and its
+//    next forward: its reuse distance at the origin plus the accelerator
+//    updates the other layers add (an undecided layer its most). The rest
+//    is idle, and a period is the stream's work plus its idle time, the
+//    gap being shorter than a period; with delayed updates the wait spans
+//    two iterations, so half of what a second iteration's work leaves.
+//
+// Both only grow as layers are decided, so a partial placement's bound is
+// at most that of any placement completing it.
+class PlacementBound {
+ public:
+  static constexpr int kResources = 5;
+  using Work = std::array<double, kResources>;
+  struct Choice {
+    UpdatePlace place;
+    Work added;  // on each resource, against the host
+  };
+  // What the decided layers add up to.
+  struct Partial {
+    Work added{};
+    // Accelerator work the decided layers add (a compute stream's gap holds
+    // at most that).
+    double accelerator_added = 0;
+    // Per movable layer: decided to update on the host.
+    std::vector<bool> host;
+  };
+
+  // False when a simulation fails where it may not (the origin) or lacks
+  // the per-resource work.
+  bool Build(const PlanSimulator& simulator, const Decisions& origin,
+             const std::vector<int>& movable, int64_t* evaluations) {
+    const int n = static_cast<int>(movable.size());
+    const Scored at_origin = Score(simulator, origin, evaluations);
+    if (!at_origin.ok || !WorkOf(at_origin.result, &base_)) return false;
+    delayed_ = origin.delayed_parameter_update;
+    if (at_origin.result.layers.size() != origin.layers.size()) return false;
+    choices_.assign(n, {});
+    chain_.assign(n, {0, 0, 0});
+    reuse_.assign(n, 0);
+    for (int i = 0; i < n; ++i) {
+      choices_[i].push_back({UpdatePlace::kHost, Work{}});
+      for (UpdatePlace p : {UpdatePlace::kResident, UpdatePlace::kStreamed}) {
+        Decisions d = origin;
+        d.layers[movable[i]].update = tandem::v1::PLACEMENT_ACCELERATOR;
+        d.layers[movable[i]].stream_state = p == UpdatePlace::kStreamed;
+        const Scored s = Score(simulator, d, evaluations);
+        // A place the simulator refuses is left out: every placement
+        // holding it would be refused too.
+        if (!s.ok) continue;
+        Work w;
+        if (!WorkOf(s.result, &w)) return false;
+        for (int r = 0; r < kResources; ++r) w[r] -= base_[r];
+        choices_[i].push_back({p, w});
+        reuse_[i] = at_origin.result.layers[movable[i]].reuse_distance_seconds;
+        if (p == UpdatePlace::kResident) {
+          chain_[i] = {std::max(0.0, -w[kD2h]), std::max(0.0, -w[kPool]), std::max(0.0, -w[kH2d])};
+        }
+      }
+    }
+    // The layers whose places change the sums most first, so that the
+    // bound grows early.
+    order_.resize(n);
+    for (int i = 0; i < n; ++i) order_[i] = i;
+    std::vector<double> spread(n, 0.0);
+    for (int i = 0; i < n; ++i) {
+      for (const Choice& c : choices_[i]) {
+        for (double x : c.added) spread[i] = std::max(spread[i], std::abs(x));
+      }
+    }
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int a, int b) { return spread[a] > spread[b]; });
+    least_.assign(n + 1, Work{});
+    most_accelerator_.assign(n + 1, 0.0);
+    for (int k = n - 1; k >= 0; --k) {
+      double most = 0;
+      for (int r = 0; r < kResources; ++r) {
+        double m = HUGE_VAL;
+        for (const Choice& c : choices_[order_[k]]) m = std::min(m, c.added[r]);
+        least_[k][r] = least_[k + 1][r] + m;
+      }
+      for (const Choice& c : choices_[order_[k]]) most = std::max(most, c.added[kCompute]);
+      most_accelerator_[k] = most_accelerator_[k + 1] + most;
+    }
+    return true;
+  }
+
+  // The order layers are decided in (indices into `movable`).
+  const std::vector<int>& order() const { return order_; }
+  const std::vector<Choice>& choices(int i) const { return choices_[i]; }
+
+  // `partial` with layer i at its choice c.
+  Partial With(const Partial& partial, int i, size_t c) const {
+    Partial out = partial;
+    const Choice& choice = choices_[i][c];
+    for (int r = 0; r < kResources; ++r) out.added[r] += choice.added[r];
+    out.accelerator_added += std::max(0.0, choice.added[kCompute]);
+    if (out.host.empty()) out.host.assign(choices_.size(), false);
+    out.host[i] = choice.place == UpdatePlace::kHost;
+    return out;
+  }
+
+  // For the layers order()[..k) decided as `partial`.
+  double Bound(const Partial& partial, int k) const {
+    double bound = 0;
+    for (int r = 0; r < kResources; ++r) {
+      bound = std::max(bound, base_[r] + partial.added[r] + least_[k][r]);
+    }
+    const double wait = HostWait(partial.host);
+    if (wait > 0) {
+      const double compute = base_[kCompute] + partial.added[kCompute] + least_[k][kCompute];
+      double idle = wait - partial.accelerator_added - most_accelerator_[k];
+      if (delayed_) {
+        const double most_compute =
+            base_[kCompute] + partial.added[kCompute] + most_accelerator_[k];
+        idle = (idle - most_compute) / 2;
+      }
+      bound = std::max(bound, compute + idle);
+    }
+    return bound;
+  }
+
+  // The complete placement `places` (by index into `movable`).
+  double BoundOf(const std::vector<UpdatePlace>& places) const {
+    Partial partial;
+    for (int i : order_) {
+      for (size_t c = 0; c < choices_[i].size(); ++c) {
+        if (choices_[i][c].place == places[i]) partial = With(partial, i, c);
+      }
+    }
+    return Bound(partial, static_cast<int>(order_.size()));
+  }
+
+ private:
+  enum : int { kCompute, kH2d, kD2h, kPool, kHostCompute };
+
+  // The most the weights of a layer in `host` can come back after the
+  // stream could have run the program up to that layer's next forward,
+  // without the accelerator updates. The layers j >= l of `host` (gradients
+  // ready in backward order, so j's first) pass the copy engine down, the
+  // pool and the copy engine up one after the other, in that order; were
+  // all ready when j's is, l's weights would be back no sooner than that
+  // three-stage flow shop's makespan after j's backward ended. The program
+  // from there to l's next forward is at most j's reuse distance at the
+  // origin.
+  double HostWait(const std::vector<bool>& host) const {
+    double worst = -HUGE_VAL;
+    const int n = static_cast<int>(host.size());
+    for (int l = 0; l < n; ++l) {
+      if (!host[l]) continue;
+      for (int j = l; j < n; ++j) {
+        if (!host[j]) continue;
+        double down = 0, pool = 0, up = 0;
+        for (int x = j; x >= l; --x) {
+          if (!host[x]) continue;
+          down += chain_[x][0];
+          pool = std::max(pool, down) + chain_[x][1];
+          up = std::max(up, pool) + chain_[x][2];
+        }
+        worst = std::max(worst, up - reuse_[j]);
+      }
+    }
+    return worst;
+  }
+
+  // One iteration's work on each resource (false when the simulator did
+  // not sum it).
+  static bool WorkOf(const SimulationResult& r, Work* w) {
+    if (r.resource_work_seconds.empty()) return false;
+    constexpr tandem::v1::TimelineResource kKinds[kResources] = {
+        tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+        tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
+        tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE};
+    for (int i = 0; i < kResources; ++i) (*w)[i] = r.resource_work_seconds[kKinds[i]];
+    return true;
+  }
+
+  Work base_{};
+  bool delayed_ = false;
+  std::vector<std::vector<Choice>> choices_;
+  // Per movable layer updated on the host: its gradient's copy down, its
+  // host update and its weights' copy up (what updating it resident saves
+  // on those resources; 0 where it cannot be resident), and its reuse
+  // distance at the origin.
+  std::vector<std::array<double, 3>> chain_;
+  std::vector<double> reuse_;
+  std::vector<int> order_;
+  // Per k: the least the layers order_[k..] add on each resource, and the
+  // most they add to the compute stream.
+  std::vector<Work> least_;
+  std::vector<double> most_accelerator_;
+};
 }  // namespace
 
 std::vector<UpdatePlace> UpdatePlacesOf(const Decisions& d) {
@@ -164,6 +370,7 @@ class StreamSearch {
 
   StreamSearchResult Run() {
     const int movable = static_cast<int>(movable_.size());
+    bool exact = false;
     if (ExhaustiveSimulations(movable, L_, options_.max_evaluations) <= options_.max_evaluations) {
       // Enumerating every placement costs no more than the local search
       // may spend: enumerate (exact).
@@ -171,15 +378,23 @@ class StreamSearch {
                        [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
                          Offer({places, ahead, lag});
                        });
+      exact = !Spent();
     } else {
       SpacedStarts();
       SearchWhichStream();
       Descend(small_);
       DescendFromStarts();
       Kicks();
+      if (movable <= options_.exact_layers) {
+        const int64_t before = evaluations_;
+        exact = BranchAndBound();
+        exact_evaluations_ = evaluations_ - before;
+      }
     }
     StreamSearchResult out;
     out.evaluations = evaluations_;
+    out.exact = exact;
+    out.exact_evaluations = exact_evaluations_;
     out.decisions = start_;
     if (!best_scored_.ok) return out;  // nothing faster than the start
     out.decisions = DecisionsOf(best_);
@@ -427,6 +642,70 @@ class StreamSearch {
     }
   }
 
+  // 3. Branch and bound (state_streaming.h) over every placement of the
+  //    movable layers, seeded with the best so far; true when it ended
+  //    within its simulations and no simulated time fell below its bound.
+  bool BranchAndBound() {
+    const int64_t most = evaluations_ + options_.max_exact_evaluations;
+    Candidate origin = best_;
+    for (int l : movable_) origin.places[l] = UpdatePlace::kHost;
+    origin.ahead = 1;
+    origin.lag = 0;
+    PlacementBound bound;
+    if (!bound.Build(simulator_, DecisionsOf(origin), movable_, &evaluations_)) return false;
+    BoundSearch search{&bound, origin, most};
+    Branch(&search, 0, PlacementBound::Partial{});
+    return search.sound && !search.stopped;
+  }
+
+  struct BoundSearch {
+    const PlacementBound* bound;
+    Candidate at;  // the placement being built
+    int64_t most;
+    bool sound = true;
+    // The simulations ran out before every placement was covered.
+    bool stopped = false;
+  };
+
+  // Places the layers bound->order()[k..] given those before (`partial`).
+  void Branch(BoundSearch* s, int k, const PlacementBound::Partial& partial) {
+    if (evaluations_ >= s->most) s->stopped = true;
+    if (s->stopped || !s->sound) return;
+    const double bound = s->bound->Bound(partial, k);
+    if (bound >= BestSeconds()) return;
+    const std::vector<int>& order = s->bound->order();
+    if (k == static_cast<int>(order.size())) return Leaf(s, bound);
+    const int i = order[k];
+    for (size_t c = 0; c < s->bound->choices(i).size(); ++c) {
+      s->at.places[movable_[i]] = s->bound->choices(i)[c].place;
+      Branch(s, k + 1, s->bound->With(partial, i, c));
+    }
+  }
+
+  // Simulates the complete placement s->at under every reachable timing.
+  void Leaf(BoundSearch* s, double bound) {
+    const auto [aheads, lags] = ReachableTimings(L_);
+    const bool streams = Streams(s->at.places);
+    for (int ahead : aheads) {
+      for (int lag : lags) {
+        if (!streams && (ahead != 1 || lag != 0)) continue;
+        if (evaluations_ >= s->most) {
+          s->stopped = true;
+          return;
+        }
+        Candidate c{s->at.places, ahead, lag};
+        Scored scored = Score(simulator_, DecisionsOf(c), &evaluations_);
+        if (!scored.ok) continue;
+        // The bound is sound by construction (PlacementBound); a time
+        // below it would void the proof, and is looked for all the same.
+        if (scored.seconds < bound * (1 - 1e-9)) s->sound = false;
+        if (scored.peak <= budget_ && scored.seconds < BestSeconds()) {
+          Adopt(std::move(c), std::move(scored));
+        }
+      }
+    }
+  }
+
   const PlanSimulator& simulator_;
   const Decisions& start_;
   const int64_t budget_;
@@ -439,6 +718,7 @@ class StreamSearch {
   Scored best_scored_;
   std::vector<std::pair<double, Candidate>> starts_;
   int64_t evaluations_ = 0;
+  int64_t exact_evaluations_ = 0;
 };
 
 }  // namespace
@@ -474,6 +754,28 @@ ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decision
                      }
                    });
   return out;
+}
+
+absl::StatusOr<double> StreamedPlacementLowerBound(const PlanSimulator& simulator,
+                                                   const Decisions& base,
+                                                   const std::vector<UpdatePlace>& places) {
+  const std::vector<bool> eligible = UpdateEligibleLayers(simulator.cost(), base);
+  std::vector<int> movable;
+  for (size_t l = 0; l < eligible.size(); ++l) {
+    if (eligible[l]) movable.push_back(static_cast<int>(l));
+  }
+  Decisions origin = WithUpdatePlaces(
+      base, eligible, std::vector<UpdatePlace>(base.layers.size(), UpdatePlace::kHost));
+  origin.state_prefetch_layers = 1;
+  origin.state_update_lag = 0;
+  PlacementBound bound;
+  int64_t evaluations = 0;
+  if (!bound.Build(simulator, origin, movable, &evaluations)) {
+    return absl::FailedPreconditionError("the placement bound needs per-resource work");
+  }
+  std::vector<UpdatePlace> mine;
+  for (int l : movable) mine.push_back(places[l]);
+  return bound.BoundOf(mine);
 }
 
 }  // namespace tandem::planner

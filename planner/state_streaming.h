@@ -16,14 +16,29 @@
 //   2. steepest descent over single-layer moves to either other place (a
 //      resident layer may stream, freeing its state for another layer's),
 //      taking the fastest move that fits, until none improves or the
-//      evaluations run out.
+//      evaluations run out;
+//   3. on chains of at most 12 movable layers (StreamSearchOptions), a
+//      branch and bound over all 3^n placements seeded with that answer. A
+//      placement's work on each resource (the accelerator's compute stream,
+//      either copy engine, the host update pool, host compute) is a sum over
+//      its layers of what each layer's place adds, which the simulator gives
+//      (1 + 2n simulations: every movable layer on the host, then each moved
+//      alone to either other place); a steady-state iteration lasts at least
+//      the work of each resource, so a partial placement whose largest
+//      resource sum (each undecided layer at its least) is not below the best
+//      so far cannot lead to a faster one. Every placement that survives is
+//      simulated under every reachable prefetch distance and lag, and checks
+//      the bound: were a simulated time below its bound, the bound would be
+//      wrong and the answer is not called exact.
 //
 // Where enumerating every placement (ExhaustivePlaces: all 3^n, each that
 // streams under every reachable prefetch distance and lag) costs no more
-// simulations than the search may spend (n <= 4 movable layers at the
-// default 2,000), it enumerates them instead, and its answer is exact.
-// Otherwise it is a local search: on small chains ExhaustivePlaces checks it
-// (state_streaming_test, bench/planner/stream_stress).
+// simulations than the local search may spend (n <= 4 movable layers at the
+// default 2,000), it enumerates them instead. Either way the answer is exact
+// (StreamSearchResult.exact says so); past 12 movable layers, or when the
+// branch and bound runs out of simulations, it is the local search's
+// (state_streaming_test and bench/planner/stream_stress check both against
+// ExhaustivePlaces).
 //
 // Free functions; thread-compatible.
 #ifndef TANDEM_PLANNER_STATE_STREAMING_H_
@@ -32,6 +47,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "planner/decisions.h"
 #include "planner/simulator.h"
 
@@ -46,13 +62,25 @@ Decisions WithUpdatePlaces(Decisions base, const std::vector<bool>& eligible,
                            const std::vector<UpdatePlace>& places);
 
 struct StreamSearchOptions {
-  // Simulations in all (both steps).
+  // Simulations of the local search (steps 1 and 2).
   int64_t max_evaluations = 2000;
+  // Chains of at most this many movable layers then get the branch and
+  // bound (step 3) ...
+  int exact_layers = 12;
+  // ... within this many more simulations.
+  int64_t max_exact_evaluations = 2000;
 };
 
 struct StreamSearchResult {
   // A placement faster than the start was found within the budget.
   bool improved = false;
+  // The answer (`decisions` when improved, else the start) is the fastest of
+  // every placement of the three places under every reachable prefetch
+  // distance and lag that fits: it enumerated them all, or the branch and
+  // bound ended within its simulations with its bound never contradicted.
+  bool exact = false;
+  // Simulations the branch and bound spent (0: it did not run).
+  int64_t exact_evaluations = 0;
   Decisions decisions;
   SimulationResult simulation;
   int64_t evaluations = 0;
@@ -77,6 +105,14 @@ struct ExhaustiveResult {
 // log^2 n simulations, for small chains only. The fastest within the budget.
 ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decisions& base,
                                   int64_t budget_bytes);
+
+// The branch and bound's lower bound (step 3) on the iteration of `base`
+// with its movable layers at `places` (by layer; the others keep theirs),
+// under any prefetch distance and lag: built afresh from 1 + 2n
+// simulations, for tests. FAILED_PRECONDITION when it cannot be built.
+absl::StatusOr<double> StreamedPlacementLowerBound(const PlanSimulator& simulator,
+                                                   const Decisions& base,
+                                                   const std::vector<UpdatePlace>& places);
 
 }  // namespace tandem::planner
 

@@ -197,7 +197,11 @@ struct ReuseSearch {
   bool simulator_scored = false;
 };
 
-constexpr char kStreamedOrigin[] = "search over three update places";
+constexpr char kStreamedOrigin[] =
+    "search over three update places; no branch and bound past 12 movable layers";
+constexpr char kStreamedBoundedOrigin[] =
+    "search over three update places; its branch and bound stopped short";
+constexpr char kStreamedExactOrigin[] = "search over three update places, exact";
 // The streamed-state search's simulations cost O(layers) each: it gets
 // kStreamLayerEvaluations layer-simulations up to kStreamFullLayers layers
 // (200 simulations there), and past that a number falling with the square
@@ -262,8 +266,11 @@ void AddStreamedCandidate(const StrategyContext& c, const Decisions& s, const Si
                                                     c.accelerator_memory_budget_bytes, options);
   out->plans_evaluated += streamed.evaluations;
   if (streamed.improved && WithinBudgets(c, streamed.simulation.prediction)) {
+    const char* origin = streamed.exact                   ? kStreamedExactOrigin
+                         : streamed.exact_evaluations > 0 ? kStreamedBoundedOrigin
+                                                          : kStreamedOrigin;
     search->candidates.push_back(
-        {std::move(streamed.decisions), std::move(streamed.simulation), nullptr, kStreamedOrigin});
+        {std::move(streamed.decisions), std::move(streamed.simulation), nullptr, origin});
   }
 }
 
@@ -373,7 +380,10 @@ std::string ReuseDistanceNote(const CostModel& cost, const StrategyOutcome& out,
       " (", origin, "); ", FormatSeconds(out.simulation.prediction.iteration_seconds()),
       " vs zero_offload ", FormatSeconds(zero_offload.simulation.prediction.iteration_seconds()),
       "; ", Describe(out.schedule), "; ",
-      origin == kStreamedOrigin ? "placement by local search over three places (no exact search)"
+      origin == kStreamedOrigin || origin == kStreamedBoundedOrigin
+          ? "placement by local search over three places"
+      : origin == kStreamedExactOrigin
+          ? "placement over three places proven optimal for this micro-batch (branch and bound)"
       : out.placement_proven_optimal
           ? absl::StrCat("placement proven optimal (", search.search_nodes, " search nodes)")
       : search.simulator_scored
@@ -580,8 +590,13 @@ StrategyOutcome SolveReuseDistance(const StrategyContext& c, const StrategyOutco
         {gpu_only.schedule, {}, &gpu_only.simulation, "every layer fits on the accelerator"});
   }
   const std::string origin = AdoptFastest(c, &search.candidates, &out);
-  // The exact search covers two places; a streamed winner is outside it.
-  if (origin == kStreamedOrigin) out.placement_proven_optimal = false;
+  // The exact two-place search does not cover a streamed winner; the
+  // three-place one covers only its own configuration (micro-batch), and
+  // runs only where the two-place plan leaves the accelerator waiting.
+  if (origin == kStreamedOrigin || origin == kStreamedBoundedOrigin ||
+      origin == kStreamedExactOrigin) {
+    out.placement_proven_optimal = false;
+  }
   out.note = ReuseDistanceNote(c.cost(), out, zero_offload, origin, search);
   out.solve_seconds = clock.seconds();
   return out;

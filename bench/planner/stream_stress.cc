@@ -7,7 +7,10 @@
 // non-zero on a miss.
 //
 //   bazel run -c opt //bench/planner:stream_stress -- [INSTANCES [MAX_LAYERS [SEED [EVALUATIONS
-//   [MIN_LAYERS]]]]]
+//   [MIN_LAYERS [EXACT_EVALUATIONS]]]]]]
+//
+// EVALUATIONS: the local search's simulations (StreamSearchOptions.
+// max_evaluations); EXACT_EVALUATIONS: the branch and bound's.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,7 +37,8 @@ std::string Describe(const std::vector<UpdatePlace>& places, int ahead, int lag)
 int Run(int instances, int min_layers, int max_layers, uint32_t seed,
         const StreamSearchOptions& options) {
   std::mt19937 rng(seed);
-  int misses = 0, streamed_optima = 0, feasible = 0, wrong_feasibility = 0;
+  int misses = 0, streamed_optima = 0, feasible = 0, wrong_feasibility = 0, exact = 0,
+      exact_misses = 0;
   double worst = 0, search_seconds = 0, exhaustive_seconds = 0;
   int64_t evaluations = 0, exhaustive_evaluations = 0;
   for (int trial = 0; trial < instances; ++trial) {
@@ -51,13 +55,14 @@ int Run(int instances, int min_layers, int max_layers, uint32_t seed,
     const PlacementSearchResult two =
         SearchChainUpdatePlacement(&evaluator, p.eligible, p.budget_bytes);
     double found = HUGE_VAL;
-    bool found_feasible = false;
+    bool found_feasible = false, found_exact = false;
     std::string found_places;
     if (two.feasible) {
       const Decisions start = testing::WithUpdates(p.chain.base, two.on_accelerator);
       const StreamSearchResult r =
           SearchStreamedState(simulator, start, two.iteration_seconds, p.budget_bytes, options);
       evaluations += r.evaluations;
+      found_exact = r.exact;
       found = r.improved ? r.simulation.prediction.iteration_seconds() : two.iteration_seconds;
       found_places = Describe(UpdatePlacesOf(r.improved ? r.decisions : start),
                               r.improved ? r.decisions.state_prefetch_layers : 1,
@@ -73,25 +78,29 @@ int Run(int instances, int min_layers, int max_layers, uint32_t seed,
     }
     if (!truth.feasible) continue;
     ++feasible;
+    exact += found_exact;
     bool streams = false;
     for (UpdatePlace x : truth.places) streams |= x == UpdatePlace::kStreamed;
     streamed_optima += streams;
     const double excess = found / truth.iteration_seconds - 1;
     if (excess > 1e-9) {
       ++misses;
+      exact_misses += found_exact;
       worst = std::max(worst, excess);
       std::printf("seed %u trial %d (%d layers): %.6g s (%s) vs optimum %.6g s (%s) (+%.3g%%)\n",
                   seed, trial, layers, found, found_places.c_str(), truth.iteration_seconds,
                   Describe(truth.places, truth.prefetch_layers, truth.update_lag).c_str(),
                   100 * excess);
+      if (found_exact) std::printf("  ... and the search called its answer exact\n");
     }
   }
   std::printf(
       "%d instances of %d-%d layers (seed %u): %d feasible, %d whose optimum streams state; %d "
-      "slower than the optimum (worst +%.3g%%), %d wrong feasibility; search %.1f ms and %.1f "
-      "simulations per instance, exhaustive %.1f ms and %.1f\n",
+      "slower than the optimum (worst +%.3g%%, %d of them called exact), %d wrong feasibility; "
+      "%d answers called exact; search %.1f ms and %.1f simulations per instance, exhaustive "
+      "%.1f ms and %.1f\n",
       instances, min_layers, max_layers, seed, feasible, streamed_optima, misses, 100 * worst,
-      wrong_feasibility, 1e3 * search_seconds / instances,
+      exact_misses, wrong_feasibility, exact, 1e3 * search_seconds / instances,
       static_cast<double>(evaluations) / instances, 1e3 * exhaustive_seconds / instances,
       static_cast<double>(exhaustive_evaluations) / instances);
   return misses + wrong_feasibility > 0 ? 1 : 0;
@@ -107,5 +116,6 @@ int main(int argc, char** argv) {
   tandem::planner::StreamSearchOptions options;
   if (argc > 4) options.max_evaluations = std::atoll(argv[4]);
   const int min_layers = argc > 5 ? std::atoi(argv[5]) : 1;
+  if (argc > 6) options.max_exact_evaluations = std::atoll(argv[6]);
   return tandem::planner::Run(instances, min_layers, max_layers, seed, options);
 }

@@ -293,6 +293,7 @@ SimulationResult HeteroReplicas::Simulate(bool record_timeline) {
   record.prefix_before.assign(L, 0.0);
   RunOnce(n, &record);
   result.iterations_simulated = n;
+  result.accelerator_resident_bytes = static_accelerator_;
 
   tandem::v1::PlanPrediction& p = result.prediction;
   const double reported = ReportedPeriod(starts_, {}, 0.0);

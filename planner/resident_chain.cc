@@ -352,6 +352,7 @@ SimulationResult ResidentChain::Simulate(const std::vector<bool>& acc, bool reco
   const double t0 = starts_[n - 2], t1 = starts_[n - 1];
   const double period = t1 - t0;
   result.iterations_simulated = n;
+  result.accelerator_resident_bytes = static_acc;
   result.resource_work_seconds = std::move(work);
 
   // Busy time of each FIFO resource inside the window, its spans in creation

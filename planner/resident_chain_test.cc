@@ -32,6 +32,14 @@ void ExpectIdentical(const SimulationResult& fast, const SimulationResult& graph
     EXPECT_EQ(fast.layers[l].slack_seconds, graph.layers[l].slack_seconds)
         << where << " layer " << l;
   }
+  EXPECT_EQ(fast.accelerator_resident_bytes, graph.accelerator_resident_bytes) << where;
+  // Each resource's work, summed in another order.
+  ASSERT_EQ(fast.resource_work_seconds.size(), graph.resource_work_seconds.size()) << where;
+  for (size_t r = 0; r < fast.resource_work_seconds.size(); ++r) {
+    EXPECT_NEAR(fast.resource_work_seconds[r], graph.resource_work_seconds[r],
+                1e-12 * (1 + graph.resource_work_seconds[r]))
+        << where << " resource " << r;
+  }
 }
 
 // Random schedules of the class, with real-valued times and with times on a

@@ -376,6 +376,9 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
   SimulationResult result =
       Report(s, sched, *run, starts, seconds, numbers, finishes, busiest, options);
   result.resource_work_seconds = std::move(work);
+  for (size_t pool = 0; pool < sched.pools.size(); ++pool) {
+    if (!sched.pools[pool].host) result.accelerator_resident_bytes += sched.resident_bytes[pool];
+  }
   return result;
 }
 

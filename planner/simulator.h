@@ -93,6 +93,9 @@ struct SimulationResult {
   // each (steady_state.h). Empty for hetero_dp, whose replicas need not keep
   // pace and whose period is the earlier replica's.
   std::vector<double> resource_work_seconds;
+  // Bytes the step keeps on the accelerator throughout (resident weights and
+  // optimizer state): its memory never falls below them.
+  int64_t accelerator_resident_bytes = 0;
 };
 
 class PlanSimulator {

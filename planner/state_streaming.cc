@@ -72,6 +72,10 @@ class PlacementBound {
   struct Choice {
     UpdatePlace place;
     Work added;  // on each resource, against the host
+    // Bytes the place keeps on the accelerator throughout (resident state),
+    // against the host, and bytes it brings in for a while (streamed state).
+    int64_t resident_bytes = 0;
+    int64_t streamed_bytes = 0;
   };
   // What the decided layers add up to.
   struct Partial {
@@ -81,6 +85,8 @@ class PlacementBound {
     double accelerator_added = 0;
     // Per movable layer: decided to update on the host.
     std::vector<bool> host;
+    int64_t resident_bytes = 0;
+    int64_t most_streamed_bytes = 0;
   };
 
   // False when a simulation fails where it may not (the origin) or lacks
@@ -90,6 +96,7 @@ class PlacementBound {
     const int n = static_cast<int>(movable.size());
     const Scored at_origin = Score(simulator, origin, evaluations);
     if (!at_origin.ok || !WorkOf(at_origin.result, &base_)) return false;
+    resident_base_ = at_origin.result.accelerator_resident_bytes;
     delayed_ = origin.delayed_parameter_update;
     if (at_origin.result.layers.size() != origin.layers.size()) return false;
     choices_.assign(n, {});
@@ -108,7 +115,10 @@ class PlacementBound {
         Work w;
         if (!WorkOf(s.result, &w)) return false;
         for (int r = 0; r < kResources; ++r) w[r] -= base_[r];
-        choices_[i].push_back({p, w});
+        const int64_t resident = s.result.accelerator_resident_bytes - resident_base_;
+        const int64_t streamed =
+            p == UpdatePlace::kStreamed ? simulator.cost().OptimizerStateBytes(movable[i]) : 0;
+        choices_[i].push_back({p, w, resident, streamed});
         reuse_[i] = at_origin.result.layers[movable[i]].reuse_distance_seconds;
         if (p == UpdatePlace::kResident) {
           chain_[i] = {std::max(0.0, -w[kD2h]), std::max(0.0, -w[kPool]), std::max(0.0, -w[kH2d])};
@@ -129,6 +139,7 @@ class PlacementBound {
                      [&](int a, int b) { return spread[a] > spread[b]; });
     least_.assign(n + 1, Work{});
     most_accelerator_.assign(n + 1, 0.0);
+    least_resident_.assign(n + 1, 0);
     for (int k = n - 1; k >= 0; --k) {
       double most = 0;
       for (int r = 0; r < kResources; ++r) {
@@ -136,8 +147,13 @@ class PlacementBound {
         for (const Choice& c : choices_[order_[k]]) m = std::min(m, c.added[r]);
         least_[k][r] = least_[k + 1][r] + m;
       }
-      for (const Choice& c : choices_[order_[k]]) most = std::max(most, c.added[kCompute]);
+      int64_t least_bytes = INT64_MAX;
+      for (const Choice& c : choices_[order_[k]]) {
+        most = std::max(most, c.added[kCompute]);
+        least_bytes = std::min(least_bytes, c.resident_bytes);
+      }
       most_accelerator_[k] = most_accelerator_[k + 1] + most;
+      least_resident_[k] = least_resident_[k + 1] + least_bytes;
     }
     return true;
   }
@@ -152,6 +168,8 @@ class PlacementBound {
     const Choice& choice = choices_[i][c];
     for (int r = 0; r < kResources; ++r) out.added[r] += choice.added[r];
     out.accelerator_added += std::max(0.0, choice.added[kCompute]);
+    out.resident_bytes += choice.resident_bytes;
+    out.most_streamed_bytes = std::max(out.most_streamed_bytes, choice.streamed_bytes);
     if (out.host.empty()) out.host.assign(choices_.size(), false);
     out.host[i] = choice.place == UpdatePlace::kHost;
     return out;
@@ -177,15 +195,25 @@ class PlacementBound {
     return bound;
   }
 
-  // The complete placement `places` (by index into `movable`).
-  double BoundOf(const std::vector<UpdatePlace>& places) const {
+  // The least accelerator peak of any placement completing `partial` (the
+  // layers order()[..k) decided): the bytes it keeps throughout, plus, while
+  // a streamed layer updates, that layer's state.
+  int64_t PeakBound(const Partial& partial, int k) const {
+    return resident_base_ + partial.resident_bytes + least_resident_[k] +
+           partial.most_streamed_bytes;
+  }
+
+  // Both bounds of the complete placement `places` (by index into
+  // `movable`).
+  PlacementLowerBounds BoundsOf(const std::vector<UpdatePlace>& places) const {
     Partial partial;
     for (int i : order_) {
       for (size_t c = 0; c < choices_[i].size(); ++c) {
         if (choices_[i][c].place == places[i]) partial = With(partial, i, c);
       }
     }
-    return Bound(partial, static_cast<int>(order_.size()));
+    const int n = static_cast<int>(order_.size());
+    return {Bound(partial, n), PeakBound(partial, n)};
   }
 
  private:
@@ -233,6 +261,7 @@ class PlacementBound {
   }
 
   Work base_{};
+  int64_t resident_base_ = 0;
   bool delayed_ = false;
   std::vector<std::vector<Choice>> choices_;
   // Per movable layer updated on the host: its gradient's copy down, its
@@ -246,6 +275,7 @@ class PlacementBound {
   // most they add to the compute stream.
   std::vector<Work> least_;
   std::vector<double> most_accelerator_;
+  std::vector<int64_t> least_resident_;
 };
 }  // namespace
 
@@ -673,8 +703,10 @@ class StreamSearch {
     if (s->stopped || !s->sound) return;
     const double bound = s->bound->Bound(partial, k);
     if (bound >= BestSeconds()) return;
+    const int64_t peak = s->bound->PeakBound(partial, k);
+    if (peak > budget_) return;
     const std::vector<int>& order = s->bound->order();
-    if (k == static_cast<int>(order.size())) return Leaf(s, bound);
+    if (k == static_cast<int>(order.size())) return Leaf(s, bound, peak);
     const int i = order[k];
     for (size_t c = 0; c < s->bound->choices(i).size(); ++c) {
       s->at.places[movable_[i]] = s->bound->choices(i)[c].place;
@@ -683,7 +715,7 @@ class StreamSearch {
   }
 
   // Simulates the complete placement s->at under every reachable timing.
-  void Leaf(BoundSearch* s, double bound) {
+  void Leaf(BoundSearch* s, double bound, int64_t peak) {
     const auto [aheads, lags] = ReachableTimings(L_);
     const bool streams = Streams(s->at.places);
     for (int ahead : aheads) {
@@ -698,7 +730,7 @@ class StreamSearch {
         if (!scored.ok) continue;
         // The bound is sound by construction (PlacementBound); a time
         // below it would void the proof, and is looked for all the same.
-        if (scored.seconds < bound * (1 - 1e-9)) s->sound = false;
+        if (scored.seconds < bound * (1 - 1e-9) || scored.peak < peak) s->sound = false;
         if (scored.peak <= budget_ && scored.seconds < BestSeconds()) {
           Adopt(std::move(c), std::move(scored));
         }
@@ -756,9 +788,8 @@ ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decision
   return out;
 }
 
-absl::StatusOr<double> StreamedPlacementLowerBound(const PlanSimulator& simulator,
-                                                   const Decisions& base,
-                                                   const std::vector<UpdatePlace>& places) {
+absl::StatusOr<PlacementLowerBounds> StreamedPlacementLowerBounds(
+    const PlanSimulator& simulator, const Decisions& base, const std::vector<UpdatePlace>& places) {
   const std::vector<bool> eligible = UpdateEligibleLayers(simulator.cost(), base);
   std::vector<int> movable;
   for (size_t l = 0; l < eligible.size(); ++l) {
@@ -775,7 +806,7 @@ absl::StatusOr<double> StreamedPlacementLowerBound(const PlanSimulator& simulato
   }
   std::vector<UpdatePlace> mine;
   for (int l : movable) mine.push_back(places[l]);
-  return bound.BoundOf(mine);
+  return bound.BoundsOf(mine);
 }
 
 }  // namespace tandem::planner

@@ -106,13 +106,17 @@ struct ExhaustiveResult {
 ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decisions& base,
                                   int64_t budget_bytes);
 
-// The branch and bound's lower bound (step 3) on the iteration of `base`
-// with its movable layers at `places` (by layer; the others keep theirs),
-// under any prefetch distance and lag: built afresh from 1 + 2n
-// simulations, for tests. FAILED_PRECONDITION when it cannot be built.
-absl::StatusOr<double> StreamedPlacementLowerBound(const PlanSimulator& simulator,
-                                                   const Decisions& base,
-                                                   const std::vector<UpdatePlace>& places);
+// The branch and bound's lower bounds (step 3) on the iteration and the
+// accelerator peak of `base` with its movable layers at `places` (by layer;
+// the others keep theirs), under any prefetch distance and lag: built afresh
+// from 1 + 2n simulations, for tests. FAILED_PRECONDITION when they cannot be
+// built.
+struct PlacementLowerBounds {
+  double iteration_seconds = 0;
+  int64_t accelerator_peak_bytes = 0;
+};
+absl::StatusOr<PlacementLowerBounds> StreamedPlacementLowerBounds(
+    const PlanSimulator& simulator, const Decisions& base, const std::vector<UpdatePlace>& places);
 
 }  // namespace tandem::planner
 

@@ -100,8 +100,9 @@ TEST(StateStreamingTest, OnSmallChainsTheSearchFindsTheExhaustiveOptimum) {
   EXPECT_LE(local_misses, 1);
 }
 
-// The branch and bound prunes on a lower bound; were it ever above a
-// placement's simulated time, the search could discard the optimum unseen.
+// The branch and bound prunes on lower bounds of the time and the peak;
+// were one ever above a placement's simulated figure, the search could
+// discard the optimum unseen.
 // Every placement of the three places under every prefetch distance and lag
 // of 80 random chains of 1 to 6 layers (delayed updates, micro-batches and
 // recompute as the generator draws them): never below its bound. The bound
@@ -124,7 +125,8 @@ TEST(StateStreamingTest, NoPlacementIsFasterThanTheBranchAndBoundsBound) {
         places[l] = static_cast<UpdatePlace>(code % 3);
         code /= 3;
       }
-      absl::StatusOr<double> bound = StreamedPlacementLowerBound(simulator, p.chain.base, places);
+      absl::StatusOr<PlacementLowerBounds> bound =
+          StreamedPlacementLowerBounds(simulator, p.chain.base, places);
       ASSERT_TRUE(bound.ok()) << bound.status();
       for (int ahead : {1, 2, 4}) {
         for (int lag : {0, 1, 2, 4, 8}) {
@@ -137,8 +139,10 @@ TEST(StateStreamingTest, NoPlacementIsFasterThanTheBranchAndBoundsBound) {
           if (!r.ok()) continue;
           const double seconds = r->prediction.iteration_seconds();
           ++placements;
-          close += seconds <= *bound * 1.1;
-          EXPECT_GE(seconds, *bound * (1 - 1e-9))
+          close += seconds <= bound->iteration_seconds * 1.1;
+          EXPECT_GE(seconds, bound->iteration_seconds * (1 - 1e-9))
+              << "trial " << trial << " placement " << c << " d" << ahead << " q" << lag;
+          EXPECT_GE(r->prediction.accelerator_peak_bytes(), bound->accelerator_peak_bytes)
               << "trial " << trial << " placement " << c << " d" << ahead << " q" << lag;
         }
       }

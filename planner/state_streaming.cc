@@ -97,6 +97,7 @@ class PlacementBound {
     const Scored at_origin = Score(simulator, origin, evaluations);
     if (!at_origin.ok || !WorkOf(at_origin.result, &base_)) return false;
     resident_base_ = at_origin.result.accelerator_resident_bytes;
+    forward_bytes_ = ForwardBytes(simulator.cost(), origin);
     delayed_ = origin.delayed_parameter_update;
     if (at_origin.result.layers.size() != origin.layers.size()) return false;
     choices_.assign(n, {});
@@ -196,11 +197,12 @@ class PlacementBound {
   }
 
   // The least accelerator peak of any placement completing `partial` (the
-  // layers order()[..k) decided): the bytes it keeps throughout, plus, while
-  // a streamed layer updates, that layer's state.
+  // layers order()[..k) decided): the bytes it keeps throughout, plus the
+  // larger of what a forward holds (ForwardBytes) and, while a streamed
+  // layer updates, that layer's state.
   int64_t PeakBound(const Partial& partial, int k) const {
     return resident_base_ + partial.resident_bytes + least_resident_[k] +
-           partial.most_streamed_bytes;
+           std::max(forward_bytes_, partial.most_streamed_bytes);
   }
 
   // Both bounds of the complete placement `places` (by index into
@@ -260,8 +262,24 @@ class PlacementBound {
     return true;
   }
 
+  // What the forward pass holds on the accelerator whatever the update
+  // places: during layer l's forward, its activations and workspace and the
+  // activations kept by the layers before it that keep theirs (a layer that
+  // recomputes or offloads is counted at 0), the most over l, at the
+  // micro-batch.
+  static int64_t ForwardBytes(const CostModel& cost, const Decisions& d) {
+    int64_t kept = 0, most = 0;
+    for (int l = 0; l < static_cast<int>(d.layers.size()); ++l) {
+      if (d.layers[l].compute != tandem::v1::PLACEMENT_ACCELERATOR) continue;
+      const int64_t activations = cost.ActivationBytes(l, d.micro_batch_size);
+      most = std::max(most, kept + activations + cost.WorkspaceBytes(l, d.micro_batch_size));
+      if (d.layers[l].activation == tandem::v1::ACTIVATION_POLICY_KEEP) kept += activations;
+    }
+    return most;
+  }
+
   Work base_{};
-  int64_t resident_base_ = 0;
+  int64_t resident_base_ = 0, forward_bytes_ = 0;
   bool delayed_ = false;
   std::vector<std::vector<Choice>> choices_;
   // Per movable layer updated on the host: its gradient's copy down, its

@@ -42,29 +42,34 @@ Scored Score(const PlanSimulator& simulator, const Decisions& d, int64_t* evalua
   return s;
 }
 
-// The branch and bound's lower bound (state_streaming.h, step 3) on the
-// iteration of every placement that completes a partial one. Built from
-// 1 + 2n simulations: `origin` (every movable layer on the host) and each
-// movable layer moved alone to either other place. Two bounds, the larger:
+// The branch and bound's lower bounds (state_streaming.h, step 3) on the
+// iteration and the accelerator peak of every placement that completes a
+// partial one. Built from 1 + 2n simulations: `origin` (every movable layer
+// on the host) and each movable layer moved alone to either other place.
+// The iteration's bound is the larger of two:
 //
 //  - Resource work. An op's duration depends on its own layer's place only,
 //    so one iteration's work on each resource is the origin's plus what
 //    each layer's place adds; a steady period is at least each resource's
 //    work (the simulator's ReportedPeriod holds it to that). An undecided
 //    layer adds its least.
-//  - The compute stream's wait for a host update. A host-updated layer's
-//    weights come back after its gradient's copy down, its host update and
-//    its copy up, one after the other (`chain`, their three durations: what
-//    updating it resident saves on those resources). Until then the stream
-//    can only run the program between that layer's last backward and its
-//    next forward: its reuse distance at the origin plus the accelerator
-//    updates the other layers add (an undecided layer its most). The rest
-//    is idle, and a period is the stream's work plus its idle time, the
-//    gap being shorter than a period; with delayed updates the wait spans
-//    two iterations, so half of what a second iteration's work leaves.
+//  - The compute stream's wait for a host update (HostWait). A host-updated
+//    layer's weights come back after its gradient's copy down, its host
+//    update and its copy up (`chain`, their three durations: what updating
+//    it resident saves on those resources), behind the host-updated layers
+//    whose gradients were ready first. Until then the stream can only run
+//    the program up to that layer's next forward: at most a reuse distance
+//    at the origin plus the accelerator updates the other layers add (an
+//    undecided layer its most). The rest is idle, and a period is the
+//    stream's work plus its idle time, the gap being shorter than a period;
+//    with delayed updates the wait spans two iterations, so half of what a
+//    second iteration's work leaves.
 //
-// Both only grow as layers are decided, so a partial placement's bound is
-// at most that of any placement completing it.
+// The peak's (PeakBound): the bytes the placement keeps on the accelerator
+// throughout, plus the larger of what a forward holds and a streamed
+// layer's state. Each bound of a partial placement holds for every
+// placement that completes it (the decided layers' terms hold whatever the
+// others do, and an undecided layer counts at its least).
 class PlacementBound {
  public:
   static constexpr int kResources = 5;

@@ -18,17 +18,17 @@
 //      taking the fastest move that fits, until none improves or the
 //      evaluations run out;
 //   3. on chains of at most 12 movable layers (StreamSearchOptions), a
-//      branch and bound over all 3^n placements seeded with that answer. A
-//      placement's work on each resource (the accelerator's compute stream,
-//      either copy engine, the host update pool, host compute) is a sum over
-//      its layers of what each layer's place adds, which the simulator gives
-//      (1 + 2n simulations: every movable layer on the host, then each moved
-//      alone to either other place); a steady-state iteration lasts at least
-//      the work of each resource, so a partial placement whose largest
-//      resource sum (each undecided layer at its least) is not below the best
-//      so far cannot lead to a faster one. Every placement that survives is
-//      simulated under every reachable prefetch distance and lag, and checks
-//      the bound: were a simulated time below its bound, the bound would be
+//      branch and bound over all 3^n placements seeded with that answer. It
+//      prunes a partial placement whose lower bound on the iteration is not
+//      below the best so far, or whose lower bound on the accelerator peak
+//      is over the budget (state_streaming.cc, PlacementBound: each
+//      resource's work, which is a sum over the layers' places; the compute
+//      stream's wait for host-updated weights; the bytes kept throughout and
+//      what a forward or a streamed update adds), built from 1 + 2n
+//      simulations (every movable layer on the host, then each moved alone
+//      to either other place). Every placement that survives is simulated
+//      under every reachable prefetch distance and lag, and checks the
+//      bounds: were a simulated figure below its bound, the bound would be
 //      wrong and the answer is not called exact.
 //
 // Where enumerating every placement (ExhaustivePlaces: all 3^n, each that

@@ -109,6 +109,7 @@ class PlacementBound {
     chain_.assign(n, {0, 0, 0});
     reuse_.assign(n, 0);
     for (int i = 0; i < n; ++i) {
+      reuse_[i] = at_origin.result.layers[movable[i]].reuse_distance_seconds;
       choices_[i].push_back({UpdatePlace::kHost, Work{}});
       for (UpdatePlace p : {UpdatePlace::kResident, UpdatePlace::kStreamed}) {
         Decisions d = origin;
@@ -125,7 +126,6 @@ class PlacementBound {
         const int64_t streamed =
             p == UpdatePlace::kStreamed ? simulator.cost().OptimizerStateBytes(movable[i]) : 0;
         choices_[i].push_back({p, w, resident, streamed});
-        reuse_[i] = at_origin.result.layers[movable[i]].reuse_distance_seconds;
         if (p == UpdatePlace::kResident) {
           chain_[i] = {std::max(0.0, -w[kD2h]), std::max(0.0, -w[kPool]), std::max(0.0, -w[kH2d])};
         }

@@ -40,7 +40,7 @@ class StageCosts {
       : cost_(cost), r_(r), S_(stages), m_(r.micro_batch_size) {
     const int L = cost.num_layers();
     for (auto* v : {&time_, &forward_, &offload_extra_}) v->assign(L + 1, 0.0);
-    for (auto* v : {&state_, &activation_, &optimizer_}) v->assign(L + 1, 0);
+    for (auto* v : {&state_, &activation_, &optimizer_, &parameters_}) v->assign(L + 1, 0);
     for (int l = 0; l < L; ++l) {
       const double f = cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m_);
       forward_[l + 1] = forward_[l] + f;
@@ -51,6 +51,7 @@ class StageCosts {
           state_[l] + cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
       activation_[l + 1] = activation_[l] + cost.ActivationBytes(l, m_);
       optimizer_[l + 1] = optimizer_[l] + cost.OptimizerStateBytes(l);
+      parameters_[l + 1] = parameters_[l] + cost.ParameterBytes(l);
     }
   }
 
@@ -77,8 +78,7 @@ class StageCosts {
     // vertical sync's history of the stage's latest versions.
     int64_t versions = stale > 0 || r_.vertical_sync ? stale + 1 : 0;
     if (r_.vertical_sync && k > 0) versions += k + 1;
-    int64_t weights = 0;
-    for (int l = i; l < j && versions > 0; ++l) weights += cost_.ParameterBytes(l);
+    const int64_t weights = parameters_[j] - parameters_[i];
     const int64_t activations = mode.recompute
                                     ? in_flight * input + (activation_[j] - activation_[i])
                                     : in_flight * (activation_[j] - activation_[i] + input);
@@ -117,7 +117,7 @@ class StageCosts {
   const PipelineRequest& r_;
   const int S_, m_;
   std::vector<double> time_, forward_, offload_extra_;
-  std::vector<int64_t> state_, activation_, optimizer_;
+  std::vector<int64_t> state_, activation_, optimizer_, parameters_;
 };
 
 }  // namespace

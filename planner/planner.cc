@@ -392,19 +392,16 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
       shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
                      "all their work in turn"
                    : ""));
-  if (!recomputing.empty()) {
-    absl::StrAppend(
-        plan->mutable_solver()->mutable_note(), recomputing.size() == 1 ? "; stage " : "; stages ",
-        absl::StrJoin(recomputing, ", "),
-        recomputing.size() == 1 ? " recomputes its activations" : " recompute their activations");
-  }
-  if (!offloading.empty()) {
-    absl::StrAppend(
-        plan->mutable_solver()->mutable_note(), offloading.size() == 1 ? "; stage " : "; stages ",
-        absl::StrJoin(offloading, ", "),
-        offloading.size() == 1 ? " keeps its optimizer state on the host and updates there"
-                               : " keep their optimizer state on the host and update there");
-  }
+  // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
+  auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
+    if (which.empty()) return;
+    absl::StrAppend(plan->mutable_solver()->mutable_note(),
+                    which.size() == 1 ? "; stage " : "; stages ", absl::StrJoin(which, ", "),
+                    which.size() == 1 ? one : many);
+  };
+  name_stages(recomputing, " recomputes its activations", " recompute their activations");
+  name_stages(offloading, " keeps its optimizer state on the host and updates there",
+              " keep their optimizer state on the host and update there");
 }
 
 }  // namespace

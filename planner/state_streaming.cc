@@ -359,31 +359,41 @@ int64_t ExhaustiveSimulations(int movable, int layers, int64_t most) {
   return unstreamed + (all - unstreamed) * timings;
 }
 
+// Calls `visit(ahead, lag)` for every reachable timing of `places` (once,
+// at 1 and 0, where nothing streams: the distance and lag change nothing
+// then) until it returns false.
+template <typename Visit>
+void ForEachTiming(const std::vector<UpdatePlace>& places, Visit visit) {
+  if (!Streams(places)) {
+    visit(1, 0);
+    return;
+  }
+  const auto [aheads, lags] = ReachableTimings(static_cast<int>(places.size()));
+  for (int ahead : aheads) {
+    for (int lag : lags) {
+      if (!visit(ahead, lag)) return;
+    }
+  }
+}
+
 // Calls `visit(places, ahead, lag)` for every placement of the layers in
 // `movable` over `base` (the others keep theirs) under every reachable
-// timing (once, at 1 and 0, where nothing streams), in ExhaustivePlaces'
-// order.
+// timing (ForEachTiming), in ExhaustivePlaces' order.
 template <typename Visit>
 void ForEachPlacement(std::vector<UpdatePlace> places, const std::vector<int>& movable,
                       Visit visit) {
-  const auto [aheads, lags] = ReachableTimings(static_cast<int>(places.size()));
   int64_t combinations = 1;
   for (size_t i = 0; i < movable.size(); ++i) combinations *= 3;
   for (int64_t c = 0; c < combinations; ++c) {
     int64_t code = c;
-    bool streams = false;
     for (int l : movable) {
       places[l] = static_cast<UpdatePlace>(code % 3);
-      streams |= places[l] == UpdatePlace::kStreamed;
       code /= 3;
     }
-    for (int ahead : aheads) {
-      for (int lag : lags) {
-        // Without a streamed layer the distance and lag change nothing.
-        if (!streams && (ahead != 1 || lag != 0)) continue;
-        visit(places, ahead, lag);
-      }
-    }
+    ForEachTiming(places, [&](int ahead, int lag) {
+      visit(places, ahead, lag);
+      return true;
+    });
   }
 }
 
@@ -424,6 +434,7 @@ class StreamSearch {
   StreamSearchResult Run() {
     const int movable = static_cast<int>(movable_.size());
     bool exact = false;
+    int64_t exact_evaluations = 0;
     if (ExhaustiveSimulations(movable, L_, options_.max_evaluations) <= options_.max_evaluations) {
       // Enumerating every placement costs no more than the local search
       // may spend: enumerate (exact).
@@ -441,13 +452,13 @@ class StreamSearch {
       if (movable <= options_.exact_layers) {
         const int64_t before = evaluations_;
         exact = BranchAndBound();
-        exact_evaluations_ = evaluations_ - before;
+        exact_evaluations = evaluations_ - before;
       }
     }
     StreamSearchResult out;
     out.evaluations = evaluations_;
     out.exact = exact;
-    out.exact_evaluations = exact_evaluations_;
+    out.exact_evaluations = exact_evaluations;
     out.decisions = start_;
     if (!best_scored_.ok) return out;  // nothing faster than the start
     out.decisions = DecisionsOf(best_);
@@ -739,26 +750,22 @@ class StreamSearch {
 
   // Simulates the complete placement s->at under every reachable timing.
   void Leaf(BoundSearch* s, double bound, int64_t peak) {
-    const auto [aheads, lags] = ReachableTimings(L_);
-    const bool streams = Streams(s->at.places);
-    for (int ahead : aheads) {
-      for (int lag : lags) {
-        if (!streams && (ahead != 1 || lag != 0)) continue;
-        if (evaluations_ >= s->most) {
-          s->stopped = true;
-          return;
-        }
-        Candidate c{s->at.places, ahead, lag};
-        Scored scored = Score(simulator_, DecisionsOf(c), &evaluations_);
-        if (!scored.ok) continue;
-        // The bound is sound by construction (PlacementBound); a time
-        // below it would void the proof, and is looked for all the same.
-        if (scored.seconds < bound * (1 - 1e-9) || scored.peak < peak) s->sound = false;
-        if (scored.peak <= budget_ && scored.seconds < BestSeconds()) {
-          Adopt(std::move(c), std::move(scored));
-        }
+    ForEachTiming(s->at.places, [&](int ahead, int lag) {
+      if (evaluations_ >= s->most) {
+        s->stopped = true;
+        return false;
       }
-    }
+      Candidate c{s->at.places, ahead, lag};
+      Scored scored = Score(simulator_, DecisionsOf(c), &evaluations_);
+      if (!scored.ok) return true;
+      // The bound is sound by construction (PlacementBound); a time below it
+      // would void the proof, and is looked for all the same.
+      if (scored.seconds < bound * (1 - 1e-9) || scored.peak < peak) s->sound = false;
+      if (scored.peak <= budget_ && scored.seconds < BestSeconds()) {
+        Adopt(std::move(c), std::move(scored));
+      }
+      return true;
+    });
   }
 
   const PlanSimulator& simulator_;
@@ -773,7 +780,6 @@ class StreamSearch {
   Scored best_scored_;
   std::vector<std::pair<double, Candidate>> starts_;
   int64_t evaluations_ = 0;
-  int64_t exact_evaluations_ = 0;
 };
 
 }  // namespace

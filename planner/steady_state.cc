@@ -11,6 +11,12 @@ bool Near(double a, double b, double scale) {
   return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(scale), 1e-12);
 }
 
+// A period shorter than a resource's work (to 1e-9, so that sums in another
+// order change nothing).
+bool ShorterThanWork(double period, double busiest_seconds) {
+  return period < busiest_seconds * (1 - 1e-9);
+}
+
 }  // namespace
 
 bool PeriodSettled(const std::vector<double>& starts, const std::vector<double>& finishes,
@@ -19,7 +25,7 @@ bool PeriodSettled(const std::vector<double>& starts, const std::vector<double>&
   if (n < 3) return false;
   const double reported = starts[n - 1] - starts[n - 2];
   const double before = starts[n - 2] - starts[n - 3];
-  if (reported < busiest_seconds * (1 - 1e-9)) return false;
+  if (ShorterThanWork(reported, busiest_seconds)) return false;
   if (!Near(reported, before, reported)) return false;
   if (finishes.empty()) return true;
   const double late = finishes[n - 2] - starts[n - 2], earlier = finishes[n - 3] - starts[n - 3];
@@ -33,7 +39,7 @@ bool KeepSimulating(const std::vector<double>& starts, const std::vector<double>
   if (n < static_cast<size_t>(kMaxSimulatedIterations)) return true;
   if (n >= static_cast<size_t>(kMaxBackloggedIterations)) return false;
   const double reported = starts[n - 1] - starts[n - 2];
-  if (reported < busiest_seconds * (1 - 1e-9)) return true;
+  if (ShorterThanWork(reported, busiest_seconds)) return true;
   if (finishes.empty()) return false;
   // Still later than half the run before (same parity: a period that
   // alternates between two values is not a backlog).
@@ -50,7 +56,7 @@ double ReportedPeriod(const std::vector<double>& starts, const std::vector<doubl
     const size_t k = 2 * (n / 4);
     period = (starts[n - 1] - starts[n - 1 - k]) / static_cast<double>(k);
   }
-  return period < busiest_seconds * (1 - 1e-9) ? busiest_seconds : period;
+  return ShorterThanWork(period, busiest_seconds) ? busiest_seconds : period;
 }
 
 int64_t PeakInWindow(const std::vector<MemoryChange>& changes, int64_t base, double window_start,

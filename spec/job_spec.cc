@@ -443,13 +443,12 @@ absl::Status ResolvePipeline(JobSpec& r) {
   if (p->accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
     return FieldError(field, "a pipeline runs on accelerators, and placement.accelerator is NONE");
   }
-  if (choose) {
-    // The one-accelerator candidate runs placement.strategy; the stages are
-    // gpu_only whatever it is.
-  } else if (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED ||
-             p->strategy() == tandem::v1::STRATEGY_AUTO) {
+  // With auto_stages the one-accelerator candidate runs placement.strategy;
+  // the stages are gpu_only whatever it is.
+  if (!choose && (p->strategy() == tandem::v1::STRATEGY_UNSPECIFIED ||
+                  p->strategy() == tandem::v1::STRATEGY_AUTO)) {
     p->set_strategy(tandem::v1::STRATEGY_GPU_ONLY);
-  } else if (p->strategy() != tandem::v1::STRATEGY_GPU_ONLY) {
+  } else if (!choose && p->strategy() != tandem::v1::STRATEGY_GPU_ONLY) {
     return FieldError(
         field, absl::StrCat(
                    "each stage keeps its layers' state on its accelerator (STRATEGY_GPU_ONLY); "

@@ -437,12 +437,12 @@ class StreamSearch {
     int64_t exact_evaluations = 0;
     if (ExhaustiveSimulations(movable, L_, options_.max_evaluations) <= options_.max_evaluations) {
       // Enumerating every placement costs no more than the local search
-      // may spend: enumerate (exact).
+      // may spend: enumerate (exact; Offer stops only past that budget).
       ForEachPlacement(best_.places, movable_,
                        [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
                          Offer({places, ahead, lag});
                        });
-      exact = !Spent();
+      exact = true;
     } else {
       SpacedStarts();
       SearchWhichStream();

@@ -100,6 +100,32 @@ TEST(StateStreamingTest, OnSmallChainsTheSearchFindsTheExhaustiveOptimum) {
   EXPECT_LE(local_misses, 1);
 }
 
+// A chain enumerated with exactly as many simulations as the enumeration
+// takes is still exact (it was called inexact when the count met the
+// budget).
+TEST(StateStreamingTest, AnEnumerationThatSpendsTheWholeBudgetIsExact) {
+  std::mt19937 rng(4);
+  int checked = 0;
+  for (int trial = 0; trial < 40 && checked < 5; ++trial) {
+    testing::PlacementProblem p = testing::RandomPlacementProblemOf(3, &rng);
+    const PlanSimulator simulator(p.chain.cost);
+    const ExhaustiveResult truth = ExhaustivePlaces(simulator, p.chain.base, p.budget_bytes);
+    ChainEvaluator evaluator(p.chain.cost, p.chain.base);
+    const PlacementSearchResult two =
+        SearchChainUpdatePlacement(&evaluator, p.eligible, p.budget_bytes);
+    if (!two.feasible) continue;
+    StreamSearchOptions options;
+    options.max_evaluations = truth.evaluations;
+    const StreamSearchResult r =
+        SearchStreamedState(simulator, testing::WithUpdates(p.chain.base, two.on_accelerator),
+                            two.iteration_seconds, p.budget_bytes, options);
+    EXPECT_EQ(r.evaluations, truth.evaluations) << "trial " << trial;
+    EXPECT_TRUE(r.exact) << "trial " << trial;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+}
+
 // The branch and bound prunes on lower bounds of the time and the peak;
 // were one ever above a placement's simulated figure, the search could
 // discard the optimum unseen.

@@ -47,6 +47,8 @@ class Lowering {
         mode_(mode),
         clip_(options.clip_gradients),
         dp_(options.ranks > 1),
+        partition_(dp_ && options.partition_host_state),
+        ranks_(options.ranks),
         bucket_bytes_(options.bucket_bytes),
         L_(static_cast<int>(d.layers.size())) {
     s_.mode = mode;
@@ -71,6 +73,7 @@ class Lowering {
     last_backward_.assign(L_, -1);
     gradient_d2h_.assign(L_, -1);
     reduced_.assign(L_, -1);
+    gathered_.assign(L_, -1);
   }
 
   Schedule Run() {
@@ -90,6 +93,11 @@ class Lowering {
            sizes_[l].has_parameters();
   }
 
+  // The optimizer state of a layer the host updates that this rank keeps.
+  int64_t HostState(const LayerSizes& n) const {
+    return partition_ ? (n.optimizer_state + ranks_ - 1) / ranks_ : n.optimizer_state;
+  }
+
   void ResidentMemory() {
     for (int l = 0; l < L_; ++l) {
       const LayerSizes& n = sizes_[l];
@@ -97,7 +105,7 @@ class Lowering {
       int64_t& acc = s_.resident_bytes[kAccPool];
       int64_t& host = s_.resident_bytes[kHostPool];
       if (mode_ == Mode::kHost) {
-        host += n.parameters + n.gradients + n.optimizer_state;
+        host += n.parameters + n.gradients + HostState(n);
       } else if (mode_ == Mode::kHetero) {
         acc += n.parameters + n.optimizer_state;
         host += n.parameters + n.gradients + n.optimizer_state;
@@ -106,7 +114,7 @@ class Lowering {
         if (n.has_parameters() && d.update == kAcc && !d.stream_state) acc += n.optimizer_state;
         if (n.has_parameters() && d.update == kAcc && d.stream_state) host += n.optimizer_state;
         if (n.has_parameters() && d.update == kHost) {
-          host += n.parameters + n.gradients + n.optimizer_state;
+          host += n.parameters + n.gradients + HostState(n);
         }
       }
     }
@@ -179,6 +187,7 @@ class Lowering {
         AcceleratorUpdate(l, M - 1, s_.layers[l].reuse_start);
       }
     }
+    GatherHostBuckets();
   }
 
   // Data-parallel: layer l's gradient, final once `ready` ends, joins the
@@ -192,19 +201,23 @@ class Lowering {
     if (bucket_.bytes >= bucket_bytes_) FlushBucket();
   }
 
-  // The open bucket's ALL_REDUCE, then the host updates that wait for it
-  // alone (the accelerator's follow the last backward; under clipping all
-  // follow the norm).
+  // The open bucket's ALL_REDUCE (REDUCE_SCATTER: a partitioned host bucket),
+  // then the host updates that wait for it alone (the accelerator's follow the
+  // last backward; under clipping all follow the norm).
   void FlushBucket() {
     if (bucket_.layers.empty()) return;
     const int low = bucket_.layers.back(), high = bucket_.layers.front();
     const int M = d_.micro_batches();
+    const bool scatter = partition_ && bucket_.host;
     const int ar = Add(
-        OpKind::kAllReduce, kNetwork, bucket_.host ? kHostReplica : kAcceleratorReplica,
-        tandem::v1::TIMELINE_PHASE_ALL_REDUCE, low, M - 1, bucket_.bytes, TensorKind::kGradient);
+        scatter ? OpKind::kReduceScatter : OpKind::kAllReduce, kNetwork,
+        bucket_.host ? kHostReplica : kAcceleratorReplica,
+        scatter ? tandem::v1::TIMELINE_PHASE_REDUCE_SCATTER : tandem::v1::TIMELINE_PHASE_ALL_REDUCE,
+        low, M - 1, bucket_.bytes, TensorKind::kGradient);
     s_.ops[ar].bucket_layers = high - low + 1;
     for (int ready : bucket_.ready) Dep(ar, ready);
     all_reduces_.push_back(ar);
+    if (scatter) scattered_.push_back(ar);
     for (int l : bucket_.layers) {
       reduced_[l] = ar;
       if (clip_) continue;
@@ -251,12 +264,18 @@ class Lowering {
     Dep(u, norm_);
     Dep(u, reduced_[l]);
     s_.layers[l].host_update = u;
-    if (!Streamed(l)) {
-      const int h = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, n.parameters,
-                         TensorKind::kWeights, /*delivers_update=*/true);
-      Dep(h, u);
-      s_.layers[l].weights_return = h;
-    }
+    host_update_[l] = u;
+    // Partitioned, the weights go back once gathered (GatherHostBuckets).
+    if (!Streamed(l) && !partition_) ReturnWeights(l, j, u);
+  }
+
+  // A resident layer's updated weights back to the accelerator once `ready`
+  // (its update, or the gather of its bucket) ends.
+  void ReturnWeights(int l, int j, int ready) {
+    const int h = Copy(kH2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, j, sizes_[l].parameters,
+                       TensorKind::kWeights, /*delivers_update=*/true);
+    Dep(h, ready);
+    s_.layers[l].weights_return = h;
   }
 
   // Streamed optimizer state (see STREAMED OPTIMIZER STATE in lower.h): the
@@ -434,12 +453,38 @@ class Lowering {
       }
     }
     if (dp_) FlushBucket();
-    if (hetero || !clip_) return;
-    norm_ = Add(OpKind::kGradientNorm, kHostCompute, kHostReplica,
-                tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
-    for (int ar : all_reduces_) Dep(norm_, ar);
-    for (int l = L_ - 1; l >= 0; --l) {
-      if (sizes_[l].has_parameters()) HostUpdate(l, M - 1, host_backward_[l]);
+    if (hetero) return;
+    if (clip_) {
+      norm_ = Add(OpKind::kGradientNorm, kHostCompute, kHostReplica,
+                  tandem::v1::TIMELINE_PHASE_UPDATE, -1, M - 1);
+      for (int ar : all_reduces_) Dep(norm_, ar);
+      for (int l = L_ - 1; l >= 0; --l) {
+        if (sizes_[l].has_parameters()) HostUpdate(l, M - 1, host_backward_[l]);
+      }
+    }
+    GatherHostBuckets();
+  }
+
+  // Partitioned host state: each host bucket's updated pieces to every rank,
+  // on the NETWORK stream after every bucket's sum (in bucket order), once
+  // the bucket's updates have ended.
+  void GatherHostBuckets() {
+    if (!partition_) return;
+    const int M = d_.micro_batches();
+    for (int rs : scattered_) {
+      const Op bucket = s_.ops[rs];
+      const int g =
+          Add(OpKind::kAllGather, kNetwork, kHostReplica, tandem::v1::TIMELINE_PHASE_ALL_GATHER,
+              bucket.layer, M - 1, bucket.bytes, TensorKind::kWeights);
+      s_.ops[g].bucket_layers = bucket.bucket_layers;
+      for (int l = bucket.layer; l < bucket.layer + bucket.bucket_layers; ++l) {
+        Dep(g, host_update_[l]);
+        gathered_[l] = g;
+      }
+      if (mode_ != Mode::kAccelerator) continue;
+      for (int l = bucket.layer; l < bucket.layer + bucket.bucket_layers; ++l) {
+        if (host_update_[l] >= 0 && !Streamed(l)) ReturnWeights(l, M - 1, g);
+      }
     }
   }
 
@@ -507,10 +552,11 @@ class Lowering {
       int target = -1;
       switch (p.what) {
         case Later::kHostUpdate:
-          target = host_update_[p.layer];
+          // Partitioned: the weights are whole once gathered.
+          target = gathered_[p.layer] >= 0 ? gathered_[p.layer] : host_update_[p.layer];
           break;
         case Later::kChainUpdate:
-          target = s_.layers[p.layer].host_update;
+          target = gathered_[p.layer] >= 0 ? gathered_[p.layer] : s_.layers[p.layer].host_update;
           break;
         case Later::kChainReturn:
           target = s_.layers[p.layer].weights_return;
@@ -527,8 +573,10 @@ class Lowering {
   const std::vector<LayerSizes>& sizes_;
   const Mode mode_;
   const bool clip_;
-  // Data-parallel (LowerOptions::ranks > 1).
+  // Data-parallel (LowerOptions::ranks > 1), and with partitioned host state.
   const bool dp_;
+  const bool partition_;
+  const int ranks_;
   const int64_t bucket_bytes_;
   const int L_;
   // Clipping: the GRADIENT_NORM operation (-1 before it is written or
@@ -545,6 +593,9 @@ class Lowering {
   };
   OpenBucket bucket_;
   std::vector<int> reduced_, all_reduces_;
+  // Partitioned: the REDUCE_SCATTERs of the host's buckets, and per layer the
+  // ALL_GATHER that brings its weights whole.
+  std::vector<int> scattered_, gathered_;
   Schedule s_;
   // The accelerator's latest forward or backward (prefetches start with it).
   int layer_op_ = -1;

@@ -91,10 +91,25 @@
 // under clipping), L-1 first, each after its bucket; GRADIENT_NORM waits for
 // every bucket. The collectives thereby overlap the rest of backward.
 //
+// ZeRO-partitioned host state (LowerOptions::partition_host_state, ZeRO-Offload
+// on many ranks): a host bucket is a REDUCE_SCATTER instead: rank r receives
+// the summed gradient of piece r of the bucket (the bucket's floats cut into
+// `ranks` consecutive pieces) and its host UPDATEs step that piece alone,
+// with the optimizer state of that piece alone. Once every bucket is summed,
+// one ALL_GATHER per host bucket (in bucket order, on the NETWORK stream)
+// brings every rank's updated piece to every rank, after the bucket's
+// UPDATEs; the weights' way back to the accelerator (the PARAMETER_H2D of
+// resident weights, a streamed layer's next prefetch, cpu_only's next
+// FORWARD) waits for the ALL_GATHER instead of the UPDATE. Under clipping the
+// GRADIENT_NORM sums the squares of the rank's pieces and the accelerator's
+// gradients, and adds the other ranks' pieces in a reduction of its own (the
+// NETWORK stream is idle then: every bucket is summed and no ALL_GATHER can
+// start before the updates that wait for the norm).
+//
 // Resident memory. Accelerator: resident parameters and the optimizer state of
 // layers updated there (not streamed). Host: master parameters, gradient and
-// optimizer state of every layer updated on the host; the streamed state of
-// the others.
+// optimizer state of every layer updated on the host (of its state 1/ranks,
+// rounded up, when partitioned); the streamed state of the others.
 #ifndef TANDEM_SCHEDULE_LOWER_H_
 #define TANDEM_SCHEDULE_LOWER_H_
 
@@ -142,6 +157,10 @@ struct LowerOptions {
   int ranks = 1;
   // A bucket closes once it holds at least this many bytes of gradient.
   int64_t bucket_bytes = int64_t{25} << 20;
+  // ZeRO with offload (see DATA-PARALLEL RANKS): the host's buckets are
+  // reduce-scattered and all-gathered, and each rank keeps 1/ranks of the
+  // optimizer state of the layers the host updates.
+  bool partition_host_state = false;
 };
 
 // `sizes` has one entry per layer. Validates first.

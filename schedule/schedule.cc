@@ -26,6 +26,10 @@ const char* OpKindName(OpKind kind) {
       return "send";
     case OpKind::kReceive:
       return "receive";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllGather:
+      return "all_gather";
   }
   return "?";
 }

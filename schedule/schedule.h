@@ -68,6 +68,12 @@ enum class OpKind : int8_t {
   // times them like copies and the executor rejects them.
   kSend,
   kReceive,
+  // ZeRO-partitioned host state (LowerOptions::partition_host_state): a host
+  // bucket's gradients summed over the ranks, rank r receiving only piece r
+  // of it; after the rank's updates of its pieces, every rank's updated
+  // weights of the bucket gathered on every rank.
+  kReduceScatter,
+  kAllGather,
 };
 const char* OpKindName(OpKind kind);
 
@@ -123,8 +129,9 @@ struct Op {
   // A copy that brings freshly updated weights to the accelerator: a compute
   // operation whose last dependency it is was stalled on the update.
   bool delivers_update = false;
-  // kAllReduce: the bucket is layers [layer, layer + bucket_layers); the
-  // host's gradients (kHostReplica) or the accelerator's.
+  // kAllReduce, kReduceScatter, kAllGather: the bucket is layers [layer,
+  // layer + bucket_layers); the host's gradients (kHostReplica) or the
+  // accelerator's (kAllReduce only).
   int bucket_layers = 0;
   std::vector<Dep> deps;
   std::vector<MemoryEvent> memory;

@@ -12,7 +12,7 @@ using PB = tandem::v1::Schedule;
 
 // The proto enums are the C++ ones shifted past their UNSPECIFIED value
 // (TensorKind has none: kNone is 0 in both).
-constexpr int kOpKinds = static_cast<int>(OpKind::kReceive) + 1;
+constexpr int kOpKinds = static_cast<int>(OpKind::kAllGather) + 1;
 constexpr int kModes = static_cast<int>(Mode::kHetero) + 1;
 constexpr int kTensorKinds = static_cast<int>(TensorKind::kOptimizerState) + 1;
 

@@ -35,8 +35,17 @@ Decisions CpuChain(int layers) {
   return d;
 }
 
-// Every operation is on exactly one resource's order, once.
+// Every operation is on exactly one resource's order, once, and depends within
+// its iteration only on operations written before it (the executor adds them
+// in that order).
 void ExpectEachOpOrderedOnce(const Schedule& s) {
+  for (int o = 0; o < s.num_ops(); ++o) {
+    for (const Dep& d : s.ops[o].deps) {
+      if (d.lag == 0) {
+        EXPECT_LT(d.op, o) << "op " << o << " depends on a later op in its step";
+      }
+    }
+  }
   std::vector<int> seen(s.num_ops(), 0);
   for (size_t r = 0; r < s.order.size(); ++r) {
     for (int op : s.order[r]) {
@@ -236,6 +245,95 @@ TEST(LowerTest, DataParallelRanksSumEachBucketWhereItsUpdatesReadIt) {
     }
   }
   // The step still runs to the end under the execution rules.
+  absl::StatusOr<Timing> t = Simulate(*s, std::vector<double>(s->num_ops(), 1.0), 3);
+  EXPECT_TRUE(t.ok()) << t.status();
+}
+
+// The REDUCE_SCATTER (or ALL_GATHER) of the host bucket holding layer l, -1.
+int HostBucketOf(const Schedule& s, int l, OpKind kind) {
+  for (int o = 0; o < s.num_ops(); ++o) {
+    const Op& op = s.ops[o];
+    if (op.kind == kind && l >= op.layer && l < op.layer + op.bucket_layers) return o;
+  }
+  return -1;
+}
+
+TEST(LowerTest, PartitionedHostStateScattersTheHostBucketsAndGathersTheWeights) {
+  // As above: 3 and 2 update on the accelerator, 1 and 0 on the host; layer 1
+  // streams its weights, layer 0 keeps them resident.
+  Decisions d = Chain(4, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  d.layers[0].update = d.layers[1].update = tandem::v1::PLACEMENT_HOST;
+  d.layers[1].parameter_home = tandem::v1::PARAMETER_HOME_HOST_STREAMED;
+  LowerOptions options;
+  options.ranks = 4;
+  options.bucket_bytes = 0;  // a bucket per layer
+  options.partition_host_state = true;
+  const std::vector<LayerSizes> sizes = Sizes(4);
+  absl::StatusOr<Schedule> s = Lower(d, sizes, options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  // The accelerator's buckets are all-reduced; the host's scattered, then
+  // gathered after every sum.
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_NETWORK),
+            (std::vector<std::string>{"all_reduce3/1", "all_reduce2/1", "reduce_scatter1/1",
+                                      "reduce_scatter0/1", "all_gather1/1", "all_gather0/1"}));
+  for (int l : {0, 1}) {
+    const int scatter = HostBucketOf(*s, l, OpKind::kReduceScatter);
+    const int gather = HostBucketOf(*s, l, OpKind::kAllGather);
+    ASSERT_GE(scatter, 0);
+    ASSERT_GE(gather, 0);
+    EXPECT_EQ(s->ops[scatter].replica, kHostReplica);
+    const int update = s->layers[l].host_update;
+    EXPECT_TRUE(DependsOn(*s, update, scatter)) << l;
+    EXPECT_TRUE(DependsOn(*s, gather, update)) << l;
+  }
+  // Layer 0's weights go back once gathered; layer 1's next prefetch waits for
+  // its gather one step back.
+  const int back = s->layers[0].weights_return;
+  ASSERT_GE(back, 0);
+  EXPECT_TRUE(DependsOn(*s, back, HostBucketOf(*s, 0, OpKind::kAllGather)));
+  bool prefetch_waits = false;
+  for (const Op& op : s->ops) {
+    if (op.layer != 1 || op.tensor != TensorKind::kWeights || !op.delivers_update) continue;
+    for (const Dep& dep : op.deps) {
+      prefetch_waits |= dep.lag == 1 && dep.op == HostBucketOf(*s, 1, OpKind::kAllGather);
+    }
+  }
+  EXPECT_TRUE(prefetch_waits);
+  // The host keeps a quarter of the host-updated layers' state (rounded up).
+  options.partition_host_state = false;
+  absl::StatusOr<Schedule> replicated = Lower(d, sizes, options);
+  ASSERT_TRUE(replicated.ok());
+  const int64_t state = sizes[0].optimizer_state + sizes[1].optimizer_state;
+  const int64_t quarter = (sizes[0].optimizer_state + 3) / 4 + (sizes[1].optimizer_state + 3) / 4;
+  EXPECT_EQ(replicated->resident_bytes[1] - s->resident_bytes[1], state - quarter);
+  absl::StatusOr<Timing> t = Simulate(*s, std::vector<double>(s->num_ops(), 1.0), 3);
+  EXPECT_TRUE(t.ok()) << t.status();
+}
+
+TEST(LowerTest, PartitionedCpuOnlyForwardWaitsForTheGather) {
+  LowerOptions options;
+  options.ranks = 2;
+  options.bucket_bytes = 0;
+  options.clip_gradients = true;
+  options.has_accelerator = false;
+  options.partition_host_state = true;
+  absl::StatusOr<Schedule> s = Lower(CpuChain(2), Sizes(2), options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectEachOpOrderedOnce(*s);
+  EXPECT_EQ(Program(*s, tandem::v1::TIMELINE_RESOURCE_NETWORK),
+            (std::vector<std::string>{"reduce_scatter1/1", "reduce_scatter0/1", "all_gather1/1",
+                                      "all_gather0/1"}));
+  for (int l : {0, 1}) {
+    const int gather = HostBucketOf(*s, l, OpKind::kAllGather);
+    bool waits = false;
+    for (const Dep& dep : s->ops[s->layers[l].first_forward].deps) {
+      waits |= dep.op == gather && dep.lag == 1;
+    }
+    EXPECT_TRUE(waits) << l;
+    EXPECT_TRUE(
+        DependsOn(*s, s->layers[l].host_update, HostBucketOf(*s, l, OpKind::kReduceScatter)));
+  }
   absl::StatusOr<Timing> t = Simulate(*s, std::vector<double>(s->num_ops(), 1.0), 3);
   EXPECT_TRUE(t.ok()) << t.status();
 }

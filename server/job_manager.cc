@@ -282,11 +282,15 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
     if (d.sharding() != tandem::v1::OPTIMIZER_SHARDING_AUTO) {
       r.distributed_reason = "asked for";
     } else if (partitioned) {
+      const bool device = resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
       r.distributed_reason = absl::StrCat(
           "the default (auto): the optimizer keeps ",
           FormatBytes(estimate->optimizer_state_bytes, 1),
           " of state; partitioned, each rank keeps 1/", resolved->distributed().replicas(),
-          " of it, and a reduce-scatter plus an all-gather move the same bytes as the "
+          device ? " of the part its plan keeps on the host (the state of layers its accelerator "
+                   "updates stays whole on every rank)"
+                 : " of it",
+          ", and a reduce-scatter plus an all-gather move the same bytes as the "
           "replicated all-reduce");
     } else {
       r.distributed_reason =

@@ -612,16 +612,9 @@ absl::Status ResolveDistributed(JobSpec& r) {
   if (d->rendezvous_timeout_seconds() == 0) d->set_rendezvous_timeout_seconds(60);
   if (d->collective_timeout_seconds() == 0) d->set_collective_timeout_seconds(60);
   if (d->fault_wait_seconds() == 0) d->set_fault_wait_seconds(120);
-  const bool device_ranks = r.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
-  if (device_ranks && d->sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED) {
-    return FieldError("distributed.sharding",
-                      "PARTITIONED optimizer state is built for ranks on the CPU engine "
-                      "(placement.accelerator NONE); ranks with an accelerator keep it "
-                      "REPLICATED (or say AUTO)");
-  }
-  if (device_ranks) {
-    d->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
-  } else if (d->sharding() == tandem::v1::OPTIMIZER_SHARDING_AUTO) {
+  // Ranks with an accelerator partition the state their plans keep on the
+  // host (ZeRO-Offload on many GPUs); the CPU engine's ranks all of it.
+  if (d->sharding() == tandem::v1::OPTIMIZER_SHARDING_AUTO) {
     const bool stateful =
         r.optimizer().kind() != tandem::v1::OPTIMIZER_KIND_SGD || r.optimizer().momentum() != 0;
     d->set_sharding(stateful ? tandem::v1::OPTIMIZER_SHARDING_PARTITIONED

@@ -78,9 +78,6 @@ INSTANTIATE_TEST_SUITE_P(
         // Data-parallel ranks with an accelerator: the emulated one, replicated, over Gloo.
         BadCase{"distributed: {replicas: 2}\nplacement: {accelerator: ACCELERATOR_KIND_CUDA}",
                 "distributed.replicas"},
-        BadCase{"distributed: {replicas: 2, sharding: OPTIMIZER_SHARDING_PARTITIONED}\n"
-                "placement: {accelerator: ACCELERATOR_KIND_EMULATED}",
-                "distributed.sharding"},
         BadCase{"distributed: {replicas: 2}\nplacement: {accelerator: ACCELERATOR_KIND_EMULATED, "
                 "strategy: STRATEGY_HETERO_DP}",
                 "placement.strategy"},
@@ -114,7 +111,7 @@ TEST(JobSpecTest, Fp16GetsLossScalingDefaults) {
   EXPECT_FALSE(fp32->training().has_loss_scaling());
 }
 
-TEST(JobSpecTest, RanksWithAnEmulatedAcceleratorKeepReplicatedStateOverGloo) {
+TEST(JobSpecTest, RanksWithAnEmulatedAcceleratorPartitionTheirHostStateOverGloo) {
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(kValid, "job.yaml");
   ASSERT_TRUE(spec.ok());
   absl::StatusOr<tandem::v1::JobSpec> patch = ParseJobSpec(
@@ -123,11 +120,17 @@ TEST(JobSpecTest, RanksWithAnEmulatedAcceleratorKeepReplicatedStateOverGloo) {
   spec->MergeFrom(*patch);
   absl::StatusOr<tandem::v1::JobSpec> r = ResolveJobSpec(*spec, false);
   ASSERT_TRUE(r.ok()) << r.status();
-  // Adam would be partitioned on the CPU engine (AUTO); ranks with an
-  // accelerator keep it replicated.
-  EXPECT_EQ(r->distributed().sharding(), tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  // Adam is partitioned (AUTO), as on the CPU engine: the ranks cut the
+  // state their plans keep on the host.
+  EXPECT_EQ(r->distributed().sharding(), tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
   EXPECT_EQ(r->distributed().backend(), tandem::v1::COLLECTIVE_BACKEND_GLOO);
   EXPECT_EQ(r->placement().strategy(), tandem::v1::STRATEGY_REUSE_DISTANCE);
+  // Plain SGD has no state to cut.
+  spec->mutable_optimizer()->set_kind(tandem::v1::OPTIMIZER_KIND_SGD);
+  spec->mutable_optimizer()->set_momentum(0);
+  r = ResolveJobSpec(*spec, false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->distributed().sharding(), tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
 }
 
 TEST(JobSpecTest, CyclicAndExplodingAliasesAreRefused) {

@@ -12,7 +12,8 @@ here, not how training scales across machines.
       --tandem bazel-bin/clients/cli/tandem [--strategy=zero_offload]
 
 With --strategy every rank runs that plan on its daemon's emulated
-accelerator (docs/distributed.md, "Ranks that run a plan").
+accelerator (docs/distributed.md, "Ranks that run a plan"); partitioned, the
+ranks cut the optimizer state the plan keeps on the host.
 """
 import argparse
 import json
@@ -96,8 +97,6 @@ def main():
         baseline = None
         runs = ((1, "-"), (2, "REPLICATED"), (2, "PARTITIONED"), (4, "REPLICATED"),
                 (4, "PARTITIONED"))
-        if args.strategy:  # ranks with an accelerator keep the state replicated
-            runs = ((1, "-"), (2, "REPLICATED"), (4, "REPLICATED"))
         for replicas, sharding in runs:
             if replicas > args.daemons:
                 continue

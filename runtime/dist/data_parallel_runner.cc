@@ -396,11 +396,7 @@ std::optional<StatePartition> DataParallelRunner::state_partition() {
 
 absl::StatusOr<std::vector<double>> DataParallelRunner::GatherFromRanks(
     const std::vector<double>& mine) {
-  const size_t n = mine.size();
-  std::vector<double> all(n * comm_->size(), 0.0);
-  std::copy(mine.begin(), mine.end(), all.begin() + n * comm_->rank());
-  TANDEM_RETURN_IF_ERROR(comm_->AllReduceSum(all.data(), static_cast<int64_t>(all.size())));
-  return all;
+  return tandem::GatherFromRanks(comm_, mine);
 }
 
 }  // namespace tandem

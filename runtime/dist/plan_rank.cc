@@ -27,6 +27,20 @@ absl::Status StagedGradientCollective::AllReduceHost(float* data, int64_t n) {
   return Counted([&] { return comm_->AllReduceSum(data, n); });
 }
 
+absl::Status StagedGradientCollective::ReduceScatterHost(float* data,
+                                                         const std::vector<int64_t>& pieces) {
+  return Counted([&] { return comm_->ReduceScatterSum(data, pieces); });
+}
+
+absl::Status StagedGradientCollective::AllGatherHost(float* data,
+                                                     const std::vector<int64_t>& pieces) {
+  return Counted([&] { return comm_->AllGather(data, pieces); });
+}
+
+absl::Status StagedGradientCollective::SumOverRanks(double* data, int64_t n) {
+  return Counted([&] { return comm_->AllReduceSum(data, n); });
+}
+
 absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
                                                        const std::vector<Range>& ranges) {
   int64_t total = 0;
@@ -67,11 +81,6 @@ absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
   if (control == nullptr || control->size() != n || control->rank() != comm->rank()) {
     return absl::InvalidArgumentError("the control communicator is not of the same ranks");
   }
-  if (dp.sharding == OptimizerSharding::kPartitioned) {
-    return absl::InvalidArgumentError(
-        "distributed.sharding: PARTITIONED optimizer state is built for CPU-engine ranks; ranks "
-        "that run an accelerator plan keep it replicated (REPLICATED)");
-  }
   if (options.plan.strategy() == tandem::v1::STRATEGY_HETERO_DP) {
     return absl::InvalidArgumentError(
         "plan.strategy: hetero_dp already splits the batch between the host and the "
@@ -91,12 +100,15 @@ absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
   r->control_ = std::move(control);
   options.collective = &r->collective_;
   options.bucket_bytes = dp.bucket_bytes;
+  options.partition_host_state = dp.sharding == OptimizerSharding::kPartitioned;
   options.max_batch = std::max<int64_t>(options.max_batch, (global_batch + n - 1) / n);
   // A stored program is one replica's; the rank lowers its own.
   options.schedule.Clear();
   TANDEM_ASSIGN_OR_RETURN(r->executor_, PlanExecutor::Create(model, std::move(options)));
   for (const schedule::Op& op : r->executor_->schedule().ops) {
-    if (op.kind == schedule::OpKind::kAllReduce) ++r->buckets_;
+    if (op.kind == schedule::OpKind::kAllReduce || op.kind == schedule::OpKind::kReduceScatter) {
+      ++r->buckets_;
+    }
   }
   return r;
 }
@@ -172,13 +184,17 @@ tandem::v1::DistributedStats PlanRankRunner::distributed_stats() const {
   const CollectiveStats& control = control_->stats();
   tandem::v1::DistributedStats d;
   d.set_ranks(comm_->size());
-  d.set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  const bool partitioned = dp_.sharding == OptimizerSharding::kPartitioned;
+  d.set_sharding(partitioned ? tandem::v1::OPTIMIZER_SHARDING_PARTITIONED
+                             : tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
   d.set_buckets(buckets_);
   d.set_collective_bytes(gradients.bytes + control.bytes);
   d.set_collective_seconds(gradients.seconds + control.seconds);
   d.set_step_gradient_seconds(step_gradient_seconds_);
   d.set_step_waited_seconds(step_waited_seconds_);
-  d.set_optimizer_elements(model_.parameter_elements());
+  // Partitioned: this rank's pieces of the host's state and the whole state
+  // of the layers its accelerator updates.
+  d.set_optimizer_elements(executor_->host_state_elements());
   return d;
 }
 

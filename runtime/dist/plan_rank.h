@@ -21,7 +21,14 @@
 // Gloo's ContextFactory slowed the first one's all-reduces about twentyfold
 // on loopback, even after it was destroyed: hence two rendezvous.)
 //
-// Optimizer state is replicated (DDP): every rank applies the same update.
+// Optimizer state is replicated (DDP: every rank applies the same update), or,
+// with DataParallelOptions::sharding kPartitioned, the host's part of it is
+// ZeRO-partitioned as ZeRO-Offload does on many GPUs (schedule/lower.h): each
+// host bucket is reduce-scattered, every rank updates its piece of it on its
+// host with that piece's optimizer state alone, and the ranks all-gather the
+// updated weights before they go back to their accelerators. The state of
+// layers the accelerator updates stays replicated. Checkpoints are then
+// partitioned (state_partition()), as the CPU engine's ranks' are.
 // Batch-norm running statistics are rank 0's at the start and then each
 // rank's own (DDP without SyncBatchNorm); checkpoints keep rank 0's.
 #ifndef TANDEM_RUNTIME_DIST_PLAN_RANK_H_
@@ -51,6 +58,9 @@ class StagedGradientCollective final : public GradientCollective {
   int ranks() const override { return comm_->size(); }
   absl::Status AllReduceHost(float* data, int64_t n) override;
   absl::Status AllReduceDevice(Accelerator* accelerator, const std::vector<Range>& ranges) override;
+  absl::Status ReduceScatterHost(float* data, const std::vector<int64_t>& pieces) override;
+  absl::Status AllGatherHost(float* data, const std::vector<int64_t>& pieces) override;
+  absl::Status SumOverRanks(double* data, int64_t n) override;
   // What the collectives moved so far (any thread).
   CollectiveStats stats() const;
 
@@ -72,8 +82,9 @@ class PlanRankRunner final : public StepRunner {
   // job's optimizer and init seed. `comm` sets the rank and the rank count;
   // `control` is a second communicator of the same ranks (another prefix).
   // Every rank must pass the same model, plan, optimizer, seed, global batch
-  // and `dp`. INVALID_ARGUMENT for what it cannot run (a partitioned
-  // optimizer, hetero_dp, a global batch smaller than the ranks). `accelerator`,
+  // and `dp`. INVALID_ARGUMENT for what it cannot run (hetero_dp, a global
+  // batch smaller than the ranks, a partitioned bucket smaller than the
+  // ranks). `accelerator`,
   // when given, is the one options.accelerator points at: the runner keeps it
   // until its executor is gone.
   static absl::StatusOr<std::unique_ptr<PlanRankRunner>> Create(
@@ -94,6 +105,12 @@ class PlanRankRunner final : public StepRunner {
   tandem::v1::Plan plan() const override { return executor_->plan(); }
   tandem::v1::Schedule program() const override { return executor_->program(); }
   tandem::v1::Timeline last_timeline() const override { return executor_->last_timeline(); }
+  std::optional<StatePartition> state_partition() override { return executor_->state_partition(); }
+  absl::Status SyncPartitionToHost() override { return executor_->SyncStateToHost(); }
+  absl::Status PartitionLoaded() override { return executor_->StateChangedOnHost(); }
+  absl::StatusOr<std::vector<double>> GatherFromRanks(const std::vector<double>& mine) override {
+    return tandem::GatherFromRanks(control_.get(), mine);
+  }
   std::vector<std::string> warnings() const override { return executor_->warnings(); }
   void set_timing_sink(LayerTimingSink* sink) override;
 

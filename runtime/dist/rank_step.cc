@@ -1,5 +1,6 @@
 #include "runtime/dist/rank_step.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,15 @@ absl::StatusOr<bool> BroadcastStartPoint(Communicator* comm, StartPoint* point) 
   point->epoch_offset = static_cast<int64_t>(at[3]);
   point->optimizer_step = static_cast<int64_t>(at[4]);
   return true;
+}
+
+absl::StatusOr<std::vector<double>> GatherFromRanks(Communicator* comm,
+                                                    const std::vector<double>& mine) {
+  const size_t n = mine.size();
+  std::vector<double> all(n * comm->size(), 0.0);
+  std::copy(mine.begin(), mine.end(), all.begin() + n * comm->rank());
+  TANDEM_RETURN_IF_ERROR(comm->AllReduceSum(all.data(), static_cast<int64_t>(all.size())));
+  return all;
 }
 
 }  // namespace tandem

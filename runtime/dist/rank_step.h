@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/data/loader.h"
@@ -47,6 +48,11 @@ absl::StatusOr<double> AgreeStepEnd(Communicator* comm, double share_loss_sum, i
 
 // The whole batch's figures from each rank's share's.
 absl::StatusOr<EvalResult> SumEvaluation(Communicator* comm, const EvalResult& share);
+
+// Every rank's `mine` (the same length on each), concatenated in rank order,
+// through one collective (StepRunner::GatherFromRanks).
+absl::StatusOr<std::vector<double>> GatherFromRanks(Communicator* comm,
+                                                    const std::vector<double>& mine);
 
 // Rank 0's start point to every rank; true on the ranks whose point changed
 // hands (every rank but 0).

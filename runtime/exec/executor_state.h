@@ -74,6 +74,13 @@ struct PlanExecutor::Layer {
   // Bytes of the weights and of the gradient on the accelerator.
   int64_t state_bytes() const { return param_elements * (working_copy ? 2 : 4); }
   int64_t param_elements = 0;  // the layer's slice of the flat buffers (padded)
+  // The optimizer state the host keeps for the layer: moments at
+  // moment_offset of host_moments_, for the weights [moment_first,
+  // moment_first + moment_elements) of the flat buffers. The whole layer,
+  // except a host-updated layer's under partitioned host state: the part of
+  // it in this rank's piece of its bucket (`partitioned`), maybe none.
+  int64_t moment_offset = 0, moment_first = 0, moment_elements = 0;
+  bool partitioned = false;
   int64_t buffer_elements = 0;
   int64_t param_offset = 0, buffer_offset = 0;
   // Accelerator state: resident weights, running statistics, optimizer moments,

@@ -35,6 +35,18 @@ class GradientCollective {
   // collective (the bucket's ranges are one message).
   virtual absl::Status AllReduceDevice(Accelerator* accelerator,
                                        const std::vector<Range>& ranges) = 0;
+  // ZeRO-partitioned host state. `data` holds sum(pieces) floats of host
+  // memory on every rank, cut into consecutive pieces of pieces[0],
+  // pieces[1], ... floats. ReduceScatterHost: on return rank r's piece holds
+  // the sum over the ranks of that piece (the rest of `data` is scratch).
+  // AllGatherHost: every rank's own piece to every rank.
+  virtual absl::Status ReduceScatterHost(float* data, const std::vector<int64_t>& pieces) = 0;
+  virtual absl::Status AllGatherHost(float* data, const std::vector<int64_t>& pieces) = 0;
+  // Sums `n` doubles over the ranks, in place: the partitioned gradient
+  // norm's squares. Called while no other collective of the step is in
+  // flight (the GRADIENT_NORM follows every bucket's sum, and the gathers
+  // follow the updates that wait for it).
+  virtual absl::Status SumOverRanks(double* data, int64_t n) = 0;
 };
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "runtime/core/clock.h"
 #include "runtime/cpu/kernels.h"
@@ -18,6 +19,7 @@
 namespace tandem {
 namespace {
 
+using schedule::OpKind;
 using tandem::v1::ActivationPolicy;
 using tandem::v1::TimelineResource;
 
@@ -133,22 +135,23 @@ absl::Status PlanExecutor::Init() {
   sizes_ =
       ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count(), state_type_);
   for (int l = 0; l < L; ++l) TANDEM_RETURN_IF_ERROR(InitLayer(l));
-  // Host moments: for host updates (cpu_only, hetero_dp's host replica,
-  // CPU-updated layers) and, for every plan, the checkpoint's copy of the
-  // accelerator's (SyncStateToHost).
-  for (int s = 0; s < optimizer_->state_count(); ++s) {
-    TANDEM_ASSIGN_OR_RETURN(Buffer m,
-                            Buffer::Allocate(host, P * 4, MemoryCategory::kOptimizerState));
-    std::memset(m.data(), 0, P * 4);
-    host_moments_.push_back(std::move(m));
-  }
-  // Pinned where the device can, so that copies run at the link's rate.
-  RegisterCopyBuffers();
   // The program of a full batch: an invalid plan fails here, not at its first
   // step. The job record's stored program runs when it is this lowering.
   TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(FullMicroBatches(plan, options_.max_batch),
                                                       /*full_batch=*/true));
   const Program* full = full_schedule_;
+  TANDEM_RETURN_IF_ERROR(PartitionHostState());
+  // Host moments: for host updates (cpu_only, hetero_dp's host replica,
+  // CPU-updated layers) and, for every plan, the checkpoint's copy of the
+  // accelerator's (SyncStateToHost).
+  for (int s = 0; s < optimizer_->state_count(); ++s) {
+    TANDEM_ASSIGN_OR_RETURN(Buffer m, Buffer::Allocate(host, host_state_elements_ * 4,
+                                                       MemoryCategory::kOptimizerState));
+    std::memset(m.data(), 0, host_state_elements_ * 4);
+    host_moments_.push_back(std::move(m));
+  }
+  // Pinned where the device can, so that copies run at the link's rate.
+  RegisterCopyBuffers();
   const int update_threads = decisions_.host_update_threads;
   const int compute_threads = omp_get_max_threads();
   std::vector<TimelineResource> resources;
@@ -172,6 +175,74 @@ absl::Status PlanExecutor::Init() {
         accel_->allocator(), [engine = engine_.get()] { return engine->active(); });
   }
   return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::PartitionHostState() {
+  GradientCollective* ranks = options_.collective;
+  partitioned_state_ = options_.partition_host_state && ranks != nullptr && !hetero_;
+  const int64_t P = model_.parameter_elements();
+  for (auto& layer : layers_) {
+    layer->moment_offset = layer->moment_first = layer->param_offset;
+    layer->moment_elements = layer->param_elements;
+  }
+  host_state_elements_ = P;
+  if (!partitioned_state_) return absl::OkStatus();
+  const int n = ranks->ranks(), rank = ranks->rank();
+  for (const schedule::Op& op : full_schedule_->ops) {
+    if (op.kind != OpKind::kReduceScatter) continue;
+    HostBucket b;
+    b.layers = op.bucket_layers;
+    b.begin = layers_[op.layer]->param_offset;
+    const Layer& last = *layers_[op.layer + op.bucket_layers - 1];
+    const int64_t count = last.param_offset + last.param_elements - b.begin;
+    if (count < n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "distributed.sharding: PARTITIONED cuts each bucket into one piece per rank; layers ",
+          op.layer, "..", op.layer + op.bucket_layers - 1, " hold ", count,
+          " weights, fewer than the ", n, " ranks (a larger distributed.bucket_bytes joins them)"));
+    }
+    int64_t own = b.begin;
+    for (int r = 0; r < n; ++r) {
+      b.pieces.push_back(count / n + (r < count % n ? 1 : 0));
+      if (r < rank) own += b.pieces.back();
+    }
+    const int64_t own_end = own + b.pieces[rank];
+    for (int l = op.layer; l < op.layer + b.layers; ++l) {
+      Layer& layer = *layers_[l];
+      const int64_t first = std::max(own, layer.param_offset);
+      const int64_t end = std::min(own_end, layer.param_offset + layer.param_elements);
+      layer.partitioned = true;
+      layer.moment_first = end > first ? first : layer.param_offset;
+      layer.moment_elements = std::max<int64_t>(0, end - first);
+    }
+    host_buckets_[op.layer] = std::move(b);
+  }
+  // This rank's pieces and the whole state of every other layer, one after
+  // another.
+  host_state_elements_ = 0;
+  for (auto& layer : layers_) {
+    layer->moment_offset = host_state_elements_;
+    host_state_elements_ += layer->moment_elements;
+  }
+  return absl::OkStatus();
+}
+
+std::optional<StatePartition> PlanExecutor::state_partition() {
+  if (!partitioned_state_) return std::nullopt;
+  StatePartition part;
+  part.rank = options_.collective->rank();
+  part.ranks = options_.collective->ranks();
+  part.elements = host_state_elements_;
+  for (Buffer& m : host_moments_) part.moments.push_back(m.f32());
+  std::vector<std::string> cuts;
+  for (const auto& [low, b] : host_buckets_) {
+    cuts.push_back(absl::StrCat(b.begin, "+", absl::StrJoin(b.pieces, ",")));
+  }
+  int64_t whole = 0;
+  for (const auto& layer : layers_) whole += layer->partitioned ? 0 : layer->param_elements;
+  part.layout = absl::StrCat("plan ranks=", part.ranks, " host buckets=", absl::StrJoin(cuts, ";"),
+                             " whole=", whole);
+  return part;
 }
 
 absl::Status PlanExecutor::InitLayer(int l) {
@@ -433,7 +504,7 @@ absl::Status PlanExecutor::SyncStateToHost() {
     TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_params_.f32() + layer->param_offset,
                                               layer->params.data(), layer->param_elements * 4));
     for (size_t s = 0; s < layer->moments.size(); ++s) {
-      TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_moments_.at(s).f32() + layer->param_offset,
+      TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_moments_.at(s).f32() + layer->moment_offset,
                                                 layer->moments[s].data(),
                                                 layer->param_elements * 4));
     }
@@ -457,7 +528,7 @@ absl::Status PlanExecutor::StateChangedOnHost() {
         accel_->CopyToDevice(layer->params.data(), HostWeights(*layer), layer->state_bytes()));
     for (size_t s = 0; s < layer->moments.size(); ++s) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer->moments[s].data(),
-                                                  host_moments_.at(s).f32() + layer->param_offset,
+                                                  host_moments_.at(s).f32() + layer->moment_offset,
                                                   layer->param_elements * 4));
     }
   }
@@ -468,7 +539,10 @@ HostStateView PlanExecutor::host_state() {
   HostStateView v;
   v.params = host_params_.f32();
   v.buffers = host_buffers_.f32();
-  for (Buffer& m : host_moments_) v.moments.push_back(m.f32());
+  // Partitioned, the host holds pieces of the moments (state_partition()).
+  if (!partitioned_state_) {
+    for (Buffer& m : host_moments_) v.moments.push_back(m.f32());
+  }
   v.optimizer = optimizer_.get();
   return v;
 }

@@ -83,6 +83,12 @@ struct ExecutorOptions {
   GradientCollective* collective = nullptr;
   // The ranks' gradient bucket size (LowerOptions::bucket_bytes).
   int64_t bucket_bytes = int64_t{25} << 20;
+  // With `collective`: ZeRO-partitioned host state (LowerOptions::
+  // partition_host_state). Each host bucket is cut into one piece per rank;
+  // this rank keeps the optimizer state of its pieces alone and updates them,
+  // and the ranks gather each other's updated weights. host_state() then has
+  // no moments: state_partition() is what this rank keeps.
+  bool partition_host_state = false;
 };
 
 // The step program a full batch of `plan` runs on `model` (a plan without a
@@ -120,6 +126,12 @@ class PlanExecutor final : public StepRunner {
   int64_t peak_accelerator_bytes() const override;
   tandem::v1::Plan plan() const override { return options_.plan; }
   tandem::v1::Schedule program() const override;
+  // Partitioned host state: this rank's optimizer state (its pieces of the
+  // host buckets, then the whole state of the layers the accelerator
+  // updates), cut the same way on every rank.
+  std::optional<StatePartition> state_partition() override;
+  // Floats per moment of optimizer state the host keeps.
+  int64_t host_state_elements() const { return host_state_elements_; }
   tandem::v1::Timeline last_timeline() const override;
   // One line, with RegisterHost's reason, when it refused a buffer.
   std::vector<std::string> warnings() const override;
@@ -184,6 +196,13 @@ class PlanExecutor final : public StepRunner {
   absl::Status AverageGradients(int layer);
   // A bucket of gradients summed over the data-parallel ranks.
   absl::Status AllReduceBucket(const Iteration& it, int op);
+  // Partitioned host state: a host bucket's gradients reduce-scattered, and
+  // its updated weights gathered (then rounded to the working copies).
+  absl::Status ReduceScatterBucket(int op_layer);
+  absl::Status GatherBucket(int op_layer);
+  // Cuts each host bucket of the full program into the ranks' pieces and
+  // sets each layer's share of the host moments (Layer::moment_*).
+  absl::Status PartitionHostState();
   // A working copy's bf16 gradient on the host widened into host_grads_
   // (for the norm and the ranks' sums); nothing for other layers.
   void WidenHostGradient(const Layer& layer);
@@ -235,7 +254,21 @@ class PlanExecutor final : public StepRunner {
   // weights, which the host updates write and H2D copies take up, and the
   // bf16 gradients the D2H copies bring down. Empty unless a layer has one.
   Buffer host_copy_, host_grads16_;
+  // Each layer's moments at Layer::moment_offset (all of P floats unless the
+  // host state is partitioned).
   std::vector<Buffer> host_moments_;
+  int64_t host_state_elements_ = 0;
+  // options_.partition_host_state with ranks: host_moments_ holds this rank's
+  // share alone, laid out by Layer::moment_offset.
+  bool partitioned_state_ = false;
+  // Partitioned host state: per host bucket (keyed by its first layer) its
+  // first float in the flat buffers and its pieces, one per rank.
+  struct HostBucket {
+    int layers = 0;
+    int64_t begin = 0;
+    std::vector<int64_t> pieces;
+  };
+  std::map<int, HostBucket> host_buckets_;
   // Of those, the ones copies read or write every step and the accelerator
   // page-locked (Accelerator::RegisterHost); unregistered before they are freed.
   std::vector<void*> registered_host_;

@@ -50,6 +50,10 @@ std::function<absl::Status()> PlanExecutor::Work(const std::shared_ptr<Iteration
         return ClipNorm(it);
       case OpKind::kAllReduce:
         return AllReduceBucket(it, o);
+      case OpKind::kReduceScatter:
+        return ReduceScatterBucket(op.layer);
+      case OpKind::kAllGather:
+        return GatherBucket(op.layer);
       default:
         return absl::UnimplementedError(
             absl::StrCat("no work for ", schedule::OpKindName(op.kind), " operations"));
@@ -311,7 +315,7 @@ absl::Status PlanExecutor::MoveState(Layer& layer, bool to_host) {
   std::vector<std::pair<Buffer*, float*>> tensors;
   if (!to_host) layer.moments.resize(host_moments_.size());
   for (size_t s = 0; s < host_moments_.size(); ++s) {
-    tensors.push_back({&layer.moments[s], host_moments_[s].f32() + layer.param_offset});
+    tensors.push_back({&layer.moments[s], host_moments_[s].f32() + layer.moment_offset});
   }
   if (layer.working_copy)
     tensors.push_back({&layer.master, host_params_.f32() + layer.param_offset});
@@ -334,26 +338,30 @@ absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
   if (it.grad_scale == 0) return absl::OkStatus();  // an overflow: the step is skipped
   StepConstants s = it.step;
   s.adam.grad_scale = s.sgd.grad_scale = it.grad_scale;
+  // The weights whose state the host keeps: the layer's, or under
+  // partitioned host state its part in this rank's piece of the bucket.
+  const int64_t at = layer.moment_first, n = layer.moment_elements;
   std::vector<float*> states;
-  for (Buffer& m : host_moments_) states.push_back(m.f32() + layer.param_offset);
-  float* params = host_params_.f32() + layer.param_offset;
-  float* grads = host_grads_.f32() + layer.param_offset;
+  for (Buffer& m : host_moments_) states.push_back(m.f32() + layer.moment_offset);
+  float* params = host_params_.f32() + at;
+  float* grads = host_grads_.f32() + at;
   if (!layer.working_copy) {
     // cpu_only's backward, the accelerator's gradient copy and hetero_dp's
     // average all leave the gradient to step with in the host gradients.
-    Optimizer::UpdateSlice(s, params, grads, states.data(), layer.param_elements);
+    Optimizer::UpdateSlice(s, params, grads, states.data(), n);
     return absl::OkStatus();
   }
-  uint16_t* copy = host_copy_.bf16() + layer.param_offset;
+  uint16_t* copy = host_copy_.bf16() + at;
   if (options_.collective != nullptr) {
-    // The ranks summed the gradient widened to fp32 (AllReduceBucket).
-    Optimizer::UpdateSlice(s, params, grads, states.data(), layer.param_elements);
-    cpu::ToBf16(params, copy, layer.param_elements);
+    // The ranks summed the gradient widened to fp32 (AllReduceBucket,
+    // ReduceScatterBucket). A partitioned layer's working copy is rounded
+    // once its bucket is gathered (GatherBucket).
+    Optimizer::UpdateSlice(s, params, grads, states.data(), n);
+    if (!layer.partitioned) cpu::ToBf16(params, copy, n);
     return absl::OkStatus();
   }
   // The bf16 gradient that came down; the working copy the next H2D takes up.
-  Optimizer::UpdateSliceBf16(s, params, host_grads16_.bf16() + layer.param_offset, states.data(),
-                             copy, grads, layer.param_elements);
+  Optimizer::UpdateSliceBf16(s, params, host_grads16_.bf16() + at, states.data(), copy, grads, n);
   return absl::OkStatus();
 }
 
@@ -414,6 +422,25 @@ absl::Status PlanExecutor::AllReduceBucket(const Iteration& it, int o) {
   return collective->AllReduceDevice(accel_, ranges);
 }
 
+absl::Status PlanExecutor::ReduceScatterBucket(int low) {
+  const HostBucket& b = host_buckets_.at(low);
+  for (int l = low; l < low + b.layers; ++l) WidenHostGradient(*layers_[l]);
+  return options_.collective->ReduceScatterHost(host_grads_.f32() + b.begin, b.pieces);
+}
+
+absl::Status PlanExecutor::GatherBucket(int low) {
+  const HostBucket& b = host_buckets_.at(low);
+  TANDEM_RETURN_IF_ERROR(
+      options_.collective->AllGatherHost(host_params_.f32() + b.begin, b.pieces));
+  for (int l = low; l < low + b.layers; ++l) {
+    const Layer& layer = *layers_[l];
+    if (!layer.working_copy) continue;
+    cpu::ToBf16(host_params_.f32() + layer.param_offset, host_copy_.bf16() + layer.param_offset,
+                layer.param_elements);
+  }
+  return absl::OkStatus();
+}
+
 void PlanExecutor::WidenHostGradient(const Layer& layer) {
   if (!layer.working_copy) return;
   cpu::FromBf16(host_grads16_.bf16() + layer.param_offset, host_grads_.f32() + layer.param_offset,
@@ -421,7 +448,9 @@ void PlanExecutor::WidenHostGradient(const Layer& layer) {
 }
 
 absl::Status PlanExecutor::ClipNorm(Iteration& it) {
-  double sum = 0;
+  // Partitioned host state: the squares of this rank's pieces, summed over
+  // the ranks below; every other gradient is whole on every rank.
+  double sum = 0, pieces = 0;
   for (auto& layer : layers_) {
     if (!layer->has_params) continue;
     // hetero_dp's sums, and every gradient that came down, are on the host.
@@ -433,8 +462,13 @@ absl::Status PlanExecutor::ClipNorm(Iteration& it) {
     } else {
       // Ranks' buckets were widened and summed already.
       if (options_.collective == nullptr) WidenHostGradient(*layer);
-      sum += optim::SumOfSquares(host_grads_.f32() + layer->param_offset, layer->param_elements);
+      (layer->partitioned ? pieces : sum) +=
+          optim::SumOfSquares(host_grads_.f32() + layer->moment_first, layer->moment_elements);
     }
+  }
+  if (partitioned_state_) {
+    TANDEM_RETURN_IF_ERROR(options_.collective->SumOverRanks(&pieces, 1));
+    sum += pieces;
   }
   // 0 when the loss-scaled gradients overflowed: every update is skipped.
   it.grad_scale = Optimizer::GradientScale(sum, it.options.loss_scale,

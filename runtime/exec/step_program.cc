@@ -222,6 +222,7 @@ absl::StatusOr<const PlanExecutor::Program*> PlanExecutor::ScheduleFor(int micro
   if (options_.collective != nullptr) {
     lower.ranks = options_.collective->ranks();
     lower.bucket_bytes = options_.bucket_bytes;
+    lower.partition_host_state = options_.partition_host_state;
   }
   TANDEM_ASSIGN_OR_RETURN(schedule::Schedule s,
                           LowerProgram(decisions_, sizes_, micro_batches, lower));

@@ -3,7 +3,10 @@
 // two nodes) write their own pieces of the Adam state, rank 0 commits the
 // manifest, and a stopped job resumed from it continues the uninterrupted
 // run's losses to the bit. A damaged partition, or one another run wrote,
-// fails the resume on every rank, naming the rank.
+// fails the resume on every rank, naming the rank. Ranks that run a plan on
+// an emulated accelerator (ZeRO-Offload's partitioned host state, the state of
+// the layers the accelerator updates kept whole in every partition) resume
+// exactly too.
 #include "runtime/train/partitioned_checkpoint.h"
 
 #include <filesystem>
@@ -14,6 +17,9 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "gtest/gtest.h"
 #include "runtime/dist/data_parallel_runner.h"
+#include "runtime/dist/plan_rank.h"
+#include "runtime/emulated/emulated_accelerator.h"
+#include "runtime/exec/plan_test_util.h"
 #include "runtime/train/trainer.h"
 #include "spec/job_spec.h"
 
@@ -44,11 +50,46 @@ struct RankRun {
   int64_t checkpoint_step = 0;
 };
 
+// Rank r of a partitioned job running a plan on its own emulated
+// accelerator: the last half of the layers updated on the host (their state
+// partitioned), the first half on the accelerator.
+absl::StatusOr<std::unique_ptr<StepRunner>> PlanRank(const Model& model,
+                                                     const tandem::v1::JobSpec& resolved,
+                                                     Allocator* allocator,
+                                                     std::unique_ptr<Communicator> comm,
+                                                     std::unique_ptr<Communicator> control) {
+  const int64_t batch = resolved.training().batch_size();
+  auto device = std::make_unique<EmulatedAccelerator>(EmulatedOptions{.capacity_bytes = 64 << 20},
+                                                      comm->rank());
+  ExecutorOptions options;
+  const int share = static_cast<int>(batch / kRanks);
+  options.plan = exec_test::MakePlan(model, tandem::v1::STRATEGY_REUSE_DISTANCE, share, share,
+                                     [&model](int l, tandem::v1::LayerPlan* lp) {
+                                       if (l >= model.num_layers() / 2) {
+                                         lp->set_update(tandem::v1::PLACEMENT_HOST);
+                                       }
+                                     });
+  options.optimizer = resolved.optimizer();
+  options.max_batch = share;
+  options.init_seed = resolved.training().seed();
+  options.host_allocator = allocator;
+  options.accelerator = device.get();
+  DataParallelOptions dp;
+  dp.sharding = OptimizerSharding::kPartitioned;
+  dp.bucket_bytes = 1024;
+  absl::StatusOr<std::unique_ptr<PlanRankRunner>> runner = PlanRankRunner::Create(
+      model, std::move(options), batch, std::move(comm), std::move(control), dp, std::move(device));
+  if (!runner.ok()) return runner.status();
+  return std::unique_ptr<StepRunner>(*std::move(runner));
+}
+
 // Both ranks of `spec`, rank r checkpointing in dirs[r], stopping after
 // `stop_after` steps of this run (-1: to the end); rank 0 resumes, the
-// others start where it does, as tandemd's ranks do.
+// others start where it does, as tandemd's ranks do. `plan`: ranks running a
+// plan (PlanRank) instead of the CPU engine.
 std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
-                                const std::vector<std::string>& dirs, int stop_after = -1) {
+                                const std::vector<std::string>& dirs, int stop_after = -1,
+                                bool plan = false) {
   gloo::rendezvous::HashStore store;
   std::vector<RankRun> runs(kRanks);
   std::vector<std::thread> threads;
@@ -62,13 +103,19 @@ std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
       options.threads = 1;
       if (r == 0) options.rank_nodes = nodes;
       options.make_runner =
-          [&store, r](const Model& model, const tandem::v1::JobSpec& resolved, int64_t,
-                      Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+          [&store, r, plan](const Model& model, const tandem::v1::JobSpec& resolved, int64_t,
+                            Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
         CommunicatorOptions copts;
         copts.timeout = absl::Seconds(60);
         absl::StatusOr<std::unique_ptr<Communicator>> comm =
             Communicator::Connect(store, "ckpt", r, kRanks, copts);
         if (!comm.ok()) return comm.status();
+        if (plan) {
+          absl::StatusOr<std::unique_ptr<Communicator>> control =
+              Communicator::Connect(store, "ckpt-control", r, kRanks, copts);
+          if (!control.ok()) return control.status();
+          return PlanRank(model, resolved, allocator, *std::move(comm), *std::move(control));
+        }
         DataParallelOptions dp;
         dp.sharding = OptimizerSharding::kPartitioned;
         dp.bucket_bytes = 1024;
@@ -98,6 +145,20 @@ std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
   }
   for (auto& t : threads) t.join();
   return runs;
+}
+
+// A run stopped after 6 steps (`first`) and resumed (`second`) gives the
+// uninterrupted run's 12 losses to the bit, on both ranks.
+void ExpectResumedExactly(const std::vector<RankRun>& whole, const std::vector<RankRun>& first,
+                          const std::vector<RankRun>& second) {
+  for (const RankRun& r : second) ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(first[0].losses.size(), 6u);
+  ASSERT_EQ(second[0].losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(first[0].losses[i], whole[0].losses[i]) << i;
+    EXPECT_EQ(second[0].losses[i], whole[0].losses[6 + i]) << i;
+    EXPECT_EQ(second[1].losses[i], whole[0].losses[6 + i]) << i;
+  }
 }
 
 std::vector<std::string> Dirs(const std::string& name) {
@@ -145,13 +206,7 @@ TEST(PartitionedCheckpointTest, EachRankWritesItsPiecesAndAResumeContinuesExactl
   EXPECT_GT(manifest->partitions(0).bytes(), params * 4);
 
   const std::vector<RankRun> second = TrainRanks(spec, dirs);
-  for (const RankRun& r : second) ASSERT_TRUE(r.status.ok()) << r.status;
-  ASSERT_EQ(second[0].losses.size(), 6u);
-  for (size_t i = 0; i < 6; ++i) {
-    EXPECT_EQ(first[0].losses[i], whole[0].losses[i]) << i;
-    EXPECT_EQ(second[0].losses[i], whole[0].losses[6 + i]) << i;
-    EXPECT_EQ(second[1].losses[i], whole[0].losses[6 + i]) << i;
-  }
+  ExpectResumedExactly(whole, first, second);
   // Kept: rank 0 the two newest manifests and its files of their steps; the
   // others one partition more (their newest may not have been committed).
   EXPECT_EQ(Files(dirs[0]),
@@ -159,6 +214,48 @@ TEST(PartitionedCheckpointTest, EachRankWritesItsPiecesAndAResumeContinuesExactl
                                       "ckpt-0000000012.manifest", "ckpt-0000000012.tdm"}));
   EXPECT_EQ(Files(dirs[1]), (std::vector<std::string>{"ckpt-0000000006.tdm", "ckpt-0000000008.tdm",
                                                       "ckpt-0000000012.tdm"}));
+}
+
+TEST(PartitionedCheckpointTest, PlanRanksResumeExactlyFromTheirPartitions) {
+  const tandem::v1::JobSpec spec = Spec(5);
+  const std::vector<RankRun> whole = TrainRanks(spec, Dirs("plan-whole"), -1, /*plan=*/true);
+  for (const RankRun& r : whole) ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(whole[0].losses.size(), 12u);
+  // In fp32 (AUTO is bf16 where the CPU has it, and the two runners round
+  // different operands), the same run as the CPU engine's ranks, up to the
+  // order of sums.
+  tandem::v1::JobSpec fp32 = spec;
+  fp32.set_precision(tandem::v1::PRECISION_FP32);
+  const std::vector<RankRun> plan32 = TrainRanks(fp32, Dirs("plan-fp32"), -1, /*plan=*/true);
+  const std::vector<RankRun> engine32 = TrainRanks(fp32, Dirs("engine-fp32"));
+  ASSERT_EQ(plan32[0].losses.size(), 12u);
+  ASSERT_EQ(engine32[0].losses.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_NEAR(plan32[0].losses[i], engine32[0].losses[i], 1e-5) << i;
+  }
+
+  const std::vector<std::string> dirs = Dirs("plan-stopped");
+  const std::vector<RankRun> first = TrainRanks(spec, dirs, /*stop_after=*/6, /*plan=*/true);
+  for (const RankRun& r : first) {
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+    EXPECT_EQ(r.checkpoint_step, 6);
+  }
+  absl::StatusOr<tandem::v1::CheckpointManifest> manifest = ReadManifest(first[0].checkpoint_path);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step(), 6);
+  EXPECT_NE(manifest->layout().find("plan ranks=2 host buckets="), std::string::npos)
+      << manifest->layout();
+  // Rank 1's file: Adam's two moments of its pieces of the host-updated
+  // layers and of the accelerator-updated layers whole, less than the whole
+  // state, no weights.
+  const int64_t params = 12 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4;
+  const int64_t rank1_bytes = std::filesystem::file_size(dirs[1] + "/ckpt-0000000006.tdm");
+  EXPECT_EQ(manifest->partitions(1).bytes(), rank1_bytes);
+  EXPECT_LT(rank1_bytes, params * 4 * 2);
+  EXPECT_GT(rank1_bytes, params * 4 * 2 / 4);
+
+  const std::vector<RankRun> second = TrainRanks(spec, dirs, -1, /*plan=*/true);
+  ExpectResumedExactly(whole, first, second);
 }
 
 TEST(PartitionedCheckpointTest, ADamagedOrForeignPartitionFailsTheResumeNamingTheRank) {

@@ -138,6 +138,7 @@ absl::Status Trainer::SynchronizeStart() {
         const std::string path,
         LoadOwnPartition(*runner_, *partition_, options_.checkpoint_dir, p.step,
                          model_->fingerprint(), resumed_manifest_ ? &*resumed_manifest_ : nullptr));
+    TANDEM_RETURN_IF_ERROR(runner_->PartitionLoaded());
     if (partition_->rank != 0) {
       checkpoint_path_ = path;
       checkpoint_step_ = p.step;
@@ -184,8 +185,9 @@ absl::Status Trainer::LoadNewestManifest() {
           }));
   if (!loaded) return absl::OkStatus();
   resumed_manifest_ = std::move(loaded->manifest);
-  // The partition was read into the runner's own memory: nothing to push.
-  return Resume(loaded->header, loaded->path, /*state_changed_on_host=*/false);
+  // The partition was read into the runner's host memory; a rank whose state
+  // lives on an accelerator pushes it there (the CPU engine's need not).
+  return Resume(loaded->header, loaded->path, /*state_changed_on_host=*/true);
 }
 
 absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const std::string& path,
@@ -245,6 +247,7 @@ absl::Status Trainer::SaveCheckpoint() {
   SavedPartitions saved;
   if (partition_) {
     // Each rank writes its own pieces; rank 0 commits the manifest.
+    TANDEM_RETURN_IF_ERROR(runner_->SyncPartitionToHost());
     TANDEM_ASSIGN_OR_RETURN(
         saved,
         SavePartitioned(*runner_, *partition_, options_.checkpoint_dir, CheckpointHeaderNow(),

@@ -162,26 +162,28 @@ class ParityMixin:
                 self.assertLess(time.time(), deadline)
                 time.sleep(0.2)
 
-    def check_hybrid_parity(self, replicas, strategy):
+    def check_hybrid_parity(self, replicas, strategy, sharding="OPTIMIZER_SHARDING_REPLICATED"):
         """Each rank runs `strategy`'s plan for its share on its daemon's
-        emulated accelerator; one replica is the same job on one daemon."""
+        emulated accelerator; one replica is the same job on one daemon.
+        PARTITIONED: the ranks cut the state their plans keep on the host."""
         reference = run(self.clients[0], emulated(gpt_spec(), strategy))
         self.assertEqual(reference.state, job_pb2.JOB_STATE_SUCCEEDED, reference.reason)
         want = step_losses(self.clients[0], reference.id)
-        job = run(self.clients[0], emulated(gpt_spec(replicas), strategy))
+        job = run(self.clients[0], emulated(gpt_spec(replicas, sharding), strategy))
         self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED,
                          job.reason + "".join(d.logs()[-3000:] for d in self.daemons))
         got = step_losses(self.clients[0], job.id)
         worst = max(abs(got[s] - want[s]) for s in want)
         d = job.metrics.distributed
-        print("%d ranks, each %s on an emulated accelerator: %d buckets, loss %.5f -> %.5f, "
-              "one replica %.5f -> %.5f, worst difference %.2e" % (
-                  replicas, strategy, d.buckets, got[1], got[STEPS], want[1], want[STEPS], worst))
+        print("%d ranks, each %s on an emulated accelerator, %s: %d buckets, rank 0 keeps %d "
+              "floats of optimizer state per moment, loss %.5f -> %.5f, one replica %.5f -> "
+              "%.5f, worst difference %.2e" % (
+                  replicas, strategy, sharding, d.buckets, d.optimizer_elements, got[1],
+                  got[STEPS], want[1], want[STEPS], worst))
         for s in want:
             self.assertAlmostEqual(got[s], want[s], delta=1e-4, msg="step %d" % s)
         self.assertEqual(d.ranks, replicas)
-        self.assertEqual(job_pb2.OptimizerSharding.Name(d.sharding),
-                         "OPTIMIZER_SHARDING_REPLICATED")
+        self.assertEqual(job_pb2.OptimizerSharding.Name(d.sharding), sharding)
         self.assertGreaterEqual(d.buckets, 1)
         self.assertGreater(d.collective_bytes, 0)
         self.check_nothing_held()
@@ -220,6 +222,9 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
 
     def test_two_ranks_with_emulated_accelerators_run_zero_offload_as_one_replica(self):
         self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD")
+
+    def test_two_ranks_run_zero_offload_with_partitioned_host_state_as_one_replica(self):
+        self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD", "OPTIMIZER_SHARDING_PARTITIONED")
 
     def test_auto_sharding_partitions_adam_and_says_why(self):
         job = run(self.clients[0], gpt_spec(2, steps=3))
@@ -274,11 +279,6 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("spec.distributed.replicas", e.exception.details())
         self.assertIn("NCCL", e.exception.details())
-        with self.assertRaises(grpc.RpcError) as e:
-            spec = emulated(gpt_spec(2, "OPTIMIZER_SHARDING_PARTITIONED"), "STRATEGY_ZERO_OFFLOAD")
-            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=30)
-        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-        self.assertIn("spec.distributed.sharding", e.exception.details())
         self.assertEqual(host_reserved(self.clients[0]), 0)
 
     def test_a_rank_whose_node_never_comes_back_fails_the_job_in_bounded_time(self):
@@ -319,8 +319,9 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
                                    "CPU-engine ranks")
 
     def test_a_plan_rank_killed_mid_training_resumes_from_the_checkpoint_and_succeeds(self):
+        # Partitioned: each rank's host keeps half of zero_offload's Adam state.
         self.check_kill_and_resume(lambda spec: emulated(spec, "STRATEGY_ZERO_OFFLOAD"),
-                                   "OPTIMIZER_SHARDING_REPLICATED",
+                                   "OPTIMIZER_SHARDING_PARTITIONED",
                                    "ranks running zero_offload on emulated accelerators")
 
     def check_kill_and_resume(self, place, sharding, what):
@@ -591,7 +592,7 @@ class FourDaemonsTest(unittest.TestCase, ParityMixin):
         self.check_parity(4)
 
     def test_four_ranks_with_emulated_accelerators_run_reuse_distance_as_one_replica(self):
-        self.check_hybrid_parity(4, "STRATEGY_REUSE_DISTANCE")
+        self.check_hybrid_parity(4, "STRATEGY_REUSE_DISTANCE", "OPTIMIZER_SHARDING_PARTITIONED")
 
 
 if __name__ == "__main__":

@@ -267,6 +267,36 @@ INSTANTIATE_TEST_SUITE_P(Plans, PartitionedPlanRankTest,
                                   std::to_string(info.param.ranks) + "_ranks";
                          });
 
+// Delayed parameter updates (weights one update old): the partitioned ranks'
+// gathers and copies back interleave with the next step as the replicated
+// ranks' updates do, and give the same losses.
+TEST(PlanRankTest, DelayedUpdatesPartitionedFollowReplicated) {
+  const Fixture f = MakeFixture(exec_test::kMlp);
+  const Case c{"zero_offload_delayed",
+               [](const Model& m, int b) {
+                 tandem::v1::Plan plan = Cases()[1].plan(m, b);
+                 plan.set_delayed_parameter_update(true);
+                 return plan;
+               },
+               0};
+  const int steps = 20;
+  const std::vector<RankRun> replicated =
+      RunRanks(f, c, 2, 0, steps, OptimizerSharding::kReplicated);
+  const std::vector<RankRun> partitioned =
+      RunRanks(f, c, 2, 0, steps, OptimizerSharding::kPartitioned);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(partitioned[r].losses.size(), static_cast<size_t>(steps)) << "rank " << r;
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_NEAR(partitioned[r].losses[s], replicated[0].losses[s], 1e-5)
+          << "rank " << r << " step " << s;
+    }
+    EXPECT_EQ(0, std::memcmp(partitioned[r].params.data(), partitioned[0].params.data(),
+                             partitioned[0].params.size() * sizeof(float)))
+        << "rank " << r;
+    EXPECT_GT(partitioned[r].gathers, 0);
+  }
+}
+
 TEST(PlanRankTest, RefusesWhatItCannotRun) {
   const Fixture f = MakeFixture(exec_test::kMlp);
   gloo::rendezvous::HashStore store;

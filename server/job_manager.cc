@@ -116,12 +116,16 @@ const char* ReplanLabel(tandem::v1::ReplanReason reason) {
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
-  return absl::StrCat("parameters and gradients ", FormatBytes(parameter_bytes, 1),
-                      ", optimizer state ", FormatBytes(optimizer_state_bytes, 1), ", activations ",
-                      FormatBytes(activation_bytes, 1), ", data ", FormatBytes(data_bytes, 1),
-                      update_rule_bytes > 0
-                          ? absl::StrCat(", update rule ", FormatBytes(update_rule_bytes, 1))
-                          : "");
+  return absl::StrCat(
+      "parameters and gradients ", FormatBytes(parameter_bytes, 1), ", optimizer state ",
+      FormatBytes(optimizer_state_bytes, 1),
+      optimizer_state_bytes < optimizer_state_total_bytes
+          ? absl::StrCat(" (this rank's pieces of ", FormatBytes(optimizer_state_total_bytes, 1),
+                         ")")
+          : "",
+      ", activations ", FormatBytes(activation_bytes, 1), ", data ", FormatBytes(data_bytes, 1),
+      update_rule_bytes > 0 ? absl::StrCat(", update rule ", FormatBytes(update_rule_bytes, 1))
+                            : "");
 }
 
 struct JobManager::Entry {
@@ -187,7 +191,18 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   if (resolved.optimizer().kind() == tandem::v1::OPTIMIZER_KIND_SGD) {
     states = resolved.optimizer().momentum() > 0 ? 1 : 0;
   }
-  e.optimizer_state_bytes = states * m.parameter_elements() * 4;
+  e.optimizer_state_bytes = e.optimizer_state_total_bytes = states * m.parameter_elements() * 4;
+  const tandem::v1::DistributedSpec& d = resolved.distributed();
+  if (d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED &&
+      resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
+    // A CPU-engine rank allocates its pieces alone: of each bucket 1/N, a
+    // float more at most, and a bucket per layer at most. (A rank running a
+    // plan keeps the whole state of the layers its accelerator updates, which
+    // the plan decides later: it reserves the whole.)
+    const int64_t n = d.replicas();
+    e.optimizer_state_bytes =
+        states * ((m.parameter_elements() + n - 1) / n + m.num_layers()) * int64_t{4};
+  }
   int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
   for (int l = 0; l < m.num_layers(); ++l)
     max_output = std::max(max_output, m.layer(l).OutputBytes(max_batch));
@@ -285,7 +300,7 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
       const bool device = resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
       r.distributed_reason = absl::StrCat(
           "the default (auto): the optimizer keeps ",
-          FormatBytes(estimate->optimizer_state_bytes, 1),
+          FormatBytes(estimate->optimizer_state_total_bytes, 1),
           " of state; partitioned, each rank keeps 1/", resolved->distributed().replicas(),
           device ? " of the part its plan keeps on the host (the state of layers its accelerator "
                    "updates stays whole on every rank)"

@@ -89,7 +89,10 @@ struct JobManagerOptions {
 // Memory a job needs, estimated from its model before it runs, in bytes.
 struct MemoryEstimate {
   int64_t parameter_bytes = 0;
+  // What this rank keeps: 1/N of the whole for a ZeRO-partitioned rank on the
+  // CPU engine (docs/distributed.md).
   int64_t optimizer_state_bytes = 0;
+  int64_t optimizer_state_total_bytes = 0;
   int64_t activation_bytes = 0;
   int64_t data_bytes = 0;
   // What the update rule adds (workers, replicas, SWA's average).

@@ -301,6 +301,34 @@ TEST_F(JobManagerTest, AJobCannotReserveLessThanItNeeds) {
   EXPECT_EQ(done.reserved_host_bytes(), 2 * need.host_bytes);
 }
 
+// A ZeRO-partitioned rank on the CPU engine reserves its 1/N of the optimizer
+// state, not the whole: the point of partitioning is that a model whose state
+// does not fit one node's budget fits N.
+TEST_F(JobManagerTest, APartitionedRankReservesItsPieceOfTheOptimizerState) {
+  Open("partitioned");
+  tandem::v1::JobSpec spec = Spec(3);
+  spec.mutable_optimizer()->set_kind(tandem::v1::OPTIMIZER_KIND_ADAM);
+  spec.mutable_distributed()->set_replicas(4);
+  spec.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  absl::StatusOr<JobManager::Resolved> replicated = jobs_->Resolve(spec, /*plan=*/false);
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  spec.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
+  absl::StatusOr<JobManager::Resolved> partitioned = jobs_->Resolve(spec, /*plan=*/false);
+  ASSERT_TRUE(partitioned.ok()) << partitioned.status();
+  const MemoryEstimate& whole = replicated->estimate;
+  const MemoryEstimate& piece = partitioned->estimate;
+  // mlp 8 -> 16 -> 3: 195 weights (more, padded), Adam's two moments; a
+  // float more per moment and layer at most.
+  const int64_t state = whole.optimizer_state_bytes;
+  EXPECT_GE(state, 2 * (8 * 16 + 16 + 16 * 3 + 3) * 4);
+  EXPECT_EQ(piece.optimizer_state_total_bytes, state);
+  EXPECT_LE(piece.optimizer_state_bytes, state / 4 + 2 * 4 * 8);
+  EXPECT_GE(piece.optimizer_state_bytes, state / 4);
+  EXPECT_EQ(whole.host_bytes - piece.host_bytes,
+            whole.optimizer_state_bytes - piece.optimizer_state_bytes);
+  EXPECT_NE(piece.Describe().find("this rank's pieces of"), std::string::npos) << piece.Describe();
+}
+
 TEST_F(JobManagerTest, AdmissionNeverOversubscribesAndExplainsTheWait) {
   // Room for one job at a time: the second waits with a reason.
   Open("admission");

@@ -333,7 +333,7 @@ absl::StatusOr<bool> DataParallelRunner::SynchronizeStart(StartPoint* point) {
   return moved;
 }
 
-absl::Status DataParallelRunner::SyncStateToHost() {
+absl::Status DataParallelRunner::GatherOptimizerState() {
   if (options_.sharding == OptimizerSharding::kReplicated) return absl::OkStatus();
   full_moments_.resize(optimizer_->state_count());
   for (int i = 0; i < optimizer_->state_count(); ++i) {

@@ -86,11 +86,15 @@ class DataParallelRunner final : public StepRunner {
   // others hold. kPartitioned ranks keep their own pieces (each loads its
   // partition of the checkpoint: trainer.h).
   absl::StatusOr<bool> SynchronizeStart(StartPoint* point) override;
-  // kPartitioned: all-gathers the optimizer state into full-length host copies
-  // (allocated on first use) so that host_state() is the whole state; until
-  // the first call host_state() has no moments (the trainer checkpoints a
-  // partitioned rank's own pieces: state_partition()).
-  absl::Status SyncStateToHost() override;
+  // Nothing to do: the weights and buffers in host_state() are always current.
+  // kPartitioned: host_state() has no moments (the trainer checkpoints a
+  // rank's own pieces: state_partition()), and nothing gathers them, so no
+  // rank ever holds more than its 1/N of the state (what tandemd reserves).
+  absl::Status SyncStateToHost() override { return absl::OkStatus(); }
+  // kPartitioned, for tests and tools: all-gathers the optimizer state into
+  // full-length copies (allocated here, outside the rank's allocator) that
+  // host_state() then shows.
+  absl::Status GatherOptimizerState();
   HostStateView host_state() override;
   absl::Status StateChangedOnHost() override;
   int64_t peak_host_bytes() const override;

@@ -51,7 +51,7 @@ std::vector<RankRun> RunRanks(const Fixture& f, int ranks, const DataParallelOpt
       ASSERT_TRUE(runner.ok()) << runner.status();
       RankRun& run = runs[r];
       run.losses = exec_test::RunSteps(f, **runner, steps);
-      ASSERT_TRUE((*runner)->SyncStateToHost().ok());
+      ASSERT_TRUE((*runner)->GatherOptimizerState().ok());
       const HostStateView state = (*runner)->host_state();
       const int64_t p = f.model->parameter_elements();
       run.params.assign(state.params, state.params + p);
@@ -257,7 +257,7 @@ TEST_P(SynchronizeStartTest, EveryRankTakesRankZerosStateAndPosition) {
       changed[r] = *c;
       points[r] = point;
       if (partitioned) pieces[r].assign(part->moments[1], part->moments[1] + part->elements);
-      ASSERT_TRUE((*runner)->SyncStateToHost().ok());
+      ASSERT_TRUE((*runner)->GatherOptimizerState().ok());
       view = (*runner)->host_state();
       params[r].assign(view.params, view.params + p);
       moments[r].assign(view.moments[1], view.moments[1] + p);

@@ -710,7 +710,10 @@ class StreamSearch {
   //    movable layers, seeded with the best so far; true when it ended
   //    within its simulations and no simulated time fell below its bound.
   bool BranchAndBound() {
-    const int64_t most = evaluations_ + options_.max_exact_evaluations;
+    const bool small = static_cast<int>(movable_.size()) <= options_.small_exact_layers;
+    const int64_t most =
+        evaluations_ + std::max(options_.max_exact_evaluations,
+                                small ? options_.small_exact_evaluations : int64_t{0});
     Candidate origin = best_;
     for (int l : movable_) origin.places[l] = UpdatePlace::kHost;
     origin.ahead = 1;

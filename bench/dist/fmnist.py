@@ -69,7 +69,7 @@ def main():
     parser.add_argument("--daemons", type=int, default=4)
     parser.add_argument("--strategy", default="",
                         help="e.g. zero_offload: every rank runs this plan on its daemon's "
-                        "emulated accelerator (replicated state) instead of the CPU engine")
+                        "emulated accelerator instead of the CPU engine")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="tandem-dist-fmnist-")
     ports = free_ports(args.daemons)

@@ -85,6 +85,10 @@ void PrintDistributed(const Job& job) {
         "after backward, %.4f s other; %.1f MB sent in %.2f s this run; nodes %s\n",
         d.buckets(), d.step_gradient_seconds(), d.step_waited_seconds(), d.step_other_seconds(),
         d.collective_bytes() / 1e6, d.collective_seconds(), nodes.c_str());
+    if (d.optimizer_elements() > 0) {
+      std::printf("  optimizer state: rank 0 keeps %ld floats per moment on its host\n",
+                  static_cast<long>(d.optimizer_elements()));
+    }
   }
 }
 

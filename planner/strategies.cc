@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <utility>
@@ -254,16 +255,22 @@ bool WithinBudgets(const StrategyContext& c, const tandem::v1::PlanPrediction& p
 // two-place answer `s` (simulated as `r`): a candidate when it is faster. It
 // can only shorten the step by the time the accelerator waits, so it is not
 // searched when that is under 1% of it.
-void AddStreamedCandidate(const StrategyContext& c, const Decisions& s, const SimulationResult& r,
+// `r` null: no two-place answer fits, and the search starts from `s` (every
+// layer on the host) as from an infinitely slow start, so that any placement
+// that fits is a candidate: streamed state may fit where no two-place
+// placement does.
+void AddStreamedCandidate(const StrategyContext& c, const Decisions& s, const SimulationResult* r,
                           ReuseSearch* search, StrategyOutcome* out) {
-  const tandem::v1::PlanPrediction& p = r.prediction;
-  if (!c.stream_optimizer_state || p.accelerator_idle_seconds() <= 0.01 * p.iteration_seconds()) {
+  if (!c.stream_optimizer_state) return;
+  if (r != nullptr &&
+      r->prediction.accelerator_idle_seconds() <= 0.01 * r->prediction.iteration_seconds()) {
     return;
   }
   StreamSearchOptions options;
   options.max_evaluations = StreamEvaluations(c.cost().num_layers(), options.max_evaluations);
-  StreamSearchResult streamed = SearchStreamedState(*c.simulator, s, p.iteration_seconds(),
-                                                    c.accelerator_memory_budget_bytes, options);
+  StreamSearchResult streamed = SearchStreamedState(
+      *c.simulator, s, r != nullptr ? r->prediction.iteration_seconds() : HUGE_VAL,
+      c.accelerator_memory_budget_bytes, options);
   out->plans_evaluated += streamed.evaluations;
   if (streamed.improved && WithinBudgets(c, streamed.simulation.prediction)) {
     const char* origin = streamed.exact                   ? kStreamedExactOrigin
@@ -292,7 +299,14 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
     config.strategy = out->strategy;
     const std::vector<bool> eligible = UpdateEligibleLayers(c.cost(), config);
     const PlacementSearchResult found = PlaceUpdates(c, config, eligible, &search, out);
-    if (!found.feasible) continue;
+    if (!found.feasible) {
+      AddStreamedCandidate(
+          c,
+          WithUpdatePlaces(config, eligible,
+                           std::vector<UpdatePlace>(eligible.size(), UpdatePlace::kHost)),
+          nullptr, &search, out);
+      continue;
+    }
     Decisions s = config;
     for (int l = 0; l < c.cost().num_layers(); ++l) {
       if (eligible[l]) {
@@ -310,7 +324,7 @@ ReuseSearch SearchConfigurations(const StrategyContext& c, const StrategyOutcome
     for (int l = 0; l < c.cost().num_layers(); ++l) {
       host_updates |= eligible[l] && !found.on_accelerator[l];
     }
-    if (host_updates) AddStreamedCandidate(c, s, *r, &search, out);
+    if (host_updates) AddStreamedCandidate(c, s, &*r, &search, out);
     search.candidates.push_back({s, *std::move(r), nullptr, "search over update placements"});
     if (config_index == 0 && stalled && c.micro_batch_size == 0 && m % 2 == 0 &&
         2 * zero_offload.schedule.micro_batches() <= MaxMicroBatches(c.cost().num_layers())) {

@@ -68,6 +68,21 @@ int Run(int instances, int min_layers, int max_layers, uint32_t seed,
                               r.improved ? r.decisions.state_prefetch_layers : 1,
                               r.improved ? r.decisions.state_update_lag : 0);
       found_feasible = true;
+    } else {
+      // No two-place placement fits: the planner searches the third place
+      // from every layer on the host, as from an infinitely slow start.
+      const Decisions start =
+          testing::WithUpdates(p.chain.base, std::vector<bool>(p.eligible.size(), false));
+      const StreamSearchResult r =
+          SearchStreamedState(simulator, start, HUGE_VAL, p.budget_bytes, options);
+      evaluations += r.evaluations;
+      found_exact = r.exact;
+      found_feasible = r.improved;
+      if (r.improved) {
+        found = r.simulation.prediction.iteration_seconds();
+        found_places = Describe(UpdatePlacesOf(r.decisions), r.decisions.state_prefetch_layers,
+                                r.decisions.state_update_lag);
+      }
     }
     search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     if (found_feasible != truth.feasible) {

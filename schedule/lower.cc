@@ -472,7 +472,7 @@ class Lowering {
     if (!partition_) return;
     const int M = d_.micro_batches();
     for (int rs : scattered_) {
-      const Op bucket = s_.ops[rs];
+      const Op bucket = s_.ops[rs];  // a copy: Add grows s_.ops
       const int g =
           Add(OpKind::kAllGather, kNetwork, kHostReplica, tandem::v1::TIMELINE_PHASE_ALL_GATHER,
               bucket.layer, M - 1, bucket.bytes, TensorKind::kWeights);

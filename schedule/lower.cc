@@ -264,7 +264,6 @@ class Lowering {
     Dep(u, norm_);
     Dep(u, reduced_[l]);
     s_.layers[l].host_update = u;
-    host_update_[l] = u;
     // Partitioned, the weights go back once gathered (GatherHostBuckets).
     if (!Streamed(l) && !partition_) ReturnWeights(l, j, u);
   }
@@ -478,12 +477,12 @@ class Lowering {
               bucket.layer, M - 1, bucket.bytes, TensorKind::kWeights);
       s_.ops[g].bucket_layers = bucket.bucket_layers;
       for (int l = bucket.layer; l < bucket.layer + bucket.bucket_layers; ++l) {
-        Dep(g, host_update_[l]);
+        Dep(g, s_.layers[l].host_update);
         gathered_[l] = g;
       }
       if (mode_ != Mode::kAccelerator) continue;
       for (int l = bucket.layer; l < bucket.layer + bucket.bucket_layers; ++l) {
-        if (host_update_[l] >= 0 && !Streamed(l)) ReturnWeights(l, M - 1, g);
+        if (s_.layers[l].host_update >= 0 && !Streamed(l)) ReturnWeights(l, M - 1, g);
       }
     }
   }

@@ -34,13 +34,78 @@ std::string Describe(const std::vector<UpdatePlace>& places, int ahead, int lag)
   return s + " d" + std::to_string(ahead) + " q" + std::to_string(lag);
 }
 
-int Run(int instances, int min_layers, int max_layers, uint32_t seed,
-        const StreamSearchOptions& options) {
-  std::mt19937 rng(seed);
+// The planner's answer to one chain: the exact two-place answer, improved
+// by the third place; where no two-place placement fits, the third place
+// searched from every layer on the host as from an infinitely slow start
+// (strategies.cc).
+struct Answer {
+  bool feasible = false, exact = false;
+  double seconds = HUGE_VAL;
+  std::string places;
+  int64_t evaluations = 0;
+};
+
+Answer PlannerAnswer(const testing::PlacementProblem& p, const PlanSimulator& simulator,
+                     const StreamSearchOptions& options) {
+  ChainEvaluator evaluator(p.chain.cost, p.chain.base);
+  const PlacementSearchResult two =
+      SearchChainUpdatePlacement(&evaluator, p.eligible, p.budget_bytes);
+  const Decisions start = testing::WithUpdates(
+      p.chain.base,
+      two.feasible ? two.on_accelerator : std::vector<bool>(p.eligible.size(), false));
+  const double start_seconds = two.feasible ? two.iteration_seconds : HUGE_VAL;
+  const StreamSearchResult r =
+      SearchStreamedState(simulator, start, start_seconds, p.budget_bytes, options);
+  Answer a;
+  a.evaluations = r.evaluations;
+  a.exact = r.exact;
+  a.feasible = two.feasible || r.improved;
+  if (!a.feasible) return a;
+  const Decisions& d = r.improved ? r.decisions : start;
+  a.seconds = r.improved ? r.simulation.prediction.iteration_seconds() : start_seconds;
+  a.places = Describe(UpdatePlacesOf(d), r.improved ? d.state_prefetch_layers : 1,
+                      r.improved ? d.state_update_lag : 0);
+  return a;
+}
+
+struct Totals {
   int misses = 0, streamed_optima = 0, feasible = 0, wrong_feasibility = 0, exact = 0,
       exact_misses = 0;
   double worst = 0, search_seconds = 0, exhaustive_seconds = 0;
   int64_t evaluations = 0, exhaustive_evaluations = 0;
+};
+
+// Scores one trial's answer against the exhaustive optimum, printing a miss.
+void Compare(uint32_t seed, int trial, int layers, const Answer& found,
+             const ExhaustiveResult& truth, Totals* t) {
+  if (found.feasible != truth.feasible) {
+    ++t->wrong_feasibility;
+    std::printf("seed %u trial %d (%d layers): search feasible=%d, exhaustive %d\n", seed, trial,
+                layers, found.feasible, truth.feasible);
+    return;
+  }
+  if (!truth.feasible) return;
+  ++t->feasible;
+  t->exact += found.exact;
+  bool streams = false;
+  for (UpdatePlace x : truth.places) streams |= x == UpdatePlace::kStreamed;
+  t->streamed_optima += streams;
+  const double excess = found.seconds / truth.iteration_seconds - 1;
+  if (excess <= 1e-9) return;
+  ++t->misses;
+  t->exact_misses += found.exact;
+  t->worst = std::max(t->worst, excess);
+  std::printf("seed %u trial %d (%d layers): %.6g s (%s) vs optimum %.6g s (%s) (+%.3g%%)\n", seed,
+              trial, layers, found.seconds, found.places.c_str(), truth.iteration_seconds,
+              Describe(truth.places, truth.prefetch_layers, truth.update_lag).c_str(),
+              100 * excess);
+  if (found.exact) std::printf("  ... and the search called its answer exact\n");
+}
+
+int Run(int instances, int min_layers, int max_layers, uint32_t seed,
+        const StreamSearchOptions& options) {
+  std::mt19937 rng(seed);
+  Totals t;
   for (int trial = 0; trial < instances; ++trial) {
     const int layers = min_layers + trial % (max_layers - min_layers + 1);
     testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
@@ -48,77 +113,25 @@ int Run(int instances, int min_layers, int max_layers, uint32_t seed,
     auto t0 = std::chrono::steady_clock::now();
     const ExhaustiveResult truth = ExhaustivePlaces(simulator, p.chain.base, p.budget_bytes);
     auto t1 = std::chrono::steady_clock::now();
-    exhaustive_seconds += std::chrono::duration<double>(t1 - t0).count();
-    exhaustive_evaluations += truth.evaluations;
-    // The planner's path: the exact two-place answer, then the third place.
-    ChainEvaluator evaluator(p.chain.cost, p.chain.base);
-    const PlacementSearchResult two =
-        SearchChainUpdatePlacement(&evaluator, p.eligible, p.budget_bytes);
-    double found = HUGE_VAL;
-    bool found_feasible = false, found_exact = false;
-    std::string found_places;
-    if (two.feasible) {
-      const Decisions start = testing::WithUpdates(p.chain.base, two.on_accelerator);
-      const StreamSearchResult r =
-          SearchStreamedState(simulator, start, two.iteration_seconds, p.budget_bytes, options);
-      evaluations += r.evaluations;
-      found_exact = r.exact;
-      found = r.improved ? r.simulation.prediction.iteration_seconds() : two.iteration_seconds;
-      found_places = Describe(UpdatePlacesOf(r.improved ? r.decisions : start),
-                              r.improved ? r.decisions.state_prefetch_layers : 1,
-                              r.improved ? r.decisions.state_update_lag : 0);
-      found_feasible = true;
-    } else {
-      // No two-place placement fits: the planner searches the third place
-      // from every layer on the host, as from an infinitely slow start.
-      const Decisions start =
-          testing::WithUpdates(p.chain.base, std::vector<bool>(p.eligible.size(), false));
-      const StreamSearchResult r =
-          SearchStreamedState(simulator, start, HUGE_VAL, p.budget_bytes, options);
-      evaluations += r.evaluations;
-      found_exact = r.exact;
-      found_feasible = r.improved;
-      if (r.improved) {
-        found = r.simulation.prediction.iteration_seconds();
-        found_places = Describe(UpdatePlacesOf(r.decisions), r.decisions.state_prefetch_layers,
-                                r.decisions.state_update_lag);
-      }
-    }
-    search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-    if (found_feasible != truth.feasible) {
-      ++wrong_feasibility;
-      std::printf("seed %u trial %d (%d layers): search feasible=%d, exhaustive %d\n", seed, trial,
-                  layers, found_feasible, truth.feasible);
-      continue;
-    }
-    if (!truth.feasible) continue;
-    ++feasible;
-    exact += found_exact;
-    bool streams = false;
-    for (UpdatePlace x : truth.places) streams |= x == UpdatePlace::kStreamed;
-    streamed_optima += streams;
-    const double excess = found / truth.iteration_seconds - 1;
-    if (excess > 1e-9) {
-      ++misses;
-      exact_misses += found_exact;
-      worst = std::max(worst, excess);
-      std::printf("seed %u trial %d (%d layers): %.6g s (%s) vs optimum %.6g s (%s) (+%.3g%%)\n",
-                  seed, trial, layers, found, found_places.c_str(), truth.iteration_seconds,
-                  Describe(truth.places, truth.prefetch_layers, truth.update_lag).c_str(),
-                  100 * excess);
-      if (found_exact) std::printf("  ... and the search called its answer exact\n");
-    }
+    const Answer found = PlannerAnswer(p, simulator, options);
+    auto t2 = std::chrono::steady_clock::now();
+    t.exhaustive_seconds += std::chrono::duration<double>(t1 - t0).count();
+    t.search_seconds += std::chrono::duration<double>(t2 - t1).count();
+    t.exhaustive_evaluations += truth.evaluations;
+    t.evaluations += found.evaluations;
+    Compare(seed, trial, layers, found, truth, &t);
   }
   std::printf(
       "%d instances of %d-%d layers (seed %u): %d feasible, %d whose optimum streams state; %d "
       "slower than the optimum (worst +%.3g%%, %d of them called exact), %d wrong feasibility; "
       "%d answers called exact; search %.1f ms and %.1f simulations per instance, exhaustive "
       "%.1f ms and %.1f\n",
-      instances, min_layers, max_layers, seed, feasible, streamed_optima, misses, 100 * worst,
-      exact_misses, wrong_feasibility, exact, 1e3 * search_seconds / instances,
-      static_cast<double>(evaluations) / instances, 1e3 * exhaustive_seconds / instances,
-      static_cast<double>(exhaustive_evaluations) / instances);
-  return misses + wrong_feasibility > 0 ? 1 : 0;
+      instances, min_layers, max_layers, seed, t.feasible, t.streamed_optima, t.misses,
+      100 * t.worst, t.exact_misses, t.wrong_feasibility, t.exact,
+      1e3 * t.search_seconds / instances, static_cast<double>(t.evaluations) / instances,
+      1e3 * t.exhaustive_seconds / instances,
+      static_cast<double>(t.exhaustive_evaluations) / instances);
+  return t.misses + t.wrong_feasibility > 0 ? 1 : 0;
 }
 
 }  // namespace

@@ -106,8 +106,6 @@ class PlanRankRunner final : public StepRunner {
   tandem::v1::Schedule program() const override { return executor_->program(); }
   tandem::v1::Timeline last_timeline() const override { return executor_->last_timeline(); }
   std::optional<StatePartition> state_partition() override { return executor_->state_partition(); }
-  absl::Status SyncPartitionToHost() override { return executor_->SyncStateToHost(); }
-  absl::Status PartitionLoaded() override { return executor_->StateChangedOnHost(); }
   absl::StatusOr<std::vector<double>> GatherFromRanks(const std::vector<double>& mine) override {
     return tandem::GatherFromRanks(control_.get(), mine);
   }

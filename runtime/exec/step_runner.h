@@ -152,17 +152,12 @@ class StepRunner {
   virtual tandem::v1::Timeline last_timeline() const { return tandem::v1::Timeline(); }
 
   // ZeRO-partitioned ranks: their own pieces of the optimizer state, which
-  // they checkpoint instead of the whole. SynchronizeStart leaves each rank's
-  // pieces as they are. nullopt for the runners that hold the whole state.
+  // they checkpoint instead of the whole. SyncStateToHost makes them current
+  // (never gathering the rest: host_state() then has no moments), and
+  // StateChangedOnHost pushes them back after a load. SynchronizeStart leaves
+  // each rank's pieces as they are. nullopt for the runners that hold the
+  // whole state.
   virtual std::optional<StatePartition> state_partition() { return std::nullopt; }
-  // Partitioned ranks, before a checkpoint: host_state()'s weights and
-  // buffers and state_partition()'s pieces made current, without gathering
-  // the state (a rank whose weights live on an accelerator copies them
-  // back). The CPU engine's ranks hold them current always.
-  virtual absl::Status SyncPartitionToHost() { return absl::OkStatus(); }
-  // Partitioned ranks, after the trainer read the rank's partition (and
-  // rank 0's weights) into host memory: pushes them to where they live.
-  virtual absl::Status PartitionLoaded() { return absl::OkStatus(); }
   // Runners with a partition: every rank's `mine` (the same length on each),
   // concatenated in rank order, through one collective.
   virtual absl::StatusOr<std::vector<double>> GatherFromRanks(const std::vector<double>& mine) {

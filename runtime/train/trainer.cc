@@ -138,7 +138,7 @@ absl::Status Trainer::SynchronizeStart() {
         const std::string path,
         LoadOwnPartition(*runner_, *partition_, options_.checkpoint_dir, p.step,
                          model_->fingerprint(), resumed_manifest_ ? &*resumed_manifest_ : nullptr));
-    TANDEM_RETURN_IF_ERROR(runner_->PartitionLoaded());
+    TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
     if (partition_->rank != 0) {
       checkpoint_path_ = path;
       checkpoint_step_ = p.step;
@@ -170,7 +170,7 @@ absl::Status Trainer::LoadNewestCheckpoint() {
       if (header.status().code() == absl::StatusCode::kFailedPrecondition) return header.status();
       continue;
     }
-    return Resume(*header, path, /*state_changed_on_host=*/true);
+    return Resume(*header, path);
   }
   return absl::OkStatus();
 }
@@ -185,13 +185,12 @@ absl::Status Trainer::LoadNewestManifest() {
           }));
   if (!loaded) return absl::OkStatus();
   resumed_manifest_ = std::move(loaded->manifest);
-  // The partition was read into the runner's host memory; a rank whose state
-  // lives on an accelerator pushes it there (the CPU engine's need not).
-  return Resume(loaded->header, loaded->path, /*state_changed_on_host=*/true);
+  // The partition was read into the runner's host memory; Resume pushes it
+  // to where the state lives (an accelerator rank's weights and moments).
+  return Resume(loaded->header, loaded->path);
 }
 
-absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const std::string& path,
-                             bool state_changed_on_host) {
+absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const std::string& path) {
   HostStateView state = runner_->host_state();
   step_ = header.step();
   samples_ = header.samples();
@@ -203,7 +202,7 @@ absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const s
     metrics_.set_skipped_steps(loss_scaler_->skipped_steps());
   }
   loader_->Seek(header.epoch(), header.epoch_offset());
-  if (state_changed_on_host) TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
+  TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
   checkpoint_path_ = path;
   checkpoint_step_ = step_;
   progress_.set_step(step_);
@@ -245,9 +244,9 @@ tandem::v1::CheckpointHeader Trainer::CheckpointHeaderNow() {
 absl::Status Trainer::SaveCheckpoint() {
   if (options_.checkpoint_dir.empty()) return absl::OkStatus();
   SavedPartitions saved;
+  TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
   if (partition_) {
     // Each rank writes its own pieces; rank 0 commits the manifest.
-    TANDEM_RETURN_IF_ERROR(runner_->SyncPartitionToHost());
     TANDEM_ASSIGN_OR_RETURN(
         saved,
         SavePartitioned(*runner_, *partition_, options_.checkpoint_dir, CheckpointHeaderNow(),
@@ -256,7 +255,6 @@ absl::Status Trainer::SaveCheckpoint() {
                         kCheckpointsKept));
     TANDEM_RETURN_IF_ERROR(SaveSwa());
   } else {
-    TANDEM_RETURN_IF_ERROR(runner_->SyncStateToHost());
     const std::vector<NamedTensor> tensors = StateTensors(runner_->host_state(), true);
     saved.path = CheckpointPath(options_.checkpoint_dir, step_, kCheckpointSuffix);
     TANDEM_ASSIGN_OR_RETURN(const CheckpointFile file,

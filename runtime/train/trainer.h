@@ -156,10 +156,9 @@ class Trainer {
   // A ZeRO-partitioned rank 0's: the newest committed manifest, its own
   // partition loaded (the others load theirs in SynchronizeStart).
   absl::Status LoadNewestManifest();
-  // The position and the loss scaling of a loaded checkpoint, and (when its
-  // tensors were read into host_state()) the runner told of its new state.
-  absl::Status Resume(const tandem::v1::CheckpointHeader& header, const std::string& path,
-                      bool state_changed_on_host);
+  // The position and the loss scaling of a loaded checkpoint, and the runner
+  // told of the state its tensors put in host_state().
+  absl::Status Resume(const tandem::v1::CheckpointHeader& header, const std::string& path);
   tandem::v1::CheckpointHeader CheckpointHeaderNow();
   // The checkpoint's tensors in `state`: the weights, the buffers and (with
   // `moments`) the whole optimizer state.

@@ -22,6 +22,7 @@
 #include "planner/scale_out.h"
 #include "planner/strategies.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/cuda/accelerator_factory.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
@@ -159,9 +160,15 @@ ProcessorSpec MeasureHostProcessor() {
     profile::TriadOptions triad;
     triad.elements = int64_t{8} << 20;
     triad.repeats = 3;
-    absl::StatusOr<double> flops = profile::MeasureGemmFlopsPerSecond(gemm);
-    absl::StatusOr<double> bandwidth = profile::MeasureTriadBytesPerSecond(triad);
-    absl::StatusOr<double> bf16 = profile::MeasureNativeBf16GemmFlopsPerSecond(gemm);
+    absl::StatusOr<double> flops, bandwidth, bf16;
+    // On a thread of its own at the caller's count: run here, the parallel
+    // regions would leave workers docked on the caller
+    // (runtime/core/omp_threads.h).
+    RunOnOwnOmpThread(threads, [&] {
+      flops = profile::MeasureGemmFlopsPerSecond(gemm);
+      bandwidth = profile::MeasureTriadBytesPerSecond(triad);
+      bf16 = profile::MeasureNativeBf16GemmFlopsPerSecond(gemm);
+    });
     // A measurement failure (no memory for the buffers) is not fatal: a plan
     // from conservative figures still runs correctly, only less well placed.
     const double f = flops.ok() ? *flops : 20e9 * threads;

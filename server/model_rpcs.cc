@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/time_util.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/profile/node_devices.h"
 #include "runtime/profile/node_profile.h"
 #include "runtime/train/profile_model.h"
@@ -83,14 +84,15 @@ absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settin
   options.cache_path = settings.state_dir + "/node_profile.pb";
   options.refresh = refresh;
   absl::StatusOr<profile::NodeProfileResult> result;
-  {
-    profile::ScopedThreads threads(settings.threads);
+  // On a thread of its own: the measurement's parallel regions would leave
+  // their workers docked on the caller (runtime/core/omp_threads.h).
+  RunOnOwnOmpThread(settings.threads, [&] {
     const profile::NodeProfiledDevices devices = profile::OpenNodeProfiledDevices(settings.threads);
     for (const std::string& note : devices.notes) {
       std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());
     }
     result = profile::LoadOrMeasureNodeProfile(devices.devices(), options);
-  }
+  });
   if (!result.ok()) return result.status();
   for (const std::string& note : result->notes) {
     std::fprintf(stderr, "tandemd: node profile: %s\n", note.c_str());

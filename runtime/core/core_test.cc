@@ -1,10 +1,13 @@
 // Core: the allocator's accounting and budget, buffers, counter-based randomness,
-// the thread pool.
+// the thread pool, OpenMP teams on threads of their own.
+#include <omp.h>
+
 #include <atomic>
 #include <set>
 
 #include "gtest/gtest.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/core/random.h"
 #include "runtime/core/shape.h"
 #include "runtime/core/thread_pool.h"
@@ -98,6 +101,33 @@ TEST(ShapeTest, BatchAndElements) {
   EXPECT_EQ(s.WithBatch(128), Shape({128, 28, 28, 1}));
   EXPECT_EQ(s.WithBatch(4).WithoutBatch(), s);
   EXPECT_EQ(s.ToString(), "[28, 28, 1]");
+}
+
+// A parallel region leaves its workers docked on the thread that ran it;
+// RunOnOwnOmpThread's leave with its thread. The second half shows the count
+// sees a docked worker, so the first half can fail.
+TEST(OmpThreadsTest, OwnThreadLeavesNoDockedWorkers) {
+  const int before = ProcessThreadCount();
+  ASSERT_GT(before, 0);
+  int team = 0;
+  RunOnOwnOmpThread(2, [&] {
+#pragma omp parallel
+    {
+#pragma omp single
+      team = omp_get_num_threads();
+    }
+  });
+  EXPECT_EQ(team, 2);
+  EXPECT_EQ(ProcessThreadCountOnceAt(before), before);
+
+  omp_set_num_threads(2);
+#pragma omp parallel
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+  }
+  EXPECT_EQ(team, 2);
+  EXPECT_EQ(ProcessThreadCountOnceAt(before + 1), before + 1);
 }
 
 }  // namespace

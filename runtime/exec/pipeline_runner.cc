@@ -1,5 +1,7 @@
 #include "runtime/exec/pipeline_runner.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -11,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/core/random.h"
 
 namespace tandem {
@@ -267,6 +270,10 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
     std::vector<PipelineStageSpec> stages, PipelineOptions options) {
   TANDEM_RETURN_IF_ERROR(CheckStages(model, stages, options, optimizer.max_grad_norm()));
   std::unique_ptr<PipelineRunner> r(new PipelineRunner(model, options));
+  r->threads_ = std::max(1, omp_get_max_threads());
+  r->stage_threads_ = options.threads_per_stage > 0
+                          ? options.threads_per_stage
+                          : std::max(1, r->threads_ / static_cast<int>(stages.size()));
   TANDEM_ASSIGN_OR_RETURN(r->host_params_,
                           Buffer::Allocate(&r->host_alloc_, model.parameter_elements() * 4,
                                            MemoryCategory::kParameters));
@@ -689,6 +696,7 @@ absl::Status PipelineRunner::RunStages(Step& step) {
     std::vector<std::thread> threads;
     for (int s = 0; s < K; ++s) {
       threads.emplace_back([&, s] {
+        omp_set_num_threads(stage_threads_);
         results[s] = RunStage(step, s);
         ended[s] = WallSeconds();
         if (!results[s].ok()) step.Fail();
@@ -750,6 +758,13 @@ absl::StatusOr<EvalResult> PipelineRunner::EvalBatch(const Batch& batch) {
   if (batch.size > options_.max_batch || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
+  // On a thread of its own, whose team leaves with it (runtime/core/omp_threads.h).
+  absl::StatusOr<EvalResult> result;
+  RunOnOwnOmpThread(threads_, [&] { result = EvalStageAfterStage(batch); });
+  return result;
+}
+
+absl::StatusOr<EvalResult> PipelineRunner::EvalStageAfterStage(const Batch& batch) {
   Step step;
   Begin(step, batch, /*training=*/false);
   // Stage after stage, each micro-batch: evaluation needs no overlap.

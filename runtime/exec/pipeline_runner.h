@@ -79,6 +79,12 @@ struct PipelineOptions {
   uint64_t init_seed = 0;
   // kPipeDream only: vertical sync (above).
   bool vertical_sync = false;
+  // OpenMP threads of each stage's thread; 0 = the creating thread's count
+  // shared among the stages, at least one each. The stages compute side by
+  // side: teams of the whole count each would outnumber the cores, and
+  // libgomp then makes every team sleep at its barriers
+  // (runtime/core/omp_threads.h).
+  int threads_per_stage = 0;
 };
 
 // What one stage did in the latest step.
@@ -145,6 +151,8 @@ class PipelineRunner final : public StepRunner {
   // Stage s's layers forward on micro-batch m's input, filling out/saved
   // (`recompute`: a second time, before its backward).
   absl::Status RunForward(Step& step, int s, int m, bool recompute);
+  // EvalBatch's work: each micro-batch through the stages in turn.
+  absl::StatusOr<EvalResult> EvalStageAfterStage(const Batch& batch);
   // PipeDream: stage s's update after micro-batch m's backward.
   absl::Status UpdateAfter(Step& step, int s, int m);
   // Vertical sync: copies the stage's weights into its history slot for its
@@ -180,6 +188,10 @@ class PipelineRunner final : public StepRunner {
 
   const Model& model_;
   const PipelineOptions options_;
+  // The creating thread's OpenMP threads (evaluation runs at this count) and
+  // each stage's share of them.
+  int threads_ = 1;
+  int stage_threads_ = 1;
   tandem::v1::Plan plan_;
   // Declared before stages_: destroyed after the stages' buffers.
   std::vector<std::unique_ptr<Accelerator>> owned_devices_;

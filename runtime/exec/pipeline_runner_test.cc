@@ -6,12 +6,16 @@
 // what is wrong.
 #include "runtime/exec/pipeline_runner.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/data/loader.h"
 #include "runtime/emulated/emulated_accelerator.h"
 #include "runtime/exec/cpu_runner.h"
@@ -271,6 +275,30 @@ TEST(PipelineRunnerTest, EvaluationMatchesTheCpuEngine) {
   EXPECT_EQ(a->correct, b->correct);
   EXPECT_EQ(a->positions, b->positions);
   EXPECT_EQ(a->samples, b->samples);
+}
+
+// On a thread with a fresh OpenMP pool and two threads: a training step
+// (its stages on threads of their own, one OpenMP thread each of the two) and
+// an evaluation leave no worker docked on the driving thread, which would make
+// libgomp cut every team's spin-wait on a 2-core machine
+// (runtime/core/omp_threads.h).
+TEST(PipelineRunnerTest, StepsAndEvaluationLeaveNoOpenMpWorkersOnTheCaller) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  Devices devices(2);
+  BatchLoader loader(*f.data.train, f.spec.training().batch_size(), false, 1, false);
+  const Batch& batch = loader.Next();
+  std::thread driver([&] {
+    omp_set_num_threads(2);
+    std::unique_ptr<PipelineRunner> runner = Make(f, devices, PipelineSchedule::kOneFOneB, 2);
+    ASSERT_TRUE(runner);
+    const int before = ProcessThreadCount();
+    StepOptions o;
+    o.learning_rate = 0.01f;
+    ASSERT_TRUE(runner->TrainStep(batch, o).ok());
+    ASSERT_TRUE(runner->EvalBatch(batch).ok());
+    EXPECT_EQ(ProcessThreadCountOnceAt(before), before);
+  });
+  driver.join();
 }
 
 // What a checkpoint does: the host state of one runner loaded into another,

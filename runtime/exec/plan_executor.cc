@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/exec/executor_state.h"
 #include "schedule/decisions.h"
@@ -153,7 +154,8 @@ absl::Status PlanExecutor::Init() {
   // Pinned where the device can, so that copies run at the link's rate.
   RegisterCopyBuffers();
   const int update_threads = decisions_.host_update_threads;
-  const int compute_threads = omp_get_max_threads();
+  compute_threads_ = omp_get_max_threads();
+  const int compute_threads = compute_threads_;
   std::vector<TimelineResource> resources;
   for (size_t r = 0; r < full->resources.size(); ++r) {
     if (!full->order[r].empty() || full->resources[r].kind == kHostUpdate)
@@ -413,6 +415,12 @@ absl::Status PlanExecutor::WaitForCompute(const Iteration& it) {
 
 absl::StatusOr<EvalResult> PlanExecutor::EvalBatch(const Batch& batch) {
   TANDEM_RETURN_IF_ERROR(Drain());
+  absl::StatusOr<EvalResult> result;
+  RunOnOwnOmpThread(compute_threads_, [&] { result = EvalBatchOnOwnThread(batch); });
+  return result;
+}
+
+absl::StatusOr<EvalResult> PlanExecutor::EvalBatchOnOwnThread(const Batch& batch) {
   const int L = model_.num_layers();
   const Shape& sample = model_.data().sample_shape;
   const bool on_accel = !host_only_ && !hetero_;

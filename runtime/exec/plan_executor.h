@@ -153,6 +153,10 @@ class PlanExecutor final : public StepRunner {
   absl::Status PlaceOnAccelerator(Layer& layer);
   // Waits for every span (updates and copies in flight included).
   absl::Status Drain();
+  // EvalBatch's work, on a thread of its own at the compute streams' thread
+  // count: run on the caller's, its parallel regions would leave workers
+  // docked there and slow every later step (runtime/core/omp_threads.h).
+  absl::StatusOr<EvalResult> EvalBatchOnOwnThread(const Batch& batch);
 
   // ---- The step program (step_program.cc) ----
   // The schedule of a step of `micro_batches` micro-batches on the replica
@@ -240,6 +244,8 @@ class PlanExecutor final : public StepRunner {
 
   const Model& model_;
   ExecutorOptions options_;
+  // OpenMP threads of the compute streams (the creating thread's count).
+  int compute_threads_ = 0;
   Accelerator* const accel_;
   std::unique_ptr<Optimizer> optimizer_;
   // The accelerator's memory as spans allocate it: a refusal waits for copies

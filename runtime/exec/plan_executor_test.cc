@@ -5,13 +5,17 @@
 // plans and link speeds shows no race (run it under --config=tsan too).
 #include "runtime/exec/plan_executor.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <random>
+#include <thread>
 
 #include "gtest/gtest.h"
+#include "runtime/core/omp_threads.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
@@ -388,6 +392,27 @@ TEST(ExecutorTest, CheckpointStateRoundTripsThroughTheHost) {
       }
     }
   }
+}
+
+// On a thread with a fresh OpenMP pool and two threads: evaluation runs at
+// the compute streams' count on a thread of its own and leaves no worker
+// docked on the driving thread, which would make libgomp cut every team's
+// spin-wait on a 2-core machine (runtime/core/omp_threads.h).
+TEST(ExecutorTest, EvaluationLeavesNoOpenMpWorkersOnTheCaller) {
+  const Fixture f = MakeFixture(kMlp);
+  BatchLoader loader(*f.data.train, 32, false, 1, false);
+  const Batch& batch = loader.Next();
+  std::thread driver([&] {
+    omp_set_num_threads(2);
+    HostAllocator host;
+    EmulatedAccelerator device({.capacity_bytes = 64 << 20});
+    auto executor = *PlanExecutor::Create(
+        *f.model, ExecutorOptionsFor(f, Cases()[0].plan(*f.model, 32), 32, &device, &host));
+    const int before = ProcessThreadCount();
+    ASSERT_TRUE(executor->EvalBatch(batch).ok());
+    EXPECT_EQ(ProcessThreadCountOnceAt(before), before);
+  });
+  driver.join();
 }
 
 TEST(ExecutorTest, DeviceRefusalIsAClearError) {

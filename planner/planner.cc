@@ -338,10 +338,17 @@ absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
   return micro;
 }
 
-// Sets `plan`'s stages, prediction and note from the partition.
+// Sets `plan`'s stages, prediction and note from the partition. On emulated
+// accelerators each stage computes with `stage_threads` of the job's
+// `job_threads` (the runner's share, PipelineOptions::threads_per_stage), at
+// that share of the profile's rate.
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
-                     int micro_batches, int host_threads, tandem::v1::Plan* plan) {
-  double update = 0, updates = 0, work = 0;
+                     int micro_batches, int host_threads, int job_threads, int stage_threads,
+                     tandem::v1::Plan* plan) {
+  const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
+  // How much slower a stage's device work runs than the profile's.
+  const double slower = shared_cores ? static_cast<double>(job_threads) / stage_threads : 1.0;
+  double update = 0, updates = 0, work = 0, bottleneck = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
   for (const tandem::v1::PipelineStage& s : stages) {
@@ -350,14 +357,15 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
       stage_update += s.offload_optimizer()
                           ? OffloadedUpdateSeconds(cost, l, host_threads)
-                          : cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+                          : slower * cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
     }
     update = std::max(update, stage_update);
     updates += stage_update;
     work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
+    bottleneck =
+        std::max({bottleneck, slower * s.compute_seconds(), 2 * s.communication_seconds()});
     peak = std::max(peak, s.memory_bytes());
   }
-  double bottleneck = BottleneckSeconds(stages);
   const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   if (pipedream) {
     // An update after every micro-batch's backward, on each stage's path.
@@ -365,11 +373,13 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     work += M * updates - updates;
   }
   double step = (M + K - 1) * bottleneck + (pipedream ? 0 : update);
-  // Emulated accelerators compute on the host's cores, each at the host's
-  // whole rate: together they run no faster than the host running every
-  // stage's work (and every update) one after another.
-  const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
-  if (shared_cores) step = std::max((M + K - 1) * bottleneck, work) + updates;
+  // Emulated accelerators compute on the host's cores. Stages with more
+  // threads between them than the job has share its cores: together they run
+  // no faster than the job's threads running every stage's work (and every
+  // update) one after another.
+  if (shared_cores && K * stage_threads > job_threads) {
+    step = std::max((M + K - 1) * bottleneck, work) + std::max(pipedream ? 0 : update, updates);
+  }
   std::vector<std::string> recomputing, offloading;
   for (const tandem::v1::PipelineStage& s : stages) {
     if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
@@ -389,9 +399,13 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
                                                                        : "1F1B",
       K, M, plan->micro_batch_size(), bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3,
       peak / 1048576.0,
-      shared_cores ? "; the emulated stages share the host's cores, so the step is at least "
-                     "all their work in turn"
-                   : ""));
+      !shared_cores ? ""
+      : K * stage_threads > job_threads
+          ? absl::StrFormat("; the emulated stages, %d thread%s each, share the job's %d, so the "
+                            "step is at least all their work in turn",
+                            stage_threads, stage_threads == 1 ? "" : "s", job_threads)
+          : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads",
+                            stage_threads, job_threads)));
   // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
   auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
     if (which.empty()) return;
@@ -461,7 +475,10 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, &plan);
+  // The runner's share of the job's threads per stage (PipelineOptions).
+  const int job_threads = std::max(1, host_threads);
+  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, job_threads,
+                  std::max(1, job_threads / p.devices), &plan);
   return plan;
 }
 

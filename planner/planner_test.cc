@@ -772,17 +772,37 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   EXPECT_NE(tight->solver().note().find("no partition of"), std::string::npos)
       << tight->solver().note();
 
-  // Emulated stages share the host's cores: at least all the work in turn.
+  // Emulated stages compute on the host's cores. With 8 job threads, each of
+  // the 4 stages has 2 of them and computes at a quarter of the profile's
+  // rate (the profile times a layer on all 8).
   for (auto& a : *r.hardware->mutable_accelerators()) a.set_kind(tandem::v1::DEVICE_KIND_EMULATED);
   r.accelerator_memory_bytes = 0;
+  r.host_update_threads = 8;
   absl::StatusOr<tandem::v1::Plan> emulated =
       SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
   ASSERT_TRUE(emulated.ok()) << emulated.status();
   // No budget in the request: each stage gets the cost source's accelerator.
   EXPECT_EQ(emulated->accelerator_memory_budget_bytes(), int64_t{16} << 30);
-  double work = 0;
-  for (const auto& s : emulated->pipeline()) work += 8 * s.compute_seconds();
+  double work = 0, slowest = 0;
+  for (const auto& s : emulated->pipeline()) {
+    work += 8 * s.compute_seconds();
+    slowest = std::max(slowest, s.compute_seconds());
+  }
+  EXPECT_GE(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 4 * slowest);
+  EXPECT_LT(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 4 * slowest * 1.5);
+  EXPECT_NE(emulated->solver().note().find("each emulated stage computes with 2 of the job's 8"),
+            std::string::npos)
+      << emulated->solver().note();
+  // With 2 job threads the 4 stages (one thread each) share 2 cores: at least
+  // all the work in turn, at the profile's rate.
+  r.host_update_threads = 2;
+  emulated = SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(emulated.ok()) << emulated.status();
   EXPECT_GE(emulated->prediction().iteration_seconds(), work);
+  EXPECT_GE(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 2 * slowest);
+  EXPECT_NE(emulated->solver().note().find("1 thread each, share the job's 2"), std::string::npos)
+      << emulated->solver().note();
+  r.host_update_threads = 0;
 
   r.pipeline_devices = 9;
   EXPECT_EQ(SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),

@@ -63,13 +63,19 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
     env.threads = threads;
     env.stop = stop;
     env.cpu.allocator_budget_bytes = hold_bytes;
-    const profile::NodeProfiledDevices node =
-        profile::OpenNodeProfiledDevices(env.threads, env.cpu);
-    for (const std::string& note : node.notes) {
-      std::fprintf(stderr, "tandemd: profile: %s\n", note.c_str());
-    }
-    env.devices = node.devices();
-    absl::StatusOr<profile::ProfileResult> result = profile::ProfileModel(request, env);
+    // The devices and the measurement on a thread of their own: the CPU
+    // device counts on the OpenMP team it is created under, and that team
+    // would stay docked on this RPC thread (runtime/core/omp_threads.h).
+    absl::StatusOr<profile::ProfileResult> result;
+    RunOnOwnOmpThread(threads, [&] {
+      const profile::NodeProfiledDevices node =
+          profile::OpenNodeProfiledDevices(env.threads, env.cpu);
+      for (const std::string& note : node.notes) {
+        std::fprintf(stderr, "tandemd: profile: %s\n", note.c_str());
+      }
+      env.devices = node.devices();
+      result = profile::ProfileModel(request, env);
+    });
     if (!result.ok()) return ToGrpc(result.status());
     *response->mutable_profile() = std::move(result->profile);
     response->set_cached(result->cached);

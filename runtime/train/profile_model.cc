@@ -1,6 +1,5 @@
 #include "runtime/train/profile_model.h"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +14,6 @@
 #include "base/status_macros.h"
 #include "google/protobuf/util/time_util.h"
 #include "runtime/core/clock.h"
-#include "runtime/core/omp_threads.h"
 #include "runtime/profile/chrome_trace.h"
 #include "runtime/profile/layer_profiler.h"
 #include "runtime/profile/profile_cache.h"
@@ -188,11 +186,14 @@ std::string TraceOf(const Model& model, int64_t batch, const IterationRecord& tr
   return TimelineToChromeTrace(traced.timeline, trace_options);
 }
 
-absl::StatusOr<ProfileResult> ProfileModelHere(const tandem::v1::ProfileModelRequest& request,
-                                               const ProfilerEnvironment& env) {
+}  // namespace
+
+absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest& request,
+                                           const ProfilerEnvironment& env) {
   const double start = WallSeconds();
   int iterations = 0, warmup = 0;
   TANDEM_RETURN_IF_ERROR(ResolveProfileRequest(request, &iterations, &warmup));
+  ScopedThreads threads(env.threads);
 
   std::unique_ptr<CpuProfiledDevice> own_cpu;
   std::vector<ProfiledDevice*> node = env.devices;
@@ -247,19 +248,6 @@ absl::StatusOr<ProfileResult> ProfileModelHere(const tandem::v1::ProfileModelReq
   ProfileResult result;
   result.profile = std::move(profile);
   if (request.include_trace()) result.chrome_trace_json = std::move(trace);
-  return result;
-}
-
-}  // namespace
-
-absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest& request,
-                                           const ProfilerEnvironment& env) {
-  // On a thread of its own, at the caller's thread count unless `env` names
-  // one: the measurement's parallel regions would leave their workers docked
-  // on the caller (runtime/core/omp_threads.h).
-  absl::StatusOr<ProfileResult> result;
-  RunOnOwnOmpThread(env.threads > 0 ? env.threads : omp_get_max_threads(),
-                    [&] { result = ProfileModelHere(request, env); });
   return result;
 }
 

@@ -338,6 +338,7 @@ void AddDevices(const tandem::v1::HardwareSpec& hw, const std::string ids[2], in
   host->set_memory_bytes(hw.host().memory_bytes());
   host->set_memory_bandwidth_bytes_per_second(hw.host().memory_bandwidth_bytes_per_second());
   host->set_gemm_flops_per_second(hw.host().peak_matmul_flops_per_second());
+  host->set_single_thread_gemm_flops_per_second(hw.host().single_thread_matmul_flops_per_second());
   if (hw.accelerators_size() == 0) return;
   const tandem::v1::ProcessorSpec& a = hw.accelerators(0);
   tandem::v1::DeviceProfile* accel = profile.add_devices();
@@ -348,6 +349,7 @@ void AddDevices(const tandem::v1::HardwareSpec& hw, const std::string ids[2], in
   accel->set_memory_bytes(capacity);
   accel->set_memory_bandwidth_bytes_per_second(a.memory_bandwidth_bytes_per_second());
   accel->set_gemm_flops_per_second(a.peak_matmul_flops_per_second());
+  accel->set_single_thread_gemm_flops_per_second(a.single_thread_matmul_flops_per_second());
 }
 
 // Every layer's phases on every device: measured, else the scaled roofline

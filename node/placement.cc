@@ -133,9 +133,10 @@ absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& re
 
 // The host as the planner sees it, from its GEMM rate (matrix and vector
 // work alike), its bf16 GEMM rate (0: none measured; bf16 products are timed
-// at the fp32 rate) and triad bandwidth.
+// at the fp32 rate), triad bandwidth and GEMM rate on one thread (0: unknown).
 ProcessorSpec HostSpec(int threads, int64_t memory_bytes, double gemm_flops_per_second,
-                       double bf16_gemm_flops_per_second, double bandwidth_bytes_per_second) {
+                       double bf16_gemm_flops_per_second, double bandwidth_bytes_per_second,
+                       double single_thread_gemm_flops_per_second) {
   ProcessorSpec s;
   s.set_kind(tandem::v1::DEVICE_KIND_CPU);
   s.set_threads(threads);
@@ -143,6 +144,7 @@ ProcessorSpec HostSpec(int threads, int64_t memory_bytes, double gemm_flops_per_
   s.set_launch_overhead_seconds(1e-6);
   s.set_peak_matmul_flops_per_second(gemm_flops_per_second);
   s.set_peak_bf16_matmul_flops_per_second(bf16_gemm_flops_per_second);
+  s.set_single_thread_matmul_flops_per_second(single_thread_gemm_flops_per_second);
   s.set_peak_vector_flops_per_second(gemm_flops_per_second);
   s.set_memory_bandwidth_bytes_per_second(bandwidth_bytes_per_second);
   return s;
@@ -160,7 +162,7 @@ ProcessorSpec MeasureHostProcessor() {
     profile::TriadOptions triad;
     triad.elements = int64_t{8} << 20;
     triad.repeats = 3;
-    absl::StatusOr<double> flops, bandwidth, bf16;
+    absl::StatusOr<double> flops, bandwidth, bf16, single = 0.0;
     // On a thread of its own at the caller's count: run here, the parallel
     // regions would leave workers docked on the caller
     // (runtime/core/omp_threads.h).
@@ -169,12 +171,17 @@ ProcessorSpec MeasureHostProcessor() {
       bandwidth = profile::MeasureTriadBytesPerSecond(triad);
       bf16 = profile::MeasureNativeBf16GemmFlopsPerSecond(gemm);
     });
+    if (threads > 1)
+      RunOnOwnOmpThread(1, [&] { single = profile::MeasureGemmFlopsPerSecond(gemm); });
     // A measurement failure (no memory for the buffers) is not fatal: a plan
     // from conservative figures still runs correctly, only less well placed.
     const double f = flops.ok() ? *flops : 20e9 * threads;
     const double b = bandwidth.ok() ? *bandwidth : 10e9;
     const double h = bf16.ok() ? *bf16 : 0;
-    spec = new ProcessorSpec(HostSpec(threads, PhysicalMemoryBytes(), f, h, b));
+    spec = new ProcessorSpec(HostSpec(threads, PhysicalMemoryBytes(), f, h, b,
+                                      threads == 1  ? f
+                                      : single.ok() ? *single
+                                                    : 0));
     spec->set_name(absl::StrFormat(
         "host, %d threads (measured: GEMM %.0f GFLOP/s%s, triad %.1f GB/s%s)", threads, f / 1e9,
         h > 0 ? absl::StrFormat(", bf16 GEMM %.0f GFLOP/s", h / 1e9) : "", b / 1e9,
@@ -211,7 +218,8 @@ NodeOffer NodeOfferFromProfile(const tandem::v1::NodeProfile& profile, int64_t f
   }
   ProcessorSpec& s = node.host;
   s = HostSpec(cpu->threads(), cpu->memory_bytes(), cpu->gemm_flops_per_second(),
-               cpu->bf16_gemm_flops_per_second(), cpu->memory_bandwidth_bytes_per_second());
+               cpu->bf16_gemm_flops_per_second(), cpu->memory_bandwidth_bytes_per_second(),
+               cpu->single_thread_gemm_flops_per_second());
   constexpr double kAdamBytesPerParameter = 28;  // p, g, m, v read; p, m, v written
   if (profile.host_adam_parameters_per_second() > 0) {
     (*s.mutable_efficiency())["optimizer"] =

@@ -520,7 +520,28 @@ void CostModel::SetMeasuredProcessors(const tandem::v1::DeviceProfile& host,
     has_accelerator_ = true;
     accelerator_kind_ = accelerator->kind();
     accelerator_memory_bytes_ = accelerator->memory_bytes();
+    SetThreadSpeedup(accelerator->threads(), accelerator->gemm_flops_per_second(),
+                     accelerator->single_thread_gemm_flops_per_second());
   }
+}
+
+void CostModel::SetThreadSpeedup(int threads, double rate, double single_thread_rate) {
+  accelerator_threads_ = std::max(0, threads);
+  accelerator_thread_speedup_ =
+      threads > 0 && rate > 0 && single_thread_rate > 0
+          ? std::clamp(rate / single_thread_rate, 1.0, static_cast<double>(threads))
+          : 0;
+}
+
+double CostModel::ThreadShareSlowdown(int threads, int share) const {
+  share = std::max(1, share);
+  if (share >= threads) return 1.0;
+  const int n = std::max(1, accelerator_threads_);
+  const double speedup = accelerator_thread_speedup_ > 0 ? accelerator_thread_speedup_ : n;
+  // s(k) = 1 + (k - 1) (S - 1) / (n - 1): one thread's rate at k = 1, the
+  // source's at k = n, and on the same line beyond.
+  auto rate = [&](int k) { return n > 1 ? 1 + (k - 1) * (speedup - 1) / (n - 1) : 1.0 * k; };
+  return rate(threads) / rate(share);
 }
 
 absl::Status CostModel::SetMeasuredLinks(const Profile& profile) {
@@ -598,6 +619,8 @@ void CostModel::SetHardwareAccelerator(const HardwareSpec& hardware) {
   accelerator_kind_ = accelerator.kind();
   accelerator_count_ = hardware.accelerators_size();
   accelerator_memory_bytes_ = accelerator.memory_bytes();
+  SetThreadSpeedup(accelerator.threads(), accelerator.peak_matmul_flops_per_second(),
+                   accelerator.single_thread_matmul_flops_per_second());
   call_overhead_seconds_[kAccelerator] = accelerator.launch_overhead_seconds() > 0
                                              ? accelerator.launch_overhead_seconds()
                                              : kDefaultAcceleratorCallSeconds;

@@ -96,6 +96,13 @@ class CostModel {
   int accelerator_count() const { return accelerator_count_; }
   // Host threads the host figures were computed or measured with.
   int host_threads() const { return host_threads_; }
+  // How many times slower the accelerator's compute runs on `share` of
+  // `threads` host threads than on all of them: an emulated pipeline stage,
+  // which computes with its share of the job's threads. From the rate of n
+  // threads s(n) taken linear between one thread's measured GEMM rate and the
+  // source's threads' rate; linear in threads where the source has no
+  // one-thread rate. 1 when share >= threads.
+  double ThreadShareSlowdown(int threads, int share) const;
   // Capacities, in bytes; 0 when the source does not say.
   int64_t accelerator_memory_bytes() const { return accelerator_memory_bytes_; }
   int64_t host_memory_bytes() const { return host_memory_bytes_; }
@@ -169,6 +176,8 @@ class CostModel {
   void SetHardwareHost(const tandem::v1::ProcessorSpec& host);
   // Its first accelerator, its links, its count.
   void SetHardwareAccelerator(const tandem::v1::HardwareSpec& hardware);
+  // The accelerator's threads and its matrix rates on them and on one.
+  void SetThreadSpeedup(int threads, double rate, double single_thread_rate);
   absl::Status AddRooflineLayer(const tandem::v1::LayerProfile& layer, int index,
                                 const tandem::v1::ProcessorSpec* const processors[2]);
   static int DeviceIndex(tandem::v1::Placement device);
@@ -182,6 +191,11 @@ class CostModel {
   tandem::v1::DeviceKind accelerator_kind_ = tandem::v1::DEVICE_KIND_UNSPECIFIED;
   int accelerator_count_ = 0;
   int host_threads_ = 1;
+  // The accelerator's threads (a CPU's or the emulated one's; 0 = not a CPU
+  // figure) and how many times one thread's matrix rate those reach (0 =
+  // unknown: as many as there are threads).
+  int accelerator_threads_ = 0;
+  double accelerator_thread_speedup_ = 0;
   int64_t accelerator_memory_bytes_ = 0;
   int64_t host_memory_bytes_ = 0;
   // Fixed cost of one call, by device, in seconds.

@@ -130,6 +130,29 @@ TEST(CostModelTest, Bf16UsesTheBf16RateAndMovesHalfTheBytes) {
             "hardware.host.peak_bf16_matmul_flops_per_second: must be >= 0 (0 = none)");
 }
 
+// An emulated accelerator's share of the job's threads: from one thread's
+// GEMM rate and all threads' (speedup taken linear between), else linear.
+TEST(CostModelTest, AShareOfTheThreadsRunsAtTheRateTheirSpeedupGives) {
+  const tandem::v1::Profile profile = testing::MlpProfile({100, 100}, 10);
+  tandem::v1::HardwareSpec node = RoundNode();
+  tandem::v1::ProcessorSpec* acc = node.mutable_accelerators(0);
+  acc->set_kind(tandem::v1::DEVICE_KIND_EMULATED);
+  acc->set_threads(8);
+  acc->set_peak_matmul_flops_per_second(640e9);
+  absl::StatusOr<CostModel> linear = CostModel::FromHardwareSpec(profile, node);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_DOUBLE_EQ(linear->ThreadShareSlowdown(8, 2), 4.0);
+  EXPECT_DOUBLE_EQ(linear->ThreadShareSlowdown(2, 1), 2.0);
+  EXPECT_DOUBLE_EQ(linear->ThreadShareSlowdown(2, 2), 1.0);
+  // 8 threads reach 6.4 times one's rate: s(k) = 1 + (k - 1) 5.4 / 7.
+  acc->set_single_thread_matmul_flops_per_second(100e9);
+  absl::StatusOr<CostModel> measured = CostModel::FromHardwareSpec(profile, node);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_NEAR(measured->ThreadShareSlowdown(8, 2), 6.4 / (1 + 5.4 / 7), 1e-12);
+  EXPECT_NEAR(measured->ThreadShareSlowdown(8, 1), 6.4, 1e-12);
+  EXPECT_NEAR(measured->ThreadShareSlowdown(4, 2), (1 + 3 * 5.4 / 7) / (1 + 5.4 / 7), 1e-12);
+}
+
 TEST(CostModelTest, MeasuredProfilesUseTheMedians) {
   testing::SyntheticLayer layer;
   layer.accelerator_forward_seconds = 0.25;

@@ -341,13 +341,13 @@ absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
 // Sets `plan`'s stages, prediction and note from the partition. On emulated
 // accelerators each stage computes with `stage_threads` of the job's
 // `job_threads` (the runner's share, PipelineOptions::threads_per_stage), at
-// that share of the profile's rate.
+// the rate the cost source gives that many threads (ThreadShareSlowdown).
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
                      int micro_batches, int host_threads, int job_threads, int stage_threads,
                      tandem::v1::Plan* plan) {
   const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
   // How much slower a stage's device work runs than the profile's.
-  const double slower = shared_cores ? static_cast<double>(job_threads) / stage_threads : 1.0;
+  const double slower = shared_cores ? cost.ThreadShareSlowdown(job_threads, stage_threads) : 1.0;
   double update = 0, updates = 0, work = 0, bottleneck = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
@@ -401,11 +401,13 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
       peak / 1048576.0,
       !shared_cores ? ""
       : K * stage_threads > job_threads
-          ? absl::StrFormat("; the emulated stages, %d thread%s each, share the job's %d, so the "
-                            "step is at least all their work in turn",
-                            stage_threads, stage_threads == 1 ? "" : "s", job_threads)
-          : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads",
-                            stage_threads, job_threads)));
+          ? absl::StrFormat("; the emulated stages, %d thread%s each (%.2fx slower than the "
+                            "job's %d), share the job's cores, so the step is at least all "
+                            "their work in turn",
+                            stage_threads, stage_threads == 1 ? "" : "s", slower, job_threads)
+          : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
+                            "%.2fx slower than with all",
+                            stage_threads, job_threads, slower)));
   // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
   auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
     if (which.empty()) return;

@@ -790,7 +790,8 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   }
   EXPECT_GE(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 4 * slowest);
   EXPECT_LT(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 4 * slowest * 1.5);
-  EXPECT_NE(emulated->solver().note().find("each emulated stage computes with 2 of the job's 8"),
+  EXPECT_NE(emulated->solver().note().find(
+                "each emulated stage computes with 2 of the job's 8 threads, 4.00x slower"),
             std::string::npos)
       << emulated->solver().note();
   // With 2 job threads the 4 stages (one thread each) share 2 cores: at least
@@ -800,7 +801,8 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   ASSERT_TRUE(emulated.ok()) << emulated.status();
   EXPECT_GE(emulated->prediction().iteration_seconds(), work);
   EXPECT_GE(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 2 * slowest);
-  EXPECT_NE(emulated->solver().note().find("1 thread each, share the job's 2"), std::string::npos)
+  EXPECT_NE(emulated->solver().note().find("1 thread each (2.00x slower than the job's 2), share"),
+            std::string::npos)
       << emulated->solver().note();
   r.host_update_threads = 0;
 

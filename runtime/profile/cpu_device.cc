@@ -142,7 +142,14 @@ absl::Status CpuProfiledDevice::MeasurePeaks(tandem::v1::DeviceProfile* out) {
   TANDEM_ASSIGN_OR_RETURN(const double gemm, MeasureGemmFlopsPerSecond(options_.gemm));
   TANDEM_ASSIGN_OR_RETURN(const double triad, MeasureTriadBytesPerSecond(options_.triad));
   TANDEM_ASSIGN_OR_RETURN(const double bf16, MeasureNativeBf16GemmFlopsPerSecond(options_.gemm));
+  double single = gemm;
+  if (omp_get_max_threads() > 1) {
+    // A one-thread region docks no workers on this thread.
+    ScopedThreads one(1);
+    TANDEM_ASSIGN_OR_RETURN(single, MeasureGemmFlopsPerSecond(options_.gemm));
+  }
   out->set_gemm_flops_per_second(gemm);
+  out->set_single_thread_gemm_flops_per_second(single);
   out->set_bf16_gemm_flops_per_second(bf16);
   out->set_memory_bandwidth_bytes_per_second(triad);
   return absl::OkStatus();

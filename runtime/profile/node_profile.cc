@@ -19,7 +19,7 @@ namespace {
 
 // Bumped when what is measured, or how, changes: older files are then another
 // node's as far as the cache is concerned.
-constexpr char kMeasurementVersion[] = "node-profile v1";
+constexpr char kMeasurementVersion[] = "node-profile v2";  // v2: GEMM on one thread
 constexpr int kRepeats = 5;
 
 double Median(std::vector<double> v) {

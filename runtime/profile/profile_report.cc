@@ -143,6 +143,11 @@ void AppendDeviceSummary(const tandem::v1::DeviceProfile& device, std::string* o
                   device.gemm_flops_per_second() > 0
                       ? absl::StrFormat("%.1f GFLOP/s", device.gemm_flops_per_second() / 1e9)
                       : "-"});
+  if (device.single_thread_gemm_flops_per_second() > 0 && device.threads() > 1) {
+    rows.push_back(
+        {"GEMM (fp32, one thread)",
+         absl::StrFormat("%.1f GFLOP/s", device.single_thread_gemm_flops_per_second() / 1e9)});
+  }
   if (device.bf16_gemm_flops_per_second() > 0) {
     rows.push_back({"GEMM (bf16, fp32 accumulation)",
                     absl::StrFormat("%.1f GFLOP/s", device.bf16_gemm_flops_per_second() / 1e9)});

@@ -113,6 +113,29 @@ const char* ReplanLabel(tandem::v1::ReplanReason reason) {
   }
 }
 
+// The optimizer state a ZeRO-partitioned rank running `plan` (not hetero_dp)
+// keeps on its host, in bytes: its pieces of the layers the plan updates
+// there (of each bucket 1/N and a float more at most, a bucket per layer at
+// most) and the whole state of the others (PlanExecutor's compact host
+// moments); `whole` where the plan is not one of those.
+int64_t PlanRankStateBytes(const Model& m, const tandem::v1::Plan& plan, int states, int64_t n,
+                           int64_t whole) {
+  if (plan.strategy() == tandem::v1::STRATEGY_HETERO_DP || plan.pipeline_size() > 0 ||
+      plan.layers_size() != m.num_layers()) {
+    return whole;
+  }
+  int64_t host = 0, host_layers = 0, other = 0;
+  for (int l = 0; l < m.num_layers(); ++l) {
+    if (plan.layers(l).update() == tandem::v1::PLACEMENT_HOST) {
+      host += m.param_slice(l);
+      ++host_layers;
+    } else {
+      other += m.param_slice(l);
+    }
+  }
+  return std::min(whole, states * ((host + n - 1) / n + host_layers + other) * int64_t{4});
+}
+
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
@@ -196,12 +219,18 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   if (d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED &&
       resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
     // A CPU-engine rank allocates its pieces alone: of each bucket 1/N, a
-    // float more at most, and a bucket per layer at most. (A rank running a
-    // plan keeps the whole state of the layers its accelerator updates, which
-    // the plan decides later: it reserves the whole.)
+    // float more at most, and a bucket per layer at most.
     const int64_t n = d.replicas();
     e.optimizer_state_bytes =
         states * ((m.parameter_elements() + n - 1) / n + m.num_layers()) * int64_t{4};
+  } else if (d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED &&
+             resolved.placement().has_plan()) {
+    // A rank running a plan keeps the whole state of the layers its
+    // accelerator updates: known once the plan is, as on a run's ranks, whose
+    // rank plan is pinned in their spec (server/cluster/ranks.cc). Without
+    // one (a job being submitted) it reserves the whole.
+    e.optimizer_state_bytes = PlanRankStateBytes(m, resolved.placement().plan(), states,
+                                                 d.replicas(), e.optimizer_state_total_bytes);
   }
   int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
   for (int l = 0; l < m.num_layers(); ++l)

@@ -472,6 +472,48 @@ tandem::v1::JobSpec EmulatedSpec(int64_t capacity) {
   return spec;
 }
 
+// A ZeRO-partitioned rank running a plan pinned in its spec (as a run's
+// ranks get theirs) reserves its pieces of the state of the layers the plan
+// updates on the host, and the whole state of the others; without a plan, the
+// whole.
+TEST_F(JobManagerTest, APartitionedPlanRankReservesItsPiecesOfTheHostUpdatedState) {
+  Open("partitioned-plan", int64_t{1} << 32, true, TestNode());
+  tandem::v1::JobSpec spec = EmulatedSpec(kHybridCapacity);
+  spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  spec.mutable_optimizer()->set_kind(tandem::v1::OPTIMIZER_KIND_ADAM);
+  spec.mutable_distributed()->set_replicas(4);
+  spec.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
+  absl::StatusOr<JobManager::Resolved> unpinned = jobs_->Resolve(spec, /*plan=*/true);
+  ASSERT_TRUE(unpinned.ok()) << unpinned.status();
+  absl::StatusOr<MemoryEstimate> estimated = jobs_->Estimate(unpinned->spec);
+  ASSERT_TRUE(estimated.ok()) << estimated.status();
+  const MemoryEstimate& whole = *estimated;
+  EXPECT_EQ(whole.optimizer_state_bytes, whole.optimizer_state_total_bytes);
+  const tandem::v1::Plan& plan = unpinned->plan;
+  int64_t host_layers = 0;
+  for (const tandem::v1::LayerPlan& l : plan.layers()) {
+    if (l.update() == tandem::v1::PLACEMENT_HOST) ++host_layers;
+  }
+  ASSERT_GT(host_layers, 0) << plan.solver().note();
+
+  spec = unpinned->spec;
+  *spec.mutable_placement()->mutable_plan() = plan;
+  absl::StatusOr<MemoryEstimate> piece = jobs_->Estimate(spec);
+  ASSERT_TRUE(piece.ok()) << piece.status();
+  // zero_offload updates every layer with weights on the host: Adam's two
+  // moments cut in 4, and a float per moment and layer more at most.
+  const int64_t total = whole.optimizer_state_total_bytes;
+  EXPECT_GE(piece->optimizer_state_bytes, total / 4);
+  EXPECT_LE(piece->optimizer_state_bytes, 2 * 4 * ((total / 8 + 3) / 4 + host_layers));
+  EXPECT_EQ(whole.host_bytes - piece->host_bytes,
+            whole.optimizer_state_bytes - piece->optimizer_state_bytes);
+  EXPECT_NE(piece->Describe().find("this rank's pieces of"), std::string::npos)
+      << piece->Describe();
+  // Replicated, the same plan keeps the whole.
+  spec.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  EXPECT_EQ(jobs_->Estimate(spec)->optimizer_state_bytes, total);
+}
+
 TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {
   Open("hybrid", int64_t{1} << 32, true, TestNode());
   ASSERT_TRUE(jobs_->Recover().ok());

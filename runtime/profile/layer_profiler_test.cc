@@ -186,6 +186,8 @@ void ExpectCompleteCpuProfile(const Model& model, const tandem::v1::Profile& p, 
   EXPECT_EQ(cpu.id(), "cpu");
   EXPECT_EQ(cpu.kind(), tandem::v1::DEVICE_KIND_CPU);
   EXPECT_GT(cpu.gemm_flops_per_second(), 0);
+  // On one thread too (the whole rate where one thread is all there is).
+  EXPECT_GT(cpu.single_thread_gemm_flops_per_second(), 0);
   EXPECT_GT(cpu.memory_bandwidth_bytes_per_second(), 0);
   EXPECT_GT(cpu.iteration_peak_bytes(), 0);
   EXPECT_FALSE(cpu.counter_note().empty());

@@ -772,6 +772,17 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   EXPECT_NE(tight->solver().note().find("no partition of"), std::string::npos)
       << tight->solver().note();
 
+  r.pipeline_devices = 9;
+  EXPECT_EQ(SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SolvePipelinePlanTest, EmulatedStagesComputeAtTheirShareOfTheJobsThreads) {
+  PlanRequest r;
+  r.profile = testing::MlpProfile({1024, 1024, 1024, 1024, 1024, 1024, 1024, 10}, 64);
+  r.hardware = SmallNode(/*accelerators=*/4);
+  r.pipeline_devices = 4;
+  r.micro_batch_size = 8;
   // Emulated stages compute on the host's cores. With 8 job threads, each of
   // the 4 stages has 2 of them and computes at a quarter of the profile's
   // rate (the profile times a layer on all 8).
@@ -804,11 +815,6 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   EXPECT_NE(emulated->solver().note().find("1 thread each (2.00x slower than the job's 2), share"),
             std::string::npos)
       << emulated->solver().note();
-  r.host_update_threads = 0;
-
-  r.pipeline_devices = 9;
-  EXPECT_EQ(SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),
-            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PlanRequestFromRpcTest, TakesTheJobSpecsSettings) {

@@ -11,8 +11,9 @@ one-device run's.
 Starts its own tandemd with --emulated_accelerators=4 (one node profile for
 every job, measured at its start) and runs the jobs one at a time.
 
-The emulated accelerators compute on the host's cores: K stages on a 2-core
-machine share those cores, so their busy times stretch and what looks like a
+The emulated accelerators compute on the host's cores, each stage with its
+share of the job's threads (at least one): with more stages than threads they
+take turns on the cores, so their busy times stretch and what looks like a
 bubble is partly a stage waiting for a core. Nothing here is a GPU figure.
 
   /usr/bin/python3 bench/pipeline/run.py --tandemd bazel-bin/server/tandemd \\

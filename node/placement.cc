@@ -17,6 +17,7 @@
 #include "base/units.h"
 #include "base/work_counters.h"
 #include "google/protobuf/util/time_util.h"
+#include "planner/cost_model.h"
 #include "planner/memory_fit.h"
 #include "planner/precision.h"
 #include "planner/scale_out.h"
@@ -324,6 +325,19 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     accel->set_kind(tandem::v1::DEVICE_KIND_EMULATED);
     accel->set_name("emulated accelerator (host cores)");
     accel->set_memory_bytes(capacity);
+    // Its compute stream has the job's threads: with fewer than the node's,
+    // the rates those reach (planner::ThreadsRate; bandwidth taken alike).
+    const int threads = resolved.training().threads();
+    if (threads > 0 && threads < accel->threads()) {
+      const double f =
+          planner::ThreadsRate(*accel, threads) / planner::ThreadsRate(*accel, accel->threads());
+      accel->set_peak_matmul_flops_per_second(f * accel->peak_matmul_flops_per_second());
+      accel->set_peak_bf16_matmul_flops_per_second(f * accel->peak_bf16_matmul_flops_per_second());
+      accel->set_peak_vector_flops_per_second(f * accel->peak_vector_flops_per_second());
+      accel->set_memory_bandwidth_bytes_per_second(f * accel->memory_bandwidth_bytes_per_second());
+      accel->set_threads(threads);
+      accel->set_name(absl::StrFormat("emulated accelerator (%d of the host's cores)", threads));
+    }
     const double cap = resolved.resources().emulated_link_bytes_per_second();
     const double memcpy = node.profile && node.profile->host_memcpy_bytes_per_second() > 0
                               ? node.profile->host_memcpy_bytes_per_second()

@@ -372,6 +372,7 @@ TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
   cpu->set_memory_bytes(int64_t{24} << 30);
   cpu->set_gemm_flops_per_second(200e9);
   cpu->set_bf16_gemm_flops_per_second(450e9);
+  cpu->set_single_thread_gemm_flops_per_second(125e9);
   cpu->set_memory_bandwidth_bytes_per_second(28e9);
   profile.set_host_memcpy_bytes_per_second(7e9);
   profile.set_host_adam_parameters_per_second(0.5e9);  // 14 GB/s of Adam traffic
@@ -404,6 +405,18 @@ TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
   ASSERT_TRUE(hw.ok()) << hw.status();
   EXPECT_EQ(hw->host_to_accelerator().bandwidth_bytes_per_second(), 7e9);
   EXPECT_EQ(hw->accelerators(0).peak_bf16_matmul_flops_per_second(), 450e9);
+  EXPECT_EQ(hw->accelerators(0).threads(), 2);
+  // A job of one thread: its emulated accelerator computes at one thread's
+  // rate (2 threads reach 1.6 times it), its bandwidth taken alike.
+  EXPECT_EQ(node.host.single_thread_matmul_flops_per_second(), 125e9);
+  JobSpec one_thread = emulated;
+  one_thread.mutable_training()->set_threads(1);
+  hw = NodeHardware(one_thread, node, 64 << 20);
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_EQ(hw->accelerators(0).threads(), 1);
+  EXPECT_DOUBLE_EQ(hw->accelerators(0).peak_matmul_flops_per_second(), 125e9);
+  EXPECT_DOUBLE_EQ(hw->accelerators(0).memory_bandwidth_bytes_per_second(), 28e9 / 1.6);
+  EXPECT_DOUBLE_EQ(hw->host().peak_matmul_flops_per_second(), 200e9);
 
   JobSpec on_gpu = emulated;
   on_gpu.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_CUDA);

@@ -533,15 +533,28 @@ void CostModel::SetThreadSpeedup(int threads, double rate, double single_thread_
           : 0;
 }
 
+double ThreadsRate(int k, int n, double speedup) {
+  n = std::max(1, n);
+  if (!(speedup > 0)) speedup = n;
+  // s(k) = 1 + (k - 1) (S - 1) / (n - 1): one thread's rate at k = 1, the
+  // source's at k = n, and on the same line beyond.
+  return n > 1 ? 1 + (k - 1) * (speedup - 1) / (n - 1) : 1.0 * k;
+}
+
+double ThreadsRate(const tandem::v1::ProcessorSpec& spec, int k) {
+  const double single = spec.single_thread_matmul_flops_per_second();
+  const double all = spec.peak_matmul_flops_per_second();
+  return ThreadsRate(k, spec.threads(),
+                     single > 0 && all > 0
+                         ? std::clamp(all / single, 1.0, std::max(1.0, 1.0 * spec.threads()))
+                         : 0.0);
+}
+
 double CostModel::ThreadShareSlowdown(int threads, int share) const {
   share = std::max(1, share);
   if (share >= threads) return 1.0;
-  const int n = std::max(1, accelerator_threads_);
-  const double speedup = accelerator_thread_speedup_ > 0 ? accelerator_thread_speedup_ : n;
-  // s(k) = 1 + (k - 1) (S - 1) / (n - 1): one thread's rate at k = 1, the
-  // source's at k = n, and on the same line beyond.
-  auto rate = [&](int k) { return n > 1 ? 1 + (k - 1) * (speedup - 1) / (n - 1) : 1.0 * k; };
-  return rate(threads) / rate(share);
+  return ThreadsRate(threads, accelerator_threads_, accelerator_thread_speedup_) /
+         ThreadsRate(share, accelerator_threads_, accelerator_thread_speedup_);
 }
 
 absl::Status CostModel::SetMeasuredLinks(const Profile& profile) {

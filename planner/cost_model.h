@@ -72,6 +72,14 @@ absl::string_view OpClassKey(OpClass op_class);
 // for a processor of `kind`. `key` is an OpClassKey or "optimizer".
 double DefaultEfficiency(tandem::v1::DeviceKind kind, absl::string_view key);
 
+// How many times one thread's rate k threads of a CPU reach, where n threads
+// reach `speedup` times it (0 = unknown: n), taken linear in k between
+// (1, 1) and (n, speedup) and beyond: the model CostModel::ThreadShareSlowdown
+// and a job with fewer threads than its node (node/placement.cc) use.
+double ThreadsRate(int k, int n, double speedup);
+// The same for `spec`'s threads and its matrix rates on them and on one.
+double ThreadsRate(const tandem::v1::ProcessorSpec& spec, int k);
+
 class CostModel {
  public:
   // From the measured timings of `profile`. FAILED_PRECONDITION when a layer

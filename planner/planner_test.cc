@@ -725,12 +725,18 @@ TEST(SolvePlanTest, PipelineAutoAnswersTheFastestOfOneDeviceAndPipelines) {
   for (const tandem::v1::Plan& p : alone->alternatives()) EXPECT_EQ(p.pipeline_size(), 0);
 }
 
-TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
+// An 8-layer mlp at batch 64 over 4 of SmallNode's accelerators, micro-batches of 8.
+PlanRequest FourStageRequest() {
   PlanRequest r;
   r.profile = testing::MlpProfile({1024, 1024, 1024, 1024, 1024, 1024, 1024, 10}, 64);
   r.hardware = SmallNode(/*accelerators=*/4);
   r.pipeline_devices = 4;
   r.micro_batch_size = 8;
+  return r;
+}
+
+TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
+  PlanRequest r = FourStageRequest();
   absl::StatusOr<tandem::v1::Plan> f1b =
       SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
   absl::StatusOr<tandem::v1::Plan> gpipe =
@@ -778,11 +784,7 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
 }
 
 TEST(SolvePipelinePlanTest, EmulatedStagesComputeAtTheirShareOfTheJobsThreads) {
-  PlanRequest r;
-  r.profile = testing::MlpProfile({1024, 1024, 1024, 1024, 1024, 1024, 1024, 10}, 64);
-  r.hardware = SmallNode(/*accelerators=*/4);
-  r.pipeline_devices = 4;
-  r.micro_batch_size = 8;
+  PlanRequest r = FourStageRequest();
   // Emulated stages compute on the host's cores. With 8 job threads, each of
   // the 4 stages has 2 of them and computes at a quarter of the profile's
   // rate (the profile times a layer on all 8).

@@ -1159,11 +1159,12 @@ absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const
 
 absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model, const JobSpec& resolved,
                                                  const NodeOffer& node, int ranks,
-                                                 Allocator* host_allocator) {
+                                                 Allocator* host_allocator, int accelerator_index) {
   RankExecutor r;
   TANDEM_ASSIGN_OR_RETURN(r.options.plan, RankPlan(model, resolved, node, ranks));
   TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
-  TANDEM_ASSIGN_OR_RETURN(r.accelerator, CreateAccelerator(resolved, node, capacity));
+  TANDEM_ASSIGN_OR_RETURN(r.accelerator,
+                          CreateAccelerator(resolved, node, capacity, accelerator_index));
   r.options.optimizer = resolved.optimizer();
   r.options.max_batch = ShareOf(resolved, ranks);
   r.options.init_seed = resolved.training().seed();

@@ -224,10 +224,12 @@ struct RankExecutor {
   std::unique_ptr<Accelerator> accelerator;
   ExecutorOptions options;
 };
+// `accelerator_index`: which of the node's accelerators the rank runs on.
 absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model,
                                                  const tandem::v1::JobSpec& resolved,
                                                  const NodeOffer& node, int ranks,
-                                                 Allocator* host_allocator);
+                                                 Allocator* host_allocator,
+                                                 int accelerator_index = 0);
 
 }  // namespace tandem::node
 

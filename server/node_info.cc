@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -71,6 +72,9 @@ tandem::v1::NodeInfo BuildNodeInfo(const NodeResources& resources, JobManager& j
     auto it = snapshot.jobs_by_state.find(s);
     (*node.mutable_jobs_by_state())[StateName(s)] =
         it == snapshot.jobs_by_state.end() ? 0 : it->second;
+  }
+  if (const std::shared_ptr<const node::NodeOffer> offer = jobs.node()) {
+    node.set_emulated_accelerators(std::max(1, offer->emulated_accelerators));
   }
   node.set_accepting_jobs(snapshot.accepting);
   node.set_not_accepting_reason(snapshot.not_accepting_reason);

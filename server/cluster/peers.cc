@@ -121,7 +121,9 @@ tandem::v1::PeerInfo PeerSet::Check(const std::string& address) {
       info.set_host_memory_budget_bytes(d.memory_budget_bytes());
       info.set_host_memory_reserved_bytes(d.memory_reserved_bytes());
     }
+    if (d.kind() == tandem::v1::DEVICE_KIND_CUDA) info.set_cuda_devices(info.cuda_devices() + 1);
   }
+  info.set_emulated_accelerators(node.emulated_accelerators());
   info.set_healthy(node.accepting_jobs());
   if (!node.accepting_jobs()) {
     info.set_reason(absl::StrCat("not accepting jobs: ", node.not_accepting_reason()));

@@ -30,11 +30,12 @@ OptimizerSharding ShardingOf(const tandem::v1::JobSpec& resolved) {
 // A runner factory joining `ranks` ranks as `rank` through `store` (made when
 // the factory runs, so that its waits count from then): the CPU engine's rank
 // for a job without an accelerator, else one running the rank's plan for its
-// share on this node (`node`'s offer when the run starts).
+// share on this node (`node`'s offer when the run starts) on its accelerator
+// `accelerator_index`.
 RunnerFactory DataParallelFactory(
     int rank, int ranks, std::string prefix, std::string hostname,
     std::function<std::unique_ptr<gloo::rendezvous::Store>()> make_store,
-    std::shared_ptr<StopVote> vote, NodeSource node) {
+    std::shared_ptr<StopVote> vote, NodeSource node, int accelerator_index = 0) {
   return [=](const Model& model, const tandem::v1::JobSpec& resolved, int64_t max_batch,
              Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     const auto& d = resolved.distributed();
@@ -53,8 +54,9 @@ RunnerFactory DataParallelFactory(
     if (resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
       const std::shared_ptr<const node::NodeOffer> offer = node ? node() : nullptr;
       if (offer == nullptr) return absl::InternalError("no node offer to plan a rank on");
-      TANDEM_ASSIGN_OR_RETURN(node::RankExecutor executor,
-                              node::PrepareRankExecutor(model, resolved, *offer, ranks, allocator));
+      TANDEM_ASSIGN_OR_RETURN(
+          node::RankExecutor executor,
+          node::PrepareRankExecutor(model, resolved, *offer, ranks, allocator, accelerator_index));
       // The per-step agreement's own connections (plan_rank.h).
       TANDEM_ASSIGN_OR_RETURN(
           std::unique_ptr<Communicator> control,
@@ -110,6 +112,7 @@ std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
   for (size_t i = 0; i < nodes.size(); ++i) {
     tandem::v1::GetRankRequest request;
     request.set_job_id(job_id);
+    request.set_rank(static_cast<int>(i) + 1);
     tandem::v1::RankStatus status;
     const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(2),
                                     &tandem::v1::Cluster::Stub::GetRank, request, &status);
@@ -195,6 +198,49 @@ RankHost::~RankHost() {
   }
 }
 
+std::string RankHost::RankKey(const std::string& job_id, int rank) {
+  return absl::StrCat(job_id, "#", rank);
+}
+
+absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const {
+  const int index = r.accelerator_index();
+  const auto kind = r.spec().placement().accelerator();
+  int count = 1;
+  const char* what = "accelerators";
+  if (kind == tandem::v1::ACCELERATOR_KIND_EMULATED) {
+    const std::shared_ptr<const node::NodeOffer> offer = jobs_->node();
+    count = offer ? std::max(1, offer->emulated_accelerators) : 1;
+    what = "emulated accelerators (tandemd --emulated_accelerators)";
+  } else if (kind == tandem::v1::ACCELERATOR_KIND_CUDA) {
+    const std::shared_ptr<const node::NodeOffer> offer = jobs_->node();
+    count = offer ? static_cast<int>(offer->cuda_devices.size()) : 0;
+    what = "CUDA devices";
+  }
+  if (index < 0 || index >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "accelerator_index: ", index, " is not one of this daemon's ", count, " ", what));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RankHost::CheckNotRunning(const tandem::v1::StartRankRequest& r) {
+  for (const auto& [key, rank] : ranks_) {
+    const tandem::v1::StartRankRequest& other = rank->request;
+    if (other.job_id() != r.job_id() || rank->ended()) continue;
+    if (other.rank() == r.rank()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("rank ", r.rank(), " of ", r.job_id(), " already runs here"));
+    }
+    if (other.accelerator_index() == r.accelerator_index() &&
+        r.spec().placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+      return absl::AlreadyExistsError(absl::StrCat("accelerator_index: rank ", other.rank(), " of ",
+                                                   r.job_id(), " already runs on ",
+                                                   r.accelerator_index(), " here"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRankRequest& r) {
   if (!SafeId(r.job_id())) {
     return absl::InvalidArgumentError("job_id: must be 1 to 128 letters, digits, '-', '_' or '.'");
@@ -212,17 +258,15 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   if (r.spec().distributed().replicas() != r.ranks()) {
     return absl::InvalidArgumentError("spec.distributed.replicas: is not ranks");
   }
+  TANDEM_RETURN_IF_ERROR(CheckAcceleratorIndex(r));
   TANDEM_ASSIGN_OR_RETURN(const MemoryEstimate estimate, jobs_->Estimate(r.spec()));
   auto rank = std::make_shared<Rank>();
   rank->request = r;
+  const std::string key = RankKey(r.job_id(), r.rank());
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::FailedPreconditionError("this tandemd is stopping");
-    auto it = ranks_.find(r.job_id());
-    if (it != ranks_.end() && !it->second->ended()) {
-      return absl::AlreadyExistsError(absl::StrCat("rank ", it->second->request.rank(), " of ",
-                                                   r.job_id(), " already runs here"));
-    }
+    TANDEM_RETURN_IF_ERROR(CheckNotRunning(r));
   }
   const int64_t bytes = estimate.host_bytes;
   absl::StatusOr<std::shared_ptr<void>> memory =
@@ -231,14 +275,10 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   rank->memory = *std::move(memory);
   rank->reserved_bytes = bytes;
   absl::MutexLock lock(&mu_);
-  auto it = ranks_.find(r.job_id());
-  if (it != ranks_.end()) {
-    if (!it->second->ended()) {
-      return absl::AlreadyExistsError(absl::StrCat(r.job_id(), " already runs here"));
-    }
-    if (it->second->thread.joinable()) it->second->thread.join();
-  }
-  ranks_[r.job_id()] = rank;
+  TANDEM_RETURN_IF_ERROR(CheckNotRunning(r));
+  auto it = ranks_.find(key);
+  if (it != ranks_.end() && it->second->thread.joinable()) it->second->thread.join();
+  ranks_[key] = rank;
   rank->thread = std::thread([this, rank] { Run(rank); });
   return rank->Status();
 }
@@ -272,7 +312,7 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
       [channel, credentials, prefix, wait] {
         return std::make_unique<RemoteStore>(channel, credentials, prefix, wait);
       },
-      rank.vote, [jobs = jobs_] { return jobs->node(); });
+      rank.vote, [jobs = jobs_] { return jobs->node(); }, r.accelerator_index());
   return options;
 }
 
@@ -339,26 +379,42 @@ void RankHost::KeepSeries(const prometheus::Labels& labels) {
   RemoveCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds, old);
 }
 
-absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id,
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id, int rank_number,
                                                       const std::string& why) {
-  std::shared_ptr<Rank> rank;
+  std::vector<std::shared_ptr<Rank>> stopped;
   {
     absl::MutexLock lock(&mu_);
-    auto it = ranks_.find(job_id);
-    if (it == ranks_.end())
-      return absl::NotFoundError(absl::StrCat("no rank of ", job_id, " here"));
-    rank = it->second;
+    for (const auto& [key, rank] : ranks_) {
+      if (rank->request.job_id() != job_id) continue;
+      if (rank_number == 0 || rank->request.rank() == rank_number) stopped.push_back(rank);
+    }
   }
-  rank->stop = true;
-  rank->vote->Request();
-  return rank->Status();
+  if (stopped.empty()) {
+    return absl::NotFoundError(
+        rank_number == 0 ? absl::StrCat("no rank of ", job_id, " here")
+                         : absl::StrCat("no rank ", rank_number, " of ", job_id, " here"));
+  }
+  for (const std::shared_ptr<Rank>& rank : stopped) {
+    rank->stop = true;
+    rank->vote->Request();
+  }
+  return stopped.front()->Status();
 }
 
-absl::StatusOr<tandem::v1::RankStatus> RankHost::Get(const std::string& job_id) {
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Get(const std::string& job_id, int rank_number) {
   absl::MutexLock lock(&mu_);
-  auto it = ranks_.find(job_id);
-  if (it == ranks_.end()) return absl::NotFoundError(absl::StrCat("no rank of ", job_id, " here"));
-  return it->second->Status();
+  std::shared_ptr<Rank> found;
+  for (const auto& [key, rank] : ranks_) {
+    if (rank->request.job_id() != job_id) continue;
+    if (rank_number != 0 && rank->request.rank() != rank_number) continue;
+    if (found == nullptr || rank->request.rank() < found->request.rank()) found = rank;
+  }
+  if (found == nullptr) {
+    return absl::NotFoundError(
+        rank_number == 0 ? absl::StrCat("no rank of ", job_id, " here")
+                         : absl::StrCat("no rank ", rank_number, " of ", job_id, " here"));
+  }
+  return found->Status();
 }
 
 void RankHost::StopAll(const std::string& why) {
@@ -379,15 +435,41 @@ int RankHost::running() {
 
 // ---------------------------------------------------------------- Coordinator
 
+int Coordinator::Slots(const tandem::v1::JobSpec& resolved, int emulated, int cuda) {
+  switch (resolved.placement().accelerator()) {
+    case tandem::v1::ACCELERATOR_KIND_EMULATED:
+      return std::max(1, emulated);
+    case tandem::v1::ACCELERATOR_KIND_CUDA:
+      return std::max(0, cuda);
+    default:
+      return 1;
+  }
+}
+
+int Coordinator::SelfSlots(const tandem::v1::JobSpec& resolved) const {
+  const std::shared_ptr<const node::NodeOffer> offer = node_ ? node_() : nullptr;
+  if (offer == nullptr) return 1;
+  return std::max(1, Slots(resolved, offer->emulated_accelerators,
+                           static_cast<int>(offer->cuda_devices.size())));
+}
+
 absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
     const tandem::v1::JobSpec& resolved) {
   const auto& d = resolved.distributed();
   const int wanted = d.replicas() - 1;
   const std::vector<tandem::v1::PeerInfo> peers = peers_->Snapshot();
-  std::vector<std::string> healthy, unhealthy;
+  const bool cpu = resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE;
+  // One rank per accelerator of the job's kind (per node for CPU jobs):
+  // this node's after rank 0's, then each healthy peer's, in order.
+  std::vector<std::string> slots, healthy, unhealthy;
+  std::map<std::string, int> room;
+  room[peers_->self()] = SelfSlots(resolved) - 1;
+  for (int k = 0; k < room[peers_->self()]; ++k) slots.push_back(peers_->self());
   for (const auto& p : peers) {
     if (p.healthy()) {
       healthy.push_back(p.address());
+      room[p.address()] = Slots(resolved, p.emulated_accelerators(), p.cuda_devices());
+      for (int k = 0; k < room[p.address()]; ++k) slots.push_back(p.address());
     } else {
       unhealthy.push_back(absl::StrCat(p.address(), " (", p.reason(), ")"));
     }
@@ -398,29 +480,42 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
       const std::string& n = d.nodes(i);
       auto it = std::find_if(peers.begin(), peers.end(),
                              [&](const tandem::v1::PeerInfo& p) { return p.address() == n; });
-      if (it == peers.end()) {
+      if (it == peers.end() && n != peers_->self()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "spec.distributed.nodes[", i, "]: ", n, " is not a peer of this tandemd (peers: ",
             peers.empty() ? "none" : absl::StrJoin(healthy, ", "), ")"));
       }
-      if (!it->healthy()) {
+      if (it != peers.end() && !it->healthy()) {
         return absl::FailedPreconditionError(
             absl::StrCat("spec.distributed.nodes[", i, "]: ", n, " is unhealthy: ", it->reason()));
+      }
+      if (room[n]-- <= 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "spec.distributed.nodes[", i, "]: ", n, " has no accelerator left for another rank",
+            cpu ? " (one rank per node for a job without an accelerator)" : ""));
       }
       chosen.push_back(n);
     }
     return chosen;
   }
-  if (static_cast<int>(healthy.size()) < wanted) {
+  if (static_cast<int>(slots.size()) < wanted) {
+    if (cpu) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec.distributed.replicas: ", d.replicas(), " ranks need ", wanted,
+          " other healthy tandemd node", wanted == 1 ? "" : "s",
+          " (one rank per node); this one has ", healthy.size(),
+          healthy.empty() ? "" : absl::StrCat(" (", absl::StrJoin(healthy, ", "), ")"),
+          unhealthy.empty() ? "" : absl::StrCat("; unhealthy: ", absl::StrJoin(unhealthy, "; "))));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
-        "spec.distributed.replicas: ", d.replicas(), " ranks need ", wanted,
-        " other healthy tandemd node", wanted == 1 ? "" : "s",
-        " (one rank per node); this one has ", healthy.size(),
+        "spec.distributed.replicas: ", d.replicas(), " ranks need ", d.replicas(),
+        " accelerators (one rank per accelerator); this node has ", SelfSlots(resolved),
+        " and its healthy peers ", slots.size() - (SelfSlots(resolved) - 1),
         healthy.empty() ? "" : absl::StrCat(" (", absl::StrJoin(healthy, ", "), ")"),
         unhealthy.empty() ? "" : absl::StrCat("; unhealthy: ", absl::StrJoin(unhealthy, "; "))));
   }
-  healthy.resize(wanted);
-  return healthy;
+  slots.resize(wanted);
+  return slots;
 }
 
 absl::StatusOr<std::vector<std::string>> Coordinator::PinnedNodes(
@@ -428,6 +523,7 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PinnedNodes(
   const std::vector<tandem::v1::PeerInfo> peers = peers_->Snapshot();
   for (size_t i = 0; i < placement.nodes.size(); ++i) {
     const std::string& n = placement.nodes[i];
+    if (n == peers_->self()) continue;  // a rank this node ran besides rank 0
     auto it = std::find_if(peers.begin(), peers.end(),
                            [&](const tandem::v1::PeerInfo& p) { return p.address() == n; });
     if (it == peers.end() || !it->healthy()) {
@@ -466,14 +562,15 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
   PeerSet* peers = peers_;
   RendezvousTable* table = table_;
   auto stop_all = [peers, started, job_id](const std::string& why) {
-    for (const std::string& node : *started) {
+    for (size_t i = 0; i < started->size(); ++i) {
       tandem::v1::StopRankRequest request;
       request.set_job_id(job_id);
+      request.set_rank(static_cast<int>(i) + 1);
       request.set_reason(why);
       tandem::v1::RankStatus status;
       // Best effort: the rank's daemon may be gone.
-      CallPeer(peers, node, absl::Seconds(2), &tandem::v1::Cluster::Stub::StopRank, request,
-               &status);
+      CallPeer(peers, (*started)[i], absl::Seconds(2), &tandem::v1::Cluster::Stub::StopRank,
+               request, &status);
     }
   };
   run.end = [stop_all, table, prefix] {
@@ -495,8 +592,14 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
                             NodesFor(resolved, checkpoint_dir));
     TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec, PinRankPlan(model, resolved, node_));
     picked_nodes->assign({"self"});
+    // One rank per accelerator: rank 0 has this node's first, the others
+    // take each node's next in rank order.
+    std::map<std::string, int> next_accelerator = {{peers->self(), 1}};
     for (size_t i = 0; i < nodes.size(); ++i) {
       tandem::v1::StartRankRequest request;
+      if (resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+        request.set_accelerator_index(next_accelerator[nodes[i]]++);
+      }
       request.set_job_id(job.id());
       request.set_attempt(attempt);
       request.set_rank(static_cast<int>(i) + 1);
@@ -549,7 +652,7 @@ grpc::Status ClusterService::StopRank(grpc::ServerContext* context,
                                       tandem::v1::RankStatus* response) {
   if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
   absl::StatusOr<tandem::v1::RankStatus> status =
-      ranks_->Stop(request->job_id(), request->reason());
+      ranks_->Stop(request->job_id(), request->rank(), request->reason());
   if (!status.ok()) return ToGrpc(status.status());
   *response = *status;
   return grpc::Status::OK;
@@ -559,7 +662,7 @@ grpc::Status ClusterService::GetRank(grpc::ServerContext* context,
                                      const tandem::v1::GetRankRequest* request,
                                      tandem::v1::RankStatus* response) {
   if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
-  absl::StatusOr<tandem::v1::RankStatus> status = ranks_->Get(request->job_id());
+  absl::StatusOr<tandem::v1::RankStatus> status = ranks_->Get(request->job_id(), request->rank());
   if (!status.ok()) return ToGrpc(status.status());
   *response = *status;
   return grpc::Status::OK;

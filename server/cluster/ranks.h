@@ -2,8 +2,10 @@
 //
 // The daemon that accepts a job with distributed.replicas = N > 1 coordinates
 // it: its JobManager runs the job as rank 0 (the job's record, events and
-// metrics are rank 0's), and when a run starts the Coordinator picks N - 1
-// healthy peers, starts rank r on each through tandem.v1.Cluster/StartRank
+// metrics are rank 0's), and when a run starts the Coordinator picks where
+// ranks 1..N-1 run (one rank per accelerator of a node for a job with an
+// accelerator, its own first; one per node for a CPU job), starts rank r
+// there through tandem.v1.Cluster/StartRank
 // (all or nothing: a refusal stops the ranks already started, and the run
 // fails saying which node lacked what), and joins them over Gloo through the
 // rendezvous it serves. Every rank trains its share of each global batch with
@@ -51,9 +53,14 @@ class RankHost {
   // Stops every rank and waits for their threads.
   ~RankHost();
 
+  // A node runs one rank per accelerator: several ranks of a job may run
+  // here, each on its own accelerator_index.
   absl::StatusOr<tandem::v1::RankStatus> Start(const tandem::v1::StartRankRequest& request);
-  absl::StatusOr<tandem::v1::RankStatus> Stop(const std::string& job_id, const std::string& why);
-  absl::StatusOr<tandem::v1::RankStatus> Get(const std::string& job_id);
+  // `rank` 0: every rank of the job here (the status is the first's).
+  absl::StatusOr<tandem::v1::RankStatus> Stop(const std::string& job_id, int rank,
+                                              const std::string& why);
+  // `rank` 0: the lowest-numbered rank of the job here.
+  absl::StatusOr<tandem::v1::RankStatus> Get(const std::string& job_id, int rank);
   // Asks every rank to stop (tandemd is shutting down) without waiting.
   void StopAll(const std::string& why);
   // Ranks running now.
@@ -61,6 +68,14 @@ class RankHost {
 
  private:
   struct Rank;
+  static std::string RankKey(const std::string& job_id, int rank);
+  // INVALID_ARGUMENT unless the request's accelerator_index names one of this
+  // node's accelerators of the job's kind (0 for CPU jobs).
+  absl::Status CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const;
+  // ALREADY_EXISTS while the same rank, or another rank of the job on the
+  // same accelerator, runs here.
+  absl::Status CheckNotRunning(const tandem::v1::StartRankRequest& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(std::shared_ptr<Rank> rank);
   // The rank's trainer: its checkpoints here, its runner joining the others
   // through the coordinator's rendezvous; its callbacks: the stop vote, its
@@ -77,6 +92,7 @@ class RankHost {
   const std::string state_dir_;
   ServerMetrics* const metrics_;
   absl::Mutex mu_;
+  // By RankKey.
   std::map<std::string, std::shared_ptr<Rank>> ranks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<prometheus::Labels> finished_series_ ABSL_GUARDED_BY(mu_);
@@ -100,7 +116,14 @@ class Coordinator {
   DistributedRun Begin(const tandem::v1::Job& job, const std::string& checkpoint_dir);
 
  private:
-  // The nodes of ranks 1..N-1, or why there are not enough.
+  // How many ranks of `resolved` a node with `emulated` emulated
+  // accelerators and `cuda` CUDA devices runs: one per accelerator of the
+  // job's kind, one for a job without an accelerator.
+  static int Slots(const tandem::v1::JobSpec& resolved, int emulated, int cuda);
+  // This node's, rank 0 included (the node offer's accelerators).
+  int SelfSlots(const tandem::v1::JobSpec& resolved) const;
+  // The nodes of ranks 1..N-1 (this node's own address for a rank besides
+  // rank 0 here; a node once per rank), or why there are not enough.
   absl::StatusOr<std::vector<std::string>> PickNodes(const tandem::v1::JobSpec& resolved);
   // The nodes `placement` names for ranks 1..N-1, when all are healthy peers.
   absl::StatusOr<std::vector<std::string>> PinnedNodes(const PartitionPlacement& placement);

@@ -187,6 +187,7 @@ class ParityMixin:
         self.assertGreaterEqual(d.buckets, 1)
         self.assertGreater(d.collective_bytes, 0)
         self.check_nothing_held()
+        return job
 
 
 class TwoDaemonsTest(unittest.TestCase, ParityMixin):
@@ -593,6 +594,56 @@ class FourDaemonsTest(unittest.TestCase, ParityMixin):
 
     def test_four_ranks_with_emulated_accelerators_run_reuse_distance_as_one_replica(self):
         self.check_hybrid_parity(4, "STRATEGY_REUSE_DISTANCE", "OPTIMIZER_SHARDING_PARTITIONED")
+
+
+class TwoDaemonsTwoAcceleratorsTest(unittest.TestCase, ParityMixin):
+    """Two daemons with two emulated accelerators each: a job with an
+    accelerator runs one rank per accelerator, two on each node."""
+
+    @classmethod
+    def setUpClass(cls):
+        two = ["--emulated_accelerators=2"]
+        cls.daemons, cls.clients = start_cluster(2, {0: two, 1: two})
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_cluster(cls.daemons)
+
+    def test_four_ranks_on_two_nodes_run_zero_offload_as_one_replica(self):
+        job = self.check_hybrid_parity(4, "STRATEGY_ZERO_OFFLOAD",
+                                       "OPTIMIZER_SHARDING_PARTITIONED")
+        nodes = list(job.metrics.distributed.nodes)
+        print("4 ranks on 2 nodes of 2 emulated accelerators: ranks on %s" % nodes)
+        self.assertEqual(nodes, ["self", self.daemons[0].address, self.daemons[1].address,
+                                 self.daemons[1].address])
+
+    def test_more_ranks_than_accelerators_is_refused_and_a_cpu_job_keeps_one_per_node(self):
+        import grpc
+        with self.assertRaises(grpc.RpcError) as e:
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(
+                spec=emulated(gpt_spec(5), "STRATEGY_ZERO_OFFLOAD")), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("5 ranks need 5 accelerators (one rank per accelerator); this node has 2 "
+                      "and its healthy peers 2", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=gpt_spec(3)),
+                                      timeout=30)
+        self.assertIn("3 ranks need 2 other healthy tandemd nodes", e.exception.details())
+        # A rank started on an accelerator the node does not have.
+        from tandem.v1 import cluster_pb2, cluster_pb2_grpc
+        channel = stub(self.daemons[1].address)[0]
+        request = cluster_pb2.StartRankRequest(
+            job_id="no-such-accelerator", attempt=1, rank=1, ranks=2,
+            coordinator=self.daemons[0].address, hostname="127.0.0.1", accelerator_index=2,
+            spec=emulated(gpt_spec(2), "STRATEGY_ZERO_OFFLOAD"))
+        with self.assertRaises(grpc.RpcError) as e:
+            cluster_pb2_grpc.ClusterStub(channel).StartRank(request, timeout=30)
+        channel.close()
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("accelerator_index: 2 is not one of this daemon's 2 emulated accelerators",
+                      e.exception.details())
+        self.assertEqual(host_reserved(self.clients[0]), 0)
+        self.assertEqual(host_reserved(self.clients[1]), 0)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,32 @@ grpc::Status CallPeer(PeerSet* peers, const std::string& address, absl::Duration
   return ((*stub).*method)(&context, request, response);
 }
 
+// The StartRank requests of ranks 1..N-1 of a run of `job_id` on `nodes`
+// (rank r on nodes[r - 1]), whose coordinator is `self`. One rank per
+// accelerator: rank 0 has this node's first, the others take each node's
+// next in rank order.
+std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& job_id, int attempt,
+                                                            const tandem::v1::JobSpec& spec,
+                                                            const std::vector<std::string>& nodes,
+                                                            const std::string& self) {
+  std::vector<tandem::v1::StartRankRequest> requests;
+  std::map<std::string, int> next_accelerator = {{self, 1}};
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    tandem::v1::StartRankRequest& request = requests.emplace_back();
+    if (spec.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+      request.set_accelerator_index(next_accelerator[nodes[i]]++);
+    }
+    request.set_job_id(job_id);
+    request.set_attempt(attempt);
+    request.set_rank(static_cast<int>(i) + 1);
+    request.set_ranks(spec.distributed().replicas());
+    request.set_coordinator(self);
+    *request.mutable_spec() = spec;
+    request.set_hostname(HostOf(nodes[i]));
+  }
+  return requests;
+}
+
 // What each started rank is doing, as its daemon says (or that it does not
 // answer): "rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED (...)".
 std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
@@ -592,21 +618,10 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
                             NodesFor(resolved, checkpoint_dir));
     TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec, PinRankPlan(model, resolved, node_));
     picked_nodes->assign({"self"});
-    // One rank per accelerator: rank 0 has this node's first, the others
-    // take each node's next in rank order.
-    std::map<std::string, int> next_accelerator = {{peers->self(), 1}};
+    const std::vector<tandem::v1::StartRankRequest> requests =
+        StartRankRequests(job.id(), attempt, spec, nodes, peers->self());
     for (size_t i = 0; i < nodes.size(); ++i) {
-      tandem::v1::StartRankRequest request;
-      if (resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
-        request.set_accelerator_index(next_accelerator[nodes[i]]++);
-      }
-      request.set_job_id(job.id());
-      request.set_attempt(attempt);
-      request.set_rank(static_cast<int>(i) + 1);
-      request.set_ranks(resolved.distributed().replicas());
-      request.set_coordinator(peers->self());
-      *request.mutable_spec() = spec;
-      request.set_hostname(HostOf(nodes[i]));
+      const tandem::v1::StartRankRequest& request = requests[i];
       tandem::v1::RankStatus status;
       const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(30),
                                       &tandem::v1::Cluster::Stub::StartRank, request, &status);

@@ -101,7 +101,8 @@ ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 ABSL_FLAG(std::string, peers, "",
           "The other tandemd daemons of this one's cluster, HOST:PORT,...: distributed jobs "
-          "(distributed.replicas > 1) place their ranks on them (docs/distributed.md).");
+          "(distributed.replicas > 1) place their ranks on them (docs/distributed.md). Without "
+          "peers, a daemon with --emulated_accelerators > 1 runs a rank on each of them.");
 ABSL_FLAG(std::string, peers_dns, "",
           "NAME:PORT whose address records are the peers (a Kubernetes headless Service), "
           "resolved again at every health check.");
@@ -235,19 +236,25 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
 }
 
 // The peers of --peers/--peers_dns, called with the token and TLS of
-// --auth_token_file and --tls_cert. Null without either flag.
+// --auth_token_file and --tls_cert. Without either flag, a node of several
+// emulated accelerators is a cluster of its own (its distributed jobs run a
+// rank per accelerator, docs/distributed.md) where it has a port to be
+// reached at; else null.
 absl::StatusOr<std::unique_ptr<tandem::server::PeerSet>> PeersFromFlags() {
   using namespace tandem::server;
   const std::string list = absl::GetFlag(FLAGS_peers), dns = absl::GetFlag(FLAGS_peers_dns);
-  if (list.empty() && dns.empty()) return nullptr;
   PeerSetOptions o;
+  o.self = absl::GetFlag(FLAGS_advertise).empty() ? absl::GetFlag(FLAGS_listen)
+                                                  : absl::GetFlag(FLAGS_advertise);
+  if (list.empty() && dns.empty() &&
+      (absl::GetFlag(FLAGS_emulated_accelerators) <= 1 || absl::EndsWith(o.self, ":0"))) {
+    return nullptr;
+  }
   TANDEM_ASSIGN_OR_RETURN(o.static_peers, ParsePeerList(list));
   if (!dns.empty() && dns.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError("--peers_dns: must be NAME:PORT");
   }
   o.dns = dns;
-  o.self = absl::GetFlag(FLAGS_advertise).empty() ? absl::GetFlag(FLAGS_listen)
-                                                  : absl::GetFlag(FLAGS_advertise);
   if (absl::EndsWith(o.self, ":0")) {
     return absl::InvalidArgumentError(
         "--advertise: peers need this daemon's port; set --advertise=HOST:PORT (or a --listen "

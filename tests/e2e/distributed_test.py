@@ -646,6 +646,32 @@ class TwoDaemonsTwoAcceleratorsTest(unittest.TestCase, ParityMixin):
         self.assertEqual(host_reserved(self.clients[1]), 0)
 
 
+class OneDaemonTwoAcceleratorsTest(unittest.TestCase, ParityMixin):
+    """One daemon with two emulated accelerators and no --peers: a cluster of
+    its own, whose jobs with an accelerator run a rank on each."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemons, cls.clients = start_cluster(1, {0: ["--emulated_accelerators=2"]})
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_cluster(cls.daemons)
+
+    def test_two_ranks_on_one_node_run_reuse_distance_as_one_replica(self):
+        job = self.check_hybrid_parity(2, "STRATEGY_REUSE_DISTANCE",
+                                       "OPTIMIZER_SHARDING_PARTITIONED")
+        self.assertEqual(list(job.metrics.distributed.nodes), ["self", self.daemons[0].address])
+
+    def test_a_cpu_job_still_needs_a_node_per_rank(self):
+        import grpc
+        with self.assertRaises(grpc.RpcError) as e:
+            self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=gpt_spec(2)),
+                                      timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("2 ranks need 1 other healthy tandemd node", e.exception.details())
+
+
 if __name__ == "__main__":
     TANDEMD = sys.argv.pop(1)
     junit_runner.main()

@@ -2,13 +2,14 @@
 //
 // libgomp keeps the workers of a thread's last parallel region docked until
 // that thread exits, and counts them among the threads it manages. Once those
-// outnumber the CPUs, it cuts every team's spin-wait to about a thousand
-// iterations, so each parallel region's start and barrier go through futex
-// sleeps and wake-ups. One two-thread region run by a long-lived thread (the
-// daemon's node profile on its main thread, an evaluation on a job's driving
-// thread) was enough on a 2-core machine to make every later compute team
-// about 1.7x slower (docs/architecture.md, "Threads"). Parallel work that does
-// not belong to a job's compute streams runs here instead.
+// outnumber the CPUs, it cuts every team's spin-wait to its short throttled
+// count (gomp_throttled_spin_count_var), so each parallel region's start and
+// barrier go through futex sleeps and wake-ups. One two-thread region run by
+// a long-lived thread (the daemon's node profile on its main thread, an
+// evaluation on a job's driving thread) was enough on a 2-core machine to
+// make every later compute team up to 1.7x slower (docs/architecture.md,
+// "Threads and OpenMP teams"). Parallel work that does not belong to a job's
+// compute streams runs here instead.
 #ifndef TANDEM_RUNTIME_CORE_OMP_THREADS_H_
 #define TANDEM_RUNTIME_CORE_OMP_THREADS_H_
 

@@ -191,16 +191,17 @@ class ParityMixin:
 
 
 class TwoDaemonsTest(unittest.TestCase, ParityMixin):
-    def start_pair(self, second_data_root="/usr/share"):
-        """Two more daemons, each the other's peer, both healthy; stopped after
-        the test. Returns them, a client of the first, and the second's address."""
+    def start_pair(self, second_data_root="/usr/share", accelerators=1):
+        """Two more daemons, each the other's peer, both healthy, each with
+        `accelerators` emulated accelerators; stopped after the test. Returns
+        them, a client of the first, and the second's address."""
         a, b = ["127.0.0.1:%d" % p for p in free_ports(2)]
-        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b,
-                                              "--job_threads=1"]).start()
+        more = ["--job_threads=1", "--emulated_accelerators=%d" % accelerators]
+        first = Tandemd(TANDEMD, extra_flags=["--listen=" + a, "--peers=" + b] + more).start()
         self.addCleanup(first.cleanup)
         self.addCleanup(first.stop)
         second = Tandemd(TANDEMD, data_root=second_data_root, extra_flags=[
-            "--listen=" + b, "--peers=" + a, "--job_threads=1"]).start()
+            "--listen=" + b, "--peers=" + a] + more).start()
         self.addCleanup(second.cleanup)
         self.addCleanup(second.stop)
         client = stub(first.address)[1]
@@ -325,15 +326,22 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
                                    "OPTIMIZER_SHARDING_PARTITIONED",
                                    "ranks running zero_offload on emulated accelerators")
 
-    def check_kill_and_resume(self, place, sharding, what):
+    def test_two_plan_ranks_per_node_killed_with_their_node_resume_and_succeed(self):
+        # 4 ranks on 2 daemons of 2 emulated accelerators: the second daemon's
+        # two ranks die together and come back on their accelerators.
+        self.check_kill_and_resume(lambda spec: emulated(spec, "STRATEGY_ZERO_OFFLOAD"),
+                                   "OPTIMIZER_SHARDING_PARTITIONED",
+                                   "4 ranks running zero_offload, 2 per node", replicas=4)
+
+    def check_kill_and_resume(self, place, sharding, what, replicas=2):
         # Rank 1's daemon is killed (-9) mid-run and started again on the same
         # port and state: every rank restarts from rank 0's latest checkpoint,
         # and the job's losses are still one replica's (the CPU engine's).
-        first, second, client, b = self.start_pair()
+        first, second, client, b = self.start_pair(accelerators=replicas // 2)
         steps = 300
         reference = run(client, gpt_spec(steps=steps))
         want = step_losses(client, reference.id)
-        spec = place(gpt_spec(2, sharding, steps=steps, collective_timeout_seconds=5,
+        spec = place(gpt_spec(replicas, sharding, steps=steps, collective_timeout_seconds=5,
                               fault_wait_seconds=60))
         spec.training.checkpoint_interval_steps = 40
         job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
@@ -350,7 +358,7 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
                    "resumed from checkpoint" in e.log.message]
         got = {e.step.step: e.step.loss for e in events if e.HasField("step")}
         worst = max(abs(got[s] - want[s]) for s in want)
-        print("%s: rank 1's daemon killed at step >= 100 and restarted: %s after %.1f s, %d "
+        print("%s: the second daemon killed at step >= 100 and restarted: %s after %.1f s, %d "
               "attempts, %s; worst loss difference to one replica over %d steps %.2e" % (
                   what, job_pb2.JobState.Name(done.state), time.time() - killed, done.attempts,
                   resumed, steps, worst))
@@ -359,9 +367,18 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.assertTrue(resumed)
         self.assertEqual(sorted(got), list(range(1, steps + 1)))
         self.assertLess(worst, 1e-4)
-        self.assertEqual(host_reserved(client), 0)
-        if sharding == "OPTIMIZER_SHARDING_PARTITIONED":
+        # Nothing held once the ranks are over (a rank besides rank 0 on the
+        # first daemon ends just after it: its last checkpoint).
+        deadline = time.time() + 60
+        while host_reserved(client) != 0:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.2)
+        if sharding == "OPTIMIZER_SHARDING_PARTITIONED" and replicas == 2:
             self.check_partitions(first, second, job.id, b)
+        if replicas == 4:
+            nodes = list(done.metrics.distributed.nodes)
+            print("ranks on %s" % nodes)
+            self.assertEqual(nodes, ["self", first.address, b, b])
 
     def check_partitions(self, first, second, job_id, b):
         # Rank 0's daemon committed manifests naming rank 1's partition on the

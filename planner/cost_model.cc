@@ -527,10 +527,13 @@ void CostModel::SetMeasuredProcessors(const tandem::v1::DeviceProfile& host,
 
 void CostModel::SetThreadSpeedup(int threads, double rate, double single_thread_rate) {
   accelerator_threads_ = std::max(0, threads);
-  accelerator_thread_speedup_ =
-      threads > 0 && rate > 0 && single_thread_rate > 0
-          ? std::clamp(rate / single_thread_rate, 1.0, static_cast<double>(threads))
-          : 0;
+  accelerator_thread_speedup_ = ThreadSpeedup(threads, rate, single_thread_rate);
+}
+
+double ThreadSpeedup(int threads, double rate, double single_thread_rate) {
+  return threads > 0 && rate > 0 && single_thread_rate > 0
+             ? std::clamp(rate / single_thread_rate, 1.0, static_cast<double>(threads))
+             : 0;
 }
 
 double ThreadsRate(int k, int n, double speedup) {
@@ -542,12 +545,9 @@ double ThreadsRate(int k, int n, double speedup) {
 }
 
 double ThreadsRate(const tandem::v1::ProcessorSpec& spec, int k) {
-  const double single = spec.single_thread_matmul_flops_per_second();
-  const double all = spec.peak_matmul_flops_per_second();
   return ThreadsRate(k, spec.threads(),
-                     single > 0 && all > 0
-                         ? std::clamp(all / single, 1.0, std::max(1.0, 1.0 * spec.threads()))
-                         : 0.0);
+                     ThreadSpeedup(spec.threads(), spec.peak_matmul_flops_per_second(),
+                                   spec.single_thread_matmul_flops_per_second()));
 }
 
 double CostModel::ThreadShareSlowdown(int threads, int share) const {

@@ -79,6 +79,9 @@ double DefaultEfficiency(tandem::v1::DeviceKind kind, absl::string_view key);
 double ThreadsRate(int k, int n, double speedup);
 // The same for `spec`'s threads and its matrix rates on them and on one.
 double ThreadsRate(const tandem::v1::ProcessorSpec& spec, int k);
+// How many times `single_thread_rate` `threads` threads' `rate` is, in
+// [1, threads]; 0 when either rate is unknown.
+double ThreadSpeedup(int threads, double rate, double single_thread_rate);
 
 class CostModel {
  public:

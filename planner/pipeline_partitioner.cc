@@ -16,10 +16,11 @@ double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads
          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ParameterBytes(layer));
 }
 
-double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages) {
+double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages,
+                         double compute_scale) {
   double worst = 0;
   for (const tandem::v1::PipelineStage& s : stages) {
-    worst = std::max({worst, s.compute_seconds(), 2 * s.communication_seconds()});
+    worst = std::max({worst, compute_scale * s.compute_seconds(), 2 * s.communication_seconds()});
   }
   return worst;
 }

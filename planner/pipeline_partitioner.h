@@ -70,8 +70,10 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
 double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads);
 
 // The slowest stage's time: what bounds the pipeline's throughput, in
-// seconds per micro-batch.
-double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages);
+// seconds per micro-batch. `compute_scale` stretches each stage's compute
+// (an emulated stage on its share of the job's threads, planner.cc).
+double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages,
+                         double compute_scale = 1.0);
 
 }  // namespace tandem::planner
 

@@ -348,7 +348,7 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
   // How much slower a stage's device work runs than the profile's.
   const double slower = shared_cores ? cost.ThreadShareSlowdown(job_threads, stage_threads) : 1.0;
-  double update = 0, updates = 0, work = 0, bottleneck = 0;
+  double update = 0, updates = 0, work = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
   for (const tandem::v1::PipelineStage& s : stages) {
@@ -362,10 +362,9 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     update = std::max(update, stage_update);
     updates += stage_update;
     work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
-    bottleneck =
-        std::max({bottleneck, slower * s.compute_seconds(), 2 * s.communication_seconds()});
     peak = std::max(peak, s.memory_bytes());
   }
+  double bottleneck = BottleneckSeconds(stages, slower);
   const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   if (pipedream) {
     // An update after every micro-batch's backward, on each stage's path.

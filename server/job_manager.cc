@@ -113,10 +113,18 @@ const char* ReplanLabel(tandem::v1::ReplanReason reason) {
   }
 }
 
+// The optimizer state, in bytes, of `states` moments that one of `n` ranks
+// keeps of `cut` weights in `cut_layers` layers cut into pieces (of each
+// bucket 1/N and a float more at most, a bucket per layer at most) and of
+// `whole` weights it keeps whole.
+int64_t PartitionedStateBytes(int states, int64_t n, int64_t cut, int64_t cut_layers,
+                              int64_t whole) {
+  return states * ((cut + n - 1) / n + cut_layers + whole) * int64_t{4};
+}
+
 // The optimizer state a ZeRO-partitioned rank running `plan` (not hetero_dp)
 // keeps on its host, in bytes: its pieces of the layers the plan updates
-// there (of each bucket 1/N and a float more at most, a bucket per layer at
-// most) and the whole state of the others (PlanExecutor's compact host
+// there and the whole state of the others (PlanExecutor's compact host
 // moments); `whole` where the plan is not one of those.
 int64_t PlanRankStateBytes(const Model& m, const tandem::v1::Plan& plan, int states, int64_t n,
                            int64_t whole) {
@@ -133,7 +141,7 @@ int64_t PlanRankStateBytes(const Model& m, const tandem::v1::Plan& plan, int sta
       other += m.param_slice(l);
     }
   }
-  return std::min(whole, states * ((host + n - 1) / n + host_layers + other) * int64_t{4});
+  return std::min(whole, PartitionedStateBytes(states, n, host, host_layers, other));
 }
 
 }  // namespace
@@ -216,15 +224,13 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   }
   e.optimizer_state_bytes = e.optimizer_state_total_bytes = states * m.parameter_elements() * 4;
   const tandem::v1::DistributedSpec& d = resolved.distributed();
-  if (d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED &&
-      resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
-    // A CPU-engine rank allocates its pieces alone: of each bucket 1/N, a
-    // float more at most, and a bucket per layer at most.
-    const int64_t n = d.replicas();
+  const bool partitioned =
+      d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  if (partitioned && resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
+    // A CPU-engine rank allocates its pieces of every layer's state alone.
     e.optimizer_state_bytes =
-        states * ((m.parameter_elements() + n - 1) / n + m.num_layers()) * int64_t{4};
-  } else if (d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED &&
-             resolved.placement().has_plan()) {
+        PartitionedStateBytes(states, d.replicas(), m.parameter_elements(), m.num_layers(), 0);
+  } else if (partitioned && resolved.placement().has_plan()) {
     // A rank running a plan keeps the whole state of the layers its
     // accelerator updates: known once the plan is, as on a run's ranks, whose
     // rank plan is pinned in their spec (server/cluster/ranks.cc). Without

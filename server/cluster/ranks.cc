@@ -224,24 +224,28 @@ RankHost::~RankHost() {
   }
 }
 
+namespace {
+
+// NOT_FOUND for rank `rank` of `job_id` (0: any of its ranks).
+absl::Status NoRankHere(const std::string& job_id, int rank) {
+  return absl::NotFoundError(rank == 0 ? absl::StrCat("no rank of ", job_id, " here")
+                                       : absl::StrCat("no rank ", rank, " of ", job_id, " here"));
+}
+
+}  // namespace
+
 std::string RankHost::RankKey(const std::string& job_id, int rank) {
   return absl::StrCat(job_id, "#", rank);
 }
 
 absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const {
   const int index = r.accelerator_index();
+  const int count = RanksPerNode(r.spec(), jobs_->node().get());
   const auto kind = r.spec().placement().accelerator();
-  int count = 1;
-  const char* what = "accelerators";
-  if (kind == tandem::v1::ACCELERATOR_KIND_EMULATED) {
-    const std::shared_ptr<const node::NodeOffer> offer = jobs_->node();
-    count = offer ? std::max(1, offer->emulated_accelerators) : 1;
-    what = "emulated accelerators (tandemd --emulated_accelerators)";
-  } else if (kind == tandem::v1::ACCELERATOR_KIND_CUDA) {
-    const std::shared_ptr<const node::NodeOffer> offer = jobs_->node();
-    count = offer ? static_cast<int>(offer->cuda_devices.size()) : 0;
-    what = "CUDA devices";
-  }
+  const char* what = kind == tandem::v1::ACCELERATOR_KIND_EMULATED
+                         ? "emulated accelerators (tandemd --emulated_accelerators)"
+                     : kind == tandem::v1::ACCELERATOR_KIND_CUDA ? "CUDA devices"
+                                                                 : "accelerators";
   if (index < 0 || index >= count) {
     return absl::InvalidArgumentError(absl::StrCat(
         "accelerator_index: ", index, " is not one of this daemon's ", count, " ", what));
@@ -415,11 +419,7 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id,
       if (rank_number == 0 || rank->request.rank() == rank_number) stopped.push_back(rank);
     }
   }
-  if (stopped.empty()) {
-    return absl::NotFoundError(
-        rank_number == 0 ? absl::StrCat("no rank of ", job_id, " here")
-                         : absl::StrCat("no rank ", rank_number, " of ", job_id, " here"));
-  }
+  if (stopped.empty()) return NoRankHere(job_id, rank_number);
   for (const std::shared_ptr<Rank>& rank : stopped) {
     rank->stop = true;
     rank->vote->Request();
@@ -435,11 +435,7 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Get(const std::string& job_id, 
     if (rank_number != 0 && rank->request.rank() != rank_number) continue;
     if (found == nullptr || rank->request.rank() < found->request.rank()) found = rank;
   }
-  if (found == nullptr) {
-    return absl::NotFoundError(
-        rank_number == 0 ? absl::StrCat("no rank of ", job_id, " here")
-                         : absl::StrCat("no rank ", rank_number, " of ", job_id, " here"));
-  }
+  if (found == nullptr) return NoRankHere(job_id, rank_number);
   return found->Status();
 }
 
@@ -461,7 +457,7 @@ int RankHost::running() {
 
 // ---------------------------------------------------------------- Coordinator
 
-int Coordinator::Slots(const tandem::v1::JobSpec& resolved, int emulated, int cuda) {
+int RanksPerNode(const tandem::v1::JobSpec& resolved, int emulated, int cuda) {
   switch (resolved.placement().accelerator()) {
     case tandem::v1::ACCELERATOR_KIND_EMULATED:
       return std::max(1, emulated);
@@ -472,11 +468,15 @@ int Coordinator::Slots(const tandem::v1::JobSpec& resolved, int emulated, int cu
   }
 }
 
+int RanksPerNode(const tandem::v1::JobSpec& resolved, const node::NodeOffer* node) {
+  return node == nullptr ? RanksPerNode(resolved, 1, 0)
+                         : RanksPerNode(resolved, node->emulated_accelerators,
+                                        static_cast<int>(node->cuda_devices.size()));
+}
+
 int Coordinator::SelfSlots(const tandem::v1::JobSpec& resolved) const {
   const std::shared_ptr<const node::NodeOffer> offer = node_ ? node_() : nullptr;
-  if (offer == nullptr) return 1;
-  return std::max(1, Slots(resolved, offer->emulated_accelerators,
-                           static_cast<int>(offer->cuda_devices.size())));
+  return std::max(1, RanksPerNode(resolved, offer.get()));
 }
 
 absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
@@ -489,12 +489,13 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
   // this node's after rank 0's, then each healthy peer's, in order.
   std::vector<std::string> slots, healthy, unhealthy;
   std::map<std::string, int> room;
-  room[peers_->self()] = SelfSlots(resolved) - 1;
+  const int self_slots = SelfSlots(resolved);
+  room[peers_->self()] = self_slots - 1;
   for (int k = 0; k < room[peers_->self()]; ++k) slots.push_back(peers_->self());
   for (const auto& p : peers) {
     if (p.healthy()) {
       healthy.push_back(p.address());
-      room[p.address()] = Slots(resolved, p.emulated_accelerators(), p.cuda_devices());
+      room[p.address()] = RanksPerNode(resolved, p.emulated_accelerators(), p.cuda_devices());
       for (int k = 0; k < room[p.address()]; ++k) slots.push_back(p.address());
     } else {
       unhealthy.push_back(absl::StrCat(p.address(), " (", p.reason(), ")"));
@@ -535,8 +536,8 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "spec.distributed.replicas: ", d.replicas(), " ranks need ", d.replicas(),
-        " accelerators (one rank per accelerator); this node has ", SelfSlots(resolved),
-        " and its healthy peers ", slots.size() - (SelfSlots(resolved) - 1),
+        " accelerators (one rank per accelerator); this node has ", self_slots,
+        " and its healthy peers ", slots.size() - (self_slots - 1),
         healthy.empty() ? "" : absl::StrCat(" (", absl::StrJoin(healthy, ", "), ")"),
         unhealthy.empty() ? "" : absl::StrCat("; unhealthy: ", absl::StrJoin(unhealthy, "; "))));
   }

@@ -45,6 +45,13 @@ using NodeSource = std::function<std::shared_ptr<const node::NodeOffer>()>;
 // The Gloo transport's address for a daemon reached at HOST:PORT: HOST.
 std::string HostOf(const std::string& address);
 
+// How many ranks of `resolved` a node with `emulated` emulated accelerators
+// and `cuda` CUDA devices runs: one per accelerator of the job's kind, one
+// for a job without an accelerator. The second form reads `node`'s offer
+// (null: one emulated accelerator, no CUDA device).
+int RanksPerNode(const tandem::v1::JobSpec& resolved, int emulated, int cuda);
+int RanksPerNode(const tandem::v1::JobSpec& resolved, const node::NodeOffer* node);
+
 class RankHost {
  public:
   // `metrics` (may be null) gets each running rank's collectives.
@@ -116,11 +123,7 @@ class Coordinator {
   DistributedRun Begin(const tandem::v1::Job& job, const std::string& checkpoint_dir);
 
  private:
-  // How many ranks of `resolved` a node with `emulated` emulated
-  // accelerators and `cuda` CUDA devices runs: one per accelerator of the
-  // job's kind, one for a job without an accelerator.
-  static int Slots(const tandem::v1::JobSpec& resolved, int emulated, int cuda);
-  // This node's, rank 0 included (the node offer's accelerators).
+  // RanksPerNode of this node (its node offer), rank 0 included.
   int SelfSlots(const tandem::v1::JobSpec& resolved) const;
   // The nodes of ranks 1..N-1 (this node's own address for a rank besides
   // rank 0 here; a node once per rank), or why there are not enough.

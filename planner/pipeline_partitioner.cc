@@ -16,11 +16,10 @@ double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads
          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ParameterBytes(layer));
 }
 
-double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages,
-                         double compute_scale) {
+double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages) {
   double worst = 0;
   for (const tandem::v1::PipelineStage& s : stages) {
-    worst = std::max({worst, compute_scale * s.compute_seconds(), 2 * s.communication_seconds()});
+    worst = std::max({worst, s.compute_seconds(), 2 * s.communication_seconds()});
   }
   return worst;
 }
@@ -43,9 +42,11 @@ class StageCosts {
     for (auto* v : {&time_, &forward_, &offload_extra_}) v->assign(L + 1, 0.0);
     for (auto* v : {&state_, &activation_, &optimizer_, &parameters_}) v->assign(L + 1, 0);
     for (int l = 0; l < L; ++l) {
-      const double f = cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m_);
+      const double scale = l < static_cast<int>(r.compute_scale.size()) ? r.compute_scale[l] : 1.0;
+      const double f = scale * cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m_);
       forward_[l + 1] = forward_[l] + f;
-      time_[l + 1] = time_[l] + f + cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m_);
+      time_[l + 1] =
+          time_[l] + f + scale * cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m_);
       offload_extra_[l + 1] = offload_extra_[l] + OffloadedUpdateSeconds(cost, l, r.host_threads) -
                               cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
       state_[l + 1] =
@@ -113,6 +114,20 @@ class StageCosts {
     return best;
   }
 
+  // Stage k as layers [i, j) held as `mode`: its times and memory.
+  tandem::v1::PipelineStage Stage(int k, int i, int j, StageMode mode) const {
+    tandem::v1::PipelineStage stage;
+    stage.set_device_index(k);
+    stage.set_first_layer(i);
+    stage.set_last_layer(j - 1);
+    stage.set_recompute(mode.recompute);
+    stage.set_offload_optimizer(mode.offload);
+    stage.set_compute_seconds(Time(i, j, mode));
+    stage.set_communication_seconds(j < cost_.num_layers() ? Send(j - 1) : 0.0);
+    stage.set_memory_bytes(Memory(k, i, j, mode));
+    return stage;
+  }
+
  private:
   const CostModel& cost_;
   const PipelineRequest& r_;
@@ -161,17 +176,34 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   int j = L;
   for (int s = S; s >= 1; --s) {
     const int i = cut[s][j];
-    const StageMode mode = costs.Choose(s - 1, i, j).value_or(StageMode{});
-    tandem::v1::PipelineStage& stage = stages[s - 1];
-    stage.set_device_index(s - 1);
-    stage.set_first_layer(i);
-    stage.set_last_layer(j - 1);
-    stage.set_recompute(mode.recompute);
-    stage.set_offload_optimizer(mode.offload);
-    stage.set_compute_seconds(costs.Time(i, j, mode));
-    stage.set_communication_seconds(j < L ? costs.Send(j - 1) : 0.0);
-    stage.set_memory_bytes(costs.Memory(s - 1, i, j, mode));
+    stages[s - 1] = costs.Stage(s - 1, i, j, costs.Choose(s - 1, i, j).value_or(StageMode{}));
     j = i;
+  }
+  return stages;
+}
+
+absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
+    const CostModel& cost, const PipelineRequest& r,
+    const std::vector<tandem::v1::PipelineStage>& given) {
+  const int L = cost.num_layers();
+  const int S = static_cast<int>(given.size());
+  const StageCosts costs(cost, r, S);
+  std::vector<tandem::v1::PipelineStage> stages;
+  int next = 0;
+  for (int s = 0; s < S; ++s) {
+    const tandem::v1::PipelineStage& g = given[s];
+    if (g.first_layer() != next || g.last_layer() < g.first_layer() || g.last_layer() >= L) {
+      return absl::InvalidArgumentError(absl::StrCat("pipeline[", s, "]: layers ", g.first_layer(),
+                                                     "..", g.last_layer(), " do not follow layer ",
+                                                     next - 1, " within ", L, " layers"));
+    }
+    stages.push_back(costs.Stage(s, g.first_layer(), g.last_layer() + 1,
+                                 StageMode{g.recompute(), g.offload_optimizer()}));
+    next = g.last_layer() + 1;
+  }
+  if (next != L) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: the stages end at layer ", next - 1, " of ", L));
   }
   return stages;
 }

@@ -58,6 +58,9 @@ struct PipelineRequest {
   // on `host_threads` threads, weights up. Not with weight stashing.
   bool allow_offload = false;
   int host_threads = 0;
+  // Per layer, a factor on its forward and backward (the stage's share of
+  // the threads, measured corrections); empty: 1.
+  std::vector<double> compute_scale;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED
@@ -65,15 +68,20 @@ struct PipelineRequest {
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
     const CostModel& cost, const PipelineRequest& request);
 
+// `given`'s stages (their layers, recompute and offload_optimizer) timed and
+// sized as PartitionPipeline would: INVALID_ARGUMENT when they do not cover
+// the layers in order. A stage that does not fit is returned as it is.
+absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
+    const CostModel& cost, const PipelineRequest& request,
+    const std::vector<tandem::v1::PipelineStage>& given);
+
 // Layer `layer`'s update when its stage offloads it: its gradients down, the
 // host's update on `host_threads` threads (0: all of them), its weights up.
 double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads);
 
 // The slowest stage's time: what bounds the pipeline's throughput, in
-// seconds per micro-batch. `compute_scale` stretches each stage's compute
-// (an emulated stage on its share of the job's threads, planner.cc).
-double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages,
-                         double compute_scale = 1.0);
+// seconds per micro-batch.
+double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages);
 
 }  // namespace tandem::planner
 

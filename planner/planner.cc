@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -319,6 +320,25 @@ absl::Status CheckPipelineRequest(const PlanRequest& request, const CostModel& c
                    absl::StrCat(request.pipeline_devices, " stages for a model of ",
                                 cost.num_layers(), " layers"));
   }
+  for (const auto& [field, scale] : {std::pair<const char*, const std::vector<double>*>{
+                                         "pipeline_compute_scale", &request.pipeline_compute_scale},
+                                     {"pipeline_update_scale", &request.pipeline_update_scale}}) {
+    if (!scale->empty() && static_cast<int>(scale->size()) != cost.num_layers()) {
+      return Invalid(field, absl::StrCat(scale->size(), " factors for a model of ",
+                                         cost.num_layers(), " layers"));
+    }
+    for (double x : *scale) {
+      if (!(x > 0) || !std::isfinite(x)) {
+        return Invalid(field, absl::StrCat("factor ", x, " is not a positive finite number"));
+      }
+    }
+  }
+  if (!request.pipeline_stages.empty() &&
+      static_cast<int>(request.pipeline_stages.size()) != request.pipeline_devices) {
+    return Invalid("pipeline_stages",
+                   absl::StrCat(request.pipeline_stages.size(), " stages for pipeline_devices ",
+                                request.pipeline_devices));
+  }
   return absl::OkStatus();
 }
 
@@ -338,46 +358,88 @@ absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
   return micro;
 }
 
-// Sets `plan`'s stages, prediction and note from the partition. On emulated
-// accelerators each stage computes with `stage_threads` of the job's
-// `job_threads` (the runner's share, PipelineOptions::threads_per_stage), at
-// the rate the cost source gives that many threads (ThreadShareSlowdown).
-void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
-                     int micro_batches, int host_threads, int job_threads, int stage_threads,
-                     tandem::v1::Plan* plan) {
-  const bool shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
+// How the stages of a pipeline compute: on emulated accelerators each with
+// `stage_threads` of the job's `job_threads` (the runner's share,
+// PipelineOptions::threads_per_stage), at the rate the cost source gives
+// that many threads (ThreadShareSlowdown), unless measured corrections say
+// what each layer takes (PlanRequest::pipeline_compute_scale).
+struct StageRates {
+  bool shared_cores = false;
+  int job_threads = 1, stage_threads = 1;
   // How much slower a stage's device work runs than the profile's.
-  const double slower = shared_cores ? cost.ThreadShareSlowdown(job_threads, stage_threads) : 1.0;
+  double slower = 1;
+  const std::vector<double>* compute_scale = nullptr;
+  const std::vector<double>* update_scale = nullptr;
+  bool calibrated() const { return !compute_scale->empty() || !update_scale->empty(); }
+  double ComputeScale(int layer) const {
+    return slower * (layer < static_cast<int>(compute_scale->size()) ? (*compute_scale)[layer] : 1);
+  }
+  double UpdateScale(int layer) const {
+    return layer < static_cast<int>(update_scale->size()) ? (*update_scale)[layer] : 1;
+  }
+};
+
+StageRates StageRatesOf(const CostModel& cost, const PlanRequest& request, int job_threads,
+                        int stages) {
+  StageRates rates;
+  rates.shared_cores = cost.accelerator_kind() == tandem::v1::DEVICE_KIND_EMULATED;
+  rates.job_threads = job_threads;
+  rates.stage_threads = std::max(1, job_threads / stages);
+  if (rates.shared_cores) rates.slower = cost.ThreadShareSlowdown(job_threads, rates.stage_threads);
+  rates.compute_scale = &request.pipeline_compute_scale;
+  rates.update_scale = &request.pipeline_update_scale;
+  return rates;
+}
+
+// Sets `plan`'s stages, prediction and note from the partition, whose
+// compute is at the stages' rates already.
+void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
+                     int micro_batches, int host_threads, const StageRates& rates,
+                     tandem::v1::Plan* plan) {
+  const bool shared_cores = rates.shared_cores;
+  const double slower = rates.slower;
+  const int job_threads = rates.job_threads, stage_threads = rates.stage_threads;
   double update = 0, updates = 0, work = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
   for (const tandem::v1::PipelineStage& s : stages) {
-    *plan->add_pipeline() = s;
     double stage_update = 0;
     for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
-      stage_update += s.offload_optimizer()
-                          ? OffloadedUpdateSeconds(cost, l, host_threads)
-                          : slower * cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+      stage_update += rates.UpdateScale(l) *
+                      (s.offload_optimizer()
+                           ? OffloadedUpdateSeconds(cost, l, host_threads)
+                           : slower * cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1));
     }
+    tandem::v1::PipelineStage& added = *plan->add_pipeline();
+    added = s;
+    added.set_update_seconds(stage_update);
     update = std::max(update, stage_update);
     updates += stage_update;
-    work += M * s.compute_seconds() + 2 * M * s.communication_seconds();
+    // The work-in-turn bound counts the compute at the job's rate.
+    work += M * s.compute_seconds() / slower + 2 * M * s.communication_seconds();
     peak = std::max(peak, s.memory_bytes());
   }
-  double bottleneck = BottleneckSeconds(stages, slower);
   const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
-  if (pipedream) {
-    // An update after every micro-batch's backward, on each stage's path.
-    bottleneck += update;
-    work += M * updates - updates;
+  // The first micro-batch crosses every stage forward and back; each later
+  // one adds a slot of the slowest stage (PipeDream: its update after each
+  // backward in the slot). Balanced stages give (M + K - 1) slots; a stage
+  // faster than the slowest fills and drains in its own time.
+  double path = 0, bottleneck = 0;
+  for (const tandem::v1::PipelineStage& s : plan->pipeline()) {
+    path += s.compute_seconds() + 2 * s.communication_seconds();
+    bottleneck = std::max({bottleneck, s.compute_seconds() + (pipedream ? s.update_seconds() : 0),
+                           2 * s.communication_seconds()});
   }
-  double step = (M + K - 1) * bottleneck + (pipedream ? 0 : update);
+  if (pipedream) work += M * updates - updates;
+  const double pipelined = path + (M - 1) * bottleneck;
+  double step = pipelined + (pipedream ? 0 : update);
   // Emulated accelerators compute on the host's cores. Stages with more
   // threads between them than the job has share its cores: together they run
   // no faster than the job's threads running every stage's work (and every
   // update) one after another.
-  if (shared_cores && K * stage_threads > job_threads) {
-    step = std::max((M + K - 1) * bottleneck, work) + std::max(pipedream ? 0 : update, updates);
+  const bool in_turn = shared_cores && K * stage_threads > job_threads && !rates.calibrated();
+  if (in_turn) {
+    step = std::max(pipelined, work) + std::max(pipedream ? 0 : update, updates);
   }
   std::vector<std::string> recomputing, offloading;
   for (const tandem::v1::PipelineStage& s : stages) {
@@ -398,15 +460,15 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
                                                                        : "1F1B",
       K, M, plan->micro_batch_size(), bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3,
       peak / 1048576.0,
-      !shared_cores ? ""
-      : K * stage_threads > job_threads
-          ? absl::StrFormat("; the emulated stages, %d thread%s each (%.2fx slower than the "
-                            "job's %d), share the job's cores, so the step is at least all "
-                            "their work in turn",
-                            stage_threads, stage_threads == 1 ? "" : "s", slower, job_threads)
-          : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
-                            "%.2fx slower than with all",
-                            stage_threads, job_threads, slower)));
+      rates.calibrated() ? "; stage times corrected by what the running pipeline measured"
+      : !shared_cores    ? ""
+      : in_turn ? absl::StrFormat("; the emulated stages, %d thread%s each (%.2fx slower than the "
+                                  "job's %d), share the job's cores, so the step is at least all "
+                                  "their work in turn",
+                                  stage_threads, stage_threads == 1 ? "" : "s", slower, job_threads)
+                : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
+                                  "%.2fx slower than with all",
+                                  stage_threads, job_threads, slower)));
   // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
   auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
     if (which.empty()) return;
@@ -467,7 +529,13 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   const int host_threads =
       request.host_update_threads > 0 ? request.host_update_threads : cost->host_threads();
   p.host_threads = std::max(1, host_threads / p.devices);
-  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(*cost, p);
+  // The runner's share of the job's threads per stage (PipelineOptions).
+  const StageRates rates = StageRatesOf(*cost, request, std::max(1, host_threads), p.devices);
+  p.compute_scale.resize(cost->num_layers());
+  for (int l = 0; l < cost->num_layers(); ++l) p.compute_scale[l] = rates.ComputeScale(l);
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages =
+      request.pipeline_stages.empty() ? PartitionPipeline(*cost, p)
+                                      : TimePipelineStages(*cost, p, request.pipeline_stages);
   if (!stages.ok()) {
     if (stages.status().code() != absl::StatusCode::kResourceExhausted) return stages.status();
     plan.set_feasible(false);
@@ -476,10 +544,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  // The runner's share of the job's threads per stage (PipelineOptions).
-  const int job_threads = std::max(1, host_threads);
-  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, job_threads,
-                  std::max(1, job_threads / p.devices), &plan);
+  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, rates, &plan);
   return plan;
 }
 

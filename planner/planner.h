@@ -76,6 +76,17 @@ struct PlanRequest {
   // each stage's memory; pipeline_partitioner.h).
   bool pipeline_vertical_sync = false;
   tandem::v1::PipelineSchedule pipeline_schedule = tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED;
+  // A running pipeline's measured corrections (node/closed_loop.h), per
+  // layer, each multiplying what the planner would predict without them:
+  // its forward and backward on its stage (thread share included), and its
+  // update. Empty: none. With them the step is the pipeline formula alone:
+  // the measured spans already hold what emulated stages sharing the cores
+  // cost, so the all-work-in-turn bound is not taken.
+  std::vector<double> pipeline_compute_scale;
+  std::vector<double> pipeline_update_scale;
+  // Non-empty: SolvePipelinePlan times these stages (their layers,
+  // recompute and offload_optimizer) instead of partitioning.
+  std::vector<tandem::v1::PipelineStage> pipeline_stages;
   // True once the caller has gone: solving ends with CANCELLED. Asked before
   // every simulation (so a strategy's search stops within one simulation of
   // one plan), between strategies and, in node::SolveForExecutor, between
@@ -92,8 +103,10 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
 // PartitionPipeline's for micro-batches of request.micro_batch_size (0: the
 // largest divisor of the batch not above 4 x stages) held as `schedule` holds
 // them. Its prediction is the
-// pipeline's step: (M + K - 1) slots of the slowest stage (compute, or the
-// exchange of its boundary tensors), then the slowest stage's update; its
+// pipeline's step: the first micro-batch through every stage and back, M - 1
+// slots of the slowest stage (compute, or the exchange of its boundary
+// tensors), then the slowest stage's update ((M + K - 1) slots when the
+// stages are balanced); its
 // accelerator peak is the largest stage's. Not feasible (with the reason in
 // its note) when no partition fits.
 absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,

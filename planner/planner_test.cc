@@ -747,13 +747,17 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   ASSERT_EQ(f1b->pipeline_size(), 4);
   EXPECT_EQ(f1b->micro_batches(), 8);
   EXPECT_EQ(f1b->pipeline_schedule(), tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
-  double bottleneck = 0;
+  double bottleneck = 0, path = 0, update = 0;
   for (const auto& s : f1b->pipeline()) {
     bottleneck = std::max({bottleneck, s.compute_seconds(), 2 * s.communication_seconds()});
+    path += s.compute_seconds() + 2 * s.communication_seconds();
+    update = std::max(update, s.update_seconds());
   }
-  // (M + K - 1) slots of the slowest stage, then the update.
-  EXPECT_GT(f1b->prediction().iteration_seconds(), (8 + 4 - 1) * bottleneck);
-  EXPECT_LT(f1b->prediction().iteration_seconds(), (8 + 4 - 1) * bottleneck * 2);
+  // The first micro-batch through every stage and back, M - 1 slots of the
+  // slowest stage, then the slowest update: at most (M + K - 1) slots.
+  EXPECT_GT(update, 0);
+  EXPECT_NEAR(f1b->prediction().iteration_seconds(), path + (8 - 1) * bottleneck + update, 1e-12);
+  EXPECT_LE(path, 4 * bottleneck);
   // GPipe keeps all 8 micro-batches on the first stage, 1F1B at most 4.
   EXPECT_GT(gpipe->pipeline(0).memory_bytes(), f1b->pipeline(0).memory_bytes());
   // PipeDream's first stage also keeps 4 stashed versions of its weights; the
@@ -796,13 +800,15 @@ TEST(SolvePipelinePlanTest, EmulatedStagesComputeAtTheirShareOfTheJobsThreads) {
   ASSERT_TRUE(emulated.ok()) << emulated.status();
   // No budget in the request: each stage gets the cost source's accelerator.
   EXPECT_EQ(emulated->accelerator_memory_budget_bytes(), int64_t{16} << 30);
-  double work = 0, slowest = 0;
+  // The stages' compute is at their rate: a quarter of the profile's.
+  double work = 0, slowest = 0, path = 0;
   for (const auto& s : emulated->pipeline()) {
-    work += 8 * s.compute_seconds();
+    work += 8 * s.compute_seconds() / 4;
     slowest = std::max(slowest, s.compute_seconds());
+    path += s.compute_seconds();
   }
-  EXPECT_GE(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 4 * slowest);
-  EXPECT_LT(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 4 * slowest * 1.5);
+  EXPECT_GE(emulated->prediction().iteration_seconds(), path + (8 - 1) * slowest);
+  EXPECT_LT(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * slowest * 1.5);
   EXPECT_NE(emulated->solver().note().find(
                 "each emulated stage computes with 2 of the job's 8 threads, 4.00x slower"),
             std::string::npos)
@@ -813,10 +819,84 @@ TEST(SolvePipelinePlanTest, EmulatedStagesComputeAtTheirShareOfTheJobsThreads) {
   emulated = SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
   ASSERT_TRUE(emulated.ok()) << emulated.status();
   EXPECT_GE(emulated->prediction().iteration_seconds(), work);
-  EXPECT_GE(emulated->prediction().iteration_seconds(), (8 + 4 - 1) * 2 * slowest);
+  EXPECT_GE(emulated->prediction().iteration_seconds(), (path + (8 - 1) * slowest) / 2);
   EXPECT_NE(emulated->solver().note().find("1 thread each (2.00x slower than the job's 2), share"),
             std::string::npos)
       << emulated->solver().note();
+}
+
+// The closed loop's corrections (node/closed_loop.h): per-layer factors on
+// the stages' compute and updates, a split timed as given, and the
+// partition solved again from them.
+TEST(SolvePipelinePlanTest, MeasuredCorrectionsRetimeAndMoveTheSplit) {
+  PlanRequest r = FourStageRequest();
+  r.pipeline_devices = 2;
+  absl::StatusOr<tandem::v1::Plan> plain =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(plain->pipeline_size(), 2);
+  const int cut = plain->pipeline(0).last_layer();
+
+  // The same split timed as given: the same stages and step.
+  PlanRequest given = r;
+  given.pipeline_stages = {plain->pipeline().begin(), plain->pipeline().end()};
+  absl::StatusOr<tandem::v1::Plan> same =
+      SolvePipelinePlan(given, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_DOUBLE_EQ(same->prediction().iteration_seconds(), plain->prediction().iteration_seconds());
+  EXPECT_DOUBLE_EQ(same->pipeline(1).compute_seconds(), plain->pipeline(1).compute_seconds());
+
+  // Stage 0's layers measured 3x slower: timed as given, stage 0 takes 3x
+  // as long and bounds the step; solved again, it gives layers away.
+  const int L = static_cast<int>(r.profile.layers_size());
+  given.pipeline_compute_scale.assign(L, 1.0);
+  for (int l = 0; l <= cut; ++l) given.pipeline_compute_scale[l] = 3.0;
+  absl::StatusOr<tandem::v1::Plan> slow =
+      SolvePipelinePlan(given, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_DOUBLE_EQ(slow->pipeline(0).compute_seconds(), 3 * plain->pipeline(0).compute_seconds());
+  EXPECT_GT(slow->prediction().iteration_seconds(), plain->prediction().iteration_seconds());
+  EXPECT_NE(slow->solver().note().find("corrected by what the running pipeline measured"),
+            std::string::npos)
+      << slow->solver().note();
+  PlanRequest again = given;
+  again.pipeline_stages.clear();
+  absl::StatusOr<tandem::v1::Plan> moved =
+      SolvePipelinePlan(again, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_LT(moved->pipeline(0).last_layer(), cut);
+  EXPECT_LT(moved->prediction().iteration_seconds(), slow->prediction().iteration_seconds());
+
+  // An update measured 10x its prediction stretches the step by the update.
+  PlanRequest updates = r;
+  updates.pipeline_stages = given.pipeline_stages;
+  updates.pipeline_update_scale.assign(L, 10.0);
+  absl::StatusOr<tandem::v1::Plan> slow_updates =
+      SolvePipelinePlan(updates, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(slow_updates.ok()) << slow_updates.status();
+  EXPECT_GT(plain->pipeline(0).update_seconds(), 0);
+  EXPECT_DOUBLE_EQ(slow_updates->pipeline(0).update_seconds(),
+                   10 * plain->pipeline(0).update_seconds());
+  EXPECT_GT(slow_updates->prediction().iteration_seconds(),
+            plain->prediction().iteration_seconds());
+
+  // Bad corrections and splits name the field.
+  PlanRequest bad = r;
+  bad.pipeline_compute_scale = {1.0};
+  EXPECT_NE(SolvePipelinePlan(bad, tandem::v1::PIPELINE_SCHEDULE_GPIPE)
+                .status()
+                .message()
+                .find("pipeline_compute_scale"),
+            std::string::npos);
+  bad = r;
+  bad.pipeline_update_scale.assign(L, -1.0);
+  EXPECT_EQ(SolvePipelinePlan(bad, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.pipeline_stages = given.pipeline_stages;
+  bad.pipeline_stages[1].set_first_layer(cut + 2);
+  EXPECT_EQ(SolvePipelinePlan(bad, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PlanRequestFromRpcTest, TakesTheJobSpecsSettings) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "google/protobuf/util/time_util.h"
@@ -194,6 +195,19 @@ bool SamePlacement(const Plan& a, const Plan& b) {
     if (x.compute() != y.compute() || x.parameter_home() != y.parameter_home() ||
         x.update() != y.update() || x.activation_policy() != y.activation_policy() ||
         x.stream_optimizer_state() != y.stream_optimizer_state()) {
+      return false;
+    }
+  }
+  if (a.pipeline_size() != b.pipeline_size()) return false;
+  if (a.pipeline_size() > 0 &&
+      (a.micro_batches() != b.micro_batches() || a.pipeline_schedule() != b.pipeline_schedule())) {
+    return false;
+  }
+  for (int k = 0; k < a.pipeline_size(); ++k) {
+    const auto &x = a.pipeline(k), &y = b.pipeline(k);
+    if (x.device_index() != y.device_index() || x.first_layer() != y.first_layer() ||
+        x.last_layer() != y.last_layer() || x.recompute() != y.recompute() ||
+        x.offload_optimizer() != y.offload_optimizer()) {
       return false;
     }
   }
@@ -596,12 +610,14 @@ double PlanLoop::plan_measured_seconds() const {
   return plan_seconds_.empty() ? 0 : profile::Median(plan_seconds_);
 }
 
-PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timeline) {
+PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timeline,
+                                      const std::vector<tandem::v1::PipelineStageStats>& stages) {
   if (++steps_ <= options_.warmup_steps) return {};
   if (plan_seconds_.size() < kPlanStepsKept) plan_seconds_.push_back(step_seconds);
   if (done_) return {};
   window_seconds_.push_back(step_seconds);
   if (timeline.spans_size() > 0) window_timelines_.push_back(timeline);
+  if (!stages.empty()) window_stages_.push_back(stages);
   if (static_cast<int>(window_seconds_.size()) < options_.window_steps) return {};
   const PlanCheck check =
       CheckPlan(plan_, window_seconds_, window_timelines_, options_.threshold, dispatch_);
@@ -609,6 +625,7 @@ PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timel
   out.check = check;
   window_seconds_.clear();
   window_timelines_.clear();
+  window_stages_.clear();
   return out;
 }
 
@@ -679,7 +696,89 @@ std::string PlanLoop::WhyNotReplan() const {
   return "";
 }
 
+namespace {
+
+// Measured over predicted, within [1/16, 16]; 1 when either is unknown.
+double Factor(double measured, double predicted) {
+  if (!(measured > 0) || !(predicted > 0)) return 1;
+  return std::clamp(measured / predicted, 1.0 / 16, 16.0);
+}
+
+}  // namespace
+
+absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& check) const {
+  const int K = plan_.pipeline_size();
+  const int M = std::max(1, plan_.micro_batches());
+  const bool pipedream = plan_.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+  if (window_stages_.empty()) {
+    return absl::FailedPreconditionError("the window holds no stage figures");
+  }
+  PipelineCorrections next = corrections_;
+  const int L = model_.num_layers();
+  if (next.compute_scale.empty()) next.compute_scale.assign(L, 1.0);
+  if (next.update_scale.empty()) next.update_scale.assign(L, 1.0);
+  Decision d;
+  d.cost_source = absl::StrCat("the stages' figures over ", window_stages_.size(), " steps:");
+  for (int k = 0; k < K; ++k) {
+    // A stage's thread computes and copies in turn: both hold it per
+    // micro-batch.
+    std::vector<double> busy, update;
+    for (const auto& step : window_stages_) {
+      if (static_cast<int>(step.size()) != K) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("a step reported ", step.size(), " stages; the plan has ", K));
+      }
+      busy.push_back(step[k].busy_seconds() + step[k].copy_seconds());
+      update.push_back(step[k].update_seconds());
+    }
+    const tandem::v1::PipelineStage& st = plan_.pipeline(k);
+    const double predicted_busy = M * st.compute_seconds();
+    const double predicted_update = (pipedream ? M : 1) * st.update_seconds();
+    const double f = Factor(profile::Median(busy), predicted_busy);
+    const double g = Factor(profile::Median(update), predicted_update);
+    if (st.first_layer() < 0 || st.last_layer() >= L) {
+      return absl::FailedPreconditionError(absl::StrCat("pipeline[", k, "] is outside the model"));
+    }
+    for (int l = st.first_layer(); l <= st.last_layer(); ++l) {
+      next.compute_scale[l] *= f;
+      next.update_scale[l] *= g;
+    }
+    absl::StrAppend(&d.cost_source, k == 0 ? " " : ", ", "stage ", k, " compute ",
+                    Ms(profile::Median(busy)), " per step against ", Ms(predicted_busy),
+                    " predicted, update ", Ms(profile::Median(update)), " against ",
+                    Ms(predicted_update));
+  }
+  // An auto_stages job's spec asks for the stages its plan chose.
+  TANDEM_ASSIGN_OR_RETURN(const JobSpec staged, ChosenStages(resolved_, plan_));
+  const Profile* from = planned_from_ ? &*planned_from_ : nullptr;
+  PipelineCorrections same = next;
+  same.stages.assign(plan_.pipeline().begin(), plan_.pipeline().end());
+  TANDEM_ASSIGN_OR_RETURN(Plan current, PlanPipelineJob(model_, staged, node_, from, &same));
+  TANDEM_ASSIGN_OR_RETURN(Plan split, PlanPipelineJob(model_, staged, node_, from, &next));
+  const double now = current.prediction().iteration_seconds();
+  const double then = split.prediction().iteration_seconds();
+  const bool other = split.feasible() && !SamePlacement(split, plan_);
+  d.placement_changed = other && then < now * (1 - kMinGain);
+  if (other) {
+    std::vector<std::string> cuts;
+    for (const auto& st : split.pipeline()) {
+      cuts.push_back(absl::StrCat(st.first_layer(), "-", st.last_layer()));
+    }
+    absl::StrAppend(&d.cost_source, "; the best split from them, layers ",
+                    absl::StrJoin(cuts, " | "), ", is predicted ", Ms(then),
+                    d.placement_changed ? "" : ", which gains too little");
+  }
+  d.plan = d.placement_changed ? std::move(split) : current;
+  d.replaced_timed = std::move(current);
+  d.corrections = std::move(next);
+  d.reason = check.off;
+  d.because = check.because;
+  d.check = check;
+  return d;
+}
+
 absl::StatusOr<PlanLoop::Decision> PlanLoop::Replan(const PlanCheck& check) const {
+  if (pipeline()) return ReplanPipeline(check);
   Decision d;
   TANDEM_ASSIGN_OR_RETURN(
       Profile measured,
@@ -748,6 +847,7 @@ void PlanLoop::Adopt(const Decision& decision) {
     return;
   }
   dispatch_ = decision.dispatch_seconds;
+  if (decision.corrections) corrections_ = *decision.corrections;
   if (decision.placement_changed) {
     previous_ = decision.replaced_timed ? *decision.replaced_timed : plan_;
     previous_measured_ = decision.check.measured_step_seconds;
@@ -796,9 +896,14 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
       }
       return;
     }
-    // A timeline is a copy of a step's spans: taken only for a window's steps.
+    // A timeline is a copy of a step's spans: taken only for a window's
+    // steps. A pipeline's stages report their own figures.
+    const bool window = state->loop->InWindow();
+    const bool pipeline = state->loop->pipeline();
     PlanLoop::Outcome out = state->loop->AfterStep(
-        seconds, state->loop->InWindow() ? runner.last_timeline() : tandem::v1::Timeline());
+        seconds, window && !pipeline ? runner.last_timeline() : tandem::v1::Timeline(),
+        window && pipeline ? runner.pipeline_stats()
+                           : std::vector<tandem::v1::PipelineStageStats>());
     if (out.check && state->hooks.checked) state->hooks.checked(*out.check);
     state->Log(out.log);
     if (!out.decision) return;

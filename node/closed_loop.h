@@ -18,6 +18,14 @@
 // prediction is still off (what the simulator does not model, it cannot
 // learn).
 //
+// A pipeline (Plan.pipeline) is checked on its step time. Its window's
+// per-stage figures (PipelineStageStats: forward-backward busy time and
+// update) over the stages' predicted ones give each layer a factor, its
+// stage's, on its compute and on its update; the current split is timed
+// again with them (a re-calibration), and the partition is solved again
+// from them: a split predicted at least 5% faster is switched to, as a new
+// placement is (PipelineCorrections, node/placement.h).
+//
 // Thread-compatible: a PlanLoop is driven by the job's training thread.
 #ifndef TANDEM_NODE_CLOSED_LOOP_H_
 #define TANDEM_NODE_CLOSED_LOOP_H_
@@ -154,14 +162,24 @@ class PlanLoop {
     // A new placement's step program, lowered when the runner switches to it
     // (AttachPlanLoop); empty for a re-calibration.
     tandem::v1::Schedule program;
+    // A pipeline's corrections `plan` was timed with.
+    std::optional<PipelineCorrections> corrections;
   };
   struct Outcome {
     std::optional<PlanCheck> check;  // a window just closed
     std::optional<Decision> decision;
     std::string log;  // a line for the job's log ("" none)
   };
-  // After each step: its wall time and the runner's latest measured timeline.
-  Outcome AfterStep(double step_seconds, const tandem::v1::Timeline& timeline);
+  // After each step: its wall time and the runner's latest measured timeline
+  // (a pipeline's: its stages' figures instead).
+  Outcome AfterStep(double step_seconds, const tandem::v1::Timeline& timeline,
+                    const std::vector<tandem::v1::PipelineStageStats>& stages = {});
+  // The layer profile the job was planned from (nullopt: the analytic one):
+  // a pipeline is solved again from it with its corrections.
+  void set_planned_from(std::optional<tandem::v1::Profile> profile) {
+    planned_from_ = std::move(profile);
+  }
+  bool pipeline() const { return plan_.pipeline_size() > 1; }
   // The job now runs decision.plan (switched, or re-calibrated in place).
   void Adopt(const Decision& decision);
   // The switch to decision.plan failed: the job goes on under the plan it had.
@@ -190,6 +208,8 @@ class PlanLoop {
   // The window's measured figures, the running plan re-timed with them, and
   // the strategy solved again from them.
   absl::StatusOr<Decision> Replan(const PlanCheck& check) const;
+  // Replan for a pipeline: from the window's stage figures.
+  absl::StatusOr<Decision> ReplanPipeline(const PlanCheck& check) const;
   // `plan` as it is, its prediction and timeline simulated from `measured`.
   absl::StatusOr<tandem::v1::Plan> Resimulate(const tandem::v1::Plan& plan,
                                               const tandem::v1::Profile& measured) const;
@@ -206,6 +226,10 @@ class PlanLoop {
   bool recalibrated_ = false;
   std::vector<double> window_seconds_;
   std::vector<tandem::v1::Timeline> window_timelines_;
+  std::vector<std::vector<tandem::v1::PipelineStageStats>> window_stages_;
+  std::optional<tandem::v1::Profile> planned_from_;
+  // A pipeline's corrections plan_ is timed with (empty factors: none yet).
+  PipelineCorrections corrections_;
   // The seconds of plan_'s steps after its warm-up (the first 256).
   std::vector<double> plan_seconds_;
   // The plan before the latest switch and its measured step.

@@ -359,6 +359,114 @@ TEST_F(MeasuredProfileTest, NegativeThresholdOrForcedPlanComparesButNeverReplans
   }
 }
 
+// A 2-stage 1F1B pipeline of the MLP on two emulated accelerators, and its
+// stages' figures as the runner reports them.
+class PipelineLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    JobSpec spec = Mlp(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{64} << 20);
+    spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_UNSPECIFIED);
+    spec.mutable_placement()->mutable_pipeline()->set_stages(2);
+    spec.mutable_placement()->mutable_pipeline()->set_schedule(
+        tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+    absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    spec_ = *std::move(resolved);
+    absl::StatusOr<JobModel> jm = BuildJobModel(spec_, nullptr);
+    ASSERT_TRUE(jm.ok()) << jm.status();
+    jm_ = *std::move(jm);
+    node_ = TestNode();
+    node_.emulated_accelerators = 2;
+    absl::StatusOr<Plan> plan = PlanJob(*jm_.model, spec_, node_);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    plan_ = *std::move(plan);
+    ASSERT_EQ(plan_.pipeline_size(), 2) << plan_.solver().note();
+  }
+  // Each stage's compute (busy plus copies) and update per step: `scale[k]`
+  // times what the plan predicts for stage k.
+  std::vector<tandem::v1::PipelineStageStats> Stages(const std::vector<double>& scale) const {
+    std::vector<tandem::v1::PipelineStageStats> out;
+    for (int k = 0; k < plan_.pipeline_size(); ++k) {
+      const tandem::v1::PipelineStage& st = plan_.pipeline(k);
+      tandem::v1::PipelineStageStats& s = out.emplace_back();
+      s.set_stage(k);
+      s.set_first_layer(st.first_layer());
+      s.set_last_layer(st.last_layer());
+      const double busy = scale[k] * plan_.micro_batches() * st.compute_seconds();
+      s.set_busy_seconds(0.9 * busy);
+      s.set_copy_seconds(0.1 * busy);
+      s.set_update_seconds(scale[k] * st.update_seconds());
+    }
+    return out;
+  }
+  JobSpec spec_;
+  JobModel jm_;
+  NodeOffer node_;
+  Plan plan_;
+};
+
+TEST_F(PipelineLoopTest, ASlowStageMovesTheSplitAndAnEvenSlowdownRecalibrates) {
+  const PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
+  const double predicted = plan_.prediction().iteration_seconds();
+  const int cut = plan_.pipeline(0).last_layer();
+  {
+    // Stage 0 three times its prediction: the split gives it fewer layers.
+    PlanLoop loop(*jm_.model, spec_, node_, plan_, options);
+    EXPECT_TRUE(loop.pipeline());
+    EXPECT_FALSE(loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1})).check);
+    PlanLoop::Outcome out = loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+    ASSERT_TRUE(out.check);
+    EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_STEP_TIME);
+    ASSERT_TRUE(out.decision) << out.log;
+    ASSERT_TRUE(out.decision->corrections);
+    EXPECT_NEAR(out.decision->corrections->compute_scale[0], 3, 1e-9);
+    EXPECT_NEAR(out.decision->corrections->compute_scale[cut + 1], 1, 1e-9);
+    EXPECT_NEAR(out.decision->corrections->update_scale[0], 3, 1e-9);
+    ASSERT_TRUE(out.decision->replaced_timed);
+    // The running split re-timed: stage 0's slots three times as long.
+    EXPECT_GT(out.decision->replaced_timed->prediction().iteration_seconds(), 2 * predicted);
+    EXPECT_TRUE(out.decision->placement_changed) << out.log;
+    EXPECT_LT(out.decision->plan.pipeline(0).last_layer(), cut) << out.log;
+    EXPECT_LT(out.decision->plan.prediction().iteration_seconds(),
+              0.95 * out.decision->replaced_timed->prediction().iteration_seconds());
+    EXPECT_FALSE(SamePlacement(out.decision->plan, plan_));
+    EXPECT_NE(out.log.find("re-planned from measured figures: a new placement"), std::string::npos)
+        << out.log;
+    EXPECT_NE(out.decision->cost_source.find("stage 0 compute"), std::string::npos)
+        << out.decision->cost_source;
+  }
+  {
+    // Every stage 1.5 times its prediction: the same split, re-timed.
+    PlanLoop loop(*jm_.model, spec_, node_, plan_, options);
+    loop.AfterStep(1.5 * predicted, Timeline(), Stages({1.5, 1.5}));
+    PlanLoop::Outcome out = loop.AfterStep(1.5 * predicted, Timeline(), Stages({1.5, 1.5}));
+    ASSERT_TRUE(out.decision) << out.log;
+    EXPECT_FALSE(out.decision->placement_changed) << out.log;
+    EXPECT_TRUE(SamePlacement(out.decision->plan, plan_));
+    const double next = out.decision->plan.prediction().iteration_seconds();
+    EXPECT_GT(next, 1.3 * predicted) << out.log;
+    EXPECT_LT(next, 1.7 * predicted) << out.log;
+    loop.Adopt(*out.decision);
+    // Steps as re-timed: the next window agrees and the loop stops.
+    loop.AfterStep(next, Timeline(), Stages({1.5, 1.5}));
+    out = loop.AfterStep(next, Timeline(), Stages({1.5, 1.5}));
+    ASSERT_TRUE(out.check);
+    EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << out.log;
+    EXPECT_TRUE(loop.done());
+  }
+  // A split or a schedule of its own is another placement.
+  Plan other = plan_;
+  other.mutable_pipeline(0)->set_last_layer(cut - 1);
+  other.mutable_pipeline(1)->set_first_layer(cut);
+  EXPECT_FALSE(SamePlacement(plan_, other));
+  other = plan_;
+  other.set_pipeline_schedule(tandem::v1::PIPELINE_SCHEDULE_GPIPE);
+  EXPECT_FALSE(SamePlacement(plan_, other));
+  other = plan_;
+  other.mutable_pipeline(1)->set_offload_optimizer(!plan_.pipeline(1).offload_optimizer());
+  EXPECT_FALSE(SamePlacement(plan_, other));
+}
+
 class LayerProfileCacheTest : public MeasuredProfileTest {
  protected:
   void SetUp() override {

@@ -592,7 +592,8 @@ tandem::v1::Profile WithAcceleratorsAlike(tandem::v1::Profile measured, int k) {
 // placement.pipeline.stages accelerators of the job's capacity each: the
 // planner's partition (SolvePipelinePlan) of the gpu_only layers.
 absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved,
-                                     const NodeOffer& node, const tandem::v1::Profile* measured) {
+                                     const NodeOffer& node, const tandem::v1::Profile* measured,
+                                     const PipelineCorrections* corrections) {
   const auto& placement = resolved.placement();
   const int K = placement.pipeline().stages();
   if (K > model.num_layers()) {
@@ -641,6 +642,11 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   request.batch_size = resolved.training().batch_size();
   request.accelerator_memory_bytes = capacity - margin;
   request.pipeline_devices = K;
+  if (corrections != nullptr) {
+    request.pipeline_compute_scale = corrections->compute_scale;
+    request.pipeline_update_scale = corrections->update_scale;
+    request.pipeline_stages = corrections->stages;
+  }
   TANDEM_ASSIGN_OR_RETURN(Plan plan,
                           planner::SolvePipelinePlan(request, placement.pipeline().schedule()));
   if (!plan.feasible()) {

@@ -146,6 +146,25 @@ absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::J
                                          const NodeOffer& node,
                                          const tandem::v1::Profile* measured = nullptr);
 
+// What a running pipeline measured, as corrections to its planning
+// (node/closed_loop.h; planner::PlanRequest's pipeline_* fields): per layer,
+// factors on its compute and update; `stages` non-empty: that split timed
+// instead of a partition solved.
+struct PipelineCorrections {
+  std::vector<double> compute_scale;
+  std::vector<double> update_scale;
+  std::vector<tandem::v1::PipelineStage> stages;
+};
+
+// PlanJob for placement.pipeline.stages > 1: the planner's partition
+// (planner::SolvePipelinePlan) over that many accelerators of the job's
+// capacity, corrected by `corrections` when given.
+absl::StatusOr<tandem::v1::Plan> PlanPipelineJob(const Model& model,
+                                                 const tandem::v1::JobSpec& resolved,
+                                                 const NodeOffer& node,
+                                                 const tandem::v1::Profile* measured,
+                                                 const PipelineCorrections* corrections = nullptr);
+
 // `resolved` as a spec asking for what its auto_stages plan chose (its
 // pipeline's stages, or one accelerator): ResolvePipelineStages. A spec
 // without auto_stages comes back as it is.

@@ -1220,11 +1220,13 @@ void JobManager::TrackTelemetry(const std::string& id, Entry& entry, Trainer* tr
 void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
                                const std::shared_ptr<const node::NodeOffer>& offer) {
   if (!offer || trainer.runner().plan().layers_size() == 0) return;
-  // A pipeline's spans are per stage, which MeasuredLayerProfile does not read
-  // yet: its prediction is compared in the job's metrics, not re-planned.
-  if (trainer.runner().plan().pipeline_size() > 1) return;
   auto loop = std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *offer,
                                                trainer.runner().plan(), node::PlanLoopOptions{});
+  // A pipeline is solved again from the profile it was planned from (as at
+  // submission: this model's layer profile measured here, if any).
+  if (loop->pipeline() && !trainer.resolved_spec().placement().has_plan()) {
+    loop->set_planned_from(layer_profiles_.Load(trainer.model(), trainer.resolved_spec(), *offer));
+  }
   const node::PlanLoop* raw = loop.get();
   const prometheus::Labels labels = {{"job_id", entry->job.id()}};
   prometheus::Gauge* checked = &metrics_->job_checked_step_seconds.Add(labels);

@@ -154,9 +154,34 @@ def main():
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+def closed_loop(history):
+    """The closed loop's plans (Job.plan_history): each plan's prediction
+    against the steps measured under it, and whether it moved the split or
+    re-timed it. None when the job ran one plan."""
+    if len(history) < 2:
+        return None
+    parts = []
+    for i, h in enumerate(history):
+        pred = h.get("predicted_step_seconds", 0)
+        meas = h.get("measured_step_seconds", 0)
+        split = " | ".join("%d-%d" % (st.get("first_layer", 0), st.get("last_layer", 0))
+                           for st in h.get("plan", {}).get("pipeline", []))
+        how = "" if i == 0 else ("new split " if history[i - 1].get("placement_changed")
+                                 else "re-timed ")
+        parts.append("%sfrom step %s [%s] %.1f/%.1f ms" % (
+            how, h.get("from_step", 0), split, pred * 1e3, meas * 1e3))
+    last = history[-1]
+    pred = last.get("predicted_step_seconds", 0)
+    meas = last.get("measured_step_seconds", 0)
+    error = meas / pred - 1 if pred and meas else float("nan")
+    return {"line": "closed loop (predicted/measured): " + "; ".join(parts) +
+            "  -> last plan %+.1f%%" % (error * 100), "error": error}
+
+
 def bench(args, server):
     rows = []
     within = total = 0
+    loop_within = loop_total = 0
     for model in args.models.split(","):
         base = None
         for stages, schedule in [(1, ""), (2, "GPIPE"), (2, "ONE_F_ONE_B"), (4, "GPIPE"),
@@ -188,6 +213,12 @@ def bench(args, server):
                 line += "  (one device %.5f)  step x%.2f of one device" % (
                     base["loss"], meas / base["measured_step_seconds"])
             print(line, flush=True)
+            loop = closed_loop(history)
+            if loop:
+                print("      " + loop["line"], flush=True)
+                if stages > 1:
+                    loop_total += 1
+                    loop_within += abs(loop["error"]) <= 0.10
             modes = ["%d:%s%s" % (i, "recompute " if st.get("recompute") else "",
                                   "offload" if st.get("offload_optimizer") else "")
                      for i, st in enumerate(plan.get("pipeline", []))
@@ -211,6 +242,8 @@ def bench(args, server):
                          "predicted": pred, "measured": meas, "loss": m["loss"],
                          "stages_stats": stage_rows})
     print("pipelines within 10%% of their predicted step: %d of %d" % (within, total))
+    print("pipelines re-planned by the closed loop whose last plan was within 10%% of the "
+          "steps run under it: %d of %d" % (loop_within, loop_total))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

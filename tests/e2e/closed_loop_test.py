@@ -14,6 +14,9 @@ damaged cache file is ignored with a log line. GetNode's refresh_profile
 measures the node again (refused while a job runs). A negative replan_threshold
 compares but never re-plans; an out-of-range one is INVALID_ARGUMENT.
 
+A pipeline job's loop re-times its split from its stages' measured figures,
+or moves it, and trains exactly as the same job that never re-plans.
+
 The measured step times before and after are printed, never asserted."""
 import glob
 import os
@@ -194,6 +197,65 @@ class ClosedLoopTest(unittest.TestCase):
                 spec=gpt_spec(replan_threshold=20)), timeout=60)
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("placement.replan_threshold", e.exception.details())
+
+
+class PipelineClosedLoopTest(unittest.TestCase):
+    """A pipeline's closed loop: its stages' measured figures re-time the
+    split, or move it, at a step boundary, and the training is the same."""
+
+    def setUp(self):
+        self.daemon = Tandemd(TANDEMD, extra_flags=["--emulated_accelerators=2",
+                                                    "--max_running_jobs=1"]).start()
+        self.channel, self.client = stub(self.daemon.address)
+
+    def tearDown(self):
+        self.channel.close()
+        self.daemon.stop()
+
+    def run_job(self, spec):
+        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
+        return wait_for_state(self.client, job.id, DONE, timeout=600)
+
+    def pipelined(self, threshold):
+        return gpt_spec(steps=20, memory=64 << 20, strategy="STRATEGY_UNSPECIFIED",
+                        pipeline={"stages": 2, "schedule": "PIPELINE_SCHEDULE_ONE_F_ONE_B",
+                                  "micro_batches": 4},
+                        replan_threshold=threshold)
+
+    def test_a_pipeline_is_retimed_or_resplit_from_its_stages_and_trains_the_same(self):
+        # A threshold no pipeline meets: the first window is always acted on.
+        job = self.run_job(self.pipelined(1e-9))
+        self.assertEqual(job.state, job_pb2.JOB_STATE_SUCCEEDED, job.reason)
+        history = job.plan_history
+        self.assertGreaterEqual(len(history), 2, job)
+        for i, r in enumerate(history):
+            print("plan %d from step %d: stages %s; predicted %.1f ms, measured %.1f ms%s" % (
+                i + 1, r.from_step,
+                " | ".join("%d-%d" % (s.first_layer, s.last_layer) for s in r.plan.pipeline),
+                r.predicted_step_seconds * 1e3, r.measured_step_seconds * 1e3,
+                "; replaced: " + r.replaced_because if r.replaced_at_step else ""))
+        self.assertEqual(history[0].replaced_reason, job_pb2.REPLAN_REASON_STEP_TIME)
+        self.assertIn("the stages' figures over 5 steps: stage 0 compute", history[1].cost_source)
+        self.assertIn("corrected by what the running pipeline measured",
+                      history[1].plan.solver.note)
+        self.assertEqual(len(history[1].plan.pipeline), 2)
+        self.assertGreater(history[1].plan.pipeline[0].update_seconds, 0)
+        self.assertEqual(job.metrics.replans, len(history) - 1)
+        # The stages the job ended with are the last plan's.
+        self.assertEqual([(s.first_layer, s.last_layer) for s in job.metrics.pipeline_stages],
+                         [(s.first_layer, s.last_layer) for s in history[-1].plan.pipeline])
+        events = self.client.WatchJob(tandem_service_pb2.WatchJobRequest(job_id=job.id),
+                                      timeout=30)
+        logs = [e.log.message for e in events if e.HasField("log")]
+        self.assertTrue(any("re-calibrated from measured figures" in m or
+                            "re-planned from measured figures" in m for m in logs), logs)
+        # Re-timed or re-split, it is the same training: a pipeline at the
+        # same micro-batches is one device's, whatever its stages.
+        reference = self.run_job(self.pipelined(-1))
+        self.assertEqual(reference.state, job_pb2.JOB_STATE_SUCCEEDED, reference.reason)
+        self.assertEqual(len(reference.plan_history), 1)
+        self.assertAlmostEqual(job.metrics.loss, reference.metrics.loss,
+                               delta=1e-5 * abs(reference.metrics.loss))
 
 
 if __name__ == "__main__":

@@ -224,24 +224,51 @@ class SpanSamples {
       : layers_(layers),
         spans_(static_cast<size_t>(layers) * 2 * kPhases),
         recompute_(static_cast<size_t>(layers) * 2) {
-    for (const Timeline& t : timelines) {
-      for (const auto& s : t.spans()) Add(s);
+    for (size_t step = 0; step < timelines.size(); ++step) {
+      for (const auto& s : timelines[step].spans()) Add(s, static_cast<int>(step));
     }
   }
   // The spans' statistics; a recomputed layer's forward when it has no other.
+  // Their mean is the median over the window's steps of each step's mean:
+  // what recurs in every step (a stall per call, a slow micro-batch) counts,
+  // as the step's sum of calls does, and a step that stalled once does not,
+  // as the window's median step time (CheckPlan) leaves it out. (One
+  // window's mean over all the calls predicted a cnn 52% slower than the
+  // same median steps measured, 58.8 against 38.4 ms.)
   std::optional<tandem::v1::TimingStats> Stats(int layer, int device, int phase) const {
-    const std::vector<double>& v = Slot(layer, device, phase);
-    if (!v.empty()) return profile::SummarizeTimings(v);
-    const std::vector<double>& r = recompute_[static_cast<size_t>(layer) * 2 + device];
-    if (phase == kForward && !r.empty()) return profile::SummarizeTimings(r);
-    return std::nullopt;
+    const Samples* v = &Slot(layer, device, phase);
+    if (v->seconds.empty() && phase == kForward) {
+      v = &recompute_[static_cast<size_t>(layer) * 2 + device];
+    }
+    if (v->seconds.empty()) return std::nullopt;
+    tandem::v1::TimingStats stats = profile::SummarizeTimings(v->seconds);
+    std::map<int, std::pair<double, int>> by_step;
+    for (size_t i = 0; i < v->seconds.size(); ++i) {
+      auto& [sum, calls] = by_step[v->steps[i]];
+      sum += v->seconds[i];
+      ++calls;
+    }
+    std::vector<double> means;
+    for (const auto& [step, sum_calls] : by_step) {
+      means.push_back(sum_calls.first / sum_calls.second);
+    }
+    stats.set_mean_seconds(profile::Median(means));
+    return stats;
   }
   const std::vector<std::pair<double, double>>& copies(bool to_device) const {
     return to_device ? h2d_ : d2h_;
   }
 
  private:
-  void Add(const tandem::v1::TimelineSpan& s) {
+  struct Samples {
+    std::vector<double> seconds;
+    std::vector<int> steps;  // the timeline each came from
+    void push_back(double x, int step) {
+      seconds.push_back(x);
+      steps.push_back(step);
+    }
+  };
+  void Add(const tandem::v1::TimelineSpan& s, int step) {
     const double seconds = s.end_seconds() - s.start_seconds();
     if (s.bytes() > 0 && (s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_H2D ||
                           s.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_D2H)) {
@@ -253,13 +280,13 @@ class SpanSamples {
     if (s.layer() < 0 || s.layer() >= layers_ || device < 0) return;
     switch (s.phase()) {
       case tandem::v1::TIMELINE_PHASE_FORWARD:
-        return Slot(s.layer(), device, kForward).push_back(seconds);
+        return Slot(s.layer(), device, kForward).push_back(seconds, step);
       case tandem::v1::TIMELINE_PHASE_BACKWARD:
-        return Slot(s.layer(), device, kBackward).push_back(seconds);
+        return Slot(s.layer(), device, kBackward).push_back(seconds, step);
       case tandem::v1::TIMELINE_PHASE_UPDATE:
-        return Slot(s.layer(), device, kUpdate).push_back(seconds);
+        return Slot(s.layer(), device, kUpdate).push_back(seconds, step);
       case tandem::v1::TIMELINE_PHASE_RECOMPUTE:
-        return recompute_[static_cast<size_t>(s.layer()) * 2 + device].push_back(seconds);
+        return recompute_[static_cast<size_t>(s.layer()) * 2 + device].push_back(seconds, step);
       default:
         return;
     }
@@ -275,16 +302,16 @@ class SpanSamples {
         return -1;
     }
   }
-  std::vector<double>& Slot(int layer, int device, int phase) {
+  Samples& Slot(int layer, int device, int phase) {
     return spans_[(static_cast<size_t>(layer) * 2 + device) * kPhases + phase];
   }
-  const std::vector<double>& Slot(int layer, int device, int phase) const {
+  const Samples& Slot(int layer, int device, int phase) const {
     return spans_[(static_cast<size_t>(layer) * 2 + device) * kPhases + phase];
   }
 
   int layers_;
-  std::vector<std::vector<double>> spans_;
-  std::vector<std::vector<double>> recompute_;
+  std::vector<Samples> spans_;
+  std::vector<Samples> recompute_;
   std::vector<std::pair<double, double>> h2d_, d2h_;
 };
 

@@ -182,7 +182,7 @@ TEST_F(MeasuredProfileTest, MeasuredSpansBecomeTheCostModel) {
   EXPECT_NE(summary.find("H2D 1.00 GB/s (4 copies)"), std::string::npos) << summary;
 }
 
-TEST_F(MeasuredProfileTest, PlannerAddsUpMeansSoStallsCount) {
+TEST_F(MeasuredProfileTest, PlannerAddsUpMeansSoStallsInEveryStepCount) {
   // Layer 0's forward stalls once in five calls (12 ms instead of 2 ms): the
   // step takes the sum, 5 x the mean (4 ms), not 5 x the median (2 ms).
   Timeline t = Step();
@@ -208,6 +208,22 @@ TEST_F(MeasuredProfileTest, PlannerAddsUpMeansSoStallsCount) {
   cost = planner::CostModel::FromMeasuredProfile(as_median);
   ASSERT_TRUE(cost.ok()) << cost.status();
   EXPECT_NEAR(cost->ForwardSeconds(0, tandem::v1::PLACEMENT_ACCELERATOR, m), 0.002, 1e-12);
+
+  // A window of five such steps, one of which stalled on every call (50 ms):
+  // the stall that recurs in each step counts, the one-off step does not,
+  // as the window's median step leaves it out.
+  Timeline stalled = t;
+  for (auto& span : *stalled.mutable_spans()) {
+    if (span.layer() == 0 && span.phase() == tandem::v1::TIMELINE_PHASE_FORWARD) {
+      span.set_end_seconds(span.start_seconds() + 0.050);
+    }
+  }
+  profile =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {t, t, stalled, t, t}, nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const tandem::v1::TimingStats& window = profile->layers(0).devices(1).forward().timing();
+  EXPECT_EQ(window.samples(), 25);
+  EXPECT_NEAR(window.mean_seconds(), 0.004, 1e-12);
 }
 
 TEST_F(MeasuredProfileTest, UnmeasuredPhasesTakeTheRooflineScaledByTheirDevice) {

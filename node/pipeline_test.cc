@@ -6,6 +6,7 @@
 // specs the node cannot run are refused naming what is wrong.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "node/placement_test_util.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/train/job_model.h"
+#include "runtime/train/trainer.h"
 #include "spec/job_spec.h"
 #include "spec/precision.h"
 
@@ -483,6 +485,70 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
     s = PlanJob(*jm->model, forced, NodeWith(2)).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find(error), std::string::npos) << s;
+  }
+}
+
+// The closed loop's switch to another split (node/closed_loop.h): the
+// trainer checkpoints, the runner of the new split loads the checkpoint, and
+// training goes on as if nothing happened: the losses are those of the run
+// that kept its first split, step for step.
+TEST(PipelineJobTest, SwitchingToAnotherSplitMidRunTrainsTheSame) {
+  constexpr int kRunSteps = 12;
+  JobSpec spec = Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{64} << 20, kRunSteps), 2,
+                           tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  spec.mutable_training()->set_log_interval_steps(1);
+  const absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok()) << jm.status();
+  const NodeOffer node = NodeWith(2);
+  const absl::StatusOr<tandem::v1::Plan> plan = PlanJob(*jm->model, *resolved, node);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->pipeline_size(), 2);
+  // The same stages with the cut one layer later (or earlier at the end).
+  PipelineCorrections moved;
+  moved.stages.assign(plan->pipeline().begin(), plan->pipeline().end());
+  const int cut = plan->pipeline(0).last_layer() + 1 < plan->pipeline(1).last_layer()
+                      ? plan->pipeline(0).last_layer() + 1
+                      : plan->pipeline(0).last_layer() - 1;
+  moved.stages[0].set_last_layer(cut);
+  moved.stages[1].set_first_layer(cut + 1);
+  const absl::StatusOr<tandem::v1::Plan> other =
+      PlanPipelineJob(*jm->model, *resolved, node, nullptr, &moved);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(other->pipeline(0).last_layer(), cut);
+  const absl::StatusOr<tandem::v1::Schedule> program = StepProgram(*jm->model, *resolved, *other);
+  ASSERT_TRUE(program.ok()) << program.status();
+
+  const TrainRun kept = Train(spec, MakeRunnerFactory(node));
+  ASSERT_TRUE(kept.status.ok()) << kept.status;
+
+  TrainerOptions options;
+  options.make_runner = MakeRunnerFactory(node);
+  options.checkpoint_dir = ::testing::TempDir() + "/pipeline_switch";
+  options.resume = false;
+  std::filesystem::remove_all(options.checkpoint_dir);
+  std::vector<double> losses;
+  int64_t steps = 0;
+  absl::Status switched = absl::UnknownError("never switched");
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+    losses.push_back(p.loss());
+    ++steps;
+  };
+  callbacks.switch_runner = [&]() -> RunnerFactory {
+    if (steps != kRunSteps / 2) return nullptr;
+    return MakeRunnerFactory(node, *other, *program);
+  };
+  callbacks.on_switch = [&](const absl::Status& made) { switched = made; };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  EXPECT_TRUE(switched.ok()) << switched;
+  EXPECT_EQ((*trainer)->runner().plan().pipeline(0).last_layer(), cut);
+  ASSERT_EQ(losses.size(), kept.losses.size());
+  for (size_t s = 0; s < losses.size(); ++s) {
+    EXPECT_NEAR(losses[s], kept.losses[s], 1e-5 * std::abs(kept.losses[s])) << "step " << s;
   }
 }
 

@@ -59,11 +59,13 @@ def describe(record):
         plan_pb2.Strategy.Name(plan.strategy), plan.micro_batch_size, host_updates)
 
 
-class ClosedLoopTest(unittest.TestCase):
+class DaemonTest(unittest.TestCase):
+    """A tandemd of its own per test, started with FLAGS, running one job at a time."""
+    FLAGS = []
+
     def setUp(self):
         self.daemon = Tandemd(TANDEMD, metrics=True,
-                              extra_flags=["--emulated_link_throttle=1e8",
-                                           "--max_running_jobs=1"]).start()
+                              extra_flags=self.FLAGS + ["--max_running_jobs=1"]).start()
         self.channel, self.client = stub(self.daemon.address)
 
     def tearDown(self):
@@ -73,6 +75,10 @@ class ClosedLoopTest(unittest.TestCase):
     def run_job(self, spec):
         job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
         return wait_for_state(self.client, job.id, DONE, timeout=600)
+
+
+class ClosedLoopTest(DaemonTest):
+    FLAGS = ["--emulated_link_throttle=1e8"]
 
     def test_throttled_link_replans_to_another_placement_and_caches_the_profile(self):
         # reuse_distance at 48 MiB: its weights cannot all stay on the
@@ -199,22 +205,10 @@ class ClosedLoopTest(unittest.TestCase):
         self.assertIn("placement.replan_threshold", e.exception.details())
 
 
-class PipelineClosedLoopTest(unittest.TestCase):
+class PipelineClosedLoopTest(DaemonTest):
     """A pipeline's closed loop: its stages' measured figures re-time the
     split, or move it, at a step boundary, and the training is the same."""
-
-    def setUp(self):
-        self.daemon = Tandemd(TANDEMD, extra_flags=["--emulated_accelerators=2",
-                                                    "--max_running_jobs=1"]).start()
-        self.channel, self.client = stub(self.daemon.address)
-
-    def tearDown(self):
-        self.channel.close()
-        self.daemon.stop()
-
-    def run_job(self, spec):
-        job = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec), timeout=60).job
-        return wait_for_state(self.client, job.id, DONE, timeout=600)
+    FLAGS = ["--emulated_accelerators=2"]
 
     def pipelined(self, threshold):
         return gpt_spec(steps=20, memory=64 << 20, strategy="STRATEGY_UNSPECIFIED",

@@ -145,12 +145,20 @@ PlanCheck CheckPlan(const Plan& plan, const std::vector<double>& step_seconds,
     auto it = dispatch_seconds.find(span.resource());
     if (it != dispatch_seconds.end()) predicted[span.resource()] -= it->second;
   }
-  std::map<TimelineResource, double> measured;
-  for (const Timeline& t : timelines) {
-    for (const auto& [resource, busy] : BusyByResource(t)) {
-      measured[resource] += busy / static_cast<double>(timelines.size());
+  // Per resource, the median over the window's steps (a step where it did
+  // nothing counts 0), as the step time is the window's median: one step
+  // that stalled does not make a resource look busier than the steps are
+  // long.
+  std::map<TimelineResource, std::vector<double>> per_step;
+  for (size_t i = 0; i < timelines.size(); ++i) {
+    for (const auto& [resource, busy] : BusyByResource(timelines[i])) {
+      std::vector<double>& v = per_step[resource];
+      v.resize(timelines.size(), 0.0);
+      v[i] = busy;
     }
   }
+  std::map<TimelineResource, double> measured;
+  for (const auto& [resource, busy] : per_step) measured[resource] = profile::Median(busy);
   std::map<TimelineResource, PlanCheck::Resource> all;
   for (const auto& [resource, busy] : predicted) all[resource].predicted_seconds = busy;
   for (const auto& [resource, busy] : measured) all[resource].measured_seconds = busy;

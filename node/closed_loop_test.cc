@@ -89,6 +89,27 @@ TEST(CheckPlanTest, AResourceBusierThanPredictedWhileTheStepIsRight) {
   ASSERT_EQ(check.resources.size(), 2u);
 }
 
+TEST(CheckPlanTest, OneStalledStepDoesNotMakeAResourceBusy) {
+  const Plan plan = PredictedPlan(0.100, 0.080);
+  Timeline usual, stalled;
+  AddSpan(usual, kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.081);
+  AddSpan(stalled, kAccel, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.400);
+  // The window's median step is as predicted, and so is the accelerator's
+  // median busy time: the one step that stalled is left out of both.
+  PlanCheck check =
+      CheckPlan(plan, {0.1, 0.1, 0.45, 0.1, 0.1}, {usual, usual, stalled, usual, usual}, 0.10);
+  EXPECT_EQ(check.off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << check.because;
+  ASSERT_EQ(check.resources.size(), 1u);
+  EXPECT_NEAR(check.resources[0].measured_seconds, 0.081, 1e-12);
+  // Busy in most steps: still busy. A copy engine idle in most steps: not.
+  Timeline copying = usual;
+  AddSpan(copying, kH2D, 0, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 0.030, 1 << 20);
+  check = CheckPlan(plan, {0.1, 0.1, 0.1}, {copying, copying, usual}, 0.10);
+  EXPECT_EQ(check.off, tandem::v1::REPLAN_REASON_RESOURCE_BUSY);
+  check = CheckPlan(plan, {0.1, 0.1, 0.1}, {usual, copying, usual}, 0.10);
+  EXPECT_EQ(check.off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << check.because;
+}
+
 TEST(SamePlacementTest, EveryDecisionCounts) {
   JobSpec spec = Mlp(tandem::v1::STRATEGY_REUSE_DISTANCE, 0);
   spec.mutable_resources()->set_accelerator_memory_bytes(ModelStateBytes(spec) / 2);

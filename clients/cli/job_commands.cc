@@ -7,11 +7,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -137,10 +139,20 @@ void PrintJobText(const Job& job) {
     std::printf("  plans:\n");
     for (int i = 0; i < job.plan_history_size(); ++i) {
       const tandem::v1::PlanRecord& r = job.plan_history(i);
-      std::printf("    %d. from step %ld: %s, micro-batch %d; predicted %.1f ms", i + 1,
-                  static_cast<long>(r.from_step()),
-                  tandem::v1::Strategy_Name(r.plan().strategy()).c_str(),
-                  r.plan().micro_batch_size(), r.predicted_step_seconds() * 1e3);
+      std::string placed = absl::StrCat(tandem::v1::Strategy_Name(r.plan().strategy()),
+                                        ", micro-batch ", r.plan().micro_batch_size());
+      if (r.plan().pipeline_size() > 1) {  // a pipeline: its split
+        std::vector<std::string> stages;
+        for (const tandem::v1::PipelineStage& st : r.plan().pipeline()) {
+          stages.push_back(absl::StrCat(st.first_layer(), "-", st.last_layer()));
+        }
+        placed =
+            absl::StrCat(r.plan().pipeline_size(), " stages, layers ", absl::StrJoin(stages, " | "),
+                         ", ", r.plan().micro_batches(), " micro-batches");
+      }
+      std::printf("    %d. from step %ld: %s; predicted %.1f ms", i + 1,
+                  static_cast<long>(r.from_step()), placed.c_str(),
+                  r.predicted_step_seconds() * 1e3);
       if (r.measured_step_seconds() > 0) {
         std::printf(", measured %.1f ms", r.measured_step_seconds() * 1e3);
       }

@@ -20,6 +20,7 @@ or moves it, and trains exactly as the same job that never re-plans.
 The measured step times before and after are printed, never asserted."""
 import glob
 import os
+import subprocess
 import sys
 import unittest
 import urllib.request
@@ -31,7 +32,7 @@ from tandem_stubs import spec_from_dict, stub, tandem_service_pb2, wait_for_stat
 from tandem.v1 import job_pb2, plan_pb2
 from tandemd_fixture import Tandemd
 
-TANDEMD = None
+TANDEMD = TANDEM = None
 DONE = (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
 
 
@@ -243,6 +244,12 @@ class PipelineClosedLoopTest(DaemonTest):
         logs = [e.log.message for e in events if e.HasField("log")]
         self.assertTrue(any("re-calibrated from measured figures" in m or
                             "re-planned from measured figures" in m for m in logs), logs)
+        # `tandem status` lists each plan by its split.
+        status = subprocess.run([TANDEM, "--server=" + self.daemon.address, "status", job.id],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(status.returncode, 0, status.stderr)
+        self.assertIn("2. from step 8: 2 stages, layers ", status.stdout)
+        self.assertIn(", 4 micro-batches; predicted", status.stdout)
         # Re-timed or re-split, it is the same training: a pipeline at the
         # same micro-batches is one device's, whatever its stages.
         reference = self.run_job(self.pipelined(-1))
@@ -254,4 +261,5 @@ class PipelineClosedLoopTest(DaemonTest):
 
 if __name__ == "__main__":
     TANDEMD = sys.argv.pop(1)
+    TANDEM = sys.argv.pop(1)
     junit_runner.main()

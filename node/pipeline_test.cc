@@ -278,22 +278,31 @@ TEST(PipelineJobTest, Bf16PipelinesTrainAsOneDeviceWithinTheirPlannedMemory) {
   }
 }
 
+// Drained at each step's end, and continuous (placement.pipeline.continuous:
+// no drain between steps, its plan predicting no bubble after the first).
 TEST(PipelineJobTest, PipeDreamJobsRecordTheirStaleness) {
-  const JobSpec spec = Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{64} << 20, kSteps),
-                                 2, tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
-  const TrainRun run = Train(spec, MakeRunnerFactory(NodeWith(2)));
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  EXPECT_EQ(run.plan.pipeline_schedule(), tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
-  ASSERT_EQ(run.metrics.pipeline_stages_size(), 2);
-  EXPECT_EQ(run.metrics.pipeline_stages(0).staleness(), 1);
-  EXPECT_EQ(run.metrics.pipeline_stages(1).staleness(), 0);
-  EXPECT_EQ(run.metrics.pipeline_stages(0).updates(), run.plan.micro_batches());
-  double first = 0, last = 0;
-  for (int s = 0; s < 10; ++s) {
-    first += run.losses[s];
-    last += run.losses[run.losses.size() - 1 - s];
+  for (const bool continuous : {false, true}) {
+    JobSpec spec = Pipelined(Mlp(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{64} << 20, kSteps), 2,
+                             tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+    spec.mutable_placement()->mutable_pipeline()->set_continuous(continuous);
+    const TrainRun run = Train(spec, MakeRunnerFactory(NodeWith(2)));
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.plan.pipeline_schedule(), tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+    EXPECT_EQ(run.plan.solver().note().find("Continuous PipeDream") != std::string::npos,
+              continuous)
+        << run.plan.solver().note();
+    ASSERT_EQ(run.metrics.pipeline_stages_size(), 2);
+    EXPECT_EQ(run.metrics.pipeline_stages(0).staleness(), 1);
+    EXPECT_EQ(run.metrics.pipeline_stages(1).staleness(), 0);
+    EXPECT_EQ(run.metrics.pipeline_stages(0).updates(), run.plan.micro_batches());
+    double first = 0, last = 0;
+    for (int s = 0; s < 10; ++s) {
+      first += run.losses[s];
+      last += run.losses[run.losses.size() - 1 - s];
+    }
+    EXPECT_LT(last, first) << "continuous " << continuous;  // it learns
+    EXPECT_GT(run.eval_loss, 0) << "continuous " << continuous;
   }
-  EXPECT_LT(last, first);  // it learns
 }
 
 // The planner's split of a model too large for one accelerator: each stage

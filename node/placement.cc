@@ -1076,6 +1076,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
   options.max_batch = max_batch;
   options.init_seed = resolved.training().seed();
   options.vertical_sync = resolved.placement().pipeline().vertical_sync();
+  options.continuous = resolved.placement().pipeline().continuous();
   TANDEM_ASSIGN_OR_RETURN(
       std::unique_ptr<PipelineRunner> runner,
       PipelineRunner::Create(model, resolved.optimizer(), std::move(stages), options));

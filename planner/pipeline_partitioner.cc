@@ -74,7 +74,9 @@ class StageCosts {
   int64_t Memory(int k, int i, int j, StageMode mode) const {
     const int64_t in_flight = r_.gpipe ? r_.micro_batches : std::min(S_ - k, r_.micro_batches);
     const int64_t input = i > 0 ? cost_.OutputBytes(i - 1, m_) : 0;
-    const int64_t stale = r_.stash_weights ? std::min(S_ - k - 1, r_.micro_batches) : 0;
+    const int64_t stale = !r_.stash_weights ? 0
+                          : r_.continuous   ? S_ - k - 1
+                                            : std::min(S_ - k - 1, r_.micro_batches);
     // Weight copies besides the stage's own: the stash (none without stale
     // gradients, unless vertical sync delays even the last stage's), and
     // vertical sync's history of the stage's latest versions.

@@ -47,6 +47,9 @@ struct PipelineRequest {
   // micro_batches) + 1 versions, and stage k > 0 keeps k + 1 more (the
   // versions the first stage's micro-batches still need).
   bool vertical_sync = false;
+  // PipeDream without a drain between steps: stage k's stale versions are
+  // S - k - 1, not bounded by the micro-batches.
+  bool continuous = false;
   // A stage whose activations do not fit may recompute them (GPipe's
   // re-materialisation): it then keeps each micro-batch's input alone and
   // holds one micro-batch's activations at a time, for one more forward per

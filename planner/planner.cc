@@ -391,11 +391,63 @@ StageRates StageRatesOf(const CostModel& cost, const PlanRequest& request, int j
   return rates;
 }
 
+// What PredictPipeline found, for the plan's note.
+struct PipelineFigures {
+  double bottleneck = 0, update = 0;
+  int64_t peak = 0;
+  bool continuous = false, in_turn = false;
+};
+
+// "1F1B pipeline over 2 accelerators, ...; stage 0 recomputes its activations".
+std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
+                         const PipelineFigures& f) {
+  const int K = plan.pipeline_size(), M = plan.micro_batches();
+  const bool pipedream = plan.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+  std::string note = absl::StrFormat(
+      "%s pipeline over %d accelerators, %d micro-batches of %d: slowest stage %.3f ms per "
+      "micro-batch, %s, update %.3f ms, largest stage %.1f MiB%s",
+      plan.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe"
+      : f.continuous                                                  ? "Continuous PipeDream"
+      : pipedream                                                     ? "PipeDream"
+                                                                      : "1F1B",
+      K, M, plan.micro_batch_size(), f.bottleneck * 1e3,
+      f.continuous
+          ? std::string("no bubble after the first step (it fills once)")
+          : absl::StrFormat("bubble (K-1)/(M+K-1) = %.0f%%", 100.0 * (K - 1) / (M + K - 1)),
+      f.update * 1e3, f.peak / 1048576.0,
+      rates.calibrated()    ? "; stage times corrected by what the running pipeline measured"
+      : !rates.shared_cores ? ""
+      : f.in_turn
+          ? absl::StrFormat("; the emulated stages, %d thread%s each (%.2fx slower than the "
+                            "job's %d), share the job's cores, so the step is at least all "
+                            "their work in turn",
+                            rates.stage_threads, rates.stage_threads == 1 ? "" : "s", rates.slower,
+                            rates.job_threads)
+          : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
+                            "%.2fx slower than with all",
+                            rates.stage_threads, rates.job_threads, rates.slower));
+  std::vector<std::string> recomputing, offloading;
+  for (const tandem::v1::PipelineStage& s : plan.pipeline()) {
+    if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
+    if (s.offload_optimizer()) offloading.push_back(absl::StrCat(s.device_index()));
+  }
+  // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
+  auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
+    if (which.empty()) return;
+    absl::StrAppend(&note, which.size() == 1 ? "; stage " : "; stages ", absl::StrJoin(which, ", "),
+                    which.size() == 1 ? one : many);
+  };
+  name_stages(recomputing, " recomputes its activations", " recompute their activations");
+  name_stages(offloading, " keeps its optimizer state on the host and updates there",
+              " keep their optimizer state on the host and update there");
+  return note;
+}
+
 // Sets `plan`'s stages, prediction and note from the partition, whose
 // compute is at the stages' rates already.
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
                      int micro_batches, int host_threads, const StageRates& rates,
-                     tandem::v1::Plan* plan) {
+                     bool request_continuous, tandem::v1::Plan* plan) {
   const bool shared_cores = rates.shared_cores;
   const double slower = rates.slower;
   const int job_threads = rates.job_threads, stage_threads = rates.stage_threads;
@@ -431,7 +483,9 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
                            2 * s.communication_seconds()});
   }
   if (pipedream) work += M * updates - updates;
-  const double pipelined = path + (M - 1) * bottleneck;
+  // A continuous PipeDream fills its pipeline once per run, not per step.
+  const bool continuous = pipedream && request_continuous;
+  const double pipelined = continuous ? M * bottleneck : path + (M - 1) * bottleneck;
   double step = pipelined + (pipedream ? 0 : update);
   // Emulated accelerators compute on the host's cores. Stages with more
   // threads between them than the job has share its cores: together they run
@@ -441,44 +495,14 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   if (in_turn) {
     step = std::max(pipelined, work) + std::max(pipedream ? 0 : update, updates);
   }
-  std::vector<std::string> recomputing, offloading;
-  for (const tandem::v1::PipelineStage& s : stages) {
-    if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
-    if (s.offload_optimizer()) offloading.push_back(absl::StrCat(s.device_index()));
-  }
   tandem::v1::PlanPrediction* prediction = plan->mutable_prediction();
   *prediction = tandem::v1::PlanPrediction();
   prediction->set_iteration_seconds(step);
   prediction->set_samples_per_second(step > 0 ? plan->batch_size() / step : 0);
   prediction->set_accelerator_peak_bytes(peak);
   plan->mutable_solver()->set_method("pipeline partition (dynamic program)");
-  plan->mutable_solver()->set_note(absl::StrFormat(
-      "%s pipeline over %d accelerators, %d micro-batches of %d: slowest stage %.3f ms per "
-      "micro-batch, bubble (K-1)/(M+K-1) = %.0f%%, update %.3f ms, largest stage %.1f MiB%s",
-      plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? "GPipe"
-      : pipedream                                                      ? "PipeDream"
-                                                                       : "1F1B",
-      K, M, plan->micro_batch_size(), bottleneck * 1e3, 100.0 * (K - 1) / (M + K - 1), update * 1e3,
-      peak / 1048576.0,
-      rates.calibrated() ? "; stage times corrected by what the running pipeline measured"
-      : !shared_cores    ? ""
-      : in_turn ? absl::StrFormat("; the emulated stages, %d thread%s each (%.2fx slower than the "
-                                  "job's %d), share the job's cores, so the step is at least all "
-                                  "their work in turn",
-                                  stage_threads, stage_threads == 1 ? "" : "s", slower, job_threads)
-                : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
-                                  "%.2fx slower than with all",
-                                  stage_threads, job_threads, slower)));
-  // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
-  auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
-    if (which.empty()) return;
-    absl::StrAppend(plan->mutable_solver()->mutable_note(),
-                    which.size() == 1 ? "; stage " : "; stages ", absl::StrJoin(which, ", "),
-                    which.size() == 1 ? one : many);
-  };
-  name_stages(recomputing, " recomputes its activations", " recompute their activations");
-  name_stages(offloading, " keeps its optimizer state on the host and updates there",
-              " keep their optimizer state on the host and update there");
+  plan->mutable_solver()->set_note(
+      PipelineNote(*plan, rates, {bottleneck, update, peak, continuous, in_turn}));
 }
 
 }  // namespace
@@ -522,6 +546,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.gpipe = schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE;
   p.stash_weights = schedule == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   p.vertical_sync = p.stash_weights && request.pipeline_vertical_sync;
+  p.continuous = p.stash_weights && !p.vertical_sync && request.pipeline_continuous;
   p.allow_recompute = !p.stash_weights;
   p.allow_offload = !p.stash_weights;
   // Offloading stages update on the host at the same time: each with its
@@ -544,7 +569,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, rates, &plan);
+  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, rates, p.continuous, &plan);
   return plan;
 }
 
@@ -564,6 +589,7 @@ void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r) {
   r->host_update_threads = spec.training().threads();
   r->pipeline_schedule = p.pipeline().schedule();
   r->pipeline_vertical_sync = p.pipeline().vertical_sync();
+  r->pipeline_continuous = p.pipeline().continuous();
 }
 
 absl::StatusOr<PlanRequest> PlanRequestFromRpc(const tandem::v1::PlanModelRequest& rpc,

@@ -75,6 +75,10 @@ struct PlanRequest {
   // PipeDream pipelines: vertical sync (its extra weight versions count in
   // each stage's memory; pipeline_partitioner.h).
   bool pipeline_vertical_sync = false;
+  // PipeDream without draining between steps (PipelineSpec.continuous): a
+  // step is M slots of the slowest stage, and stage k keeps S - k - 1 stale
+  // versions whatever the micro-batches.
+  bool pipeline_continuous = false;
   tandem::v1::PipelineSchedule pipeline_schedule = tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED;
   // A running pipeline's measured corrections (node/closed_loop.h), per
   // layer, each multiplying what the planner would predict without them:

@@ -769,6 +769,24 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
     EXPECT_GT(pipedream->pipeline(0).memory_bytes(), f1b->pipeline(0).memory_bytes());
   }
   EXPECT_NE(pipedream->solver().note().find("PipeDream"), std::string::npos);
+  // Continuous (no drain between steps): M slots of the slowest stage, its
+  // update in each; the pipeline fills once per run.
+  PlanRequest continuous_request = r;
+  continuous_request.pipeline_continuous = true;
+  absl::StatusOr<tandem::v1::Plan> continuous =
+      SolvePipelinePlan(continuous_request, tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  ASSERT_TRUE(continuous.ok()) << continuous.status();
+  double slot = 0;
+  for (const auto& s : continuous->pipeline()) {
+    slot =
+        std::max({slot, s.compute_seconds() + s.update_seconds(), 2 * s.communication_seconds()});
+  }
+  EXPECT_NEAR(continuous->prediction().iteration_seconds(), 8 * slot, 1e-12);
+  EXPECT_LT(continuous->prediction().iteration_seconds(),
+            pipedream->prediction().iteration_seconds());
+  EXPECT_NE(continuous->solver().note().find("Continuous PipeDream"), std::string::npos)
+      << continuous->solver().note();
+  EXPECT_NE(continuous->solver().note().find("no bubble after the first step"), std::string::npos);
   int64_t largest = 0;
   for (const auto& s : f1b->pipeline()) largest = std::max(largest, s.memory_bytes());
   EXPECT_EQ(f1b->prediction().accelerator_peak_bytes(), largest);
@@ -908,11 +926,13 @@ TEST(PlanRequestFromRpcTest, TakesTheJobSpecsSettings) {
   *rpc.mutable_hardware() = SmallNode();
   rpc.add_compare(tandem::v1::STRATEGY_GPU_ONLY);
   rpc.mutable_spec()->mutable_placement()->mutable_pipeline()->set_vertical_sync(true);
+  rpc.mutable_spec()->mutable_placement()->mutable_pipeline()->set_continuous(true);
   rpc.set_pipeline_auto(true);
   const tandem::v1::Profile model = testing::MlpProfile({64, 10}, 8);
   absl::StatusOr<PlanRequest> r = PlanRequestFromRpc(rpc, model);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->pipeline_vertical_sync);
+  EXPECT_TRUE(r->pipeline_continuous);
   EXPECT_TRUE(r->pipeline_auto);
   EXPECT_EQ(r->batch_size, 64);
   EXPECT_EQ(r->strategy, tandem::v1::STRATEGY_ZERO_OFFLOAD);

@@ -284,6 +284,13 @@ absl::Status ValidatePipeline(const tandem::v1::PlacementSpec& p,
                       "only PipeDream (placement.pipeline.schedule: PIPELINE_SCHEDULE_PIPEDREAM) "
                       "has stale weights to synchronise");
   }
+  if (pipe.continuous() &&
+      (pipe.schedule() != tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM || pipe.vertical_sync())) {
+    return FieldError("placement.pipeline.continuous",
+                      "only PipeDream (placement.pipeline.schedule: PIPELINE_SCHEDULE_PIPEDREAM) "
+                      "without vertical_sync runs without draining between steps (GPipe and "
+                      "1F1B update once per step, after the drain)");
+  }
   if (pipe.stages() > 1 && pipe.micro_batches() > 0 && p.micro_batch_size() > 0 &&
       p.micro_batch_size() * pipe.micro_batches() != t.batch_size()) {
     return FieldError(

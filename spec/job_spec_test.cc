@@ -352,6 +352,11 @@ TEST(JobSpecTest, BadPipelinesNameTheField) {
        "placement.pipeline.vertical_sync: only PipeDream"},
       {"{pipeline: {stages: 2, schedule: PIPELINE_SCHEDULE_GPIPE, vertical_sync: true}}",
        "placement.pipeline.vertical_sync: only PipeDream"},
+      {"{pipeline: {stages: 2, continuous: true}}",
+       "placement.pipeline.continuous: only PipeDream"},
+      {"{pipeline: {stages: 2, schedule: PIPELINE_SCHEDULE_PIPEDREAM, vertical_sync: true, "
+       "continuous: true}}",
+       "placement.pipeline.continuous: only PipeDream"},
       {"{accelerator: ACCELERATOR_KIND_NONE, pipeline: {stages: 2}}",
        "placement.pipeline.stages: a pipeline runs on accelerators"},
       {"{strategy: STRATEGY_ZERO_OFFLOAD, pipeline: {stages: 2}}",

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -41,11 +43,9 @@ struct PipelineRunner::Stage {
   int64_t param_begin = 0, param_n = 0, buffer_begin = 0, buffer_n = 0;
   Buffer params, grads, buffers;
   std::vector<Buffer> moments;
-  // Per micro-batch: the stage's input (the batch's, or the stage before's
-  // output), the targets (last stage), and per layer of the stage its output
-  // and what its forward saved for backward.
-  std::vector<Buffer> in, targets;
-  std::vector<std::vector<Buffer>> out, saved;
+  // Continuous PipeDream: the micro-batches whose forward this stage has run
+  // and whose backward it has not, oldest first, with their steps.
+  std::deque<std::pair<std::shared_ptr<Step>, int>> pending;
   // PipeDream: weight versions for the micro-batches in flight, and how
   // many updates stale this stage's gradients are.
   std::vector<Buffer> stash;
@@ -71,27 +71,26 @@ struct PipelineRunner::Stage {
     s.set_end_seconds(end - step_start);
     s.set_bytes(bytes);
   }
-
-  // Empty slots for M micro-batches.
-  void Size(int M) {
-    spans.clear();
-    for (auto* v : {&in, &targets}) {
-      v->clear();
-      v->resize(M);
-    }
-    for (auto* v : {&out, &saved}) {
-      v->clear();
-      v->resize(end - first);
-      for (auto& per_layer : *v) per_layer.resize(M);
-    }
-  }
 };
 
 // One step (or evaluation) in flight: the micro-batches, and between each two
 // neighbouring stages a mailbox per micro-batch for the activation going
 // forward and its gradient coming back, in staging host memory.
 struct PipelineRunner::Step {
+  // Per stage and micro-batch: the stage's input (the batch's, or the stage
+  // before's output), the targets (last stage), and per layer of the stage
+  // its output and what its forward saved for backward. In the step, not
+  // the stage: a continuous pipeline's backward may run in the next step.
+  struct Slots {
+    std::vector<Buffer> in, targets;
+    std::vector<std::vector<Buffer>> out, saved;
+  };
+  std::vector<Slots> slots;
+  // `batch` is read by forwards alone, which all run within the step's call.
   const Batch* batch = nullptr;
+  DType input_dtype = DType::kF32;
+  // The stream's count of micro-batches before this step's first (stash slots).
+  int64_t first_streamed = 0;
   StepOptions options;
   bool training = true;
   StepConstants constants;
@@ -192,6 +191,12 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline: the stages end at layer ", stages.back().end_layer, " of ", L));
   }
+  if (options.continuous &&
+      (options.schedule != PipelineSchedule::kPipeDream || options.vertical_sync)) {
+    return absl::InvalidArgumentError(
+        "pipeline: only PipeDream without vertical sync runs continuously (GPipe and 1F1B "
+        "drain at each step's end to update once; vertical sync ties versions to a step)");
+  }
   if (options.schedule == PipelineSchedule::kPipeDream && max_grad_norm > 0) {
     return absl::InvalidArgumentError(
         "pipeline: PipeDream updates each stage on its own, and gradient clipping "
@@ -247,7 +252,10 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   // zero, so the gradient norm and the update see nothing there.
   TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
   if (options_.schedule == PipelineSchedule::kPipeDream) {
-    const int in_flight = std::min(stages - index - 1, options_.micro_batches);
+    // Continuous: a step's micro-batches do not bound what is in flight.
+    const int in_flight = options_.continuous
+                              ? stages - index - 1
+                              : std::min(stages - index - 1, options_.micro_batches);
     stage->staleness =
         options_.vertical_sync ? std::min(stages - 1, options_.micro_batches) : in_flight;
     // The weights each micro-batch in flight ran forward on; with vertical
@@ -314,51 +322,53 @@ LayerContext PipelineRunner::ContextOf(const Stage& stage, int l, int64_t mb_sta
 
 absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
   Stage& st = *stages_[s];
+  Step::Slots& sl = step.slots[s];
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
   double t = WallSeconds();
   if (s == 0) {
     const int64_t elem = DTypeBytes(step.batch->input_dtype);
     const int64_t bytes = n * model_.data().sample_shape.elements() * elem;
-    TANDEM_ASSIGN_OR_RETURN(st.in[m], Buffer::Allocate(alloc, bytes, MemoryCategory::kActivations));
+    TANDEM_ASSIGN_OR_RETURN(sl.in[m], Buffer::Allocate(alloc, bytes, MemoryCategory::kActivations));
     const char* src = reinterpret_cast<const char*>(step.batch->inputs.data());
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(
-        st.in[m].data(), src + step.mb_start[m] * model_.data().sample_shape.elements() * elem,
+        sl.in[m].data(), src + step.mb_start[m] * model_.data().sample_shape.elements() * elem,
         bytes));
   } else {
     Buffer staged;
     if (!step.Take(step.act[s - 1][m], &staged)) return absl::AbortedError("another stage failed");
     t = WallSeconds();  // the wait was bubble, the copy is not
-    TANDEM_ASSIGN_OR_RETURN(st.in[m],
+    TANDEM_ASSIGN_OR_RETURN(sl.in[m],
                             Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.in[m].data(), staged.data(), staged.bytes()));
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(sl.in[m].data(), staged.data(), staged.bytes()));
   }
   if (st.end == model_.num_layers()) {
     const int64_t tps = model_.data().targets_per_sample;
-    TANDEM_ASSIGN_OR_RETURN(st.targets[m],
+    TANDEM_ASSIGN_OR_RETURN(sl.targets[m],
                             Buffer::Allocate(alloc, n * tps * 4, MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(
-        st.targets[m].data(), step.batch->targets.data() + step.mb_start[m] * tps, n * tps * 4));
+        sl.targets[m].data(), step.batch->targets.data() + step.mb_start[m] * tps, n * tps * 4));
   }
   st.copy += WallSeconds() - t;
   if (step.training) {
     st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
-            st.first, m, t, WallSeconds(), st.in[m].bytes());
+            st.first, m, t, WallSeconds(), sl.in[m].bytes());
   }
   return absl::OkStatus();
 }
 
 absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
   Stage& st = *stages_[s];
+  Step::Slots& sl = step.slots[s];
   const int64_t n = step.mb_size[m];
   const double t = WallSeconds();
   const int last = st.end - st.first - 1;
   if (st.end < model_.num_layers()) {
     TANDEM_ASSIGN_OR_RETURN(
         Buffer staged, Buffer::Allocate(st.device->host_staging_allocator(),
-                                        st.out[last][m].bytes(), MemoryCategory::kActivations));
+                                        sl.out[last][m].bytes(), MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(
-        st.device->CopyToHost(staged.data(), st.out[last][m].data(), staged.bytes()));
+        st.device->CopyToHost(staged.data(), sl.out[last][m].data(), staged.bytes()));
     if (step.training) {
       st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
               st.end - 1, m, t, WallSeconds(), staged.bytes());
@@ -369,7 +379,7 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
   }
   // The per-sample losses, and in evaluation the logits (the loss's input).
   std::vector<float> losses(n);
-  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(losses.data(), st.out[last][m].data(), n * 4));
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(losses.data(), sl.out[last][m].data(), n * 4));
   double sum = 0;
   for (float v : losses) sum += v;
   step.loss_sums[m] = sum;
@@ -377,7 +387,7 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
     const CrossEntropy& loss = model_.loss();
     const int64_t positions = n * loss.positions();
     std::vector<float> logits(positions * loss.classes());
-    const Buffer& from = last == 0 ? st.in[m] : st.out[last - 1][m];
+    const Buffer& from = last == 0 ? sl.in[m] : sl.out[last - 1][m];
     TANDEM_RETURN_IF_ERROR(
         st.device->CopyToHost(logits.data(), from.data(), logits.size() * sizeof(float)));
     step.correct[m] = CountCorrect(
@@ -391,6 +401,7 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
 
 absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   Stage& st = *stages_[s];
+  Step::Slots& sl = step.slots[s];
   TANDEM_RETURN_IF_ERROR(ReceiveInput(step, s, m));
   // PipeDream: the weights this forward and its backward run on, stashed:
   // the stage's latest, or with vertical sync the version the first stage
@@ -402,7 +413,7 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
       const int j = std::max(0, m - first_warmup);
       version = st.history[j % st.history.size()].data();
     }
-    const Buffer& stashed = st.stash[m % st.stash.size()];
+    const Buffer& stashed = st.stash[(step.first_streamed + m) % st.stash.size()];
     TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(stashed.data(), version, st.param_n * 4));
   }
   TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/false));
@@ -410,34 +421,36 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   // Nothing is kept for a backward in evaluation; a recomputing stage keeps
   // its input alone and runs the forward again before the backward.
   if (!step.training || st.recompute) {
-    for (auto& per_layer : st.out) per_layer[m].Reset();
-    for (auto& per_layer : st.saved) per_layer[m].Reset();
+    for (auto& per_layer : sl.out) per_layer[m].Reset();
+    for (auto& per_layer : sl.saved) per_layer[m].Reset();
   }
   if (!step.training) {
-    st.in[m].Reset();
-    st.targets[m].Reset();
+    sl.in[m].Reset();
+    sl.targets[m].Reset();
   }
   return absl::OkStatus();
 }
 
 absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute) {
   Stage& st = *stages_[s];
+  Step::Slots& sl = step.slots[s];
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
-  const Buffer* stashed = st.stash.empty() ? nullptr : &st.stash[m % st.stash.size()];
+  const Buffer* stashed =
+      st.stash.empty() ? nullptr : &st.stash[(step.first_streamed + m) % st.stash.size()];
   const double t = WallSeconds();
   for (int l = st.first; l < st.end; ++l) {
     const Layer& layer = model_.layer(l);
     const int i = l - st.first;
     const Tensor x = l == st.first
-                         ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
+                         ? Tensor(sl.in[m].data(), l == 0 ? step.input_dtype : DType::kF32,
                                   l == 0 ? model_.data().sample_shape.WithBatch(n)
                                          : layer.input_shape().WithBatch(n))
-                         : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+                         : Tensor::F32(sl.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
     TANDEM_ASSIGN_OR_RETURN(
-        st.out[i][m], Buffer::Allocate(alloc, layer.OutputBytes(n), MemoryCategory::kActivations));
+        sl.out[i][m], Buffer::Allocate(alloc, layer.OutputBytes(n), MemoryCategory::kActivations));
     TANDEM_ASSIGN_OR_RETURN(
-        st.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
+        sl.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
@@ -446,10 +459,10 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
       ctx.params = stashed->f32() + (model_.param_offset(l) - st.param_begin);
     }
     ctx.workspace = ws.data();
-    ctx.targets = reinterpret_cast<const int32_t*>(st.targets[m].data());
+    ctx.targets = reinterpret_cast<const int32_t*>(sl.targets[m].data());
     const double began = WallSeconds();
-    layer.Forward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
-                  st.saved[i][m].data());
+    layer.Forward(ctx, x, Tensor::F32(sl.out[i][m].f32(), layer.output_shape().WithBatch(n)),
+                  sl.saved[i][m].data());
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
     if (step.training) {
       st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE,
@@ -504,6 +517,7 @@ absl::Status PipelineRunner::SendGradient(Step& step, int s, int m, Buffer dx) {
 
 absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   Stage& st = *stages_[s];
+  Step::Slots& sl = step.slots[s];
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
   // A recomputing stage's activations, again (while the gradient comes).
@@ -525,31 +539,30 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     if (options_.schedule == PipelineSchedule::kPipeDream) {
       ctx.accumulate_grads = false;
       if (!st.stash.empty()) {
-        ctx.params =
-            st.stash[m % st.stash.size()].f32() + (model_.param_offset(l) - st.param_begin);
+        ctx.params = st.stash[(step.first_streamed + m) % st.stash.size()].f32() +
+                     (model_.param_offset(l) - st.param_begin);
       }
     } else {
       ctx.accumulate_grads = m > 0;
     }
-    ctx.targets = reinterpret_cast<const int32_t*>(st.targets[m].data());
-    const Tensor x = i == 0
-                         ? Tensor(st.in[m].data(), l == 0 ? step.batch->input_dtype : DType::kF32,
-                                  l == 0 ? model_.data().sample_shape.WithBatch(n)
-                                         : layer.input_shape().WithBatch(n))
-                         : Tensor::F32(st.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
+    ctx.targets = reinterpret_cast<const int32_t*>(sl.targets[m].data());
+    const Tensor x = i == 0 ? Tensor(sl.in[m].data(), l == 0 ? step.input_dtype : DType::kF32,
+                                     l == 0 ? model_.data().sample_shape.WithBatch(n)
+                                            : layer.input_shape().WithBatch(n))
+                            : Tensor::F32(sl.out[i - 1][m].f32(), layer.input_shape().WithBatch(n));
     const double began = WallSeconds();
-    layer.Backward(ctx, x, Tensor::F32(st.out[i][m].f32(), layer.output_shape().WithBatch(n)),
-                   st.saved[i][m].data(), Tensor::F32(dy.f32(), layer.output_shape().WithBatch(n)),
+    layer.Backward(ctx, x, Tensor::F32(sl.out[i][m].f32(), layer.output_shape().WithBatch(n)),
+                   sl.saved[i][m].data(), Tensor::F32(dy.f32(), layer.output_shape().WithBatch(n)),
                    l == 0 ? Tensor() : Tensor::F32(dx.f32(), layer.input_shape().WithBatch(n)));
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
     st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_BACKWARD,
             l, m, began, WallSeconds());
-    st.out[i][m].Reset();
-    st.saved[i][m].Reset();
+    sl.out[i][m].Reset();
+    sl.saved[i][m].Reset();
     dy = std::move(dx);
   }
-  st.in[m].Reset();
-  st.targets[m].Reset();
+  sl.in[m].Reset();
+  sl.targets[m].Reset();
   st.busy += WallSeconds() - t;
   // dy is now the gradient of the stage's input.
   if (s > 0) TANDEM_RETURN_IF_ERROR(SendGradient(step, s, m, std::move(dy)));
@@ -580,10 +593,34 @@ absl::Status PipelineRunner::KeepVersion(Stage& st) {
                                  st.params.data(), st.param_n * 4);
 }
 
-absl::Status PipelineRunner::RunStage(Step& step, int s) {
+absl::Status PipelineRunner::RunStage(const std::shared_ptr<Step>& current, int s) {
+  Stage& st = *stages_[s];
+  // A continuous pipeline's oldest pending backward (of this step or the one
+  // before), with its update.
+  auto backward_oldest = [&]() -> absl::Status {
+    const std::pair<std::shared_ptr<Step>, int> oldest = std::move(st.pending.front());
+    st.pending.pop_front();
+    return StageBackward(*oldest.first, s, oldest.second);
+  };
+  if (current == nullptr) {  // draining
+    while (!st.pending.empty()) TANDEM_RETURN_IF_ERROR(backward_oldest());
+    return absl::OkStatus();
+  }
+  Step& step = *current;
   const int K = num_stages(), M = step.micro_batches();
+  if (options_.continuous) {
+    // One forward, then a backward once more than the warm-up's worth are
+    // in flight: 1F1B's order over the whole stream.
+    const size_t warmup = K - s - 1;
+    for (int m = 0; m < M; ++m) {
+      TANDEM_RETURN_IF_ERROR(StageForward(step, s, m));
+      st.pending.emplace_back(current, m);
+      if (st.pending.size() > warmup) TANDEM_RETURN_IF_ERROR(backward_oldest());
+    }
+    return absl::OkStatus();
+  }
   // Vertical sync: the step's first version, before any update.
-  if (step.training) TANDEM_RETURN_IF_ERROR(KeepVersion(*stages_[s]));
+  if (step.training) TANDEM_RETURN_IF_ERROR(KeepVersion(st));
   std::vector<std::pair<bool, int>> ops;  // (backward, micro-batch) in order
   if (options_.schedule == PipelineSchedule::kGPipe) {
     for (int m = 0; m < M; ++m) ops.push_back({false, m});
@@ -671,6 +708,7 @@ void PipelineRunner::Begin(Step& step, const Batch& batch, bool training) {
     step.mb_size.push_back(std::min(mb, batch.size - first));
   }
   const int M = step.micro_batches();
+  step.input_dtype = batch.input_dtype;
   step.loss_sums.assign(M, 0);
   step.correct.assign(M, 0);
   step.act.resize(K - 1);
@@ -679,27 +717,41 @@ void PipelineRunner::Begin(Step& step, const Batch& batch, bool training) {
     step.act[s].resize(M);
     step.grad[s].resize(M);
   }
-  for (auto& st : stages_) st->Size(M);
+  step.slots.resize(K);
+  for (int s = 0; s < K; ++s) {
+    Step::Slots& sl = step.slots[s];
+    sl.in.resize(M);
+    sl.targets.resize(M);
+    for (auto* v : {&sl.out, &sl.saved}) {
+      v->resize(stages_[s]->end - stages_[s]->first);
+      for (auto& per_layer : *v) per_layer.resize(M);
+    }
+  }
 }
 
-absl::Status PipelineRunner::RunStages(Step& step) {
+absl::Status PipelineRunner::OnEveryStage(const std::shared_ptr<Step>& step,
+                                          std::vector<double>* ended) {
   const int K = num_stages();
-  const double start = WallSeconds();
+  // Every step whose mailboxes a stage may wait on: failed together.
+  std::vector<std::shared_ptr<Step>> live;
+  if (step != nullptr) live.push_back(step);
   for (auto& st : stages_) {
-    st->busy = st->copy = st->update = 0;
-    st->updates = 0;
-    st->step_start = start;
+    for (const auto& [pending, m] : st->pending) {
+      if (std::find(live.begin(), live.end(), pending) == live.end()) live.push_back(pending);
+    }
   }
   std::vector<absl::Status> results(K);
-  std::vector<double> ended(K, 0);
+  ended->assign(K, 0);
   {
     std::vector<std::thread> threads;
     for (int s = 0; s < K; ++s) {
       threads.emplace_back([&, s] {
         omp_set_num_threads(stage_threads_);
         results[s] = RunStage(step, s);
-        ended[s] = WallSeconds();
-        if (!results[s].ok()) step.Fail();
+        (*ended)[s] = WallSeconds();
+        if (!results[s].ok()) {
+          for (const auto& p : live) p->Fail();
+        }
       });
     }
     for (std::thread& t : threads) t.join();
@@ -709,6 +761,47 @@ absl::Status PipelineRunner::RunStages(Step& step) {
     if (!results[s].ok() && !absl::IsAborted(results[s])) return results[s];
   }
   for (const absl::Status& r : results) TANDEM_RETURN_IF_ERROR(r);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::Drain() {
+  bool pending = false;
+  for (const auto& st : stages_) pending |= !st->pending.empty();
+  if (!pending) return absl::OkStatus();
+  // The latest step's figures stay its own.
+  struct Figures {
+    double busy, copy, update;
+    int updates;
+    size_t spans;
+  };
+  std::vector<Figures> kept;
+  for (const auto& st : stages_) {
+    kept.push_back({st->busy, st->copy, st->update, st->updates, st->spans.size()});
+  }
+  std::vector<double> ended;
+  const absl::Status drained = OnEveryStage(nullptr, &ended);
+  for (int s = 0; s < num_stages(); ++s) {
+    Stage& st = *stages_[s];
+    st.busy = kept[s].busy;
+    st.copy = kept[s].copy;
+    st.update = kept[s].update;
+    st.updates = kept[s].updates;
+    st.spans.resize(kept[s].spans);
+  }
+  return drained;
+}
+
+absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
+  const int K = num_stages();
+  const double start = WallSeconds();
+  for (auto& st : stages_) {
+    st->busy = st->copy = st->update = 0;
+    st->updates = 0;
+    st->step_start = start;
+    st->spans.clear();
+  }
+  std::vector<double> ended;
+  TANDEM_RETURN_IF_ERROR(OnEveryStage(step, &ended));
 
   double end = start;
   for (int s = 0; s < K; ++s) end = std::max(end, ended[s] - stages_[s]->update);
@@ -733,15 +826,20 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   if (batch.size > options_.max_batch || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
-  Step step;
+  const std::shared_ptr<Step> current = std::make_shared<Step>();
+  Step& step = *current;
   step.options = options;
   Begin(step, batch, /*training=*/true);
+  if (options_.continuous) {
+    step.first_streamed = streamed_micro_batches_;
+    streamed_micro_batches_ += step.micro_batches();
+  }
   if (options_.schedule == PipelineSchedule::kPipeDream) {
     step.t0 = optimizer_->step();  // one update per micro-batch, counted below
   } else {
     step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
   }
-  TANDEM_RETURN_IF_ERROR(RunStages(step));
+  TANDEM_RETURN_IF_ERROR(RunStages(current));
   if (options_.schedule == PipelineSchedule::kPipeDream) {
     optimizer_->set_step(step.t0 + step.micro_batches());
   }
@@ -758,6 +856,8 @@ absl::StatusOr<EvalResult> PipelineRunner::EvalBatch(const Batch& batch) {
   if (batch.size > options_.max_batch || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
+  // On the weights of every update so far.
+  TANDEM_RETURN_IF_ERROR(Drain());
   // On a thread of its own, whose team leaves with it (runtime/core/omp_threads.h).
   absl::StatusOr<EvalResult> result;
   RunOnOwnOmpThread(threads_, [&] { result = EvalStageAfterStage(batch); });
@@ -782,6 +882,7 @@ absl::StatusOr<EvalResult> PipelineRunner::EvalStageAfterStage(const Batch& batc
 }
 
 absl::Status PipelineRunner::SyncStateToHost() {
+  TANDEM_RETURN_IF_ERROR(Drain());
   for (auto& st : stages_) {
     TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(host_params_.f32() + st->param_begin,
                                                   st->params.data(), st->param_n * 4));
@@ -807,6 +908,8 @@ HostStateView PipelineRunner::host_state() {
 }
 
 absl::Status PipelineRunner::StateChangedOnHost() {
+  // The host's state replaces whatever a continuous pipeline had in flight.
+  for (auto& st : stages_) st->pending.clear();
   for (auto& st : stages_) {
     TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
         st->params.data(), host_params_.f32() + st->param_begin, st->param_n * 4));

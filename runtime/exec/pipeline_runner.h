@@ -24,6 +24,14 @@
 //    (the first stage's count of updates when m entered it), so every
 //    stage's gradients are min(K-1, M) updates stale alike; stage s keeps
 //    its last s + 1 versions for that.
+//    Continuous (PipelineOptions::continuous, without vertical sync): the
+//    pipeline does not drain between steps. Stage s's last K-s-1 backwards
+//    of a step run in the next one, each after one of its forwards, as in
+//    one long stream of micro-batches: what T steps of M micro-batches do is
+//    what one step of the T batches' M x T micro-batches would do, and only
+//    the first step fills the pipeline. It drains (the pending backwards
+//    and their updates) before evaluation, a read of the state (a
+//    checkpoint) and at the end.
 // Each stage runs on its own thread (its device's compute stream) and waits
 // only for what it consumes; the update of every stage follows the last
 // backward (after the global gradient norm, when clipping).
@@ -79,6 +87,8 @@ struct PipelineOptions {
   uint64_t init_seed = 0;
   // kPipeDream only: vertical sync (above).
   bool vertical_sync = false;
+  // kPipeDream without vertical sync only: no drain between steps (above).
+  bool continuous = false;
   // OpenMP threads of each stage's thread; 0 = the creating thread's count
   // shared among the stages, at least one each. The stages compute side by
   // side: teams of the whole count each would outnumber the cores, and
@@ -153,6 +163,9 @@ class PipelineRunner final : public StepRunner {
   absl::Status RunForward(Step& step, int s, int m, bool recompute);
   // EvalBatch's work: each micro-batch through the stages in turn.
   absl::StatusOr<EvalResult> EvalStageAfterStage(const Batch& batch);
+  // Continuous PipeDream: every stage's pending backwards (and updates) run,
+  // so that the state is the stream's so far.
+  absl::Status Drain();
   // PipeDream: stage s's update after micro-batch m's backward.
   absl::Status UpdateAfter(Step& step, int s, int m);
   // Vertical sync: copies the stage's weights into its history slot for its
@@ -167,8 +180,11 @@ class PipelineRunner final : public StepRunner {
   void Begin(Step& step, const Batch& batch, bool training);
   // Every stage on its own thread through the step; the stats and the
   // timeline of it.
-  absl::Status RunStages(Step& step);
-  absl::Status RunStage(Step& step, int s);
+  absl::Status RunStages(const std::shared_ptr<Step>& step);
+  // RunStage on every stage's thread (`step` null: draining), each stage's
+  // end time in `ended`; a failure fails every step in flight.
+  absl::Status OnEveryStage(const std::shared_ptr<Step>& step, std::vector<double>* ended);
+  absl::Status RunStage(const std::shared_ptr<Step>& step, int s);
   // A stage's input for micro-batch m (the batch's slice, or the stage
   // before's output) and, on the last stage, its targets, on its device.
   absl::Status ReceiveInput(Step& step, int s, int m);
@@ -198,6 +214,10 @@ class PipelineRunner final : public StepRunner {
   std::vector<std::unique_ptr<Stage>> stages_;
   std::vector<PipelineStageStats> stats_;
   double last_pipeline_seconds_ = 0;
+  // Continuous PipeDream: micro-batches fed to the stream so far (stash
+  // slots are by this count, so that two steps' micro-batches in flight
+  // never share one).
+  int64_t streamed_micro_batches_ = 0;
   tandem::v1::Timeline timeline_;
   // The host copy of the state (checkpoints) and the step constants.
   HostAllocator host_alloc_;

@@ -514,6 +514,103 @@ TEST(PipelineRunnerTest, VerticalSyncDependsOnlyOnTheFirstStagesVersions) {
             RunSteps(f, *Make(f, one_b, PipelineSchedule::kPipeDream, 1), 20));
 }
 
+// Continuous PipeDream: no drain between steps, so T steps of M
+// micro-batches are one step of the T batches' M x T micro-batches, update
+// for update; evaluation and the host state (a checkpoint) see every update
+// after a drain, and training goes on after it. The pipeline-filling bubble
+// is paid once, not every step.
+TEST(PipelineRunnerTest, ContinuousPipeDreamIsOneLongStepOfAllTheMicroBatches) {
+  const Fixture f = MakeFixture(kMlpNoDropout);
+  constexpr int kSteps = 6, kMicro = 4, kBatch = 32;
+  for (const int K : {2, 3}) {
+    Devices continuous_devices(K), long_devices(K), drained_devices(K);
+    PipelineOptions options{.schedule = PipelineSchedule::kPipeDream,
+                            .micro_batches = kMicro,
+                            .max_batch = kBatch,
+                            .init_seed = f.spec.training().seed(),
+                            .continuous = true};
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> continuous = PipelineRunner::Create(
+        *f.model, f.spec.optimizer(), EvenStages(*f.model, continuous_devices), options);
+    ASSERT_TRUE(continuous.ok()) << continuous.status();
+    options.continuous = false;
+    // The same steps draining after each: another trajectory.
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> drained = PipelineRunner::Create(
+        *f.model, f.spec.optimizer(), EvenStages(*f.model, drained_devices), options);
+    ASSERT_TRUE(drained.ok()) << drained.status();
+    options.micro_batches = kMicro * kSteps;
+    options.max_batch = kBatch * kSteps;
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> one_long = PipelineRunner::Create(
+        *f.model, f.spec.optimizer(), EvenStages(*f.model, long_devices), options);
+    ASSERT_TRUE(one_long.ok()) << one_long.status();
+
+    BatchLoader loader(*f.data.train, kBatch, true, 11, false);
+    Batch all;
+    double continuous_loss = 0;
+    StepOptions o;
+    o.learning_rate = f.spec.optimizer().learning_rate();
+    for (int t = 0; t < kSteps; ++t) {
+      const Batch& batch = loader.Next();
+      all.size += batch.size;
+      all.input_dtype = batch.input_dtype;
+      all.inputs.insert(all.inputs.end(), batch.inputs.begin(), batch.inputs.end());
+      all.targets.insert(all.targets.end(), batch.targets.begin(), batch.targets.end());
+      o.step = t;
+      absl::StatusOr<StepResult> r = (*continuous)->TrainStep(batch, o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      continuous_loss += r->loss / kSteps;
+      ASSERT_TRUE((*drained)->TrainStep(batch, o).ok());
+    }
+    o.step = 0;
+    absl::StatusOr<StepResult> r = (*one_long)->TrainStep(all, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NEAR(continuous_loss, r->loss, 1e-6 * std::abs(r->loss)) << K << " stages";
+    // Stage s's gradients are K - s - 1 updates stale whatever the steps.
+    const auto stats = (*continuous)->pipeline_stats();
+    for (int s = 0; s < K; ++s) EXPECT_EQ(stats[s].staleness(), K - s - 1) << "stage " << s;
+
+    // Drained for the state: every update of the stream, as the long step's.
+    ASSERT_TRUE((*continuous)->SyncStateToHost().ok());
+    ASSERT_TRUE((*one_long)->SyncStateToHost().ok());
+    ASSERT_TRUE((*drained)->SyncStateToHost().ok());
+    EXPECT_EQ((*continuous)->host_state().optimizer->step(), kSteps * kMicro);
+    EXPECT_EQ((*one_long)->host_state().optimizer->step(), kSteps * kMicro);
+    const int64_t n = f.model->parameter_elements();
+    auto farthest = [&](PipelineRunner& a, PipelineRunner& b) {
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        worst = std::max(worst, static_cast<double>(
+                                    std::abs(a.host_state().params[i] - b.host_state().params[i])));
+      }
+      return worst;
+    };
+    EXPECT_LT(farthest(**continuous, **one_long), 1e-6) << K << " stages";
+    EXPECT_GT(farthest(**drained, **one_long), 1e-4) << K << " stages";
+    // Evaluation sees the same weights; training goes on after the drain.
+    absl::StatusOr<EvalResult> ea = (*continuous)->EvalBatch(loader.Next());
+    ASSERT_TRUE(ea.ok()) << ea.status();
+    absl::StatusOr<StepResult> more = (*continuous)->TrainStep(loader.Next(), o);
+    ASSERT_TRUE(more.ok()) << more.status();
+    EXPECT_TRUE(std::isfinite(more->loss));
+  }
+  // Only PipeDream without vertical sync runs continuously.
+  Devices devices(2);
+  for (const PipelineOptions& bad : {PipelineOptions{.schedule = PipelineSchedule::kOneFOneB,
+                                    .micro_batches = 2,
+                                    .max_batch = 32,
+                                    .continuous = true},
+                                     PipelineOptions{.schedule = PipelineSchedule::kPipeDream,
+                                     .micro_batches = 2,
+                                     .max_batch = 32,
+                                     .vertical_sync = true,
+                                     .continuous = true}}) {
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
+        PipelineRunner::Create(*f.model, f.spec.optimizer(), EvenStages(*f.model, devices), bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("only PipeDream without vertical sync"), std::string::npos)
+        << r.status();
+  }
+}
+
 TEST(PipelineRunnerTest, PipeDreamRefusesGradientClipping) {
   const Fixture f = MakeFixture(exec_test::kGpt);  // max_grad_norm 1.0
   Devices devices(2);

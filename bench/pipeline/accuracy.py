@@ -4,8 +4,9 @@ the mlp and cnn recipes of clients/examples, 2 epochs, on 2 emulated
 accelerators with 4 micro-batches per batch, under 1F1B (synchronous: the
 same training as one device) and under PipeDream (asynchronous 1F1B with
 weight stashing: an update per micro-batch, the first stage's gradients one
-update stale), and with --vertical_sync under PipeDream with vertical sync
-too (every stage one update stale). Prints the final test accuracy of each,
+update stale), with --vertical_sync under PipeDream with vertical sync
+too (every stage one update stale), and with --continuous under continuous
+PipeDream (no drain between steps: the bubble is paid once per run). Prints the final test accuracy of each,
 the difference (target: within 0.01), the staleness each stage ran with and
 the throughput.
 Runs `tandem train` locally; the emulated accelerators share the host's
@@ -27,7 +28,8 @@ sys.path.insert(0, os.path.join(REPO, "bench", "common"))
 from machine import cpu_model  # noqa: E402
 
 
-def job_file(model, epochs, schedule, stages, micro_batches, threads, vertical_sync=False):
+def job_file(model, epochs, schedule, stages, micro_batches, threads, vertical_sync=False,
+             continuous=False):
     job = open(os.path.join(REPO, "clients", "examples", "fmnist-%s.yaml" % model)).read()
     job = re.sub(r"epochs: \d+", "epochs: %d" % epochs, job)
     job = re.sub(r"checkpoint_interval_steps: \d+", "checkpoint_disabled: true", job)
@@ -35,9 +37,10 @@ def job_file(model, epochs, schedule, stages, micro_batches, threads, vertical_s
     job = job[:job.index("\nplacement:")] if "\nplacement:" in job else job
     job += ("\nplacement:\n  accelerator: ACCELERATOR_KIND_EMULATED\n"
             "  pipeline: {stages: %d, schedule: PIPELINE_SCHEDULE_%s, micro_batches: %d, "
-            "vertical_sync: %s}\n"
+            "vertical_sync: %s, continuous: %s}\n"
             "resources:\n  accelerator_memory_bytes: %d\n"
-            % (stages, schedule, micro_batches, "true" if vertical_sync else "false", 256 << 20))
+            % (stages, schedule, micro_batches, "true" if vertical_sync else "false",
+               "true" if continuous else "false", 256 << 20))
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     f.write(job)
     f.close()
@@ -54,19 +57,23 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vertical_sync", action="store_true",
                         help="also run PipeDream with vertical sync")
+    parser.add_argument("--continuous", action="store_true",
+                        help="also run continuous PipeDream (no drain between steps)")
     args = parser.parse_args()
     print("machine: %s; %d threads per job; %d emulated accelerators (host cores, NOT GPU "
           "figures), %d micro-batches, %d epochs" % (cpu_model(), args.threads, args.stages,
                                                      args.micro_batches, args.epochs), flush=True)
     for model in args.models.split(","):
         accuracy = {}
-        runs = [("ONE_F_ONE_B", False), ("PIPEDREAM", False)]
+        runs = [("ONE_F_ONE_B", False, False), ("PIPEDREAM", False, False)]
         if args.vertical_sync:
-            runs.append(("PIPEDREAM", True))
-        for schedule, synced in runs:
-            name = schedule + ("+VS" if synced else "")
+            runs.append(("PIPEDREAM", True, False))
+        if args.continuous:
+            runs.append(("PIPEDREAM", False, True))
+        for schedule, synced, continuous in runs:
+            name = schedule + ("+VS" if synced else "") + ("+CONTINUOUS" if continuous else "")
             path = job_file(model, args.epochs, schedule, args.stages, args.micro_batches,
-                            args.threads, synced)
+                            args.threads, synced, continuous)
             try:
                 proc = subprocess.run([args.tandem, "--output=json", "train", path],
                                       capture_output=True, text=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Pipelines on emulated accelerators (placement.pipeline, docs/pipeline.md):
 the gpt and cnn recipes of clients/examples cut into 2 and 4 stages under GPipe
-and 1F1B, next to the same job on one emulated accelerator at the same
+and 1F1B (--pipedream: PipeDream drained at each step and continuous), next to the same job on one emulated accelerator at the same
 micro-batches (the peer, measured in this run). Per run: the plan's predicted
 step against the measured one, each stage's bubble fraction (bubble over the
 forward-backward phase) next to GPipe's (K-1)/(M+K-1), each stage's memory
@@ -64,14 +64,20 @@ def write_job(job):
     return f.name
 
 
-def job_file(model, steps, stages, schedule, threads, measured_profile=False, stage_memory=0):
+def job_file(model, steps, stages, schedule, threads, measured_profile=False, stage_memory=0,
+             no_clipping=False):
     _, micro_batches, memory = MODELS[model]
     job = base_job(model, steps, threads)
+    if no_clipping:  # PipeDream refuses it (it needs the whole model's norm first)
+        job = re.sub(r"\n  max_grad_norm: [0-9.]+", "", job)
     batch = int(re.search(r"batch_size: (\d+)", job).group(1))
     job += "\nplacement:\n  accelerator: ACCELERATOR_KIND_EMULATED\n"
     if stages > 1:
-        job += ("  pipeline: {stages: %d, schedule: PIPELINE_SCHEDULE_%s, micro_batches: %d}\n"
-                % (stages, schedule, micro_batches))
+        # "PIPEDREAM_CONTINUOUS": PipeDream whose pipeline stays full between steps.
+        continuous = schedule.endswith("_CONTINUOUS")
+        job += ("  pipeline: {stages: %d, schedule: PIPELINE_SCHEDULE_%s, micro_batches: %d%s}\n"
+                % (stages, schedule.replace("_CONTINUOUS", ""), micro_batches,
+                   ", continuous: true" if continuous else ""))
     else:
         job += "  strategy: STRATEGY_GPU_ONLY\n  micro_batch_size: %d\n" % (batch // micro_batches)
         if measured_profile:
@@ -125,6 +131,10 @@ def main():
                         help="each pipeline stage's accelerator memory (default: the model's "
                         "128 MiB); a tight one makes stages recompute or offload their "
                         "optimizer state, as the plan's note says")
+    parser.add_argument("--pipedream", action="store_true",
+                        help="PipeDream pipelines instead, drained at each step's end and "
+                        "continuous (no drain between steps); not one device's training, so "
+                        "their losses differ from its; every job without gradient clipping")
     parser.add_argument("--auto", default="",
                         help="MIB:BYTES_PER_SECOND: instead, placement.pipeline.auto_stages at "
                         "that memory per accelerator and link cap, next to one accelerator "
@@ -184,10 +194,11 @@ def bench(args, server):
     loop_within = loop_total = 0
     for model in args.models.split(","):
         base = None
-        for stages, schedule in [(1, ""), (2, "GPIPE"), (2, "ONE_F_ONE_B"), (4, "GPIPE"),
-                                 (4, "ONE_F_ONE_B")]:
+        schedules = (["PIPEDREAM", "PIPEDREAM_CONTINUOUS"] if args.pipedream
+                     else ["GPIPE", "ONE_F_ONE_B"])
+        for stages, schedule in [(1, "")] + [(k, x) for k in (2, 4) for x in schedules]:
             path = job_file(model, args.steps, stages, schedule, args.threads,
-                            args.measured_profile, int(args.stage_mib * 2**20))
+                            args.measured_profile, int(args.stage_mib * 2**20), args.pipedream)
             try:
                 job = run(args.tandem, server, path)
             finally:

@@ -144,9 +144,10 @@ std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response) {
   for (const tandem::v1::PipelineStage& s : p.pipeline()) {
     absl::StrAppend(
         &out, absl::StrFormat(
-                  "pipeline stage %d: layers %d-%d, %s compute, %s send, %s\n", s.device_index(),
-                  s.first_layer(), s.last_layer(), FormatSeconds(s.compute_seconds()),
-                  FormatSeconds(s.communication_seconds()), FormatBytes(s.memory_bytes())));
+                  "pipeline stage %d: layers %d-%d, %s compute, %s send, %s update, %s\n",
+                  s.device_index(), s.first_layer(), s.last_layer(),
+                  FormatSeconds(s.compute_seconds()), FormatSeconds(s.communication_seconds()),
+                  FormatSeconds(s.update_seconds()), FormatBytes(s.memory_bytes())));
   }
   // A pipeline plan is not among the alternatives, whose notes follow the
   // table: its own note here.

@@ -56,6 +56,17 @@ TEST(PlanReportTest, RendersTheLayerTableAndTheComparison) {
   streamed.mutable_layers(0)->set_stream_optimizer_state(true);
   EXPECT_NE(RenderLayerTable(streamed).find("accel (state streamed)"), std::string::npos)
       << RenderLayerTable(streamed);
+  // A pipeline plan lists its stages, each with its predicted update.
+  tandem::v1::PlanModelResponse piped = *response;
+  tandem::v1::PipelineStage* stage = piped.mutable_plan()->add_pipeline();
+  stage->set_last_layer(1);
+  stage->set_compute_seconds(0.003);
+  stage->set_update_seconds(0.0005);
+  stage->set_memory_bytes(8 << 20);
+  EXPECT_NE(RenderPlanReport(piped).find("pipeline stage 0: layers 0-1, 3.000 ms compute, 0 us "
+                                         "send, 500 us update, 8.00 MiB"),
+            std::string::npos)
+      << RenderPlanReport(piped);
   absl::StatusOr<std::string> json = PlanResponseToJson(*response);
   ASSERT_TRUE(json.ok());
   EXPECT_NE(json->find("\"reuse_distance_seconds\""), std::string::npos);

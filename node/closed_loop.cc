@@ -748,10 +748,24 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
   if (window_stages_.empty()) {
     return absl::FailedPreconditionError("the window holds no stage figures");
   }
-  PipelineCorrections next = corrections_;
+  // The running split as the planner times it without corrections, from
+  // the same cost source as every plan below: the factors are measured over
+  // its figures, so that the split re-timed with them is what was measured
+  // whatever an earlier correction (or a resumed run's stored plan) said.
+  TANDEM_ASSIGN_OR_RETURN(const JobSpec staged, ChosenStages(resolved_, plan_));
+  const Profile* from = planned_from_ ? &*planned_from_ : nullptr;
+  PipelineCorrections as_running;
+  as_running.stages.assign(plan_.pipeline().begin(), plan_.pipeline().end());
+  TANDEM_ASSIGN_OR_RETURN(const Plan base,
+                          PlanPipelineJob(model_, staged, node_, from, &as_running));
+  if (base.pipeline_size() != K) {
+    return absl::FailedPreconditionError(absl::StrCat("the running split timed again has ",
+                                                      base.pipeline_size(), " stages, not ", K));
+  }
+  PipelineCorrections next;
   const int L = model_.num_layers();
-  if (next.compute_scale.empty()) next.compute_scale.assign(L, 1.0);
-  if (next.update_scale.empty()) next.update_scale.assign(L, 1.0);
+  next.compute_scale.assign(L, 1.0);
+  next.update_scale.assign(L, 1.0);
   Decision d;
   d.cost_source = absl::StrCat("the stages' figures over ", window_stages_.size(), " steps:");
   for (int k = 0; k < K; ++k) {
@@ -766,7 +780,7 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
       busy.push_back(step[k].busy_seconds() + step[k].copy_seconds());
       update.push_back(step[k].update_seconds());
     }
-    const tandem::v1::PipelineStage& st = plan_.pipeline(k);
+    const tandem::v1::PipelineStage& st = base.pipeline(k);
     const double predicted_busy = M * st.compute_seconds();
     const double predicted_update = (pipedream ? M : 1) * st.update_seconds();
     const double f = Factor(profile::Median(busy), predicted_busy);
@@ -775,17 +789,14 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
       return absl::FailedPreconditionError(absl::StrCat("pipeline[", k, "] is outside the model"));
     }
     for (int l = st.first_layer(); l <= st.last_layer(); ++l) {
-      next.compute_scale[l] *= f;
-      next.update_scale[l] *= g;
+      next.compute_scale[l] = f;
+      next.update_scale[l] = g;
     }
     absl::StrAppend(&d.cost_source, k == 0 ? " " : ", ", "stage ", k, " compute ",
                     Ms(profile::Median(busy)), " per step against ", Ms(predicted_busy),
                     " predicted, update ", Ms(profile::Median(update)), " against ",
                     Ms(predicted_update));
   }
-  // An auto_stages job's spec asks for the stages its plan chose.
-  TANDEM_ASSIGN_OR_RETURN(const JobSpec staged, ChosenStages(resolved_, plan_));
-  const Profile* from = planned_from_ ? &*planned_from_ : nullptr;
   PipelineCorrections same = next;
   same.stages.assign(plan_.pipeline().begin(), plan_.pipeline().end());
   TANDEM_ASSIGN_OR_RETURN(Plan current, PlanPipelineJob(model_, staged, node_, from, &same));
@@ -882,7 +893,6 @@ void PlanLoop::Adopt(const Decision& decision) {
     return;
   }
   dispatch_ = decision.dispatch_seconds;
-  if (decision.corrections) corrections_ = *decision.corrections;
   if (decision.placement_changed) {
     previous_ = decision.replaced_timed ? *decision.replaced_timed : plan_;
     previous_measured_ = decision.check.measured_step_seconds;

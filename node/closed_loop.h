@@ -20,11 +20,12 @@
 //
 // A pipeline (Plan.pipeline) is checked on its step time. Its window's
 // per-stage figures (PipelineStageStats: forward-backward busy time and
-// update) over the stages' predicted ones give each layer a factor, its
-// stage's, on its compute and on its update; the current split is timed
-// again with them (a re-calibration), and the partition is solved again
-// from them: a split predicted at least 5% faster is switched to, as a new
-// placement is (PipelineCorrections, node/placement.h).
+// update) over what the planner predicts for the running split without
+// corrections give each layer a factor, its stage's, on its compute and on
+// its update; the current split is timed again with them (a
+// re-calibration), and the partition is solved again from them: a split
+// predicted at least 5% faster is switched to, as a new placement is
+// (PipelineCorrections, node/placement.h).
 //
 // Thread-compatible: a PlanLoop is driven by the job's training thread.
 #ifndef TANDEM_NODE_CLOSED_LOOP_H_
@@ -174,8 +175,8 @@ class PlanLoop {
   // (a pipeline's: its stages' figures instead).
   Outcome AfterStep(double step_seconds, const tandem::v1::Timeline& timeline,
                     const std::vector<tandem::v1::PipelineStageStats>& stages = {});
-  // The layer profile the job was planned from (nullopt: the analytic one):
-  // a pipeline is solved again from it with its corrections.
+  // The layer profile a pipeline is timed and solved again from, with its
+  // corrections (nullopt: the analytic one).
   void set_planned_from(std::optional<tandem::v1::Profile> profile) {
     planned_from_ = std::move(profile);
   }
@@ -228,8 +229,6 @@ class PlanLoop {
   std::vector<tandem::v1::Timeline> window_timelines_;
   std::vector<std::vector<tandem::v1::PipelineStageStats>> window_stages_;
   std::optional<tandem::v1::Profile> planned_from_;
-  // A pipeline's corrections plan_ is timed with (empty factors: none yet).
-  PipelineCorrections corrections_;
   // The seconds of plan_'s steps after its warm-up (the first 256).
   std::vector<double> plan_seconds_;
   // The plan before the latest switch and its measured step.

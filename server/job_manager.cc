@@ -1222,8 +1222,10 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
   if (!offer || trainer.runner().plan().layers_size() == 0) return;
   auto loop = std::make_shared<node::PlanLoop>(trainer.model(), trainer.resolved_spec(), *offer,
                                                trainer.runner().plan(), node::PlanLoopOptions{});
-  // A pipeline is solved again from the profile it was planned from (as at
-  // submission: this model's layer profile measured here, if any).
+  // A pipeline is timed and solved again from this model's layer profile
+  // measured here, if any, as a submission now would be (its corrections are
+  // measured over the same figures, so either source re-times the running
+  // split to what was measured).
   if (loop->pipeline() && !trainer.resolved_spec().placement().has_plan()) {
     loop->set_planned_from(layer_profiles_.Load(trainer.model(), trainer.resolved_spec(), *offer));
   }

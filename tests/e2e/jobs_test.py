@@ -166,6 +166,26 @@ class JobsTest(unittest.TestCase):
         self.assertIn("2 stages (", chosen.plan.solver.note)
         done = wait_for_state(self.client, chosen.id, [job_pb2.JOB_STATE_SUCCEEDED])
         self.assertEqual(done.progress.step, 6)
+        # Continuous PipeDream: no drain between steps; its plan says so, each
+        # stage's staleness is K - s - 1, and the run ends drained and evaluated.
+        stream = synthetic_spec(steps=6)
+        stream.placement.accelerator = job_pb2.ACCELERATOR_KIND_EMULATED
+        stream.placement.pipeline.stages = 2
+        stream.placement.pipeline.schedule = 3  # PIPELINE_SCHEDULE_PIPEDREAM
+        stream.placement.pipeline.continuous = True
+        stream.resources.accelerator_memory_bytes = 16 << 20
+        streamed = self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=stream),
+                                         timeout=30).job
+        self.assertIn("Continuous PipeDream", streamed.plan.solver.note)
+        done = wait_for_state(self.client, streamed.id, [job_pb2.JOB_STATE_SUCCEEDED])
+        self.assertEqual([s.staleness for s in done.metrics.pipeline_stages], [1, 0])
+        self.assertGreater(done.metrics.eval_loss, 0)
+        # With vertical sync, or another schedule: refused, naming the field.
+        stream.placement.pipeline.vertical_sync = True
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=stream), timeout=30)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("placement.pipeline.continuous: only PipeDream", e.exception.details())
         # More stages than this daemon's --emulated_accelerators: refused, naming both.
         spec.placement.pipeline.stages = 3
         with self.assertRaises(grpc.RpcError) as e:

@@ -739,12 +739,52 @@ double Factor(double measured, double predicted) {
   return std::clamp(measured / predicted, 1.0 / 16, 16.0);
 }
 
+// Per layer of `base` (the running split as the planner times it without
+// corrections), its stage's factors: measured compute (busy plus copies: a
+// stage's thread runs both in turn) and update over `base`'s, the medians
+// over the window's `steps`. What each stage measured is appended to `said`.
+absl::StatusOr<PipelineCorrections> StageCorrections(
+    const Plan& base, const std::vector<std::vector<tandem::v1::PipelineStageStats>>& steps,
+    int layers, std::string* said) {
+  const int K = base.pipeline_size();
+  const int M = std::max(1, base.micro_batches());
+  const bool pipedream = base.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+  PipelineCorrections out;
+  out.compute_scale.assign(layers, 1.0);
+  out.update_scale.assign(layers, 1.0);
+  for (int k = 0; k < K; ++k) {
+    std::vector<double> busy, update;
+    for (const auto& step : steps) {
+      if (static_cast<int>(step.size()) != K) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("a step reported ", step.size(), " stages; the plan has ", K));
+      }
+      busy.push_back(step[k].busy_seconds() + step[k].copy_seconds());
+      update.push_back(step[k].update_seconds());
+    }
+    const tandem::v1::PipelineStage& st = base.pipeline(k);
+    if (st.first_layer() < 0 || st.last_layer() >= layers) {
+      return absl::FailedPreconditionError(absl::StrCat("pipeline[", k, "] is outside the model"));
+    }
+    const double predicted_busy = M * st.compute_seconds();
+    const double predicted_update = (pipedream ? M : 1) * st.update_seconds();
+    const double f = Factor(profile::Median(busy), predicted_busy);
+    const double g = Factor(profile::Median(update), predicted_update);
+    for (int l = st.first_layer(); l <= st.last_layer(); ++l) {
+      out.compute_scale[l] = f;
+      out.update_scale[l] = g;
+    }
+    absl::StrAppend(said, k == 0 ? " " : ", ", "stage ", k, " compute ", Ms(profile::Median(busy)),
+                    " per step against ", Ms(predicted_busy), " predicted, update ",
+                    Ms(profile::Median(update)), " against ", Ms(predicted_update));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& check) const {
   const int K = plan_.pipeline_size();
-  const int M = std::max(1, plan_.micro_batches());
-  const bool pipedream = plan_.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   if (window_stages_.empty()) {
     return absl::FailedPreconditionError("the window holds no stage figures");
   }
@@ -762,41 +802,11 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
     return absl::FailedPreconditionError(absl::StrCat("the running split timed again has ",
                                                       base.pipeline_size(), " stages, not ", K));
   }
-  PipelineCorrections next;
-  const int L = model_.num_layers();
-  next.compute_scale.assign(L, 1.0);
-  next.update_scale.assign(L, 1.0);
   Decision d;
   d.cost_source = absl::StrCat("the stages' figures over ", window_stages_.size(), " steps:");
-  for (int k = 0; k < K; ++k) {
-    // A stage's thread computes and copies in turn: both hold it per
-    // micro-batch.
-    std::vector<double> busy, update;
-    for (const auto& step : window_stages_) {
-      if (static_cast<int>(step.size()) != K) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("a step reported ", step.size(), " stages; the plan has ", K));
-      }
-      busy.push_back(step[k].busy_seconds() + step[k].copy_seconds());
-      update.push_back(step[k].update_seconds());
-    }
-    const tandem::v1::PipelineStage& st = base.pipeline(k);
-    const double predicted_busy = M * st.compute_seconds();
-    const double predicted_update = (pipedream ? M : 1) * st.update_seconds();
-    const double f = Factor(profile::Median(busy), predicted_busy);
-    const double g = Factor(profile::Median(update), predicted_update);
-    if (st.first_layer() < 0 || st.last_layer() >= L) {
-      return absl::FailedPreconditionError(absl::StrCat("pipeline[", k, "] is outside the model"));
-    }
-    for (int l = st.first_layer(); l <= st.last_layer(); ++l) {
-      next.compute_scale[l] = f;
-      next.update_scale[l] = g;
-    }
-    absl::StrAppend(&d.cost_source, k == 0 ? " " : ", ", "stage ", k, " compute ",
-                    Ms(profile::Median(busy)), " per step against ", Ms(predicted_busy),
-                    " predicted, update ", Ms(profile::Median(update)), " against ",
-                    Ms(predicted_update));
-  }
+  TANDEM_ASSIGN_OR_RETURN(
+      PipelineCorrections next,
+      StageCorrections(base, window_stages_, model_.num_layers(), &d.cost_source));
   PipelineCorrections same = next;
   same.stages.assign(plan_.pipeline().begin(), plan_.pipeline().end());
   TANDEM_ASSIGN_OR_RETURN(Plan current, PlanPipelineJob(model_, staged, node_, from, &same));

@@ -451,7 +451,13 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   const bool shared_cores = rates.shared_cores;
   const double slower = rates.slower;
   const int job_threads = rates.job_threads, stage_threads = rates.stage_threads;
+  const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   double update = 0, updates = 0, work = 0;
+  // The first micro-batch crosses every stage forward and back; each later
+  // one adds a slot of the slowest stage (PipeDream: its update after each
+  // backward in the slot). Balanced stages give (M + K - 1) slots; a stage
+  // faster than the slowest fills and drains in its own time.
+  double path = 0, bottleneck = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
   for (const tandem::v1::PipelineStage& s : stages) {
@@ -467,20 +473,12 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     added.set_update_seconds(stage_update);
     update = std::max(update, stage_update);
     updates += stage_update;
+    path += s.compute_seconds() + 2 * s.communication_seconds();
+    bottleneck = std::max({bottleneck, s.compute_seconds() + (pipedream ? stage_update : 0),
+                           2 * s.communication_seconds()});
     // The work-in-turn bound counts the compute at the job's rate.
     work += M * s.compute_seconds() / slower + 2 * M * s.communication_seconds();
     peak = std::max(peak, s.memory_bytes());
-  }
-  const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
-  // The first micro-batch crosses every stage forward and back; each later
-  // one adds a slot of the slowest stage (PipeDream: its update after each
-  // backward in the slot). Balanced stages give (M + K - 1) slots; a stage
-  // faster than the slowest fills and drains in its own time.
-  double path = 0, bottleneck = 0;
-  for (const tandem::v1::PipelineStage& s : plan->pipeline()) {
-    path += s.compute_seconds() + 2 * s.communication_seconds();
-    bottleneck = std::max({bottleneck, s.compute_seconds() + (pipedream ? s.update_seconds() : 0),
-                           2 * s.communication_seconds()});
   }
   if (pipedream) work += M * updates - updates;
   // A continuous PipeDream fills its pipeline once per run, not per step.

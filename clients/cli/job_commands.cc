@@ -94,6 +94,43 @@ void PrintDistributed(const Job& job) {
   }
 }
 
+// "REUSE_DISTANCE, micro-batch 4", or a pipeline's split: "2 stages,
+// layers 0-3 | 4-10, 8 micro-batches".
+std::string PlacedAs(const tandem::v1::Plan& plan) {
+  if (plan.pipeline_size() <= 1) {
+    return absl::StrCat(tandem::v1::Strategy_Name(plan.strategy()), ", micro-batch ",
+                        plan.micro_batch_size());
+  }
+  std::vector<std::string> stages;
+  for (const tandem::v1::PipelineStage& st : plan.pipeline()) {
+    stages.push_back(absl::StrCat(st.first_layer(), "-", st.last_layer()));
+  }
+  return absl::StrCat(plan.pipeline_size(), " stages, layers ", absl::StrJoin(stages, " | "), ", ",
+                      plan.micro_batches(), " micro-batches");
+}
+
+// Closed-loop planning: every plan the job ran under, and why it was replaced.
+void PrintPlanHistory(const Job& job) {
+  if (job.plan_history_size() <= 1) return;
+  std::printf("  plans:\n");
+  for (int i = 0; i < job.plan_history_size(); ++i) {
+    const tandem::v1::PlanRecord& r = job.plan_history(i);
+    std::printf("    %d. from step %ld: %s; predicted %.1f ms", i + 1,
+                static_cast<long>(r.from_step()), PlacedAs(r.plan()).c_str(),
+                r.predicted_step_seconds() * 1e3);
+    if (r.measured_step_seconds() > 0) {
+      std::printf(", measured %.1f ms", r.measured_step_seconds() * 1e3);
+    }
+    std::printf("\n");
+    if (!r.cost_source().empty()) std::printf("       figures: %s\n", r.cost_source().c_str());
+    if (r.replaced_at_step() > 0) {
+      std::printf("       %s at step %ld: %s\n",
+                  r.placement_changed() ? "replaced" : "re-calibrated",
+                  static_cast<long>(r.replaced_at_step()), r.replaced_because().c_str());
+    }
+  }
+}
+
 void PrintJobText(const Job& job) {
   const auto& p = job.progress();
   const auto& m = job.metrics();
@@ -134,37 +171,7 @@ void PrintJobText(const Job& job) {
     }
     std::printf("\n");
   }
-  // Closed-loop planning: every plan the job ran under, and why it was replaced.
-  if (job.plan_history_size() > 1) {
-    std::printf("  plans:\n");
-    for (int i = 0; i < job.plan_history_size(); ++i) {
-      const tandem::v1::PlanRecord& r = job.plan_history(i);
-      std::string placed = absl::StrCat(tandem::v1::Strategy_Name(r.plan().strategy()),
-                                        ", micro-batch ", r.plan().micro_batch_size());
-      if (r.plan().pipeline_size() > 1) {  // a pipeline: its split
-        std::vector<std::string> stages;
-        for (const tandem::v1::PipelineStage& st : r.plan().pipeline()) {
-          stages.push_back(absl::StrCat(st.first_layer(), "-", st.last_layer()));
-        }
-        placed =
-            absl::StrCat(r.plan().pipeline_size(), " stages, layers ", absl::StrJoin(stages, " | "),
-                         ", ", r.plan().micro_batches(), " micro-batches");
-      }
-      std::printf("    %d. from step %ld: %s; predicted %.1f ms", i + 1,
-                  static_cast<long>(r.from_step()), placed.c_str(),
-                  r.predicted_step_seconds() * 1e3);
-      if (r.measured_step_seconds() > 0) {
-        std::printf(", measured %.1f ms", r.measured_step_seconds() * 1e3);
-      }
-      std::printf("\n");
-      if (!r.cost_source().empty()) std::printf("       figures: %s\n", r.cost_source().c_str());
-      if (r.replaced_at_step() > 0) {
-        std::printf("       %s at step %ld: %s\n",
-                    r.placement_changed() ? "replaced" : "re-calibrated",
-                    static_cast<long>(r.replaced_at_step()), r.replaced_because().c_str());
-      }
-    }
-  }
+  PrintPlanHistory(job);
   if (job.schedule().ops_size() > 0) {
     int streams = 0;
     for (const auto& order : job.schedule().order()) streams += order.ops_size() > 0;

@@ -635,7 +635,8 @@ PlanLoop::PlanLoop(const Model& model, JobSpec resolved, NodeOffer node, Plan pl
       node_(std::move(node)),
       plan_(std::move(plan)),
       options_(options),
-      forced_(resolved_.placement().has_plan()) {
+      forced_(resolved_.placement().has_plan()),
+      distributed_(resolved_.distributed().replicas() > 1) {
   if (options_.threshold == 0) options_.threshold = resolved_.placement().replan_threshold();
   if (options_.threshold == 0) options_.threshold = kDefaultReplanThreshold;
   done_ = plan_.layers_size() == 0;  // the CPU engine: nothing predicted
@@ -721,6 +722,10 @@ PlanLoop::Decision PlanLoop::SwitchBack(const PlanCheck& check) const {
 std::string PlanLoop::WhyNotReplan() const {
   if (options_.threshold < 0) return "not re-planning (placement.replan_threshold < 0)";
   if (forced_) return "not re-planning a forced plan (placement.plan)";
+  if (distributed_) {
+    return "not re-planning a distributed job: its ranks run one rank plan, pinned when the "
+           "run starts, and would have to switch together";
+  }
   if (recalibrated_) {
     return "still off after re-calibrating from measured spans (time the simulator does not "
            "model); not re-planning again in this run";

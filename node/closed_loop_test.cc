@@ -379,13 +379,19 @@ TEST_F(MeasuredProfileTest, LoopSwitchesBackFromASlowerPlanAndStops) {
   EXPECT_FALSE(loop.AfterStep(1.0, Step()).check);
 }
 
-TEST_F(MeasuredProfileTest, NegativeThresholdOrForcedPlanComparesButNeverReplans) {
+// A rank of a distributed job too: rank 0 switching alone to a one-device
+// runner would leave the others waiting in their collectives.
+TEST_F(MeasuredProfileTest, NegativeThresholdForcedPlanOrDistributedComparesButNeverReplans) {
   JobSpec forced = spec_;
   *forced.mutable_placement()->mutable_plan() = plan_;
-  for (const JobSpec& spec : {spec_, forced}) {
-    PlanLoopOptions options{.threshold = spec.placement().has_plan() ? 0.10 : -0.10,
-                            .warmup_steps = 0,
-                            .window_steps = 1};
+  JobSpec distributed = spec_;
+  distributed.mutable_distributed()->set_replicas(2);
+  for (const JobSpec& spec : {spec_, forced, distributed}) {
+    PlanLoopOptions options{
+        .threshold =
+            spec.distributed().replicas() > 1 || spec.placement().has_plan() ? 0.10 : -0.10,
+        .warmup_steps = 0,
+        .window_steps = 1};
     PlanLoop loop(*jm_.model, spec, TestNode(), plan_, options);
     PlanLoop::Outcome out = loop.AfterStep(3 * plan_.prediction().iteration_seconds(), Step());
     ASSERT_TRUE(out.check);

@@ -1141,26 +1141,30 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
   };
 }
 
-namespace {
-
-// The largest share of a global batch one of `ranks` ranks trains.
-int64_t ShareOf(const JobSpec& resolved, int ranks) {
+int64_t RankBatch(const JobSpec& resolved, int ranks) {
   return (resolved.training().batch_size() + ranks - 1) / ranks;
 }
 
-}  // namespace
+bool IsRankPlan(const Model& model, const JobSpec& resolved, const Plan& plan) {
+  return plan.layers_size() == model.num_layers() && plan.pipeline_size() == 0 &&
+         plan.batch_size() == RankBatch(resolved, std::max(1, resolved.distributed().replicas()));
+}
 
 absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const NodeOffer& node,
-                              int ranks) {
+                              int ranks, const Plan* stored) {
   if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE) {
     return absl::InvalidArgumentError(
         "placement.accelerator: a rank without an accelerator runs on the CPU engine");
   }
   JobSpec rank_spec = resolved;
-  rank_spec.mutable_training()->set_batch_size(ShareOf(resolved, ranks));
+  rank_spec.mutable_training()->set_batch_size(RankBatch(resolved, ranks));
   // A rank's step program does not stream optimizer state yet
   // (schedule/lower.h): its plan keeps to the host and resident places.
   rank_spec.mutable_placement()->set_no_streamed_optimizer_state(true);
+  if (stored != nullptr && !resolved.placement().has_plan() &&
+      resolved.distributed().replicas() == ranks && IsRankPlan(model, resolved, *stored)) {
+    *rank_spec.mutable_placement()->mutable_plan() = *stored;  // validated as a forced plan
+  }
   return PlanJob(model, rank_spec, node);
 }
 
@@ -1173,7 +1177,7 @@ absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model, const JobSp
   TANDEM_ASSIGN_OR_RETURN(r.accelerator,
                           CreateAccelerator(resolved, node, capacity, accelerator_index));
   r.options.optimizer = resolved.optimizer();
-  r.options.max_batch = ShareOf(resolved, ranks);
+  r.options.max_batch = RankBatch(resolved, ranks);
   r.options.init_seed = resolved.training().seed();
   r.options.host_allocator = host_allocator;
   r.options.accelerator = r.accelerator.get();

@@ -229,11 +229,22 @@ RunnerFactory MakeRunnerFactory(NodeOffer node,
 // The plan of a data-parallel rank of `resolved` (one of `ranks`, with an
 // accelerator) on this node: PlanJob's for its share of the global batch,
 // ceil(training.batch_size / ranks) samples (placement.plan when the spec
-// gives one). A job's coordinator solves it once and pins it in the spec every
-// rank gets, so that all ranks run the same step program: the same gradient
-// buckets, summed in the same order, whatever each node measured.
+// gives one). A job's coordinator solves it at submission (its memory is what
+// the coordinator's own rank reserves), stores it as the job's plan and pins
+// it in the spec every rank gets, so that all ranks run the same step program:
+// the same gradient buckets, summed in the same order, whatever each node
+// measured. `stored`, when it is a plan of this model for a rank's share
+// (RankBatch), is that plan, kept as it is rather than solved again (a node
+// profile refreshed since would solve another).
 absl::StatusOr<tandem::v1::Plan> RankPlan(const Model& model, const tandem::v1::JobSpec& resolved,
-                                          const NodeOffer& node, int ranks);
+                                          const NodeOffer& node, int ranks,
+                                          const tandem::v1::Plan* stored = nullptr);
+// The largest share of the global batch one of `ranks` ranks trains.
+int64_t RankBatch(const tandem::v1::JobSpec& resolved, int ranks);
+// Whether `plan` is one RankPlan made for `resolved`'s ranks: a plan of every
+// layer of `model` at a rank's share of the batch.
+bool IsRankPlan(const Model& model, const tandem::v1::JobSpec& resolved,
+                const tandem::v1::Plan& plan);
 
 // What such a rank runs on this node: RankPlan's plan on the job's
 // accelerator, as executor options; runtime/dist/plan_rank.h adds the rank's

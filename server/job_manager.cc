@@ -212,8 +212,11 @@ JobManager::~JobManager() {
 namespace {
 
 // Memory of a built model at the spec's batch sizes.
+// `rank_plan`: a distributed job's plan for its ranks (node::RankPlan), when
+// it has one and its spec pins none.
 absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved,
-                                             const JobModel& jm, const node::NodeOffer* node) {
+                                             const JobModel& jm, const node::NodeOffer* node,
+                                             const tandem::v1::Plan* rank_plan = nullptr) {
   const Model& m = *jm.model;
   const int64_t max_batch = MaxBatch(resolved);
   MemoryEstimate e;
@@ -230,13 +233,20 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
     // A CPU-engine rank allocates its pieces of every layer's state alone.
     e.optimizer_state_bytes =
         PartitionedStateBytes(states, d.replicas(), m.parameter_elements(), m.num_layers(), 0);
-  } else if (partitioned && resolved.placement().has_plan()) {
+  } else if (partitioned) {
     // A rank running a plan keeps the whole state of the layers its
-    // accelerator updates: known once the plan is, as on a run's ranks, whose
-    // rank plan is pinned in their spec (server/cluster/ranks.cc). Without
-    // one (a job being submitted) it reserves the whole.
-    e.optimizer_state_bytes = PlanRankStateBytes(m, resolved.placement().plan(), states,
-                                                 d.replicas(), e.optimizer_state_total_bytes);
+    // accelerator updates: known once the plan is. A run's ranks have it
+    // pinned in their spec (server/cluster/ranks.cc); the coordinator's own
+    // rank has the rank plan solved at submission, the job's plan. Without
+    // either it reserves the whole.
+    const tandem::v1::Plan* plan =
+        resolved.placement().has_plan() ? &resolved.placement().plan()
+        : rank_plan != nullptr && node::IsRankPlan(m, resolved, *rank_plan) ? rank_plan
+                                                                            : nullptr;
+    if (plan != nullptr) {
+      e.optimizer_state_bytes =
+          PlanRankStateBytes(m, *plan, states, d.replicas(), e.optimizer_state_total_bytes);
+    }
   }
   int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
   for (int l = 0; l < m.num_layers(); ++l)
@@ -348,6 +358,21 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
           "updates all the weights after one all-reduce";
     }
   }
+  if (plan && offer && resolved->distributed().replicas() > 1 &&
+      resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+    // A distributed job's ranks run the rank plan, for their share of each
+    // batch; its step program is each rank's own (with its collectives). The
+    // coordinator's rank reserves what that plan keeps on its host.
+    r.cost_source = node::AnalyticCostSource(*offer);
+    absl::StatusOr<tandem::v1::Plan> solved =
+        node::RankPlan(*jm->model, *resolved, *offer, resolved->distributed().replicas());
+    if (!solved.ok()) return AsSpecError(solved.status());
+    r.plan = *std::move(solved);
+    absl::StatusOr<MemoryEstimate> ranked = EstimateModel(*resolved, *jm, offer.get(), &r.plan);
+    if (!ranked.ok()) return AsSpecError(ranked.status());
+    r.estimate = *std::move(ranked);
+    return r;
+  }
   if (plan && offer) {
     // This model measured on this node before: planned from what was measured.
     const std::optional<tandem::v1::Profile> measured =
@@ -377,13 +402,17 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   return r;
 }
 
-absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved) const {
+absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved,
+                                                    const tandem::v1::Plan* plan) const {
   const PathPolicy& policy = options_.data_policy;
-  TANDEM_ASSIGN_OR_RETURN(
-      JobModel jm, BuildJobModel(resolved, [&policy](const std::string& f, const std::string& p) {
-        return policy.Resolve(f, p);
-      }));
-  return EstimateModel(resolved, jm, node().get());
+  // Built as the run builds it: a bf16 model's layers need more workspace.
+  TANDEM_ASSIGN_OR_RETURN(JobModel jm, BuildJobModel(
+                                           resolved,
+                                           [&policy](const std::string& f, const std::string& p) {
+                                             return policy.Resolve(f, p);
+                                           },
+                                           ComputeDType(resolved.precision())));
+  return EstimateModel(resolved, jm, node().get(), plan);
 }
 
 std::shared_ptr<const node::NodeOffer> JobManager::node() const {
@@ -726,7 +755,7 @@ absl::Status JobManager::Recover() {
     entry->seq = JobStore::SequenceOf(job.id());
     TANDEM_ASSIGN_OR_RETURN(const uint64_t last, store_->LastEventSequence(job.id()));
     entry->log = std::make_shared<EventLog>(job.id(), last);
-    absl::StatusOr<MemoryEstimate> estimate = Estimate(job.resolved_spec());
+    absl::StatusOr<MemoryEstimate> estimate = Estimate(job.resolved_spec(), &job.plan());
     entry->job = std::move(job);
     absl::MutexLock lock(&mu_);
     // A change the store cannot take now (a full disk, a read-only store) is

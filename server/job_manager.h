@@ -153,7 +153,10 @@ class JobManager {
   };
   // With `plan` false, the plan and program stay empty (nothing is solved).
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;
-  absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved) const;
+  // `plan`: a distributed job's stored plan (its rank plan), which says what
+  // the coordinator's rank keeps on its host.
+  absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved,
+                                          const tandem::v1::Plan* plan = nullptr) const;
 
   // Host memory for work outside jobs (a ProfileModel's measurements), held
   // while the returned handle lives: jobs are admitted against what is left,

@@ -475,7 +475,8 @@ tandem::v1::JobSpec EmulatedSpec(int64_t capacity) {
 // A ZeRO-partitioned rank running a plan pinned in its spec (as a run's
 // ranks get theirs) reserves its pieces of the state of the layers the plan
 // updates on the host, and the whole state of the others; without a plan, the
-// whole.
+// whole. The job's coordinator reserves the same at submission: the job's
+// plan is the rank plan, solved for a rank's share of the batch.
 TEST_F(JobManagerTest, APartitionedPlanRankReservesItsPiecesOfTheHostUpdatedState) {
   Open("partitioned-plan", int64_t{1} << 32, true, TestNode());
   tandem::v1::JobSpec spec = EmulatedSpec(kHybridCapacity);
@@ -509,6 +510,10 @@ TEST_F(JobManagerTest, APartitionedPlanRankReservesItsPiecesOfTheHostUpdatedStat
             whole.optimizer_state_bytes - piece->optimizer_state_bytes);
   EXPECT_NE(piece->Describe().find("this rank's pieces of"), std::string::npos)
       << piece->Describe();
+  EXPECT_EQ(plan.batch_size(), (spec.training().batch_size() + 3) / 4);
+  EXPECT_EQ(unpinned->estimate.optimizer_state_bytes, piece->optimizer_state_bytes);
+  EXPECT_EQ(unpinned->estimate.host_bytes, piece->host_bytes);
+  EXPECT_EQ(jobs_->Estimate(unpinned->spec, &plan)->host_bytes, piece->host_bytes);
   // Replicated, the same plan keeps the whole.
   spec.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
   EXPECT_EQ(jobs_->Estimate(spec)->optimizer_state_bytes, total);

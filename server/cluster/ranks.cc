@@ -76,16 +76,19 @@ RunnerFactory DataParallelFactory(
 }
 
 // The spec every rank of a run gets: `resolved`, and for a job with an
-// accelerator the rank plan solved here (node::RankPlan) pinned as its
-// placement.plan, so that every rank runs the same step program.
+// accelerator the rank plan (node::RankPlan: `stored`, the job's plan solved
+// at submission, else solved here) pinned as its placement.plan, so that
+// every rank runs the same step program.
 absl::StatusOr<tandem::v1::JobSpec> PinRankPlan(const Model& model,
                                                 const tandem::v1::JobSpec& resolved,
-                                                const NodeSource& node) {
+                                                const NodeSource& node,
+                                                const tandem::v1::Plan& stored) {
   if (resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) return resolved;
   const std::shared_ptr<const node::NodeOffer> offer = node ? node() : nullptr;
   if (offer == nullptr) return absl::InternalError("no node offer to plan the ranks on");
-  TANDEM_ASSIGN_OR_RETURN(tandem::v1::Plan plan, node::RankPlan(model, resolved, *offer,
-                                                                resolved.distributed().replicas()));
+  TANDEM_ASSIGN_OR_RETURN(
+      tandem::v1::Plan plan,
+      node::RankPlan(model, resolved, *offer, resolved.distributed().replicas(), &stored));
   tandem::v1::JobSpec pinned = resolved;
   *pinned.mutable_placement()->mutable_plan() = std::move(plan);
   return pinned;
@@ -617,7 +620,8 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
                     Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
     TANDEM_ASSIGN_OR_RETURN(const std::vector<std::string> nodes,
                             NodesFor(resolved, checkpoint_dir));
-    TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec, PinRankPlan(model, resolved, node_));
+    TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec,
+                            PinRankPlan(model, resolved, node_, job.plan()));
     picked_nodes->assign({"self"});
     const std::vector<tandem::v1::StartRankRequest> requests =
         StartRankRequests(job.id(), attempt, spec, nodes, peers->self());

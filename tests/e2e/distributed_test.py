@@ -226,7 +226,22 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD")
 
     def test_two_ranks_run_zero_offload_with_partitioned_host_state_as_one_replica(self):
-        self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD", "OPTIMIZER_SHARDING_PARTITIONED")
+        job = self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD",
+                                       "OPTIMIZER_SHARDING_PARTITIONED")
+        # The job's plan is the rank plan, for a rank's share of the batch,
+        # and the coordinator's own rank reserved at submission what that plan
+        # keeps: its half of Adam's state, as the same job replicated shows.
+        self.assertEqual(job.plan.batch_size, 8)
+        replicated = run(self.clients[0], emulated(gpt_spec(2, "OPTIMIZER_SHARDING_REPLICATED",
+                                                            steps=1), "STRATEGY_ZERO_OFFLOAD"))
+        self.assertEqual(replicated.state, job_pb2.JOB_STATE_SUCCEEDED, replicated.reason)
+        params = job.metrics.distributed.optimizer_elements * 2  # rank 0 keeps half
+        saved = replicated.reserved_host_bytes - job.reserved_host_bytes
+        print("rank 0 reserved %d bytes partitioned, %d replicated" % (
+            job.reserved_host_bytes, replicated.reserved_host_bytes))
+        # Adam's two moments, halved; a float per moment and layer more at most.
+        self.assertGreaterEqual(saved, 2 * 4 * (params // 2 - len(job.plan.layers)))
+        self.assertLessEqual(saved, 2 * 4 * (params // 2))
 
     def test_auto_sharding_partitions_adam_and_says_why(self):
         job = run(self.clients[0], gpt_spec(2, steps=3))

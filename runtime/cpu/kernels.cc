@@ -82,6 +82,30 @@ void FromBf16(const uint16_t* x, float* out, int64_t n) {
   }
 }
 
+void ColumnSumBf16(const uint16_t* dy, int64_t rows, int64_t cols, float* db, bool accumulate) {
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(cols, 1);
+    if (!accumulate) {
+      for (int64_t j = begin; j < end; ++j) db[j] = 0.0f;
+    }
+    for (int64_t i = 0; i < rows && begin < end; ++i) {
+      const uint16_t* row = dy + i * cols;
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) db[j] += Bf16ToFloat(row[j]);
+    }
+  }
+}
+
+void AccumulateBf16(const uint16_t* x, float* out, int64_t n) {
+#pragma omp parallel
+  {
+    const auto [begin, end] = ThreadShare(n, 32);
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) out[i] += Bf16ToFloat(x[i]);
+  }
+}
+
 void ToF16(const float* x, uint16_t* out, int64_t n) {
 #pragma omp parallel
   {

@@ -25,6 +25,10 @@ void ToBf16(const float* x, uint16_t* out, int64_t n);
 // out[i] = x[i] widened from bfloat16 (exact): a bf16 working copy of weights,
 // or a bf16 gradient, read by fp32 code.
 void FromBf16(const uint16_t* x, float* out, int64_t n);
+// ColumnSum of a bfloat16 dy, widened and summed in fp32 (the same order).
+void ColumnSumBf16(const uint16_t* dy, int64_t rows, int64_t cols, float* db, bool accumulate);
+// out[i] += x[i] widened from bfloat16.
+void AccumulateBf16(const uint16_t* x, float* out, int64_t n);
 // out[i] = x[i] in IEEE fp16, rounded as FloatToHalf (runtime/core/fp16.h;
 // beyond 65504 it is infinity): the inputs of the fp16 matrix products.
 void ToF16(const float* x, uint16_t* out, int64_t n);

@@ -12,11 +12,11 @@ namespace tandem::cpu {
 namespace {
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, bool, bool, float, bool>;
+                       int64_t, int64_t, int64_t, bool, bool, float, bool, bool>;
 
-Key MakeKey(const MatmulShape& s, bool bf16) {
+Key MakeKey(const MatmulShape& s, bool bf16, bool bf16_out) {
   return Key(s.batch, s.m, s.n, s.k, s.trans_a, s.trans_b, s.lda, s.ldb, s.ldc, s.batch_stride_a,
-             s.batch_stride_b, s.batch_stride_c, s.bias, s.accumulate, s.alpha, bf16);
+             s.batch_stride_b, s.batch_stride_c, s.bias, s.accumulate, s.alpha, bf16, bf16_out);
 }
 
 struct Entry {
@@ -26,8 +26,8 @@ struct Entry {
 };
 
 // bf16: A and B are bfloat16, C and the bias stay f32 (the products accumulate
-// in f32).
-Entry Create(const MatmulShape& s, bool bf16) {
+// in f32); bf16_out: C is bfloat16 too (the f32 sums rounded once).
+Entry Create(const MatmulShape& s, bool bf16, bool bf16_out) {
   const int64_t lda = s.lda ? s.lda : (s.trans_a ? s.m : s.k);
   const int64_t ldb = s.ldb ? s.ldb : (s.trans_b ? s.k : s.n);
   const int64_t ldc = s.ldc ? s.ldc : s.n;
@@ -43,7 +43,9 @@ Entry Create(const MatmulShape& s, bool bf16) {
   Entry e;
   e.a = dnnl::memory::desc({s.batch, s.m, s.k}, in_type, a_strides);
   e.b = dnnl::memory::desc({s.batch, s.k, s.n}, in_type, b_strides);
-  e.c = StridedF32({s.batch, s.m, s.n}, {bsc, ldc, 1});
+  e.c = bf16_out ? dnnl::memory::desc({s.batch, s.m, s.n}, dnnl::memory::data_type::bf16,
+                                      dnnl::memory::dims{bsc, ldc, 1})
+                 : StridedF32({s.batch, s.m, s.n}, {bsc, ldc, 1});
   if (s.bias) e.bias = StridedF32({1, 1, s.n}, {s.n, s.n, 1});
   dnnl::primitive_attr attr = UserScratchpad();
   if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
@@ -61,14 +63,14 @@ Entry Create(const MatmulShape& s, bool bf16) {
 
 class MatmulCache {
  public:
-  const Entry& Get(const MatmulShape& s, bool bf16) {
-    const Key key = MakeKey(s, bf16);
+  const Entry& Get(const MatmulShape& s, bool bf16, bool bf16_out = false) {
+    const Key key = MakeKey(s, bf16, bf16_out);
     {
       ReaderMutexLock lock(&mu_);
       auto it = entries_.find(key);
       if (it != entries_.end()) return *it->second;
     }
-    auto entry = std::make_unique<Entry>(Create(s, bf16));
+    auto entry = std::make_unique<Entry>(Create(s, bf16, bf16_out));
     MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
     return *it->second;
@@ -85,7 +87,7 @@ MatmulCache& Cache() {
   return *cache;
 }
 
-void Run(const Entry& e, const MatmulShape& shape, const void* a, const void* b, float* c,
+void Run(const Entry& e, const MatmulShape& shape, const void* a, const void* b, void* c,
          const float* bias) {
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, Wrap(e.a, a)}, {DNNL_ARG_WEIGHTS, Wrap(e.b, b)}, {DNNL_ARG_DST, Wrap(e.c, c)}};
@@ -102,6 +104,11 @@ void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c, 
 void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
                 const float* bias) {
   Run(Cache().Get(shape, /*bf16=*/true), shape, a, b, c, bias);
+}
+
+void MatmulBf16ToBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, uint16_t* c,
+                      const float* bias) {
+  Run(Cache().Get(shape, /*bf16=*/true, /*bf16_out=*/true), shape, a, b, c, bias);
 }
 
 namespace {

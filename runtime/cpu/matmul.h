@@ -38,6 +38,12 @@ void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c,
 void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
                 const float* bias = nullptr);
 
+// MatmulBf16 writing C in bfloat16: the f32 sums (bias included) rounded to
+// nearest even once, as oneDNN rounds its bf16 destinations. For products whose
+// result only feeds another bf16 product or a bf16 primitive.
+void MatmulBf16ToBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, uint16_t* c,
+                      const float* bias = nullptr);
+
 // The same product from IEEE fp16 A and B (runtime/core/fp16.h), accumulated
 // and written in fp32: what a GPU's fp16 tensor-core GEMM computes, up to the
 // order of the sums. The CPU has no fp16 products here: the operands are

@@ -18,7 +18,9 @@
 #include "runtime/layers/attention.h"
 #include "runtime/layers/blocks.h"
 #include "runtime/layers/conv.h"
+#include "runtime/layers/elementwise.h"
 #include "runtime/layers/linear.h"
+#include "runtime/layers/norm.h"
 
 namespace tandem {
 namespace {
@@ -112,6 +114,96 @@ void ExpectFp16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make, 
   ExpectHalfMatchesFp32(DType::kF16, make, input, batch, accumulate, kFp16Tolerance);
 }
 
+// The layer with io_dtype kBF16: x and dy rounded to bf16, y and dx taken
+// and given in bf16 (widened here), parameters and their gradients fp32.
+Outputs RunBf16Io(Layer& layer, const Shape& input, int64_t batch, bool accumulate) {
+  const int64_t in_n = batch * input.elements();
+  const int64_t out_n = batch * layer.output_shape().elements();
+  std::vector<float> params(layer.ParamCount()), buffers(layer.BufferCount()), x(in_n), dy(out_n);
+  layer.Initialize(params.data(), buffers.data(), 5, 1);
+  FillUniform(x.data(), in_n, -1.0f, 1.0f, 9, 2);
+  FillUniform(dy.data(), out_n, -1.0f, 1.0f, 9, 3);
+  std::vector<uint16_t> x16(in_n), dy16(out_n), y16(out_n), dx16(in_n);
+  cpu::ToBf16(x.data(), x16.data(), in_n);
+  cpu::ToBf16(dy.data(), dy16.data(), out_n);
+  std::vector<float> saved(layer.SavedBytes(batch) / 4 + 16);
+  std::vector<float> workspace(layer.WorkspaceBytes(batch) / 4 + 16);
+  Outputs o;
+  o.grads.assign(layer.ParamCount(), accumulate ? 0.5f : 0.0f);
+  LayerContext ctx;
+  ctx.params = params.data();
+  ctx.grads = o.grads.data();
+  ctx.buffers = buffers.data();
+  ctx.workspace = workspace.data();
+  ctx.accumulate_grads = accumulate;
+  std::vector<int64_t> dims = {batch};
+  for (int64_t d : input.dims()) dims.push_back(d);
+  const Shape in_shape(dims);
+  dims.resize(1);
+  for (int64_t d : layer.output_shape().dims()) dims.push_back(d);
+  const Shape out_shape(dims);
+  const Tensor xt(x16.data(), DType::kBF16, in_shape), yt(y16.data(), DType::kBF16, out_shape);
+  layer.Forward(ctx, xt, yt, saved.data());
+  layer.Backward(ctx, xt, yt, saved.data(), Tensor(dy16.data(), DType::kBF16, out_shape),
+                 Tensor(dx16.data(), DType::kBF16, in_shape));
+  o.y.resize(out_n);
+  o.dx.resize(in_n);
+  cpu::FromBf16(y16.data(), o.y.data(), out_n);
+  cpu::FromBf16(dx16.data(), o.dx.data(), in_n);
+  return o;
+}
+
+// What a transformer block runs in bf16 between its products (io_dtype
+// kBF16), against the same layer in fp32: oneDNN's bf16 primitives with fp32
+// statistics and math, on bf16-rounded inputs, rounded outputs.
+void ExpectBf16IoMatchesFp32(const std::function<std::unique_ptr<Layer>()>& make,
+                             const Shape& input, int64_t batch, bool accumulate = false) {
+  std::unique_ptr<Layer> fp32 = make(), bf16 = make();
+  bf16->set_compute_dtype(DType::kBF16);
+  bf16->set_io_dtype(DType::kBF16);
+  ASSERT_TRUE(fp32->Build(input).ok());
+  ASSERT_TRUE(bf16->Build(input).ok());
+  const Outputs ref = Run(*fp32, input, batch, accumulate);
+  const Outputs got = RunBf16Io(*bf16, input, batch, accumulate);
+  const std::string where =
+      std::string(fp32->kind()) + " with bf16 activations on oneDNN " + cpu::OneDnnIsa();
+  for (const auto& [name, a, b] :
+       {std::tuple{"output", &got.y, &ref.y}, std::tuple{"input gradient", &got.dx, &ref.dx},
+        std::tuple{"parameter gradients", &got.grads, &ref.grads}}) {
+    if (b->empty()) continue;
+    const double error = RelativeError(*a, *b);
+    EXPECT_LT(error, kBf16Tolerance) << name << ", " << where;
+    EXPECT_GT(error, 0.0) << name << " equals fp32 to the bit, " << where;
+  }
+}
+
+TEST(Bf16Test, ActivationsTakeAndGiveBf16WithinBf16Precision) {
+  ExpectBf16IoMatchesFp32([] { return std::make_unique<Activation>(ActivationKind::kGelu); },
+                          Shape({16, 256}), 2);
+  ExpectBf16IoMatchesFp32([] { return std::make_unique<Activation>(ActivationKind::kRelu); },
+                          Shape({300}), 3);
+}
+
+TEST(Bf16Test, LayerNormTakesAndGivesBf16WithinBf16Precision) {
+  ExpectBf16IoMatchesFp32([] { return std::make_unique<LayerNorm>(); }, Shape({16, 64}), 2);
+  ExpectBf16IoMatchesFp32([] { return std::make_unique<LayerNorm>(); }, Shape({16, 64}), 2,
+                          /*accumulate=*/true);
+}
+
+// x in bf16 is kept by the caller: the layer saves nothing.
+TEST(Bf16Test, LinearTakesAndGivesBf16WithinBf16Precision) {
+  ExpectBf16IoMatchesFp32(
+      [] { return std::make_unique<Linear>(LinearOptions{.out_features = 48}); }, Shape({96}), 16);
+  ExpectBf16IoMatchesFp32(
+      [] { return std::make_unique<Linear>(LinearOptions{.out_features = 24}); }, Shape({5, 40}), 3,
+      /*accumulate=*/true);
+  Linear linear({.out_features = 8});
+  linear.set_compute_dtype(DType::kBF16);
+  linear.set_io_dtype(DType::kBF16);
+  ASSERT_TRUE(linear.Build(Shape({64})).ok());
+  EXPECT_EQ(linear.SavedBytes(4), 0);
+}
+
 TEST(Bf16Test, LinearMatchesFp32WithinBf16Precision) {
   ExpectBf16MatchesFp32([] { return std::make_unique<Linear>(LinearOptions{.out_features = 48}); },
                         Shape({96}), 16);
@@ -132,6 +224,9 @@ TEST(Bf16Test, TransformerBlockMatchesFp32WithinBf16Precision) {
   ExpectBf16MatchesFp32(
       [] { return std::make_unique<TransformerBlock>(TransformerBlockOptions{.n_head = 4}); },
       Shape({16, 64}), 2);
+  ExpectBf16MatchesFp32(
+      [] { return std::make_unique<TransformerBlock>(TransformerBlockOptions{.n_head = 4}); },
+      Shape({16, 64}), 1, /*accumulate=*/true);
 }
 
 // Under a 16-bit type the block keeps its products' inputs for backward in 16

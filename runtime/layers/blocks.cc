@@ -89,6 +89,10 @@ Tensor F32(float* p, const Shape& sample, int64_t batch) {
   return Tensor::F32(p, sample.WithBatch(batch));
 }
 
+Tensor Bf16(uint16_t* p, const Shape& sample, int64_t batch) {
+  return Tensor(p, DType::kBF16, sample.WithBatch(batch));
+}
+
 Tensor None() { return Tensor(); }
 
 }  // namespace
@@ -138,6 +142,11 @@ absl::StatusOr<Shape> TransformerBlock::InferOutput(const Shape& input) {
   drop1_ = std::make_unique<Dropout>(options_.dropout);
   drop2_ = std::make_unique<Dropout>(options_.dropout);
   const Shape hidden_shape({T_, hidden_});
+  // In bf16 the MLP half keeps its activations in bf16 between its parts
+  // (io_dtype): ln2, fc1's input and output, GELU's, fc2's input.
+  const bool bf16 = compute_dtype() == DType::kBF16;
+  for (Layer* part : std::initializer_list<Layer*>{ln2_.get(), fc1_.get(), gelu_.get(), fc2_.get()})
+    part->set_io_dtype(bf16 ? DType::kBF16 : DType::kF32);
   for (auto [layer, shape] : std::vector<std::pair<Layer*, Shape>>{{ln1_.get(), input},
                                                                    {attn_.get(), input},
                                                                    {ln2_.get(), input},
@@ -183,6 +192,10 @@ struct TransformerBlock::SavedRegions {
   // attention's and the FCs' products: under a 16-bit compute type those keep
   // their own 16-bit copies, and these are not saved (null).
   float *ln1_out, *res1, *ln2_out, *fc1_out, *gelu_out;
+  // In bf16 the MLP half's activations are saved in bf16 instead (res1,
+  // fc1_out null): res1 (ln2's input), ln2's output (fc1's), fc1's output
+  // (GELU's) and GELU's (fc2's); the FCs then keep no copies of their own.
+  uint16_t *res1_16, *ln2_out16, *fc1_out16, *gelu_out16;
   void *ln1_saved, *attn_saved, *ln2_saved, *fc1_saved, *fc2_saved;
   int64_t bytes;
 };
@@ -191,16 +204,24 @@ TransformerBlock::SavedRegions TransformerBlock::CarveSaved(const void* saved,
                                                             int64_t batch) const {
   const int64_t btc = batch * T_ * C_, bth = batch * T_ * hidden_;
   const bool fp32 = !IsHalf(compute_dtype());
+  const bool bf16 = compute_dtype() == DType::kBF16;
+  auto half = [](Carver& c, int64_t n, bool take) {
+    return take ? static_cast<uint16_t*>(c.TakeBytes(2 * n)) : nullptr;
+  };
   Carver s(saved);
   SavedRegions r;
   r.ln1_out = fp32 ? s.Take(btc) : nullptr;
   r.ln1_saved = s.TakeBytes(ln1_->SavedBytes(batch));
   r.attn_saved = s.TakeBytes(attn_->SavedBytes(batch));
-  r.res1 = s.Take(btc);
+  r.res1 = bf16 ? nullptr : s.Take(btc);
+  r.res1_16 = half(s, btc, bf16);
   r.ln2_out = fp32 ? s.Take(btc) : nullptr;
+  r.ln2_out16 = half(s, btc, bf16);
   r.ln2_saved = s.TakeBytes(ln2_->SavedBytes(batch));
-  r.fc1_out = s.Take(bth);
+  r.fc1_out = bf16 ? nullptr : s.Take(bth);
+  r.fc1_out16 = half(s, bth, bf16);
   r.gelu_out = fp32 ? s.Take(bth) : nullptr;
+  r.gelu_out16 = half(s, bth, bf16);
   r.fc1_saved = s.TakeBytes(fc1_->SavedBytes(batch));
   r.fc2_saved = s.TakeBytes(fc2_->SavedBytes(batch));
   r.bytes = s.used();
@@ -241,6 +262,21 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
   ln1_->Forward(part(0), x, F32(ln1_out, seq, B), r.ln1_saved);
   attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), r.attn_saved);
   drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  if (r.res1_16 != nullptr) {
+    // bf16: res1 itself is needed until the second residual add only (the
+    // spare hidden-sized region is free: GELU's output is bf16); its bf16
+    // copy feeds ln2 and is kept for ln2's backward.
+    float* res1 = spare_hid;
+    ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
+    device_ops::ToBf16(ctx, res1, r.res1_16, btc);
+    ln2_->Forward(part(2), Bf16(r.res1_16, seq, B), Bf16(r.ln2_out16, seq, B), r.ln2_saved);
+    fc1_->Forward(part(3), Bf16(r.ln2_out16, seq, B), Bf16(r.fc1_out16, hid, B), r.fc1_saved);
+    gelu_->Forward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr);
+    fc2_->Forward(part(4), Bf16(r.gelu_out16, hid, B), F32(branch, seq, B), r.fc2_saved);
+    drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+    ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
+    return;
+  }
   ResidualAdd::Forward(ctx, x.f32(), dropped, r.res1, btc);
   ln2_->Forward(part(2), F32(r.res1, seq, B), F32(ln2_out, seq, B), r.ln2_saved);
   fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(r.fc1_out, hid, B), r.fc1_saved);
@@ -265,17 +301,35 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
   const PartContexts part(ctx, Parts(), scratch);
   // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
   drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
-  // Null activations (16-bit compute) carry their shapes only: the layers
-  // reading them take their 16-bit copies from their own saved regions.
-  fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
-                 F32(d_hidden, hid, B));
-  gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
-                  F32(d_hidden, hid, B), F32(d_hidden, hid, B));
-  fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), r.fc1_saved, F32(d_hidden, hid, B),
-                 F32(d_tmp, seq, B));
-  ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
-                 F32(d_res1, seq, B));
-  device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
+  if (r.res1_16 != nullptr) {
+    // bf16: the gradients between the MLP's parts are bf16 too, each in the
+    // first half of its fp32 region; ln2's goes where d_branch was.
+    auto* dh = reinterpret_cast<uint16_t*>(d_hidden);
+    auto* dt = reinterpret_cast<uint16_t*>(d_tmp);
+    auto* dl = reinterpret_cast<uint16_t*>(d_branch);
+    fc2_->Backward(part(4), Bf16(r.gelu_out16, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
+                   Bf16(dh, hid, B));
+    gelu_->Backward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr,
+                    Bf16(dh, hid, B), Bf16(dh, hid, B));
+    fc1_->Backward(part(3), Bf16(r.ln2_out16, seq, B), None(), r.fc1_saved, Bf16(dh, hid, B),
+                   Bf16(dt, seq, B));
+    ln2_->Backward(part(2), Bf16(r.res1_16, seq, B), None(), r.ln2_saved, Bf16(dt, seq, B),
+                   Bf16(dl, seq, B));
+    device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/false);
+    device_ops::AccumulateBf16(ctx, dl, d_res1, btc);
+  } else {
+    // Null activations (16-bit compute) carry their shapes only: the layers
+    // reading them take their 16-bit copies from their own saved regions.
+    fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
+                   F32(d_hidden, hid, B));
+    gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
+                    F32(d_hidden, hid, B), F32(d_hidden, hid, B));
+    fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), r.fc1_saved, F32(d_hidden, hid, B),
+                   F32(d_tmp, seq, B));
+    ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
+                   F32(d_res1, seq, B));
+    device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
+  }
   // res1 = x + drop1(attn(ln1(x))).
   drop1_->Backward(part.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
                    F32(d_branch, seq, B));

@@ -1,5 +1,9 @@
 #include "runtime/layers/device_ops.h"
 
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/cpu/kernels.h"
 
 #ifdef TANDEM_HAVE_CUDA
@@ -63,6 +67,72 @@ void MatmulHalf(const LayerContext& ctx, DType half, const cpu::MatmulShape& sha
   }
   TANDEM_ON_CUDA(ctx, cuda::MatmulF16(ctx.cuda, shape, a, b, c, bias));
   cpu::MatmulF16(shape, a, b, c, bias);
+}
+
+#ifdef TANDEM_HAVE_CUDA
+namespace {
+
+// The widening or the product into the context's scratch, then `then` on it.
+absl::Status ViaScratch(const LayerContext& ctx, int64_t floats,
+                        const std::function<absl::Status(float*)>& then) {
+  float* tmp = static_cast<float*>(ctx.cuda->Scratch(floats * 4));
+  return then(tmp);
+}
+
+absl::Status Launched(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? absl::OkStatus()
+                          : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+}  // namespace
+#endif
+
+void MatmulBf16ToBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                      const uint16_t* b, uint16_t* c, const float* bias) {
+  TANDEM_ON_CUDA(ctx, ViaScratch(ctx, shape.batch * shape.m * shape.n, [&](float* tmp) {
+                   absl::Status s = cuda::MatmulBf16(ctx.cuda, shape, a, b, tmp, bias);
+                   if (!s.ok()) return s;
+                   return Launched(
+                       cuda::ToBf16(tmp, c, shape.batch * shape.m * shape.n, ctx.cuda->stream),
+                       "ToBf16");
+                 }));
+  cpu::MatmulBf16ToBf16(shape, a, b, c, bias);
+}
+
+void ColumnSumBf16(const LayerContext& ctx, const uint16_t* dy, int64_t rows, int64_t cols,
+                   float* db, bool accumulate) {
+  TANDEM_ON_CUDA(ctx, ViaScratch(ctx, rows * cols, [&](float* tmp) {
+                   absl::Status s =
+                       Launched(cuda::FromBf16(dy, tmp, rows * cols, ctx.cuda->stream), "FromBf16");
+                   if (!s.ok()) return s;
+                   return Launched(
+                       cuda::ColumnSum(db, tmp, rows, cols, accumulate, ctx.cuda->stream),
+                       "ColumnSum");
+                 }));
+  cpu::ColumnSumBf16(dy, rows, cols, db, accumulate);
+}
+
+void AccumulateBf16(const LayerContext& ctx, const uint16_t* a, float* out, int64_t n) {
+  TANDEM_ON_CUDA(ctx, ViaScratch(ctx, n, [&](float* tmp) {
+                   absl::Status s =
+                       Launched(cuda::FromBf16(a, tmp, n, ctx.cuda->stream), "FromBf16");
+                   if (!s.ok()) return s;
+                   return Launched(cuda::CopyOrAccumulate(out, tmp, n, true, ctx.cuda->stream),
+                                   "CopyOrAccumulate");
+                 }));
+  cpu::AccumulateBf16(a, out, n);
+}
+
+float* WidenedIfBf16(const LayerContext& ctx, const Tensor& t, float* tmp) {
+  if (t.dtype != DType::kBF16) return t.f32();
+  FromBf16(ctx, static_cast<const uint16_t*>(t.data), tmp, t.elements());
+  return tmp;
+}
+
+void RoundedIfBf16(const LayerContext& ctx, const float* f32, const Tensor& out) {
+  if (out.dtype == DType::kBF16) {
+    ToBf16(ctx, f32, static_cast<uint16_t*>(out.data), out.elements());
+  }
 }
 
 void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,

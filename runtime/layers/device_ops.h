@@ -33,6 +33,21 @@ void ToHalf(const LayerContext& ctx, DType half, const float* x, uint16_t* out, 
 // tensor-core GEMM with fp32 accumulation on CUDA), as `half` says.
 void MatmulHalf(const LayerContext& ctx, DType half, const cpu::MatmulShape& shape,
                 const uint16_t* a, const uint16_t* b, float* c, const float* bias = nullptr);
+// MatmulBf16 writing C in bfloat16 (cpu::MatmulBf16ToBf16's contract; on
+// CUDA the fp32 product goes through the context's scratch and is rounded
+// there). No accumulate; on CUDA a dense C.
+void MatmulBf16ToBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
+                      const uint16_t* b, uint16_t* c, const float* bias = nullptr);
+// ColumnSum of a bfloat16 dy, summed in fp32.
+void ColumnSumBf16(const LayerContext& ctx, const uint16_t* dy, int64_t rows, int64_t cols,
+                   float* db, bool accumulate);
+// out[i] += a[i] widened from bfloat16.
+void AccumulateBf16(const LayerContext& ctx, const uint16_t* a, float* out, int64_t n);
+// A bf16 tensor widened into `tmp` (which then holds t.elements() floats),
+// or an fp32 tensor's own data.
+float* WidenedIfBf16(const LayerContext& ctx, const Tensor& t, float* tmp);
+// A bf16 `out` rounded from its fp32 form `f32`; nothing for an fp32 `out`.
+void RoundedIfBf16(const LayerContext& ctx, const float* f32, const Tensor& out);
 // db[j] (+)= sum_i dy[i, j], dy [rows, cols].
 void ColumnSum(const LayerContext& ctx, const float* dy, int64_t rows, int64_t cols, float* db,
                bool accumulate);

@@ -44,13 +44,17 @@ LayerCost Activation::Cost(int64_t batch) const {
 }
 
 const Activation::Primitives& Activation::Get(int64_t elements) const {
+  const bool bf16 = io_dtype() == DType::kBF16;
   return cache_->primitives.Get(elements, [&] {
     // ReLU's backward reads its output (y), GELU's its input (x).
     const auto alg = activation_ == ActivationKind::kRelu
                          ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd
                          : dnnl::algorithm::eltwise_gelu_tanh;
     Primitives p;
-    p.md = cpu::PlainF32({elements}, dnnl::memory::format_tag::a);
+    // In bf16 (io_dtype): bf16 in and out, fp32 math inside oneDNN.
+    p.md = bf16 ? dnnl::memory::desc({elements}, dnnl::memory::data_type::bf16,
+                                     dnnl::memory::format_tag::a)
+                : cpu::PlainF32({elements}, dnnl::memory::format_tag::a);
     dnnl::eltwise_forward::primitive_desc fwd(
         dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, p.md, 0.0f, 0.0f),
         cpu::UserScratchpad(), cpu::CpuEngine());
@@ -66,12 +70,20 @@ const Activation::Primitives& Activation::Get(int64_t elements) const {
 void Activation::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void*) const {
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
+    // In bf16 (io_dtype) the fp32 kernels run between a widening and a
+    // rounding, in the context's scratch.
+    const int64_t n = x.elements();
+    float* tmp =
+        io_dtype() == DType::kBF16 ? static_cast<float*>(ctx.cuda->Scratch(2 * n * 4)) : nullptr;
+    const float* in = device_ops::WidenedIfBf16(ctx, x, tmp);
+    float* out = tmp != nullptr ? tmp + n : y.f32();
     cudaStream_t stream = ctx.cuda->stream;
     if (activation_ == ActivationKind::kRelu) {
-      ctx.cuda->Check(cuda::ReluForward(y.f32(), x.f32(), x.elements(), stream), "ReluForward");
+      ctx.cuda->Check(cuda::ReluForward(out, in, n, stream), "ReluForward");
     } else {
-      ctx.cuda->Check(cuda::GeluForward(y.f32(), x.f32(), x.elements(), stream), "GeluForward");
+      ctx.cuda->Check(cuda::GeluForward(out, in, n, stream), "GeluForward");
     }
+    device_ops::RoundedIfBf16(ctx, out, y);
     return;
   }
 #endif
@@ -85,14 +97,22 @@ void Activation::Backward(const LayerContext& ctx, const Tensor& x, const Tensor
   if (dx.data == nullptr) return;
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
+    const int64_t n = dy.elements();
+    float* tmp =
+        io_dtype() == DType::kBF16 ? static_cast<float*>(ctx.cuda->Scratch(2 * n * 4)) : nullptr;
+    // ReLU reads its output, GELU its input; the gradient is computed in place
+    // of dy's fp32 copy in bf16 (each element reads its own).
+    const Tensor& kept = activation_ == ActivationKind::kRelu ? y : x;
+    const float* in = device_ops::WidenedIfBf16(ctx, kept, tmp);
+    const float* grad = device_ops::WidenedIfBf16(ctx, dy, tmp != nullptr ? tmp + n : nullptr);
+    float* out = tmp != nullptr ? tmp + n : dx.f32();
     cudaStream_t stream = ctx.cuda->stream;
     if (activation_ == ActivationKind::kRelu) {
-      ctx.cuda->Check(cuda::ReluBackward(dx.f32(), y.f32(), dy.f32(), dy.elements(), stream),
-                      "ReluBackward");
+      ctx.cuda->Check(cuda::ReluBackward(out, in, grad, n, stream), "ReluBackward");
     } else {
-      ctx.cuda->Check(cuda::GeluBackward(dx.f32(), x.f32(), dy.f32(), dy.elements(), stream),
-                      "GeluBackward");
+      ctx.cuda->Check(cuda::GeluBackward(out, in, grad, n, stream), "GeluBackward");
     }
+    device_ops::RoundedIfBf16(ctx, out, dx);
     return;
   }
 #endif

@@ -115,6 +115,17 @@ class Layer {
   // parts give it to them.
   void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
   DType compute_dtype() const { return compute_dtype_; }
+  // The type of the activations Forward and Backward take and give (x, y, dy,
+  // dx): kF32, or kBF16 inside a block that keeps its intermediates in bf16
+  // (TransformerBlock). Activation and LayerNorm honour kBF16 for all four: on
+  // the CPU through oneDNN's bf16 primitives (statistics and math in fp32), on
+  // CUDA widened to fp32 in the context's scratch and rounded back. A Linear
+  // layer then takes x in bf16 and keeps no copy of it (Backward gets it
+  // again), and reads the types of y, dy and dx from the tensors. Parameters
+  // and their gradients stay fp32. Chains of layers pass fp32. Set before
+  // Build.
+  void set_io_dtype(DType dtype) { io_dtype_ = dtype; }
+  DType io_dtype() const { return io_dtype_; }
 
   // Trainable parameters, in the order they sit in the layer's slice.
   virtual std::vector<ParamSpec> Params() const { return {}; }
@@ -150,6 +161,7 @@ class Layer {
  private:
   std::string name_;
   DType compute_dtype_ = DType::kF32;
+  DType io_dtype_ = DType::kF32;
   Shape input_shape_;
   Shape output_shape_;
 };

@@ -47,9 +47,11 @@ LayerCost Linear::Cost(int64_t batch) const {
 }
 
 // Under a 16-bit compute type, forward's 16-bit copy of x [rows, in], kept for
-// backward's dW product.
+// backward's dW product; none when x comes in bf16 (io_dtype) and comes back.
 int64_t Linear::SavedBytes(int64_t batch) const {
-  return IsHalf(compute_dtype()) ? cpu::AlignWorkspace(2 * Rows(batch) * in_) : 0;
+  return IsHalf(compute_dtype()) && io_dtype() != DType::kBF16
+             ? cpu::AlignWorkspace(2 * Rows(batch) * in_)
+             : 0;
 }
 
 // 16-bit copies (bf16 or fp16) of W [out, in] and dy [rows, out].
@@ -85,20 +87,29 @@ Bf16Copies CarveBf16(const void* saved, void* workspace, bool bf16, int64_t out,
   return b;
 }
 
-// Rounds `op` into its 16-bit copy, if it has one.
+// Rounds `op` into its 16-bit copy, if it has one (and is not 16-bit already).
 void Round(const LayerContext& ctx, DType half, const Operand& op, int64_t n) {
-  if (op.bf16 != nullptr) device_ops::ToHalf(ctx, half, op.f32, op.bf16, n);
+  if (op.bf16 != nullptr && op.f32 != nullptr) device_ops::ToHalf(ctx, half, op.f32, op.bf16, n);
 }
 
 // c (+)= a b in `half` when the operands have 16-bit copies (rounded already),
-// else in fp32.
+// else in fp32. A bf16 `c` (a tensor of io_dtype kBF16) is written rounded.
 void Multiply(const LayerContext& ctx, DType half, const cpu::MatmulShape& s, const Operand& a,
-              const Operand& b, float* c, const float* bias = nullptr) {
-  if (a.bf16 != nullptr) {
-    device_ops::MatmulHalf(ctx, half, s, a.bf16, b.bf16, c, bias);
+              const Operand& b, const Tensor& c, const float* bias = nullptr) {
+  if (c.dtype == DType::kBF16) {
+    device_ops::MatmulBf16ToBf16(ctx, s, a.bf16, b.bf16, static_cast<uint16_t*>(c.data), bias);
+  } else if (a.bf16 != nullptr) {
+    device_ops::MatmulHalf(ctx, half, s, a.bf16, b.bf16, c.f32(), bias);
   } else {
-    device_ops::Matmul(ctx, s, a.f32, b.f32, c, bias);
+    device_ops::Matmul(ctx, s, a.f32, b.f32, c.f32(), bias);
   }
+}
+
+// An activation operand: a bf16 tensor as it is, else its fp32 data and the
+// 16-bit copy `copy` to round it into (null in fp32).
+Operand ActivationOperand(const Tensor& t, uint16_t* copy) {
+  if (t.dtype == DType::kBF16) return {nullptr, static_cast<uint16_t*>(t.data)};
+  return {t.f32(), copy};
 }
 
 }  // namespace
@@ -106,7 +117,7 @@ void Multiply(const LayerContext& ctx, DType half, const cpu::MatmulShape& s, co
 void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, void* saved) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
   const Bf16Copies b = CarveBf16(saved, ctx.workspace, IsHalf(compute_dtype()), out, in_, rows);
-  const Operand xs{x.f32(), b.x}, w{ctx.params, b.w};
+  const Operand xs = ActivationOperand(x, b.x), w{ctx.params, b.w};
   Round(ctx, compute_dtype(), xs, rows * in_);
   Round(ctx, compute_dtype(), w, out * in_);
   cpu::MatmulShape s;
@@ -115,15 +126,15 @@ void Linear::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y, 
   s.k = in_;
   s.trans_b = true;  // W is [out, in]: op(B) = W^T.
   s.bias = options_.bias;
-  Multiply(ctx, compute_dtype(), s, xs, w, y.f32(),
-           options_.bias ? ctx.params + out * in_ : nullptr);
+  Multiply(ctx, compute_dtype(), s, xs, w, y, options_.bias ? ctx.params + out * in_ : nullptr);
 }
 
 void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, const void* saved,
                       const Tensor& dy, const Tensor& dx) const {
   const int64_t rows = Rows(x.batch()), out = options_.out_features;
   const Bf16Copies b = CarveBf16(saved, ctx.workspace, IsHalf(compute_dtype()), out, in_, rows);
-  const Operand dys{dy.f32(), b.dy}, w{ctx.params, b.w}, xs{x.f32(), b.x};
+  const Operand dys = ActivationOperand(dy, b.dy), w{ctx.params, b.w},
+                xs = ActivationOperand(x, b.x);
   Round(ctx, compute_dtype(), dys, rows * out);
   if (dx.data != nullptr) {
     Round(ctx, compute_dtype(), w, out * in_);
@@ -131,7 +142,7 @@ void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
     s.m = rows;
     s.n = in_;
     s.k = out;
-    Multiply(ctx, compute_dtype(), s, dys, w, dx.f32());
+    Multiply(ctx, compute_dtype(), s, dys, w, dx);
   }
   // x's 16-bit copy is forward's, in `saved`.
   cpu::MatmulShape s;  // dW[out, in] (+)= dY^T[out, rows] X[rows, in]
@@ -140,8 +151,12 @@ void Linear::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&, c
   s.k = rows;
   s.trans_a = true;
   s.accumulate = ctx.accumulate_grads;
-  Multiply(ctx, compute_dtype(), s, dys, xs, ctx.grads);
-  if (options_.bias) {
+  Multiply(ctx, compute_dtype(), s, dys, xs, Tensor::F32(ctx.grads, Shape({out, in_})));
+  if (!options_.bias) return;
+  if (dy.dtype == DType::kBF16) {
+    device_ops::ColumnSumBf16(ctx, static_cast<const uint16_t*>(dy.data), rows, out,
+                              ctx.grads + out * in_, ctx.accumulate_grads);
+  } else {
     device_ops::ColumnSum(ctx, dy.f32(), rows, out, ctx.grads + out * in_, ctx.accumulate_grads);
   }
 }

@@ -3,6 +3,7 @@
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
 #include "runtime/cpu/primitive_cache.h"
+#include "runtime/layers/device_ops.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include "runtime/cuda/context.h"
@@ -250,7 +251,11 @@ const LayerNorm::Primitives& LayerNorm::Get(int64_t batch) const {
   return cache_->primitives.Get(batch, [&] {
     Primitives p;
     const int64_t rows = Rows(batch);
-    p.data = cpu::PlainF32({rows, width_}, tag::ab);
+    // In bf16 (io_dtype): bf16 data in and out; the statistics, the scale and
+    // shift and their gradients stay fp32, as does oneDNN's arithmetic.
+    p.data = io_dtype() == DType::kBF16
+                 ? memory::desc({rows, width_}, memory::data_type::bf16, tag::ab)
+                 : cpu::PlainF32({rows, width_}, tag::ab);
     p.stat = cpu::PlainF32({rows}, tag::a);
     p.channel = cpu::PlainF32({width_}, tag::a);
     dnnl::layer_normalization_forward::primitive_desc fwd(
@@ -272,11 +277,18 @@ void LayerNorm::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& 
   float* mean = static_cast<float*>(saved);
 #ifdef TANDEM_HAVE_CUDA
   if (ctx.device == DeviceKind::kCuda) {
-    const int64_t rows = Rows(x.batch());
+    // In bf16 the fp32 kernel runs between a widening and a rounding, in the
+    // context's scratch.
+    const int64_t rows = Rows(x.batch()), n = x.elements();
+    float* tmp =
+        io_dtype() == DType::kBF16 ? static_cast<float*>(ctx.cuda->Scratch(2 * n * 4)) : nullptr;
+    const float* in = device_ops::WidenedIfBf16(ctx, x, tmp);
+    float* out = tmp != nullptr ? tmp + n : y.f32();
     ctx.cuda->Check(
-        cuda::LayerNormForward(y.f32(), mean, mean + rows, x.f32(), ctx.params, ctx.params + width_,
-                               rows, width_, epsilon_, ctx.cuda->stream),
+        cuda::LayerNormForward(out, mean, mean + rows, in, ctx.params, ctx.params + width_, rows,
+                               width_, epsilon_, ctx.cuda->stream),
         "LayerNormForward");
+    device_ops::RoundedIfBf16(ctx, out, y);
     return;
   }
 #endif
@@ -296,11 +308,17 @@ void LayerNorm::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&
   if (ctx.device == DeviceKind::kCuda) {
     // No workspace: the kernels skip dx when the caller wants none and add into
     // the parameter gradients directly.
-    const int64_t rows = Rows(x.batch());
-    ctx.cuda->Check(cuda::LayerNormBackward(dx.f32(), ctx.grads, ctx.grads + width_, dy.f32(),
-                                            x.f32(), ctx.params, mean, mean + rows, rows, width_,
-                                            epsilon_, ctx.accumulate_grads, ctx.cuda->stream),
+    const int64_t rows = Rows(x.batch()), n = x.elements();
+    float* tmp =
+        io_dtype() == DType::kBF16 ? static_cast<float*>(ctx.cuda->Scratch(3 * n * 4)) : nullptr;
+    const float* in = device_ops::WidenedIfBf16(ctx, x, tmp);
+    const float* grad = device_ops::WidenedIfBf16(ctx, dy, tmp != nullptr ? tmp + n : nullptr);
+    float* out = tmp != nullptr && dx.data != nullptr ? tmp + 2 * n : dx.f32();
+    ctx.cuda->Check(cuda::LayerNormBackward(out, ctx.grads, ctx.grads + width_, grad, in,
+                                            ctx.params, mean, mean + rows, rows, width_, epsilon_,
+                                            ctx.accumulate_grads, ctx.cuda->stream),
                     "LayerNormBackward");
+    if (dx.data != nullptr) device_ops::RoundedIfBf16(ctx, out, dx);
     return;
   }
 #endif

@@ -53,6 +53,8 @@ absl::StatusOr<Shape> Attention::InferOutput(const Shape& input) {
       {.out_features = C_, .bias = true, .init = {InitKind::kNormal, options_.projection_stddev}});
   qkv_.set_compute_dtype(compute_dtype());
   proj_.set_compute_dtype(compute_dtype());
+  // io_dtype kBF16: x (and dx) in bf16 are the qkv projection's.
+  qkv_.set_io_dtype(io_dtype());
   absl::Status s = qkv_.Build(input);
   if (s.ok()) s = proj_.Build(input);
   if (!s.ok()) return s;

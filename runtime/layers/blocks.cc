@@ -142,10 +142,11 @@ absl::StatusOr<Shape> TransformerBlock::InferOutput(const Shape& input) {
   drop1_ = std::make_unique<Dropout>(options_.dropout);
   drop2_ = std::make_unique<Dropout>(options_.dropout);
   const Shape hidden_shape({T_, hidden_});
-  // In bf16 the MLP half keeps its activations in bf16 between its parts
-  // (io_dtype): ln2, fc1's input and output, GELU's, fc2's input.
+  // In bf16 the normalisations, attention's input and the MLP pass bf16
+  // between them (io_dtype; ForwardBf16).
   const bool bf16 = compute_dtype() == DType::kBF16;
-  for (Layer* part : std::initializer_list<Layer*>{ln2_.get(), fc1_.get(), gelu_.get(), fc2_.get()})
+  for (Layer* part : std::initializer_list<Layer*>{ln1_.get(), attn_.get(), ln2_.get(), fc1_.get(),
+                                                   gelu_.get(), fc2_.get()})
     part->set_io_dtype(bf16 ? DType::kBF16 : DType::kF32);
   for (auto [layer, shape] : std::vector<std::pair<Layer*, Shape>>{{ln1_.get(), input},
                                                                    {attn_.get(), input},
@@ -192,10 +193,11 @@ struct TransformerBlock::SavedRegions {
   // attention's and the FCs' products: under a 16-bit compute type those keep
   // their own 16-bit copies, and these are not saved (null).
   float *ln1_out, *res1, *ln2_out, *fc1_out, *gelu_out;
-  // In bf16 the MLP half's activations are saved in bf16 instead (res1,
-  // fc1_out null): res1 (ln2's input), ln2's output (fc1's), fc1's output
-  // (GELU's) and GELU's (fc2's); the FCs then keep no copies of their own.
-  uint16_t *res1_16, *ln2_out16, *fc1_out16, *gelu_out16;
+  // In bf16 (ForwardBf16) these are saved instead (res1 and fc1_out null):
+  // ln1's output (attention's input), res1 (ln2's input), ln2's output
+  // (fc1's), fc1's output (GELU's) and GELU's (fc2's); attention's qkv
+  // projection and the FCs then keep no copies of their own.
+  uint16_t *ln1_out16, *res1_16, *ln2_out16, *fc1_out16, *gelu_out16;
   void *ln1_saved, *attn_saved, *ln2_saved, *fc1_saved, *fc2_saved;
   int64_t bytes;
 };
@@ -211,6 +213,7 @@ TransformerBlock::SavedRegions TransformerBlock::CarveSaved(const void* saved,
   Carver s(saved);
   SavedRegions r;
   r.ln1_out = fp32 ? s.Take(btc) : nullptr;
+  r.ln1_out16 = half(s, btc, bf16);
   r.ln1_saved = s.TakeBytes(ln1_->SavedBytes(batch));
   r.attn_saved = s.TakeBytes(attn_->SavedBytes(batch));
   r.res1 = bf16 ? nullptr : s.Take(btc);
@@ -243,6 +246,7 @@ int64_t TransformerBlock::WorkspaceBytes(int64_t batch) const {
 
 void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                                void* saved) const {
+  if (compute_dtype() == DType::kBF16) return ForwardBf16(ctx, x, y, saved);
   const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
   const Shape seq({T_, C_}), hid({T_, hidden_});
   const SavedRegions r = CarveSaved(saved, B);
@@ -262,21 +266,6 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
   ln1_->Forward(part(0), x, F32(ln1_out, seq, B), r.ln1_saved);
   attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), r.attn_saved);
   drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  if (r.res1_16 != nullptr) {
-    // bf16: res1 itself is needed until the second residual add only (the
-    // spare hidden-sized region is free: GELU's output is bf16); its bf16
-    // copy feeds ln2 and is kept for ln2's backward.
-    float* res1 = spare_hid;
-    ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
-    device_ops::ToBf16(ctx, res1, r.res1_16, btc);
-    ln2_->Forward(part(2), Bf16(r.res1_16, seq, B), Bf16(r.ln2_out16, seq, B), r.ln2_saved);
-    fc1_->Forward(part(3), Bf16(r.ln2_out16, seq, B), Bf16(r.fc1_out16, hid, B), r.fc1_saved);
-    gelu_->Forward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr);
-    fc2_->Forward(part(4), Bf16(r.gelu_out16, hid, B), F32(branch, seq, B), r.fc2_saved);
-    drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-    ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
-    return;
-  }
   ResidualAdd::Forward(ctx, x.f32(), dropped, r.res1, btc);
   ln2_->Forward(part(2), F32(r.res1, seq, B), F32(ln2_out, seq, B), r.ln2_saved);
   fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(r.fc1_out, hid, B), r.fc1_saved);
@@ -288,6 +277,7 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
 
 void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
                                 const void* saved, const Tensor& dy, const Tensor& dx) const {
+  if (compute_dtype() == DType::kBF16) return BackwardBf16(ctx, x, saved, dy, dx);
   const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
   const Shape seq({T_, C_}), hid({T_, hidden_});
   const SavedRegions r = CarveSaved(saved, B);
@@ -301,35 +291,17 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
   const PartContexts part(ctx, Parts(), scratch);
   // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
   drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
-  if (r.res1_16 != nullptr) {
-    // bf16: the gradients between the MLP's parts are bf16 too, each in the
-    // first half of its fp32 region; ln2's goes where d_branch was.
-    auto* dh = reinterpret_cast<uint16_t*>(d_hidden);
-    auto* dt = reinterpret_cast<uint16_t*>(d_tmp);
-    auto* dl = reinterpret_cast<uint16_t*>(d_branch);
-    fc2_->Backward(part(4), Bf16(r.gelu_out16, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
-                   Bf16(dh, hid, B));
-    gelu_->Backward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr,
-                    Bf16(dh, hid, B), Bf16(dh, hid, B));
-    fc1_->Backward(part(3), Bf16(r.ln2_out16, seq, B), None(), r.fc1_saved, Bf16(dh, hid, B),
-                   Bf16(dt, seq, B));
-    ln2_->Backward(part(2), Bf16(r.res1_16, seq, B), None(), r.ln2_saved, Bf16(dt, seq, B),
-                   Bf16(dl, seq, B));
-    device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/false);
-    device_ops::AccumulateBf16(ctx, dl, d_res1, btc);
-  } else {
-    // Null activations (16-bit compute) carry their shapes only: the layers
-    // reading them take their 16-bit copies from their own saved regions.
-    fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
-                   F32(d_hidden, hid, B));
-    gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
-                    F32(d_hidden, hid, B), F32(d_hidden, hid, B));
-    fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), r.fc1_saved, F32(d_hidden, hid, B),
-                   F32(d_tmp, seq, B));
-    ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
-                   F32(d_res1, seq, B));
-    device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
-  }
+  // Null activations (16-bit compute) carry their shapes only: the layers
+  // reading them take their 16-bit copies from their own saved regions.
+  fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
+                 F32(d_hidden, hid, B));
+  gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
+                  F32(d_hidden, hid, B), F32(d_hidden, hid, B));
+  fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), r.fc1_saved, F32(d_hidden, hid, B),
+                 F32(d_tmp, seq, B));
+  ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
+                 F32(d_res1, seq, B));
+  device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
   // res1 = x + drop1(attn(ln1(x))).
   drop1_->Backward(part.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
                    F32(d_branch, seq, B));
@@ -341,6 +313,89 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
   } else {
     ln1_->Backward(part(0), x, None(), r.ln1_saved, F32(d_tmp, seq, B), None());
   }
+}
+
+// In bf16 the block's normalisations, its MLP and the gradients between them
+// pass bf16 (io_dtype): ln1 reads x rounded (again in backward, rather than
+// saved), attention reads ln1's bf16 output as its qkv operand, ln2 reads
+// res1's bf16 copy, fc1 writes bf16 for GELU, which writes bf16 for fc2. The
+// residual stream (x, res1, y), the branches' outputs and their dropout stay
+// fp32. Saved: ln1's output, res1's copy, ln2's and fc1's outputs and GELU's,
+// each in bf16.
+void TransformerBlock::ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y,
+                                   void* saved) const {
+  const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
+  const Shape seq({T_, C_}), hid({T_, hidden_});
+  const SavedRegions r = CarveSaved(saved, B);
+  Carver w(ctx.workspace);
+  float* branch = w.Take(btc);
+  float* dropped = w.Take(btc);
+  auto* x16 = static_cast<uint16_t*>(static_cast<void*>(w.Take(btc)));
+  float* res1 = w.Take(bth);  // [B, T, C] of the hidden-sized spare
+  void* scratch = w.TakeBytes(0);
+
+  const PartContexts part(ctx, Parts(), scratch);
+  device_ops::ToBf16(ctx, x.f32(), x16, btc);
+  ln1_->Forward(part(0), Bf16(x16, seq, B), Bf16(r.ln1_out16, seq, B), r.ln1_saved);
+  attn_->Forward(part(1), Bf16(r.ln1_out16, seq, B), F32(branch, seq, B), r.attn_saved);
+  drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
+  device_ops::ToBf16(ctx, res1, r.res1_16, btc);
+  ln2_->Forward(part(2), Bf16(r.res1_16, seq, B), Bf16(r.ln2_out16, seq, B), r.ln2_saved);
+  fc1_->Forward(part(3), Bf16(r.ln2_out16, seq, B), Bf16(r.fc1_out16, hid, B), r.fc1_saved);
+  gelu_->Forward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr);
+  fc2_->Forward(part(4), Bf16(r.gelu_out16, hid, B), F32(branch, seq, B), r.fc2_saved);
+  drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
+  ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
+}
+
+// The gradients between the bf16 parts are bf16, each in the first half of
+// the fp32 region the fp32 path uses for it; a normalisation's input gradient
+// is widened into the residual stream's.
+void TransformerBlock::BackwardBf16(const LayerContext& ctx, const Tensor& x, const void* saved,
+                                    const Tensor& dy, const Tensor& dx) const {
+  const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
+  const Shape seq({T_, C_}), hid({T_, hidden_});
+  const SavedRegions r = CarveSaved(saved, B);
+  Carver w(ctx.workspace);
+  float* d_branch = w.Take(btc);
+  float* d_res1 = w.Take(btc);
+  auto* d_part = static_cast<uint16_t*>(static_cast<void*>(w.Take(btc)));
+  float* d_hidden = w.Take(bth);
+  void* scratch = w.TakeBytes(0);
+  auto* dh = static_cast<uint16_t*>(static_cast<void*>(d_hidden));
+  // A normalisation's input gradient, where d_branch's fp32 values are dead.
+  auto* d_norm = static_cast<uint16_t*>(static_cast<void*>(d_branch));
+
+  const PartContexts part(ctx, Parts(), scratch);
+  // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
+  drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
+  fc2_->Backward(part(4), Bf16(r.gelu_out16, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
+                 Bf16(dh, hid, B));
+  gelu_->Backward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr,
+                  Bf16(dh, hid, B), Bf16(dh, hid, B));
+  fc1_->Backward(part(3), Bf16(r.ln2_out16, seq, B), None(), r.fc1_saved, Bf16(dh, hid, B),
+                 Bf16(d_part, seq, B));
+  ln2_->Backward(part(2), Bf16(r.res1_16, seq, B), None(), r.ln2_saved, Bf16(d_part, seq, B),
+                 Bf16(d_norm, seq, B));
+  device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/false);
+  device_ops::AccumulateBf16(ctx, d_norm, d_res1, btc);
+  // res1 = x + drop1(attn(ln1(x))).
+  drop1_->Backward(part.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
+                   F32(d_branch, seq, B));
+  attn_->Backward(part(1), Bf16(r.ln1_out16, seq, B), None(), r.attn_saved, F32(d_branch, seq, B),
+                  Bf16(d_part, seq, B));
+  // ln1's input, rounded again as forward rounded it (d_hidden is free).
+  uint16_t* x16 = dh;
+  device_ops::ToBf16(ctx, x.f32(), x16, btc);
+  if (dx.data == nullptr) {
+    ln1_->Backward(part(0), Bf16(x16, seq, B), None(), r.ln1_saved, Bf16(d_part, seq, B), None());
+    return;
+  }
+  ln1_->Backward(part(0), Bf16(x16, seq, B), None(), r.ln1_saved, Bf16(d_part, seq, B),
+                 Bf16(d_norm, seq, B));
+  device_ops::CopyOrAccumulate(ctx, d_res1, dx.f32(), btc, /*accumulate=*/false);
+  device_ops::AccumulateBf16(ctx, d_norm, dx.f32(), btc);
 }
 
 // ---------------------------------------------------------------------------

@@ -120,8 +120,9 @@ class Layer {
   // (TransformerBlock). Activation and LayerNorm honour kBF16 for all four: on
   // the CPU through oneDNN's bf16 primitives (statistics and math in fp32), on
   // CUDA widened to fp32 in the context's scratch and rounded back. A Linear
-  // layer then takes x in bf16 and keeps no copy of it (Backward gets it
-  // again), and reads the types of y, dy and dx from the tensors. Parameters
+  // layer (and Attention, through its qkv projection) then takes x in bf16
+  // and keeps no copy of it (Backward gets it again), and reads the types of
+  // y, dy and dx from the tensors. Parameters
   // and their gradients stay fp32. Chains of layers pass fp32. Set before
   // Build.
   void set_io_dtype(DType dtype) { io_dtype_ = dtype; }

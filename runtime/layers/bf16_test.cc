@@ -29,7 +29,11 @@ struct Outputs {
   std::vector<float> y, dx, grads;
 };
 
-Outputs Run(Layer& layer, const Shape& input, int64_t batch, bool accumulate = false) {
+// One forward and backward of `layer` on fixed random x and dy. With
+// `bf16_io` (a layer of io_dtype kBF16) x and dy are rounded to bf16 and y and
+// dx come back in bf16, widened here; parameters and gradients stay fp32.
+Outputs Run(Layer& layer, const Shape& input, int64_t batch, bool accumulate = false,
+            bool bf16_io = false) {
   const int64_t in_n = batch * input.elements();
   const int64_t out_n = batch * layer.output_shape().elements();
   std::vector<float> params(layer.ParamCount()), buffers(layer.BufferCount()), x(in_n), dy(out_n);
@@ -49,17 +53,22 @@ Outputs Run(Layer& layer, const Shape& input, int64_t batch, bool accumulate = f
   ctx.buffers = buffers.data();
   ctx.workspace = workspace.data();
   ctx.accumulate_grads = accumulate;
-  std::vector<int64_t> dims = {batch};
-  for (int64_t d : input.dims()) dims.push_back(d);
-  const Shape in_shape(dims);
-  dims.resize(1);
-  for (int64_t d : layer.output_shape().dims()) dims.push_back(d);
-  const Shape out_shape(dims);
-  layer.Forward(ctx, Tensor::F32(x.data(), in_shape), Tensor::F32(o.y.data(), out_shape),
-                saved.data());
-  layer.Backward(ctx, Tensor::F32(x.data(), in_shape), Tensor::F32(o.y.data(), out_shape),
-                 saved.data(), Tensor::F32(dy.data(), out_shape),
-                 Tensor::F32(o.dx.data(), in_shape));
+  const Shape in_shape = input.WithBatch(batch);
+  const Shape out_shape = layer.output_shape().WithBatch(batch);
+  std::vector<uint16_t> x16(in_n), dy16(out_n), y16(out_n), dx16(in_n);
+  auto tensor = [&](float* f32, std::vector<uint16_t>& b16, const Shape& shape) {
+    return bf16_io ? Tensor(b16.data(), DType::kBF16, shape) : Tensor::F32(f32, shape);
+  };
+  cpu::ToBf16(x.data(), x16.data(), in_n);
+  cpu::ToBf16(dy.data(), dy16.data(), out_n);
+  const Tensor xt = tensor(x.data(), x16, in_shape), yt = tensor(o.y.data(), y16, out_shape);
+  layer.Forward(ctx, xt, yt, saved.data());
+  layer.Backward(ctx, xt, yt, saved.data(), tensor(dy.data(), dy16, out_shape),
+                 tensor(o.dx.data(), dx16, in_shape));
+  if (bf16_io) {
+    cpu::FromBf16(y16.data(), o.y.data(), out_n);
+    cpu::FromBf16(dx16.data(), o.dx.data(), in_n);
+  }
   return o;
 }
 
@@ -114,45 +123,6 @@ void ExpectFp16MatchesFp32(const std::function<std::unique_ptr<Layer>()>& make, 
   ExpectHalfMatchesFp32(DType::kF16, make, input, batch, accumulate, kFp16Tolerance);
 }
 
-// The layer with io_dtype kBF16: x and dy rounded to bf16, y and dx taken
-// and given in bf16 (widened here), parameters and their gradients fp32.
-Outputs RunBf16Io(Layer& layer, const Shape& input, int64_t batch, bool accumulate) {
-  const int64_t in_n = batch * input.elements();
-  const int64_t out_n = batch * layer.output_shape().elements();
-  std::vector<float> params(layer.ParamCount()), buffers(layer.BufferCount()), x(in_n), dy(out_n);
-  layer.Initialize(params.data(), buffers.data(), 5, 1);
-  FillUniform(x.data(), in_n, -1.0f, 1.0f, 9, 2);
-  FillUniform(dy.data(), out_n, -1.0f, 1.0f, 9, 3);
-  std::vector<uint16_t> x16(in_n), dy16(out_n), y16(out_n), dx16(in_n);
-  cpu::ToBf16(x.data(), x16.data(), in_n);
-  cpu::ToBf16(dy.data(), dy16.data(), out_n);
-  std::vector<float> saved(layer.SavedBytes(batch) / 4 + 16);
-  std::vector<float> workspace(layer.WorkspaceBytes(batch) / 4 + 16);
-  Outputs o;
-  o.grads.assign(layer.ParamCount(), accumulate ? 0.5f : 0.0f);
-  LayerContext ctx;
-  ctx.params = params.data();
-  ctx.grads = o.grads.data();
-  ctx.buffers = buffers.data();
-  ctx.workspace = workspace.data();
-  ctx.accumulate_grads = accumulate;
-  std::vector<int64_t> dims = {batch};
-  for (int64_t d : input.dims()) dims.push_back(d);
-  const Shape in_shape(dims);
-  dims.resize(1);
-  for (int64_t d : layer.output_shape().dims()) dims.push_back(d);
-  const Shape out_shape(dims);
-  const Tensor xt(x16.data(), DType::kBF16, in_shape), yt(y16.data(), DType::kBF16, out_shape);
-  layer.Forward(ctx, xt, yt, saved.data());
-  layer.Backward(ctx, xt, yt, saved.data(), Tensor(dy16.data(), DType::kBF16, out_shape),
-                 Tensor(dx16.data(), DType::kBF16, in_shape));
-  o.y.resize(out_n);
-  o.dx.resize(in_n);
-  cpu::FromBf16(y16.data(), o.y.data(), out_n);
-  cpu::FromBf16(dx16.data(), o.dx.data(), in_n);
-  return o;
-}
-
 // What a transformer block runs in bf16 between its products (io_dtype
 // kBF16), against the same layer in fp32: oneDNN's bf16 primitives with fp32
 // statistics and math, on bf16-rounded inputs, rounded outputs.
@@ -164,7 +134,7 @@ void ExpectBf16IoMatchesFp32(const std::function<std::unique_ptr<Layer>()>& make
   ASSERT_TRUE(fp32->Build(input).ok());
   ASSERT_TRUE(bf16->Build(input).ok());
   const Outputs ref = Run(*fp32, input, batch, accumulate);
-  const Outputs got = RunBf16Io(*bf16, input, batch, accumulate);
+  const Outputs got = Run(*bf16, input, batch, accumulate, /*bf16_io=*/true);
   const std::string where =
       std::string(fp32->kind()) + " with bf16 activations on oneDNN " + cpu::OneDnnIsa();
   for (const auto& [name, a, b] :

@@ -244,11 +244,41 @@ int64_t TransformerBlock::WorkspaceBytes(int64_t batch) const {
          MaxWorkspace(all, batch);
 }
 
+namespace {
+
+// An activation the block keeps: its bf16 form where it has one (bf16), else
+// its fp32 one (null under fp16 compute: its shape only).
+Tensor Kept(float* f32, uint16_t* b16, const Shape& sample, int64_t batch) {
+  return b16 != nullptr ? Bf16(b16, sample, batch) : F32(f32, sample, batch);
+}
+
+// out = a + g, g a normalisation's input gradient: fp32 in `out` itself, or
+// bf16 (widened into it).
+void AddResidualGradient(const LayerContext& ctx, const float* a, const Tensor& g, float* out,
+                         int64_t n) {
+  if (g.dtype != DType::kBF16) {
+    device_ops::CopyOrAccumulate(ctx, a, out, n, /*accumulate=*/true);
+    return;
+  }
+  device_ops::CopyOrAccumulate(ctx, a, out, n, /*accumulate=*/false);
+  device_ops::AccumulateBf16(ctx, static_cast<const uint16_t*>(g.data), out, n);
+}
+
+}  // namespace
+
+// In bf16 the normalisations, attention's input and the MLP pass bf16 between
+// them (io_dtype): ln1 reads x rounded (again in backward, rather than
+// saved), attention reads ln1's bf16 output as its qkv operand, ln2 reads the
+// first residual sum rounded, fc1 writes bf16 for GELU, which writes bf16 for
+// fc2, and backward's gradients between those parts are bf16, each in the
+// first half of the fp32 region the other precisions use. The residual
+// stream (x, res1, y), the branches' outputs and their dropout stay fp32;
+// res1 itself then lives in the workspace and only its bf16 copy is saved.
 void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const Tensor& y,
                                void* saved) const {
-  if (compute_dtype() == DType::kBF16) return ForwardBf16(ctx, x, y, saved);
   const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
   const Shape seq({T_, C_}), hid({T_, hidden_});
+  const bool bf16 = compute_dtype() == DType::kBF16;
   const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* branch = w.Take(btc);
@@ -257,29 +287,37 @@ void TransformerBlock::Forward(const LayerContext& ctx, const Tensor& x, const T
   float* spare_hid = w.Take(bth);
   void* scratch = w.TakeBytes(0);
   // What is not saved (16-bit compute) lives in the spares: ln1's output is
-  // dead once attention has run, so ln2's takes its place.
-  float* ln1_out = r.ln1_out != nullptr ? r.ln1_out : spare_seq;
-  float* ln2_out = r.ln2_out != nullptr ? r.ln2_out : spare_seq;
-  float* gelu_out = r.gelu_out != nullptr ? r.gelu_out : spare_hid;
+  // dead once attention has run, so ln2's takes its place. In bf16 the spares
+  // hold x rounded and res1.
+  auto* x16 = static_cast<uint16_t*>(static_cast<void*>(spare_seq));
+  float* res1 = bf16 ? spare_hid : r.res1;
+  const Tensor ln1_in = bf16 ? Bf16(x16, seq, B) : x;
+  const Tensor ln1_out = Kept(r.ln1_out != nullptr ? r.ln1_out : spare_seq, r.ln1_out16, seq, B);
+  const Tensor ln2_out = Kept(r.ln2_out != nullptr ? r.ln2_out : spare_seq, r.ln2_out16, seq, B);
+  const Tensor fc1_out = Kept(r.fc1_out, r.fc1_out16, hid, B);
+  const Tensor gelu_out =
+      Kept(r.gelu_out != nullptr ? r.gelu_out : spare_hid, r.gelu_out16, hid, B);
 
   const PartContexts part(ctx, Parts(), scratch);
-  ln1_->Forward(part(0), x, F32(ln1_out, seq, B), r.ln1_saved);
-  attn_->Forward(part(1), F32(ln1_out, seq, B), F32(branch, seq, B), r.attn_saved);
+  if (bf16) device_ops::ToBf16(ctx, x.f32(), x16, btc);
+  ln1_->Forward(part(0), ln1_in, ln1_out, r.ln1_saved);
+  attn_->Forward(part(1), ln1_out, F32(branch, seq, B), r.attn_saved);
   drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(ctx, x.f32(), dropped, r.res1, btc);
-  ln2_->Forward(part(2), F32(r.res1, seq, B), F32(ln2_out, seq, B), r.ln2_saved);
-  fc1_->Forward(part(3), F32(ln2_out, seq, B), F32(r.fc1_out, hid, B), r.fc1_saved);
-  gelu_->Forward(part(3), F32(r.fc1_out, hid, B), F32(gelu_out, hid, B), nullptr);
-  fc2_->Forward(part(4), F32(gelu_out, hid, B), F32(branch, seq, B), r.fc2_saved);
+  ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
+  if (bf16) device_ops::ToBf16(ctx, res1, r.res1_16, btc);
+  ln2_->Forward(part(2), Kept(res1, r.res1_16, seq, B), ln2_out, r.ln2_saved);
+  fc1_->Forward(part(3), ln2_out, fc1_out, r.fc1_saved);
+  gelu_->Forward(part(3), fc1_out, gelu_out, nullptr);
+  fc2_->Forward(part(4), gelu_out, F32(branch, seq, B), r.fc2_saved);
   drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(ctx, r.res1, dropped, y.f32(), btc);
+  ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
 }
 
 void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const Tensor&,
                                 const void* saved, const Tensor& dy, const Tensor& dx) const {
-  if (compute_dtype() == DType::kBF16) return BackwardBf16(ctx, x, saved, dy, dx);
   const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
   const Shape seq({T_, C_}), hid({T_, hidden_});
+  const bool bf16 = compute_dtype() == DType::kBF16;
   const SavedRegions r = CarveSaved(saved, B);
   Carver w(ctx.workspace);
   float* d_branch = w.Take(btc);
@@ -287,115 +325,45 @@ void TransformerBlock::Backward(const LayerContext& ctx, const Tensor& x, const 
   float* d_tmp = w.Take(btc);
   float* d_hidden = w.Take(bth);
   void* scratch = w.TakeBytes(0);
-
-  const PartContexts part(ctx, Parts(), scratch);
-  // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
-  drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
-  // Null activations (16-bit compute) carry their shapes only: the layers
+  // A gradient between the parts, in the type they pass.
+  auto grad = [&](float* region, const Shape& sample) {
+    return bf16 ? Bf16(static_cast<uint16_t*>(static_cast<void*>(region)), sample, B)
+                : F32(region, sample, B);
+  };
+  // Null activations (fp16 compute) carry their shapes only: the layers
   // reading them take their 16-bit copies from their own saved regions.
-  fc2_->Backward(part(4), F32(r.gelu_out, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
-                 F32(d_hidden, hid, B));
-  gelu_->Backward(part(3), F32(r.fc1_out, hid, B), F32(r.gelu_out, hid, B), nullptr,
-                  F32(d_hidden, hid, B), F32(d_hidden, hid, B));
-  fc1_->Backward(part(3), F32(r.ln2_out, seq, B), None(), r.fc1_saved, F32(d_hidden, hid, B),
-                 F32(d_tmp, seq, B));
-  ln2_->Backward(part(2), F32(r.res1, seq, B), None(), r.ln2_saved, F32(d_tmp, seq, B),
-                 F32(d_res1, seq, B));
-  device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/true);
-  // res1 = x + drop1(attn(ln1(x))).
-  drop1_->Backward(part.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
-                   F32(d_branch, seq, B));
-  attn_->Backward(part(1), F32(r.ln1_out, seq, B), None(), r.attn_saved, F32(d_branch, seq, B),
-                  F32(d_tmp, seq, B));
-  if (dx.data != nullptr) {
-    ln1_->Backward(part(0), x, None(), r.ln1_saved, F32(d_tmp, seq, B), dx);
-    device_ops::CopyOrAccumulate(ctx, d_res1, dx.f32(), btc, /*accumulate=*/true);
-  } else {
-    ln1_->Backward(part(0), x, None(), r.ln1_saved, F32(d_tmp, seq, B), None());
-  }
-}
-
-// In bf16 the block's normalisations, its MLP and the gradients between them
-// pass bf16 (io_dtype): ln1 reads x rounded (again in backward, rather than
-// saved), attention reads ln1's bf16 output as its qkv operand, ln2 reads
-// res1's bf16 copy, fc1 writes bf16 for GELU, which writes bf16 for fc2. The
-// residual stream (x, res1, y), the branches' outputs and their dropout stay
-// fp32. Saved: ln1's output, res1's copy, ln2's and fc1's outputs and GELU's,
-// each in bf16.
-void TransformerBlock::ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y,
-                                   void* saved) const {
-  const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
-  const Shape seq({T_, C_}), hid({T_, hidden_});
-  const SavedRegions r = CarveSaved(saved, B);
-  Carver w(ctx.workspace);
-  float* branch = w.Take(btc);
-  float* dropped = w.Take(btc);
-  auto* x16 = static_cast<uint16_t*>(static_cast<void*>(w.Take(btc)));
-  float* res1 = w.Take(bth);  // [B, T, C] of the hidden-sized spare
-  void* scratch = w.TakeBytes(0);
-
-  const PartContexts part(ctx, Parts(), scratch);
-  device_ops::ToBf16(ctx, x.f32(), x16, btc);
-  ln1_->Forward(part(0), Bf16(x16, seq, B), Bf16(r.ln1_out16, seq, B), r.ln1_saved);
-  attn_->Forward(part(1), Bf16(r.ln1_out16, seq, B), F32(branch, seq, B), r.attn_saved);
-  drop1_->Forward(part.Get(0, 1), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(ctx, x.f32(), dropped, res1, btc);
-  device_ops::ToBf16(ctx, res1, r.res1_16, btc);
-  ln2_->Forward(part(2), Bf16(r.res1_16, seq, B), Bf16(r.ln2_out16, seq, B), r.ln2_saved);
-  fc1_->Forward(part(3), Bf16(r.ln2_out16, seq, B), Bf16(r.fc1_out16, hid, B), r.fc1_saved);
-  gelu_->Forward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr);
-  fc2_->Forward(part(4), Bf16(r.gelu_out16, hid, B), F32(branch, seq, B), r.fc2_saved);
-  drop2_->Forward(part.Get(0, 2), F32(branch, seq, B), F32(dropped, seq, B), nullptr);
-  ResidualAdd::Forward(ctx, res1, dropped, y.f32(), btc);
-}
-
-// The gradients between the bf16 parts are bf16, each in the first half of
-// the fp32 region the fp32 path uses for it; a normalisation's input gradient
-// is widened into the residual stream's.
-void TransformerBlock::BackwardBf16(const LayerContext& ctx, const Tensor& x, const void* saved,
-                                    const Tensor& dy, const Tensor& dx) const {
-  const int64_t B = x.batch(), btc = B * T_ * C_, bth = B * T_ * hidden_;
-  const Shape seq({T_, C_}), hid({T_, hidden_});
-  const SavedRegions r = CarveSaved(saved, B);
-  Carver w(ctx.workspace);
-  float* d_branch = w.Take(btc);
-  float* d_res1 = w.Take(btc);
-  auto* d_part = static_cast<uint16_t*>(static_cast<void*>(w.Take(btc)));
-  float* d_hidden = w.Take(bth);
-  void* scratch = w.TakeBytes(0);
-  auto* dh = static_cast<uint16_t*>(static_cast<void*>(d_hidden));
-  // A normalisation's input gradient, where d_branch's fp32 values are dead.
-  auto* d_norm = static_cast<uint16_t*>(static_cast<void*>(d_branch));
+  const Tensor gelu_out = Kept(r.gelu_out, r.gelu_out16, hid, B);
 
   const PartContexts part(ctx, Parts(), scratch);
   // y = res1 + drop2(fc2(gelu(fc1(ln2(res1))))).
   drop2_->Backward(part.Get(0, 2), Tensor(), Tensor(), nullptr, dy, F32(d_branch, seq, B));
-  fc2_->Backward(part(4), Bf16(r.gelu_out16, hid, B), None(), r.fc2_saved, F32(d_branch, seq, B),
-                 Bf16(dh, hid, B));
-  gelu_->Backward(part(3), Bf16(r.fc1_out16, hid, B), Bf16(r.gelu_out16, hid, B), nullptr,
-                  Bf16(dh, hid, B), Bf16(dh, hid, B));
-  fc1_->Backward(part(3), Bf16(r.ln2_out16, seq, B), None(), r.fc1_saved, Bf16(dh, hid, B),
-                 Bf16(d_part, seq, B));
-  ln2_->Backward(part(2), Bf16(r.res1_16, seq, B), None(), r.ln2_saved, Bf16(d_part, seq, B),
-                 Bf16(d_norm, seq, B));
-  device_ops::CopyOrAccumulate(ctx, dy.f32(), d_res1, btc, /*accumulate=*/false);
-  device_ops::AccumulateBf16(ctx, d_norm, d_res1, btc);
+  fc2_->Backward(part(4), gelu_out, None(), r.fc2_saved, F32(d_branch, seq, B),
+                 grad(d_hidden, hid));
+  gelu_->Backward(part(3), Kept(r.fc1_out, r.fc1_out16, hid, B), gelu_out, nullptr,
+                  grad(d_hidden, hid), grad(d_hidden, hid));
+  fc1_->Backward(part(3), Kept(r.ln2_out, r.ln2_out16, seq, B), None(), r.fc1_saved,
+                 grad(d_hidden, hid), grad(d_tmp, seq));
+  // ln2's input gradient: into d_res1 itself, or in bf16 where d_branch was.
+  const Tensor d_ln2 = bf16 ? grad(d_branch, seq) : F32(d_res1, seq, B);
+  ln2_->Backward(part(2), Kept(r.res1, r.res1_16, seq, B), None(), r.ln2_saved, grad(d_tmp, seq),
+                 d_ln2);
+  AddResidualGradient(ctx, dy.f32(), d_ln2, d_res1, btc);
   // res1 = x + drop1(attn(ln1(x))).
   drop1_->Backward(part.Get(0, 1), Tensor(), Tensor(), nullptr, F32(d_res1, seq, B),
                    F32(d_branch, seq, B));
-  attn_->Backward(part(1), Bf16(r.ln1_out16, seq, B), None(), r.attn_saved, F32(d_branch, seq, B),
-                  Bf16(d_part, seq, B));
-  // ln1's input, rounded again as forward rounded it (d_hidden is free).
-  uint16_t* x16 = dh;
-  device_ops::ToBf16(ctx, x.f32(), x16, btc);
+  attn_->Backward(part(1), Kept(r.ln1_out, r.ln1_out16, seq, B), None(), r.attn_saved,
+                  F32(d_branch, seq, B), grad(d_tmp, seq));
+  // In bf16, ln1's input rounded again as forward rounded it (d_hidden is
+  // free now).
+  const Tensor ln1_in = bf16 ? grad(d_hidden, seq) : x;
+  if (bf16) device_ops::ToBf16(ctx, x.f32(), static_cast<uint16_t*>(ln1_in.data), btc);
   if (dx.data == nullptr) {
-    ln1_->Backward(part(0), Bf16(x16, seq, B), None(), r.ln1_saved, Bf16(d_part, seq, B), None());
+    ln1_->Backward(part(0), ln1_in, None(), r.ln1_saved, grad(d_tmp, seq), None());
     return;
   }
-  ln1_->Backward(part(0), Bf16(x16, seq, B), None(), r.ln1_saved, Bf16(d_part, seq, B),
-                 Bf16(d_norm, seq, B));
-  device_ops::CopyOrAccumulate(ctx, d_res1, dx.f32(), btc, /*accumulate=*/false);
-  device_ops::AccumulateBf16(ctx, d_norm, dx.f32(), btc);
+  const Tensor d_ln1 = bf16 ? grad(d_branch, seq) : dx;
+  ln1_->Backward(part(0), ln1_in, None(), r.ln1_saved, grad(d_tmp, seq), d_ln1);
+  AddResidualGradient(ctx, d_res1, d_ln1, dx.f32(), btc);
 }
 
 // ---------------------------------------------------------------------------

@@ -66,10 +66,6 @@ class TransformerBlock final : public Layer {
   // its size, which is SavedBytes).
   struct SavedRegions;
   SavedRegions CarveSaved(const void* saved, int64_t batch) const;
-  // Forward and Backward in bf16 (blocks.cc says what passes bf16).
-  void ForwardBf16(const LayerContext& ctx, const Tensor& x, const Tensor& y, void* saved) const;
-  void BackwardBf16(const LayerContext& ctx, const Tensor& x, const void* saved, const Tensor& dy,
-                    const Tensor& dx) const;
 
   TransformerBlockOptions options_;
   int64_t T_ = 0, C_ = 0, hidden_ = 0;

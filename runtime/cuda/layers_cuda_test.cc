@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/core/random.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_ops.h"
 #include "runtime/cuda/device_query.h"
@@ -57,6 +58,9 @@ struct Options {
   double tf32_tolerance = 1e-5;
   // Everything bitwise equal (TF32 off).
   bool bitwise = false;
+  // A layer of io_dtype kBF16: x and dy rounded to bf16 on the host, y and dx
+  // given in bf16 and widened on the host to compare.
+  bool bf16_io = false;
 };
 
 struct Inputs {
@@ -67,6 +71,21 @@ struct Inputs {
 struct Outputs {
   std::vector<float> y, dx, grads, buffers, saved;
 };
+
+// The bf16 copies of a run's activations (Options::bf16_io).
+struct Bf16Activations {
+  std::vector<uint16_t> x, dy;
+  Bf16Activations(const Inputs& in) : x(in.x.size()), dy(in.dy.size()) {
+    cpu::ToBf16(in.x.data(), x.data(), x.size());
+    cpu::ToBf16(in.dy.data(), dy.data(), dy.size());
+  }
+};
+
+std::vector<float> Widened(const std::vector<uint16_t>& b16) {
+  std::vector<float> out(b16.size());
+  cpu::FromBf16(b16.data(), out.data(), out.size());
+  return out;
+}
 
 Inputs MakeInputs(const Layer& layer, const Options& o) {
   Inputs in;
@@ -122,10 +141,21 @@ Outputs RunCpu(const Layer& layer, Inputs in, const Options& o) {
   const Tensor x =
       in.ids.empty() ? Tensor::F32(in.x.data(), in_shape) : Tensor::I32(in.ids.data(), in_shape);
   const Tensor y = Tensor::F32(out.y.data(), out_shape);
-  layer.Forward(ctx, x, y, out.saved.data());
-  if (o.backward) {
-    layer.Backward(ctx, x, y, out.saved.data(), Tensor::F32(in.dy.data(), out_shape),
-                   o.check_input ? Tensor::F32(out.dx.data(), in_shape) : Tensor());
+  if (o.bf16_io) {
+    Bf16Activations b(in);
+    std::vector<uint16_t> y16(out.y.size()), dx16(out.dx.size());
+    const Tensor x16(b.x.data(), DType::kBF16, in_shape), yt(y16.data(), DType::kBF16, out_shape);
+    layer.Forward(ctx, x16, yt, out.saved.data());
+    layer.Backward(ctx, x16, yt, out.saved.data(), Tensor(b.dy.data(), DType::kBF16, out_shape),
+                   Tensor(dx16.data(), DType::kBF16, in_shape));
+    out.y = Widened(y16);
+    out.dx = Widened(dx16);
+  } else {
+    layer.Forward(ctx, x, y, out.saved.data());
+    if (o.backward) {
+      layer.Backward(ctx, x, y, out.saved.data(), Tensor::F32(in.dy.data(), out_shape),
+                     o.check_input ? Tensor::F32(out.dx.data(), in_shape) : Tensor());
+    }
   }
   out.grads = in.grads;
   out.buffers = in.buffers;
@@ -154,16 +184,31 @@ Outputs RunCuda(const Layer& layer, const Inputs& in, const Options& o, cuda::Cu
   const Tensor xt = in.ids.empty() ? Tensor::F32(x.f32(), in_shape)
                                    : Tensor::I32(static_cast<int32_t*>(ids.data()), in_shape);
   const Tensor yt = Tensor::F32(y.f32(), out_shape);
-  layer.Forward(ctx, xt, yt, saved.data());
-  if (o.backward) {
-    layer.Backward(ctx, xt, yt, saved.data(), Tensor::F32(dy.f32(), out_shape),
-                   o.check_input ? Tensor::F32(dx.f32(), in_shape) : Tensor());
+  Outputs out;
+  if (o.bf16_io) {
+    // bf16 activations in the first half of each fp32 buffer.
+    const Bf16Activations b(in);
+    Buffer x16 = Upload(cuda, b.x), dy16 = Upload(cuda, b.dy);
+    const Tensor xb(x16.data(), DType::kBF16, in_shape), yb(y.data(), DType::kBF16, out_shape);
+    layer.Forward(ctx, xb, yb, saved.data());
+    layer.Backward(ctx, xb, yb, saved.data(), Tensor(dy16.data(), DType::kBF16, out_shape),
+                   Tensor(dx.data(), DType::kBF16, in_shape));
+    EXPECT_TRUE(cuda->Synchronize().ok()) << layer.kind();
+    out.y = Widened(Download<uint16_t>(cuda, y.data(), n_out));
+    out.dx = Widened(Download<uint16_t>(cuda, dx.data(), n_in));
+  } else {
+    layer.Forward(ctx, xt, yt, saved.data());
+    if (o.backward) {
+      layer.Backward(ctx, xt, yt, saved.data(), Tensor::F32(dy.f32(), out_shape),
+                     o.check_input ? Tensor::F32(dx.f32(), in_shape) : Tensor());
+    }
   }
   const absl::Status status = cuda->Synchronize();
   EXPECT_TRUE(status.ok()) << layer.kind() << ": " << status;
-  Outputs out;
-  out.y = Download<float>(cuda, y.data(), n_out);
-  out.dx = o.check_input ? Download<float>(cuda, dx.data(), n_in) : std::vector<float>();
+  if (!o.bf16_io) {
+    out.y = Download<float>(cuda, y.data(), n_out);
+    out.dx = o.check_input ? Download<float>(cuda, dx.data(), n_in) : std::vector<float>();
+  }
   out.grads = Download<float>(cuda, grads.data(), in.grads.size());
   out.buffers = Download<float>(cuda, buffers.data(), in.buffers.size());
   out.saved = Download<float>(cuda, saved.data(), (layer.SavedBytes(o.batch) + 3) / 4);
@@ -348,6 +393,28 @@ TEST(LayersOnCudaTest, Conv2dAndResidualBlockInBf16) {
   ResidualBlock bf16({.out_channels = 16, .stride = 2});
   ExpectDevicesAgreeInBf16(bf16, Shape({8, 8, 16}), {.batch = 3, .accumulate = true},
                            2 * kBf16Composite, /*bf16_convolutions=*/true);
+}
+
+// Inside a bf16 transformer block (io_dtype kBF16): oneDNN's bf16 primitives
+// on the CPU, the fp32 kernels between a widening and a rounding on CUDA, so
+// the two differ by a bf16 rounding of nearly equal fp32 results at most;
+// the linear layer's bf16 output is its fp32 sums rounded on both.
+TEST(LayersOnCudaTest, NormsActivationsAndLinearWithBf16Activations) {
+  if (cuda::QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  LayerNorm norm;
+  norm.set_io_dtype(DType::kBF16);
+  ExpectDevicesAgreeInBf16(norm, Shape({16, 64}), {.batch = 3, .accumulate = true, .bf16_io = true},
+                           kBf16Composite);
+  Activation gelu(ActivationKind::kGelu), relu(ActivationKind::kRelu);
+  gelu.set_io_dtype(DType::kBF16);
+  relu.set_io_dtype(DType::kBF16);
+  ExpectDevicesAgreeInBf16(gelu, Shape({3, 500}), {.input_range = 4.0f, .bf16_io = true},
+                           kBf16Composite);
+  ExpectDevicesAgreeInBf16(relu, Shape({1000}), {.batch = 3, .bf16_io = true}, kBf16Composite);
+  Linear linear({.out_features = 48});
+  linear.set_io_dtype(DType::kBF16);
+  ExpectDevicesAgreeInBf16(linear, Shape({16, 64}),
+                           {.batch = 4, .accumulate = true, .bf16_io = true}, kBf16Composite);
 }
 
 TEST(LayersOnCudaTest, ReluAndGelu) {

@@ -313,6 +313,32 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
   });
 }
 
+namespace {
+
+// Why a distributed job's sharding is what it is (Job.distributed_reason;
+// empty for one replica).
+std::string DistributedReason(const tandem::v1::JobSpec& spec, const tandem::v1::JobSpec& resolved,
+                              const MemoryEstimate& estimate) {
+  if (resolved.distributed().replicas() <= 1) return "";
+  if (spec.distributed().sharding() != tandem::v1::OPTIMIZER_SHARDING_AUTO) return "asked for";
+  if (resolved.distributed().sharding() != tandem::v1::OPTIMIZER_SHARDING_PARTITIONED) {
+    return "the default (auto): plain SGD keeps no optimizer state to partition, so every rank "
+           "updates all the weights after one all-reduce";
+  }
+  const bool device = resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
+  return absl::StrCat(
+      "the default (auto): the optimizer keeps ",
+      FormatBytes(estimate.optimizer_state_total_bytes, 1),
+      " of state; partitioned, each rank keeps 1/", resolved.distributed().replicas(),
+      device ? " of the part its plan keeps on the host (the state of layers its accelerator "
+               "updates stays whole on every rank)"
+             : " of it",
+      ", and a reduce-scatter plus an all-gather move the same bytes as the "
+      "replicated all-reduce");
+}
+
+}  // namespace
+
 absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec,
                                                          bool plan) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
@@ -335,29 +361,7 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
   r.precision_reason = precision.reason;
-  if (resolved->distributed().replicas() > 1) {
-    const auto& d = spec.distributed();
-    const bool partitioned =
-        resolved->distributed().sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
-    if (d.sharding() != tandem::v1::OPTIMIZER_SHARDING_AUTO) {
-      r.distributed_reason = "asked for";
-    } else if (partitioned) {
-      const bool device = resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
-      r.distributed_reason = absl::StrCat(
-          "the default (auto): the optimizer keeps ",
-          FormatBytes(estimate->optimizer_state_total_bytes, 1),
-          " of state; partitioned, each rank keeps 1/", resolved->distributed().replicas(),
-          device ? " of the part its plan keeps on the host (the state of layers its accelerator "
-                   "updates stays whole on every rank)"
-                 : " of it",
-          ", and a reduce-scatter plus an all-gather move the same bytes as the "
-          "replicated all-reduce");
-    } else {
-      r.distributed_reason =
-          "the default (auto): plain SGD keeps no optimizer state to partition, so every rank "
-          "updates all the weights after one all-reduce";
-    }
-  }
+  r.distributed_reason = DistributedReason(spec, *resolved, *estimate);
   if (plan && offer && resolved->distributed().replicas() > 1 &&
       resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
     // A distributed job's ranks run the rank plan, for their share of each

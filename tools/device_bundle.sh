@@ -24,7 +24,7 @@ targets=(//clients/cli:tandem //server:tandemd //runtime/profile/cupti:cupti_tes
          //bench/gpu:conv_precision)
 for t in "${cuda_tests[@]}"; do targets+=("//runtime/cuda:$t"); done
 # NCCL on one GPU; libnccl (200+ MB) comes from the GPU machine (PyTorch's).
-targets+=(//runtime/dist:nccl_communicator_test)
+targets+=(//runtime/dist:nccl_communicator_test //runtime/dist:plan_rank_cuda_test)
 if [[ -f runtime/profile/cuda_device_test.cc ]]; then targets+=(//runtime/profile:cuda_device_test); fi
 
 bazel build "${targets[@]}"

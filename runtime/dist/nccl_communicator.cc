@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace tandem {
 namespace {
@@ -61,6 +62,19 @@ NcclCommunicator::~NcclCommunicator() {
 absl::Status NcclCommunicator::AllReduceSum(float* data, int64_t n, cudaStream_t stream) {
   return FromNccl("all-reduce", ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat,
                                               ncclSum, comm_, stream));
+}
+
+absl::Status NcclCommunicator::AllReduceSumGroup(
+    const std::vector<std::pair<float*, int64_t>>& ranges, cudaStream_t stream) {
+  TANDEM_RETURN_IF_ERROR(FromNccl("group start", ncclGroupStart()));
+  absl::Status first;
+  for (const auto& [data, n] : ranges) {
+    absl::Status s = AllReduceSum(data, n, stream);
+    if (first.ok()) first = s;
+  }
+  // The group ends whatever failed inside it, so that NCCL's state stays whole.
+  const absl::Status end = FromNccl("group end", ncclGroupEnd());
+  return first.ok() ? end : first;
 }
 
 absl::Status NcclCommunicator::ReduceScatterSum(float* data, int64_t count, cudaStream_t stream) {

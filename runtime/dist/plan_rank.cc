@@ -45,6 +45,17 @@ absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
                                                        const std::vector<Range>& ranges) {
   int64_t total = 0;
   for (const Range& r : ranges) total += r.n;
+  if (device_) {
+    // Counted as a ring all-reduce moves them: 2 (N-1)/N of the bytes.
+    const double start = WallSeconds();
+    absl::Status status = device_(accelerator, ranges);
+    const int n = comm_->size();
+    MutexLock lock(&mu_);
+    ++stats_.calls;
+    stats_.bytes += 2 * (n - 1) * total * 4 / n;
+    stats_.seconds += WallSeconds() - start;
+    return status;
+  }
   if (static_cast<int64_t>(staging_.size()) < total) staging_.resize(total);
   int64_t at = 0;
   for (const Range& r : ranges) {
@@ -66,8 +77,11 @@ CollectiveStats StagedGradientCollective::stats() const {
 }
 
 PlanRankRunner::PlanRankRunner(const Model& model, std::unique_ptr<Communicator> comm,
-                               const DataParallelOptions& dp)
-    : model_(model), comm_(std::move(comm)), collective_(comm_.get()), dp_(dp) {}
+                               const DataParallelOptions& dp, DeviceAllReduce device_all_reduce)
+    : model_(model),
+      comm_(std::move(comm)),
+      collective_(comm_.get(), std::move(device_all_reduce)),
+      dp_(dp) {}
 
 // The executor (and its NETWORK worker) stops before the communicators and
 // the accelerator go.
@@ -76,7 +90,8 @@ PlanRankRunner::~PlanRankRunner() { executor_.reset(); }
 absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
     const Model& model, ExecutorOptions options, int64_t global_batch,
     std::unique_ptr<Communicator> comm, std::unique_ptr<Communicator> control,
-    const DataParallelOptions& dp, std::unique_ptr<Accelerator> accelerator) {
+    const DataParallelOptions& dp, std::unique_ptr<Accelerator> accelerator,
+    DeviceAllReduce device_all_reduce) {
   const int n = comm->size();
   if (control == nullptr || control->size() != n || control->rank() != comm->rank()) {
     return absl::InvalidArgumentError("the control communicator is not of the same ranks");
@@ -94,7 +109,8 @@ absl::StatusOr<std::unique_ptr<PlanRankRunner>> PlanRankRunner::Create(
   if (dp.bucket_bytes < 0) {
     return absl::InvalidArgumentError("distributed.bucket_bytes: must not be negative");
   }
-  std::unique_ptr<PlanRankRunner> r(new PlanRankRunner(model, std::move(comm), dp));
+  std::unique_ptr<PlanRankRunner> r(
+      new PlanRankRunner(model, std::move(comm), dp, std::move(device_all_reduce)));
   r->global_batch_ = global_batch;
   r->accelerator_ = std::move(accelerator);
   r->control_ = std::move(control);

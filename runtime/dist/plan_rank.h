@@ -34,6 +34,7 @@
 #ifndef TANDEM_RUNTIME_DIST_PLAN_RANK_H_
 #define TANDEM_RUNTIME_DIST_PLAN_RANK_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,13 +48,20 @@
 
 namespace tandem {
 
+// Sums a bucket's ranges of an accelerator's memory over the ranks, in place,
+// and returns when they are summed (GradientCollective::AllReduceDevice's
+// contract): NCCL's on a CUDA rank (nccl_gradients.h).
+using DeviceAllReduce = std::function<absl::Status(
+    Accelerator* accelerator, const std::vector<GradientCollective::Range>& ranges)>;
+
 // GradientCollective over a Communicator: host ranges summed in place; device
-// ranges copied to a host staging buffer, summed as one message, copied back
-// (the emulated accelerator's path; a CUDA rank's would be NCCL's, which is not
-// wired here).
+// ranges summed by `device` when given (NCCL), else copied to a host staging
+// buffer, summed as one message and copied back (the emulated accelerator's
+// path).
 class StagedGradientCollective final : public GradientCollective {
  public:
-  explicit StagedGradientCollective(Communicator* comm) : comm_(comm) {}
+  explicit StagedGradientCollective(Communicator* comm, DeviceAllReduce device = nullptr)
+      : comm_(comm), device_(std::move(device)) {}
   int rank() const override { return comm_->rank(); }
   int ranks() const override { return comm_->size(); }
   absl::Status AllReduceHost(float* data, int64_t n) override;
@@ -70,6 +78,7 @@ class StagedGradientCollective final : public GradientCollective {
   absl::Status Counted(F collective);
 
   Communicator* const comm_;
+  const DeviceAllReduce device_;
   std::vector<float> staging_;
   mutable Mutex mu_;
   CollectiveStats stats_ ABSL_GUARDED_BY(mu_);
@@ -86,11 +95,14 @@ class PlanRankRunner final : public StepRunner {
   // batch smaller than the ranks, a partitioned bucket smaller than the
   // ranks). `accelerator`,
   // when given, is the one options.accelerator points at: the runner keeps it
-  // until its executor is gone.
+  // until its executor is gone. `device_all_reduce`, when given, sums the
+  // accelerator's buckets (NCCL on a CUDA rank) instead of staging them
+  // through host memory.
   static absl::StatusOr<std::unique_ptr<PlanRankRunner>> Create(
       const Model& model, ExecutorOptions options, int64_t global_batch,
       std::unique_ptr<Communicator> comm, std::unique_ptr<Communicator> control,
-      const DataParallelOptions& dp, std::unique_ptr<Accelerator> accelerator = nullptr);
+      const DataParallelOptions& dp, std::unique_ptr<Accelerator> accelerator = nullptr,
+      DeviceAllReduce device_all_reduce = nullptr);
   ~PlanRankRunner() override;
 
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
@@ -121,7 +133,7 @@ class PlanRankRunner final : public StepRunner {
 
  private:
   PlanRankRunner(const Model& model, std::unique_ptr<Communicator> comm,
-                 const DataParallelOptions& dp);
+                 const DataParallelOptions& dp, DeviceAllReduce device_all_reduce);
 
   const Model& model_;
   // Gradient buckets, on the executor's NETWORK worker.

@@ -89,8 +89,10 @@ TEST(PlanRankCudaTest, NcclSumsTheDeviceBucketsOfOneRankAsStagingDoes) {
   ASSERT_EQ(staged.losses.size(), nccl.losses.size());
   ASSERT_GT(nccl.device_buckets, 0) << "the plan has no accelerator bucket";
   for (int s = 0; s < steps; ++s) {
-    // A sum over one rank is the data: the same values either way.
-    EXPECT_EQ(nccl.losses[s], staged.losses[s]) << "step " << s;
+    // A sum over one rank is the data: the same values either way, up to a
+    // GPU kernel that sums in its own order from run to run.
+    EXPECT_NEAR(nccl.losses[s], staged.losses[s], 1e-6 * std::abs(staged.losses[s]))
+        << "step " << s;
   }
   EXPECT_GE(nccl.gradients.calls, steps * nccl.device_buckets);
   EXPECT_LT(nccl.losses.back(), nccl.losses.front());

@@ -635,8 +635,7 @@ PlanLoop::PlanLoop(const Model& model, JobSpec resolved, NodeOffer node, Plan pl
       node_(std::move(node)),
       plan_(std::move(plan)),
       options_(options),
-      forced_(resolved_.placement().has_plan()),
-      distributed_(resolved_.distributed().replicas() > 1) {
+      forced_(resolved_.placement().has_plan()) {
   if (options_.threshold == 0) options_.threshold = resolved_.placement().replan_threshold();
   if (options_.threshold == 0) options_.threshold = kDefaultReplanThreshold;
   done_ = plan_.layers_size() == 0;  // the CPU engine: nothing predicted
@@ -722,7 +721,7 @@ PlanLoop::Decision PlanLoop::SwitchBack(const PlanCheck& check) const {
 std::string PlanLoop::WhyNotReplan() const {
   if (options_.threshold < 0) return "not re-planning (placement.replan_threshold < 0)";
   if (forced_) return "not re-planning a forced plan (placement.plan)";
-  if (distributed_) {
+  if (resolved_.distributed().replicas() > 1) {
     return "not re-planning a distributed job: its ranks run one rank plan, pinned when the "
            "run starts, and would have to switch together";
   }

@@ -221,8 +221,6 @@ class PlanLoop {
   tandem::v1::Plan plan_;
   PlanLoopOptions options_;
   bool forced_ = false;
-  // A rank of a distributed job: checked, never re-planned (WhyNotReplan).
-  bool distributed_ = false;
   bool done_ = false;
   int steps_ = 0;
   int replans_ = 0;

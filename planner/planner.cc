@@ -446,11 +446,9 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
 // Sets `plan`'s stages, prediction and note from the partition, whose
 // compute is at the stages' rates already.
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
-                     int micro_batches, int host_threads, const StageRates& rates,
-                     bool request_continuous, tandem::v1::Plan* plan) {
-  const bool shared_cores = rates.shared_cores;
+                     int micro_batches, int host_threads, const StageRates& rates, bool continuous,
+                     tandem::v1::Plan* plan) {
   const double slower = rates.slower;
-  const int job_threads = rates.job_threads, stage_threads = rates.stage_threads;
   const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   double update = 0, updates = 0, work = 0;
   // The first micro-batch crosses every stage forward and back; each later
@@ -481,15 +479,16 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     peak = std::max(peak, s.memory_bytes());
   }
   if (pipedream) work += M * updates - updates;
-  // A continuous PipeDream fills its pipeline once per run, not per step.
-  const bool continuous = pipedream && request_continuous;
+  // A continuous PipeDream (PlanRequest::pipeline_continuous, PipeDream
+  // without vertical sync only) fills its pipeline once per run, not per step.
   const double pipelined = continuous ? M * bottleneck : path + (M - 1) * bottleneck;
   double step = pipelined + (pipedream ? 0 : update);
   // Emulated accelerators compute on the host's cores. Stages with more
   // threads between them than the job has share its cores: together they run
   // no faster than the job's threads running every stage's work (and every
   // update) one after another.
-  const bool in_turn = shared_cores && K * stage_threads > job_threads && !rates.calibrated();
+  const bool in_turn =
+      rates.shared_cores && K * rates.stage_threads > rates.job_threads && !rates.calibrated();
   if (in_turn) {
     step = std::max(pipelined, work) + std::max(pipedream ? 0 : update, updates);
   }

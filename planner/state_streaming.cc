@@ -66,8 +66,10 @@ Scored Score(const PlanSimulator& simulator, const Decisions& d, int64_t* evalua
 //    second iteration's work leaves.
 //
 // The peak's (PeakBound): the bytes the placement keeps on the accelerator
-// throughout, plus the larger of what a forward holds and a streamed
-// layer's state. Each bound of a partial placement holds for every
+// throughout, plus the larger of what the compute stream's own forwards and
+// backwards hold whatever the places (ForcedBytes: activations, workspace,
+// and the gradients no update can have freed yet) and what a streamed
+// layer's update holds (its state and gradient). Each bound of a partial placement holds for every
 // placement that completes it (the decided layers' terms hold whatever the
 // others do, and an undecided layer counts at its least).
 class PlacementBound {
@@ -102,7 +104,7 @@ class PlacementBound {
     const Scored at_origin = Score(simulator, origin, evaluations);
     if (!at_origin.ok || !WorkOf(at_origin.result, &base_)) return false;
     resident_base_ = at_origin.result.accelerator_resident_bytes;
-    forward_bytes_ = ForwardBytes(simulator.cost(), origin);
+    forced_bytes_ = ForcedBytes(simulator.cost(), origin);
     delayed_ = origin.delayed_parameter_update;
     if (at_origin.result.layers.size() != origin.layers.size()) return false;
     choices_.assign(n, {});
@@ -123,8 +125,12 @@ class PlacementBound {
         if (!WorkOf(s.result, &w)) return false;
         for (int r = 0; r < kResources; ++r) w[r] -= base_[r];
         const int64_t resident = s.result.accelerator_resident_bytes - resident_base_;
-        const int64_t streamed =
-            p == UpdatePlace::kStreamed ? simulator.cost().OptimizerStateBytes(movable[i]) : 0;
+        // A streamed update holds the state it brought and the gradient it
+        // reads.
+        const int64_t streamed = p == UpdatePlace::kStreamed
+                                     ? simulator.cost().OptimizerStateBytes(movable[i]) +
+                                           simulator.cost().GradientBytes(movable[i])
+                                     : 0;
         choices_[i].push_back({p, w, resident, streamed});
         if (p == UpdatePlace::kResident) {
           chain_[i] = {std::max(0.0, -w[kD2h]), std::max(0.0, -w[kPool]), std::max(0.0, -w[kH2d])};
@@ -203,11 +209,11 @@ class PlacementBound {
 
   // The least accelerator peak of any placement completing `partial` (the
   // layers order()[..k) decided): the bytes it keeps throughout, plus the
-  // larger of what a forward holds (ForwardBytes) and, while a streamed
-  // layer updates, that layer's state.
+  // larger of what the compute stream holds anyway (ForcedBytes) and, while
+  // a streamed layer updates, that layer's state and gradient.
   int64_t PeakBound(const Partial& partial, int k) const {
     return resident_base_ + partial.resident_bytes + least_resident_[k] +
-           std::max(forward_bytes_, partial.most_streamed_bytes);
+           std::max(forced_bytes_, partial.most_streamed_bytes);
   }
 
   // Both bounds of the complete placement `places` (by index into
@@ -267,24 +273,72 @@ class PlacementBound {
     return true;
   }
 
-  // What the forward pass holds on the accelerator whatever the update
-  // places: during layer l's forward, its activations and workspace and the
-  // activations kept by the layers before it that keep theirs (a layer that
-  // recomputes or offloads is counted at 0), the most over l, at the
-  // micro-batch.
-  static int64_t ForwardBytes(const CostModel& cost, const Decisions& d) {
-    int64_t kept = 0, most = 0;
-    for (int l = 0; l < static_cast<int>(d.layers.size()); ++l) {
-      if (d.layers[l].compute != tandem::v1::PLACEMENT_ACCELERATOR) continue;
-      const int64_t activations = cost.ActivationBytes(l, d.micro_batch_size);
-      most = std::max(most, kept + activations + cost.WorkspaceBytes(l, d.micro_batch_size));
-      if (d.layers[l].activation == tandem::v1::ACTIVATION_POLICY_KEEP) kept += activations;
+  // What the compute stream's own program holds on the accelerator whatever
+  // the update places (schedule/lower.cc's memory events; micro-batches run
+  // one after another, each forward then backward):
+  //
+  //  - at the start of FORWARD(l, j): its activations and workspace (and a
+  //    streamed layer's weights), what each layer before it keeps until its
+  //    backward (a KEEP layer its activations, a RECOMPUTE layer its
+  //    checkpoint, and layer l-1's whole activations while l runs; an
+  //    OFFLOAD layer counts 0: they may be on the host), and with j >= 1
+  //    every layer's gradient (allocated by BACKWARD(·, 0), freed only after
+  //    the last micro-batch's backward);
+  //  - at the start of BACKWARD(l, j): the same from the layers before it,
+  //    layer l's whole activations (kept, recomputed or fetched back, all
+  //    deps of the backward), workspace and gradient, and the gradients of
+  //    the other layers that no update or copy can have freed yet: with two
+  //    micro-batches those of the layers after l (j = 0) or before it
+  //    (j = 1), with three or more every one.
+  //
+  // Only for programs whose every layer computes on the accelerator (else
+  // the forward's own activations and workspace alone, the most over l).
+  static int64_t ForcedBytes(const CostModel& cost, const Decisions& d) {
+    const int L = static_cast<int>(d.layers.size());
+    const int m = d.micro_batch_size, M = d.micro_batches();
+    int64_t most = 0;
+    bool all_accelerator = true;
+    for (int l = 0; l < L; ++l) {
+      if (d.layers[l].compute != tandem::v1::PLACEMENT_ACCELERATOR) {
+        all_accelerator = false;
+        continue;
+      }
+      most = std::max(most, cost.ActivationBytes(l, m) + cost.WorkspaceBytes(l, m));
+    }
+    if (!all_accelerator || L == 0) return most;
+    std::vector<int64_t> grads_before(L + 1, 0);  // of layers [0, l)
+    for (int l = 0; l < L; ++l) grads_before[l + 1] = grads_before[l] + cost.GradientBytes(l);
+    const int64_t all_grads = grads_before[L];
+    int64_t kept = 0;  // by the layers before l, until their backwards
+    for (int l = 0; l < L; ++l) {
+      const LayerDecisions& x = d.layers[l];
+      const int64_t act = cost.ActivationBytes(l, m);
+      const int64_t checkpoint = l == 0 ? 0 : std::min(act, cost.OutputBytes(l - 1, m));
+      const int64_t weights =
+          x.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED ? cost.ParameterBytes(l) : 0;
+      const int64_t own = act + cost.WorkspaceBytes(l, m) + weights;
+      int64_t previous_whole = 0;
+      if (l > 0 && d.layers[l - 1].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) {
+        const int64_t prev_act = cost.ActivationBytes(l - 1, m);
+        previous_whole = prev_act - std::min(prev_act, l == 1 ? 0 : cost.OutputBytes(l - 2, m));
+      }
+      most = std::max(most, kept + previous_whole + own + (M >= 2 ? all_grads : 0));
+      const int64_t grad = cost.GradientBytes(l);
+      int64_t grads = grad;
+      if (M == 2) {
+        grads = std::max(all_grads - grads_before[l], grads_before[l + 1]);
+      } else if (M > 2) {
+        grads = all_grads;
+      }
+      most = std::max(most, kept + own + grads);
+      if (x.activation == tandem::v1::ACTIVATION_POLICY_KEEP) kept += act;
+      if (x.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) kept += checkpoint;
     }
     return most;
   }
 
   Work base_{};
-  int64_t resident_base_ = 0, forward_bytes_ = 0;
+  int64_t resident_base_ = 0, forced_bytes_ = 0;
   bool delayed_ = false;
   std::vector<std::vector<Choice>> choices_;
   // Per movable layer updated on the host: its gradient's copy down, its

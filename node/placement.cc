@@ -123,6 +123,11 @@ absl::StatusOr<std::unique_ptr<Accelerator>> CreateAccelerator(const JobSpec& re
                                                        node.emulated_link_throttle_bytes_per_second)
                                             : node.emulated_link_throttle_bytes_per_second;
       }
+      // A peer link like the host link (PCIe peer-to-peer between GPUs of
+      // one switch runs at about the host link's rate).
+      options.peer_link = node.emulated_peer_link;
+      options.peer_bytes_per_second = options.link_bytes_per_second;
+      options.peer_latency_seconds = options.link_latency_seconds;
       return std::unique_ptr<Accelerator>(std::make_unique<EmulatedAccelerator>(options, ordinal));
     }
     case tandem::v1::ACCELERATOR_KIND_CUDA:
@@ -345,6 +350,10 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     const double link = cap > 0 ? std::min(cap, memcpy) : memcpy;
     hw.mutable_host_to_accelerator()->set_bandwidth_bytes_per_second(link);
     hw.mutable_accelerator_to_host()->set_bandwidth_bytes_per_second(link);
+    // A pipeline's stages copy between each other over it (CreateAccelerator).
+    if (node.emulated_peer_link) {
+      hw.mutable_accelerator_to_accelerator()->set_bandwidth_bytes_per_second(link);
+    }
     hw.set_description("the host with the emulated accelerator");
   } else {
     if (node.cuda_devices.empty()) {
@@ -377,8 +386,9 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     }
     hw.set_description(absl::StrCat("the host with ", node.cuda_devices[0].name));
   }
-  // The others alike (a pipeline's stages). Copies between them go through
-  // the host, as the pipeline runner stages them: no peer link.
+  // The others alike (a pipeline's stages). Between CUDA devices the runner
+  // copies peer-to-peer where the driver allows, but their link is not
+  // measured: the planner times those copies through the host.
   for (int i = 1; i < AcceleratorCount(resolved, node); ++i) {
     *hw.add_accelerators() = hw.accelerators(0);
   }
@@ -569,7 +579,29 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
 // `measured` (what an earlier job of this model measured on one of the
 // node's accelerators) with `k` accelerators of that kind: the others are
 // copies of the first, as the node's accelerators are alike.
-tandem::v1::Profile WithAcceleratorsAlike(tandem::v1::Profile measured, int k) {
+// `peer`: the accelerators reach each other over a link like the measured
+// host-to-device one (the emulated accelerators' peer link), added to the
+// profile's links where it has none between devices.
+tandem::v1::Profile WithAcceleratorsAlike(tandem::v1::Profile measured, int k, bool peer) {
+  if (peer) {
+    const tandem::v1::LinkProfile* h2d = nullptr;
+    bool has_peer = false;
+    for (const tandem::v1::LinkProfile& link : measured.links()) {
+      has_peer |= link.direction() == tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE;
+      // As the cost model picks it (a pinned one first).
+      if (link.direction() == tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE &&
+          link.bandwidth_bytes_per_second() > 0 &&
+          (h2d == nullptr || (link.pinned() && !h2d->pinned()))) {
+        h2d = &link;
+      }
+    }
+    if (h2d != nullptr && !has_peer) {
+      tandem::v1::LinkProfile link = *h2d;
+      link.set_direction(tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE);
+      link.set_from_device_id(h2d->to_device_id());
+      *measured.add_links() = std::move(link);
+    }
+  }
   const tandem::v1::DeviceProfile* first = nullptr;
   int count = 0;
   for (const tandem::v1::DeviceProfile& d : measured.devices()) {
@@ -630,7 +662,9 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   }
   planner::PlanRequest request;
   if (measured != nullptr) {
-    request.profile = WithAcceleratorsAlike(*measured, K);
+    request.profile = WithAcceleratorsAlike(
+        *measured, K,
+        KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED && node.emulated_peer_link);
   } else {
     // The pipeline runner keeps fp32 weights and gradients on every stage
     // (no working copies), whatever its layers compute in.

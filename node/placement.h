@@ -64,6 +64,12 @@ struct NodeOffer {
   // per stage, each with the job's accelerator capacity, its own copy engine
   // and compute thread.
   int emulated_accelerators = 1;
+  // The emulated accelerators reach each other's memory over a peer link at
+  // their host link's rate (tandemd's --emulated_peer_link): a pipeline's
+  // stages pull activations and gradients from each other's device instead
+  // of staging them through host memory, and the planner times one copy
+  // over that link instead of two through the host.
+  bool emulated_peer_link = true;
 };
 
 // Accelerators of the job's kind that `node` offers: its emulated ones, or

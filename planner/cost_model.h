@@ -135,6 +135,7 @@ class CostModel {
   // Accelerator to accelerator (NVLink or PCIe peer), in seconds; through the
   // host when the source has no peer link.
   double PeerCopySeconds(int64_t bytes) const;
+  bool has_peer_link() const { return has_peer_link_; }
 
   // In bytes.
   int64_t ParameterBytes(int layer) const { return layers_[layer].parameter_bytes; }

@@ -70,7 +70,9 @@ class StageCosts {
   // optimizer state when offloading), and for each micro-batch in flight
   // their activations and the stage's input (layer i-1's output, received
   // from the stage before and kept for the backward); recomputing, every
-  // micro-batch's input and one micro-batch's activations.
+  // micro-batch's input and one micro-batch's activations. Over a peer link
+  // also the gradient of its input, which waits on its device until the
+  // stage before pulls it.
   int64_t Memory(int k, int i, int j, StageMode mode) const {
     const int64_t in_flight = r_.gpipe ? r_.micro_batches : std::min(S_ - k, r_.micro_batches);
     const int64_t input = i > 0 ? cost_.OutputBytes(i - 1, m_) : 0;
@@ -87,7 +89,8 @@ class StageCosts {
                                     ? in_flight * input + (activation_[j] - activation_[i])
                                     : in_flight * (activation_[j] - activation_[i] + input);
     const int64_t offloaded = mode.offload ? optimizer_[j] - optimizer_[i] : 0;
-    return state_[j] - state_[i] - offloaded + activations + versions * weights;
+    const int64_t awaiting_pull = cost_.has_peer_link() ? input : 0;
+    return state_[j] - state_[i] - offloaded + activations + versions * weights + awaiting_pull;
   }
 
   // How stage k holds [i, j): as it is when that fits, else the fitting mix

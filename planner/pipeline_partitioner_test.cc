@@ -62,6 +62,8 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
         }
         const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;  // the stage's input
         const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
+        // Over a peer link, the input's gradient waiting for its pull.
+        state += cost.has_peer_link() ? input : 0;
         if (r.device_memory_bytes > 0 &&
             state + in_flight * (act + input) > r.device_memory_bytes) {
           // Recomputing (one micro-batch's activations, every one's input,

@@ -941,6 +941,7 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
     seconds("busy", st.busy_seconds());
     seconds("bubble", st.bubble_seconds());
     seconds("copy", st.copy_seconds());
+    seconds("peer_copy", st.peer_copy_seconds());
     seconds("update", st.update_seconds());
     metrics_->job_pipeline_stage_bytes
         .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"kind", "peak"}})

@@ -97,6 +97,11 @@ ABSL_FLAG(double, emulated_link_throttle, 0,
 ABSL_FLAG(int, emulated_accelerators, 1,
           "Emulated accelerators this node offers: a pipeline job (placement.pipeline.stages) "
           "takes one per stage, each with the job's accelerator memory. In [1, 64].");
+ABSL_FLAG(bool, emulated_peer_link, true,
+          "The emulated accelerators reach each other's memory over a peer link at their host "
+          "link's rate: a pipeline's stages copy activations and gradients between their devices "
+          "over it. false = through staging host memory (two copies), as between GPUs without "
+          "peer access.");
 ABSL_FLAG(int, max_running_jobs, -1,
           "Jobs that may run at once; more wait for a slot. -1 = one per CPU core, 0 = no limit.");
 ABSL_FLAG(std::string, peers, "",
@@ -188,7 +193,8 @@ tandem::server::NodeOfferSettings NodeOfferSettingsFromFlags(
           .accelerator_budget_bytes = AcceleratorMemoryBudgetFlag(),
           .cuda_devices = resources.cuda_devices,
           .emulated_link_throttle_bytes_per_second = absl::GetFlag(FLAGS_emulated_link_throttle),
-          .emulated_accelerators = absl::GetFlag(FLAGS_emulated_accelerators)};
+          .emulated_accelerators = absl::GetFlag(FLAGS_emulated_accelerators),
+          .emulated_peer_link = absl::GetFlag(FLAGS_emulated_peer_link)};
 }
 
 // The node as the planner sees it, from the node profile: measured now (a few
@@ -208,6 +214,7 @@ tandem::node::NodeOffer NodeOfferOfThisNode(const std::string& state_dir,
       tandem::node::DetectNodeOffer(settings.accelerator_budget_bytes, resources.cuda_devices);
   quick.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
   quick.emulated_accelerators = settings.emulated_accelerators;
+  quick.emulated_peer_link = settings.emulated_peer_link;
   return quick;
 }
 

@@ -107,6 +107,7 @@ absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settin
       result->profile, settings.accelerator_budget_bytes, settings.cuda_devices);
   node.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
   node.emulated_accelerators = settings.emulated_accelerators;
+  node.emulated_peer_link = settings.emulated_peer_link;
   const std::string seconds = absl::StrFormat("%.1f s", result->profile.measure_seconds());
   node.profile_source =
       result->cached

@@ -51,6 +51,8 @@ struct NodeOfferSettings {
   double emulated_link_throttle_bytes_per_second = 0;
   // --emulated_accelerators (NodeOffer::emulated_accelerators).
   int emulated_accelerators = 1;
+  // --emulated_peer_link (NodeOffer::emulated_peer_link).
+  bool emulated_peer_link = true;
 };
 
 // The node as the planner sees it, from its node profile: read from the cache

@@ -9,7 +9,12 @@ peak against the planner's prediction for it, and the final loss against the
 one-device run's.
 
 Starts its own tandemd with --emulated_accelerators=4 (one node profile for
-every job, measured at its start) and runs the jobs one at a time.
+every job, measured at its start) and runs the jobs one at a time. The
+stages copy activations and gradients between their devices over the
+emulated peer link (one copy at the host link's rate); --staged starts the
+daemon with --emulated_peer_link=false, so that they go down to the host and
+up again (two copies), as between GPUs without peer access; --link_mbps caps
+the links so that the copies show.
 
 The emulated accelerators compute on the host's cores, each stage with its
 share of the job's threads (at least one): with more stages than threads they
@@ -65,7 +70,7 @@ def write_job(job):
 
 
 def job_file(model, steps, stages, schedule, threads, measured_profile=False, stage_memory=0,
-             no_clipping=False):
+             no_clipping=False, link_bytes_per_second=0):
     _, micro_batches, memory = MODELS[model]
     job = base_job(model, steps, threads)
     if no_clipping:  # PipeDream refuses it (it needs the whole model's norm first)
@@ -88,6 +93,8 @@ def job_file(model, steps, stages, schedule, threads, measured_profile=False, st
     if stages > 1 and stage_memory:
         memory = stage_memory
     job += "resources:\n  accelerator_memory_bytes: %d\n" % (memory if stages > 1 else 4 * memory)
+    if link_bytes_per_second:
+        job += "  emulated_link_bytes_per_second: %g\n" % link_bytes_per_second
     job += "precision: PRECISION_FP32\n"  # pipelines run fp32; one device too
     return write_job(job)
 
@@ -139,9 +146,19 @@ def main():
                         help="MIB:BYTES_PER_SECOND: instead, placement.pipeline.auto_stages at "
                         "that memory per accelerator and link cap, next to one accelerator "
                         "and 2 and 4 stages asked for by name")
+    parser.add_argument("--staged", action="store_true",
+                        help="tandemd --emulated_peer_link=false: activations and gradients "
+                        "between stages through host memory")
+    parser.add_argument("--link_mbps", type=float, default=0,
+                        help="every job's emulated links (host and peer) capped at this many "
+                        "MB/s (resources.emulated_link_bytes_per_second)")
     args = parser.parse_args()
     print("machine: %s; %d threads per job; emulated accelerators (host cores, NOT GPU "
-          "figures)" % (cpu_model(), args.threads), flush=True)
+          "figures); stages copy %s%s" % (
+              cpu_model(), args.threads,
+              "through host memory" if args.staged else "over the peer link",
+              ", links capped at %g MB/s" % args.link_mbps if args.link_mbps else ""),
+          flush=True)
     state_dir = tempfile.mkdtemp(prefix="tandem-pipeline-bench-")
     server = "127.0.0.1:%d" % free_port()
     log = open(os.path.join(state_dir, "tandemd.log"), "w")
@@ -149,7 +166,9 @@ def main():
                                "--listen=" + server,
                                "--metrics_listen=127.0.0.1:%d" % free_port(),
                                "--data_root=/usr/share", "--max_running_jobs=1",
-                               "--emulated_accelerators=4"], stdout=log, stderr=subprocess.STDOUT)
+                               "--emulated_accelerators=4",
+                               "--emulated_peer_link=%s" % ("false" if args.staged else "true")],
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
             if subprocess.run([args.tandem, "--server=" + server, "node"],
@@ -198,7 +217,8 @@ def bench(args, server):
                      else ["GPIPE", "ONE_F_ONE_B"])
         for stages, schedule in [(1, "")] + [(k, x) for k in (2, 4) for x in schedules]:
             path = job_file(model, args.steps, stages, schedule, args.threads,
-                            args.measured_profile, int(args.stage_mib * 2**20), args.pipedream)
+                            args.measured_profile, int(args.stage_mib * 2**20), args.pipedream,
+                            args.link_mbps * 1e6)
             try:
                 job = run(args.tandem, server, path)
             finally:
@@ -242,11 +262,13 @@ def bench(args, server):
                     "copy_seconds", 0)
                 bubble = s.get("bubble_seconds", 0) / phase if phase else 0
                 print("      stage %d layers %2d-%-2d busy %7.1f ms  bubble %5.1f%% (GPipe formula "
-                      "%4.1f%%)  copies %5.1f ms  peak %6.1f MiB of %6.1f predicted" % (
+                      "%4.1f%%)  copies %5.1f ms (peer %5.1f)  peak %6.1f MiB of %6.1f "
+                      "predicted" % (
                           s.get("stage", 0), s.get("first_layer", 0), s.get("last_layer", 0),
                           s.get("busy_seconds", 0) * 1e3, bubble * 100,
                           100.0 * (stages - 1) / (M + stages - 1),
-                          s.get("copy_seconds", 0) * 1e3, int(s.get("peak_bytes", 0)) / 2**20,
+                          s.get("copy_seconds", 0) * 1e3, s.get("peer_copy_seconds", 0) * 1e3,
+                          int(s.get("peak_bytes", 0)) / 2**20,
                           int(s.get("predicted_bytes", 0)) / 2**20))
                 stage_rows.append(s)
             rows.append({"model": model, "stages": stages, "schedule": schedule,

@@ -109,6 +109,10 @@ std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
         s.stage(), s.first_layer(), s.last_layer(), s.device(), s.busy_seconds() * 1e3,
         s.bubble_seconds() * 1e3, s.copy_seconds() * 1e3, s.update_seconds() * 1e3,
         s.peak_bytes() / 1048576.0, s.predicted_bytes() / 1048576.0));
+    if (s.peer_link() || s.peer_copy_seconds() > 0) {
+      lines.back() +=
+          absl::StrFormat("; %.1f ms of the copies over peer links", s.peer_copy_seconds() * 1e3);
+    }
     if (s.recompute()) lines.back() += "; recomputes its activations";
     if (s.offload_optimizer()) lines.back() += "; optimizer state and update on the host";
   }

@@ -178,4 +178,47 @@ absl::Status CudaAccelerator::CopyToHost(void* dst, const void* src, int64_t byt
   return Copy(dst, src, bytes, src, d2h_, "from");
 }
 
+bool CudaAccelerator::HasPeerLink(Accelerator& from) {
+  if (&from == this || from.kind() != DeviceKind::kCuda) return false;
+  // Every kCuda accelerator is a CudaAccelerator (final).
+  const int other = static_cast<CudaAccelerator&>(from).ordinal();
+  if (other == ordinal()) return true;
+  absl::MutexLock lock(&peers_mu_);
+  if (auto it = peers_.find(other); it != peers_.end()) return it->second;
+  int can = 0;
+  bool linked = cudaSetDevice(ordinal()) == cudaSuccess &&
+                cudaDeviceCanAccessPeer(&can, ordinal(), other) == cudaSuccess && can != 0;
+  if (linked) {
+    const cudaError_t err = cudaDeviceEnablePeerAccess(other, 0);
+    linked = err == cudaSuccess || err == cudaErrorPeerAccessAlreadyEnabled;
+  }
+  cudaGetLastError();  // A refusal is an answer, not a sticky error.
+  peers_[other] = linked;
+  return linked;
+}
+
+absl::Status CudaAccelerator::CopyFromPeer(void* dst, Accelerator& from, const void* src,
+                                           int64_t bytes) {
+  if (!HasPeerLink(from)) {
+    return absl::FailedPreconditionError(absl::StrCat(id(), " has no peer link to ", from.id()));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal()), "cudaSetDevice"));
+  cudaPointerAttributes attributes{};
+  TANDEM_RETURN_IF_ERROR(
+      CudaStatus(cudaPointerGetAttributes(&attributes, dst), "cudaPointerGetAttributes"));
+  if (attributes.type != cudaMemoryTypeDevice || attributes.device != ordinal()) {
+    return absl::InternalError(
+        absl::StrCat(id(), ": peer copy to a pointer outside device memory"));
+  }
+  const int other = static_cast<CudaAccelerator&>(from).ordinal();
+  const cudaError_t err =
+      other == ordinal()
+          ? cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                            h2d_.get())
+          : cudaMemcpyPeerAsync(dst, ordinal(), src, other, static_cast<size_t>(bytes), h2d_.get());
+  TANDEM_RETURN_IF_ERROR(CudaStatus(err, "cudaMemcpyPeerAsync"));
+  return h2d_.Synchronize();
+}
+
 }  // namespace tandem::cuda

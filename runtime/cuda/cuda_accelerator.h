@@ -70,6 +70,13 @@ class CudaAccelerator final : public Accelerator {
   // with respect to other copies and compute).
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override;
+  // Another CudaAccelerator on the same GPU (a device-to-device copy), or on
+  // a GPU this one can access as a peer (cudaDeviceCanAccessPeer; peer
+  // access is enabled on first use). Any thread.
+  bool HasPeerLink(Accelerator& from) override;
+  // cudaMemcpyPeerAsync (cudaMemcpyAsync on the same GPU) on the
+  // host-to-device stream; `dst` must be this device's memory.
+  absl::Status CopyFromPeer(void* dst, Accelerator& from, const void* src, int64_t bytes) override;
   // FillF32, UpdateSlice (optimizer.h) and the deterministic SumOfSquares
   // kernel, on the compute stream.
   absl::Status Fill(float* dst, float value, int64_t n) override;
@@ -107,6 +114,9 @@ class CudaAccelerator final : public Accelerator {
   absl::Mutex registered_mu_;
   absl::flat_hash_map<void*, int64_t> registered_ ABSL_GUARDED_BY(registered_mu_);
   int64_t registered_bytes_ ABSL_GUARDED_BY(registered_mu_) = 0;
+  // HasPeerLink's answers by the other device's ordinal.
+  absl::Mutex peers_mu_;
+  absl::flat_hash_map<int, bool> peers_ ABSL_GUARDED_BY(peers_mu_);
 };
 
 }  // namespace tandem::cuda

@@ -7,6 +7,8 @@
 // without a GPU.
 #include "runtime/cuda/cuda_accelerator.h"
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -94,6 +96,39 @@ TEST(CudaAcceleratorTest, IsTheDeviceWithItsContextAndPinnedStaging) {
   // Its own workspace (cuBLAS's) counts against the budget from the start.
   EXPECT_GE(a->allocator()->stats().in_use(MemoryCategory::kWorkspace), int64_t{32} << 20);
   EXPECT_TRUE(a->FinishCompute().ok());
+}
+
+// Two accelerators of one GPU (two pipeline stages on it): a peer link, and
+// a pull from the other's memory copies device to device; every other GPU
+// the driver calls a peer is one too. A pointer outside this device's
+// memory is refused.
+TEST(CudaAcceleratorTest, PullsFromAnotherAcceleratorsMemoryOverItsPeerLink) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  std::unique_ptr<CudaAccelerator> a = Open(), b = Open();
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_TRUE(b->HasPeerLink(*a));
+  EXPECT_FALSE(b->HasPeerLink(*b));
+  constexpr int64_t kBytes = 4 << 20;
+  std::vector<char> host(kBytes), back(kBytes, 0);
+  for (int64_t i = 0; i < kBytes; ++i) host[i] = static_cast<char>(i * 7);
+  Buffer from = *Buffer::Allocate(a->allocator(), kBytes, MemoryCategory::kActivations);
+  Buffer to = *Buffer::Allocate(b->allocator(), kBytes, MemoryCategory::kActivations);
+  ASSERT_TRUE(a->CopyToDevice(from.data(), host.data(), kBytes).ok());
+  ASSERT_TRUE(b->CopyFromPeer(to.data(), *a, from.data(), kBytes).ok());
+  ASSERT_TRUE(b->CopyToHost(back.data(), to.data(), kBytes).ok());
+  EXPECT_EQ(host, back);
+  EXPECT_EQ(b->CopyFromPeer(host.data(), *a, from.data(), 64).code(), absl::StatusCode::kInternal);
+  const int devices = static_cast<int>(QueryCudaDevices().size());
+  for (int other = 0; other < devices; ++other) {
+    if (other == TestOrdinal()) continue;
+    absl::StatusOr<std::unique_ptr<CudaAccelerator>> c =
+        CudaAccelerator::Create(other, kBudgetBytes);
+    ASSERT_TRUE(c.ok()) << c.status();
+    int can = 0;
+    ASSERT_EQ(cudaDeviceCanAccessPeer(&can, TestOrdinal(), other), cudaSuccess);
+    EXPECT_EQ(b->HasPeerLink(**c), can != 0) << "cuda:" << other;
+    std::cout << "cuda:" << TestOrdinal() << " -> cuda:" << other << ": peer link " << can << "\n";
+  }
 }
 
 TEST(CudaAcceleratorTest, ZeroBudgetIsTheDevicesFreeMemory) {

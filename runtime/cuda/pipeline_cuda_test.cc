@@ -124,12 +124,19 @@ TEST_P(CudaPipelineMatchesCpuTest, LossesMatchTheCpuEngine) {
     EXPECT_GT(st.copy_seconds, 0) << "stage " << s;
     EXPECT_GT(st.peak_bytes, 0) << "stage " << s;
     EXPECT_LE(st.peak_bytes, kStageBudgetBytes) << "stage " << s;
+    // Stages on one GPU copy device to device (a peer link), none through
+    // the host.
+    EXPECT_GT(st.peer_copy_seconds, 0) << "stage " << s;
+  }
+  for (const tandem::v1::PipelineStageStats& st : runner->pipeline_stats()) {
+    EXPECT_EQ(st.peer_link(), st.stage() > 0) << "stage " << st.stage();
   }
   std::cout << c.model << " on " << c.stages << " CUDA stages, " << PipelineScheduleName(c.schedule)
             << ": loss " << losses.front() << " -> " << losses.back()
             << ", max relative deviation from the CPU engine " << worst << "; stage 0 busy "
             << runner->stage_stats()[0].busy_seconds * 1e3 << " ms, copies "
-            << runner->stage_stats()[0].copy_seconds * 1e3 << " ms, bubble "
+            << runner->stage_stats()[0].copy_seconds * 1e3 << " ms (device to device "
+            << runner->stage_stats()[0].peer_copy_seconds * 1e3 << " ms), bubble "
             << runner->stage_stats()[0].bubble_seconds * 1e3 << " ms\n";
   ::testing::Test::RecordProperty("max_loss_deviation", std::to_string(worst));
 }

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/device_kind.h"
 #include "runtime/layers/layer.h"
@@ -58,6 +59,18 @@ class Accelerator {
     if (!staged.ok()) return staged.status();
     if (absl::Status s = CopyToHost(staged->data(), src, bytes); !s.ok()) return s;
     return CopyToDevice(dst, staged->data(), bytes);
+  }
+  // Whether CopyFromPeer reads `from`'s device memory directly: a peer link
+  // between two accelerators of the node (NVLink or PCIe peer-to-peer between
+  // GPUs, the same GPU, the emulated accelerators' link). False: the caller
+  // stages through host memory (CopyToHost on `from`, then CopyToDevice).
+  virtual bool HasPeerLink(Accelerator& from) { return false; }
+  // Device memory of `from` (HasPeerLink(from)) to device memory of this
+  // accelerator, complete on return. Called from a thread of this
+  // accelerator's (a pipeline stage pulling what the stage before left on
+  // its device); `from` must not free `src` before it returns.
+  virtual absl::Status CopyFromPeer(void* dst, Accelerator& from, const void* src, int64_t bytes) {
+    return absl::UnimplementedError(absl::StrCat(id(), " has no peer link to ", from.id()));
   }
   // Makes [ptr, ptr + bytes) of host memory (the executor's long-lived copy
   // sources and targets) fast to copy from and to until UnregisterHost(ptr):

@@ -104,15 +104,35 @@ LayerContext EmulatedAccelerator::ComputeContext() {
   return ctx;
 }
 
-absl::Status EmulatedAccelerator::Copy(void* dst, const void* src, int64_t bytes) {
+absl::Status EmulatedAccelerator::Copy(void* dst, const void* src, int64_t bytes, double cap,
+                                       double latency) {
   const double start = WallSeconds();
   std::memcpy(dst, src, bytes);
-  double target = options_.link_latency_seconds;
-  if (options_.link_bytes_per_second > 0)
-    target += static_cast<double>(bytes) / options_.link_bytes_per_second;
+  double target = latency;
+  if (cap > 0) target += static_cast<double>(bytes) / cap;
   const double remaining = target - (WallSeconds() - start);
   if (remaining > 0) absl::SleepFor(absl::Seconds(remaining));
   return absl::OkStatus();
+}
+
+bool EmulatedAccelerator::HasPeerLink(Accelerator& from) {
+  // Every kEmulated accelerator is an EmulatedAccelerator (final).
+  return &from != this && from.kind() == DeviceKind::kEmulated && options_.peer_link &&
+         static_cast<EmulatedAccelerator&>(from).options_.peer_link;
+}
+
+absl::Status EmulatedAccelerator::CopyFromPeer(void* dst, Accelerator& from, const void* src,
+                                               int64_t bytes) {
+  if (!HasPeerLink(from)) {
+    return absl::FailedPreconditionError(absl::StrCat(id_, " has no peer link to ", from.id()));
+  }
+  auto& peer = static_cast<EmulatedAccelerator&>(from);
+  if (!arena_.Contains(dst, bytes) || !peer.arena_.Contains(src, bytes)) {
+    return absl::InternalError(
+        absl::StrCat(id_, ": peer copy from ", from.id(), " outside the two devices' memory"));
+  }
+  bytes_from_peers_ += bytes;
+  return Copy(dst, src, bytes, options_.peer_bytes_per_second, options_.peer_latency_seconds);
 }
 
 absl::Status EmulatedAccelerator::CopyToDevice(void* dst, const void* src, int64_t bytes) {
@@ -120,7 +140,7 @@ absl::Status EmulatedAccelerator::CopyToDevice(void* dst, const void* src, int64
     return absl::InternalError(absl::StrCat(id_, ": copy to a pointer outside device memory"));
   }
   bytes_to_device_ += bytes;
-  return Copy(dst, src, bytes);
+  return Copy(dst, src, bytes, options_.link_bytes_per_second, options_.link_latency_seconds);
 }
 
 absl::Status EmulatedAccelerator::CopyToHost(void* dst, const void* src, int64_t bytes) {
@@ -128,7 +148,7 @@ absl::Status EmulatedAccelerator::CopyToHost(void* dst, const void* src, int64_t
     return absl::InternalError(absl::StrCat(id_, ": copy from a pointer outside device memory"));
   }
   bytes_to_host_ += bytes;
-  return Copy(dst, src, bytes);
+  return Copy(dst, src, bytes, options_.link_bytes_per_second, options_.link_latency_seconds);
 }
 
 absl::Status EmulatedAccelerator::CopyOnDevice(void* dst, const void* src, int64_t bytes) {

@@ -2,7 +2,9 @@
 // development, never reported as a GPU. Its memory is a separate arena of host
 // memory with a hard capacity; its compute runs the CPU kernels on that memory
 // from the executor's compute thread; its link to the host is a copy engine
-// with an optional bandwidth cap (each copy takes at least bytes / cap).
+// with an optional bandwidth cap (each copy takes at least bytes / cap), and
+// the node's other emulated accelerators reach its memory over a peer link
+// with a cap of its own (a pipeline's stages, docs/pipeline.md).
 //
 // The arena is one mapping sub-allocated best-fit with coalescing, so device
 // pointers are recognisably the device's (copies check them) and fragmentation
@@ -52,6 +54,12 @@ struct EmulatedOptions {
   double link_bytes_per_second = 0;
   // Fixed cost of each copy, in seconds (a DMA setup).
   double link_latency_seconds = 0;
+  // The peer link: copies from another emulated accelerator's memory into
+  // this one's (CopyFromPeer), capped and delayed alike; false: none, and
+  // such copies are staged through host memory by the caller.
+  bool peer_link = true;
+  double peer_bytes_per_second = 0;
+  double peer_latency_seconds = 0;
 };
 
 class EmulatedAccelerator final : public Accelerator {
@@ -70,6 +78,11 @@ class EmulatedAccelerator final : public Accelerator {
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override;
   // A memcpy within the arena; not throttled (the link is not used).
   absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) override;
+  // Another emulated accelerator, both with peer_link.
+  bool HasPeerLink(Accelerator& from) override;
+  // A memcpy from `from`'s arena into this one's, taking at least
+  // peer_latency_seconds + bytes / peer_bytes_per_second.
+  absl::Status CopyFromPeer(void* dst, Accelerator& from, const void* src, int64_t bytes) override;
   absl::Status Fill(float* dst, float value, int64_t n) override;
   absl::Status UpdateSlice(const StepConstants& step, float* params, const float* grads,
                            float* const* states, int64_t n) override;
@@ -79,15 +92,18 @@ class EmulatedAccelerator final : public Accelerator {
   // Bytes copied over the link so far, each way (tests: what a plan moves).
   int64_t bytes_to_device() const { return bytes_to_device_.load(); }
   int64_t bytes_to_host() const { return bytes_to_host_.load(); }
+  // Bytes copied in from peers so far.
+  int64_t bytes_from_peers() const { return bytes_from_peers_.load(); }
 
  private:
-  absl::Status Copy(void* dst, const void* src, int64_t bytes);
+  // memcpy, then sleeps out the rest of latency + bytes / cap (cap 0: none).
+  static absl::Status Copy(void* dst, const void* src, int64_t bytes, double cap, double latency);
 
   const EmulatedOptions options_;
   const std::string id_;
   ArenaAllocator arena_;
   HostAllocator staging_;
-  std::atomic<int64_t> bytes_to_device_{0}, bytes_to_host_{0};
+  std::atomic<int64_t> bytes_to_device_{0}, bytes_to_host_{0}, bytes_from_peers_{0};
 };
 
 }  // namespace tandem

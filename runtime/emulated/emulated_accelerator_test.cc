@@ -59,6 +59,36 @@ TEST(EmulatedAcceleratorTest, CopiesHonourTheBandwidthCap) {
   EXPECT_EQ(host, back);
 }
 
+// A pipeline's stages: one device pulls from another's memory over the peer
+// link, at its cap, without touching either host link; a device without a
+// peer link, or pointers outside the two devices, are refused.
+TEST(EmulatedAcceleratorTest, PeerCopiesPullFromAnotherDevicesMemoryAtThePeerCap) {
+  const EmulatedOptions linked{.capacity_bytes = 64 << 20, .peer_bytes_per_second = 100e6};
+  EmulatedAccelerator a(linked, 0), b(linked, 1);
+  EmulatedAccelerator unlinked({.capacity_bytes = 64 << 20, .peer_link = false}, 2);
+  ASSERT_TRUE(b.HasPeerLink(a));
+  EXPECT_FALSE(b.HasPeerLink(b));
+  EXPECT_FALSE(b.HasPeerLink(unlinked));
+  EXPECT_FALSE(unlinked.HasPeerLink(a));
+  Buffer from = *Buffer::Allocate(a.allocator(), 10 << 20, MemoryCategory::kActivations);
+  Buffer to = *Buffer::Allocate(b.allocator(), 10 << 20, MemoryCategory::kActivations);
+  std::vector<char> host(10 << 20, 5), back(10 << 20, 0);
+  ASSERT_TRUE(a.CopyToDevice(from.data(), host.data(), host.size()).ok());
+  const double start = WallSeconds();
+  ASSERT_TRUE(b.CopyFromPeer(to.data(), a, from.data(), host.size()).ok());
+  EXPECT_GE(WallSeconds() - start, 0.104);  // 10 MiB at 100 MB/s
+  EXPECT_EQ(b.bytes_from_peers(), 10 << 20);
+  EXPECT_EQ(b.bytes_to_device() + b.bytes_to_host(), 0);
+  ASSERT_TRUE(b.CopyToHost(back.data(), to.data(), back.size()).ok());
+  EXPECT_EQ(host, back);
+  // The source must be the peer's memory and the target this device's.
+  EXPECT_EQ(b.CopyFromPeer(to.data(), a, to.data(), 100).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(b.CopyFromPeer(from.data(), a, from.data(), 100).code(), absl::StatusCode::kInternal);
+  Buffer other = *Buffer::Allocate(unlinked.allocator(), 100, MemoryCategory::kActivations);
+  EXPECT_EQ(b.CopyFromPeer(to.data(), unlinked, other.data(), 100).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(EmulatedAcceleratorTest, RefusesHostPointersAsDevicePointers) {
   EmulatedAccelerator device({.capacity_bytes = 1 << 20});
   std::vector<char> a(100), b(100);

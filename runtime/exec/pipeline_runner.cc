@@ -36,6 +36,10 @@ struct PipelineRunner::Stage {
   int first = 0, end = 0;
   Accelerator* device = nullptr;
   bool recompute = false;
+  // Over a peer link (Accelerator::HasPeerLink): this stage pulls its input
+  // from the stage before's device, and the stage before pulls its input
+  // gradient from this one's. Else both go through staging host memory.
+  bool peer_in = false, peer_back = false;
   // Offloading stages: their gradients' host copy (staging memory); their
   // moments are the runner's host copy (no device moments).
   bool offload = false;
@@ -55,7 +59,8 @@ struct PipelineRunner::Stage {
   std::vector<Buffer> history;
   int updates = 0;
   // Timing of the latest step, and its spans (lane = the stage).
-  double busy = 0, copy = 0, update = 0;
+  // (`peer`: the part of `copy` over a peer link.)
+  double busy = 0, copy = 0, peer = 0, update = 0;
   std::vector<tandem::v1::TimelineSpan> spans;
   int index = 0;
   double step_start = 0;
@@ -73,9 +78,23 @@ struct PipelineRunner::Stage {
   }
 };
 
+// What one stage hands the next (an activation) or the one before (its
+// gradient): a copy in staging host memory, or (over a peer link) the
+// sender's device memory, for the receiver to pull: a buffer it gives up,
+// or one it keeps until after the pull (the activation its own backward
+// reads: `borrowed`).
+struct PipelineRunner::Parcel {
+  Buffer data;
+  const void* borrowed = nullptr;
+  int64_t borrowed_bytes = 0;
+  // The device `data` or `borrowed` is on; null: staging host memory.
+  Accelerator* from = nullptr;
+  bool full() const { return !data.empty() || borrowed != nullptr; }
+};
+
 // One step (or evaluation) in flight: the micro-batches, and between each two
 // neighbouring stages a mailbox per micro-batch for the activation going
-// forward and its gradient coming back, in staging host memory.
+// forward and its gradient coming back.
 struct PipelineRunner::Step {
   // Per stage and micro-batch: the stage's input (the batch's, or the stage
   // before's output), the targets (last stage), and per layer of the stage
@@ -103,7 +122,7 @@ struct PipelineRunner::Step {
   std::mutex mu;
   std::condition_variable cv;
   // [boundary s (between stage s and s + 1)][micro-batch]
-  std::vector<std::vector<Buffer>> act, grad;
+  std::vector<std::vector<Parcel>> act, grad;
   bool failed = false;
   // Clipping: the stages' sums of squares, added as each finishes backward.
   int norms_in = 0;
@@ -111,14 +130,15 @@ struct PipelineRunner::Step {
 
   int micro_batches() const { return static_cast<int>(mb_start.size()); }
   // Waits for `box` to fill (false when another stage failed), then takes it.
-  bool Take(Buffer& box, Buffer* into) {
+  bool Take(Parcel& box, Parcel* into) {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return failed || !box.empty(); });
-    if (box.empty()) return false;
+    cv.wait(lock, [&] { return failed || box.full(); });
+    if (!box.full()) return false;
     *into = std::move(box);
+    box = Parcel();
     return true;
   }
-  void Put(Buffer& box, Buffer from) {
+  void Put(Parcel& box, Parcel from) {
     {
       std::lock_guard<std::mutex> lock(mu);
       box = std::move(from);
@@ -298,6 +318,12 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
         r->MakeStage(stages[s], static_cast<int>(s), static_cast<int>(stages.size())));
     r->stages_.push_back(std::move(stage));
   }
+  for (size_t s = 1; s < r->stages_.size(); ++s) {
+    Stage& st = *r->stages_[s];
+    Accelerator& before = *r->stages_[s - 1]->device;
+    st.peer_in = st.device->HasPeerLink(before);
+    st.peer_back = before.HasPeerLink(*st.device);
+  }
   r->stats_.resize(r->stages_.size());
   TANDEM_RETURN_IF_ERROR(r->StateChangedOnHost());
   return r;
@@ -325,7 +351,14 @@ absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
   Step::Slots& sl = step.slots[s];
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
-  double t = WallSeconds();
+  if (s > 0) {
+    Parcel parcel;
+    if (!step.Take(step.act[s - 1][m], &parcel)) return absl::AbortedError("another stage failed");
+    // The wait was bubble; the copy is counted by Unpack.
+    TANDEM_ASSIGN_OR_RETURN(sl.in[m], Unpack(st, std::move(parcel), st.first, m, step.training));
+  }
+  const double t = WallSeconds();
+  int64_t copied = 0;
   if (s == 0) {
     const int64_t elem = DTypeBytes(step.batch->input_dtype);
     const int64_t bytes = n * model_.data().sample_shape.elements() * elem;
@@ -334,13 +367,7 @@ absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(
         sl.in[m].data(), src + step.mb_start[m] * model_.data().sample_shape.elements() * elem,
         bytes));
-  } else {
-    Buffer staged;
-    if (!step.Take(step.act[s - 1][m], &staged)) return absl::AbortedError("another stage failed");
-    t = WallSeconds();  // the wait was bubble, the copy is not
-    TANDEM_ASSIGN_OR_RETURN(sl.in[m],
-                            Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(sl.in[m].data(), staged.data(), staged.bytes()));
+    copied += bytes;
   }
   if (st.end == model_.num_layers()) {
     const int64_t tps = model_.data().targets_per_sample;
@@ -348,11 +375,12 @@ absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
                             Buffer::Allocate(alloc, n * tps * 4, MemoryCategory::kActivations));
     TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(
         sl.targets[m].data(), step.batch->targets.data() + step.mb_start[m] * tps, n * tps * 4));
+    copied += n * tps * 4;
   }
   st.copy += WallSeconds() - t;
-  if (step.training) {
+  if (step.training && copied > 0) {
     st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
-            st.first, m, t, WallSeconds(), sl.in[m].bytes());
+            st.first, m, t, WallSeconds(), copied);
   }
   return absl::OkStatus();
 }
@@ -364,6 +392,16 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
   const double t = WallSeconds();
   const int last = st.end - st.first - 1;
   if (st.end < model_.num_layers()) {
+    if (step.training && !st.recompute && stages_[s + 1]->peer_in) {
+      // The next stage pulls it; this stage keeps it for its own backward,
+      // which waits for that stage's gradient, so after the pull.
+      Parcel parcel;
+      parcel.borrowed = sl.out[last][m].data();
+      parcel.borrowed_bytes = sl.out[last][m].bytes();
+      parcel.from = st.device;
+      step.Put(step.act[s][m], std::move(parcel));
+      return absl::OkStatus();
+    }
     TANDEM_ASSIGN_OR_RETURN(
         Buffer staged, Buffer::Allocate(st.device->host_staging_allocator(),
                                         sl.out[last][m].bytes(), MemoryCategory::kActivations));
@@ -373,7 +411,9 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
       st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
               st.end - 1, m, t, WallSeconds(), staged.bytes());
     }
-    step.Put(step.act[s][m], std::move(staged));
+    Parcel parcel;
+    parcel.data = std::move(staged);
+    step.Put(step.act[s][m], std::move(parcel));
     st.copy += WallSeconds() - t;
     return absl::OkStatus();
   }
@@ -488,20 +528,48 @@ absl::StatusOr<Buffer> PipelineRunner::ReceiveGradient(Step& step, int s, int m)
         st.device->Fill(dy.f32(), 1.0f / static_cast<float>(pipedream ? n : step.batch->size), n));
     return dy;
   }
-  Buffer staged;
-  if (!step.Take(step.grad[s][m], &staged)) return absl::AbortedError("another stage failed");
-  const double t = WallSeconds();  // the wait was bubble, the copy is not
-  TANDEM_ASSIGN_OR_RETURN(Buffer dy,
-                          Buffer::Allocate(alloc, staged.bytes(), MemoryCategory::kActivations));
-  TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(dy.data(), staged.data(), staged.bytes()));
-  st.copy += WallSeconds() - t;
-  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
-          st.end - 1, m, t, WallSeconds(), staged.bytes());
-  return dy;
+  Parcel parcel;
+  if (!step.Take(step.grad[s][m], &parcel)) return absl::AbortedError("another stage failed");
+  return Unpack(st, std::move(parcel), st.end - 1, m, /*record=*/true);
+}
+
+absl::StatusOr<Buffer> PipelineRunner::Unpack(Stage& st, Parcel parcel, int layer, int m,
+                                              bool record) {
+  const double t = WallSeconds();
+  const void* src = parcel.borrowed != nullptr ? parcel.borrowed : parcel.data.data();
+  const int64_t bytes = parcel.borrowed != nullptr ? parcel.borrowed_bytes : parcel.data.bytes();
+  TANDEM_ASSIGN_OR_RETURN(
+      Buffer to, Buffer::Allocate(st.device->allocator(), bytes, MemoryCategory::kActivations));
+  if (parcel.from != nullptr) {
+    TANDEM_RETURN_IF_ERROR(st.device->CopyFromPeer(to.data(), *parcel.from, src, bytes));
+  } else {
+    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(to.data(), src, bytes));
+  }
+  // A buffer the sender gave up (its device memory, or staging) goes now.
+  parcel.data.Reset();
+  const double end = WallSeconds();
+  st.copy += end - t;
+  if (parcel.from != nullptr) st.peer += end - t;
+  if (record) {
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+            parcel.from != nullptr ? tandem::v1::TIMELINE_PHASE_PEER_COPY
+                                   : tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
+            layer, m, t, end, bytes);
+  }
+  return to;
 }
 
 absl::Status PipelineRunner::SendGradient(Step& step, int s, int m, Buffer dx) {
   Stage& st = *stages_[s];
+  if (st.peer_back) {
+    // The stage before pulls it from this device, then frees it. It takes
+    // the place of the input of m this backward has just freed.
+    Parcel parcel;
+    parcel.data = std::move(dx);
+    parcel.from = st.device;
+    step.Put(step.grad[s - 1][m], std::move(parcel));
+    return absl::OkStatus();
+  }
   const double t = WallSeconds();
   TANDEM_ASSIGN_OR_RETURN(Buffer staged,
                           Buffer::Allocate(st.device->host_staging_allocator(), dx.bytes(),
@@ -510,7 +578,9 @@ absl::Status PipelineRunner::SendGradient(Step& step, int s, int m, Buffer dx) {
   st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
           st.first, m, t, WallSeconds(), staged.bytes());
   dx.Reset();
-  step.Put(step.grad[s - 1][m], std::move(staged));
+  Parcel parcel;
+  parcel.data = std::move(staged);
+  step.Put(step.grad[s - 1][m], std::move(parcel));
   st.copy += WallSeconds() - t;
   return absl::OkStatus();
 }
@@ -770,13 +840,13 @@ absl::Status PipelineRunner::Drain() {
   if (!pending) return absl::OkStatus();
   // The latest step's figures stay its own.
   struct Figures {
-    double busy, copy, update;
+    double busy, copy, peer, update;
     int updates;
     size_t spans;
   };
   std::vector<Figures> kept;
   for (const auto& st : stages_) {
-    kept.push_back({st->busy, st->copy, st->update, st->updates, st->spans.size()});
+    kept.push_back({st->busy, st->copy, st->peer, st->update, st->updates, st->spans.size()});
   }
   std::vector<double> ended;
   const absl::Status drained = OnEveryStage(nullptr, &ended);
@@ -784,6 +854,7 @@ absl::Status PipelineRunner::Drain() {
     Stage& st = *stages_[s];
     st.busy = kept[s].busy;
     st.copy = kept[s].copy;
+    st.peer = kept[s].peer;
     st.update = kept[s].update;
     st.updates = kept[s].updates;
     st.spans.resize(kept[s].spans);
@@ -795,7 +866,7 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
   const int K = num_stages();
   const double start = WallSeconds();
   for (auto& st : stages_) {
-    st->busy = st->copy = st->update = 0;
+    st->busy = st->copy = st->peer = st->update = 0;
     st->updates = 0;
     st->step_start = start;
     st->spans.clear();
@@ -812,6 +883,7 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
     PipelineStageStats& out = stats_[s];
     out.busy_seconds = st.busy;
     out.copy_seconds = st.copy;
+    out.peer_copy_seconds = st.peer;
     out.update_seconds = st.update;
     out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.busy - st.copy);
     out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;
@@ -937,6 +1009,8 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     o.set_busy_seconds(stats_[s].busy_seconds);
     o.set_bubble_seconds(stats_[s].bubble_seconds);
     o.set_copy_seconds(stats_[s].copy_seconds);
+    o.set_peer_copy_seconds(stats_[s].peer_copy_seconds);
+    o.set_peer_link(st.peer_in);
     o.set_update_seconds(stats_[s].update_seconds);
     o.set_peak_bytes(st.device->allocator()->stats().peak_total_bytes);
     if (s < plan_.pipeline_size()) o.set_predicted_bytes(plan_.pipeline(s).memory_bytes());

@@ -3,7 +3,9 @@
 // layers whose weights, gradients, optimizer state and activations live on
 // its own accelerator; a batch split into M micro-batches that flow through
 // the stages, activations forward and their gradients back, copied between
-// the stage devices through staging host memory.
+// the stage devices over a peer link where the devices have one
+// (Accelerator::HasPeerLink: the receiver pulls from the sender's memory),
+// else through staging host memory.
 //
 // Schedules, both synchronous and exactly one-device training at the same
 // micro-batches (gradients accumulated over the micro-batches, one update per
@@ -101,8 +103,10 @@ struct PipelineOptions {
 struct PipelineStageStats {
   // Forward and backward compute.
   double busy_seconds = 0;
-  // Copying activations and gradients in and out of its device.
+  // Copying activations and gradients in and out of its device, and the
+  // part of that over a peer link.
   double copy_seconds = 0;
+  double peer_copy_seconds = 0;
   // The rest of the step's forward-backward phase: waiting for a neighbour.
   double bubble_seconds = 0;
   double update_seconds = 0;
@@ -152,6 +156,7 @@ class PipelineRunner final : public StepRunner {
 
  private:
   struct Stage;
+  struct Parcel;
   struct Step;
   PipelineRunner(const Model& model, PipelineOptions options);
 
@@ -196,6 +201,10 @@ class PipelineRunner final : public StepRunner {
   absl::StatusOr<Buffer> ReceiveGradient(Step& step, int s, int m);
   // The gradient of the stage's input, `dx`, handed to the stage before.
   absl::Status SendGradient(Step& step, int s, int m, Buffer dx);
+  // What a neighbour handed stage `stage`, in a new buffer on its device:
+  // pulled over the peer link, or copied from staging host memory; counted
+  // in the stage's copy time, and (`record`) a span of layer `layer`.
+  absl::StatusOr<Buffer> Unpack(Stage& stage, Parcel parcel, int layer, int m, bool record);
   absl::Status StageForward(Step& step, int s, int m);
   absl::Status StageBackward(Step& step, int s, int m);
   absl::Status Update(const StepOptions& options, double* grad_norm);

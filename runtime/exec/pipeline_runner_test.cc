@@ -37,13 +37,18 @@ optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
 training: {batch_size: 32, steps: 50, seed: 5}
 )";
 
-// K emulated accelerators, each with its own memory and link.
+// K emulated accelerators, each with its own memory and link, and (`peer`)
+// a peer link to the others at the host link's rate.
 struct Devices {
   std::vector<std::unique_ptr<EmulatedAccelerator>> owned;
-  explicit Devices(int k, int64_t capacity = int64_t{64} << 20) {
+  explicit Devices(int k, int64_t capacity = int64_t{64} << 20, bool peer = true) {
     for (int i = 0; i < k; ++i) {
-      owned.push_back(std::make_unique<EmulatedAccelerator>(
-          EmulatedOptions{.capacity_bytes = capacity, .link_bytes_per_second = 4e9}, i));
+      owned.push_back(
+          std::make_unique<EmulatedAccelerator>(EmulatedOptions{.capacity_bytes = capacity,
+                                                                .link_bytes_per_second = 4e9,
+                                                                .peer_link = peer,
+                                                                .peer_bytes_per_second = 4e9},
+                                                i));
     }
   }
 };
@@ -150,6 +155,94 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.model) + "_" + PipelineScheduleName(info.param.schedule) + "_" +
              std::to_string(info.param.stages) + "stages";
     });
+
+// Over a peer link the stages pull activations and gradients from each
+// other's devices instead of staging them through host memory: the same
+// losses to the bit (copies are exact), for every schedule, recomputing
+// stages (which stage their activations) and continuous PipeDream (whose
+// backwards cross steps) included; nothing of it crosses a host link, the
+// timeline shows the pulls, the stats their time, and no stage peaks above
+// its staged twin by more than one micro-batch's input gradient.
+TEST(PipelineRunnerTest, PeerLinkedStagesTrainAsStagedOnesWithoutTheHost) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  struct Case {
+    PipelineSchedule schedule;
+    bool recompute, continuous;
+  };
+  for (const Case c : {Case{PipelineSchedule::kGPipe, false, false},
+                       Case{PipelineSchedule::kOneFOneB, false, false},
+                       Case{PipelineSchedule::kOneFOneB, true, false},
+                       Case{PipelineSchedule::kPipeDream, false, true}}) {
+    std::vector<double> losses[2];
+    int64_t host_bytes[2] = {0, 0}, peer_bytes[2] = {0, 0};
+    std::vector<int64_t> peaks[2];
+    for (const bool peer : {false, true}) {
+      Devices devices(3, int64_t{64} << 20, peer);
+      std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+      for (PipelineStageSpec& st : stages) st.recompute = c.recompute;
+      PipelineOptions options{.schedule = c.schedule,
+                              .micro_batches = 4,
+                              .max_batch = f.spec.training().batch_size(),
+                              .init_seed = f.spec.training().seed(),
+                              .continuous = c.continuous};
+      // PipeDream steps each stage alone: no global norm to clip to.
+      auto optimizer = f.spec.optimizer();
+      if (c.continuous) optimizer.clear_max_grad_norm();
+      absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+          PipelineRunner::Create(*f.model, optimizer, stages, options);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      losses[peer] = RunSteps(f, **runner, 6);
+      int pulls = 0;
+      const tandem::v1::Timeline timeline = (*runner)->last_timeline();
+      for (const auto& span : timeline.spans()) {
+        pulls += span.phase() == tandem::v1::TIMELINE_PHASE_PEER_COPY;
+      }
+      for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
+        EXPECT_EQ(st.peer_link(), peer && st.stage() > 0) << "stage " << st.stage();
+        if (!peer) EXPECT_EQ(st.peer_copy_seconds(), 0) << "stage " << st.stage();
+        peaks[peer].push_back(st.peak_bytes());
+      }
+      for (const auto& d : devices.owned) {
+        host_bytes[peer] += d->bytes_to_device() + d->bytes_to_host();
+        peer_bytes[peer] += d->bytes_from_peers();
+      }
+      // Every micro-batch's gradient comes back over both boundaries (in
+      // the last step, or the first ones pending from it in the next for
+      // continuous PipeDream); activations too unless their stage stages.
+      if (peer && !c.continuous) EXPECT_GE(pulls, (c.recompute ? 1 : 2) * 2 * 4);
+      if (!peer) EXPECT_EQ(pulls, 0);
+    }
+    const char* name = PipelineScheduleName(c.schedule);
+    EXPECT_EQ(losses[1], losses[0]) << name << (c.recompute ? " recomputing" : "");
+    EXPECT_EQ(peer_bytes[0], 0);
+    EXPECT_GT(peer_bytes[1], 0);
+    // Continuous PipeDream ends with gradients handed on and never taken
+    // (their backwards pending): staged, they went down already.
+    if (c.continuous) {
+      EXPECT_LE(host_bytes[1] + 2 * peer_bytes[1], host_bytes[0]) << name;
+    } else {
+      EXPECT_EQ(host_bytes[0], host_bytes[1] + 2 * peer_bytes[1])
+          << name << ": each pulled byte was a copy down and one up when staged";
+    }
+    // A gradient waits on its sender's device until pulled, where staging
+    // freed it at once: one micro-batch's of the largest boundary at most.
+    int64_t boundary = 0;
+    for (int l = 0; l < f.model->num_layers(); ++l) {
+      boundary =
+          std::max(boundary, f.model->layer(l).OutputBytes(f.spec.training().batch_size() / 4));
+    }
+    for (size_t s = 0; s < peaks[0].size(); ++s) {
+      EXPECT_LE(peaks[1][s], peaks[0][s] + boundary) << name << " stage " << s;
+    }
+    std::cout << name << (c.recompute ? " recomputing" : "") << (c.continuous ? " continuous" : "")
+              << " over 3 stages: " << peer_bytes[1] << " B pulled over the peer links, "
+              << host_bytes[0] - host_bytes[1] << " B fewer over the host links; stage peaks";
+    for (size_t s = 0; s < peaks[0].size(); ++s) {
+      std::cout << " " << peaks[0][s] << " -> " << peaks[1][s];
+    }
+    std::cout << " B\n";
+  }
+}
 
 // 1F1B keeps at most K - s micro-batches' activations on stage s; GPipe all M.
 TEST(PipelineRunnerTest, OneFOneBHoldsFewerActivationsThanGPipe) {
@@ -454,7 +547,10 @@ TEST(PipelineRunnerTest, PipeDreamStashesWeightsAndTrainsWithStaleGradients) {
 // on another trajectory than plain PipeDream's.
 TEST(PipelineRunnerTest, PipeDreamWithVerticalSyncIsEquallyStaleOnEveryStage) {
   const Fixture f = MakeFixture(kMlpNoDropout);
-  Devices synced_devices(3), plain_devices(3);
+  // Staged: over a peer link a gradient waits on its sender until pulled,
+  // and whether a peak holds one depends on timing.
+  Devices synced_devices(3, int64_t{64} << 20, /*peer=*/false),
+      plain_devices(3, int64_t{64} << 20, /*peer=*/false);
   std::unique_ptr<PipelineRunner> synced =
       Make(f, synced_devices, PipelineSchedule::kPipeDream, 4, /*vertical_sync=*/true);
   std::unique_ptr<PipelineRunner> plain = Make(f, plain_devices, PipelineSchedule::kPipeDream, 4);

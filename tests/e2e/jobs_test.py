@@ -10,7 +10,7 @@ import unittest
 import junit_runner
 import repo_files
 from tandem_stubs import (FASHION, diverging_spec, metadata, spec_from_dict, stub,
-                          synthetic_spec, tandem_service_pb2, wait_for_state, job_pb2)
+                          synthetic_spec, tandem_service_pb2, wait_for_state, job_pb2, plan_pb2)
 from tandemd_fixture import Tandemd
 
 TANDEMD = TANDEM = None
@@ -147,9 +147,18 @@ class JobsTest(unittest.TestCase):
             self.assertGreater(s.peak_bytes, 0)
             self.assertLessEqual(s.peak_bytes, 16 << 20)
         self.assertEqual({span.lane for span in done.measured_timeline.spans}, {0, 1})
+        # The emulated accelerators' peer link: stage 1 pulls its inputs from
+        # stage 0's device, stage 0 their gradients from stage 1's.
+        self.assertEqual([s.peer_link for s in stages], [False, True])
+        for s in stages:
+            self.assertGreater(s.peer_copy_seconds, 0)
+            self.assertLessEqual(s.peer_copy_seconds, s.copy_seconds)
+        self.assertIn(plan_pb2.TIMELINE_PHASE_PEER_COPY,
+                      {span.phase for span in done.measured_timeline.spans})
         status = cli(self.daemon, "status", submitted.id)
         self.assertEqual(status.returncode, 0, status.stderr)
         self.assertIn("pipeline:  stage 1 (layers", status.stdout)
+        self.assertIn("of the copies over peer links", status.stdout)
         # tandemd choosing the stages: the stored spec says what it chose, the
         # plan's note what it compared, and the job runs it.
         auto = synthetic_spec(steps=6)

@@ -215,7 +215,8 @@ bool SamePlacement(const Plan& a, const Plan& b) {
     const auto &x = a.pipeline(k), &y = b.pipeline(k);
     if (x.device_index() != y.device_index() || x.first_layer() != y.first_layer() ||
         x.last_layer() != y.last_layer() || x.recompute() != y.recompute() ||
-        x.offload_optimizer() != y.offload_optimizer()) {
+        x.offload_optimizer() != y.offload_optimizer() ||
+        x.offload_activations() != y.offload_activations()) {
       return false;
     }
   }

@@ -151,8 +151,9 @@ INSTANTIATE_TEST_SUITE_P(All, PipelineJobTest,
 // prediction plus the margin.
 void CheckAStageThatFitsOnlySo(tandem::v1::PipelineSchedule schedule,
                                const std::function<bool(const tandem::v1::PipelineStage&)>& holds,
-                               const std::string& note) {
-  const JobSpec base = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{1} << 30, 20);
+                               const std::string& note, double link_bytes_per_second = 0) {
+  JobSpec base = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, int64_t{1} << 30, 20);
+  base.mutable_resources()->set_emulated_link_bytes_per_second(link_bytes_per_second);
   auto plan_at = [&](int64_t capacity) -> absl::StatusOr<std::pair<JobSpec, tandem::v1::Plan>> {
     JobSpec spec = Pipelined(base, 2, schedule);
     spec.mutable_training()->set_batch_size(16);
@@ -207,12 +208,23 @@ void CheckAStageThatFitsOnlySo(tandem::v1::PipelineSchedule schedule,
 }
 
 // GPipe holding all 16 micro-batches' activations does not fit where the
-// stages' state and one micro-batch's activations do: the stages recompute
-// (GPipe's re-materialisation).
-TEST(PipelineJobTest, AGPipeThatFitsOnlyByRecomputingRecomputes) {
+// stages' state and one micro-batch's activations do. Over the emulated
+// links at memcpy speed, sending each micro-batch's activations to the host
+// and back costs less than a forward: the stages offload them.
+TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingOneMicroBatchOffloadsItsActivations) {
   CheckAStageThatFitsOnlySo(
       tandem::v1::PIPELINE_SCHEDULE_GPIPE,
-      [](const tandem::v1::PipelineStage& st) { return st.recompute(); }, "recompute");
+      [](const tandem::v1::PipelineStage& st) { return st.offload_activations(); },
+      "activations to the host between forward and backward");
+}
+
+// The same over links capped at 10 MB/s: the copies would cost more than
+// running each forward again, so the stages recompute (GPipe's
+// re-materialisation).
+TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingOneMicroBatchOnASlowLinkRecomputes) {
+  CheckAStageThatFitsOnlySo(
+      tandem::v1::PIPELINE_SCHEDULE_GPIPE,
+      [](const tandem::v1::PipelineStage& st) { return st.recompute(); }, "recompute", 10e6);
 }
 
 // 1F1B holds two micro-batches at most, so its stages' state dominates:
@@ -467,6 +479,11 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
        "placement.plan.pipeline: the stages end at layer"},
       {[](tandem::v1::Plan& p) { p.mutable_pipeline(1)->set_device_index(0); },
        "placement.plan.pipeline[1].device_index: 0 is negative or another stage's"},
+      {[](tandem::v1::Plan& p) {
+         p.mutable_pipeline(0)->set_recompute(true);
+         p.mutable_pipeline(0)->set_offload_activations(true);
+       },
+       "placement.plan.pipeline[0].offload_activations: a stage that recomputes"},
   };
   // PipeDream's stashed weights and a recomputing stage.
   {

@@ -495,6 +495,11 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
                              "PipeDream updates on the device after every micro-batch (GPipe and "
                              "1F1B offload)");
     }
+    if (st.offload_activations() && st.recompute()) {
+      return ForcedPlanError(field + ".offload_activations",
+                             "a stage that recomputes its activations has none to offload; set "
+                             "one of recompute and offload_activations");
+    }
     next = st.last_layer() + 1;
   }
   if (next != model.num_layers()) {
@@ -1090,7 +1095,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
                             CreateAccelerator(resolved, node, capacity, st.device_index()));
     stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute(),
-                      st.offload_optimizer()});
+                      st.offload_optimizer(), st.offload_activations()});
     devices.push_back(std::move(device));
   }
   PipelineOptions options;

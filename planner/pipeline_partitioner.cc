@@ -30,6 +30,9 @@ namespace {
 struct StageMode {
   bool recompute = false;
   bool offload = false;
+  // Each micro-batch's activations go down to the host after its forward and
+  // come back before its backward (exclusive with recompute).
+  bool offload_activations = false;
 };
 
 // What a stage of S costs, from prefix sums over the layers: its time per
@@ -39,7 +42,7 @@ class StageCosts {
   StageCosts(const CostModel& cost, const PipelineRequest& r, int stages)
       : cost_(cost), r_(r), S_(stages), m_(r.micro_batch_size) {
     const int L = cost.num_layers();
-    for (auto* v : {&time_, &forward_, &offload_extra_}) v->assign(L + 1, 0.0);
+    for (auto* v : {&time_, &forward_, &offload_extra_, &activation_copies_}) v->assign(L + 1, 0.0);
     for (auto* v : {&state_, &activation_, &optimizer_, &parameters_}) v->assign(L + 1, 0);
     for (int l = 0; l < L; ++l) {
       const double scale = l < static_cast<int>(r.compute_scale.size()) ? r.compute_scale[l] : 1.0;
@@ -52,6 +55,10 @@ class StageCosts {
       state_[l + 1] =
           state_[l] + cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
       activation_[l + 1] = activation_[l] + cost.ActivationBytes(l, m_);
+      activation_copies_[l + 1] =
+          activation_copies_[l] +
+          cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost.ActivationBytes(l, m_)) +
+          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ActivationBytes(l, m_));
       optimizer_[l + 1] = optimizer_[l] + cost.OptimizerStateBytes(l);
       parameters_[l + 1] = parameters_[l] + cost.ParameterBytes(l);
     }
@@ -61,16 +68,25 @@ class StageCosts {
   double Send(int l) const { return cost_.PeerCopySeconds(cost_.OutputBytes(l, m_)); }
 
   // Forward and backward of a micro-batch over [i, j), and the forward again
-  // when recomputing.
+  // when recomputing, or the activations' copies down and back when
+  // offloading them (on the stage's own thread, after its forward and before
+  // its backward).
   double Time(int i, int j, StageMode mode) const {
-    return time_[j] - time_[i] + (mode.recompute ? forward_[j] - forward_[i] : 0.0);
+    return time_[j] - time_[i] + Extra(i, j, mode);
+  }
+  // What recomputing or offloading activations adds to each micro-batch.
+  double Extra(int i, int j, StageMode mode) const {
+    if (mode.recompute) return forward_[j] - forward_[i];
+    if (mode.offload_activations) return activation_copies_[j] - activation_copies_[i];
+    return 0.0;
   }
 
   // Stage k holding layers [i, j) as `mode` says: their state (without the
   // optimizer state when offloading), and for each micro-batch in flight
   // their activations and the stage's input (layer i-1's output, received
   // from the stage before and kept for the backward); recomputing, every
-  // micro-batch's input and one micro-batch's activations. Over a peer link
+  // micro-batch's input and one micro-batch's activations, and so when
+  // offloading activations (those of the others are on the host). Over a peer link
   // also the gradient of its input, which waits on its device until the
   // stage before pulls it.
   int64_t Memory(int k, int i, int j, StageMode mode) const {
@@ -85,7 +101,7 @@ class StageCosts {
     int64_t versions = stale > 0 || r_.vertical_sync ? stale + 1 : 0;
     if (r_.vertical_sync && k > 0) versions += k + 1;
     const int64_t weights = parameters_[j] - parameters_[i];
-    const int64_t activations = mode.recompute
+    const int64_t activations = mode.recompute || mode.offload_activations
                                     ? in_flight * input + (activation_[j] - activation_[i])
                                     : in_flight * (activation_[j] - activation_[i] + input);
     const int64_t offloaded = mode.offload ? optimizer_[j] - optimizer_[i] : 0;
@@ -94,22 +110,25 @@ class StageCosts {
   }
 
   // How stage k holds [i, j): as it is when that fits, else the fitting mix
-  // of recomputing and offloading that adds least to the step ((M + S - 1)
-  // forwards against the offloaded update's extra time); nullopt when
-  // nothing fits.
+  // of recomputing or offloading its activations and offloading its
+  // optimizer state that adds least to the step ((M + S - 1) forwards, or
+  // activation copies, against the offloaded update's extra time); nullopt
+  // when nothing fits.
   std::optional<StageMode> Choose(int k, int i, int j) const {
     std::optional<StageMode> best;
     double best_added = 0;
-    for (const StageMode mode : {StageMode{false, false}, StageMode{true, false},
-                                 StageMode{false, true}, StageMode{true, true}}) {
+    for (const StageMode mode : {StageMode{false, false, false}, StageMode{true, false, false},
+                                 StageMode{false, false, true}, StageMode{false, true, false},
+                                 StageMode{true, true, false}, StageMode{false, true, true}}) {
       if ((mode.recompute && (!r_.allow_recompute || r_.stash_weights)) ||
+          (mode.offload_activations && !r_.allow_offload_activations) ||
           (mode.offload && (!r_.allow_offload || r_.stash_weights))) {
         continue;
       }
       if (r_.device_memory_bytes > 0 && Memory(k, i, j, mode) > r_.device_memory_bytes) continue;
-      if (!mode.recompute && !mode.offload) return mode;  // fits as it is
+      if (!mode.recompute && !mode.offload && !mode.offload_activations) return mode;  // fits
       const double added =
-          (mode.recompute ? (r_.micro_batches + S_ - 1) * (forward_[j] - forward_[i]) : 0.0) +
+          (r_.micro_batches + S_ - 1) * Extra(i, j, mode) +
           (mode.offload ? std::max(0.0, offload_extra_[j] - offload_extra_[i]) : 0.0);
       if (!best || added < best_added) {
         best = mode;
@@ -127,6 +146,7 @@ class StageCosts {
     stage.set_last_layer(j - 1);
     stage.set_recompute(mode.recompute);
     stage.set_offload_optimizer(mode.offload);
+    stage.set_offload_activations(mode.offload_activations);
     stage.set_compute_seconds(Time(i, j, mode));
     stage.set_communication_seconds(j < cost_.num_layers() ? Send(j - 1) : 0.0);
     stage.set_memory_bytes(Memory(k, i, j, mode));
@@ -137,7 +157,7 @@ class StageCosts {
   const CostModel& cost_;
   const PipelineRequest& r_;
   const int S_, m_;
-  std::vector<double> time_, forward_, offload_extra_;
+  std::vector<double> time_, forward_, offload_extra_, activation_copies_;
   std::vector<int64_t> state_, activation_, optimizer_, parameters_;
 };
 
@@ -202,8 +222,9 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
                                                      "..", g.last_layer(), " do not follow layer ",
                                                      next - 1, " within ", L, " layers"));
     }
-    stages.push_back(costs.Stage(s, g.first_layer(), g.last_layer() + 1,
-                                 StageMode{g.recompute(), g.offload_optimizer()}));
+    stages.push_back(
+        costs.Stage(s, g.first_layer(), g.last_layer() + 1,
+                    StageMode{g.recompute(), g.offload_optimizer(), g.offload_activations()}));
     next = g.last_layer() + 1;
   }
   if (next != L) {

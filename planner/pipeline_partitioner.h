@@ -60,6 +60,11 @@ struct PipelineRequest {
   // gradients only, and its update becomes gradients down, the host's update
   // on `host_threads` threads, weights up. Not with weight stashing.
   bool allow_offload = false;
+  // A stage whose activations do not fit may instead send each micro-batch's
+  // down to the host after its forward and fetch them back before its
+  // backward: the memory of recomputing, for two copies of the stage's
+  // activations per micro-batch over the host links instead of a forward.
+  bool allow_offload_activations = false;
   int host_threads = 0;
   // Per layer, a factor on its forward and backward (the stage's share of
   // the threads, measured corrections); empty: 1.
@@ -71,7 +76,8 @@ struct PipelineRequest {
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
     const CostModel& cost, const PipelineRequest& request);
 
-// `given`'s stages (their layers, recompute and offload_optimizer) timed and
+// `given`'s stages (their layers, recompute, offload_optimizer and
+// offload_activations) timed and
 // sized as PartitionPipeline would: INVALID_ARGUMENT when they do not cover
 // the layers in order. A stage that does not fit is returned as it is.
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(

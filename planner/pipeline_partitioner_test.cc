@@ -1,6 +1,7 @@
 #include "planner/pipeline_partitioner.h"
 
 #include <functional>
+#include <iostream>
 #include <random>
 #include <vector>
 
@@ -21,7 +22,9 @@ CostModel RandomChain(int layers, std::mt19937* rng) {
     x.accelerator_backward_seconds = 2 * x.accelerator_forward_seconds;
     x.host_forward_seconds = x.host_backward_seconds = 1;
     x.parameter_bytes = 100 + static_cast<int64_t>(900 * u(*rng));
-    x.activation_bytes = static_cast<int64_t>(500 * u(*rng));
+    // Activations as large as the state, so that holding one micro-batch's
+    // at a time (recomputing or offloading them) is what fits some splits.
+    x.activation_bytes = static_cast<int64_t>(2000 * u(*rng));
     x.output_bytes = static_cast<int64_t>(200 * u(*rng));
     chain.push_back(x);
   }
@@ -48,7 +51,7 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
       bool fits = true;
       for (int k = 0; k < S; ++k) {
         const int i = starts[k], j = k + 1 < S ? starts[k + 1] : L;
-        double t = 0, forward = 0, extra = 0;
+        double t = 0, forward = 0, extra = 0, copies = 0;
         int64_t state = 0, act = 0, optimizer = 0;
         for (int l = i; l < j; ++l) {
           forward += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
@@ -57,6 +60,10 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
           state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
           optimizer += cost.OptimizerStateBytes(l);
           act += cost.ActivationBytes(l, m);
+          copies += cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST,
+                                     cost.ActivationBytes(l, m)) +
+                    cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE,
+                                     cost.ActivationBytes(l, m));
           extra += OffloadedUpdateSeconds(cost, l, r.host_threads) -
                    cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
         }
@@ -67,24 +74,26 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
         if (r.device_memory_bytes > 0 &&
             state + in_flight * (act + input) > r.device_memory_bytes) {
           // Recomputing (one micro-batch's activations, every one's input,
-          // one more forward) or offloading (no optimizer state), or both:
-          // the mix that fits and adds least to the step.
+          // one more forward) or offloading the activations (the same
+          // memory, their copies down and back instead), or offloading the
+          // optimizer state, or both: the mix that fits and adds least.
           double best_added = HUGE_VAL, best_t = 0;
-          for (int recompute = 0; recompute < 2; ++recompute) {
+          for (int hold = 0; hold < 3; ++hold) {  // keep, recompute, offload activations
             for (int offload = 0; offload < 2; ++offload) {
-              if ((!recompute && !offload) || (recompute && !r.allow_recompute) ||
-                  (offload && !r.allow_offload)) {
+              if ((hold == 0 && !offload) || (hold == 1 && !r.allow_recompute) ||
+                  (hold == 2 && !r.allow_offload_activations) || (offload && !r.allow_offload)) {
                 continue;
               }
               const int64_t bytes =
                   state - (offload ? optimizer : 0) +
-                  (recompute ? in_flight * input + act : in_flight * (act + input));
+                  (hold > 0 ? in_flight * input + act : in_flight * (act + input));
               if (bytes > r.device_memory_bytes) continue;
-              const double added = (recompute ? (r.micro_batches + S - 1) * forward : 0.0) +
+              const double per_micro_batch = hold == 1 ? forward : hold == 2 ? copies : 0.0;
+              const double added = (r.micro_batches + S - 1) * per_micro_batch +
                                    (offload ? std::max(0.0, extra) : 0.0);
               if (added < best_added) {
                 best_added = added;
-                best_t = t + (recompute ? forward : 0.0);
+                best_t = t + per_micro_batch;
               }
             }
           }
@@ -110,6 +119,7 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
 
 TEST(PipelinePartitionerTest, MatchesBruteForce) {
   std::mt19937 rng(5);
+  int recomputing = 0, sending = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int layers = 2 + trial % 9;
     const CostModel cost = RandomChain(layers, &rng);
@@ -120,9 +130,10 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
     // Half the trials have a memory limit that rules some splits out; some of
     // those may recompute a stage's activations to fit, under GPipe's
     // holding of every micro-batch.
-    r.device_memory_bytes = trial % 2 ? 0 : 2500 + static_cast<int64_t>(rng() % 4000);
-    r.allow_recompute = trial % 4 == 0;
+    r.device_memory_bytes = trial % 2 ? 0 : 2500 + static_cast<int64_t>(rng() % 12000);
+    r.allow_recompute = trial % 3 == 0;
     r.allow_offload = trial % 6 == 0;
+    r.allow_offload_activations = trial % 5 == 0;
     r.gpipe = trial % 8 == 0;
     const double truth = BruteForce(cost, r);
     absl::StatusOr<std::vector<tandem::v1::PipelineStage>> stages = PartitionPipeline(cost, r);
@@ -140,8 +151,15 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
       if (r.device_memory_bytes > 0) {
         EXPECT_LE(s.memory_bytes(), r.device_memory_bytes);
       }
+      EXPECT_FALSE(s.recompute() && s.offload_activations()) << "trial " << trial;
+      recomputing += s.recompute();
+      sending += s.offload_activations();
     }
   }
+  // Both ways of holding one micro-batch's activations were chosen somewhere.
+  EXPECT_GT(recomputing, 0);
+  EXPECT_GT(sending, 0);
+  std::cout << recomputing << " stages recompute, " << sending << " offload their activations\n";
 }
 
 // Four layers of 1 s each way, 1000 bytes of weights, 10 of activations and

@@ -426,9 +426,10 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
           : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
                             "%.2fx slower than with all",
                             rates.stage_threads, rates.job_threads, rates.slower));
-  std::vector<std::string> recomputing, offloading;
+  std::vector<std::string> recomputing, offloading, sending;
   for (const tandem::v1::PipelineStage& s : plan.pipeline()) {
     if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
+    if (s.offload_activations()) sending.push_back(absl::StrCat(s.device_index()));
     if (s.offload_optimizer()) offloading.push_back(absl::StrCat(s.device_index()));
   }
   // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
@@ -438,6 +439,8 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
                     which.size() == 1 ? one : many);
   };
   name_stages(recomputing, " recomputes its activations", " recompute their activations");
+  name_stages(sending, " offloads its activations to the host between forward and backward",
+              " offload their activations to the host between forward and backward");
   name_stages(offloading, " keeps its optimizer state on the host and updates there",
               " keep their optimizer state on the host and update there");
   return note;
@@ -546,6 +549,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.continuous = p.stash_weights && !p.vertical_sync && request.pipeline_continuous;
   p.allow_recompute = !p.stash_weights;
   p.allow_offload = !p.stash_weights;
+  p.allow_offload_activations = true;
   // Offloading stages update on the host at the same time: each with its
   // share of the host's update threads.
   const int host_threads =

@@ -114,6 +114,9 @@ std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
           absl::StrFormat("; %.1f ms of the copies over peer links", s.peer_copy_seconds() * 1e3);
     }
     if (s.recompute()) lines.back() += "; recomputes its activations";
+    if (s.offload_activations()) {
+      lines.back() += "; its activations wait on the host between forward and backward";
+    }
     if (s.offload_optimizer()) lines.back() += "; optimizer state and update on the host";
   }
   return lines;

@@ -40,6 +40,9 @@ struct PipelineRunner::Stage {
   // from the stage before's device, and the stage before pulls its input
   // gradient from this one's. Else both go through staging host memory.
   bool peer_in = false, peer_back = false;
+  // Each micro-batch's outputs and saved tensors go down to staging host
+  // memory after its forward and come back before its backward.
+  bool offload_activations = false;
   // Offloading stages: their gradients' host copy (staging memory); their
   // moments are the runner's host copy (no device moments).
   bool offload = false;
@@ -103,6 +106,9 @@ struct PipelineRunner::Step {
   struct Slots {
     std::vector<Buffer> in, targets;
     std::vector<std::vector<Buffer>> out, saved;
+    // Offloading activations: out and saved of a micro-batch between its
+    // forward and its backward, in staging host memory.
+    std::vector<std::vector<Buffer>> host_out, host_saved;
   };
   std::vector<Slots> slots;
   // `batch` is read by forwards alone, which all run within the step's call.
@@ -195,6 +201,10 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
                        " recomputes its activations, which PipeDream's stashed weights do not "
                        "support (GPipe and 1F1B do)"));
     }
+    if (st.offload_activations && st.recompute) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: stage ", s, " both recomputes and offloads its activations; one of them"));
+    }
     if (st.offload_optimizer && options.schedule == PipelineSchedule::kPipeDream) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s,
@@ -235,6 +245,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->device = spec.device;
   stage->recompute = spec.recompute;
   stage->offload = spec.offload_optimizer;
+  stage->offload_activations = spec.offload_activations;
   stage->index = index;
   stage->param_begin = model_.param_offset(stage->first);
   stage->param_n = model_.param_offset(stage->end) - stage->param_begin;
@@ -392,7 +403,7 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
   const double t = WallSeconds();
   const int last = st.end - st.first - 1;
   if (st.end < model_.num_layers()) {
-    if (step.training && !st.recompute && stages_[s + 1]->peer_in) {
+    if (step.training && !st.recompute && !st.offload_activations && stages_[s + 1]->peer_in) {
       // The next stage pulls it; this stage keeps it for its own backward,
       // which waits for that stage's gradient, so after the pull.
       Parcel parcel;
@@ -458,6 +469,7 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   }
   TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/false));
   TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
+  if (step.training && st.offload_activations) return MoveActivations(step, s, m, /*down=*/true);
   // Nothing is kept for a backward in evaluation; a recomputing stage keeps
   // its input alone and runs the forward again before the backward.
   if (!step.training || st.recompute) {
@@ -468,6 +480,35 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
     sl.in[m].Reset();
     sl.targets[m].Reset();
   }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::MoveActivations(Step& step, int s, int m, bool down) {
+  Stage& st = *stages_[s];
+  Step::Slots& sl = step.slots[s];
+  const double t = WallSeconds();
+  int64_t bytes = 0;
+  for (size_t i = 0; i < sl.out.size(); ++i) {
+    for (auto [device, host] : {std::pair{&sl.out[i][m], &sl.host_out[i][m]},
+                                std::pair{&sl.saved[i][m], &sl.host_saved[i][m]}}) {
+      Buffer& from = down ? *device : *host;
+      Buffer& to = down ? *host : *device;
+      if (from.empty()) continue;
+      Allocator* alloc = down ? st.device->host_staging_allocator() : st.device->allocator();
+      TANDEM_ASSIGN_OR_RETURN(to,
+                              Buffer::Allocate(alloc, from.bytes(), MemoryCategory::kActivations));
+      TANDEM_RETURN_IF_ERROR(down ? st.device->CopyToHost(to.data(), from.data(), from.bytes())
+                                  : st.device->CopyToDevice(to.data(), from.data(), from.bytes()));
+      bytes += from.bytes();
+      from.Reset();
+    }
+  }
+  const double end = WallSeconds();
+  st.copy += end - t;
+  st.Span(
+      down ? tandem::v1::TIMELINE_RESOURCE_COPY_D2H : tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+      down ? tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H : tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
+      down ? st.end - 1 : st.first, m, t, end, bytes);
   return absl::OkStatus();
 }
 
@@ -590,8 +631,12 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   Step::Slots& sl = step.slots[s];
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
-  // A recomputing stage's activations, again (while the gradient comes).
+  // A recomputing stage's activations, again, or an offloading one's back
+  // (while the gradient comes).
   if (st.recompute) TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/true));
+  if (st.offload_activations) {
+    TANDEM_RETURN_IF_ERROR(MoveActivations(step, s, m, /*down=*/false));
+  }
   TANDEM_ASSIGN_OR_RETURN(Buffer dy, ReceiveGradient(step, s, m));
   const double t = WallSeconds();
   for (int l = st.end - 1; l >= st.first; --l) {
@@ -792,7 +837,7 @@ void PipelineRunner::Begin(Step& step, const Batch& batch, bool training) {
     Step::Slots& sl = step.slots[s];
     sl.in.resize(M);
     sl.targets.resize(M);
-    for (auto* v : {&sl.out, &sl.saved}) {
+    for (auto* v : {&sl.out, &sl.saved, &sl.host_out, &sl.host_saved}) {
       v->resize(stages_[s]->end - stages_[s]->first);
       for (auto& per_layer : *v) per_layer.resize(M);
     }
@@ -1018,6 +1063,7 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     o.set_updates(st.updates);
     o.set_recompute(st.recompute);
     o.set_offload_optimizer(st.offload);
+    o.set_offload_activations(st.offload_activations);
   }
   return out;
 }

@@ -77,6 +77,12 @@ struct PipelineStageSpec {
   // host (gradients down, the CPU kernel, weights back up); the device holds
   // the stage's weights and gradients only. The same update as on the device.
   bool offload_optimizer = false;
+  // The other way to hold one micro-batch's activations at a time (every
+  // schedule; not with recompute): each micro-batch's layer outputs and
+  // saved tensors go down to the device's staging host memory after its
+  // forward and come back before its backward. The same training, for two
+  // copies of them per micro-batch.
+  bool offload_activations = false;
 };
 
 struct PipelineOptions {
@@ -166,6 +172,9 @@ class PipelineRunner final : public StepRunner {
   // Stage s's layers forward on micro-batch m's input, filling out/saved
   // (`recompute`: a second time, before its backward).
   absl::Status RunForward(Step& step, int s, int m, bool recompute);
+  // Offloading activations: micro-batch m's outputs and saved tensors of
+  // stage s to staging host memory (`down`) or back to its device.
+  absl::Status MoveActivations(Step& step, int s, int m, bool down);
   // EvalBatch's work: each micro-batch through the stages in turn.
   absl::StatusOr<EvalResult> EvalStageAfterStage(const Batch& batch);
   // Continuous PipeDream: every stage's pending backwards (and updates) run,

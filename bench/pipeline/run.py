@@ -250,10 +250,14 @@ def bench(args, server):
                 if stages > 1:
                     loop_total += 1
                     loop_within += abs(loop["error"]) <= 0.10
-            modes = ["%d:%s%s" % (i, "recompute " if st.get("recompute") else "",
-                                  "offload" if st.get("offload_optimizer") else "")
+            modes = ["%d:%s" % (i, " ".join(
+                         name for key, name in (("recompute", "recompute"),
+                                                ("offload_activations", "offload activations"),
+                                                ("offload_optimizer", "offload optimizer"))
+                         if st.get(key)))
                      for i, st in enumerate(plan.get("pipeline", []))
-                     if st.get("recompute") or st.get("offload_optimizer")]
+                     if st.get("recompute") or st.get("offload_optimizer")
+                     or st.get("offload_activations")]
             if modes:
                 print("      stages not all on their device: " + ", ".join(modes), flush=True)
             stage_rows = []

@@ -42,6 +42,70 @@ Scored Score(const PlanSimulator& simulator, const Decisions& d, int64_t* evalua
   return s;
 }
 
+// What the compute stream's own program holds on the accelerator whatever
+// the update places (schedule/lower.cc's memory events; micro-batches run
+// one after another, each forward then backward):
+//
+//  - at the start of FORWARD(l, j): its activations and workspace (and a
+//    streamed layer's weights), what each layer before it keeps until its
+//    backward (a KEEP layer its activations, a RECOMPUTE layer its
+//    checkpoint, and layer l-1's whole activations while l runs; an
+//    OFFLOAD layer counts 0: they may be on the host), and with j >= 1
+//    every layer's gradient (allocated by BACKWARD(·, 0), freed only after
+//    the last micro-batch's backward);
+//  - at the start of BACKWARD(l, j): the same from the layers before it,
+//    layer l's whole activations (kept, recomputed or fetched back, all
+//    deps of the backward), workspace and gradient, and the gradients of
+//    the other layers that no update or copy can have freed yet: with two
+//    micro-batches those of the layers after l (j = 0) or before it
+//    (j = 1), with three or more every one.
+//
+// Only for programs whose every layer computes on the accelerator (else
+// the forward's own activations and workspace alone, the most over l).
+int64_t ForcedBytes(const CostModel& cost, const Decisions& d) {
+  const int L = static_cast<int>(d.layers.size());
+  const int m = d.micro_batch_size, M = d.micro_batches();
+  int64_t most = 0;
+  bool all_accelerator = true;
+  for (int l = 0; l < L; ++l) {
+    if (d.layers[l].compute != tandem::v1::PLACEMENT_ACCELERATOR) {
+      all_accelerator = false;
+      continue;
+    }
+    most = std::max(most, cost.ActivationBytes(l, m) + cost.WorkspaceBytes(l, m));
+  }
+  if (!all_accelerator || L == 0) return most;
+  std::vector<int64_t> grads_before(L + 1, 0);  // of layers [0, l)
+  for (int l = 0; l < L; ++l) grads_before[l + 1] = grads_before[l] + cost.GradientBytes(l);
+  const int64_t all_grads = grads_before[L];
+  int64_t kept = 0;  // by the layers before l, until their backwards
+  for (int l = 0; l < L; ++l) {
+    const LayerDecisions& x = d.layers[l];
+    const int64_t act = cost.ActivationBytes(l, m);
+    const int64_t checkpoint = l == 0 ? 0 : std::min(act, cost.OutputBytes(l - 1, m));
+    const int64_t weights =
+        x.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED ? cost.ParameterBytes(l) : 0;
+    const int64_t own = act + cost.WorkspaceBytes(l, m) + weights;
+    int64_t previous_whole = 0;
+    if (l > 0 && d.layers[l - 1].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) {
+      const int64_t prev_act = cost.ActivationBytes(l - 1, m);
+      previous_whole = prev_act - std::min(prev_act, l == 1 ? 0 : cost.OutputBytes(l - 2, m));
+    }
+    most = std::max(most, kept + previous_whole + own + (M >= 2 ? all_grads : 0));
+    const int64_t grad = cost.GradientBytes(l);
+    int64_t grads = grad;
+    if (M == 2) {
+      grads = std::max(all_grads - grads_before[l], grads_before[l + 1]);
+    } else if (M > 2) {
+      grads = all_grads;
+    }
+    most = std::max(most, kept + own + grads);
+    if (x.activation == tandem::v1::ACTIVATION_POLICY_KEEP) kept += act;
+    if (x.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) kept += checkpoint;
+  }
+  return most;
+}
+
 // The branch and bound's lower bounds (state_streaming.h, step 3) on the
 // iteration and the accelerator peak of every placement that completes a
 // partial one. Built from 1 + 2n simulations: `origin` (every movable layer
@@ -271,70 +335,6 @@ class PlacementBound {
         tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE};
     for (int i = 0; i < kResources; ++i) (*w)[i] = r.resource_work_seconds[kKinds[i]];
     return true;
-  }
-
-  // What the compute stream's own program holds on the accelerator whatever
-  // the update places (schedule/lower.cc's memory events; micro-batches run
-  // one after another, each forward then backward):
-  //
-  //  - at the start of FORWARD(l, j): its activations and workspace (and a
-  //    streamed layer's weights), what each layer before it keeps until its
-  //    backward (a KEEP layer its activations, a RECOMPUTE layer its
-  //    checkpoint, and layer l-1's whole activations while l runs; an
-  //    OFFLOAD layer counts 0: they may be on the host), and with j >= 1
-  //    every layer's gradient (allocated by BACKWARD(·, 0), freed only after
-  //    the last micro-batch's backward);
-  //  - at the start of BACKWARD(l, j): the same from the layers before it,
-  //    layer l's whole activations (kept, recomputed or fetched back, all
-  //    deps of the backward), workspace and gradient, and the gradients of
-  //    the other layers that no update or copy can have freed yet: with two
-  //    micro-batches those of the layers after l (j = 0) or before it
-  //    (j = 1), with three or more every one.
-  //
-  // Only for programs whose every layer computes on the accelerator (else
-  // the forward's own activations and workspace alone, the most over l).
-  static int64_t ForcedBytes(const CostModel& cost, const Decisions& d) {
-    const int L = static_cast<int>(d.layers.size());
-    const int m = d.micro_batch_size, M = d.micro_batches();
-    int64_t most = 0;
-    bool all_accelerator = true;
-    for (int l = 0; l < L; ++l) {
-      if (d.layers[l].compute != tandem::v1::PLACEMENT_ACCELERATOR) {
-        all_accelerator = false;
-        continue;
-      }
-      most = std::max(most, cost.ActivationBytes(l, m) + cost.WorkspaceBytes(l, m));
-    }
-    if (!all_accelerator || L == 0) return most;
-    std::vector<int64_t> grads_before(L + 1, 0);  // of layers [0, l)
-    for (int l = 0; l < L; ++l) grads_before[l + 1] = grads_before[l] + cost.GradientBytes(l);
-    const int64_t all_grads = grads_before[L];
-    int64_t kept = 0;  // by the layers before l, until their backwards
-    for (int l = 0; l < L; ++l) {
-      const LayerDecisions& x = d.layers[l];
-      const int64_t act = cost.ActivationBytes(l, m);
-      const int64_t checkpoint = l == 0 ? 0 : std::min(act, cost.OutputBytes(l - 1, m));
-      const int64_t weights =
-          x.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED ? cost.ParameterBytes(l) : 0;
-      const int64_t own = act + cost.WorkspaceBytes(l, m) + weights;
-      int64_t previous_whole = 0;
-      if (l > 0 && d.layers[l - 1].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) {
-        const int64_t prev_act = cost.ActivationBytes(l - 1, m);
-        previous_whole = prev_act - std::min(prev_act, l == 1 ? 0 : cost.OutputBytes(l - 2, m));
-      }
-      most = std::max(most, kept + previous_whole + own + (M >= 2 ? all_grads : 0));
-      const int64_t grad = cost.GradientBytes(l);
-      int64_t grads = grad;
-      if (M == 2) {
-        grads = std::max(all_grads - grads_before[l], grads_before[l + 1]);
-      } else if (M > 2) {
-        grads = all_grads;
-      }
-      most = std::max(most, kept + own + grads);
-      if (x.activation == tandem::v1::ACTIVATION_POLICY_KEEP) kept += act;
-      if (x.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) kept += checkpoint;
-    }
-    return most;
   }
 
   Work base_{};
@@ -841,9 +841,28 @@ class StreamSearch {
 
 }  // namespace
 
+int64_t LeastAcceleratorPeakBytes(const CostModel& cost, const Decisions& d) {
+  int64_t weights = 0;
+  for (int l = 0; l < static_cast<int>(d.layers.size()); ++l) {
+    const LayerDecisions& x = d.layers[l];
+    if (x.compute != tandem::v1::PLACEMENT_ACCELERATOR) return ForcedBytes(cost, d);
+    if (x.parameter_home == tandem::v1::PARAMETER_HOME_ACCELERATOR) {
+      weights += cost.ParameterBytes(l);
+    }
+  }
+  return weights + ForcedBytes(cost, d);
+}
+
 StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Decisions& start,
                                        double start_seconds, int64_t budget_bytes,
                                        const StreamSearchOptions& options) {
+  // Nothing fits: not one simulation (a start where no two-place placement
+  // fits is searched from every layer on the host).
+  if (LeastAcceleratorPeakBytes(simulator.cost(), start) > budget_bytes) {
+    StreamSearchResult none;
+    none.decisions = start;
+    return none;
+  }
   return StreamSearch(simulator, start, start_seconds, budget_bytes, options).Run();
 }
 

@@ -98,6 +98,14 @@ StreamSearchResult SearchStreamedState(const PlanSimulator& simulator, const Dec
                                        double start_seconds, int64_t budget_bytes,
                                        const StreamSearchOptions& options = {});
 
+// A lower bound on the accelerator peak of `d`'s layers under every update
+// place, prefetch distance and lag: the weights it keeps there, and what the
+// compute stream's own forwards and backwards hold whatever the updates do
+// (activations kept until their backwards, workspaces, the gradients no
+// update can have freed yet). SearchStreamedState spends no simulation
+// where it is over the budget.
+int64_t LeastAcceleratorPeakBytes(const CostModel& cost, const Decisions& d);
+
 struct ExhaustiveResult {
   bool feasible = false;
   double iteration_seconds = 0;

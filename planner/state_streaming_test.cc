@@ -209,6 +209,9 @@ TEST(StateStreamingTest, NoPlacementIsFasterThanTheBranchAndBoundsBound) {
               << "trial " << trial << " placement " << c << " d" << ahead << " q" << lag;
           EXPECT_GE(r->prediction.accelerator_peak_bytes(), bound->accelerator_peak_bytes)
               << "trial " << trial << " placement " << c << " d" << ahead << " q" << lag;
+          EXPECT_GE(r->prediction.accelerator_peak_bytes(),
+                    LeastAcceleratorPeakBytes(p.chain.cost, d))
+              << "trial " << trial << " placement " << c << " d" << ahead << " q" << lag;
         }
       }
     }

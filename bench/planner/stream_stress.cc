@@ -102,6 +102,36 @@ void Compare(uint32_t seed, int trial, int layers, const Answer& found,
   if (found.exact) std::printf("  ... and the search called its answer exact\n");
 }
 
+// The planner's answers alone (no exhaustive search to compare with): how
+// many it calls exact, their summed step times (lower is better between two
+// builds on the same instances) and the search's cost.
+int RunSearchOnly(int instances, int min_layers, int max_layers, uint32_t seed,
+                  const StreamSearchOptions& options) {
+  std::mt19937 rng(seed);
+  int feasible = 0, exact = 0;
+  double seconds = 0, search_seconds = 0;
+  int64_t evaluations = 0;
+  for (int trial = 0; trial < instances; ++trial) {
+    const int layers = min_layers + trial % (max_layers - min_layers + 1);
+    testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
+    const PlanSimulator simulator(p.chain.cost);
+    auto t0 = std::chrono::steady_clock::now();
+    const Answer found = PlannerAnswer(p, simulator, options);
+    search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    evaluations += found.evaluations;
+    if (!found.feasible) continue;
+    ++feasible;
+    exact += found.exact;
+    seconds += found.seconds;
+  }
+  std::printf(
+      "%d instances of %d-%d layers (seed %u), search only: %d feasible, %d answers called exact, "
+      "their steps summed %.6g s; search %.1f ms and %.1f simulations per instance\n",
+      instances, min_layers, max_layers, seed, feasible, exact, seconds,
+      1e3 * search_seconds / instances, static_cast<double>(evaluations) / instances);
+  return 0;
+}
+
 int Run(int instances, int min_layers, int max_layers, uint32_t seed,
         const StreamSearchOptions& options) {
   std::mt19937 rng(seed);
@@ -146,7 +176,12 @@ int main(int argc, char** argv) {
   const int min_layers = argc > 5 ? std::atoi(argv[5]) : 1;
   // The branch and bound's simulations on every chain (the planner's: 2,000,
   // and 20,000 on chains of up to 8 movable layers).
-  if (argc > 6)
+  // "planner" keeps them.
+  if (argc > 6 && std::string(argv[6]) != "planner")
     options.max_exact_evaluations = options.small_exact_evaluations = std::atoll(argv[6]);
+  // "search": the planner's answers alone, without the exhaustive search.
+  if (argc > 7 && std::string(argv[7]) == "search") {
+    return tandem::planner::RunSearchOnly(instances, min_layers, max_layers, seed, options);
+  }
   return tandem::planner::Run(instances, min_layers, max_layers, seed, options);
 }

@@ -588,19 +588,9 @@ absl::Status ValidateForcedPlan(const Model& model, const JobSpec& resolved, con
 // host-to-device one (the emulated accelerators' peer link), added to the
 // profile's links where it has none between devices.
 tandem::v1::Profile WithAcceleratorsAlike(tandem::v1::Profile measured, int k, bool peer) {
-  if (peer) {
-    const tandem::v1::LinkProfile* h2d = nullptr;
-    bool has_peer = false;
-    for (const tandem::v1::LinkProfile& link : measured.links()) {
-      has_peer |= link.direction() == tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE;
-      // As the cost model picks it (a pinned one first).
-      if (link.direction() == tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE &&
-          link.bandwidth_bytes_per_second() > 0 &&
-          (h2d == nullptr || (link.pinned() && !h2d->pinned()))) {
-        h2d = &link;
-      }
-    }
-    if (h2d != nullptr && !has_peer) {
+  if (peer && planner::BestLink(measured, tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE) == nullptr) {
+    if (const tandem::v1::LinkProfile* h2d =
+            planner::BestLink(measured, tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE)) {
       tandem::v1::LinkProfile link = *h2d;
       link.set_direction(tandem::v1::LINK_DIRECTION_DEVICE_TO_DEVICE);
       link.set_from_device_id(h2d->to_device_id());

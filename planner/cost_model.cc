@@ -175,16 +175,6 @@ MeasuredDevices FindMeasuredDevices(const Profile& profile) {
   return found;
 }
 
-// Page-locked links win over pageable ones; the measured asymptotic figure.
-const tandem::v1::LinkProfile* BestLink(const Profile& profile, LinkDirection direction) {
-  const tandem::v1::LinkProfile* best = nullptr;
-  for (const tandem::v1::LinkProfile& l : profile.links()) {
-    if (l.direction() != direction || !(l.bandwidth_bytes_per_second() > 0)) continue;
-    if (best == nullptr || (l.pinned() && !best->pinned())) best = &l;
-  }
-  return best;
-}
-
 // One layer's calls on one device, at the profiled batch, overhead included.
 struct DeviceTimes {
   double forward_seconds = 0;
@@ -296,6 +286,16 @@ DeviceTimes RooflineTimes(const LayerProfile& layer, OpClass op_class, const Pro
 }
 
 }  // namespace
+
+const tandem::v1::LinkProfile* BestLink(const tandem::v1::Profile& profile,
+                                        tandem::v1::LinkDirection direction) {
+  const tandem::v1::LinkProfile* best = nullptr;
+  for (const tandem::v1::LinkProfile& l : profile.links()) {
+    if (l.direction() != direction || !(l.bandwidth_bytes_per_second() > 0)) continue;
+    if (best == nullptr || (l.pinned() && !best->pinned())) best = &l;
+  }
+  return best;
+}
 
 absl::StatusOr<OpClass> OpClassOfKind(absl::string_view kind) {
   static const std::pair<absl::string_view, OpClass> kKinds[] = {

@@ -83,6 +83,11 @@ double ThreadsRate(const tandem::v1::ProcessorSpec& spec, int k);
 // [1, threads]; 0 when either rate is unknown.
 double ThreadSpeedup(int threads, double rate, double single_thread_rate);
 
+// The profile's link in `direction` the cost model plans with: page-locked
+// over pageable, with a measured bandwidth; null when there is none.
+const tandem::v1::LinkProfile* BestLink(const tandem::v1::Profile& profile,
+                                        tandem::v1::LinkDirection direction);
+
 class CostModel {
  public:
   // From the measured timings of `profile`. FAILED_PRECONDITION when a layer

@@ -79,6 +79,8 @@ int64_t ForcedBytes(const CostModel& cost, const Decisions& d) {
   for (int l = 0; l < L; ++l) grads_before[l + 1] = grads_before[l] + cost.GradientBytes(l);
   const int64_t all_grads = grads_before[L];
   int64_t kept = 0;  // by the layers before l, until their backwards
+  // What a recomputing layer l-1 holds beyond its checkpoint while l runs.
+  int64_t previous_whole = 0;
   for (int l = 0; l < L; ++l) {
     const LayerDecisions& x = d.layers[l];
     const int64_t act = cost.ActivationBytes(l, m);
@@ -86,22 +88,18 @@ int64_t ForcedBytes(const CostModel& cost, const Decisions& d) {
     const int64_t weights =
         x.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED ? cost.ParameterBytes(l) : 0;
     const int64_t own = act + cost.WorkspaceBytes(l, m) + weights;
-    int64_t previous_whole = 0;
-    if (l > 0 && d.layers[l - 1].activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) {
-      const int64_t prev_act = cost.ActivationBytes(l - 1, m);
-      previous_whole = prev_act - std::min(prev_act, l == 1 ? 0 : cost.OutputBytes(l - 2, m));
-    }
     most = std::max(most, kept + previous_whole + own + (M >= 2 ? all_grads : 0));
-    const int64_t grad = cost.GradientBytes(l);
-    int64_t grads = grad;
+    int64_t grads = cost.GradientBytes(l);
     if (M == 2) {
       grads = std::max(all_grads - grads_before[l], grads_before[l + 1]);
     } else if (M > 2) {
       grads = all_grads;
     }
     most = std::max(most, kept + own + grads);
+    const bool recomputes = x.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE;
     if (x.activation == tandem::v1::ACTIVATION_POLICY_KEEP) kept += act;
-    if (x.activation == tandem::v1::ACTIVATION_POLICY_RECOMPUTE) kept += checkpoint;
+    if (recomputes) kept += checkpoint;
+    previous_whole = recomputes ? act - checkpoint : 0;
   }
   return most;
 }

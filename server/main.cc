@@ -212,9 +212,7 @@ tandem::node::NodeOffer NodeOfferOfThisNode(const std::string& state_dir,
                offer.status().ToString().c_str());
   tandem::node::NodeOffer quick =
       tandem::node::DetectNodeOffer(settings.accelerator_budget_bytes, resources.cuda_devices);
-  quick.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
-  quick.emulated_accelerators = settings.emulated_accelerators;
-  quick.emulated_peer_link = settings.emulated_peer_link;
+  tandem::server::ApplyEmulatedSettings(settings, &quick);
   return quick;
 }
 

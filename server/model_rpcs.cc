@@ -84,6 +84,12 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
   };
 }
 
+void ApplyEmulatedSettings(const NodeOfferSettings& settings, node::NodeOffer* offer) {
+  offer->emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
+  offer->emulated_accelerators = settings.emulated_accelerators;
+  offer->emulated_peer_link = settings.emulated_peer_link;
+}
+
 absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings, bool refresh,
                                                  absl::string_view measured_as) {
   profile::NodeProfileOptions options;
@@ -105,9 +111,7 @@ absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settin
   }
   node::NodeOffer node = node::NodeOfferFromProfile(
       result->profile, settings.accelerator_budget_bytes, settings.cuda_devices);
-  node.emulated_link_throttle_bytes_per_second = settings.emulated_link_throttle_bytes_per_second;
-  node.emulated_accelerators = settings.emulated_accelerators;
-  node.emulated_peer_link = settings.emulated_peer_link;
+  ApplyEmulatedSettings(settings, &node);
   const std::string seconds = absl::StrFormat("%.1f s", result->profile.measure_seconds());
   node.profile_source =
       result->cached

@@ -64,6 +64,10 @@ struct NodeOfferSettings {
 absl::StatusOr<node::NodeOffer> MeasureNodeOffer(const NodeOfferSettings& settings, bool refresh,
                                                  absl::string_view measured_as);
 
+// `offer` with the emulated accelerators' flags of `settings` (how many,
+// their link throttle, their peer link), whichever way it was measured.
+void ApplyEmulatedSettings(const NodeOfferSettings& settings, node::NodeOffer* offer);
+
 // What measuring the node holds of the host budget: the memcpy buffers and
 // the Adam run's state (NodeProfileOptions' defaults), with room to spare.
 constexpr int64_t kNodeProfileHostBytes = int64_t{320} << 20;

@@ -3,16 +3,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "runtime/cuda/context.h"
 
 namespace tandem {
 namespace {
-
-absl::Status FromCuda(const char* what, cudaError_t e) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
 
 // The communicator and the stream its sums run on, made on the first call
 // (on the NETWORK worker's thread, with the rank's device current).
@@ -25,10 +20,10 @@ struct NcclBuckets {
   }
 
   absl::Status Sum(const std::vector<GradientCollective::Range>& ranges) {
-    TANDEM_RETURN_IF_ERROR(FromCuda("cudaSetDevice", cudaSetDevice(device)));
+    TANDEM_RETURN_IF_ERROR(cuda::CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
     if (stream == nullptr) {
-      TANDEM_RETURN_IF_ERROR(FromCuda("cudaStreamCreateWithFlags",
-                                      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+      TANDEM_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
     }
     std::vector<std::pair<float*, int64_t>> spans;
     spans.reserve(ranges.size());
@@ -36,7 +31,7 @@ struct NcclBuckets {
       if (r.n > 0) spans.emplace_back(r.data, r.n);
     }
     TANDEM_RETURN_IF_ERROR(comm->AllReduceSumGroup(spans, stream));
-    return FromCuda("cudaStreamSynchronize", cudaStreamSynchronize(stream));
+    return cuda::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
 };
 

@@ -61,9 +61,11 @@ struct PipelineRunner::Stage {
   // of this step's updates, after j of them in slot j % size.
   std::vector<Buffer> history;
   int updates = 0;
-  // Timing of the latest step, and its spans (lane = the stage).
-  // (`peer`: the part of `copy` over a peer link.)
-  double busy = 0, copy = 0, peer = 0, update = 0;
+  // Timing of the latest step (`peer`: the part of `copy` over a peer
+  // link), and its spans (lane = the stage).
+  struct Times {
+    double busy = 0, copy = 0, peer = 0, update = 0;
+  } times;
   std::vector<tandem::v1::TimelineSpan> spans;
   int index = 0;
   double step_start = 0;
@@ -82,17 +84,28 @@ struct PipelineRunner::Stage {
 };
 
 // What one stage hands the next (an activation) or the one before (its
-// gradient): a copy in staging host memory, or (over a peer link) the
-// sender's device memory, for the receiver to pull: a buffer it gives up,
-// or one it keeps until after the pull (the activation its own backward
-// reads: `borrowed`).
+// gradient): `bytes` at `src`, a copy in staging host memory, or (over a
+// peer link) the sender's device memory, for the receiver to pull. `owned`
+// holds `src` when the sender gave it up (the receiver frees it after the
+// pull); empty when the sender keeps it until after the pull (the
+// activation its own backward reads).
 struct PipelineRunner::Parcel {
-  Buffer data;
-  const void* borrowed = nullptr;
-  int64_t borrowed_bytes = 0;
-  // The device `data` or `borrowed` is on; null: staging host memory.
+  const void* src = nullptr;
+  int64_t bytes = 0;
+  Buffer owned;
+  // The device `src` is on; null: staging host memory.
   Accelerator* from = nullptr;
-  bool full() const { return !data.empty() || borrowed != nullptr; }
+  bool full() const { return src != nullptr; }
+
+  // A buffer given up, on `device` (null: staging host memory).
+  static Parcel Of(Buffer b, Accelerator* device) {
+    Parcel p;
+    p.src = b.data();
+    p.bytes = b.bytes();
+    p.owned = std::move(b);
+    p.from = device;
+    return p;
+  }
 };
 
 // One step (or evaluation) in flight: the micro-batches, and between each two
@@ -363,10 +376,8 @@ absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
   const int64_t n = step.mb_size[m];
   Allocator* alloc = st.device->allocator();
   if (s > 0) {
-    Parcel parcel;
-    if (!step.Take(step.act[s - 1][m], &parcel)) return absl::AbortedError("another stage failed");
-    // The wait was bubble; the copy is counted by Unpack.
-    TANDEM_ASSIGN_OR_RETURN(sl.in[m], Unpack(st, std::move(parcel), st.first, m, step.training));
+    TANDEM_ASSIGN_OR_RETURN(sl.in[m], Receive(step, st, step.act[s - 1][m], st.first, m,
+                                              /*record=*/step.training));
   }
   const double t = WallSeconds();
   int64_t copied = 0;
@@ -388,7 +399,7 @@ absl::Status PipelineRunner::ReceiveInput(Step& step, int s, int m) {
         sl.targets[m].data(), step.batch->targets.data() + step.mb_start[m] * tps, n * tps * 4));
     copied += n * tps * 4;
   }
-  st.copy += WallSeconds() - t;
+  st.times.copy += WallSeconds() - t;
   if (step.training && copied > 0) {
     st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
             st.first, m, t, WallSeconds(), copied);
@@ -403,29 +414,19 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
   const double t = WallSeconds();
   const int last = st.end - st.first - 1;
   if (st.end < model_.num_layers()) {
+    const Buffer& out = sl.out[last][m];
     if (step.training && !st.recompute && !st.offload_activations && stages_[s + 1]->peer_in) {
       // The next stage pulls it; this stage keeps it for its own backward,
       // which waits for that stage's gradient, so after the pull.
       Parcel parcel;
-      parcel.borrowed = sl.out[last][m].data();
-      parcel.borrowed_bytes = sl.out[last][m].bytes();
+      parcel.src = out.data();
+      parcel.bytes = out.bytes();
       parcel.from = st.device;
       step.Put(step.act[s][m], std::move(parcel));
       return absl::OkStatus();
     }
-    TANDEM_ASSIGN_OR_RETURN(
-        Buffer staged, Buffer::Allocate(st.device->host_staging_allocator(),
-                                        sl.out[last][m].bytes(), MemoryCategory::kActivations));
-    TANDEM_RETURN_IF_ERROR(
-        st.device->CopyToHost(staged.data(), sl.out[last][m].data(), staged.bytes()));
-    if (step.training) {
-      st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
-              st.end - 1, m, t, WallSeconds(), staged.bytes());
-    }
-    Parcel parcel;
-    parcel.data = std::move(staged);
-    step.Put(step.act[s][m], std::move(parcel));
-    st.copy += WallSeconds() - t;
+    TANDEM_ASSIGN_OR_RETURN(Parcel staged, Staged(st, out, st.end - 1, m, step.training));
+    step.Put(step.act[s][m], std::move(staged));
     return absl::OkStatus();
   }
   // The per-sample losses, and in evaluation the logits (the loss's input).
@@ -446,7 +447,7 @@ absl::Status PipelineRunner::SendOutput(Step& step, int s, int m) {
         step.batch->targets.data() + step.mb_start[m] * model_.data().targets_per_sample, positions,
         loss.classes());
   }
-  st.copy += WallSeconds() - t;
+  st.times.copy += WallSeconds() - t;
   return absl::OkStatus();
 }
 
@@ -504,7 +505,7 @@ absl::Status PipelineRunner::MoveActivations(Step& step, int s, int m, bool down
     }
   }
   const double end = WallSeconds();
-  st.copy += end - t;
+  st.times.copy += end - t;
   st.Span(
       down ? tandem::v1::TIMELINE_RESOURCE_COPY_D2H : tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
       down ? tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H : tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
@@ -551,7 +552,7 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
               l, m, began, WallSeconds());
     }
   }
-  st.busy += WallSeconds() - t;
+  st.times.busy += WallSeconds() - t;
   return absl::OkStatus();
 }
 
@@ -569,35 +570,49 @@ absl::StatusOr<Buffer> PipelineRunner::ReceiveGradient(Step& step, int s, int m)
         st.device->Fill(dy.f32(), 1.0f / static_cast<float>(pipedream ? n : step.batch->size), n));
     return dy;
   }
-  Parcel parcel;
-  if (!step.Take(step.grad[s][m], &parcel)) return absl::AbortedError("another stage failed");
-  return Unpack(st, std::move(parcel), st.end - 1, m, /*record=*/true);
+  return Receive(step, st, step.grad[s][m], st.end - 1, m, /*record=*/true);
 }
 
-absl::StatusOr<Buffer> PipelineRunner::Unpack(Stage& st, Parcel parcel, int layer, int m,
-                                              bool record) {
+absl::StatusOr<Buffer> PipelineRunner::Receive(Step& step, Stage& st, Parcel& box, int layer, int m,
+                                               bool record) {
+  Parcel parcel;
+  if (!step.Take(box, &parcel)) return absl::AbortedError("another stage failed");
+  // The wait was bubble; the copy is not.
   const double t = WallSeconds();
-  const void* src = parcel.borrowed != nullptr ? parcel.borrowed : parcel.data.data();
-  const int64_t bytes = parcel.borrowed != nullptr ? parcel.borrowed_bytes : parcel.data.bytes();
-  TANDEM_ASSIGN_OR_RETURN(
-      Buffer to, Buffer::Allocate(st.device->allocator(), bytes, MemoryCategory::kActivations));
-  if (parcel.from != nullptr) {
-    TANDEM_RETURN_IF_ERROR(st.device->CopyFromPeer(to.data(), *parcel.from, src, bytes));
-  } else {
-    TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(to.data(), src, bytes));
-  }
+  TANDEM_ASSIGN_OR_RETURN(Buffer to, Buffer::Allocate(st.device->allocator(), parcel.bytes,
+                                                      MemoryCategory::kActivations));
+  TANDEM_RETURN_IF_ERROR(
+      parcel.from != nullptr
+          ? st.device->CopyFromPeer(to.data(), *parcel.from, parcel.src, parcel.bytes)
+          : st.device->CopyToDevice(to.data(), parcel.src, parcel.bytes));
   // A buffer the sender gave up (its device memory, or staging) goes now.
-  parcel.data.Reset();
+  parcel.owned.Reset();
   const double end = WallSeconds();
-  st.copy += end - t;
-  if (parcel.from != nullptr) st.peer += end - t;
+  st.times.copy += end - t;
+  if (parcel.from != nullptr) st.times.peer += end - t;
   if (record) {
     st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
             parcel.from != nullptr ? tandem::v1::TIMELINE_PHASE_PEER_COPY
                                    : tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
-            layer, m, t, end, bytes);
+            layer, m, t, end, parcel.bytes);
   }
   return to;
+}
+
+absl::StatusOr<PipelineRunner::Parcel> PipelineRunner::Staged(Stage& st, const Buffer& from,
+                                                              int layer, int m, bool record) {
+  const double t = WallSeconds();
+  TANDEM_ASSIGN_OR_RETURN(Buffer staged,
+                          Buffer::Allocate(st.device->host_staging_allocator(), from.bytes(),
+                                           MemoryCategory::kActivations));
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), from.data(), from.bytes()));
+  const double end = WallSeconds();
+  st.times.copy += end - t;
+  if (record) {
+    st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
+            layer, m, t, end, from.bytes());
+  }
+  return Parcel::Of(std::move(staged), nullptr);
 }
 
 absl::Status PipelineRunner::SendGradient(Step& step, int s, int m, Buffer dx) {
@@ -605,24 +620,12 @@ absl::Status PipelineRunner::SendGradient(Step& step, int s, int m, Buffer dx) {
   if (st.peer_back) {
     // The stage before pulls it from this device, then frees it. It takes
     // the place of the input of m this backward has just freed.
-    Parcel parcel;
-    parcel.data = std::move(dx);
-    parcel.from = st.device;
-    step.Put(step.grad[s - 1][m], std::move(parcel));
+    step.Put(step.grad[s - 1][m], Parcel::Of(std::move(dx), st.device));
     return absl::OkStatus();
   }
-  const double t = WallSeconds();
-  TANDEM_ASSIGN_OR_RETURN(Buffer staged,
-                          Buffer::Allocate(st.device->host_staging_allocator(), dx.bytes(),
-                                           MemoryCategory::kActivations));
-  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(staged.data(), dx.data(), dx.bytes()));
-  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H,
-          st.first, m, t, WallSeconds(), staged.bytes());
+  TANDEM_ASSIGN_OR_RETURN(Parcel staged, Staged(st, dx, st.first, m, /*record=*/true));
   dx.Reset();
-  Parcel parcel;
-  parcel.data = std::move(staged);
-  step.Put(step.grad[s - 1][m], std::move(parcel));
-  st.copy += WallSeconds() - t;
+  step.Put(step.grad[s - 1][m], std::move(staged));
   return absl::OkStatus();
 }
 
@@ -678,7 +681,7 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   }
   sl.in[m].Reset();
   sl.targets[m].Reset();
-  st.busy += WallSeconds() - t;
+  st.times.busy += WallSeconds() - t;
   // dy is now the gradient of the stage's input.
   if (s > 0) TANDEM_RETURN_IF_ERROR(SendGradient(step, s, m, std::move(dy)));
   if (options_.schedule == PipelineSchedule::kPipeDream) return UpdateAfter(step, s, m);
@@ -695,7 +698,7 @@ absl::Status PipelineRunner::UpdateAfter(Step& step, int s, int m) {
   TANDEM_RETURN_IF_ERROR(
       st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
   TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
-  st.update += WallSeconds() - t;
+  st.times.update += WallSeconds() - t;
   st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
           m, t, WallSeconds(), st.param_n * 4);
   ++st.updates;
@@ -782,9 +785,9 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   TANDEM_RETURN_IF_ERROR(
       st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
   TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
-  st.update = WallSeconds() - t;
+  st.times.update = WallSeconds() - t;
   st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
-          0, t, t + st.update, st.param_n * 4);
+          0, t, t + st.times.update, st.param_n * 4);
   return absl::OkStatus();
 }
 
@@ -809,7 +812,7 @@ absl::Status PipelineRunner::UpdateOnHost(Stage& st, const StepConstants& c, dou
   const double up = WallSeconds();
   st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, -1, 0,
           updated, up, bytes);
-  st.update = up - t;
+  st.times.update = up - t;
   return absl::OkStatus();
 }
 
@@ -885,22 +888,17 @@ absl::Status PipelineRunner::Drain() {
   if (!pending) return absl::OkStatus();
   // The latest step's figures stay its own.
   struct Figures {
-    double busy, copy, peer, update;
+    Stage::Times times;
     int updates;
     size_t spans;
   };
   std::vector<Figures> kept;
-  for (const auto& st : stages_) {
-    kept.push_back({st->busy, st->copy, st->peer, st->update, st->updates, st->spans.size()});
-  }
+  for (const auto& st : stages_) kept.push_back({st->times, st->updates, st->spans.size()});
   std::vector<double> ended;
   const absl::Status drained = OnEveryStage(nullptr, &ended);
   for (int s = 0; s < num_stages(); ++s) {
     Stage& st = *stages_[s];
-    st.busy = kept[s].busy;
-    st.copy = kept[s].copy;
-    st.peer = kept[s].peer;
-    st.update = kept[s].update;
+    st.times = kept[s].times;
     st.updates = kept[s].updates;
     st.spans.resize(kept[s].spans);
   }
@@ -911,7 +909,7 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
   const int K = num_stages();
   const double start = WallSeconds();
   for (auto& st : stages_) {
-    st->busy = st->copy = st->peer = st->update = 0;
+    st->times = {};
     st->updates = 0;
     st->step_start = start;
     st->spans.clear();
@@ -920,17 +918,17 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
   TANDEM_RETURN_IF_ERROR(OnEveryStage(step, &ended));
 
   double end = start;
-  for (int s = 0; s < K; ++s) end = std::max(end, ended[s] - stages_[s]->update);
+  for (int s = 0; s < K; ++s) end = std::max(end, ended[s] - stages_[s]->times.update);
   last_pipeline_seconds_ = end - start;
   timeline_.Clear();
   for (int s = 0; s < K; ++s) {
     const Stage& st = *stages_[s];
     PipelineStageStats& out = stats_[s];
-    out.busy_seconds = st.busy;
-    out.copy_seconds = st.copy;
-    out.peer_copy_seconds = st.peer;
-    out.update_seconds = st.update;
-    out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.busy - st.copy);
+    out.busy_seconds = st.times.busy;
+    out.copy_seconds = st.times.copy;
+    out.peer_copy_seconds = st.times.peer;
+    out.update_seconds = st.times.update;
+    out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.times.busy - st.times.copy);
     out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;
     for (const tandem::v1::TimelineSpan& span : st.spans) *timeline_.add_spans() = span;
   }

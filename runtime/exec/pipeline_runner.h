@@ -210,10 +210,15 @@ class PipelineRunner final : public StepRunner {
   absl::StatusOr<Buffer> ReceiveGradient(Step& step, int s, int m);
   // The gradient of the stage's input, `dx`, handed to the stage before.
   absl::Status SendGradient(Step& step, int s, int m, Buffer dx);
-  // What a neighbour handed stage `stage`, in a new buffer on its device:
-  // pulled over the peer link, or copied from staging host memory; counted
-  // in the stage's copy time, and (`record`) a span of layer `layer`.
-  absl::StatusOr<Buffer> Unpack(Stage& stage, Parcel parcel, int layer, int m, bool record);
+  // What a neighbour hands `stage` through `box`, once there, in a new
+  // buffer on its device: pulled over the peer link, or copied from staging
+  // host memory; counted in the stage's copy time, and (`record`) a span
+  // of layer `layer`. ABORTED when another stage failed.
+  absl::StatusOr<Buffer> Receive(Step& step, Stage& stage, Parcel& box, int layer, int m,
+                                 bool record);
+  // `from` (on `stage`'s device) copied down to its staging host memory, to
+  // hand on; counted likewise.
+  absl::StatusOr<Parcel> Staged(Stage& stage, const Buffer& from, int layer, int m, bool record);
   absl::Status StageForward(Step& step, int s, int m);
   absl::Status StageBackward(Step& step, int s, int m);
   absl::Status Update(const StepOptions& options, double* grad_norm);

@@ -1,9 +1,5 @@
 #include "runtime/layers/device_ops.h"
 
-#include <functional>
-
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "runtime/cpu/kernels.h"
 
 #ifdef TANDEM_HAVE_CUDA
@@ -72,16 +68,10 @@ void MatmulHalf(const LayerContext& ctx, DType half, const cpu::MatmulShape& sha
 #ifdef TANDEM_HAVE_CUDA
 namespace {
 
-// The widening or the product into the context's scratch, then `then` on it.
-absl::Status ViaScratch(const LayerContext& ctx, int64_t floats,
-                        const std::function<absl::Status(float*)>& then) {
-  float* tmp = static_cast<float*>(ctx.cuda->Scratch(floats * 4));
-  return then(tmp);
-}
-
-absl::Status Launched(cudaError_t e, const char* what) {
-  return e == cudaSuccess ? absl::OkStatus()
-                          : absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+// `floats` floats of the context's scratch: a bf16 operand widened, or a
+// product before its rounding.
+float* Scratch(const LayerContext& ctx, int64_t floats) {
+  return static_cast<float*>(ctx.cuda->Scratch(floats * 4));
 }
 
 }  // namespace
@@ -89,37 +79,45 @@ absl::Status Launched(cudaError_t e, const char* what) {
 
 void MatmulBf16ToBf16(const LayerContext& ctx, const cpu::MatmulShape& shape, const uint16_t* a,
                       const uint16_t* b, uint16_t* c, const float* bias) {
-  TANDEM_ON_CUDA(ctx, ViaScratch(ctx, shape.batch * shape.m * shape.n, [&](float* tmp) {
-                   absl::Status s = cuda::MatmulBf16(ctx.cuda, shape, a, b, tmp, bias);
-                   if (!s.ok()) return s;
-                   return Launched(
-                       cuda::ToBf16(tmp, c, shape.batch * shape.m * shape.n, ctx.cuda->stream),
-                       "ToBf16");
-                 }));
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    const int64_t n = shape.batch * shape.m * shape.n;
+    float* tmp = Scratch(ctx, n);
+    if (ctx.cuda->Check(cuda::MatmulBf16(ctx.cuda, shape, a, b, tmp, bias))) {
+      ctx.cuda->Check(cuda::ToBf16(tmp, c, n, ctx.cuda->stream), "ToBf16");
+    }
+    return;
+  }
+#endif
   cpu::MatmulBf16ToBf16(shape, a, b, c, bias);
 }
 
 void ColumnSumBf16(const LayerContext& ctx, const uint16_t* dy, int64_t rows, int64_t cols,
                    float* db, bool accumulate) {
-  TANDEM_ON_CUDA(ctx, ViaScratch(ctx, rows * cols, [&](float* tmp) {
-                   absl::Status s =
-                       Launched(cuda::FromBf16(dy, tmp, rows * cols, ctx.cuda->stream), "FromBf16");
-                   if (!s.ok()) return s;
-                   return Launched(
-                       cuda::ColumnSum(db, tmp, rows, cols, accumulate, ctx.cuda->stream),
-                       "ColumnSum");
-                 }));
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    float* tmp = Scratch(ctx, rows * cols);
+    if (ctx.cuda->Check(cuda::FromBf16(dy, tmp, rows * cols, ctx.cuda->stream), "FromBf16")) {
+      ctx.cuda->Check(cuda::ColumnSum(db, tmp, rows, cols, accumulate, ctx.cuda->stream),
+                      "ColumnSum");
+    }
+    return;
+  }
+#endif
   cpu::ColumnSumBf16(dy, rows, cols, db, accumulate);
 }
 
 void AccumulateBf16(const LayerContext& ctx, const uint16_t* a, float* out, int64_t n) {
-  TANDEM_ON_CUDA(ctx, ViaScratch(ctx, n, [&](float* tmp) {
-                   absl::Status s =
-                       Launched(cuda::FromBf16(a, tmp, n, ctx.cuda->stream), "FromBf16");
-                   if (!s.ok()) return s;
-                   return Launched(cuda::CopyOrAccumulate(out, tmp, n, true, ctx.cuda->stream),
-                                   "CopyOrAccumulate");
-                 }));
+#ifdef TANDEM_HAVE_CUDA
+  if (ctx.device == DeviceKind::kCuda) {
+    float* tmp = Scratch(ctx, n);
+    if (ctx.cuda->Check(cuda::FromBf16(a, tmp, n, ctx.cuda->stream), "FromBf16")) {
+      ctx.cuda->Check(cuda::CopyOrAccumulate(out, tmp, n, true, ctx.cuda->stream),
+                      "CopyOrAccumulate");
+    }
+    return;
+  }
+#endif
   cpu::AccumulateBf16(a, out, n);
 }
 

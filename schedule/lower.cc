@@ -472,9 +472,15 @@ class Lowering {
     const int M = d_.micro_batches();
     for (int rs : scattered_) {
       const Op bucket = s_.ops[rs];  // a copy: Add grows s_.ops
+      // The weights as the accelerator takes them up: a mixed-precision
+      // plan's bf16 working copies.
+      int64_t weights = 0;
+      for (int l = bucket.layer; l < bucket.layer + bucket.bucket_layers; ++l) {
+        weights += sizes_[l].parameters;
+      }
       const int g =
           Add(OpKind::kAllGather, kNetwork, kHostReplica, tandem::v1::TIMELINE_PHASE_ALL_GATHER,
-              bucket.layer, M - 1, bucket.bytes, TensorKind::kWeights);
+              bucket.layer, M - 1, weights, TensorKind::kWeights);
       s_.ops[g].bucket_layers = bucket.bucket_layers;
       for (int l = bucket.layer; l < bucket.layer + bucket.bucket_layers; ++l) {
         Dep(g, s_.layers[l].host_update);

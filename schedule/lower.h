@@ -98,7 +98,9 @@
 // with the optimizer state of that piece alone. Once every bucket is summed,
 // one ALL_GATHER per host bucket (in bucket order, on the NETWORK stream)
 // brings every rank's updated piece to every rank, after the bucket's
-// UPDATEs; the weights' way back to the accelerator (the PARAMETER_H2D of
+// UPDATEs (the weights as the accelerator takes them: in a mixed-precision
+// plan the bf16 working copies, each rank keeping only its pieces of the
+// fp32 masters); the weights' way back to the accelerator (the PARAMETER_H2D of
 // resident weights, a streamed layer's next prefetch, cpu_only's next
 // FORWARD) waits for the ALL_GATHER instead of the UPDATE. Under clipping the
 // GRADIENT_NORM sums the squares of the rank's pieces and the accelerator's

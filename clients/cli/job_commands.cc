@@ -91,6 +91,10 @@ void PrintDistributed(const Job& job) {
       std::printf("  optimizer state: rank 0 keeps %ld floats per moment on its host\n",
                   static_cast<long>(d.optimizer_elements()));
     }
+    if (d.master_weight_elements() > 0) {
+      std::printf("  master weights: rank 0 keeps %ld fp32 weights on its host\n",
+                  static_cast<long>(d.master_weight_elements()));
+    }
   }
 }
 

@@ -134,7 +134,8 @@ absl::Status Communicator::ReduceScatterSum(float* data, const std::vector<int64
   });
 }
 
-absl::Status Communicator::AllGather(float* data, const std::vector<int64_t>& counts) {
+template <typename T>
+absl::Status Communicator::AllGatherOf(T* data, const std::vector<int64_t>& counts) {
   if (static_cast<int>(counts.size()) != size_) {
     return absl::InvalidArgumentError("all-gather: one count per rank");
   }
@@ -145,14 +146,23 @@ absl::Status Communicator::AllGather(float* data, const std::vector<int64_t>& co
   }
   if (size_ == 1 || total == 0) return absl::OkStatus();
   // Gloo's input and output may not overlap.
-  gather_scratch_.assign(data + offset, data + offset + counts[rank_]);
-  return Run("all-gather", BusBytes(total * 4), [&] {
+  const auto* own = reinterpret_cast<const char*>(data + offset);
+  gather_scratch_.assign(own, own + counts[rank_] * sizeof(T));
+  return Run("all-gather", BusBytes(total * static_cast<int64_t>(sizeof(T))), [&] {
     gloo::AllgathervOptions opts(context_);
-    opts.setInput(gather_scratch_.data(), gather_scratch_.size());
+    opts.setInput(reinterpret_cast<T*>(gather_scratch_.data()), static_cast<size_t>(counts[rank_]));
     opts.setOutput(data, std::vector<size_t>(counts.begin(), counts.end()));
     opts.setTimeout(Millis(timeout_));
     gloo::allgatherv(opts);
   });
+}
+
+absl::Status Communicator::AllGather(float* data, const std::vector<int64_t>& counts) {
+  return AllGatherOf(data, counts);
+}
+
+absl::Status Communicator::AllGather(uint16_t* data, const std::vector<int64_t>& counts) {
+  return AllGatherOf(data, counts);
 }
 
 template <typename T>

@@ -76,7 +76,9 @@ class Communicator {
   // positive (INVALID_ARGUMENT otherwise).
   absl::Status ReduceScatterSum(float* data, const std::vector<int64_t>& counts);
   // The inverse: rank r's slice of `data` (laid out as above) to every rank.
+  // The 16-bit form moves bf16 weights (ZeRO's gathered working copies).
   absl::Status AllGather(float* data, const std::vector<int64_t>& counts);
+  absl::Status AllGather(uint16_t* data, const std::vector<int64_t>& counts);
   // data from rank `root` to every rank.
   absl::Status Broadcast(float* data, int64_t n, int root);
   absl::Status Broadcast(double* data, int64_t n, int root);
@@ -94,6 +96,8 @@ class Communicator {
   absl::Status AllReduceOf(T* data, int64_t n);
   template <typename T>
   absl::Status BroadcastOf(T* data, int64_t n, int root);
+  template <typename T>
+  absl::Status AllGatherOf(T* data, const std::vector<int64_t>& counts);
   template <typename Op>
   absl::Status Run(const char* what, int64_t bytes, Op op);
 
@@ -112,7 +116,8 @@ class Communicator {
     }
   };
   std::map<ReduceScatterKey, std::unique_ptr<gloo::Algorithm>> reduce_scatters_;
-  std::vector<float> gather_scratch_;
+  // An all-gather's own slice (Gloo's input and output may not overlap).
+  std::vector<char> gather_scratch_;
 };
 
 }  // namespace tandem

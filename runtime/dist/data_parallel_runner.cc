@@ -166,6 +166,8 @@ tandem::v1::DistributedStats DataParallelRunner::distributed_stats() const {
   d.set_step_waited_seconds(stats_.step_exposed_seconds);
   d.set_step_other_seconds(stats_.step_other_seconds);
   d.set_optimizer_elements(optimizer_->elements());
+  // The CPU engine computes with its fp32 weights: every rank keeps them whole.
+  d.set_master_weight_elements(model_.parameter_elements());
   return d;
 }
 

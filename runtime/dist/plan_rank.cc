@@ -37,6 +37,11 @@ absl::Status StagedGradientCollective::AllGatherHost(float* data,
   return Counted([&] { return comm_->AllGather(data, pieces); });
 }
 
+absl::Status StagedGradientCollective::AllGatherHost(uint16_t* data,
+                                                     const std::vector<int64_t>& pieces) {
+  return Counted([&] { return comm_->AllGather(data, pieces); });
+}
+
 absl::Status StagedGradientCollective::SumOverRanks(double* data, int64_t n) {
   return Counted([&] { return comm_->AllReduceSum(data, n); });
 }
@@ -211,6 +216,7 @@ tandem::v1::DistributedStats PlanRankRunner::distributed_stats() const {
   // Partitioned: this rank's pieces of the host's state and the whole state
   // of the layers its accelerator updates.
   d.set_optimizer_elements(executor_->host_state_elements());
+  d.set_master_weight_elements(executor_->master_weight_elements());
   return d;
 }
 

@@ -68,6 +68,7 @@ class StagedGradientCollective final : public GradientCollective {
   absl::Status AllReduceDevice(Accelerator* accelerator, const std::vector<Range>& ranges) override;
   absl::Status ReduceScatterHost(float* data, const std::vector<int64_t>& pieces) override;
   absl::Status AllGatherHost(float* data, const std::vector<int64_t>& pieces) override;
+  absl::Status AllGatherHost(uint16_t* data, const std::vector<int64_t>& pieces) override;
   absl::Status SumOverRanks(double* data, int64_t n) override;
   // What the collectives moved so far (any thread).
   CollectiveStats stats() const;

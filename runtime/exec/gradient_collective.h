@@ -39,9 +39,11 @@ class GradientCollective {
   // memory on every rank, cut into consecutive pieces of pieces[0],
   // pieces[1], ... floats. ReduceScatterHost: on return rank r's piece holds
   // the sum over the ranks of that piece (the rest of `data` is scratch).
-  // AllGatherHost: every rank's own piece to every rank.
+  // AllGatherHost: every rank's own piece to every rank; the 16-bit form for
+  // bf16 working copies, whose fp32 masters each rank keeps its pieces of.
   virtual absl::Status ReduceScatterHost(float* data, const std::vector<int64_t>& pieces) = 0;
   virtual absl::Status AllGatherHost(float* data, const std::vector<int64_t>& pieces) = 0;
+  virtual absl::Status AllGatherHost(uint16_t* data, const std::vector<int64_t>& pieces) = 0;
   // Sums `n` doubles over the ranks, in place: the partitioned gradient
   // norm's squares. Called while no other collective of the step is in
   // flight (the GRADIENT_NORM follows every bucket's sum, and the gathers

@@ -115,14 +115,27 @@ absl::Status PlanExecutor::Init() {
   if (options_.host_allocator == nullptr) return absl::InvalidArgumentError("no host allocator");
   Allocator* host = options_.host_allocator;
 
+  state_type_ = options_.test_working_copies && !host_only_ && !hetero_
+                    ? DType::kBF16
+                    : ExecutorStateType(model_, plan);
+  // ZeRO's mixed precision: a rank keeps its pieces of the fp32 masters,
+  // which KeepOwnMasters lays out once the buckets are cut; until then the
+  // whole weights live in their view (host_grads_), and there is never a
+  // whole fp32 copy besides.
+  partitioned_masters_ = options_.partition_host_state && options_.collective != nullptr &&
+                         !hetero_ && state_type_ == DType::kBF16;
+
   // Host state, laid out as the model's flat buffers.
   const int64_t P = model_.parameter_elements(), Bf = model_.buffer_elements();
-  TANDEM_ASSIGN_OR_RETURN(host_params_, Buffer::Allocate(host, P * 4, MemoryCategory::kParameters));
+  if (!partitioned_masters_) {
+    TANDEM_ASSIGN_OR_RETURN(host_params_,
+                            Buffer::Allocate(host, P * 4, MemoryCategory::kParameters));
+  }
   TANDEM_ASSIGN_OR_RETURN(host_grads_, Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
   TANDEM_ASSIGN_OR_RETURN(host_buffers_,
                           Buffer::Allocate(host, Bf * 4, MemoryCategory::kParameters));
-  model_.Initialize(host_params_.f32(), host_buffers_.f32(), options_.init_seed);
-  std::memset(host_grads_.data(), 0, P * 4);
+  if (!partitioned_masters_) std::memset(host_grads_.data(), 0, P * 4);
+  model_.Initialize(WholeWeights(), host_buffers_.f32(), options_.init_seed);
   if (hetero_) {
     TANDEM_ASSIGN_OR_RETURN(host_replica_grads_,
                             Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
@@ -130,7 +143,6 @@ absl::Status PlanExecutor::Init() {
   }
   optimizer_ = Optimizer::Stateless(options_.optimizer);
   TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
-  state_type_ = ExecutorStateType(model_, plan);
   TANDEM_RETURN_IF_ERROR(InitWorkingCopies());
 
   sizes_ =
@@ -142,6 +154,7 @@ absl::Status PlanExecutor::Init() {
                                                       /*full_batch=*/true));
   const Program* full = full_schedule_;
   TANDEM_RETURN_IF_ERROR(PartitionHostState());
+  TANDEM_RETURN_IF_ERROR(KeepOwnMasters());
   // Host moments: for host updates (cpu_only, hetero_dp's host replica,
   // CPU-updated layers) and, for every plan, the checkpoint's copy of the
   // accelerator's (SyncStateToHost).
@@ -229,6 +242,41 @@ absl::Status PlanExecutor::PartitionHostState() {
   return absl::OkStatus();
 }
 
+absl::Status PlanExecutor::KeepOwnMasters() {
+  if (!partitioned_masters_) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(host_params_,
+                          Buffer::Allocate(options_.host_allocator, host_state_elements_ * 4,
+                                           MemoryCategory::kParameters));
+  MastersFromWholeWeights();
+  return absl::OkStatus();
+}
+
+void PlanExecutor::MastersFromWholeWeights() {
+  const float* whole = WholeWeights();
+  for (const auto& layer : layers_) {
+    std::memcpy(MasterOf(*layer), whole + layer->moment_first, layer->moment_elements * 4);
+  }
+}
+
+absl::Status PlanExecutor::GatherMasters() {
+  float* whole = WholeWeights();
+  for (const auto& layer : layers_) {
+    std::memcpy(whole + layer->moment_first, MasterOf(*layer), layer->moment_elements * 4);
+  }
+  for (const auto& [low, b] : host_buckets_) {
+    TANDEM_RETURN_IF_ERROR(options_.collective->AllGatherHost(whole + b.begin, b.pieces));
+  }
+  return absl::OkStatus();
+}
+
+float* PlanExecutor::MasterOf(const Layer& layer) const {
+  return host_params_.f32() + (partitioned_masters_ ? layer.moment_offset : layer.moment_first);
+}
+
+float* PlanExecutor::WholeWeights() const {
+  return partitioned_masters_ ? host_grads_.f32() : host_params_.f32();
+}
+
 std::optional<StatePartition> PlanExecutor::state_partition() {
   if (!partitioned_state_) return std::nullopt;
   StatePartition part;
@@ -270,8 +318,12 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
   if (!layer.streamed && layer.param_elements > 0) {
     TANDEM_ASSIGN_OR_RETURN(
         layer.params, Buffer::Allocate(dev, layer.state_bytes(), MemoryCategory::kParameters));
-    TANDEM_RETURN_IF_ERROR(
-        accel_->CopyToDevice(layer.params.data(), HostWeights(layer), layer.state_bytes()));
+    // Before KeepOwnMasters: a layer without a working copy from the whole
+    // weights.
+    const void* weights = layer.working_copy
+                              ? HostWeights(layer)
+                              : static_cast<const void*>(WholeWeights() + layer.param_offset);
+    TANDEM_RETURN_IF_ERROR(accel_->CopyToDevice(layer.params.data(), weights, layer.state_bytes()));
   }
   if (layer.buffer_elements > 0) {
     TANDEM_ASSIGN_OR_RETURN(layer.buffers, Buffer::Allocate(dev, layer.buffer_elements * 4,
@@ -314,12 +366,15 @@ absl::Status PlanExecutor::InitWorkingCopies() {
 
 void PlanExecutor::RoundWorkingCopies() {
   if (host_copy_.empty()) return;
-  cpu::ToBf16(host_params_.f32(), host_copy_.bf16(), model_.parameter_elements());
+  cpu::ToBf16(WholeWeights(), host_copy_.bf16(), model_.parameter_elements());
 }
 
 const void* PlanExecutor::HostWeights(const Layer& layer) const {
   if (layer.working_copy) return host_copy_.bf16() + layer.param_offset;
-  return host_params_.f32() + layer.param_offset;
+  // The whole layer's weights. Where masters are partitioned, a layer
+  // without a working copy is not (it is updated on the accelerator) and its
+  // share is the whole layer.
+  return partitioned_masters_ ? MasterOf(layer) : host_params_.f32() + layer.param_offset;
 }
 
 absl::Status PlanExecutor::Drain() {
@@ -344,6 +399,8 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
   it->step = optimizer_->BeginStep(options.learning_rate, 1.0f);
   TANDEM_ASSIGN_OR_RETURN(it->schedule, ScheduleFor(SizeReplicas(*it)));
   ++iteration_;
+  // The step's gradients overwrite the whole weights' view.
+  whole_view_current_ = !partitioned_masters_;
   BuildStep(it);
   TANDEM_RETURN_IF_ERROR(WaitForCompute(*it));
   CollectTimelines();
@@ -509,14 +566,22 @@ absl::Status PlanExecutor::SyncStateToHost() {
     // whose moments are back on the host once the step has drained).
     if (hetero_ || !layer->accel_update || layer->working_copy || layer->param_elements == 0)
       continue;
-    TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_params_.f32() + layer->param_offset,
-                                              layer->params.data(), layer->param_elements * 4));
+    TANDEM_RETURN_IF_ERROR(
+        accel_->CopyToHost(MasterOf(*layer), layer->params.data(), layer->param_elements * 4));
     for (size_t s = 0; s < layer->moments.size(); ++s) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host_moments_.at(s).f32() + layer->moment_offset,
                                                 layer->moments[s].data(),
                                                 layer->param_elements * 4));
     }
   }
+  // Every rank's pieces of the masters into the whole weights' view, which
+  // host_state() shows (rank 0's checkpoint holds them whole), once a step
+  // has overwritten it. Until then the view is newer than the other ranks'
+  // pieces: rank 0 may have loaded a checkpoint into it. Every rank steps
+  // alike, so all gather or none does.
+  if (!partitioned_masters_ || whole_view_current_) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(GatherMasters());
+  whole_view_current_ = true;
   return absl::OkStatus();
 }
 
@@ -524,6 +589,15 @@ absl::Status PlanExecutor::StateChangedOnHost() {
   TANDEM_RETURN_IF_ERROR(Drain());
   // The optimizer's step counter was set through host_state().optimizer.
   if (host_only_) return absl::OkStatus();
+  if (partitioned_masters_) {
+    if (!whole_view_current_) {
+      return absl::FailedPreconditionError(
+          "the weights host_state() shows are current only after SyncStateToHost: with "
+          "partitioned master weights they share memory with the gradients");
+    }
+    // This rank's pieces of the masters from the (written) whole weights.
+    MastersFromWholeWeights();
+  }
   RoundWorkingCopies();
   for (auto& layer : layers_) {
     if (layer->buffer_elements > 0) {
@@ -545,7 +619,7 @@ absl::Status PlanExecutor::StateChangedOnHost() {
 
 HostStateView PlanExecutor::host_state() {
   HostStateView v;
-  v.params = host_params_.f32();
+  v.params = WholeWeights();
   v.buffers = host_buffers_.f32();
   // Partitioned, the host holds pieces of the moments (state_partition()).
   if (!partitioned_state_) {

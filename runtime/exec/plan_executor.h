@@ -66,6 +66,12 @@ struct ExecutorOptions {
   Accelerator* accelerator = nullptr;
   // Tests only: random delay before each span, up to this (SpanEngine).
   double span_jitter_seconds = 0;
+  // Tests only: an accelerator plan's layers keep bf16 working copies, as a
+  // bf16 model's do, while the model computes in fp32 (each call widens the
+  // copy): mixed precision's bookkeeping (masters, rounding, partitioned
+  // masters, checkpoints) where oneDNN has no bf16 products to run a bf16
+  // model with.
+  bool test_working_copies = false;
   // Tests and benchmarks: called on a worker thread with every span's record
   // as it ends (SpanInfo::op is its schedule operation); must be thread-safe.
   std::function<void(const SpanRecord&)> span_recorder;
@@ -87,7 +93,9 @@ struct ExecutorOptions {
   // partition_host_state). Each host bucket is cut into one piece per rank;
   // this rank keeps the optimizer state of its pieces alone and updates them,
   // and the ranks gather each other's updated weights. host_state() then has
-  // no moments: state_partition() is what this rank keeps.
+  // no moments: state_partition() is what this rank keeps. In bf16 mixed
+  // precision the fp32 master weights are cut the same way: the rank keeps
+  // its pieces of them and the ranks gather the bf16 working copies.
   bool partition_host_state = false;
 };
 
@@ -132,6 +140,9 @@ class PlanExecutor final : public StepRunner {
   std::optional<StatePartition> state_partition() override;
   // Floats per moment of optimizer state the host keeps.
   int64_t host_state_elements() const { return host_state_elements_; }
+  // fp32 master weights the host keeps (fewer than the model's under
+  // partitioned masters).
+  int64_t master_weight_elements() const { return host_params_.bytes() / 4; }
   tandem::v1::Timeline last_timeline() const override;
   // One line, with RegisterHost's reason, when it refused a buffer.
   std::vector<std::string> warnings() const override;
@@ -207,6 +218,21 @@ class PlanExecutor final : public StepRunner {
   // Cuts each host bucket of the full program into the ranks' pieces and
   // sets each layer's share of the host moments (Layer::moment_*).
   absl::Status PartitionHostState();
+  // Partitioned masters: host_params_ allocated as this rank's share, laid
+  // out as the moments, and filled from the whole weights (WholeWeights).
+  absl::Status KeepOwnMasters();
+  // Partitioned masters: this rank's share of them from WholeWeights().
+  void MastersFromWholeWeights();
+  // Partitioned masters: the whole fp32 weights into WholeWeights(), each
+  // host bucket's gathered from the ranks' pieces (a collective).
+  absl::Status GatherMasters();
+  // The first fp32 master weight of `layer` this rank keeps: of its share
+  // [moment_first, moment_first + moment_elements) under partitioned host
+  // state, else of the whole layer.
+  float* MasterOf(const Layer& layer) const;
+  // The model's whole fp32 weights as host_state() shows them: the masters,
+  // or under partitioned masters the view SyncStateToHost gathers.
+  float* WholeWeights() const;
   // A working copy's bf16 gradient on the host widened into host_grads_
   // (for the norm and the ranks' sums); nothing for other layers.
   void WidenHostGradient(const Layer& layer);
@@ -254,7 +280,9 @@ class PlanExecutor final : public StepRunner {
   std::vector<std::unique_ptr<Layer>> layers_;
   // Host copies: master weights, gradients (the accelerator's, when they come
   // down), optimizer moments, running statistics; hetero_dp's host replica
-  // gradients.
+  // gradients. Under partitioned masters host_params_ holds this rank's share
+  // alone (MasterOf), and host_grads_ doubles as the whole weights' view
+  // between steps (WholeWeights): every step's gradients overwrite it.
   Buffer host_params_, host_grads_, host_buffers_, host_replica_grads_;
   // Mixed precision (Layer::working_copy): the bf16 working copy of the master
   // weights, which the host updates write and H2D copies take up, and the
@@ -267,6 +295,12 @@ class PlanExecutor final : public StepRunner {
   // options_.partition_host_state with ranks: host_moments_ holds this rank's
   // share alone, laid out by Layer::moment_offset.
   bool partitioned_state_ = false;
+  // partitioned_state_ in bf16 mixed precision: every host-updated layer has
+  // a working copy, and the ranks keep pieces of its fp32 master weights.
+  bool partitioned_masters_ = false;
+  // Partitioned masters: whether WholeWeights() holds the weights (from
+  // creation, or SyncStateToHost, until the next step).
+  bool whole_view_current_ = true;
   // Partitioned host state: per host bucket (keyed by its first layer) its
   // first float in the flat buffers and its pieces, one per rank.
   struct HostBucket {

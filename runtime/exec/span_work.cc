@@ -317,8 +317,9 @@ absl::Status PlanExecutor::MoveState(Layer& layer, bool to_host) {
   for (size_t s = 0; s < host_moments_.size(); ++s) {
     tensors.push_back({&layer.moments[s], host_moments_[s].f32() + layer.moment_offset});
   }
-  if (layer.working_copy)
-    tensors.push_back({&layer.master, host_params_.f32() + layer.param_offset});
+  // (Streamed state is the accelerator's update: never partitioned, so the
+  // rank keeps the whole layer's masters.)
+  if (layer.working_copy) tensors.push_back({&layer.master, MasterOf(layer)});
   for (auto [device, host] : tensors) {
     if (to_host) {
       TANDEM_RETURN_IF_ERROR(accel_->CopyToHost(host, device->data(), n * 4));
@@ -343,7 +344,7 @@ absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
   const int64_t at = layer.moment_first, n = layer.moment_elements;
   std::vector<float*> states;
   for (Buffer& m : host_moments_) states.push_back(m.f32() + layer.moment_offset);
-  float* params = host_params_.f32() + at;
+  float* params = MasterOf(layer);
   float* grads = host_grads_.f32() + at;
   if (!layer.working_copy) {
     // cpu_only's backward, the accelerator's gradient copy and hetero_dp's
@@ -354,10 +355,10 @@ absl::Status PlanExecutor::HostUpdate(const Iteration& it, int l) {
   uint16_t* copy = host_copy_.bf16() + at;
   if (options_.collective != nullptr) {
     // The ranks summed the gradient widened to fp32 (AllReduceBucket,
-    // ReduceScatterBucket). A partitioned layer's working copy is rounded
-    // once its bucket is gathered (GatherBucket).
+    // ReduceScatterBucket); a partitioned layer's rounded share goes to the
+    // other ranks with its bucket's gather (GatherBucket).
     Optimizer::UpdateSlice(s, params, grads, states.data(), n);
-    if (!layer.partitioned) cpu::ToBf16(params, copy, n);
+    cpu::ToBf16(params, copy, n);
     return absl::OkStatus();
   }
   // The bf16 gradient that came down; the working copy the next H2D takes up.
@@ -430,15 +431,13 @@ absl::Status PlanExecutor::ReduceScatterBucket(int low) {
 
 absl::Status PlanExecutor::GatherBucket(int low) {
   const HostBucket& b = host_buckets_.at(low);
-  TANDEM_RETURN_IF_ERROR(
-      options_.collective->AllGatherHost(host_params_.f32() + b.begin, b.pieces));
-  for (int l = low; l < low + b.layers; ++l) {
-    const Layer& layer = *layers_[l];
-    if (!layer.working_copy) continue;
-    cpu::ToBf16(host_params_.f32() + layer.param_offset, host_copy_.bf16() + layer.param_offset,
-                layer.param_elements);
+  // Mixed precision: the bf16 working copies, each rank's share rounded by
+  // its updates, as ZeRO-Offload gathers its fp16 weights; the fp32 masters
+  // stay in pieces.
+  if (partitioned_masters_) {
+    return options_.collective->AllGatherHost(host_copy_.bf16() + b.begin, b.pieces);
   }
-  return absl::OkStatus();
+  return options_.collective->AllGatherHost(host_params_.f32() + b.begin, b.pieces);
 }
 
 void PlanExecutor::WidenHostGradient(const Layer& layer) {

@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<StepRunner>> PlanRank(const Model& model,
                                                      const tandem::v1::JobSpec& resolved,
                                                      Allocator* allocator,
                                                      std::unique_ptr<Communicator> comm,
-                                                     std::unique_ptr<Communicator> control) {
+                                                     std::unique_ptr<Communicator> control,
+                                                     bool working_copies) {
   const int64_t batch = resolved.training().batch_size();
   auto device = std::make_unique<EmulatedAccelerator>(EmulatedOptions{.capacity_bytes = 64 << 20},
                                                       comm->rank());
@@ -74,6 +75,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> PlanRank(const Model& model,
   options.init_seed = resolved.training().seed();
   options.host_allocator = allocator;
   options.accelerator = device.get();
+  options.test_working_copies = working_copies;
   DataParallelOptions dp;
   dp.sharding = OptimizerSharding::kPartitioned;
   dp.bucket_bytes = 1024;
@@ -86,10 +88,12 @@ absl::StatusOr<std::unique_ptr<StepRunner>> PlanRank(const Model& model,
 // Both ranks of `spec`, rank r checkpointing in dirs[r], stopping after
 // `stop_after` steps of this run (-1: to the end); rank 0 resumes, the
 // others start where it does, as tandemd's ranks do. `plan`: ranks running a
-// plan (PlanRank) instead of the CPU engine.
+// plan (PlanRank) instead of the CPU engine; `working_copies`: theirs keep
+// bf16 working copies and pieces of the fp32 masters
+// (ExecutorOptions::test_working_copies).
 std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
                                 const std::vector<std::string>& dirs, int stop_after = -1,
-                                bool plan = false) {
+                                bool plan = false, bool working_copies = false) {
   gloo::rendezvous::HashStore store;
   std::vector<RankRun> runs(kRanks);
   std::vector<std::thread> threads;
@@ -103,8 +107,9 @@ std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
       options.threads = 1;
       if (r == 0) options.rank_nodes = nodes;
       options.make_runner =
-          [&store, r, plan](const Model& model, const tandem::v1::JobSpec& resolved, int64_t,
-                            Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+          [&store, r, plan, working_copies](
+              const Model& model, const tandem::v1::JobSpec& resolved, int64_t,
+              Allocator* allocator) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
         CommunicatorOptions copts;
         copts.timeout = absl::Seconds(60);
         absl::StatusOr<std::unique_ptr<Communicator>> comm =
@@ -114,7 +119,8 @@ std::vector<RankRun> TrainRanks(const tandem::v1::JobSpec& spec,
           absl::StatusOr<std::unique_ptr<Communicator>> control =
               Communicator::Connect(store, "ckpt-control", r, kRanks, copts);
           if (!control.ok()) return control.status();
-          return PlanRank(model, resolved, allocator, *std::move(comm), *std::move(control));
+          return PlanRank(model, resolved, allocator, *std::move(comm), *std::move(control),
+                          working_copies);
         }
         DataParallelOptions dp;
         dp.sharding = OptimizerSharding::kPartitioned;
@@ -255,6 +261,28 @@ TEST(PartitionedCheckpointTest, PlanRanksResumeExactlyFromTheirPartitions) {
   EXPECT_GT(rank1_bytes, params * 4 * 2 / 4);
 
   const std::vector<RankRun> second = TrainRanks(spec, dirs, -1, /*plan=*/true);
+  ExpectResumedExactly(whole, first, second);
+}
+
+// Ranks whose fp32 master weights are partitioned with the moments (bf16
+// working copies): rank 0's partition holds the whole masters, gathered
+// for it, and the others' only their moments, so a resume continues the
+// uninterrupted run to the bit.
+TEST(PartitionedCheckpointTest, PartitionedMastersResumeExactly) {
+  tandem::v1::JobSpec spec = Spec(5);
+  spec.set_precision(tandem::v1::PRECISION_FP32);
+  const std::vector<RankRun> whole =
+      TrainRanks(spec, Dirs("masters-whole"), -1, /*plan=*/true, /*working_copies=*/true);
+  for (const RankRun& r : whole) ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(whole[0].losses.size(), 12u);
+  const std::vector<std::string> dirs = Dirs("masters-stopped");
+  const std::vector<RankRun> first = TrainRanks(spec, dirs, 6, true, true);
+  for (const RankRun& r : first) EXPECT_EQ(r.checkpoint_step, 6);
+  // Rank 1's file holds Adam's two moments of its pieces, as without
+  // working copies: no masters.
+  const int64_t params = 12 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4;
+  EXPECT_LT(std::filesystem::file_size(dirs[1] + "/ckpt-0000000006.tdm"), params * 4 * 2);
+  const std::vector<RankRun> second = TrainRanks(spec, dirs, -1, true, true);
   ExpectResumedExactly(whole, first, second);
 }
 

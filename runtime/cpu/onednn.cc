@@ -54,6 +54,32 @@ dnnl::primitive_attr UserScratchpad() {
   return attr;
 }
 
+dnnl_primitive_desc_t ImplementationNotNamed(const_dnnl_op_desc_t op_desc,
+                                             const dnnl::primitive_attr& attr,
+                                             const dnnl::primitive_desc& hint,
+                                             const std::string& avoid) {
+  dnnl_primitive_desc_iterator_t it = nullptr;
+  if (dnnl_primitive_desc_iterator_create(&it, op_desc, attr.get(), CpuEngine().get(),
+                                          hint.get()) != dnnl_success) {
+    return nullptr;
+  }
+  // The iterator starts at the first implementation.
+  dnnl_primitive_desc_t found = nullptr;
+  do {
+    dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
+    const char* name = nullptr;
+    if (pd != nullptr &&
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name) == dnnl_success &&
+        name != nullptr && std::string(name).rfind(avoid, 0) != 0) {
+      found = pd;
+      break;
+    }
+    if (pd != nullptr) dnnl_primitive_desc_destroy(pd);
+  } while (dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+  dnnl_primitive_desc_iterator_destroy(it);
+  return found;
+}
+
 namespace {
 
 // A thread's scratchpad: 64-byte aligned, grown as needed, kept for the thread.

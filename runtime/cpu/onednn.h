@@ -53,6 +53,16 @@ inline dnnl::memory Wrap(const dnnl::memory::desc& md, const void* ptr) {
 // call the calling thread's own scratchpad instead.
 dnnl::primitive_attr UserScratchpad();
 
+// The first of oneDNN's implementations of `op_desc` (with `attr` and the
+// forward `hint`, in oneDNN's order of preference) whose name does not start
+// with `avoid`, as a C primitive descriptor the caller owns (a C++ primitive
+// descriptor takes it); null when there is none. For steering around an
+// implementation with a known defect.
+dnnl_primitive_desc_t ImplementationNotNamed(const_dnnl_op_desc_t op_desc,
+                                             const dnnl::primitive_attr& attr,
+                                             const dnnl::primitive_desc& hint,
+                                             const std::string& avoid);
+
 // Runs `prim` on the calling thread's stream, with the calling thread's
 // scratchpad, and waits. `prim` must have been created with UserScratchpad().
 void Execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::memory>& args);

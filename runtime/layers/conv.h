@@ -41,6 +41,9 @@ class Conv2d final : public Layer {
                void* saved) const override;
   void Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y, const void* saved,
                 const Tensor& dy, const Tensor& dx) const override;
+  // The oneDNN implementations the layer runs at `batch` on the CPU:
+  // forward, backward data and backward weights, space-separated.
+  std::string CpuImplementations(int64_t batch) const;
 
  protected:
   absl::StatusOr<Shape> InferOutput(const Shape& input) override;
@@ -79,6 +82,9 @@ class Pool2d final : public Layer {
                void* saved) const override;
   void Backward(const LayerContext& ctx, const Tensor& x, const Tensor& y, const void* saved,
                 const Tensor& dy, const Tensor& dx) const override;
+  // The oneDNN implementations the layer runs at `batch` on the CPU:
+  // forward, backward data and backward weights, space-separated.
+  std::string CpuImplementations(int64_t batch) const;
 
  protected:
   absl::StatusOr<Shape> InferOutput(const Shape& input) override;

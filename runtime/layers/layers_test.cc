@@ -112,6 +112,18 @@ TEST(Conv2dTest, StridedWithoutBias) {
   EXPECT_EQ(layer.output_shape(), Shape({3, 3, 3}));
 }
 
+// A ResNet's downsampling shortcut: 1x1, stride 2, fewer input channels than
+// oneDNN's channel block. Its jit_1x1 backward-weights kernel writes past its
+// workspace for this shape (oneDNN issue 6035: heap corruption with avx2,
+// wrong weight gradients elsewhere), so the layer takes another kernel.
+TEST(Conv2dTest, StridedOneByOneWithFewChannels) {
+  Conv2d layer({.out_channels = 8, .kernel_size = 1, .stride = 2, .padding = 0, .bias = false});
+  ExpectGradientsMatch(layer, Shape({8, 8, 4}), {.batch = 16});
+  EXPECT_EQ(layer.output_shape(), Shape({4, 4, 8}));
+  const std::string impls = layer.CpuImplementations(16);
+  EXPECT_EQ(impls.substr(impls.rfind(' ') + 1).rfind("jit_1x1", 0), std::string::npos) << impls;
+}
+
 TEST(Conv2dTest, AccumulatesGradients) {
   Conv2d layer({.out_channels = 2, .kernel_size = 3, .padding = 1});
   ASSERT_TRUE(layer.Build(Shape({4, 4, 2})).ok());

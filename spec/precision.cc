@@ -20,6 +20,8 @@ bool NativeBf16Isa(const std::string& isa) {
   return isa == "avx512_core_bf16" || isa == "avx512_core_amx";
 }
 
+bool Bf16ProductsIsa(const std::string& isa) { return isa.rfind("avx512_core", 0) == 0; }
+
 namespace {
 
 // What a bf16 job would run here (for its reason), or why it cannot
@@ -36,7 +38,7 @@ absl::StatusOr<std::string> Bf16Here(const LocalCompute& here) {
                                     : absl::StrCat(gpu, " is ", here.cuda_capability / 10, ".",
                                                    here.cuda_capability % 10)));
     }
-    if (!native && here.onednn_isa.rfind("avx512_core", 0) != 0) {
+    if (!Bf16ProductsIsa(here.onednn_isa)) {
       return absl::FailedPreconditionError(
           absl::StrCat("bf16 multiplies on the host too (layers the plan keeps there), and oneDNN "
                        "runs ",

@@ -37,6 +37,10 @@ struct LocalCompute {
 // Whether oneDNN computes bf16 natively with `isa` (avx512_core_bf16,
 // avx512_core_amx) rather than emulating it.
 bool NativeBf16Isa(const std::string& isa);
+// Whether oneDNN has bf16 products at all with `isa`, natively or emulated
+// (avx512_core and newer). With avx2 and older it has none: its bf16
+// primitives cannot be created.
+bool Bf16ProductsIsa(const std::string& isa);
 
 // A job on this node or in `tandem train` (the daemon's job manager and the
 // Trainer both ask). BF16 on the CPU engine or the emulated accelerator (which

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/clock.h"
@@ -96,6 +98,11 @@ absl::StatusOr<double> MeasureGemmFlopsPerSecond(const GemmOptions& options) {
 }
 
 absl::StatusOr<double> MeasureBf16GemmFlopsPerSecond(const GemmOptions& options) {
+  const std::string isa = cpu::OneDnnIsa();
+  if (!Bf16ProductsIsa(isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("oneDNN runs ", isa, " here, which has no bf16 products"));
+  }
   const int64_t n = options.size;
   // As the layers run it: both fp32 operands rounded to bf16, then multiplied.
   return SquareGemmRate(

@@ -36,7 +36,8 @@ absl::StatusOr<double> MeasureGemmFlopsPerSecond(const GemmOptions& options = {}
 // The same for the bf16 products of a mixed-precision job as its layers run
 // them: both fp32 operands rounded to bf16 (cpu::ToBf16), then multiplied
 // with fp32 accumulation and output (cpu::MatmulBf16), in FLOP/s. On a CPU
-// without native bf16 oneDNN emulates it and this measures the emulation.
+// without native bf16 oneDNN emulates it (avx512_core) and this measures the
+// emulation; FAILED_PRECONDITION where it has no bf16 products (avx2).
 absl::StatusOr<double> MeasureBf16GemmFlopsPerSecond(const GemmOptions& options = {});
 // MeasureBf16GemmFlopsPerSecond where oneDNN computes bf16 natively (AMX or
 // AVX512-BF16, spec/precision.h NativeBf16Isa), else 0: no bf16 rate.

@@ -86,11 +86,16 @@ void EveryStrategyAtAQuarter(JobSpec (*make)(Strategy, int64_t, int)) {
     }
     const int64_t budget = spec.resources().accelerator_memory_bytes();
     ASSERT_EQ(run.losses.size(), reference.losses.size());
+    // Equal up to the order of sums. hetero_dp splits every batch between
+    // the host and the accelerator and adds the two halves' gradients, the
+    // most reordering of all: 1.07e-5 by step 49 of the gpt on an AVX2 EPYC
+    // (oneDNN avx2 kernels), within 1e-5 on AVX-512 machines.
+    const double rtol = s == tandem::v1::STRATEGY_HETERO_DP ? 3e-5 : 1e-5;
     for (size_t i = 0; i < run.losses.size(); ++i) {
-      ASSERT_NEAR(run.losses[i], reference.losses[i], 1e-5 * std::abs(reference.losses[i]))
+      ASSERT_NEAR(run.losses[i], reference.losses[i], rtol * std::abs(reference.losses[i]))
           << "step " << i;
     }
-    EXPECT_NEAR(run.eval_loss, reference.eval_loss, 1e-5 * std::abs(reference.eval_loss));
+    EXPECT_NEAR(run.eval_loss, reference.eval_loss, rtol * std::abs(reference.eval_loss));
     EXPECT_TRUE(run.plan.feasible());
     EXPECT_LE(run.metrics.peak_accelerator_bytes(), budget);
     if (s != tandem::v1::STRATEGY_AUTO) {

@@ -144,6 +144,20 @@ int64_t PlanRankStateBytes(const Model& m, const tandem::v1::Plan& plan, int sta
   return std::min(whole, PartitionedStateBytes(states, n, host, host_layers, other));
 }
 
+// Whether an accelerator plan keeps bf16 working copies in a bf16 job: some
+// layer updated on the host or with its state streamed (PlanExecutor).
+bool HasWorkingCopies(const tandem::v1::Plan& plan) {
+  if (plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY ||
+      plan.strategy() == tandem::v1::STRATEGY_HETERO_DP) {
+    return false;
+  }
+  if (plan.pipeline_size() > 0) return true;
+  for (const tandem::v1::LayerPlan& l : plan.layers()) {
+    if (l.update() == tandem::v1::PLACEMENT_HOST || l.stream_optimizer_state()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
@@ -219,8 +233,8 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
                                              const tandem::v1::Plan* rank_plan = nullptr) {
   const Model& m = *jm.model;
   const int64_t max_batch = MaxBatch(resolved);
+  const int64_t P = m.parameter_elements();
   MemoryEstimate e;
-  e.parameter_bytes = 2 * m.parameter_elements() * 4 + m.buffer_elements() * 4;
   int states = 2;
   if (resolved.optimizer().kind() == tandem::v1::OPTIMIZER_KIND_SGD) {
     states = resolved.optimizer().momentum() > 0 ? 1 : 0;
@@ -229,25 +243,38 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
   const tandem::v1::DistributedSpec& d = resolved.distributed();
   const bool partitioned =
       d.replicas() > 1 && d.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  // The plan the job runs, where known: pinned in its spec (a distributed
+  // run's ranks have it there, server/cluster/ranks.cc), or the rank plan the
+  // coordinator solved at submission, the job's plan.
+  const tandem::v1::Plan* plan = resolved.placement().has_plan() ? &resolved.placement().plan()
+                                 : rank_plan != nullptr && node::IsRankPlan(m, resolved, *rank_plan)
+                                     ? rank_plan
+                                     : nullptr;
   if (partitioned && resolved.placement().accelerator() == tandem::v1::ACCELERATOR_KIND_NONE) {
     // A CPU-engine rank allocates its pieces of every layer's state alone.
     e.optimizer_state_bytes =
         PartitionedStateBytes(states, d.replicas(), m.parameter_elements(), m.num_layers(), 0);
-  } else if (partitioned) {
+  } else if (partitioned && plan != nullptr) {
     // A rank running a plan keeps the whole state of the layers its
-    // accelerator updates: known once the plan is. A run's ranks have it
-    // pinned in their spec (server/cluster/ranks.cc); the coordinator's own
-    // rank has the rank plan solved at submission, the job's plan. Without
-    // either it reserves the whole.
-    const tandem::v1::Plan* plan =
-        resolved.placement().has_plan() ? &resolved.placement().plan()
-        : rank_plan != nullptr && node::IsRankPlan(m, resolved, *rank_plan) ? rank_plan
-                                                                            : nullptr;
-    if (plan != nullptr) {
-      e.optimizer_state_bytes =
-          PlanRankStateBytes(m, *plan, states, d.replicas(), e.optimizer_state_total_bytes);
-    }
+    // accelerator updates: known once the plan is. Without it the rank
+    // reserves the whole.
+    e.optimizer_state_bytes =
+        PlanRankStateBytes(m, *plan, states, d.replicas(), e.optimizer_state_total_bytes);
   }
+  // The host's fp32 master weights and gradients, and in bf16 on an
+  // accelerator the executor's working copies: a bf16 copy of the weights and
+  // a bf16 gradient, 4 bytes a weight (unless the plan, when known, updates
+  // nothing on the host). A ZeRO-partitioned rank of a bf16 plan keeps its
+  // pieces of the masters, cut as its moments (PlanExecutor).
+  const bool working_copies =
+      resolved.precision() == tandem::v1::PRECISION_BF16 &&
+      resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE &&
+      (plan == nullptr || HasWorkingCopies(*plan));
+  int64_t masters = P * 4;
+  if (partitioned && working_copies && plan != nullptr) {
+    masters = PlanRankStateBytes(m, *plan, 1, d.replicas(), masters);
+  }
+  e.parameter_bytes = masters + P * 4 + (working_copies ? P * 4 : 0) + m.buffer_elements() * 4;
   int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
   for (int l = 0; l < m.num_layers(); ++l)
     max_output = std::max(max_output, m.layer(l).OutputBytes(max_batch));

@@ -515,8 +515,24 @@ TEST_F(JobManagerTest, APartitionedPlanRankReservesItsPiecesOfTheHostUpdatedStat
   EXPECT_EQ(unpinned->estimate.host_bytes, piece->host_bytes);
   EXPECT_EQ(jobs_->Estimate(unpinned->spec, &plan)->host_bytes, piece->host_bytes);
   // Replicated, the same plan keeps the whole.
-  spec.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
-  EXPECT_EQ(jobs_->Estimate(spec)->optimizer_state_bytes, total);
+  tandem::v1::JobSpec replicated = spec;
+  replicated.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  EXPECT_EQ(jobs_->Estimate(replicated)->optimizer_state_bytes, total);
+
+  // In bf16 a rank also keeps bf16 working copies of the weights and their
+  // bf16 gradients, 4 bytes a weight; partitioned, only its pieces of the
+  // fp32 master weights (cut as the moments), replicated all of them.
+  const int64_t weights = total / 8;  // Adam: two fp32 moments a weight
+  spec.set_precision(tandem::v1::PRECISION_BF16);
+  replicated.set_precision(tandem::v1::PRECISION_BF16);
+  absl::StatusOr<MemoryEstimate> bf16_piece = jobs_->Estimate(spec);
+  absl::StatusOr<MemoryEstimate> bf16_whole = jobs_->Estimate(replicated);
+  ASSERT_TRUE(bf16_piece.ok()) << bf16_piece.status();
+  ASSERT_TRUE(bf16_whole.ok()) << bf16_whole.status();
+  EXPECT_EQ(bf16_whole->parameter_bytes - piece->parameter_bytes, 4 * weights);
+  const int64_t masters = bf16_piece->parameter_bytes - piece->parameter_bytes;
+  EXPECT_GE(masters, 4 * (weights / 4));
+  EXPECT_LE(masters, 4 * ((weights + 3) / 4 + host_layers));
 }
 
 TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {

@@ -40,12 +40,21 @@ def main():
               "--seconds=%g" % args.seconds]
     results = {}
     isa = None
+    unavailable = {}
     for r in range(args.rounds):
-        runs = [("tandem", [args.tandem] + common + ["--precisions=" + args.precisions])]
-        runs += [("pytorch", [sys.executable, os.path.join(HERE, "torch_peer.py")] + common +
-                  ["--precision=" + p]) for p in precisions]
-        for impl, cmd in runs:
+        runs = [("tandem", lambda: [args.tandem] + common + ["--precisions=" + ",".join(precisions)])]
+        # After Tandem's run, which says which precisions this CPU has.
+        runs += [("pytorch", lambda p=p: [sys.executable, os.path.join(HERE, "torch_peer.py")] +
+                  common + ["--precision=" + p] if p in precisions else None)
+                 for p in list(precisions)]
+        for impl, make_cmd in runs:
+            cmd = make_cmd()
+            if cmd is None:
+                continue
             for row in run_json(cmd):
+                if "unavailable" in row:
+                    unavailable[row["precision"]] = row["unavailable"]
+                    continue
                 if "machine" in row:
                     if r == 0 and impl == "tandem":
                         m = row["machine"]
@@ -59,6 +68,10 @@ def main():
                 print("round %d %-8s %-4s %-4s %9.1f samples/s" % (r + 1, impl, key[2], row["model"],
                                                                    row["samples_per_second"]),
                       flush=True)
+            if impl == "tandem" and unavailable:
+                precisions = [p for p in precisions if p not in unavailable]
+    for p, why in unavailable.items():
+        print("%s: not run (%s)" % (p, why))
     median = {k: statistics.median(v) for k, v in results.items()}
     print()
     print("%-5s %-5s %12s %12s %8s" % ("model", "prec", "tandem", "pytorch", "ratio"))

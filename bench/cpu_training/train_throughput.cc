@@ -18,6 +18,7 @@
 #include "runtime/cpu/onednn.h"
 #include "runtime/exec/cpu_runner.h"
 #include "runtime/train/job_model.h"
+#include "spec/precision.h"
 
 ABSL_FLAG(std::string, models, "mlp,cnn,gpt", "Models to run.");
 ABSL_FLAG(int, threads, 2, "OpenMP threads.");
@@ -118,6 +119,14 @@ int main(int argc, char** argv) {
       }
       const tandem::DType compute =
           precision == "bf16" ? tandem::DType::kBF16 : tandem::DType::kF32;
+      if (compute == tandem::DType::kBF16 && !tandem::Bf16ProductsIsa(tandem::cpu::OneDnnIsa())) {
+        // Said once per model, in the rows' format, for run.py to drop the row.
+        std::printf(
+            "{\"model\": \"%s\", \"impl\": \"tandem\", \"precision\": \"bf16\", "
+            "\"unavailable\": \"oneDNN runs %s here, which has no bf16 products\"}\n",
+            std::string(name).c_str(), tandem::cpu::OneDnnIsa().c_str());
+        continue;
+      }
       for (const auto& bench : tandem::bench::kBenchModels) {
         if (name == bench.name && tandem::RunOne(bench, compute) != 0) return 1;
       }

@@ -353,6 +353,9 @@ std::string DistributedReason(const tandem::v1::JobSpec& spec, const tandem::v1:
            "updates all the weights after one all-reduce";
   }
   const bool device = resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE;
+  // A bf16 plan rank also keeps pieces of the fp32 masters and gathers bf16
+  // working copies (PlanExecutor).
+  const bool masters = device && resolved.precision() == tandem::v1::PRECISION_BF16;
   return absl::StrCat(
       "the default (auto): the optimizer keeps ",
       FormatBytes(estimate.optimizer_state_total_bytes, 1),
@@ -360,8 +363,10 @@ std::string DistributedReason(const tandem::v1::JobSpec& spec, const tandem::v1:
       device ? " of the part its plan keeps on the host (the state of layers its accelerator "
                "updates stays whole on every rank)"
              : " of it",
-      ", and a reduce-scatter plus an all-gather move the same bytes as the "
-      "replicated all-reduce");
+      masters ? ", and of those layers' fp32 master weights; their reduce-scatter plus an "
+                "all-gather of bf16 copies move 3/4 of the bytes of their replicated all-reduce"
+              : ", and a reduce-scatter plus an all-gather move the same bytes as the "
+                "replicated all-reduce");
 }
 
 }  // namespace

@@ -158,6 +158,25 @@ bool HasWorkingCopies(const tandem::v1::Plan& plan) {
   return false;
 }
 
+// The host's fp32 master weights and gradients and running statistics, in
+// bytes, and in bf16 on an accelerator the executor's working copies: a bf16
+// copy of the weights and a bf16 gradient, 4 bytes a weight (unless `plan`,
+// when known, updates nothing on the host). A ZeRO-partitioned rank of a bf16
+// plan keeps its pieces of the masters, cut as its moments (PlanExecutor).
+int64_t HostWeightBytes(const Model& m, const tandem::v1::JobSpec& resolved,
+                        const tandem::v1::Plan* plan, bool partitioned) {
+  const int64_t P = m.parameter_elements();
+  const bool working_copies =
+      resolved.precision() == tandem::v1::PRECISION_BF16 &&
+      resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE &&
+      (plan == nullptr || HasWorkingCopies(*plan));
+  int64_t masters = P * 4;
+  if (partitioned && working_copies && plan != nullptr) {
+    masters = PlanRankStateBytes(m, *plan, 1, resolved.distributed().replicas(), masters);
+  }
+  return masters + P * 4 + (working_copies ? P * 4 : 0) + m.buffer_elements() * 4;
+}
+
 }  // namespace
 
 std::string MemoryEstimate::Describe() const {
@@ -233,7 +252,6 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
                                              const tandem::v1::Plan* rank_plan = nullptr) {
   const Model& m = *jm.model;
   const int64_t max_batch = MaxBatch(resolved);
-  const int64_t P = m.parameter_elements();
   MemoryEstimate e;
   int states = 2;
   if (resolved.optimizer().kind() == tandem::v1::OPTIMIZER_KIND_SGD) {
@@ -261,20 +279,7 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
     e.optimizer_state_bytes =
         PlanRankStateBytes(m, *plan, states, d.replicas(), e.optimizer_state_total_bytes);
   }
-  // The host's fp32 master weights and gradients, and in bf16 on an
-  // accelerator the executor's working copies: a bf16 copy of the weights and
-  // a bf16 gradient, 4 bytes a weight (unless the plan, when known, updates
-  // nothing on the host). A ZeRO-partitioned rank of a bf16 plan keeps its
-  // pieces of the masters, cut as its moments (PlanExecutor).
-  const bool working_copies =
-      resolved.precision() == tandem::v1::PRECISION_BF16 &&
-      resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE &&
-      (plan == nullptr || HasWorkingCopies(*plan));
-  int64_t masters = P * 4;
-  if (partitioned && working_copies && plan != nullptr) {
-    masters = PlanRankStateBytes(m, *plan, 1, d.replicas(), masters);
-  }
-  e.parameter_bytes = masters + P * 4 + (working_copies ? P * 4 : 0) + m.buffer_elements() * 4;
+  e.parameter_bytes = HostWeightBytes(m, resolved, plan, partitioned);
   int64_t max_output = m.data().sample_shape.elements() * 4 * max_batch;
   for (int l = 0; l < m.num_layers(); ++l)
     max_output = std::max(max_output, m.layer(l).OutputBytes(max_batch));

@@ -125,22 +125,7 @@ absl::Status PlanExecutor::Init() {
   partitioned_masters_ = options_.partition_host_state && options_.collective != nullptr &&
                          !hetero_ && state_type_ == DType::kBF16;
 
-  // Host state, laid out as the model's flat buffers.
-  const int64_t P = model_.parameter_elements(), Bf = model_.buffer_elements();
-  if (!partitioned_masters_) {
-    TANDEM_ASSIGN_OR_RETURN(host_params_,
-                            Buffer::Allocate(host, P * 4, MemoryCategory::kParameters));
-  }
-  TANDEM_ASSIGN_OR_RETURN(host_grads_, Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
-  TANDEM_ASSIGN_OR_RETURN(host_buffers_,
-                          Buffer::Allocate(host, Bf * 4, MemoryCategory::kParameters));
-  if (!partitioned_masters_) std::memset(host_grads_.data(), 0, P * 4);
-  model_.Initialize(WholeWeights(), host_buffers_.f32(), options_.init_seed);
-  if (hetero_) {
-    TANDEM_ASSIGN_OR_RETURN(host_replica_grads_,
-                            Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
-    std::memset(host_replica_grads_.data(), 0, P * 4);
-  }
+  TANDEM_RETURN_IF_ERROR(InitHostState());
   optimizer_ = Optimizer::Stateless(options_.optimizer);
   TANDEM_ASSIGN_OR_RETURN(decisions_, ExecutorDecisions(model_, plan));
   TANDEM_RETURN_IF_ERROR(InitWorkingCopies());
@@ -188,6 +173,27 @@ absl::Status PlanExecutor::Init() {
   if (accel_ != nullptr) {
     device_alloc_ = std::make_unique<BackpressureAllocator>(
         accel_->allocator(), [engine = engine_.get()] { return engine->active(); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::InitHostState() {
+  Allocator* host = options_.host_allocator;
+  // Laid out as the model's flat buffers.
+  const int64_t P = model_.parameter_elements(), Bf = model_.buffer_elements();
+  if (!partitioned_masters_) {
+    TANDEM_ASSIGN_OR_RETURN(host_params_,
+                            Buffer::Allocate(host, P * 4, MemoryCategory::kParameters));
+  }
+  TANDEM_ASSIGN_OR_RETURN(host_grads_, Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
+  TANDEM_ASSIGN_OR_RETURN(host_buffers_,
+                          Buffer::Allocate(host, Bf * 4, MemoryCategory::kParameters));
+  if (!partitioned_masters_) std::memset(host_grads_.data(), 0, P * 4);
+  model_.Initialize(WholeWeights(), host_buffers_.f32(), options_.init_seed);
+  if (hetero_) {
+    TANDEM_ASSIGN_OR_RETURN(host_replica_grads_,
+                            Buffer::Allocate(host, P * 4, MemoryCategory::kGradients));
+    std::memset(host_replica_grads_.data(), 0, P * 4);
   }
   return absl::OkStatus();
 }

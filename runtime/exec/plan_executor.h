@@ -159,6 +159,9 @@ class PlanExecutor final : public StepRunner {
   struct Program;
   PlanExecutor(const Model& model, ExecutorOptions options);
   absl::Status Init();
+  // The host's weights (or, under partitioned masters, their whole view),
+  // gradients and running statistics, initialised from the seed.
+  absl::Status InitHostState();
   absl::Status InitLayer(int l);
   // A layer's resident weights, running statistics and moments on the accelerator.
   absl::Status PlaceOnAccelerator(Layer& layer);

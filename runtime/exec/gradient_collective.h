@@ -5,8 +5,9 @@
 // runtime/dist implements it over Gloo (host tensors) and NCCL or host staging
 // (device tensors).
 //
-// Called from one thread (the executor's NETWORK worker), in the same order on
-// every rank.
+// Called from one thread at a time (the executor's NETWORK worker during a
+// step; SyncStateToHost's gather of partitioned masters once the step has
+// drained), in the same order on every rank.
 #ifndef TANDEM_RUNTIME_EXEC_GRADIENT_COLLECTIVE_H_
 #define TANDEM_RUNTIME_EXEC_GRADIENT_COLLECTIVE_H_
 

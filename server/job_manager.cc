@@ -14,6 +14,7 @@
 #include "base/units.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
+#include "runtime/exec/plan_executor.h"
 #include "runtime/train/job_model.h"
 #include "runtime/train/update_rules.h"
 #include "spec/job_spec.h"
@@ -144,20 +145,6 @@ int64_t PlanRankStateBytes(const Model& m, const tandem::v1::Plan& plan, int sta
   return std::min(whole, PartitionedStateBytes(states, n, host, host_layers, other));
 }
 
-// Whether an accelerator plan keeps bf16 working copies in a bf16 job: some
-// layer updated on the host or with its state streamed (PlanExecutor).
-bool HasWorkingCopies(const tandem::v1::Plan& plan) {
-  if (plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY ||
-      plan.strategy() == tandem::v1::STRATEGY_HETERO_DP) {
-    return false;
-  }
-  if (plan.pipeline_size() > 0) return true;
-  for (const tandem::v1::LayerPlan& l : plan.layers()) {
-    if (l.update() == tandem::v1::PLACEMENT_HOST || l.stream_optimizer_state()) return true;
-  }
-  return false;
-}
-
 // The host's fp32 master weights and gradients and running statistics, in
 // bytes, and in bf16 on an accelerator the executor's working copies: a bf16
 // copy of the weights and a bf16 gradient, 4 bytes a weight (unless `plan`,
@@ -169,7 +156,7 @@ int64_t HostWeightBytes(const Model& m, const tandem::v1::JobSpec& resolved,
   const bool working_copies =
       resolved.precision() == tandem::v1::PRECISION_BF16 &&
       resolved.placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE &&
-      (plan == nullptr || HasWorkingCopies(*plan));
+      (plan == nullptr || KeepsWorkingCopies(m, *plan));
   int64_t masters = P * 4;
   if (partitioned && working_copies && plan != nullptr) {
     masters = PlanRankStateBytes(m, *plan, 1, resolved.distributed().replicas(), masters);

@@ -39,37 +39,35 @@ def main():
     common = ["--models=" + args.models, "--threads=%d" % args.threads,
               "--seconds=%g" % args.seconds]
     results = {}
-    isa = None
+    machine = {}
     unavailable = {}
-    for r in range(args.rounds):
-        runs = [("tandem", lambda: [args.tandem] + common + ["--precisions=" + ",".join(precisions)])]
-        # After Tandem's run, which says which precisions this CPU has.
-        runs += [("pytorch", lambda p=p: [sys.executable, os.path.join(HERE, "torch_peer.py")] +
-                  common + ["--precision=" + p] if p in precisions else None)
-                 for p in list(precisions)]
-        for impl, make_cmd in runs:
-            cmd = make_cmd()
-            if cmd is None:
-                continue
-            for row in run_json(cmd):
-                if "unavailable" in row:
-                    unavailable[row["precision"]] = row["unavailable"]
-                    continue
-                if "machine" in row:
-                    if r == 0 and impl == "tandem":
-                        m = row["machine"]
-                        isa = m["onednn_isa"]
-                        print("cpu: %s; oneDNN %s using %s; Tandem kernels %s; torch %s, threads %d"
-                              % (cpu_model(), m["onednn"], m["onednn_isa"], m["tandem_isa"],
-                                 torch_version(), args.threads), flush=True)
-                    continue
+
+    def run(r, impl, cmd):
+        for row in run_json(cmd):
+            if "unavailable" in row:
+                unavailable[row["precision"]] = row["unavailable"]
+            elif "machine" in row:
+                if not machine:
+                    machine.update(row["machine"])
+                    print("cpu: %s; oneDNN %s using %s; Tandem kernels %s; torch %s, threads %d"
+                          % (cpu_model(), machine["onednn"], machine["onednn_isa"],
+                             machine["tandem_isa"], torch_version(), args.threads), flush=True)
+            else:
                 key = (row["model"], impl, row.get("precision", "fp32"))
                 results.setdefault(key, []).append(row["samples_per_second"])
-                print("round %d %-8s %-4s %-4s %9.1f samples/s" % (r + 1, impl, key[2], row["model"],
+                print("round %d %-8s %-4s %-4s %9.1f samples/s" % (r + 1, impl, key[2],
+                                                                   row["model"],
                                                                    row["samples_per_second"]),
                       flush=True)
-            if impl == "tandem" and unavailable:
-                precisions = [p for p in precisions if p not in unavailable]
+
+    for r in range(args.rounds):
+        # Tandem first: it says which precisions this CPU has; PyTorch runs those.
+        run(r, "tandem", [args.tandem] + common + ["--precisions=" + ",".join(precisions)])
+        precisions = [p for p in precisions if p not in unavailable]
+        for p in precisions:
+            run(r, "pytorch", [sys.executable, os.path.join(HERE, "torch_peer.py")] + common +
+                ["--precision=" + p])
+    isa = machine.get("onednn_isa")
     for p, why in unavailable.items():
         print("%s: not run (%s)" % (p, why))
     median = {k: statistics.median(v) for k, v in results.items()}

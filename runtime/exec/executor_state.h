@@ -29,6 +29,10 @@ std::vector<schedule::LayerSizes> ExecutorLayerSizes(const Model& model, int64_t
 // for a bf16 model under a plan that computes on the accelerator, except
 // hetero_dp, whose two replicas keep fp32 weights; kF32 otherwise.
 DType ExecutorStateType(const Model& model, const tandem::v1::Plan& plan);
+// Whether layer l keeps a bf16 working copy of its weights (and a bf16
+// gradient): weights, a `state` of kBF16, and an update on the host or with
+// its state streamed (whose fp32 master comes in with the moments).
+bool HasWorkingCopy(const Model& model, DType state, const schedule::Decisions& decisions, int l);
 // Whether a step takes the global gradient norm before any update: to clip,
 // or, for an fp16 model (dynamic loss scaling), to find an overflow.
 bool NeedsGradientNorm(const Model& model, const tandem::v1::OptimizerSpec& optimizer);

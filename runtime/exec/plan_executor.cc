@@ -122,8 +122,8 @@ absl::Status PlanExecutor::Init() {
   // which KeepOwnMasters lays out once the buckets are cut; until then the
   // whole weights live in their view (host_grads_), and there is never a
   // whole fp32 copy besides.
-  partitioned_masters_ = options_.partition_host_state && options_.collective != nullptr &&
-                         !hetero_ && state_type_ == DType::kBF16;
+  partitioned_state_ = options_.partition_host_state && options_.collective != nullptr && !hetero_;
+  partitioned_masters_ = partitioned_state_ && state_type_ == DType::kBF16;
 
   TANDEM_RETURN_IF_ERROR(InitHostState());
   optimizer_ = Optimizer::Stateless(options_.optimizer);
@@ -200,7 +200,6 @@ absl::Status PlanExecutor::InitHostState() {
 
 absl::Status PlanExecutor::PartitionHostState() {
   GradientCollective* ranks = options_.collective;
-  partitioned_state_ = options_.partition_host_state && ranks != nullptr && !hetero_;
   const int64_t P = model_.parameter_elements();
   for (auto& layer : layers_) {
     layer->moment_offset = layer->moment_first = layer->param_offset;
@@ -313,7 +312,7 @@ absl::Status PlanExecutor::InitLayer(int l) {
   layer->streamed = d.parameter_home == tandem::v1::PARAMETER_HOME_HOST_STREAMED;
   layer->accel_update = !host_only_ && d.update != tandem::v1::PLACEMENT_HOST;
   layer->stream_state = layer->accel_update && d.stream_state;
-  layer->working_copy = HasWorkingCopy(l);
+  layer->working_copy = HasWorkingCopy(model_, state_type_, decisions_, l);
   if (!host_only_) TANDEM_RETURN_IF_ERROR(PlaceOnAccelerator(*layer));
   layers_.push_back(std::move(layer));
   return absl::OkStatus();
@@ -349,17 +348,10 @@ absl::Status PlanExecutor::PlaceOnAccelerator(Layer& layer) {
   return absl::OkStatus();
 }
 
-bool PlanExecutor::HasWorkingCopy(int l) const {
-  // state_type_ is kF32 for cpu_only, where every layer updates on the host.
-  // A streamed-state update brings the fp32 master in with the moments.
-  return state_type_ == DType::kBF16 && model_.param_slice(l) > 0 &&
-         (decisions_.layers[l].update == tandem::v1::PLACEMENT_HOST ||
-          decisions_.layers[l].stream_state);
-}
-
 absl::Status PlanExecutor::InitWorkingCopies() {
   bool any = false;
-  for (int l = 0; l < model_.num_layers(); ++l) any |= HasWorkingCopy(l);
+  for (int l = 0; l < model_.num_layers(); ++l)
+    any |= HasWorkingCopy(model_, state_type_, decisions_, l);
   if (!any) return absl::OkStatus();
   const int64_t P = model_.parameter_elements();
   Allocator* host = options_.host_allocator;

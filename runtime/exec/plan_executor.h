@@ -114,6 +114,12 @@ absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
 // slack an offloaded or prefetched layer's activations may take while their
 // copy is in flight, plus allocation rounding.
 int64_t ExecutorMemoryMargin(const Model& model, int64_t micro_batch);
+
+// Whether the executor running `plan` on `model` keeps bf16 working copies
+// on the host: a bf16 copy and a bf16 gradient of its weights beside the
+// fp32 masters (a bf16 model, a plan that computes on the accelerator and
+// updates a layer on the host or streams its state; pipelines keep none).
+bool KeepsWorkingCopies(const Model& model, const tandem::v1::Plan& plan);
 int64_t ExecutorTransientBytes(const Model& model, int64_t micro_batch);
 
 class PlanExecutor final : public StepRunner {
@@ -251,9 +257,6 @@ class PlanExecutor final : public StepRunner {
   // An accelerator-updated layer's gradient in fp32: its own, or a working
   // copy's (streamed state) bf16 gradient widened into `widened`.
   absl::StatusOr<const float*> Fp32Gradient(const Layer& layer, Buffer& widened);
-  // Whether layer l keeps a bf16 working copy (Layer::working_copy), from the
-  // state type and the plan's decisions.
-  bool HasWorkingCopy(int l) const;
   // The host's working copies and bf16 gradients, where a layer has one.
   absl::Status InitWorkingCopies();
   // The working copy of every layer rounded from the host master weights.

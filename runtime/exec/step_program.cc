@@ -165,6 +165,23 @@ DType ExecutorStateType(const Model& model, const tandem::v1::Plan& plan) {
   return accelerator_state && model.compute_dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
 }
 
+bool HasWorkingCopy(const Model& model, DType state, const schedule::Decisions& decisions, int l) {
+  return state == DType::kBF16 && model.param_slice(l) > 0 &&
+         (decisions.layers[l].update == tandem::v1::PLACEMENT_HOST ||
+          decisions.layers[l].stream_state);
+}
+
+bool KeepsWorkingCopies(const Model& model, const tandem::v1::Plan& plan) {
+  const DType state = ExecutorStateType(model, plan);
+  if (plan.pipeline_size() > 0 || state != DType::kBF16) return false;
+  const absl::StatusOr<schedule::Decisions> decisions = ExecutorDecisions(model, plan);
+  if (!decisions.ok()) return false;  // a plan the executor refuses to run
+  for (int l = 0; l < model.num_layers(); ++l) {
+    if (HasWorkingCopy(model, state, *decisions, l)) return true;
+  }
+  return false;
+}
+
 int FullMicroBatches(const tandem::v1::Plan& plan, int64_t max_batch) {
   const int64_t batch = plan.batch_size() > 0 ? plan.batch_size() : max_batch;
   const int64_t samples =

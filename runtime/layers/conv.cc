@@ -314,23 +314,22 @@ Conv2d::Primitives Conv2d::MakePrimitives(int64_t batch, bool bf16) const {
     p.to_backward_data_weights = MakeReorder(p.weights_plain, p.backward_data_weights, false);
   }
 
-  dnnl::convolution_backward_weights::primitive_desc bwd_weights(
-      dnnl::convolution_backward_weights::desc(alg, src_in, any_diff_weights,
-                                               o.bias ? p.bias : none, dy_in, strides, pad, pad),
-      cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
+  const auto bwd_weights_desc = dnnl::convolution_backward_weights::desc(
+      alg, src_in, any_diff_weights, o.bias ? p.bias : none, dy_in, strides, pad, pad);
   // oneDNN's jit_1x1 backward-weights kernels write past their workspace for
   // a strided 1x1 convolution of nhwc data with fewer input channels than
   // their block (oneDNN issue 6035: heap corruption with avx2, wrong weight
   // gradients elsewhere; a ResNet's downsampling shortcut). Such a layer
-  // takes oneDNN's next implementation.
-  if (o.kernel_size == 1 && o.stride > 1 &&
-      std::string(bwd_weights.impl_info_str()).rfind("jit_1x1", 0) == 0) {
-    const auto desc = dnnl::convolution_backward_weights::desc(
-        alg, src_in, any_diff_weights, o.bias ? p.bias : none, dy_in, strides, pad, pad);
-    dnnl_primitive_desc_t other =
-        cpu::ImplementationNotNamed(&desc.data, cpu::UserScratchpad(), fwd, "jit_1x1");
-    if (other != nullptr) bwd_weights = dnnl::convolution_backward_weights::primitive_desc(other);
-  }
+  // takes the first of oneDNN's other implementations.
+  dnnl_primitive_desc_t steered =
+      o.kernel_size == 1 && o.stride > 1
+          ? cpu::ImplementationNotNamed(&bwd_weights_desc.data, cpu::UserScratchpad(), fwd,
+                                        "jit_1x1")
+          : nullptr;
+  const dnnl::convolution_backward_weights::primitive_desc bwd_weights =
+      steered != nullptr ? dnnl::convolution_backward_weights::primitive_desc(steered)
+                         : dnnl::convolution_backward_weights::primitive_desc(
+                               bwd_weights_desc, cpu::UserScratchpad(), cpu::CpuEngine(), fwd);
   p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
   p.impls = p.impls + " " + bwd_weights.impl_info_str();
   p.diff_weights = bwd_weights.diff_weights_desc();

@@ -9,20 +9,6 @@
 
 namespace tandem {
 
-int64_t CountCorrect(const float* logits, const int32_t* targets, int64_t rows, int64_t classes) {
-  int64_t correct = 0;
-#pragma omp parallel for reduction(+ : correct) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = logits + r * classes;
-    int64_t best = 0;
-    for (int64_t c = 1; c < classes; ++c) {
-      if (row[c] > row[best]) best = c;
-    }
-    if (best == targets[r]) ++correct;
-  }
-  return correct;
-}
-
 absl::StatusOr<std::unique_ptr<CpuRunner>> CpuRunner::Create(
     const Model& model, const tandem::v1::OptimizerSpec& optimizer, int64_t max_batch,
     uint64_t init_seed, Allocator* allocator, const SharedWeights* shared) {

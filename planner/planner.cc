@@ -446,11 +446,39 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
   return note;
 }
 
+// What stage `s`'s update adds after its last backward of the step, which
+// takes `backward` (its recompute or activation copies included): all of
+// `stage_update`, except where an offloading stage's host updates overlap
+// that backward (PipelineOptions::overlap_host_updates, no clipping): then
+// what is left of its layers' updates, each begun once the backward has
+// passed its layer, one at a time.
+double UpdateTail(const CostModel& cost, const tandem::v1::PipelineStage& s,
+                  const StageRates& rates, int micro_batch_size, int host_threads,
+                  bool overlap_host_updates, double backward, double stage_update) {
+  if (!s.offload_optimizer() || !overlap_host_updates) return stage_update;
+  double ready = backward, end = 0;
+  for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
+    ready -= rates.ComputeScale(l) *
+             cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, micro_batch_size);
+  }
+  for (int l = s.last_layer(); l >= s.first_layer(); --l) {
+    ready += rates.ComputeScale(l) *
+             cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, micro_batch_size);
+    if (cost.ParameterBytes(l) == 0) continue;
+    end =
+        std::max(end, ready) + rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads);
+  }
+  return std::max(0.0, end - backward);
+}
+
 // Sets `plan`'s stages, prediction and note from the partition, whose
-// compute is at the stages' rates already.
+// compute is at the stages' rates already. Stage 0's last backward ends the
+// pipelined phase; stage s's ended its backward and the gradient's send
+// before stage s-1's last backward began, and each stage's update follows
+// its own (UpdateTail).
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
                      int micro_batches, int host_threads, const StageRates& rates, bool continuous,
-                     tandem::v1::Plan* plan) {
+                     bool overlap_host_updates, tandem::v1::Plan* plan) {
   const double slower = rates.slower;
   const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   double update = 0, updates = 0, work = 0;
@@ -461,7 +489,16 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   double path = 0, bottleneck = 0;
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
-  for (const tandem::v1::PipelineStage& s : stages) {
+  // Per stage: its update after its last backward, and how long before the
+  // pipelined phase's end that backward ended.
+  std::vector<double> tail(K), ended_before(K, 0.0);
+  for (int k = 0; k < K; ++k) {
+    const tandem::v1::PipelineStage& s = stages[k];
+    double backward = s.compute_seconds();
+    for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
+      backward -= rates.ComputeScale(l) * cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR,
+                                                              plan->micro_batch_size());
+    }
     double stage_update = 0;
     for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
       stage_update += rates.UpdateScale(l) *
@@ -472,6 +509,9 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     tandem::v1::PipelineStage& added = *plan->add_pipeline();
     added = s;
     added.set_update_seconds(stage_update);
+    tail[k] = UpdateTail(cost, s, rates, plan->micro_batch_size(), host_threads,
+                         overlap_host_updates, backward, stage_update);
+    if (k + 1 < K) ended_before[k + 1] = ended_before[k] + backward + s.communication_seconds();
     update = std::max(update, stage_update);
     updates += stage_update;
     path += s.compute_seconds() + 2 * s.communication_seconds();
@@ -485,6 +525,11 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   // A continuous PipeDream (PlanRequest::pipeline_continuous, PipeDream
   // without vertical sync only) fills its pipeline once per run, not per step.
   const double pipelined = continuous ? M * bottleneck : path + (M - 1) * bottleneck;
+  if (!pipedream) {
+    // What the updates add to the step.
+    update = 0;
+    for (int k = 0; k < K; ++k) update = std::max(update, tail[k] - ended_before[k]);
+  }
   double step = pipelined + (pipedream ? 0 : update);
   // Emulated accelerators compute on the host's cores. Stages with more
   // threads between them than the job has share its cores: together they run
@@ -570,7 +615,8 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, rates, p.continuous, &plan);
+  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, rates, p.continuous,
+                  !request.clips_gradients, &plan);
   return plan;
 }
 
@@ -588,6 +634,7 @@ void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r) {
   r->delayed_parameter_update = p.delayed_parameter_update();
   r->stream_optimizer_state = !p.no_streamed_optimizer_state();
   r->host_update_threads = spec.training().threads();
+  r->clips_gradients = spec.optimizer().max_grad_norm() > 0;
   r->pipeline_schedule = p.pipeline().schedule();
   r->pipeline_vertical_sync = p.pipeline().vertical_sync();
   r->pipeline_continuous = p.pipeline().continuous();

@@ -91,6 +91,10 @@ struct PlanRequest {
   // Non-empty: SolvePipelinePlan times these stages (their layers,
   // recompute and offload_optimizer) instead of partitioning.
   std::vector<tandem::v1::PipelineStage> pipeline_stages;
+  // The job clips gradients (optimizer.max_grad_norm): a pipeline's
+  // offloading stages then update after the global norm, not during their
+  // last backward (PipelineOptions::overlap_host_updates).
+  bool clips_gradients = false;
   // True once the caller has gone: solving ends with CANCELLED. Asked before
   // every simulation (so a strategy's search stops within one simulation of
   // one plan), between strategies and, in node::SolveForExecutor, between

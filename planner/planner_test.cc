@@ -754,7 +754,9 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
     update = std::max(update, s.update_seconds());
   }
   // The first micro-batch through every stage and back, M - 1 slots of the
-  // slowest stage, then the slowest update: at most (M + K - 1) slots.
+  // slowest stage, then the updates: at most (M + K - 1) slots. Each stage
+  // updates after its own last backward, and stage 0's ends the pipeline:
+  // here the stages' updates are alike, so stage 0's is the one waited for.
   EXPECT_GT(update, 0);
   EXPECT_NEAR(f1b->prediction().iteration_seconds(), path + (8 - 1) * bottleneck + update, 1e-12);
   EXPECT_LE(path, 4 * bottleneck);
@@ -803,6 +805,51 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
   r.pipeline_devices = 9;
   EXPECT_EQ(SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_GPIPE).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Offloading stages' host updates overlap their last backward where no
+// gradient clipping waits for the global norm (PipelineOptions::
+// overlap_host_updates): the same update work, less of it after the
+// pipeline; never less than stage 0's update work after its last backward
+// began.
+TEST(SolvePipelinePlanTest, OffloadingStagesHostUpdatesOverlapTheirLastBackward) {
+  PlanRequest r = FourStageRequest();
+  absl::StatusOr<tandem::v1::Plan> split =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(split.ok()) << split.status();
+  for (const tandem::v1::PipelineStage& s : split->pipeline()) {
+    r.pipeline_stages.push_back(s);
+    r.pipeline_stages.back().set_offload_optimizer(true);
+  }
+  tandem::v1::Plan plans[2];
+  for (const bool clips : {false, true}) {
+    r.clips_gradients = clips;
+    absl::StatusOr<tandem::v1::Plan> plan =
+        SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->feasible()) << plan->solver().note();
+    plans[clips] = *plan;
+  }
+  const tandem::v1::Plan& overlapped = plans[false];
+  const tandem::v1::Plan& after = plans[true];
+  double bottleneck = 0, path = 0;
+  for (int k = 0; k < 4; ++k) {
+    const tandem::v1::PipelineStage& s = overlapped.pipeline(k);
+    EXPECT_TRUE(s.offload_optimizer());
+    EXPECT_EQ(s.update_seconds(), after.pipeline(k).update_seconds()) << "stage " << k;
+    bottleneck = std::max({bottleneck, s.compute_seconds(), 2 * s.communication_seconds()});
+    path += s.compute_seconds() + 2 * s.communication_seconds();
+  }
+  const double pipelined = path + (8 - 1) * bottleneck;
+  const tandem::v1::PipelineStage& first = overlapped.pipeline(0);
+  EXPECT_NEAR(after.prediction().iteration_seconds(), pipelined + first.update_seconds(), 1e-12);
+  EXPECT_LT(overlapped.prediction().iteration_seconds(), after.prediction().iteration_seconds());
+  EXPECT_GE(overlapped.prediction().iteration_seconds(),
+            pipelined + first.update_seconds() - first.compute_seconds());
+  std::cout << "4 offloading stages, stage 0's host update " << first.update_seconds() * 1e3
+            << " ms: step " << after.prediction().iteration_seconds() * 1e3
+            << " ms after the last backward, " << overlapped.prediction().iteration_seconds() * 1e3
+            << " ms overlapping it\n";
 }
 
 TEST(SolvePipelinePlanTest, EmulatedStagesComputeAtTheirShareOfTheJobsThreads) {

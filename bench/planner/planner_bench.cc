@@ -509,8 +509,9 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
       "== Pipelines over %s's accelerators against one accelerator with the host, %s, Adam,\n"
       "   batch 32, context 1024; pipelines 1F1B with 4 micro-batches per stage, each stage\n"
       "   on one accelerator (%s); a stage that does not fit recomputes its activations or\n"
-      "   keeps its optimizer state on the host (updated there at the step's end), as the\n"
-      "   runner does. \"+ host\": each stage runs a hybrid plan, planned alone with 1/K of\n"
+      "   keeps its optimizer state on the host (each layer updated there once its last\n"
+      "   backward is done, beside the rest of it), as the runner does. \"+ host\": each\n"
+      "   stage runs a hybrid plan, planned alone with 1/K of\n"
       "   the host (an estimate: the runner's stages do not run hybrid plans).\n\n",
       spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
       FormatBytes(spec.accelerators(0).memory_bytes()).c_str());

@@ -17,6 +17,7 @@
 #include "runtime/core/clock.h"
 #include "runtime/core/omp_threads.h"
 #include "runtime/core/random.h"
+#include "runtime/core/thread_pool.h"
 
 namespace tandem {
 
@@ -47,6 +48,16 @@ struct PipelineRunner::Stage {
   // moments are the runner's host copy (no device moments).
   bool offload = false;
   Buffer host_grads;
+  // Offloading stages without gradient clipping (PipelineOptions::
+  // overlap_host_updates): the host's update of each layer, queued as the
+  // step's last backward makes the layer's gradient final and run one at a
+  // time on a thread of their own beside the stage's compute; what they
+  // did this step (first failure, spans, seconds of work), read after the
+  // queue is idle.
+  std::unique_ptr<ThreadPool> host_updates;
+  absl::Status updates_status;
+  std::vector<tandem::v1::TimelineSpan> update_spans;
+  double update_work = 0;
   int64_t param_begin = 0, param_n = 0, buffer_begin = 0, buffer_n = 0;
   Buffer params, grads, buffers;
   std::vector<Buffer> moments;
@@ -63,15 +74,21 @@ struct PipelineRunner::Stage {
   int updates = 0;
   // Timing of the latest step (`peer`: the part of `copy` over a peer
   // link), and its spans (lane = the stage).
+  // `phase_end`: when its last backward had ended (0: not yet).
   struct Times {
-    double busy = 0, copy = 0, peer = 0, update = 0;
+    double busy = 0, copy = 0, peer = 0, update = 0, phase_end = 0;
   } times;
   std::vector<tandem::v1::TimelineSpan> spans;
   int index = 0;
   double step_start = 0;
   void Span(tandem::v1::TimelineResource resource, tandem::v1::TimelinePhase phase, int layer,
             int m, double start, double end, int64_t bytes = 0) {
-    tandem::v1::TimelineSpan& s = spans.emplace_back();
+    SpanTo(spans, resource, phase, layer, m, start, end, bytes);
+  }
+  void SpanTo(std::vector<tandem::v1::TimelineSpan>& to, tandem::v1::TimelineResource resource,
+              tandem::v1::TimelinePhase phase, int layer, int m, double start, double end,
+              int64_t bytes) const {
+    tandem::v1::TimelineSpan& s = to.emplace_back();
     s.set_resource(resource);
     s.set_lane(index);
     s.set_layer(layer);
@@ -286,6 +303,10 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
                          std::max<int64_t>(stage->param_n, 1) * 4, MemoryCategory::kGradients);
     if (!grads.ok()) return fits(grads.status());
     stage->host_grads = *std::move(grads);
+    if (options_.overlap_host_updates && optimizer_->spec().max_grad_norm() == 0) {
+      stage->host_updates =
+          std::make_unique<ThreadPool>(1, absl::StrCat("stage", index, "-update"));
+    }
   } else {
     stage->moments.resize(optimizer_->state_count());
     for (Buffer& m : stage->moments) {
@@ -675,6 +696,11 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
     st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_BACKWARD,
             l, m, began, WallSeconds());
+    // The step's last backward (GPipe's and 1F1B's last micro-batch) has
+    // made the layer's gradient final: its host update can start.
+    if (st.host_updates != nullptr && m == step.micro_batches() - 1 && model_.param_slice(l) > 0) {
+      QueueHostUpdate(step, st, l);
+    }
     sl.out[i][m].Reset();
     sl.saved[i][m].Reset();
     dy = std::move(dx);
@@ -754,7 +780,11 @@ absl::Status PipelineRunner::RunStage(const std::shared_ptr<Step>& current, int 
   }
   for (const auto& [backward, m] : ops) {
     absl::Status done = backward ? StageBackward(step, s, m) : StageForward(step, s, m);
-    if (!done.ok()) return done;
+    if (!done.ok()) {
+      // Nothing of this stage's may run on once the step has failed.
+      if (st.host_updates != nullptr) FinishHostUpdates(st).IgnoreError();
+      return done;
+    }
   }
   if (options_.schedule == PipelineSchedule::kPipeDream) return absl::OkStatus();
   return UpdateAtEnd(step, s);
@@ -764,6 +794,11 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   const int K = num_stages();
   Stage& st = *stages_[s];
   const double t = WallSeconds();
+  st.times.phase_end = t;
+  st.updates = 1;
+  // Overlapped: the layers' updates are queued already; what is left of
+  // them is the step's tail.
+  if (st.host_updates != nullptr) return FinishHostUpdates(st);
   const float max_norm = optimizer_->spec().max_grad_norm();
   float scale = 1;
   if (max_norm > 0) {
@@ -778,8 +813,11 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   }
   StepConstants c = step.constants;
   c.adam.grad_scale = c.sgd.grad_scale = scale;
-  st.updates = 1;
-  if (st.offload) return UpdateOnHost(st, c, t);
+  if (st.offload) {
+    TANDEM_RETURN_IF_ERROR(UpdateOnHost(st, c, -1, 0, st.param_n, st.spans));
+    st.times.update = WallSeconds() - t;
+    return absl::OkStatus();
+  }
   std::vector<float*> states;
   for (Buffer& b : st.moments) states.push_back(b.f32());
   TANDEM_RETURN_IF_ERROR(
@@ -791,29 +829,53 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   return absl::OkStatus();
 }
 
-absl::Status PipelineRunner::UpdateOnHost(Stage& st, const StepConstants& c, double t) {
-  const int64_t bytes = st.param_n * 4;
-  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(st.host_grads.data(), st.grads.data(), bytes));
+absl::Status PipelineRunner::UpdateOnHost(Stage& st, const StepConstants& c, int layer,
+                                          int64_t offset, int64_t n,
+                                          std::vector<tandem::v1::TimelineSpan>& spans) {
+  const int64_t bytes = n * 4;
+  const double t = WallSeconds();
+  float* host_grads = st.host_grads.f32() + offset;
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(host_grads, st.grads.f32() + offset, bytes));
   const double down = WallSeconds();
-  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, -1, 0, t,
-          down, bytes);
+  st.SpanTo(spans, tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H,
+            layer, 0, t, down, bytes);
   // The host copy of the weights is the master: the same kernel the device's
   // update runs on the emulated accelerator.
-  float* params = host_params_.f32() + st.param_begin;
+  float* params = host_params_.f32() + st.param_begin + offset;
   std::vector<float*> states;
   for (int i = 0; i < optimizer_->state_count(); ++i) {
-    states.push_back(optimizer_->state(i) + st.param_begin);
+    states.push_back(optimizer_->state(i) + st.param_begin + offset);
   }
-  Optimizer::UpdateSlice(c, params, st.host_grads.f32(), states.data(), st.param_n);
+  Optimizer::UpdateSlice(c, params, host_grads, states.data(), n);
   const double updated = WallSeconds();
-  st.Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, -1, 0, down,
-          updated, bytes);
-  TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.params.data(), params, bytes));
-  const double up = WallSeconds();
-  st.Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, -1, 0,
-          updated, up, bytes);
-  st.times.update = up - t;
+  st.SpanTo(spans, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE,
+            layer, 0, down, updated, bytes);
+  TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.params.f32() + offset, params, bytes));
+  st.SpanTo(spans, tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D,
+            layer, 0, updated, WallSeconds(), bytes);
   return absl::OkStatus();
+}
+
+void PipelineRunner::QueueHostUpdate(const Step& step, Stage& st, int l) {
+  StepConstants c = step.constants;
+  c.adam.grad_scale = c.sgd.grad_scale = 1;  // no clipping where the updates overlap
+  st.host_updates->Schedule([this, &st, c, l] {
+    if (!st.updates_status.ok()) return;
+    omp_set_num_threads(stage_threads_);
+    const double t = WallSeconds();
+    st.updates_status = UpdateOnHost(st, c, l, model_.param_offset(l) - st.param_begin,
+                                     model_.param_slice(l), st.update_spans);
+    st.update_work += WallSeconds() - t;
+  });
+}
+
+absl::Status PipelineRunner::FinishHostUpdates(Stage& st) {
+  st.host_updates->WaitIdle();
+  st.spans.insert(st.spans.end(), st.update_spans.begin(), st.update_spans.end());
+  st.update_spans.clear();
+  st.times.update = st.update_work;
+  st.update_work = 0;
+  return std::exchange(st.updates_status, absl::OkStatus());
 }
 
 void PipelineRunner::Begin(Step& step, const Batch& batch, bool training) {
@@ -918,7 +980,10 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
   TANDEM_RETURN_IF_ERROR(OnEveryStage(step, &ended));
 
   double end = start;
-  for (int s = 0; s < K; ++s) end = std::max(end, ended[s] - stages_[s]->times.update);
+  for (int s = 0; s < K; ++s) {
+    const Stage::Times& times = stages_[s]->times;
+    end = std::max(end, times.phase_end > 0 ? times.phase_end : ended[s] - times.update);
+  }
   last_pipeline_seconds_ = end - start;
   timeline_.Clear();
   for (int s = 0; s < K; ++s) {

@@ -35,8 +35,10 @@
 //    and their updates) before evaluation, a read of the state (a
 //    checkpoint) and at the end.
 // Each stage runs on its own thread (its device's compute stream) and waits
-// only for what it consumes; the update of every stage follows the last
-// backward (after the global gradient norm, when clipping).
+// only for what it consumes; the update of every stage follows its last
+// backward (after the global gradient norm, when clipping), except that an
+// offloading stage's host updates start layer by layer during that backward
+// (PipelineOptions::overlap_host_updates).
 //
 // Thread-compatible, like every StepRunner: one thread drives it.
 #ifndef TANDEM_RUNTIME_EXEC_PIPELINE_RUNNER_H_
@@ -97,6 +99,14 @@ struct PipelineOptions {
   bool vertical_sync = false;
   // kPipeDream without vertical sync only: no drain between steps (above).
   bool continuous = false;
+  // Offloading stages (PipelineStageSpec::offload_optimizer) without gradient
+  // clipping update each layer on the host as soon as the step's last
+  // backward has made its gradient final, on a thread of their own, while
+  // the stage's backward goes on (ZeRO-Offload's overlap of the update with
+  // backward); false: the whole stage's update after its last backward. The
+  // same update either way. Clipping needs every stage's norm first, and
+  // always updates at the end.
+  bool overlap_host_updates = true;
   // OpenMP threads of each stage's thread; 0 = the creating thread's count
   // shared among the stages, at least one each. The stages compute side by
   // side: teams of the whole count each would outnumber the cores, and
@@ -115,6 +125,8 @@ struct PipelineStageStats {
   double peer_copy_seconds = 0;
   // The rest of the step's forward-backward phase: waiting for a neighbour.
   double bubble_seconds = 0;
+  // The optimizer update: after the last backward, or (overlapped host
+  // updates) the layers' updates' own time, part of it during backward.
   double update_seconds = 0;
   // Peak device bytes since the runner started.
   int64_t peak_bytes = 0;
@@ -187,9 +199,16 @@ class PipelineRunner final : public StepRunner {
   absl::Status KeepVersion(Stage& stage);
   // The end-of-step update of GPipe and 1F1B, after the global norm.
   absl::Status UpdateAtEnd(Step& step, int s);
-  // An offloading stage's update (started at `t`): its gradients down, the
-  // host's update of the host copy, the weights back up.
-  absl::Status UpdateOnHost(Stage& stage, const StepConstants& c, double t);
+  // An offloading stage's update of its parameters [offset, offset + n)
+  // (layer `layer`'s, or -1: all of them): their gradients down, the host's
+  // update of the host copy, the weights back up; its spans into `spans`.
+  absl::Status UpdateOnHost(Stage& stage, const StepConstants& c, int layer, int64_t offset,
+                            int64_t n, std::vector<tandem::v1::TimelineSpan>& spans);
+  // Overlapped host updates: layer l's update queued on the stage's update
+  // thread; waiting for the stage's queue, its spans and work taken into the
+  // step's, and its first failure.
+  void QueueHostUpdate(const Step& step, Stage& stage, int l);
+  absl::Status FinishHostUpdates(Stage& stage);
   // `batch` split into micro-batches, the stages' slots and mailboxes sized.
   void Begin(Step& step, const Batch& batch, bool training);
   // Every stage on its own thread through the step; the stats and the

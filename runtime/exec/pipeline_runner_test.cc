@@ -8,8 +8,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -376,49 +378,116 @@ TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
       << both.status();
 }
 
+// OffloadingStagesUpdateOnTheHostAlike's run of `f`'s 2 stages updating on
+// the device, on the host after the last backward, and on the host
+// overlapping it.
+void CheckOffloadedUpdates(const Fixture& f, bool clip) {
+  int layers_with_weights[2] = {0, 0};
+  Devices shape(2);
+  const std::vector<PipelineStageSpec> even = EvenStages(*f.model, shape);
+  for (int s = 0; s < 2; ++s) {
+    for (int l = even[s].first_layer; l < even[s].end_layer; ++l) {
+      layers_with_weights[s] += f.model->param_slice(l) > 0;
+    }
+  }
+  enum Way { kOnDevice, kOnHostAtTheEnd, kOnHostOverlapped };
+  const char* const names[] = {"on the device", "on the host after backward",
+                               "on the host during backward"};
+  const int kMicroBatches = 4;
+  std::vector<double> losses[3];
+  int64_t peak[3] = {0, 0, 0};
+  std::vector<float> moments[3];
+  for (const Way way : {kOnDevice, kOnHostAtTheEnd, kOnHostOverlapped}) {
+    SCOPED_TRACE(names[way]);
+    Devices devices(2);
+    std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+    for (PipelineStageSpec& st : stages) st.offload_optimizer = way != kOnDevice;
+    PipelineOptions options{.schedule = PipelineSchedule::kOneFOneB,
+                            .micro_batches = kMicroBatches,
+                            .max_batch = f.spec.training().batch_size(),
+                            .init_seed = f.spec.training().seed(),
+                            .overlap_host_updates = way == kOnHostOverlapped};
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+        PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    losses[way] = RunSteps(f, **runner, 8);
+    peak[way] = (*runner)->stage_stats()[0].peak_bytes;
+    ASSERT_TRUE((*runner)->SyncStateToHost().ok());
+    const HostStateView state = (*runner)->host_state();
+    moments[way].assign(state.moments[1], state.moments[1] + f.model->parameter_elements());
+    // Per stage: its host updates' layers in order, and when each layer's
+    // last backward ended and its gradient began to go down.
+    std::vector<int> updated[2];
+    std::map<int, double> backward_end, copy_start;
+    const tandem::v1::Timeline timeline = (*runner)->last_timeline();
+    for (const auto& span : timeline.spans()) {
+      if (span.resource() == tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE) {
+        updated[span.lane()].push_back(span.layer());
+      }
+      if (span.phase() == tandem::v1::TIMELINE_PHASE_BACKWARD &&
+          span.micro_batch() == kMicroBatches - 1) {
+        backward_end[span.layer()] = span.end_seconds();
+      }
+      if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) {
+        copy_start[span.layer()] = span.start_seconds();
+      }
+    }
+    double hidden = 0;
+    for (int s = 0; s < 2; ++s) {
+      if (way == kOnDevice) {
+        EXPECT_TRUE(updated[s].empty()) << "stage " << s;
+      } else if (way == kOnHostAtTheEnd || clip) {
+        EXPECT_EQ(updated[s], std::vector<int>{-1}) << "stage " << s;
+      } else {
+        ASSERT_EQ(static_cast<int>(updated[s].size()), layers_with_weights[s]) << "stage " << s;
+        EXPECT_TRUE(std::is_sorted(updated[s].rbegin(), updated[s].rend())) << "stage " << s;
+        for (const int l : updated[s]) {
+          ASSERT_TRUE(backward_end.count(l) && copy_start.count(l)) << "layer " << l;
+          EXPECT_GE(copy_start[l], backward_end[l]) << "layer " << l;
+        }
+        // How long before the stage's backward ended its first update began.
+        hidden += backward_end[even[s].first_layer] - copy_start[updated[s].front()];
+      }
+    }
+    if (way == kOnHostOverlapped && !clip) {
+      std::cout << "overlapped host updates began " << hidden * 1e3
+                << " ms (both stages) before their stage's backward ended\n";
+    }
+    for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
+      EXPECT_EQ(st.offload_optimizer(), way != kOnDevice) << "stage " << st.stage();
+      EXPECT_FALSE(st.recompute()) << "stage " << st.stage();
+      EXPECT_GT(st.update_seconds(), 0) << "stage " << st.stage();
+    }
+  }
+  for (const Way way : {kOnHostAtTheEnd, kOnHostOverlapped}) {
+    EXPECT_EQ(losses[way], losses[kOnDevice]) << names[way];
+    EXPECT_EQ(moments[way], moments[kOnDevice]) << names[way];
+    // Stage 0's device no longer holds its two moments.
+    EXPECT_LT(peak[way], peak[kOnDevice]) << names[way];
+  }
+  std::cout << "gpt over 2 stages: stage 0 peaks at " << peak[kOnDevice] << " B, offloading "
+            << peak[kOnHostAtTheEnd] << " B, overlapped " << peak[kOnHostOverlapped] << " B\n";
+}
+
 // ZeRO-Offload within the stages: each offloading stage keeps weights and
 // gradients on its device, its Adam moments on the host, and updates there
 // with the same kernel: the same losses as on the device, to the bit, in
 // less device memory; its timeline shows the gradients down, the host's
 // update and the weights up. A checkpoint's host state holds the moments.
+// Without gradient clipping the host updates overlap the last backward
+// (PipelineOptions::overlap_host_updates): one per layer with weights, each
+// started only after its layer's last backward, in backward order; the same
+// training as updating the whole stage after it. With clipping (kGpt's
+// max_grad_norm) they wait for the global norm: one update per stage.
 TEST(PipelineRunnerTest, OffloadingStagesUpdateOnTheHostAlike) {
-  const Fixture f = MakeFixture(exec_test::kGpt);
-  std::vector<double> losses[2];
-  int64_t peak[2] = {0, 0};
-  std::vector<float> moments[2];
-  for (const bool offload : {false, true}) {
-    Devices devices(2);
-    std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
-    for (PipelineStageSpec& st : stages) st.offload_optimizer = offload;
-    PipelineOptions options{.schedule = PipelineSchedule::kOneFOneB,
-                            .micro_batches = 4,
-                            .max_batch = f.spec.training().batch_size(),
-                            .init_seed = f.spec.training().seed()};
-    absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-        PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    losses[offload] = RunSteps(f, **runner, 8);
-    peak[offload] = (*runner)->stage_stats()[0].peak_bytes;
-    ASSERT_TRUE((*runner)->SyncStateToHost().ok());
-    const HostStateView state = (*runner)->host_state();
-    moments[offload].assign(state.moments[1], state.moments[1] + f.model->parameter_elements());
-    int host_updates = 0;
-    const tandem::v1::Timeline timeline = (*runner)->last_timeline();
-    for (const auto& span : timeline.spans()) {
-      host_updates += span.resource() == tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE;
-    }
-    EXPECT_EQ(host_updates, offload ? 2 : 0);
-    for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
-      EXPECT_EQ(st.offload_optimizer(), offload) << "stage " << st.stage();
-      EXPECT_FALSE(st.recompute()) << "stage " << st.stage();
-    }
+  std::string unclipped = exec_test::kGpt;
+  const std::string clipping = "max_grad_norm: 1.0";
+  ASSERT_NE(unclipped.find(clipping), std::string::npos);
+  unclipped.replace(unclipped.find(clipping), clipping.size(), "max_grad_norm: 0");
+  for (const bool clip : {false, true}) {
+    SCOPED_TRACE(clip ? "clipping" : "not clipping");
+    CheckOffloadedUpdates(MakeFixture(clip ? exec_test::kGpt : unclipped), clip);
   }
-  EXPECT_EQ(losses[1], losses[0]);
-  EXPECT_EQ(moments[1], moments[0]);
-  // Stage 0's device no longer holds its two moments.
-  EXPECT_LT(peak[1], peak[0]);
-  std::cout << "gpt over 2 stages: stage 0 peaks at " << peak[0] << " B, offloading " << peak[1]
-            << " B\n";
 }
 
 TEST(PipelineRunnerTest, EvaluationMatchesTheCpuEngine) {

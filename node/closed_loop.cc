@@ -216,7 +216,8 @@ bool SamePlacement(const Plan& a, const Plan& b) {
     if (x.device_index() != y.device_index() || x.first_layer() != y.first_layer() ||
         x.last_layer() != y.last_layer() || x.recompute() != y.recompute() ||
         x.offload_optimizer() != y.offload_optimizer() ||
-        x.offload_activations() != y.offload_activations()) {
+        x.offload_activations() != y.offload_activations() ||
+        x.wait_for_activation_copies() != y.wait_for_activation_copies()) {
       return false;
     }
   }

@@ -213,10 +213,11 @@ void CheckAStageThatFitsOnlySo(tandem::v1::PipelineSchedule schedule,
 }
 
 // GPipe holding all 16 micro-batches' activations does not fit where the
-// stages' state and one micro-batch's activations do. Over the emulated
+// stages' state and two micro-batches' activations do. Over the emulated
 // links at memcpy speed, sending each micro-batch's activations to the host
-// and back costs less than a forward: the stages offload them.
-TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingOneMicroBatchOffloadsItsActivations) {
+// and back (beside the compute, on the stage's copy thread) costs less than
+// a forward: the stages offload them.
+TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingFewMicroBatchesOffloadsItsActivations) {
   CheckAStageThatFitsOnlySo(
       tandem::v1::PIPELINE_SCHEDULE_GPIPE,
       [](const tandem::v1::PipelineStage& st) { return st.offload_activations(); },
@@ -226,7 +227,7 @@ TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingOneMicroBatchOffloadsItsActivat
 // The same over links capped at 10 MB/s: the copies would cost more than
 // running each forward again, so the stages recompute (GPipe's
 // re-materialisation).
-TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingOneMicroBatchOnASlowLinkRecomputes) {
+TEST(PipelineJobTest, AGPipeThatFitsOnlyByHoldingFewMicroBatchesOnASlowLinkRecomputes) {
   CheckAStageThatFitsOnlySo(
       tandem::v1::PIPELINE_SCHEDULE_GPIPE,
       [](const tandem::v1::PipelineStage& st) { return st.recompute(); }, "recompute", 10e6);
@@ -489,6 +490,12 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
          p.mutable_pipeline(0)->set_offload_activations(true);
        },
        "placement.plan.pipeline[0].offload_activations: a stage that recomputes"},
+      {[](tandem::v1::Plan& p) {
+         p.mutable_pipeline(1)->set_offload_activations(false);
+         p.mutable_pipeline(1)->set_wait_for_activation_copies(true);
+       },
+       "placement.plan.pipeline[1].wait_for_activation_copies: the stage offloads no "
+       "activations"},
   };
   // PipeDream's stashed weights and a recomputing stage.
   {

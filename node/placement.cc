@@ -500,6 +500,10 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
                              "a stage that recomputes its activations has none to offload; set "
                              "one of recompute and offload_activations");
     }
+    if (st.wait_for_activation_copies() && !st.offload_activations()) {
+      return ForcedPlanError(field + ".wait_for_activation_copies",
+                             "the stage offloads no activations (offload_activations) to wait for");
+    }
     next = st.last_layer() + 1;
   }
   if (next != model.num_layers()) {
@@ -1085,7 +1089,8 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
                             CreateAccelerator(resolved, node, capacity, st.device_index()));
     stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute(),
-                      st.offload_optimizer(), st.offload_activations()});
+                      st.offload_optimizer(), st.offload_activations(),
+                      st.wait_for_activation_copies()});
     devices.push_back(std::move(device));
   }
   PipelineOptions options;

@@ -31,8 +31,10 @@ struct StageMode {
   bool recompute = false;
   bool offload = false;
   // Each micro-batch's activations go down to the host after its forward and
-  // come back before its backward (exclusive with recompute).
+  // come back before its backward (exclusive with recompute), beside the
+  // compute (two micro-batches' held) or, `wait_copies`, waited for (one).
   bool offload_activations = false;
+  bool wait_copies = false;
 };
 
 // What a stage of S costs, from prefix sums over the layers: its time per
@@ -75,9 +77,15 @@ class StageCosts {
     return time_[j] - time_[i] + Extra(i, j, mode);
   }
   // What recomputing or offloading activations adds to each micro-batch.
+  // The runner copies offloaded activations on the stage's copy thread
+  // while it computes: only copies longer than the compute add, unless the
+  // stage waits for each.
   double Extra(int i, int j, StageMode mode) const {
     if (mode.recompute) return forward_[j] - forward_[i];
-    if (mode.offload_activations) return activation_copies_[j] - activation_copies_[i];
+    if (mode.offload_activations) {
+      const double copies = activation_copies_[j] - activation_copies_[i];
+      return mode.wait_copies ? copies : std::max(0.0, copies - (time_[j] - time_[i]));
+    }
     return 0.0;
   }
 
@@ -85,8 +93,10 @@ class StageCosts {
   // optimizer state when offloading), and for each micro-batch in flight
   // their activations and the stage's input (layer i-1's output, received
   // from the stage before and kept for the backward); recomputing, every
-  // micro-batch's input and one micro-batch's activations, and so when
-  // offloading activations (those of the others are on the host). Over a peer link
+  // micro-batch's input and one micro-batch's activations; offloading
+  // activations, every input and the activations of two micro-batches in
+  // flight (one computing, one moving; the others' are on the host), or of
+  // one when waiting for the copies. Over a peer link
   // also the gradient of its input, which waits on its device until the
   // stage before pulls it.
   int64_t Memory(int k, int i, int j, StageMode mode) const {
@@ -101,9 +111,10 @@ class StageCosts {
     int64_t versions = stale > 0 || r_.vertical_sync ? stale + 1 : 0;
     if (r_.vertical_sync && k > 0) versions += k + 1;
     const int64_t weights = parameters_[j] - parameters_[i];
-    const int64_t activations = mode.recompute || mode.offload_activations
-                                    ? in_flight * input + (activation_[j] - activation_[i])
-                                    : in_flight * (activation_[j] - activation_[i] + input);
+    const int64_t held = mode.recompute || mode.wait_copies ? 1
+                         : mode.offload_activations         ? std::min<int64_t>(in_flight, 2)
+                                                            : in_flight;
+    const int64_t activations = in_flight * input + held * (activation_[j] - activation_[i]);
     const int64_t offloaded = mode.offload ? optimizer_[j] - optimizer_[i] : 0;
     const int64_t awaiting_pull = cost_.has_peer_link() ? input : 0;
     return state_[j] - state_[i] - offloaded + activations + versions * weights + awaiting_pull;
@@ -117,9 +128,12 @@ class StageCosts {
   std::optional<StageMode> Choose(int k, int i, int j) const {
     std::optional<StageMode> best;
     double best_added = 0;
-    for (const StageMode mode : {StageMode{false, false, false}, StageMode{true, false, false},
-                                 StageMode{false, false, true}, StageMode{false, true, false},
-                                 StageMode{true, true, false}, StageMode{false, true, true}}) {
+    // {recompute, offload, offload_activations, wait_copies}
+    for (const StageMode mode :
+         {StageMode{false, false, false}, StageMode{true, false, false},
+          StageMode{false, false, true}, StageMode{false, false, true, true},
+          StageMode{false, true, false}, StageMode{true, true, false}, StageMode{false, true, true},
+          StageMode{false, true, true, true}}) {
       if ((mode.recompute && (!r_.allow_recompute || r_.stash_weights)) ||
           (mode.offload_activations && !r_.allow_offload_activations) ||
           (mode.offload && (!r_.allow_offload || r_.stash_weights))) {
@@ -147,6 +161,7 @@ class StageCosts {
     stage.set_recompute(mode.recompute);
     stage.set_offload_optimizer(mode.offload);
     stage.set_offload_activations(mode.offload_activations);
+    stage.set_wait_for_activation_copies(mode.wait_copies);
     stage.set_compute_seconds(Time(i, j, mode));
     stage.set_communication_seconds(j < cost_.num_layers() ? Send(j - 1) : 0.0);
     stage.set_memory_bytes(Memory(k, i, j, mode));
@@ -224,7 +239,8 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
     }
     stages.push_back(
         costs.Stage(s, g.first_layer(), g.last_layer() + 1,
-                    StageMode{g.recompute(), g.offload_optimizer(), g.offload_activations()}));
+                    StageMode{g.recompute(), g.offload_optimizer(), g.offload_activations(),
+                              g.wait_for_activation_copies()}));
     next = g.last_layer() + 1;
   }
   if (next != L) {

@@ -74,21 +74,29 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
         if (r.device_memory_bytes > 0 &&
             state + in_flight * (act + input) > r.device_memory_bytes) {
           // Recomputing (one micro-batch's activations, every one's input,
-          // one more forward) or offloading the activations (the same
-          // memory, their copies down and back instead), or offloading the
+          // one more forward) or offloading the activations (two
+          // micro-batches' activations at most, and what of their copies
+          // down and back the compute does not hide), or offloading the
           // optimizer state, or both: the mix that fits and adds least.
           double best_added = HUGE_VAL, best_t = 0;
-          for (int hold = 0; hold < 3; ++hold) {  // keep, recompute, offload activations
+          // keep, recompute, offload activations beside the compute, and
+          // waiting for each copy
+          for (int hold = 0; hold < 4; ++hold) {
             for (int offload = 0; offload < 2; ++offload) {
               if ((hold == 0 && !offload) || (hold == 1 && !r.allow_recompute) ||
-                  (hold == 2 && !r.allow_offload_activations) || (offload && !r.allow_offload)) {
+                  (hold >= 2 && !r.allow_offload_activations) || (offload && !r.allow_offload)) {
                 continue;
               }
+              const int64_t held = hold == 0   ? in_flight
+                                   : hold == 2 ? std::min<int64_t>(in_flight, 2)
+                                               : 1;
               const int64_t bytes =
-                  state - (offload ? optimizer : 0) +
-                  (hold > 0 ? in_flight * input + act : in_flight * (act + input));
+                  state - (offload ? optimizer : 0) + in_flight * input + held * act;
               if (bytes > r.device_memory_bytes) continue;
-              const double per_micro_batch = hold == 1 ? forward : hold == 2 ? copies : 0.0;
+              const double per_micro_batch = hold == 1   ? forward
+                                             : hold == 2 ? std::max(0.0, copies - t)
+                                             : hold == 3 ? copies
+                                                         : 0.0;
               const double added = (r.micro_batches + S - 1) * per_micro_batch +
                                    (offload ? std::max(0.0, extra) : 0.0);
               if (added < best_added) {
@@ -119,7 +127,7 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
 
 TEST(PipelinePartitionerTest, MatchesBruteForce) {
   std::mt19937 rng(5);
-  int recomputing = 0, sending = 0;
+  int recomputing = 0, sending = 0, waiting = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int layers = 2 + trial % 9;
     const CostModel cost = RandomChain(layers, &rng);
@@ -152,14 +160,18 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
         EXPECT_LE(s.memory_bytes(), r.device_memory_bytes);
       }
       EXPECT_FALSE(s.recompute() && s.offload_activations()) << "trial " << trial;
+      EXPECT_TRUE(!s.wait_for_activation_copies() || s.offload_activations()) << "trial " << trial;
       recomputing += s.recompute();
       sending += s.offload_activations();
+      waiting += s.wait_for_activation_copies();
     }
   }
-  // Both ways of holding one micro-batch's activations were chosen somewhere.
+  // Both ways of holding fewer micro-batches' activations were chosen
+  // somewhere.
   EXPECT_GT(recomputing, 0);
   EXPECT_GT(sending, 0);
-  std::cout << recomputing << " stages recompute, " << sending << " offload their activations\n";
+  std::cout << recomputing << " stages recompute, " << sending << " offload their activations, "
+            << waiting << " of them waiting for the copies\n";
 }
 
 // Four layers of 1 s each way, 1000 bytes of weights, 10 of activations and

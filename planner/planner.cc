@@ -426,10 +426,11 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
           : absl::StrFormat("; each emulated stage computes with %d of the job's %d threads, "
                             "%.2fx slower than with all",
                             rates.stage_threads, rates.job_threads, rates.slower));
-  std::vector<std::string> recomputing, offloading, sending;
+  std::vector<std::string> recomputing, offloading, sending, waiting;
   for (const tandem::v1::PipelineStage& s : plan.pipeline()) {
     if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
     if (s.offload_activations()) sending.push_back(absl::StrCat(s.device_index()));
+    if (s.wait_for_activation_copies()) waiting.push_back(absl::StrCat(s.device_index()));
     if (s.offload_optimizer()) offloading.push_back(absl::StrCat(s.device_index()));
   }
   // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
@@ -441,6 +442,8 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
   name_stages(recomputing, " recomputes its activations", " recompute their activations");
   name_stages(sending, " offloads its activations to the host between forward and backward",
               " offload their activations to the host between forward and backward");
+  name_stages(waiting, " waits for those copies, to hold one micro-batch's activations",
+              " wait for those copies, to hold one micro-batch's activations");
   name_stages(offloading, " keeps its optimizer state on the host and updates there",
               " keep their optimizer state on the host and update there");
   return note;

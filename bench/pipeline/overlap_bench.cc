@@ -1,15 +1,22 @@
-// Pipeline stages that keep their optimizer state on the host
-// (docs/pipeline.md, "The host update overlaps the last backward"): the same
-// job's steps with each layer's host update started during the step's last
-// backward, and with the whole stage's update after it
-// (PipelineOptions::overlap_host_updates), the two runners' steps taken in
-// turn in one run. Prints the CPU and oneDNN ISA, the median step of each,
-// their ratio, and per stage what its update left after its last backward
-// (from the runner's timeline) next to the update's own work; checks that
-// both trained alike (losses equal to the bit). Emulated accelerators: host
-// cores, not GPU figures.
+// Pipeline stages that offload to the host, with their copies and updates
+// overlapped with compute against waited for (docs/pipeline.md), the two
+// runners' steps taken in turn in one run:
+//  --offload=optimizer: every stage keeps its optimizer state on the host;
+//    each layer's host update started during the step's last backward,
+//    against the whole stage's update after it
+//    (PipelineOptions::overlap_host_updates). Per stage, what its update left
+//    after its last backward (from the runner's timeline) next to the
+//    update's own work.
+//  --offload=activations: every stage sends its activations to the host
+//    between forward and backward, copied on the stage's copy thread beside
+//    its compute, against waiting for each copy
+//    (PipelineStageSpec::wait_for_activation_copies). Per stage, its thread's
+//    time in copies and its peak memory.
+// Prints the CPU and oneDNN ISA, the median step of each and their ratio;
+// checks that both trained alike (losses equal to the bit). Emulated
+// accelerators: host cores, not GPU figures.
 //
-//   bazel run -c opt //bench/pipeline:overlap_bench -- --stages=2 --steps=20
+//   bazel-bin/bench/pipeline/overlap_bench --stages=2 --link_gbps=0.5
 #include <omp.h>
 
 #include <algorithm>
@@ -36,6 +43,7 @@ ABSL_FLAG(std::string, schedule, "1f1b", "1f1b or gpipe");
 ABSL_FLAG(int, steps, 20, "measured steps of each runner (after 3 of warm-up)");
 ABSL_FLAG(int, threads, 2, "the job's OpenMP threads, shared among the stages");
 ABSL_FLAG(double, link_gbps, 0, "each accelerator's host link in GB/s (0: memcpy speed)");
+ABSL_FLAG(std::string, offload, "optimizer", "what the stages offload: optimizer or activations");
 
 namespace tandem {
 namespace {
@@ -59,9 +67,9 @@ struct Pipeline {
   std::vector<std::unique_ptr<EmulatedAccelerator>> devices;
   std::unique_ptr<PipelineRunner> runner;
   std::vector<double> steps, losses;
-  // Per stage, per step: the update's work, and what of it came after the
-  // stage's last backward.
-  std::vector<std::vector<double>> work, tail;
+  // Per stage, per step: the update's work, what of it came after the
+  // stage's last backward, and the stage's thread's time in copies.
+  std::vector<std::vector<double>> work, tail, copies;
 };
 
 absl::StatusOr<Pipeline> MakePipeline(const Model& model, const tandem::v1::JobSpec& spec,
@@ -76,10 +84,13 @@ absl::StatusOr<Pipeline> MakePipeline(const Model& model, const tandem::v1::JobS
                         .peer_link = true,
                         .peer_bytes_per_second = absl::GetFlag(FLAGS_link_gbps) * 1e9},
         s));
+    const bool activations = absl::GetFlag(FLAGS_offload) == "activations";
     stages.push_back({.first_layer = s * L / K,
                       .end_layer = (s + 1) * L / K,
                       .device = p.devices.back().get(),
-                      .offload_optimizer = true});
+                      .offload_optimizer = !activations,
+                      .offload_activations = activations,
+                      .wait_for_activation_copies = activations && !overlap});
   }
   PipelineOptions options{.schedule = absl::GetFlag(FLAGS_schedule) == "gpipe"
                                           ? PipelineSchedule::kGPipe
@@ -94,6 +105,7 @@ absl::StatusOr<Pipeline> MakePipeline(const Model& model, const tandem::v1::JobS
   p.runner = *std::move(runner);
   p.work.resize(K);
   p.tail.resize(K);
+  p.copies.resize(K);
   return p;
 }
 
@@ -119,6 +131,7 @@ absl::Status Step(Pipeline& p, const Batch& batch, const StepOptions& options, b
   for (int s = 0; s < K; ++s) {
     p.work[s].push_back(p.runner->stage_stats()[s].update_seconds);
     p.tail[s].push_back(std::max(0.0, update_end[s] - backward_end[s]));
+    p.copies[s].push_back(p.runner->stage_stats()[s].copy_seconds);
   }
   return absl::OkStatus();
 }
@@ -174,24 +187,31 @@ int Run() {
       absl::GetFlag(FLAGS_link_gbps) > 0
           ? (std::to_string(absl::GetFlag(FLAGS_link_gbps)) + " GB/s").c_str()
           : "at memcpy speed");
+  const bool activations = absl::GetFlag(FLAGS_offload) == "activations";
   std::printf(
       "gpt (%ld parameters, batch %ld), %s over %d stages, %d micro-batches, every stage "
-      "keeping its Adam state on the host; median of %d steps each\n",
+      "offloading its %s to the host; median of %d steps each\n",
       static_cast<long>(jm->model->parameter_count()), static_cast<long>(B),
-      absl::GetFlag(FLAGS_schedule).c_str(), K, absl::GetFlag(FLAGS_micro_batches), steps);
-  const char* names[] = {"host update after the last backward", "host update overlapping it"};
+      absl::GetFlag(FLAGS_schedule).c_str(), K, absl::GetFlag(FLAGS_micro_batches),
+      activations ? "activations" : "Adam state", steps);
+  const char* names[2][2] = {{"host update after the last backward", "host update overlapping it"},
+                             {"activation copies waited for", "activation copies beside compute"}};
+  const int L = jm->model->num_layers();
   for (const bool overlap : {false, true}) {
     const Pipeline& p = pipelines[overlap];
-    std::printf("  %-36s step %8.2f ms\n", names[overlap], 1e3 * Median(p.steps));
-    const int L = jm->model->num_layers();
+    std::printf("  %-36s step %8.2f ms\n", names[activations][overlap], 1e3 * Median(p.steps));
     for (int s = 0; s < K; ++s) {
-      std::printf(
-          "      stage %d (layers %d-%d): update %7.2f ms of work, %7.2f ms of it after "
-          "its last backward\n",
-          s, s * L / K, (s + 1) * L / K - 1, 1e3 * Median(p.work[s]), 1e3 * Median(p.tail[s]));
+      std::printf("      stage %d (layers %d-%d): ", s, s * L / K, (s + 1) * L / K - 1);
+      if (activations) {
+        std::printf("%7.2f ms of its thread in copies, peak %.2f MiB\n", 1e3 * Median(p.copies[s]),
+                    p.runner->stage_stats()[s].peak_bytes / 1048576.0);
+      } else {
+        std::printf("update %7.2f ms of work, %7.2f ms of it after its last backward\n",
+                    1e3 * Median(p.work[s]), 1e3 * Median(p.tail[s]));
+      }
     }
   }
-  std::printf("overlapped / after: %.3f of the step\n",
+  std::printf("overlapped / waited for: %.3f of the step\n",
               Median(pipelines[1].steps) / Median(pipelines[0].steps));
   const bool same = pipelines[0].losses == pipelines[1].losses;
   std::printf("losses equal to the bit over %d steps: %s (last %.6f)\n", warmup + steps,

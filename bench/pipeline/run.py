@@ -253,6 +253,8 @@ def bench(args, server):
             modes = ["%d:%s" % (i, " ".join(
                          name for key, name in (("recompute", "recompute"),
                                                 ("offload_activations", "offload activations"),
+                                                ("wait_for_activation_copies",
+                                                 "(waiting for each copy)"),
                                                 ("offload_optimizer", "offload optimizer"))
                          if st.get(key)))
                      for i, st in enumerate(plan.get("pipeline", []))

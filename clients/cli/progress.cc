@@ -117,6 +117,7 @@ std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
     if (s.offload_activations()) {
       lines.back() += "; its activations wait on the host between forward and backward";
     }
+    if (s.wait_for_activation_copies()) lines.back() += " (the stage waiting for each copy)";
     if (s.offload_optimizer()) lines.back() += "; optimizer state and update on the host";
   }
   return lines;

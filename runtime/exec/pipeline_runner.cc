@@ -42,8 +42,24 @@ struct PipelineRunner::Stage {
   // gradient from this one's. Else both go through staging host memory.
   bool peer_in = false, peer_back = false;
   // Each micro-batch's outputs and saved tensors go down to staging host
-  // memory after its forward and come back before its backward.
+  // memory after its forward and come back before its backward, copied on a
+  // thread of their own (the stage's copy engine) while the stage computes:
+  // down once the forward is done, up queued an op ahead of its backward.
+  // The copy thread records its spans and first failure here, and marks
+  // each micro-batch whose activations are back (by its step and index);
+  // the stage thread takes them after the queue is idle or under copies_mu.
   bool offload_activations = false;
+  std::unique_ptr<ThreadPool> copies;
+  std::mutex copies_mu;
+  std::condition_variable copies_cv;
+  absl::Status copies_status;
+  std::set<std::pair<const void*, int>> up_queued, up_done;
+  // Micro-batches queued to go down and not yet there: at most one, so that
+  // the device holds at most the activations being computed and those moving.
+  int downs_pending = 0;
+  // PipelineStageSpec::wait_for_activation_copies.
+  bool wait_for_copies = false;
+  std::vector<tandem::v1::TimelineSpan> copy_spans;
   // Offloading stages: their gradients' host copy (staging memory); their
   // moments are the runner's host copy (no device moments).
   bool offload = false;
@@ -235,6 +251,10 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
       return absl::InvalidArgumentError(absl::StrCat(
           "pipeline: stage ", s, " both recomputes and offloads its activations; one of them"));
     }
+    if (st.wait_for_activation_copies && !st.offload_activations) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: stage ", s, " waits for activation copies but offloads no activations"));
+    }
     if (st.offload_optimizer && options.schedule == PipelineSchedule::kPipeDream) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s,
@@ -276,6 +296,10 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->recompute = spec.recompute;
   stage->offload = spec.offload_optimizer;
   stage->offload_activations = spec.offload_activations;
+  stage->wait_for_copies = spec.wait_for_activation_copies;
+  if (stage->offload_activations) {
+    stage->copies = std::make_unique<ThreadPool>(1, absl::StrCat("stage", index, "-copies"));
+  }
   stage->index = index;
   stage->param_begin = model_.param_offset(stage->first);
   stage->param_n = model_.param_offset(stage->end) - stage->param_begin;
@@ -491,7 +515,14 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   }
   TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/false));
   TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
-  if (step.training && st.offload_activations) return MoveActivations(step, s, m, /*down=*/true);
+  if (step.training && st.offload_activations) {
+    QueueActivations(step, st, m, /*down=*/true);
+    if (!st.wait_for_copies) return absl::OkStatus();
+    const double t = WallSeconds();
+    st.copies->WaitIdle();
+    st.times.copy += WallSeconds() - t;
+    return absl::OkStatus();
+  }
   // Nothing is kept for a backward in evaluation; a recomputing stage keeps
   // its input alone and runs the forward again before the backward.
   if (!step.training || st.recompute) {
@@ -505,9 +536,8 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   return absl::OkStatus();
 }
 
-absl::Status PipelineRunner::MoveActivations(Step& step, int s, int m, bool down) {
-  Stage& st = *stages_[s];
-  Step::Slots& sl = step.slots[s];
+absl::Status PipelineRunner::MoveActivations(Step& step, Stage& st, int m, bool down) {
+  Step::Slots& sl = step.slots[st.index];
   const double t = WallSeconds();
   int64_t bytes = 0;
   for (size_t i = 0; i < sl.out.size(); ++i) {
@@ -525,13 +555,69 @@ absl::Status PipelineRunner::MoveActivations(Step& step, int s, int m, bool down
       from.Reset();
     }
   }
-  const double end = WallSeconds();
-  st.times.copy += end - t;
-  st.Span(
+  st.SpanTo(
+      st.copy_spans,
       down ? tandem::v1::TIMELINE_RESOURCE_COPY_D2H : tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
       down ? tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H : tandem::v1::TIMELINE_PHASE_ACTIVATION_H2D,
-      down ? st.end - 1 : st.first, m, t, end, bytes);
+      down ? st.end - 1 : st.first, m, t, WallSeconds(), bytes);
   return absl::OkStatus();
+}
+
+void PipelineRunner::QueueActivations(Step& step, Stage& st, int m, bool down) {
+  const std::pair<const void*, int> key{&step, m};
+  if (!down && !st.up_queued.insert(key).second) return;  // queued already
+  if (down) {
+    // The micro-batch before must be down first (its memory free): the
+    // stage waits here when its copies are slower than its compute.
+    const double t = WallSeconds();
+    std::unique_lock<std::mutex> lock(st.copies_mu);
+    st.copies_cv.wait(lock, [&] { return !st.copies_status.ok() || st.downs_pending == 0; });
+    st.times.copy += WallSeconds() - t;
+    ++st.downs_pending;
+  }
+  st.copies->Schedule([this, &step, &st, m, down, key] {
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(st.copies_mu);
+      failed = !st.copies_status.ok();
+    }
+    const absl::Status moved = failed ? absl::OkStatus() : MoveActivations(step, st, m, down);
+    {
+      std::lock_guard<std::mutex> lock(st.copies_mu);
+      if (!moved.ok() && st.copies_status.ok()) st.copies_status = moved;
+      if (down) --st.downs_pending;
+      if (!down) st.up_done.insert(key);
+    }
+    st.copies_cv.notify_all();
+  });
+}
+
+absl::Status PipelineRunner::ActivationsBack(Step& step, Stage& st, int m) {
+  const std::pair<const void*, int> key{&step, m};
+  QueueActivations(step, st, m, /*down=*/false);
+  const double t = WallSeconds();
+  std::unique_lock<std::mutex> lock(st.copies_mu);
+  st.copies_cv.wait(lock, [&] { return !st.copies_status.ok() || st.up_done.count(key) > 0; });
+  // What the stage's thread waited for its activations: its share of the
+  // copies.
+  st.times.copy += WallSeconds() - t;
+  st.up_done.erase(key);
+  st.up_queued.erase(key);
+  return st.copies_status;
+}
+
+absl::Status PipelineRunner::FinishCopies(Stage& st) {
+  if (st.copies == nullptr) return absl::OkStatus();
+  st.copies->WaitIdle();
+  std::lock_guard<std::mutex> lock(st.copies_mu);
+  st.spans.insert(st.spans.end(), st.copy_spans.begin(), st.copy_spans.end());
+  st.copy_spans.clear();
+  // Empty unless the step failed between queueing and taking a
+  // micro-batch's activations.
+  st.up_queued.clear();
+  st.up_done.clear();
+  st.downs_pending = 0;
+  return std::exchange(st.copies_status, absl::OkStatus());
 }
 
 absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute) {
@@ -659,7 +745,7 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   // (while the gradient comes).
   if (st.recompute) TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/true));
   if (st.offload_activations) {
-    TANDEM_RETURN_IF_ERROR(MoveActivations(step, s, m, /*down=*/false));
+    TANDEM_RETURN_IF_ERROR(ActivationsBack(step, st, m));
   }
   TANDEM_ASSIGN_OR_RETURN(Buffer dy, ReceiveGradient(step, s, m));
   const double t = WallSeconds();
@@ -739,6 +825,16 @@ absl::Status PipelineRunner::KeepVersion(Stage& st) {
 
 absl::Status PipelineRunner::RunStage(const std::shared_ptr<Step>& current, int s) {
   Stage& st = *stages_[s];
+  const absl::Status done = RunStageOps(current, s);
+  // Nothing of this stage's runs on past its part of the step: its copies
+  // end (their spans join the step's), and after a failure its host updates.
+  const absl::Status copied = FinishCopies(st);
+  if (!done.ok() && st.host_updates != nullptr) FinishHostUpdates(st).IgnoreError();
+  return done.ok() ? copied : done;
+}
+
+absl::Status PipelineRunner::RunStageOps(const std::shared_ptr<Step>& current, int s) {
+  Stage& st = *stages_[s];
   // A continuous pipeline's oldest pending backward (of this step or the one
   // before), with its update.
   auto backward_oldest = [&]() -> absl::Status {
@@ -778,13 +874,15 @@ absl::Status PipelineRunner::RunStage(const std::shared_ptr<Step>& current, int 
     }
     for (int m = M - warmup; m < M; ++m) ops.push_back({true, m});
   }
-  for (const auto& [backward, m] : ops) {
-    absl::Status done = backward ? StageBackward(step, s, m) : StageForward(step, s, m);
-    if (!done.ok()) {
-      // Nothing of this stage's may run on once the step has failed.
-      if (st.host_updates != nullptr) FinishHostUpdates(st).IgnoreError();
-      return done;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto [backward, m] = ops[i];
+    // Offloading activations: those of the next op, a backward whose
+    // forward has run, start coming back during this one.
+    if (st.offload_activations && !st.wait_for_copies && step.training && i + 1 < ops.size() &&
+        ops[i + 1].first && (backward || ops[i + 1].second != m)) {
+      QueueActivations(step, st, ops[i + 1].second, /*down=*/false);
     }
+    TANDEM_RETURN_IF_ERROR(backward ? StageBackward(step, s, m) : StageForward(step, s, m));
   }
   if (options_.schedule == PipelineSchedule::kPipeDream) return absl::OkStatus();
   return UpdateAtEnd(step, s);
@@ -1127,6 +1225,7 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     o.set_recompute(st.recompute);
     o.set_offload_optimizer(st.offload);
     o.set_offload_activations(st.offload_activations);
+    o.set_wait_for_activation_copies(st.wait_for_copies);
   }
   return out;
 }

@@ -79,12 +79,18 @@ struct PipelineStageSpec {
   // host (gradients down, the CPU kernel, weights back up); the device holds
   // the stage's weights and gradients only. The same update as on the device.
   bool offload_optimizer = false;
-  // The other way to hold one micro-batch's activations at a time (every
-  // schedule; not with recompute): each micro-batch's layer outputs and
-  // saved tensors go down to the device's staging host memory after its
-  // forward and come back before its backward. The same training, for two
-  // copies of them per micro-batch.
+  // The other way to hold few micro-batches' activations (every schedule;
+  // not with recompute): each micro-batch's layer outputs and saved tensors
+  // go down to the device's staging host memory after its forward and come
+  // back before its backward, on a copy thread of the stage's own while it
+  // computes (down as the forward ends, up during the op before the
+  // backward). The same training, for two copies of them per micro-batch;
+  // the device holds at most two micro-batches' activations (the one
+  // computing, and the one moving).
   bool offload_activations = false;
+  // With offload_activations: the stage waits for each copy and holds one
+  // micro-batch's activations at a time.
+  bool wait_for_activation_copies = false;
 };
 
 struct PipelineOptions {
@@ -120,7 +126,9 @@ struct PipelineStageStats {
   // Forward and backward compute.
   double busy_seconds = 0;
   // Copying activations and gradients in and out of its device, and the
-  // part of that over a peer link.
+  // part of that over a peer link: the stage's thread's time in copies
+  // (offloaded activations: its waits for them, the copy thread's own work
+  // being in the timeline).
   double copy_seconds = 0;
   double peer_copy_seconds = 0;
   // The rest of the step's forward-backward phase: waiting for a neighbour.
@@ -185,8 +193,16 @@ class PipelineRunner final : public StepRunner {
   // (`recompute`: a second time, before its backward).
   absl::Status RunForward(Step& step, int s, int m, bool recompute);
   // Offloading activations: micro-batch m's outputs and saved tensors of
-  // stage s to staging host memory (`down`) or back to its device.
-  absl::Status MoveActivations(Step& step, int s, int m, bool down);
+  // `stage` to staging host memory (`down`) or back to its device, on the
+  // stage's copy thread (spans into its copy_spans).
+  absl::Status MoveActivations(Step& step, Stage& stage, int m, bool down);
+  // That move queued on the stage's copy thread (coming back: once per
+  // micro-batch); waiting on the stage's thread for micro-batch m's to be
+  // back (the wait counted in its copy time); waiting for the copy thread
+  // to be idle, its spans taken into the step's, and its first failure.
+  void QueueActivations(Step& step, Stage& stage, int m, bool down);
+  absl::Status ActivationsBack(Step& step, Stage& stage, int m);
+  absl::Status FinishCopies(Stage& stage);
   // EvalBatch's work: each micro-batch through the stages in turn.
   absl::StatusOr<EvalResult> EvalStageAfterStage(const Batch& batch);
   // Continuous PipeDream: every stage's pending backwards (and updates) run,
@@ -218,6 +234,8 @@ class PipelineRunner final : public StepRunner {
   // end time in `ended`; a failure fails every step in flight.
   absl::Status OnEveryStage(const std::shared_ptr<Step>& step, std::vector<double>* ended);
   absl::Status RunStage(const std::shared_ptr<Step>& step, int s);
+  // RunStage's forwards, backwards and update, before its copies finish.
+  absl::Status RunStageOps(const std::shared_ptr<Step>& step, int s);
   // A stage's input for micro-batch m (the batch's slice, or the stage
   // before's output) and, on the last stage, its targets, on its device.
   absl::Status ReceiveInput(Step& step, int s, int m);

@@ -315,7 +315,8 @@ TEST(PipelineRunnerTest, RecomputingStagesTrainAlikeInLessMemory) {
 // tensors wait in host memory between its forward and its backward. The same
 // losses to the bit as keeping them (and as recomputing), in GPipe, 1F1B and
 // PipeDream, with stage 0 peaking lower; the timeline shows every
-// micro-batch's activations going down and coming back.
+// micro-batch's activations going down and coming back (on the stage's copy
+// thread, beside its compute).
 TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
   for (const char* yaml : {exec_test::kGpt, kCnn}) {
     const Fixture f = MakeFixture(yaml);
@@ -327,7 +328,9 @@ TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
       // PipeDream steps each stage alone: no global norm to clip to.
       if (schedule == PipelineSchedule::kPipeDream) optimizer.clear_max_grad_norm();
       for (const bool offload : {false, true}) {
-        Devices devices(2);
+        // Three stages: 1F1B's first holds three micro-batches, offloading
+        // two (the one computing and the one moving).
+        Devices devices(3);
         std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
         for (PipelineStageSpec& st : stages) st.offload_activations = offload;
         PipelineOptions options{.schedule = schedule,
@@ -361,7 +364,7 @@ TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
       EXPECT_EQ(losses[1], losses[0]) << PipelineScheduleName(schedule);
       EXPECT_LT(peak[1], peak[0]) << PipelineScheduleName(schedule);
       std::cout << f.model->num_layers() << " layers, " << PipelineScheduleName(schedule)
-                << " over 2 stages, 8 micro-batches: stage 0 peaks at " << peak[0]
+                << " over 3 stages, 8 micro-batches: stage 0 peaks at " << peak[0]
                 << " B, offloading its activations " << peak[1] << " B\n";
     }
   }
@@ -376,6 +379,56 @@ TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
   ASSERT_FALSE(both.ok());
   EXPECT_NE(both.status().message().find("both recomputes and offloads"), std::string::npos)
       << both.status();
+}
+
+// Offloaded activations move on the stage's copy thread beside its compute,
+// one micro-batch at a time: the device holds the activations being computed
+// and those moving, never more, even where the copies are slower than the
+// compute (here a link of 20 MB/s): one micro-batch's more than waiting for
+// each copy, and the same training.
+TEST(PipelineRunnerTest, OffloadingStagesHoldTwoMicroBatchesOfActivationsAtMost) {
+  const Fixture f = MakeFixture(kCnn);
+  enum Way { kKept, kWaited, kBeside };
+  std::vector<double> losses[3];
+  int64_t peak[3] = {0, 0, 0};
+  double copies[3] = {0, 0, 0};
+  for (const Way way : {kKept, kWaited, kBeside}) {
+    std::vector<std::unique_ptr<EmulatedAccelerator>> owned;
+    std::vector<PipelineStageSpec> stages;
+    const int L = f.model->num_layers();
+    for (int s = 0; s < 2; ++s) {
+      owned.push_back(std::make_unique<EmulatedAccelerator>(
+          EmulatedOptions{.capacity_bytes = int64_t{64} << 20, .link_bytes_per_second = 20e6}, s));
+      stages.push_back({.first_layer = s * L / 2,
+                        .end_layer = (s + 1) * L / 2,
+                        .device = owned.back().get(),
+                        .offload_activations = way != kKept,
+                        .wait_for_activation_copies = way == kWaited});
+    }
+    PipelineOptions options{.schedule = PipelineSchedule::kGPipe,
+                            .micro_batches = 8,
+                            .max_batch = f.spec.training().batch_size(),
+                            .init_seed = f.spec.training().seed()};
+    absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+        PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    losses[way] = RunSteps(f, **runner, 3);
+    peak[way] = (*runner)->stage_stats()[0].peak_bytes;
+    copies[way] = (*runner)->stage_stats()[0].copy_seconds;
+  }
+  EXPECT_EQ(losses[kWaited], losses[kKept]);
+  EXPECT_EQ(losses[kBeside], losses[kKept]);
+  // Kept, stage 0 holds all 8 micro-batches' activations; waiting for each
+  // copy, one; beside the compute, two.
+  const double one = static_cast<double>(peak[kKept] - peak[kWaited]) / 7;
+  EXPECT_GT(one, 0);
+  EXPECT_GT(peak[kBeside], peak[kWaited]);
+  EXPECT_LE(peak[kBeside], peak[kWaited] + 1.25 * one);
+  std::cout << "cnn, GPipe over 2 stages, 8 micro-batches, 20 MB/s links: stage 0 peaks at "
+            << peak[kKept] << " B keeping its activations, " << peak[kWaited]
+            << " B offloading them and waiting for each copy (" << copies[kWaited] * 1e3
+            << " ms of its thread in copies in the last step), " << peak[kBeside]
+            << " B copying beside its compute (" << copies[kBeside] * 1e3 << " ms)\n";
 }
 
 // OffloadingStagesUpdateOnTheHostAlike's run of `f`'s 2 stages updating on

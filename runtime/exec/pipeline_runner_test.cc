@@ -39,17 +39,18 @@ optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.001}
 training: {batch_size: 32, steps: 50, seed: 5}
 )";
 
-// K emulated accelerators, each with its own memory and link, and (`peer`)
-// a peer link to the others at the host link's rate.
+// K emulated accelerators, each with its own memory and link (`link` bytes
+// a second), and (`peer`) a peer link to the others at the host link's rate.
 struct Devices {
   std::vector<std::unique_ptr<EmulatedAccelerator>> owned;
-  explicit Devices(int k, int64_t capacity = int64_t{64} << 20, bool peer = true) {
+  explicit Devices(int k, int64_t capacity = int64_t{64} << 20, bool peer = true,
+                   double link = 4e9) {
     for (int i = 0; i < k; ++i) {
       owned.push_back(
           std::make_unique<EmulatedAccelerator>(EmulatedOptions{.capacity_bytes = capacity,
-                                                                .link_bytes_per_second = 4e9,
+                                                                .link_bytes_per_second = link,
                                                                 .peer_link = peer,
-                                                                .peer_bytes_per_second = 4e9},
+                                                                .peer_bytes_per_second = link},
                                                 i));
     }
   }
@@ -393,17 +394,11 @@ TEST(PipelineRunnerTest, OffloadingStagesHoldTwoMicroBatchesOfActivationsAtMost)
   int64_t peak[3] = {0, 0, 0};
   double copies[3] = {0, 0, 0};
   for (const Way way : {kKept, kWaited, kBeside}) {
-    std::vector<std::unique_ptr<EmulatedAccelerator>> owned;
-    std::vector<PipelineStageSpec> stages;
-    const int L = f.model->num_layers();
-    for (int s = 0; s < 2; ++s) {
-      owned.push_back(std::make_unique<EmulatedAccelerator>(
-          EmulatedOptions{.capacity_bytes = int64_t{64} << 20, .link_bytes_per_second = 20e6}, s));
-      stages.push_back({.first_layer = s * L / 2,
-                        .end_layer = (s + 1) * L / 2,
-                        .device = owned.back().get(),
-                        .offload_activations = way != kKept,
-                        .wait_for_activation_copies = way == kWaited});
+    Devices devices(2, int64_t{64} << 20, /*peer=*/true, /*link=*/20e6);
+    std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+    for (PipelineStageSpec& st : stages) {
+      st.offload_activations = way != kKept;
+      st.wait_for_activation_copies = way == kWaited;
     }
     PipelineOptions options{.schedule = PipelineSchedule::kGPipe,
                             .micro_batches = 8,

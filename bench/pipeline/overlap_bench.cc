@@ -136,6 +136,49 @@ absl::Status Step(Pipeline& p, const Batch& batch, const StepOptions& options, b
   return absl::OkStatus();
 }
 
+// Both runs' figures; 0 when they trained alike (1 else).
+int Report(const Model& model, int64_t B, const Pipeline (&pipelines)[2], int warmup, int steps) {
+  const int K = absl::GetFlag(FLAGS_stages);
+  std::printf(
+      "machine: %s; oneDNN %s, isa %s; %d threads; emulated accelerators (host cores, NOT GPU "
+      "figures), links %s\n",
+      CpuModel().c_str(), cpu::OneDnnVersion().c_str(), cpu::OneDnnIsa().c_str(),
+      absl::GetFlag(FLAGS_threads),
+      absl::GetFlag(FLAGS_link_gbps) > 0
+          ? (std::to_string(absl::GetFlag(FLAGS_link_gbps)) + " GB/s").c_str()
+          : "at memcpy speed");
+  const bool activations = absl::GetFlag(FLAGS_offload) == "activations";
+  std::printf(
+      "gpt (%ld parameters, batch %ld), %s over %d stages, %d micro-batches, every stage "
+      "offloading its %s to the host; median of %d steps each\n",
+      static_cast<long>(model.parameter_count()), static_cast<long>(B),
+      absl::GetFlag(FLAGS_schedule).c_str(), K, absl::GetFlag(FLAGS_micro_batches),
+      activations ? "activations" : "Adam state", steps);
+  const char* names[2][2] = {{"host update after the last backward", "host update overlapping it"},
+                             {"activation copies waited for", "activation copies beside compute"}};
+  const int L = model.num_layers();
+  for (const bool overlap : {false, true}) {
+    const Pipeline& p = pipelines[overlap];
+    std::printf("  %-36s step %8.2f ms\n", names[activations][overlap], 1e3 * Median(p.steps));
+    for (int s = 0; s < K; ++s) {
+      std::printf("      stage %d (layers %d-%d): ", s, s * L / K, (s + 1) * L / K - 1);
+      if (activations) {
+        std::printf("%7.2f ms of its thread in copies, peak %.2f MiB\n", 1e3 * Median(p.copies[s]),
+                    p.runner->stage_stats()[s].peak_bytes / 1048576.0);
+      } else {
+        std::printf("update %7.2f ms of work, %7.2f ms of it after its last backward\n",
+                    1e3 * Median(p.work[s]), 1e3 * Median(p.tail[s]));
+      }
+    }
+  }
+  std::printf("overlapped / waited for: %.3f of the step\n",
+              Median(pipelines[1].steps) / Median(pipelines[0].steps));
+  const bool same = pipelines[0].losses == pipelines[1].losses;
+  std::printf("losses equal to the bit over %d steps: %s (last %.6f)\n", warmup + steps,
+              same ? "yes" : "NO", pipelines[1].losses.back());
+  return same ? 0 : 1;
+}
+
 int Run() {
   const bench::BenchModel& gpt = bench::kBenchModels[2];
   absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(gpt.yaml, gpt.name);
@@ -178,45 +221,7 @@ int Run() {
       }
     }
   }
-  const int K = absl::GetFlag(FLAGS_stages);
-  std::printf(
-      "machine: %s; oneDNN %s, isa %s; %d threads; emulated accelerators (host cores, NOT GPU "
-      "figures), links %s\n",
-      CpuModel().c_str(), cpu::OneDnnVersion().c_str(), cpu::OneDnnIsa().c_str(),
-      absl::GetFlag(FLAGS_threads),
-      absl::GetFlag(FLAGS_link_gbps) > 0
-          ? (std::to_string(absl::GetFlag(FLAGS_link_gbps)) + " GB/s").c_str()
-          : "at memcpy speed");
-  const bool activations = absl::GetFlag(FLAGS_offload) == "activations";
-  std::printf(
-      "gpt (%ld parameters, batch %ld), %s over %d stages, %d micro-batches, every stage "
-      "offloading its %s to the host; median of %d steps each\n",
-      static_cast<long>(jm->model->parameter_count()), static_cast<long>(B),
-      absl::GetFlag(FLAGS_schedule).c_str(), K, absl::GetFlag(FLAGS_micro_batches),
-      activations ? "activations" : "Adam state", steps);
-  const char* names[2][2] = {{"host update after the last backward", "host update overlapping it"},
-                             {"activation copies waited for", "activation copies beside compute"}};
-  const int L = jm->model->num_layers();
-  for (const bool overlap : {false, true}) {
-    const Pipeline& p = pipelines[overlap];
-    std::printf("  %-36s step %8.2f ms\n", names[activations][overlap], 1e3 * Median(p.steps));
-    for (int s = 0; s < K; ++s) {
-      std::printf("      stage %d (layers %d-%d): ", s, s * L / K, (s + 1) * L / K - 1);
-      if (activations) {
-        std::printf("%7.2f ms of its thread in copies, peak %.2f MiB\n", 1e3 * Median(p.copies[s]),
-                    p.runner->stage_stats()[s].peak_bytes / 1048576.0);
-      } else {
-        std::printf("update %7.2f ms of work, %7.2f ms of it after its last backward\n",
-                    1e3 * Median(p.work[s]), 1e3 * Median(p.tail[s]));
-      }
-    }
-  }
-  std::printf("overlapped / waited for: %.3f of the step\n",
-              Median(pipelines[1].steps) / Median(pipelines[0].steps));
-  const bool same = pipelines[0].losses == pipelines[1].losses;
-  std::printf("losses equal to the bit over %d steps: %s (last %.6f)\n", warmup + steps,
-              same ? "yes" : "NO", pipelines[1].losses.back());
-  return same ? 0 : 1;
+  return Report(*jm->model, B, pipelines, warmup, steps);
 }
 
 }  // namespace

@@ -216,6 +216,7 @@ bool SamePlacement(const Plan& a, const Plan& b) {
     if (x.device_index() != y.device_index() || x.first_layer() != y.first_layer() ||
         x.last_layer() != y.last_layer() || x.recompute() != y.recompute() ||
         x.offload_optimizer() != y.offload_optimizer() ||
+        x.host_updated_layers() != y.host_updated_layers() ||
         x.offload_activations() != y.offload_activations() ||
         x.wait_for_activation_copies() != y.wait_for_activation_copies()) {
       return false;

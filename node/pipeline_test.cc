@@ -240,7 +240,7 @@ TEST(PipelineJobTest, A1F1BStageThatFitsOnlyByOffloadingOffloads) {
   CheckAStageThatFitsOnlySo(
       tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B,
       [](const tandem::v1::PipelineStage& st) { return st.offload_optimizer(); },
-      "optimizer state on the host");
+      " on the host and update");
 }
 
 // PipeDream through PlanJob: the record says how stale each stage ran and
@@ -496,6 +496,17 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
        },
        "placement.plan.pipeline[1].wait_for_activation_copies: the stage offloads no "
        "activations"},
+      {[](tandem::v1::Plan& p) {
+         p.mutable_pipeline(0)->set_offload_optimizer(true);
+         p.mutable_pipeline(0)->set_host_updated_layers(9);
+       },
+       "placement.plan.pipeline[0].host_updated_layers: 9 is not in [0, "},
+      {[](tandem::v1::Plan& p) {
+         p.mutable_pipeline(0)->set_offload_optimizer(false);
+         p.mutable_pipeline(0)->set_host_updated_layers(1);
+       },
+       "placement.plan.pipeline[0].host_updated_layers: the stage keeps no optimizer state on "
+       "the host"},
   };
   // PipeDream's stashed weights and a recomputing stage.
   {

@@ -500,6 +500,17 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
                              "a stage that recomputes its activations has none to offload; set "
                              "one of recompute and offload_activations");
     }
+    if (st.host_updated_layers() < 0 ||
+        st.host_updated_layers() > st.last_layer() - st.first_layer() + 1) {
+      return ForcedPlanError(field + ".host_updated_layers",
+                             absl::StrCat(st.host_updated_layers(), " is not in [0, ",
+                                          st.last_layer() - st.first_layer() + 1,
+                                          "] (the stage's layers; 0: all of them)"));
+    }
+    if (st.host_updated_layers() > 0 && !st.offload_optimizer()) {
+      return ForcedPlanError(field + ".host_updated_layers",
+                             "the stage keeps no optimizer state on the host (offload_optimizer)");
+    }
     if (st.wait_for_activation_copies() && !st.offload_activations()) {
       return ForcedPlanError(field + ".wait_for_activation_copies",
                              "the stage offloads no activations (offload_activations) to wait for");
@@ -1089,7 +1100,7 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
                             CreateAccelerator(resolved, node, capacity, st.device_index()));
     stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute(),
-                      st.offload_optimizer(), st.offload_activations(),
+                      st.offload_optimizer(), st.host_updated_layers(), st.offload_activations(),
                       st.wait_for_activation_copies()});
     devices.push_back(std::move(device));
   }

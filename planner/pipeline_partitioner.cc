@@ -16,6 +16,12 @@ double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads
          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ParameterBytes(layer));
 }
 
+int HostUpdatedFrom(const tandem::v1::PipelineStage& stage) {
+  if (!stage.offload_optimizer()) return stage.last_layer() + 1;
+  return stage.host_updated_layers() > 0 ? stage.last_layer() + 1 - stage.host_updated_layers()
+                                         : stage.first_layer();
+}
+
 double BottleneckSeconds(const std::vector<tandem::v1::PipelineStage>& stages) {
   double worst = 0;
   for (const tandem::v1::PipelineStage& s : stages) {
@@ -35,7 +41,14 @@ struct StageMode {
   // compute (two micro-batches' held) or, `wait_copies`, waited for (one).
   bool offload_activations = false;
   bool wait_copies = false;
+  // With offload: only the last this many layers (0: all of them).
+  int host_layers = 0;
 };
+
+// The first layer of [i, j) that `mode` updates on the host (j: none).
+int HostFrom(int i, int j, StageMode mode) {
+  return !mode.offload ? j : mode.host_layers > 0 ? j - mode.host_layers : i;
+}
 
 // What a stage of S costs, from prefix sums over the layers: its time per
 // micro-batch, its memory and how it holds its layers.
@@ -115,41 +128,62 @@ class StageCosts {
                          : mode.offload_activations         ? std::min<int64_t>(in_flight, 2)
                                                             : in_flight;
     const int64_t activations = in_flight * input + held * (activation_[j] - activation_[i]);
-    const int64_t offloaded = mode.offload ? optimizer_[j] - optimizer_[i] : 0;
+    const int64_t offloaded = optimizer_[j] - optimizer_[HostFrom(i, j, mode)];
     const int64_t awaiting_pull = cost_.has_peer_link() ? input : 0;
     return state_[j] - state_[i] - offloaded + activations + versions * weights + awaiting_pull;
   }
 
   // How stage k holds [i, j): as it is when that fits, else the fitting mix
-  // of recomputing or offloading its activations and offloading its
-  // optimizer state that adds least to the step ((M + S - 1) forwards, or
-  // activation copies, against the offloaded update's extra time); nullopt
-  // when nothing fits.
+  // of recomputing or offloading its activations and offloading the
+  // optimizer state of its fewest last layers that adds least to the step
+  // ((M + S - 1) forwards, or activation copies, against the offloaded
+  // updates' extra time); nullopt when nothing fits.
   std::optional<StageMode> Choose(int k, int i, int j) const {
     std::optional<StageMode> best;
     double best_added = 0;
     // {recompute, offload, offload_activations, wait_copies}
-    for (const StageMode mode :
-         {StageMode{false, false, false}, StageMode{true, false, false},
-          StageMode{false, false, true}, StageMode{false, false, true, true},
-          StageMode{false, true, false}, StageMode{true, true, false}, StageMode{false, true, true},
-          StageMode{false, true, true, true}}) {
+    for (StageMode mode : {StageMode{false, false, false}, StageMode{true, false, false},
+                           StageMode{false, false, true}, StageMode{false, false, true, true},
+                           StageMode{false, true, false}, StageMode{true, true, false},
+                           StageMode{false, true, true}, StageMode{false, true, true, true}}) {
       if ((mode.recompute && (!r_.allow_recompute || r_.stash_weights)) ||
           (mode.offload_activations && !r_.allow_offload_activations) ||
           (mode.offload && (!r_.allow_offload || r_.stash_weights))) {
         continue;
       }
+      if (mode.offload && !FewestHostLayers(k, i, j, &mode)) continue;
       if (r_.device_memory_bytes > 0 && Memory(k, i, j, mode) > r_.device_memory_bytes) continue;
       if (!mode.recompute && !mode.offload && !mode.offload_activations) return mode;  // fits
-      const double added =
-          (r_.micro_batches + S_ - 1) * Extra(i, j, mode) +
-          (mode.offload ? std::max(0.0, offload_extra_[j] - offload_extra_[i]) : 0.0);
+      const double added = (r_.micro_batches + S_ - 1) * Extra(i, j, mode) +
+                           std::max(0.0, offload_extra_[j] - offload_extra_[HostFrom(i, j, mode)]);
       if (!best || added < best_added) {
         best = mode;
         best_added = added;
       }
     }
     return best;
+  }
+
+  // Offloading: the fewest last layers of [i, j) whose optimizer state on
+  // the host makes stage k fit as `mode` otherwise holds it (its memory
+  // falls as they grow), in mode->host_layers (0: all of them); false when
+  // not even all of them do.
+  bool FewestHostLayers(int k, int i, int j, StageMode* mode) const {
+    if (r_.device_memory_bytes <= 0) return true;  // everything fits (all offloaded)
+    int lo = 1, hi = j - i;
+    mode->host_layers = 0;
+    if (Memory(k, i, j, *mode) > r_.device_memory_bytes) return false;
+    while (lo < hi) {  // the fewest in [lo, hi] that fit; hi always fits
+      const int mid = (lo + hi) / 2;
+      mode->host_layers = mid;
+      if (Memory(k, i, j, *mode) <= r_.device_memory_bytes) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    mode->host_layers = hi == j - i || !r_.offload_fewest_layers ? 0 : hi;
+    return true;
   }
 
   // Stage k as layers [i, j) held as `mode`: its times and memory.
@@ -160,6 +194,7 @@ class StageCosts {
     stage.set_last_layer(j - 1);
     stage.set_recompute(mode.recompute);
     stage.set_offload_optimizer(mode.offload);
+    stage.set_host_updated_layers(mode.offload ? mode.host_layers : 0);
     stage.set_offload_activations(mode.offload_activations);
     stage.set_wait_for_activation_copies(mode.wait_copies);
     stage.set_compute_seconds(Time(i, j, mode));
@@ -240,7 +275,7 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
     stages.push_back(
         costs.Stage(s, g.first_layer(), g.last_layer() + 1,
                     StageMode{g.recompute(), g.offload_optimizer(), g.offload_activations(),
-                              g.wait_for_activation_copies()}));
+                              g.wait_for_activation_copies(), g.host_updated_layers()}));
     next = g.last_layer() + 1;
   }
   if (next != L) {

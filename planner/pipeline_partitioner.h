@@ -58,12 +58,16 @@ struct PipelineRequest {
   // A stage may instead (or as well) keep its optimizer state on the host and
   // update there (ZeRO-Offload within the stage): its device holds weights and
   // gradients only, and its update becomes gradients down, the host's update
-  // on `host_threads` threads, weights up. Not with weight stashing.
+  // on `host_threads` threads, weights up. Not with weight stashing. With
+  // `offload_fewest_layers`, only its fewest last layers that make it fit
+  // (PipelineStage.host_updated_layers), else all of them.
   bool allow_offload = false;
+  bool offload_fewest_layers = true;
   // A stage whose activations do not fit may instead send each micro-batch's
   // down to the host after its forward and fetch them back before its
-  // backward: the memory of recomputing, for two copies of the stage's
-  // activations per micro-batch over the host links instead of a forward.
+  // backward: two micro-batches' activations (one waiting for each copy),
+  // for two copies of the stage's activations per micro-batch over the host
+  // links, beside its compute, instead of a forward.
   bool allow_offload_activations = false;
   int host_threads = 0;
   // Per layer, a factor on its forward and backward (the stage's share of
@@ -83,6 +87,10 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
     const CostModel& cost, const PipelineRequest& request,
     const std::vector<tandem::v1::PipelineStage>& given);
+
+// The first layer of `stage` that updates on the host (offload_optimizer,
+// host_updated_layers); last_layer + 1 when none does.
+int HostUpdatedFrom(const tandem::v1::PipelineStage& stage);
 
 // Layer `layer`'s update when its stage offloads it: its gradients down, the
 // host's update on `host_threads` threads (0: all of them), its weights up.

@@ -51,21 +51,25 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
       bool fits = true;
       for (int k = 0; k < S; ++k) {
         const int i = starts[k], j = k + 1 < S ? starts[k + 1] : L;
-        double t = 0, forward = 0, extra = 0, copies = 0;
-        int64_t state = 0, act = 0, optimizer = 0;
+        double t = 0, forward = 0, copies = 0;
+        int64_t state = 0, act = 0;
+        // Per layer of the stage: its optimizer state, and what updating it
+        // on the host adds.
+        std::vector<int64_t> optimizer;
+        std::vector<double> extra;
         for (int l = i; l < j; ++l) {
           forward += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
           t += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
                cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
           state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
-          optimizer += cost.OptimizerStateBytes(l);
+          optimizer.push_back(cost.OptimizerStateBytes(l));
           act += cost.ActivationBytes(l, m);
           copies += cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST,
                                      cost.ActivationBytes(l, m)) +
                     cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE,
                                      cost.ActivationBytes(l, m));
-          extra += OffloadedUpdateSeconds(cost, l, r.host_threads) -
-                   cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+          extra.push_back(OffloadedUpdateSeconds(cost, l, r.host_threads) -
+                          cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1));
         }
         const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;  // the stage's input
         const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
@@ -77,32 +81,45 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
           // one more forward) or offloading the activations (two
           // micro-batches' activations at most, and what of their copies
           // down and back the compute does not hide), or offloading the
-          // optimizer state, or both: the mix that fits and adds least.
+          // optimizer state of the fewest last layers that fit, or both:
+          // the mix that fits and adds least.
           double best_added = HUGE_VAL, best_t = 0;
           // keep, recompute, offload activations beside the compute, and
           // waiting for each copy
           for (int hold = 0; hold < 4; ++hold) {
-            for (int offload = 0; offload < 2; ++offload) {
-              if ((hold == 0 && !offload) || (hold == 1 && !r.allow_recompute) ||
-                  (hold >= 2 && !r.allow_offload_activations) || (offload && !r.allow_offload)) {
+            if ((hold == 1 && !r.allow_recompute) || (hold >= 2 && !r.allow_offload_activations)) {
+              continue;
+            }
+            const int64_t held = hold == 0   ? in_flight
+                                 : hold == 2 ? std::min<int64_t>(in_flight, 2)
+                                             : 1;
+            const double per_micro_batch = hold == 1   ? forward
+                                           : hold == 2 ? std::max(0.0, copies - t)
+                                           : hold == 3 ? copies
+                                                       : 0.0;
+            // Without offloading (not for keeping: that did not fit), and
+            // with the last n layers' optimizer state on the host, the
+            // fewest n that fit.
+            int64_t offloaded = 0;
+            double offloaded_extra = 0;
+            for (int n = 0; n <= j - i; ++n) {
+              if (n > 0) {
+                if (!r.allow_offload) break;
+                offloaded += optimizer[j - i - n];
+                offloaded_extra += extra[j - i - n];
+              } else if (hold == 0) {
                 continue;
               }
-              const int64_t held = hold == 0   ? in_flight
-                                   : hold == 2 ? std::min<int64_t>(in_flight, 2)
-                                               : 1;
-              const int64_t bytes =
-                  state - (offload ? optimizer : 0) + in_flight * input + held * act;
-              if (bytes > r.device_memory_bytes) continue;
-              const double per_micro_batch = hold == 1   ? forward
-                                             : hold == 2 ? std::max(0.0, copies - t)
-                                             : hold == 3 ? copies
-                                                         : 0.0;
+              if (state - offloaded + in_flight * input + held * act > r.device_memory_bytes) {
+                continue;
+              }
               const double added = (r.micro_batches + S - 1) * per_micro_batch +
-                                   (offload ? std::max(0.0, extra) : 0.0);
+                                   (n > 0 ? std::max(0.0, offloaded_extra) : 0.0);
               if (added < best_added) {
                 best_added = added;
                 best_t = t + per_micro_batch;
               }
+              if (n > 0) break;  // the fewest that fit
             }
           }
           if (best_added == HUGE_VAL) fits = false;
@@ -127,7 +144,7 @@ double BruteForce(const CostModel& cost, const PipelineRequest& r) {
 
 TEST(PipelinePartitionerTest, MatchesBruteForce) {
   std::mt19937 rng(5);
-  int recomputing = 0, sending = 0, waiting = 0;
+  int recomputing = 0, sending = 0, waiting = 0, offloading = 0, partly = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const int layers = 2 + trial % 9;
     const CostModel cost = RandomChain(layers, &rng);
@@ -164,6 +181,8 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
       recomputing += s.recompute();
       sending += s.offload_activations();
       waiting += s.wait_for_activation_copies();
+      partly += s.offload_optimizer() && s.host_updated_layers() > 0;
+      offloading += s.offload_optimizer();
     }
   }
   // Both ways of holding fewer micro-batches' activations were chosen
@@ -171,7 +190,10 @@ TEST(PipelinePartitionerTest, MatchesBruteForce) {
   EXPECT_GT(recomputing, 0);
   EXPECT_GT(sending, 0);
   std::cout << recomputing << " stages recompute, " << sending << " offload their activations, "
-            << waiting << " of them waiting for the copies\n";
+            << waiting << " of them waiting for the copies; " << offloading
+            << " keep optimizer state on the host, " << partly
+            << " of them only their last layers'\n";
+  EXPECT_GT(partly, 0);
 }
 
 // Four layers of 1 s each way, 1000 bytes of weights, 10 of activations and
@@ -261,8 +283,10 @@ TEST(PartitionPipelineTest, AStageRecomputesOnlyWhenItFitsNoOtherWay) {
 }
 
 // ZeRO-Offload within a stage: where a stage's state does not fit but its
-// weights and gradients do, it keeps its optimizer state on the host (and
-// updates there); recomputing would not help (its activations are small).
+// weights and gradients do, it keeps the optimizer state of its fewest last
+// layers that make it fit on the host (and updates them there): one of its
+// two layers' at room for half of it, both at room for none; recomputing
+// would not help (its activations are small).
 TEST(PartitionPipelineTest, AStageOffloadsItsOptimizerStateWhenOnlyThatFits) {
   absl::StatusOr<CostModel> cost =
       CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(FourEqualLayers(), 1));
@@ -281,11 +305,23 @@ TEST(PartitionPipelineTest, AStageOffloadsItsOptimizerStateWhenOnlyThatFits) {
   ASSERT_TRUE(tight.ok()) << tight.status();
   for (const tandem::v1::PipelineStage& st : *tight) {
     EXPECT_TRUE(st.offload_optimizer()) << "stage " << st.device_index();
+    EXPECT_EQ(st.host_updated_layers(), 1) << "stage " << st.device_index();
+    EXPECT_EQ(HostUpdatedFrom(st), st.last_layer()) << "stage " << st.device_index();
     EXPECT_FALSE(st.recompute()) << "stage " << st.device_index();
     EXPECT_LE(st.memory_bytes(), r.device_memory_bytes);
   }
-  EXPECT_EQ((*tight)[0].memory_bytes(), whole - optimizer);
+  EXPECT_EQ((*tight)[0].memory_bytes(), whole - optimizer / 2);
   EXPECT_DOUBLE_EQ((*tight)[0].compute_seconds(), (*roomy)[0].compute_seconds());
+  // No room for any of it: every layer's state on the host.
+  r.device_memory_bytes = whole - optimizer;
+  tight = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  for (const tandem::v1::PipelineStage& st : *tight) {
+    EXPECT_TRUE(st.offload_optimizer()) << "stage " << st.device_index();
+    EXPECT_EQ(st.host_updated_layers(), 0) << "stage " << st.device_index();
+    EXPECT_EQ(HostUpdatedFrom(st), st.first_layer()) << "stage " << st.device_index();
+  }
+  EXPECT_EQ((*tight)[0].memory_bytes(), whole - optimizer);
 }
 
 // PipeDream's weight versions: stage 0 of 2 stashes min(1, M) + 1 = 2 copies

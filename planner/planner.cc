@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "planner/cost_model.h"
 #include "planner/memory_fit.h"
 #include "planner/pipeline_partitioner.h"
@@ -431,7 +433,9 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
     if (s.recompute()) recomputing.push_back(absl::StrCat(s.device_index()));
     if (s.offload_activations()) sending.push_back(absl::StrCat(s.device_index()));
     if (s.wait_for_activation_copies()) waiting.push_back(absl::StrCat(s.device_index()));
-    if (s.offload_optimizer()) offloading.push_back(absl::StrCat(s.device_index()));
+    if (s.offload_optimizer() && s.host_updated_layers() == 0) {
+      offloading.push_back(absl::StrCat(s.device_index()));
+    }
   }
   // "; stage 0 recomputes its activations", "; stages 0, 1 recompute ...".
   auto name_stages = [&](const std::vector<std::string>& which, const char* one, const char* many) {
@@ -446,6 +450,14 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
               " wait for those copies, to hold one micro-batch's activations");
   name_stages(offloading, " keeps its optimizer state on the host and updates there",
               " keep their optimizer state on the host and update there");
+  for (const tandem::v1::PipelineStage& s : plan.pipeline()) {
+    if (s.offload_optimizer() && s.host_updated_layers() > 0) {
+      absl::StrAppend(&note, "; stage ", s.device_index(),
+                      " keeps the optimizer state of its last ", s.host_updated_layers(), " of ",
+                      s.last_layer() - s.first_layer() + 1,
+                      " layers on the host and updates them there");
+    }
+  }
   return note;
 }
 
@@ -453,12 +465,15 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
 // takes `backward` (its recompute or activation copies included): all of
 // `stage_update`, except where an offloading stage's host updates overlap
 // that backward (PipelineOptions::overlap_host_updates, no clipping): then
-// what is left of its layers' updates, each begun once the backward has
-// passed its layer, one at a time.
+// the longer of its device-updated layers' updates (`device_update`, after
+// the backward) and what is left of its host-updated layers', each begun
+// once the backward has passed its layer, one at a time.
 double UpdateTail(const CostModel& cost, const tandem::v1::PipelineStage& s,
                   const StageRates& rates, int micro_batch_size, int host_threads,
-                  bool overlap_host_updates, double backward, double stage_update) {
+                  bool overlap_host_updates, double backward, double stage_update,
+                  double device_update) {
   if (!s.offload_optimizer() || !overlap_host_updates) return stage_update;
+  const int host_from = HostUpdatedFrom(s);
   double ready = backward, end = 0;
   for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
     ready -= rates.ComputeScale(l) *
@@ -467,11 +482,11 @@ double UpdateTail(const CostModel& cost, const tandem::v1::PipelineStage& s,
   for (int l = s.last_layer(); l >= s.first_layer(); --l) {
     ready += rates.ComputeScale(l) *
              cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, micro_batch_size);
-    if (cost.ParameterBytes(l) == 0) continue;
+    if (l < host_from || cost.ParameterBytes(l) == 0) continue;
     end =
         std::max(end, ready) + rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads);
   }
-  return std::max(0.0, end - backward);
+  return std::max(device_update, end - backward);
 }
 
 // Sets `plan`'s stages, prediction and note from the partition, whose
@@ -502,18 +517,22 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
       backward -= rates.ComputeScale(l) * cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR,
                                                               plan->micro_batch_size());
     }
-    double stage_update = 0;
+    double stage_update = 0, device_update = 0;
+    const int host_from = HostUpdatedFrom(s);
     for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
-      stage_update += rates.UpdateScale(l) *
-                      (s.offload_optimizer()
-                           ? OffloadedUpdateSeconds(cost, l, host_threads)
-                           : slower * cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1));
+      if (l >= host_from) {
+        stage_update += rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads);
+      } else {
+        device_update += rates.UpdateScale(l) * slower *
+                         cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
+      }
     }
+    stage_update += device_update;
     tandem::v1::PipelineStage& added = *plan->add_pipeline();
     added = s;
     added.set_update_seconds(stage_update);
     tail[k] = UpdateTail(cost, s, rates, plan->micro_batch_size(), host_threads,
-                         overlap_host_updates, backward, stage_update);
+                         overlap_host_updates, backward, stage_update, device_update);
     if (k + 1 < K) ended_before[k + 1] = ended_before[k] + backward + s.communication_seconds();
     update = std::max(update, stage_update);
     updates += stage_update;
@@ -554,6 +573,34 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
 }
 
 }  // namespace
+
+// The partitioner offloads the optimizer state of a stage's fewest last
+// layers that make it fit, counting each offloaded update as exposed. Where
+// the host's updates overlap the last backward, offloading all of the
+// stage's layers can be faster (the device's update waits for the backward
+// to end): per stage, in turn, all of them where `predict` (the step of a
+// split, predicted into a scratch copy of `plan`) says so.
+absl::StatusOr<std::vector<tandem::v1::PipelineStage>> OffloadWhereFaster(
+    const CostModel& cost, const PipelineRequest& p, std::vector<tandem::v1::PipelineStage> split,
+    const tandem::v1::Plan& plan,
+    const std::function<double(const std::vector<tandem::v1::PipelineStage>&, tandem::v1::Plan*)>&
+        predict) {
+  tandem::v1::Plan scratch = plan;
+  double best = predict(split, &scratch);
+  for (size_t k = 0; k < split.size(); ++k) {
+    if (!split[k].offload_optimizer() || split[k].host_updated_layers() == 0) continue;
+    std::vector<tandem::v1::PipelineStage> all = split;
+    all[k].set_host_updated_layers(0);
+    TANDEM_ASSIGN_OR_RETURN(all, TimePipelineStages(cost, p, all));
+    scratch = plan;
+    const double step = predict(all, &scratch);
+    if (step < best) {
+      best = step;
+      split = std::move(all);
+    }
+  }
+  return split;
+}
 
 absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
                                                    tandem::v1::PipelineSchedule schedule) {
@@ -618,8 +665,29 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  PredictPipeline(*cost, *stages, p.micro_batches, p.host_threads, rates, p.continuous,
-                  !request.clips_gradients, &plan);
+  const bool overlap = !request.clips_gradients;
+  auto predict = [&](const std::vector<tandem::v1::PipelineStage>& split, tandem::v1::Plan* into) {
+    PredictPipeline(*cost, split, p.micro_batches, p.host_threads, rates, p.continuous, overlap,
+                    into);
+    return into->prediction().iteration_seconds();
+  };
+  if (request.pipeline_stages.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(*stages,
+                            OffloadWhereFaster(*cost, p, *std::move(stages), plan, predict));
+    // The partition minimises the slowest stage's compute, not the step: a
+    // split whose stages fit by offloading few layers' state can be faster
+    // per micro-batch and slower per step than one whose stages offload
+    // all or recompute. The faster of the two.
+    PipelineRequest whole_stages = p;
+    whole_stages.offload_fewest_layers = false;
+    absl::StatusOr<std::vector<tandem::v1::PipelineStage>> other =
+        PartitionPipeline(*cost, whole_stages);
+    tandem::v1::Plan scratch = plan;
+    if (other.ok() && predict(*other, &scratch) < predict(*stages, &scratch)) {
+      *stages = *std::move(other);
+    }
+  }
+  predict(*stages, &plan);
   return plan;
 }
 

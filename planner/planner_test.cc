@@ -852,6 +852,49 @@ TEST(SolvePipelinePlanTest, OffloadingStagesHostUpdatesOverlapTheirLastBackward)
             << " ms overlapping it\n";
 }
 
+// A stage whose state does not fit keeps only its fewest last layers'
+// optimizer state on the host (PipelineStage.host_updated_layers): less host
+// update than offloading all of it, so a faster step, in less memory than
+// keeping it all.
+TEST(SolvePipelinePlanTest, AStageOffloadsTheFewestLayersThatMakeItFit) {
+  PlanRequest r = FourStageRequest();
+  absl::StatusOr<tandem::v1::Plan> roomy =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  int64_t largest = 0;
+  for (const auto& s : roomy->pipeline()) largest = std::max(largest, s.memory_bytes());
+  // Room for all but half a layer's Adam state (8 bytes a weight, 1024 x
+  // 1024 weights a layer).
+  r.accelerator_memory_bytes = largest - 4 * 1024 * 1024;
+  absl::StatusOr<tandem::v1::Plan> tight =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE(tight->feasible()) << tight->solver().note();
+  int partly = 0;
+  for (const auto& s : tight->pipeline()) {
+    EXPECT_LE(s.memory_bytes(), r.accelerator_memory_bytes);
+    if (s.offload_optimizer() && s.host_updated_layers() > 0) {
+      ++partly;
+      EXPECT_LT(s.host_updated_layers(), s.last_layer() - s.first_layer() + 1);
+    }
+  }
+  ASSERT_GT(partly, 0) << tight->solver().note() << " at " << r.accelerator_memory_bytes;
+  EXPECT_NE(tight->solver().note().find("keeps the optimizer state of its last"), std::string::npos)
+      << tight->solver().note();
+  // The same split with every offloading stage's whole state on the host.
+  for (const auto& s : tight->pipeline()) {
+    r.pipeline_stages.push_back(s);
+    r.pipeline_stages.back().set_host_updated_layers(0);
+  }
+  absl::StatusOr<tandem::v1::Plan> whole =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_LT(tight->prediction().iteration_seconds(), whole->prediction().iteration_seconds());
+  std::cout << "fewest layers offloaded: step " << tight->prediction().iteration_seconds() * 1e3
+            << " ms; every layer of those stages: " << whole->prediction().iteration_seconds() * 1e3
+            << " ms\n";
+}
+
 TEST(SolvePipelinePlanTest, EmulatedStagesComputeAtTheirShareOfTheJobsThreads) {
   PlanRequest r = FourStageRequest();
   // Emulated stages compute on the host's cores. With 8 job threads, each of

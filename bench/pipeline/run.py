@@ -256,7 +256,9 @@ def bench(args, server):
                                                 ("wait_for_activation_copies",
                                                  "(waiting for each copy)"),
                                                 ("offload_optimizer", "offload optimizer"))
-                         if st.get(key)))
+                         if st.get(key))
+                     + (" (last %d layers)" % st["host_updated_layers"]
+                        if st.get("host_updated_layers") else ""))
                      for i, st in enumerate(plan.get("pipeline", []))
                      if st.get("recompute") or st.get("offload_optimizer")
                      or st.get("offload_activations")]

@@ -118,7 +118,13 @@ std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
       lines.back() += "; its activations wait on the host between forward and backward";
     }
     if (s.wait_for_activation_copies()) lines.back() += " (the stage waiting for each copy)";
-    if (s.offload_optimizer()) lines.back() += "; optimizer state and update on the host";
+    if (s.offload_optimizer() && s.host_updated_layers() > 0) {
+      lines.back() +=
+          absl::StrFormat("; optimizer state and update of its last %d layers on the host",
+                          s.host_updated_layers());
+    } else if (s.offload_optimizer()) {
+      lines.back() += "; optimizer state and update on the host";
+    }
   }
   return lines;
 }

@@ -60,9 +60,14 @@ struct PipelineRunner::Stage {
   // PipelineStageSpec::wait_for_activation_copies.
   bool wait_for_copies = false;
   std::vector<tandem::v1::TimelineSpan> copy_spans;
-  // Offloading stages: their gradients' host copy (staging memory); their
-  // moments are the runner's host copy (no device moments).
+  // Offloading stages: the layers from host_first on keep their moments in
+  // the runner's host copy and update on the host, from their gradients'
+  // host copy (staging memory, from parameter device_param_n of the stage
+  // on); the stage's first device_param_n parameters (all of them when not
+  // offloading) have moments on the device and update there.
   bool offload = false;
+  int host_first = 0;
+  int64_t device_param_n = 0;
   Buffer host_grads;
   // Offloading stages without gradient clipping (PipelineOptions::
   // overlap_host_updates): the host's update of each layer, queued as the
@@ -255,6 +260,14 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
       return absl::InvalidArgumentError(absl::StrCat(
           "pipeline: stage ", s, " waits for activation copies but offloads no activations"));
     }
+    if (st.host_updated_layers < 0 || st.host_updated_layers > st.end_layer - st.first_layer ||
+        (st.host_updated_layers > 0 && !st.offload_optimizer)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: stage ", s, " updates ", st.host_updated_layers,
+                       " layers on the host; a stage offloading its optimizer state "
+                       "(offload_optimizer) updates from 1 to its ",
+                       st.end_layer - st.first_layer, " layers there (0: all)"));
+    }
     if (st.offload_optimizer && options.schedule == PipelineSchedule::kPipeDream) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s,
@@ -295,6 +308,9 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->device = spec.device;
   stage->recompute = spec.recompute;
   stage->offload = spec.offload_optimizer;
+  stage->host_first = !spec.offload_optimizer        ? spec.end_layer
+                      : spec.host_updated_layers > 0 ? spec.end_layer - spec.host_updated_layers
+                                                     : spec.first_layer;
   stage->offload_activations = spec.offload_activations;
   stage->wait_for_copies = spec.wait_for_activation_copies;
   if (stage->offload_activations) {
@@ -303,6 +319,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->index = index;
   stage->param_begin = model_.param_offset(stage->first);
   stage->param_n = model_.param_offset(stage->end) - stage->param_begin;
+  stage->device_param_n = model_.param_offset(stage->host_first) - stage->param_begin;
   stage->buffer_begin = model_.buffer_offset(stage->first);
   stage->buffer_n = model_.buffer_offset(stage->end) - stage->buffer_begin;
   Allocator* alloc = stage->device->allocator();
@@ -324,17 +341,21 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   if (stage->offload) {
     absl::StatusOr<Buffer> grads =
         Buffer::Allocate(stage->device->host_staging_allocator(),
-                         std::max<int64_t>(stage->param_n, 1) * 4, MemoryCategory::kGradients);
+                         std::max<int64_t>(stage->param_n - stage->device_param_n, 1) * 4,
+                         MemoryCategory::kGradients);
     if (!grads.ok()) return fits(grads.status());
     stage->host_grads = *std::move(grads);
     if (options_.overlap_host_updates && optimizer_->spec().max_grad_norm() == 0) {
       stage->host_updates =
           std::make_unique<ThreadPool>(1, absl::StrCat("stage", index, "-update"));
     }
-  } else {
+  }
+  // (A stage without weights still has its one-element moments: PipeDream's
+  // update after every micro-batch runs on them.)
+  if (!stage->offload || stage->device_param_n > 0) {
     stage->moments.resize(optimizer_->state_count());
     for (Buffer& m : stage->moments) {
-      TANDEM_RETURN_IF_ERROR(allocate(&m, stage->param_n, MemoryCategory::kOptimizerState));
+      TANDEM_RETURN_IF_ERROR(allocate(&m, stage->device_param_n, MemoryCategory::kOptimizerState));
     }
   }
   // The padding between layers' slices is never written by a backward:
@@ -784,7 +805,8 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
             l, m, began, WallSeconds());
     // The step's last backward (GPipe's and 1F1B's last micro-batch) has
     // made the layer's gradient final: its host update can start.
-    if (st.host_updates != nullptr && m == step.micro_batches() - 1 && model_.param_slice(l) > 0) {
+    if (st.host_updates != nullptr && l >= st.host_first && m == step.micro_batches() - 1 &&
+        model_.param_slice(l) > 0) {
       QueueHostUpdate(step, st, l);
     }
     sl.out[i][m].Reset();
@@ -894,12 +916,10 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   const double t = WallSeconds();
   st.times.phase_end = t;
   st.updates = 1;
-  // Overlapped: the layers' updates are queued already; what is left of
-  // them is the step's tail.
-  if (st.host_updates != nullptr) return FinishHostUpdates(st);
   const float max_norm = optimizer_->spec().max_grad_norm();
   float scale = 1;
-  if (max_norm > 0) {
+  // Overlapped host updates are queued already (no clipping).
+  if (st.host_updates == nullptr && max_norm > 0) {
     TANDEM_ASSIGN_OR_RETURN(const double sum, st.device->SumOfSquares(st.grads.f32(), st.param_n));
     std::unique_lock<std::mutex> lock(step.mu);
     step.sum_of_squares += sum;
@@ -911,19 +931,29 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   }
   StepConstants c = step.constants;
   c.adam.grad_scale = c.sgd.grad_scale = scale;
-  if (st.offload) {
-    TANDEM_RETURN_IF_ERROR(UpdateOnHost(st, c, -1, 0, st.param_n, st.spans));
-    st.times.update = WallSeconds() - t;
-    return absl::OkStatus();
+  // The device's part (every stage not offloading all of it, weights or
+  // not), while overlapped host updates go on.
+  if (!st.moments.empty()) {
+    std::vector<float*> states;
+    for (Buffer& b : st.moments) states.push_back(b.f32());
+    const double began = WallSeconds();
+    TANDEM_RETURN_IF_ERROR(st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(),
+                                                  st.device_param_n));
+    TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+    st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE,
+            -1, 0, began, WallSeconds(), st.device_param_n * 4);
   }
-  std::vector<float*> states;
-  for (Buffer& b : st.moments) states.push_back(b.f32());
-  TANDEM_RETURN_IF_ERROR(
-      st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(), st.param_n));
-  TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
+  if (st.host_updates != nullptr) {
+    const double device = WallSeconds() - t;
+    const absl::Status hosted = FinishHostUpdates(st);
+    st.times.update += device;
+    return hosted;
+  }
+  if (st.device_param_n < st.param_n) {
+    TANDEM_RETURN_IF_ERROR(
+        UpdateOnHost(st, c, -1, st.device_param_n, st.param_n - st.device_param_n, st.spans));
+  }
   st.times.update = WallSeconds() - t;
-  st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
-          0, t, t + st.times.update, st.param_n * 4);
   return absl::OkStatus();
 }
 
@@ -932,7 +962,7 @@ absl::Status PipelineRunner::UpdateOnHost(Stage& st, const StepConstants& c, int
                                           std::vector<tandem::v1::TimelineSpan>& spans) {
   const int64_t bytes = n * 4;
   const double t = WallSeconds();
-  float* host_grads = st.host_grads.f32() + offset;
+  float* host_grads = st.host_grads.f32() + (offset - st.device_param_n);
   TANDEM_RETURN_IF_ERROR(st.device->CopyToHost(host_grads, st.grads.f32() + offset, bytes));
   const double down = WallSeconds();
   st.SpanTo(spans, tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H,
@@ -1170,7 +1200,7 @@ absl::Status PipelineRunner::SyncStateToHost() {
     }
     for (size_t i = 0; i < st->moments.size(); ++i) {
       TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(optimizer_->state(i) + st->param_begin,
-                                                    st->moments[i].data(), st->param_n * 4));
+                                                    st->moments[i].data(), st->device_param_n * 4));
     }
   }
   return absl::OkStatus();
@@ -1197,7 +1227,7 @@ absl::Status PipelineRunner::StateChangedOnHost() {
     }
     for (size_t i = 0; i < st->moments.size(); ++i) {
       TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
-          st->moments[i].data(), optimizer_->state(i) + st->param_begin, st->param_n * 4));
+          st->moments[i].data(), optimizer_->state(i) + st->param_begin, st->device_param_n * 4));
     }
   }
   return absl::OkStatus();
@@ -1224,6 +1254,7 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     o.set_updates(st.updates);
     o.set_recompute(st.recompute);
     o.set_offload_optimizer(st.offload);
+    o.set_host_updated_layers(st.offload && st.host_first > st.first ? st.end - st.host_first : 0);
     o.set_offload_activations(st.offload_activations);
     o.set_wait_for_activation_copies(st.wait_for_copies);
   }

@@ -79,6 +79,12 @@ struct PipelineStageSpec {
   // host (gradients down, the CPU kernel, weights back up); the device holds
   // the stage's weights and gradients only. The same update as on the device.
   bool offload_optimizer = false;
+  // With offload_optimizer: only the stage's last this many layers keep
+  // their optimizer state on the host and update there (their gradients are
+  // final first in the last backward, so their host updates overlap the
+  // most of it); the others keep theirs on the device and update there. 0:
+  // every layer of the stage.
+  int host_updated_layers = 0;
   // The other way to hold few micro-batches' activations (every schedule;
   // not with recompute): each micro-batch's layer outputs and saved tensors
   // go down to the device's staging host memory after its forward and come

@@ -430,31 +430,40 @@ TEST(PipelineRunnerTest, OffloadingStagesHoldTwoMicroBatchesOfActivationsAtMost)
 // the device, on the host after the last backward, and on the host
 // overlapping it.
 void CheckOffloadedUpdates(const Fixture& f, bool clip) {
-  int layers_with_weights[2] = {0, 0};
+  // Per stage, its layers with weights on the host: all of them, or (Partly)
+  // its last two layers'.
+  const int kPartly = 2;
+  std::vector<int> with_weights[2], partly[2];
   Devices shape(2);
   const std::vector<PipelineStageSpec> even = EvenStages(*f.model, shape);
   for (int s = 0; s < 2; ++s) {
-    for (int l = even[s].first_layer; l < even[s].end_layer; ++l) {
-      layers_with_weights[s] += f.model->param_slice(l) > 0;
+    for (int l = even[s].end_layer - 1; l >= even[s].first_layer; --l) {
+      if (f.model->param_slice(l) == 0) continue;
+      with_weights[s].push_back(l);
+      if (l >= even[s].end_layer - kPartly) partly[s].push_back(l);
     }
   }
-  enum Way { kOnDevice, kOnHostAtTheEnd, kOnHostOverlapped };
+  enum Way { kOnDevice, kOnHostAtTheEnd, kOnHostOverlapped, kPartlyOnHost };
   const char* const names[] = {"on the device", "on the host after backward",
-                               "on the host during backward"};
+                               "on the host during backward",
+                               "the last two layers on the host during backward"};
   const int kMicroBatches = 4;
-  std::vector<double> losses[3];
-  int64_t peak[3] = {0, 0, 0};
-  std::vector<float> moments[3];
-  for (const Way way : {kOnDevice, kOnHostAtTheEnd, kOnHostOverlapped}) {
+  std::vector<double> losses[4];
+  int64_t peak[4] = {0, 0, 0, 0};
+  std::vector<float> moments[4];
+  for (const Way way : {kOnDevice, kOnHostAtTheEnd, kOnHostOverlapped, kPartlyOnHost}) {
     SCOPED_TRACE(names[way]);
     Devices devices(2);
     std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
-    for (PipelineStageSpec& st : stages) st.offload_optimizer = way != kOnDevice;
+    for (PipelineStageSpec& st : stages) {
+      st.offload_optimizer = way != kOnDevice;
+      st.host_updated_layers = way == kPartlyOnHost ? kPartly : 0;
+    }
     PipelineOptions options{.schedule = PipelineSchedule::kOneFOneB,
                             .micro_batches = kMicroBatches,
                             .max_batch = f.spec.training().batch_size(),
                             .init_seed = f.spec.training().seed(),
-                            .overlap_host_updates = way == kOnHostOverlapped};
+                            .overlap_host_updates = way != kOnHostAtTheEnd};
     absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
         PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
     ASSERT_TRUE(runner.ok()) << runner.status();
@@ -487,14 +496,17 @@ void CheckOffloadedUpdates(const Fixture& f, bool clip) {
       } else if (way == kOnHostAtTheEnd || clip) {
         EXPECT_EQ(updated[s], std::vector<int>{-1}) << "stage " << s;
       } else {
-        ASSERT_EQ(static_cast<int>(updated[s].size()), layers_with_weights[s]) << "stage " << s;
-        EXPECT_TRUE(std::is_sorted(updated[s].rbegin(), updated[s].rend())) << "stage " << s;
+        // One update per layer with weights on the host, in backward order,
+        // each begun after its layer's last backward.
+        EXPECT_EQ(updated[s], way == kPartlyOnHost ? partly[s] : with_weights[s]) << "stage " << s;
         for (const int l : updated[s]) {
           ASSERT_TRUE(backward_end.count(l) && copy_start.count(l)) << "layer " << l;
           EXPECT_GE(copy_start[l], backward_end[l]) << "layer " << l;
         }
         // How long before the stage's backward ended its first update began.
-        hidden += backward_end[even[s].first_layer] - copy_start[updated[s].front()];
+        if (!updated[s].empty()) {
+          hidden += backward_end[even[s].first_layer] - copy_start[updated[s].front()];
+        }
       }
     }
     if (way == kOnHostOverlapped && !clip) {
@@ -503,18 +515,22 @@ void CheckOffloadedUpdates(const Fixture& f, bool clip) {
     }
     for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
       EXPECT_EQ(st.offload_optimizer(), way != kOnDevice) << "stage " << st.stage();
+      EXPECT_EQ(st.host_updated_layers(), way == kPartlyOnHost ? kPartly : 0)
+          << "stage " << st.stage();
       EXPECT_FALSE(st.recompute()) << "stage " << st.stage();
       EXPECT_GT(st.update_seconds(), 0) << "stage " << st.stage();
     }
   }
-  for (const Way way : {kOnHostAtTheEnd, kOnHostOverlapped}) {
+  for (const Way way : {kOnHostAtTheEnd, kOnHostOverlapped, kPartlyOnHost}) {
     EXPECT_EQ(losses[way], losses[kOnDevice]) << names[way];
     EXPECT_EQ(moments[way], moments[kOnDevice]) << names[way];
-    // Stage 0's device no longer holds its two moments.
+    // Stage 0's device no longer holds (all of) its two moments.
     EXPECT_LT(peak[way], peak[kOnDevice]) << names[way];
   }
+  EXPECT_GT(peak[kPartlyOnHost], peak[kOnHostOverlapped]);
   std::cout << "gpt over 2 stages: stage 0 peaks at " << peak[kOnDevice] << " B, offloading "
-            << peak[kOnHostAtTheEnd] << " B, overlapped " << peak[kOnHostOverlapped] << " B\n";
+            << peak[kOnHostAtTheEnd] << " B, overlapped " << peak[kOnHostOverlapped]
+            << " B, its last two layers' state " << peak[kPartlyOnHost] << " B\n";
 }
 
 // ZeRO-Offload within the stages: each offloading stage keeps weights and

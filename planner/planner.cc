@@ -575,12 +575,17 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
 }  // namespace
 
 // The partitioner offloads the optimizer state of a stage's fewest last
-// layers that make it fit, counting each offloaded update as exposed. Where
-// the host's updates overlap the last backward, offloading all of the
-// stage's layers can be faster (the device's update waits for the backward
-// to end): per stage, in turn, all of them where `predict` (the step of a
-// split, predicted into a scratch copy of `plan`) says so.
-absl::StatusOr<std::vector<tandem::v1::PipelineStage>> OffloadWhereFaster(
+// layers that make it fit, counting each offloaded update as exposed, and
+// minimises the slowest stage's compute, not the step. Where the host's
+// updates overlap the last backward, offloading all of a stage's layers can
+// be faster (the device's update waits for the backward to end), and a split
+// whose stages fit by offloading few layers' state can be faster per
+// micro-batch and slower per step than one whose stages offload all or
+// recompute. So the fastest step (`predict`: a split's, predicted into a
+// scratch copy of `plan`) of `split`, `split` with one stage after another
+// offloading all of its layers where that is faster, and the partition that
+// offloads whole stages.
+absl::StatusOr<std::vector<tandem::v1::PipelineStage>> FastestOffload(
     const CostModel& cost, const PipelineRequest& p, std::vector<tandem::v1::PipelineStage> split,
     const tandem::v1::Plan& plan,
     const std::function<double(const std::vector<tandem::v1::PipelineStage>&, tandem::v1::Plan*)>&
@@ -599,6 +604,12 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> OffloadWhereFaster(
       split = std::move(all);
     }
   }
+  PipelineRequest whole_stages = p;
+  whole_stages.offload_fewest_layers = false;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> other =
+      PartitionPipeline(cost, whole_stages);
+  scratch = plan;
+  if (other.ok() && predict(*other, &scratch) < best) split = *std::move(other);
   return split;
 }
 
@@ -672,20 +683,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
     return into->prediction().iteration_seconds();
   };
   if (request.pipeline_stages.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(*stages,
-                            OffloadWhereFaster(*cost, p, *std::move(stages), plan, predict));
-    // The partition minimises the slowest stage's compute, not the step: a
-    // split whose stages fit by offloading few layers' state can be faster
-    // per micro-batch and slower per step than one whose stages offload
-    // all or recompute. The faster of the two.
-    PipelineRequest whole_stages = p;
-    whole_stages.offload_fewest_layers = false;
-    absl::StatusOr<std::vector<tandem::v1::PipelineStage>> other =
-        PartitionPipeline(*cost, whole_stages);
-    tandem::v1::Plan scratch = plan;
-    if (other.ok() && predict(*other, &scratch) < predict(*stages, &scratch)) {
-      *stages = *std::move(other);
-    }
+    TANDEM_ASSIGN_OR_RETURN(*stages, FastestOffload(*cost, p, *std::move(stages), plan, predict));
   }
   predict(*stages, &plan);
   return plan;

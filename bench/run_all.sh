@@ -21,6 +21,10 @@ $py bench/updates/run.py --tandem bazel-bin/clients/cli/tandem
 echo "== Pipelines on emulated accelerators: each next to one device =="
 bazel build //server:tandemd
 $py bench/pipeline/run.py --tandemd bazel-bin/server/tandemd --tandem bazel-bin/clients/cli/tandem
+echo "== Pipeline stages offloading to the host: copies and host updates beside compute vs waited for =="
+bazel-bin/bench/pipeline/overlap_bench --offload=optimizer --stages=2 --link_gbps=0.5
+bazel-bin/bench/pipeline/overlap_bench --offload=activations --schedule=gpipe --stages=2 \
+  --micro_batches=8 --link_gbps=0.5
 echo "== PipeDream against synchronous pipelines on Fashion-MNIST =="
 $py bench/pipeline/accuracy.py --tandem bazel-bin/clients/cli/tandem
 

@@ -426,6 +426,33 @@ TEST(PipelineRunnerTest, OffloadingStagesHoldTwoMicroBatchesOfActivationsAtMost)
             << " B copying beside its compute (" << copies[kBeside] * 1e3 << " ms)\n";
 }
 
+// A copy on a stage's copy thread that fails (here: no staging host memory
+// for the activations going down) fails the step with its error; no stage
+// waits forever for activations that never come back.
+TEST(PipelineRunnerTest, AFailedActivationCopyFailsTheStep) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  Devices devices(2);
+  std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+  stages[1].offload_activations = true;
+  // The last stage sends nothing on: staging memory holds only its
+  // offloaded activations, and there is room for none.
+  devices.owned[1]->host_staging_allocator()->set_budget_bytes(1);
+  PipelineOptions options{.schedule = PipelineSchedule::kGPipe,
+                          .micro_batches = 4,
+                          .max_batch = f.spec.training().batch_size(),
+                          .init_seed = f.spec.training().seed()};
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+      PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  BatchLoader loader(*f.data.train, f.spec.training().batch_size(), false, 1, false);
+  StepOptions step;
+  step.learning_rate = 1e-3f;
+  const absl::StatusOr<StepResult> result = (*runner)->TrainStep(loader.Next(), step);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+  std::cout << "the step failed with: " << result.status() << "\n";
+}
+
 // OffloadingStagesUpdateOnTheHostAlike's run of `f`'s 2 stages updating on
 // the device, on the host after the last backward, and on the host
 // overlapping it.

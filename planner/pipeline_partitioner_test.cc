@@ -38,98 +38,96 @@ CostModel RandomChain(int layers, std::mt19937* rng) {
   return *std::move(cost);
 }
 
+// Stage k of S holding layers [i, j), by brute force: its time per
+// micro-batch as it holds its layers, or (where it does not fit) the mix
+// that fits and adds least, of recomputing (one micro-batch's activations,
+// every one's input, one more forward) or offloading the activations (two
+// micro-batches' activations at most, and what of their copies down and back
+// the compute does not hide; or one, waiting for every copy), and offloading
+// the optimizer state of the fewest last layers that fit; HUGE_VAL when
+// nothing fits.
+double StageByBruteForce(const CostModel& cost, const PipelineRequest& r, int k, int S, int i,
+                         int j) {
+  const int m = r.micro_batch_size;
+  double t = 0, forward = 0, copies = 0;
+  int64_t state = 0, act = 0;
+  // Per layer of the stage: its optimizer state, and what updating it on the
+  // host adds.
+  std::vector<int64_t> optimizer;
+  std::vector<double> extra;
+  for (int l = i; l < j; ++l) {
+    forward += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
+    t += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
+         cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
+    state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
+    optimizer.push_back(cost.OptimizerStateBytes(l));
+    act += cost.ActivationBytes(l, m);
+    copies +=
+        cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost.ActivationBytes(l, m)) +
+        cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ActivationBytes(l, m));
+    extra.push_back(OffloadedUpdateSeconds(cost, l, r.host_threads) -
+                    cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1));
+  }
+  const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;  // the stage's input
+  const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
+  // Over a peer link, the input's gradient waiting for its pull.
+  state += cost.has_peer_link() ? input : 0;
+  if (r.device_memory_bytes <= 0 || state + in_flight * (act + input) <= r.device_memory_bytes) {
+    return t;
+  }
+  double best_added = HUGE_VAL, best_t = HUGE_VAL;
+  // keep, recompute, offload activations beside the compute, and waiting
+  // for each copy
+  for (int hold = 0; hold < 4; ++hold) {
+    if ((hold == 1 && !r.allow_recompute) || (hold >= 2 && !r.allow_offload_activations)) {
+      continue;
+    }
+    const int64_t held = hold == 0 ? in_flight : hold == 2 ? std::min<int64_t>(in_flight, 2) : 1;
+    const double per_micro_batch = hold == 1   ? forward
+                                   : hold == 2 ? std::max(0.0, copies - t)
+                                   : hold == 3 ? copies
+                                               : 0.0;
+    // Without offloading (not for keeping: that did not fit), and with the
+    // last n layers' optimizer state on the host, the fewest n that fit.
+    int64_t offloaded = 0;
+    double offloaded_extra = 0;
+    for (int n = hold == 0 ? 1 : 0; n <= j - i; ++n) {
+      if (n > 0 && !r.allow_offload) break;
+      if (n > 0) {
+        offloaded += optimizer[j - i - n];
+        offloaded_extra += extra[j - i - n];
+      }
+      if (state - offloaded + in_flight * input + held * act > r.device_memory_bytes) continue;
+      const double added = (r.micro_batches + S - 1) * per_micro_batch +
+                           (n > 0 ? std::max(0.0, offloaded_extra) : 0.0);
+      if (added < best_added) {
+        best_added = added;
+        best_t = t + per_micro_batch;
+      }
+      if (n > 0) break;  // the fewest that fit
+    }
+  }
+  return best_t;
+}
+
 // Every split of `layers` into `stages` contiguous non-empty ranges.
 double BruteForce(const CostModel& cost, const PipelineRequest& r) {
   const int L = cost.num_layers();
   const int S = std::min(r.devices, L);
-  const int m = r.micro_batch_size;
   double best = HUGE_VAL;
   std::vector<int> starts = {0};
   std::function<void(int)> split = [&](int from) {
     if (static_cast<int>(starts.size()) == S) {
       double slowest = 0;
-      bool fits = true;
       for (int k = 0; k < S; ++k) {
         const int i = starts[k], j = k + 1 < S ? starts[k + 1] : L;
-        double t = 0, forward = 0, copies = 0;
-        int64_t state = 0, act = 0;
-        // Per layer of the stage: its optimizer state, and what updating it
-        // on the host adds.
-        std::vector<int64_t> optimizer;
-        std::vector<double> extra;
-        for (int l = i; l < j; ++l) {
-          forward += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
-          t += cost.ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m) +
-               cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, m);
-          state += cost.ParameterBytes(l) + cost.GradientBytes(l) + cost.OptimizerStateBytes(l);
-          optimizer.push_back(cost.OptimizerStateBytes(l));
-          act += cost.ActivationBytes(l, m);
-          copies += cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST,
-                                     cost.ActivationBytes(l, m)) +
-                    cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE,
-                                     cost.ActivationBytes(l, m));
-          extra.push_back(OffloadedUpdateSeconds(cost, l, r.host_threads) -
-                          cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1));
+        slowest = std::max(slowest, StageByBruteForce(cost, r, k, S, i, j));
+        if (j < L) {
+          slowest = std::max(slowest,
+                             2 * cost.PeerCopySeconds(cost.OutputBytes(j - 1, r.micro_batch_size)));
         }
-        const int64_t input = i > 0 ? cost.OutputBytes(i - 1, m) : 0;  // the stage's input
-        const int64_t in_flight = r.gpipe ? r.micro_batches : std::min(S - k, r.micro_batches);
-        // Over a peer link, the input's gradient waiting for its pull.
-        state += cost.has_peer_link() ? input : 0;
-        if (r.device_memory_bytes > 0 &&
-            state + in_flight * (act + input) > r.device_memory_bytes) {
-          // Recomputing (one micro-batch's activations, every one's input,
-          // one more forward) or offloading the activations (two
-          // micro-batches' activations at most, and what of their copies
-          // down and back the compute does not hide), or offloading the
-          // optimizer state of the fewest last layers that fit, or both:
-          // the mix that fits and adds least.
-          double best_added = HUGE_VAL, best_t = 0;
-          // keep, recompute, offload activations beside the compute, and
-          // waiting for each copy
-          for (int hold = 0; hold < 4; ++hold) {
-            if ((hold == 1 && !r.allow_recompute) || (hold >= 2 && !r.allow_offload_activations)) {
-              continue;
-            }
-            const int64_t held = hold == 0   ? in_flight
-                                 : hold == 2 ? std::min<int64_t>(in_flight, 2)
-                                             : 1;
-            const double per_micro_batch = hold == 1   ? forward
-                                           : hold == 2 ? std::max(0.0, copies - t)
-                                           : hold == 3 ? copies
-                                                       : 0.0;
-            // Without offloading (not for keeping: that did not fit), and
-            // with the last n layers' optimizer state on the host, the
-            // fewest n that fit.
-            int64_t offloaded = 0;
-            double offloaded_extra = 0;
-            for (int n = 0; n <= j - i; ++n) {
-              if (n > 0) {
-                if (!r.allow_offload) break;
-                offloaded += optimizer[j - i - n];
-                offloaded_extra += extra[j - i - n];
-              } else if (hold == 0) {
-                continue;
-              }
-              if (state - offloaded + in_flight * input + held * act > r.device_memory_bytes) {
-                continue;
-              }
-              const double added = (r.micro_batches + S - 1) * per_micro_batch +
-                                   (n > 0 ? std::max(0.0, offloaded_extra) : 0.0);
-              if (added < best_added) {
-                best_added = added;
-                best_t = t + per_micro_batch;
-              }
-              if (n > 0) break;  // the fewest that fit
-            }
-          }
-          if (best_added == HUGE_VAL) fits = false;
-          t = best_t;
-        }
-        slowest = std::max(slowest, t);
-        if (j < L)
-          slowest = std::max(slowest, 2 * cost.PeerCopySeconds(cost.OutputBytes(j - 1, m)));
       }
-      if (fits) best = std::min(best, slowest);
+      best = std::min(best, slowest);
       return;
     }
     for (int next = from + 1; next < L; ++next) {

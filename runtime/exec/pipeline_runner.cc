@@ -65,8 +65,8 @@ struct PipelineRunner::Stage {
   // host copy (staging memory, from parameter device_param_n of the stage
   // on); the stage's first device_param_n parameters (all of them when not
   // offloading) have moments on the device and update there.
-  bool offload = false;
   int host_first = 0;
+  bool offload() const { return host_first < end; }
   int64_t device_param_n = 0;
   Buffer host_grads;
   // Offloading stages without gradient clipping (PipelineOptions::
@@ -307,7 +307,6 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   stage->end = spec.end_layer;
   stage->device = spec.device;
   stage->recompute = spec.recompute;
-  stage->offload = spec.offload_optimizer;
   stage->host_first = !spec.offload_optimizer        ? spec.end_layer
                       : spec.host_updated_layers > 0 ? spec.end_layer - spec.host_updated_layers
                                                      : spec.first_layer;
@@ -338,7 +337,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   TANDEM_RETURN_IF_ERROR(allocate(&stage->params, stage->param_n, MemoryCategory::kParameters));
   TANDEM_RETURN_IF_ERROR(allocate(&stage->grads, stage->param_n, MemoryCategory::kGradients));
   TANDEM_RETURN_IF_ERROR(allocate(&stage->buffers, stage->buffer_n, MemoryCategory::kParameters));
-  if (stage->offload) {
+  if (stage->offload()) {
     absl::StatusOr<Buffer> grads =
         Buffer::Allocate(stage->device->host_staging_allocator(),
                          std::max<int64_t>(stage->param_n - stage->device_param_n, 1) * 4,
@@ -352,7 +351,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   }
   // (A stage without weights still has its one-element moments: PipeDream's
   // update after every micro-batch runs on them.)
-  if (!stage->offload || stage->device_param_n > 0) {
+  if (!stage->offload() || stage->device_param_n > 0) {
     stage->moments.resize(optimizer_->state_count());
     for (Buffer& m : stage->moments) {
       TANDEM_RETURN_IF_ERROR(allocate(&m, stage->device_param_n, MemoryCategory::kOptimizerState));
@@ -362,18 +361,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
   // zero, so the gradient norm and the update see nothing there.
   TANDEM_RETURN_IF_ERROR(fits(stage->device->Fill(stage->grads.f32(), 0, stage->param_n)));
   if (options_.schedule == PipelineSchedule::kPipeDream) {
-    // Continuous: a step's micro-batches do not bound what is in flight.
-    const int in_flight = options_.continuous
-                              ? stages - index - 1
-                              : std::min(stages - index - 1, options_.micro_batches);
-    stage->staleness =
-        options_.vertical_sync ? std::min(stages - 1, options_.micro_batches) : in_flight;
-    // The weights each micro-batch in flight ran forward on; with vertical
-    // sync even the last stage's may be older than its latest.
-    if (in_flight > 0 || options_.vertical_sync) stage->stash.resize(in_flight + 1);
-    // Vertical sync: the first stage is at most `index` updates behind this
-    // one, so its version is among this stage's latest index + 1.
-    if (options_.vertical_sync && index > 0) stage->history.resize(index + 1);
+    SizeWeightVersions(*stage, stages);
     for (auto* versions : {&stage->stash, &stage->history}) {
       for (Buffer& b : *versions) {
         TANDEM_RETURN_IF_ERROR(allocate(&b, stage->param_n, MemoryCategory::kParameters));
@@ -381,6 +369,21 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
     }
   }
   return stage;
+}
+
+void PipelineRunner::SizeWeightVersions(Stage& stage, int stages) const {
+  const int index = stage.index;
+  // Continuous: a step's micro-batches do not bound what is in flight.
+  const int in_flight = options_.continuous ? stages - index - 1
+                                            : std::min(stages - index - 1, options_.micro_batches);
+  stage.staleness =
+      options_.vertical_sync ? std::min(stages - 1, options_.micro_batches) : in_flight;
+  // The weights each micro-batch in flight ran forward on; with vertical
+  // sync even the last stage's may be older than its latest.
+  if (in_flight > 0 || options_.vertical_sync) stage.stash.resize(in_flight + 1);
+  // Vertical sync: the first stage is at most `index` updates behind this
+  // one, so its version is among this stage's latest index + 1.
+  if (options_.vertical_sync && index > 0) stage.history.resize(index + 1);
 }
 
 absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
@@ -1253,8 +1256,9 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
     o.set_staleness(st.staleness);
     o.set_updates(st.updates);
     o.set_recompute(st.recompute);
-    o.set_offload_optimizer(st.offload);
-    o.set_host_updated_layers(st.offload && st.host_first > st.first ? st.end - st.host_first : 0);
+    o.set_offload_optimizer(st.offload());
+    o.set_host_updated_layers(st.offload() && st.host_first > st.first ? st.end - st.host_first
+                                                                       : 0);
     o.set_offload_activations(st.offload_activations);
     o.set_wait_for_activation_copies(st.wait_for_copies);
   }

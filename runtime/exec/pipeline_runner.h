@@ -195,6 +195,9 @@ class PipelineRunner final : public StepRunner {
   // A stage's state on its device, zeroed gradients included.
   absl::StatusOr<std::unique_ptr<Stage>> MakeStage(const PipelineStageSpec& spec, int index,
                                                    int stages) const;
+  // PipeDream: how stale the stage's gradients are and how many weight
+  // versions it stashes (and, with vertical sync, keeps) among `stages`.
+  void SizeWeightVersions(Stage& stage, int stages) const;
   // Stage s's layers forward on micro-batch m's input, filling out/saved
   // (`recompute`: a second time, before its backward).
   absl::Status RunForward(Step& step, int s, int m, bool recompute);

@@ -67,18 +67,25 @@ std::vector<PipelineStageSpec> EvenStages(const Model& model, Devices& devices) 
   return stages;
 }
 
-std::unique_ptr<PipelineRunner> Make(const Fixture& f, Devices& devices, PipelineSchedule schedule,
-                                     int micro_batches, bool vertical_sync = false) {
-  PipelineOptions options;
-  options.schedule = schedule;
-  options.vertical_sync = vertical_sync;
-  options.micro_batches = micro_batches;
+// A runner of f's job (its batch and seed, and its optimizer unless
+// `optimizer` is given) over `stages` with `options`; null, with a failure,
+// when refused.
+std::unique_ptr<PipelineRunner> Over(const Fixture& f, std::vector<PipelineStageSpec> stages,
+                                     PipelineOptions options,
+                                     const tandem::v1::OptimizerSpec* optimizer = nullptr) {
   options.max_batch = f.spec.training().batch_size();
   options.init_seed = f.spec.training().seed();
-  absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
-      PipelineRunner::Create(*f.model, f.spec.optimizer(), EvenStages(*f.model, devices), options);
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> r = PipelineRunner::Create(
+      *f.model, optimizer != nullptr ? *optimizer : f.spec.optimizer(), std::move(stages), options);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *std::move(r) : nullptr;
+}
+
+std::unique_ptr<PipelineRunner> Make(const Fixture& f, Devices& devices, PipelineSchedule schedule,
+                                     int micro_batches, bool vertical_sync = false) {
+  return Over(
+      f, EvenStages(*f.model, devices),
+      {.schedule = schedule, .micro_batches = micro_batches, .vertical_sync = vertical_sync});
 }
 
 struct PipelineCase {
@@ -283,22 +290,18 @@ TEST(PipelineRunnerTest, RecomputingStagesTrainAlikeInLessMemory) {
         Devices devices(2);
         std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
         for (PipelineStageSpec& st : stages) st.recompute = recompute;
-        PipelineOptions options{.schedule = schedule,
-                                .micro_batches = 8,
-                                .max_batch = f.spec.training().batch_size(),
-                                .init_seed = f.spec.training().seed()};
-        absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-            PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
-        ASSERT_TRUE(runner.ok()) << runner.status();
-        const std::vector<double> got = RunSteps(f, **runner, 6);
+        const std::unique_ptr<PipelineRunner> runner =
+            Over(f, stages, {.schedule = schedule, .micro_batches = 8});
+        ASSERT_NE(runner, nullptr);
+        const std::vector<double> got = RunSteps(f, *runner, 6);
         if (schedule == PipelineSchedule::kGPipe) {
           losses[recompute] = got;
-          peak[recompute] = (*runner)->stage_stats()[0].peak_bytes;
+          peak[recompute] = runner->stage_stats()[0].peak_bytes;
         } else {
           EXPECT_EQ(got, losses[recompute]) << "1F1B and GPipe sum alike";
         }
         int recomputes = 0;
-        const tandem::v1::Timeline timeline = (*runner)->last_timeline();
+        const tandem::v1::Timeline timeline = runner->last_timeline();
         for (const auto& span : timeline.spans()) {
           recomputes += span.phase() == tandem::v1::TIMELINE_PHASE_RECOMPUTE;
         }
@@ -334,17 +337,13 @@ TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
         Devices devices(3);
         std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
         for (PipelineStageSpec& st : stages) st.offload_activations = offload;
-        PipelineOptions options{.schedule = schedule,
-                                .micro_batches = 8,
-                                .max_batch = f.spec.training().batch_size(),
-                                .init_seed = f.spec.training().seed()};
-        absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-            PipelineRunner::Create(*f.model, optimizer, stages, options);
-        ASSERT_TRUE(runner.ok()) << runner.status();
-        losses[offload] = RunSteps(f, **runner, 6);
-        peak[offload] = (*runner)->stage_stats()[0].peak_bytes;
+        const std::unique_ptr<PipelineRunner> runner =
+            Over(f, stages, {.schedule = schedule, .micro_batches = 8}, &optimizer);
+        ASSERT_NE(runner, nullptr);
+        losses[offload] = RunSteps(f, *runner, 6);
+        peak[offload] = runner->stage_stats()[0].peak_bytes;
         int down = 0, up = 0;
-        const tandem::v1::Timeline timeline = (*runner)->last_timeline();
+        const tandem::v1::Timeline timeline = runner->last_timeline();
         for (const auto& span : timeline.spans()) {
           down += span.phase() == tandem::v1::TIMELINE_PHASE_ACTIVATION_D2H &&
                   span.resource() == tandem::v1::TIMELINE_RESOURCE_COPY_D2H && span.lane() == 0 &&
@@ -358,7 +357,7 @@ TEST(PipelineRunnerTest, StagesOffloadingActivationsTrainAlikeInLessMemory) {
           EXPECT_GE(down, 8);
           EXPECT_GE(up, 8);
         }
-        for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
+        for (const tandem::v1::PipelineStageStats& st : runner->pipeline_stats()) {
           EXPECT_EQ(st.offload_activations(), offload) << "stage " << st.stage();
         }
       }
@@ -400,16 +399,12 @@ TEST(PipelineRunnerTest, OffloadingStagesHoldTwoMicroBatchesOfActivationsAtMost)
       st.offload_activations = way != kKept;
       st.wait_for_activation_copies = way == kWaited;
     }
-    PipelineOptions options{.schedule = PipelineSchedule::kGPipe,
-                            .micro_batches = 8,
-                            .max_batch = f.spec.training().batch_size(),
-                            .init_seed = f.spec.training().seed()};
-    absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-        PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    losses[way] = RunSteps(f, **runner, 3);
-    peak[way] = (*runner)->stage_stats()[0].peak_bytes;
-    copies[way] = (*runner)->stage_stats()[0].copy_seconds;
+    const std::unique_ptr<PipelineRunner> runner =
+        Over(f, stages, {.schedule = PipelineSchedule::kGPipe, .micro_batches = 8});
+    ASSERT_NE(runner, nullptr);
+    losses[way] = RunSteps(f, *runner, 3);
+    peak[way] = runner->stage_stats()[0].peak_bytes;
+    copies[way] = runner->stage_stats()[0].copy_seconds;
   }
   EXPECT_EQ(losses[kWaited], losses[kKept]);
   EXPECT_EQ(losses[kBeside], losses[kKept]);
@@ -437,20 +432,58 @@ TEST(PipelineRunnerTest, AFailedActivationCopyFailsTheStep) {
   // The last stage sends nothing on: staging memory holds only its
   // offloaded activations, and there is room for none.
   devices.owned[1]->host_staging_allocator()->set_budget_bytes(1);
-  PipelineOptions options{.schedule = PipelineSchedule::kGPipe,
-                          .micro_batches = 4,
-                          .max_batch = f.spec.training().batch_size(),
-                          .init_seed = f.spec.training().seed()};
-  absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-      PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
-  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::unique_ptr<PipelineRunner> runner =
+      Over(f, stages, {.schedule = PipelineSchedule::kGPipe, .micro_batches = 4});
+  ASSERT_NE(runner, nullptr);
   BatchLoader loader(*f.data.train, f.spec.training().batch_size(), false, 1, false);
   StepOptions step;
   step.learning_rate = 1e-3f;
-  const absl::StatusOr<StepResult> result = (*runner)->TrainStep(loader.Next(), step);
+  const absl::StatusOr<StepResult> result = runner->TrainStep(loader.Next(), step);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
   std::cout << "the step failed with: " << result.status() << "\n";
+}
+
+// A 2-stage step's host updates: per stage, their layers in order, and per
+// layer when its last backward (of `micro_batches`) ended and its gradient
+// began to go down.
+struct HostUpdates {
+  std::vector<int> layers[2];
+  std::map<int, double> backward_end, copy_start;
+};
+HostUpdates HostUpdatesIn(const tandem::v1::Timeline& timeline, int micro_batches) {
+  HostUpdates u;
+  for (const auto& span : timeline.spans()) {
+    if (span.resource() == tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE) {
+      u.layers[span.lane()].push_back(span.layer());
+    }
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_BACKWARD &&
+        span.micro_batch() == micro_batches - 1) {
+      u.backward_end[span.layer()] = span.end_seconds();
+    }
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) {
+      u.copy_start[span.layer()] = span.start_seconds();
+    }
+  }
+  return u;
+}
+
+// Stage s's overlapped host updates: one per layer of `expected` (its layers
+// with weights on the host, in backward order), each begun after its layer's
+// last backward. Returns how long before the stage's backward (from
+// `first_layer`) ended its first update began.
+double ExpectOverlapped(const HostUpdates& u, int s, const std::vector<int>& expected,
+                        int first_layer) {
+  EXPECT_EQ(u.layers[s], expected) << "stage " << s;
+  for (const int l : u.layers[s]) {
+    if (!u.backward_end.count(l) || !u.copy_start.count(l)) {
+      ADD_FAILURE() << "layer " << l << ": no last backward or gradient copy";
+      return 0;
+    }
+    EXPECT_GE(u.copy_start.at(l), u.backward_end.at(l)) << "layer " << l;
+  }
+  if (u.layers[s].empty() || !u.backward_end.count(first_layer)) return 0;
+  return u.backward_end.at(first_layer) - u.copy_start.at(u.layers[s].front());
 }
 
 // OffloadingStagesUpdateOnTheHostAlike's run of `f`'s 2 stages updating on
@@ -486,61 +519,34 @@ void CheckOffloadedUpdates(const Fixture& f, bool clip) {
       st.offload_optimizer = way != kOnDevice;
       st.host_updated_layers = way == kPartlyOnHost ? kPartly : 0;
     }
-    PipelineOptions options{.schedule = PipelineSchedule::kOneFOneB,
-                            .micro_batches = kMicroBatches,
-                            .max_batch = f.spec.training().batch_size(),
-                            .init_seed = f.spec.training().seed(),
-                            .overlap_host_updates = way != kOnHostAtTheEnd};
-    absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-        PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    losses[way] = RunSteps(f, **runner, 8);
-    peak[way] = (*runner)->stage_stats()[0].peak_bytes;
-    ASSERT_TRUE((*runner)->SyncStateToHost().ok());
-    const HostStateView state = (*runner)->host_state();
+    const std::unique_ptr<PipelineRunner> runner =
+        Over(f, stages,
+             {.schedule = PipelineSchedule::kOneFOneB,
+              .micro_batches = kMicroBatches,
+              .overlap_host_updates = way != kOnHostAtTheEnd});
+    ASSERT_NE(runner, nullptr);
+    losses[way] = RunSteps(f, *runner, 8);
+    peak[way] = runner->stage_stats()[0].peak_bytes;
+    ASSERT_TRUE(runner->SyncStateToHost().ok());
+    const HostStateView state = runner->host_state();
     moments[way].assign(state.moments[1], state.moments[1] + f.model->parameter_elements());
-    // Per stage: its host updates' layers in order, and when each layer's
-    // last backward ended and its gradient began to go down.
-    std::vector<int> updated[2];
-    std::map<int, double> backward_end, copy_start;
-    const tandem::v1::Timeline timeline = (*runner)->last_timeline();
-    for (const auto& span : timeline.spans()) {
-      if (span.resource() == tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE) {
-        updated[span.lane()].push_back(span.layer());
-      }
-      if (span.phase() == tandem::v1::TIMELINE_PHASE_BACKWARD &&
-          span.micro_batch() == kMicroBatches - 1) {
-        backward_end[span.layer()] = span.end_seconds();
-      }
-      if (span.phase() == tandem::v1::TIMELINE_PHASE_GRADIENT_D2H) {
-        copy_start[span.layer()] = span.start_seconds();
-      }
-    }
+    const HostUpdates u = HostUpdatesIn(runner->last_timeline(), kMicroBatches);
     double hidden = 0;
     for (int s = 0; s < 2; ++s) {
       if (way == kOnDevice) {
-        EXPECT_TRUE(updated[s].empty()) << "stage " << s;
+        EXPECT_TRUE(u.layers[s].empty()) << "stage " << s;
       } else if (way == kOnHostAtTheEnd || clip) {
-        EXPECT_EQ(updated[s], std::vector<int>{-1}) << "stage " << s;
+        EXPECT_EQ(u.layers[s], std::vector<int>{-1}) << "stage " << s;
       } else {
-        // One update per layer with weights on the host, in backward order,
-        // each begun after its layer's last backward.
-        EXPECT_EQ(updated[s], way == kPartlyOnHost ? partly[s] : with_weights[s]) << "stage " << s;
-        for (const int l : updated[s]) {
-          ASSERT_TRUE(backward_end.count(l) && copy_start.count(l)) << "layer " << l;
-          EXPECT_GE(copy_start[l], backward_end[l]) << "layer " << l;
-        }
-        // How long before the stage's backward ended its first update began.
-        if (!updated[s].empty()) {
-          hidden += backward_end[even[s].first_layer] - copy_start[updated[s].front()];
-        }
+        hidden += ExpectOverlapped(u, s, way == kPartlyOnHost ? partly[s] : with_weights[s],
+                                   even[s].first_layer);
       }
     }
     if (way == kOnHostOverlapped && !clip) {
       std::cout << "overlapped host updates began " << hidden * 1e3
                 << " ms (both stages) before their stage's backward ended\n";
     }
-    for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
+    for (const tandem::v1::PipelineStageStats& st : runner->pipeline_stats()) {
       EXPECT_EQ(st.offload_optimizer(), way != kOnDevice) << "stage " << st.stage();
       EXPECT_EQ(st.host_updated_layers(), way == kPartlyOnHost ? kPartly : 0)
           << "stage " << st.stage();

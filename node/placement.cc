@@ -1078,7 +1078,9 @@ absl::StatusOr<bool> StoredPlanFits(const Model& model, const JobSpec& resolved,
 
 absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model, const JobSpec& resolved,
                                                  const Plan& plan) {
-  if (plan.layers_size() == 0) return tandem::v1::Schedule();
+  // A pipeline's stages run the pipeline runner's own schedule: no step
+  // program of the plan executor runs for it.
+  if (plan.layers_size() == 0 || plan.pipeline_size() > 0) return tandem::v1::Schedule();
   TANDEM_ASSIGN_OR_RETURN(const schedule::Schedule program,
                           LowerStepProgram(model, plan, resolved.optimizer(), MaxBatch(resolved)));
   return schedule::ToProto(program);

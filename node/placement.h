@@ -179,7 +179,9 @@ absl::StatusOr<tandem::v1::JobSpec> ChosenStages(tandem::v1::JobSpec resolved,
 
 // The step program `plan` runs for `resolved`'s model (LowerStepProgram,
 // schedule/schedule.h as a message): what tandemd stores in the job record
-// (Job.schedule) and hands back to the executor. Empty for the CPU engine.
+// (Job.schedule) and hands back to the executor. Empty for the CPU engine and
+// for a pipeline's plan (its runner runs the pipeline's own schedule,
+// runtime/exec/pipeline_runner.h).
 absl::StatusOr<tandem::v1::Schedule> StepProgram(const Model& model,
                                                  const tandem::v1::JobSpec& resolved,
                                                  const tandem::v1::Plan& plan);

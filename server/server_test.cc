@@ -687,6 +687,33 @@ TEST_F(JobManagerTest, AProgramOverTheRecordLimitIsLeftToTheRun) {
   EXPECT_GT(s->job.schedule().ops_size(), 0);
 }
 
+// A pipeline runs its runner's own schedule, not a step program of the plan
+// executor: its record stores none, and its log never says that the stored
+// one was replaced (it did, for every pipeline job, while submission stored
+// the one-device lowering of the pipeline's plan).
+TEST_F(JobManagerTest, APipelineJobStoresNoStepProgramAndRunsWithoutWarnings) {
+  node::NodeOffer node = TestNode();
+  node.emulated_accelerators = 2;
+  Open("pipeline-program", int64_t{1} << 32, true, node);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  tandem::v1::JobSpec spec = EmulatedSpec(int64_t{64} << 20);
+  spec.mutable_placement()->set_strategy(tandem::v1::STRATEGY_UNSPECIFIED);
+  spec.mutable_placement()->mutable_pipeline()->set_stages(2);
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->job.plan().pipeline_size(), 2);
+  EXPECT_EQ(s->job.schedule().ops_size(), 0);
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(done.schedule().ops_size(), 0);
+  const std::vector<tandem::v1::JobEvent> events = *store_->ReadEvents(s->job.id(), 1, 10000);
+  EXPECT_FALSE(events.empty());
+  for (const auto& e : events) {
+    EXPECT_FALSE(e.has_log() && e.log().severity() == tandem::v1::LOG_SEVERITY_WARNING)
+        << e.log().message();
+  }
+}
+
 TEST_F(JobManagerTest, WithoutANodeJobsAskingForAnAcceleratorAreRefused) {
   Open("no-node");
   const absl::Status s = jobs_->Submit(EmulatedSpec(kHybridCapacity), "").status();

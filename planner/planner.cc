@@ -493,10 +493,12 @@ double UpdateTail(const CostModel& cost, const tandem::v1::PipelineStage& s,
 // compute is at the stages' rates already. Stage 0's last backward ends the
 // pipelined phase; stage s's ended its backward and the gradient's send
 // before stage s-1's last backward began, and each stage's update follows
-// its own (UpdateTail).
+// its own (UpdateTail), except that with gradient clipping every stage's
+// update waits for the global norm, at the phase's end, and none overlaps
+// host updates with backward.
 void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::PipelineStage>& stages,
                      int micro_batches, int host_threads, const StageRates& rates, bool continuous,
-                     bool overlap_host_updates, tandem::v1::Plan* plan) {
+                     bool clips_gradients, tandem::v1::Plan* plan) {
   const double slower = rates.slower;
   const bool pipedream = plan->pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
   double update = 0, updates = 0, work = 0;
@@ -508,7 +510,8 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   int64_t peak = 0;
   const int K = static_cast<int>(stages.size()), M = micro_batches;
   // Per stage: its update after its last backward, and how long before the
-  // pipelined phase's end that backward ended.
+  // pipelined phase's end that backward ended (0 with clipping: every
+  // update waits for the phase's end).
   std::vector<double> tail(K), ended_before(K, 0.0);
   for (int k = 0; k < K; ++k) {
     const tandem::v1::PipelineStage& s = stages[k];
@@ -532,8 +535,11 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     added = s;
     added.set_update_seconds(stage_update);
     tail[k] = UpdateTail(cost, s, rates, plan->micro_batch_size(), host_threads,
-                         overlap_host_updates, backward, stage_update, device_update);
-    if (k + 1 < K) ended_before[k + 1] = ended_before[k] + backward + s.communication_seconds();
+                         /*overlap_host_updates=*/!clips_gradients, backward, stage_update,
+                         device_update);
+    if (k + 1 < K && !clips_gradients) {
+      ended_before[k + 1] = ended_before[k] + backward + s.communication_seconds();
+    }
     update = std::max(update, stage_update);
     updates += stage_update;
     path += s.compute_seconds() + 2 * s.communication_seconds();
@@ -676,10 +682,9 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   }
   plan.set_feasible(true);
   plan.set_min_accelerator_memory_bytes(0);
-  const bool overlap = !request.clips_gradients;
   auto predict = [&](const std::vector<tandem::v1::PipelineStage>& split, tandem::v1::Plan* into) {
-    PredictPipeline(*cost, split, p.micro_batches, p.host_threads, rates, p.continuous, overlap,
-                    into);
+    PredictPipeline(*cost, split, p.micro_batches, p.host_threads, rates, p.continuous,
+                    request.clips_gradients, into);
     return into->prediction().iteration_seconds();
   };
   if (request.pipeline_stages.empty()) {

@@ -852,6 +852,45 @@ TEST(SolvePipelinePlanTest, OffloadingStagesHostUpdatesOverlapTheirLastBackward)
             << " ms overlapping it\n";
 }
 
+// With gradient clipping no stage updates before the global norm, which the
+// last backward of stage 0 completes: every stage's update follows the
+// pipelined phase, and the longest of them ends the step. Without it a
+// later stage's update starts once its own last backward is over.
+TEST(SolvePipelinePlanTest, WithClippingEveryStagesUpdateWaitsForTheWholePipeline) {
+  PlanRequest r = FourStageRequest();
+  absl::StatusOr<tandem::v1::Plan> split =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(split.ok()) << split.status();
+  const int last = split->pipeline(3).last_layer();
+  ASSERT_GE(last, 6);
+  // The last stage holds most of the layers, so its update is the longest.
+  for (int k = 0; k < 4; ++k) {
+    tandem::v1::PipelineStage& s = r.pipeline_stages.emplace_back(split->pipeline(k));
+    s.set_first_layer(k);
+    s.set_last_layer(k < 3 ? k : last);
+  }
+  tandem::v1::Plan plans[2];
+  for (const bool clips : {false, true}) {
+    r.clips_gradients = clips;
+    absl::StatusOr<tandem::v1::Plan> plan =
+        SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->feasible()) << plan->solver().note();
+    plans[clips] = *plan;
+  }
+  double bottleneck = 0, path = 0, longest = 0;
+  for (const tandem::v1::PipelineStage& s : plans[true].pipeline()) {
+    bottleneck = std::max({bottleneck, s.compute_seconds(), 2 * s.communication_seconds()});
+    path += s.compute_seconds() + 2 * s.communication_seconds();
+    longest = std::max(longest, s.update_seconds());
+  }
+  ASSERT_GT(longest, plans[true].pipeline(0).update_seconds());
+  EXPECT_NEAR(plans[true].prediction().iteration_seconds(), path + (8 - 1) * bottleneck + longest,
+              1e-12);
+  EXPECT_LT(plans[false].prediction().iteration_seconds(),
+            plans[true].prediction().iteration_seconds());
+}
+
 // A stage whose state does not fit keeps only its fewest last layers'
 // optimizer state on the host (PipelineStage.host_updated_layers): less host
 // update than offloading all of it, so a faster step, in less memory than

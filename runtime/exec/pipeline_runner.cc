@@ -932,6 +932,9 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
     if (step.norms_in < K) return absl::AbortedError("another stage failed");
     scale = Optimizer::ClipScale(std::sqrt(step.sum_of_squares), max_norm);
   }
+  // The update's time starts here: the wait for the other stages' norms is
+  // the stage's bubble (the phase ends at the last stage's phase_end).
+  const double began = WallSeconds();
   StepConstants c = step.constants;
   c.adam.grad_scale = c.sgd.grad_scale = scale;
   // The device's part (every stage not offloading all of it, weights or
@@ -939,15 +942,15 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   if (!st.moments.empty()) {
     std::vector<float*> states;
     for (Buffer& b : st.moments) states.push_back(b.f32());
-    const double began = WallSeconds();
+    const double device_began = WallSeconds();
     TANDEM_RETURN_IF_ERROR(st.device->UpdateSlice(c, st.params.f32(), st.grads.f32(), states.data(),
                                                   st.device_param_n));
     TANDEM_RETURN_IF_ERROR(st.device->FinishCompute());
     st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE,
-            -1, 0, began, WallSeconds(), st.device_param_n * 4);
+            -1, 0, device_began, WallSeconds(), st.device_param_n * 4);
   }
   if (st.host_updates != nullptr) {
-    const double device = WallSeconds() - t;
+    const double device = WallSeconds() - began;
     const absl::Status hosted = FinishHostUpdates(st);
     st.times.update += device;
     return hosted;
@@ -956,7 +959,7 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
     TANDEM_RETURN_IF_ERROR(
         UpdateOnHost(st, c, -1, st.device_param_n, st.param_n - st.device_param_n, st.spans));
   }
-  st.times.update = WallSeconds() - t;
+  st.times.update = WallSeconds() - began;
   return absl::OkStatus();
 }
 

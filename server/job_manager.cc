@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <filesystem>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,8 @@ namespace {
 constexpr int kMaxRequestIdLength = 128;
 // Per-job metric series of finished jobs kept for dashboards; older ones go.
 constexpr size_t kFinishedSeriesKept = 50;
+// The phases of tandem_job_pipeline_stage_seconds: what is set is what goes.
+constexpr const char* kPipelinePhases[] = {"busy", "bubble", "copy", "peer_copy", "update"};
 
 bool IsTerminal(JobState s) {
   return s == tandem::v1::JOB_STATE_SUCCEEDED || s == tandem::v1::JOB_STATE_FAILED ||
@@ -238,7 +241,9 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
                                              const JobModel& jm, const node::NodeOffer* node,
                                              const tandem::v1::Plan* rank_plan = nullptr) {
   const Model& m = *jm.model;
-  const int64_t max_batch = MaxBatch(resolved);
+  // A data-parallel rank computes on its share of each batch (RankBatch).
+  const int ranks = std::max(1, resolved.distributed().replicas());
+  const int64_t max_batch = (MaxBatch(resolved) + ranks - 1) / ranks;
   MemoryEstimate e;
   int states = 2;
   if (resolved.optimizer().kind() == tandem::v1::OPTIMIZER_KIND_SGD) {
@@ -962,11 +967,10 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
           .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"phase", phase}})
           .Set(v);
     };
-    seconds("busy", st.busy_seconds());
-    seconds("bubble", st.bubble_seconds());
-    seconds("copy", st.copy_seconds());
-    seconds("peer_copy", st.peer_copy_seconds());
-    seconds("update", st.update_seconds());
+    const double values[] = {st.busy_seconds(), st.bubble_seconds(), st.copy_seconds(),
+                             st.peer_copy_seconds(), st.update_seconds()};
+    static_assert(std::size(values) == std::size(kPipelinePhases));
+    for (size_t i = 0; i < std::size(values); ++i) seconds(kPipelinePhases[i], values[i]);
     metrics_->job_pipeline_stage_bytes
         .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"kind", "peak"}})
         .Set(static_cast<double>(st.peak_bytes()));
@@ -1168,9 +1172,11 @@ std::pair<JobState, std::string> JobManager::EndOfRun(const Entry& entry,
     return {tandem::v1::JOB_STATE_SUCCEEDED,
             absl::StrFormat("finished %d steps", record.progress().step())};
   }
-  if (status.code() == absl::StatusCode::kCancelled && entry.cancel_requested) {
-    return {tandem::v1::JOB_STATE_CANCELLED, entry.cancel_reason};
-  }
+  // A cancel asked for while the run was stuck (a distributed run in its
+  // rendezvous or a failing collective, which end UNAVAILABLE or
+  // DEADLINE_EXCEEDED rather than CANCELLED) still ends the job: it must not
+  // be restarted as if a rank had been lost.
+  if (entry.cancel_requested) return {tandem::v1::JOB_STATE_CANCELLED, entry.cancel_reason};
   if (status.code() == absl::StatusCode::kCancelled) {
     return {
         tandem::v1::JOB_STATE_QUEUED,
@@ -1393,7 +1399,7 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
   RemoveCollectiveSeries(metrics_->job_collective_bytes, metrics_->job_collective_seconds, old);
   for (int stage = 0; stage < kMaxPipelineStages; ++stage) {
     const std::string k = absl::StrCat(stage);
-    for (const char* phase : {"busy", "bubble", "copy", "update"}) {
+    for (const char* phase : kPipelinePhases) {
       RemoveSeries(metrics_->job_pipeline_stage_seconds,
                    {{"job_id", job_id}, {"stage", k}, {"phase", phase}});
     }

@@ -3,6 +3,7 @@
 // store: idempotency, validation, admission, priorities, cancellation, graceful
 // stop and recovery; jobs on the emulated accelerator planned at submission and
 // run through the plan executor, with their per-layer timings exported.
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -685,6 +686,69 @@ TEST_F(JobManagerTest, AProgramOverTheRecordLimitIsLeftToTheRun) {
   s = jobs_->Submit(spec, "");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_GT(s->job.schedule().ops_size(), 0);
+}
+
+// A cancel asked for while a distributed run is stuck (here its ranks'
+// rendezvous, which then gives up UNAVAILABLE as a lost rank does) ends the
+// job CANCELLED: it is not restarted as after a lost rank, and the cancel
+// is not forgotten.
+TEST_F(JobManagerTest, ACancelDuringADistributedRendezvousEndsTheJob) {
+  dir_ = TempDir("cancel-rendezvous");
+  store_ = *JobStore::Open(dir_ + "/jobs.db");
+  JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
+  options.host_memory_budget_bytes = int64_t{1} << 32;
+  options.default_threads = 1;
+  options.admit_distributed = [](const tandem::v1::JobSpec&) { return absl::OkStatus(); };
+  std::atomic<int> runs{0};
+  absl::Notification joining, give_up;
+  options.begin_distributed = [&](const tandem::v1::Job&, const std::string&) {
+    DistributedRun run;
+    run.vote = std::make_shared<StopVote>();
+    run.nodes = std::make_shared<std::vector<std::string>>();
+    run.factory = [&](const Model&, const tandem::v1::JobSpec&, int64_t,
+                      Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+      if (runs.fetch_add(1) == 0) joining.Notify();
+      give_up.WaitForNotification();
+      return absl::UnavailableError("the ranks did not join");
+    };
+    return run;
+  };
+  jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  tandem::v1::JobSpec spec = Spec(6);
+  spec.mutable_distributed()->set_replicas(2);
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  joining.WaitForNotification();
+  ASSERT_TRUE(jobs_->Cancel(s->job.id(), "wrong data").ok());
+  give_up.Notify();
+  const tandem::v1::Job done = WaitFor(s->job.id(), tandem::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(done.reason(), "cancelled: wrong data");
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(jobs_->Get(s->job.id())->state(), tandem::v1::JOB_STATE_CANCELLED);
+}
+
+// A data-parallel rank computes on its share of each batch: it reserves
+// activations for that share, as one replica of that batch would, not for
+// the whole batch.
+TEST_F(JobManagerTest, ARankReservesActivationsForItsShareOfTheBatch) {
+  Open("rank-share");
+  tandem::v1::JobSpec one = Spec(6, 0, 64);
+  tandem::v1::JobSpec four = Spec(6, 0, 256);
+  four.mutable_distributed()->set_replicas(4);
+  four.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+  absl::StatusOr<JobManager::Resolved> r1 = jobs_->Resolve(one, /*plan=*/false);
+  absl::StatusOr<JobManager::Resolved> r4 = jobs_->Resolve(four, /*plan=*/false);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_TRUE(r4.ok()) << r4.status();
+  absl::StatusOr<MemoryEstimate> e1 = jobs_->Estimate(r1->spec);
+  absl::StatusOr<MemoryEstimate> e4 = jobs_->Estimate(r4->spec);
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  ASSERT_TRUE(e4.ok()) << e4.status();
+  EXPECT_GT(e1->activation_bytes, 0);
+  EXPECT_EQ(e4->activation_bytes, e1->activation_bytes);
 }
 
 // A pipeline runs its runner's own schedule, not a step program of the plan

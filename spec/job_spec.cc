@@ -539,8 +539,10 @@ absl::Status ValidateDistributed(const tandem::v1::DistributedSpec& d) {
   }
   TANDEM_RETURN_IF_ERROR(
       InRange("distributed.bucket_bytes", d.bucket_bytes(), int64_t{0}, int64_t{1} << 30));
+  // A rank's wait on the coordinator's rendezvous table is one RendezvousGet
+  // call, which waits an hour at most (server/cluster/ranks.cc).
   TANDEM_RETURN_IF_ERROR(InRange("distributed.rendezvous_timeout_seconds",
-                                 d.rendezvous_timeout_seconds(), 0.0, 86400.0));
+                                 d.rendezvous_timeout_seconds(), 0.0, 3600.0));
   TANDEM_RETURN_IF_ERROR(InRange("distributed.collective_timeout_seconds",
                                  d.collective_timeout_seconds(), 0.0, 86400.0));
   TANDEM_RETURN_IF_ERROR(

@@ -84,6 +84,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"distributed: {replicas: 2, backend: COLLECTIVE_BACKEND_NCCL}\n"
                 "placement: {accelerator: ACCELERATOR_KIND_EMULATED}",
                 "distributed.backend"},
+        // A rank waits on the rendezvous table an hour at most.
+        BadCase{"distributed: {replicas: 2, rendezvous_timeout_seconds: 7200}",
+                "distributed.rendezvous_timeout_seconds"},
         // Loss scaling: fp16 jobs alone, a scale a float divides by, fp16
         // refused where a skipped step could not reach the scaler.
         BadCase{"training: {loss_scaling: {initial_scale: 1024}}", "training.loss_scaling"},

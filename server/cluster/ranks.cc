@@ -307,12 +307,18 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   if (!memory.ok()) return memory.status();
   rank->memory = *std::move(memory);
   rank->reserved_bytes = bytes;
-  absl::MutexLock lock(&mu_);
-  TANDEM_RETURN_IF_ERROR(CheckNotRunning(r));
-  auto it = ranks_.find(key);
-  if (it != ranks_.end() && it->second->thread.joinable()) it->second->thread.join();
-  ranks_[key] = rank;
-  rank->thread = std::thread([this, rank] { Run(rank); });
+  // An ended rank of the same key is replaced; its thread is joined outside
+  // mu_, since its last step (KeepSeries) takes mu_ after it is seen ended.
+  std::thread previous;
+  {
+    absl::MutexLock lock(&mu_);
+    TANDEM_RETURN_IF_ERROR(CheckNotRunning(r));
+    auto it = ranks_.find(key);
+    if (it != ranks_.end()) previous = std::move(it->second->thread);
+    ranks_[key] = rank;
+    rank->thread = std::thread([this, rank] { Run(rank); });
+  }
+  if (previous.joinable()) previous.join();
   return rank->Status();
 }
 
@@ -507,7 +513,8 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
   if (d.nodes_size() > 0) {
     std::vector<std::string> chosen;
     for (int i = 0; i < d.nodes_size(); ++i) {
-      const std::string& n = d.nodes(i);
+      // "self" names the coordinator, as its own address does.
+      const std::string n = d.nodes(i) == "self" ? peers_->self() : d.nodes(i);
       auto it = std::find_if(peers.begin(), peers.end(),
                              [&](const tandem::v1::PeerInfo& p) { return p.address() == n; });
       if (it == peers.end() && n != peers_->self()) {

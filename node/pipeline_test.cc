@@ -507,6 +507,18 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
        },
        "placement.plan.pipeline[0].host_updated_layers: the stage keeps no optimizer state on "
        "the host"},
+      // The runner runs the plan's schedule and micro-batches, not the spec's.
+      {[](tandem::v1::Plan& p) {
+         p.set_pipeline_schedule(tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+       },
+       "placement.plan.pipeline_schedule: PIPELINE_SCHEDULE_PIPEDREAM is not "
+       "placement.pipeline.schedule (PIPELINE_SCHEDULE_GPIPE)"},
+      {[](tandem::v1::Plan& p) {
+         p.set_pipeline_schedule(tandem::v1::PIPELINE_SCHEDULE_UNSPECIFIED);
+       },
+       "placement.plan.pipeline_schedule: PIPELINE_SCHEDULE_UNSPECIFIED is not"},
+      {[](tandem::v1::Plan& p) { p.set_micro_batches(p.micro_batches() + 1); },
+       "is not placement.pipeline.micro_batches"},
   };
   // PipeDream's stashed weights and a recomputing stage.
   {

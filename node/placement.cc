@@ -468,6 +468,26 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
                            absl::StrCat("the plan has ", K, " stages but placement.pipeline.stages",
                                         " is ", want, " (a one-stage plan has no pipeline)"));
   }
+  // The runner runs the plan's schedule and micro-batches: they must be the
+  // spec's, which its other checks (clipping, vertical sync, even
+  // micro-batches) were made against.
+  const tandem::v1::PipelineSpec& pipe = resolved.placement().pipeline();
+  if (!tandem::v1::PipelineSchedule_IsValid(plan.pipeline_schedule())) {
+    return ForcedPlanError("pipeline_schedule",
+                           absl::StrCat("unknown value ", plan.pipeline_schedule()));
+  }
+  if (plan.pipeline_schedule() != pipe.schedule()) {
+    return ForcedPlanError("pipeline_schedule",
+                           absl::StrCat(tandem::v1::PipelineSchedule_Name(plan.pipeline_schedule()),
+                                        " is not placement.pipeline.schedule (",
+                                        tandem::v1::PipelineSchedule_Name(pipe.schedule()), ")"));
+  }
+  if (plan.micro_batches() != 0 && plan.micro_batches() != pipe.micro_batches()) {
+    return ForcedPlanError(
+        "micro_batches",
+        absl::StrCat(plan.micro_batches(), " is not placement.pipeline.micro_batches (",
+                     pipe.micro_batches(), ")"));
+  }
   std::set<int> devices;
   int next = 0;
   for (int k = 0; k < K; ++k) {
@@ -484,8 +504,7 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
       return ForcedPlanError(field + ".device_index",
                              absl::StrCat(st.device_index(), " is negative or another stage's"));
     }
-    const bool pipedream =
-        resolved.placement().pipeline().schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+    const bool pipedream = pipe.schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
     if (st.recompute() && pipedream) {
       return ForcedPlanError(field + ".recompute",
                              "PipeDream's stashed weights do not recompute (GPipe and 1F1B do)");
@@ -521,10 +540,6 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
     return ForcedPlanError(
         "pipeline", absl::StrCat("the stages end at layer ", next - 1, "; the model's last is ",
                                  model.num_layers() - 1));
-  }
-  if (!tandem::v1::PipelineSchedule_IsValid(plan.pipeline_schedule())) {
-    return ForcedPlanError("pipeline_schedule",
-                           absl::StrCat("unknown value ", plan.pipeline_schedule()));
   }
   return absl::OkStatus();
 }

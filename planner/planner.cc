@@ -553,12 +553,17 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   // A continuous PipeDream (PlanRequest::pipeline_continuous, PipeDream
   // without vertical sync only) fills its pipeline once per run, not per step.
   const double pipelined = continuous ? M * bottleneck : path + (M - 1) * bottleneck;
-  if (!pipedream) {
-    // What the updates add to the step.
-    update = 0;
-    for (int k = 0; k < K; ++k) update = std::max(update, tail[k] - ended_before[k]);
+  // What the updates add to the step after the pipelined phase: each
+  // stage's last update follows its own last backward (PipeDream's too, its
+  // other updates being in the slots above); a continuous PipeDream's are all
+  // in its slots.
+  double after = 0;
+  if (!continuous) {
+    for (int k = 0; k < K; ++k) after = std::max(after, tail[k] - ended_before[k]);
   }
-  double step = pipelined + (pipedream ? 0 : update);
+  // The note gives PipeDream's update per micro-batch, the others' tail.
+  if (!pipedream) update = after;
+  double step = pipelined + after;
   // Emulated accelerators compute on the host's cores. Stages with more
   // threads between them than the job has share its cores: together they run
   // no faster than the job's threads running every stage's work (and every
@@ -566,7 +571,7 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   const bool in_turn =
       rates.shared_cores && K * rates.stage_threads > rates.job_threads && !rates.calibrated();
   if (in_turn) {
-    step = std::max(pipelined, work) + std::max(pipedream ? 0 : update, updates);
+    step = std::max(pipelined, work) + std::max(after, updates);
   }
   tandem::v1::PlanPrediction* prediction = plan->mutable_prediction();
   *prediction = tandem::v1::PlanPrediction();

@@ -891,6 +891,26 @@ TEST(SolvePipelinePlanTest, WithClippingEveryStagesUpdateWaitsForTheWholePipelin
             plans[true].prediction().iteration_seconds());
 }
 
+// PipeDream updates each stage after every micro-batch's backward: with one
+// micro-batch that is 1F1B's one update per stage, after the stage's last
+// backward, and the same step. Its last update ends the step as 1F1B's does.
+TEST(SolvePipelinePlanTest, PipeDreamOfOneMicroBatchIsPredictedAs1F1B) {
+  PlanRequest r = FourStageRequest();
+  r.micro_batch_size = 64;  // the whole batch: one micro-batch
+  absl::StatusOr<tandem::v1::Plan> f1b =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+  ASSERT_TRUE(f1b.ok()) << f1b.status();
+  ASSERT_EQ(f1b->micro_batches(), 1);
+  r.pipeline_stages.assign(f1b->pipeline().begin(), f1b->pipeline().end());
+  absl::StatusOr<tandem::v1::Plan> pipedream =
+      SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  ASSERT_TRUE(pipedream.ok()) << pipedream.status();
+  ASSERT_TRUE(pipedream->feasible()) << pipedream->solver().note();
+  EXPECT_GT(pipedream->pipeline(0).update_seconds(), 0);
+  EXPECT_NEAR(pipedream->prediction().iteration_seconds(), f1b->prediction().iteration_seconds(),
+              1e-12);
+}
+
 // A stage whose state does not fit keeps only its fewest last layers'
 // optimizer state on the host (PipelineStage.host_updated_layers): less host
 // update than offloading all of it, so a faster step, in less memory than

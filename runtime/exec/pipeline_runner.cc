@@ -89,6 +89,12 @@ struct PipelineRunner::Stage {
   // many updates stale this stage's gradients are.
   std::vector<Buffer> stash;
   int staleness = 0;
+  // PipeDream: the updates the stage has applied since the runner started,
+  // the count each stash slot's version was taken at, and how many updates
+  // lagged by i (applied between their micro-batch's weights and them).
+  int64_t applied = 0;
+  std::vector<int64_t> stash_applied;
+  std::vector<int64_t> lags;
   // Vertical sync (stages after the first): the stage's weights after each
   // of this step's updates, after j of them in slot j % size.
   std::vector<Buffer> history;
@@ -98,6 +104,10 @@ struct PipelineRunner::Stage {
   // `phase_end`: when its last backward had ended (0: not yet).
   struct Times {
     double busy = 0, copy = 0, peer = 0, update = 0, phase_end = 0;
+    // The stage thread's end-of-step update (UpdateAtEnd), from after the
+    // global norm to its end: the part before the pipelined phase's end is
+    // not bubble.
+    double update_began = 0, update_ended = 0;
   } times;
   std::vector<tandem::v1::TimelineSpan> spans;
   int index = 0;
@@ -376,11 +386,16 @@ void PipelineRunner::SizeWeightVersions(Stage& stage, int stages) const {
   // Continuous: a step's micro-batches do not bound what is in flight.
   const int in_flight = options_.continuous ? stages - index - 1
                                             : std::min(stages - index - 1, options_.micro_batches);
-  stage.staleness =
-      options_.vertical_sync ? std::min(stages - 1, options_.micro_batches) : in_flight;
+  // Micro-batch m's gradient lags min(m, in flight ahead of it) updates: a
+  // drained step's first micro-batches lag less, so its most is M - 1.
+  const int most = options_.continuous ? in_flight : options_.micro_batches - 1;
+  stage.staleness = std::min(options_.vertical_sync ? stages - 1 : in_flight, most);
   // The weights each micro-batch in flight ran forward on; with vertical
   // sync even the last stage's may be older than its latest.
-  if (in_flight > 0 || options_.vertical_sync) stage.stash.resize(in_flight + 1);
+  if (in_flight > 0 || options_.vertical_sync) {
+    stage.stash.resize(in_flight + 1);
+    stage.stash_applied.resize(in_flight + 1);
+  }
   // Vertical sync: the first stage is at most `index` updates behind this
   // one, so its version is among this stage's latest index + 1.
   if (options_.vertical_sync && index > 0) stage.history.resize(index + 1);
@@ -529,13 +544,15 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
   // ran micro-batch m on (its updates before m's forward: m - its warm-up).
   if (step.training && !st.stash.empty()) {
     const void* version = st.params.data();
+    const size_t slot = (step.first_streamed + m) % st.stash.size();
+    st.stash_applied[slot] = st.applied;
     if (!st.history.empty()) {
       const int first_warmup = std::min(num_stages() - 1, step.micro_batches());
       const int j = std::max(0, m - first_warmup);
       version = st.history[j % st.history.size()].data();
+      st.stash_applied[slot] = st.applied - st.updates + j;
     }
-    const Buffer& stashed = st.stash[(step.first_streamed + m) % st.stash.size()];
-    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(stashed.data(), version, st.param_n * 4));
+    TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(st.stash[slot].data(), version, st.param_n * 4));
   }
   TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/false));
   TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
@@ -838,6 +855,12 @@ absl::Status PipelineRunner::UpdateAfter(Step& step, int s, int m) {
   st.times.update += WallSeconds() - t;
   st.Span(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
           m, t, WallSeconds(), st.param_n * 4);
+  const int64_t lag =
+      st.stash.empty() ? 0
+                       : st.applied - st.stash_applied[(step.first_streamed + m) % st.stash.size()];
+  if (static_cast<int64_t>(st.lags.size()) <= lag) st.lags.resize(lag + 1);
+  ++st.lags[lag];
+  ++st.applied;
   ++st.updates;
   return KeepVersion(st);
 }
@@ -934,7 +957,7 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
   }
   // The update's time starts here: the wait for the other stages' norms is
   // the stage's bubble (the phase ends at the last stage's phase_end).
-  const double began = WallSeconds();
+  const double began = st.times.update_began = WallSeconds();
   StepConstants c = step.constants;
   c.adam.grad_scale = c.sgd.grad_scale = scale;
   // The device's part (every stage not offloading all of it, weights or
@@ -953,13 +976,15 @@ absl::Status PipelineRunner::UpdateAtEnd(Step& step, int s) {
     const double device = WallSeconds() - began;
     const absl::Status hosted = FinishHostUpdates(st);
     st.times.update += device;
+    st.times.update_ended = WallSeconds();
     return hosted;
   }
   if (st.device_param_n < st.param_n) {
     TANDEM_RETURN_IF_ERROR(
         UpdateOnHost(st, c, -1, st.device_param_n, st.param_n - st.device_param_n, st.spans));
   }
-  st.times.update = WallSeconds() - began;
+  st.times.update_ended = WallSeconds();
+  st.times.update = st.times.update_ended - began;
   return absl::OkStatus();
 }
 
@@ -1127,7 +1152,13 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
     out.copy_seconds = st.times.copy;
     out.peer_copy_seconds = st.times.peer;
     out.update_seconds = st.times.update;
-    out.bubble_seconds = std::max(0.0, last_pipeline_seconds_ - st.times.busy - st.times.copy);
+    // A stage whose phase ended before the last one's updates meanwhile.
+    const double updating =
+        st.times.update_ended > 0
+            ? std::max(0.0, std::min(st.times.update_ended, end) - st.times.update_began)
+            : 0.0;
+    out.bubble_seconds =
+        std::max(0.0, last_pipeline_seconds_ - st.times.busy - st.times.copy - updating);
     out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;
     for (const tandem::v1::TimelineSpan& span : st.spans) *timeline_.add_spans() = span;
   }
@@ -1237,6 +1268,26 @@ absl::Status PipelineRunner::StateChangedOnHost() {
     }
   }
   return absl::OkStatus();
+}
+
+tandem::v1::UpdateStats PipelineRunner::update_stats() const {
+  tandem::v1::UpdateStats out;
+  if (options_.schedule != PipelineSchedule::kPipeDream) return out;  // synchronous
+  out.set_rule("pipedream");
+  std::vector<int64_t> counts;
+  double lagged = 0;
+  for (const auto& st : stages_) {
+    out.set_updates(out.updates() + st->applied);
+    if (counts.size() < st->lags.size()) counts.resize(st->lags.size());
+    for (size_t i = 0; i < st->lags.size(); ++i) {
+      counts[i] += st->lags[i];
+      lagged += static_cast<double>(i) * static_cast<double>(st->lags[i]);
+      if (st->lags[i] > 0) out.set_max_staleness(std::max<int64_t>(out.max_staleness(), i));
+    }
+  }
+  for (const int64_t c : counts) out.add_staleness_counts(c);
+  if (out.updates() > 0) out.set_mean_staleness(lagged / static_cast<double>(out.updates()));
+  return out;
 }
 
 std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() const {

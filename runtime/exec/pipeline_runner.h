@@ -19,12 +19,14 @@
 //    each stage updates its layers after every micro-batch's backward, with
 //    that micro-batch's mean gradient; the backward runs on the weights the
 //    micro-batch's forward used, stashed on the device (stage s keeps
-//    min(K-s-1, M) + 1 versions). Stage s's gradients are K-s-1 updates
-//    stale: not one device's training. No gradient clipping (it would need
+//    min(K-s-1, M) + 1 versions). Stage s's gradient of micro-batch m is
+//    min(m, K-s-1) updates stale (continuous: K-s-1 once the stream is
+//    full): not one device's training. No gradient clipping (it would need
 //    every stage's norm before any update). With vertical sync, every stage
 //    runs micro-batch m on the weight version the first stage ran it on
 //    (the first stage's count of updates when m entered it), so every
-//    stage's gradients are min(K-1, M) updates stale alike; stage s keeps
+//    stage's gradients of micro-batch m are min(m, K-1) updates stale
+//    alike; stage s keeps
 //    its last s + 1 versions for that.
 //    Continuous (PipelineOptions::continuous, without vertical sync): the
 //    pipeline does not drain between steps. Stage s's last K-s-1 backwards
@@ -172,6 +174,11 @@ class PipelineRunner final : public StepRunner {
   // COPY_D2H (activations forward, their gradients back).
   tandem::v1::Timeline last_timeline() const override { return timeline_; }
   std::vector<tandem::v1::PipelineStageStats> pipeline_stats() const override;
+  // PipeDream: rule "pipedream", every stage's updates since the runner
+  // started, each counted at its lag (the updates the stage applied between
+  // the weights its micro-batch ran forward on and it); the other schedules
+  // are synchronous (empty: the trainer's default).
+  tandem::v1::UpdateStats update_stats() const override;
 
   // The runner keeps `devices` (its stages' accelerators) alive until after
   // its buffers are freed.

@@ -151,6 +151,11 @@ TEST_P(PipelineMatchesOneDeviceTest, FiftyStepsOfLossesMatchTheCpuEngine) {
     EXPECT_LE(st.peak_bytes, devices.owned[s]->options().capacity_bytes) << "stage " << s;
     // Every stage but the last copies out; every stage but the first copies in.
     EXPECT_GT(st.copy_seconds, 0) << "stage " << s;
+    // Busy, copies, bubble and update are disjoint times of the stage's
+    // thread (no offload here, so no update runs beside its backward).
+    EXPECT_LE(st.busy_seconds + st.copy_seconds + st.bubble_seconds + st.update_seconds,
+              timeline.iteration_seconds() + 1e-6)
+        << "stage " << s;
     // With clipping every stage updates after the global norm, once the
     // forward-backward phase is over: its update time is its update's, not
     // its wait for the other stages' norms, which is bubble.
@@ -781,6 +786,18 @@ TEST(PipelineRunnerTest, PipeDreamStashesWeightsAndTrainsWithStaleGradients) {
   EXPECT_EQ(stats[0].updates(), 4);
   EXPECT_EQ(stats[1].updates(), 4);
   EXPECT_EQ(pipe->host_state().optimizer->step(), 200);
+  // The job record's update statistics count each stage's updates at the
+  // lag they ran with: the first stage's first micro-batch of each step on
+  // that step's weights, its other three one update stale; the last
+  // stage's all fresh.
+  const tandem::v1::UpdateStats updates = pipe->update_stats();
+  EXPECT_EQ(updates.rule(), "pipedream");
+  EXPECT_EQ(updates.updates(), 2 * 200);
+  ASSERT_EQ(updates.staleness_counts_size(), 2);
+  EXPECT_EQ(updates.staleness_counts(0), 200 + 50);
+  EXPECT_EQ(updates.staleness_counts(1), 150);
+  EXPECT_EQ(updates.max_staleness(), 1);
+  EXPECT_DOUBLE_EQ(updates.mean_staleness(), 150.0 / 400.0);
   // The stash is on the device: two versions of the first stage's weights.
   EXPECT_GE(stats[0].peak_bytes(),
             3 * 4 * (f.model->param_offset(EvenStages(*f.model, devices)[0].end_layer)));
@@ -788,7 +805,7 @@ TEST(PipelineRunnerTest, PipeDreamStashesWeightsAndTrainsWithStaleGradients) {
 
 // Vertical sync on three stages: every stage runs a micro-batch on the
 // weights the first stage ran it on, so every stage's gradients are
-// min(K - 1, M) = 2 updates stale (without it: 2, 1 and 0), each stage
+// min(K - 1, M - 1) = 2 updates stale (without it: 2, 1 and 0), each stage
 // after the first keeps its latest versions for that, and it still trains,
 // on another trajectory than plain PipeDream's.
 TEST(PipelineRunnerTest, PipeDreamWithVerticalSyncIsEquallyStaleOnEveryStage) {
@@ -824,6 +841,29 @@ TEST(PipelineRunnerTest, PipeDreamWithVerticalSyncIsEquallyStaleOnEveryStage) {
     EXPECT_EQ(plain_stats[s].staleness(), 2 - s) << "stage " << s;
     EXPECT_EQ(stats[s].updates(), 4) << "stage " << s;
   }
+  // Each update counted at the lag it ran with, over 50 steps of 4
+  // micro-batches: micro-batch m lags min(m, 2) on every stage with
+  // vertical sync; without it min(m, 2 - s) on stage s.
+  const std::vector<int64_t> synced_lags = {150, 150, 300}, plain_lags = {300, 200, 100};
+  const tandem::v1::UpdateStats synced_updates = synced->update_stats();
+  const tandem::v1::UpdateStats plain_updates = plain->update_stats();
+  EXPECT_EQ(std::vector<int64_t>(synced_updates.staleness_counts().begin(),
+                                 synced_updates.staleness_counts().end()),
+            synced_lags);
+  EXPECT_EQ(std::vector<int64_t>(plain_updates.staleness_counts().begin(),
+                                 plain_updates.staleness_counts().end()),
+            plain_lags);
+  EXPECT_EQ(synced_updates.max_staleness(), 2);
+  EXPECT_EQ(plain_updates.updates(), 3 * 200);
+  // With fewer micro-batches than stages ahead, a drained step's last
+  // micro-batch lags M - 1 at most: on 3 stages of 2 micro-batches, the
+  // first stage's gradients are 1 update stale, not 2.
+  Devices few_devices(3);
+  std::unique_ptr<PipelineRunner> few = Make(f, few_devices, PipelineSchedule::kPipeDream, 2);
+  ASSERT_TRUE(few);
+  RunSteps(f, *few, 3);
+  EXPECT_EQ(few->pipeline_stats()[0].staleness(), 1);
+  EXPECT_EQ(few->update_stats().max_staleness(), 1);
   // Stage s > 0 keeps s + 1 more versions than plain PipeDream, and the
   // last stage a stash of one.
   const std::vector<PipelineStageSpec> stages = EvenStages(*f.model, synced_devices);

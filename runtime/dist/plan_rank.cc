@@ -9,41 +9,54 @@
 
 namespace tandem {
 
+namespace {
+
+void Add(CollectiveStats& to, int64_t calls, int64_t bytes, double seconds) {
+  to.calls += calls;
+  to.bytes += bytes;
+  to.seconds += seconds;
+}
+
+}  // namespace
+
 template <typename F>
-absl::Status StagedGradientCollective::Counted(F collective) {
+absl::Status StagedGradientCollective::Counted(bool reduction, F collective) {
   // comm_'s own figures are written on this thread alone; the difference is
   // published for readers on others.
   const CollectiveStats before = comm_->stats();
   absl::Status status = collective();
   const CollectiveStats& after = comm_->stats();
   MutexLock lock(&mu_);
-  stats_.calls += after.calls - before.calls;
-  stats_.bytes += after.bytes - before.bytes;
-  stats_.seconds += after.seconds - before.seconds;
+  for (CollectiveStats* to : {&stats_, reduction ? &reductions_ : nullptr}) {
+    if (to != nullptr) {
+      Add(*to, after.calls - before.calls, after.bytes - before.bytes,
+          after.seconds - before.seconds);
+    }
+  }
   return status;
 }
 
 absl::Status StagedGradientCollective::AllReduceHost(float* data, int64_t n) {
-  return Counted([&] { return comm_->AllReduceSum(data, n); });
+  return Counted(true, [&] { return comm_->AllReduceSum(data, n); });
 }
 
 absl::Status StagedGradientCollective::ReduceScatterHost(float* data,
                                                          const std::vector<int64_t>& pieces) {
-  return Counted([&] { return comm_->ReduceScatterSum(data, pieces); });
+  return Counted(true, [&] { return comm_->ReduceScatterSum(data, pieces); });
 }
 
 absl::Status StagedGradientCollective::AllGatherHost(float* data,
                                                      const std::vector<int64_t>& pieces) {
-  return Counted([&] { return comm_->AllGather(data, pieces); });
+  return Counted(false, [&] { return comm_->AllGather(data, pieces); });
 }
 
 absl::Status StagedGradientCollective::AllGatherHost(uint16_t* data,
                                                      const std::vector<int64_t>& pieces) {
-  return Counted([&] { return comm_->AllGather(data, pieces); });
+  return Counted(false, [&] { return comm_->AllGather(data, pieces); });
 }
 
 absl::Status StagedGradientCollective::SumOverRanks(double* data, int64_t n) {
-  return Counted([&] { return comm_->AllReduceSum(data, n); });
+  return Counted(false, [&] { return comm_->AllReduceSum(data, n); });
 }
 
 absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
@@ -56,9 +69,9 @@ absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
     absl::Status status = device_(accelerator, ranges);
     const int n = comm_->size();
     MutexLock lock(&mu_);
-    ++stats_.calls;
-    stats_.bytes += 2 * (n - 1) * total * 4 / n;
-    stats_.seconds += WallSeconds() - start;
+    for (CollectiveStats* to : {&stats_, &reductions_}) {
+      Add(*to, 1, 2 * (n - 1) * total * 4 / n, WallSeconds() - start);
+    }
     return status;
   }
   if (static_cast<int64_t>(staging_.size()) < total) staging_.resize(total);
@@ -67,7 +80,8 @@ absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
     TANDEM_RETURN_IF_ERROR(accelerator->CopyToHost(staging_.data() + at, r.data, r.n * 4));
     at += r.n;
   }
-  TANDEM_RETURN_IF_ERROR(Counted([&] { return comm_->AllReduceSum(staging_.data(), total); }));
+  TANDEM_RETURN_IF_ERROR(
+      Counted(true, [&] { return comm_->AllReduceSum(staging_.data(), total); }));
   at = 0;
   for (const Range& r : ranges) {
     TANDEM_RETURN_IF_ERROR(accelerator->CopyToDevice(r.data, staging_.data() + at, r.n * 4));
@@ -79,6 +93,11 @@ absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
 CollectiveStats StagedGradientCollective::stats() const {
   MutexLock lock(&mu_);
   return stats_;
+}
+
+CollectiveStats StagedGradientCollective::reduction_stats() const {
+  MutexLock lock(&mu_);
+  return reductions_;
 }
 
 PlanRankRunner::PlanRankRunner(const Model& model, std::unique_ptr<Communicator> comm,
@@ -156,6 +175,9 @@ absl::StatusOr<StepResult> PlanRankRunner::TrainStep(const Batch& batch,
   StepOptions share_options = options;
   share_options.sample_offset = start;
   share_options.global_batch = batch.size;
+  // This step's collectives alone (not a checkpoint's gathers between steps).
+  const CollectiveStats all_before = collective_.stats();
+  const CollectiveStats reductions_before = collective_.reduction_stats();
   TANDEM_ASSIGN_OR_RETURN(const StepResult share, executor_->TrainStep(share_, share_options));
   // The agreement completes once every rank's compute of this step has (the
   // buckets go on summing on the NETWORK stream meanwhile): the time here is
@@ -166,9 +188,10 @@ absl::StatusOr<StepResult> PlanRankRunner::TrainStep(const Batch& batch,
       AgreeStepEnd(control_.get(), share.loss * static_cast<double>(share_.size), options.step,
                    dp_.stop_vote.get()));
   step_waited_seconds_ = WallSeconds() - wait_start;
-  const double comm_seconds = collective_.stats().seconds;
-  step_gradient_seconds_ = comm_seconds - comm_seconds_before_;
-  comm_seconds_before_ = comm_seconds;
+  // Gradient reductions, and the rest (weight gathers, the norm's sum).
+  const double reduced = collective_.reduction_stats().seconds - reductions_before.seconds;
+  step_gradient_seconds_ = reduced;
+  step_other_seconds_ = collective_.stats().seconds - all_before.seconds - reduced;
   StepResult result;
   result.samples = batch.size;
   result.loss = loss_sum / static_cast<double>(batch.size);
@@ -213,6 +236,7 @@ tandem::v1::DistributedStats PlanRankRunner::distributed_stats() const {
   d.set_collective_seconds(gradients.seconds + control.seconds);
   d.set_step_gradient_seconds(step_gradient_seconds_);
   d.set_step_waited_seconds(step_waited_seconds_);
+  d.set_step_other_seconds(step_other_seconds_);
   // Partitioned: this rank's pieces of the host's state and the whole state
   // of the layers its accelerator updates.
   d.set_optimizer_elements(executor_->host_state_elements());

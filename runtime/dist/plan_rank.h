@@ -70,19 +70,24 @@ class StagedGradientCollective final : public GradientCollective {
   absl::Status AllGatherHost(float* data, const std::vector<int64_t>& pieces) override;
   absl::Status AllGatherHost(uint16_t* data, const std::vector<int64_t>& pieces) override;
   absl::Status SumOverRanks(double* data, int64_t n) override;
-  // What the collectives moved so far (any thread).
+  // What the collectives moved so far (any thread), and the part of it
+  // that reduced gradients (all-reduces and reduce-scatters: not the weight
+  // gathers and the norm's sums).
   CollectiveStats stats() const;
+  CollectiveStats reduction_stats() const;
 
  private:
-  // Runs one collective of `comm_` and publishes its figures.
+  // Runs one collective of `comm_` and publishes its figures (`reduction`:
+  // in reduction_stats too).
   template <typename F>
-  absl::Status Counted(F collective);
+  absl::Status Counted(bool reduction, F collective);
 
   Communicator* const comm_;
   const DeviceAllReduce device_;
   std::vector<float> staging_;
   mutable Mutex mu_;
   CollectiveStats stats_ ABSL_GUARDED_BY(mu_);
+  CollectiveStats reductions_ ABSL_GUARDED_BY(mu_);
 };
 
 class PlanRankRunner final : public StepRunner {
@@ -127,7 +132,9 @@ class PlanRankRunner final : public StepRunner {
 
   int rank() const { return comm_->rank(); }
   int ranks() const { return comm_->size(); }
-  // The gradient buckets' collectives since the run started.
+  // The step program's collectives since the run started (the gradient
+  // buckets' reductions, a partitioned rank's weight gathers, the norm's
+  // sums).
   CollectiveStats gradient_stats() const { return collective_.stats(); }
   // As DataParallelRunner's.
   tandem::v1::DistributedStats distributed_stats() const override;
@@ -150,8 +157,7 @@ class PlanRankRunner final : public StepRunner {
   Batch share_;
   // Gradient-collective seconds at the end of the previous step, and the
   // latest step's figures.
-  double comm_seconds_before_ = 0;
-  double step_gradient_seconds_ = 0, step_waited_seconds_ = 0;
+  double step_gradient_seconds_ = 0, step_waited_seconds_ = 0, step_other_seconds_ = 0;
 };
 
 }  // namespace tandem

@@ -38,6 +38,8 @@ struct RankRun {
   std::vector<float> params;
   int host_buckets = 0, device_buckets = 0, gathers = 0;
   CollectiveStats gradients;
+  // The last step's collective times (DistributedStats).
+  double step_gradient_seconds = 0, step_other_seconds = 0;
   // Floats per moment of optimizer state the rank's host keeps, and fp32
   // master weights.
   int64_t host_state = 0, master_weights = 0;
@@ -91,6 +93,8 @@ std::vector<RankRun> RunRanks(const Fixture& f, const Case& c, int ranks, int64_
         ++(op.host_replica() ? run.host_buckets : run.device_buckets);
       }
       run.gradients = (*runner)->gradient_stats();
+      run.step_gradient_seconds = (*runner)->distributed_stats().step_gradient_seconds();
+      run.step_other_seconds = (*runner)->distributed_stats().step_other_seconds();
       run.host_state = (*runner)->distributed_stats().optimizer_elements();
       run.master_weights = (*runner)->distributed_stats().master_weight_elements();
       run.peak_host_bytes = (*runner)->peak_host_bytes();
@@ -294,6 +298,13 @@ TEST_P(PartitionedPlanRankTest, TwentyStepsMatchOneReplicaWithAPieceOfTheState) 
   for (int r = 0; r < rc.ranks; ++r) {
     EXPECT_GT(runs[r].host_buckets, 0);
     EXPECT_EQ(runs[r].gathers, runs[r].host_buckets) << "one ALL_GATHER per host bucket";
+    // The latest step's reduce-scatters are its gradient time, its
+    // all-gathers the rest: both ran; and neither holds the final
+    // SyncStateToHost's gathers, which came after the step.
+    EXPECT_GT(runs[r].step_gradient_seconds, 0) << "rank " << r;
+    EXPECT_GT(runs[r].step_other_seconds, 0) << "rank " << r;
+    EXPECT_LT(runs[r].step_gradient_seconds + runs[r].step_other_seconds, runs[r].gradients.seconds)
+        << "rank " << r;
     EXPECT_LE(runs[r].host_state, P - host + host / rc.ranks + runs[r].host_buckets)
         << "rank " << r;
     EXPECT_GE(runs[r].host_state, P - host + host / rc.ranks - runs[r].host_buckets)

@@ -348,8 +348,11 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
   const std::string prefix = RunPrefix(r.job_id(), r.attempt());
   options.make_runner = DataParallelFactory(
       r.rank(), r.ranks(), "gloo", r.hostname(),
-      [channel, credentials, prefix, wait] {
-        return std::make_unique<RemoteStore>(channel, credentials, prefix, wait);
+      [channel, credentials, prefix, wait, stop = &rank.stop] {
+        // A StopRank while the rank joins ends its wait (its Run holds the
+        // rank, and so `stop`, until the trainer is gone).
+        return std::make_unique<RemoteStore>(channel, credentials, prefix, wait,
+                                             [stop] { return stop->load(); });
       },
       rank.vote, [jobs = jobs_] { return jobs->node(); }, r.accelerator_index());
   return options;

@@ -1,5 +1,7 @@
 #include "server/cluster/rendezvous.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -96,11 +98,12 @@ void LocalStore::wait(const std::vector<std::string>& keys,
 }
 
 RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, PeerCredentials credentials,
-                         std::string prefix, absl::Duration timeout)
+                         std::string prefix, absl::Duration timeout, std::function<bool()> stopped)
     : stub_(tandem::v1::Cluster::NewStub(std::move(channel))),
       credentials_(std::move(credentials)),
       prefix_(std::move(prefix)),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      stopped_(std::move(stopped)) {}
 
 void RemoteStore::set(const std::string& key, const std::vector<char>& data) {
   tandem::v1::RendezvousSetRequest request;
@@ -118,19 +121,26 @@ void RemoteStore::set(const std::string& key, const std::vector<char>& data) {
 
 std::vector<std::string> RemoteStore::Fetch(const std::vector<std::string>& keys,
                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   tandem::v1::RendezvousGetRequest request;
   for (const std::string& k : keys) request.add_keys(prefix_ + k);
-  request.set_timeout_seconds(absl::ToDoubleSeconds(timeout));
-  tandem::v1::RendezvousGetResponse response;
-  grpc::ClientContext context;
-  credentials_.Prepare(context, timeout + absl::Seconds(5));
-  const grpc::Status s = stub_->RendezvousGet(&context, request, &response);
-  if (!s.ok()) {
+  while (true) {
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    const absl::Duration slice = stopped_ ? std::min(left, kSlice) : left;
+    request.set_timeout_seconds(absl::ToDoubleSeconds(slice));
+    tandem::v1::RendezvousGetResponse response;
+    grpc::ClientContext context;
+    credentials_.Prepare(context, slice + absl::Seconds(5));
+    const grpc::Status s = stub_->RendezvousGet(&context, request, &response);
+    if (s.ok()) return {response.values().begin(), response.values().end()};
     const bool late = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (late && slice < left) {
+      if (stopped_()) Throw(absl::UnavailableError("stopped while joining the other ranks"));
+      continue;  // the next slice
+    }
     Throw(absl::UnavailableError(absl::StrCat(
         late ? "Timed out: " : "", "the coordinator's rendezvous: ", s.error_message())));
   }
-  return {response.values().begin(), response.values().end()};
 }
 
 std::vector<char> RemoteStore::get(const std::string& key) {

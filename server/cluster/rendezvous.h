@@ -7,6 +7,7 @@
 #ifndef TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_
 #define TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,11 +72,16 @@ class LocalStore final : public gloo::rendezvous::Store {
   const absl::Duration timeout_;
 };
 
-// Gloo's Store over the coordinator's Rendezvous RPCs, under `prefix`.
+// Gloo's Store over the coordinator's Rendezvous RPCs, under `prefix`. A
+// wait asks in slices of at most kSlice and gives up (UNAVAILABLE, "stopped")
+// once `stopped` says so: a rank stopped while it joins (StopRank: its run
+// failed elsewhere) ends within a slice instead of holding its memory for the
+// whole rendezvous timeout.
 class RemoteStore final : public gloo::rendezvous::Store {
  public:
+  static constexpr absl::Duration kSlice = absl::Seconds(1);
   RemoteStore(std::shared_ptr<grpc::Channel> channel, PeerCredentials credentials,
-              std::string prefix, absl::Duration timeout);
+              std::string prefix, absl::Duration timeout, std::function<bool()> stopped = nullptr);
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
@@ -88,6 +94,7 @@ class RemoteStore final : public gloo::rendezvous::Store {
   const PeerCredentials credentials_;
   const std::string prefix_;
   const absl::Duration timeout_;
+  const std::function<bool()> stopped_;
 };
 
 }  // namespace tandem::server

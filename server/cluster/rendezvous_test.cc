@@ -1,0 +1,114 @@
+// RemoteStore, a rank's Gloo store over the coordinator's rendezvous RPCs: it
+// returns what the coordinator's table holds, and a rank stopped while it
+// waits for keys that never come (its run failed elsewhere) gives up within a
+// slice, not after the whole rendezvous timeout.
+#include "server/cluster/rendezvous.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gloo/common/error.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace tandem::server {
+namespace {
+
+// The coordinator's side of the rendezvous: a table served over the Cluster
+// service's two rendezvous calls.
+class TableService final : public tandem::v1::Cluster::Service {
+ public:
+  grpc::Status RendezvousSet(grpc::ServerContext*, const tandem::v1::RendezvousSetRequest* request,
+                             tandem::v1::RendezvousSetResponse*) override {
+    const absl::Status s = table_.Set(request->key(), request->value());
+    return s.ok() ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INTERNAL, "set");
+  }
+  grpc::Status RendezvousGet(grpc::ServerContext*, const tandem::v1::RendezvousGetRequest* request,
+                             tandem::v1::RendezvousGetResponse* response) override {
+    ++gets;
+    absl::StatusOr<std::vector<std::string>> values =
+        table_.Get({request->keys().begin(), request->keys().end()},
+                   absl::Seconds(request->timeout_seconds()));
+    if (!values.ok()) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          std::string(values.status().message()));
+    }
+    for (std::string& v : *values) response->add_values(std::move(v));
+    return grpc::Status::OK;
+  }
+  std::atomic<int> gets{0};
+
+ private:
+  RendezvousTable table_;
+};
+
+class RemoteStoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                   grpc::InsecureChannelCredentials());
+  }
+  void TearDown() override { server_->Shutdown(); }
+  PeerCredentials Credentials() const { return {grpc::InsecureChannelCredentials(), ""}; }
+
+  TableService service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(RemoteStoreTest, ARankGetsWhatAnotherSet) {
+  RemoteStore a(channel_, Credentials(), "job/run/", absl::Seconds(10));
+  RemoteStore b(channel_, Credentials(), "job/run/", absl::Seconds(10), [] { return false; });
+  a.set("rank0", {'h', 'i'});
+  EXPECT_EQ(b.get("rank0"), (std::vector<char>{'h', 'i'}));
+}
+
+TEST_F(RemoteStoreTest, AStoppedRankStopsWaitingWithinASlice) {
+  std::atomic<bool> stop{false};
+  RemoteStore store(channel_, Credentials(), "job/run/", absl::Seconds(60),
+                    [&stop] { return stop.load(); });
+  std::string error;
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] {
+    try {
+      store.wait({"never"});
+    } catch (const gloo::IoException& e) {
+      error = e.what();
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  stop = true;
+  waiter.join();
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_NE(error.find("stopped while joining"), std::string::npos) << error;
+  // Within a slice or two of the stop, far from the 60 s timeout.
+  EXPECT_LT(waited, absl::Seconds(30)) << waited;
+  EXPECT_GE(service_.gets.load(), 1);
+}
+
+// Without a stop to watch, a wait asks once, for its whole timeout, and
+// fails naming the coordinator's rendezvous.
+TEST_F(RemoteStoreTest, AWaitThatRunsOutSaysSo) {
+  RemoteStore store(channel_, Credentials(), "job/run/", absl::Seconds(1));
+  std::string error;
+  try {
+    store.wait({"never"});
+  } catch (const gloo::IoException& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("the coordinator's rendezvous"), std::string::npos) << error;
+  EXPECT_EQ(service_.gets.load(), 1);
+}
+
+}  // namespace
+}  // namespace tandem::server

@@ -114,10 +114,9 @@ TEST_P(PipelineJobTest, TrainsAsTheCpuEngineWithinEachStagesPredictedMemory) {
   const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
   ASSERT_TRUE(jm.ok());
   const tandem::v1::PipelineSpec& pipe = resolved->placement().pipeline();
-  const int64_t margin = PipelineStageMargin(*jm->model, resolved->placement().micro_batch_size(),
-                                             c.schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE
-                                                 ? pipe.micro_batches()
-                                                 : std::min(c.stages, pipe.micro_batches()));
+  const int64_t margin =
+      PipelineStageMargin(*jm->model, resolved->placement().micro_batch_size(),
+                          PipelineInputsInFlight(pipe, c.stages, pipe.micro_batches()));
   ASSERT_EQ(run.metrics.pipeline_stages_size(), c.stages);
   std::cout << c.model << " " << tandem::v1::PipelineSchedule_Name(c.schedule) << " K=" << c.stages
             << " M=" << run.plan.micro_batches() << ": " << run.plan.solver().note() << "\n";
@@ -280,10 +279,9 @@ TEST(PipelineJobTest, Bf16PipelinesTrainAsOneDeviceWithinTheirPlannedMemory) {
         const absl::StatusOr<JobModel> jm = BuildJobModel(*resolved, nullptr, DType::kBF16);
         ASSERT_TRUE(jm.ok());
         const auto& pipe = resolved->placement().pipeline();
-        const int64_t margin = PipelineStageMargin(
-            *jm->model, resolved->placement().micro_batch_size(),
-            schedule == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? pipe.micro_batches()
-                                                            : std::min(K, pipe.micro_batches()));
+        const int64_t margin =
+            PipelineStageMargin(*jm->model, resolved->placement().micro_batch_size(),
+                                PipelineInputsInFlight(pipe, K, pipe.micro_batches()));
         for (const tandem::v1::PipelineStageStats& st : run.metrics.pipeline_stages()) {
           EXPECT_LE(st.peak_bytes(), st.predicted_bytes() + margin)
               << model << " K=" << K << " stage " << st.stage();

@@ -676,9 +676,8 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
   // Each stage's transients (its input, the gradients between its layers, a
   // workspace), as a single device's executor keeps room for them.
   const int M = resolved.training().batch_size() / std::max(1, micro);
-  const int inputs_in_flight =
-      placement.pipeline().schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE ? M : std::min(K, M);
-  const int64_t margin = PipelineStageMargin(model, micro, inputs_in_flight);
+  const int64_t margin =
+      PipelineStageMargin(model, micro, PipelineInputsInFlight(placement.pipeline(), K, M));
   if (capacity <= margin) {
     return absl::ResourceExhaustedError(
         absl::StrCat("resources.accelerator_memory_bytes: ", FormatBytes(capacity, 1),
@@ -719,6 +718,11 @@ absl::StatusOr<Plan> PlanPipelineJob(const Model& model, const JobSpec& resolved
       absl::StrCat(plan.solver().note(), "; ", FormatBytes(margin, 1),
                    " of each stage's accelerator kept for transient buffers"));
   return plan;
+}
+
+int PipelineInputsInFlight(const tandem::v1::PipelineSpec& pipe, int stages, int micro_batches) {
+  if (pipe.schedule() == tandem::v1::PIPELINE_SCHEDULE_GPIPE) return micro_batches;
+  return pipe.continuous() ? stages : std::min(stages, micro_batches);
 }
 
 int64_t PipelineStageMargin(const Model& model, int64_t micro_batch, int inputs_in_flight) {
@@ -1072,8 +1076,9 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
 namespace {
 
 // Whether `stored` exists and still fits the job's accelerator capacity on
-// `node`: its predicted peak, the executor's margin and (CUDA) the fixed
-// cuBLAS workspace.
+// `node`: its predicted peak (a pipeline's: its largest stage's), the
+// executor's margin (a pipeline stage's, which its split was planned
+// against) and (CUDA) the fixed cuBLAS workspace.
 absl::StatusOr<bool> StoredPlanFits(const Model& model, const JobSpec& resolved,
                                     const NodeOffer& node, const std::optional<Plan>& stored) {
   if (!stored) return false;
@@ -1083,8 +1088,16 @@ absl::StatusOr<bool> StoredPlanFits(const Model& model, const JobSpec& resolved,
   TANDEM_ASSIGN_OR_RETURN(const int64_t capacity, AcceleratorCapacity(resolved, node));
   const int64_t micro_batch = stored->micro_batch_size() > 0 ? stored->micro_batch_size()
                                                              : resolved.training().batch_size();
-  int64_t needed =
-      stored->prediction().accelerator_peak_bytes() + ExecutorMemoryMargin(model, micro_batch);
+  int64_t margin = ExecutorMemoryMargin(model, micro_batch);
+  if (stored->pipeline_size() > 1) {
+    const int K = stored->pipeline_size();
+    const int M = stored->micro_batches() > 0
+                      ? stored->micro_batches()
+                      : static_cast<int>(resolved.training().batch_size() / micro_batch);
+    margin = PipelineStageMargin(model, micro_batch,
+                                 PipelineInputsInFlight(resolved.placement().pipeline(), K, M));
+  }
+  int64_t needed = stored->prediction().accelerator_peak_bytes() + margin;
   if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_CUDA) needed += kCudaFixedBytes;
   return needed <= capacity;
 }

@@ -86,6 +86,11 @@ int AcceleratorCount(const tandem::v1::JobSpec& resolved, const NodeOffer& node)
 // optimizer moments (64 bytes each). PlanJob keeps it out of each stage's
 // budget.
 int64_t PipelineStageMargin(const Model& model, int64_t micro_batch, int inputs_in_flight);
+// The first stage's batch inputs in flight at once under `pipe`'s schedule
+// over `stages` stages of `micro_batches`: every micro-batch's (GPipe), the
+// stages' count (a continuous PipeDream, whose micro-batches stay in flight
+// across steps), else the fewer of the two.
+int PipelineInputsInFlight(const tandem::v1::PipelineSpec& pipe, int stages, int micro_batches);
 
 // The host's fp32 GEMM rate (oneDNN) and triad bandwidth, measured once per
 // process on the calling thread's OpenMP team (about half a second), with the

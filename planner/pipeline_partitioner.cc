@@ -113,7 +113,10 @@ class StageCosts {
   // also the gradient of its input, which waits on its device until the
   // stage before pulls it.
   int64_t Memory(int k, int i, int j, StageMode mode) const {
-    const int64_t in_flight = r_.gpipe ? r_.micro_batches : std::min(S_ - k, r_.micro_batches);
+    // A continuous PipeDream keeps S-k in flight across steps, whatever M.
+    const int64_t in_flight = r_.gpipe        ? r_.micro_batches
+                              : r_.continuous ? S_ - k
+                                              : std::min(S_ - k, r_.micro_batches);
     const int64_t input = i > 0 ? cost_.OutputBytes(i - 1, m_) : 0;
     const int64_t stale = !r_.stash_weights ? 0
                           : r_.continuous   ? S_ - k - 1

@@ -345,5 +345,26 @@ TEST(PartitionPipelineTest, StageMemoryCountsPipeDreamsWeightVersions) {
   EXPECT_EQ((*synced)[1].memory_bytes() - (*plain)[1].memory_bytes(), 3 * weights);
 }
 
+// A continuous PipeDream does not drain between steps: stage k keeps S - k
+// micro-batches in flight across them whatever M. With M = 1 on 2 stages,
+// stage 0 holds one more micro-batch's activations than a drained step of
+// one micro-batch (both stash two versions of its weights).
+TEST(PartitionPipelineTest, AContinuousPipelineHoldsItsStagesInFlightWhateverM) {
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(FourEqualLayers(), 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r = TwoStages(1);
+  r.stash_weights = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> drained = PartitionPipeline(*cost, r);
+  r.continuous = true;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> continuous = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(drained.ok() && continuous.ok());
+  ASSERT_EQ((*drained)[1].first_layer(), 2);
+  ASSERT_EQ((*continuous)[1].first_layer(), 2);
+  const int64_t activations = cost->ActivationBytes(0, 1) + cost->ActivationBytes(1, 1);
+  EXPECT_EQ((*continuous)[0].memory_bytes() - (*drained)[0].memory_bytes(), activations);
+  EXPECT_EQ((*continuous)[1].memory_bytes(), (*drained)[1].memory_bytes());
+}
+
 }  // namespace
 }  // namespace tandem::planner

@@ -1166,7 +1166,7 @@ void JobManager::RecordCheckpoint(Entry& entry, const JobEvent::CheckpointSaved&
 
 // The state a run leaves its job in, and why.
 std::pair<JobState, std::string> JobManager::EndOfRun(const Entry& entry,
-                                                      const absl::Status& status) {
+                                                      const absl::Status& status, bool stopping) {
   const Job& record = entry.job;
   if (status.ok()) {
     return {tandem::v1::JOB_STATE_SUCCEEDED,
@@ -1177,30 +1177,36 @@ std::pair<JobState, std::string> JobManager::EndOfRun(const Entry& entry,
   // DEADLINE_EXCEEDED rather than CANCELLED) still ends the job: it must not
   // be restarted as if a rank had been lost.
   if (entry.cancel_requested) return {tandem::v1::JOB_STATE_CANCELLED, entry.cancel_reason};
-  if (status.code() == absl::StatusCode::kCancelled) {
+  const auto& d = record.resolved_spec().distributed();
+  if (status.code() == absl::StatusCode::kCancelled && (stopping || d.replicas() <= 1)) {
     return {
         tandem::v1::JOB_STATE_QUEUED,
         absl::StrCat("interrupted by tandemd shutting down; resumes from its checkpoint at step ",
                      record.checkpoint_step())};
   }
   // A distributed job that lost a rank (a collective or the rendezvous gave
-  // up, or too few peers are healthy) restarts every rank from rank 0's
-  // checkpoint while its fault wait lasts.
-  const auto& d = record.resolved_spec().distributed();
+  // up, or too few peers are healthy), or whose ranks stopped together for a
+  // peer that is shutting down (a CANCELLED run nobody here asked for),
+  // restarts every rank from rank 0's checkpoint while its fault wait lasts.
   const bool lost_rank = status.code() == absl::StatusCode::kUnavailable ||
                          status.code() == absl::StatusCode::kDeadlineExceeded ||
+                         status.code() == absl::StatusCode::kCancelled ||
                          (status.code() == absl::StatusCode::kFailedPrecondition &&
                           absl::StrContains(status.message(), "healthy"));
   if (d.replicas() > 1 && lost_rank) {
     const absl::Duration waited = absl::Now() - entry.fault_since;
     const absl::Duration budget = absl::Seconds(d.fault_wait_seconds());
+    const bool peer_stopped = status.code() == absl::StatusCode::kCancelled;
     if (waited < budget) {
-      return {tandem::v1::JOB_STATE_QUEUED,
-              absl::StrCat("a rank was lost (", status.message(),
-                           "); restarting every rank from the checkpoint at step ",
-                           record.checkpoint_step(), " once enough peers are healthy (",
-                           absl::FormatDuration(absl::Trunc(budget - waited, absl::Seconds(1))),
-                           " of distributed.fault_wait_seconds left)")};
+      return {
+          tandem::v1::JOB_STATE_QUEUED,
+          absl::StrCat(peer_stopped ? "the ranks stopped together for a rank's tandemd "
+                                      "shutting down ("
+                                    : "a rank was lost (",
+                       status.message(), "); restarting every rank from the checkpoint at step ",
+                       record.checkpoint_step(), " once enough peers are healthy (",
+                       absl::FormatDuration(absl::Trunc(budget - waited, absl::Seconds(1))),
+                       " of distributed.fault_wait_seconds left)")};
     }
     return {tandem::v1::JOB_STATE_FAILED,
             absl::StrCat("a rank was lost and the ranks could not restart within "
@@ -1238,9 +1244,9 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   entry.running = false;
   --running_;
   if (!status.ok() && entry.fault_since == absl::InfiniteFuture()) entry.fault_since = absl::Now();
-  const auto [next, reason] = EndOfRun(entry, status);
+  const auto [next, reason] = EndOfRun(entry, status, stopping_);
   if (next == tandem::v1::JOB_STATE_QUEUED && record.resolved_spec().distributed().replicas() > 1 &&
-      !status.ok() && status.code() != absl::StatusCode::kCancelled) {
+      !status.ok() && !stopping_) {
     entry.not_before = absl::Now() + absl::Seconds(2);  // give the peers a moment
   }
   if (next == tandem::v1::JOB_STATE_FAILED) {

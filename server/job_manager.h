@@ -212,8 +212,11 @@ class JobManager {
                   prometheus::Counter& steps_total) ABSL_LOCKS_EXCLUDED(mu_);
   void RecordCheckpoint(Entry& entry, const tandem::v1::JobEvent::CheckpointSaved& c)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // `stopping`: this tandemd is shutting down (a CANCELLED run without a
+  // cancel is then its own stop, else a peer's).
   static std::pair<tandem::v1::JobState, std::string> EndOfRun(const Entry& entry,
-                                                               const absl::Status& status);
+                                                               const absl::Status& status,
+                                                               bool stopping);
   void FinishRun(Entry& entry, Trainer* trainer, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Feeds the job's always-on telemetry from its runner and serves it.

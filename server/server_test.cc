@@ -730,6 +730,56 @@ TEST_F(JobManagerTest, ACancelDuringADistributedRendezvousEndsTheJob) {
   EXPECT_EQ(jobs_->Get(s->job.id())->state(), tandem::v1::JOB_STATE_CANCELLED);
 }
 
+// A distributed run whose ranks stopped together for a peer shutting down
+// (rank 0's run ends CANCELLED while nobody here asked for it, and this
+// tandemd is not stopping) is a lost rank: the job waits for the peer as
+// after any loss, and says why, instead of claiming this tandemd shut down.
+TEST_F(JobManagerTest, RanksStoppedForAPeerShuttingDownRestartAsAfterALostRank) {
+  dir_ = TempDir("peer-stopped");
+  store_ = *JobStore::Open(dir_ + "/jobs.db");
+  JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
+  options.host_memory_budget_bytes = int64_t{1} << 32;
+  options.default_threads = 1;
+  options.admit_distributed = [](const tandem::v1::JobSpec&) { return absl::OkStatus(); };
+  std::atomic<int> runs{0};
+  options.begin_distributed = [&](const tandem::v1::Job&, const std::string&) {
+    DistributedRun run;
+    run.vote = std::make_shared<StopVote>();
+    run.nodes = std::make_shared<std::vector<std::string>>();
+    run.factory = [&](const Model&, const tandem::v1::JobSpec&, int64_t,
+                      Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+      ++runs;
+      return absl::CancelledError("stopped at step 0 of 6");
+    };
+    return run;
+  };
+  jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  tandem::v1::JobSpec spec = Spec(6);
+  spec.mutable_distributed()->set_replicas(2);
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (runs.load() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_GE(runs.load(), 2) << "the job was not restarted";
+  const tandem::v1::Job job = *jobs_->Get(s->job.id());
+  EXPECT_NE(job.state(), tandem::v1::JOB_STATE_FAILED) << job.reason();
+  bool said = false;
+  const std::vector<tandem::v1::JobEvent> events = *store_->ReadEvents(s->job.id(), 1, 10000);
+  for (const auto& e : events) {
+    said |= e.has_state_change() &&
+            absl::StrContains(e.state_change().reason(),
+                              "the ranks stopped together for a rank's tandemd shutting down");
+    EXPECT_FALSE(e.has_state_change() &&
+                 absl::StrContains(e.state_change().reason(), "interrupted by tandemd"))
+        << e.state_change().reason();
+  }
+  EXPECT_TRUE(said);
+  ASSERT_TRUE(jobs_->Cancel(s->job.id(), "done").ok());
+  WaitFor(s->job.id(), tandem::v1::JOB_STATE_CANCELLED);
+}
+
 // A data-parallel rank computes on its share of each batch: it reserves
 // activations for that share, as one replica of that batch would, not for
 // the whole batch.

@@ -552,7 +552,10 @@ absl::Status PipelineRunner::StageForward(Step& step, int s, int m) {
       version = st.history[j % st.history.size()].data();
       st.stash_applied[slot] = st.applied - st.updates + j;
     }
+    // Device work of the stage's stream: busy time, as the forward's.
+    const double t = WallSeconds();
     TANDEM_RETURN_IF_ERROR(st.device->CopyOnDevice(st.stash[slot].data(), version, st.param_n * 4));
+    st.times.busy += WallSeconds() - t;
   }
   TANDEM_RETURN_IF_ERROR(RunForward(step, s, m, /*recompute=*/false));
   TANDEM_RETURN_IF_ERROR(SendOutput(step, s, m));
@@ -867,8 +870,12 @@ absl::Status PipelineRunner::UpdateAfter(Step& step, int s, int m) {
 
 absl::Status PipelineRunner::KeepVersion(Stage& st) {
   if (st.history.empty()) return absl::OkStatus();
-  return st.device->CopyOnDevice(st.history[st.updates % st.history.size()].data(),
-                                 st.params.data(), st.param_n * 4);
+  // Device work of the stage's stream: busy time.
+  const double t = WallSeconds();
+  const absl::Status copied = st.device->CopyOnDevice(
+      st.history[st.updates % st.history.size()].data(), st.params.data(), st.param_n * 4);
+  st.times.busy += WallSeconds() - t;
+  return copied;
 }
 
 absl::Status PipelineRunner::RunStage(const std::shared_ptr<Step>& current, int s) {

@@ -131,7 +131,7 @@ struct PipelineOptions {
 
 // What one stage did in the latest step.
 struct PipelineStageStats {
-  // Forward and backward compute.
+  // Forward and backward compute, and PipeDream's weight-version copies.
   double busy_seconds = 0;
   // Copying activations and gradients in and out of its device, and the
   // part of that over a peer link: the stage's thread's time in copies

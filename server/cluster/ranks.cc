@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -135,8 +136,12 @@ std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& j
 
 // What each started rank is doing, as its daemon says (or that it does not
 // answer): "rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED (...)".
+// What ranks 1..N-1 of `job_id` on `nodes` say they are doing, as a clause
+// for a failed run's reason; `failed_alone` is set when one of them failed
+// for a reason of its own (not a lost peer, a timeout or a stop), which no
+// restart mends.
 std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
-                       const std::string& job_id) {
+                       const std::string& job_id, bool* failed_alone) {
   std::vector<std::string> states;
   for (size_t i = 0; i < nodes.size(); ++i) {
     tandem::v1::GetRankRequest request;
@@ -149,6 +154,14 @@ std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
         "rank ", i + 1, " on ", nodes[i], ": ",
         s.ok() ? absl::StrCat(tandem::v1::JobState_Name(status.state()), " (", status.reason(), ")")
                : absl::StrCat("unreachable (", s.error_message(), ")")));
+    // A rank's reason for FAILED is its status, "CODE: message".
+    if (s.ok() && status.state() == tandem::v1::JOB_STATE_FAILED) {
+      bool transient = false;
+      for (const char* code : {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED"}) {
+        transient |= absl::StartsWith(status.reason(), code);
+      }
+      *failed_alone |= !transient;
+    }
   }
   return absl::StrJoin(states, "; ");
 }
@@ -298,7 +311,9 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   const std::string key = RankKey(r.job_id(), r.rank());
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::FailedPreconditionError("this tandemd is stopping");
+    // UNAVAILABLE, as a daemon that is gone: the coordinator retries on
+    // another run while its fault wait lasts.
+    if (stopping_) return absl::UnavailableError("this tandemd is stopping");
     TANDEM_RETURN_IF_ERROR(CheckNotRunning(r));
   }
   const int64_t bytes = estimate.host_bytes;
@@ -659,8 +674,13 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
   };
   run.explain = [peers, started, job_id](const absl::Status& status) {
     if (started->empty()) return status;
-    return absl::Status(status.code(),
-                        absl::StrCat(status.message(), "; ", RankStates(peers, *started, job_id)));
+    bool failed_alone = false;
+    const std::string states = RankStates(peers, *started, job_id, &failed_alone);
+    // A rank that failed on its own (a spec or memory error on its node) is
+    // not a lost rank: restarting would fail alike, so the job fails now
+    // (ABORTED) instead of retrying for distributed.fault_wait_seconds.
+    return absl::Status(failed_alone ? absl::StatusCode::kAborted : status.code(),
+                        absl::StrCat(status.message(), "; ", states));
   };
   return run;
 }

@@ -102,6 +102,8 @@ class HybridRunner final : public StepRunner {
   tandem::v1::Schedule program() const override { return executor_->program(); }
   tandem::v1::Timeline last_timeline() const override { return executor_->last_timeline(); }
   void set_timing_sink(LayerTimingSink* sink) override { executor_->set_timing_sink(sink); }
+  // E.g. host buffers left pageable: the job's log says so.
+  std::vector<std::string> warnings() const override { return executor_->warnings(); }
 
  private:
   // Declared first: destroyed after the executor.

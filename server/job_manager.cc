@@ -35,6 +35,9 @@ constexpr int kMaxRequestIdLength = 128;
 constexpr size_t kFinishedSeriesKept = 50;
 // The phases of tandem_job_pipeline_stage_seconds: what is set is what goes.
 constexpr const char* kPipelinePhases[] = {"busy", "bubble", "copy", "peer_copy", "update"};
+// UpdateStats.rule's values (job.proto), the labels of tandem_job_update_rule_info.
+constexpr const char* kUpdateRules[] = {"synchronous", "hogwild",          "easgd",
+                                        "swa",         "parameter_server", "pipedream"};
 
 bool IsTerminal(JobState s) {
   return s == tandem::v1::JOB_STATE_SUCCEEDED || s == tandem::v1::JOB_STATE_FAILED ||
@@ -800,9 +803,12 @@ absl::Status JobManager::Recover() {
                      entry->job.id().c_str(), StateLabel(state), s.ToString().c_str());
       }
     };
-    if (!estimate.ok()) {
+    // A job larger than this daemon's budgets (it restarted with smaller
+    // ones) could never be scheduled, and would hold every job behind it.
+    const absl::Status fits = estimate.ok() ? CheckBudgets(*estimate) : estimate.status();
+    if (!fits.ok()) {
       transition(tandem::v1::JOB_STATE_FAILED,
-                 absl::StrCat("cannot resume after restart: ", estimate.status().message()));
+                 absl::StrCat("cannot resume after restart: ", fits.message()));
       if (!entry->unrecorded.empty()) live_[entry->job.id()] = entry;
       continue;
     }
@@ -1230,13 +1236,17 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
     *record.mutable_metrics()->mutable_distributed() = distributed;
     record.set_checkpoint_step(trainer->checkpoint_step());
     record.set_checkpoint_path(trainer->checkpoint_path());
-    if (node::SamePlacement(record.plan(), trainer->runner().plan())) {
+    if (!trainer->has_runner()) {
+      record.mutable_metrics()->set_predicted_step_seconds(predicted);
+    } else if (node::SamePlacement(record.plan(), trainer->runner().plan())) {
       record.mutable_metrics()->set_predicted_step_seconds(predicted);
     } else {
       *record.mutable_plan() = trainer->runner().plan();
     }
-    *record.mutable_schedule() = trainer->runner().program();
-    *record.mutable_measured_timeline() = trainer->runner().last_timeline();
+    if (trainer->has_runner()) {
+      *record.mutable_schedule() = trainer->runner().program();
+      *record.mutable_measured_timeline() = trainer->runner().last_timeline();
+    }
   }
   reserved_host_ -= entry.estimate.host_bytes;
   reserved_accelerator_ -= entry.estimate.accelerator_bytes;
@@ -1253,7 +1263,7 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
     JobEvent e;
     e.mutable_log()->set_severity(tandem::v1::LOG_SEVERITY_ERROR);
     e.mutable_log()->set_message(reason);
-    entry.log->Append(e);
+    AppendEvent(entry, std::move(e));  // stored too: the sequence has no gap
   }
   const std::string id = record.id();
   const absl::Status s = Transition(entry, next, reason);
@@ -1390,7 +1400,7 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
         &metrics_->job_update_exchanges, &metrics_->job_loss_scale, &metrics_->job_skipped_steps}) {
     RemoveSeries(*f, old);
   }
-  for (const char* rule : {"synchronous", "hogwild", "easgd", "swa", "parameter_server"}) {
+  for (const char* rule : kUpdateRules) {
     RemoveSeries(metrics_->job_update_rule, {{"job_id", job_id}, {"rule", rule}});
   }
   for (const char* stat : {"mean", "max"}) {

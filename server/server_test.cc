@@ -780,6 +780,64 @@ TEST_F(JobManagerTest, RanksStoppedForAPeerShuttingDownRestartAsAfterALostRank) 
   WaitFor(s->job.id(), tandem::v1::JOB_STATE_CANCELLED);
 }
 
+// A daemon restarted with a smaller host budget fails the queued jobs that
+// no longer fit it (at recovery, with the numbers), instead of keeping them
+// queued forever in front of every job behind them.
+TEST_F(JobManagerTest, AJobLargerThanTheBudgetAfterARestartFailsAndHoldsNoQueue) {
+  Open("smaller-budget", int64_t{1} << 32);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  tandem::v1::JobSpec big = Spec(6);
+  big.mutable_model()->mutable_mlp()->clear_hidden_sizes();
+  for (int i = 0; i < 2; ++i) big.mutable_model()->mutable_mlp()->add_hidden_sizes(2048);
+  absl::StatusOr<JobManager::Submitted> queued = jobs_->Submit(big, "");
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  const int64_t big_bytes = jobs_->Estimate(queued->job.resolved_spec())->host_bytes;
+  Close();
+  Open("smaller-budget", big_bytes / 2, /*fresh=*/false);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  const tandem::v1::Job failed = WaitFor(queued->job.id(), tandem::v1::JOB_STATE_FAILED, 5);
+  EXPECT_NE(failed.reason().find("cannot resume after restart"), std::string::npos)
+      << failed.reason();
+  EXPECT_NE(failed.reason().find("--host_memory_budget"), std::string::npos) << failed.reason();
+  absl::StatusOr<JobManager::Submitted> small = jobs_->Submit(Spec(2), "");
+  ASSERT_TRUE(small.ok()) << small.status();
+  WaitFor(small->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+// A failed job's ERROR line is stored like its other events: the stored
+// sequence has no gap, and a replay after the job left memory shows it.
+TEST_F(JobManagerTest, AFailedJobsErrorLineIsStoredInSequence) {
+  dir_ = TempDir("error-line");
+  store_ = *JobStore::Open(dir_ + "/jobs.db");
+  JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
+  options.host_memory_budget_bytes = int64_t{1} << 32;
+  options.default_threads = 1;
+  options.make_runner = [](const Model&, const tandem::v1::JobSpec&, int64_t,
+                           Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+    return absl::InternalError("the runner broke");
+  };
+  jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(Spec(4), "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const tandem::v1::Job failed = WaitFor(s->job.id(), tandem::v1::JOB_STATE_FAILED);
+  Close();  // every pending event flushed
+  store_ = *JobStore::Open(dir_ + "/jobs.db");
+  const std::vector<tandem::v1::JobEvent> events = *store_->ReadEvents(s->job.id(), 1, 10000);
+  ASSERT_FALSE(events.empty());
+  bool error_line = false;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].sequence(), i + 1) << events[i].ShortDebugString();
+    error_line |= events[i].has_log() &&
+                  events[i].log().severity() == tandem::v1::LOG_SEVERITY_ERROR &&
+                  absl::StrContains(events[i].log().message(), "the runner broke");
+  }
+  EXPECT_TRUE(error_line);
+  EXPECT_EQ(events.back().sequence(), failed.last_event_sequence());
+}
+
 // A data-parallel rank computes on its share of each batch: it reserves
 // activations for that share, as one replica of that batch would, not for
 // the whole batch.

@@ -73,8 +73,10 @@ tandem::v1::Job LocalJob(const tandem::v1::JobSpec& spec, const google::protobuf
   *job.mutable_metrics() = trainer.metrics();
   job.set_checkpoint_step(trainer.checkpoint_step());
   job.set_checkpoint_path(trainer.checkpoint_path());
-  *job.mutable_plan() = trainer.runner().plan();
-  *job.mutable_measured_timeline() = trainer.runner().last_timeline();
+  if (trainer.has_runner()) {
+    *job.mutable_plan() = trainer.runner().plan();
+    *job.mutable_measured_timeline() = trainer.runner().last_timeline();
+  }
   *job.mutable_end_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   job.set_state(status.ok()                                     ? tandem::v1::JOB_STATE_SUCCEEDED
                 : status.code() == absl::StatusCode::kCancelled ? tandem::v1::JOB_STATE_CANCELLED

@@ -227,7 +227,9 @@ TEST(PipelineRunnerTest, PeerLinkedStagesTrainAsStagedOnesWithoutTheHost) {
       }
       for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
         EXPECT_EQ(st.peer_link(), peer && st.stage() > 0) << "stage " << st.stage();
-        if (!peer) EXPECT_EQ(st.peer_copy_seconds(), 0) << "stage " << st.stage();
+        if (!peer) {
+          EXPECT_EQ(st.peer_copy_seconds(), 0) << "stage " << st.stage();
+        }
         peaks[peer].push_back(st.peak_bytes());
       }
       for (const auto& d : devices.owned) {
@@ -237,8 +239,12 @@ TEST(PipelineRunnerTest, PeerLinkedStagesTrainAsStagedOnesWithoutTheHost) {
       // Every micro-batch's gradient comes back over both boundaries (in
       // the last step, or the first ones pending from it in the next for
       // continuous PipeDream); activations too unless their stage stages.
-      if (peer && !c.continuous) EXPECT_GE(pulls, (c.recompute ? 1 : 2) * 2 * 4);
-      if (!peer) EXPECT_EQ(pulls, 0);
+      if (peer && !c.continuous) {
+        EXPECT_GE(pulls, (c.recompute ? 1 : 2) * 2 * 4);
+      }
+      if (!peer) {
+        EXPECT_EQ(pulls, 0);
+      }
     }
     const char* name = PipelineScheduleName(c.schedule);
     EXPECT_EQ(losses[1], losses[0]) << name << (c.recompute ? " recomputing" : "");

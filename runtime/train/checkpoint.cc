@@ -26,20 +26,23 @@ constexpr uint32_t kFormatVersion = 1;
 constexpr char kCheckpointPrefix[] = "ckpt-";
 
 // Writes all of `data` to `fd`, updating `crc`.
-absl::Status WriteAll(int fd, const void* data, size_t n, uLong* crc, const std::string& path) {
-  if (crc != nullptr) {
-    // zlib's crc32 takes uInt lengths; feed it in chunks.
-    const char* p = static_cast<const char*>(data);
-    for (size_t done = 0; done < n;) {
-      const uInt chunk = static_cast<uInt>(std::min<size_t>(n - done, 1u << 30));
-      *crc = crc32(*crc, reinterpret_cast<const Bytef*>(p + done), chunk);
-      done += chunk;
-    }
-  }
+absl::Status WriteAll(int fd, const void* data, size_t n, uint32_t* crc, const std::string& path) {
+  if (crc != nullptr) *crc = Crc32(*crc, data, n);
   return tandem::WriteAll(fd, data, n, path);
 }
 
 }  // namespace
+
+uint32_t Crc32(uint32_t crc, const void* data, size_t n) {
+  uLong c = crc;
+  const char* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < n;) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n - done, size_t{1} << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(p + done), chunk);
+    done += chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
 
 absl::StatusOr<CheckpointFile> WriteCheckpoint(const std::string& path,
                                                tandem::v1::CheckpointHeader header,
@@ -58,7 +61,7 @@ absl::StatusOr<CheckpointFile> WriteCheckpoint(const std::string& path,
   const std::string header_bytes = header.SerializeAsString();
   CheckpointFile file;
   absl::StatusOr<int64_t> bytes = WriteFileAtomically(path, [&](int fd) -> absl::Status {
-    uLong crc = crc32(0, nullptr, 0);
+    uint32_t crc = 0;
     const uint32_t version = kFormatVersion;
     const uint64_t header_len = header_bytes.size();
     TANDEM_RETURN_IF_ERROR(WriteAll(fd, kMagic, sizeof(kMagic), &crc, path));
@@ -68,7 +71,7 @@ absl::StatusOr<CheckpointFile> WriteCheckpoint(const std::string& path,
     for (const NamedTensor& t : tensors) {
       TANDEM_RETURN_IF_ERROR(WriteAll(fd, t.data, t.elements * 4, &crc, path));
     }
-    file.crc32 = static_cast<uint32_t>(crc);
+    file.crc32 = crc;
     return WriteAll(fd, &file.crc32, sizeof(file.crc32), nullptr, path);
   });
   if (!bytes.ok()) return bytes.status();
@@ -89,9 +92,9 @@ absl::StatusOr<tandem::v1::CheckpointHeader> ReadCheckpoint(const std::string& p
   }
   uint32_t stored_crc;
   std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  const uLong crc = crc32(crc32(0, nullptr, 0), reinterpret_cast<const Bytef*>(bytes.data()),
-                          static_cast<uInt>(bytes.size() - 4));
-  if (static_cast<uint32_t>(crc) != stored_crc) {
+  // Over every byte but the CRC's, however many (a 32-bit length here once
+  // made every checkpoint of 4 GiB or more read as damaged).
+  if (Crc32(0, bytes.data(), bytes.size() - 4) != stored_crc) {
     return absl::DataLossError(absl::StrCat("checkpoint '", path, "' is damaged (CRC mismatch)"));
   }
   if (file != nullptr) *file = {static_cast<int64_t>(bytes.size()), stored_crc};

@@ -29,6 +29,11 @@ struct CheckpointFile {
   uint32_t crc32 = 0;
 };
 
+// zlib's CRC-32 of `n` bytes at `data`, continuing from `crc` (0 to start),
+// for any length: zlib takes 32-bit lengths, so this feeds it in pieces (a
+// checkpoint of a 358M-parameter model with Adam is past 4 GiB).
+uint32_t Crc32(uint32_t crc, const void* data, size_t n);
+
 // Writes `header` (its `tensors` list is filled here) and the tensors to `path`.
 absl::StatusOr<CheckpointFile> WriteCheckpoint(const std::string& path,
                                                tandem::v1::CheckpointHeader header,

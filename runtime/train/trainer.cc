@@ -443,14 +443,27 @@ absl::Status Trainer::SwitchRunner(const RunnerFactory& make, RunClock& clock) {
         absl::StrCat("cannot switch runners at step ", step_, ": ", made.message(),
                      "; going on under the previous one"));
     next = MakeRunner(options_.make_runner);
-    TANDEM_RETURN_IF_ERROR(next.status());
+    if (!next.ok()) {
+      return absl::Status(
+          next.status().code(),
+          absl::StrCat("cannot switch runners at step ", step_, " (", made.message(),
+                       ") nor make the previous one again: ", next.status().message()));
+    }
   } else {
     options_.make_runner = make;  // a resume after a failed step makes this one
   }
   runner_ = *std::move(next);
   runner_->set_timing_sink(options_.timing_sink);
+  for (const std::string& w : runner_->warnings()) Log(tandem::v1::LOG_SEVERITY_WARNING, w);
   metrics_.set_predicted_step_seconds(runner_->plan().prediction().iteration_seconds());
-  TANDEM_RETURN_IF_ERROR(LoadNewestCheckpoint());
+  // Exactly the state the previous runner left: the checkpoint just written,
+  // not the newest readable one (were it unreadable, an older one would
+  // rewind the run, and none would leave the new runner at its initial
+  // weights while the step count went on).
+  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::CheckpointHeader saved,
+                          ReadCheckpoint(checkpoint_path_, model_->fingerprint(),
+                                         StateTensors(runner_->host_state(), true)));
+  TANDEM_RETURN_IF_ERROR(Resume(saved, checkpoint_path_));
   clock.steady_after = clock.run_steps + kWarmupSteps;
   clock.steady_steps = 0;
   clock.steady_step_seconds = 0;

@@ -108,6 +108,8 @@ class Trainer {
   const tandem::v1::JobProgress& progress() const { return progress_; }
   const tandem::v1::JobMetrics& metrics() const { return metrics_; }
   StepRunner& runner() { return *runner_; }
+  // False only after a failed runner switch could make neither runner.
+  bool has_runner() const { return runner_ != nullptr; }
   // The callbacks given to Create; set before Run (closed-loop planning adds
   // its own once the model is built).
   TrainerCallbacks& callbacks() { return callbacks_; }

@@ -154,6 +154,104 @@ TEST(TrainerTest, Fp16IsRefusedOnTheCpuEngine) {
   EXPECT_NE(run.status.message().find("PRECISION_FP16"), std::string::npos) << run.status;
 }
 
+// The CPU engine as a RunnerFactory, failing from its `fail_from`-th call on
+// (0: never).
+RunnerFactory CpuFactory(int* calls, int fail_from = 0) {
+  return [calls, fail_from](const Model& model, const tandem::v1::JobSpec& resolved,
+                            int64_t max_batch,
+                            Allocator* host) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+    if (fail_from > 0 && ++*calls >= fail_from) return absl::ResourceExhaustedError("no memory");
+    absl::StatusOr<std::unique_ptr<CpuRunner>> cpu =
+        CpuRunner::Create(model, resolved.optimizer(), max_batch, resolved.training().seed(), host);
+    if (!cpu.ok()) return cpu.status();
+    return std::unique_ptr<StepRunner>(*std::move(cpu));
+  };
+}
+
+// A runner switch (the closed loop's) goes on from exactly the checkpoint it
+// wrote: the same losses as a run that never switched, even where that
+// checkpoint is the only one (were it unreadable, the new runner must not
+// start from its initial weights) or an older one exists (it must not
+// rewind).
+TEST(TrainerTest, ARunnerSwitchGoesOnFromTheCheckpointItWrote) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(12);
+  const TrainRun whole = Train(spec, "");
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  for (const int at : {3, 6}) {  // before any periodic checkpoint, and after one
+    const std::string dir = TempDir("switch-" + std::to_string(at));
+    TrainerOptions options;
+    options.checkpoint_dir = dir;
+    TrainerCallbacks callbacks;
+    std::vector<double> losses;
+    callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+      losses.push_back(p.loss());
+    };
+    int calls = 0;
+    callbacks.switch_runner = [&]() -> RunnerFactory {
+      return static_cast<int>(losses.size()) == at ? CpuFactory(&calls) : nullptr;
+    };
+    absl::Status switched = absl::UnknownError("never switched");
+    callbacks.on_switch = [&](const absl::Status& made) { switched = made; };
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Run().ok());
+    EXPECT_TRUE(switched.ok()) << switched;
+    ASSERT_EQ(losses, whole.losses) << "switched at step " << at;
+  }
+}
+
+// A switch whose own checkpoint reads back damaged fails the run (DATA_LOSS)
+// rather than going on from an older checkpoint (rewinding) or from none
+// (the new runner's initial weights at the old step count).
+TEST(TrainerTest, ASwitchWhoseCheckpointIsDamagedFailsTheRun) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(12);
+  TrainerOptions options;
+  options.checkpoint_dir = TempDir("switch-damaged");
+  TrainerCallbacks callbacks;
+  int steps = 0, calls = 0;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress&) { ++steps; };
+  callbacks.on_checkpoint = [&](const tandem::v1::JobEvent::CheckpointSaved& saved) {
+    if (saved.step() != 6) return;  // the switch's own
+    std::fstream f(saved.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-8, std::ios::end);
+    const char byte = static_cast<char>(f.get() ^ 1);  // a bit of the last tensor
+    f.seekp(-8, std::ios::end);
+    f.put(byte);
+  };
+  callbacks.switch_runner = [&]() -> RunnerFactory {
+    return steps == 6 ? CpuFactory(&calls) : nullptr;
+  };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const absl::Status run = (*trainer)->Run();
+  EXPECT_EQ(run.code(), absl::StatusCode::kDataLoss) << run;
+  EXPECT_EQ(steps, 6);
+}
+
+// A switch whose new runner cannot be made, nor the previous one again,
+// fails the run with both reasons, and the trainer says it has no runner
+// (the daemon then records the job without one).
+TEST(TrainerTest, ASwitchThatCanMakeNoRunnerFailsTheRun) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(8);
+  TrainerOptions options;
+  options.checkpoint_dir = TempDir("switch-fails");
+  int first_calls = 0, next_calls = 0;
+  options.make_runner = CpuFactory(&first_calls, /*fail_from=*/2);
+  TrainerCallbacks callbacks;
+  int steps = 0;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress&) { ++steps; };
+  callbacks.switch_runner = [&]() -> RunnerFactory {
+    return steps == 4 ? CpuFactory(&next_calls, /*fail_from=*/1) : nullptr;
+  };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const absl::Status run = (*trainer)->Run();
+  EXPECT_EQ(run.code(), absl::StatusCode::kResourceExhausted) << run;
+  EXPECT_NE(run.message().find("cannot switch runners at step 4"), std::string::npos) << run;
+  EXPECT_NE(run.message().find("nor make the previous one again"), std::string::npos) << run;
+  EXPECT_FALSE((*trainer)->has_runner());
+}
+
 TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const tandem::v1::JobSpec spec = SyntheticMlp(10);
   const std::string dir = TempDir("damaged");

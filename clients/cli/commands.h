@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "clients/cli/rpc_client.h"
 #include "google/protobuf/message.h"
 #include "tandem/v1/job.pb.h"
 
@@ -17,11 +18,15 @@ namespace tandem::cli {
 struct Globals {
   std::string server;
   std::string token;
+  // --tls_ca's PEM roots (empty: plaintext).
+  std::string tls_root_certs;
   // "text" or "json".
   std::string output;
   bool json() const { return output == "json"; }
 };
 const Globals& GetGlobals();
+// The global flags' connection (--server, --token, --tls_ca).
+ClientOptions GlobalClientOptions();
 
 using Args = std::vector<std::string>;
 

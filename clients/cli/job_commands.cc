@@ -35,6 +35,12 @@ ABSL_FLAG(int64_t, from, 1, "tandem watch: first event sequence to show.");
 ABSL_FLAG(std::string, reason, "", "tandem cancel: recorded in the job's reason.");
 
 namespace tandem::cli {
+
+ClientOptions GlobalClientOptions() {
+  const Globals& g = GetGlobals();
+  return {.server = g.server, .token = g.token, .tls_root_certs = g.tls_root_certs};
+}
+
 namespace {
 
 using tandem::v1::Job;
@@ -47,9 +53,7 @@ constexpr int kExitFailed = 1;
 constexpr int kExitCancelled = 3;
 constexpr int kExitLostContact = 4;
 
-RpcClient Client() {
-  return RpcClient({.server = GetGlobals().server, .token = GetGlobals().token});
-}
+RpcClient Client() { return RpcClient(GlobalClientOptions()); }
 
 std::string ShortState(JobState s) {
   return std::string(absl::StripPrefix(tandem::v1::JobState_Name(s), "JOB_STATE_"));

@@ -13,7 +13,7 @@ namespace tandem::cli {
 
 absl::StatusOr<int> RunNode(const Args& args) {
   if (!args.empty()) return absl::InvalidArgumentError("usage: tandem node [--refresh]");
-  RpcClient client({.server = GetGlobals().server, .token = GetGlobals().token});
+  RpcClient client(GlobalClientOptions());
   tandem::v1::NodeInfo node;
   tandem::v1::GetNodeRequest request;
   request.set_refresh_profile(absl::GetFlag(FLAGS_refresh));

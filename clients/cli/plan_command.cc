@@ -172,7 +172,7 @@ absl::StatusOr<int> RunPlan(const Args& args) {
   if (absl::Status nodes = AddNodes(request); !nodes.ok()) return nodes;
   tandem::v1::PlanModelResponse response;
   if (absl::GetFlag(FLAGS_on_server)) {
-    RpcClient client({.server = GetGlobals().server, .token = GetGlobals().token});
+    RpcClient client(GlobalClientOptions());
     auto context = client.UnaryContext();
     const grpc::Status status = client.stub().PlanModel(context.get(), request, &response);
     if (!status.ok()) return ToAbsl(status, GetGlobals().server);

@@ -18,6 +18,9 @@ struct ClientOptions {
   std::string server = "127.0.0.1:50051";
   // Bearer token; empty sends none.
   std::string token;
+  // PEM roots to check tandemd's TLS certificate against (a daemon started
+  // with --tls_cert); empty: a plaintext channel.
+  std::string tls_root_certs;
   // Deadline of each unary call.
   absl::Duration deadline = absl::Seconds(30);
 };

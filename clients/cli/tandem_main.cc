@@ -1,6 +1,8 @@
 // tandem: the command-line client of tandemd, and `tandem train` to run a job
 // in-process without a daemon. main only parses flags and dispatches.
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +18,9 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "tandemd address (host:port).");
 ABSL_FLAG(std::string, token, "", "Bearer token for a daemon started with --auth_token_file.");
 ABSL_FLAG(std::string, output, "text", "Output format: text or json.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the roots tandemd's TLS certificate is checked against (a daemon started "
+          "with --tls_cert; its own certificate when self-signed); empty: plaintext.");
 
 namespace tandem::cli {
 namespace {
@@ -59,7 +64,8 @@ const std::map<std::string, Command>& Commands() {
 std::string UsageText() {
   std::string text =
       "submit and watch training jobs on tandemd, plan and profile models.\n\n"
-      "Usage: tandem [--server=HOST:PORT] [--token=T] [--output=text|json] COMMAND ARGS...\n\n"
+      "Usage: tandem [--server=HOST:PORT] [--token=T] [--tls_ca=PEM] [--output=text|json] "
+      "COMMAND ARGS...\n\n"
       "Commands:\n";
   for (const auto& [name, command] : Commands()) {
     absl::StrAppend(&text, "  ", absl::StrFormat("%-24s", command.usage), command.help, "\n");
@@ -89,8 +95,17 @@ int main(int argc, char** argv) {
   const std::string usage = tandem::cli::UsageText();
   tandem::InstallFlagsUsage(usage.c_str());
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::string tls_root_certs;
+  if (const std::string ca = absl::GetFlag(FLAGS_tls_ca); !ca.empty()) {
+    std::ifstream in(ca, std::ios::binary);
+    tls_root_certs.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in || tls_root_certs.empty()) {
+      std::fprintf(stderr, "tandem: --tls_ca: cannot read '%s'\n", ca.c_str());
+      return 2;
+    }
+  }
   tandem::cli::globals = {absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_token),
-                          absl::GetFlag(FLAGS_output)};
+                          std::move(tls_root_certs), absl::GetFlag(FLAGS_output)};
   if (tandem::cli::globals.output != "text" && tandem::cli::globals.output != "json") {
     std::fprintf(stderr, "tandem: --output must be text or json, got '%s'\n",
                  tandem::cli::globals.output.c_str());

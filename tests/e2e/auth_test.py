@@ -110,6 +110,15 @@ class TlsTest(unittest.TestCase):
                 with self.assertRaises(grpc.RpcError):
                     tandem_service_pb2_grpc.TandemStub(plain).GetNode(tandem_service_pb2.GetNodeRequest(),
                                                                       timeout=5)
+            # The CLI reaches it given the roots to check its certificate
+            # against, and not over plaintext.
+            cli = [TANDEM, "--server=" + daemon.address, "node"]
+            ok = subprocess.run(cli[:1] + ["--tls_ca=" + cert] + cli[1:], capture_output=True,
+                                text=True, timeout=60)
+            self.assertEqual(ok.returncode, 0, ok.stderr)
+            self.assertIn("hostname", ok.stdout)
+            plain_cli = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(plain_cli.returncode, 0)
         finally:
             self.assertEqual(daemon.stop(), 0, daemon.logs())
             daemon.cleanup()

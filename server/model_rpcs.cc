@@ -50,7 +50,8 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
              tandem::v1::ProfileModelResponse* response, const StopCheck& stop) {
     // The model's memory as a job would need it (its data is not loaded: the
     // profile reads headers only), held from the node's budget while it runs.
-    absl::StatusOr<JobManager::Resolved> resolved = jobs->Resolve(request.spec(), /*plan=*/false);
+    absl::StatusOr<JobManager::Resolved> resolved =
+        jobs->Resolve(profile::ProfiledPart(request.spec()), /*plan=*/false);
     if (!resolved.ok()) return ToGrpc(resolved.status());
     const MemoryEstimate& estimate = resolved->estimate;
     const int64_t model_bytes = estimate.host_bytes - estimate.data_bytes;

@@ -20,6 +20,17 @@
 #include "runtime/train/job_model.h"
 
 namespace tandem::profile {
+
+tandem::v1::JobSpec ProfiledPart(const tandem::v1::JobSpec& requested) {
+  tandem::v1::JobSpec spec;
+  *spec.mutable_model() = requested.model();
+  *spec.mutable_data() = requested.data();
+  *spec.mutable_optimizer() = requested.optimizer();
+  spec.mutable_training()->set_batch_size(requested.training().batch_size());
+  spec.mutable_training()->set_steps(1);
+  return spec;
+}
+
 namespace {
 
 constexpr int kDefaultIterations = 10;
@@ -33,13 +44,8 @@ absl::Status WithField(const std::string& prefix, const absl::Status& s) {
 // The part of the request's spec that changes a profile, resolved.
 absl::StatusOr<tandem::v1::JobSpec> ProfiledSpec(const tandem::v1::JobSpec& requested,
                                                  bool has_accelerator) {
-  tandem::v1::JobSpec spec;
-  *spec.mutable_model() = requested.model();
-  *spec.mutable_data() = requested.data();
-  *spec.mutable_optimizer() = requested.optimizer();
-  spec.mutable_training()->set_batch_size(requested.training().batch_size());
-  spec.mutable_training()->set_steps(1);
-  absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, has_accelerator);
+  absl::StatusOr<tandem::v1::JobSpec> resolved =
+      ResolveJobSpec(ProfiledPart(requested), has_accelerator);
   if (!resolved.ok()) return WithField("spec.", resolved.status());
   return resolved;
 }

@@ -70,6 +70,11 @@ struct ProfileResult {
 absl::StatusOr<ProfileResult> ProfileModel(const tandem::v1::ProfileModelRequest& request,
                                            const ProfilerEnvironment& env);
 
+// The part of a request's spec a profile depends on (model, data, optimizer,
+// training.batch_size), as a one-step job: the rest of the spec is ignored,
+// as ProfileModelRequest says, so it is neither checked nor reserved for.
+tandem::v1::JobSpec ProfiledPart(const tandem::v1::JobSpec& requested);
+
 // The iterations and warm-up a request asks for, defaults applied, or
 // INVALID_ARGUMENT naming the field.
 absl::Status ResolveProfileRequest(const tandem::v1::ProfileModelRequest& request, int* iterations,

@@ -119,10 +119,13 @@ class BoundedReadsTest(unittest.TestCase):
         self.assertIn("the profile needs", refused.exception.details())
         self.assertIn("--host_memory_budget", refused.exception.details())
         self.assertLess(time.perf_counter() - start, 10)
+        # The rest of the spec is ignored, as ProfileModelRequest says: no
+        # steps, and a precision a job here would be refused.
         small = spec_from_dict({
             "model": {"mlp": {"hidden_sizes": [32]}},
             "data": {"synthetic": {"sample_shape": [16], "num_classes": 4, "train_samples": 64}},
-            "training": {"batch_size": 8, "steps": 1},
+            "training": {"batch_size": 8},
+            "precision": "PRECISION_FP16",
         })
         answer = self.client.ProfileModel(
             tandem_service_pb2.ProfileModelRequest(spec=small, iterations=1, warmup_iterations=0),

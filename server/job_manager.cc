@@ -636,10 +636,16 @@ absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
     dirty_ = true;
     return job;
   }
+  // Stored before it is acknowledged: a crash before the next step boundary
+  // must not resume a job whose cancel the client was told of.
+  Job requested = entry.job;
+  requested.set_cancel_requested(why);
+  requested.set_reason("cancelling at the next step boundary");
+  TANDEM_RETURN_IF_ERROR(store_->UpdateJob(requested));
+  entry.job = std::move(requested);
   entry.cancel_requested = true;
   entry.cancel_reason = why;
   entry.stop = true;
-  entry.job.set_reason("cancelling at the next step boundary");
   return entry.job;
 }
 
@@ -803,6 +809,12 @@ absl::Status JobManager::Recover() {
                      entry->job.id().c_str(), StateLabel(state), s.ToString().c_str());
       }
     };
+    if (!entry->job.cancel_requested().empty()) {
+      // Cancelled while it ran, before tandemd went down.
+      transition(tandem::v1::JOB_STATE_CANCELLED, entry->job.cancel_requested());
+      if (!entry->unrecorded.empty()) live_[entry->job.id()] = entry;
+      continue;
+    }
     // A job larger than this daemon's budgets (it restarted with smaller
     // ones) could never be scheduled, and would hold every job behind it.
     const absl::Status fits = estimate.ok() ? CheckBudgets(*estimate) : estimate.status();

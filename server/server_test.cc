@@ -838,6 +838,32 @@ TEST_F(JobManagerTest, AFailedJobsErrorLineIsStoredInSequence) {
   EXPECT_EQ(events.back().sequence(), failed.last_event_sequence());
 }
 
+// A cancel of a running job is stored before it is acknowledged: a tandemd
+// that went down before the job's next step boundary ends the job CANCELLED
+// when it restarts, instead of resuming it.
+TEST_F(JobManagerTest, ACancelAcknowledgedWhileTheJobRanSurvivesARestart) {
+  Open("cancel-restart");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(Spec(100000), "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  WaitFor(s->job.id(), tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs_->Cancel(s->job.id(), "wrong data").ok());
+  // What a crash right now would leave: the stored record says so.
+  tandem::v1::Job stored = *store_->GetJob(s->job.id()).value();
+  EXPECT_EQ(stored.cancel_requested(), "cancelled: wrong data");
+  WaitFor(s->job.id(), tandem::v1::JOB_STATE_CANCELLED);
+  // A restart that finds the job running with its cancel stored.
+  stored.set_state(tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(store_->UpdateJob(stored).ok());
+  Close();
+  Open("cancel-restart", int64_t{1} << 32, /*fresh=*/false);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  const tandem::v1::Job recovered = *jobs_->Get(s->job.id());
+  EXPECT_EQ(recovered.state(), tandem::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(recovered.reason(), "cancelled: wrong data");
+}
+
 // A data-parallel rank computes on its share of each batch: it reserves
 // activations for that share, as one replica of that batch would, not for
 // the whole batch.

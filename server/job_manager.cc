@@ -1162,7 +1162,8 @@ void JobManager::RecordStep(Entry& entry, const JobEvent::StepProgress& p,
   auto* m = entry.job.mutable_metrics();
   m->set_loss(p.loss());
   m->set_samples_per_second(p.samples_per_second());
-  m->set_step_seconds(p.step_seconds());
+  // The window's mean, as the trainer's own metrics (tandem_job_step_seconds).
+  m->set_step_seconds(p.window_step_seconds() > 0 ? p.window_step_seconds() : p.step_seconds());
   if (p.has_updates()) *m->mutable_updates() = p.updates();
   if (p.pipeline_stages_size() > 0) *m->mutable_pipeline_stages() = p.pipeline_stages();
   entry.job.set_last_event_sequence(entry.log->last_sequence());

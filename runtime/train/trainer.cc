@@ -344,6 +344,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
   }
   ++clock.window_steps;
   clock.window_samples += samples;
+  clock.window_step_seconds += step_seconds;
 
   const double now = WallSeconds();
   metrics_.set_loss(result.loss);
@@ -353,10 +354,11 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
   progress_.set_fraction(static_cast<double>(step_) / static_cast<double>(total_steps_));
   if (step_ % resolved_.training().log_interval_steps() == 0 || step_ == total_steps_) {
     const double window = std::max(now - clock.window_start, 1e-9);
-    const double step_mean = window / static_cast<double>(clock.window_steps);
+    const double steps = static_cast<double>(clock.window_steps);
     metrics_.set_samples_per_second(static_cast<double>(clock.window_samples) / window);
-    metrics_.set_step_seconds(step_mean);
-    progress_.set_eta_seconds(step_mean * static_cast<double>(total_steps_ - step_));
+    metrics_.set_step_seconds(clock.window_step_seconds / steps);
+    // What is left at the window's pace, evaluations and checkpoints included.
+    progress_.set_eta_seconds(window / steps * static_cast<double>(total_steps_ - step_));
     RecordUpdateStats();
     if (callbacks_.on_step) {
       JobEvent::StepProgress p;
@@ -365,6 +367,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
       p.set_loss(result.loss);
       p.set_samples_per_second(metrics_.samples_per_second());
       p.set_step_seconds(step_seconds);
+      p.set_window_step_seconds(metrics_.step_seconds());
       p.set_learning_rate(options.learning_rate);
       p.set_grad_norm(result.grad_norm);
       if (loss_scaler_ != nullptr) {
@@ -380,6 +383,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
     clock.window_start = now;
     clock.window_steps = 0;
     clock.window_samples = 0;
+    clock.window_step_seconds = 0;
   }
   metrics_.set_train_seconds(now - clock.run_start);
   metrics_.set_mean_samples_per_second(static_cast<double>(clock.run_samples) /

@@ -126,6 +126,9 @@ class Trainer {
   struct RunClock {
     double run_start = 0, window_start = 0;
     int64_t window_steps = 0, window_samples = 0, run_steps = 0, run_samples = 0;
+    // The window's steps' own wall time (its wall clock also holds
+    // evaluations, checkpoints and runner switches).
+    double window_step_seconds = 0;
     double run_step_seconds = 0;
     // Steps after the run's first kWarmupSteps, which pay for one-time work
     // (cuDNN algorithm searches, library handles, lazily loaded GPU modules,

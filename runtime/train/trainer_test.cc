@@ -252,6 +252,33 @@ TEST(TrainerTest, ASwitchThatCanMakeNoRunnerFailsTheRun) {
   EXPECT_FALSE((*trainer)->has_runner());
 }
 
+// The step time a job reports is its steps' own, over the latest window:
+// not the evaluations run between them (its throughput's window holds those).
+TEST(TrainerTest, StepSecondsAreTheWindowsStepsAlone) {
+  tandem::v1::JobSpec spec = SyntheticMlp(8);
+  spec.mutable_training()->set_log_interval_steps(4);
+  spec.mutable_training()->set_eval_interval_steps(1);
+  TrainerOptions options;
+  TrainerCallbacks callbacks;
+  std::vector<double> steps;
+  callbacks.after_step = [&](int64_t, double seconds, const StepRunner&) {
+    steps.push_back(seconds);
+  };
+  std::vector<double> windows;
+  callbacks.on_step = [&](const tandem::v1::JobEvent::StepProgress& p) {
+    windows.push_back(p.window_step_seconds());
+  };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, callbacks);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  ASSERT_EQ(steps.size(), 8u);
+  ASSERT_EQ(windows.size(), 2u);
+  const double last = (steps[4] + steps[5] + steps[6] + steps[7]) / 4;
+  EXPECT_NEAR((*trainer)->metrics().step_seconds(), last, 1e-9);
+  EXPECT_NEAR(windows[1], last, 1e-9);
+  EXPECT_NEAR(windows[0], (steps[0] + steps[1] + steps[2] + steps[3]) / 4, 1e-9);
+}
+
 TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const tandem::v1::JobSpec spec = SyntheticMlp(10);
   const std::string dir = TempDir("damaged");

@@ -459,21 +459,10 @@ absl::Status ForcedPlanError(const std::string& field, const std::string& messag
   return absl::InvalidArgumentError(absl::StrCat("placement.plan.", field, ": ", message));
 }
 
-// A forced plan's stages against the model and placement.pipeline: the same
-// number, contiguous, every layer in one, each on its own accelerator.
-absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved, const Plan& plan) {
-  const int want = resolved.placement().pipeline().stages();
-  const int K = plan.pipeline_size();
-  if (K == 0 && want <= 1) return absl::OkStatus();
-  if (K != want) {
-    return ForcedPlanError("pipeline",
-                           absl::StrCat("the plan has ", K, " stages but placement.pipeline.stages",
-                                        " is ", want, " (a one-stage plan has no pipeline)"));
-  }
-  // The runner runs the plan's schedule and micro-batches: they must be the
-  // spec's, which its other checks (clipping, vertical sync, even
-  // micro-batches) were made against.
-  const tandem::v1::PipelineSpec& pipe = resolved.placement().pipeline();
+// The runner runs the plan's schedule and micro-batches: a forced plan's must
+// be the spec's, which the spec's other checks (clipping, vertical sync, even
+// micro-batches) were made against.
+absl::Status CheckForcedPipelineSchedule(const tandem::v1::PipelineSpec& pipe, const Plan& plan) {
   if (!tandem::v1::PipelineSchedule_IsValid(plan.pipeline_schedule())) {
     return ForcedPlanError("pipeline_schedule",
                            absl::StrCat("unknown value ", plan.pipeline_schedule()));
@@ -490,6 +479,22 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
         absl::StrCat(plan.micro_batches(), " is not placement.pipeline.micro_batches (",
                      pipe.micro_batches(), ")"));
   }
+  return absl::OkStatus();
+}
+
+// A forced plan's stages against the model and placement.pipeline: the same
+// number, contiguous, every layer in one, each on its own accelerator.
+absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved, const Plan& plan) {
+  const int want = resolved.placement().pipeline().stages();
+  const int K = plan.pipeline_size();
+  if (K == 0 && want <= 1) return absl::OkStatus();
+  if (K != want) {
+    return ForcedPlanError("pipeline",
+                           absl::StrCat("the plan has ", K, " stages but placement.pipeline.stages",
+                                        " is ", want, " (a one-stage plan has no pipeline)"));
+  }
+  const tandem::v1::PipelineSpec& pipe = resolved.placement().pipeline();
+  TANDEM_RETURN_IF_ERROR(CheckForcedPipelineSchedule(pipe, plan));
   std::set<int> devices;
   int next = 0;
   for (int k = 0; k < K; ++k) {

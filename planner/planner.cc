@@ -489,6 +489,16 @@ double UpdateTail(const CostModel& cost, const tandem::v1::PipelineStage& s,
   return std::max(device_update, end - backward);
 }
 
+// What the updates add to the step after the pipelined phase: each stage's
+// last update (`tail`) follows its own last backward, which ended
+// `ended_before` the phase's end (PipeDream's too, its other updates being in
+// the pipelined slots; a continuous PipeDream's are all there).
+double UpdatesAfterPhase(const std::vector<double>& tail, const std::vector<double>& ended_before) {
+  double after = 0;
+  for (size_t k = 0; k < tail.size(); ++k) after = std::max(after, tail[k] - ended_before[k]);
+  return after;
+}
+
 // Sets `plan`'s stages, prediction and note from the partition, whose
 // compute is at the stages' rates already. Stage 0's last backward ends the
 // pipelined phase; stage s's ended its backward and the gradient's send
@@ -553,14 +563,7 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
   // A continuous PipeDream (PlanRequest::pipeline_continuous, PipeDream
   // without vertical sync only) fills its pipeline once per run, not per step.
   const double pipelined = continuous ? M * bottleneck : path + (M - 1) * bottleneck;
-  // What the updates add to the step after the pipelined phase: each
-  // stage's last update follows its own last backward (PipeDream's too, its
-  // other updates being in the slots above); a continuous PipeDream's are all
-  // in its slots.
-  double after = 0;
-  if (!continuous) {
-    for (int k = 0; k < K; ++k) after = std::max(after, tail[k] - ended_before[k]);
-  }
+  const double after = continuous ? 0 : UpdatesAfterPhase(tail, ended_before);
   // The note gives PipeDream's update per micro-batch, the others' tail.
   if (!pipedream) update = after;
   double step = pipelined + after;

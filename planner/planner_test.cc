@@ -807,6 +807,19 @@ TEST(SolvePipelinePlanTest, PredictsTheBubbleFormulaAndHoldsLessUnder1F1B) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// `r` as a 1F1B pipeline without gradient clipping (plans[0]) and with it
+// (plans[1]), each feasible.
+void SolveWithAndWithoutClipping(PlanRequest r, tandem::v1::Plan plans[2]) {
+  for (const bool clips : {false, true}) {
+    r.clips_gradients = clips;
+    absl::StatusOr<tandem::v1::Plan> plan =
+        SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->feasible()) << plan->solver().note();
+    plans[clips] = *plan;
+  }
+}
+
 // Offloading stages' host updates overlap their last backward where no
 // gradient clipping waits for the global norm (PipelineOptions::
 // overlap_host_updates): the same update work, less of it after the
@@ -822,14 +835,7 @@ TEST(SolvePipelinePlanTest, OffloadingStagesHostUpdatesOverlapTheirLastBackward)
     r.pipeline_stages.back().set_offload_optimizer(true);
   }
   tandem::v1::Plan plans[2];
-  for (const bool clips : {false, true}) {
-    r.clips_gradients = clips;
-    absl::StatusOr<tandem::v1::Plan> plan =
-        SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_TRUE(plan->feasible()) << plan->solver().note();
-    plans[clips] = *plan;
-  }
+  ASSERT_NO_FATAL_FAILURE(SolveWithAndWithoutClipping(r, plans));
   const tandem::v1::Plan& overlapped = plans[false];
   const tandem::v1::Plan& after = plans[true];
   double bottleneck = 0, path = 0;
@@ -870,14 +876,7 @@ TEST(SolvePipelinePlanTest, WithClippingEveryStagesUpdateWaitsForTheWholePipelin
     s.set_last_layer(k < 3 ? k : last);
   }
   tandem::v1::Plan plans[2];
-  for (const bool clips : {false, true}) {
-    r.clips_gradients = clips;
-    absl::StatusOr<tandem::v1::Plan> plan =
-        SolvePipelinePlan(r, tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_TRUE(plan->feasible()) << plan->solver().note();
-    plans[clips] = *plan;
-  }
+  ASSERT_NO_FATAL_FAILURE(SolveWithAndWithoutClipping(r, plans));
   double bottleneck = 0, path = 0, longest = 0;
   for (const tandem::v1::PipelineStage& s : plans[true].pipeline()) {
     bottleneck = std::max({bottleneck, s.compute_seconds(), 2 * s.communication_seconds()});

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -133,14 +134,32 @@ training: {batch_size: 16, steps: 10, checkpoint_interval_steps: 5}
 class JobManagerTest : public testing::Test {
  protected:
   void Open(const std::string& name, int64_t host_budget = int64_t{1} << 32, bool fresh = true,
-            std::optional<node::NodeOffer> node = std::nullopt) {
+            std::optional<node::NodeOffer> node = std::nullopt,
+            const std::function<void(JobManagerOptions&)>& customize = nullptr) {
     dir_ = fresh ? TempDir(name) : dir_;
     store_ = *JobStore::Open(dir_ + "/jobs.db");
     JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
     options.host_memory_budget_bytes = host_budget;
     options.default_threads = 1;
     options.node = std::move(node);
+    if (customize) customize(options);
     jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
+  }
+  // A daemon whose distributed jobs' runs all end as rank 0's `factory` says
+  // (it stands for the ranks' start and rendezvous), started.
+  void OpenDistributed(const std::string& name, RunnerFactory factory) {
+    Open(name, int64_t{1} << 32, true, std::nullopt, [&](JobManagerOptions& options) {
+      options.admit_distributed = [](const tandem::v1::JobSpec&) { return absl::OkStatus(); };
+      options.begin_distributed = [factory](const tandem::v1::Job&, const std::string&) {
+        DistributedRun run;
+        run.vote = std::make_shared<StopVote>();
+        run.nodes = std::make_shared<std::vector<std::string>>();
+        run.factory = factory;
+        return run;
+      };
+    });
+    ASSERT_TRUE(jobs_->Recover().ok());
+    jobs_->Start();
   }
   void Close() {
     jobs_.reset();
@@ -693,29 +712,15 @@ TEST_F(JobManagerTest, AProgramOverTheRecordLimitIsLeftToTheRun) {
 // job CANCELLED: it is not restarted as after a lost rank, and the cancel
 // is not forgotten.
 TEST_F(JobManagerTest, ACancelDuringADistributedRendezvousEndsTheJob) {
-  dir_ = TempDir("cancel-rendezvous");
-  store_ = *JobStore::Open(dir_ + "/jobs.db");
-  JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
-  options.host_memory_budget_bytes = int64_t{1} << 32;
-  options.default_threads = 1;
-  options.admit_distributed = [](const tandem::v1::JobSpec&) { return absl::OkStatus(); };
   std::atomic<int> runs{0};
   absl::Notification joining, give_up;
-  options.begin_distributed = [&](const tandem::v1::Job&, const std::string&) {
-    DistributedRun run;
-    run.vote = std::make_shared<StopVote>();
-    run.nodes = std::make_shared<std::vector<std::string>>();
-    run.factory = [&](const Model&, const tandem::v1::JobSpec&, int64_t,
+  OpenDistributed("cancel-rendezvous",
+                  [&](const Model&, const tandem::v1::JobSpec&, int64_t,
                       Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
-      if (runs.fetch_add(1) == 0) joining.Notify();
-      give_up.WaitForNotification();
-      return absl::UnavailableError("the ranks did not join");
-    };
-    return run;
-  };
-  jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
-  ASSERT_TRUE(jobs_->Recover().ok());
-  jobs_->Start();
+                    if (runs.fetch_add(1) == 0) joining.Notify();
+                    give_up.WaitForNotification();
+                    return absl::UnavailableError("the ranks did not join");
+                  });
   tandem::v1::JobSpec spec = Spec(6);
   spec.mutable_distributed()->set_replicas(2);
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
@@ -735,27 +740,13 @@ TEST_F(JobManagerTest, ACancelDuringADistributedRendezvousEndsTheJob) {
 // tandemd is not stopping) is a lost rank: the job waits for the peer as
 // after any loss, and says why, instead of claiming this tandemd shut down.
 TEST_F(JobManagerTest, RanksStoppedForAPeerShuttingDownRestartAsAfterALostRank) {
-  dir_ = TempDir("peer-stopped");
-  store_ = *JobStore::Open(dir_ + "/jobs.db");
-  JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
-  options.host_memory_budget_bytes = int64_t{1} << 32;
-  options.default_threads = 1;
-  options.admit_distributed = [](const tandem::v1::JobSpec&) { return absl::OkStatus(); };
   std::atomic<int> runs{0};
-  options.begin_distributed = [&](const tandem::v1::Job&, const std::string&) {
-    DistributedRun run;
-    run.vote = std::make_shared<StopVote>();
-    run.nodes = std::make_shared<std::vector<std::string>>();
-    run.factory = [&](const Model&, const tandem::v1::JobSpec&, int64_t,
+  OpenDistributed("peer-stopped",
+                  [&](const Model&, const tandem::v1::JobSpec&, int64_t,
                       Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
-      ++runs;
-      return absl::CancelledError("stopped at step 0 of 6");
-    };
-    return run;
-  };
-  jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
-  ASSERT_TRUE(jobs_->Recover().ok());
-  jobs_->Start();
+                    ++runs;
+                    return absl::CancelledError("stopped at step 0 of 6");
+                  });
   tandem::v1::JobSpec spec = Spec(6);
   spec.mutable_distributed()->set_replicas(2);
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(spec, "");
@@ -808,16 +799,12 @@ TEST_F(JobManagerTest, AJobLargerThanTheBudgetAfterARestartFailsAndHoldsNoQueue)
 // A failed job's ERROR line is stored like its other events: the stored
 // sequence has no gap, and a replay after the job left memory shows it.
 TEST_F(JobManagerTest, AFailedJobsErrorLineIsStoredInSequence) {
-  dir_ = TempDir("error-line");
-  store_ = *JobStore::Open(dir_ + "/jobs.db");
-  JobManagerOptions options{.state_dir = dir_, .data_policy = *PathPolicy::Create(dir_)};
-  options.host_memory_budget_bytes = int64_t{1} << 32;
-  options.default_threads = 1;
-  options.make_runner = [](const Model&, const tandem::v1::JobSpec&, int64_t,
-                           Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
-    return absl::InternalError("the runner broke");
-  };
-  jobs_ = std::make_unique<JobManager>(options, store_.get(), &metrics_);
+  Open("error-line", int64_t{1} << 32, true, std::nullopt, [](JobManagerOptions& options) {
+    options.make_runner = [](const Model&, const tandem::v1::JobSpec&, int64_t,
+                             Allocator*) -> absl::StatusOr<std::unique_ptr<StepRunner>> {
+      return absl::InternalError("the runner broke");
+    };
+  });
   ASSERT_TRUE(jobs_->Recover().ok());
   jobs_->Start();
   absl::StatusOr<JobManager::Submitted> s = jobs_->Submit(Spec(4), "");

@@ -190,6 +190,9 @@ struct JobManager::Entry {
   std::shared_ptr<EventLog> log;
   MemoryEstimate estimate;
   std::atomic<bool> stop{false};
+  // A distributed run's stop vote, while it runs: a cancel or a shutdown
+  // requests it at once, which also ends a rendezvous still waiting.
+  std::shared_ptr<StopVote> vote;
   bool cancel_requested = false;
   std::string cancel_reason;
   bool running = false;
@@ -646,6 +649,7 @@ absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
   entry.cancel_requested = true;
   entry.cancel_reason = why;
   entry.stop = true;
+  if (entry.vote) entry.vote->Request();
   return entry.job;
 }
 
@@ -1019,6 +1023,11 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   std::optional<DistributedRun> distributed;
   if (job.resolved_spec().distributed().replicas() > 1 && options_.begin_distributed) {
     distributed = options_.begin_distributed(job, trainer_options.checkpoint_dir);
+    {
+      absl::MutexLock lock(&mu_);
+      entry->vote = distributed->vote;
+      if (entry->stop.load()) entry->vote->Request();  // cancelled meanwhile
+    }
     trainer_options.make_runner = distributed->factory;
     trainer_options.rank_nodes = distributed->nodes;
     // A stop (cancel, shutdown) is voted on, so that every rank stops at the
@@ -1060,6 +1069,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   }
   FlushEvents();
   absl::MutexLock lock(&mu_);
+  entry->vote.reset();
   FinishRun(*entry, trainer.get(), status);
   // The trainer's buffers belong to the job's allocator: free them first, and
   // both before the scheduler may hand the memory to another job.
@@ -1449,7 +1459,9 @@ void JobManager::Shutdown() {
     accepting_ = false;
     stopping_ = true;
     for (auto& [id, e] : live_) {
-      if (e->running) e->stop = true;
+      if (!e->running) continue;
+      e->stop = true;
+      if (e->vote) e->vote->Request();
     }
   }
   if (scheduler_.joinable()) scheduler_.join();

@@ -635,9 +635,11 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
   auto picked_nodes = run.nodes;
   RunnerFactory join = DataParallelFactory(
       0, job.resolved_spec().distributed().replicas(), "gloo", HostOf(peers_->self()),
-      [table, prefix, job] {
+      [table, prefix, job, vote = run.vote] {
+        // A cancel of the job (JobManager requests the vote) ends the wait.
         return std::make_unique<LocalStore>(
-            table, prefix, Seconds(job.resolved_spec().distributed().rendezvous_timeout_seconds()));
+            table, prefix, Seconds(job.resolved_spec().distributed().rendezvous_timeout_seconds()),
+            [vote] { return vote->requested(); });
       },
       run.vote, node_);
   run.factory = [this, job, attempt, started, join, picked_nodes, peers, checkpoint_dir](

@@ -82,19 +82,32 @@ void LocalStore::set(const std::string& key, const std::vector<char>& data) {
   if (!s.ok()) Throw(s);
 }
 
+std::vector<std::string> LocalStore::Wait(const std::vector<std::string>& keys,
+                                          absl::Duration timeout) {
+  std::vector<std::string> full;
+  for (const std::string& k : keys) full.push_back(prefix_ + k);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    const absl::Duration slice = stopped_ ? std::min(left, RemoteStore::kSlice) : left;
+    absl::StatusOr<std::vector<std::string>> v = table_->Get(full, slice);
+    if (v.ok()) return *std::move(v);
+    if (v.status().code() == absl::StatusCode::kDeadlineExceeded && slice < left) {
+      if (stopped_()) Throw(absl::UnavailableError("stopped while joining the other ranks"));
+      continue;  // the next slice
+    }
+    Throw(v.status());
+  }
+}
+
 std::vector<char> LocalStore::get(const std::string& key) {
-  absl::StatusOr<std::vector<std::string>> v = table_->Get({prefix_ + key}, timeout_);
-  if (!v.ok()) Throw(v.status());
-  return std::vector<char>((*v)[0].begin(), (*v)[0].end());
+  const std::string v = Wait({key}, timeout_)[0];
+  return std::vector<char>(v.begin(), v.end());
 }
 
 void LocalStore::wait(const std::vector<std::string>& keys,
                       const std::chrono::milliseconds& timeout) {
-  std::vector<std::string> full;
-  for (const std::string& k : keys) full.push_back(prefix_ + k);
-  absl::StatusOr<std::vector<std::string>> v =
-      table_->Get(full, std::min(timeout_, absl::FromChrono(timeout)));
-  if (!v.ok()) Throw(v.status());
+  Wait(keys, std::min(timeout_, absl::FromChrono(timeout)));
 }
 
 RemoteStore::RemoteStore(std::shared_ptr<grpc::Channel> channel, PeerCredentials credentials,

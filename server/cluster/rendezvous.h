@@ -53,10 +53,16 @@ struct PeerCredentials {
 };
 
 // Gloo's Store over a RendezvousTable in this process, under `prefix`.
+// Like RemoteStore, a wait gives up once `stopped` says so (rank 0's job was
+// cancelled while its ranks join), within a slice of RemoteStore::kSlice.
 class LocalStore final : public gloo::rendezvous::Store {
  public:
-  LocalStore(RendezvousTable* table, std::string prefix, absl::Duration timeout)
-      : table_(table), prefix_(std::move(prefix)), timeout_(timeout) {}
+  LocalStore(RendezvousTable* table, std::string prefix, absl::Duration timeout,
+             std::function<bool()> stopped = nullptr)
+      : table_(table),
+        prefix_(std::move(prefix)),
+        timeout_(timeout),
+        stopped_(std::move(stopped)) {}
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override { wait(keys, ToChrono(timeout_)); }
@@ -67,9 +73,12 @@ class LocalStore final : public gloo::rendezvous::Store {
   static std::chrono::milliseconds ToChrono(absl::Duration d) {
     return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
   }
+  // The table's values of `keys` (under prefix_), waiting up to `timeout`.
+  std::vector<std::string> Wait(const std::vector<std::string>& keys, absl::Duration timeout);
   RendezvousTable* const table_;
   const std::string prefix_;
   const absl::Duration timeout_;
+  const std::function<bool()> stopped_;
 };
 
 // Gloo's Store over the coordinator's Rendezvous RPCs, under `prefix`. A

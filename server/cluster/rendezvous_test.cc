@@ -110,5 +110,29 @@ TEST_F(RemoteStoreTest, AWaitThatRunsOutSaysSo) {
   EXPECT_EQ(service_.gets.load(), 1);
 }
 
+// The coordinator's own rank waits on the table in this process: a cancel of
+// the job (its stop vote requested) ends that wait within a slice too.
+TEST(LocalStoreTest, AStoppedCoordinatorStopsWaitingWithinASlice) {
+  RendezvousTable table;
+  std::atomic<bool> stop{false};
+  LocalStore store(&table, "job/run/", absl::Seconds(60), [&stop] { return stop.load(); });
+  store.set("rank0", {'x'});
+  EXPECT_EQ(store.get("rank0"), std::vector<char>{'x'});
+  std::string error;
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] {
+    try {
+      store.wait({"never"});
+    } catch (const gloo::IoException& e) {
+      error = e.what();
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  stop = true;
+  waiter.join();
+  EXPECT_NE(error.find("stopped while joining"), std::string::npos) << error;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
 }  // namespace
 }  // namespace tandem::server

@@ -1031,11 +1031,8 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     trainer_options.make_runner = distributed->factory;
     trainer_options.rank_nodes = distributed->nodes;
     // A stop (cancel, shutdown) is voted on, so that every rank stops at the
-    // same step with the same final checkpoint.
-    callbacks.should_stop = [entry, vote = distributed->vote] {
-      if (entry->stop.load()) vote->Request();
-      return vote->agreed();
-    };
+    // same step with the same final checkpoint: they request the vote.
+    callbacks.should_stop = [vote = distributed->vote] { return vote->agreed(); };
     callbacks.after_step = [this, entry, nodes = distributed->nodes](int64_t, double,
                                                                      const StepRunner& runner) {
       tandem::v1::DistributedStats d = runner.distributed_stats();

@@ -27,12 +27,10 @@ absl::Status StagedGradientCollective::Counted(bool reduction, F collective) {
   absl::Status status = collective();
   const CollectiveStats& after = comm_->stats();
   MutexLock lock(&mu_);
-  for (CollectiveStats* to : {&stats_, reduction ? &reductions_ : nullptr}) {
-    if (to != nullptr) {
-      Add(*to, after.calls - before.calls, after.bytes - before.bytes,
-          after.seconds - before.seconds);
-    }
-  }
+  const int64_t calls = after.calls - before.calls, bytes = after.bytes - before.bytes;
+  const double seconds = after.seconds - before.seconds;
+  Add(stats_, calls, bytes, seconds);
+  if (reduction) Add(reductions_, calls, bytes, seconds);
   return status;
 }
 
@@ -68,10 +66,10 @@ absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
     const double start = WallSeconds();
     absl::Status status = device_(accelerator, ranges);
     const int n = comm_->size();
+    const double seconds = WallSeconds() - start;
     MutexLock lock(&mu_);
-    for (CollectiveStats* to : {&stats_, &reductions_}) {
-      Add(*to, 1, 2 * (n - 1) * total * 4 / n, WallSeconds() - start);
-    }
+    Add(stats_, 1, 2 * (n - 1) * total * 4 / n, seconds);
+    Add(reductions_, 1, 2 * (n - 1) * total * 4 / n, seconds);
     return status;
   }
   if (static_cast<int64_t>(staging_.size()) < total) staging_.resize(total);

@@ -166,6 +166,55 @@ std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
   return absl::StrJoin(states, "; ");
 }
 
+// Stops ranks 1..N-1 of `job_id` on `started` (best effort: a rank's daemon
+// may be gone).
+void StopStartedRanks(PeerSet* peers, const std::vector<std::string>& started,
+                      const std::string& job_id, const std::string& why) {
+  for (size_t i = 0; i < started.size(); ++i) {
+    tandem::v1::StopRankRequest request;
+    request.set_job_id(job_id);
+    request.set_rank(static_cast<int>(i) + 1);
+    request.set_reason(why);
+    tandem::v1::RankStatus status;
+    CallPeer(peers, started[i], absl::Seconds(2), &tandem::v1::Cluster::Stub::StopRank, request,
+             &status);
+  }
+}
+
+// Starts rank i + 1 on nodes[i] with requests[i], in turn, each started node
+// appended to `started` and `picked`; the first refusal names its rank.
+absl::Status StartPeerRanks(PeerSet* peers,
+                            const std::vector<tandem::v1::StartRankRequest>& requests,
+                            const std::vector<std::string>& nodes,
+                            std::vector<std::string>* started, std::vector<std::string>* picked) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    tandem::v1::RankStatus status;
+    const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(30),
+                                    &tandem::v1::Cluster::Stub::StartRank, requests[i], &status);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("rank ", i + 1, " on node ", nodes[i],
+                                       " could not start: ", s.error_message()));
+    }
+    started->push_back(nodes[i]);
+    picked->push_back(nodes[i]);
+  }
+  return absl::OkStatus();
+}
+
+// A failed run's `status` with what each started rank says it is doing. A
+// rank that failed on its own (a spec or memory error on its node) is not a
+// lost rank: restarting would fail alike, so the job fails now (ABORTED)
+// instead of retrying for distributed.fault_wait_seconds.
+absl::Status ExplainedFailure(PeerSet* peers, const std::vector<std::string>& started,
+                              const std::string& job_id, const absl::Status& status) {
+  if (started.empty()) return status;
+  bool failed_alone = false;
+  const std::string states = RankStates(peers, started, job_id, &failed_alone);
+  return absl::Status(failed_alone ? absl::StatusCode::kAborted : status.code(),
+                      absl::StrCat(status.message(), "; ", states));
+}
+
 bool SafeId(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {
@@ -616,20 +665,8 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
   const std::string prefix = RunPrefix(job_id, attempt);
   PeerSet* peers = peers_;
   RendezvousTable* table = table_;
-  auto stop_all = [peers, started, job_id](const std::string& why) {
-    for (size_t i = 0; i < started->size(); ++i) {
-      tandem::v1::StopRankRequest request;
-      request.set_job_id(job_id);
-      request.set_rank(static_cast<int>(i) + 1);
-      request.set_reason(why);
-      tandem::v1::RankStatus status;
-      // Best effort: the rank's daemon may be gone.
-      CallPeer(peers, (*started)[i], absl::Seconds(2), &tandem::v1::Cluster::Stub::StopRank,
-               request, &status);
-    }
-  };
-  run.end = [stop_all, table, prefix] {
-    stop_all("the job's run ended on its coordinator");
+  run.end = [peers, started, job_id, table, prefix] {
+    StopStartedRanks(peers, *started, job_id, "the job's run ended on its coordinator");
     table->Erase(prefix);
   };
   auto picked_nodes = run.nodes;
@@ -650,21 +687,9 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
     TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec,
                             PinRankPlan(model, resolved, node_, job.plan()));
     picked_nodes->assign({"self"});
-    const std::vector<tandem::v1::StartRankRequest> requests =
-        StartRankRequests(job.id(), attempt, spec, nodes, peers->self());
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const tandem::v1::StartRankRequest& request = requests[i];
-      tandem::v1::RankStatus status;
-      const grpc::Status s = CallPeer(peers, nodes[i], absl::Seconds(30),
-                                      &tandem::v1::Cluster::Stub::StartRank, request, &status);
-      if (!s.ok()) {
-        return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                            absl::StrCat("rank ", i + 1, " on node ", nodes[i],
-                                         " could not start: ", s.error_message()));
-      }
-      started->push_back(nodes[i]);
-      picked_nodes->push_back(nodes[i]);
-    }
+    TANDEM_RETURN_IF_ERROR(
+        StartPeerRanks(peers, StartRankRequests(job.id(), attempt, spec, nodes, peers->self()),
+                       nodes, started.get(), picked_nodes.get()));
     // On failure the run ends: `explain` adds what each rank was doing, and
     // `end` stops them.
     absl::StatusOr<std::unique_ptr<StepRunner>> runner = join(model, spec, max_batch, allocator);
@@ -675,14 +700,7 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
     return runner;
   };
   run.explain = [peers, started, job_id](const absl::Status& status) {
-    if (started->empty()) return status;
-    bool failed_alone = false;
-    const std::string states = RankStates(peers, *started, job_id, &failed_alone);
-    // A rank that failed on its own (a spec or memory error on its node) is
-    // not a lost rank: restarting would fail alike, so the job fails now
-    // (ABORTED) instead of retrying for distributed.fault_wait_seconds.
-    return absl::Status(failed_alone ? absl::StatusCode::kAborted : status.code(),
-                        absl::StrCat(status.message(), "; ", states));
+    return ExplainedFailure(peers, *started, job_id, status);
   };
   return run;
 }

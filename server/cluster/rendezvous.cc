@@ -75,6 +75,26 @@ namespace {
 [[noreturn]] void Throw(const absl::Status& status) {
   throw gloo::IoException(std::string(status.message()));
 }
+
+// The values `get(slice)` finds, asked for in slices of at most
+// RemoteStore::kSlice while `stopped` is given (else in one): a slice that
+// ends DEADLINE_EXCEEDED with time left is followed by the next unless
+// `stopped` says so. Throws what ends the wait.
+template <typename Get>
+std::vector<std::string> WaitInSlices(absl::Duration timeout, const std::function<bool()>& stopped,
+                                      Get get) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    const absl::Duration slice = stopped ? std::min(left, RemoteStore::kSlice) : left;
+    absl::StatusOr<std::vector<std::string>> values = get(slice);
+    if (values.ok()) return *std::move(values);
+    if (values.status().code() != absl::StatusCode::kDeadlineExceeded || slice >= left) {
+      Throw(values.status());
+    }
+    if (stopped()) Throw(absl::UnavailableError("stopped while joining the other ranks"));
+  }
+}
 }  // namespace
 
 void LocalStore::set(const std::string& key, const std::vector<char>& data) {
@@ -86,18 +106,8 @@ std::vector<std::string> LocalStore::Wait(const std::vector<std::string>& keys,
                                           absl::Duration timeout) {
   std::vector<std::string> full;
   for (const std::string& k : keys) full.push_back(prefix_ + k);
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
-    const absl::Duration slice = stopped_ ? std::min(left, RemoteStore::kSlice) : left;
-    absl::StatusOr<std::vector<std::string>> v = table_->Get(full, slice);
-    if (v.ok()) return *std::move(v);
-    if (v.status().code() == absl::StatusCode::kDeadlineExceeded && slice < left) {
-      if (stopped_()) Throw(absl::UnavailableError("stopped while joining the other ranks"));
-      continue;  // the next slice
-    }
-    Throw(v.status());
-  }
+  return WaitInSlices(timeout, stopped_,
+                      [&](absl::Duration slice) { return table_->Get(full, slice); });
 }
 
 std::vector<char> LocalStore::get(const std::string& key) {
@@ -134,26 +144,24 @@ void RemoteStore::set(const std::string& key, const std::vector<char>& data) {
 
 std::vector<std::string> RemoteStore::Fetch(const std::vector<std::string>& keys,
                                             absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
   tandem::v1::RendezvousGetRequest request;
   for (const std::string& k : keys) request.add_keys(prefix_ + k);
-  while (true) {
-    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
-    const absl::Duration slice = stopped_ ? std::min(left, kSlice) : left;
-    request.set_timeout_seconds(absl::ToDoubleSeconds(slice));
-    tandem::v1::RendezvousGetResponse response;
-    grpc::ClientContext context;
-    credentials_.Prepare(context, slice + absl::Seconds(5));
-    const grpc::Status s = stub_->RendezvousGet(&context, request, &response);
-    if (s.ok()) return {response.values().begin(), response.values().end()};
-    const bool late = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (late && slice < left) {
-      if (stopped_()) Throw(absl::UnavailableError("stopped while joining the other ranks"));
-      continue;  // the next slice
-    }
-    Throw(absl::UnavailableError(absl::StrCat(
-        late ? "Timed out: " : "", "the coordinator's rendezvous: ", s.error_message())));
-  }
+  return WaitInSlices(
+      timeout, stopped_, [&](absl::Duration slice) -> absl::StatusOr<std::vector<std::string>> {
+        request.set_timeout_seconds(absl::ToDoubleSeconds(slice));
+        tandem::v1::RendezvousGetResponse response;
+        grpc::ClientContext context;
+        credentials_.Prepare(context, slice + absl::Seconds(5));
+        const grpc::Status s = stub_->RendezvousGet(&context, request, &response);
+        if (s.ok())
+          return std::vector<std::string>(response.values().begin(), response.values().end());
+        if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("Timed out: the coordinator's rendezvous: ", s.error_message()));
+        }
+        return absl::UnavailableError(
+            absl::StrCat("the coordinator's rendezvous: ", s.error_message()));
+      });
 }
 
 std::vector<char> RemoteStore::get(const std::string& key) {

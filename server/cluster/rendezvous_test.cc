@@ -46,6 +46,26 @@ class TableService final : public tandem::v1::Cluster::Service {
   RendezvousTable table_;
 };
 
+// What `store`'s wait for a key never set throws, with `*stop` set 300 ms
+// into it, and how long the wait took.
+std::string StoppedWait(gloo::rendezvous::Store& store, std::atomic<bool>* stop,
+                        absl::Duration* waited) {
+  std::string error;
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] {
+    try {
+      store.wait({"never"});
+    } catch (const gloo::IoException& e) {
+      error = e.what();
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  *stop = true;
+  waiter.join();
+  *waited = absl::Now() - start;
+  return error;
+}
+
 class RemoteStoreTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -77,19 +97,8 @@ TEST_F(RemoteStoreTest, AStoppedRankStopsWaitingWithinASlice) {
   std::atomic<bool> stop{false};
   RemoteStore store(channel_, Credentials(), "job/run/", absl::Seconds(60),
                     [&stop] { return stop.load(); });
-  std::string error;
-  const absl::Time start = absl::Now();
-  std::thread waiter([&] {
-    try {
-      store.wait({"never"});
-    } catch (const gloo::IoException& e) {
-      error = e.what();
-    }
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  stop = true;
-  waiter.join();
-  const absl::Duration waited = absl::Now() - start;
+  absl::Duration waited;
+  const std::string error = StoppedWait(store, &stop, &waited);
   EXPECT_NE(error.find("stopped while joining"), std::string::npos) << error;
   // Within a slice or two of the stop, far from the 60 s timeout.
   EXPECT_LT(waited, absl::Seconds(30)) << waited;
@@ -118,20 +127,10 @@ TEST(LocalStoreTest, AStoppedCoordinatorStopsWaitingWithinASlice) {
   LocalStore store(&table, "job/run/", absl::Seconds(60), [&stop] { return stop.load(); });
   store.set("rank0", {'x'});
   EXPECT_EQ(store.get("rank0"), std::vector<char>{'x'});
-  std::string error;
-  const absl::Time start = absl::Now();
-  std::thread waiter([&] {
-    try {
-      store.wait({"never"});
-    } catch (const gloo::IoException& e) {
-      error = e.what();
-    }
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  stop = true;
-  waiter.join();
+  absl::Duration waited;
+  const std::string error = StoppedWait(store, &stop, &waited);
   EXPECT_NE(error.find("stopped while joining"), std::string::npos) << error;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_LT(waited, absl::Seconds(30)) << waited;
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ CudaRankRun RunOneCudaRank(const Fixture& f, const Case& c, bool nccl, int steps
   EXPECT_TRUE(runner.ok()) << runner.status();
   if (!runner.ok()) return run;
   run.losses = exec_test::RunSteps(f, **runner, steps);
-  for (const auto& op : (*runner)->program().ops()) {
+  const tandem::v1::Schedule program = (*runner)->program();
+  for (const auto& op : program.ops()) {
     if (op.kind() == tandem::v1::Schedule::OP_KIND_ALL_REDUCE && !op.host_replica()) {
       ++run.device_buckets;
     }

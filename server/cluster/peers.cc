@@ -100,7 +100,7 @@ std::shared_ptr<grpc::Channel> PeerSet::Channel(const std::string& address) {
   return c;
 }
 
-tandem::v1::PeerInfo PeerSet::Check(const std::string& address) {
+tandem::v1::PeerInfo PeerSet::Check(const std::string& address, bool* late) {
   tandem::v1::PeerInfo info;
   info.set_address(address);
   auto stub = tandem::v1::Tandem::NewStub(Channel(address));
@@ -110,6 +110,7 @@ tandem::v1::PeerInfo PeerSet::Check(const std::string& address) {
   tandem::v1::NodeInfo node;
   const grpc::Status s = stub->GetNode(&context, request, &node);
   *info.mutable_checked_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  *late = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
   if (!s.ok()) {
     info.set_reason(absl::StrCat("GetNode: ", s.error_message(), " (code ",
                                  static_cast<int>(s.error_code()), ")"));
@@ -134,9 +135,28 @@ tandem::v1::PeerInfo PeerSet::Check(const std::string& address) {
 void PeerSet::CheckAll() {
   const std::vector<std::string> addresses = Addresses();
   std::map<std::string, tandem::v1::PeerInfo> checked;
-  for (const std::string& a : addresses) checked[a] = Check(a);
+  std::map<std::string, bool> late;
+  for (const std::string& a : addresses) checked[a] = Check(a, &late[a]);
   absl::MutexLock lock(&mu_);
+  std::map<std::string, int> late_in_a_row;
+  for (auto& [a, info] : checked) {
+    if (!late[a]) continue;
+    const int n = late_in_a_row[a] = late_[a] + 1;
+    auto before = latest_.find(a);
+    if (before != latest_.end() && before->second.healthy() &&
+        n <= options_.slow_checks_tolerated) {
+      // Keep the last answer's figures, say that this one was late.
+      const std::string why = info.reason();
+      const google::protobuf::Timestamp when = info.checked_time();
+      info = before->second;
+      info.set_reason(absl::StrCat("still counted healthy: ", n, " late check", n == 1 ? "" : "s",
+                                   " in a row of ", options_.slow_checks_tolerated, " tolerated (",
+                                   why, ")"));
+      *info.mutable_checked_time() = when;
+    }
+  }
   latest_ = std::move(checked);
+  late_ = std::move(late_in_a_row);
   order_ = addresses;
 }
 

@@ -6,10 +6,13 @@
 
 namespace tandem::server {
 
-EventLog::EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory)
+EventLog::EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory,
+                   Reserve reserve)
     : job_id_(std::move(job_id)),
       first_sequence_(last_sequence + 1),
-      max_in_memory_(std::max<size_t>(1, max_in_memory)) {}
+      max_in_memory_(std::max<size_t>(1, max_in_memory)),
+      reserve_(std::move(reserve)),
+      reserved_through_(last_sequence) {}
 
 tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
   std::vector<std::function<void()>> wake;
@@ -17,6 +20,10 @@ tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
     absl::MutexLock lock(&mu_);
     event.set_job_id(job_id_);
     event.set_sequence(first_sequence_ + events_.size());
+    if (reserve_ && event.sequence() > reserved_through_) {
+      reserved_through_ = event.sequence() - 1 + kReserveBlock;
+      reserve_(reserved_through_);
+    }
     if (!event.has_time())
       *event.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
     events_.push_back(event);

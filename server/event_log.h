@@ -4,6 +4,11 @@
 // events (at most `max_in_memory`) live in memory while the job is live in this
 // process; a reader of older ones (dropped from memory, or from before a
 // restart) is told where memory starts and fetches the rest from the store.
+// Events reach watchers before the store has them; so that a restart after a
+// crash never numbers a new event as one a watcher already saw (and skip it
+// when the watcher resumes from its next sequence), a live job's log reserves
+// sequence numbers in blocks of kReserveBlock, durably, before handing them
+// out, and the log of a recovered job starts past its reservation.
 // Thread-safe.
 #ifndef TANDEM_SERVER_EVENT_LOG_H_
 #define TANDEM_SERVER_EVENT_LOG_H_
@@ -24,8 +29,14 @@ class EventLog {
  public:
   // A log whose next event gets `last_sequence` + 1; events up to last_sequence
   // are on disk only.
-  EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory = kMaxInMemory);
+  // `reserve(through)`, when set, makes sequence numbers up to `through`
+  // durable before any is handed out (called on the appending thread, under
+  // the log's lock).
+  using Reserve = std::function<void(uint64_t through)>;
+  EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory = kMaxInMemory,
+           Reserve reserve = nullptr);
   static constexpr size_t kMaxInMemory = 4096;
+  static constexpr uint64_t kReserveBlock = 1024;
 
   // Numbers, timestamps and stores `event`; wakes waiters. Returns the stored event.
   tandem::v1::JobEvent Append(tandem::v1::JobEvent event);
@@ -52,6 +63,8 @@ class EventLog {
   mutable absl::Mutex mu_;
   uint64_t first_sequence_ ABSL_GUARDED_BY(mu_);
   const size_t max_in_memory_;
+  const Reserve reserve_;
+  uint64_t reserved_through_ ABSL_GUARDED_BY(mu_);
   std::deque<tandem::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -566,7 +566,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   entry->job = *stored;
   entry->seq = JobStore::SequenceOf(stored->id());
   entry->estimate = estimate;
-  entry->log = std::make_shared<EventLog>(stored->id(), 0);
+  entry->log = LiveLog(stored->id(), 0);
   queued.set_job_id(stored->id());
   entry->log->Append(queued);
   absl::MutexLock lock(&mu_);
@@ -737,6 +737,19 @@ absl::Status JobManager::CheckStateSpace() const {
       "freed"));
 }
 
+std::shared_ptr<EventLog> JobManager::LiveLog(const std::string& id, uint64_t last) {
+  return std::make_shared<EventLog>(
+      id, last, EventLog::kMaxInMemory, [store = store_, id](uint64_t through) {
+        const absl::Status s = store->ReserveEventSequences(id, through);
+        if (!s.ok()) {
+          std::fprintf(stderr,
+                       "tandemd: cannot reserve event numbers of %s up to %llu (%s); after a "
+                       "crash now, a watcher resuming from its next number may miss events\n",
+                       id.c_str(), static_cast<unsigned long long>(through), s.ToString().c_str());
+        }
+      });
+}
+
 void JobManager::AppendEvent(Entry& entry, JobEvent event) {
   event = entry.log->Append(std::move(event));
   absl::MutexLock lock(&persist_mu_);
@@ -799,8 +812,11 @@ absl::Status JobManager::Recover() {
   for (Job& job : jobs) {
     auto entry = std::make_shared<Entry>();
     entry->seq = JobStore::SequenceOf(job.id());
-    TANDEM_ASSIGN_OR_RETURN(const uint64_t last, store_->LastEventSequence(job.id()));
-    entry->log = std::make_shared<EventLog>(job.id(), last);
+    // Past every number handed out before the restart: a watcher that saw
+    // events the store never got resumes after them, not inside new ones.
+    TANDEM_ASSIGN_OR_RETURN(const uint64_t stored, store_->LastEventSequence(job.id()));
+    TANDEM_ASSIGN_OR_RETURN(const uint64_t reserved, store_->ReservedEventSequence(job.id()));
+    entry->log = LiveLog(job.id(), std::max(stored, reserved));
     absl::StatusOr<MemoryEstimate> estimate = Estimate(job.resolved_spec(), &job.plan());
     entry->job = std::move(job);
     absl::MutexLock lock(&mu_);

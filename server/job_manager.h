@@ -239,6 +239,9 @@ class JobManager {
   void AppendEvent(Entry& entry, tandem::v1::JobEvent event);
   void PersistLoop();
   void FlushEvents();
+  // The event log of a job live in this daemon, its numbers after `last` and
+  // reserved in the store before they are handed out (event_log.h).
+  std::shared_ptr<EventLog> LiveLog(const std::string& id, uint64_t last);
   // Writes the records a full or failing disk kept in memory (state changes,
   // a job's end); a job whose end is recorded leaves live_.
   void RetryUnrecorded() ABSL_LOCKS_EXCLUDED(mu_);

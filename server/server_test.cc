@@ -93,6 +93,19 @@ TEST(EventLogTest, MemoryHoldsOnlyTheNewestEvents) {
   EXPECT_EQ(log.last_sequence(), 20u);
 }
 
+TEST(EventLogTest, ReservesNumbersInBlocksBeforeHandingThemOut) {
+  std::vector<uint64_t> reserved;
+  EventLog log("job-000001", 7, EventLog::kMaxInMemory,
+               [&](uint64_t through) { reserved.push_back(through); });
+  const uint64_t block = EventLog::kReserveBlock;
+  EXPECT_EQ(log.Append(tandem::v1::JobEvent()).sequence(), 8u);
+  EXPECT_EQ(reserved, (std::vector<uint64_t>{7 + block}));
+  for (uint64_t i = 1; i < block; ++i) log.Append(tandem::v1::JobEvent());
+  EXPECT_EQ(reserved.size(), 1u);  // 8 .. 7 + block: one reservation
+  EXPECT_EQ(log.Append(tandem::v1::JobEvent()).sequence(), 8 + block);
+  EXPECT_EQ(reserved, (std::vector<uint64_t>{7 + block, 7 + 2 * block}));
+}
+
 TEST(EventLogTest, NumbersEventsAndWakesWaiters) {
   EventLog log("job-000001", 0);
   tandem::v1::JobEvent e;
@@ -458,6 +471,33 @@ TEST_F(JobManagerTest, RecoveryRequeuesJobsLeftRunningByACrash) {
   EXPECT_NE(recovered.reason().find("restarted"), std::string::npos) << recovered.reason();
   jobs_->Start();
   WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) {
+  Open("renumber");
+  auto s = jobs_->Submit(Spec(5), "");
+  const std::string id = s->job.id();
+  // Events a watcher saw that a crash kept from the store: appended to the
+  // live log, which the store hears of only at the next flush.
+  std::shared_ptr<EventLog> log = *jobs_->Events(id);
+  tandem::v1::JobEvent e;
+  e.mutable_log()->set_message("seen, never stored");
+  uint64_t seen = 0;
+  for (int i = 0; i < 10; ++i) seen = log->Append(e).sequence();
+  tandem::v1::Job record = *store_->GetJob(id).value();
+  record.set_state(tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  EXPECT_LT(*store_->LastEventSequence(id), seen);
+  Close();
+  Open("renumber", int64_t{1} << 32, /*fresh=*/false);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  // The restart's state change comes after the last number handed out, so a
+  // watcher resuming from seen + 1 gets it.
+  const std::vector<tandem::v1::JobEvent> after = *store_->ReadEvents(id, seen + 1, 100);
+  ASSERT_FALSE(after.empty());
+  EXPECT_TRUE(after[0].has_state_change()) << after[0].ShortDebugString();
+  EXPECT_EQ(after[0].state_change().to(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_GT((*jobs_->Events(id))->last_sequence(), seen);
 }
 
 }  // namespace

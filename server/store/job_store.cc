@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -227,6 +228,9 @@ absl::Status JobStore::OpenWritable(const std::string& path, Sync sync) {
       sequence INTEGER NOT NULL,
       event BLOB NOT NULL,
       PRIMARY KEY (job_seq, sequence)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS event_reservations (
+      job_seq INTEGER PRIMARY KEY,
+      through INTEGER NOT NULL);
   )sql"));
   {
     // Stores made before event retention lack the column that keeps state
@@ -561,6 +565,32 @@ absl::StatusOr<uint64_t> JobStore::LastEventSequence(const std::string& job_id) 
   if (!s.ok()) return SqlError(read_db_, "prepare last event");
   s.Bind(1, SequenceOf(job_id));
   if (s.Step() != SQLITE_ROW) return SqlError(read_db_, "last event");
+  return static_cast<uint64_t>(s.Int(0));
+}
+
+absl::Status JobStore::ReserveEventSequences(const std::string& job_id, uint64_t through) {
+  return Write([&](sqlite3* db) -> absl::Status {
+    Statement s(db,
+                "INSERT INTO event_reservations (job_seq, through) VALUES (?1, ?2) "
+                "ON CONFLICT(job_seq) DO UPDATE SET through = MAX(through, ?2)");
+    if (!s.ok()) return SqlError(db, "prepare event reservation");
+    s.Bind(1, SequenceOf(job_id));
+    s.Bind(2, static_cast<int64_t>(through));
+    if (s.Step() != SQLITE_DONE) return SqlError(db, "reserve event sequences");
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<uint64_t> JobStore::ReservedEventSequence(const std::string& job_id) {
+  absl::MutexLock lock(&read_mu_);
+  Statement s(read_db_,
+              "SELECT COALESCE(MAX(through), 0) FROM event_reservations WHERE job_seq = ?");
+  if (!s.ok() && absl::StrContains(sqlite3_errmsg(read_db_), "no such table")) {
+    return uint64_t{0};  // a store written before reservations, opened read-only
+  }
+  if (!s.ok()) return SqlError(read_db_, "prepare event reservation read");
+  s.Bind(1, SequenceOf(job_id));
+  if (s.Step() != SQLITE_ROW) return SqlError(read_db_, "read event reservation");
   return static_cast<uint64_t>(s.Int(0));
 }
 

@@ -107,6 +107,11 @@ class JobStore {
   absl::StatusOr<std::map<tandem::v1::JobState, int64_t>> CountByState();
   // The highest event sequence stored for a job (0 when none).
   absl::StatusOr<uint64_t> LastEventSequence(const std::string& job_id);
+  // Event sequence numbers of a job handed out up to `through` (EventLog's
+  // reservation: a recovered job's events are numbered past it), and the
+  // highest reserved (0 when none).
+  absl::Status ReserveEventSequences(const std::string& job_id, uint64_t through);
+  absl::StatusOr<uint64_t> ReservedEventSequence(const std::string& job_id);
   // Sequence number behind a job id ("job-000042" -> 42), or 0 for anything
   // but an id exactly as FormatJobId writes it.
   static int64_t SequenceOf(const std::string& job_id);

@@ -631,21 +631,27 @@ absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
   Entry& entry = *shared;
   const std::string why =
       reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
-  if (entry.job.state() == tandem::v1::JOB_STATE_QUEUED) {
-    TANDEM_RETURN_IF_ERROR(Transition(entry, tandem::v1::JOB_STATE_CANCELLED, why));
-    Job job = entry.job;
-    entry.log->Close();
-    live_.erase(job.id());
-    dirty_ = true;
-    return job;
-  }
-  // Stored before it is acknowledged: a crash before the next step boundary
-  // must not resume a job whose cancel the client was told of.
+  // Stored before anything changes or is acknowledged: a store that cannot
+  // take it refuses the cancel with the job as it was, and a crash after it
+  // never resumes a job whose cancel the client was told of (Recover ends it).
+  const bool queued = entry.job.state() == tandem::v1::JOB_STATE_QUEUED;
   Job requested = entry.job;
   requested.set_cancel_requested(why);
-  requested.set_reason("cancelling at the next step boundary");
+  if (!queued) requested.set_reason("cancelling at the next step boundary");
   TANDEM_RETURN_IF_ERROR(store_->UpdateJob(requested));
   entry.job = std::move(requested);
+  if (queued) {
+    // The end itself, if the store cannot take it now, is written later.
+    const absl::Status s = Transition(entry, tandem::v1::JOB_STATE_CANCELLED, why);
+    if (!s.ok()) {
+      std::fprintf(stderr, "tandemd: cannot record the cancel of %s yet (%s); it is kept\n",
+                   entry.job.id().c_str(), s.ToString().c_str());
+    }
+    entry.log->Close();
+    if (entry.unrecorded.empty()) live_.erase(entry.job.id());
+    dirty_ = true;
+    return entry.job;
+  }
   entry.cancel_requested = true;
   entry.cancel_reason = why;
   entry.stop = true;

@@ -3,6 +3,8 @@
 // store: idempotency, validation, admission, priorities, cancellation, graceful
 // stop and recovery; jobs on the emulated accelerator planned at submission and
 // run through the plan executor, with their per-layer timings exported.
+#include <sqlite3.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -471,6 +473,32 @@ TEST_F(JobManagerTest, RecoveryRequeuesJobsLeftRunningByACrash) {
   EXPECT_NE(recovered.reason().find("restarted"), std::string::npos) << recovered.reason();
   jobs_->Start();
   WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, ACancelTheStoreCannotTakeLeavesTheQueuedJobAsItWas) {
+  Open("cancel-store");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  auto s = jobs_->Submit(Spec(5), "");  // not started: it stays queued
+  const std::string id = s->job.id();
+  // Another writer holds the database: the store's writes give up after its
+  // busy timeout (10 s).
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/jobs.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  const absl::StatusOr<tandem::v1::Job> refused = jobs_->Cancel(id, "");
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  EXPECT_FALSE(refused.ok());
+  // Refused, so nothing changed: still queued, and no watcher was told otherwise.
+  EXPECT_EQ(jobs_->Get(id)->state(), tandem::v1::JOB_STATE_QUEUED);
+  uint64_t first = 0;
+  for (const auto& e : (*jobs_->Events(id))->Read(1, 100, &first)) {
+    EXPECT_FALSE(e.has_state_change() && e.state_change().to() == tandem::v1::JOB_STATE_CANCELLED);
+  }
+  const absl::StatusOr<tandem::v1::Job> cancelled = jobs_->Cancel(id, "");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), tandem::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ((*store_->GetJob(id))->state(), tandem::v1::JOB_STATE_CANCELLED);
 }
 
 TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) {

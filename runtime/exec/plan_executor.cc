@@ -385,8 +385,17 @@ absl::StatusOr<StepResult> PlanExecutor::TrainStep(const Batch& batch, const Ste
   if (batch.size <= 0 || batch.size > options_.max_batch) {
     return absl::InvalidArgumentError("batch larger than the executor was sized for");
   }
-  if (hetero_ && batch.size < 2) {
-    return absl::InvalidArgumentError("hetero_dp needs batches of at least 2 samples");
+  if (hetero_ && batch.size == 1) {
+    // A last batch of one sample (an epoch of k x batch + 1): both replicas
+    // take a copy. Each copy's gradient weighs 1/2, so the step's gradient and
+    // loss are the sample's own (dropout draws a mask per copy).
+    Batch twice = batch;
+    twice.size = 2;
+    twice.inputs.insert(twice.inputs.end(), batch.inputs.begin(), batch.inputs.end());
+    twice.targets.insert(twice.targets.end(), batch.targets.begin(), batch.targets.end());
+    absl::StatusOr<StepResult> result = TrainStep(twice, options);
+    if (result.ok()) result->samples = 1;
+    return result;
   }
   auto it = std::make_shared<Iteration>();
   it->k = iteration_;

@@ -317,6 +317,24 @@ TEST(ExecutorTest, AnOverflowingLossScaleSkipsTheUpdateUnderEveryPlan) {
 // Nine layers of 256 x 256 under zero_offload: resident weights are bf16
 // working copies, half the fp32 bytes, and the savings on the weights and
 // gradients outweigh one layer's staging, so the bf16 step peaks lower.
+// 97 samples in batches of 32: every fourth step is an epoch's last, of one
+// sample, which hetero_dp's two replicas both take a copy of. Without dropout
+// (whose masks the copies draw apart) the steps match the CPU engine's.
+TEST(ExecutorTest, HeteroDpTrainsAnEpochsLastBatchOfOneSample) {
+  const Fixture f = MakeFixture(R"(
+model: {mlp: {hidden_sizes: [48, 40]}}
+data: {synthetic: {sample_shape: [12], num_classes: 5, train_samples: 97}}
+optimizer: {kind: OPTIMIZER_KIND_ADAM, learning_rate: 0.01}
+training: {batch_size: 32, steps: 12, seed: 3}
+)");
+  const std::vector<Case> cases = Cases();
+  auto hetero =
+      std::find_if(cases.begin(), cases.end(), [](const Case& c) { return c.name == "hetero_dp"; });
+  ASSERT_NE(hetero, cases.end());
+  const EmulatedRun run = RunOnEmulated(f, *hetero, 12);
+  ExpectLossesClose(run.losses, Reference(f, 12), 1e-5, "hetero_dp with one-sample batches");
+}
+
 TEST(ExecutorTest, WorkingCopiesHoldHalfTheWeights) {
   if (!NativeBf16Isa(cpu::OneDnnIsa())) {
     GTEST_SKIP() << "oneDNN runs " << cpu::OneDnnIsa() << " here: no native bf16";

@@ -326,20 +326,26 @@ class SpanSamples {
   std::vector<std::pair<double, double>> h2d_, d2h_;
 };
 
-// Each layer phase's roofline on this node, and per device and phase what the
-// measured phases took over their roofline (1 where none was measured).
+// Each layer phase's roofline on this node at the profile's micro-batch, and
+// per device and phase what the measured phases took over their roofline (1
+// where none was measured). A device's spans ran on `measured_samples[d]`
+// samples each: the micro-batch, but hetero_dp's host replica runs its whole
+// share at once.
 class ScaledRoofline {
  public:
-  ScaledRoofline(const planner::CostModel& roof, int micro, int update_threads,
-                 const SpanSamples& samples, int layers, int devices)
-      : roof_(roof), micro_(micro), update_threads_(update_threads) {
+  ScaledRoofline(const planner::CostModel& roof, int micro, const int measured_samples[2],
+                 int update_threads, const SpanSamples& samples, int layers, int devices)
+      : roof_(roof),
+        micro_(micro),
+        measured_samples_{measured_samples[0], measured_samples[1]},
+        update_threads_(update_threads) {
     double measured[2][kPhases] = {}, predicted[2][kPhases] = {};
     for (int l = 0; l < layers; ++l) {
       for (int d = 0; d < devices; ++d) {
         for (int p = 0; p < kPhases; ++p) {
           if (std::optional<tandem::v1::TimingStats> m = samples.Stats(l, d, p)) {
             measured[d][p] += m->mean_seconds();
-            predicted[d][p] += Seconds(l, d, p);
+            predicted[d][p] += Seconds(l, d, p, measured_samples_[d]);
           }
         }
       }
@@ -352,17 +358,23 @@ class ScaledRoofline {
       }
     }
   }
-  double Seconds(int layer, int device, int phase) const {
-    const tandem::v1::Placement where =
-        device == kHost ? tandem::v1::PLACEMENT_HOST : tandem::v1::PLACEMENT_ACCELERATOR;
+  // At the profile's micro-batch, or at `samples`.
+  double Seconds(int layer, int device, int phase, int samples = 0) const {
+    const int n = samples > 0 ? samples : micro_;
     switch (phase) {
       case kForward:
-        return roof_.ForwardSeconds(layer, where, micro_);
+        return roof_.ForwardSeconds(layer, Where(device), n);
       case kBackward:
-        return roof_.BackwardSeconds(layer, where, micro_);
+        return roof_.BackwardSeconds(layer, Where(device), n);
       default:
-        return roof_.UpdateSeconds(layer, where, update_threads_);
+        return roof_.UpdateSeconds(layer, Where(device), update_threads_);
     }
+  }
+  // A measured span of `phase` on `device` as it would take at the profile's
+  // micro-batch (the planner scales it to each replica's share again).
+  double AtProfileBatch(double seconds, int device, int phase) const {
+    if (phase == kUpdate || measured_samples_[device] == micro_) return seconds;
+    return roof_.ProfiledSeconds(seconds, Where(device), measured_samples_[device]);
   }
   double factor(int device, int phase) const { return factor_[device][phase]; }
   bool any_compute() const { return any_compute_; }
@@ -371,8 +383,11 @@ class ScaledRoofline {
   }
 
  private:
+  static tandem::v1::Placement Where(int device) {
+    return device == kHost ? tandem::v1::PLACEMENT_HOST : tandem::v1::PLACEMENT_ACCELERATOR;
+  }
   const planner::CostModel& roof_;
-  int micro_, update_threads_;
+  int micro_, measured_samples_[2], update_threads_;
   double factor_[2][kPhases] = {};
   bool any_compute_ = false;
 };
@@ -406,6 +421,20 @@ void AddDevices(const tandem::v1::HardwareSpec& hw, const std::string ids[2], in
 
 // Every layer's phases on every device: measured, else the scaled roofline
 // (marked). Counts measured and existing phases per device.
+// `t`'s times (measured on the device's own batch) as at the profile's.
+void ToProfileBatch(const ScaledRoofline& roofline, int device, int phase,
+                    tandem::v1::TimingStats& t) {
+  auto at = [&](double s) { return roofline.AtProfileBatch(s, device, phase); };
+  const double spread = t.mean_seconds() > 0 ? at(t.mean_seconds()) / t.mean_seconds() : 1.0;
+  t.set_median_seconds(at(t.median_seconds()));
+  t.set_p10_seconds(at(t.p10_seconds()));
+  t.set_p90_seconds(at(t.p90_seconds()));
+  t.set_min_seconds(at(t.min_seconds()));
+  t.set_max_seconds(at(t.max_seconds()));
+  t.set_mean_seconds(at(t.mean_seconds()));
+  t.set_stddev_seconds(t.stddev_seconds() * spread);
+}
+
 void AddLayerTimings(const SpanSamples& samples, const ScaledRoofline& roofline,
                      const std::string ids[2], int devices, int measured[2], int phases[2],
                      Profile& profile) {
@@ -422,6 +451,7 @@ void AddLayerTimings(const SpanSamples& samples, const ScaledRoofline& roofline,
         if (std::optional<tandem::v1::TimingStats> m = samples.Stats(l, d, p)) {
           ++measured[d];
           *timing = *std::move(m);
+          ToProfileBatch(roofline, d, p, *timing);
           continue;
         }
         const double f = roofline.factor(d, p);
@@ -486,7 +516,13 @@ absl::StatusOr<Profile> MeasuredLayerProfile(const Model& model, const JobSpec& 
   const int update_threads = plan.host_update_threads() > 0 ? plan.host_update_threads()
                                                             : std::max(1, hw.host().threads());
   const SpanSamples samples(model.num_layers(), timelines);
-  const ScaledRoofline roofline(roof, micro, update_threads, samples, model.num_layers(), devices);
+  // hetero_dp's host replica runs its share of the batch in one pass.
+  const int host_share = plan.strategy() == tandem::v1::STRATEGY_HETERO_DP && plan.batch_size() > 0
+                             ? static_cast<int>(plan.batch_size() - plan.accelerator_batch_share())
+                             : micro;
+  const int measured_samples[2] = {std::max(1, host_share), micro};
+  const ScaledRoofline roofline(roof, micro, measured_samples, update_threads, samples,
+                                model.num_layers(), devices);
   if (!roofline.any_compute()) {
     return absl::FailedPreconditionError(
         "no forward or backward span was measured: nothing to build a layer profile from");

@@ -203,6 +203,40 @@ TEST_F(MeasuredProfileTest, MeasuredSpansBecomeTheCostModel) {
   EXPECT_NE(summary.find("H2D 1.00 GB/s (4 copies)"), std::string::npos) << summary;
 }
 
+// hetero_dp's host replica runs its whole share of the batch in one pass, the
+// accelerator micro-batches: the profile (at the micro-batch) holds each
+// device's spans as at that size, so the planner, scaling to the host's share
+// again, predicts the host pass that was measured.
+TEST_F(MeasuredProfileTest, HeteroDpHostSpansAreMeasuredAtTheHostsShare) {
+  Plan hetero = plan_;
+  hetero.set_strategy(tandem::v1::STRATEGY_HETERO_DP);
+  const int batch = static_cast<int>(spec_.training().batch_size());
+  hetero.set_batch_size(batch);
+  hetero.set_micro_batch_size(batch / 8);
+  hetero.set_accelerator_batch_share(batch / 4);
+  const int host_share = batch - batch / 4;
+  Timeline t = Step();
+  for (int l = 0; l < jm_.model->num_layers(); ++l) {
+    AddSpan(t, tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, l, tandem::v1::TIMELINE_PHASE_FORWARD, 0,
+            0.030);
+    AddSpan(t, tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, l, tandem::v1::TIMELINE_PHASE_BACKWARD,
+            0, 0.060);
+  }
+  absl::StatusOr<tandem::v1::Profile> profile =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), hetero, {t}, nullptr);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->batch_size(), batch / 8);
+  absl::StatusOr<planner::CostModel> cost = planner::CostModel::FromMeasuredProfile(*profile);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  for (int l = 0; l < jm_.model->num_layers(); ++l) {
+    EXPECT_NEAR(cost->ForwardSeconds(l, tandem::v1::PLACEMENT_HOST, host_share), 0.030, 1e-9);
+    EXPECT_NEAR(cost->BackwardSeconds(l, tandem::v1::PLACEMENT_HOST, host_share), 0.060, 1e-9);
+    // The accelerator's spans ran at the micro-batch: as measured.
+    EXPECT_NEAR(cost->ForwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, batch / 8), 0.002,
+                1e-12);
+  }
+}
+
 TEST_F(MeasuredProfileTest, PlannerAddsUpMeansSoStallsInEveryStepCount) {
   // Layer 0's forward stalls once in five calls (12 ms instead of 2 ms): the
   // step takes the sum, 5 x the mean (4 ms), not 5 x the median (2 ms).

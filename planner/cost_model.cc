@@ -384,6 +384,12 @@ double CostModel::Scaled(double profiled_seconds, int device, int samples) const
   return overhead + (profiled_seconds - overhead) * samples / profiled_batch_size_;
 }
 
+double CostModel::ProfiledSeconds(double seconds, Placement device, int samples) const {
+  const int d = DeviceIndex(device);
+  const double overhead = std::min(call_overhead_seconds_[d], seconds);
+  return overhead + (seconds - overhead) * profiled_batch_size_ / std::max(1, samples);
+}
+
 int64_t CostModel::ScaledBytes(int64_t bytes, int samples) const {
   return bytes * samples / profiled_batch_size_;
 }

@@ -104,6 +104,9 @@ class CostModel {
   const std::string& layer_name(int layer) const { return layers_[layer].name; }
   const std::string& layer_kind(int layer) const { return layers_[layer].kind; }
   int profiled_batch_size() const { return profiled_batch_size_; }
+  // The inverse of ForwardSeconds' and BackwardSeconds' scaling: the time at
+  // the profiled batch that scales to `seconds` at `samples` on `device`.
+  double ProfiledSeconds(double seconds, tandem::v1::Placement device, int samples) const;
   // The profile's precision (planner/precision.h): what its bytes count.
   tandem::v1::Precision precision() const { return precision_; }
   bool has_accelerator() const { return has_accelerator_; }

@@ -315,6 +315,19 @@ ProcessorSpec AcceleratorSpec(const cuda::CudaDeviceInfo& device) {
   return s;
 }
 
+ProcessorSpec OnThreads(const ProcessorSpec& processor, int threads) {
+  ProcessorSpec p = processor;
+  if (threads <= 0 || threads >= p.threads()) return p;
+  // The rates those threads reach (planner::ThreadsRate); bandwidth alike.
+  const double f = planner::ThreadsRate(p, threads) / planner::ThreadsRate(p, p.threads());
+  p.set_peak_matmul_flops_per_second(f * p.peak_matmul_flops_per_second());
+  p.set_peak_bf16_matmul_flops_per_second(f * p.peak_bf16_matmul_flops_per_second());
+  p.set_peak_vector_flops_per_second(f * p.peak_vector_flops_per_second());
+  p.set_memory_bandwidth_bytes_per_second(f * p.memory_bandwidth_bytes_per_second());
+  p.set_threads(threads);
+  return p;
+}
+
 absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOffer& node,
                                           int64_t capacity) {
   HardwareSpec hw;
@@ -333,16 +346,10 @@ absl::StatusOr<HardwareSpec> NodeHardware(const JobSpec& resolved, const NodeOff
     accel->set_name("emulated accelerator (host cores)");
     accel->set_memory_bytes(capacity);
     // Its compute stream has the job's threads: with fewer than the node's,
-    // the rates those reach (planner::ThreadsRate; bandwidth taken alike).
+    // the rates those reach.
     const int threads = resolved.training().threads();
     if (threads > 0 && threads < accel->threads()) {
-      const double f =
-          planner::ThreadsRate(*accel, threads) / planner::ThreadsRate(*accel, accel->threads());
-      accel->set_peak_matmul_flops_per_second(f * accel->peak_matmul_flops_per_second());
-      accel->set_peak_bf16_matmul_flops_per_second(f * accel->peak_bf16_matmul_flops_per_second());
-      accel->set_peak_vector_flops_per_second(f * accel->peak_vector_flops_per_second());
-      accel->set_memory_bandwidth_bytes_per_second(f * accel->memory_bandwidth_bytes_per_second());
-      accel->set_threads(threads);
+      *accel = OnThreads(*accel, threads);
       accel->set_name(absl::StrFormat("emulated accelerator (%d of the host's cores)", threads));
     }
     const double cap = resolved.resources().emulated_link_bytes_per_second();
@@ -1223,6 +1230,12 @@ RunnerFactory MakeRunnerFactory(NodeOffer node, std::optional<Plan> stored_plan,
   };
 }
 
+int RanksSharingHost(const JobSpec& resolved, const NodeOffer& node) {
+  const int ranks = resolved.distributed().replicas();
+  if (ranks <= 1 || KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE) return 1;
+  return std::clamp(AcceleratorCount(resolved, node), 1, ranks);
+}
+
 int64_t RankBatch(const JobSpec& resolved, int ranks) {
   return (resolved.training().batch_size() + ranks - 1) / ranks;
 }
@@ -1247,7 +1260,12 @@ absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const
       resolved.distributed().replicas() == ranks && IsRankPlan(model, resolved, *stored)) {
     *rank_spec.mutable_placement()->mutable_plan() = *stored;  // validated as a forced plan
   }
-  return PlanJob(model, rank_spec, node);
+  // The ranks on this node share its host: each plans with its part of the
+  // cores for its host work (and, emulated, its accelerator's compute).
+  NodeOffer shared = node;
+  const int sharing = RanksSharingHost(resolved, node);
+  shared.host = OnThreads(node.host, std::max(1, node.host.threads() / sharing));
+  return PlanJob(model, rank_spec, shared);
 }
 
 absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model, const JobSpec& resolved,

@@ -252,6 +252,15 @@ RunnerFactory MakeRunnerFactory(NodeOffer node,
 absl::StatusOr<tandem::v1::Plan> RankPlan(const Model& model, const tandem::v1::JobSpec& resolved,
                                           const NodeOffer& node, int ranks,
                                           const tandem::v1::Plan* stored = nullptr);
+// How many of a distributed job's ranks share one node's host: one per
+// accelerator of the job's kind, up to its replicas (the coordinator fills its
+// own node's accelerators first); 1 for a job on the CPU engine. RankPlan
+// plans each with max(1, host threads / that) of the host's cores, and the
+// job's ranks run on as many threads (JobManager's resolution).
+int RanksSharingHost(const tandem::v1::JobSpec& resolved, const NodeOffer& node);
+// `processor` on `threads` of its cores: the rates those reach
+// (planner::ThreadsRate, memory bandwidth alike); as it is for 0 or all.
+tandem::v1::ProcessorSpec OnThreads(const tandem::v1::ProcessorSpec& processor, int threads);
 // The largest share of the global batch one of `ranks` ranks trains.
 int64_t RankBatch(const tandem::v1::JobSpec& resolved, int ranks);
 // Whether `plan` is one RankPlan made for `resolved`'s ranks: a plan of every

@@ -355,6 +355,38 @@ TEST(PlacementTest, AForcedPlanIsCheckedFieldByFieldBeforeTheJobIsAccepted) {
   EXPECT_NE(s.message().find("needs placement.accelerator"), std::string::npos) << s;
 }
 
+// Two ranks of a job on one node with two emulated accelerators share its two
+// cores: each plans its host work (and its accelerator's compute) on one, and
+// so predicts a slower step than a rank alone on such a node.
+TEST(PlacementTest, RanksSharingANodePlanOnTheirPartOfItsCores) {
+  JobSpec spec = Gpt(tandem::v1::STRATEGY_ZERO_OFFLOAD, int64_t{64} << 20);
+  spec.mutable_distributed()->set_replicas(2);
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(spec, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok()) << jm.status();
+  NodeOffer alone = TestNode(), shared = TestNode();
+  shared.emulated_accelerators = 2;
+  EXPECT_EQ(RanksSharingHost(*resolved, alone), 1);
+  EXPECT_EQ(RanksSharingHost(*resolved, shared), 2);
+  absl::StatusOr<tandem::v1::Plan> a = RankPlan(*jm->model, *resolved, alone, 2);
+  absl::StatusOr<tandem::v1::Plan> b = RankPlan(*jm->model, *resolved, shared, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->host_update_threads(), 2);
+  EXPECT_EQ(b->host_update_threads(), 1);
+  EXPECT_GT(b->timeline().iteration_seconds(), 1.2 * a->timeline().iteration_seconds());
+  // On the CPU engine a rank has a node to itself.
+  JobSpec cpu = *resolved;
+  cpu.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_NONE);
+  EXPECT_EQ(RanksSharingHost(cpu, shared), 1);
+  // Half a processor: half its threads, and the rates those reach.
+  const tandem::v1::ProcessorSpec half = OnThreads(alone.host, 1);
+  EXPECT_EQ(half.threads(), 1);
+  EXPECT_LT(half.peak_matmul_flops_per_second(), alone.host.peak_matmul_flops_per_second());
+  EXPECT_EQ(OnThreads(alone.host, 0).SerializeAsString(), alone.host.SerializeAsString());
+}
+
 TEST(PlacementTest, CpuJobsRunOnThePlainEngine) {
   JobSpec spec = Gpt(tandem::v1::STRATEGY_UNSPECIFIED, 0);
   spec.mutable_placement()->set_accelerator(tandem::v1::ACCELERATOR_KIND_NONE);

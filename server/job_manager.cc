@@ -374,6 +374,21 @@ std::string DistributedReason(const tandem::v1::JobSpec& spec, const tandem::v1:
 
 }  // namespace
 
+std::string JobManager::ShareCoresAmongRanks(const node::NodeOffer& offer,
+                                             tandem::v1::JobSpec& resolved) const {
+  const int ranks = node::RanksSharingHost(resolved, offer);
+  if (ranks <= 1 || resolved.training().threads() > 0) return "";
+  // Each of the ranks on one node runs on its part of the job's cores
+  // (--job_threads, else all), not all of them each.
+  const int cores =
+      options_.default_threads > 0 ? options_.default_threads : std::max(1, offer.host.threads());
+  const int each = std::max(1, cores / ranks);
+  resolved.mutable_training()->set_threads(each);
+  return absl::StrCat("; its ", ranks, " ranks on one node share ", cores, " core",
+                      cores == 1 ? "" : "s", ": ", each, " thread", each == 1 ? "" : "s",
+                      " each (training.threads)");
+}
+
 absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec,
                                                          bool plan) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
@@ -392,11 +407,12 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   if (!jm.ok()) return AsSpecError(jm.status());
   *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
   const std::shared_ptr<const node::NodeOffer> offer = node();
+  const std::string sharing = offer ? ShareCoresAmongRanks(*offer, *resolved) : "";
   absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, offer.get());
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
   r.precision_reason = precision.reason;
-  r.distributed_reason = DistributedReason(spec, *resolved, *estimate);
+  r.distributed_reason = DistributedReason(spec, *resolved, *estimate) + sharing;
   if (plan && offer && resolved->distributed().replicas() > 1 &&
       resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
     // A distributed job's ranks run the rank plan, for their share of each

@@ -239,6 +239,11 @@ class JobManager {
   void AppendEvent(Entry& entry, tandem::v1::JobEvent event);
   void PersistLoop();
   void FlushEvents();
+  // A distributed job whose ranks share a node's cores and that sets no
+  // training.threads gets its part of them per rank; the reason's addition
+  // saying so ("" when unchanged).
+  std::string ShareCoresAmongRanks(const node::NodeOffer& offer,
+                                   tandem::v1::JobSpec& resolved) const;
   // The event log of a job live in this daemon, its numbers after `last` and
   // reserved in the store before they are handed out (event_log.h).
   std::shared_ptr<EventLog> LiveLog(const std::string& id, uint64_t last);

@@ -560,6 +560,32 @@ tandem::v1::JobSpec EmulatedSpec(int64_t capacity) {
   return spec;
 }
 
+// Two ranks on a node of two emulated accelerators and two cores: a job that
+// sets no threads runs each rank on one, and its record says why; one that
+// sets them keeps them.
+TEST_F(JobManagerTest, RanksSharingANodeGetTheirPartOfItsCores) {
+  node::NodeOffer node = TestNode();
+  node.host.set_threads(2);
+  node.emulated_accelerators = 2;
+  // --job_threads unset: a job's cores are all the node's.
+  Open("shared-cores", int64_t{1} << 32, true, node,
+       [](JobManagerOptions& o) { o.default_threads = 0; });
+  tandem::v1::JobSpec spec = EmulatedSpec(kHybridCapacity);
+  spec.mutable_distributed()->set_replicas(2);
+  absl::StatusOr<JobManager::Resolved> r = jobs_->Resolve(spec, /*plan=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->spec.training().threads(), 1);
+  EXPECT_NE(r->distributed_reason.find("its 2 ranks on one node share 2 cores: 1 thread each"),
+            std::string::npos)
+      << r->distributed_reason;
+  EXPECT_EQ(r->plan.host_update_threads(), 1);
+  spec.mutable_training()->set_threads(2);
+  r = jobs_->Resolve(spec, /*plan=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->spec.training().threads(), 2);
+  EXPECT_EQ(r->distributed_reason.find("share"), std::string::npos) << r->distributed_reason;
+}
+
 // A ZeRO-partitioned rank running a plan pinned in its spec (as a run's
 // ranks get theirs) reserves its pieces of the state of the layers the plan
 // updates on the host, and the whole state of the others; without a plan, the

@@ -1513,6 +1513,18 @@ void JobManager::Shutdown() {
     for (auto& [id, e] : live_) e->log->Close(/*shutting_down=*/true);
   }
   FlushEvents();
+  {
+    // A job every event of which the store holds needs no reservation: after
+    // the restart its events number on from its last, with no jump
+    // (event_log.h).
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : live_) {
+      const absl::StatusOr<uint64_t> stored = store_->LastEventSequence(id);
+      if (stored.ok() && *stored >= e->log->last_sequence()) {
+        store_->ReleaseEventSequences(id).IgnoreError();
+      }
+    }
+  }
   // A last try for state changes the store has refused; what still cannot be
   // written is said, job by job: such a job resumes from its checkpoint after
   // a restart, as if the daemon had stopped while it ran.

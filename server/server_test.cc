@@ -501,6 +501,19 @@ TEST_F(JobManagerTest, ACancelTheStoreCannotTakeLeavesTheQueuedJobAsItWas) {
   EXPECT_EQ((*store_->GetJob(id))->state(), tandem::v1::JOB_STATE_CANCELLED);
 }
 
+TEST_F(JobManagerTest, AfterACleanStopEventsNumberOnWithoutAJump) {
+  Open("clean-stop");
+  auto s = jobs_->Submit(Spec(5), "");
+  const std::string id = s->job.id();
+  tandem::v1::Job record = *store_->GetJob(id).value();
+  record.set_state(tandem::v1::JOB_STATE_RUNNING);  // as a run re-queued at the stop leaves it
+  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  Close();  // stores every event, and so needs no reservation
+  Open("clean-stop", int64_t{1} << 32, /*fresh=*/false);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  EXPECT_EQ((*jobs_->Events(id))->last_sequence(), 2u);
+}
+
 TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) {
   Open("renumber");
   auto s = jobs_->Submit(Spec(5), "");

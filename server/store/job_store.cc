@@ -581,6 +581,16 @@ absl::Status JobStore::ReserveEventSequences(const std::string& job_id, uint64_t
   });
 }
 
+absl::Status JobStore::ReleaseEventSequences(const std::string& job_id) {
+  return Write([&](sqlite3* db) -> absl::Status {
+    Statement s(db, "DELETE FROM event_reservations WHERE job_seq = ?");
+    if (!s.ok()) return SqlError(db, "prepare event release");
+    s.Bind(1, SequenceOf(job_id));
+    if (s.Step() != SQLITE_DONE) return SqlError(db, "release event sequences");
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<uint64_t> JobStore::ReservedEventSequence(const std::string& job_id) {
   absl::MutexLock lock(&read_mu_);
   Statement s(read_db_,

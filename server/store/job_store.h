@@ -111,6 +111,9 @@ class JobStore {
   // reservation: a recovered job's events are numbered past it), and the
   // highest reserved (0 when none).
   absl::Status ReserveEventSequences(const std::string& job_id, uint64_t through);
+  // Forgets the reservation: every event handed out is stored (a clean stop),
+  // so a restart numbers on from the last one.
+  absl::Status ReleaseEventSequences(const std::string& job_id);
   absl::StatusOr<uint64_t> ReservedEventSequence(const std::string& job_id);
   // Sequence number behind a job id ("job-000042" -> 42), or 0 for anything
   // but an id exactly as FormatJobId writes it.

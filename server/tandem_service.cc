@@ -150,14 +150,25 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) {
     while (!finished_ && !writing_) {
-      if (buffer_.empty()) Refill();
+      // Seen before reading: every event of a log closed by now is in what
+      // Refill reads, so the last one (the job's end) is sent before the end.
+      const bool closed = log_->closed();
+      if (buffer_.empty()) {
+        if (const absl::Status s = Refill(); !s.ok()) {
+          FinishLocked(
+              grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           absl::StrCat("cannot read the job's stored events (", s.message(),
+                                        "); watch again from sequence ", cursor_)));
+          return;
+        }
+      }
       if (!buffer_.empty()) {
         writing_ = true;
         SerializeResponse(buffer_.front(), &out_);
         StartWrite(&out_);
         return;
       }
-      if (log_->closed()) {
+      if (closed) {
         if (log_->shutting_down()) {
           FinishLocked(grpc::Status(
               grpc::StatusCode::UNAVAILABLE,
@@ -183,21 +194,25 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
   }
 
-  void Refill() {
+  // The next events from the cursor: from the store below what memory holds.
+  // A store that cannot be read is an error (never a skip past its events).
+  absl::Status Refill() {
     uint64_t first_in_memory = 0;
     std::vector<JobEvent> events = log_->Read(cursor_, 64, &first_in_memory);
     if (cursor_ < first_in_memory) {
       absl::StatusOr<std::vector<JobEvent>> stored = service_->jobs()->store()->ReadEvents(
           job_id_, cursor_, static_cast<int>(std::min<uint64_t>(64, first_in_memory - cursor_)));
-      if (stored.ok() && !stored->empty()) {
+      if (!stored.ok()) return stored.status();
+      if (!stored->empty()) {
         events = std::move(*stored);
-      } else if (stored.ok()) {
+      } else {
         // Nothing on disk below memory (events lost in a crash): skip ahead.
         cursor_ = first_in_memory;
         events = log_->Read(cursor_, 64, &first_in_memory);
       }
     }
     for (JobEvent& e : events) buffer_.push_back(std::move(e));
+    return absl::OkStatus();
   }
 
   TandemService* const service_;

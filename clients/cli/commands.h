@@ -30,6 +30,11 @@ ClientOptions GlobalClientOptions();
 
 using Args = std::vector<std::string>;
 
+// Bad usage (wrong arguments, a bad flag value): main exits 2 for it, where a
+// request that fails exits 1 (README.md, "Exit codes").
+absl::Status UsageError(absl::string_view message);
+bool IsUsageError(const absl::Status& status);
+
 absl::StatusOr<int> RunTrain(const Args& args);
 absl::StatusOr<int> RunNode(const Args& args);
 absl::StatusOr<int> RunSubmit(const Args& args);

@@ -11,6 +11,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +36,20 @@ ABSL_FLAG(int64_t, from, 1, "tandem watch: first event sequence to show.");
 ABSL_FLAG(std::string, reason, "", "tandem cancel: recorded in the job's reason.");
 
 namespace tandem::cli {
+
+namespace {
+constexpr char kUsagePayload[] = "tandem.cli/usage";
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kUsagePayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsagePayload).has_value();
+}
 
 ClientOptions GlobalClientOptions() {
   const Globals& g = GetGlobals();
@@ -269,7 +284,12 @@ absl::StatusOr<JobState> Follow(const std::string& job_id, uint64_t from, bool j
 int WatchExit(const absl::StatusOr<JobState>& state) {
   if (!state.ok()) {
     std::fprintf(stderr, "tandem: %s\n", state.status().ToString().c_str());
-    return kExitLostContact;
+    // Lost: an unknown job, or a daemon gone past the reconnect window. Any
+    // other refusal (a malformed id, a wrong token) is a failed request.
+    const absl::StatusCode code = state.status().code();
+    return code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable
+               ? kExitLostContact
+               : 1;
   }
   std::fprintf(stderr, "job ended %s\n", ShortState(*state).c_str());
   return ExitCodeFor(*state);
@@ -326,7 +346,7 @@ absl::Status WriteJobTraces(const Job& job, const std::string& path) {
 }
 
 absl::StatusOr<int> RunSubmit(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem submit FILE [--watch]");
+  if (args.size() != 1) return UsageError("usage: tandem submit FILE [--watch]");
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return spec.status();
   RpcClient client = Client();
@@ -351,13 +371,13 @@ absl::StatusOr<int> RunSubmit(const Args& args) {
 }
 
 absl::StatusOr<int> RunWatch(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem watch ID [--from=N]");
+  if (args.size() != 1) return UsageError("usage: tandem watch ID [--from=N]");
   return WatchExit(
       Follow(args[0], static_cast<uint64_t>(absl::GetFlag(FLAGS_from)), GetGlobals().json()));
 }
 
 absl::StatusOr<int> RunStatus(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem status ID");
+  if (args.size() != 1) return UsageError("usage: tandem status ID");
   RpcClient client = Client();
   tandem::v1::GetJobRequest request;
   request.set_job_id(args[0]);
@@ -377,8 +397,7 @@ absl::StatusOr<int> RunStatus(const Args& args) {
 }
 
 absl::StatusOr<int> RunJobs(const Args& args) {
-  if (!args.empty())
-    return absl::InvalidArgumentError("usage: tandem jobs [--state=S1,S2] [--limit=N]");
+  if (!args.empty()) return UsageError("usage: tandem jobs [--state=S1,S2] [--limit=N]");
   RpcClient client = Client();
   tandem::v1::ListJobsRequest request;
   request.set_page_size(std::min(1000, std::max(1, absl::GetFlag(FLAGS_limit))));
@@ -387,7 +406,7 @@ absl::StatusOr<int> RunJobs(const Args& args) {
     tandem::v1::JobState state;
     if (!tandem::v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(name)),
                                     &state)) {
-      return absl::InvalidArgumentError(absl::StrCat("--state: unknown state '", name, "'"));
+      return UsageError(absl::StrCat("--state: unknown state '", name, "'"));
     }
     request.add_states(state);
   }
@@ -412,8 +431,7 @@ absl::StatusOr<int> RunJobs(const Args& args) {
 }
 
 absl::StatusOr<int> RunCancel(const Args& args) {
-  if (args.size() != 1)
-    return absl::InvalidArgumentError("usage: tandem cancel ID [--reason=TEXT]");
+  if (args.size() != 1) return UsageError("usage: tandem cancel ID [--reason=TEXT]");
   RpcClient client = Client();
   tandem::v1::CancelJobRequest request;
   request.set_job_id(args[0]);

@@ -12,7 +12,7 @@ ABSL_DECLARE_FLAG(bool, refresh);
 namespace tandem::cli {
 
 absl::StatusOr<int> RunNode(const Args& args) {
-  if (!args.empty()) return absl::InvalidArgumentError("usage: tandem node [--refresh]");
+  if (!args.empty()) return UsageError("usage: tandem node [--refresh]");
   RpcClient client(GlobalClientOptions());
   tandem::v1::NodeInfo node;
   tandem::v1::GetNodeRequest request;

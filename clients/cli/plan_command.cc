@@ -67,7 +67,7 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& flag, const std::string& g
   }
   double value = 0;
   if (!absl::SimpleAtod(text, &value) || value <= 0 || value * scale > 1e18) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return UsageError(absl::StrCat(
         "--", flag, ": expected a positive size such as 6GiB or 8e9, got '", given, "'"));
   }
   return static_cast<int64_t>(value * scale);
@@ -81,7 +81,7 @@ absl::StatusOr<std::vector<tandem::v1::Strategy>> ParseCompare(const std::string
         absl::StrCat("STRATEGY_", absl::AsciiStrToUpper(absl::StripAsciiWhitespace(part)));
     tandem::v1::Strategy s;
     if (!tandem::v1::Strategy_Parse(name, &s) || s == tandem::v1::STRATEGY_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return UsageError(absl::StrCat(
           "--compare: unknown strategy '", part,
           "'; use gpu_only, cpu_only, zero_offload, reuse_distance, hetero_dp or auto"));
     }
@@ -94,7 +94,7 @@ absl::StatusOr<tandem::v1::Precision> ParsePrecision(const std::string& text) {
   tandem::v1::Precision p;
   const std::string name = absl::StrCat("PRECISION_", absl::AsciiStrToUpper(text));
   if (!tandem::v1::Precision_Parse(name, &p)) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         absl::StrCat("--precision: unknown precision '", text, "'; use auto, fp32, bf16 or fp16"));
   }
   return p;
@@ -106,14 +106,13 @@ absl::Status AddNodes(tandem::v1::PlanModelRequest& request) {
        absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipWhitespace())) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 65536) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--nodes: \"", part, "\" is not a node count in [1, 65536]"));
+      return UsageError(absl::StrCat("--nodes: \"", part, "\" is not a node count in [1, 65536]"));
     }
     request.add_nodes(n);
   }
   if (request.nodes_size() > 0 &&
       request.cost_source_case() != tandem::v1::PlanModelRequest::kHardware) {
-    return absl::InvalidArgumentError("--nodes: plans other machines: give --hardware=SPEC");
+    return UsageError("--nodes: plans other machines: give --hardware=SPEC");
   }
 
   return absl::OkStatus();
@@ -122,7 +121,7 @@ absl::Status AddNodes(tandem::v1::PlanModelRequest& request) {
 }  // namespace
 
 absl::StatusOr<int> RunPlan(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem plan FILE");
+  if (args.size() != 1) return UsageError("usage: tandem plan FILE");
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return spec.status();
 
@@ -136,7 +135,7 @@ absl::StatusOr<int> RunPlan(const Args& args) {
   const std::string hardware = absl::GetFlag(FLAGS_hardware);
   const std::string profile = absl::GetFlag(FLAGS_profile);
   if (!hardware.empty() && !profile.empty()) {
-    return absl::InvalidArgumentError("--hardware and --profile: give one cost source, not both");
+    return UsageError("--hardware and --profile: give one cost source, not both");
   }
   if (!hardware.empty()) {
     absl::StatusOr<tandem::v1::HardwareSpec> hw = planner::LoadHardwareSpec(hardware);
@@ -165,7 +164,7 @@ absl::StatusOr<int> RunPlan(const Args& args) {
   if (!compare.ok()) return compare.status();
   for (tandem::v1::Strategy s : *compare) request.add_compare(s);
   if (absl::GetFlag(FLAGS_pipeline_devices) < 0) {
-    return absl::InvalidArgumentError("--pipeline_devices: must be >= 0");
+    return UsageError("--pipeline_devices: must be >= 0");
   }
   request.set_pipeline_devices(absl::GetFlag(FLAGS_pipeline_devices));
   request.set_pipeline_auto(absl::GetFlag(FLAGS_pipeline_auto));
@@ -173,7 +172,9 @@ absl::StatusOr<int> RunPlan(const Args& args) {
   tandem::v1::PlanModelResponse response;
   if (absl::GetFlag(FLAGS_on_server)) {
     RpcClient client(GlobalClientOptions());
-    auto context = client.UnaryContext();
+    // A solve may queue on the daemon's planning lane and take minutes (as
+    // the Python client's plan_timeout_seconds).
+    auto context = client.UnaryContext(absl::Seconds(300));
     const grpc::Status status = client.stub().PlanModel(context.get(), request, &response);
     if (!status.ok()) return ToAbsl(status, GetGlobals().server);
   } else {

@@ -60,13 +60,13 @@ std::string CacheDir() {
 }  // namespace
 
 absl::StatusOr<int> RunProfile(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem profile FILE");
+  if (args.size() != 1) return UsageError("usage: tandem profile FILE");
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return spec.status();
 
   // The API reads 0 as "the default"; on the command line it is a mistake.
   if (absl::GetFlag(FLAGS_iterations) < 1) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         absl::StrCat("--iterations: must be in [1, 1000], got ", absl::GetFlag(FLAGS_iterations)));
   }
   tandem::v1::ProfileModelRequest request;

@@ -27,10 +27,11 @@ std::unique_ptr<grpc::ClientContext> RpcClient::StreamContext() const {
   return context;
 }
 
-std::unique_ptr<grpc::ClientContext> RpcClient::UnaryContext() const {
+std::unique_ptr<grpc::ClientContext> RpcClient::UnaryContext(
+    std::optional<absl::Duration> deadline) const {
   auto context = StreamContext();
   context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(options_.deadline));
+                        absl::ToChronoMilliseconds(deadline.value_or(options_.deadline)));
   return context;
 }
 

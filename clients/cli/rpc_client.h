@@ -4,6 +4,7 @@
 #define TANDEM_CLIENTS_CLI_RPC_CLIENT_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,8 +31,10 @@ class RpcClient {
   explicit RpcClient(ClientOptions options);
 
   tandem::v1::Tandem::Stub& stub() { return *stub_; }
-  // A context with the token and the unary deadline applied.
-  std::unique_ptr<grpc::ClientContext> UnaryContext() const;
+  // A context with the token and the unary deadline applied (`deadline`, when
+  // given, instead: PlanModel solves for longer).
+  std::unique_ptr<grpc::ClientContext> UnaryContext(
+      std::optional<absl::Duration> deadline = std::nullopt) const;
   // A context with the token and no deadline, for server streams.
   std::unique_ptr<grpc::ClientContext> StreamContext() const;
 

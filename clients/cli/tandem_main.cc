@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<int> code = it->second.run(args);
   if (!code.ok()) {
     std::fprintf(stderr, "tandem %s: %s\n", name.c_str(), code.status().ToString().c_str());
-    return 1;
+    return tandem::cli::IsUsageError(code.status()) ? 2 : 1;
   }
   return *code;
 }

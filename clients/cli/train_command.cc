@@ -118,7 +118,7 @@ void PrintSummary(const tandem::v1::Job& job) {
 }  // namespace
 
 absl::StatusOr<int> RunTrain(const Args& args) {
-  if (args.size() != 1) return absl::InvalidArgumentError("usage: tandem train FILE");
+  if (args.size() != 1) return UsageError("usage: tandem train FILE");
   absl::StatusOr<tandem::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return spec.status();
   const bool json = GetGlobals().json();

@@ -261,9 +261,16 @@ placement: {strategy: STRATEGY_AUTO}
             self.assertIn(strategy, result.stdout)
         result = cli(self.daemon, "plan", job_file, "--on_server", "--compare=zero_offload,reuse_distance")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        # Bad usage exits 2 (README, "Exit codes"), a request that fails 1.
         result = cli(self.daemon, "plan", job_file, "--compare=fastest")
-        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.returncode, 2)
         self.assertIn("--compare: unknown strategy 'fastest'", result.stderr)
+        result = cli(self.daemon, "status")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("usage: tandem status ID", result.stderr)
+        result = cli(self.daemon, "status", "job-999999")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("NOT_FOUND", result.stderr)
 
     def test_precision_resolves_with_its_reason_and_bf16_runs_where_the_cpu_computes_it(self):
         import grpc

@@ -38,6 +38,11 @@ class TandemError(Exception):
         return cls(method, error.code(), error.details() or "")
 
 
+# The CLI's limit too (clients/cli/rpc_client.cc): a page of jobs carries their
+# plans and timelines, past gRPC's default 4 MiB.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+
+
 def _read_structured_file(path, message):
     """Parses a YAML, JSON or protobuf text file into `message` (protobuf JSON
     mapping: snake_case or camelCase names, enums by name)."""
@@ -103,9 +108,9 @@ class TandemClient:
                 with open(tls_root_cert, "rb") as f:
                     tls_root_cert = f.read()
             credentials = grpc.ssl_channel_credentials(root_certificates=tls_root_cert)
-            self._channel = grpc.secure_channel(address, credentials)
+            self._channel = grpc.secure_channel(address, credentials, options=_CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.insecure_channel(address)
+            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = tandem_service_pb2_grpc.TandemStub(self._channel)
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         self.address = address
@@ -168,21 +173,22 @@ class TandemClient:
         final JobState (job_pb2.JobState.Name() gives the name).
 
         When the stream breaks it watches again from the next sequence, retrying
-        with backoff for up to reconnect_timeout_seconds without contact. Breaks
+        with backoff for up to reconnect_timeout_seconds from the break (a job
+        that was quiet for longer before it is still followed). Breaks
         are UNAVAILABLE (the daemon drains or restarts, the network drops) and
         CANCELLED, which this client never causes while it watches: a daemon
         that shuts down cancels the streams opened during its drain. Other
         errors raise TandemError; an exception from the callback propagates."""
         next_sequence = max(1, int(from_sequence))
         backoff = 0.1
-        last_contact = time.monotonic()
+        lost_since = None  # when the stream broke; None while it is whole
         while True:
             call = self._stub.WatchJob(
                 tandem_service_pb2.WatchJobRequest(job_id=job_id, from_sequence=next_sequence),
                 metadata=self._metadata)
             try:
                 for event in call:
-                    last_contact = time.monotonic()
+                    lost_since = None
                     backoff = 0.1
                     if event.sequence < next_sequence:
                         continue
@@ -199,7 +205,9 @@ class TandemClient:
             except grpc.RpcError as e:
                 if e.code() not in _WATCH_RETRY_CODES:
                     raise TandemError.from_rpc_error("WatchJob", e) from None
-                if time.monotonic() - last_contact > reconnect_timeout_seconds:
+                if lost_since is None:
+                    lost_since = time.monotonic()
+                elif time.monotonic() - lost_since > reconnect_timeout_seconds:
                     raise TandemError.from_rpc_error("WatchJob", e) from None
             except BaseException:
                 call.cancel()

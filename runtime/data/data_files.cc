@@ -135,6 +135,7 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& field, const std::st
     gzclose(gz);
     return absl::DataLossError(absl::StrCat(field, ": '", path, "' is corrupt: ", message));
   };
+  bool at_end = false;
   while (static_cast<int64_t>(data.size()) < max_bytes) {
     const size_t at = data.size();
     const int want = static_cast<int>(std::min<int64_t>(1 << 20, max_bytes - at));
@@ -142,7 +143,20 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& field, const std::st
     const int n = gzread(gz, data.data() + at, want);
     if (n < 0) return corrupt();
     data.resize(at + n);
-    if (n == 0) break;
+    if (n < want) {
+      at_end = true;
+      break;
+    }
+  }
+  int errnum = Z_OK;
+  gzerror(gz, &errnum);
+  if (at_end && info.gzip && errnum == Z_BUF_ERROR) {
+    // zlib hands out what it inflated and flags a stream cut short only here:
+    // an interrupted copy would otherwise train on part of the file.
+    gzclose(gz);
+    return absl::DataLossError(absl::StrCat(field, ": '", path,
+                                            "' is truncated: its gzip stream ends after ",
+                                            data.size(), " bytes, before its end"));
   }
   if (more_is_error && static_cast<int64_t>(data.size()) == max_bytes) {
     char extra;

@@ -91,6 +91,30 @@ TEST(IdxTest, RawAndGzipReadAlike) {
   }
 }
 
+// Labels 0..9 to train on and a 12 in the test split (a mismatched file, or
+// a class only the test split has): the model's output covers every label it
+// is scored on, and submission describes the same model a run builds.
+TEST(IdxTest, ClassesCoverEveryLabelOfBothSplitsAtSubmissionAndRun) {
+  WriteFile(TempPath("img4.idx"), IdxBytes({4, 2, 2}, 16));
+  WriteFile(TempPath("lab4.idx"), IdxBytes({4}, 4));  // labels 0..3
+  std::string test_labels = IdxBytes({4}, 4);
+  test_labels.back() = 12;
+  WriteFile(TempPath("lab4-test.idx"), test_labels);
+  tandem::v1::DatasetSpec spec = IdxSpec(TempPath("img4.idx"), TempPath("lab4.idx"));
+  absl::StatusOr<DataInfo> train_only = DescribeDatasets(spec, nullptr, 0);
+  ASSERT_TRUE(train_only.ok()) << train_only.status();
+  EXPECT_EQ(train_only->num_classes, 10);
+  spec.mutable_idx()->set_test_images(TempPath("img4.idx"));
+  spec.mutable_idx()->set_test_labels(TempPath("lab4-test.idx"));
+  absl::StatusOr<DataInfo> described = DescribeDatasets(spec, nullptr, 0);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->num_classes, 13);
+  absl::StatusOr<Datasets> d = OpenDatasets(spec, 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->train->info().num_classes, 13);
+  EXPECT_EQ(d->test->info().num_classes, 13);
+}
+
 TEST(IdxTest, TruncatedImagesAreDataLoss) {
   WriteFile(TempPath("short.idx"), IdxBytes({100, 28, 28}, 1000));
   WriteFile(TempPath("lab100.idx"), IdxBytes({100}, 100));
@@ -286,6 +310,29 @@ void ForgeGzipSize(const std::string& path, uint32_t declared) {
   for (int i = 0; i < 4; ++i)
     gz[gz.size() - 4 + i] = static_cast<char>((declared >> (8 * i)) & 0xff);
   WriteFile(path, gz);
+}
+
+TEST(TextTest, ATruncatedGzipTextIsAnErrorNotHalfTheCorpus) {
+  // Text cut off halfway by an interrupted copy: its last four bytes, read as
+  // the trailer's size, are whatever deflate data was there.
+  std::string text;
+  for (int i = 0; text.size() < (1 << 20); ++i) text += "line " + std::to_string(i * 7919) + "\n";
+  WriteFile(TempPath("whole.txt.gz"), text, /*gzip=*/true);
+  std::string gz;
+  {
+    std::ifstream f(TempPath("whole.txt.gz"), std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const std::string path = TempPath("cut.txt.gz");
+  WriteFile(path, gz.substr(0, gz.size() / 2));
+  tandem::v1::DatasetSpec spec;
+  spec.mutable_text()->set_path(path);
+  absl::StatusOr<DataInfo> info = DescribeDatasets(spec, nullptr, 16);
+  const absl::Status s =
+      info.ok() ? OpenDatasets(spec, 1, nullptr, 16, info->memory_bytes).status() : info.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("data.text.path"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
 }
 
 TEST(TextTest, AGzipBombIsReadNoFurtherThanItsTrailerDeclares) {

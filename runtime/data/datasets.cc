@@ -93,24 +93,30 @@ class IdxDataset final : public Dataset {
   DataInfo info_;
 };
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxSplit(const std::string& field_prefix,
-                                                      const std::string& images_path,
-                                                      const std::string& labels_path, int64_t limit,
-                                                      const std::string& name, int64_t* left) {
-  TANDEM_ASSIGN_OR_RETURN(IdxArray images, ReadIdx(field_prefix + "_images", images_path, 3, left));
-  TANDEM_ASSIGN_OR_RETURN(IdxArray labels, ReadIdx(field_prefix + "_labels", labels_path, 1, left));
-  if (labels.dims[0] != images.dims[0]) {
+struct IdxSplit {
+  IdxArray images, labels;
+};
+
+// A split's images and labels, read and matched.
+absl::StatusOr<IdxSplit> ReadIdxSplit(const std::string& field_prefix,
+                                      const std::string& images_path,
+                                      const std::string& labels_path, int64_t* left) {
+  IdxSplit split;
+  TANDEM_ASSIGN_OR_RETURN(split.images, ReadIdx(field_prefix + "_images", images_path, 3, left));
+  TANDEM_ASSIGN_OR_RETURN(split.labels, ReadIdx(field_prefix + "_labels", labels_path, 1, left));
+  if (split.labels.dims[0] != split.images.dims[0]) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field_prefix, "_labels: '", labels_path, "' has ", labels.dims[0],
-                     " labels for ", images.dims[0], " images in '", images_path, "'"));
+        absl::StrCat(field_prefix, "_labels: '", labels_path, "' has ", split.labels.dims[0],
+                     " labels for ", split.images.dims[0], " images in '", images_path, "'"));
   }
-  int max_label = 0;
-  for (char c : labels.bytes)
-    max_label = std::max(max_label, static_cast<int>(static_cast<uint8_t>(c)));
-  // MNIST-style data has 10 classes; more labels widen the output.
-  const int64_t classes = std::max(10, max_label + 1);
-  return std::unique_ptr<Dataset>(
-      new IdxDataset(name, std::move(images), std::move(labels), limit, classes));
+  return split;
+}
+
+// MNIST-style data has 10 classes; a larger label (in either split: the
+// model's output must cover every label it is scored on) widens the output.
+int64_t IdxClasses(const std::string& labels, int64_t classes = 10) {
+  for (char c : labels) classes = std::max<int64_t>(classes, static_cast<uint8_t>(c) + 1);
+  return classes;
 }
 
 class TextDataset final : public Dataset {
@@ -269,6 +275,20 @@ absl::StatusOr<DataInfo> SyntheticInfo(const tandem::v1::SyntheticDataset& s) {
     info.input_dtype = DType::kI32;
     info.targets_per_sample = dims[0];
   }
+  // What a run holds for it, reserved with the job: each split's labelling
+  // teacher (a float per class and input element) or successor table, and
+  // the loader's sample orders (two epochs' of the training split, one of
+  // the test split's, 8 bytes a sample).
+  constexpr int64_t kMaxTeacherFloats = int64_t{1} << 28;
+  if (!s.tokens() && s.num_classes() * elements > kMaxTeacherFloats) {
+    return FieldError("data.synthetic.num_classes",
+                      absl::StrCat(s.num_classes(), " classes of ", elements,
+                                   "-element samples need a labelling teacher of ",
+                                   s.num_classes() * elements,
+                                   " floats; at most 2^28 (num_classes x sample elements)"));
+  }
+  const int64_t per_split = s.tokens() ? 8 * s.num_classes() : 4 * s.num_classes() * elements;
+  info.memory_bytes = 2 * per_split + 8 * (2 * s.train_samples() + s.test_samples());
   return info;
 }
 
@@ -359,7 +379,11 @@ absl::StatusOr<DataInfo> DescribeIdx(const tandem::v1::IdxDataset& idx,
   TANDEM_ASSIGN_OR_RETURN(const auto train, DescribeIdxSplit("data.idx.train", paths[0], paths[1]));
   DataInfo info;
   info.sample_shape = Shape({train.first.dims[1], train.first.dims[2], 1});
-  info.num_classes = 10;
+  // The labels (a byte a sample) are read now, so that the model planned and
+  // admitted has the output a run builds.
+  TANDEM_ASSIGN_OR_RETURN(const std::string train_labels,
+                          ReadIdxPayload("data.idx.train_labels", paths[1], train.second));
+  info.num_classes = IdxClasses(train_labels);
   auto bytes = [](const IdxHeader& h) { return h.header_bytes + h.payload_bytes; };
   info.memory_bytes = bytes(train.first) + bytes(train.second);
   if (!paths[2].empty()) {
@@ -368,6 +392,9 @@ absl::StatusOr<DataInfo> DescribeIdx(const tandem::v1::IdxDataset& idx,
       return FieldError("data.idx.test_images", "image size differs from the training split");
     }
     info.memory_bytes += bytes(test.first) + bytes(test.second);
+    TANDEM_ASSIGN_OR_RETURN(const std::string test_labels,
+                            ReadIdxPayload("data.idx.test_labels", paths[3], test.second));
+    info.num_classes = IdxClasses(test_labels, info.num_classes);
   }
   return info;
 }
@@ -442,19 +469,29 @@ absl::StatusOr<Datasets> OpenDatasets(const DatasetSpec& spec, uint64_t seed,
                               Resolve(resolve, "data.idx.train_images", idx.train_images()));
       TANDEM_ASSIGN_OR_RETURN(const std::string tl,
                               Resolve(resolve, "data.idx.train_labels", idx.train_labels()));
-      Datasets out;
-      TANDEM_ASSIGN_OR_RETURN(out.train, OpenIdxSplit("data.idx.train", ti, tl,
-                                                      idx.max_train_samples(), "idx train", left));
+      TANDEM_ASSIGN_OR_RETURN(IdxSplit train, ReadIdxSplit("data.idx.train", ti, tl, left));
+      int64_t classes = IdxClasses(train.labels.bytes);
+      std::optional<IdxSplit> test;
       if (!idx.test_images().empty() || !idx.test_labels().empty()) {
         TANDEM_ASSIGN_OR_RETURN(const std::string vi,
                                 Resolve(resolve, "data.idx.test_images", idx.test_images()));
         TANDEM_ASSIGN_OR_RETURN(const std::string vl,
                                 Resolve(resolve, "data.idx.test_labels", idx.test_labels()));
-        TANDEM_ASSIGN_OR_RETURN(out.test, OpenIdxSplit("data.idx.test", vi, vl,
-                                                       idx.max_test_samples(), "idx test", left));
-        if (out.test->info().sample_shape != out.train->info().sample_shape) {
+        TANDEM_ASSIGN_OR_RETURN(test, ReadIdxSplit("data.idx.test", vi, vl, left));
+        if (test->images.dims[1] != train.images.dims[1] ||
+            test->images.dims[2] != train.images.dims[2]) {
           return FieldError("data.idx.test_images", "image size differs from the training split");
         }
+        classes = IdxClasses(test->labels.bytes, classes);
+      }
+      Datasets out;
+      out.train =
+          std::make_unique<IdxDataset>("idx train", std::move(train.images),
+                                       std::move(train.labels), idx.max_train_samples(), classes);
+      if (test) {
+        out.test =
+            std::make_unique<IdxDataset>("idx test", std::move(test->images),
+                                         std::move(test->labels), idx.max_test_samples(), classes);
       }
       return out;
     }

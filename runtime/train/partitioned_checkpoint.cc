@@ -30,7 +30,14 @@ int FirstFailed(const std::vector<double>& all, size_t per_rank, size_t at) {
   return -1;
 }
 
-void Prune(const std::string& dir, int rank, int keep) {
+void Prune(const std::string& dir, int rank, int keep, int64_t current) {
+  // Steps past this one are of a run abandoned at a resume from an older
+  // checkpoint (a newer one was damaged): never the ones to keep.
+  for (const char* suffix : {kCheckpointSuffix, kManifestSuffix}) {
+    for (const auto& [step, path] : ListCheckpoints(dir, suffix)) {
+      if (step > current) RemoveCheckpointStep(dir, step);
+    }
+  }
   if (rank != 0) {
     const auto parts = ListCheckpoints(dir, kCheckpointSuffix);
     for (size_t i = keep + 1; i < parts.size(); ++i) RemoveCheckpointStep(dir, parts[i].first);
@@ -99,8 +106,8 @@ absl::StatusOr<SavedPartitions> SavePartitioned(StepRunner& runner, const StateP
   }
   SavedPartitions saved{path, 0};
   for (int r = 0; r < part.ranks; ++r) saved.bytes += static_cast<int64_t>(all[r * kFigures + 1]);
+  CheckpointManifest manifest;
   if (part.rank == 0) {
-    CheckpointManifest manifest;
     manifest.set_job_id(header.job_id());
     manifest.set_model_fingerprint(header.model_fingerprint());
     manifest.set_step(step);
@@ -116,9 +123,21 @@ absl::StatusOr<SavedPartitions> SavePartitioned(StepRunner& runner, const StateP
       m->set_crc32(static_cast<uint32_t>(all[r * kFigures + 2]));
     }
     saved.path = CheckpointPath(dir, step, kManifestSuffix);
-    TANDEM_RETURN_IF_ERROR(WriteManifest(saved.path, manifest));
   }
-  Prune(dir, part.rank, keep);
+  // Every rank learns whether rank 0 committed the manifest, so that a failed
+  // commit ends every rank's run here, not only rank 0's (the others would
+  // wait for it in the next collective until its timeout).
+  const absl::Status committed =
+      part.rank == 0 ? WriteManifest(saved.path, manifest) : absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(const std::vector<double> commits,
+                          runner.GatherFromRanks({committed.ok() ? 1.0 : 0.0}));
+  if (!committed.ok()) return committed;
+  if (commits[0] == 0) {
+    return absl::DataLossError(
+        absl::StrCat("rank 0 could not commit the manifest of the checkpoint at step ", step,
+                     " (its status says why)"));
+  }
+  Prune(dir, part.rank, keep, step);
   return saved;
 }
 

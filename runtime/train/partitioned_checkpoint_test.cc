@@ -9,6 +9,8 @@
 // exactly too.
 #include "runtime/train/partitioned_checkpoint.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -284,6 +286,22 @@ TEST(PartitionedCheckpointTest, PartitionedMastersResumeExactly) {
   EXPECT_LT(std::filesystem::file_size(dirs[1] + "/ckpt-0000000006.tdm"), params * 4 * 2);
   const std::vector<RankRun> second = TrainRanks(spec, dirs, -1, true, true);
   ExpectResumedExactly(whole, first, second);
+}
+
+// Rank 0 cannot commit the manifest of step 4 (a directory stands where its
+// temporary file goes): every rank's run ends there, saying so, instead of
+// rank 1 waiting in the next step's collective until its timeout.
+TEST(PartitionedCheckpointTest, AManifestRankZeroCannotCommitEndsEveryRanksRun) {
+  const std::vector<std::string> dirs = Dirs("uncommitted");
+  std::filesystem::create_directories(
+      absl::StrCat(CheckpointPath(dirs[0], 4, kManifestSuffix), ".tmp.", ::getpid()));
+  const std::vector<RankRun> runs = TrainRanks(Spec(5), dirs);
+  EXPECT_FALSE(runs[0].status.ok());
+  EXPECT_EQ(runs[1].status.code(), absl::StatusCode::kDataLoss) << runs[1].status;
+  EXPECT_NE(runs[1].status.message().find(
+                "rank 0 could not commit the manifest of the checkpoint at step 4"),
+            std::string::npos)
+      << runs[1].status;
 }
 
 TEST(PartitionedCheckpointTest, ADamagedOrForeignPartitionFailsTheResumeNamingTheRank) {

@@ -149,7 +149,7 @@ absl::Status Trainer::SynchronizeStart() {
   samples_ = p.samples;
   loader_->Seek(p.epoch, p.epoch_offset);
   runner_->host_state().optimizer->set_step(p.optimizer_step);
-  progress_.set_step(step_);
+  RecordPosition();
   if (step_ > 0) {
     Log(tandem::v1::LOG_SEVERITY_INFO,
         absl::StrCat("starting at rank 0's step ", step_, ", with its state"));
@@ -190,6 +190,14 @@ absl::Status Trainer::LoadNewestManifest() {
   return Resume(loaded->header, loaded->path);
 }
 
+void Trainer::RecordPosition() {
+  progress_.set_step(step_);
+  progress_.set_epoch(step_ / std::max<int64_t>(1, loader_->batches_per_epoch()));
+  progress_.set_samples(samples_);
+  progress_.set_fraction(
+      total_steps_ > 0 ? static_cast<double>(step_) / static_cast<double>(total_steps_) : 0.0);
+}
+
 absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const std::string& path) {
   HostStateView state = runner_->host_state();
   step_ = header.step();
@@ -205,7 +213,7 @@ absl::Status Trainer::Resume(const tandem::v1::CheckpointHeader& header, const s
   TANDEM_RETURN_IF_ERROR(runner_->StateChangedOnHost());
   checkpoint_path_ = path;
   checkpoint_step_ = step_;
-  progress_.set_step(step_);
+  RecordPosition();
   LoadSwa();
   Log(tandem::v1::LOG_SEVERITY_INFO,
       absl::StrCat("resumed from checkpoint at step ", step_, " (", path, ")"));
@@ -261,9 +269,14 @@ absl::Status Trainer::SaveCheckpoint() {
                             WriteCheckpoint(saved.path, CheckpointHeaderNow(), tensors));
     saved.bytes = file.bytes;
     TANDEM_RETURN_IF_ERROR(SaveSwa());
-    const auto all = ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix);
-    for (size_t i = kCheckpointsKept; i < all.size(); ++i) {
-      RemoveCheckpointStep(options_.checkpoint_dir, all[i].first);
+    // The newest kCheckpointsKept up to this step. One past it is of a run
+    // abandoned at a resume from an older checkpoint (it was damaged): it
+    // goes, rather than the good older one.
+    size_t kept = 0;
+    for (const auto& [step, path] : ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix)) {
+      if (step > step_ || ++kept > static_cast<size_t>(kCheckpointsKept)) {
+        RemoveCheckpointStep(options_.checkpoint_dir, step);
+      }
     }
   }
   checkpoint_path_ = saved.path;
@@ -348,10 +361,7 @@ void Trainer::RecordStep(const StepResult& result, const StepOptions& options, i
 
   const double now = WallSeconds();
   metrics_.set_loss(result.loss);
-  progress_.set_step(step_);
-  progress_.set_epoch(step_ / std::max<int64_t>(1, loader_->batches_per_epoch()));
-  progress_.set_samples(samples_);
-  progress_.set_fraction(static_cast<double>(step_) / static_cast<double>(total_steps_));
+  RecordPosition();
   if (step_ % resolved_.training().log_interval_steps() == 0 || step_ == total_steps_) {
     const double window = std::max(now - clock.window_start, 1e-9);
     const double steps = static_cast<double>(clock.window_steps);

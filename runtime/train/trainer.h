@@ -163,6 +163,9 @@ class Trainer {
   absl::Status LoadNewestManifest();
   // The position and the loss scaling of a loaded checkpoint, and the runner
   // told of the state its tensors put in host_state().
+  // The step, epoch, samples and fraction done into progress_ (also right
+  // after a resume, before any step of this run).
+  void RecordPosition();
   absl::Status Resume(const tandem::v1::CheckpointHeader& header, const std::string& path);
   tandem::v1::CheckpointHeader CheckpointHeaderNow();
   // The checkpoint's tensors in `state`: the weights, the buffers and (with

@@ -8,6 +8,7 @@
 #include "base/test_dir.h"
 #include "gtest/gtest.h"
 #include "runtime/exec/cpu_runner.h"
+#include "runtime/train/checkpoint.h"
 #include "spec/job_spec.h"
 
 namespace tandem {
@@ -296,6 +297,31 @@ TEST(TrainerTest, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   const TrainRun resumed = Train(spec, dir);
   ASSERT_TRUE(resumed.status.ok()) << resumed.status;
   EXPECT_EQ(resumed.losses.size(), 2u);  // Resumed from step 8.
+}
+
+// Resumed from step 8 because step 11's checkpoint is damaged, the run's next
+// checkpoint (step 10, at its stop) keeps the good step 8 beside it and drops
+// step 11, from the abandoned run; before, it dropped step 8.
+TEST(TrainerTest, ACheckpointAfterAFallbackKeepsTheGoodOnesNotTheDamagedOne) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(20);
+  const std::string dir = TempDir("fallback-prune");
+  ASSERT_EQ(Train(spec, dir, 11).status.code(), absl::StatusCode::kCancelled);
+  auto steps = [&dir] {
+    std::vector<int64_t> out;
+    for (const auto& [step, path] : ListCheckpoints(dir, kCheckpointSuffix)) out.push_back(step);
+    return out;
+  };
+  ASSERT_EQ(steps(), (std::vector<int64_t>{11, 8}));
+  {
+    std::fstream f(CheckpointPath(dir, 11, kCheckpointSuffix),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.write("garbage!", 8);
+  }
+  const TrainRun resumed = Train(spec, dir, 2);
+  ASSERT_EQ(resumed.status.code(), absl::StatusCode::kCancelled) << resumed.status;
+  EXPECT_EQ(resumed.checkpoint_step, 10);
+  EXPECT_EQ(steps(), (std::vector<int64_t>{10, 8}));
 }
 
 TEST(TrainerTest, NonFiniteLossFailsWithAClearError) {

@@ -1034,6 +1034,12 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   const tandem::v1::Profile analytic =
       profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
+  if (rpc.cost_source_case() == tandem::v1::PlanModelRequest::kProfile &&
+      rpc.profile().layers_size() != model.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile.layers: ", rpc.profile().layers_size(), " layers, but the spec's model has ",
+        model.num_layers(), " (a profile of another model)"));
+  }
   request.stop = context.stop;
   std::shared_ptr<void> hold;
   if (context.reserve) {

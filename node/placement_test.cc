@@ -503,6 +503,23 @@ TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
   EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(answer.status().message().find("spec.training.batch_size"), std::string::npos)
       << answer.status();
+
+  // A profile of another model (one layer fewer than the spec's).
+  tandem::v1::PlanModelRequest other = here;
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(here.spec(), false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<JobModel> jm = BuildJobModel(*resolved);
+  ASSERT_TRUE(jm.ok()) << jm.status();
+  tandem::v1::Profile profile = profile::AnalyticProfile(*jm->model, resolved->optimizer(),
+                                                         resolved->training().batch_size());
+  profile.mutable_layers()->RemoveLast();
+  *other.mutable_profile() = profile;
+  answer = PlanModel(other, TestNode());
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(answer.status().message().find("profile.layers: "), std::string::npos)
+      << answer.status();
+  EXPECT_NE(answer.status().message().find("a profile of another model"), std::string::npos)
+      << answer.status();
 }
 
 // Planned for this node in bf16, a model is laid out as a bf16 job runs here:

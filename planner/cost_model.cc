@@ -69,7 +69,10 @@ absl::Status ValidateLayers(const Profile& profile) {
         {"staging_bytes", m.staging_bytes()},
     };
     for (const auto& [name, value] : bytes) {
-      if (value < 0) return Invalid(absl::StrCat(f, ".analytic_memory.", name), "must be >= 0");
+      // At most 2^50 (a PiB) a layer: the planner's byte sums stay in int64.
+      if (value < 0 || value > (int64_t{1} << 50)) {
+        return Invalid(absl::StrCat(f, ".analytic_memory.", name), "must be in [0, 2^50]");
+      }
     }
     if (layer.parameter_count() < 0) {
       return Invalid(absl::StrCat(f, ".parameter_count"), "must be >= 0");
@@ -106,8 +109,8 @@ absl::Status ValidateProcessor(const ProcessorSpec& spec, absl::string_view fiel
   }
   if (spec.memory_bytes() < 0) return Invalid(absl::StrCat(field, ".memory_bytes"), "must be >= 0");
   if (spec.threads() < 0) return Invalid(absl::StrCat(field, ".threads"), "must be >= 0");
-  if (spec.launch_overhead_seconds() < 0) {
-    return Invalid(absl::StrCat(field, ".launch_overhead_seconds"), "must be >= 0");
+  if (!(spec.launch_overhead_seconds() >= 0) || !std::isfinite(spec.launch_overhead_seconds())) {
+    return Invalid(absl::StrCat(field, ".launch_overhead_seconds"), "must be a finite number >= 0");
   }
   for (const auto& [key, value] : spec.efficiency()) {
     if (!(value > 0 && value <= 1)) {
@@ -118,11 +121,13 @@ absl::Status ValidateProcessor(const ProcessorSpec& spec, absl::string_view fiel
 }
 
 absl::Status ValidateLink(const tandem::v1::LinkSpec& link, absl::string_view field) {
-  if (!(link.bandwidth_bytes_per_second() > 0)) {
-    return Invalid(absl::StrCat(field, ".bandwidth_bytes_per_second"), "must be > 0");
+  if (!(link.bandwidth_bytes_per_second() > 0) ||
+      !std::isfinite(link.bandwidth_bytes_per_second())) {
+    return Invalid(absl::StrCat(field, ".bandwidth_bytes_per_second"),
+                   "must be a finite number > 0");
   }
-  if (link.latency_seconds() < 0) {
-    return Invalid(absl::StrCat(field, ".latency_seconds"), "must be >= 0");
+  if (!(link.latency_seconds() >= 0) || !std::isfinite(link.latency_seconds())) {
+    return Invalid(absl::StrCat(field, ".latency_seconds"), "must be a finite number >= 0");
   }
   return absl::OkStatus();
 }
@@ -209,13 +214,17 @@ absl::StatusOr<DeviceTimes> MeasuredTimes(const LayerProfile& layer, int index,
         absl::StrCat(field, ": no forward/backward timing for this device"));
   }
   DeviceTimes t;
+  auto usable = [](double seconds) { return seconds >= 0 && std::isfinite(seconds); };
   t.forward_seconds = CallSeconds(measured->forward().timing(), mean);
   t.backward_seconds = CallSeconds(measured->backward().timing(), mean);
-  if (t.forward_seconds < 0 || t.backward_seconds < 0) {
-    return Invalid(field, "timings must be >= 0");
+  if (!usable(t.forward_seconds) || !usable(t.backward_seconds)) {
+    return Invalid(field, "forward and backward timings must be finite numbers >= 0");
   }
   if (measured->update().timing().samples() > 0) {
     t.update_seconds = CallSeconds(measured->update().timing(), mean);
+    if (!usable(t.update_seconds)) {
+      return Invalid(field, "the update timing must be a finite number >= 0");
+    }
     return t;
   }
   const double bandwidth =
@@ -291,7 +300,11 @@ const tandem::v1::LinkProfile* BestLink(const tandem::v1::Profile& profile,
                                         tandem::v1::LinkDirection direction) {
   const tandem::v1::LinkProfile* best = nullptr;
   for (const tandem::v1::LinkProfile& l : profile.links()) {
-    if (l.direction() != direction || !(l.bandwidth_bytes_per_second() > 0)) continue;
+    // A link with no finite rate or latency is unusable (as unmeasured).
+    if (l.direction() != direction || !(l.bandwidth_bytes_per_second() > 0) ||
+        !std::isfinite(l.bandwidth_bytes_per_second()) || !std::isfinite(l.latency_seconds())) {
+      continue;
+    }
     if (best == nullptr || (l.pinned() && !best->pinned())) best = &l;
   }
   return best;

@@ -1,5 +1,7 @@
 #include "planner/cost_model.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 #include "planner/precision.h"
 #include "planner/testing/synthetic_models.h"
@@ -203,6 +205,39 @@ TEST(CostModelTest, ErrorsNameTheField) {
   cost = CostModel::FromMeasuredProfile(testing::MlpProfile({10, 10}, 4));
   ASSERT_FALSE(cost.ok());
   EXPECT_EQ(cost.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// What a remote client may send: non-finite figures, byte counts that would
+// overflow the planner's sums. Each is refused
+// naming its field, never planned into NaN or a negative peak.
+TEST(CostModelTest, NonFiniteOrOverflowingFiguresAreRefusedNamingTheField) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto refused = [](const absl::StatusOr<CostModel>& cost, const std::string& field) {
+    EXPECT_EQ(cost.status().code(), absl::StatusCode::kInvalidArgument) << cost.status();
+    EXPECT_NE(cost.status().message().find(field), std::string::npos) << cost.status();
+  };
+  const tandem::v1::Profile mlp = testing::MlpProfile({10, 10}, 4);
+  tandem::v1::HardwareSpec spec = RoundNode();
+  spec.mutable_host()->set_launch_overhead_seconds(inf);
+  refused(CostModel::FromHardwareSpec(mlp, spec), "hardware.host.launch_overhead_seconds");
+  spec = RoundNode();
+  spec.mutable_host_to_accelerator()->set_latency_seconds(nan);
+  refused(CostModel::FromHardwareSpec(mlp, spec), "latency_seconds");
+  spec = RoundNode();
+  spec.mutable_accelerator_to_host()->set_bandwidth_bytes_per_second(inf);
+  refused(CostModel::FromHardwareSpec(mlp, spec), "bandwidth_bytes_per_second");
+
+  tandem::v1::Profile big = mlp;
+  big.mutable_layers(0)->mutable_analytic_memory()->set_activation_bytes(int64_t{1} << 60);
+  refused(CostModel::FromHardwareSpec(big, RoundNode()),
+          "profile.layers[0].analytic_memory.activation_bytes");
+
+  // A measured timing of infinity.
+  testing::SyntheticLayer layer;
+  layer.accelerator_forward_seconds = inf;
+  refused(CostModel::FromMeasuredProfile(testing::MeasuredChainProfile({layer}, 8, {})),
+          "profile.layers[0]");
 }
 
 TEST(CostModelTest, EveryRuntimeLayerKindHasAnOpClass) {

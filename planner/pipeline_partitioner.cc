@@ -232,6 +232,7 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(const C
   best[0][0] = 0;
   for (int s = 1; s <= S; ++s) {
     for (int j = s; j <= L - (S - s); ++j) {
+      if (r.stop && r.stop()) return absl::CancelledError("the plan's caller has gone");
       for (int i = s - 1; i < j; ++i) {
         if (best[s - 1][i] == inf) continue;
         const std::optional<StageMode> mode = costs.Choose(s - 1, i, j);

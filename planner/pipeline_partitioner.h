@@ -23,6 +23,7 @@
 #define TANDEM_PLANNER_PIPELINE_PARTITIONER_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -73,6 +74,9 @@ struct PipelineRequest {
   // Per layer, a factor on its forward and backward (the stage's share of
   // the threads, measured corrections); empty: 1.
   std::vector<double> compute_scale;
+  // True once the caller has gone (PlanRequest::stop): the partition ends
+  // with CANCELLED within one stage boundary's candidates. Null = never.
+  std::function<bool()> stop;
 };
 
 // Stages in chain order. INVALID_ARGUMENT for bad counts; RESOURCE_EXHAUSTED

@@ -218,6 +218,20 @@ PipelineRequest TwoStages(int micro_batches) {
   return r;
 }
 
+// A caller that has gone ends the partition (its work grows with stages x
+// layers^2) with CANCELLED.
+TEST(PartitionPipelineTest, ACallerThatHasGoneStopsThePartition) {
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(FourEqualLayers(), 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r = TwoStages(2);
+  int asked = 0;
+  r.stop = [&asked] { return ++asked >= 2; };
+  EXPECT_EQ(PartitionPipeline(*cost, r).status().code(), absl::StatusCode::kCancelled);
+  r.stop = [] { return false; };
+  EXPECT_TRUE(PartitionPipeline(*cost, r).ok());
+}
+
 // A stage holds its input (the stage before's output) for every micro-batch
 // in flight, as the pipeline runner does: all M under GPipe, K - k under 1F1B.
 TEST(PartitionPipelineTest, StageMemoryCountsItsInputPerMicroBatchInFlight) {

@@ -42,8 +42,10 @@ absl::Status ValidateRequest(const PlanRequest& r) {
   if (r.host_memory_bytes < 0) return Invalid("host_memory_bytes", "must be >= 0");
   if (r.micro_batch_size < 0) return Invalid("micro_batch_size", "must be >= 0");
   if (r.host_update_threads < 0) return Invalid("host_update_threads", "must be >= 0");
-  if (r.pipeline_devices < 0 || r.pipeline_devices > 1024) {
-    return Invalid("pipeline_devices", "must be in [0, 1024]");
+  // As a job's placement.pipeline.stages: the partition's work grows with
+  // stages x layers^2.
+  if (r.pipeline_devices < 0 || r.pipeline_devices > 64) {
+    return Invalid("pipeline_devices", "must be in [0, 64]");
   }
   if (!tandem::v1::Strategy_IsValid(r.strategy)) return Invalid("strategy", "unknown value");
   for (size_t i = 0; i < r.compare.size(); ++i) {
@@ -670,6 +672,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.allow_recompute = !p.stash_weights;
   p.allow_offload = !p.stash_weights;
   p.allow_offload_activations = true;
+  p.stop = request.stop;
   // Offloading stages update on the host at the same time: each with its
   // share of the host's update threads.
   const int host_threads =

@@ -630,6 +630,8 @@ TEST(SolvePlanTest, BadRequestsNameTheField) {
       {[](PlanRequest* r) { r->accelerator_memory_bytes = -5; }, "accelerator_memory_bytes"},
       {[](PlanRequest* r) { r->compare = {tandem::v1::STRATEGY_UNSPECIFIED}; }, "compare[0]"},
       {[](PlanRequest* r) { r->pipeline_devices = 4; }, "pipeline_devices"},
+      // As a job's pipeline: the partition's work grows with stages x layers^2.
+      {[](PlanRequest* r) { r->pipeline_devices = 65; }, "pipeline_devices: must be in [0, 64]"},
       {[](PlanRequest* r) { r->profile.mutable_layers(2)->set_backward_flops(-1); },
        "profile.layers[2].backward_flops"},
       {[](PlanRequest* r) {

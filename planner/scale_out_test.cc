@@ -110,6 +110,23 @@ TEST(ScaleOutTest, RefusesWhatItCannotPlan) {
   r.rank.hardware->clear_network();
   r.nodes = {1};
   EXPECT_TRUE(PlanScaleOut(r).ok());
+  // A latency the ring formula cannot use, a list of plans past the bound, a
+  // global batch past the int32 field: refused naming the field.
+  auto refused = [](const ScaleOutRequest& bad, const std::string& field) {
+    const absl::Status s = PlanScaleOut(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  };
+  r = Gpt2Small();
+  r.rank.hardware->mutable_network()->set_latency_seconds(-1);
+  refused(r, "hardware.network.latency_seconds");
+  r = Gpt2Small();
+  r.nodes.assign(65, 2);
+  refused(r, "nodes: at most 64");
+  r = Gpt2Small();
+  r.rank.batch_size = 65536;
+  r.nodes = {65536};
+  refused(r, "past 2^31");
 }
 
 }  // namespace

@@ -104,8 +104,10 @@ LayerContext EmulatedAccelerator::ComputeContext() {
   return ctx;
 }
 
-absl::Status EmulatedAccelerator::Copy(void* dst, const void* src, int64_t bytes, double cap,
-                                       double latency) {
+absl::Status EmulatedAccelerator::Copy(std::mutex& engine, void* dst, const void* src,
+                                       int64_t bytes, double cap, double latency) {
+  std::unique_lock<std::mutex> busy(engine, std::defer_lock);
+  if (cap > 0 || latency > 0) busy.lock();
   const double start = WallSeconds();
   std::memcpy(dst, src, bytes);
   double target = latency;
@@ -132,7 +134,8 @@ absl::Status EmulatedAccelerator::CopyFromPeer(void* dst, Accelerator& from, con
         absl::StrCat(id_, ": peer copy from ", from.id(), " outside the two devices' memory"));
   }
   bytes_from_peers_ += bytes;
-  return Copy(dst, src, bytes, options_.peer_bytes_per_second, options_.peer_latency_seconds);
+  return Copy(peer_engine_, dst, src, bytes, options_.peer_bytes_per_second,
+              options_.peer_latency_seconds);
 }
 
 absl::Status EmulatedAccelerator::CopyToDevice(void* dst, const void* src, int64_t bytes) {
@@ -140,7 +143,8 @@ absl::Status EmulatedAccelerator::CopyToDevice(void* dst, const void* src, int64
     return absl::InternalError(absl::StrCat(id_, ": copy to a pointer outside device memory"));
   }
   bytes_to_device_ += bytes;
-  return Copy(dst, src, bytes, options_.link_bytes_per_second, options_.link_latency_seconds);
+  return Copy(to_device_engine_, dst, src, bytes, options_.link_bytes_per_second,
+              options_.link_latency_seconds);
 }
 
 absl::Status EmulatedAccelerator::CopyToHost(void* dst, const void* src, int64_t bytes) {
@@ -148,7 +152,8 @@ absl::Status EmulatedAccelerator::CopyToHost(void* dst, const void* src, int64_t
     return absl::InternalError(absl::StrCat(id_, ": copy from a pointer outside device memory"));
   }
   bytes_to_host_ += bytes;
-  return Copy(dst, src, bytes, options_.link_bytes_per_second, options_.link_latency_seconds);
+  return Copy(to_host_engine_, dst, src, bytes, options_.link_bytes_per_second,
+              options_.link_latency_seconds);
 }
 
 absl::Status EmulatedAccelerator::CopyOnDevice(void* dst, const void* src, int64_t bytes) {

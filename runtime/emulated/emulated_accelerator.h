@@ -17,6 +17,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -97,13 +98,18 @@ class EmulatedAccelerator final : public Accelerator {
 
  private:
   // memcpy, then sleeps out the rest of latency + bytes / cap (cap 0: none).
-  static absl::Status Copy(void* dst, const void* src, int64_t bytes, double cap, double latency);
+  // A modelled link (a cap or a latency) is one copy engine per direction:
+  // copies from several threads (a pipeline stage's, its activation and
+  // host-update threads) queue on `engine` instead of each getting the cap.
+  static absl::Status Copy(std::mutex& engine, void* dst, const void* src, int64_t bytes,
+                           double cap, double latency);
 
   const EmulatedOptions options_;
   const std::string id_;
   ArenaAllocator arena_;
   HostAllocator staging_;
   std::atomic<int64_t> bytes_to_device_{0}, bytes_to_host_{0}, bytes_from_peers_{0};
+  std::mutex to_device_engine_, to_host_engine_, peer_engine_;
 };
 
 }  // namespace tandem

@@ -1159,9 +1159,12 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
     out.copy_seconds = st.times.copy;
     out.peer_copy_seconds = st.times.peer;
     out.update_seconds = st.times.update;
-    // A stage whose phase ended before the last one's updates meanwhile.
+    // A stage whose phase ended before the last one's updates meanwhile;
+    // PipeDream's updates (one after each micro-batch's backward) all run
+    // within the phase, none of them bubble.
     const double updating =
-        st.times.update_ended > 0
+        options_.schedule == PipelineSchedule::kPipeDream ? st.times.update
+        : st.times.update_ended > 0
             ? std::max(0.0, std::min(st.times.update_ended, end) - st.times.update_began)
             : 0.0;
     out.bubble_seconds =

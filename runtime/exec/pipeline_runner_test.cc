@@ -807,6 +807,15 @@ TEST(PipelineRunnerTest, PipeDreamStashesWeightsAndTrainsWithStaleGradients) {
   // The stash is on the device: two versions of the first stage's weights.
   EXPECT_GE(stats[0].peak_bytes(),
             3 * 4 * (f.model->param_offset(EvenStages(*f.model, devices)[0].end_layer)));
+  // Busy, copies, bubble and updates are disjoint times of each stage's
+  // thread: an update after a micro-batch's backward is not bubble as well.
+  const double iteration = pipe->last_timeline().iteration_seconds();
+  for (int s = 0; s < 2; ++s) {
+    const PipelineStageStats& st = pipe->stage_stats()[s];
+    EXPECT_LE(st.busy_seconds + st.copy_seconds + st.bubble_seconds + st.update_seconds,
+              iteration + 1e-6)
+        << "stage " << s;
+  }
 }
 
 // Vertical sync on three stages: every stage runs a micro-batch on the

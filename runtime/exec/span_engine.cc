@@ -90,7 +90,18 @@ void SpanEngine::Issue(SpanId id) {
           absl::StrCat("span for resource ", tandem::v1::TimelineResource_Name(span.info.resource),
                        " which this executor does not run"));
     }
+    // Done without running: what waits for it is released (its workers skip
+    // their work on the failed graph), so every wait ends with the error.
     span.done = true;
+    span.work = nullptr;
+    std::vector<SpanId> waiting = std::move(span.dependents);
+    waiting.insert(waiting.end(), span.start_dependents.begin(), span.start_dependents.end());
+    span.dependents.clear();
+    span.start_dependents.clear();
+    const tandem::v1::TimelineResource from = span.info.resource;
+    const double now = WallSeconds();
+    for (SpanId d : waiting) Release(d, now, from, from);
+    Collect();
     done_cv_.notify_all();
     return;
   }

@@ -85,6 +85,26 @@ TEST(SpanEngineTest, AWaitBehindACopyQueuedBehindOtherCopiesIsOnTheLink) {
   EXPECT_GT(Find(records, compute, 1).wait_seconds, 0.1);
 }
 
+// A span on a resource the engine does not run is an error every wait
+// returns; what depends on it, started or ended, does not wait forever.
+TEST(SpanEngineTest, ASpanOnAResourceItDoesNotRunFailsEveryWaitWithoutAHang) {
+  const auto compute = TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
+  const auto unknown = TimelineResource::TIMELINE_RESOURCE_NETWORK;
+  SpanEngine engine({compute});
+  const SpanId a = engine.Add(On(compute), {}, [] { return Sleep(0.05); });
+  const SpanId lost = engine.Add(On(unknown), {a}, [] { return absl::OkStatus(); });
+  bool ran = false;
+  const SpanId after = engine.Add(On(compute), {lost}, [&ran] {
+    ran = true;
+    return absl::OkStatus();
+  });
+  const absl::Status s = engine.Wait(after);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("does not run"), std::string::npos) << s;
+  EXPECT_FALSE(ran);  // the graph failed: its work is skipped
+  EXPECT_EQ(engine.WaitAll().code(), absl::StatusCode::kInternal);
+}
+
 TEST(SpanEngineTest, ASpanReadyWhenAddedHasNotWaited) {
   const auto compute = TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE;
   SpanEngine engine({compute});

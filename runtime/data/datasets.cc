@@ -281,11 +281,11 @@ absl::StatusOr<DataInfo> SyntheticInfo(const tandem::v1::SyntheticDataset& s) {
   // the test split's, 8 bytes a sample).
   constexpr int64_t kMaxTeacherFloats = int64_t{1} << 28;
   if (!s.tokens() && s.num_classes() * elements > kMaxTeacherFloats) {
-    return FieldError("data.synthetic.num_classes",
-                      absl::StrCat(s.num_classes(), " classes of ", elements,
-                                   "-element samples need a labelling teacher of ",
-                                   s.num_classes() * elements,
-                                   " floats; at most 2^28 (num_classes x sample elements)"));
+    return FieldError(
+        "data.synthetic.num_classes",
+        absl::StrCat(s.num_classes(), " classes of ", elements,
+                     "-element samples need a labelling teacher of ", s.num_classes() * elements,
+                     " floats; at most 2^28 (num_classes x sample elements)"));
   }
   const int64_t per_split = s.tokens() ? 8 * s.num_classes() : 4 * s.num_classes() * elements;
   info.memory_bytes = 2 * per_split + 8 * (2 * s.train_samples() + s.test_samples());

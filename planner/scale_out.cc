@@ -176,52 +176,67 @@ double AllReduceSeconds(const tandem::v1::HardwareSpec& hardware, int nodes, int
   return within + across;
 }
 
-absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& request) {
-  if (!request.rank.hardware) {
-    return absl::InvalidArgumentError("hardware: a multi-node plan needs a hardware spec");
+namespace {
+
+// A link the ring formula reads: a finite rate > 0 and a finite latency >= 0.
+absl::Status CheckLink(const tandem::v1::HardwareSpec& hw, const tandem::v1::LinkSpec& link,
+                       const char* field) {
+  if (!(link.bandwidth_bytes_per_second() > 0) ||
+      !std::isfinite(link.bandwidth_bytes_per_second())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hardware.", field, ".bandwidth_bytes_per_second: ", hw.name(),
+                     link.bandwidth_bytes_per_second() == 0 ? " says nothing of it"
+                                                            : " gives no finite rate > 0"));
   }
+  if (!(link.latency_seconds() >= 0) || !std::isfinite(link.latency_seconds())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hardware.", field, ".latency_seconds: must be a finite number >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+// What PlanScaleOut can plan: a bounded list of node counts, links its
+// formula can read, and global batches the int32 field holds. `g`: the
+// node's accelerators; `node_batch`: a node's batch.
+absl::Status CheckScaleOutRequest(const ScaleOutRequest& request, int g, int node_batch) {
   const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
-  // Each entry is a plan of its own: a bounded list.
-  constexpr int kMaxNodeCounts = 64;
+  // Each entry is a plan of its own.
+  constexpr size_t kMaxNodeCounts = 64;
   if (request.nodes.size() > kMaxNodeCounts) {
     return absl::InvalidArgumentError(absl::StrCat("nodes: at most ", kMaxNodeCounts,
                                                    " node counts, got ", request.nodes.size()));
   }
-  // A link the ring formula reads: a finite rate > 0 and a finite latency >= 0.
-  auto check_link = [&hw](const tandem::v1::LinkSpec& link, const char* field) -> absl::Status {
-    if (!(link.bandwidth_bytes_per_second() > 0) ||
-        !std::isfinite(link.bandwidth_bytes_per_second())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hardware.", field, ".bandwidth_bytes_per_second: ", hw.name(),
-                       link.bandwidth_bytes_per_second() == 0 ? " says nothing of it"
-                                                              : " gives no finite rate > 0"));
-    }
-    if (!(link.latency_seconds() >= 0) || !std::isfinite(link.latency_seconds())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hardware.", field, ".latency_seconds: must be a finite number >= 0"));
-    }
-    return absl::OkStatus();
-  };
-  const int g = std::max(1, hw.accelerators_size());
   if (g > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("hardware.accelerators: at most 1024 a node, got ", g));
   }
-  if (g > 1)
+  if (g > 1) {
     TANDEM_RETURN_IF_ERROR(
-        check_link(hw.accelerator_to_accelerator(), "accelerator_to_accelerator"));
-  const int node_batch =
-      request.rank.batch_size > 0 ? request.rank.batch_size : request.rank.profile.batch_size();
+        CheckLink(hw, hw.accelerator_to_accelerator(), "accelerator_to_accelerator"));
+  }
   for (int n : request.nodes) {
     if (n < 1 || n > 65536) return absl::InvalidArgumentError("nodes: each must be in [1, 65536]");
-    if (n > 1) TANDEM_RETURN_IF_ERROR(check_link(hw.network(), "network"));
-    // The global batch (a rank's share times the ranks) is an int32 field.
+    if (n > 1) TANDEM_RETURN_IF_ERROR(CheckLink(hw, hw.network(), "network"));
     if (int64_t{std::max(1, node_batch / g)} * g * n > std::numeric_limits<int32_t>::max()) {
       return absl::InvalidArgumentError(
           absl::StrCat("nodes: ", n, " nodes of ", g, " accelerators at batch ", node_batch,
                        " a node is a global batch past 2^31 samples"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& request) {
+  if (!request.rank.hardware) {
+    return absl::InvalidArgumentError("hardware: a multi-node plan needs a hardware spec");
+  }
+  const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
+  const int g = std::max(1, hw.accelerators_size());
+  const int node_batch =
+      request.rank.batch_size > 0 ? request.rank.batch_size : request.rank.profile.batch_size();
+  TANDEM_RETURN_IF_ERROR(CheckScaleOutRequest(request, g, node_batch));
   PlanRequest rank = request.rank;
   rank.batch_size = std::max(1, node_batch / g);
   // A node's ranks share its host: each plans with 1/G of its cores, compute

@@ -360,6 +360,27 @@ TEST(TextTest, AGzipBombIsReadNoFurtherThanItsTrailerDeclares) {
                         "inflates past the 10 bytes its gzip trailer declares");
 }
 
+// What a run holds for synthetic data is reserved with the job: each
+// split's labelling teacher and the loader's sample orders; a teacher past
+// 2^28 floats is refused naming num_classes.
+TEST(SyntheticTest, TheTeacherAndSampleOrdersAreReservedAndBounded) {
+  tandem::v1::DatasetSpec spec;
+  spec.mutable_synthetic()->add_sample_shape(20);
+  spec.mutable_synthetic()->set_num_classes(4);
+  spec.mutable_synthetic()->set_train_samples(400);
+  spec.mutable_synthetic()->set_test_samples(100);
+  absl::StatusOr<DataInfo> info = DescribeDatasets(spec, nullptr, 0);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->memory_bytes, 2 * 4 * 4 * 20 + 8 * (2 * 400 + 100));
+  spec.mutable_synthetic()->clear_sample_shape();
+  spec.mutable_synthetic()->add_sample_shape(4096);
+  spec.mutable_synthetic()->add_sample_shape(4096);
+  spec.mutable_synthetic()->set_num_classes(1000);
+  const absl::Status s = DescribeDatasets(spec, nullptr, 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("data.synthetic.num_classes"), std::string::npos) << s;
+}
+
 TEST(SyntheticTest, LabelsAreDeterministicAndBalancedEnough) {
   tandem::v1::DatasetSpec spec;
   spec.mutable_synthetic()->add_sample_shape(20);

@@ -83,6 +83,23 @@ TEST(TrainerTest, ResumeContinuesTheSameLossTrajectory) {
   ExpectResumesExactly(spec, whole.losses, "resume");
 }
 
+// Resumed at step 13 of 30 (13 batches an epoch), the job's progress says
+// so before its first step: step, epoch, samples and fraction.
+TEST(TrainerTest, ProgressIsTheCheckpointsPositionRightAfterAResume) {
+  const tandem::v1::JobSpec spec = SyntheticMlp(30);
+  const std::string dir = TempDir("resume-progress");
+  ASSERT_EQ(Train(spec, dir, /*stop_after=*/13).status.code(), absl::StatusCode::kCancelled);
+  TrainerOptions options;
+  options.checkpoint_dir = dir;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, options, {});
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const tandem::v1::JobProgress& p = (*trainer)->progress();
+  EXPECT_EQ(p.step(), 13);
+  EXPECT_EQ(p.epoch(), 1);
+  EXPECT_EQ(p.samples(), 200);  // 12 batches of 16 and the epoch's last 8
+  EXPECT_DOUBLE_EQ(p.fraction(), 13.0 / 30.0);
+}
+
 TEST(TrainerTest, Bf16JobResumesExactlyFromItsFp32MasterState) {
   tandem::v1::JobSpec spec = SyntheticMlp(30);
   spec.set_precision(tandem::v1::PRECISION_BF16);

@@ -587,6 +587,10 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   entry->log->Append(queued);
   absl::MutexLock lock(&mu_);
   live_[stored->id()] = entry;
+  // Stored while the daemon began to stop: acknowledged (it runs after the
+  // restart), and its log closed as the others were, so that a watcher is
+  // told to watch again rather than wait for the forced end.
+  if (stopping_) entry->log->Close(/*shutting_down=*/true);
   dirty_ = true;
   return Submitted{entry->job, true};
 }
@@ -645,6 +649,12 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
 absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
                                              const std::string& reason) {
   Entry& entry = *shared;
+  if (IsTerminal(entry.job.state())) {
+    // Ended, its end not yet recorded (a full disk): live only until it is.
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", entry.job.id(), " already ended in ",
+                     tandem::v1::JobState_Name(entry.job.state())));
+  }
   const std::string why =
       reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
   // Stored before anything changes or is acknowledged: a store that cannot
@@ -665,6 +675,8 @@ absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
     }
     entry.log->Close();
     if (entry.unrecorded.empty()) live_.erase(entry.job.id());
+    // A job re-queued after a run (a lost rank) has that run's series.
+    KeepSeriesOfFinished(entry.job.id());
     dirty_ = true;
     return entry.job;
   }
@@ -1335,11 +1347,15 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   if (IsTerminal(next)) {
     entry.log->Close();
     if (entry.unrecorded.empty()) live_.erase(id);
-    finished_series_.push_back(id);
-    if (finished_series_.size() > kFinishedSeriesKept) {
-      ForgetJobSeries(finished_series_.front());
-      finished_series_.pop_front();
-    }
+    KeepSeriesOfFinished(id);
+  }
+}
+
+void JobManager::KeepSeriesOfFinished(const std::string& id) {
+  finished_series_.push_back(id);
+  if (finished_series_.size() > kFinishedSeriesKept) {
+    ForgetJobSeries(finished_series_.front());
+    finished_series_.pop_front();
   }
 }
 
@@ -1368,7 +1384,12 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
     loop->set_planned_from(layer_profiles_.Load(trainer.model(), trainer.resolved_spec(), *offer));
   }
   const node::PlanLoop* raw = loop.get();
-  const prometheus::Labels labels = {{"job_id", entry->job.id()}};
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);  // entry->job is mu_'s (a cancel replaces it)
+    id = entry->job.id();
+  }
+  const prometheus::Labels labels = {{"job_id", id}};
   prometheus::Gauge* checked = &metrics_->job_checked_step_seconds.Add(labels);
   prometheus::Gauge* ratio = &metrics_->job_step_time_ratio.Add(labels);
   node::PlanLoopHooks hooks;
@@ -1408,8 +1429,8 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
     const absl::Status cached =
         layer_profiles_.Store(loop.model(), loop.resolved_spec(), loop.node(), *d.measured_profile);
     if (!cached.ok()) {
-      std::fprintf(stderr, "tandemd: cannot cache the layer profile of %s: %s\n",
-                   entry.job.id().c_str(), cached.ToString().c_str());
+      std::fprintf(stderr, "tandemd: cannot cache a layer profile of %s: %s\n",
+                   loop.model().fingerprint().substr(0, 12).c_str(), cached.ToString().c_str());
     }
   }
   absl::MutexLock lock(&mu_);

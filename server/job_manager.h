@@ -230,6 +230,8 @@ class JobManager {
                     int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
   void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that ended keeps its series among the kFinishedSeriesKept newest.
+  void KeepSeriesOfFinished(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,
                                                const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -130,6 +130,36 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
+// Negative sizes and counts are mistakes, not "the default" (each flag's
+// default is spelled out: 0, or -1 where 0 means something else).
+absl::Status CheckNumericFlags() {
+  const std::pair<const char*, int64_t> at_least_zero[] = {
+      {"accelerator_memory_budget", absl::GetFlag(FLAGS_accelerator_memory_budget)},
+      {"host_memory_budget", absl::GetFlag(FLAGS_host_memory_budget)},
+      {"job_threads", absl::GetFlag(FLAGS_job_threads)},
+      {"state_min_free_bytes", absl::GetFlag(FLAGS_state_min_free_bytes)},
+      {"job_events_kept", absl::GetFlag(FLAGS_job_events_kept)},
+  };
+  for (const auto& [name, value] : at_least_zero) {
+    if (value < 0)
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 0, got ", value));
+  }
+  const std::pair<const char*, int64_t> at_least_minus_one[] = {
+      {"gpu_memory_budget", absl::GetFlag(FLAGS_gpu_memory_budget)},
+      {"max_running_jobs", absl::GetFlag(FLAGS_max_running_jobs)},
+  };
+  for (const auto& [name, value] : at_least_minus_one) {
+    if (value < -1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= -1, got ", value));
+    }
+  }
+  if (absl::GetFlag(FLAGS_max_receive_message_bytes) <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_receive_message_bytes must be > 0, got ",
+                                                   absl::GetFlag(FLAGS_max_receive_message_bytes)));
+  }
+  return absl::OkStatus();
+}
+
 bool WritePortFile(const std::string& path, int port) {
   if (path.empty()) return true;
   // A temporary name and a rename, so a reader never sees half a number.
@@ -273,9 +303,16 @@ absl::StatusOr<std::unique_ptr<tandem::server::PeerSet>> PeersFromFlags() {
     o.credentials.channel = grpc::InsecureChannelCredentials();
   } else {
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs =
-        ReadFile(absl::GetFlag(FLAGS_peer_ca_file).empty() ? absl::GetFlag(FLAGS_tls_cert)
-                                                           : absl::GetFlag(FLAGS_peer_ca_file));
+    const bool ca = !absl::GetFlag(FLAGS_peer_ca_file).empty();
+    const std::string roots =
+        ca ? absl::GetFlag(FLAGS_peer_ca_file) : absl::GetFlag(FLAGS_tls_cert);
+    ssl.pem_root_certs = ReadFile(roots);
+    // Empty roots would make gRPC trust the system's: never a silent default.
+    if (ssl.pem_root_certs.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(ca ? "--peer_ca_file" : "--tls_cert",
+                                                     ": cannot read '", roots,
+                                                     "' (the peers' TLS roots)"));
+    }
     o.credentials.channel = grpc::SslCredentials(ssl);
   }
   return std::make_unique<PeerSet>(std::move(o));
@@ -363,7 +400,10 @@ absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> StartMetrics(
   absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> exposer =
       tandem::metrics::MetricsExposer::Start(address, {sources.begin(), sources.end()});
   if (!exposer.ok()) return exposer.status();
-  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*exposer)->port());
+  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), (*exposer)->port())) {
+    return absl::InternalError(absl::StrCat("--metrics_port_file: cannot write '",
+                                            absl::GetFlag(FLAGS_metrics_port_file), "'"));
+  }
   std::fprintf(stderr, "tandemd: metrics on http://%s/metrics (port %d)\n", address.c_str(),
                (*exposer)->port());
   return exposer;
@@ -405,7 +445,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
   }
-  WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+  if (!WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
+    server->Shutdown();
+    return absl::InternalError(
+        absl::StrCat("--port_file: cannot write '", absl::GetFlag(FLAGS_port_file), "'"));
+  }
   std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d)%s%s\n",
                tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), port,
                absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS",
@@ -447,6 +491,9 @@ int main(int argc, char** argv) {
 
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) return Fail("--state_dir is required");
+  if (const absl::Status flags = CheckNumericFlags(); !flags.ok()) {
+    return Fail(std::string(flags.message()));
+  }
   if (const int k = absl::GetFlag(FLAGS_emulated_accelerators); k < 1 || k > 64) {
     return Fail(absl::StrCat("--emulated_accelerators must be in [1, 64], got ", k));
   }

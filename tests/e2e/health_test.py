@@ -58,6 +58,33 @@ class HealthTest(unittest.TestCase):
         self.assertIn("shutting down", self.daemon.logs())
 
 
+class BadFlagsTest(unittest.TestCase):
+    """A flag's bad value stops tandemd at start, naming the flag, instead of
+    being taken for its default (or a port file nobody can read)."""
+
+    def run_daemon(self, *flags):
+        import os
+        import subprocess
+        import tempfile
+        work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        return subprocess.run([TANDEMD, "--state_dir=" + os.path.join(work, "state"),
+                               "--listen=127.0.0.1:0", "--metrics_listen="] + list(flags),
+                              capture_output=True, text=True, timeout=120)
+
+    def test_a_negative_budget_or_limit_is_refused(self):
+        for flag, text in (("--host_memory_budget=-5", "--host_memory_budget must be >= 0"),
+                           ("--max_running_jobs=-3", "--max_running_jobs must be >= -1"),
+                           ("--state_min_free_bytes=-1", "--state_min_free_bytes must be >= 0")):
+            result = self.run_daemon(flag)
+            self.assertNotEqual(result.returncode, 0, flag)
+            self.assertIn(text, result.stderr)
+
+    def test_an_unwritable_port_file_is_refused(self):
+        result = self.run_daemon("--port_file=/nonexistent-dir/port")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--port_file: cannot write", result.stderr)
+
+
 if __name__ == "__main__":
     TANDEMD = sys.argv.pop(1)
     junit_runner.main()

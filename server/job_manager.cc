@@ -33,6 +33,9 @@ namespace {
 constexpr int kMaxRequestIdLength = 128;
 // Per-job metric series of finished jobs kept for dashboards; older ones go.
 constexpr size_t kFinishedSeriesKept = 50;
+// tandem_job_update_lagged_updates: a series per lag below this, the rest in
+// one labelled "64+".
+constexpr int kMaxLagLabel = 64;
 // The phases of tandem_job_pipeline_stage_seconds: what is set is what goes.
 constexpr const char* kPipelinePhases[] = {"busy", "bubble", "copy", "peer_copy", "update"};
 // UpdateStats.rule's values (job.proto), the labels of tandem_job_update_rule_info.
@@ -1019,9 +1022,21 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
         .Set(u.mean_staleness());
     metrics_->job_update_staleness.Add({{"job_id", entry.job.id()}, {"stat", "max"}})
         .Set(static_cast<double>(u.max_staleness()));
+    // One series a lag up to kMaxLagLabel; larger lags (a descheduled
+    // Hogwild worker's are unbounded) share the last, "64+".
+    double beyond = 0;
     for (int lag = 0; lag < u.staleness_counts_size(); ++lag) {
+      if (lag >= kMaxLagLabel) {
+        beyond += static_cast<double>(u.staleness_counts(lag));
+        continue;
+      }
       metrics_->job_update_lagged.Add({{"job_id", entry.job.id()}, {"lag", absl::StrCat(lag)}})
           .Set(static_cast<double>(u.staleness_counts(lag)));
+    }
+    if (u.staleness_counts_size() > kMaxLagLabel) {
+      metrics_->job_update_lagged
+          .Add({{"job_id", entry.job.id()}, {"lag", absl::StrCat(kMaxLagLabel, "+")}})
+          .Set(beyond);
     }
     metrics_->job_update_wait_seconds.Add(labels).Set(u.wait_seconds());
     metrics_->job_update_exchanges.Add(labels).Set(static_cast<double>(u.exchanges()));
@@ -1485,11 +1500,11 @@ void JobManager::ForgetJobSeries(const std::string& job_id) {
   for (const char* stat : {"mean", "max"}) {
     RemoveSeries(metrics_->job_update_staleness, {{"job_id", job_id}, {"stat", stat}});
   }
-  // Lags run up to the parameter server's largest bound (Hogwild's, up to the
-  // workers' count).
-  for (int lag = 0; lag <= 1024; ++lag) {
+  for (int lag = 0; lag < kMaxLagLabel; ++lag) {
     RemoveSeries(metrics_->job_update_lagged, {{"job_id", job_id}, {"lag", absl::StrCat(lag)}});
   }
+  RemoveSeries(metrics_->job_update_lagged,
+               {{"job_id", job_id}, {"lag", absl::StrCat(kMaxLagLabel, "+")}});
   RemoveSeries(metrics_->job_ranks, old);
   RemoveCollectiveSeries(metrics_->job_collective_bytes, metrics_->job_collective_seconds, old);
   for (int stage = 0; stage < kMaxPipelineStages; ++stage) {

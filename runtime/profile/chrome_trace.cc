@@ -37,12 +37,13 @@ Track TrackOf(TimelineResource resource, int lane) {
     case tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE:
       return {kAcceleratorPid, 1 + lane,
               lane == 0 ? "compute stream" : absl::StrCat("compute stream ", lane)};
+    // Past the compute streams of up to 64 pipeline stages (tids 1-64).
     case tandem::v1::TIMELINE_RESOURCE_COPY_H2D:
-      if (lane > 0) return {kAcceleratorPid, 301 + 2 * lane, absl::StrCat("copy H2D ", lane)};
-      return {kAcceleratorPid, 51, "copy H2D"};
+      return {kAcceleratorPid, 301 + 2 * lane,
+              lane == 0 ? "copy H2D" : absl::StrCat("copy H2D ", lane)};
     case tandem::v1::TIMELINE_RESOURCE_COPY_D2H:
-      if (lane > 0) return {kAcceleratorPid, 302 + 2 * lane, absl::StrCat("copy D2H ", lane)};
-      return {kAcceleratorPid, 52, "copy D2H"};
+      return {kAcceleratorPid, 302 + 2 * lane,
+              lane == 0 ? "copy D2H" : absl::StrCat("copy D2H ", lane)};
     case tandem::v1::TIMELINE_RESOURCE_NETWORK:
       return {kHostPid, 201, "network (gradient all-reduce)"};
     default:

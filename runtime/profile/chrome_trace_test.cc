@@ -131,6 +131,29 @@ TEST(ChromeTraceTest, OneTrackPerDeviceStreamAndWorker) {
             events[1].fields().at("tid").number_value());
 }
 
+// 64 pipeline stages: every stage's compute stream and copy engines are
+// tracks of their own (stage 50's compute stream once shared stage 0's copy
+// H2D track).
+TEST(ChromeTraceTest, SixtyFourStagesHaveDistinctTracks) {
+  tandem::v1::Timeline t;
+  t.set_iteration_seconds(0.01);
+  for (int lane = 0; lane < 64; ++lane) {
+    for (auto r :
+         {tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+          tandem::v1::TIMELINE_RESOURCE_COPY_D2H}) {
+      AddSpan(&t, r, lane, 0, tandem::v1::TIMELINE_PHASE_FORWARD, 0, 0.001);
+    }
+  }
+  const std::vector<Struct> events = CheckTrace(TimelineToChromeTrace(t, {}));
+  ASSERT_EQ(events.size(), 64u * 3);
+  std::set<std::pair<int, int>> tracks;
+  for (const Struct& e : events) {
+    tracks.insert({static_cast<int>(e.fields().at("pid").number_value()),
+                   static_cast<int>(e.fields().at("tid").number_value())});
+  }
+  EXPECT_EQ(tracks.size(), 64u * 3);
+}
+
 TEST(ChromeTraceTest, EmptyTimelineIsStillAValidTrace) {
   EXPECT_TRUE(CheckTrace(TimelineToChromeTrace(tandem::v1::Timeline())).empty());
 }

@@ -9,9 +9,33 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-std::string Bounded(std::string value) {
-  if (value.size() > kMaxLabelValueBytes) value.resize(kMaxLabelValueBytes);
-  return value;
+// At most kMaxLabelValueBytes, cut where a UTF-8 character begins (a value
+// cut inside one is not UTF-8, and Prometheus drops the whole scrape), and
+// with any byte that is not part of valid UTF-8 replaced by '?'.
+std::string Bounded(const std::string& value) {
+  std::string out;
+  size_t i = 0;
+  while (i < value.size()) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
+    bool valid = n > 0 && i + n <= value.size();
+    for (size_t k = 1; valid && k < n; ++k) {
+      valid = (static_cast<unsigned char>(value[i + k]) & 0xC0) == 0x80;
+    }
+    const size_t take = valid ? n : 1;
+    if (out.size() + take > kMaxLabelValueBytes) break;
+    if (valid) {
+      out.append(value, i, n);
+    } else {
+      out.push_back('?');
+    }
+    i += take;
+  }
+  return out;
 }
 
 // The families this collector serves, each present (HELP and TYPE) even

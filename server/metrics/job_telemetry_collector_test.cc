@@ -103,5 +103,23 @@ TEST(JobTelemetryCollectorTest, LongLayerNamesAreCut) {
   EXPECT_EQ(text.find(std::string(kMaxLabelValueBytes + 1, 'n')), std::string::npos);
 }
 
+// A name of two-byte characters is cut between characters, never inside one,
+// and a byte that is not UTF-8 becomes '?': an invalid label value would make
+// Prometheus drop the whole scrape.
+TEST(JobTelemetryCollectorTest, CutLayerNamesStayUtf8) {
+  std::string e_acute;
+  for (int i = 0; i < 100; ++i) e_acute += "\xC3\xA9";  // 200 bytes of é
+  auto t = std::make_shared<profile::JobTelemetry>(
+      std::vector<std::string>{"x" + e_acute, std::string("bad\xFFname")});
+  t->Record(0, Phase::kForward, 0.001);
+  t->Record(1, Phase::kForward, 0.001);
+  JobTelemetryCollector c;
+  c.Track("job-000003", t);
+  const std::string text = Text(c);
+  // "x" and 63 whole characters: 127 bytes, the 64th would make 129.
+  EXPECT_NE(text.find("layer=\"x" + e_acute.substr(0, 126) + "\""), std::string::npos);
+  EXPECT_NE(text.find("layer=\"bad?name\""), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::metrics

@@ -214,6 +214,9 @@ struct JobManager::Entry {
   // trains a step ends it), and no restart before `not_before`.
   absl::Time fault_since = absl::InfiniteFuture();
   absl::Time not_before = absl::InfinitePast();
+  // Recovery could not estimate its memory (why): it waits, queued, for
+  // RetryEstimates instead of being scheduled.
+  std::string estimate_error;
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics)
@@ -793,7 +796,47 @@ void JobManager::AppendEvent(Entry& entry, JobEvent event) {
   pending_events_.push_back(std::move(event));
 }
 
+void JobManager::RetryEstimates() {
+  std::vector<std::pair<std::shared_ptr<Entry>, Job>> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : live_) {
+      if (!e->estimate_error.empty() && e->job.state() == tandem::v1::JOB_STATE_QUEUED) {
+        waiting.emplace_back(e, e->job);
+      }
+    }
+  }
+  for (auto& [entry, job] : waiting) {
+    // Outside the lock: it reads the job's data files' headers.
+    absl::StatusOr<MemoryEstimate> estimate = Estimate(job.resolved_spec(), &job.plan());
+    absl::MutexLock lock(&mu_);
+    if (entry->job.state() != tandem::v1::JOB_STATE_QUEUED) continue;  // cancelled meanwhile
+    if (!estimate.ok()) {
+      entry->estimate_error = std::string(estimate.status().message());
+      continue;
+    }
+    if (const absl::Status fits = CheckBudgets(*estimate); !fits.ok()) {
+      entry->estimate_error.clear();
+      const absl::Status s =
+          Transition(*entry, tandem::v1::JOB_STATE_FAILED,
+                     absl::StrCat("cannot resume after restart: ", fits.message()));
+      if (!s.ok()) {
+        std::fprintf(stderr, "tandemd: cannot record that %s failed yet: %s\n",
+                     entry->job.id().c_str(), s.ToString().c_str());
+      }
+      entry->log->Close();
+      if (entry->unrecorded.empty()) live_.erase(entry->job.id());
+      continue;
+    }
+    entry->estimate = *estimate;
+    entry->estimate_error.clear();
+    entry->job.set_reason("queued: its memory could be estimated again");
+    dirty_ = true;
+  }
+}
+
 void JobManager::PersistLoop() {
+  absl::Time estimated = absl::Now();
   while (true) {
     bool stop;
     {
@@ -803,6 +846,10 @@ void JobManager::PersistLoop() {
     }
     FlushEvents();
     RetryUnrecorded();
+    if (absl::Now() - estimated >= options_.estimate_retry_interval) {
+      RetryEstimates();
+      estimated = absl::Now();
+    }
     if (!store_->has_reserve() && store_->RestoreReserve()) {
       std::fprintf(stderr, "tandemd: the job store's reserve is in place again\n");
     }
@@ -872,9 +919,24 @@ absl::Status JobManager::Recover() {
       if (!entry->unrecorded.empty()) live_[entry->job.id()] = entry;
       continue;
     }
+    if (!estimate.ok()) {
+      // Often passing (a data mount or a device not there yet): the job waits
+      // queued and is estimated again (RetryEstimates), never failed for it.
+      entry->estimate_error = std::string(estimate.status().message());
+      const std::string why = absl::StrCat(
+          "cannot resume yet: ", entry->estimate_error, "; tandemd tries again every ",
+          absl::FormatDuration(options_.estimate_retry_interval), " (cancel the job to give up)");
+      if (entry->job.state() == tandem::v1::JOB_STATE_RUNNING) {
+        transition(tandem::v1::JOB_STATE_QUEUED, why);
+      } else {
+        entry->job.set_reason(why);
+      }
+      live_[entry->job.id()] = entry;
+      continue;
+    }
     // A job larger than this daemon's budgets (it restarted with smaller
     // ones) could never be scheduled, and would hold every job behind it.
-    const absl::Status fits = estimate.ok() ? CheckBudgets(*estimate) : estimate.status();
+    const absl::Status fits = CheckBudgets(*estimate);
     if (!fits.ok()) {
       transition(tandem::v1::JOB_STATE_FAILED,
                  absl::StrCat("cannot resume after restart: ", fits.message()));
@@ -938,6 +1000,7 @@ void JobManager::ScheduleLocked() {
   const Entry* blocked = nullptr;
   for (Entry* e : queue) {
     if (e->not_before > absl::Now()) continue;  // a distributed job waiting to restart
+    if (!e->estimate_error.empty()) continue;   // waiting for RetryEstimates
     if (!store_->read_only().ok()) {
       // A run could record neither its start, its checkpoints nor its end.
       e->job.set_reason(absl::StrCat("waiting: ", store_->read_only().message()));

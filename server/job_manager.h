@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "node/closed_loop.h"
 #include "node/placement.h"
 #include "runtime/core/allocator.h"
@@ -68,6 +69,10 @@ struct JobManagerOptions {
   // Events each job keeps in the store besides its state changes (the newest
   // ones); 0 = all.
   int64_t events_kept_per_job = 10000;
+  // A job recovered at start whose memory could not be estimated (its data
+  // not mounted yet, its device not visible yet) waits queued and is
+  // estimated again this often, instead of failing.
+  absl::Duration estimate_retry_interval = absl::Seconds(30);
   // The node's hardware. When set, jobs with an accelerator are planned at
   // submission (refused with RESOURCE_EXHAUSTED when no plan fits, the plan
   // recorded in the job) and run through the plan executor. Unset: every job
@@ -241,6 +246,9 @@ class JobManager {
   void AppendEvent(Entry& entry, tandem::v1::JobEvent event);
   void PersistLoop();
   void FlushEvents();
+  // Estimates again the jobs Recover could not estimate; each that now fits
+  // is scheduled, each past the budgets fails.
+  void RetryEstimates() ABSL_LOCKS_EXCLUDED(mu_);
   // A distributed job whose ranks share a node's cores and that sets no
   // training.threads gets its part of them per rank; the reason's addition
   // saying so ("" when unchanged).

@@ -514,6 +514,48 @@ TEST_F(JobManagerTest, AfterACleanStopEventsNumberOnWithoutAJump) {
   EXPECT_EQ((*jobs_->Events(id))->last_sequence(), 2u);
 }
 
+// A job left running by a crash whose data is not there when tandemd comes
+// back (a mount not up yet) waits queued, saying why, and resumes once its
+// data is back, instead of failing for good.
+TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
+  auto idx = [](std::vector<uint32_t> dims, int bytes) {
+    std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+    for (uint32_t d : dims) {
+      for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>(d >> shift));
+    }
+    for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>(i % 3));
+    return s;
+  };
+  auto customize = [](JobManagerOptions& o) {
+    o.estimate_retry_interval = absl::Milliseconds(100);
+  };
+  Open("estimate-retry", int64_t{1} << 32, true, std::nullopt, customize);
+  const std::string images = dir_ + "/images.idx", labels = dir_ + "/labels.idx";
+  std::ofstream(images, std::ios::binary) << idx({64, 4, 4}, 64 * 16);
+  std::ofstream(labels, std::ios::binary) << idx({64}, 64);
+  tandem::v1::JobSpec spec = Spec(6);
+  spec.mutable_data()->mutable_idx()->set_train_images(images);
+  spec.mutable_data()->mutable_idx()->set_train_labels(labels);
+  auto s = jobs_->Submit(spec, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string id = s->job.id();
+  tandem::v1::Job record = *store_->GetJob(id).value();
+  record.set_state(tandem::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  Close();
+  std::filesystem::rename(images, images + ".away");
+  Open("estimate-retry", int64_t{1} << 32, /*fresh=*/false, std::nullopt, customize);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  absl::SleepFor(absl::Milliseconds(400));  // several retries, the data still away
+  tandem::v1::Job waiting = *jobs_->Get(id);
+  EXPECT_EQ(waiting.state(), tandem::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(waiting.reason().find("cannot resume yet"), std::string::npos) << waiting.reason();
+  EXPECT_NE(waiting.reason().find("data.idx.train_images"), std::string::npos) << waiting.reason();
+  std::filesystem::rename(images + ".away", images);
+  WaitFor(id, tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) {
   Open("renumber");
   auto s = jobs_->Submit(Spec(5), "");

@@ -202,8 +202,6 @@ struct JobManager::Entry {
   // State-change events the store refused (a full disk): written again with
   // the job's record by RetryUnrecorded; the job stays live until then.
   std::vector<JobEvent> unrecorded;
-  // Set by the runner thread as its last action, so the thread can be joined.
-  std::atomic<bool> runner_done{false};
   std::unique_ptr<HostAllocator> allocator;
   // The always-on telemetry of the current run (null before it starts): held
   // here so the sink the runner feeds outlives the run, whatever the metrics
@@ -974,7 +972,7 @@ void JobManager::SchedulerLoop() {
     // Join runner threads that finished.
     std::vector<std::thread> done;
     for (auto it = runners_.begin(); it != runners_.end();) {
-      if (it->first->runner_done) {
+      if (it->first->load()) {
         done.push_back(std::move(it->second));
         it = runners_.erase(it);
       } else {
@@ -1051,10 +1049,12 @@ void JobManager::ScheduleLocked() {
     }
     std::shared_ptr<Entry> shared = live_[e->job.id()];
     metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
-    shared->runner_done = false;
-    runners_.emplace_back(shared, std::thread([this, shared] {
+    // Each run's own flag, set by its thread as its last action so that it
+    // can be joined: a re-queued job's next run never shares its old one.
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    runners_.emplace_back(done, std::thread([this, shared, done] {
                             RunJob(shared);
-                            shared->runner_done = true;
+                            *done = true;
                           }));
   }
   metrics_->queue_length.Add({}).Set(0);
@@ -1603,7 +1603,7 @@ void JobManager::Shutdown() {
   std::vector<std::thread> runners;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [entry, thread] : runners_) runners.push_back(std::move(thread));
+    for (auto& [done, thread] : runners_) runners.push_back(std::move(thread));
     runners_.clear();
   }
   for (std::thread& t : runners) t.join();

@@ -290,7 +290,9 @@ class JobManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   // Runner threads with their entries; joined once the entry says it is done.
-  std::vector<std::pair<std::shared_ptr<Entry>, std::thread>> runners_ ABSL_GUARDED_BY(mu_);
+  // Each running thread with its own done flag (set as its last action).
+  std::vector<std::pair<std::shared_ptr<std::atomic<bool>>, std::thread>> runners_
+      ABSL_GUARDED_BY(mu_);
   // Finished jobs whose per-job metric series are still exported, oldest first.
   std::deque<std::string> finished_series_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;

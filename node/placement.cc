@@ -986,6 +986,17 @@ std::string RequestCostSource(const tandem::v1::PlanModelRequest& rpc) {
   }
 }
 
+// A request's own profile is of the spec's model: as many layers.
+absl::Status CheckRequestProfile(const tandem::v1::PlanModelRequest& rpc, const Model& model) {
+  if (rpc.cost_source_case() != tandem::v1::PlanModelRequest::kProfile ||
+      rpc.profile().layers_size() == model.num_layers()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "profile.layers: ", rpc.profile().layers_size(), " layers, but the spec's model has ",
+      model.num_layers(), " (a profile of another model)"));
+}
+
 // PlanModelRequest.nodes' multi-node prediction of the job (planner/scale_out.h),
 // or nothing without nodes.
 absl::StatusOr<std::optional<planner::ScaleOutRequest>> ScaleOutRequestFor(
@@ -1033,13 +1044,8 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   const Model& model = *jm->model;
   const tandem::v1::Profile analytic =
       profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
+  TANDEM_RETURN_IF_ERROR(CheckRequestProfile(rpc, model));
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
-  if (rpc.cost_source_case() == tandem::v1::PlanModelRequest::kProfile &&
-      rpc.profile().layers_size() != model.num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "profile.layers: ", rpc.profile().layers_size(), " layers, but the spec's model has ",
-        model.num_layers(), " (a profile of another model)"));
-  }
   request.stop = context.stop;
   std::shared_ptr<void> hold;
   if (context.reserve) {

@@ -130,9 +130,17 @@ sigset_t BlockShutdownSignals() {
   return signals;
 }
 
-// Negative sizes and counts are mistakes, not "the default" (each flag's
-// default is spelled out: 0, or -1 where 0 means something else).
-absl::Status CheckNumericFlags() {
+// The flags every start needs right. Negative sizes and counts are
+// mistakes, not "the default" (each flag's default is spelled out: 0, or -1
+// where 0 means something else).
+absl::Status CheckFlags() {
+  if (absl::GetFlag(FLAGS_state_dir).empty()) {
+    return absl::InvalidArgumentError("--state_dir is required");
+  }
+  if (const int k = absl::GetFlag(FLAGS_emulated_accelerators); k < 1 || k > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--emulated_accelerators must be in [1, 64], got ", k));
+  }
   const std::pair<const char*, int64_t> at_least_zero[] = {
       {"accelerator_memory_budget", absl::GetFlag(FLAGS_accelerator_memory_budget)},
       {"host_memory_budget", absl::GetFlag(FLAGS_host_memory_budget)},
@@ -489,14 +497,10 @@ int main(int argc, char** argv) {
   const sigset_t shutdown_signals = BlockShutdownSignals();
   using namespace tandem::server;
 
-  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (state_dir.empty()) return Fail("--state_dir is required");
-  if (const absl::Status flags = CheckNumericFlags(); !flags.ok()) {
+  if (const absl::Status flags = CheckFlags(); !flags.ok()) {
     return Fail(std::string(flags.message()));
   }
-  if (const int k = absl::GetFlag(FLAGS_emulated_accelerators); k < 1 || k > 64) {
-    return Fail(absl::StrCat("--emulated_accelerators must be in [1, 64], got ", k));
-  }
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   absl::StatusOr<PathPolicy> policy = PathPolicy::Create(absl::GetFlag(FLAGS_data_root));
   if (!policy.ok()) return Fail(std::string(policy.status().message()));
   absl::StatusOr<Authenticator> auth = AuthenticatorFromFlags();

@@ -194,30 +194,49 @@ class PerfCounterSource final : public CounterSource {
   tandem::v1::CounterSource source() const override { return source_; }
   const std::string& note() const override { return note_; }
 
+  // Multiplexed events are scaled interval by interval: each reading's
+  // growth since the last one, by that interval's enabled over running time,
+  // added to a running estimate. (Scaling the cumulative count by the
+  // cumulative ratio, as before, made the difference of two readings wrong,
+  // even negative, when the share of time an event was scheduled changed.)
+  // An interval enabled but never scheduled is unknown: NaN is returned, and
+  // the estimate goes on without it.
   void Read(std::vector<double>* values) override {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
     values->assign(events_.size(), 0.0);
+    if (last_.empty()) {
+      last_.resize(events_.size());
+      estimate_.assign(events_.size(), 0.0);
+      for (size_t e = 0; e < events_.size(); ++e) last_[e].resize(events_[e].fds.size());
+    }
     for (size_t e = 0; e < events_.size(); ++e) {
-      double total = 0;
-      for (int fd : events_[e].fds) {
+      bool known = true;
+      for (size_t f = 0; f < events_[e].fds.size(); ++f) {
         PerfReading r;
-        if (!api_->Read(fd, &r)) {
-          total = std::numeric_limits<double>::quiet_NaN();
-          break;
-        }
-        if (r.time_running_ns == 0) {
-          // Never enabled on this thread (it has not run since): nothing counted.
-          // Enabled but never scheduled on the PMU: unknown.
-          if (r.time_enabled_ns != 0) total = std::numeric_limits<double>::quiet_NaN();
+        if (!api_->Read(events_[e].fds[f], &r)) {
+          known = false;
           continue;
         }
-        total += static_cast<double>(r.value) * static_cast<double>(r.time_enabled_ns) /
-                 static_cast<double>(r.time_running_ns);
+        PerfReading& before = last_[e][f];
+        const double dv = static_cast<double>(r.value - before.value);
+        const double de = static_cast<double>(r.time_enabled_ns - before.time_enabled_ns);
+        const double dr = static_cast<double>(r.time_running_ns - before.time_running_ns);
+        before = r;
+        if (dr > 0) {
+          estimate_[e] += dv * de / dr;
+        } else if (de > 0) {
+          known = false;  // enabled, never on the PMU: this interval is unknown
+        }                 // else not enabled on this thread since (it has not run): nothing counted
       }
-      (*values)[e] = total * events_[e].spec.scale;
+      (*values)[e] = known ? estimate_[e] * events_[e].spec.scale : nan;
     }
   }
 
  private:
+  // Per event and thread, the last raw reading; per event, the running
+  // estimate of its count.
+  std::vector<std::vector<PerfReading>> last_;
+  std::vector<double> estimate_;
   PerfEventApi* const api_;
   const std::vector<OpenEvent> events_;
   const tandem::v1::CounterSource source_;

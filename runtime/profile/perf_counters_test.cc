@@ -93,6 +93,26 @@ TEST(PerfCountersTest, ReadSumsTheTeamAndConvertsUnits) {
   EXPECT_EQ(s->counters()[1].unit, "events");
 }
 
+// A multiplexed event: 100 events in a first fully scheduled microsecond,
+// 10,000 in a second, then 10 while scheduled a tenth of a third (about 100
+// over it), then a fourth never scheduled. Each interval is scaled by its own
+// share: the third reads about 100, not the 4,343 that scaling the
+// cumulative count by the cumulative share gave; the fourth is unknown.
+TEST(PerfCountersTest, MultiplexedEventsAreScaledIntervalByInterval) {
+  FakePerfEventApi api;
+  api.Refuse(PERF_TYPE_HARDWARE, ENOENT);
+  api.Script({{100, 1000, 1000}, {10100, 2000, 2000}, {10110, 3000, 2100}, {10110, 4000, 2100}});
+  std::unique_ptr<CounterSource> s = OpenPerfCounters(&api);
+  ASSERT_GE(s->counters().size(), 2u);
+  std::vector<double> r[4];
+  for (auto& v : r) s->Read(&v);
+  const double team = omp_get_max_threads();
+  // counters()[1] counts events unscaled (the task clock is [0], in seconds).
+  EXPECT_DOUBLE_EQ(r[1][1] - r[0][1], team * 10000);
+  EXPECT_DOUBLE_EQ(r[2][1] - r[1][1], team * 100);
+  EXPECT_TRUE(std::isnan(r[3][1]));
+}
+
 TEST(PerfCountersTest, ClosesEveryEventItOpened) {
   FakePerfEventApi api;
   api.Refuse(PERF_TYPE_HARDWARE, ENOENT);

@@ -4,6 +4,7 @@
 #ifndef TANDEM_RUNTIME_PROFILE_TESTING_FAKES_H_
 #define TANDEM_RUNTIME_PROFILE_TESTING_FAKES_H_
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -35,6 +36,12 @@ class FakePerfEventApi final : public PerfEventApi {
     absl::MutexLock lock(&mu_);
     step_ = step;
   }
+  // Every open event's n-th read returns readings[n - 1] (the last once they
+  // run out) instead of advancing by `step`: a multiplexed event's counts.
+  void Script(std::vector<PerfReading> readings) {
+    absl::MutexLock lock(&mu_);
+    script_ = std::move(readings);
+  }
 
   int Open(uint32_t type, uint64_t config, bool exclude_kernel) override {
     absl::MutexLock lock(&mu_);
@@ -50,6 +57,10 @@ class FakePerfEventApi final : public PerfEventApi {
     auto it = events_.find(fd);
     if (it == events_.end()) return false;
     it->second.reads += 1;
+    if (!script_.empty()) {
+      *reading = script_[std::min<size_t>(it->second.reads, script_.size()) - 1];
+      return true;
+    }
     reading->value = it->second.reads * step_;
     reading->time_enabled_ns = reading->time_running_ns = it->second.reads * 1000;
     return true;
@@ -81,6 +92,7 @@ class FakePerfEventApi final : public PerfEventApi {
   mutable absl::Mutex mu_;
   std::map<uint32_t, int> refused_ ABSL_GUARDED_BY(mu_);
   bool refuse_kernel_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<PerfReading> script_ ABSL_GUARDED_BY(mu_);
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 10;
   int next_fd_ ABSL_GUARDED_BY(mu_) = 100;
   std::map<int, Event> events_ ABSL_GUARDED_BY(mu_);

@@ -327,17 +327,9 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
-                                                                 const std::string& what,
-                                                                 bool yield_to_queue) {
+                                                                 const std::string& what) {
   absl::MutexLock lock(&mu_);
   const int64_t budget = options_.host_memory_budget_bytes;
-  if (budget > 0 && yield_to_queue && head_waiting_host_bytes_ > 0 &&
-      bytes > budget - reserved_host_ - head_waiting_host_bytes_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, " needs ", FormatBytes(bytes, 1), " of host memory, which queued job ",
-                     head_waiting_for_host_, " waits for (",
-                     FormatBytes(head_waiting_host_bytes_, 1), "); try again when it has started"));
-  }
   if (budget > 0 && bytes > budget - reserved_host_) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", FormatBytes(bytes, 1), " of host memory; ",
@@ -1004,8 +996,6 @@ void JobManager::ScheduleLocked() {
     return pa != pb ? pa > pb : a->seq < b->seq;
   });
   const Entry* blocked = nullptr;
-  head_waiting_for_host_.clear();
-  head_waiting_host_bytes_ = 0;
   for (Entry* e : queue) {
     if (e->not_before > absl::Now()) continue;  // a distributed job waiting to restart
     if (!e->estimate_error.empty()) continue;   // waiting for RetryEstimates
@@ -1028,8 +1018,6 @@ void JobManager::ScheduleLocked() {
     const int64_t host_free = options_.host_memory_budget_bytes - reserved_host_;
     const int64_t accel_free = options_.accelerator_memory_budget_bytes - reserved_accelerator_;
     if (options_.host_memory_budget_bytes > 0 && e->estimate.host_bytes > host_free) {
-      head_waiting_for_host_ = e->job.id();
-      head_waiting_host_bytes_ = e->estimate.host_bytes;
       e->job.set_reason(absl::StrCat(
           "waiting for ", FormatBytes(e->estimate.host_bytes - host_free, 1), " of host memory (",
           FormatBytes(reserved_host_, 1), " of ", FormatBytes(options_.host_memory_budget_bytes, 1),

@@ -167,11 +167,7 @@ class JobManager {
   // while the returned handle lives: jobs are admitted against what is left,
   // and the queue is woken when it goes back. RESOURCE_EXHAUSTED at once, with
   // the numbers, when `bytes` do not fit beside what is already reserved.
-  // `yield_to_queue`: also when they would take memory the queue's next job
-  // waits for (a stream of ProfileModel or PlanModel calls never starves the
-  // queue); a distributed job's rank does not yield.
-  absl::StatusOr<std::shared_ptr<void>> HoldHostMemory(int64_t bytes, const std::string& what,
-                                                       bool yield_to_queue = false);
+  absl::StatusOr<std::shared_ptr<void>> HoldHostMemory(int64_t bytes, const std::string& what);
 
   struct Snapshot {
     std::map<tandem::v1::JobState, int64_t> jobs_by_state;
@@ -295,10 +291,6 @@ class JobManager {
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   // Runner threads with their entries; joined once the entry says it is done.
   // Each running thread with its own done flag (set as its last action).
-  // The queue's next job blocked on host memory (ScheduleLocked), and what
-  // it needs: HoldHostMemory's yielding holds leave that much.
-  std::string head_waiting_for_host_ ABSL_GUARDED_BY(mu_);
-  int64_t head_waiting_host_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::shared_ptr<std::atomic<bool>>, std::thread>> runners_
       ABSL_GUARDED_BY(mu_);
   // Finished jobs whose per-job metric series are still exported, oldest first.

@@ -556,37 +556,6 @@ TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
   WaitFor(id, tandem::v1::JOB_STATE_SUCCEEDED);
 }
 
-// A job waits for host memory a running one holds: holds for ProfileModel and
-// PlanModel (which yield to the queue) leave it that memory, so a stream of
-// them cannot keep it waiting; a rank's hold (which does not yield) is taken
-// on what is free. Once the job runs, the holds are taken again.
-TEST_F(JobManagerTest, ProfileAndPlanHoldsLeaveTheQueuesNextJobItsMemory) {
-  Open("probe");
-  const int64_t h = jobs_->Estimate(*ResolveJobSpec(Spec(5), false))->host_bytes;
-  Close();
-  Open("yield", /*host_budget=*/2 * h - 1);
-  ASSERT_TRUE(jobs_->Recover().ok());
-  jobs_->Start();
-  const std::string running = jobs_->Submit(Spec(1000000), "")->job.id();
-  WaitFor(running, tandem::v1::JOB_STATE_RUNNING);
-  const std::string waiting = jobs_->Submit(Spec(5), "")->job.id();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (jobs_->Get(waiting)->reason().find("of host memory") == std::string::npos) {
-    ASSERT_LT(absl::Now(), deadline) << jobs_->Get(waiting)->reason();
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  const absl::StatusOr<std::shared_ptr<void>> refused =
-      jobs_->HoldHostMemory(1, "the profile", /*yield_to_queue=*/true);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(refused.status().message().find("queued job " + waiting + " waits for"),
-            std::string::npos)
-      << refused.status();
-  EXPECT_TRUE(jobs_->HoldHostMemory(1, "rank 1 of job-x").ok());
-  ASSERT_TRUE(jobs_->Cancel(running, "").ok());
-  WaitFor(waiting, tandem::v1::JOB_STATE_SUCCEEDED);
-  EXPECT_TRUE(jobs_->HoldHostMemory(1, "the profile", /*yield_to_queue=*/true).ok());
-}
-
 TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) {
   Open("renumber");
   auto s = jobs_->Submit(Spec(5), "");

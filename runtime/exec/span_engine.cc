@@ -76,7 +76,10 @@ SpanId SpanEngine::Add(const SpanInfo& info, std::vector<SpanId> deps,
     it->second.start_dependents.push_back(id);
     ++span.pending;
   }
-  if (span.pending == 0) Issue(id);
+  if (span.pending == 0) {
+    Issue(id);
+    Collect();  // a span on a resource this engine does not run ends at once
+  }
   return id;
 }
 
@@ -100,8 +103,9 @@ void SpanEngine::Issue(SpanId id) {
     span.start_dependents.clear();
     const tandem::v1::TimelineResource from = span.info.resource;
     const double now = WallSeconds();
+    // Not collected here: a caller (Complete) may be iterating a span that
+    // Collect would erase; Add and Complete collect once they are done.
     for (SpanId d : waiting) Release(d, now, from, from);
-    Collect();
     done_cv_.notify_all();
     return;
   }

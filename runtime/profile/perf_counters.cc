@@ -197,17 +197,20 @@ class PerfCounterSource final : public CounterSource {
   // Multiplexed events are scaled interval by interval: each reading's
   // growth since the last one, by that interval's enabled over running time,
   // added to a running estimate. (Scaling the cumulative count by the
-  // cumulative ratio, as before, made the difference of two readings wrong,
+  // cumulative share, as before, made the difference of two readings wrong,
   // even negative, when the share of time an event was scheduled changed.)
-  // An interval enabled but never scheduled is unknown: NaN is returned, and
-  // the estimate goes on without it.
+  // An interval enabled but never scheduled takes the event's rate so far
+  // (perf's own scaling extrapolates alike); before any rate is known it is
+  // unknown, NaN. Thread-safe.
   void Read(std::vector<double>* values) override {
     const double nan = std::numeric_limits<double>::quiet_NaN();
+    absl::MutexLock lock(&mu_);
     values->assign(events_.size(), 0.0);
     if (last_.empty()) {
       last_.resize(events_.size());
-      estimate_.assign(events_.size(), 0.0);
       for (size_t e = 0; e < events_.size(); ++e) last_[e].resize(events_[e].fds.size());
+      estimate_.assign(events_.size(), 0.0);
+      enabled_.assign(events_.size(), 0.0);
     }
     for (size_t e = 0; e < events_.size(); ++e) {
       bool known = true;
@@ -224,8 +227,13 @@ class PerfCounterSource final : public CounterSource {
         before = r;
         if (dr > 0) {
           estimate_[e] += dv * de / dr;
+          enabled_[e] += de;
+        } else if (de > 0 && enabled_[e] > 0) {
+          const double rate = estimate_[e] / enabled_[e];  // per enabled ns so far
+          estimate_[e] += rate * de;
+          enabled_[e] += de;
         } else if (de > 0) {
-          known = false;  // enabled, never on the PMU: this interval is unknown
+          known = false;  // enabled, never on the PMU, and no rate yet
         }                 // else not enabled on this thread since (it has not run): nothing counted
       }
       (*values)[e] = known ? estimate_[e] * events_[e].spec.scale : nan;
@@ -233,10 +241,12 @@ class PerfCounterSource final : public CounterSource {
   }
 
  private:
+  absl::Mutex mu_;
   // Per event and thread, the last raw reading; per event, the running
-  // estimate of its count.
-  std::vector<std::vector<PerfReading>> last_;
-  std::vector<double> estimate_;
+  // estimate of its count and the enabled time it covers.
+  std::vector<std::vector<PerfReading>> last_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> estimate_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> enabled_ ABSL_GUARDED_BY(mu_);
   PerfEventApi* const api_;
   const std::vector<OpenEvent> events_;
   const tandem::v1::CounterSource source_;

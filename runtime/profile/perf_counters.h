@@ -78,8 +78,9 @@ class CounterSource {
   // Why the source is what it is: the refusal and its errno when it fell back
   // or counts nothing, and what is counted where. Never empty.
   virtual const std::string& note() const = 0;
-  // Cumulative values since opening, one per counters(), in their units; NaN
-  // for a counter the kernel never scheduled (multiplexed out entirely).
+  // Cumulative values since opening, one per counters(), in their units;
+  // multiplexed events scaled interval by interval; NaN for a counter the
+  // kernel has not yet scheduled at all (multiplexed out entirely).
   virtual void Read(std::vector<double>* values) = 0;
 };
 

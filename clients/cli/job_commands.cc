@@ -268,8 +268,12 @@ absl::StatusOr<JobState> Follow(const std::string& job_id, uint64_t from, bool j
       if (!s.ok()) return ToAbsl(s, GetGlobals().server);
       return job.state();
     }
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE)
+    // UNAVAILABLE: the daemon went or drains; CANCELLED: a stopping daemon
+    // cancels the streams opened during its drain (this client never does).
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        status.error_code() != grpc::StatusCode::CANCELLED) {
       return ToAbsl(status, GetGlobals().server);
+    }
     // The daemon went away (restart, upgrade): reconnect from where we were.
     if (lost_since == absl::InfiniteFuture()) {
       lost_since = absl::Now();
@@ -287,7 +291,8 @@ int WatchExit(const absl::StatusOr<JobState>& state) {
     // Lost: an unknown job, or a daemon gone past the reconnect window. Any
     // other refusal (a malformed id, a wrong token) is a failed request.
     const absl::StatusCode code = state.status().code();
-    return code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable
+    return code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable ||
+                   code == absl::StatusCode::kCancelled
                ? kExitLostContact
                : 1;
   }

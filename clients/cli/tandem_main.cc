@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/flags_usage.h"
@@ -125,7 +126,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(positional.begin() + 2, positional.end());
   absl::StatusOr<int> code = it->second.run(args);
   if (!code.ok()) {
-    std::fprintf(stderr, "tandem %s: %s\n", name.c_str(), code.status().ToString().c_str());
+    // Code and message; never the payloads (the usage mark among them).
+    std::fprintf(stderr, "tandem %s: %s: %s\n", name.c_str(),
+                 absl::StatusCodeToString(code.status().code()).c_str(),
+                 std::string(code.status().message()).c_str());
     return tandem::cli::IsUsageError(code.status()) ? 2 : 1;
   }
   return *code;

@@ -41,6 +41,8 @@ class TandemError(Exception):
 # The CLI's limit too (clients/cli/rpc_client.cc): a page of jobs carries their
 # plans and timelines, past gRPC's default 4 MiB.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+# A watch stream open this long before it broke had reached the daemon.
+_WATCH_CONTACT_SECONDS = 2.0
 
 
 def _read_structured_file(path, message):
@@ -183,6 +185,7 @@ class TandemClient:
         backoff = 0.1
         lost_since = None  # when the stream broke; None while it is whole
         while True:
+            attempt = time.monotonic()
             call = self._stub.WatchJob(
                 tandem_service_pb2.WatchJobRequest(job_id=job_id, from_sequence=next_sequence),
                 metadata=self._metadata)
@@ -205,7 +208,9 @@ class TandemClient:
             except grpc.RpcError as e:
                 if e.code() not in _WATCH_RETRY_CODES:
                     raise TandemError.from_rpc_error("WatchJob", e) from None
-                if lost_since is None:
+                # A stream that stayed open (a quiet job) was contact, though
+                # no event came: a daemon that is down fails at once.
+                if lost_since is None or time.monotonic() - attempt > _WATCH_CONTACT_SECONDS:
                     lost_since = time.monotonic()
                 elif time.monotonic() - lost_since > reconnect_timeout_seconds:
                     raise TandemError.from_rpc_error("WatchJob", e) from None

@@ -224,6 +224,9 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics
       layer_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/layer_profiles"),
       node_(options_.node ? std::make_shared<const node::NodeOffer>(*options_.node) : nullptr) {
   persister_ = std::thread([this] { PersistLoop(); });
+  // Its own thread: an estimate reads data files, which may hang on the very
+  // mount that is not back yet, and must not hold up the events' flushing.
+  estimator_ = std::thread([this] { EstimateLoop(); });
   metrics_->device_memory_budget.Add({{"device", "cpu"}}).Set(options_.host_memory_budget_bytes);
   // Every terminal state's counter exists from the start at 0, so increase()
   // and rate() see the first failure (a series born at 1 shows no increase).
@@ -240,6 +243,7 @@ JobManager::~JobManager() {
     persist_stop_ = true;
   }
   if (persister_.joinable()) persister_.join();
+  if (estimator_.joinable()) estimator_.join();
 }
 
 namespace {
@@ -833,8 +837,20 @@ void JobManager::RetryEstimates() {
   }
 }
 
+void JobManager::EstimateLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&persist_mu_);
+      if (persist_mu_.AwaitWithTimeout(absl::Condition(&persist_stop_),
+                                       options_.estimate_retry_interval)) {
+        return;
+      }
+    }
+    RetryEstimates();
+  }
+}
+
 void JobManager::PersistLoop() {
-  absl::Time estimated = absl::Now();
   while (true) {
     bool stop;
     {
@@ -844,10 +860,6 @@ void JobManager::PersistLoop() {
     }
     FlushEvents();
     RetryUnrecorded();
-    if (absl::Now() - estimated >= options_.estimate_retry_interval) {
-      RetryEstimates();
-      estimated = absl::Now();
-    }
     if (!store_->has_reserve() && store_->RestoreReserve()) {
       std::fprintf(stderr, "tandemd: the job store's reserve is in place again\n");
     }

@@ -249,6 +249,8 @@ class JobManager {
   // Estimates again the jobs Recover could not estimate; each that now fits
   // is scheduled, each past the budgets fails.
   void RetryEstimates() ABSL_LOCKS_EXCLUDED(mu_);
+  // RetryEstimates every estimate_retry_interval until the manager stops.
+  void EstimateLoop();
   // A distributed job whose ranks share a node's cores and that sets no
   // training.threads gets its part of them per rank; the reason's addition
   // saying so ("" when unchanged).
@@ -303,6 +305,7 @@ class JobManager {
   bool persist_stop_ ABSL_GUARDED_BY(persist_mu_) = false;
   bool event_write_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
   std::thread persister_;
+  std::thread estimator_;
 };
 
 }  // namespace tandem::server

@@ -414,9 +414,13 @@ absl::Status JobStore::AppendEvents(const std::vector<JobEvent>& events, int64_t
     // `keep_per_job` events; the primary key makes this a range delete.
     std::set<int64_t> jobs;
     for (const JobEvent& e : events) jobs.insert(SequenceOf(e.job_id()));
+    // By count, not by sequence arithmetic: numbers jump after a crash (the
+    // event log's reservation), and the newest `keep_per_job` stay whatever
+    // the gaps between them.
     Statement prune(db,
                     "DELETE FROM events WHERE job_seq = ?1 AND state_change = 0 AND sequence <= "
-                    "(SELECT MAX(sequence) FROM events WHERE job_seq = ?1) - ?2");
+                    "(SELECT sequence FROM events WHERE job_seq = ?1 AND state_change = 0 "
+                    "ORDER BY sequence DESC LIMIT 1 OFFSET ?2)");
     if (!prune.ok()) return SqlError(db, "prepare event pruning");
     for (int64_t job : jobs) {
       sqlite3_reset(prune.get());

@@ -205,6 +205,39 @@ TEST(JobStoreTest, EventRetentionKeepsTheNewestAndEveryStateChange) {
   EXPECT_EQ(*store->LastEventSequence(id), 1001u);
 }
 
+// After a crash the numbers jump (the event log's reservation): retention
+// still keeps the newest 50 events, not only those within 50 numbers of the
+// last.
+TEST(JobStoreTest, EventRetentionCountsEventsAcrossAJumpInNumbers) {
+  auto store = *JobStore::Open(Db("retention-jump"));
+  const std::string id = store->InsertJob(NewJob("j"), {StateEvent(1)})->id();
+  std::vector<tandem::v1::JobEvent> batch;
+  for (uint64_t s : {2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,
+                     19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
+                     36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51}) {
+    tandem::v1::JobEvent e;
+    e.set_sequence(s);
+    e.set_job_id(id);
+    e.mutable_log()->set_message("before the crash");
+    batch.push_back(e);
+  }
+  ASSERT_TRUE(store->AppendEvents(batch, /*keep_per_job=*/50).ok());
+  batch.clear();
+  for (uint64_t s = 1025; s < 1035; ++s) {
+    tandem::v1::JobEvent e;
+    e.set_sequence(s);
+    e.set_job_id(id);
+    e.mutable_log()->set_message("after the restart");
+    batch.push_back(e);
+  }
+  ASSERT_TRUE(store->AppendEvents(batch, /*keep_per_job=*/50).ok());
+  const std::vector<tandem::v1::JobEvent> kept = *store->ReadEvents(id, 1, 100000);
+  ASSERT_EQ(kept.size(), 51u);  // the state change, 12..51 and 1025..1034
+  EXPECT_EQ(kept[0].sequence(), 1u);
+  EXPECT_EQ(kept[1].sequence(), 12u);
+  EXPECT_EQ(kept.back().sequence(), 1034u);
+}
+
 // A store written before event retention (no state_change column) opens,
 // gains the column and keeps its rows.
 TEST(JobStoreTest, AStoreFromBeforeRetentionIsMigrated) {

@@ -212,9 +212,7 @@ TEST(JobStoreTest, EventRetentionCountsEventsAcrossAJumpInNumbers) {
   auto store = *JobStore::Open(Db("retention-jump"));
   const std::string id = store->InsertJob(NewJob("j"), {StateEvent(1)})->id();
   std::vector<tandem::v1::JobEvent> batch;
-  for (uint64_t s : {2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,
-                     19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35,
-                     36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51}) {
+  for (uint64_t s = 2; s <= 51; ++s) {
     tandem::v1::JobEvent e;
     e.set_sequence(s);
     e.set_job_id(id);

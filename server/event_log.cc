@@ -7,12 +7,12 @@
 namespace tandem::server {
 
 EventLog::EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory,
-                   Reserve reserve)
+                   Reserve reserve, uint64_t reserved_through)
     : job_id_(std::move(job_id)),
       first_sequence_(last_sequence + 1),
       max_in_memory_(std::max<size_t>(1, max_in_memory)),
       reserve_(std::move(reserve)),
-      reserved_through_(last_sequence) {}
+      reserved_through_(std::max(last_sequence, reserved_through)) {}
 
 tandem::v1::JobEvent EventLog::Append(tandem::v1::JobEvent event) {
   std::vector<std::function<void()>> wake;

@@ -31,10 +31,11 @@ class EventLog {
   // are on disk only.
   // `reserve(through)`, when set, makes sequence numbers up to `through`
   // durable before any is handed out (called on the appending thread, under
-  // the log's lock).
+  // the log's lock); `reserved_through` are durable already (0: none past
+  // last_sequence).
   using Reserve = std::function<void(uint64_t through)>;
   EventLog(std::string job_id, uint64_t last_sequence, size_t max_in_memory = kMaxInMemory,
-           Reserve reserve = nullptr);
+           Reserve reserve = nullptr, uint64_t reserved_through = 0);
   static constexpr size_t kMaxInMemory = 4096;
   static constexpr uint64_t kReserveBlock = 1024;
 

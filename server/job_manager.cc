@@ -578,7 +578,9 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   *queued.mutable_time() = job.create_time();
   queued.mutable_state_change()->set_to(tandem::v1::JOB_STATE_QUEUED);
   queued.mutable_state_change()->set_reason("submitted");
-  absl::StatusOr<Job> stored = store_->InsertJob(job, {queued});
+  // The first block of event numbers is reserved with the record, in its
+  // write (event_log.h): a submission costs one commit.
+  absl::StatusOr<Job> stored = store_->InsertJob(job, {queued}, EventLog::kReserveBlock);
   if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
     // A concurrent submit with the same request id won the race.
     TANDEM_ASSIGN_OR_RETURN(previous, existing());
@@ -590,7 +592,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   entry->job = *stored;
   entry->seq = JobStore::SequenceOf(stored->id());
   entry->estimate = estimate;
-  entry->log = LiveLog(stored->id(), 0);
+  entry->log = LiveLog(stored->id(), 0, EventLog::kReserveBlock);
   queued.set_job_id(stored->id());
   entry->log->Append(queued);
   absl::MutexLock lock(&mu_);
@@ -675,17 +677,7 @@ absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
   TANDEM_RETURN_IF_ERROR(store_->UpdateJob(requested));
   entry.job = std::move(requested);
   if (queued) {
-    // The end itself, if the store cannot take it now, is written later.
-    const absl::Status s = Transition(entry, tandem::v1::JOB_STATE_CANCELLED, why);
-    if (!s.ok()) {
-      std::fprintf(stderr, "tandemd: cannot record the cancel of %s yet (%s); it is kept\n",
-                   entry.job.id().c_str(), s.ToString().c_str());
-    }
-    entry.log->Close();
-    if (entry.unrecorded.empty()) live_.erase(entry.job.id());
-    // A job re-queued after a run (a lost rank) has that run's series.
-    KeepSeriesOfFinished(entry.job.id());
-    dirty_ = true;
+    EndQueuedLocked(entry, tandem::v1::JOB_STATE_CANCELLED, why);
     return entry.job;
   }
   entry.cancel_requested = true;
@@ -779,9 +771,11 @@ absl::Status JobManager::CheckStateSpace() const {
       "freed"));
 }
 
-std::shared_ptr<EventLog> JobManager::LiveLog(const std::string& id, uint64_t last) {
+std::shared_ptr<EventLog> JobManager::LiveLog(const std::string& id, uint64_t last,
+                                              uint64_t reserved) {
   return std::make_shared<EventLog>(
-      id, last, EventLog::kMaxInMemory, [store = store_, id](uint64_t through) {
+      id, last, EventLog::kMaxInMemory,
+      [store = store_, id](uint64_t through) {
         const absl::Status s = store->ReserveEventSequences(id, through);
         if (!s.ok()) {
           std::fprintf(stderr,
@@ -789,7 +783,8 @@ std::shared_ptr<EventLog> JobManager::LiveLog(const std::string& id, uint64_t la
                        "crash now, a watcher resuming from its next number may miss events\n",
                        id.c_str(), static_cast<unsigned long long>(through), s.ToString().c_str());
         }
-      });
+      },
+      reserved);
 }
 
 void JobManager::AppendEvent(Entry& entry, JobEvent event) {
@@ -819,15 +814,8 @@ void JobManager::RetryEstimates() {
     }
     if (const absl::Status fits = CheckBudgets(*estimate); !fits.ok()) {
       entry->estimate_error.clear();
-      const absl::Status s =
-          Transition(*entry, tandem::v1::JOB_STATE_FAILED,
-                     absl::StrCat("cannot resume after restart: ", fits.message()));
-      if (!s.ok()) {
-        std::fprintf(stderr, "tandemd: cannot record that %s failed yet: %s\n",
-                     entry->job.id().c_str(), s.ToString().c_str());
-      }
-      entry->log->Close();
-      if (entry->unrecorded.empty()) live_.erase(entry->job.id());
+      EndQueuedLocked(*entry, tandem::v1::JOB_STATE_FAILED,
+                      absl::StrCat("cannot resume after restart: ", fits.message()));
       continue;
     }
     entry->estimate = *estimate;
@@ -1396,9 +1384,7 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
     *record.mutable_metrics()->mutable_distributed() = distributed;
     record.set_checkpoint_step(trainer->checkpoint_step());
     record.set_checkpoint_path(trainer->checkpoint_path());
-    if (!trainer->has_runner()) {
-      record.mutable_metrics()->set_predicted_step_seconds(predicted);
-    } else if (node::SamePlacement(record.plan(), trainer->runner().plan())) {
+    if (!trainer->has_runner() || node::SamePlacement(record.plan(), trainer->runner().plan())) {
       record.mutable_metrics()->set_predicted_step_seconds(predicted);
     } else {
       *record.mutable_plan() = trainer->runner().plan();
@@ -1439,6 +1425,20 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
     if (entry.unrecorded.empty()) live_.erase(id);
     KeepSeriesOfFinished(id);
   }
+}
+
+void JobManager::EndQueuedLocked(Entry& entry, JobState state, const std::string& reason) {
+  // The end itself, if the store cannot take it now, is kept and written later.
+  const absl::Status s = Transition(entry, state, reason);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandemd: cannot record that %s is %s yet: %s\n", entry.job.id().c_str(),
+                 StateLabel(state), s.ToString().c_str());
+  }
+  entry.log->Close();
+  if (entry.unrecorded.empty()) live_.erase(entry.job.id());
+  // A job re-queued after a run (a lost rank) has that run's series.
+  KeepSeriesOfFinished(entry.job.id());
+  dirty_ = true;
 }
 
 void JobManager::KeepSeriesOfFinished(const std::string& id) {

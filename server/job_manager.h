@@ -235,6 +235,10 @@ class JobManager {
                     int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
   void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a job that is not running (queued) in `state`: its end recorded (or
+  // kept to record), its log closed, its series kept among the finished.
+  void EndQueuedLocked(Entry& entry, tandem::v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that ended keeps its series among the kFinishedSeriesKept newest.
   void KeepSeriesOfFinished(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,
@@ -257,8 +261,9 @@ class JobManager {
   std::string ShareCoresAmongRanks(const node::NodeOffer& offer,
                                    tandem::v1::JobSpec& resolved) const;
   // The event log of a job live in this daemon, its numbers after `last` and
-  // reserved in the store before they are handed out (event_log.h).
-  std::shared_ptr<EventLog> LiveLog(const std::string& id, uint64_t last);
+  // reserved in the store before they are handed out (event_log.h); those
+  // through `reserved` are already.
+  std::shared_ptr<EventLog> LiveLog(const std::string& id, uint64_t last, uint64_t reserved = 0);
   // Writes the records a full or failing disk kept in memory (state changes,
   // a job's end); a job whose end is recorded leaves live_.
   void RetryUnrecorded() ABSL_LOCKS_EXCLUDED(mu_);

@@ -180,6 +180,13 @@ class JobManagerTest : public testing::Test {
     jobs_.reset();
     store_.reset();
   }
+  // What kill -9 of a running job leaves behind: its stored record says
+  // RUNNING, whatever the daemon has in memory.
+  void StoreAsRunning(const std::string& id) {
+    tandem::v1::Job record = *store_->GetJob(id).value();
+    record.set_state(tandem::v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE(store_->UpdateJob(record).ok());
+  }
   tandem::v1::Job WaitFor(const std::string& id, tandem::v1::JobState state, int seconds = 60) {
     const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
     tandem::v1::Job job;
@@ -461,10 +468,7 @@ TEST_F(JobManagerTest, GracefulStopRequeuesAndRestartResumes) {
 TEST_F(JobManagerTest, RecoveryRequeuesJobsLeftRunningByACrash) {
   Open("crash");
   auto s = jobs_->Submit(Spec(5), "");
-  // What kill -9 leaves behind: the record says RUNNING.
-  tandem::v1::Job record = *store_->GetJob(s->job.id()).value();
-  record.set_state(tandem::v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  StoreAsRunning(s->job.id());
   Close();
   Open("crash", int64_t{1} << 32, /*fresh=*/false);
   ASSERT_TRUE(jobs_->Recover().ok());
@@ -505,10 +509,8 @@ TEST_F(JobManagerTest, AfterACleanStopEventsNumberOnWithoutAJump) {
   Open("clean-stop");
   auto s = jobs_->Submit(Spec(5), "");
   const std::string id = s->job.id();
-  tandem::v1::Job record = *store_->GetJob(id).value();
-  record.set_state(tandem::v1::JOB_STATE_RUNNING);  // as a run re-queued at the stop leaves it
-  ASSERT_TRUE(store_->UpdateJob(record).ok());
-  Close();  // stores every event, and so needs no reservation
+  StoreAsRunning(id);  // as a run re-queued at the stop leaves it
+  Close();             // stores every event, and so needs no reservation
   Open("clean-stop", int64_t{1} << 32, /*fresh=*/false);
   ASSERT_TRUE(jobs_->Recover().ok());
   EXPECT_EQ((*jobs_->Events(id))->last_sequence(), 2u);
@@ -539,9 +541,7 @@ TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
   auto s = jobs_->Submit(spec, "");
   ASSERT_TRUE(s.ok()) << s.status();
   const std::string id = s->job.id();
-  tandem::v1::Job record = *store_->GetJob(id).value();
-  record.set_state(tandem::v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  StoreAsRunning(id);
   Close();
   std::filesystem::rename(images, images + ".away");
   Open("estimate-retry", int64_t{1} << 32, /*fresh=*/false, std::nullopt, customize);
@@ -567,9 +567,7 @@ TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) 
   e.mutable_log()->set_message("seen, never stored");
   uint64_t seen = 0;
   for (int i = 0; i < 10; ++i) seen = log->Append(e).sequence();
-  tandem::v1::Job record = *store_->GetJob(id).value();
-  record.set_state(tandem::v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  StoreAsRunning(id);
   EXPECT_LT(*store_->LastEventSequence(id), seen);
   Close();
   Open("renumber", int64_t{1} << 32, /*fresh=*/false);

@@ -104,6 +104,18 @@ int64_t MicrosOf(const google::protobuf::Timestamp& t) {
   return t.seconds() * 1000000 + t.nanos() / 1000;
 }
 
+// A job's event numbers reserved through `through` (never lowered).
+absl::Status WriteReservation(sqlite3* db, int64_t job_seq, uint64_t through) {
+  Statement s(db,
+              "INSERT INTO event_reservations (job_seq, through) VALUES (?1, ?2) "
+              "ON CONFLICT(job_seq) DO UPDATE SET through = MAX(through, ?2)");
+  if (!s.ok()) return SqlError(db, "prepare event reservation");
+  s.Bind(1, job_seq);
+  s.Bind(2, static_cast<int64_t>(through));
+  if (s.Step() != SQLITE_DONE) return SqlError(db, "reserve event sequences");
+  return absl::OkStatus();
+}
+
 absl::Status InsertEvents(sqlite3* db, const std::vector<JobEvent>& events) {
   Statement s(db,
               "INSERT OR REPLACE INTO events(job_seq, sequence, event, state_change) "
@@ -372,7 +384,8 @@ bool JobStore::ReleaseReserve() {
   return true;
 }
 
-absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
+absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events,
+                                        uint64_t reserve_events_through) {
   {
     absl::MutexLock lock(&write_mu_);
     if (next_sequence_ == std::numeric_limits<int64_t>::max()) {
@@ -384,7 +397,9 @@ absl::StatusOr<Job> JobStore::InsertJob(Job job, std::vector<JobEvent> events) {
   if (!events.empty()) job.set_last_event_sequence(events.back().sequence());
   TANDEM_RETURN_IF_ERROR(Write([&](sqlite3* db) -> absl::Status {
     TANDEM_RETURN_IF_ERROR(WriteJobRow(db, job, /*insert=*/true));
-    return InsertEvents(db, events);
+    TANDEM_RETURN_IF_ERROR(InsertEvents(db, events));
+    if (reserve_events_through == 0) return absl::OkStatus();
+    return WriteReservation(db, SequenceOf(job.id()), reserve_events_through);
   }));
   return job;
 }
@@ -573,16 +588,7 @@ absl::StatusOr<uint64_t> JobStore::LastEventSequence(const std::string& job_id) 
 }
 
 absl::Status JobStore::ReserveEventSequences(const std::string& job_id, uint64_t through) {
-  return Write([&](sqlite3* db) -> absl::Status {
-    Statement s(db,
-                "INSERT INTO event_reservations (job_seq, through) VALUES (?1, ?2) "
-                "ON CONFLICT(job_seq) DO UPDATE SET through = MAX(through, ?2)");
-    if (!s.ok()) return SqlError(db, "prepare event reservation");
-    s.Bind(1, SequenceOf(job_id));
-    s.Bind(2, static_cast<int64_t>(through));
-    if (s.Step() != SQLITE_DONE) return SqlError(db, "reserve event sequences");
-    return absl::OkStatus();
-  });
+  return Write([&](sqlite3* db) { return WriteReservation(db, SequenceOf(job_id), through); });
 }
 
 absl::Status JobStore::ReleaseEventSequences(const std::string& job_id) {

@@ -65,9 +65,12 @@ class JobStore {
   ~JobStore();
 
   // Assigns the job an id ("job-000042") and stores it with `events` (their
-  // job_id is filled in). ALREADY_EXISTS when job.request_id is taken.
+  // job_id is filled in) and, in the same write, its event numbers reserved
+  // through `reserve_events_through` (0: none; ReserveEventSequences).
+  // ALREADY_EXISTS when job.request_id is taken.
   absl::StatusOr<tandem::v1::Job> InsertJob(tandem::v1::Job job,
-                                            std::vector<tandem::v1::JobEvent> events);
+                                            std::vector<tandem::v1::JobEvent> events,
+                                            uint64_t reserve_events_through = 0);
   // Replaces a job's record and appends events, in one transaction. With
   // kMayUseReserve, a write the full disk refuses releases the reserve (below)
   // and is tried once more: for state changes, above all a job's end, which

@@ -211,24 +211,19 @@ TEST(JobStoreTest, EventRetentionKeepsTheNewestAndEveryStateChange) {
 TEST(JobStoreTest, EventRetentionCountsEventsAcrossAJumpInNumbers) {
   auto store = *JobStore::Open(Db("retention-jump"));
   const std::string id = store->InsertJob(NewJob("j"), {StateEvent(1)})->id();
-  std::vector<tandem::v1::JobEvent> batch;
-  for (uint64_t s = 2; s <= 51; ++s) {
-    tandem::v1::JobEvent e;
-    e.set_sequence(s);
-    e.set_job_id(id);
-    e.mutable_log()->set_message("before the crash");
-    batch.push_back(e);
-  }
-  ASSERT_TRUE(store->AppendEvents(batch, /*keep_per_job=*/50).ok());
-  batch.clear();
-  for (uint64_t s = 1025; s < 1035; ++s) {
-    tandem::v1::JobEvent e;
-    e.set_sequence(s);
-    e.set_job_id(id);
-    e.mutable_log()->set_message("after the restart");
-    batch.push_back(e);
-  }
-  ASSERT_TRUE(store->AppendEvents(batch, /*keep_per_job=*/50).ok());
+  // Log events `first` to `last` of the job.
+  auto logs = [&id](uint64_t first, uint64_t last) {
+    std::vector<tandem::v1::JobEvent> batch;
+    for (uint64_t s = first; s <= last; ++s) {
+      tandem::v1::JobEvent& e = batch.emplace_back();
+      e.set_sequence(s);
+      e.set_job_id(id);
+      e.mutable_log()->set_message("chatty");
+    }
+    return batch;
+  };
+  ASSERT_TRUE(store->AppendEvents(logs(2, 51), /*keep_per_job=*/50).ok());       // before the crash
+  ASSERT_TRUE(store->AppendEvents(logs(1025, 1034), /*keep_per_job=*/50).ok());  // after
   const std::vector<tandem::v1::JobEvent> kept = *store->ReadEvents(id, 1, 100000);
   ASSERT_EQ(kept.size(), 51u);  // the state change, 12..51 and 1025..1034
   EXPECT_EQ(kept[0].sequence(), 1u);

@@ -67,9 +67,10 @@ absl::Status StagedGradientCollective::AllReduceDevice(Accelerator* accelerator,
     absl::Status status = device_(accelerator, ranges);
     const int n = comm_->size();
     const double seconds = WallSeconds() - start;
+    const int64_t bytes = 2 * (n - 1) * total * 4 / n;  // a ring all-reduce's, per rank
     MutexLock lock(&mu_);
-    Add(stats_, 1, 2 * (n - 1) * total * 4 / n, seconds);
-    Add(reductions_, 1, 2 * (n - 1) * total * 4 / n, seconds);
+    Add(stats_, 1, bytes, seconds);
+    Add(reductions_, 1, bytes, seconds);
     return status;
   }
   if (static_cast<int64_t>(staging_.size()) < total) staging_.resize(total);

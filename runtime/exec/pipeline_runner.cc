@@ -1159,14 +1159,14 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
     out.copy_seconds = st.times.copy;
     out.peer_copy_seconds = st.times.peer;
     out.update_seconds = st.times.update;
-    // A stage whose phase ended before the last one's updates meanwhile;
-    // PipeDream's updates (one after each micro-batch's backward) all run
-    // within the phase, none of them bubble.
-    const double updating =
-        options_.schedule == PipelineSchedule::kPipeDream ? st.times.update
-        : st.times.update_ended > 0
-            ? std::max(0.0, std::min(st.times.update_ended, end) - st.times.update_began)
-            : 0.0;
+    // Update time within the phase, which is not bubble.
+    double updating = 0;
+    if (options_.schedule == PipelineSchedule::kPipeDream) {
+      updating = st.times.update;  // one after each micro-batch's backward
+    } else if (st.times.update_ended > 0) {
+      // A stage whose phase ended before the last one's updated meanwhile.
+      updating = std::max(0.0, std::min(st.times.update_ended, end) - st.times.update_began);
+    }
     out.bubble_seconds =
         std::max(0.0, last_pipeline_seconds_ - st.times.busy - st.times.copy - updating);
     out.peak_bytes = st.device->allocator()->stats().peak_total_bytes;

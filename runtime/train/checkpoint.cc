@@ -193,4 +193,12 @@ void RemoveCheckpointStep(const std::string& dir, int64_t step) {
   ::unlink(SwaPath(dir, step).c_str());
 }
 
+void RemoveCheckpointsAfter(const std::string& dir, int64_t step) {
+  for (const char* suffix : {kCheckpointSuffix, kManifestSuffix}) {
+    for (const auto& [found, path] : ListCheckpoints(dir, suffix)) {
+      if (found > step) RemoveCheckpointStep(dir, found);
+    }
+  }
+}
+
 }  // namespace tandem

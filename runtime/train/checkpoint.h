@@ -66,6 +66,9 @@ inline constexpr char kManifestSuffix[] = ".manifest";
 std::string SwaPath(const std::string& dir, int64_t step);
 // Removes a step's checkpoint, manifest and SWA average, where they exist.
 void RemoveCheckpointStep(const std::string& dir, int64_t step);
+// Removes every step past `step`: a run resumed from an older checkpoint (a
+// newer one was damaged) abandoned them, and they are never the ones to keep.
+void RemoveCheckpointsAfter(const std::string& dir, int64_t step);
 
 }  // namespace tandem
 

@@ -31,13 +31,7 @@ int FirstFailed(const std::vector<double>& all, size_t per_rank, size_t at) {
 }
 
 void Prune(const std::string& dir, int rank, int keep, int64_t current) {
-  // Steps past this one are of a run abandoned at a resume from an older
-  // checkpoint (a newer one was damaged): never the ones to keep.
-  for (const char* suffix : {kCheckpointSuffix, kManifestSuffix}) {
-    for (const auto& [step, path] : ListCheckpoints(dir, suffix)) {
-      if (step > current) RemoveCheckpointStep(dir, step);
-    }
-  }
+  RemoveCheckpointsAfter(dir, current);
   if (rank != 0) {
     const auto parts = ListCheckpoints(dir, kCheckpointSuffix);
     for (size_t i = keep + 1; i < parts.size(); ++i) RemoveCheckpointStep(dir, parts[i].first);

@@ -269,14 +269,11 @@ absl::Status Trainer::SaveCheckpoint() {
                             WriteCheckpoint(saved.path, CheckpointHeaderNow(), tensors));
     saved.bytes = file.bytes;
     TANDEM_RETURN_IF_ERROR(SaveSwa());
-    // The newest kCheckpointsKept up to this step. One past it is of a run
-    // abandoned at a resume from an older checkpoint (it was damaged): it
-    // goes, rather than the good older one.
-    size_t kept = 0;
-    for (const auto& [step, path] : ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix)) {
-      if (step > step_ || ++kept > static_cast<size_t>(kCheckpointsKept)) {
-        RemoveCheckpointStep(options_.checkpoint_dir, step);
-      }
+    // The newest kCheckpointsKept, none past this step (RemoveCheckpointsAfter).
+    RemoveCheckpointsAfter(options_.checkpoint_dir, step_);
+    const auto all = ListCheckpoints(options_.checkpoint_dir, kCheckpointSuffix);
+    for (size_t i = kCheckpointsKept; i < all.size(); ++i) {
+      RemoveCheckpointStep(options_.checkpoint_dir, all[i].first);
     }
   }
   checkpoint_path_ = saved.path;

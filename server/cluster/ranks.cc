@@ -134,12 +134,11 @@ std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& j
   return requests;
 }
 
-// What each started rank is doing, as its daemon says (or that it does not
-// answer): "rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED (...)".
 // What ranks 1..N-1 of `job_id` on `nodes` say they are doing, as a clause
-// for a failed run's reason; `failed_alone` is set when one of them failed
-// for a reason of its own (not a lost peer, a timeout or a stop), which no
-// restart mends.
+// for a failed run's reason ("rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED
+// (...)", or that its daemon does not answer); `failed_alone` is set when one
+// of them failed for a reason of its own (not a lost peer, a timeout or a
+// stop), which no restart mends.
 std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
                        const std::string& job_id, bool* failed_alone) {
   std::vector<std::string> states;

@@ -24,20 +24,22 @@ run: deps
 	exec bazel-bin/server/tandemd --listen=$(LISTEN) --metrics_listen=$(METRICS_LISTEN) \
 	  --state_dir="$(STATE_DIR)" --data_root="$(DATA_ROOT)"
 
-# The format check, every test, then the executor's randomised stress, the
-# update rules' stress and the pipeline's stage threads again under ThreadSanitizer, then each fuzz target for FUZZ_SECONDS with libFuzzer
+# The format check; the executor's randomised stress, the update rules'
+# stress, the pipeline's stage threads and concurrent oneDNN primitive
+# creation under ThreadSanitizer; every test; then each fuzz target for
+# FUZZ_SECONDS with libFuzzer
 # (tools/fuzz.sh, docs/fuzzing.md); ends with GoogleTest-style totals over all
 # test cases.
 FUZZ_SECONDS ?= 30
 TSAN_TESTS := //runtime/exec:plan_executor_stress_test //runtime/train:update_rules_stress_test \
-	//runtime/exec:pipeline_runner_stress_test
+	//runtime/exec:pipeline_runner_stress_test //runtime/cpu:primitive_creation_stress_test
 
 test: deps
 	tools/check_format.sh; status=$$?; \
 	  $(BAZEL) test --config=tsan $(TSAN_TESTS) || status=1; \
 	  $(BAZEL) test //... || status=1; \
 	  tools/fuzz.sh $(FUZZ_SECONDS) || status=1; \
-	  /usr/bin/python3 tools/test_summary.py --extra=bazel-out/k8-opt-tsan/testlogs || status=1; \
+	  /usr/bin/python3 tools/test_summary.py --extra=bazel-out/k8-opttsan/testlogs || status=1; \
 	  exit $$status
 
 # Benchmarks against their peers (PyTorch on CPU, ZeRO-Offload in the planner).

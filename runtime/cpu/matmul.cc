@@ -70,7 +70,11 @@ class MatmulCache {
       auto it = entries_.find(key);
       if (it != entries_.end()) return *it->second;
     }
-    auto entry = std::make_unique<Entry>(Create(s, bf16, bf16_out));
+    std::unique_ptr<Entry> entry;
+    {
+      MutexLock creating(&PrimitiveCreationMutex());
+      entry = std::make_unique<Entry>(Create(s, bf16, bf16_out));
+    }
     MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
     return *it->second;

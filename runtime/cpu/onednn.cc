@@ -17,6 +17,11 @@ dnnl::stream& ThreadStream() {
   return stream;
 }
 
+Mutex& PrimitiveCreationMutex() {
+  static auto* mu = new Mutex();
+  return *mu;
+}
+
 std::string OneDnnIsa() {
   switch (dnnl_get_effective_cpu_isa()) {
     case dnnl_cpu_isa_sse41:

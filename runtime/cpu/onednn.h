@@ -9,12 +9,23 @@
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "runtime/core/mutex.h"
 
 namespace tandem::cpu {
 
 const dnnl::engine& CpuEngine();
 // The calling thread's stream on CpuEngine().
 dnnl::stream& ThreadStream();
+
+// Held while a primitive descriptor and its primitive are created. oneDNN
+// 2.6's process-wide primitive cache is not safe when threads create
+// primitives at the same time (ThreadSanitizer reports races inside it, on its
+// lock's lazy set-up and on cache keys that point into another thread's
+// primitive descriptor; runtime/cpu/primitive_creation_stress_test). Creation
+// happens once per layer and batch size (PrimitiveCache, the matmul cache),
+// so serialising it costs a first step a few milliseconds at most; running
+// primitives needs no lock.
+Mutex& PrimitiveCreationMutex();
 
 // "2.6.3".
 std::string OneDnnVersion();

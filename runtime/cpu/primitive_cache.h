@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "runtime/core/mutex.h"
+#include "runtime/cpu/onednn.h"
 
 namespace tandem::cpu {
 
@@ -24,7 +25,11 @@ class PrimitiveCache {
       auto it = entries_.find(key);
       if (it != entries_.end()) return *it->second;
     }
-    auto entry = std::make_unique<T>(make());
+    std::unique_ptr<T> entry;
+    {
+      MutexLock creating(&PrimitiveCreationMutex());
+      entry = std::make_unique<T>(make());
+    }
     MutexLock lock(&mu_);
     auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
     return *it->second;

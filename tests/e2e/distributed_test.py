@@ -519,6 +519,18 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         channel.close()
 
 
+def free_subnet_octet(seed):
+    """The third octet of a 10.77.X.0/24 that no interface here holds yet,
+    starting from one chosen by `seed`."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True,
+                           text=True).stdout
+    for i in range(250):
+        octet = (seed + i) % 250
+        if ("10.77.%d." % octet) not in shown:
+            return octet
+    return seed % 250
+
+
 class NetworkNamespacesTest(unittest.TestCase):
     """Two daemons, each in its own network namespace, joined by veth pairs to a
     bridge in the test's namespace (which reaches both): the ranks' Gloo
@@ -530,13 +542,16 @@ class NetworkNamespacesTest(unittest.TestCase):
         cls.bridge = "tdbr" + tag
         cls.namespaces = ["tdns%s%s" % (tag, c) for c in "ab"]
         cls.made = []
+        # A subnet of its own: two runs of this test at once (bazel
+        # --runs_per_test) with one subnet would route to each other's daemons.
+        subnet = "10.77.%d" % free_subnet_octet(os.getpid())
         commands = [["ip", "link", "add", cls.bridge, "type", "bridge"],
-                    ["ip", "addr", "add", "10.77.0.254/24", "dev", cls.bridge],
+                    ["ip", "addr", "add", subnet + ".254/24", "dev", cls.bridge],
                     ["ip", "link", "set", cls.bridge, "up"]]
         cls.addresses = []
         for i, ns in enumerate(cls.namespaces):
             host, inside = "tdv%s%d" % (tag, i), "tdp%s%d" % (tag, i)
-            ip = "10.77.0.%d" % (i + 1)
+            ip = "%s.%d" % (subnet, i + 1)
             cls.addresses.append(ip)
             commands += [["ip", "netns", "add", ns],
                          ["ip", "link", "add", host, "type", "veth", "peer", "name", inside],

@@ -1,6 +1,7 @@
 // Keeps grpc.health.v1 true to what the daemon can do. A probe thread calls a
-// function that takes the locks every cheap RPC takes (the job manager's
-// snapshot, which GetNode serves) over and over; a monitor thread sets:
+// function that takes the locks every cheap RPC takes (the job manager's,
+// JobManager::ProbeNotAccepting; GetNode does not wait on it, and tandemd
+// passes a stuck probe on to it) over and over; a monitor thread sets:
 //   - ""                  NOT_SERVING while a probe has been running longer
 //                         than the deadline (the daemon cannot answer: a store
 //                         write stuck on a failing disk, a lock held too long),

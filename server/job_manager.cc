@@ -342,11 +342,11 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
                      FormatBytes(reserved_host_, 1), " reserved); try again when jobs end"));
   }
   reserved_host_ += bytes;
-  metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+  PublishLocked();
   return std::shared_ptr<void>(nullptr, [this, bytes](void*) {
     absl::MutexLock lock(&mu_);
     reserved_host_ -= bytes;
-    metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+    PublishLocked();
     dirty_ = true;
   });
 }
@@ -597,6 +597,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   entry->log->Append(queued);
   absl::MutexLock lock(&mu_);
   live_[stored->id()] = entry;
+  PublishLocked();
   // Stored while the daemon began to stop: acknowledged (it runs after the
   // restart), and its log closed as the others were, so that a watcher is
   // told to watch again rather than wait for the forced end.
@@ -702,6 +703,7 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
     *entry.job.mutable_end_time() = event.time();
     metrics_->jobs_finished.Add({{"state", StateLabel(state)}}).Increment();
   }
+  PublishLocked();  // before the store write, which may take a while
   if (!entry.unrecorded.empty()) {
     // Earlier changes are still waiting: keep the order.
     entry.unrecorded.push_back(event);
@@ -951,6 +953,8 @@ absl::Status JobManager::Recover() {
     live_[entry->job.id()] = entry;
     dirty_ = true;
   }
+  absl::MutexLock lock(&mu_);
+  PublishLocked();
   return absl::OkStatus();
 }
 
@@ -1048,7 +1052,6 @@ void JobManager::ScheduleLocked() {
                    s.ToString().c_str());
     }
     std::shared_ptr<Entry> shared = live_[e->job.id()];
-    metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
     // Each run's own flag, set by its thread as its last action so that it
     // can be joined: a re-queued job's next run never shares its old one.
     auto done = std::make_shared<std::atomic<bool>>(false);
@@ -1137,6 +1140,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
     job = entry->job;
     entry->allocator = std::make_unique<HostAllocator>(
         entry->estimate.host_bytes - entry->estimate.data_bytes - entry->estimate.emulated_bytes);
+    PublishLocked();
   }
   // The spec, plan and model of submission: resolved and planned then, not again.
   const bool resolved =
@@ -1199,7 +1203,12 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   // The trainer's buffers belong to the job's allocator: free them first, and
   // both before the scheduler may hand the memory to another job.
   trainer.reset();
-  entry->allocator.reset();
+  {
+    // Out of the published figures before it goes: snapshots read it
+    // without mu_.
+    const std::unique_ptr<HostAllocator> allocator = std::move(entry->allocator);
+    PublishLocked();
+  }
   dirty_ = true;
 }
 
@@ -1396,7 +1405,7 @@ void JobManager::FinishRun(Entry& entry, Trainer* trainer, const absl::Status& s
   }
   reserved_host_ -= entry.estimate.host_bytes;
   reserved_accelerator_ -= entry.estimate.accelerator_bytes;
-  metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+  PublishLocked();
   entry.running = false;
   --running_;
   if (!status.ok() && entry.fault_since == absl::InfiniteFuture()) entry.fault_since = absl::Now();
@@ -1604,6 +1613,7 @@ void JobManager::Shutdown() {
     if (stopping_) return;
     accepting_ = false;
     stopping_ = true;
+    PublishLocked();
     for (auto& [id, e] : live_) {
       if (!e->running) continue;
       e->stop = true;
@@ -1652,31 +1662,64 @@ void JobManager::Shutdown() {
   }
 }
 
+namespace {
+
+// Why jobs are not accepted, "" when they are; in the order a user acts on.
+std::string NotAcceptingReason(bool accepting, const std::string& unresponsive,
+                               const absl::Status& read_only, const absl::Status& space) {
+  if (!accepting) return "tandemd is shutting down";
+  if (!unresponsive.empty()) return unresponsive;
+  if (!read_only.ok()) return std::string(read_only.message());
+  if (!space.ok()) return std::string(space.message());
+  return "";
+}
+
+}  // namespace
+
+void JobManager::PublishLocked() {
+  Published p;
+  p.reserved_host_bytes = reserved_host_;
+  p.reserved_accelerator_bytes = reserved_accelerator_;
+  p.accepting = accepting_;
+  for (const auto& [id, e] : live_) {
+    if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) ++p.queued;
+    if (e->allocator) p.allocators.push_back(e->allocator.get());
+  }
+  metrics_->device_memory_reserved.Add({{"device", "cpu"}}).Set(reserved_host_);
+  absl::MutexLock lock(&published_mu_);
+  p.unresponsive = std::move(published_.unresponsive);
+  published_ = std::move(p);
+}
+
+void JobManager::SetUnresponsive(const std::string& reason) {
+  absl::MutexLock lock(&published_mu_);
+  published_.unresponsive = reason;
+}
+
+std::string JobManager::ProbeNotAccepting() {
+  // statvfs outside the lock: a stalled disk must not hold every job RPC.
+  const absl::Status space = CheckStateSpace();
+  absl::MutexLock lock(&mu_);
+  return NotAcceptingReason(accepting_, "", store_->read_only(), space);
+}
+
 JobManager::Snapshot JobManager::TakeSnapshot() {
   Snapshot s;
   absl::StatusOr<std::map<JobState, int64_t>> counts = store_->CountByState();
   if (counts.ok()) s.jobs_by_state = *counts;
-  // statvfs outside the lock: a stalled disk must not hold every job RPC.
   const absl::Status space = CheckStateSpace();
-  absl::MutexLock lock(&mu_);
-  if (!accepting_) {
-    s.not_accepting_reason = "tandemd is shutting down";
-  } else if (!store_->read_only().ok()) {
-    s.not_accepting_reason = std::string(store_->read_only().message());
-  } else if (!space.ok()) {
-    s.not_accepting_reason = std::string(space.message());
-  }
+  absl::MutexLock lock(&published_mu_);
+  s.not_accepting_reason =
+      NotAcceptingReason(published_.accepting, published_.unresponsive, store_->read_only(), space);
   s.accepting = s.not_accepting_reason.empty();
-  s.reserved_host_bytes = reserved_host_;
-  s.reserved_accelerator_bytes = reserved_accelerator_;
-  for (auto& [id, e] : live_) {
-    if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) ++s.queued;
-    if (e->allocator) {
-      const MemoryStats m = e->allocator->stats();
-      for (int c = 0; c < kMemoryCategoryCount; ++c)
-        s.host_memory.in_use_bytes[c] += m.in_use_bytes[c];
-      s.host_memory.total_in_use_bytes += m.total_in_use_bytes;
-    }
+  s.reserved_host_bytes = published_.reserved_host_bytes;
+  s.reserved_accelerator_bytes = published_.reserved_accelerator_bytes;
+  s.queued = published_.queued;
+  for (const HostAllocator* allocator : published_.allocators) {
+    const MemoryStats m = allocator->stats();
+    for (int c = 0; c < kMemoryCategoryCount; ++c)
+      s.host_memory.in_use_bytes[c] += m.in_use_bytes[c];
+    s.host_memory.total_in_use_bytes += m.total_in_use_bytes;
   }
   return s;
 }

@@ -180,7 +180,19 @@ class JobManager {
     // Why not, when not accepting.
     std::string not_accepting_reason;
   };
+  // Read without the job manager's lock (from figures published under it
+  // wherever they change), so that GetNode and a metrics scrape answer while
+  // a store write holds that lock: an fsync on a slow disk must not make a
+  // peer's 2 s health check late. The store's counts are its own reads.
   Snapshot TakeSnapshot();
+  // The health watchdog's probe: why jobs are not accepted ("" when they are),
+  // through the lock every job RPC takes, so that a probe that does not return
+  // means a daemon that cannot answer (a store write stuck on a failing disk).
+  std::string ProbeNotAccepting();
+  // What the watchdog found when its probe has been stuck past its deadline
+  // ("" once probes return): TakeSnapshot reports it as not accepting, so
+  // that peers see the node unhealthy at once rather than after late checks.
+  void SetUnresponsive(const std::string& reason);
   const JobManagerOptions& options() const { return options_; }
 
   // The node jobs are planned on now: options().node, or what ReplaceNode
@@ -277,6 +289,9 @@ class JobManager {
   // RESOURCE_EXHAUSTED when a job needs more than the node's budgets hold at all.
   absl::Status CheckBudgets(const MemoryEstimate& estimate) const;
   void UpdateJobMetrics(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies what TakeSnapshot reports (reservations, the queue, running jobs'
+  // allocators, accepting_) to published_; called wherever one changes.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const JobManagerOptions options_;
   JobStore* const store_;
@@ -303,6 +318,20 @@ class JobManager {
   // Finished jobs whose per-job metric series are still exported, oldest first.
   std::deque<std::string> finished_series_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
+
+  // TakeSnapshot's figures. Taken after mu_ where both are held, never before.
+  struct Published {
+    int64_t reserved_host_bytes = 0;
+    int64_t reserved_accelerator_bytes = 0;
+    int64_t queued = 0;
+    bool accepting = true;
+    // Running jobs' allocators; one is taken out (under published_mu_)
+    // before it is destroyed.
+    std::vector<const HostAllocator*> allocators;
+    std::string unresponsive;
+  };
+  mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  Published published_ ABSL_GUARDED_BY(published_mu_);
 
   // Events waiting to be written by the persister (batched, off the training path).
   absl::Mutex persist_mu_;

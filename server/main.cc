@@ -545,11 +545,19 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
   grpc::HealthCheckServiceInterface* health = (*server)->GetHealthCheckService();
-  auto watchdog =
-      std::make_unique<HealthWatchdog>([&jobs] { return jobs.TakeSnapshot().not_accepting_reason; },
-                                       [health](const std::string& service, bool serving) {
-                                         health->SetServingStatus(service, serving);
-                                       });
+  // The probe takes the job manager's lock; GetNode does not (a peer's health
+  // check must not wait on a store write), so a stuck probe is told to
+  // GetNode too.
+  auto watchdog = std::make_unique<HealthWatchdog>(
+      [&jobs] { return jobs.ProbeNotAccepting(); },
+      [health, &jobs](const std::string& service, bool serving) {
+        health->SetServingStatus(service, serving);
+        if (service.empty()) {
+          jobs.SetUnresponsive(serving ? ""
+                                       : "tandemd's job manager has not answered for seconds "
+                                         "(a store write stuck on a slow or failing disk?)");
+        }
+      });
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);

@@ -505,6 +505,54 @@ TEST_F(JobManagerTest, ACancelTheStoreCannotTakeLeavesTheQueuedJobAsItWas) {
   EXPECT_EQ((*store_->GetJob(id))->state(), tandem::v1::JOB_STATE_CANCELLED);
 }
 
+TEST_F(JobManagerTest, TheNodeSnapshotAnswersWhileAStoreWriteHoldsTheJobManager) {
+  Open("snapshot-during-write");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  auto s = jobs_->Submit(Spec(5), "");  // not started: it stays queued
+  const std::string id = s->job.id();
+  // Another writer holds the database, so the cancel's store write waits
+  // (up to the store's busy timeout, 10 s) while it holds the job manager.
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/jobs.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::atomic<bool> cancel_returned{false};
+  std::thread cancel([&] {
+    EXPECT_TRUE(jobs_->Cancel(id, "").ok());
+    cancel_returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(500));  // the cancel is in its write by now
+  const JobManager::Snapshot during = jobs_->TakeSnapshot();
+  // GetNode's figures came back while the write still waited.
+  EXPECT_FALSE(cancel_returned.load());
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(other);
+  cancel.join();
+  EXPECT_TRUE(during.accepting) << during.not_accepting_reason;
+  EXPECT_EQ(during.queued, 1);
+  EXPECT_EQ(during.jobs_by_state.at(tandem::v1::JOB_STATE_QUEUED), 1);
+  const JobManager::Snapshot after = jobs_->TakeSnapshot();
+  EXPECT_EQ(after.queued, 0);
+  EXPECT_EQ(after.jobs_by_state.at(tandem::v1::JOB_STATE_CANCELLED), 1);
+  EXPECT_EQ(jobs_->ProbeNotAccepting(), "");
+}
+
+TEST_F(JobManagerTest, AnUnresponsiveJobManagerIsReportedAsNotAccepting) {
+  Open("unresponsive");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->SetUnresponsive("stuck for seconds");
+  JobManager::Snapshot s = jobs_->TakeSnapshot();
+  EXPECT_FALSE(s.accepting);
+  EXPECT_EQ(s.not_accepting_reason, "stuck for seconds");
+  // The probe itself answers from under the lock, without the watchdog's verdict.
+  EXPECT_EQ(jobs_->ProbeNotAccepting(), "");
+  jobs_->SetUnresponsive("");
+  s = jobs_->TakeSnapshot();
+  EXPECT_TRUE(s.accepting) << s.not_accepting_reason;
+  jobs_->Shutdown();
+  EXPECT_EQ(jobs_->TakeSnapshot().not_accepting_reason, "tandemd is shutting down");
+  EXPECT_EQ(jobs_->ProbeNotAccepting(), "tandemd is shutting down");
+}
+
 TEST_F(JobManagerTest, AfterACleanStopEventsNumberOnWithoutAJump) {
   Open("clean-stop");
   auto s = jobs_->Submit(Spec(5), "");

@@ -331,9 +331,25 @@ absl::StatusOr<MemoryEstimate> EstimateModel(const tandem::v1::JobSpec& resolved
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
-                                                                 const std::string& what) {
+                                                                 const std::string& what,
+                                                                 bool yield_to_queue) {
   absl::MutexLock lock(&mu_);
   const int64_t budget = options_.host_memory_budget_bytes;
+  if (const Entry* next = yield_to_queue && budget > 0 ? NextToStartLocked() : nullptr) {
+    const int64_t need = next->estimate.host_bytes;
+    const int64_t accelerator = next->estimate.accelerator_bytes;
+    const bool accelerator_fits =
+        accelerator == 0 ||
+        accelerator <= options_.accelerator_memory_budget_bytes - reserved_accelerator_;
+    // It would start but for yielding holds, and this one would keep it out.
+    if (accelerator_fits && need <= budget - (reserved_host_ - yielding_held_host_) &&
+        bytes > budget - reserved_host_ - need) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " needs ", FormatBytes(bytes, 1), " of host memory, which queued job ",
+          next->job.id(), " starts with (it needs ", FormatBytes(need, 1),
+          ") once the profile and plan holds now held end; try again when it has started"));
+    }
+  }
   if (budget > 0 && bytes > budget - reserved_host_) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, " needs ", FormatBytes(bytes, 1), " of host memory; ",
@@ -342,10 +358,12 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
                      FormatBytes(reserved_host_, 1), " reserved); try again when jobs end"));
   }
   reserved_host_ += bytes;
+  if (yield_to_queue) yielding_held_host_ += bytes;
   PublishLocked();
-  return std::shared_ptr<void>(nullptr, [this, bytes](void*) {
+  return std::shared_ptr<void>(nullptr, [this, bytes, yield_to_queue](void*) {
     absl::MutexLock lock(&mu_);
     reserved_host_ -= bytes;
+    if (yield_to_queue) yielding_held_host_ -= bytes;
     PublishLocked();
     dirty_ = true;
   });
@@ -989,8 +1007,7 @@ void JobManager::SchedulerLoop() {
   }
 }
 
-void JobManager::ScheduleLocked() {
-  if (measuring_ > 0) return;  // the node is being measured: jobs wait
+std::vector<JobManager::Entry*> JobManager::QueueLocked() {
   std::vector<Entry*> queue;
   for (auto& [id, e] : live_) {
     if (e->job.state() == tandem::v1::JOB_STATE_QUEUED) queue.push_back(e.get());
@@ -999,10 +1016,28 @@ void JobManager::ScheduleLocked() {
     const int pa = a->job.spec().priority(), pb = b->job.spec().priority();
     return pa != pb ? pa > pb : a->seq < b->seq;
   });
+  return queue;
+}
+
+bool JobManager::WaitsForItsOwnReason(const Entry& e) {
+  return e.not_before > absl::Now()     // a distributed job waiting to restart
+         || !e.estimate_error.empty();  // waiting for RetryEstimates
+}
+
+const JobManager::Entry* JobManager::NextToStartLocked() {
+  if (measuring_ > 0 || !store_->read_only().ok()) return nullptr;
+  if (options_.max_running_jobs > 0 && running_ >= options_.max_running_jobs) return nullptr;
+  for (const Entry* e : QueueLocked()) {
+    if (!WaitsForItsOwnReason(*e)) return e;
+  }
+  return nullptr;
+}
+
+void JobManager::ScheduleLocked() {
+  if (measuring_ > 0) return;  // the node is being measured: jobs wait
   const Entry* blocked = nullptr;
-  for (Entry* e : queue) {
-    if (e->not_before > absl::Now()) continue;  // a distributed job waiting to restart
-    if (!e->estimate_error.empty()) continue;   // waiting for RetryEstimates
+  for (Entry* e : QueueLocked()) {
+    if (WaitsForItsOwnReason(*e)) continue;
     if (!store_->read_only().ok()) {
       // A run could record neither its start, its checkpoints nor its end.
       e->job.set_reason(absl::StrCat("waiting: ", store_->read_only().message()));

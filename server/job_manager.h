@@ -167,7 +167,13 @@ class JobManager {
   // while the returned handle lives: jobs are admitted against what is left,
   // and the queue is woken when it goes back. RESOURCE_EXHAUSTED at once, with
   // the numbers, when `bytes` do not fit beside what is already reserved.
-  absl::StatusOr<std::shared_ptr<void>> HoldHostMemory(int64_t bytes, const std::string& what);
+  // `yield_to_queue` (ProfileModel's and PlanModel's holds): also refused
+  // when the queue's next job would start but for such holds, so that a
+  // stream of them cannot keep it waiting once the running jobs have made
+  // room; while it waits for running jobs they are taken on what is free. A
+  // distributed job's rank does not yield.
+  absl::StatusOr<std::shared_ptr<void>> HoldHostMemory(int64_t bytes, const std::string& what,
+                                                       bool yield_to_queue = false);
 
   struct Snapshot {
     std::map<tandem::v1::JobState, int64_t> jobs_by_state;
@@ -217,6 +223,17 @@ class JobManager {
   void SchedulerLoop();
   // Starts every queued job that fits, in queue order; explains the rest.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queued jobs in the order ScheduleLocked considers them.
+  std::vector<Entry*> QueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job ScheduleLocked would start next if memory allowed: the first
+  // queued job not waiting for a restart or an estimate; null when none, or
+  // when no job can start for another reason (a measurement, the run slots,
+  // a read-only store).
+  const Entry* NextToStartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether ScheduleLocked passes over a queued job for now, whatever the
+  // memory: a distributed job waiting to restart, or one waiting for its
+  // estimate.
+  static bool WaitsForItsOwnReason(const Entry& e);
   void RunJob(std::shared_ptr<Entry> entry);
   // Logs a warning when the runner did not take the record's stored program.
   void ReportReplacedProgram(const tandem::v1::Job& job, Entry& entry, const StepRunner& runner);
@@ -305,6 +322,8 @@ class JobManager {
   std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t reserved_accelerator_ ABSL_GUARDED_BY(mu_) = 0;
+  // The part of reserved_host_ that yielding holds (HoldHostMemory) take.
+  int64_t yielding_held_host_ ABSL_GUARDED_BY(mu_) = 0;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   // ReserveNodeForMeasuring's holds: no job starts while > 0.
   int measuring_ ABSL_GUARDED_BY(mu_) = 0;

@@ -32,7 +32,9 @@ PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs) {
     // The planner asks `stop` before every simulation once the caller has
     // gone; the plan's working memory is held from the host budget.
     context.stop = stop;
-    context.reserve = [jobs](int64_t bytes) { return jobs->HoldHostMemory(bytes, "the plan"); };
+    context.reserve = [jobs](int64_t bytes) {
+      return jobs->HoldHostMemory(bytes, "the plan", /*yield_to_queue=*/true);
+    };
     context.measured = [jobs](const Model& model, const tandem::v1::JobSpec& resolved) {
       return jobs->MeasuredLayerProfile(model, resolved);
     };
@@ -56,7 +58,8 @@ ProfileHandler MakeProfileHandler(std::string cache_dir, PathResolver resolve, i
     const MemoryEstimate& estimate = resolved->estimate;
     const int64_t model_bytes = estimate.host_bytes - estimate.data_bytes;
     const int64_t hold_bytes = model_bytes + model_bytes / 4 + kProfileOverhead;
-    absl::StatusOr<std::shared_ptr<void>> hold = jobs->HoldHostMemory(hold_bytes, "the profile");
+    absl::StatusOr<std::shared_ptr<void>> hold =
+        jobs->HoldHostMemory(hold_bytes, "the profile", /*yield_to_queue=*/true);
     if (!hold.ok()) return ToGrpc(hold.status());
     profile::ProfilerEnvironment env;
     env.cache_dir = cache_dir;

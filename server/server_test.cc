@@ -604,6 +604,47 @@ TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
   WaitFor(id, tandem::v1::JOB_STATE_SUCCEEDED);
 }
 
+// ProfileModel's and PlanModel's holds yield to the queue's next job only
+// where it would start but for them: while it waits for memory other holders
+// (here a rank's hold, standing for a running job) keep, they are taken on
+// what is free; once those are gone, new ones are refused until it starts,
+// so a stream of them cannot keep it waiting.
+TEST_F(JobManagerTest, ProfileAndPlanHoldsNeverKeepTheQueuesNextJobWaiting) {
+  Open("probe");
+  const int64_t h = jobs_->Estimate(*ResolveJobSpec(Spec(5), false))->host_bytes;
+  Close();
+  Open("yield", /*host_budget=*/h + h / 2);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  const int64_t part = h * 6 / 10;  // any two fit; the job beside either does not
+  absl::StatusOr<std::shared_ptr<void>> rank = jobs_->HoldHostMemory(part, "rank 1 of job-x");
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  const std::string waiting = jobs_->Submit(Spec(5), "")->job.id();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (jobs_->Get(waiting)->reason().find("of host memory") == std::string::npos) {
+    ASSERT_LT(absl::Now(), deadline) << jobs_->Get(waiting)->reason();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // It waits for the rank: a profile's hold is taken on what is free.
+  absl::StatusOr<std::shared_ptr<void>> profile =
+      jobs_->HoldHostMemory(part, "the profile", /*yield_to_queue=*/true);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  rank->reset();
+  // Now only the profile keeps it waiting: the next plan's hold is refused,
+  // naming the job; a rank's is still taken on what is free.
+  const absl::StatusOr<std::shared_ptr<void>> refused =
+      jobs_->HoldHostMemory(1, "the plan", /*yield_to_queue=*/true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("queued job " + waiting + " starts with"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(jobs_->HoldHostMemory(1, "rank 1 of job-y").ok());
+  EXPECT_EQ(jobs_->Get(waiting)->state(), tandem::v1::JOB_STATE_QUEUED);
+  profile->reset();
+  WaitFor(waiting, tandem::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(jobs_->HoldHostMemory(1, "the plan", /*yield_to_queue=*/true).ok());
+}
+
 TEST_F(JobManagerTest, ARecoveredJobNumbersItsEventsPastEveryNumberWatchersSaw) {
   Open("renumber");
   auto s = jobs_->Submit(Spec(5), "");

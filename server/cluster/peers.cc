@@ -37,7 +37,17 @@ absl::StatusOr<std::vector<std::string>> ParsePeerList(const std::string& flag) 
   return peers;
 }
 
-PeerSet::PeerSet(PeerSetOptions options) : options_(std::move(options)) {}
+PeerSet::PeerSet(PeerSetOptions options) : options_(std::move(options)) {
+  // Listed from the start, unhealthy until checked: GetNode may be served
+  // before the first check ends, and an empty list would read as "all healthy".
+  for (const std::string& a : options_.static_peers) {
+    if (a == options_.self) continue;
+    tandem::v1::PeerInfo& info = latest_[a];
+    info.set_address(a);
+    info.set_reason("not checked yet");
+    order_.push_back(a);
+  }
+}
 
 PeerSet::~PeerSet() {
   {

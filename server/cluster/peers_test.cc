@@ -64,6 +64,17 @@ class PeerSetTest : public testing::Test {
   std::unique_ptr<PeerSet> peers_;
 };
 
+// GetNode may be served before the first check ends: the peer is listed, not
+// healthy, rather than left out (an empty list reads as "all healthy").
+TEST_F(PeerSetTest, BeforeTheFirstCheckAPeerIsListedAndNotHealthy) {
+  const auto before = peers_->Snapshot();
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].address(), address_);
+  EXPECT_FALSE(before[0].healthy());
+  EXPECT_EQ(before[0].reason(), "not checked yet");
+  EXPECT_TRUE(Checked().healthy());
+}
+
 TEST_F(PeerSetTest, AHealthyPeerKeepsItsHealthThroughTheToleratedLateAnswers) {
   ASSERT_TRUE(Checked().healthy());
   service_.late = true;

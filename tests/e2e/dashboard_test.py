@@ -24,7 +24,7 @@ import yaml
 
 import junit_runner
 import repo_files
-from tandem_stubs import diverging_spec, job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
+from tandem_stubs import all_healthy, diverging_spec, job_pb2, spec_from_dict, stub, tandem_service_pb2, wait_for_state
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
@@ -166,7 +166,7 @@ class DashboardTest(unittest.TestCase):
         })), timeout=30).job
         # A 2-rank distributed job (docs/distributed.md) once the peer is healthy.
         deadline = time.time() + 60
-        while not all(p.healthy for p in cls.client.GetNode(
+        while not all_healthy(cls.client.GetNode(
                 tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
             assert time.time() < deadline, "the peer never became healthy"
             time.sleep(0.2)

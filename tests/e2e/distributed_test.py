@@ -17,7 +17,7 @@ import unittest
 
 import junit_runner
 from google.protobuf import text_format
-from tandem_stubs import (FASHION, checkpoint_pb2, job_pb2, plan_pb2, spec_from_dict, stub,
+from tandem_stubs import (FASHION, all_healthy, checkpoint_pb2, job_pb2, plan_pb2, spec_from_dict, stub,
                           tandem_service_pb2, wait_for_state)
 from tandemd_fixture import Tandemd
 
@@ -206,7 +206,7 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.addCleanup(second.stop)
         client = stub(first.address)[1]
         deadline = time.time() + 30
-        while not all(p.healthy for p in client.GetNode(
+        while not all_healthy(client.GetNode(
                 tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
             self.assertLess(time.time(), deadline)
             time.sleep(0.2)
@@ -580,7 +580,7 @@ class NetworkNamespacesTest(unittest.TestCase):
                 d.start()
             cls.clients = [stub(p)[1] for p in peers]
             deadline = time.time() + 60
-            while not all(p.healthy for p in cls.clients[0].GetNode(
+            while not all_healthy(cls.clients[0].GetNode(
                     tandem_service_pb2.GetNodeRequest(), timeout=10).peers):
                 assert time.time() < deadline, "the other namespace's peer never became healthy"
                 time.sleep(0.2)

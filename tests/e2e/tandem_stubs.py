@@ -78,6 +78,12 @@ def diverging_spec():
     })
 
 
+def all_healthy(peers):
+    """Whether GetNode's peers are listed and every one is healthy (a daemon
+    lists its peers unhealthy until its first check of them)."""
+    return len(peers) > 0 and all(p.healthy for p in peers)
+
+
 def wait_for_state(client, job_id, states, timeout=300, token=None):
     deadline = time.time() + timeout
     while time.time() < deadline:

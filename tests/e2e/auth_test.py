@@ -10,6 +10,7 @@ import unittest
 import grpc
 
 import junit_runner
+from repo_files import free_port
 from tandem_stubs import metadata, synthetic_spec, tandem_service_pb2, tandem_service_pb2_grpc
 from tandemd_fixture import Tandemd
 
@@ -123,6 +124,22 @@ class TlsTest(unittest.TestCase):
             self.assertEqual(daemon.stop(), 0, daemon.logs())
             daemon.cleanup()
             shutil.rmtree(d, ignore_errors=True)
+
+    def test_unreadable_peer_tls_roots_stop_the_daemon(self):
+        # Empty roots would make gRPC trust the system's for the peers: tandemd
+        # refuses to start instead, naming the flag.
+        d = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        key, cert = os.path.join(d, "key.pem"), os.path.join(d, "cert.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out",
+                        cert, "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True)
+        result = subprocess.run(
+            [TANDEMD, "--state_dir=" + os.path.join(d, "state"), "--listen=127.0.0.1:%d" % free_port(),
+             "--metrics_listen=", "--peers=127.0.0.1:1", "--tls_cert=" + cert, "--tls_key=" + key,
+             "--peer_ca_file=" + os.path.join(d, "missing-ca.pem")],
+            capture_output=True, text=True, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--peer_ca_file: cannot read", result.stderr)
 
 
 if __name__ == "__main__":

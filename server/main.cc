@@ -444,6 +444,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
   // (clients with the token have the .proto files in proto/).
   const bool reflection = absl::GetFlag(FLAGS_auth_token_file).empty();
   if (!reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  // A port another process listens on is refused, not shared: with gRPC's
+  // default SO_REUSEPORT a second tandemd on the same port would start and
+  // take part of the first one's connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_message_bytes));

@@ -79,6 +79,16 @@ class BadFlagsTest(unittest.TestCase):
             self.assertNotEqual(result.returncode, 0, flag)
             self.assertIn(text, result.stderr)
 
+    def test_a_port_another_tandemd_listens_on_is_refused(self):
+        daemon = Tandemd(TANDEMD).start()
+        try:
+            result = self.run_daemon("--listen=" + daemon.address)
+            self.assertNotEqual(result.returncode, 0)
+            self.assertIn("cannot listen on " + daemon.address, result.stderr)
+        finally:
+            daemon.stop()
+            daemon.cleanup()
+
     def test_an_unwritable_port_file_is_refused(self):
         result = self.run_daemon("--port_file=/nonexistent-dir/port")
         self.assertNotEqual(result.returncode, 0)

@@ -381,7 +381,12 @@ TEST_F(JobManagerTest, AdmissionNeverOversubscribesAndExplainsTheWait) {
   auto a = jobs_->Submit(Spec(100000000), "");
   WaitFor(a->job.id(), tandem::v1::JOB_STATE_RUNNING);
   auto b = jobs_->Submit(Spec(3), "");
-  absl::SleepFor(absl::Milliseconds(300));
+  // The scheduler thread writes the reason after the submit.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (jobs_->Get(b->job.id())->reason().find("of host memory") == std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   const tandem::v1::Job waiting = *jobs_->Get(b->job.id());
   EXPECT_EQ(waiting.state(), tandem::v1::JOB_STATE_QUEUED);
   EXPECT_NE(waiting.reason().find("waiting for"), std::string::npos) << waiting.reason();

@@ -9,6 +9,23 @@ from tandem_stubs import job_pb2, stub, synthetic_spec, tandem_service_pb2, wait
 from tandemd_fixture import Tandemd
 
 TANDEMD = None
+STEPS = 40000
+
+
+# Every event kept: the resume's log line must outlive 40,000 steps' progress
+# events (the default keeps the newest 10,000).
+def flags(budget):
+    return ["--host_memory_budget=%d" % budget, "--job_events_kept=0"]
+
+
+def wait_for_reason(client, job_id, text, timeout=30):
+    """The job once its reason holds `text` (the last one read at the deadline)."""
+    deadline = time.time() + timeout
+    while True:
+        job = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job_id), timeout=10)
+        if text in job.reason or time.time() > deadline:
+            return job
+        time.sleep(0.05)
 
 
 class CrashTest(unittest.TestCase):
@@ -16,9 +33,11 @@ class CrashTest(unittest.TestCase):
         # The budget fits the long job alone, so the other twenty are really
         # queued when the daemon dies.
         budget = 1 << 30
-        daemon = Tandemd(TANDEMD, extra_flags=["--host_memory_budget=%d" % budget]).start()
+        daemon = Tandemd(TANDEMD, extra_flags=flags(budget)).start()
         channel, client = stub(daemon.address)
-        spec = synthetic_spec(steps=4000, batch=32)
+        # Long enough to be running still after twenty submits' fsyncs on a
+        # loaded machine (about 1 s idle at 4,000 steps).
+        spec = synthetic_spec(steps=STEPS, batch=32)
         spec.resources.host_memory_bytes = budget - 100 * 1024
         spec.model.mlp.hidden_sizes[:] = [64]
         spec.training.checkpoint_disabled = False
@@ -40,24 +59,25 @@ class CrashTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertGreaterEqual(job.checkpoint_step, 100)
         self.assertEqual(job.state, job_pb2.JOB_STATE_RUNNING)
-        head = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=queued[0]), timeout=10)
+        # The scheduler thread writes the waiting reasons after the submits.
+        head = wait_for_reason(client, queued[0], "of host memory")
         self.assertEqual(head.state, job_pb2.JOB_STATE_QUEUED)
         self.assertIn("of host memory", head.reason)
-        last = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=queued[-1]), timeout=10)
+        last = wait_for_reason(client, queued[-1], "waiting behind " + queued[0])
         self.assertEqual(last.state, job_pb2.JOB_STATE_QUEUED)
         self.assertIn("waiting behind " + queued[0], last.reason)
         channel.close()
         daemon.kill9()
 
         restarted = Tandemd(TANDEMD, state_dir=daemon.state_dir,
-                            extra_flags=["--host_memory_budget=%d" % budget]).start()
+                            extra_flags=flags(budget)).start()
         channel, client = stub(restarted.address)
         try:
             recovered = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=long_job.id), timeout=10)
             self.assertIn(recovered.state, [job_pb2.JOB_STATE_QUEUED, job_pb2.JOB_STATE_RUNNING])
             done = wait_for_state(client, long_job.id, [job_pb2.JOB_STATE_SUCCEEDED], timeout=600)
             self.assertEqual(done.attempts, 2)
-            self.assertEqual(done.progress.step, 4000)
+            self.assertEqual(done.progress.step, STEPS)
             logs = [e.log.message for e in client.WatchJob(
                 tandem_service_pb2.WatchJobRequest(job_id=long_job.id), timeout=60) if e.HasField("log")]
             resumed = [m for m in logs if "resumed from checkpoint at step" in m]

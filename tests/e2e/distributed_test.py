@@ -311,13 +311,15 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         second.kill9()
         start = time.time()
         done = wait_for_state(client, job.id, [job_pb2.JOB_STATE_FAILED,
-                                               job_pb2.JOB_STATE_SUCCEEDED], timeout=120)
+                                               job_pb2.JOB_STATE_SUCCEEDED], timeout=240)
         took = time.time() - start
         print("rank 1's daemon killed for good: the job FAILED after %.1f s: %s" % (
             took, done.reason))
         self.assertEqual(done.state, job_pb2.JOB_STATE_FAILED)
         self.assertGreaterEqual(took, 5)
-        self.assertLess(took, 60)
+        # Bounded: StartRank's 30 s deadline, the fault wait and the retry
+        # delay take about 40 s on an idle machine; twice that on a loaded one.
+        self.assertLess(took, 120)
         self.assertIn("could not restart within distributed.fault_wait_seconds (6 s)",
                       done.reason)
         self.assertIn("rank 1's partition of the checkpoint at step", done.reason)

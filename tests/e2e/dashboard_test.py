@@ -100,7 +100,7 @@ class DashboardTest(unittest.TestCase):
         # The GPU row's series come from a stand-in for libnvidia-ml with one GPU
         # of fixed readings (server/metrics/testing/fake_nvml.c).
         # A peer, so that a distributed job registers the distributed families.
-        ports = [repo_files.free_port(), repo_files.free_port()]
+        ports = repo_files.free_ports(2)
         cls.peer = Tandemd(TANDEMD, metrics=True,
                            extra_flags=["--listen=127.0.0.1:%d" % ports[1],
                                         "--peers=127.0.0.1:%d" % ports[0]]).start()

@@ -9,13 +9,13 @@ hold nothing.
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import unittest
 
 import junit_runner
+from repo_files import free_ports
 from google.protobuf import text_format
 from tandem_stubs import (FASHION, all_healthy, checkpoint_pb2, job_pb2, plan_pb2, spec_from_dict, stub,
                           tandem_service_pb2, wait_for_state)
@@ -23,16 +23,6 @@ from tandemd_fixture import Tandemd
 
 TANDEMD = None
 STEPS = 20
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start_cluster(n, extra=None):

@@ -1,5 +1,8 @@
 #include "server/metrics/job_telemetry_collector.h"
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
 
 namespace tandem::metrics {
@@ -74,9 +77,44 @@ ClientMetric Sample(std::vector<ClientMetric::Label> labels) {
   return m;
 }
 
+// The snapshot's series for at most kMaxLayerSeriesPerJob layers (those with
+// the most time over all phases, ties to the earlier layer), the others'
+// merged phase by phase under kOtherLayersLabel (same bucket bounds: counts
+// and sums add).
+std::vector<profile::LayerPhaseHistogram> BoundedLayers(
+    std::vector<profile::LayerPhaseHistogram> series) {
+  std::map<int, double> total;
+  for (const auto& h : series) total[h.layer] += h.sum_seconds;
+  if (total.size() <= kMaxLayerSeriesPerJob) return series;
+  std::vector<std::pair<double, int>> ranked;
+  for (const auto& [layer, seconds] : total) ranked.push_back({-seconds, layer});
+  std::sort(ranked.begin(), ranked.end());
+  std::set<int> kept;
+  for (size_t i = 0; i + 1 < kMaxLayerSeriesPerJob; ++i) kept.insert(ranked[i].second);
+  std::vector<profile::LayerPhaseHistogram> out;
+  std::map<Phase, profile::LayerPhaseHistogram> other;
+  for (auto& h : series) {
+    if (kept.count(h.layer) > 0) {
+      out.push_back(std::move(h));
+      continue;
+    }
+    profile::LayerPhaseHistogram& o = other[h.phase];
+    o.phase = h.phase;
+    o.layer_name = kOtherLayersLabel;
+    o.cumulative_counts.resize(std::max(o.cumulative_counts.size(), h.cumulative_counts.size()));
+    for (size_t b = 0; b < h.cumulative_counts.size(); ++b) {
+      o.cumulative_counts[b] += h.cumulative_counts[b];
+    }
+    o.count += h.count;
+    o.sum_seconds += h.sum_seconds;
+  }
+  for (auto& [phase, o] : other) out.push_back(std::move(o));
+  return out;
+}
+
 void AddLayerSeries(const std::string& job_id, const profile::LayerHistogramSnapshot& s,
                     Families& f) {
-  for (const profile::LayerPhaseHistogram& h : s.series) {
+  for (const profile::LayerPhaseHistogram& h : BoundedLayers(s.series)) {
     ClientMetric m = Sample({{"job_id", job_id},
                              {"layer", Bounded(h.layer_name)},
                              {"phase", profile::PhaseLabel(h.phase)}});

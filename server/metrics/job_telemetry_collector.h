@@ -31,6 +31,14 @@ namespace tandem::metrics {
 // Longer label values (a layer name) are cut, so one job cannot make every
 // scrape arbitrarily large.
 inline constexpr size_t kMaxLabelValueBytes = 128;
+// tandem_layer_step_seconds keeps its own series for at most this many layers
+// of a job: the ones with the most time over all phases so far. The others'
+// observations are merged, phase by phase, into layer="other layers". A
+// histogram is about 22 series (its buckets, sum and count) per layer and
+// phase: a 4,096-layer job would export 270,000 of them, 64 layers at most
+// about 4,200.
+inline constexpr size_t kMaxLayerSeriesPerJob = 64;
+inline constexpr const char* kOtherLayersLabel = "other layers";
 
 class JobTelemetryCollector final : public prometheus::Collectable {
  public:

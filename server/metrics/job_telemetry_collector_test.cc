@@ -3,7 +3,9 @@
 // it is forgotten.
 #include "server/metrics/job_telemetry_collector.h"
 
+#include <set>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -119,6 +121,55 @@ TEST(JobTelemetryCollectorTest, CutLayerNamesStayUtf8) {
   // "x" and 63 whole characters: 127 bytes, the 64th would make 129.
   EXPECT_NE(text.find("layer=\"x" + e_acute.substr(0, 126) + "\""), std::string::npos);
   EXPECT_NE(text.find("layer=\"bad?name\""), std::string::npos);
+}
+
+// A job of many layers exports its own series for the 63 layers with the
+// most time and merges the others, phase by phase, into "other layers": the
+// scrape stays bounded however deep the model.
+TEST(JobTelemetryCollectorTest, ManyLayersKeepTheSlowestAndMergeTheRest) {
+  constexpr int kLayers = 100;
+  std::vector<std::string> names;
+  for (int i = 0; i < kLayers; ++i) names.push_back("layer" + std::to_string(i));
+  auto t = std::make_shared<profile::JobTelemetry>(names);
+  // Layer i takes (i + 1) ms forward and backward: layers 37..99 are the slowest 63.
+  for (int i = 0; i < kLayers; ++i) {
+    t->Record(i, Phase::kForward, 0.001 * (i + 1));
+    t->Record(i, Phase::kBackward, 0.001 * (i + 1));
+  }
+  JobTelemetryCollector c;
+  c.Track("job-000004", t);
+  const std::vector<prometheus::MetricFamily> families = c.Collect();
+  const prometheus::MetricFamily* layers = nullptr;
+  for (const auto& f : families) {
+    if (f.name == "tandem_layer_step_seconds") layers = &f;
+  }
+  ASSERT_NE(layers, nullptr);
+  std::set<std::string> kept;
+  uint64_t other_forward = 0;
+  double other_forward_sum = 0;
+  for (const prometheus::ClientMetric& m : layers->metric) {
+    std::string layer, phase;
+    for (const auto& l : m.label) {
+      if (l.name == "layer") layer = l.value;
+      if (l.name == "phase") phase = l.value;
+    }
+    if (layer == kOtherLayersLabel) {
+      if (phase == "forward") {
+        other_forward = m.histogram.sample_count;
+        other_forward_sum = m.histogram.sample_sum;
+        EXPECT_EQ(m.histogram.bucket.back().cumulative_count, 37u);
+      }
+      continue;
+    }
+    kept.insert(layer);
+  }
+  EXPECT_EQ(kept.size(), kMaxLayerSeriesPerJob - 1);
+  EXPECT_EQ(kept.count("layer99"), 1u);
+  EXPECT_EQ(kept.count("layer37"), 1u);
+  EXPECT_EQ(kept.count("layer36"), 0u);
+  // Layers 0..36, one forward each: 1 + 2 + ... + 37 ms.
+  EXPECT_EQ(other_forward, 37u);
+  EXPECT_NEAR(other_forward_sum, 0.001 * 37 * 38 / 2, 1e-9);
 }
 
 }  // namespace

@@ -187,6 +187,22 @@ class JobManagerTest : public testing::Test {
     record.set_state(tandem::v1::JOB_STATE_RUNNING);
     ASSERT_TRUE(store_->UpdateJob(record).ok());
   }
+  // Another connection's exclusive transaction on the store's database: its
+  // writes wait (up to the busy timeout, 10 s) until UnlockDatabase. Null if
+  // the database could not be taken.
+  sqlite3* LockDatabase() {
+    sqlite3* other = nullptr;
+    if (sqlite3_open((dir_ + "/jobs.db").c_str(), &other) != SQLITE_OK ||
+        sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      sqlite3_close(other);
+      return nullptr;
+    }
+    return other;
+  }
+  void UnlockDatabase(sqlite3* other) {
+    sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close(other);
+  }
   tandem::v1::Job WaitFor(const std::string& id, tandem::v1::JobState state, int seconds = 60) {
     const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
     tandem::v1::Job job;
@@ -491,12 +507,10 @@ TEST_F(JobManagerTest, ACancelTheStoreCannotTakeLeavesTheQueuedJobAsItWas) {
   const std::string id = s->job.id();
   // Another writer holds the database: the store's writes give up after its
   // busy timeout (10 s).
-  sqlite3* other = nullptr;
-  ASSERT_EQ(sqlite3_open((dir_ + "/jobs.db").c_str(), &other), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3* other = LockDatabase();
+  ASSERT_NE(other, nullptr);
   const absl::StatusOr<tandem::v1::Job> refused = jobs_->Cancel(id, "");
-  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
-  sqlite3_close(other);
+  UnlockDatabase(other);
   EXPECT_FALSE(refused.ok());
   // Refused, so nothing changed: still queued, and no watcher was told otherwise.
   EXPECT_EQ(jobs_->Get(id)->state(), tandem::v1::JOB_STATE_QUEUED);
@@ -517,9 +531,8 @@ TEST_F(JobManagerTest, TheNodeSnapshotAnswersWhileAStoreWriteHoldsTheJobManager)
   const std::string id = s->job.id();
   // Another writer holds the database, so the cancel's store write waits
   // (up to the store's busy timeout, 10 s) while it holds the job manager.
-  sqlite3* other = nullptr;
-  ASSERT_EQ(sqlite3_open((dir_ + "/jobs.db").c_str(), &other), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3* other = LockDatabase();
+  ASSERT_NE(other, nullptr);
   std::atomic<bool> cancel_returned{false};
   std::thread cancel([&] {
     EXPECT_TRUE(jobs_->Cancel(id, "").ok());
@@ -529,8 +542,7 @@ TEST_F(JobManagerTest, TheNodeSnapshotAnswersWhileAStoreWriteHoldsTheJobManager)
   const JobManager::Snapshot during = jobs_->TakeSnapshot();
   // GetNode's figures came back while the write still waited.
   EXPECT_FALSE(cancel_returned.load());
-  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
-  sqlite3_close(other);
+  UnlockDatabase(other);
   cancel.join();
   EXPECT_TRUE(during.accepting) << during.not_accepting_reason;
   EXPECT_EQ(during.queued, 1);

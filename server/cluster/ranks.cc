@@ -586,7 +586,9 @@ absl::StatusOr<std::vector<std::string>> Coordinator::PickNodes(
       if (it == peers.end() && n != peers_->self()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "spec.distributed.nodes[", i, "]: ", n, " is not a peer of this tandemd (peers: ",
-            peers.empty() ? "none" : absl::StrJoin(healthy, ", "), ")"));
+            healthy.empty() ? (peers.empty() ? "none" : "none healthy")
+                            : absl::StrJoin(healthy, ", "),
+            ")"));
       }
       if (it != peers.end() && !it->healthy()) {
         return absl::FailedPreconditionError(

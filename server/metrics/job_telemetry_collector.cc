@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::metrics {
 namespace {
 
@@ -77,28 +79,37 @@ ClientMetric Sample(std::vector<ClientMetric::Label> labels) {
   return m;
 }
 
-// The snapshot's series for at most kMaxLayerSeriesPerJob layers (those with
-// the most time over all phases, ties to the earlier layer), the others'
-// merged phase by phase under kOtherLayersLabel (same bucket bounds: counts
-// and sums add).
+// The snapshot's series for at most kMaxLayerSeriesPerJob layers, the
+// others' merged phase by phase under kOtherLayersLabel (same bucket bounds:
+// counts and sums add), merged series first. `kept` is the job's own set of
+// layers with series, sticky across scrapes so that no series (the merged
+// one above all, which Prometheus reads as counters) ever loses history: it
+// is filled once, with the optimizer step and then the layers with the most
+// time over all phases (ties to the earlier layer).
 std::vector<profile::LayerPhaseHistogram> BoundedLayers(
-    std::vector<profile::LayerPhaseHistogram> series) {
+    std::vector<profile::LayerPhaseHistogram> series, std::set<int>& kept) {
   std::map<int, double> total;
   for (const auto& h : series) total[h.layer] += h.sum_seconds;
-  if (total.size() <= kMaxLayerSeriesPerJob) return series;
-  std::vector<std::pair<double, int>> ranked;
-  for (const auto& [layer, seconds] : total) ranked.push_back({-seconds, layer});
-  std::sort(ranked.begin(), ranked.end());
-  std::set<int> kept;
-  for (size_t i = 0; i + 1 < kMaxLayerSeriesPerJob; ++i) kept.insert(ranked[i].second);
-  std::vector<profile::LayerPhaseHistogram> out;
+  if (total.size() <= kMaxLayerSeriesPerJob && kept.empty()) return series;
+  if (kept.empty()) {
+    if (total.count(-1) > 0) kept.insert(-1);
+    std::vector<std::pair<double, int>> ranked;
+    for (const auto& [layer, seconds] : total) ranked.push_back({-seconds, layer});
+    std::sort(ranked.begin(), ranked.end());
+    for (const auto& [minus_seconds, layer] : ranked) {
+      if (kept.size() + 1 >= kMaxLayerSeriesPerJob) break;
+      kept.insert(layer);
+    }
+  }
+  std::vector<profile::LayerPhaseHistogram> out, own;
   std::map<Phase, profile::LayerPhaseHistogram> other;
   for (auto& h : series) {
     if (kept.count(h.layer) > 0) {
-      out.push_back(std::move(h));
+      own.push_back(std::move(h));
       continue;
     }
     profile::LayerPhaseHistogram& o = other[h.phase];
+    o.layer = kOtherLayersIndex;
     o.phase = h.phase;
     o.layer_name = kOtherLayersLabel;
     o.cumulative_counts.resize(std::max(o.cumulative_counts.size(), h.cumulative_counts.size()));
@@ -109,15 +120,24 @@ std::vector<profile::LayerPhaseHistogram> BoundedLayers(
     o.sum_seconds += h.sum_seconds;
   }
   for (auto& [phase, o] : other) out.push_back(std::move(o));
+  for (auto& h : own) out.push_back(std::move(h));
   return out;
 }
 
 void AddLayerSeries(const std::string& job_id, const profile::LayerHistogramSnapshot& s,
-                    Families& f) {
-  for (const profile::LayerPhaseHistogram& h : BoundedLayers(s.series)) {
-    ClientMetric m = Sample({{"job_id", job_id},
-                             {"layer", Bounded(h.layer_name)},
-                             {"phase", profile::PhaseLabel(h.phase)}});
+                    std::set<int>& kept, Families& f) {
+  // Layer names are the model's, not checked for uniqueness: a repeated
+  // (layer, phase) label set would make Prometheus drop the whole scrape, so
+  // a repeat takes its chain index as a suffix.
+  std::set<std::pair<std::string, Phase>> emitted;
+  for (const profile::LayerPhaseHistogram& h : BoundedLayers(s.series, kept)) {
+    std::string layer = Bounded(h.layer_name);
+    if (!emitted.insert({layer, h.phase}).second) {
+      layer = absl::StrCat(layer, "#", h.layer);
+      emitted.insert({layer, h.phase});
+    }
+    ClientMetric m =
+        Sample({{"job_id", job_id}, {"layer", layer}, {"phase", profile::PhaseLabel(h.phase)}});
     m.histogram.sample_count = h.count;
     m.histogram.sample_sum = h.sum_seconds;
     for (size_t b = 0; b < h.cumulative_counts.size(); ++b) {
@@ -178,18 +198,29 @@ void JobTelemetryCollector::Track(const std::string& job_id,
 void JobTelemetryCollector::Forget(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   jobs_.erase(job_id);
+  kept_layers_.erase(job_id);
 }
 
 std::vector<MetricFamily> JobTelemetryCollector::Collect() const {
   std::map<std::string, std::shared_ptr<const profile::JobTelemetry>> jobs;
+  std::map<std::string, std::set<int>> kept;
   {
     absl::MutexLock lock(&mu_);
     jobs = jobs_;
+    kept = kept_layers_;
   }
   Families f;
   for (const auto& [id, telemetry] : jobs) {
-    AddLayerSeries(id, telemetry->LayerSnapshot(), f);
+    AddLayerSeries(id, telemetry->LayerSnapshot(), kept[id], f);
     AddResourceSeries(id, telemetry->ResourceSnapshot(), f);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, layers] : kept) {
+      // A job forgotten meanwhile stays forgotten; one chosen by a concurrent
+      // scrape keeps that scrape's choice.
+      if (jobs_.count(id) > 0 && kept_layers_[id].empty()) kept_layers_[id] = std::move(layers);
+    }
   }
   std::vector<MetricFamily> out;
   for (MetricFamily* family : {&f.layer_step, &f.busy, &f.wait, &f.link, &f.pinned}) {

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,16 @@ namespace tandem::metrics {
 // scrape arbitrarily large.
 inline constexpr size_t kMaxLabelValueBytes = 128;
 // tandem_layer_step_seconds keeps its own series for at most this many layers
-// of a job: the ones with the most time over all phases so far. The others'
-// observations are merged, phase by phase, into layer="other layers". A
+// of a job (the merged series included): its optimizer step and the layers
+// with the most time over all phases at the first scrape that sees more,
+// kept for the job's life. The others' observations are merged, phase by
+// phase, into layer="other layers". A
 // histogram is about 22 series (its buckets, sum and count) per layer and
 // phase: a 4,096-layer job would export 270,000 of them, 64 layers at most
 // about 4,200.
 inline constexpr size_t kMaxLayerSeriesPerJob = 64;
 inline constexpr const char* kOtherLayersLabel = "other layers";
+inline constexpr int kOtherLayersIndex = -2;
 
 class JobTelemetryCollector final : public prometheus::Collectable {
  public:
@@ -51,6 +55,9 @@ class JobTelemetryCollector final : public prometheus::Collectable {
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const profile::JobTelemetry>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Per job of more than kMaxLayerSeriesPerJob layers: the layers with series
+  // of their own, chosen once (job_telemetry_collector.cc, BoundedLayers).
+  mutable std::map<std::string, std::set<int>> kept_layers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::metrics

@@ -170,6 +170,30 @@ TEST(JobTelemetryCollectorTest, ManyLayersKeepTheSlowestAndMergeTheRest) {
   // Layers 0..36, one forward each: 1 + 2 + ... + 37 ms.
   EXPECT_EQ(other_forward, 37u);
   EXPECT_NEAR(other_forward_sum, 0.001 * 37 * 38 / 2, 1e-9);
+  // The choice is kept for the job's life: a merged layer that becomes the
+  // slowest stays merged, so no series loses history between scrapes.
+  t->Record(0, Phase::kForward, 10.0);
+  const std::string text = Text(c);
+  EXPECT_EQ(text.find("layer=\"layer0\""), std::string::npos);
+  EXPECT_NE(text.find("layer=\"layer37\""), std::string::npos);
+  EXPECT_NE(text.find("tandem_layer_step_seconds_count{job_id=\"job-000004\",layer=\"other "
+                      "layers\",phase=\"forward\"} 38"),
+            std::string::npos)
+      << text;
+}
+
+// Layer names are the model's: a repeated one (or one named like the merged
+// series) takes its chain index as a suffix, since a repeated label set makes
+// Prometheus drop the whole scrape.
+TEST(JobTelemetryCollectorTest, RepeatedLayerNamesGetDistinctSeries) {
+  auto t = std::make_shared<profile::JobTelemetry>(std::vector<std::string>{"same", "same"});
+  t->Record(0, Phase::kForward, 0.001);
+  t->Record(1, Phase::kForward, 0.001);
+  JobTelemetryCollector c;
+  c.Track("job-000005", t);
+  const std::string text = Text(c);
+  EXPECT_NE(text.find("layer=\"same\",phase=\"forward\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("layer=\"same#1\",phase=\"forward\"} 1"), std::string::npos) << text;
 }
 
 }  // namespace

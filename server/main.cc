@@ -530,7 +530,6 @@ int main(int argc, char** argv) {
       JoinCluster(peers->get(), coordinator.get(), jobs, *auth, &rendezvous, state_dir, &metrics);
   if (absl::Status s = jobs.Recover(); !s.ok())
     return Fail(absl::StrCat("recovery: ", s.ToString()));
-  jobs.Start();
 
   ServiceOptions service_options = ServiceOptionsFor(*auth, resources, jobs, state_dir, *policy);
   AddPeersToNodeInfo(peers->get(), service_options);
@@ -545,6 +544,9 @@ int main(int argc, char** argv) {
     jobs.Shutdown();
     return Fail(std::string(server.status().message()));
   }
+  // Jobs start once the daemon serves: one that cannot listen (its port
+  // taken) exits without having started, and stopped, its recovered jobs.
+  jobs.Start();
   StartPeers(peers->get());
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");

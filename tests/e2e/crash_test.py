@@ -1,5 +1,6 @@
 """kill -9 at any moment loses no acknowledged job: a running job resumes from
 its checkpoint after a restart, and 20 queued jobs all still run."""
+import subprocess
 import sys
 import time
 import unittest
@@ -93,6 +94,43 @@ class CrashTest(unittest.TestCase):
         finally:
             channel.close()
             self.assertEqual(restarted.stop(), 0, restarted.logs())
+            restarted.cleanup()
+            daemon.cleanup()
+
+    def test_a_daemon_that_cannot_listen_starts_no_recovered_job(self):
+        daemon = Tandemd(TANDEMD).start()
+        channel, client = stub(daemon.address)
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(
+            spec=synthetic_spec(steps=10 ** 8, batch=8)), timeout=30).job
+        wait_for_state(client, job.id, [job_pb2.JOB_STATE_RUNNING])
+        channel.close()
+        self.assertEqual(daemon.stop(), 0, daemon.logs())  # a clean stop re-queues it
+        # Its state directory, on a port another daemon holds: refused.
+        holder = Tandemd(TANDEMD).start()
+        try:
+            refused = subprocess.run(
+                [TANDEMD, "--state_dir=" + daemon.state_dir, "--listen=" + holder.address,
+                 "--metrics_listen=", "--data_root=/usr/share"],
+                capture_output=True, text=True, timeout=120)
+        finally:
+            holder.stop()
+            holder.cleanup()
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("cannot listen", refused.stderr)
+        restarted = Tandemd(TANDEMD, state_dir=daemon.state_dir).start()
+        channel, client = stub(restarted.address)
+        try:
+            wait_for_state(client, job.id, [job_pb2.JOB_STATE_RUNNING])
+            client.CancelJob(tandem_service_pb2.CancelJobRequest(job_id=job.id), timeout=30)
+            wait_for_state(client, job.id, [job_pb2.JOB_STATE_CANCELLED])
+            runs = [e.state_change.reason for e in client.WatchJob(
+                tandem_service_pb2.WatchJobRequest(job_id=job.id), timeout=60)
+                if e.HasField("state_change") and e.state_change.to == job_pb2.JOB_STATE_RUNNING]
+            # The first run and this one: the refused daemon ran it not at all.
+            self.assertEqual(len(runs), 2, runs)
+        finally:
+            channel.close()
+            restarted.stop()
             restarted.cleanup()
             daemon.cleanup()
 

@@ -47,6 +47,13 @@ PeerSet::PeerSet(PeerSetOptions options) : options_(std::move(options)) {
     info.set_reason("not checked yet");
     order_.push_back(a);
   }
+  if (!options_.dns.empty() && order_.empty()) {
+    // The name stands for its peers until the first lookup finds them.
+    tandem::v1::PeerInfo& info = latest_[options_.dns];
+    info.set_address(options_.dns);
+    info.set_reason("not looked up yet (--peers_dns)");
+    order_.push_back(options_.dns);
+  }
 }
 
 PeerSet::~PeerSet() {

@@ -81,6 +81,22 @@ TEST_F(PeerSetTest, BeforeTheFirstCheckAPeerIsListedAndNotHealthy) {
   EXPECT_TRUE(Checked().healthy());
 }
 
+// With --peers_dns alone, the name is listed (unhealthy) until the first
+// lookup replaces it with what it finds.
+TEST(PeerSetDnsTest, BeforeTheFirstLookupTheNameIsListedAndNotHealthy) {
+  PeerSetOptions o;
+  o.dns = "tandemd.invalid:7000";
+  o.self = "127.0.0.1:1";
+  o.credentials = {grpc::InsecureChannelCredentials(), ""};
+  PeerSet peers(std::move(o));
+  const auto before = peers.Snapshot();
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].address(), "tandemd.invalid:7000");
+  EXPECT_FALSE(before[0].healthy());
+  peers.CheckAll();  // .invalid never resolves: no peers
+  EXPECT_TRUE(peers.Snapshot().empty());
+}
+
 TEST_F(PeerSetTest, AHealthyPeerKeepsItsHealthThroughTheToleratedLateAnswers) {
   ASSERT_TRUE(Checked().healthy());
   service_.late = true;

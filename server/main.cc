@@ -491,6 +491,28 @@ ClusterRole JoinCluster(tandem::server::PeerSet* peers, tandem::server::Coordina
   return role;
 }
 
+namespace {
+
+// grpc.health.v1 kept true by probing `jobs` through its lock. GetNode does
+// not take that lock (a peer's health check must not wait on a store write),
+// so a stuck probe is told to the job manager, whose GetNode figures then say
+// it is not accepting.
+std::unique_ptr<tandem::server::HealthWatchdog> WatchHealth(
+    tandem::server::JobManager& jobs, grpc::HealthCheckServiceInterface* health) {
+  return std::make_unique<tandem::server::HealthWatchdog>(
+      [&jobs] { return jobs.ProbeNotAccepting(); },
+      [health, &jobs](const std::string& service, bool serving) {
+        health->SetServingStatus(service, serving);
+        if (service.empty()) {
+          jobs.SetUnresponsive(serving ? ""
+                                       : "tandemd's job manager has not answered for seconds "
+                                         "(a store write stuck on a slow or failing disk?)");
+        }
+      });
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   tandem::InstallFlagsUsage(
       "trains neural networks on this node's CPU and GPU together.\n"
@@ -551,19 +573,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
   grpc::HealthCheckServiceInterface* health = (*server)->GetHealthCheckService();
-  // The probe takes the job manager's lock; GetNode does not (a peer's health
-  // check must not wait on a store write), so a stuck probe is told to
-  // GetNode too.
-  auto watchdog = std::make_unique<HealthWatchdog>(
-      [&jobs] { return jobs.ProbeNotAccepting(); },
-      [health, &jobs](const std::string& service, bool serving) {
-        health->SetServingStatus(service, serving);
-        if (service.empty()) {
-          jobs.SetUnresponsive(serving ? ""
-                                       : "tandemd's job manager has not answered for seconds "
-                                         "(a store write stuck on a slow or failing disk?)");
-        }
-      });
+  std::unique_ptr<HealthWatchdog> watchdog = WatchHealth(jobs, health);
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);

@@ -3,10 +3,9 @@
 #include <tuple>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "runtime/core/mutex.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/cpu/onednn.h"
+#include "runtime/cpu/primitive_cache.h"
 
 namespace tandem::cpu {
 namespace {
@@ -61,34 +60,12 @@ Entry Create(const MatmulShape& s, bool bf16, bool bf16_out) {
   return e;
 }
 
-class MatmulCache {
- public:
-  const Entry& Get(const MatmulShape& s, bool bf16, bool bf16_out = false) {
-    const Key key = MakeKey(s, bf16, bf16_out);
-    {
-      ReaderMutexLock lock(&mu_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) return *it->second;
-    }
-    std::unique_ptr<Entry> entry;
-    {
-      MutexLock creating(&PrimitiveCreationMutex());
-      entry = std::make_unique<Entry>(Create(s, bf16, bf16_out));
-    }
-    MutexLock lock(&mu_);
-    auto [it, inserted] = entries_.try_emplace(key, std::move(entry));
-    return *it->second;
-  }
+// Entries are never evicted: a model has a handful of shapes per batch size.
+using MatmulCache = PrimitiveCache<Entry, Key>;
 
- private:
-  Mutex mu_;
-  // Entries are never evicted: a model has a handful of shapes per batch size.
-  absl::flat_hash_map<Key, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-};
-
-MatmulCache& Cache() {
-  static auto* cache = new MatmulCache();
-  return *cache;
+const Entry& Get(const MatmulShape& s, bool bf16, bool bf16_out = false) {
+  static const auto* cache = new MatmulCache();
+  return cache->Get(MakeKey(s, bf16, bf16_out), [&] { return Create(s, bf16, bf16_out); });
 }
 
 void Run(const Entry& e, const MatmulShape& shape, const void* a, const void* b, void* c,
@@ -102,17 +79,17 @@ void Run(const Entry& e, const MatmulShape& shape, const void* a, const void* b,
 }  // namespace
 
 void Matmul(const MatmulShape& shape, const float* a, const float* b, float* c, const float* bias) {
-  Run(Cache().Get(shape, /*bf16=*/false), shape, a, b, c, bias);
+  Run(Get(shape, /*bf16=*/false), shape, a, b, c, bias);
 }
 
 void MatmulBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, float* c,
                 const float* bias) {
-  Run(Cache().Get(shape, /*bf16=*/true), shape, a, b, c, bias);
+  Run(Get(shape, /*bf16=*/true), shape, a, b, c, bias);
 }
 
 void MatmulBf16ToBf16(const MatmulShape& shape, const uint16_t* a, const uint16_t* b, uint16_t* c,
                       const float* bias) {
-  Run(Cache().Get(shape, /*bf16=*/true, /*bf16_out=*/true), shape, a, b, c, bias);
+  Run(Get(shape, /*bf16=*/true, /*bf16_out=*/true), shape, a, b, c, bias);
 }
 
 namespace {
@@ -145,7 +122,7 @@ void MatmulF16(const MatmulShape& s, const uint16_t* a, const uint16_t* b, float
 }
 
 std::string MatmulImplementation(const MatmulShape& shape, bool bf16) {
-  return Cache().Get(shape, bf16).pd.impl_info_str();
+  return Get(shape, bf16).pd.impl_info_str();
 }
 
 }  // namespace tandem::cpu

@@ -22,7 +22,7 @@ dnnl::stream& ThreadStream();
 // primitives at the same time (ThreadSanitizer reports races inside it, on its
 // lock's lazy set-up and on cache keys that point into another thread's
 // primitive descriptor; runtime/cpu/primitive_creation_stress_test). Creation
-// happens once per layer and batch size (PrimitiveCache, the matmul cache),
+// happens once per layer and batch size, or matrix shape (PrimitiveCache),
 // so serialising it costs a first step a few milliseconds at most; running
 // primitives needs no lock.
 Mutex& PrimitiveCreationMutex();

@@ -1,4 +1,5 @@
-// Per-layer caches of oneDNN primitives keyed by batch size: creating a primitive
+// Caches of oneDNN primitives, per layer keyed by batch size (or by shape, the
+// matmul primitives): creating a primitive
 // costs far more than running a small one, and a layer sees only a few batch
 // sizes (training, the last partial batch, evaluation). Thread-safe; entries live
 // as long as the cache.
@@ -14,12 +15,12 @@
 
 namespace tandem::cpu {
 
-template <typename T>
+template <typename T, typename Key = int64_t>
 class PrimitiveCache {
  public:
   // The entry for `key`, built by `make()` on first use.
   template <typename Make>
-  const T& Get(int64_t key, Make make) const {
+  const T& Get(const Key& key, Make make) const {
     {
       ReaderMutexLock lock(&mu_);
       auto it = entries_.find(key);
@@ -37,7 +38,7 @@ class PrimitiveCache {
 
  private:
   mutable Mutex mu_;
-  mutable absl::flat_hash_map<int64_t, std::unique_ptr<T>> entries_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<Key, std::unique_ptr<T>> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::cpu

@@ -54,8 +54,15 @@ struct PlanExecutor::Program : schedule::Schedule {
   std::vector<bool> recomputes[2];
   // The GRADIENT_NORM operation (clipping, fp16's overflow check); -1: none.
   int gradient_norm = -1;
+  // Per replica, its last micro-batch.
+  int last_micro_batch[2] = {0, 0};
 
   explicit Program(schedule::Schedule s);
+  // Operation `op` of this program, or the one that plays its part in `to`
+  // (a step with another number of micro-batches: a replica's last
+  // micro-batch is its last one there too, and one past the end there is
+  // that last one); -1 if `to` has none.
+  int Counterpart(int op, const Program& to) const;
 };
 
 // One layer's decisions and its state on the accelerator.

@@ -36,25 +36,6 @@ bool PerMicroBatch(const schedule::Schedule& s, int o) {
           o != s.layers[op.layer].weights_return);
 }
 
-// Operation `op` of `from`, or the one that plays its part in `to` (a step
-// with another number of micro-batches: the last micro-batch's is the last
-// micro-batch's); -1 if `to` has none.
-int Counterpart(const schedule::Schedule& from, int op, const schedule::Schedule& to) {
-  if (&from == &to) return op;
-  const Op& a = from.ops[op];
-  const int from_last = from.ops[from.order[from.program_resource].back()].micro_batch;
-  const int to_last = to.ops[to.order[to.program_resource].back()].micro_batch;
-  const int j = a.micro_batch == from_last ? to_last : a.micro_batch;
-  for (int o : to.order[a.resource]) {
-    const Op& b = to.ops[o];
-    if (b.kind == a.kind && b.phase == a.phase && b.layer == a.layer && b.replica == a.replica &&
-        b.tensor == a.tensor && b.micro_batch == j) {
-      return o;
-    }
-  }
-  return -1;
-}
-
 // Operations the executor cannot run yet (between pipeline stages).
 absl::Status CheckRunnable(const schedule::Schedule& s) {
   for (const Op& op : s.ops) {
@@ -210,6 +191,24 @@ absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
   lower.clip_gradients = NeedsGradientNorm(model, optimizer);
   return LowerProgram(d, sizes, FullMicroBatches(plan, max_batch), lower);
 }
+int PlanExecutor::Program::Counterpart(int op, const Program& to) const {
+  if (this == &to) return op;
+  const Op& a = ops[op];
+  // Each replica by its own micro-batches: hetero_dp's host replica has
+  // fewer than the accelerator's, and mapped by the accelerator's count its
+  // operations found none, so their dependencies on the step before were lost.
+  const int from_last = last_micro_batch[a.replica], to_last = to.last_micro_batch[a.replica];
+  const int j = a.micro_batch == from_last ? to_last : std::min(a.micro_batch, to_last);
+  for (int o : to.order[a.resource]) {
+    const Op& b = to.ops[o];
+    if (b.kind == a.kind && b.phase == a.phase && b.layer == a.layer && b.replica == a.replica &&
+        b.tensor == a.tensor && b.micro_batch == j) {
+      return o;
+    }
+  }
+  return -1;
+}
+
 PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::move(s)) {
   const int L = static_cast<int>(layers.size());
   place.assign(num_ops(), 0);
@@ -226,6 +225,7 @@ PlanExecutor::Program::Program(schedule::Schedule s) : schedule::Schedule(std::m
     if (op.kind == OpKind::kUpdate && op.resource == pool) host_update[op.layer] = o;
     if (op.kind == OpKind::kRecompute) recomputes[op.replica][op.layer] = true;
     if (op.kind == OpKind::kGradientNorm) gradient_norm = o;
+    last_micro_batch[op.replica] = std::max(last_micro_batch[op.replica], op.micro_batch);
   }
 }
 
@@ -266,7 +266,7 @@ SpanId PlanExecutor::SpanOf(const Iteration& it, int op, int lag) const {
   auto before = recent_.find(it.k - lag);
   if (before == recent_.end()) return 0;
   const Iteration& past = *before->second;
-  const int o = Counterpart(*it.schedule, op, *past.schedule);
+  const int o = it.schedule->Counterpart(op, *past.schedule);
   return o < 0 ? 0 : past.spans[o];
 }
 

@@ -10,6 +10,7 @@ takes jobs. The tmpfs lives in a private mount namespace held by a helper proces
 and skips."""
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -106,21 +107,31 @@ class SmallDisk:
         except OSError:
             pass
 
-    def take_store_slack(self):
-        """Checkpoints the store's write-ahead log and truncates it, so that the
-        log has no room left that SQLite may write into again without new blocks:
-        a full disk is then full for the store too. Without this, a log that
-        had grown and been checkpointed takes a whole job's records in its old
-        pages, and whether a job's end fits in them is down to timing."""
+    def fill_without_store_slack(self, daemon):
+        """Fills the disk with the store's write-ahead log checkpointed and
+        truncated, so that the log has no room left that SQLite may write into
+        again without new blocks: a full disk is then full for the store too.
+        Without the truncation, a log that had grown and been checkpointed takes
+        a whole job's records in its old pages. The daemon is stopped (SIGSTOP)
+        from the truncation to the end of the fill: a batch of its events
+        written while the fill ran out of room left frames of a failed
+        transaction, room a later, smaller write reused, so whether a job's
+        end fitted was down to timing."""
         db = sqlite3.connect(os.path.join(self.inside, "jobs.db"), timeout=10)
         try:
             for _ in range(100):
+                daemon.proc.send_signal(signal.SIGSTOP)
                 busy, _, _ = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 if not busy:
-                    return
+                    break
+                # Stopped inside a transaction: let it finish.
+                daemon.proc.send_signal(signal.SIGCONT)
                 time.sleep(0.1)
-            raise AssertionError("the store's write-ahead log stayed busy for 10 s")
+            else:
+                raise AssertionError("the store's write-ahead log stayed busy for 10 s")
+            self.fill()
         finally:
+            daemon.proc.send_signal(signal.SIGCONT)
             db.close()
 
     def free(self):
@@ -199,8 +210,7 @@ class StorageFaultsTest(unittest.TestCase):
 
         # Full again, reserve spent: the second job's end cannot be written. It
         # is served from memory; the daemon stops and says so.
-        self.disk.take_store_slack()
-        self.disk.fill()
+        self.disk.fill_without_store_slack(daemon)
         done = wait_for_state(client, second, [job_pb2.JOB_STATE_SUCCEEDED,
                                                job_pb2.JOB_STATE_FAILED], timeout=300)
         self.assertEqual(done.state, job_pb2.JOB_STATE_SUCCEEDED, done.reason)

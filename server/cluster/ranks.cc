@@ -108,14 +108,15 @@ grpc::Status CallPeer(PeerSet* peers, const std::string& address, absl::Duration
   return ((*stub).*method)(&context, request, response);
 }
 
-// The StartRank requests of ranks 1..N-1 of a run of `job_id` on `nodes`
-// (rank r on nodes[r - 1]), whose coordinator is `self`. One rank per
-// accelerator: rank 0 has this node's first, the others take each node's
-// next in rank order.
+}  // namespace
+
 std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& job_id, int attempt,
                                                             const tandem::v1::JobSpec& spec,
+                                                            bool threads_shared,
                                                             const std::vector<std::string>& nodes,
                                                             const std::string& self) {
+  std::map<std::string, int> ranks_here = {{self, 1}};
+  for (const std::string& node : nodes) ++ranks_here[node];
   std::vector<tandem::v1::StartRankRequest> requests;
   std::map<std::string, int> next_accelerator = {{self, 1}};
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -129,10 +130,22 @@ std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& j
     request.set_ranks(spec.distributed().replicas());
     request.set_coordinator(self);
     *request.mutable_spec() = spec;
+    // The coordinator's share of its own cores says nothing of this node's.
+    if (threads_shared) request.mutable_spec()->mutable_training()->clear_threads();
+    request.set_ranks_here(ranks_here[nodes[i]]);
     request.set_hostname(HostOf(nodes[i]));
   }
   return requests;
 }
+
+int RankThreads(const tandem::v1::StartRankRequest& request, int job_threads, int node_cores) {
+  const int set = request.spec().training().threads();
+  if (set > 0 || request.ranks_here() <= 0) return set > 0 ? set : job_threads;
+  const int cores = job_threads > 0 ? job_threads : std::max(1, node_cores);
+  return std::max(1, cores / request.ranks_here());
+}
+
+namespace {
 
 // What ranks 1..N-1 of `job_id` on `nodes` say they are doing, as a clause
 // for a failed run's reason ("rank 1 on 10.0.0.2:50051: JOB_STATE_FAILED
@@ -398,8 +411,9 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
   // its own partition of rank 0's step from here (partitioned_checkpoint.h).
   options.resume = false;
   options.spec_resolved = true;
-  options.threads =
-      spec.training().threads() > 0 ? spec.training().threads() : jobs_->options().default_threads;
+  const std::shared_ptr<const node::NodeOffer> offer = jobs_->node();
+  options.threads = RankThreads(r, jobs_->options().default_threads,
+                                offer != nullptr ? offer->host.threads() : 1);
   const PathPolicy& policy = jobs_->options().data_policy;
   options.resolve_path = [&policy](const std::string& f, const std::string& p) {
     return policy.Resolve(f, p);
@@ -688,9 +702,11 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
     TANDEM_ASSIGN_OR_RETURN(const tandem::v1::JobSpec spec,
                             PinRankPlan(model, resolved, node_, job.plan()));
     picked_nodes->assign({"self"});
-    TANDEM_RETURN_IF_ERROR(
-        StartPeerRanks(peers, StartRankRequests(job.id(), attempt, spec, nodes, peers->self()),
-                       nodes, started.get(), picked_nodes.get()));
+    TANDEM_RETURN_IF_ERROR(StartPeerRanks(
+        peers,
+        StartRankRequests(job.id(), attempt, spec, job.spec().training().threads() == 0, nodes,
+                          peers->self()),
+        nodes, started.get(), picked_nodes.get()));
     // On failure the run ends: `explain` adds what each rank was doing, and
     // `end` stops them.
     absl::StatusOr<std::unique_ptr<StepRunner>> runner = join(model, spec, max_batch, allocator);

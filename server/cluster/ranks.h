@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "runtime/dist/rank_step.h"
@@ -51,6 +52,24 @@ std::string HostOf(const std::string& address);
 // (null: one emulated accelerator, no CUDA device).
 int RanksPerNode(const tandem::v1::JobSpec& resolved, int emulated, int cuda);
 int RanksPerNode(const tandem::v1::JobSpec& resolved, const node::NodeOffer* node);
+
+// The StartRank requests of ranks 1..N-1 of a run of `job_id` on `nodes`
+// (rank r on nodes[r - 1]), whose coordinator is `self`. One rank per
+// accelerator: rank 0 has this node's first, the others take each node's
+// next in rank order. `threads_shared`: the job's own spec sets no
+// training.threads, so each node's ranks share that node's cores
+// (RankThreads), not the part of the coordinator's that `spec` carries.
+std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& job_id, int attempt,
+                                                            const tandem::v1::JobSpec& spec,
+                                                            bool threads_shared,
+                                                            const std::vector<std::string>& nodes,
+                                                            const std::string& self);
+
+// The threads of the rank `request` starts on a node whose jobs get
+// `job_threads` (--job_threads; 0: all) of its `node_cores`: the spec's
+// training.threads where set, else the node's cores shared evenly among its
+// request.ranks_here ranks (0, from an older coordinator: `job_threads`).
+int RankThreads(const tandem::v1::StartRankRequest& request, int job_threads, int node_cores);
 
 class RankHost {
  public:

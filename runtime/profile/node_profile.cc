@@ -77,9 +77,9 @@ std::optional<tandem::v1::NodeProfile> LoadCached(const std::string& path,
     return std::nullopt;
   }
   if (cached.fingerprint() != fingerprint) {
-    *note = absl::StrCat("node profile cache ", path, " was measured on other hardware (",
-                         cached.fingerprint(), "; this node: ", fingerprint,
-                         "); ignored, measuring again");
+    *note = absl::StrCat(
+        "node profile cache ", path, " was measured on other hardware or with other settings (",
+        cached.fingerprint(), "; this node: ", fingerprint, "); ignored, measuring again");
     return std::nullopt;
   }
   return cached;
@@ -87,8 +87,13 @@ std::optional<tandem::v1::NodeProfile> LoadCached(const std::string& path,
 
 }  // namespace
 
-std::string NodeFingerprint(const std::vector<ProfiledDevice*>& devices) {
+std::string NodeFingerprint(const std::vector<ProfiledDevice*>& devices,
+                            const NodeProfileOptions& options) {
   std::vector<std::string> parts = {kMeasurementVersion};
+  parts.push_back(absl::StrCat("over Adam ", options.adam_parameters, " parameters, memcpy ",
+                               options.memcpy_bytes, " bytes, copies of ",
+                               absl::StrJoin(options.links.sizes_bytes, "/"), " bytes x",
+                               options.links.repeats));
   for (ProfiledDevice* d : devices) {
     const tandem::v1::DeviceProfile described = d->Describe();
     std::vector<std::string> versions;
@@ -104,7 +109,7 @@ absl::StatusOr<tandem::v1::NodeProfile> MeasureNodeProfile(
     const std::vector<ProfiledDevice*>& devices, const NodeProfileOptions& options) {
   const double start = WallSeconds();
   tandem::v1::NodeProfile profile;
-  profile.set_fingerprint(NodeFingerprint(devices));
+  profile.set_fingerprint(NodeFingerprint(devices, options));
   for (ProfiledDevice* device : devices) {
     tandem::v1::DeviceProfile* d = profile.add_devices();
     *d = device->Describe();
@@ -125,7 +130,7 @@ absl::StatusOr<tandem::v1::NodeProfile> MeasureNodeProfile(
 absl::StatusOr<NodeProfileResult> LoadOrMeasureNodeProfile(
     const std::vector<ProfiledDevice*>& devices, const NodeProfileOptions& options) {
   NodeProfileResult result;
-  const std::string fingerprint = NodeFingerprint(devices);
+  const std::string fingerprint = NodeFingerprint(devices, options);
   if (!options.cache_path.empty() && !options.refresh) {
     std::string note;
     std::optional<tandem::v1::NodeProfile> cached =

@@ -44,9 +44,11 @@ struct NodeProfileResult {
 };
 
 // A stable description of what the figures depend on: each device's id, name
-// (the CPU's includes its thread count), memory and library versions, and the
-// measurement's version.
-std::string NodeFingerprint(const std::vector<ProfiledDevice*>& devices);
+// (the CPU's includes its thread count), memory and library versions, the
+// measurement's version and its settings (`options`' sizes and repeats: a
+// cache measured over other sizes is not served).
+std::string NodeFingerprint(const std::vector<ProfiledDevice*>& devices,
+                            const NodeProfileOptions& options = {});
 
 // Measures every device in `devices` (the host first).
 absl::StatusOr<tandem::v1::NodeProfile> MeasureNodeProfile(

@@ -44,7 +44,7 @@ TEST(NodeProfileTest, MeasuresOnceThenServesThisNodesCache) {
   EXPECT_FALSE(first->cached);
   EXPECT_TRUE(first->notes.empty());
   const tandem::v1::NodeProfile& p = first->profile;
-  EXPECT_EQ(p.fingerprint(), NodeFingerprint(devices));
+  EXPECT_EQ(p.fingerprint(), NodeFingerprint(devices, options));
   ASSERT_EQ(p.devices_size(), 1);
   EXPECT_EQ(p.devices(0).name(), "fake accelerator");
   EXPECT_EQ(p.links_size(), 4);  // each direction, pinned and pageable
@@ -74,6 +74,31 @@ TEST(NodeProfileTest, MeasuresOnceThenServesThisNodesCache) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->cached);
   EXPECT_LT(again->profile.host_memcpy_bytes_per_second(), 1e15);
+}
+
+// A cache measured over other sizes is another measurement: not served to a
+// caller asking for these (tandemd asks for the defaults).
+TEST(NodeProfileTest, ACacheMeasuredWithOtherSettingsIsMeasuredAgain) {
+  testing::FakeAccelerator accelerator;
+  const std::vector<ProfiledDevice*> devices = {&accelerator};
+  const NodeProfileOptions options = SmallOptions(CachePath("settings"));
+  absl::StatusOr<NodeProfileResult> first = LoadOrMeasureNodeProfile(devices, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  NodeProfileOptions larger = options;
+  larger.memcpy_bytes = 2 << 20;
+  EXPECT_NE(NodeFingerprint(devices, larger), NodeFingerprint(devices, options));
+  absl::StatusOr<NodeProfileResult> r = LoadOrMeasureNodeProfile(devices, larger);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->cached);
+  EXPECT_TRUE(Contains(r->notes, "with other settings")) << r->notes.size();
+  NodeProfileOptions other_copies = larger;
+  other_copies.links.repeats = 4;
+  r = LoadOrMeasureNodeProfile(devices, other_copies);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->cached);
+  r = LoadOrMeasureNodeProfile(devices, other_copies);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->cached);
 }
 
 TEST(NodeProfileTest, AnotherMachinesOrADamagedCacheIsIgnoredWithANote) {

@@ -863,7 +863,13 @@ TEST_F(JobManagerTest, HybridJobsArePlannedAtSubmissionAndRunUnderThePlan) {
        {absl::StrCat("tandem_resource_busy_seconds_total{device=\"emulated:0\",job_id=\"",
                      done.id(), "\",resource=\"accelerator_compute\"}"),
         absl::StrCat("tandem_pinned_host_memory_bytes{device=\"emulated:0\",job_id=\"", done.id(),
-                     "\"}")}) {
+                     "\"}"),
+        absl::StrCat(
+            "tandem_job_accelerator_memory_bytes{category=\"parameters\",device=\"emulated:"
+            "0\",job_id=\"",
+            done.id(), "\"}"),
+        absl::StrCat("tandem_job_accelerator_memory_peak_bytes{device=\"emulated:0\",job_id=\"",
+                     done.id(), "\"}")}) {
     EXPECT_NE(text.find(series), std::string::npos) << series << " not in\n" << text;
   }
 }

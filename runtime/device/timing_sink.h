@@ -7,9 +7,11 @@
 #define TANDEM_RUNTIME_DEVICE_TIMING_SINK_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/core/allocator.h"
 #include "tandem/v1/plan.pb.h"
 
 namespace tandem {
@@ -34,6 +36,9 @@ struct ResourceSpan {
 struct ResourceSpanBatch {
   std::string accelerator;
   int64_t pinned_host_bytes = 0;
+  // The accelerator's memory as the batch was recorded (the end of a step):
+  // in use by category, and the most in use at once since the job began.
+  std::optional<MemoryStats> accelerator_memory;
   std::vector<ResourceSpan> spans;
 };
 

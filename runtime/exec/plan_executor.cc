@@ -713,6 +713,7 @@ ResourceSpanBatch PlanExecutor::ResourceSpansOf(const std::vector<SpanRecord>& r
   if (accel_ != nullptr) {
     batch.accelerator = accel_->id();
     batch.pinned_host_bytes = accel_->pinned_host_bytes();
+    batch.accelerator_memory = accel_->allocator()->stats();
   }
   batch.spans.reserve(records.size());
   for (const SpanRecord& r : records) {

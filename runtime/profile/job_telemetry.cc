@@ -29,6 +29,7 @@ void JobTelemetry::RecordSpans(const ResourceSpanBatch& batch) {
   absl::MutexLock lock(&mu_);
   if (!batch.accelerator.empty()) accelerator_ = batch.accelerator;
   pinned_host_bytes_ = batch.pinned_host_bytes;
+  if (batch.accelerator_memory) accelerator_memory_ = batch.accelerator_memory;
   for (const ResourceSpan& span : batch.spans) {
     Totals& t = totals_[span.resource];
     if (span.busy_seconds > 0) t.busy_seconds += span.busy_seconds;
@@ -44,6 +45,7 @@ ResourceUsageSnapshot JobTelemetry::ResourceSnapshot() const {
   absl::MutexLock lock(&mu_);
   s.accelerator = accelerator_;
   s.pinned_host_bytes = pinned_host_bytes_;
+  s.accelerator_memory = accelerator_memory_;
   for (const auto& [resource, t] : totals_) {
     s.resources.push_back({.resource = resource, .busy_seconds = t.busy_seconds, .bytes = t.bytes});
   }

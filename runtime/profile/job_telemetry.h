@@ -28,6 +28,9 @@ struct ResourceUsageSnapshot {
   // The accelerator the spans ran beside; empty until a hybrid span ran.
   std::string accelerator;
   int64_t pinned_host_bytes = 0;
+  // The accelerator's memory at the latest step's end (unset before one
+  // ended): in use by category, and its peak since the job began.
+  std::optional<MemoryStats> accelerator_memory;
   struct Resource {
     tandem::v1::TimelineResource resource;
     double busy_seconds = 0;
@@ -69,6 +72,7 @@ class JobTelemetry final : public LayerTimingSink {
   mutable absl::Mutex mu_;
   std::string accelerator_ ABSL_GUARDED_BY(mu_);
   int64_t pinned_host_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<MemoryStats> accelerator_memory_ ABSL_GUARDED_BY(mu_);
   std::map<tandem::v1::TimelineResource, Totals> totals_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<tandem::v1::TimelineResource, tandem::v1::TimelineResource>, double> waits_
       ABSL_GUARDED_BY(mu_);

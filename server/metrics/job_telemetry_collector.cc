@@ -71,6 +71,17 @@ struct Families {
                       "through, in use.",
                       MetricType::Gauge,
                       {}};
+  MetricFamily accelerator_memory{
+      "tandem_job_accelerator_memory_bytes",
+      "The job's accelerator memory in use at the end of its latest step, by category "
+      "(parameters, gradients, optimizer_state, activations, workspace).",
+      MetricType::Gauge,
+      {}};
+  MetricFamily accelerator_peak{
+      "tandem_job_accelerator_memory_peak_bytes",
+      "The most accelerator memory the job has had in use at once since it started here.",
+      MetricType::Gauge,
+      {}};
 };
 
 ClientMetric Sample(std::vector<ClientMetric::Label> labels) {
@@ -185,6 +196,18 @@ void AddResourceSeries(const std::string& job_id, const profile::ResourceUsageSn
     pinned.gauge.value = static_cast<double>(s.pinned_host_bytes);
     f.pinned.metric.push_back(std::move(pinned));
   }
+  if (!accelerator.empty() && s.accelerator_memory) {
+    for (int c = 0; c < kMemoryCategoryCount; ++c) {
+      ClientMetric m = Sample({{"category", MemoryCategoryName(static_cast<MemoryCategory>(c))},
+                               {"device", accelerator},
+                               {"job_id", job_id}});
+      m.gauge.value = static_cast<double>(s.accelerator_memory->in_use_bytes[c]);
+      f.accelerator_memory.metric.push_back(std::move(m));
+    }
+    ClientMetric peak = Sample({{"device", accelerator}, {"job_id", job_id}});
+    peak.gauge.value = static_cast<double>(s.accelerator_memory->peak_total_bytes);
+    f.accelerator_peak.metric.push_back(std::move(peak));
+  }
 }
 
 }  // namespace
@@ -223,7 +246,8 @@ std::vector<MetricFamily> JobTelemetryCollector::Collect() const {
     }
   }
   std::vector<MetricFamily> out;
-  for (MetricFamily* family : {&f.layer_step, &f.busy, &f.wait, &f.link, &f.pinned}) {
+  for (MetricFamily* family : {&f.layer_step, &f.busy, &f.wait, &f.link, &f.pinned,
+                               &f.accelerator_memory, &f.accelerator_peak}) {
     out.push_back(std::move(*family));
   }
   return out;

@@ -25,7 +25,8 @@ TEST(JobTelemetryCollectorTest, EveryFamilyIsDeclaredBeforeAnyJob) {
   for (const char* family :
        {"tandem_layer_step_seconds histogram", "tandem_resource_busy_seconds_total counter",
         "tandem_resource_wait_seconds_total counter", "tandem_link_transferred_bytes_total counter",
-        "tandem_pinned_host_memory_bytes gauge"}) {
+        "tandem_pinned_host_memory_bytes gauge", "tandem_job_accelerator_memory_bytes gauge",
+        "tandem_job_accelerator_memory_peak_bytes gauge"}) {
     EXPECT_NE(text.find(std::string("# TYPE ") + family), std::string::npos) << family << " in\n"
                                                                              << text;
   }
@@ -49,6 +50,12 @@ TEST(JobTelemetryCollectorTest, ResourceTotalsBecomeLabelledSeries) {
        TimelineResource::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE},
   };
   t->RecordSpans(batch);
+  // The accelerator's memory: the latest batch's, not a sum.
+  MemoryStats memory;
+  memory.in_use_bytes[static_cast<int>(MemoryCategory::kParameters)] = 1 << 20;
+  memory.in_use_bytes[static_cast<int>(MemoryCategory::kOptimizerState)] = 3 << 20;
+  memory.peak_total_bytes = 9 << 20;
+  batch.accelerator_memory = memory;
   t->RecordSpans(batch);  // totals add up across batches
   t->Record(1, Phase::kBackward, 0.003);
   JobTelemetryCollector c;
@@ -74,6 +81,14 @@ TEST(JobTelemetryCollectorTest, ResourceTotalsBecomeLabelledSeries) {
           "job_id="
           "\"job-000001\"} 6000",
           "tandem_pinned_host_memory_bytes{device=\"emulated:0\",job_id=\"job-000001\"} 4096",
+          "tandem_job_accelerator_memory_bytes{category=\"parameters\",device=\"emulated:0\","
+          "job_id=\"job-000001\"} 1048576",
+          "tandem_job_accelerator_memory_bytes{category=\"optimizer_state\",device=\"emulated:0\","
+          "job_id=\"job-000001\"} 3145728",
+          "tandem_job_accelerator_memory_bytes{category=\"activations\",device=\"emulated:0\","
+          "job_id=\"job-000001\"} 0",
+          "tandem_job_accelerator_memory_peak_bytes{device=\"emulated:0\",job_id=\"job-000001\"} "
+          "9437184",
           "tandem_layer_step_seconds_bucket{job_id=\"job-000001\",layer=\"linear1\",phase="
           "\"backward\",le="
           "\"0.0025\"} 0",

@@ -100,7 +100,7 @@ ServerMetrics::ServerMetrics()
       rank_collective_bytes(
           Family(BuildGauge(), "tandem_rank_collective_bytes",
                  "Bytes a rank this daemon runs for another daemon's distributed job has sent in "
-                 "collectives this run (bus bytes; labels job_id, rank).",
+                 "collectives this run (bus bytes; labels coordinator, job_id, rank).",
                  *registry)),
       rank_collective_seconds(
           Family(BuildGauge(), "tandem_rank_collective_seconds",

@@ -157,6 +157,7 @@ std::string RankStates(PeerSet* peers, const std::vector<std::string>& nodes,
   std::vector<std::string> states;
   for (size_t i = 0; i < nodes.size(); ++i) {
     tandem::v1::GetRankRequest request;
+    request.set_coordinator(peers->self());
     request.set_job_id(job_id);
     request.set_rank(static_cast<int>(i) + 1);
     tandem::v1::RankStatus status;
@@ -184,6 +185,7 @@ void StopStartedRanks(PeerSet* peers, const std::vector<std::string>& started,
                       const std::string& job_id, const std::string& why) {
   for (size_t i = 0; i < started.size(); ++i) {
     tandem::v1::StopRankRequest request;
+    request.set_coordinator(peers->self());
     request.set_job_id(job_id);
     request.set_rank(static_cast<int>(i) + 1);
     request.set_reason(why);
@@ -227,6 +229,16 @@ absl::Status ExplainedFailure(PeerSet* peers, const std::vector<std::string>& st
                       absl::StrCat(status.message(), "; ", states));
 }
 
+// `s` as one path component: letters, digits, '-' and '.' kept, the rest '_'
+// ("10.0.0.2:50051" -> "10.0.0.2_50051").
+std::string PathPart(const std::string& s) {
+  std::string out = s;
+  for (char& c : out) {
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '.') c = '_';
+  }
+  return out == "." || out == ".." ? "_" : out;
+}
+
 bool SafeId(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {
@@ -252,6 +264,7 @@ struct RankHost::Rank {
   tandem::v1::StartRankRequest request;
   std::shared_ptr<void> memory;
   int64_t reserved_bytes = 0;
+  MemoryEstimate estimate;
   std::shared_ptr<StopVote> vote = std::make_shared<StopVote>();
   std::atomic<bool> stop{false};
   std::atomic<int64_t> step{0};
@@ -297,7 +310,24 @@ RankHost::~RankHost() {
   for (auto& [id, rank] : ranks) {
     rank->stop = true;
     rank->vote->Request();
-    if (rank->thread.joinable()) rank->thread.join();
+  }
+  for (auto& [id, rank] : ranks) {
+    // A rank's thread moves under mu_ (Start, Ended), which a rank's end takes.
+    std::thread thread;
+    {
+      absl::MutexLock lock(&mu_);
+      thread = std::move(rank->thread);
+    }
+    if (thread.joinable()) thread.join();
+  }
+  // Every rank has ended: no Ended() adds to these any more.
+  std::vector<std::thread> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    finished.swap(finished_threads_);
+  }
+  for (std::thread& t : finished) {
+    if (t.joinable()) t.join();
   }
 }
 
@@ -311,8 +341,13 @@ absl::Status NoRankHere(const std::string& job_id, int rank) {
 
 }  // namespace
 
-std::string RankHost::RankKey(const std::string& job_id, int rank) {
-  return absl::StrCat(job_id, "#", rank);
+std::string RankHost::RankKey(const tandem::v1::StartRankRequest& r) {
+  return absl::StrCat(r.coordinator(), "/", r.job_id(), "#", r.rank());
+}
+
+bool RankHost::OfJob(const Rank& rank, const std::string& coordinator, const std::string& job_id) {
+  return rank.request.job_id() == job_id &&
+         (coordinator.empty() || rank.request.coordinator() == coordinator);
 }
 
 absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const {
@@ -324,8 +359,12 @@ absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest&
                      : kind == tandem::v1::ACCELERATOR_KIND_CUDA ? "CUDA devices"
                                                                  : "accelerators";
   if (index < 0 || index >= count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "accelerator_index: ", index, " is not one of this daemon's ", count, " ", what));
+    // The coordinator placed it by this node's offer at its last health
+    // check; UNAVAILABLE lets its next run place it by the offer now.
+    return absl::UnavailableError(absl::StrCat("accelerator_index: ", index,
+                                               " is not one of this daemon's ", count, " ", what,
+                                               " (its offer changed since the coordinator's "
+                                               "last health check?)"));
   }
   return absl::OkStatus();
 }
@@ -333,7 +372,15 @@ absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest&
 absl::Status RankHost::CheckNotRunning(const tandem::v1::StartRankRequest& r) {
   for (const auto& [key, rank] : ranks_) {
     const tandem::v1::StartRankRequest& other = rank->request;
-    if (other.job_id() != r.job_id() || rank->ended()) continue;
+    if (!OfJob(*rank, r.coordinator(), r.job_id()) || rank->ended()) continue;
+    if (other.rank() == r.rank() && other.attempt() < r.attempt()) {
+      // Left from an earlier run whose StopRank never came (this node was
+      // unreachable then): it would only wait out its collectives' timeout.
+      rank->stop = true;
+      rank->vote->Request();
+      return absl::UnavailableError(absl::StrCat("rank ", r.rank(), " of ", r.job_id(), "'s run ",
+                                                 other.attempt(), " is still stopping here"));
+    }
     if (other.rank() == r.rank()) {
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", r.rank(), " of ", r.job_id(), " already runs here"));
@@ -362,6 +409,9 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   if (r.coordinator().empty() || r.hostname().empty()) {
     return absl::InvalidArgumentError("coordinator and hostname: both must be set");
   }
+  if (r.coordinator().size() > 255) {
+    return absl::InvalidArgumentError("coordinator: at most 255 characters");
+  }
   if (r.spec().distributed().replicas() != r.ranks()) {
     return absl::InvalidArgumentError("spec.distributed.replicas: is not ranks");
   }
@@ -369,7 +419,8 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   TANDEM_ASSIGN_OR_RETURN(const MemoryEstimate estimate, jobs_->Estimate(r.spec()));
   auto rank = std::make_shared<Rank>();
   rank->request = r;
-  const std::string key = RankKey(r.job_id(), r.rank());
+  rank->estimate = estimate;
+  const std::string key = RankKey(r);
   {
     absl::MutexLock lock(&mu_);
     // UNAVAILABLE, as a daemon that is gone: the coordinator retries on
@@ -383,18 +434,24 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
   if (!memory.ok()) return memory.status();
   rank->memory = *std::move(memory);
   rank->reserved_bytes = bytes;
-  // An ended rank of the same key is replaced; its thread is joined outside
-  // mu_, since its last step (KeepSeries) takes mu_ after it is seen ended.
-  std::thread previous;
+  // An ended rank of the same key is replaced; its thread, and those of
+  // ranks whose records went, are joined outside mu_, since a rank's last
+  // step (Ended) takes mu_ after it is seen ended.
+  std::vector<std::thread> finished;
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("this tandemd is stopping");
     TANDEM_RETURN_IF_ERROR(CheckNotRunning(r));
     auto it = ranks_.find(key);
-    if (it != ranks_.end()) previous = std::move(it->second->thread);
+    if (it != ranks_.end()) finished.push_back(std::move(it->second->thread));
+    for (std::thread& t : finished_threads_) finished.push_back(std::move(t));
+    finished_threads_.clear();
     ranks_[key] = rank;
     rank->thread = std::thread([this, rank] { Run(rank); });
   }
-  if (previous.joinable()) previous.join();
+  for (std::thread& t : finished) {
+    if (t.joinable()) t.join();
+  }
   return rank->Status();
 }
 
@@ -405,7 +462,10 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
   options.job_id = absl::StrCat(r.job_id(), "-rank", r.rank());
   // Every rank checkpoints at rank 0's steps: the whole state (replicated),
   // or its own partition of it, which rank 0's manifest names.
-  options.checkpoint_dir = absl::StrCat(state_dir_, "/ranks/", r.job_id(), "/rank-", r.rank());
+  // Under its coordinator: job ids are each daemon's own.
+  options.checkpoint_dir = absl::StrCat(state_dir_, "/ranks/", PathPart(r.coordinator()), "/",
+                                        r.job_id(), "/rank-", r.rank());
+  options.data_reserved_bytes = rank.estimate.data_bytes;
   // Rank 0's position, weights and buffers (and a replicated job's optimizer
   // state) reach every rank when the run starts; a partitioned rank then loads
   // its own partition of rank 0's step from here (partitioned_checkpoint.h).
@@ -458,8 +518,12 @@ TrainerCallbacks RankHost::CallbacksFor(std::shared_ptr<Rank> rank,
 
 void RankHost::Run(std::shared_ptr<Rank> rank) {
   const tandem::v1::StartRankRequest& r = rank->request;
-  const prometheus::Labels labels = {{"job_id", r.job_id()}, {"rank", absl::StrCat(r.rank())}};
-  HostAllocator allocator(rank->reserved_bytes);
+  const prometheus::Labels labels = {
+      {"coordinator", r.coordinator()}, {"job_id", r.job_id()}, {"rank", absl::StrCat(r.rank())}};
+  // The reservation less what the dataset and an emulated accelerator's
+  // memory hold of it, as JobManager's runs.
+  HostAllocator allocator(rank->reserved_bytes - rank->estimate.data_bytes -
+                          rank->estimate.emulated_bytes);
   absl::Status status;
   {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =
@@ -480,31 +544,36 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
   } else {
     rank->SetState(tandem::v1::JOB_STATE_FAILED, status.ToString());
   }
-  if (metrics_ != nullptr) KeepSeries(labels);
+  Ended(rank, labels);
   std::fprintf(stderr, "tandemd: rank %d of %s (coordinator %s) ended: %s\n", r.rank(),
                r.job_id().c_str(), r.coordinator().c_str(), rank->Status().reason().c_str());
 }
 
-void RankHost::KeepSeries(const prometheus::Labels& labels) {
+void RankHost::Ended(std::shared_ptr<Rank> rank, const prometheus::Labels& labels) {
   absl::MutexLock lock(&mu_);
-  finished_series_.push_back(labels);
-  if (finished_series_.size() <= kFinishedSeriesKept) return;
-  const prometheus::Labels old = finished_series_.front();
-  finished_series_.pop_front();
-  for (const auto& [id, rank] : ranks_) {
-    // A rank of the same job running again here writes the same series.
-    if (!rank->ended() && rank->request.job_id() == old.at("job_id")) return;
+  ended_.emplace_back(std::move(rank), labels);
+  if (ended_.size() <= kEndedRanksKept) return;
+  auto [old, old_labels] = std::move(ended_.front());
+  ended_.pop_front();
+  auto it = ranks_.find(RankKey(old->request));
+  // A newer run of the same rank replaced its record, and writes its series.
+  if (it == ranks_.end() || it->second != old) return;
+  finished_threads_.push_back(std::move(old->thread));
+  ranks_.erase(it);
+  if (metrics_ != nullptr) {
+    RemoveCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds,
+                           old_labels);
   }
-  RemoveCollectiveSeries(metrics_->rank_collective_bytes, metrics_->rank_collective_seconds, old);
 }
 
-absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id, int rank_number,
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& coordinator,
+                                                      const std::string& job_id, int rank_number,
                                                       const std::string& why) {
   std::vector<std::shared_ptr<Rank>> stopped;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, rank] : ranks_) {
-      if (rank->request.job_id() != job_id) continue;
+      if (!OfJob(*rank, coordinator, job_id)) continue;
       if (rank_number == 0 || rank->request.rank() == rank_number) stopped.push_back(rank);
     }
   }
@@ -516,11 +585,12 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Stop(const std::string& job_id,
   return stopped.front()->Status();
 }
 
-absl::StatusOr<tandem::v1::RankStatus> RankHost::Get(const std::string& job_id, int rank_number) {
+absl::StatusOr<tandem::v1::RankStatus> RankHost::Get(const std::string& coordinator,
+                                                     const std::string& job_id, int rank_number) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<Rank> found;
   for (const auto& [key, rank] : ranks_) {
-    if (rank->request.job_id() != job_id) continue;
+    if (!OfJob(*rank, coordinator, job_id)) continue;
     if (rank_number != 0 && rank->request.rank() != rank_number) continue;
     if (found == nullptr || rank->request.rank() < found->request.rank()) found = rank;
   }
@@ -739,7 +809,7 @@ grpc::Status ClusterService::StopRank(grpc::ServerContext* context,
                                       tandem::v1::RankStatus* response) {
   if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
   absl::StatusOr<tandem::v1::RankStatus> status =
-      ranks_->Stop(request->job_id(), request->rank(), request->reason());
+      ranks_->Stop(request->coordinator(), request->job_id(), request->rank(), request->reason());
   if (!status.ok()) return ToGrpc(status.status());
   *response = *status;
   return grpc::Status::OK;
@@ -749,7 +819,8 @@ grpc::Status ClusterService::GetRank(grpc::ServerContext* context,
                                      const tandem::v1::GetRankRequest* request,
                                      tandem::v1::RankStatus* response) {
   if (grpc::Status s = auth_.Check(*context); !s.ok()) return s;
-  absl::StatusOr<tandem::v1::RankStatus> status = ranks_->Get(request->job_id(), request->rank());
+  absl::StatusOr<tandem::v1::RankStatus> status =
+      ranks_->Get(request->coordinator(), request->job_id(), request->rank());
   if (!status.ok()) return ToGrpc(status.status());
   *response = *status;
   return grpc::Status::OK;

@@ -82,11 +82,15 @@ class RankHost {
   // A node runs one rank per accelerator: several ranks of a job may run
   // here, each on its own accelerator_index.
   absl::StatusOr<tandem::v1::RankStatus> Start(const tandem::v1::StartRankRequest& request);
+  // A rank is its coordinator's job's: `coordinator` as StartRank named it
+  // (empty: any coordinator's job of that id, as older coordinators ask).
   // `rank` 0: every rank of the job here (the status is the first's).
-  absl::StatusOr<tandem::v1::RankStatus> Stop(const std::string& job_id, int rank,
+  absl::StatusOr<tandem::v1::RankStatus> Stop(const std::string& coordinator,
+                                              const std::string& job_id, int rank,
                                               const std::string& why);
   // `rank` 0: the lowest-numbered rank of the job here.
-  absl::StatusOr<tandem::v1::RankStatus> Get(const std::string& job_id, int rank);
+  absl::StatusOr<tandem::v1::RankStatus> Get(const std::string& coordinator,
+                                             const std::string& job_id, int rank);
   // Asks every rank to stop (tandemd is shutting down) without waiting.
   void StopAll(const std::string& why);
   // Ranks running now.
@@ -94,12 +98,17 @@ class RankHost {
 
  private:
   struct Rank;
-  static std::string RankKey(const std::string& job_id, int rank);
+  // Ranks 1..N-1 of each coordinator's job.
+  static std::string RankKey(const tandem::v1::StartRankRequest& r);
+  // Whether `rank` is of `coordinator`'s (empty: anyone's) `job_id`.
+  static bool OfJob(const Rank& rank, const std::string& coordinator, const std::string& job_id);
   // INVALID_ARGUMENT unless the request's accelerator_index names one of this
   // node's accelerators of the job's kind (0 for CPU jobs).
   absl::Status CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const;
   // ALREADY_EXISTS while the same rank, or another rank of the job on the
-  // same accelerator, runs here.
+  // same accelerator, runs here; UNAVAILABLE (retried on the job's next run)
+  // while the same rank of an earlier run of the job is still stopping here,
+  // which it is asked to.
   absl::Status CheckNotRunning(const tandem::v1::StartRankRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(std::shared_ptr<Rank> rank);
@@ -108,10 +117,12 @@ class RankHost {
   // step, its collectives on the metrics.
   TrainerOptions OptionsFor(const Rank& rank, HostAllocator* allocator) const;
   TrainerCallbacks CallbacksFor(std::shared_ptr<Rank> rank, const prometheus::Labels& labels);
-  // A finished rank's series stay exported (its last values) until
-  // kFinishedSeriesKept newer ranks have finished.
-  void KeepSeries(const prometheus::Labels& labels);
-  static constexpr size_t kFinishedSeriesKept = 64;
+  // A finished rank stays (GetRank answers for it, its series stay exported
+  // with their last values) until kEndedRanksKept newer ranks have finished;
+  // then its record and series go, and its thread is joined by the next
+  // Start (or the destructor).
+  void Ended(std::shared_ptr<Rank> rank, const prometheus::Labels& labels);
+  static constexpr size_t kEndedRanksKept = 64;
 
   JobManager* const jobs_;
   PeerSet* const peers_;
@@ -121,7 +132,10 @@ class RankHost {
   // By RankKey.
   std::map<std::string, std::shared_ptr<Rank>> ranks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<prometheus::Labels> finished_series_ ABSL_GUARDED_BY(mu_);
+  // The ended ranks, oldest first, with their series' labels.
+  std::deque<std::pair<std::shared_ptr<Rank>, prometheus::Labels>> ended_ ABSL_GUARDED_BY(mu_);
+  // Threads of ranks whose records went, to join outside mu_.
+  std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);
 };
 
 class Coordinator {

@@ -107,9 +107,19 @@ def run(client, spec, timeout=600):
                                            job_pb2.JOB_STATE_CANCELLED], timeout=timeout)
 
 
-def wait_for_step(client, job_id, step):
-    while client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job_id),
-                        timeout=10).progress.step < step:
+def wait_for_step(client, job_id, step, timeout=300):
+    """Until the job's progress reaches `step`; fails at once if it ends first."""
+    deadline = time.time() + timeout
+    while True:
+        job = client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job_id), timeout=10)
+        if job.progress.step >= step:
+            return
+        if job.state in (job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED,
+                         job_pb2.JOB_STATE_CANCELLED):
+            raise AssertionError("%s ended %s before step %d: %s" % (
+                job_id, job_pb2.JobState.Name(job.state), step, job.reason))
+        if time.time() > deadline:
+            raise AssertionError("%s not at step %d in %d s" % (job_id, step, timeout))
         time.sleep(0.02)
 
 
@@ -633,6 +643,54 @@ class FourDaemonsTest(unittest.TestCase, ParityMixin):
 
     def test_four_ranks_with_emulated_accelerators_run_reuse_distance_as_one_replica(self):
         self.check_hybrid_parity(4, "STRATEGY_REUSE_DISTANCE", "OPTIMIZER_SHARDING_PARTITIONED")
+
+    def test_two_coordinators_jobs_of_one_id_run_their_ranks_on_one_peer(self):
+        """Job ids are each daemon's own: daemons 1 and 2 (which no other test
+        submits to) each coordinate a job-000001 whose rank 1 runs on daemon
+        3, side by side; each coordinator's cancel stops its own rank alone."""
+        from tandem.v1 import cluster_pb2, cluster_pb2_grpc
+        peer = self.daemons[3].address
+        coordinators = [self.daemons[1].address, self.daemons[2].address]
+        clients = [self.clients[1], self.clients[2]]
+        jobs = [c.SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=gpt_spec(
+                    2, "OPTIMIZER_SHARDING_PARTITIONED", steps=100000, nodes=[peer])),
+                    timeout=60).job for c in clients]
+        self.assertEqual(jobs[0].id, jobs[1].id, "the test needs one id twice")
+        for c, job in zip(clients, jobs):
+            wait_for_step(c, job.id, 3)
+        channel = stub(peer)[0]
+        self.addCleanup(channel.close)
+        ranks = cluster_pb2_grpc.ClusterStub(channel)
+
+        def rank_of(coordinator):
+            return ranks.GetRank(cluster_pb2.GetRankRequest(
+                job_id=jobs[0].id, rank=1, coordinator=coordinator), timeout=10)
+
+        for coordinator in coordinators:
+            self.assertEqual(rank_of(coordinator).state, job_pb2.JOB_STATE_RUNNING)
+        clients[0].CancelJob(tandem_service_pb2.CancelJobRequest(job_id=jobs[0].id), timeout=30)
+        done = wait_for_state(clients[0], jobs[0].id, [job_pb2.JOB_STATE_CANCELLED,
+                                                        job_pb2.JOB_STATE_FAILED], timeout=120)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_CANCELLED, done.reason)
+        deadline = time.time() + 60
+        while rank_of(coordinators[0]).state == job_pb2.JOB_STATE_RUNNING:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.1)
+        # The other coordinator's rank of the same id trains on.
+        other = clients[1].GetJob(tandem_service_pb2.GetJobRequest(job_id=jobs[1].id), timeout=10)
+        self.assertEqual(other.state, job_pb2.JOB_STATE_RUNNING, other.reason)
+        wait_for_step(clients[1], jobs[1].id, other.progress.step + 3)
+        self.assertEqual(rank_of(coordinators[1]).state, job_pb2.JOB_STATE_RUNNING)
+        print("two job %s ranks on one peer: the first cancelled at step %d (its rank %s), the "
+              "second still running at step %d" % (
+                  jobs[0].id, done.checkpoint_step,
+                  job_pb2.JobState.Name(rank_of(coordinators[0]).state),
+                  rank_of(coordinators[1]).step))
+        clients[1].CancelJob(tandem_service_pb2.CancelJobRequest(job_id=jobs[1].id), timeout=30)
+        done = wait_for_state(clients[1], jobs[1].id, [job_pb2.JOB_STATE_CANCELLED,
+                                                        job_pb2.JOB_STATE_FAILED], timeout=120)
+        self.assertEqual(done.state, job_pb2.JOB_STATE_CANCELLED, done.reason)
+        self.check_nothing_held()
 
 
 class TwoDaemonsTwoAcceleratorsTest(unittest.TestCase, ParityMixin):

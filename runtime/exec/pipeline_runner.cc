@@ -1110,7 +1110,16 @@ absl::Status PipelineRunner::OnEveryStage(const std::shared_ptr<Step>& step,
   return absl::OkStatus();
 }
 
+absl::Status PipelineRunner::CheckWhole() const {
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("an earlier step failed (", broken_.ToString(),
+                   ") and left the stages partly updated; put a checkpoint's state back first "
+                   "(StateChangedOnHost)"));
+}
+
 absl::Status PipelineRunner::Drain() {
+  TANDEM_RETURN_IF_ERROR(CheckWhole());
   bool pending = false;
   for (const auto& st : stages_) pending |= !st->pending.empty();
   if (!pending) return absl::OkStatus();
@@ -1130,6 +1139,7 @@ absl::Status PipelineRunner::Drain() {
     st.updates = kept[s].updates;
     st.spans.resize(kept[s].spans);
   }
+  if (!drained.ok()) broken_ = drained;
   return drained;
 }
 
@@ -1181,6 +1191,7 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   if (batch.size > options_.max_batch || batch.size <= 0) {
     return absl::InvalidArgumentError("batch larger than the runner was sized for");
   }
+  TANDEM_RETURN_IF_ERROR(CheckWhole());
   const std::shared_ptr<Step> current = std::make_shared<Step>();
   Step& step = *current;
   step.options = options;
@@ -1194,7 +1205,10 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   } else {
     step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
   }
-  TANDEM_RETURN_IF_ERROR(RunStages(current));
+  if (absl::Status run = RunStages(current); !run.ok()) {
+    broken_ = run;
+    return run;
+  }
   if (options_.schedule == PipelineSchedule::kPipeDream) {
     optimizer_->set_step(step.t0 + step.micro_batches());
   }
@@ -1277,6 +1291,7 @@ absl::Status PipelineRunner::StateChangedOnHost() {
           st->moments[i].data(), optimizer_->state(i) + st->param_begin, st->device_param_n * 4));
     }
   }
+  broken_ = absl::OkStatus();
   return absl::OkStatus();
 }
 

@@ -159,6 +159,13 @@ class PipelineRunner final : public StepRunner {
       std::vector<PipelineStageSpec> stages, PipelineOptions options);
   ~PipelineRunner() override;
 
+  // A failed step (or drain) leaves the stages partly updated: some stages'
+  // updates applied, others not; a continuous pipeline's pending backwards of
+  // a step that will never finish. Nothing is rolled back: until
+  // StateChangedOnHost puts a consistent state (a checkpoint's) back,
+  // TrainStep, EvalBatch and SyncStateToHost answer FAILED_PRECONDITION
+  // naming the first failure, so the partial state is neither trained on
+  // nor saved.
   absl::StatusOr<StepResult> TrainStep(const Batch& batch, const StepOptions& options) override;
   absl::StatusOr<EvalResult> EvalBatch(const Batch& batch) override;
   absl::Status SyncStateToHost() override;
@@ -294,6 +301,11 @@ class PipelineRunner final : public StepRunner {
   // slots are by this count, so that two steps' micro-batches in flight
   // never share one).
   int64_t streamed_micro_batches_ = 0;
+  // The first failure of a step or drain since the state was last put back
+  // (StateChangedOnHost); OK while the state is whole.
+  absl::Status broken_;
+  // OK, or FAILED_PRECONDITION naming broken_.
+  absl::Status CheckWhole() const;
   tandem::v1::Timeline timeline_;
   // The host copy of the state (checkpoints) and the step constants.
   HostAllocator host_alloc_;

@@ -442,7 +442,9 @@ TEST(PipelineRunnerTest, OffloadingStagesHoldTwoMicroBatchesOfActivationsAtMost)
 
 // A copy on a stage's copy thread that fails (here: no staging host memory
 // for the activations going down) fails the step with its error; no stage
-// waits forever for activations that never come back.
+// waits forever for activations that never come back. The stages are then
+// partly updated: the runner refuses to train, evaluate or save until a
+// whole state is put back, and trains again after that.
 TEST(PipelineRunnerTest, AFailedActivationCopyFailsTheStep) {
   const Fixture f = MakeFixture(exec_test::kGpt);
   Devices devices(2);
@@ -461,6 +463,21 @@ TEST(PipelineRunnerTest, AFailedActivationCopyFailsTheStep) {
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
   std::cout << "the step failed with: " << result.status() << "\n";
+
+  devices.owned[1]->host_staging_allocator()->set_budget_bytes(0);  // room again
+  const absl::StatusOr<StepResult> again = runner->TrainStep(loader.Next(), step);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_NE(again.status().message().find("RESOURCE_EXHAUSTED"), std::string::npos)
+      << again.status();
+  EXPECT_EQ(runner->SyncStateToHost().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(runner->EvalBatch(loader.Next()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The host copy still holds the state the runner started from.
+  ASSERT_TRUE(runner->StateChangedOnHost().ok());
+  const absl::StatusOr<StepResult> trained = runner->TrainStep(loader.Next(), step);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_TRUE(std::isfinite(trained->loss));
 }
 
 // A 2-stage step's host updates: per stage, their layers in order, and per

@@ -1155,10 +1155,13 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
   std::vector<double> ended;
   TANDEM_RETURN_IF_ERROR(OnEveryStage(step, &ended));
 
+  // The phase ends with the last stage's last backward: before its update
+  // (phase_end, set by UpdateAtEnd), or, under PipeDream, whose updates
+  // follow each micro-batch's backward inside the phase, when it ended.
   double end = start;
   for (int s = 0; s < K; ++s) {
     const Stage::Times& times = stages_[s]->times;
-    end = std::max(end, times.phase_end > 0 ? times.phase_end : ended[s] - times.update);
+    end = std::max(end, times.phase_end > 0 ? times.phase_end : ended[s]);
   }
   last_pipeline_seconds_ = end - start;
   timeline_.Clear();

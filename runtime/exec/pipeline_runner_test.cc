@@ -788,6 +788,13 @@ TEST(PipelineRunnerTest, OneStageOfPipeDreamIsAStepPerMicroBatch) {
   EXPECT_EQ(pipe->host_state().optimizer->step(), 40);
   EXPECT_EQ(pipe->pipeline_stats()[0].updates(), 4);
   EXPECT_EQ(pipe->pipeline_stats()[0].staleness(), 0);
+  // One stage waits on nobody: its phase holds its compute, its copies and
+  // the updates after each micro-batch's backward (the phase once ended
+  // before its updates, so they were cut off it).
+  const PipelineStageStats& st = pipe->stage_stats()[0];
+  ASSERT_GT(st.update_seconds, 0);
+  EXPECT_GE(pipe->last_pipeline_seconds() + 1e-6,
+            st.busy_seconds + st.copy_seconds + st.update_seconds);
 }
 
 // Two stages: the first stage's gradients are one update stale, computed on
@@ -831,6 +838,10 @@ TEST(PipelineRunnerTest, PipeDreamStashesWeightsAndTrainsWithStaleGradients) {
     const PipelineStageStats& st = pipe->stage_stats()[s];
     EXPECT_LE(st.busy_seconds + st.copy_seconds + st.bubble_seconds + st.update_seconds,
               iteration + 1e-6)
+        << "stage " << s;
+    // ... and all within the pipelined phase, PipeDream's updates included.
+    EXPECT_GE(pipe->last_pipeline_seconds() + 1e-6,
+              st.busy_seconds + st.copy_seconds + st.update_seconds)
         << "stage " << s;
   }
 }

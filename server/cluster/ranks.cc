@@ -750,6 +750,7 @@ DistributedRun Coordinator::Begin(const tandem::v1::Job& job, const std::string&
   const std::string prefix = RunPrefix(job_id, attempt);
   PeerSet* peers = peers_;
   RendezvousTable* table = table_;
+  table->Open(prefix);
   run.end = [peers, started, job_id, table, prefix] {
     StopStartedRanks(peers, *started, job_id, "the job's run ended on its coordinator");
     table->Erase(prefix);

@@ -17,6 +17,9 @@ absl::Status RendezvousTable::Set(const std::string& key, const std::string& val
     return absl::InvalidArgumentError(absl::StrCat("value: more than ", kMaxValueBytes, " bytes"));
   }
   absl::MutexLock lock(&mu_);
+  if (ClosedLocked(key)) {
+    return absl::FailedPreconditionError(absl::StrCat("key ", key, ": its run has ended"));
+  }
   if (values_.size() >= kMaxKeys && values_.count(key) == 0) {
     return absl::ResourceExhaustedError(absl::StrCat("the rendezvous holds ", kMaxKeys, " keys"));
   }
@@ -27,6 +30,11 @@ absl::Status RendezvousTable::Set(const std::string& key, const std::string& val
 absl::StatusOr<std::vector<std::string>> RendezvousTable::Get(const std::vector<std::string>& keys,
                                                               absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  for (const std::string& k : keys) {
+    if (ClosedLocked(k)) {
+      return absl::FailedPreconditionError(absl::StrCat("key ", k, ": its run has ended"));
+    }
+  }
   auto all_set = [&] {
     for (const std::string& k : keys) {
       if (values_.count(k) == 0) return false;
@@ -51,11 +59,28 @@ absl::StatusOr<std::vector<std::string>> RendezvousTable::Get(const std::vector<
   return values;
 }
 
+bool RendezvousTable::ClosedLocked(const std::string& key) const {
+  // The greatest closed prefix not after `key` is the only one it can start
+  // with, none being a prefix of another.
+  auto it = closed_.upper_bound(key);
+  return it != closed_.begin() && absl::StartsWith(key, *std::prev(it));
+}
+
+void RendezvousTable::Open(const std::string& prefix) {
+  absl::MutexLock lock(&mu_);
+  closed_.erase(prefix);  // its entry in closed_order_ goes when it comes up
+}
+
 void RendezvousTable::Erase(const std::string& prefix) {
   absl::MutexLock lock(&mu_);
   for (auto it = values_.lower_bound(prefix);
        it != values_.end() && absl::StartsWith(it->first, prefix);) {
     it = values_.erase(it);
+  }
+  if (closed_.insert(prefix).second) closed_order_.push_back(prefix);
+  while (closed_order_.size() > kClosedKept) {
+    closed_.erase(closed_order_.front());
+    closed_order_.pop_front();
   }
 }
 

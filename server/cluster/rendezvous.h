@@ -7,9 +7,11 @@
 #ifndef TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_
 #define TANDEM_SERVER_CLUSTER_RENDEZVOUS_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,18 +31,34 @@ class RendezvousTable {
   static constexpr int kMaxKeys = 1 << 16;
   static constexpr int kMaxValueBytes = 1 << 20;
 
+  // A run's keys live under its prefix ("<job>/run-<n>/"), which Open
+  // makes usable and Erase closes. FAILED_PRECONDITION for a key under a
+  // closed prefix: a rank that joins after its run ended (still loading its
+  // data when it was stopped) leaves nothing behind.
   absl::Status Set(const std::string& key, const std::string& value);
   // Every key's value, waiting up to `timeout` for those not set yet;
-  // DEADLINE_EXCEEDED naming the missing ones.
+  // DEADLINE_EXCEEDED naming the missing ones; FAILED_PRECONDITION at once
+  // for keys under a closed prefix.
   absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
                                                absl::Duration timeout);
-  // Drops every key that starts with `prefix` (a run has ended).
+  // A run begins under `prefix` (reopened if it was closed).
+  void Open(const std::string& prefix);
+  // Drops every key that starts with `prefix` and closes it (a run has
+  // ended). The latest kClosedKept closed prefixes are remembered.
   void Erase(const std::string& prefix);
   int size();
+  static constexpr size_t kClosedKept = 4096;
 
  private:
+  // Whether `key` is under a closed prefix.
+  bool ClosedLocked(const std::string& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  // Closed prefixes (none a prefix of another: each ends "/run-<n>/"), and
+  // the order they closed in.
+  std::set<std::string> closed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> closed_order_ ABSL_GUARDED_BY(mu_);
 };
 
 // Credentials and the bearer token for calls to other daemons: the same TLS

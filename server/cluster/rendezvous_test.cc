@@ -133,5 +133,30 @@ TEST(LocalStoreTest, AStoppedCoordinatorStopsWaitingWithinASlice) {
   EXPECT_LT(waited, absl::Seconds(30)) << waited;
 }
 
+// A run's prefix closes when the run ends: a rank still loading its data
+// then cannot leave keys behind (the table would fill up over many runs), and
+// a wait on it ends at once. The next run's prefix is its own; a prefix
+// opened again takes keys again.
+TEST(RendezvousTableTest, AnEndedRunsPrefixTakesNoMoreKeys) {
+  RendezvousTable table;
+  ASSERT_TRUE(table.Set("job-1/run-1/rank0", "a").ok());
+  table.Erase("job-1/run-1/");
+  EXPECT_EQ(table.size(), 0);
+  const absl::Status late = table.Set("job-1/run-1/rank1", "b");
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(table.size(), 0);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(table.Get({"job-1/run-1/rank0"}, absl::Seconds(30)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Other runs and jobs, before and after it in key order, are untouched.
+  EXPECT_TRUE(table.Set("job-1/run-10/rank0", "c").ok());
+  EXPECT_TRUE(table.Set("job-1/run-0/rank0", "c").ok());
+  EXPECT_TRUE(table.Set("job-1/run-1", "c").ok());
+  EXPECT_TRUE(table.Set("job-2/run-1/rank0", "d").ok());
+  table.Open("job-1/run-1/");
+  EXPECT_TRUE(table.Set("job-1/run-1/rank1", "b").ok());
+}
+
 }  // namespace
 }  // namespace tandem::server

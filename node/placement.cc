@@ -1248,6 +1248,11 @@ int RanksSharingHost(const JobSpec& resolved, const NodeOffer& node) {
   return std::clamp(AcceleratorCount(resolved, node), 1, ranks);
 }
 
+int ThreadsPerRank(int job_threads, int node_cores, int ranks) {
+  const int cores = job_threads > 0 ? job_threads : std::max(1, node_cores);
+  return std::max(1, cores / std::max(1, ranks));
+}
+
 int64_t RankBatch(const JobSpec& resolved, int ranks) {
   return (resolved.training().batch_size() + ranks - 1) / ranks;
 }

@@ -258,6 +258,9 @@ absl::StatusOr<tandem::v1::Plan> RankPlan(const Model& model, const tandem::v1::
 // plans each with max(1, host threads / that) of the host's cores, and the
 // job's ranks run on as many threads (JobManager's resolution).
 int RanksSharingHost(const tandem::v1::JobSpec& resolved, const NodeOffer& node);
+// Each of `ranks` ranks' threads on a node whose jobs get `job_threads`
+// (--job_threads; 0: all) of its `node_cores`: an even share, at least one.
+int ThreadsPerRank(int job_threads, int node_cores, int ranks);
 // `processor` on `threads` of its cores: the rates those reach
 // (planner::ThreadsRate, memory bandwidth alike); as it is for 0 or all.
 tandem::v1::ProcessorSpec OnThreads(const tandem::v1::ProcessorSpec& processor, int threads);

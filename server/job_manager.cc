@@ -408,7 +408,7 @@ std::string JobManager::ShareCoresAmongRanks(const node::NodeOffer& offer,
   // (--job_threads, else all), not all of them each.
   const int cores =
       options_.default_threads > 0 ? options_.default_threads : std::max(1, offer.host.threads());
-  const int each = std::max(1, cores / ranks);
+  const int each = node::ThreadsPerRank(options_.default_threads, offer.host.threads(), ranks);
   resolved.mutable_training()->set_threads(each);
   return absl::StrCat("; its ", ranks, " ranks on one node share ", cores, " core",
                       cores == 1 ? "" : "s", ": ", each, " thread", each == 1 ? "" : "s",
@@ -1173,8 +1173,7 @@ void JobManager::RunJob(std::shared_ptr<Entry> entry) {
   {
     absl::MutexLock lock(&mu_);
     job = entry->job;
-    entry->allocator = std::make_unique<HostAllocator>(
-        entry->estimate.host_bytes - entry->estimate.data_bytes - entry->estimate.emulated_bytes);
+    entry->allocator = std::make_unique<HostAllocator>(entry->estimate.RunnerHostBytes());
     PublishLocked();
   }
   // The spec, plan and model of submission: resolved and planned then, not again.

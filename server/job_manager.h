@@ -109,6 +109,9 @@ struct MemoryEstimate {
   int64_t host_bytes = 0;
   int64_t accelerator_bytes = 0;
   std::string Describe() const;
+  // What the job's runner may allocate on the host: host_bytes less the
+  // dataset's and the emulated accelerator's parts, which are held apart.
+  int64_t RunnerHostBytes() const { return host_bytes - data_bytes - emulated_bytes; }
 };
 
 class JobManager {

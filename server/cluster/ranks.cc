@@ -141,8 +141,7 @@ std::vector<tandem::v1::StartRankRequest> StartRankRequests(const std::string& j
 int RankThreads(const tandem::v1::StartRankRequest& request, int job_threads, int node_cores) {
   const int set = request.spec().training().threads();
   if (set > 0 || request.ranks_here() <= 0) return set > 0 ? set : job_threads;
-  const int cores = job_threads > 0 ? job_threads : std::max(1, node_cores);
-  return std::max(1, cores / request.ranks_here());
+  return node::ThreadsPerRank(job_threads, node_cores, request.ranks_here());
 }
 
 namespace {
@@ -239,6 +238,19 @@ std::string PathPart(const std::string& s) {
   return out == "." || out == ".." ? "_" : out;
 }
 
+// A rank's checkpoints from before they were kept under their coordinator
+// (ranks/<job>/rank-<r>): moved to `keyed` when that does not exist yet, so
+// that a partitioned job whose daemons were upgraded mid-run finds its
+// partitions (best effort: a failure leaves the run to fail as it would).
+void AdoptUnkeyedCheckpoints(const std::string& unkeyed, const std::string& keyed) {
+  std::error_code e;
+  if (!std::filesystem::is_directory(unkeyed, e) || std::filesystem::exists(keyed, e)) return;
+  std::filesystem::create_directories(std::filesystem::path(keyed).parent_path(), e);
+  std::filesystem::rename(unkeyed, keyed, e);
+  std::fprintf(stderr, "tandemd: moved rank checkpoints %s to %s%s\n", unkeyed.c_str(),
+               keyed.c_str(), e ? absl::StrCat(" failed: ", e.message()).c_str() : "");
+}
+
 bool SafeId(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {
@@ -263,7 +275,7 @@ std::string HostOf(const std::string& address) {
 struct RankHost::Rank {
   tandem::v1::StartRankRequest request;
   std::shared_ptr<void> memory;
-  int64_t reserved_bytes = 0;
+  // What StartRank reserved: estimate.host_bytes.
   MemoryEstimate estimate;
   std::shared_ptr<StopVote> vote = std::make_shared<StopVote>();
   std::atomic<bool> stop{false};
@@ -279,7 +291,7 @@ struct RankHost::Rank {
     s.set_rank(request.rank());
     s.set_attempt(request.attempt());
     s.set_step(step.load());
-    s.set_reserved_host_bytes(reserved_bytes);
+    s.set_reserved_host_bytes(estimate.host_bytes);
     absl::MutexLock lock(&mu);
     s.set_state(state);
     s.set_reason(reason);
@@ -370,17 +382,25 @@ absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest&
 }
 
 absl::Status RankHost::CheckNotRunning(const tandem::v1::StartRankRequest& r) {
+  // Ranks left from an earlier run whose StopRank never came (this node was
+  // unreachable then), whatever their rank number or accelerator: they would
+  // only wait out their collectives' timeout.
+  std::vector<std::string> leftovers;
   for (const auto& [key, rank] : ranks_) {
     const tandem::v1::StartRankRequest& other = rank->request;
     if (!OfJob(*rank, r.coordinator(), r.job_id()) || rank->ended()) continue;
-    if (other.rank() == r.rank() && other.attempt() < r.attempt()) {
-      // Left from an earlier run whose StopRank never came (this node was
-      // unreachable then): it would only wait out its collectives' timeout.
-      rank->stop = true;
-      rank->vote->Request();
-      return absl::UnavailableError(absl::StrCat("rank ", r.rank(), " of ", r.job_id(), "'s run ",
-                                                 other.attempt(), " is still stopping here"));
-    }
+    if (other.attempt() >= r.attempt()) continue;
+    rank->stop = true;
+    rank->vote->Request();
+    leftovers.push_back(absl::StrCat("rank ", other.rank(), " of run ", other.attempt()));
+  }
+  if (!leftovers.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(r.job_id(), "'s ", absl::StrJoin(leftovers, ", "), " still stopping here"));
+  }
+  for (const auto& [key, rank] : ranks_) {
+    const tandem::v1::StartRankRequest& other = rank->request;
+    if (!OfJob(*rank, r.coordinator(), r.job_id()) || rank->ended()) continue;
     if (other.rank() == r.rank()) {
       return absl::AlreadyExistsError(
           absl::StrCat("rank ", r.rank(), " of ", r.job_id(), " already runs here"));
@@ -433,7 +453,6 @@ absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRa
       jobs_->HoldHostMemory(bytes, absl::StrCat("rank ", r.rank(), " of ", r.job_id()));
   if (!memory.ok()) return memory.status();
   rank->memory = *std::move(memory);
-  rank->reserved_bytes = bytes;
   // An ended rank of the same key is replaced; its thread, and those of
   // ranks whose records went, are joined outside mu_, since a rank's last
   // step (Ended) takes mu_ after it is seen ended.
@@ -465,6 +484,8 @@ TrainerOptions RankHost::OptionsFor(const Rank& rank, HostAllocator* allocator) 
   // Under its coordinator: job ids are each daemon's own.
   options.checkpoint_dir = absl::StrCat(state_dir_, "/ranks/", PathPart(r.coordinator()), "/",
                                         r.job_id(), "/rank-", r.rank());
+  AdoptUnkeyedCheckpoints(absl::StrCat(state_dir_, "/ranks/", r.job_id(), "/rank-", r.rank()),
+                          options.checkpoint_dir);
   options.data_reserved_bytes = rank.estimate.data_bytes;
   // Rank 0's position, weights and buffers (and a replicated job's optimizer
   // state) reach every rank when the run starts; a partitioned rank then loads
@@ -522,8 +543,7 @@ void RankHost::Run(std::shared_ptr<Rank> rank) {
       {"coordinator", r.coordinator()}, {"job_id", r.job_id()}, {"rank", absl::StrCat(r.rank())}};
   // The reservation less what the dataset and an emulated accelerator's
   // memory hold of it, as JobManager's runs.
-  HostAllocator allocator(rank->reserved_bytes - rank->estimate.data_bytes -
-                          rank->estimate.emulated_bytes);
+  HostAllocator allocator(rank->estimate.RunnerHostBytes());
   absl::Status status;
   {
     absl::StatusOr<std::unique_ptr<Trainer>> trainer =

@@ -102,13 +102,14 @@ class RankHost {
   static std::string RankKey(const tandem::v1::StartRankRequest& r);
   // Whether `rank` is of `coordinator`'s (empty: anyone's) `job_id`.
   static bool OfJob(const Rank& rank, const std::string& coordinator, const std::string& job_id);
-  // INVALID_ARGUMENT unless the request's accelerator_index names one of this
-  // node's accelerators of the job's kind (0 for CPU jobs).
+  // UNAVAILABLE unless the request's accelerator_index names one of this
+  // node's accelerators of the job's kind (0 for CPU jobs): the node's offer
+  // may have changed since the coordinator placed the rank.
   absl::Status CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const;
+  // UNAVAILABLE (retried on the job's next run) while ranks of an earlier
+  // run of the job are still stopping here, which they are asked to; else
   // ALREADY_EXISTS while the same rank, or another rank of the job on the
-  // same accelerator, runs here; UNAVAILABLE (retried on the job's next run)
-  // while the same rank of an earlier run of the job is still stopping here,
-  // which it is asked to.
+  // same accelerator, runs here.
   absl::Status CheckNotRunning(const tandem::v1::StartRankRequest& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(std::shared_ptr<Rank> rank);

@@ -9,7 +9,9 @@
 // asked to stop, and ended ranks are let go past the latest 64.
 #include "server/cluster/ranks.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,21 +108,21 @@ class RankHostTest : public testing::Test {
     server_->Shutdown();
   }
 
-  // Rank `rank` of a 2-rank CPU job `job_id` of `coordinator`'s `attempt`th run.
+  // Rank `rank` of a 3-rank CPU job `job_id` of `coordinator`'s `attempt`th run.
   tandem::v1::StartRankRequest Request(const std::string& coordinator, const std::string& job_id,
-                                       int attempt = 1) {
+                                       int attempt = 1, int rank = 1) {
     absl::StatusOr<tandem::v1::JobSpec> spec = ParseJobSpec(R"(
 model: {mlp: {hidden_sizes: [16]}}
 data: {synthetic: {sample_shape: [8], num_classes: 3, train_samples: 256}}
 training: {batch_size: 16, steps: 10}
-distributed: {replicas: 2, rendezvous_timeout_seconds: 120}
+distributed: {replicas: 3, rendezvous_timeout_seconds: 120}
 )",
                                                             "job.yaml");
     tandem::v1::StartRankRequest r;
     r.set_job_id(job_id);
     r.set_attempt(attempt);
-    r.set_rank(1);
-    r.set_ranks(2);
+    r.set_rank(rank);
+    r.set_ranks(3);
     r.set_coordinator(coordinator);
     r.set_hostname("127.0.0.1");
     r.set_ranks_here(1);
@@ -195,6 +197,30 @@ TEST_F(RankHostTest, AnEarlierRunsRankIsAskedToStopAndTheStartRetried) {
   // The same run's rank started twice is another matter.
   EXPECT_EQ(ranks_->Start(Request(coordinator_, "job-7", 2)).status().code(),
             absl::StatusCode::kAlreadyExists);
+  // Any rank of an earlier run holds the next run back, whatever its number.
+  const absl::StatusOr<tandem::v1::RankStatus> behind =
+      ranks_->Start(Request(coordinator_, "job-7", 3, /*rank=*/2));
+  ASSERT_FALSE(behind.ok());
+  EXPECT_EQ(behind.status().code(), absl::StatusCode::kUnavailable) << behind.status();
+  EXPECT_NE(behind.status().message().find("rank 1 of run 2"), std::string::npos)
+      << behind.status();
+}
+
+// Checkpoints a peer wrote before ranks were kept under their coordinator
+// move there when the rank next starts: a partitioned job upgraded mid-run
+// finds its partitions.
+TEST_F(RankHostTest, CheckpointsFromBeforeCoordinatorKeysMoveUnderTheCoordinator) {
+  const std::string unkeyed = dir_ + "/ranks/job-9/rank-1";
+  std::filesystem::create_directories(unkeyed);
+  std::ofstream(unkeyed + "/partition") << "state";
+  ASSERT_TRUE(ranks_->Start(Request(coordinator_, "job-9")).ok());
+  // The rank's thread moves them before it joins the others.
+  ASSERT_TRUE(ranks_->Stop(coordinator_, "job-9", 1, "test").ok());
+  WaitEnded(coordinator_, "job-9");
+  std::string keyed = coordinator_;
+  std::replace(keyed.begin(), keyed.end(), ':', '_');
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/ranks/" + keyed + "/job-9/rank-1/partition"));
+  EXPECT_FALSE(std::filesystem::exists(unkeyed));
 }
 
 // Ended ranks are kept for GetRank up to the latest 64, then let go (their
@@ -207,8 +233,14 @@ TEST_F(RankHostTest, EndedRanksPastTheLatest64AreLetGo) {
     ASSERT_TRUE(ranks_->Start(Request(gone, job)).ok()) << i;
     EXPECT_EQ(WaitEnded(gone, job).state(), tandem::v1::JOB_STATE_FAILED);
   }
-  EXPECT_EQ(ranks_->Get(gone, "job-0", 1).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ranks_->Get(gone, "job-1", 1).status().code(), absl::StatusCode::kNotFound);
+  // job-i goes when job-(i + 64)'s rank has ended, just after it says so.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (const char* job : {"job-0", "job-1"}) {
+    while (ranks_->Get(gone, job, 1).ok() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(ranks_->Get(gone, job, 1).status().code(), absl::StatusCode::kNotFound) << job;
+  }
   EXPECT_TRUE(ranks_->Get(gone, "job-2", 1).ok());
   EXPECT_TRUE(ranks_->Get(gone, "job-65", 1).ok());
   EXPECT_EQ(ranks_->running(), 0);

@@ -68,7 +68,9 @@ bool RendezvousTable::ClosedLocked(const std::string& key) const {
 
 void RendezvousTable::Open(const std::string& prefix) {
   absl::MutexLock lock(&mu_);
-  closed_.erase(prefix);  // its entry in closed_order_ goes when it comes up
+  if (closed_.erase(prefix) > 0) {
+    closed_order_.erase(std::find(closed_order_.begin(), closed_order_.end(), prefix));
+  }
 }
 
 void RendezvousTable::Erase(const std::string& prefix) {

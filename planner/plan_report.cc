@@ -162,9 +162,10 @@ std::string RenderPlanReport(const tandem::v1::PlanModelResponse& response) {
 std::string RenderScaleOut(const tandem::v1::PlanModelResponse& response) {
   std::string out =
       "Data parallel over nodes (one rank per accelerator; global batch = nodes x the spec's "
-      "batch; 'plan alone' is the rank's plan without its collectives, its whole update "
-      "included; 'reduce' the gradient collectives, 'exposed' the part not hidden behind "
-      "backward; eff. = samples/s over nodes x one node's):\n";
+      "batch; 'plan alone' is the rank's plan on one device; the step is that plan as each "
+      "rank runs it, simulated with its collectives; 'reduce' the gradient collectives, "
+      "'exposed' what all its collectives (all-gathers included) add to its step; "
+      "eff. = samples/s over nodes x one node's):\n";
   absl::StrAppend(
       &out, absl::StrFormat("  %5s %6s %6s %-12s %-16s %10s %10s %10s %10s %12s %6s\n", "nodes",
                             "ranks", "batch", "sharding", "rank plan", "plan alone", "reduce",

@@ -61,12 +61,6 @@ bool Faster(const tandem::v1::Plan& a, const tandem::v1::Plan& b) {
   return a.prediction().iteration_seconds() < b.prediction().iteration_seconds();
 }
 
-absl::StatusOr<CostModel> CostModelOf(const PlanRequest& request) {
-  return request.hardware.has_value()
-             ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
-             : CostModel::FromMeasuredProfile(request.profile);
-}
-
 // What the strategies solve under: the request's figures, the cost source's
 // where the request leaves them 0. Errors for the fields only the cost source
 // can check.
@@ -272,6 +266,12 @@ absl::Status AddPipelines(const PlanRequest& request, const CostModel& cost, int
 }
 
 }  // namespace
+
+absl::StatusOr<CostModel> CostModelOf(const PlanRequest& request) {
+  return request.hardware.has_value()
+             ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
+             : CostModel::FromMeasuredProfile(request.profile);
+}
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
   if (absl::Status s = ValidateRequest(request); !s.ok()) return s;

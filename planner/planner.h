@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/cost_model.h"
 #include "tandem/v1/plan.pb.h"
 #include "tandem/v1/profile.pb.h"
 #include "tandem/v1/tandem_service.pb.h"
@@ -103,6 +104,10 @@ struct PlanRequest {
 };
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request);
+
+// The cost model SolvePlan plans `request` with: the hardware spec's roofline
+// over the profile, else the profile's measured timings.
+absl::StatusOr<CostModel> CostModelOf(const PlanRequest& request);
 
 // A pipeline plan (docs/pipeline.md) over request.pipeline_devices
 // accelerators of request.accelerator_memory_bytes each (0: the cost

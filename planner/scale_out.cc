@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "planner/simulator.h"
 
 namespace tandem::planner {
 namespace {
@@ -28,68 +29,6 @@ int64_t ParameterCount(const tandem::v1::Profile& profile) {
   return p;
 }
 
-// When backward has finished each layer (the last micro-batch's backward of
-// it), from a plan's predicted timeline; and when backward ends.
-struct BackwardTimes {
-  std::map<int, double> layer_done;
-  double end = 0;
-};
-
-BackwardTimes Backward(const Plan& plan) {
-  BackwardTimes t;
-  for (const auto& s : plan.timeline().spans()) {
-    if (s.phase() != tandem::v1::TIMELINE_PHASE_BACKWARD || s.layer() < 0) continue;
-    double& done = t.layer_done[s.layer()];
-    done = std::max(done, s.end_seconds());
-    t.end = std::max(t.end, s.end_seconds());
-  }
-  return t;
-}
-
-// The update work after backward ended, in seconds.
-double UpdateTail(const Plan& plan, double backward_end) {
-  double end = backward_end;
-  for (const auto& s : plan.timeline().spans()) {
-    if (s.phase() == tandem::v1::TIMELINE_PHASE_UPDATE) end = std::max(end, s.end_seconds());
-  }
-  return end - backward_end;
-}
-
-struct Comm {
-  double gradient = 0;  // all the buckets' collectives
-  double exposed = 0;   // past the end of backward
-};
-
-// Buckets of consecutive layers, last first, each reduced once backward has
-// finished it and the previous bucket is done. `fraction`: of an all-reduce's
-// time each bucket takes (1, or 1/2 for a reduce-scatter).
-Comm Gradients(const ScaleOutRequest& request, const Plan& plan, int nodes, int accelerators,
-               double fraction) {
-  const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
-  const BackwardTimes backward = Backward(plan);
-  const auto& layers = request.rank.profile.layers();
-  Comm c;
-  double link_free = 0, bucket = 0, ready = 0;
-  auto flush = [&] {
-    if (bucket <= 0) return;
-    const double t = fraction * AllReduceSeconds(hw, nodes, accelerators, bucket);
-    link_free = std::max(link_free, ready) + t;
-    c.gradient += t;
-    bucket = 0;
-    ready = 0;
-  };
-  for (int l = layers.size() - 1; l >= 0; --l) {
-    if (layers[l].parameter_count() == 0) continue;
-    bucket += static_cast<double>(layers[l].parameter_count()) * request.gradient_bytes_per_element;
-    auto it = backward.layer_done.find(l);
-    ready = std::max(ready, it == backward.layer_done.end() ? backward.end : it->second);
-    if (bucket >= static_cast<double>(request.bucket_bytes)) flush();
-  }
-  flush();
-  c.exposed = std::max(0.0, link_free - backward.end);
-  return c;
-}
-
 // The rank's best plan for `host_bytes` of host memory.
 absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes) {
   request.host_memory_bytes = host_bytes;
@@ -100,9 +39,15 @@ absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes) {
   return r.plan();
 }
 
-// One node count's prediction under `sharding` with the rank's `plan`.
-ScaleOutPlan Predict(const ScaleOutRequest& request, const Plan& plan, int nodes, int accelerators,
-                     tandem::v1::OptimizerSharding sharding) {
+// One node count's prediction under `sharding` with the rank's `plan`: the
+// plan's step as each rank's executor runs it (schedule/lower.h,
+// DATA-PARALLEL RANKS: buckets reduced on the NETWORK stream as backward
+// finishes them; partitioned, the host's reduce-scattered, updated in pieces
+// and all-gathered), timed by the simulator with each collective at the
+// hierarchical ring formula's seconds, and again with the collectives free.
+absl::StatusOr<ScaleOutPlan> Predict(const ScaleOutRequest& request, const PlanSimulator& simulator,
+                                     const Plan& plan, int nodes, int accelerators,
+                                     tandem::v1::OptimizerSharding sharding) {
   ScaleOutPlan s;
   s.set_nodes(nodes);
   s.set_ranks(nodes * accelerators);
@@ -110,25 +55,40 @@ ScaleOutPlan Predict(const ScaleOutRequest& request, const Plan& plan, int nodes
   s.set_feasible(plan.feasible());
   s.set_note(plan.solver().note());
   s.set_compute_seconds(plan.prediction().iteration_seconds());
-  const bool partitioned = sharding == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
-  const Comm comm = Gradients(request, plan, nodes, accelerators, partitioned ? 0.5 : 1.0);
-  s.set_gradient_seconds(comm.gradient);
-  s.set_exposed_seconds(comm.exposed);
-  if (partitioned && s.ranks() > 1) {
-    const double weights = static_cast<double>(ParameterCount(request.rank.profile)) *
-                           request.gradient_bytes_per_element;
-    s.set_gather_seconds(0.5 *
-                         AllReduceSeconds(*request.rank.hardware, nodes, accelerators, weights));
-    // Each rank updates 1/ranks of the weights on its share of the host (or
-    // its accelerator).
-    const double tail = UpdateTail(plan, Backward(plan).end);
-    s.set_update_saved_seconds(tail * (1.0 - 1.0 / s.ranks()));
-  }
-  s.set_step_seconds(s.compute_seconds() + s.exposed_seconds() + s.gather_seconds() -
-                     s.update_saved_seconds());
+  s.set_step_seconds(s.compute_seconds());
   Plan kept = plan;
   kept.clear_timeline();
   *s.mutable_rank_plan() = std::move(kept);
+  if (!plan.feasible() || s.ranks() == 1) return s;
+  const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
+  SimulationOptions ranks;
+  ranks.ranks = s.ranks();
+  ranks.bucket_bytes = request.bucket_bytes;
+  ranks.partition_host_state = sharding == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  ranks.collective_seconds = [&hw, nodes, accelerators](schedule::OpKind kind, int64_t bytes) {
+    const double all_reduce = AllReduceSeconds(hw, nodes, accelerators, static_cast<double>(bytes));
+    // A reduce-scatter or an all-gather is one of the all-reduce's two phases.
+    return kind == schedule::OpKind::kAllReduce ? all_reduce : all_reduce / 2;
+  };
+  TANDEM_ASSIGN_OR_RETURN(const SimulationResult with, simulator.Simulate(plan, ranks));
+  SimulationOptions free = ranks;
+  free.record_timeline = false;
+  free.collective_seconds = [](schedule::OpKind, int64_t) { return 0.0; };
+  TANDEM_ASSIGN_OR_RETURN(const SimulationResult without, simulator.Simulate(plan, free));
+  for (const tandem::v1::TimelineSpan& span : with.timeline.spans()) {
+    const double seconds = span.end_seconds() - span.start_seconds();
+    if (span.phase() == tandem::v1::TIMELINE_PHASE_ALL_GATHER) {
+      s.set_gather_seconds(s.gather_seconds() + seconds);
+    } else if (span.phase() == tandem::v1::TIMELINE_PHASE_ALL_REDUCE ||
+               span.phase() == tandem::v1::TIMELINE_PHASE_REDUCE_SCATTER) {
+      s.set_gradient_seconds(s.gradient_seconds() + seconds);
+    }
+  }
+  const double step = with.prediction.iteration_seconds();
+  const double alone = without.prediction.iteration_seconds();
+  s.set_exposed_seconds(step - alone);
+  s.set_update_saved_seconds(s.compute_seconds() - alone);
+  s.set_step_seconds(step);
   return s;
 }
 
@@ -149,19 +109,23 @@ ScaleOutPlan Choose(tandem::v1::OptimizerSharding asked, int ranks, ScaleOutPlan
                                    "); partitioned keeps 1/", ranks, " of the optimizer state"));
   } else if (rep.feasible() && par.feasible() && par.step_seconds() < rep.step_seconds()) {
     chosen = par;
-    chosen.set_reason(absl::StrCat("faster: a step of ", par.step_seconds(), " s against ",
-                                   rep.step_seconds(), " s replicated (its reduce-scatter leaves ",
-                                   par.exposed_seconds(), " s exposed against the all-reduce's ",
-                                   rep.exposed_seconds(), "; the all-gather costs ",
-                                   par.gather_seconds(), " s; updating 1/", ranks,
-                                   " of the weights saves ", par.update_saved_seconds(), " s)"));
+    chosen.set_reason(absl::StrCat(
+        "faster: a step of ", par.step_seconds(), " s against ", rep.step_seconds(),
+        " s replicated (its reduce-scatters and all-gathers (", par.gather_seconds(),
+        " s of them) leave ", par.exposed_seconds(), " s exposed against the all-reduces' ",
+        rep.exposed_seconds(), " s; updating 1/", ranks,
+        " of the host's weights, its step "
+        "without them is ",
+        par.compute_seconds() - par.update_saved_seconds(), " s against ",
+        rep.compute_seconds() - rep.update_saved_seconds(), " s)"));
   } else {
     chosen = rep;
     chosen.set_reason(rep.feasible()
                           ? absl::StrCat("fits, and partitioning is not faster (a step of ",
-                                         par.step_seconds(), " s: its all-gather costs ",
-                                         par.gather_seconds(), " s, its update saves ",
-                                         par.update_saved_seconds(), " s)")
+                                         par.step_seconds(), " s against ", rep.step_seconds(),
+                                         " s: its all-gathers take ", par.gather_seconds(),
+                                         " s, and its collectives leave ", par.exposed_seconds(),
+                                         " s exposed against ", rep.exposed_seconds(), " s)")
                           : "neither fits a rank");
   }
   return chosen;
@@ -259,11 +223,13 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
                               (request.gradient_bytes_per_element < 4 ? 1 : 0)) *
                              4.0;
   TANDEM_ASSIGN_OR_RETURN(const Plan replicated_plan, RankPlan(rank, host));
+  TANDEM_ASSIGN_OR_RETURN(const CostModel cost, CostModelOf(rank));
+  const PlanSimulator simulator(cost);
 
   auto choose = [&](int nodes) -> absl::StatusOr<ScaleOutPlan> {
     const int ranks = nodes * g;
-    ScaleOutPlan rep =
-        Predict(request, replicated_plan, nodes, g, tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan rep, Predict(request, simulator, replicated_plan, nodes, g,
+                                                      tandem::v1::OPTIMIZER_SHARDING_REPLICATED));
     // Partitioned, the host holds 1/ranks of the optimizer state: the plan
     // may keep more there.
     Plan partitioned_plan = replicated_plan;
@@ -272,8 +238,9 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
           partitioned_plan,
           RankPlan(rank, host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks))));
     }
-    ScaleOutPlan par =
-        Predict(request, partitioned_plan, nodes, g, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan par,
+                            Predict(request, simulator, partitioned_plan, nodes, g,
+                                    tandem::v1::OPTIMIZER_SHARDING_PARTITIONED));
     ScaleOutPlan chosen = Choose(request.sharding, ranks, std::move(rep), std::move(par));
     chosen.set_rank_batch_size(rank.batch_size);
     chosen.set_global_batch_size(rank.batch_size * ranks);

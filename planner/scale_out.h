@@ -9,18 +9,23 @@
 // accelerator's 1/G slice with its peers on the other N - 1 nodes (network),
 // an all-gather within the node; each phase a ring of alpha-beta steps:
 //   2 (G-1)/G S / B_acc + 2 (G-1) a_acc + 2 (N-1)/N (S/G) / B_net + 2 (N-1) a_net.
-// Buckets are reduced in turn, each starting when backward has finished its
-// layers (the rank plan's predicted timeline) and the previous one is done;
-// what runs past the end of backward is exposed.
+// The step is the rank plan's as each rank's executor runs it: the plan
+// lowered for its ranks (schedule/lower.h, DATA-PARALLEL RANKS: each bucket's
+// collective on the NETWORK stream once backward has finished its layers,
+// the previous bucket's done) and timed by the simulator, each collective at
+// the formula's seconds (a reduce-scatter or all-gather at half an
+// all-reduce's). What the collectives add is that step against the same
+// program with them free.
 //
 // A node's G ranks share its host: each rank is planned with 1/G of the
 // host's cores, rates, bandwidth and memory.
 //
-// Partitioned (ZeRO with offload): each bucket is reduce-scattered (half the
-// all-reduce's bandwidth term), each rank updates 1/ranks of the weights (the
-// plan's update work after backward shrinks to 1/ranks), and the weights are
-// all-gathered (the other half) before the next step. The optimizer state per rank is 1/ranks of
-// it, so a plan that did not fit the host replicated may fit partitioned.
+// Partitioned (ZeRO with offload), as the executor partitions: each host
+// bucket is reduce-scattered, each rank updates 1/ranks of each host-updated
+// layer, and the host's weights are all-gathered before they go back up; the
+// accelerator's buckets are all-reduced whole. The optimizer state per rank is
+// 1/ranks of it, so a plan that did not fit the host replicated may fit
+// partitioned.
 #ifndef TANDEM_PLANNER_SCALE_OUT_H_
 #define TANDEM_PLANNER_SCALE_OUT_H_
 

@@ -81,8 +81,10 @@ std::vector<LayerNumbers> Numbers(const CostModel& cost, const Decisions& s, Mod
   return numbers;
 }
 
-// How long `op` takes under the cost model.
-double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNumbers& n) {
+// How long `op` takes under the cost model (and, for a rank's collectives
+// and partitioned updates, `options`).
+double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNumbers& n,
+                 const SimulationOptions& options) {
   const bool host = op.replica == schedule::kHostReplica;
   switch (op.kind) {
     case OpKind::kForward:
@@ -91,7 +93,13 @@ double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNu
     case OpKind::kBackward:
       return host ? n.host_bwd : n.bwd;
     case OpKind::kUpdate:
-      return host ? n.upd_host : n.upd_acc;
+      if (!host) return n.upd_acc;
+      // A partitioned rank steps its piece of the layer.
+      return options.partition_host_state ? n.upd_host / options.ranks : n.upd_host;
+    case OpKind::kAllReduce:
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather:
+      return options.collective_seconds(op.kind, op.bytes);
     case OpKind::kGradientAverage:
       return n.average;
     case OpKind::kGradientNorm:
@@ -314,12 +322,16 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
                                                          const SimulationOptions& options) const {
   if (stop_ && stop_()) return absl::CancelledError("planning stopped: the caller has gone");
   if (absl::Status v = Validate(s); !v.ok()) return v;
-  if (!options.use_event_graph && ResidentChain::Covers(s)) {
+  const bool ranks = options.ranks > 1;
+  if (ranks && !options.collective_seconds) {
+    return absl::InvalidArgumentError("ranks > 1: the collectives need their seconds");
+  }
+  if (!options.use_event_graph && !ranks && ResidentChain::Covers(s)) {
     std::vector<bool> on_accelerator(s.layers.size());
     for (size_t l = 0; l < s.layers.size(); ++l) on_accelerator[l] = s.layers[l].update == kAcc;
     return ResidentChain(cost_, s).Simulate(on_accelerator, options.record_timeline);
   }
-  if (!options.use_event_graph && HeteroReplicas::Covers(s)) {
+  if (!options.use_event_graph && !ranks && HeteroReplicas::Covers(s)) {
     return HeteroReplicas(cost_, s).Simulate(options.record_timeline);
   }
   const Mode mode = schedule::ModeOf(s);
@@ -327,13 +339,18 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
   const std::vector<LayerNumbers> numbers = Numbers(cost_, s, mode);
   std::vector<schedule::LayerSizes> sizes(L);
   for (int l = 0; l < L; ++l) sizes[l] = numbers[l].sizes;
-  absl::StatusOr<schedule::Schedule> lowered = schedule::Lower(s, sizes, cost_.has_accelerator());
+  schedule::LowerOptions lower;
+  lower.has_accelerator = cost_.has_accelerator();
+  lower.ranks = std::max(1, options.ranks);
+  lower.bucket_bytes = options.bucket_bytes;
+  lower.partition_host_state = ranks && options.partition_host_state;
+  absl::StatusOr<schedule::Schedule> lowered = schedule::Lower(s, sizes, lower);
   if (!lowered.ok()) return lowered.status();
   const schedule::Schedule& sched = *lowered;
   std::vector<double> seconds(sched.num_ops());
   for (int o = 0; o < sched.num_ops(); ++o) {
     const Op& op = sched.ops[o];
-    seconds[o] = op.layer >= 0 ? OpSeconds(sched, op, numbers[op.layer]) : 0.0;
+    seconds[o] = op.layer >= 0 ? OpSeconds(sched, op, numbers[op.layer], options) : 0.0;
   }
 
   // Lower makes one resource of each kind. hetero_dp's replicas need not

@@ -62,6 +62,7 @@
 #include "absl/status/statusor.h"
 #include "planner/cost_model.h"
 #include "planner/decisions.h"
+#include "schedule/schedule.h"
 #include "tandem/v1/plan.pb.h"
 
 namespace tandem::planner {
@@ -75,6 +76,16 @@ struct SimulationOptions {
   // recurrences give the same result bit for bit, faster. For tests that
   // compare the two.
   bool use_event_graph = false;
+  // Data parallelism (schedule/lower.h, DATA-PARALLEL RANKS): the step is
+  // one of `ranks` ranks', as a rank's executor runs it: its gradients summed
+  // in buckets of `bucket_bytes` on the NETWORK stream, each collective
+  // taking collective_seconds(kind, bytes) (kAllReduce, kReduceScatter,
+  // kAllGather; required when ranks > 1). With partition_host_state, the host
+  // updates step 1/ranks of their layers (ZeRO with offload).
+  int ranks = 1;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  bool partition_host_state = false;
+  std::function<double(schedule::OpKind kind, int64_t bytes)> collective_seconds;
 };
 
 struct LayerTiming {

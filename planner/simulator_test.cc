@@ -120,6 +120,47 @@ TEST(PlanSimulatorTest, GpuOnlyTwoLayersRunsBackToBack) {
   EXPECT_EQ(r.layers[1].slack_seconds, 0.0);
 }
 
+// The same zero_offload step as one of 2 data-parallel ranks, each layer its
+// own bucket and every collective 1 s (the executor's rank program):
+//   layer 1: D2H [4,5] ALL_REDUCE [5,6] update [6,7] H2D [7,8]
+//   layer 0: D2H [6,7] ALL_REDUCE [7,8] update [8,9] H2D [9,10]
+// so the next F0 starts at 10. Partitioned, the host steps half of each
+// layer (0.5 s) after a REDUCE_SCATTER, and the weights wait for the
+// ALL_GATHERs, which follow every bucket's sum in bucket order:
+//   RS1 [5,6] U1 [6,6.5]; RS0 [7,8] U0 [8,8.5]; AG1 [8,9] H2D1 [9,10];
+//   AG0 [9,10] H2D0 [10,11]: the next F0 at 11.
+TEST(PlanSimulatorTest, ARanksCollectivesAreTimedOnTheNetworkStream) {
+  const CostModel cost = Model({Layer(1, 2, 100), Layer(1, 2, 100)});
+  const Decisions d = Uniform(2, PLACEMENT_HOST);
+  PlanSimulator sim(cost);
+  SimulationOptions ranks;
+  ranks.ranks = 2;
+  ranks.bucket_bytes = 1;
+  EXPECT_EQ(sim.Simulate(d, ranks).status().code(), absl::StatusCode::kInvalidArgument);
+  ranks.collective_seconds = [](schedule::OpKind, int64_t) { return 1.0; };
+  absl::StatusOr<SimulationResult> r = sim.Simulate(d, ranks);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->prediction.iteration_seconds(), 10.0, kTol);
+  const auto reduces =
+      SpansOf(*r, tandem::v1::TIMELINE_RESOURCE_NETWORK, tandem::v1::TIMELINE_PHASE_ALL_REDUCE);
+  ASSERT_EQ(reduces.size(), 2u);
+  EXPECT_NEAR(reduces[0].start_seconds(), 5.0, kTol);
+  EXPECT_NEAR(reduces[1].start_seconds(), 7.0, kTol);
+
+  ranks.partition_host_state = true;
+  r = sim.Simulate(d, ranks);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->prediction.iteration_seconds(), 11.0, kTol);
+  const auto updates =
+      SpansOf(*r, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE);
+  ASSERT_EQ(updates.size(), 2u);
+  for (const auto& u : updates) EXPECT_NEAR(u.end_seconds() - u.start_seconds(), 0.5, kTol);
+  EXPECT_EQ(
+      SpansOf(*r, tandem::v1::TIMELINE_RESOURCE_NETWORK, tandem::v1::TIMELINE_PHASE_ALL_GATHER)
+          .size(),
+      2u);
+}
+
 TEST(PlanSimulatorTest, HostUpdatesThatMissTheirReuseDistanceStallTheAccelerator) {
   // fwd 1, bwd 2, 1 s copies, 1 s host updates (zero_offload):
   //   F0 [0,1] F1 [1,2] B1 [2,4] B0 [4,6]

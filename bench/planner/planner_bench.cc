@@ -610,9 +610,10 @@ void ScaleOutTable(const tandem::v1::HardwareSpec& spec) {
 }  // namespace
 }  // namespace tandem::planner
 
-// Usage: planner_bench [HARDWARE_SPEC [gpt | streamed | pipeline | solve LAYERS RUNS [all]]];
-// "streamed" prints the streamed-state table alone, "pipeline" the pipeline tables; "gpt" skips the
-// solve times; "solve" times one chain length only (for profilers).
+// Usage: planner_bench [HARDWARE_SPEC [gpt | streamed | pipeline | scaleout | solve LAYERS RUNS
+// [all]]]; "streamed" prints the streamed-state table alone, "pipeline" the pipeline tables,
+// "scaleout" the data-parallel table; "gpt" skips the solve times; "solve" times one chain length
+// only (for profilers).
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
   const bool gpt_only = argc > 2 && std::string(argv[2]) == "gpt";
@@ -630,6 +631,10 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[2]) == "pipeline") {
     tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_FP32);
     tandem::planner::PipelineVsOffload(*spec, tandem::v1::PRECISION_BF16);
+    return 0;
+  }
+  if (argc > 2 && std::string(argv[2]) == "scaleout") {
+    tandem::planner::ScaleOutTable(*spec);
     return 0;
   }
   if (streamed_only) {

@@ -370,7 +370,8 @@ absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest&
                          ? "emulated accelerators (tandemd --emulated_accelerators)"
                      : kind == tandem::v1::ACCELERATOR_KIND_CUDA ? "CUDA devices"
                                                                  : "accelerators";
-  if (index < 0 || index >= count) {
+  if (index < 0) return absl::InvalidArgumentError("accelerator_index: must be >= 0");
+  if (index >= count) {
     // The coordinator placed it by this node's offer at its last health
     // check; UNAVAILABLE lets its next run place it by the offer now.
     return absl::UnavailableError(absl::StrCat("accelerator_index: ", index,

@@ -104,7 +104,8 @@ class RankHost {
   static bool OfJob(const Rank& rank, const std::string& coordinator, const std::string& job_id);
   // UNAVAILABLE unless the request's accelerator_index names one of this
   // node's accelerators of the job's kind (0 for CPU jobs): the node's offer
-  // may have changed since the coordinator placed the rank.
+  // may have changed since the coordinator placed the rank (INVALID_ARGUMENT
+  // for a negative one).
   absl::Status CheckAcceleratorIndex(const tandem::v1::StartRankRequest& r) const;
   // UNAVAILABLE (retried on the job's next run) while ranks of an earlier
   // run of the job are still stopping here, which they are asked to; else

@@ -401,7 +401,9 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         # Rank 0's daemon committed manifests naming rank 1's partition on the
         # second daemon, whose state directory holds that very file.
         mine = os.path.join(first.state_dir, "jobs", job_id, "checkpoints")
-        theirs = os.path.join(second.state_dir, "ranks", job_id, "rank-1")
+        # Under the coordinator's address (job ids are each daemon's own).
+        theirs = os.path.join(second.state_dir, "ranks", first.address.replace(":", "_"), job_id,
+                              "rank-1")
         manifests = sorted(n for n in os.listdir(mine) if n.endswith(".manifest"))
         self.assertTrue(manifests, os.listdir(mine))
         with open(os.path.join(mine, manifests[-1])) as f:
@@ -726,7 +728,9 @@ class TwoDaemonsTwoAcceleratorsTest(unittest.TestCase, ParityMixin):
             self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=gpt_spec(3)),
                                       timeout=30)
         self.assertIn("3 ranks need 2 other healthy tandemd nodes", e.exception.details())
-        # A rank started on an accelerator the node does not have.
+        # A rank started on an accelerator the node does not have: UNAVAILABLE,
+        # since a coordinator places ranks by the node's offer at its last
+        # health check, and its next run places them by the offer then.
         from tandem.v1 import cluster_pb2, cluster_pb2_grpc
         channel = stub(self.daemons[1].address)[0]
         request = cluster_pb2.StartRankRequest(
@@ -736,7 +740,7 @@ class TwoDaemonsTwoAcceleratorsTest(unittest.TestCase, ParityMixin):
         with self.assertRaises(grpc.RpcError) as e:
             cluster_pb2_grpc.ClusterStub(channel).StartRank(request, timeout=30)
         channel.close()
-        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
         self.assertIn("accelerator_index: 2 is not one of this daemon's 2 emulated accelerators",
                       e.exception.details())
         self.assertEqual(host_reserved(self.clients[0]), 0)

@@ -33,6 +33,7 @@ int64_t ParameterCount(const tandem::v1::Profile& profile) {
 absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes) {
   request.host_memory_bytes = host_bytes;
   request.pipeline_devices = 1;
+  request.pipeline_auto = false;
   // As tandemd's ranks run: without streamed optimizer state (not on ranks yet).
   request.stream_optimizer_state = false;
   TANDEM_ASSIGN_OR_RETURN(const tandem::v1::PlanModelResponse r, SolvePlan(request));
@@ -70,11 +71,30 @@ absl::StatusOr<ScaleOutPlan> Predict(const ScaleOutRequest& request, const PlanS
     // A reduce-scatter or an all-gather is one of the all-reduce's two phases.
     return kind == schedule::OpKind::kAllReduce ? all_reduce : all_reduce / 2;
   };
-  TANDEM_ASSIGN_OR_RETURN(const SimulationResult with, simulator.Simulate(plan, ranks));
+  absl::StatusOr<SimulationResult> simulated = simulator.Simulate(plan, ranks);
   SimulationOptions free = ranks;
   free.record_timeline = false;
   free.collective_seconds = [](schedule::OpKind, int64_t) { return 0.0; };
-  TANDEM_ASSIGN_OR_RETURN(const SimulationResult without, simulator.Simulate(plan, free));
+  absl::StatusOr<SimulationResult> unconnected = simulator.Simulate(plan, free);
+  // A plan no rank runs (hetero_dp's two replicas, say) is no rank plan.
+  for (const absl::Status& status : {simulated.status(), unconnected.status()}) {
+    if (status.code() == absl::StatusCode::kCancelled) return status;
+    if (!status.ok()) {
+      s.set_feasible(false);
+      s.set_note(absl::StrCat("a rank cannot run this plan: ", status.message()));
+      return s;
+    }
+  }
+  const SimulationResult& with = *simulated;
+  const SimulationResult& without = *unconnected;
+  // A rank holds its accelerator's gradients until its buckets are summed.
+  const int64_t budget = plan.accelerator_memory_budget_bytes();
+  if (budget > 0 && with.prediction.accelerator_peak_bytes() > budget) {
+    s.set_feasible(false);
+    s.set_note(absl::StrCat("as a rank its accelerator peaks at ",
+                            with.prediction.accelerator_peak_bytes(), " bytes, over its budget of ",
+                            budget));
+  }
   for (const tandem::v1::TimelineSpan& span : with.timeline.spans()) {
     const double seconds = span.end_seconds() - span.start_seconds();
     if (span.phase() == tandem::v1::TIMELINE_PHASE_ALL_GATHER) {
@@ -224,7 +244,7 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
                              4.0;
   TANDEM_ASSIGN_OR_RETURN(const Plan replicated_plan, RankPlan(rank, host));
   TANDEM_ASSIGN_OR_RETURN(const CostModel cost, CostModelOf(rank));
-  const PlanSimulator simulator(cost);
+  const PlanSimulator simulator(cost, rank.stop);
 
   auto choose = [&](int nodes) -> absl::StatusOr<ScaleOutPlan> {
     const int ranks = nodes * g;

@@ -95,7 +95,8 @@ double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNu
     case OpKind::kUpdate:
       if (!host) return n.upd_acc;
       // A partitioned rank steps its piece of the layer.
-      return options.partition_host_state ? n.upd_host / options.ranks : n.upd_host;
+      return options.partition_host_state && options.ranks > 1 ? n.upd_host / options.ranks
+                                                               : n.upd_host;
     case OpKind::kAllReduce:
     case OpKind::kReduceScatter:
     case OpKind::kAllGather:

@@ -6,9 +6,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 
 namespace tandem {
@@ -22,6 +24,46 @@ std::string DirName(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
 }
+
+// Writers of one path in this process take turns: each writes through the
+// same temporary file (path.tmp.<pid>), which two at once would interleave
+// (and the second rename would find it gone). A path's lock lives while
+// someone holds or waits for it.
+class PathTurn {
+ public:
+  explicit PathTurn(const std::string& path) : path_(path) {
+    {
+      absl::MutexLock lock(&Registry().mu);
+      Entry& e = Registry().paths[path_];
+      ++e.users;
+      mu_ = &e.mu;
+    }
+    mu_->Lock();
+  }
+  ~PathTurn() {
+    mu_->Unlock();
+    absl::MutexLock lock(&Registry().mu);
+    auto it = Registry().paths.find(path_);
+    if (--it->second.users == 0) Registry().paths.erase(it);
+  }
+
+ private:
+  struct Entry {
+    absl::Mutex mu;
+    int users = 0;
+  };
+  struct Paths {
+    absl::Mutex mu;
+    // A std::map: an entry does not move while others come and go.
+    std::map<std::string, Entry> paths ABSL_GUARDED_BY(mu);
+  };
+  static Paths& Registry() {
+    static Paths* paths = new Paths;  // never destroyed: writers may outlive main
+    return *paths;
+  }
+  const std::string path_;
+  absl::Mutex* mu_ = nullptr;
+};
 
 absl::Status SyncDirectory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -50,6 +92,7 @@ absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& pat
 
 absl::StatusOr<int64_t> WriteFileAtomically(const std::string& path,
                                             const std::function<absl::Status(int fd)>& write) {
+  const PathTurn turn(path);
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);

@@ -1,7 +1,8 @@
 // Files written whole or not at all: a temporary file beside the target,
 // fsync, rename over the target, fsync of the directory. A crash leaves the
 // old file or the new one, never a torn one. Used by checkpoints and the
-// profile caches; ReadWholeFile reads them back. Free functions; thread-safe for distinct paths.
+// profile caches; ReadWholeFile reads them back. Free functions; thread-safe:
+// writers of one path in one process take turns (the last to finish wins).
 #ifndef TANDEM_BASE_ATOMIC_FILE_H_
 #define TANDEM_BASE_ATOMIC_FILE_H_
 

@@ -319,21 +319,39 @@ absl::Status JobStore::Write(Op op) {
   // arrive meanwhile wait for the next round.
   std::vector<Writer*> batch(writers_.begin(), writers_.end());
   write_mu_.Unlock();
+  // The ops from batch[first] on share the open transaction.
+  size_t first = 0;
   absl::Status txn = Exec(write_db_, "BEGIN IMMEDIATE");
-  if (txn.ok()) {
-    for (Writer* each : batch) {
-      Exec(write_db_, "SAVEPOINT op").IgnoreError();
-      each->status = each->op(write_db_);
-      Exec(write_db_, each->status.ok() ? "RELEASE op" : "ROLLBACK TO op; RELEASE op")
-          .IgnoreError();
+  for (size_t i = 0; txn.ok() && i < batch.size(); ++i) {
+    Writer* each = batch[i];
+    Exec(write_db_, "SAVEPOINT op").IgnoreError();
+    each->status = each->op(write_db_);
+    if (sqlite3_get_autocommit(write_db_) != 0) {
+      // SQLite rolled the whole transaction back (an I/O error; a full disk
+      // without a statement journal): the ops before this one in it are gone
+      // too, whatever they returned. The rest go on in a new transaction.
+      const absl::Status cause = each->status.ok()
+                                     ? absl::InternalError("the transaction ended under an op")
+                                     : each->status;
+      for (size_t j = first; j < i; ++j) {
+        batch[j]->status = absl::Status(
+            cause.code(), absl::StrCat("rolled back with a later write: ", cause.message()));
+      }
+      each->status = cause;
+      first = i + 1;
+      txn = Exec(write_db_, "BEGIN IMMEDIATE");
+      continue;
     }
+    Exec(write_db_, each->status.ok() ? "RELEASE op" : "ROLLBACK TO op; RELEASE op").IgnoreError();
+  }
+  if (txn.ok()) {
     txn = Exec(write_db_, "COMMIT");
     if (!txn.ok()) Exec(write_db_, "ROLLBACK").IgnoreError();
   }
   write_mu_.Lock();
-  for (Writer* each : batch) {
-    if (!txn.ok()) each->status = txn;
-    each->done = true;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!txn.ok() && i >= first) batch[i]->status = txn;
+    batch[i]->done = true;
     writers_.pop_front();
   }
   return w.status;

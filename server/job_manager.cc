@@ -932,9 +932,11 @@ absl::Status JobManager::Recover() {
       }
     };
     if (!entry->job.cancel_requested().empty()) {
-      // Cancelled while it ran, before tandemd went down.
-      transition(tandem::v1::JOB_STATE_CANCELLED, entry->job.cancel_requested());
-      if (!entry->unrecorded.empty()) live_[entry->job.id()] = entry;
+      // Cancelled while it ran, before tandemd went down. Ended as a queued
+      // job ends: its log closes (its watchers end) whether or not the store
+      // takes the end now, and it stays live until it does.
+      live_[entry->job.id()] = entry;
+      EndQueuedLocked(*entry, tandem::v1::JOB_STATE_CANCELLED, entry->job.cancel_requested());
       continue;
     }
     if (!estimate.ok()) {
@@ -956,9 +958,9 @@ absl::Status JobManager::Recover() {
     // ones) could never be scheduled, and would hold every job behind it.
     const absl::Status fits = CheckBudgets(*estimate);
     if (!fits.ok()) {
-      transition(tandem::v1::JOB_STATE_FAILED,
-                 absl::StrCat("cannot resume after restart: ", fits.message()));
-      if (!entry->unrecorded.empty()) live_[entry->job.id()] = entry;
+      live_[entry->job.id()] = entry;
+      EndQueuedLocked(*entry, tandem::v1::JOB_STATE_FAILED,
+                      absl::StrCat("cannot resume after restart: ", fits.message()));
       continue;
     }
     entry->estimate = *estimate;

@@ -500,6 +500,38 @@ TEST_F(JobManagerTest, RecoveryRequeuesJobsLeftRunningByACrash) {
   WaitFor(s->job.id(), tandem::v1::JOB_STATE_SUCCEEDED);
 }
 
+// A job cancelled while it ran before a crash ends CANCELLED at recovery.
+// When the store cannot take that end yet, the job is served from memory
+// and its event log still closes: its watchers end instead of waiting for
+// the daemon's shutdown. The end is written once the store takes it.
+TEST_F(JobManagerTest, ARecoveredCancelTheStoreCannotTakeYetStillEndsItsWatchers) {
+  Open("recovered-cancel");
+  auto s = jobs_->Submit(Spec(5), "");
+  const std::string id = s->job.id();
+  tandem::v1::Job record = *store_->GetJob(id).value();
+  record.set_state(tandem::v1::JOB_STATE_RUNNING);
+  record.set_cancel_requested("cancelled by request");
+  ASSERT_TRUE(store_->UpdateJob(record).ok());
+  Close();
+  Open("recovered-cancel", int64_t{1} << 32, /*fresh=*/false);
+  sqlite3* other = LockDatabase();  // the store's writes give up after 10 s
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(jobs_->Recover().ok());
+  UnlockDatabase(other);
+  EXPECT_EQ(jobs_->Get(id)->state(), tandem::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ((*store_->GetJob(id))->state(), tandem::v1::JOB_STATE_RUNNING);  // not yet
+  const absl::StatusOr<std::shared_ptr<EventLog>> log = jobs_->Events(id);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_TRUE((*log)->closed());
+  jobs_->Start();  // its loop writes what the store could not take
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while ((*store_->GetJob(id))->state() != tandem::v1::JOB_STATE_CANCELLED &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ((*store_->GetJob(id))->state(), tandem::v1::JOB_STATE_CANCELLED);
+}
+
 TEST_F(JobManagerTest, ACancelTheStoreCannotTakeLeavesTheQueuedJobAsItWas) {
   Open("cancel-store");
   ASSERT_TRUE(jobs_->Recover().ok());

@@ -857,7 +857,10 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
   const double now = current.prediction().iteration_seconds();
   const double then = split.prediction().iteration_seconds();
   const bool other = split.feasible() && !SamePlacement(split, plan_);
-  d.placement_changed = other && then < now * (1 - kMinGain);
+  // Under PipeDream a layer's staleness is its stage's (K-s-1): moving a cut
+  // changes how stale its gradients are, so a new split is another training.
+  const bool pipedream = plan_.pipeline_schedule() == tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM;
+  d.placement_changed = other && !pipedream && then < now * (1 - kMinGain);
   if (other) {
     std::vector<std::string> cuts;
     for (const auto& st : split.pipeline()) {
@@ -865,7 +868,10 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
     }
     absl::StrAppend(&d.cost_source, "; the best split from them, layers ",
                     absl::StrJoin(cuts, " | "), ", is predicted ", Ms(then),
-                    d.placement_changed ? "" : ", which gains too little");
+                    d.placement_changed ? ""
+                    : pipedream         ? ", not taken: under PipeDream a new split would change "
+                                          "its layers' staleness"
+                                        : ", which gains too little");
   }
   d.plan = d.placement_changed ? std::move(split) : current;
   d.replaced_timed = std::move(current);

@@ -13,10 +13,13 @@
 // plan again from it. A new placement is switched to at a step boundary; the
 // same placement keeps running with its prediction re-calibrated. A switch
 // that measures slower than the plan it replaced is switched back, and the
-// loop stops there, so it never oscillates; it also stops after a window that
-// agrees with the prediction, after max_replans, and when a re-calibrated
-// prediction is still off (what the simulator does not model, it cannot
-// learn).
+// loop stops there; it also stops after a window that agrees with the
+// prediction, after max_replans, and when a re-calibrated prediction is
+// still off (what the simulator does not model, it cannot learn). So it is
+// bounded in a run, though not kept from going A -> B -> A through
+// placements of one strategy that each measure no slower than the last
+// (max_replans bounds that), nor from a switch a restarted run repeats (the
+// loop's memory is the run's).
 //
 // A pipeline (Plan.pipeline) is checked on its step time. Its window's
 // per-stage figures (PipelineStageStats: forward-backward busy time and

@@ -544,6 +544,29 @@ TEST_F(PipelineLoopTest, ASlowStageMovesTheSplitAndAnEvenSlowdownRecalibrates) {
   EXPECT_FALSE(SamePlacement(plan_, other));
 }
 
+// Under PipeDream a layer's gradients are as stale as its stage makes them:
+// a slow stage is re-timed, and its split kept, saying why.
+TEST_F(PipelineLoopTest, APipeDreamSplitIsReTimedNotMoved) {
+  spec_.mutable_placement()->mutable_pipeline()->set_schedule(
+      tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  absl::StatusOr<Plan> plan = PlanJob(*jm_.model, spec_, node_);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  plan_ = *std::move(plan);
+  ASSERT_EQ(plan_.pipeline_schedule(), tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);
+  const PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
+  const double predicted = plan_.prediction().iteration_seconds();
+  PlanLoop loop(*jm_.model, spec_, node_, plan_, options);
+  loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  const PlanLoop::Outcome out = loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  ASSERT_TRUE(out.decision) << out.log;
+  EXPECT_FALSE(out.decision->placement_changed) << out.log;
+  EXPECT_TRUE(SamePlacement(out.decision->plan, plan_));
+  // Re-timed with the stages' figures.
+  EXPECT_NE(out.decision->plan.prediction().iteration_seconds(), predicted) << out.log;
+  EXPECT_NE(out.decision->cost_source.find("not taken: under PipeDream"), std::string::npos)
+      << out.decision->cost_source;
+}
+
 class LayerProfileCacheTest : public MeasuredProfileTest {
  protected:
   void SetUp() override {

@@ -807,6 +807,23 @@ std::shared_ptr<EventLog> JobManager::LiveLog(const std::string& id, uint64_t la
       reserved);
 }
 
+std::vector<JobEvent> JobManager::UnstoredEvents(const std::string& id, uint64_t from, uint64_t to,
+                                                 int max) {
+  std::vector<JobEvent> out;
+  absl::MutexLock lock(&persist_mu_);
+  auto take = [&](const std::vector<JobEvent>& events) {
+    for (const JobEvent& e : events) {
+      if (e.job_id() == id && e.sequence() >= from && e.sequence() < to) out.push_back(e);
+    }
+  };
+  if (in_flight_events_ != nullptr) take(*in_flight_events_);
+  take(pending_events_);
+  std::sort(out.begin(), out.end(),
+            [](const JobEvent& a, const JobEvent& b) { return a.sequence() < b.sequence(); });
+  if (out.size() > static_cast<size_t>(std::max(0, max))) out.resize(std::max(0, max));
+  return out;
+}
+
 void JobManager::AppendEvent(Entry& entry, JobEvent event) {
   event = entry.log->Append(std::move(event));
   absl::MutexLock lock(&persist_mu_);
@@ -876,15 +893,22 @@ void JobManager::PersistLoop() {
 }
 
 void JobManager::FlushEvents() {
-  std::vector<JobEvent> batch;
+  absl::MutexLock flushing(&flush_mu_);
+  // Written without persist_mu_ (training appends meanwhile); UnstoredEvents
+  // reads the same batch, which nobody changes until it is done.
+  std::shared_ptr<const std::vector<JobEvent>> in_flight;
   {
     absl::MutexLock lock(&persist_mu_);
-    batch.swap(pending_events_);
+    if (pending_events_.empty()) return;
+    std::vector<JobEvent> taken;
+    taken.swap(pending_events_);
+    in_flight = std::make_shared<const std::vector<JobEvent>>(std::move(taken));
+    in_flight_events_ = in_flight;
   }
-  if (batch.empty()) return;
-  const absl::Status s = store_->AppendEvents(batch, options_.events_kept_per_job);
+  const absl::Status s = store_->AppendEvents(*in_flight, options_.events_kept_per_job);
+  absl::MutexLock lock(&persist_mu_);
+  in_flight_events_.reset();
   if (s.ok()) {
-    absl::MutexLock lock(&persist_mu_);
     if (event_write_failing_) std::fprintf(stderr, "tandemd: job events are persisted again\n");
     event_write_failing_ = false;
     return;
@@ -893,7 +917,7 @@ void JobManager::FlushEvents() {
   // which the oldest are given up: the state changes and the job records,
   // written separately, are what must not be lost.
   constexpr size_t kMaxHeldEvents = 100000;
-  absl::MutexLock lock(&persist_mu_);
+  std::vector<JobEvent> batch(in_flight->begin(), in_flight->end());
   batch.insert(batch.end(), pending_events_.begin(), pending_events_.end());
   size_t dropped = 0;
   if (batch.size() > kMaxHeldEvents) {

@@ -143,6 +143,12 @@ class JobManager {
   // The event log of a job (opened from the store for jobs not held here).
   absl::StatusOr<std::shared_ptr<EventLog>> Events(const std::string& id);
   JobStore* store() { return store_; }
+  // A job's events numbered in [from, to) that are not in the store yet:
+  // waiting for the persister, being written now, or held for a retry (a
+  // full or locked disk). In order, at most `max`. A watcher reads them
+  // before it concludes that events below the in-memory log were lost.
+  std::vector<tandem::v1::JobEvent> UnstoredEvents(const std::string& id, uint64_t from,
+                                                   uint64_t to, int max);
 
   // Validation and the estimate alone, for PlanModel/ProfileModel and tests.
   struct Resolved {
@@ -355,9 +361,16 @@ class JobManager {
   mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
   Published published_ ABSL_GUARDED_BY(published_mu_);
 
+  // One FlushEvents at a time, so that it returns once what was pending when
+  // it was called is written or held for a retry.
+  absl::Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
   // Events waiting to be written by the persister (batched, off the training path).
   absl::Mutex persist_mu_;
   std::vector<tandem::v1::JobEvent> pending_events_ ABSL_GUARDED_BY(persist_mu_);
+  // The batch FlushEvents is writing (null between writes): not stored yet,
+  // no longer pending.
+  std::shared_ptr<const std::vector<tandem::v1::JobEvent>> in_flight_events_
+      ABSL_GUARDED_BY(persist_mu_);
   bool persist_stop_ ABSL_GUARDED_BY(persist_mu_) = false;
   bool event_write_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
   std::thread persister_;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "server/wire_request.h"
 
 namespace tandem::server {
@@ -194,25 +195,53 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
   }
 
-  // The next events from the cursor: from the store below what memory holds.
-  // A store that cannot be read is an error (never a skip past its events).
+  // The next events from the cursor: below what memory holds, from the store
+  // and the events not written yet (the persister's batch, or those a full
+  // disk holds back), in order. A store that cannot be read is an error
+  // (never a skip past its events).
   absl::Status Refill() {
     uint64_t first_in_memory = 0;
     std::vector<JobEvent> events = log_->Read(cursor_, 64, &first_in_memory);
     if (cursor_ < first_in_memory) {
-      absl::StatusOr<std::vector<JobEvent>> stored = service_->jobs()->store()->ReadEvents(
-          job_id_, cursor_, static_cast<int>(std::min<uint64_t>(64, first_in_memory - cursor_)));
-      if (!stored.ok()) return stored.status();
-      if (!stored->empty()) {
-        events = std::move(*stored);
+      const int want = static_cast<int>(std::min<uint64_t>(64, first_in_memory - cursor_));
+      TANDEM_ASSIGN_OR_RETURN(std::vector<JobEvent> below, Below(first_in_memory, want));
+      if (below.empty()) {
+        // Written between the two reads, or else lost in a crash.
+        TANDEM_ASSIGN_OR_RETURN(below,
+                                service_->jobs()->store()->ReadEvents(job_id_, cursor_, want));
+      }
+      if (!below.empty()) {
+        events = std::move(below);
       } else {
-        // Nothing on disk below memory (events lost in a crash): skip ahead.
+        // Nothing below memory anywhere (events lost in a crash): skip ahead.
         cursor_ = first_in_memory;
         events = log_->Read(cursor_, 64, &first_in_memory);
       }
     }
     for (JobEvent& e : events) buffer_.push_back(std::move(e));
     return absl::OkStatus();
+  }
+
+  // The first `want` events from the cursor below `first_in_memory`: the
+  // store's merged with those not written yet (a state change the store
+  // took directly can sit past step events still waiting), each once.
+  absl::StatusOr<std::vector<JobEvent>> Below(uint64_t first_in_memory, int want) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<JobEvent> stored,
+                            service_->jobs()->store()->ReadEvents(job_id_, cursor_, want));
+    std::vector<JobEvent> unstored =
+        service_->jobs()->UnstoredEvents(job_id_, cursor_, first_in_memory, want);
+    std::vector<JobEvent> merged;
+    size_t i = 0, j = 0;
+    while (merged.size() < static_cast<size_t>(want) &&
+           (i < stored.size() || j < unstored.size())) {
+      const bool from_store = j == unstored.size() ||
+                              (i < stored.size() && stored[i].sequence() <= unstored[j].sequence());
+      JobEvent& next = from_store ? stored[i++] : unstored[j++];
+      if (merged.empty() || next.sequence() > merged.back().sequence()) {
+        merged.push_back(std::move(next));
+      }
+    }
+    return merged;
   }
 
   TandemService* const service_;

@@ -171,6 +171,48 @@ class StorageFaultsTest(unittest.TestCase):
                                     # The second long job runs after the first.
                                     "--max_running_jobs=1"]).start()
 
+    def test_a_watcher_gets_the_events_a_full_disk_holds_back(self):
+        """A full disk holds a running job's events back (retried until it
+        has room) while the job logs more than tandemd keeps in memory
+        (4,096): a watcher from the first event gets every one, in order,
+        those not written yet from the held ones. Before 2026-11-29 it
+        skipped them as if lost in a crash."""
+        daemon = self.start()
+        channel, client = stub(daemon.address)
+        job = client.SubmitJob(tandem_service_pb2.SubmitJobRequest(
+            spec=synthetic_spec(steps=10000000)), timeout=30).job
+
+        def step():
+            return client.GetJob(tandem_service_pb2.GetJobRequest(job_id=job.id),
+                                 timeout=60).progress.step
+
+        deadline = time.time() + 60
+        while step() < 10:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.05)
+        self.disk.fill_without_store_slack(daemon)
+        held_from = step()
+        deadline = time.time() + 120
+        while step() < held_from + 6000:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.1)
+        self.assertTrue(wait_for_log(daemon, "cannot persist job events"), daemon.logs())
+        events = list(client.WatchJob(tandem_service_pb2.WatchJobRequest(
+            job_id=job.id, from_sequence=1, follow=False), timeout=120))
+        sequences = [e.sequence for e in events]
+        steps = [e.step.step for e in events if e.HasField("step")]
+        print("disk full from step %d: the watcher got %d events (sequences %d to %d), steps "
+              "%d to %d" % (held_from, len(events), sequences[0], sequences[-1], steps[0],
+                            steps[-1]))
+        self.assertEqual(sequences, list(range(1, len(sequences) + 1)))
+        self.assertGreater(len(steps), held_from + 6000 - 1)
+        self.assertEqual(steps, list(range(1, len(steps) + 1)))
+        self.disk.free()
+        client.CancelJob(tandem_service_pb2.CancelJobRequest(job_id=job.id), timeout=60)
+        wait_for_state(client, job.id, [job_pb2.JOB_STATE_CANCELLED], timeout=120)
+        self.assertEqual(daemon.stop(), 0, daemon.logs())
+        daemon.cleanup()
+
     def test_a_full_disk_refuses_submits_keeps_running_jobs_and_restarts(self):
         daemon = self.start()
         channel, client = stub(daemon.address)

@@ -809,18 +809,30 @@ std::shared_ptr<EventLog> JobManager::LiveLog(const std::string& id, uint64_t la
 
 std::vector<JobEvent> JobManager::UnstoredEvents(const std::string& id, uint64_t from, uint64_t to,
                                                  int max) {
+  if (max <= 0) return {};
+  // The `max` lowest-numbered matches, chosen without copying the others (up
+  // to 100,000 events are held on a full disk; training appends meanwhile).
+  auto later = [](const JobEvent* a, const JobEvent* b) { return a->sequence() < b->sequence(); };
+  std::vector<const JobEvent*> lowest;  // a max-heap by sequence
   std::vector<JobEvent> out;
   absl::MutexLock lock(&persist_mu_);
   auto take = [&](const std::vector<JobEvent>& events) {
     for (const JobEvent& e : events) {
-      if (e.job_id() == id && e.sequence() >= from && e.sequence() < to) out.push_back(e);
+      if (e.job_id() != id || e.sequence() < from || e.sequence() >= to) continue;
+      if (lowest.size() == static_cast<size_t>(max)) {
+        if (e.sequence() >= lowest.front()->sequence()) continue;
+        std::pop_heap(lowest.begin(), lowest.end(), later);
+        lowest.pop_back();
+      }
+      lowest.push_back(&e);
+      std::push_heap(lowest.begin(), lowest.end(), later);
     }
   };
   if (in_flight_events_ != nullptr) take(*in_flight_events_);
   take(pending_events_);
-  std::sort(out.begin(), out.end(),
-            [](const JobEvent& a, const JobEvent& b) { return a.sequence() < b.sequence(); });
-  if (out.size() > static_cast<size_t>(std::max(0, max))) out.resize(std::max(0, max));
+  std::sort_heap(lowest.begin(), lowest.end(), later);
+  out.reserve(lowest.size());
+  for (const JobEvent* e : lowest) out.push_back(*e);
   return out;
 }
 
@@ -896,13 +908,12 @@ void JobManager::FlushEvents() {
   absl::MutexLock flushing(&flush_mu_);
   // Written without persist_mu_ (training appends meanwhile); UnstoredEvents
   // reads the same batch, which nobody changes until it is done.
-  std::shared_ptr<const std::vector<JobEvent>> in_flight;
+  std::shared_ptr<std::vector<JobEvent>> in_flight;
   {
     absl::MutexLock lock(&persist_mu_);
     if (pending_events_.empty()) return;
-    std::vector<JobEvent> taken;
-    taken.swap(pending_events_);
-    in_flight = std::make_shared<const std::vector<JobEvent>>(std::move(taken));
+    in_flight = std::make_shared<std::vector<JobEvent>>();
+    in_flight->swap(pending_events_);
     in_flight_events_ = in_flight;
   }
   const absl::Status s = store_->AppendEvents(*in_flight, options_.events_kept_per_job);
@@ -917,7 +928,8 @@ void JobManager::FlushEvents() {
   // which the oldest are given up: the state changes and the job records,
   // written separately, are what must not be lost.
   constexpr size_t kMaxHeldEvents = 100000;
-  std::vector<JobEvent> batch(in_flight->begin(), in_flight->end());
+  // Nobody else holds the batch now (UnstoredEvents copies under the lock).
+  std::vector<JobEvent> batch = std::move(*in_flight);
   batch.insert(batch.end(), pending_events_.begin(), pending_events_.end());
   size_t dropped = 0;
   if (batch.size() > kMaxHeldEvents) {

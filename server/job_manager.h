@@ -369,8 +369,7 @@ class JobManager {
   std::vector<tandem::v1::JobEvent> pending_events_ ABSL_GUARDED_BY(persist_mu_);
   // The batch FlushEvents is writing (null between writes): not stored yet,
   // no longer pending.
-  std::shared_ptr<const std::vector<tandem::v1::JobEvent>> in_flight_events_
-      ABSL_GUARDED_BY(persist_mu_);
+  std::shared_ptr<std::vector<tandem::v1::JobEvent>> in_flight_events_ ABSL_GUARDED_BY(persist_mu_);
   bool persist_stop_ ABSL_GUARDED_BY(persist_mu_) = false;
   bool event_write_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
   std::thread persister_;

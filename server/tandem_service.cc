@@ -205,11 +205,6 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (cursor_ < first_in_memory) {
       const int want = static_cast<int>(std::min<uint64_t>(64, first_in_memory - cursor_));
       TANDEM_ASSIGN_OR_RETURN(std::vector<JobEvent> below, Below(first_in_memory, want));
-      if (below.empty()) {
-        // Written between the two reads, or else lost in a crash.
-        TANDEM_ASSIGN_OR_RETURN(below,
-                                service_->jobs()->store()->ReadEvents(job_id_, cursor_, want));
-      }
       if (!below.empty()) {
         events = std::move(below);
       } else {
@@ -226,10 +221,14 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // store's merged with those not written yet (a state change the store
   // took directly can sit past step events still waiting), each once.
   absl::StatusOr<std::vector<JobEvent>> Below(uint64_t first_in_memory, int want) {
-    TANDEM_ASSIGN_OR_RETURN(std::vector<JobEvent> stored,
-                            service_->jobs()->store()->ReadEvents(job_id_, cursor_, want));
+    // The unstored first: an event leaves them only once the store has it.
     std::vector<JobEvent> unstored =
         service_->jobs()->UnstoredEvents(job_id_, cursor_, first_in_memory, want);
+    TANDEM_ASSIGN_OR_RETURN(std::vector<JobEvent> stored,
+                            service_->jobs()->store()->ReadEvents(job_id_, cursor_, want));
+    // Memory serves from first_in_memory on (the store may hold a later state
+    // change past events it never got).
+    while (!stored.empty() && stored.back().sequence() >= first_in_memory) stored.pop_back();
     std::vector<JobEvent> merged;
     size_t i = 0, j = 0;
     while (merged.size() < static_cast<size_t>(want) &&

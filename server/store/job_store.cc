@@ -334,6 +334,8 @@ absl::Status JobStore::Write(Op op) {
                                      ? absl::InternalError("the transaction ended under an op")
                                      : each->status;
       for (size_t j = first; j < i; ++j) {
+        // An op that failed on its own keeps its error.
+        if (!batch[j]->status.ok()) continue;
         batch[j]->status = absl::Status(
             cause.code(), absl::StrCat("rolled back with a later write: ", cause.message()));
       }

@@ -76,25 +76,30 @@ TEST(ScaleOutTest, EfficiencyStartsAtOneAndFallsWithTheNodes) {
   EXPECT_LT(plans->back().scaling_efficiency(), 1);
 }
 
+// GPT-2 small's row for 2 nodes under `strategy` and `sharding`.
+tandem::v1::ScaleOutPlan OnTwoNodes(tandem::v1::Strategy strategy,
+                                    tandem::v1::OptimizerSharding sharding) {
+  ScaleOutRequest r = Gpt2Small();
+  r.rank.strategy = strategy;
+  r.nodes = {2};
+  r.sharding = sharding;
+  absl::StatusOr<std::vector<tandem::v1::ScaleOutPlan>> plans = PlanScaleOut(r);
+  EXPECT_TRUE(plans.ok()) << plans.status();
+  return plans.ok() && !plans->empty() ? plans->front() : tandem::v1::ScaleOutPlan();
+}
+
 // ZeRO-Offload's plan, every update on the host (1/8 of it a rank): the
 // host's updates bound the step, and partitioned each rank steps 1/16 of them
 // on 2 nodes, after reduce-scatters and before all-gathers.
 TEST(ScaleOutTest, PartitionedPaysTheAllGatherAndSavesUpdateTime) {
-  ScaleOutRequest r = Gpt2Small();
-  r.rank.strategy = tandem::v1::STRATEGY_ZERO_OFFLOAD;
-  r.nodes = {2};
-  r.sharding = tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
-  absl::StatusOr<std::vector<tandem::v1::ScaleOutPlan>> plans = PlanScaleOut(r);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const tandem::v1::ScaleOutPlan p = (*plans)[0];
+  const tandem::v1::ScaleOutPlan p =
+      OnTwoNodes(tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
   ASSERT_TRUE(p.feasible()) << p.note();
   EXPECT_EQ(p.sharding(), tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
   EXPECT_EQ(p.reason(), "asked for");
   EXPECT_GT(p.gather_seconds(), 0);
-  r.sharding = tandem::v1::OPTIMIZER_SHARDING_REPLICATED;
-  plans = PlanScaleOut(r);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const tandem::v1::ScaleOutPlan q = (*plans)[0];
+  const tandem::v1::ScaleOutPlan q =
+      OnTwoNodes(tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
   EXPECT_EQ(q.rank_plan().strategy(), p.rank_plan().strategy());
   EXPECT_EQ(q.gather_seconds(), 0);
   // The rank's program without its collectives: compute less what it saves.
@@ -110,13 +115,8 @@ TEST(ScaleOutTest, PartitionedPaysTheAllGatherAndSavesUpdateTime) {
 // hetero_dp's two replicas are no rank's program: its rows are infeasible,
 // saying why, and the node's own plan is still answered.
 TEST(ScaleOutTest, APlanNoRankRunsIsAnInfeasibleRow) {
-  ScaleOutRequest r = Gpt2Small();
-  r.rank.strategy = tandem::v1::STRATEGY_HETERO_DP;
-  r.nodes = {2};
-  r.sharding = tandem::v1::OPTIMIZER_SHARDING_REPLICATED;
-  absl::StatusOr<std::vector<tandem::v1::ScaleOutPlan>> plans = PlanScaleOut(r);
-  ASSERT_TRUE(plans.ok()) << plans.status();
-  const tandem::v1::ScaleOutPlan& p = (*plans)[0];
+  const tandem::v1::ScaleOutPlan p =
+      OnTwoNodes(tandem::v1::STRATEGY_HETERO_DP, tandem::v1::OPTIMIZER_SHARDING_REPLICATED);
   if (p.rank_plan().strategy() != tandem::v1::STRATEGY_HETERO_DP) {
     GTEST_SKIP() << "the planner answered " << tandem::v1::Strategy_Name(p.rank_plan().strategy());
   }

@@ -1,5 +1,6 @@
 #include "server/tandem_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -222,25 +223,24 @@ class WatchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // took directly can sit past step events still waiting), each once.
   absl::StatusOr<std::vector<JobEvent>> Below(uint64_t first_in_memory, int want) {
     // The unstored first: an event leaves them only once the store has it.
-    std::vector<JobEvent> unstored =
+    std::vector<JobEvent> below =
         service_->jobs()->UnstoredEvents(job_id_, cursor_, first_in_memory, want);
     TANDEM_ASSIGN_OR_RETURN(std::vector<JobEvent> stored,
                             service_->jobs()->store()->ReadEvents(job_id_, cursor_, want));
     // Memory serves from first_in_memory on (the store may hold a later state
     // change past events it never got).
-    while (!stored.empty() && stored.back().sequence() >= first_in_memory) stored.pop_back();
-    std::vector<JobEvent> merged;
-    size_t i = 0, j = 0;
-    while (merged.size() < static_cast<size_t>(want) &&
-           (i < stored.size() || j < unstored.size())) {
-      const bool from_store = j == unstored.size() ||
-                              (i < stored.size() && stored[i].sequence() <= unstored[j].sequence());
-      JobEvent& next = from_store ? stored[i++] : unstored[j++];
-      if (merged.empty() || next.sequence() > merged.back().sequence()) {
-        merged.push_back(std::move(next));
-      }
+    for (JobEvent& e : stored) {
+      if (e.sequence() < first_in_memory) below.push_back(std::move(e));
     }
-    return merged;
+    std::sort(below.begin(), below.end(),
+              [](const JobEvent& a, const JobEvent& b) { return a.sequence() < b.sequence(); });
+    below.erase(std::unique(below.begin(), below.end(),
+                            [](const JobEvent& a, const JobEvent& b) {
+                              return a.sequence() == b.sequence();
+                            }),
+                below.end());
+    if (below.size() > static_cast<size_t>(want)) below.resize(want);
+    return below;
   }
 
   TandemService* const service_;

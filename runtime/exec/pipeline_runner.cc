@@ -1102,11 +1102,14 @@ absl::Status PipelineRunner::OnEveryStage(const std::shared_ptr<Step>& step,
     }
     for (std::thread& t : threads) t.join();
   }
+  // The first failure, not the stages it stopped; it leaves the stages
+  // partly updated (CheckWhole).
   for (int s = 0; s < K; ++s) {
-    // The first failure, not the stages it stopped.
-    if (!results[s].ok() && !absl::IsAborted(results[s])) return results[s];
+    if (!results[s].ok() && !absl::IsAborted(results[s])) return broken_ = results[s];
   }
-  for (const absl::Status& r : results) TANDEM_RETURN_IF_ERROR(r);
+  for (const absl::Status& r : results) {
+    if (!r.ok()) return broken_ = r;
+  }
   return absl::OkStatus();
 }
 
@@ -1139,7 +1142,6 @@ absl::Status PipelineRunner::Drain() {
     st.updates = kept[s].updates;
     st.spans.resize(kept[s].spans);
   }
-  if (!drained.ok()) broken_ = drained;
   return drained;
 }
 
@@ -1208,10 +1210,7 @@ absl::StatusOr<StepResult> PipelineRunner::TrainStep(const Batch& batch,
   } else {
     step.constants = optimizer_->BeginStep(options.learning_rate, 1.0f);
   }
-  if (absl::Status run = RunStages(current); !run.ok()) {
-    broken_ = run;
-    return run;
-  }
+  TANDEM_RETURN_IF_ERROR(RunStages(current));
   if (options_.schedule == PipelineSchedule::kPipeDream) {
     optimizer_->set_step(step.t0 + step.micro_batches());
   }

@@ -191,6 +191,7 @@ absl::StatusOr<schedule::Schedule> LowerStepProgram(const Model& model,
   lower.clip_gradients = NeedsGradientNorm(model, optimizer);
   return LowerProgram(d, sizes, FullMicroBatches(plan, max_batch), lower);
 }
+
 int PlanExecutor::Program::Counterpart(int op, const Program& to) const {
   if (this == &to) return op;
   const Op& a = ops[op];

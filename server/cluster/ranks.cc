@@ -384,36 +384,35 @@ absl::Status RankHost::CheckAcceleratorIndex(const tandem::v1::StartRankRequest&
 
 absl::Status RankHost::CheckNotRunning(const tandem::v1::StartRankRequest& r) {
   // Ranks left from an earlier run whose StopRank never came (this node was
-  // unreachable then), whatever their rank number or accelerator: they would
-  // only wait out their collectives' timeout.
+  // unreachable then), whatever their rank number or accelerator, are asked
+  // to stop and hold the start back: they would only wait out their
+  // collectives' timeout. A rank of this run is a conflict.
   std::vector<std::string> leftovers;
+  absl::Status conflict;
   for (const auto& [key, rank] : ranks_) {
     const tandem::v1::StartRankRequest& other = rank->request;
     if (!OfJob(*rank, r.coordinator(), r.job_id()) || rank->ended()) continue;
-    if (other.attempt() >= r.attempt()) continue;
-    rank->stop = true;
-    rank->vote->Request();
-    leftovers.push_back(absl::StrCat("rank ", other.rank(), " of run ", other.attempt()));
+    if (other.attempt() < r.attempt()) {
+      rank->stop = true;
+      rank->vote->Request();
+      leftovers.push_back(absl::StrCat("rank ", other.rank(), " of run ", other.attempt()));
+    } else if (!conflict.ok()) {
+      continue;
+    } else if (other.rank() == r.rank()) {
+      conflict = absl::AlreadyExistsError(
+          absl::StrCat("rank ", r.rank(), " of ", r.job_id(), " already runs here"));
+    } else if (other.accelerator_index() == r.accelerator_index() &&
+               r.spec().placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
+      conflict = absl::AlreadyExistsError(absl::StrCat("accelerator_index: rank ", other.rank(),
+                                                       " of ", r.job_id(), " already runs on ",
+                                                       r.accelerator_index(), " here"));
+    }
   }
   if (!leftovers.empty()) {
     return absl::UnavailableError(
         absl::StrCat(r.job_id(), "'s ", absl::StrJoin(leftovers, ", "), " still stopping here"));
   }
-  for (const auto& [key, rank] : ranks_) {
-    const tandem::v1::StartRankRequest& other = rank->request;
-    if (!OfJob(*rank, r.coordinator(), r.job_id()) || rank->ended()) continue;
-    if (other.rank() == r.rank()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("rank ", r.rank(), " of ", r.job_id(), " already runs here"));
-    }
-    if (other.accelerator_index() == r.accelerator_index() &&
-        r.spec().placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
-      return absl::AlreadyExistsError(absl::StrCat("accelerator_index: rank ", other.rank(), " of ",
-                                                   r.job_id(), " already runs on ",
-                                                   r.accelerator_index(), " here"));
-    }
-  }
-  return absl::OkStatus();
+  return conflict;
 }
 
 absl::StatusOr<tandem::v1::RankStatus> RankHost::Start(const tandem::v1::StartRankRequest& r) {

@@ -598,13 +598,24 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   queued.mutable_state_change()->set_reason("submitted");
   // The first block of event numbers is reserved with the record, in its
   // write (event_log.h): a submission costs one commit.
-  absl::StatusOr<Job> stored = store_->InsertJob(job, {queued}, EventLog::kReserveBlock);
-  if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
-    // A concurrent submit with the same request id won the race.
-    TANDEM_ASSIGN_OR_RETURN(previous, existing());
-    if (previous) return *previous;
+  {
+    absl::MutexLock lock(&mu_);
+    ++submitting_;
   }
-  if (!stored.ok()) return stored.status();
+  absl::StatusOr<Job> stored = store_->InsertJob(job, {queued}, EventLog::kReserveBlock);
+  if (!stored.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      --submitting_;
+    }
+    if (stored.status().code() == absl::StatusCode::kAlreadyExists) {
+      // A concurrent submit with the same request id won the race.
+      TANDEM_ASSIGN_OR_RETURN(previous, existing());
+      if (previous) return *previous;
+    }
+    return stored.status();
+  }
+  if (options_.on_job_stored) options_.on_job_stored(stored->id());
 
   auto entry = std::make_shared<Entry>();
   entry->job = *stored;
@@ -615,6 +626,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   entry->log->Append(queued);
   absl::MutexLock lock(&mu_);
   live_[stored->id()] = entry;
+  --submitting_;
   PublishLocked();
   // Stored while the daemon began to stop: acknowledged (it runs after the
   // restart), and its log closed as the others were, so that a watcher is
@@ -653,6 +665,7 @@ absl::StatusOr<std::shared_ptr<EventLog>> JobManager::Events(const std::string& 
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<Job> job, store_->GetJob(id));
   if (!job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (std::shared_ptr<Entry> arriving = ArrivingEntry(id, *job)) return arriving->log;
   FlushEvents();
   TANDEM_ASSIGN_OR_RETURN(const uint64_t last, store_->LastEventSequence(id));
   // A finished job's log: everything is on disk, nothing more will come.
@@ -671,8 +684,26 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
   absl::StatusOr<std::optional<Job>> job = store_->GetJob(id);
   if (!job.ok()) return job.status();
   if (!*job) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (std::shared_ptr<Entry> arriving = ArrivingEntry(id, **job)) {
+    absl::MutexLock lock(&mu_);
+    return CancelLocked(std::move(arriving), reason);
+  }
   return absl::FailedPreconditionError(
       absl::StrCat("job ", id, " already ended in ", tandem::v1::JobState_Name((*job)->state())));
+}
+
+std::shared_ptr<JobManager::Entry> JobManager::ArrivingEntry(const std::string& id,
+                                                             const Job& stored) {
+  if (IsTerminal(stored.state())) return nullptr;
+  absl::MutexLock lock(&mu_);
+  auto arrived = [this, &id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return live_.count(id) > 0 || submitting_ == 0;
+  };
+  // Its submit makes it live within microseconds of the commit; the bound is
+  // for a store that answers a record no submit is about to make live.
+  mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10));
+  auto it = live_.find(id);
+  return it == live_.end() ? nullptr : it->second;
 }
 
 absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,

@@ -86,6 +86,9 @@ struct JobManagerOptions {
   // which node holds each rank's partition.
   std::function<DistributedRun(const tandem::v1::Job& job, const std::string& checkpoint_dir)>
       begin_distributed;
+  // Tests: called by Submit once the job's record is stored, before its entry
+  // is live.
+  std::function<void(const std::string& id)> on_job_stored;
   // Overrides the runner (tests); null = placement's MakeRunnerFactory when
   // `node` is set, else the CPU engine.
   RunnerFactory make_runner;
@@ -279,6 +282,13 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that ended keeps its series among the kFinishedSeriesKept newest.
   void KeepSeriesOfFinished(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live entry of `stored` (job `id`'s record, read from the store after
+  // live_ had no entry for it), once its submission has made it live; null
+  // for a job that ended. A just-submitted job's record is committed before
+  // its entry is live: without this, a WatchJob in that window closed at once
+  // and a CancelJob said it had already ended.
+  std::shared_ptr<Entry> ArrivingEntry(const std::string& id, const tandem::v1::Job& stored)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<tandem::v1::Job> CancelLocked(std::shared_ptr<Entry> entry,
                                                const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -339,6 +349,10 @@ class JobManager {
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // Submits between their record's commit and their entry in live_: a stored
+  // job that has not ended and is not live yet is one of theirs
+  // (ArrivingEntry).
+  int submitting_ ABSL_GUARDED_BY(mu_) = 0;
   // Runner threads with their entries; joined once the entry says it is done.
   // Each running thread with its own done flag (set as its last action).
   std::vector<std::pair<std::shared_ptr<std::atomic<bool>>, std::thread>> runners_

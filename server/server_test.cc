@@ -446,6 +446,37 @@ TEST_F(JobManagerTest, CancelQueuedAtOnceAndRunningAtAStepBoundary) {
   EXPECT_EQ(stopped.checkpoint_step(), stopped.progress().step());
 }
 
+// A job's record is committed before its entry is live. A watch or a cancel
+// that finds it in that window (its id from ListJobs, or a retried submit)
+// waits for the entry instead of taking the record for an ended job's.
+TEST_F(JobManagerTest, AWatchOrCancelInTheSubmitWindowGetsTheLiveJob) {
+  absl::Notification stored, release;
+  std::string stored_id;
+  Open("submit-window", int64_t{1} << 32, true, std::nullopt, [&](JobManagerOptions& options) {
+    options.on_job_stored = [&](const std::string& id) {
+      stored_id = id;
+      stored.Notify();
+      release.WaitForNotification();
+    };
+  });
+  std::thread submit([&] { ASSERT_TRUE(jobs_->Submit(Spec(5), "").ok()); });
+  stored.WaitForNotification();
+  ASSERT_EQ((*store_->GetJob(stored_id))->state(), tandem::v1::JOB_STATE_QUEUED);
+  absl::StatusOr<std::shared_ptr<EventLog>> log;
+  absl::StatusOr<tandem::v1::Job> cancelled;
+  std::thread watch([&] { log = jobs_->Events(stored_id); });
+  std::thread cancel([&] { cancelled = jobs_->Cancel(stored_id, "in the window"); });
+  absl::SleepFor(absl::Milliseconds(200));  // both reach the store's record first
+  release.Notify();
+  submit.join();
+  watch.join();
+  cancel.join();
+  ASSERT_TRUE(log.ok()) << log.status();
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), tandem::v1::JOB_STATE_CANCELLED);
+  // The live log: the watcher gets the cancel's end, not a log closed before it.
+  EXPECT_GE((*log)->last_sequence(), 2u);
+}
 TEST_F(JobManagerTest, GracefulStopRequeuesAndRestartResumes) {
   Open("restart");
   jobs_->Start();

@@ -213,8 +213,9 @@ struct JobManager::Entry {
   absl::Time fault_since = absl::InfiniteFuture();
   absl::Time not_before = absl::InfinitePast();
   // Recovery could not estimate its memory (why): it waits, queued, for
-  // RetryEstimates instead of being scheduled.
+  // RetryEstimates instead of being scheduled, until `estimate_deadline`.
   std::string estimate_error;
+  absl::Time estimate_deadline = absl::InfiniteFuture();
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics)
@@ -890,6 +891,14 @@ void JobManager::RetryEstimates() {
     if (entry->job.state() != tandem::v1::JOB_STATE_QUEUED) continue;  // cancelled meanwhile
     if (!estimate.ok()) {
       entry->estimate_error = std::string(estimate.status().message());
+      if (absl::Now() >= entry->estimate_deadline) {
+        EndQueuedLocked(
+            *entry, tandem::v1::JOB_STATE_FAILED,
+            absl::StrCat("cannot resume after restart: ", entry->estimate_error,
+                         "; gave up after trying for ", absl::FormatDuration(options_.resume_wait),
+                         " (tandemd --resume_wait)"));
+        entry->estimate_error.clear();
+      }
       continue;
     }
     if (const absl::Status fits = CheckBudgets(*estimate); !fits.ok()) {
@@ -1010,9 +1019,12 @@ absl::Status JobManager::Recover() {
       // Often passing (a data mount or a device not there yet): the job waits
       // queued and is estimated again (RetryEstimates), never failed for it.
       entry->estimate_error = std::string(estimate.status().message());
+      entry->estimate_deadline = absl::Now() + options_.resume_wait;
       const std::string why = absl::StrCat(
           "cannot resume yet: ", entry->estimate_error, "; tandemd tries again every ",
-          absl::FormatDuration(options_.estimate_retry_interval), " (cancel the job to give up)");
+          absl::FormatDuration(options_.estimate_retry_interval), " until ",
+          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", entry->estimate_deadline, absl::UTCTimeZone()),
+          ", then fails it (cancel the job to give up sooner)");
       if (entry->job.state() == tandem::v1::JOB_STATE_RUNNING) {
         transition(tandem::v1::JOB_STATE_QUEUED, why);
       } else {

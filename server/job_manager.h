@@ -73,6 +73,11 @@ struct JobManagerOptions {
   // not mounted yet, its device not visible yet) waits queued and is
   // estimated again this often, instead of failing.
   absl::Duration estimate_retry_interval = absl::Seconds(30);
+  // ... for at most this long from tandemd's start (tandemd's --resume_wait):
+  // then it fails with the last reason, so that an error that will not pass
+  // (a spec this version refuses, data gone for good) ends the job rather
+  // than keeping it queued for the daemon's life.
+  absl::Duration resume_wait = absl::Hours(24);
   // The node's hardware. When set, jobs with an accelerator are planned at
   // submission (refused with RESOURCE_EXHAUSTED when no plan fits, the plan
   // recorded in the job) and run through the plan executor. Unset: every job

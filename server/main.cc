@@ -86,6 +86,10 @@ ABSL_FLAG(int64_t, state_min_free_bytes, 64 << 20,
 ABSL_FLAG(int64_t, job_events_kept, 10000,
           "Events each job keeps in the store besides its state changes: the newest ones "
           "(older progress and log events are pruned as new ones arrive). 0 = all.");
+ABSL_FLAG(absl::Duration, resume_wait, absl::Hours(24),
+          "How long a job recovered at start-up whose memory cannot be estimated (its data "
+          "not mounted yet, its device not visible yet) waits queued, estimated again every "
+          "30 s, before it fails with the reason.");
 ABSL_FLAG(bool, refresh_node_profile, false,
           "Measure the node profile (devices' GEMM and memory rates, host links, the host's "
           "memcpy and Adam rates) at start-up even when <state_dir>/node_profile.pb holds this "
@@ -275,6 +279,7 @@ tandem::server::JobManagerOptions JobManagerOptionsFromFlags(
   o.max_running_jobs = running >= 0 ? running : std::max(1, resources.cpu_threads);
   o.state_min_free_bytes = absl::GetFlag(FLAGS_state_min_free_bytes);
   o.events_kept_per_job = absl::GetFlag(FLAGS_job_events_kept);
+  o.resume_wait = absl::GetFlag(FLAGS_resume_wait);
   return o;
 }
 

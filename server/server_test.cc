@@ -180,6 +180,8 @@ class JobManagerTest : public testing::Test {
     jobs_.reset();
     store_.reset();
   }
+  std::string RecoverWithoutItsImages(const std::function<void(JobManagerOptions&)>& customize,
+                                      std::string* images);
   // What kill -9 of a running job leaves behind: its stored record says
   // RUNNING, whatever the daemon has in memory.
   void StoreAsRunning(const std::string& id) {
@@ -647,7 +649,11 @@ TEST_F(JobManagerTest, AfterACleanStopEventsNumberOnWithoutAJump) {
 // A job left running by a crash whose data is not there when tandemd comes
 // back (a mount not up yet) waits queued, saying why, and resumes once its
 // data is back, instead of failing for good.
-TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
+// Submits a job reading IDX files under the test's directory, leaves it as a
+// crash would (RUNNING), and restarts the daemon (options customised by
+// `customize`) with its images moved away to `images` + ".away". Its id.
+std::string JobManagerTest::RecoverWithoutItsImages(
+    const std::function<void(JobManagerOptions&)>& customize, std::string* images) {
   auto idx = [](std::vector<uint32_t> dims, int bytes) {
     std::string s = {0, 0, 8, static_cast<char>(dims.size())};
     for (uint32_t d : dims) {
@@ -656,25 +662,32 @@ TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
     for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>(i % 3));
     return s;
   };
-  auto customize = [](JobManagerOptions& o) {
-    o.estimate_retry_interval = absl::Milliseconds(100);
-  };
   Open("estimate-retry", int64_t{1} << 32, true, std::nullopt, customize);
-  const std::string images = dir_ + "/images.idx", labels = dir_ + "/labels.idx";
-  std::ofstream(images, std::ios::binary) << idx({64, 4, 4}, 64 * 16);
+  *images = dir_ + "/images.idx";
+  const std::string labels = dir_ + "/labels.idx";
+  std::ofstream(*images, std::ios::binary) << idx({64, 4, 4}, 64 * 16);
   std::ofstream(labels, std::ios::binary) << idx({64}, 64);
   tandem::v1::JobSpec spec = Spec(6);
-  spec.mutable_data()->mutable_idx()->set_train_images(images);
+  spec.mutable_data()->mutable_idx()->set_train_images(*images);
   spec.mutable_data()->mutable_idx()->set_train_labels(labels);
   auto s = jobs_->Submit(spec, "");
-  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return "";
   const std::string id = s->job.id();
   StoreAsRunning(id);
   Close();
-  std::filesystem::rename(images, images + ".away");
+  std::filesystem::rename(*images, *images + ".away");
   Open("estimate-retry", int64_t{1} << 32, /*fresh=*/false, std::nullopt, customize);
-  ASSERT_TRUE(jobs_->Recover().ok());
+  EXPECT_TRUE(jobs_->Recover().ok());
   jobs_->Start();
+  return id;
+}
+
+TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
+  std::string images;
+  const std::string id = RecoverWithoutItsImages(
+      [](JobManagerOptions& o) { o.estimate_retry_interval = absl::Milliseconds(100); }, &images);
+  ASSERT_FALSE(id.empty());
   absl::SleepFor(absl::Milliseconds(400));  // several retries, the data still away
   tandem::v1::Job waiting = *jobs_->Get(id);
   EXPECT_EQ(waiting.state(), tandem::v1::JOB_STATE_QUEUED);
@@ -682,6 +695,24 @@ TEST_F(JobManagerTest, ARecoveredJobWhoseDataIsNotThereYetWaitsAndResumes) {
   EXPECT_NE(waiting.reason().find("data.idx.train_images"), std::string::npos) << waiting.reason();
   std::filesystem::rename(images + ".away", images);
   WaitFor(id, tandem::v1::JOB_STATE_SUCCEEDED);
+}
+
+// An estimate error that does not pass ends the job after --resume_wait,
+// with the error, instead of keeping it queued for the daemon's life.
+TEST_F(JobManagerTest, ARecoveredJobWhoseDataNeverComesBackFailsAfterTheResumeWait) {
+  std::string images;
+  const std::string id = RecoverWithoutItsImages(
+      [](JobManagerOptions& o) {
+        o.estimate_retry_interval = absl::Milliseconds(100);
+        o.resume_wait = absl::Milliseconds(500);
+      },
+      &images);
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(jobs_->Get(id)->state(), tandem::v1::JOB_STATE_QUEUED);
+  const tandem::v1::Job failed = WaitFor(id, tandem::v1::JOB_STATE_FAILED, 10);
+  EXPECT_NE(failed.reason().find("data.idx.train_images"), std::string::npos) << failed.reason();
+  EXPECT_NE(failed.reason().find("gave up after trying for 500ms"), std::string::npos)
+      << failed.reason();
 }
 
 // ProfileModel's and PlanModel's holds yield to the queue's next job only

@@ -847,6 +847,13 @@ std::vector<JobEvent> JobManager::UnstoredEvents(const std::string& id, uint64_t
   auto later = [](const JobEvent* a, const JobEvent* b) { return a->sequence() < b->sequence(); };
   std::vector<const JobEvent*> lowest;  // a max-heap by sequence
   std::vector<JobEvent> out;
+  // State changes the store refused wait with their job (Transition), not
+  // with the persister's events.
+  std::vector<JobEvent> refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = live_.find(id); it != live_.end()) refused = it->second->unrecorded;
+  }
   absl::MutexLock lock(&persist_mu_);
   auto take = [&](const std::vector<JobEvent>& events) {
     for (const JobEvent& e : events) {
@@ -862,6 +869,7 @@ std::vector<JobEvent> JobManager::UnstoredEvents(const std::string& id, uint64_t
   };
   if (in_flight_events_ != nullptr) take(*in_flight_events_);
   take(pending_events_);
+  take(refused);
   std::sort_heap(lowest.begin(), lowest.end(), later);
   out.reserve(lowest.size());
   for (const JobEvent* e : lowest) out.push_back(*e);

@@ -153,10 +153,11 @@ class JobManager {
   JobStore* store() { return store_; }
   // A job's events numbered in [from, to) that are not in the store yet:
   // waiting for the persister, being written now, or held for a retry (a
-  // full or locked disk). In order, at most `max`. A watcher reads them
+  // full or locked disk), and state changes the store refused (kept with
+  // their job until it takes them). In order, at most `max`. A watcher reads them
   // before it concludes that events below the in-memory log were lost.
   std::vector<tandem::v1::JobEvent> UnstoredEvents(const std::string& id, uint64_t from,
-                                                   uint64_t to, int max);
+                                                   uint64_t to, int max) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Validation and the estimate alone, for PlanModel/ProfileModel and tests.
   struct Resolved {

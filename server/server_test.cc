@@ -556,6 +556,11 @@ TEST_F(JobManagerTest, ARecoveredCancelTheStoreCannotTakeYetStillEndsItsWatchers
   const absl::StatusOr<std::shared_ptr<EventLog>> log = jobs_->Events(id);
   ASSERT_TRUE(log.ok()) << log.status();
   EXPECT_TRUE((*log)->closed());
+  // A watcher reading below memory gets the end the store has not taken.
+  const std::vector<tandem::v1::JobEvent> held =
+      jobs_->UnstoredEvents(id, 1, (*log)->last_sequence() + 1, 64);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].state_change().to(), tandem::v1::JOB_STATE_CANCELLED);
   jobs_->Start();  // its loop writes what the store could not take
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while ((*store_->GetJob(id))->state() != tandem::v1::JOB_STATE_CANCELLED &&

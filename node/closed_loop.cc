@@ -15,6 +15,7 @@
 #include "base/units.h"
 #include "google/protobuf/util/time_util.h"
 #include "planner/cost_model.h"
+#include "planner/planner.h"
 #include "planner/simulator.h"
 #include "runtime/profile/job_telemetry.h"
 #include "runtime/profile/layer_profiler.h"
@@ -652,8 +653,9 @@ void AddDispatch(const std::map<TimelineResource, double>& dispatch, Profile& pr
 // ---- PlanLoop ----
 
 absl::StatusOr<Plan> PlanLoop::Resimulate(const Plan& plan, const Profile& measured) const {
-  TANDEM_ASSIGN_OR_RETURN(const planner::CostModel cost,
+  TANDEM_ASSIGN_OR_RETURN(planner::CostModel cost,
                           planner::CostModel::FromMeasuredProfile(measured));
+  cost.set_clips_gradients(planner::ClipsGradients(resolved_));
   TANDEM_ASSIGN_OR_RETURN(const planner::SimulationResult sim,
                           planner::PlanSimulator(cost).Simulate(plan));
   Plan timed = plan;

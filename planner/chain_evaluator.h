@@ -50,7 +50,11 @@ struct PlacementScore {
 class ChainEvaluator {
  public:
   // Whether `schedule` is in the class this evaluator is exact for.
-  static bool Supports(const Decisions& schedule) { return ResidentChain::Covers(schedule); }
+  // The schedules ResidentChain covers, of a job that does not clip its
+  // gradients (its recurrences time unclipped steps).
+  static bool Supports(const CostModel& cost, const Decisions& schedule) {
+    return !cost.clips_gradients() && ResidentChain::Covers(schedule);
+  }
 
   // `base` gives everything but the update placements; it must be Supported.
   ChainEvaluator(const CostModel& cost, const Decisions& base);

@@ -22,7 +22,7 @@ TEST(ChainEvaluatorTest, AgreesWithTheSimulatorExactly) {
     RandomChain inst = RandomResidentChain(layers, &rng);
     std::vector<bool> acc(layers);
     for (int l = 0; l < layers; ++l) acc[l] = (rng() & 1) != 0;
-    ASSERT_TRUE(ChainEvaluator::Supports(inst.base));
+    ASSERT_TRUE(ChainEvaluator::Supports(inst.cost, inst.base));
     ChainEvaluator evaluator(inst.cost, inst.base);
     const PlacementScore fast = evaluator.Score(acc, /*need_peak=*/true);
     PlanSimulator sim(inst.cost);

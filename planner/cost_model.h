@@ -109,6 +109,13 @@ class CostModel {
   double ProfiledSeconds(double seconds, tandem::v1::Placement device, int samples) const;
   // The profile's precision (planner/precision.h): what its bytes count.
   tandem::v1::Precision precision() const { return precision_; }
+  // The job's steps read the global norm of every gradient before any update
+  // (PlanRequest::clips_gradients): the simulator lowers its plans so
+  // (schedule/lower.h, "Gradient clipping"), every update after the norm and
+  // every accelerator-updated layer's gradient held until its update, and
+  // the searches' recurrences, which time unclipped steps, step aside.
+  bool clips_gradients() const { return clips_gradients_; }
+  void set_clips_gradients(bool clips) { clips_gradients_ = clips; }
   bool has_accelerator() const { return has_accelerator_; }
   tandem::v1::DeviceKind accelerator_kind() const { return accelerator_kind_; }
   // Accelerators alike the first (the pipeline partitioner's devices).
@@ -207,6 +214,7 @@ class CostModel {
   std::vector<LayerCosts> layers_;
   int profiled_batch_size_ = 1;
   tandem::v1::Precision precision_ = tandem::v1::PRECISION_FP32;
+  bool clips_gradients_ = false;
   bool has_accelerator_ = false;
   tandem::v1::DeviceKind accelerator_kind_ = tandem::v1::DEVICE_KIND_UNSPECIFIED;
   int accelerator_count_ = 0;

@@ -268,9 +268,11 @@ absl::Status AddPipelines(const PlanRequest& request, const CostModel& cost, int
 }  // namespace
 
 absl::StatusOr<CostModel> CostModelOf(const PlanRequest& request) {
-  return request.hardware.has_value()
-             ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
-             : CostModel::FromMeasuredProfile(request.profile);
+  absl::StatusOr<CostModel> cost =
+      request.hardware.has_value() ? CostModel::FromHardwareSpec(request.profile, *request.hardware)
+                                   : CostModel::FromMeasuredProfile(request.profile);
+  if (cost.ok()) cost->set_clips_gradients(request.clips_gradients);
+  return cost;
 }
 
 absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& request) {
@@ -712,6 +714,11 @@ int64_t PlanningMemoryBytes(int layers, int batch_size) {
   return (int64_t{64} << 20) + 2048 * calls + (int64_t{32} << 10) * layers;
 }
 
+bool ClipsGradients(const tandem::v1::JobSpec& spec) {
+  // fp16's loss scaling reads the norm too (its overflow check).
+  return spec.optimizer().max_grad_norm() > 0 || spec.precision() == tandem::v1::PRECISION_FP16;
+}
+
 void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r) {
   const tandem::v1::PlacementSpec& p = spec.placement();
   r->strategy = p.strategy();
@@ -719,7 +726,7 @@ void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r) {
   r->delayed_parameter_update = p.delayed_parameter_update();
   r->stream_optimizer_state = !p.no_streamed_optimizer_state();
   r->host_update_threads = spec.training().threads();
-  r->clips_gradients = spec.optimizer().max_grad_norm() > 0;
+  r->clips_gradients = ClipsGradients(spec);
   r->pipeline_schedule = p.pipeline().schedule();
   r->pipeline_vertical_sync = p.pipeline().vertical_sync();
   r->pipeline_continuous = p.pipeline().continuous();

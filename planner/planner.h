@@ -92,9 +92,11 @@ struct PlanRequest {
   // Non-empty: SolvePipelinePlan times these stages (their layers,
   // recompute and offload_optimizer) instead of partitioning.
   std::vector<tandem::v1::PipelineStage> pipeline_stages;
-  // The job clips gradients (optimizer.max_grad_norm): a pipeline's
-  // offloading stages then update after the global norm, not during their
-  // last backward (PipelineOptions::overlap_host_updates).
+  // The job clips gradients (optimizer.max_grad_norm; fp16's loss scaling
+  // too): every update waits for the global norm. The strategies search and
+  // time their plans so (CostModel::clips_gradients), and a pipeline's
+  // offloading stages update after the norm, not during their last backward
+  // (PipelineOptions::overlap_host_updates).
   bool clips_gradients = false;
   // True once the caller has gone: solving ends with CANCELLED. Asked before
   // every simulation (so a strategy's search stops within one simulation of
@@ -140,6 +142,10 @@ int64_t PlanningMemoryBytes(int layers, int batch_size);
 // schedule and vertical sync. Every path from a spec to a request takes
 // them here, so none forgets one.
 void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r);
+// Whether `spec`'s steps read the global norm of the gradients before any
+// update (PlanRequest::clips_gradients): optimizer.max_grad_norm, or fp16's
+// loss scaling.
+bool ClipsGradients(const tandem::v1::JobSpec& spec);
 
 // The request the RPC describes. `model_profile` is the model's profile when
 // the RPC carries none (cost source unset: the node's cached profile;

@@ -196,6 +196,9 @@ PlanRequest RandomChainRequest(int layers, std::mt19937* rng) {
   return r;
 }
 
+// Every other trial clips its gradients: the plans are searched and timed as
+// the executor runs them then (every update after the global norm, every
+// accelerator-updated gradient held until its update), and fit so.
 TEST(SolvePlanTest, PlansNeverExceedTheBudgetAndPredictWhatTheySimulate) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
@@ -203,14 +206,17 @@ TEST(SolvePlanTest, PlansNeverExceedTheBudgetAndPredictWhatTheySimulate) {
     const double fraction = std::uniform_real_distribution<double>(0.2, 1.6)(rng);
     r.accelerator_memory_bytes =
         std::max<int64_t>(kMiB, static_cast<int64_t>(fraction * ModelStateBytes(r.profile)));
+    r.clips_gradients = trial % 2 == 1;
     absl::StatusOr<tandem::v1::PlanModelResponse> response = SolvePlan(r);
     ASSERT_TRUE(response.ok()) << response.status();
     ASSERT_EQ(response->alternatives_size(), 5);
     absl::StatusOr<CostModel> cost = CostModel::FromHardwareSpec(r.profile, *r.hardware);
     ASSERT_TRUE(cost.ok());
+    cost->set_clips_gradients(r.clips_gradients);
     PlanSimulator sim(*cost);
     for (const tandem::v1::Plan& plan : response->alternatives()) {
-      SCOPED_TRACE(StrategyName(plan.strategy()) + " trial " + std::to_string(trial));
+      SCOPED_TRACE(StrategyName(plan.strategy()) + " trial " + std::to_string(trial) +
+                   (r.clips_gradients ? " (clipped)" : ""));
       if (!plan.feasible()) continue;
       EXPECT_LE(plan.prediction().accelerator_peak_bytes(), r.accelerator_memory_bytes);
       // The returned Plan, simulated afresh, predicts the same.
@@ -1078,9 +1084,11 @@ TEST(PlanRequestFromRpcTest, TakesTheJobSpecsSettings) {
   rpc.mutable_spec()->mutable_placement()->mutable_pipeline()->set_vertical_sync(true);
   rpc.mutable_spec()->mutable_placement()->mutable_pipeline()->set_continuous(true);
   rpc.set_pipeline_auto(true);
+  rpc.mutable_spec()->mutable_optimizer()->set_max_grad_norm(1);
   const tandem::v1::Profile model = testing::MlpProfile({64, 10}, 8);
   absl::StatusOr<PlanRequest> r = PlanRequestFromRpc(rpc, model);
   ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->clips_gradients);
   EXPECT_TRUE(r->pipeline_vertical_sync);
   EXPECT_TRUE(r->pipeline_continuous);
   EXPECT_TRUE(r->pipeline_auto);

@@ -104,7 +104,7 @@ double OpSeconds(const schedule::Schedule& schedule, const Op& op, const LayerNu
     case OpKind::kGradientAverage:
       return n.average;
     case OpKind::kGradientNorm:
-      // The planner lowers without clipping (the optimizer is the job's).
+      // One read of every gradient (CostModel::clips_gradients), not timed.
       return 0;
     default:
       break;
@@ -327,12 +327,14 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
   if (ranks && !options.collective_seconds) {
     return absl::InvalidArgumentError("ranks > 1: the collectives need their seconds");
   }
-  if (!options.use_event_graph && !ranks && ResidentChain::Covers(s)) {
+  // The recurrences time unclipped steps alone.
+  const bool recurrence = !options.use_event_graph && !ranks && !cost_.clips_gradients();
+  if (recurrence && ResidentChain::Covers(s)) {
     std::vector<bool> on_accelerator(s.layers.size());
     for (size_t l = 0; l < s.layers.size(); ++l) on_accelerator[l] = s.layers[l].update == kAcc;
     return ResidentChain(cost_, s).Simulate(on_accelerator, options.record_timeline);
   }
-  if (!options.use_event_graph && !ranks && HeteroReplicas::Covers(s)) {
+  if (recurrence && HeteroReplicas::Covers(s)) {
     return HeteroReplicas(cost_, s).Simulate(options.record_timeline);
   }
   const Mode mode = schedule::ModeOf(s);
@@ -345,6 +347,7 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
   lower.ranks = std::max(1, options.ranks);
   lower.bucket_bytes = options.bucket_bytes;
   lower.partition_host_state = ranks && options.partition_host_state;
+  lower.clip_gradients = cost_.clips_gradients();
   absl::StatusOr<schedule::Schedule> lowered = schedule::Lower(s, sizes, lower);
   if (!lowered.ok()) return lowered.status();
   const schedule::Schedule& sched = *lowered;

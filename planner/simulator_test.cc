@@ -120,6 +120,48 @@ TEST(PlanSimulatorTest, GpuOnlyTwoLayersRunsBackToBack) {
   EXPECT_EQ(r.layers[1].slack_seconds, 0.0);
 }
 
+// With gradient clipping every update waits for the norm of all gradients
+// (read after the last backward, timed as nothing): the step above runs
+//   F0 [0,1] F1 [1,3] B1 [3,7] B0 [7,9] U1 [9,9.5] U0 [9.5,10],
+// and layer 1's gradient (200) stays until U1, past B0's start, where layer
+// 0's (100) joins it: without activations or workspace, the peak is the
+// static 900 and both gradients, against one at a time unclipped.
+TEST(PlanSimulatorTest, ClippedUpdatesWaitForEveryGradientAndHoldThemAll) {
+  const std::vector<SyntheticLayer> layers = {Layer(1, 2, 100), Layer(2, 4, 200)};
+  CostModel cost = Model(layers);
+  const Decisions d = Uniform(2, PLACEMENT_ACCELERATOR);
+  EXPECT_EQ(Simulated(cost, d).prediction.accelerator_peak_bytes(), 900 + 200);
+  cost.set_clips_gradients(true);
+  const SimulationResult r = Simulated(cost, d);
+  EXPECT_NEAR(r.prediction.iteration_seconds(), 10.0, kTol);
+  // The norm is an update-phase span of no layer, first.
+  const auto updates = SpansOf(r, tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE,
+                               tandem::v1::TIMELINE_PHASE_UPDATE);
+  ASSERT_EQ(updates.size(), 3u);
+  EXPECT_EQ(updates[0].layer(), -1);
+  EXPECT_NEAR(updates[0].start_seconds(), 9.0, kTol);
+  EXPECT_EQ(updates[1].layer(), 1);
+  EXPECT_NEAR(updates[1].start_seconds(), 9.0, kTol);
+  EXPECT_NEAR(updates[2].start_seconds(), 9.5, kTol);
+  EXPECT_EQ(r.prediction.accelerator_peak_bytes(), 900 + 200 + 100);
+}
+
+// zero_offload with clipping: the host updates no longer overlap backward.
+//   F0 [0,1] F1 [1,2] B1 [2,4] B0 [4,6]; D2H1 [4,5] D2H0 [6,7]; the norm
+//   once both are down (7); U1 [7,8] U0 [8,9]; H2D1 [8,9] H2D0 [9,10]:
+// the next F0 at 10, against 9 unclipped (the next test's step).
+TEST(PlanSimulatorTest, ClippedHostUpdatesStartOnceEveryGradientIsDown) {
+  CostModel cost = Model({Layer(1, 2, 100), Layer(1, 2, 100)});
+  cost.set_clips_gradients(true);
+  const SimulationResult r = Simulated(cost, Uniform(2, PLACEMENT_HOST));
+  EXPECT_NEAR(r.prediction.iteration_seconds(), 10.0, kTol);
+  const auto updates =
+      SpansOf(r, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE);
+  ASSERT_EQ(updates.size(), 2u);
+  EXPECT_NEAR(updates[0].start_seconds(), 7.0, kTol);
+  EXPECT_NEAR(updates[1].start_seconds(), 8.0, kTol);
+}
+
 // The same zero_offload step as one of 2 data-parallel ranks, each layer its
 // own bucket and every collective 1 s (the executor's rank program):
 //   layer 1: D2H [4,5] ALL_REDUCE [5,6] update [6,7] H2D [7,8]

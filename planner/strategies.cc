@@ -226,7 +226,7 @@ PlacementSearchResult PlaceUpdates(const StrategyContext& c, const Decisions& co
                                    const std::vector<bool>& eligible, ReuseSearch* search,
                                    StrategyOutcome* out) {
   PlacementSearchResult found;
-  if (ChainEvaluator::Supports(config)) {
+  if (ChainEvaluator::Supports(c.cost(), config)) {
     ChainEvaluator evaluator(c.cost(), config);
     found = SearchChainUpdatePlacement(&evaluator, eligible, c.accelerator_memory_budget_bytes);
     search->search_nodes += found.search_nodes;

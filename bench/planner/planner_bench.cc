@@ -29,6 +29,13 @@
 namespace tandem::planner {
 namespace {
 
+// PLANNER_BENCH_CLIP set: every job clips its gradients to a global norm (as
+// GPT training usually does), so every update waits for the norm.
+bool ClipsGradients() {
+  static const bool clip = std::getenv("PLANNER_BENCH_CLIP") != nullptr;
+  return clip;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -103,6 +110,7 @@ void SolveTimes(const tandem::v1::HardwareSpec& spec) {
               "placement", "all 5 (cpu)", "per strategy, inside the all-5 solve");
   for (int layers : {10, 100, 1000, 10000}) {
     PlanRequest request;
+    request.clips_gradients = ClipsGradients();
     request.profile = testing::UniformChainProfile(layers, 1024, 64);
     request.hardware = spec;
     request.accelerator_memory_bytes = ModelState(request.profile) / 2;
@@ -146,6 +154,7 @@ void SolveTimes(const tandem::v1::HardwareSpec& spec) {
 // One chain length, `runs` times: for profilers.
 void SolveOne(const tandem::v1::HardwareSpec& spec, int layers, int runs, bool all) {
   PlanRequest request;
+  request.clips_gradients = ClipsGradients();
   request.profile = testing::UniformChainProfile(layers, 1024, 64);
   request.hardware = spec;
   request.accelerator_memory_bytes = ModelState(request.profile) / 2;
@@ -212,6 +221,7 @@ void GptRow(const Gpt& m, const tandem::v1::HardwareSpec& spec, tandem::v1::Prec
               "speedup", "reuse_distance plan");
   for (double share : {0.25, 0.5, 1.0}) {
     PlanRequest request;
+    request.clips_gradients = ClipsGradients();
     request.profile = profile;
     request.hardware = spec;
     request.accelerator_memory_bytes =
@@ -321,6 +331,7 @@ void StreamedState(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision p
                 "reuse(2)", "reuse(3)", "2/zero", "3/zero", "three-place plan (solve)");
     for (double share : {0.10, 0.25, 0.5}) {
       PlanRequest request;
+      request.clips_gradients = ClipsGradients();
       request.profile = profile;
       request.hardware = spec;
       request.accelerator_memory_bytes =
@@ -401,6 +412,7 @@ void LargestGpt(const tandem::v1::HardwareSpec& spec, tandem::v1::Precision prec
               "plan");
   for (const Gpt& m : ladder) {
     PlanRequest request;
+    request.clips_gradients = ClipsGradients();
     request.profile = GptIn(m.shape, precision);
     request.hardware = spec;
     request.compare = {tandem::v1::STRATEGY_ZERO_OFFLOAD, tandem::v1::STRATEGY_REUSE_DISTANCE};
@@ -519,6 +531,7 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
               "samples/s", "largest stage");
   for (const Gpt& m : models) {
     PlanRequest request;
+    request.clips_gradients = ClipsGradients();
     request.profile = GptIn(m.shape, precision);
     request.hardware = spec;
     request.batch_size = m.shape.batch_size;
@@ -585,6 +598,7 @@ void ScaleOutTable(const tandem::v1::HardwareSpec& spec) {
     r.rank.profile = GptIn(m.shape, tandem::v1::PRECISION_BF16);
     r.rank.hardware = spec;
     r.rank.batch_size = m.shape.batch_size;
+    r.rank.clips_gradients = ClipsGradients();
     r.rank.compare = {tandem::v1::STRATEGY_GPU_ONLY, tandem::v1::STRATEGY_ZERO_OFFLOAD,
                       tandem::v1::STRATEGY_REUSE_DISTANCE};
     r.nodes = {1, 2, 4, 8, 64};
@@ -613,7 +627,7 @@ void ScaleOutTable(const tandem::v1::HardwareSpec& spec) {
 // Usage: planner_bench [HARDWARE_SPEC [gpt | streamed | pipeline | scaleout | solve LAYERS RUNS
 // [all]]]; "streamed" prints the streamed-state table alone, "pipeline" the pipeline tables,
 // "scaleout" the data-parallel table; "gpt" skips the solve times; "solve" times one chain length
-// only (for profilers).
+// only (for profilers). PLANNER_BENCH_CLIP=1: every job clips its gradients.
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "planner/hardware/h100_sxm_node.textproto";
   const bool gpt_only = argc > 2 && std::string(argv[2]) == "gpt";

@@ -411,18 +411,47 @@ int64_t ExhaustiveSimulations(int movable, int layers, int64_t most) {
   return unstreamed + (all - unstreamed) * timings;
 }
 
+// Where a timing puts `places`' streamed layers' operations
+// (schedule/lower.h, STREAMED OPTIMIZER STATE): each one's STATE_H2D waits
+// for BACKWARD(min(L-1, l + ahead)), and its update follows BACKWARD(max(l -
+// lag, 0)) where updates lag (lag > 0 and `lags_apply`: the job does not clip
+// its gradients), its own backward where not. Those are all the program
+// takes of the timing: two timings whose positions are equal lower to the
+// same step.
+std::vector<int> TimingPositions(const std::vector<UpdatePlace>& places, int ahead, int lag,
+                                 bool lags_apply) {
+  const int L = static_cast<int>(places.size());
+  const bool lagged = lags_apply && lag > 0;
+  std::vector<int> key = {lagged ? 1 : 0};
+  for (int l = 0; l < L; ++l) {
+    if (places[l] != UpdatePlace::kStreamed) continue;
+    key.push_back(std::min(L - 1, l + std::max(1, ahead)));
+    key.push_back(lagged ? std::max(l - lag, 0) : l);
+  }
+  return key;
+}
+
 // Calls `visit(ahead, lag)` for every reachable timing of `places` (once,
 // at 1 and 0, where nothing streams: the distance and lag change nothing
-// then) until it returns false.
+// then) until it returns false. `distinct`: only the first of the timings
+// that lower to the same step (TimingPositions), the others' simulations
+// being the same.
 template <typename Visit>
-void ForEachTiming(const std::vector<UpdatePlace>& places, Visit visit) {
+void ForEachTiming(const std::vector<UpdatePlace>& places, bool distinct, bool lags_apply,
+                   Visit visit) {
   if (!Streams(places)) {
     visit(1, 0);
     return;
   }
   const auto [aheads, lags] = ReachableTimings(static_cast<int>(places.size()));
+  std::vector<std::vector<int>> seen;
   for (int ahead : aheads) {
     for (int lag : lags) {
+      if (distinct) {
+        std::vector<int> key = TimingPositions(places, ahead, lag, lags_apply);
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+        seen.push_back(std::move(key));
+      }
       if (!visit(ahead, lag)) return;
     }
   }
@@ -430,10 +459,10 @@ void ForEachTiming(const std::vector<UpdatePlace>& places, Visit visit) {
 
 // Calls `visit(places, ahead, lag)` for every placement of the layers in
 // `movable` over `base` (the others keep theirs) under every reachable
-// timing (ForEachTiming), in ExhaustivePlaces' order.
+// timing (ForEachTiming, `distinct` as there), in ExhaustivePlaces' order.
 template <typename Visit>
 void ForEachPlacement(std::vector<UpdatePlace> places, const std::vector<int>& movable,
-                      Visit visit) {
+                      bool distinct, bool lags_apply, Visit visit) {
   int64_t combinations = 1;
   for (size_t i = 0; i < movable.size(); ++i) combinations *= 3;
   for (int64_t c = 0; c < combinations; ++c) {
@@ -442,7 +471,7 @@ void ForEachPlacement(std::vector<UpdatePlace> places, const std::vector<int>& m
       places[l] = static_cast<UpdatePlace>(code % 3);
       code /= 3;
     }
-    ForEachTiming(places, [&](int ahead, int lag) {
+    ForEachTiming(places, distinct, lags_apply, [&](int ahead, int lag) {
       visit(places, ahead, lag);
       return true;
     });
@@ -490,7 +519,7 @@ class StreamSearch {
     if (ExhaustiveSimulations(movable, L_, options_.max_evaluations) <= options_.max_evaluations) {
       // Enumerating every placement costs no more than the local search
       // may spend: enumerate (exact; Offer stops only past that budget).
-      ForEachPlacement(best_.places, movable_,
+      ForEachPlacement(best_.places, movable_, /*distinct=*/true, LagsApply(),
                        [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
                          Offer({places, ahead, lag});
                        });
@@ -762,10 +791,7 @@ class StreamSearch {
   //    movable layers, seeded with the best so far; true when it ended
   //    within its simulations and no simulated time fell below its bound.
   bool BranchAndBound() {
-    const bool small = static_cast<int>(movable_.size()) <= options_.small_exact_layers;
-    const int64_t most =
-        evaluations_ + std::max(options_.max_exact_evaluations,
-                                small ? options_.small_exact_evaluations : int64_t{0});
+    const int64_t most = evaluations_ + options_.max_exact_evaluations;
     Candidate origin = best_;
     for (int l : movable_) origin.places[l] = UpdatePlace::kHost;
     origin.ahead = 1;
@@ -805,7 +831,7 @@ class StreamSearch {
 
   // Simulates the complete placement s->at under every reachable timing.
   void Leaf(BoundSearch* s, double bound, int64_t peak) {
-    ForEachTiming(s->at.places, [&](int ahead, int lag) {
+    ForEachTiming(s->at.places, /*distinct=*/true, LagsApply(), [&](int ahead, int lag) {
       if (evaluations_ >= s->most) {
         s->stopped = true;
         return false;
@@ -822,6 +848,9 @@ class StreamSearch {
       return true;
     });
   }
+
+  // Whether the update lag moves updates: not under clipping (lower.h).
+  bool LagsApply() const { return !simulator_.cost().clips_gradients(); }
 
   const PlanSimulator& simulator_;
   const Decisions& start_;
@@ -873,7 +902,8 @@ ExhaustiveResult ExhaustivePlaces(const PlanSimulator& simulator, const Decision
     if (eligible[l]) e.push_back(l);
   }
   ExhaustiveResult out;
-  ForEachPlacement(std::vector<UpdatePlace>(L, UpdatePlace::kHost), e,
+  ForEachPlacement(std::vector<UpdatePlace>(L, UpdatePlace::kHost), e, /*distinct=*/false,
+                   /*lags_apply=*/true,
                    [&](const std::vector<UpdatePlace>& places, int ahead, int lag) {
                      Decisions d = WithUpdatePlaces(base, eligible, places);
                      d.state_prefetch_layers = ahead;

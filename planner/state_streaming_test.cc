@@ -60,7 +60,7 @@ TEST(StateStreamingTest, OnSmallChainsTheSearchFindsTheExhaustiveOptimum) {
     ++feasible;
     const Decisions start = testing::WithUpdates(p.chain.base, two.on_accelerator);
     // The branch and bound with simulations enough for every placement
-    // (the planner gives it 2,000); the local search alone.
+    // (the planner gives it 20,000); the local search alone.
     StreamSearchOptions exact, local;
     exact.max_exact_evaluations = 100000;
     local.exact_layers = 0;
@@ -139,9 +139,11 @@ TEST(StateStreamingTest, WhereNoTwoPlacePlacementFitsTheSearchFromTheHostFindsWh
   EXPECT_GE(rescued, 1);
 }
 
-// A chain enumerated with exactly as many simulations as the enumeration
-// takes is still exact (it was called inexact when the count met the
-// budget).
+// A chain enumerated within a budget of exactly ExhaustivePlaces'
+// simulations is still exact (it was called inexact when the count met the
+// budget). The search's enumeration simulates each distinct step once (two
+// timings that put every streamed layer's operations at the same places
+// lower to one step), so it spends at most that.
 TEST(StateStreamingTest, AnEnumerationThatSpendsTheWholeBudgetIsExact) {
   std::mt19937 rng(4);
   int checked = 0;
@@ -158,7 +160,7 @@ TEST(StateStreamingTest, AnEnumerationThatSpendsTheWholeBudgetIsExact) {
     const StreamSearchResult r =
         SearchStreamedState(simulator, testing::WithUpdates(p.chain.base, two.on_accelerator),
                             two.iteration_seconds, p.budget_bytes, options);
-    EXPECT_EQ(r.evaluations, truth.evaluations) << "trial " << trial;
+    EXPECT_LE(r.evaluations, truth.evaluations) << "trial " << trial;
     EXPECT_TRUE(r.exact) << "trial " << trial;
     ++checked;
   }

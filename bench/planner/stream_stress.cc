@@ -174,11 +174,10 @@ int main(int argc, char** argv) {
   tandem::planner::StreamSearchOptions options;
   if (argc > 4) options.max_evaluations = std::atoll(argv[4]);
   const int min_layers = argc > 5 ? std::atoi(argv[5]) : 1;
-  // The branch and bound's simulations on every chain (the planner's: 2,000,
-  // and 20,000 on chains of up to 8 movable layers).
-  // "planner" keeps them.
+  // The branch and bound's simulations on every chain; "planner" keeps the
+  // planner's (20,000).
   if (argc > 6 && std::string(argv[6]) != "planner")
-    options.max_exact_evaluations = options.small_exact_evaluations = std::atoll(argv[6]);
+    options.max_exact_evaluations = std::atoll(argv[6]);
   // "search": the planner's answers alone, without the exhaustive search.
   if (argc > 7 && std::string(argv[7]) == "search") {
     return tandem::planner::RunSearchOnly(instances, min_layers, max_layers, seed, options);

@@ -7,10 +7,13 @@
 // non-zero on a miss.
 //
 //   bazel run -c opt //bench/planner:stream_stress -- [INSTANCES [MAX_LAYERS [SEED [EVALUATIONS
-//   [MIN_LAYERS [EXACT_EVALUATIONS]]]]]]
+//   [MIN_LAYERS [EXACT_EVALUATIONS [search | proved N]]]]]]]
 //
 // EVALUATIONS: the local search's simulations (StreamSearchOptions.
-// max_evaluations); EXACT_EVALUATIONS: the branch and bound's.
+// max_evaluations); EXACT_EVALUATIONS: the branch and bound's. A seventh
+// argument "search" prints the planner's answers alone; "proved N" compares
+// them with the branch and bound's at N simulations where that proves its
+// answer (chains too long for the exhaustive search).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -132,6 +135,48 @@ int RunSearchOnly(int instances, int min_layers, int max_layers, uint32_t seed,
   return 0;
 }
 
+// The planner's answers against the branch and bound's with `reference`
+// simulations, where that proves its answer (StreamSearchResult.exact): a
+// reference for chains too long for ExhaustivePlaces. Prints every instance
+// where the planner is slower; exits non-zero on one.
+int RunAgainstProved(int instances, int min_layers, int max_layers, uint32_t seed,
+                     const StreamSearchOptions& options, int64_t reference) {
+  std::mt19937 rng(seed);
+  StreamSearchOptions proving = options;
+  proving.max_exact_evaluations = reference;
+  int feasible = 0, proved = 0, exact = 0, misses = 0;
+  double worst = 0, search_seconds = 0;
+  for (int trial = 0; trial < instances; ++trial) {
+    const int layers = min_layers + trial % (max_layers - min_layers + 1);
+    testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
+    const PlanSimulator simulator(p.chain.cost);
+    auto t0 = std::chrono::steady_clock::now();
+    const Answer found = PlannerAnswer(p, simulator, options);
+    search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const Answer truth = PlannerAnswer(p, simulator, proving);
+    if (!found.feasible || !truth.feasible) continue;
+    ++feasible;
+    exact += found.exact;
+    if (!truth.exact) continue;
+    ++proved;
+    const double excess = found.seconds / truth.seconds - 1;
+    if (excess <= 1e-9) continue;
+    ++misses;
+    worst = std::max(worst, excess);
+    std::printf(
+        "seed %u trial %d (%d layers): %.6g s (%s) vs proved optimum %.6g s (%s) (+%.3g%%)\n", seed,
+        trial, layers, found.seconds, found.places.c_str(), truth.seconds, truth.places.c_str(),
+        100 * excess);
+  }
+  std::printf(
+      "%d instances of %d-%d layers (seed %u): %d feasible, %d answers called exact; %d optima "
+      "proved at %lld simulations, %d of them missed (worst +%.3g%%); search %.1f ms per "
+      "instance\n",
+      instances, min_layers, max_layers, seed, feasible, exact, proved,
+      static_cast<long long>(reference), misses, 100 * worst, 1e3 * search_seconds / instances);
+  return misses > 0 ? 1 : 0;
+}
+
 int Run(int instances, int min_layers, int max_layers, uint32_t seed,
         const StreamSearchOptions& options) {
   std::mt19937 rng(seed);
@@ -181,6 +226,12 @@ int main(int argc, char** argv) {
   // "search": the planner's answers alone, without the exhaustive search.
   if (argc > 7 && std::string(argv[7]) == "search") {
     return tandem::planner::RunSearchOnly(instances, min_layers, max_layers, seed, options);
+  }
+  // "proved N": against the branch and bound's answers at N simulations
+  // where it proves them, instead of the exhaustive search.
+  if (argc > 8 && std::string(argv[7]) == "proved") {
+    return tandem::planner::RunAgainstProved(instances, min_layers, max_layers, seed, options,
+                                             std::atoll(argv[8]));
   }
   return tandem::planner::Run(instances, min_layers, max_layers, seed, options);
 }

@@ -50,7 +50,8 @@ bool ResidentChain::Covers(const Decisions& s) {
 }
 
 ResidentChain::ResidentChain(const CostModel& cost, const Decisions& base)
-    : micro_batches_(base.micro_batches()),
+    : clip_(cost.clips_gradients()),
+      micro_batches_(base.micro_batches()),
       delayed_(base.delayed_parameter_update),
       batch_size_(base.batch_size) {
   const int m = base.micro_batch_size;
@@ -80,6 +81,9 @@ struct ResidentChain::Pass {
   // changes reach their time. The first not yet fed is next_free.
   std::vector<MemoryChange>* pending_frees;
   size_t next_free = 0;
+  // Under clipping: when each host-updated layer's gradient copy down ended
+  // (scratch of the chain's, by layer).
+  std::vector<double>& d2h_of;
   // The compute stream's clock, and when each copy engine and the host pool
   // are next free.
   double t = 0, d2h_free = 0, pool_free = 0, h2d_free = 0;
@@ -123,7 +127,8 @@ void ResidentChain::RunOnce(const std::vector<bool>& acc, int n, WindowLevel* me
   finishes_.assign(n, 0.0);
   returned_.assign(static_cast<size_t>(lag + 1) * num_layers(), 0.0);
   pending_frees_.clear();
-  Pass p{acc, memory, record, lag, &pending_frees_};
+  d2h_of_.assign(num_layers(), 0.0);
+  Pass p{acc, memory, record, lag, &pending_frees_, 0, d2h_of_};
   for (int i = 0; i < n; ++i) {
     BeginIteration(&p, i, n);
     starts_[i] = ForwardStart(p, 0, 0);
@@ -226,10 +231,32 @@ void ResidentChain::Backwards(Pass* p, int j) {
       p->window->prefix_after[l] = p->prefix;
     }
     if (!x.has_params) continue;
-    if (p->acc[l]) {
+    if (clip_) {
+      // Its gradient goes down now; the updates wait for the norm.
+      if (!p->acc[l]) GradientDown(p, l, j);
+    } else if (p->acc[l]) {
       AcceleratorUpdate(p, l, j);
     } else {
       HostUpdate(p, l, j);
+    }
+  }
+  if (clip_ && j == micro_batches_ - 1) UpdatesAfterTheNorm(p, j);
+}
+
+void ResidentChain::UpdatesAfterTheNorm(Pass* p, int j) {
+  // GRADIENT_NORM on the compute stream, once the last backward and every
+  // gradient copy down have ended (the D2H engine's last); it takes no time.
+  const double norm = std::max(p->t, p->d2h_free);
+  if (p->window != nullptr) {
+    p->window->Compute(tandem::v1::TIMELINE_PHASE_UPDATE, -1, j, norm, norm);
+  }
+  p->t = norm;
+  for (int l = num_layers() - 1; l >= 0; --l) {
+    if (!layers_[l].has_params) continue;
+    if (p->acc[l]) {
+      AcceleratorUpdate(p, l, j);
+    } else {
+      HostUpdateFrom(p, l, j, std::max(p->d2h_of[l], norm));
     }
   }
 }
@@ -247,29 +274,40 @@ void ResidentChain::AcceleratorUpdate(Pass* p, int l, int j) {
 }
 
 void ResidentChain::HostUpdate(Pass* p, int l, int j) {
+  GradientDown(p, l, j);
+  HostUpdateFrom(p, l, j, p->d2h_free);
+}
+
+void ResidentChain::GradientDown(Pass* p, int l, int j) {
   const ResidentLayer& x = layers_[l];
   const double d2h_start = std::max(p->t, p->d2h_free);
   p->d2h_free = d2h_start + x.grad_d2h;
+  p->d2h_of[l] = p->d2h_free;
   if (p->memory != nullptr && x.grad != 0) p->pending_frees->push_back({p->d2h_free, -x.grad});
-  const double pool_start = std::max(p->d2h_free, p->pool_free);
+  if (p->keep_chain) p->record->d2h.push_back({d2h_start, p->d2h_free});
+  if (p->window == nullptr) return;
+  p->window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H,
+                  l, j, d2h_start, p->d2h_free, x.grad);
+  p->window->d2h_bytes += x.grad;
+}
+
+void ResidentChain::HostUpdateFrom(Pass* p, int l, int j, double ready) {
+  const ResidentLayer& x = layers_[l];
+  const double pool_start = std::max(ready, p->pool_free);
   p->pool_free = pool_start + x.upd_host;
   const double h2d_start = std::max(p->pool_free, p->h2d_free);
   p->h2d_free = h2d_start + x.param_h2d;
   p->returned_now[l] = p->h2d_free;
   if (p->keep_chain) {
-    p->record->d2h.push_back({d2h_start, p->d2h_free});
     p->record->pool.push_back({pool_start, p->pool_free});
     p->record->h2d.push_back({h2d_start, p->h2d_free});
   }
   Record* window = p->window;
   if (window == nullptr) return;
-  window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_D2H, l,
-               j, d2h_start, p->d2h_free, x.grad);
   window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, j,
                pool_start, p->pool_free, x.update_bytes);
   window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l,
                j, h2d_start, p->h2d_free, x.param);
-  window->d2h_bytes += x.grad;
   window->h2d_bytes += x.param;
   window->delivered[l] = p->h2d_free;
 }

@@ -3,7 +3,9 @@
 // there, keeps or recomputes its activations (no OFFLOAD, no HOST_STREAMED), and
 // updates on the accelerator or on the host (gpu_only, zero_offload and
 // reuse_distance without streaming or offload) — run as recurrences instead of
-// an event graph.
+// an event graph, with or without gradient clipping (CostModel::
+// clips_gradients: the norm after the last backward and every gradient copy
+// down, then every update).
 //
 // Why it is exact. In this class the copy engines and the host update pool
 // carry only the gradient -> update -> weights chain of host-updated layers.
@@ -90,10 +92,20 @@ class ResidentChain {
   void Backwards(Pass* p, int micro_batch);
   void AcceleratorUpdate(Pass* p, int layer, int micro_batch);
   // The gradient -> host update -> weights chain on the D2H engine, the
-  // host pool and the H2D engine.
+  // host pool and the H2D engine: the gradient down, then (HostUpdateFrom)
+  // the update once `ready` and the weights back.
   void HostUpdate(Pass* p, int layer, int micro_batch);
+  void GradientDown(Pass* p, int layer, int micro_batch);
+  void HostUpdateFrom(Pass* p, int layer, int micro_batch, double ready);
+  // Clipping: after the last backward, the norm on the compute stream once
+  // every gradient is down, then each layer's update (L-1 first), the
+  // accelerator's on the stream and the host's on its chain.
+  void UpdatesAfterTheNorm(Pass* p, int micro_batch);
 
   std::vector<ResidentLayer> layers_;
+  // The job clips its gradients (CostModel::clips_gradients; lower.h,
+  // "Gradient clipping").
+  bool clip_ = false;
   int micro_batches_ = 1;
   bool delayed_ = false;
   int batch_size_ = 1;
@@ -104,6 +116,7 @@ class ResidentChain {
   std::vector<double> finishes_;
   std::vector<double> returned_;
   std::vector<MemoryChange> pending_frees_;
+  std::vector<double> d2h_of_;
 };
 
 }  // namespace tandem::planner

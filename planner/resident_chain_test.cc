@@ -45,13 +45,15 @@ void ExpectIdentical(const SimulationResult& fast, const SimulationResult& graph
 // Random schedules of the class, with real-valued times and with times on a
 // coarse grid (where spans of different resources often start and end at the
 // same instant), with and without a timeline.
+// Every third chain clips its gradients (the norm, then every update).
 TEST(ResidentChainTest, MatchesTheEventGraphBitForBit) {
   std::mt19937 rng(2024);
-  for (int trial = 0; trial < 600; ++trial) {
+  for (int trial = 0; trial < 900; ++trial) {
     const int layers = 1 + trial % 11;
     RandomChainOptions options;
     options.coarse_times = trial % 2 == 1;
     RandomChain chain = RandomResidentChain(layers, &rng, options);
+    chain.cost.set_clips_gradients(trial % 3 == 2);
     std::vector<bool> acc(layers);
     for (int l = 0; l < layers; ++l) acc[l] = (rng() & 1) != 0;
     const Decisions s = WithUpdates(chain.base, acc);

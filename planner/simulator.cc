@@ -327,14 +327,14 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
   if (ranks && !options.collective_seconds) {
     return absl::InvalidArgumentError("ranks > 1: the collectives need their seconds");
   }
-  // The recurrences time unclipped steps alone.
-  const bool recurrence = !options.use_event_graph && !ranks && !cost_.clips_gradients();
+  const bool recurrence = !options.use_event_graph && !ranks;
   if (recurrence && ResidentChain::Covers(s)) {
     std::vector<bool> on_accelerator(s.layers.size());
     for (size_t l = 0; l < s.layers.size(); ++l) on_accelerator[l] = s.layers[l].update == kAcc;
     return ResidentChain(cost_, s).Simulate(on_accelerator, options.record_timeline);
   }
-  if (recurrence && HeteroReplicas::Covers(s)) {
+  // HeteroReplicas times unclipped steps alone.
+  if (recurrence && !cost_.clips_gradients() && HeteroReplicas::Covers(s)) {
     return HeteroReplicas(cost_, s).Simulate(options.record_timeline);
   }
   const Mode mode = schedule::ModeOf(s);

@@ -12,7 +12,9 @@
 // Gradients become ready in backward order (iteration after iteration), so each
 // FIFO resource serves the chain in that order and every span starts at
 // max(its input is ready, its resource is free); the compute stream is its
-// program with FORWARD(l, 0) also waiting for layer l's weights. Each span's
+// program with FORWARD(l, 0) also waiting for layer l's weights (and, under
+// clipping, GRADIENT_NORM for the last gradient copy down, which ends every
+// other: the D2H engine serves them in order). Each span's
 // times are then fixed by the spans created before it, and the run is one pass
 // in creation order with the same floating-point operations the event graph
 // performs, so every number of the SimulationResult (prediction, timeline,

@@ -756,7 +756,7 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
   PublishLocked();  // before the store write, which may take a while
   if (!entry.unrecorded.empty()) {
     // Earlier changes are still waiting: keep the order.
-    entry.unrecorded.push_back(event);
+    HoldRefused(entry, event);
     return absl::UnavailableError("an earlier state change is not recorded yet");
   }
   // A job's end may take the store's reserve on a full disk (job_store.h).
@@ -764,8 +764,14 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
       entry.job, {event},
       IsTerminal(state) ? JobStore::Priority::kMayUseReserve : JobStore::Priority::kNormal);
   // Kept in memory, served from there, and written when the store takes it.
-  if (!s.ok()) entry.unrecorded.push_back(event);
+  if (!s.ok()) HoldRefused(entry, event);
   return s;
+}
+
+void JobManager::HoldRefused(Entry& entry, const JobEvent& event) {
+  entry.unrecorded.push_back(event);
+  absl::MutexLock lock(&persist_mu_);
+  refused_events_[entry.job.id()].push_back(event);
 }
 
 void JobManager::RetryUnrecorded() {
@@ -782,6 +788,10 @@ void JobManager::RetryUnrecorded() {
     std::fprintf(stderr, "tandemd: recorded %zu delayed state change(s) of %s (now %s)\n",
                  e.unrecorded.size(), e.job.id().c_str(), StateLabel(e.job.state()));
     e.unrecorded.clear();
+    {
+      absl::MutexLock held(&persist_mu_);
+      refused_events_.erase(e.job.id());
+    }
     if (IsTerminal(e.job.state()) && !e.running) {
       it = live_.erase(it);
     } else {
@@ -847,13 +857,6 @@ std::vector<JobEvent> JobManager::UnstoredEvents(const std::string& id, uint64_t
   auto later = [](const JobEvent* a, const JobEvent* b) { return a->sequence() < b->sequence(); };
   std::vector<const JobEvent*> lowest;  // a max-heap by sequence
   std::vector<JobEvent> out;
-  // State changes the store refused wait with their job (Transition), not
-  // with the persister's events.
-  std::vector<JobEvent> refused;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = live_.find(id); it != live_.end()) refused = it->second->unrecorded;
-  }
   absl::MutexLock lock(&persist_mu_);
   auto take = [&](const std::vector<JobEvent>& events) {
     for (const JobEvent& e : events) {
@@ -869,7 +872,8 @@ std::vector<JobEvent> JobManager::UnstoredEvents(const std::string& id, uint64_t
   };
   if (in_flight_events_ != nullptr) take(*in_flight_events_);
   take(pending_events_);
-  take(refused);
+  // State changes the store refused, held apart (HoldRefused).
+  if (auto it = refused_events_.find(id); it != refused_events_.end()) take(it->second);
   std::sort_heap(lowest.begin(), lowest.end(), later);
   out.reserve(lowest.size());
   for (const JobEvent* e : lowest) out.push_back(*e);
@@ -1032,7 +1036,8 @@ absl::Status JobManager::Recover() {
           "cannot resume yet: ", entry->estimate_error, "; tandemd tries again every ",
           absl::FormatDuration(options_.estimate_retry_interval), " until ",
           absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", entry->estimate_deadline, absl::UTCTimeZone()),
-          ", then fails it (cancel the job to give up sooner)");
+          " (--resume_wait from this start of tandemd), then fails it (cancel the job to give up "
+          "sooner)");
       if (entry->job.state() == tandem::v1::JOB_STATE_RUNNING) {
         transition(tandem::v1::JOB_STATE_QUEUED, why);
       } else {

@@ -157,7 +157,7 @@ class JobManager {
   // their job until it takes them). In order, at most `max`. A watcher reads them
   // before it concludes that events below the in-memory log were lost.
   std::vector<tandem::v1::JobEvent> UnstoredEvents(const std::string& id, uint64_t from,
-                                                   uint64_t to, int max) ABSL_LOCKS_EXCLUDED(mu_);
+                                                   uint64_t to, int max);
 
   // Validation and the estimate alone, for PlanModel/ProfileModel and tests.
   struct Resolved {
@@ -301,6 +301,10 @@ class JobManager {
   // Moves a job to `state`, appends the state event and persists both.
   absl::Status Transition(Entry& entry, tandem::v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A state change the store refused: kept with its job, written again by
+  // RetryUnrecorded, and served to watchers meanwhile (refused_events_).
+  void HoldRefused(Entry& entry, const tandem::v1::JobEvent& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AppendEvent(Entry& entry, tandem::v1::JobEvent event);
   void PersistLoop();
   void FlushEvents();
@@ -392,6 +396,11 @@ class JobManager {
   std::shared_ptr<std::vector<tandem::v1::JobEvent>> in_flight_events_ ABSL_GUARDED_BY(persist_mu_);
   bool persist_stop_ ABSL_GUARDED_BY(persist_mu_) = false;
   bool event_write_failing_ ABSL_GUARDED_BY(persist_mu_) = false;
+  // Each job's state changes the store refused (Entry::unrecorded), for
+  // UnstoredEvents, which must not take mu_ (a watcher's lock is taken after
+  // mu_ where an event wakes it).
+  std::map<std::string, std::vector<tandem::v1::JobEvent>> refused_events_
+      ABSL_GUARDED_BY(persist_mu_);
   std::thread persister_;
   std::thread estimator_;
 };

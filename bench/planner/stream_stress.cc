@@ -144,7 +144,7 @@ int RunAgainstProved(int instances, int min_layers, int max_layers, uint32_t see
   std::mt19937 rng(seed);
   StreamSearchOptions proving = options;
   proving.max_exact_evaluations = reference;
-  int feasible = 0, proved = 0, exact = 0, misses = 0;
+  int feasible = 0, proved = 0, exact = 0, misses = 0, wrong_feasibility = 0;
   double worst = 0, search_seconds = 0;
   for (int trial = 0; trial < instances; ++trial) {
     const int layers = min_layers + trial % (max_layers - min_layers + 1);
@@ -154,6 +154,12 @@ int RunAgainstProved(int instances, int min_layers, int max_layers, uint32_t see
     const Answer found = PlannerAnswer(p, simulator, options);
     search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const Answer truth = PlannerAnswer(p, simulator, proving);
+    if (found.feasible != truth.feasible && truth.exact) {
+      ++wrong_feasibility;
+      std::printf("seed %u trial %d (%d layers): planner feasible=%d, proved %d\n", seed, trial,
+                  layers, found.feasible, truth.feasible);
+      continue;
+    }
     if (!found.feasible || !truth.feasible) continue;
     ++feasible;
     exact += found.exact;
@@ -170,11 +176,12 @@ int RunAgainstProved(int instances, int min_layers, int max_layers, uint32_t see
   }
   std::printf(
       "%d instances of %d-%d layers (seed %u): %d feasible, %d answers called exact; %d optima "
-      "proved at %lld simulations, %d of them missed (worst +%.3g%%); search %.1f ms per "
-      "instance\n",
+      "proved at %lld simulations, %d of them missed (worst +%.3g%%), %d wrong feasibility; "
+      "search %.1f ms per instance\n",
       instances, min_layers, max_layers, seed, feasible, exact, proved,
-      static_cast<long long>(reference), misses, 100 * worst, 1e3 * search_seconds / instances);
-  return misses > 0 ? 1 : 0;
+      static_cast<long long>(reference), misses, 100 * worst, wrong_feasibility,
+      1e3 * search_seconds / instances);
+  return misses + wrong_feasibility > 0 ? 1 : 0;
 }
 
 int Run(int instances, int min_layers, int max_layers, uint32_t seed,
@@ -229,7 +236,11 @@ int main(int argc, char** argv) {
   }
   // "proved N": against the branch and bound's answers at N simulations
   // where it proves them, instead of the exhaustive search.
-  if (argc > 8 && std::string(argv[7]) == "proved") {
+  if (argc > 7 && std::string(argv[7]) == "proved") {
+    if (argc < 9) {
+      std::fprintf(stderr, "proved: give the reference's simulations (e.g. proved 1000000)\n");
+      return 2;
+    }
     return tandem::planner::RunAgainstProved(instances, min_layers, max_layers, seed, options,
                                              std::atoll(argv[8]));
   }

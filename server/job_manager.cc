@@ -543,6 +543,33 @@ absl::Status JobManager::AdmitDistributed(const tandem::v1::JobSpec& resolved) c
   return options_.admit_distributed(resolved);
 }
 
+namespace {
+
+// A submitted job's first record: queued, with what submission resolved.
+Job NewJobRecord(const tandem::v1::JobSpec& spec, const std::string& request_id,
+                 const JobManager::Resolved& r) {
+  Job job;
+  job.set_request_id(request_id);
+  *job.mutable_spec() = spec;
+  *job.mutable_resolved_spec() = r.spec;
+  job.set_precision_reason(r.precision_reason);
+  job.set_distributed_reason(r.distributed_reason);
+  job.set_state(tandem::v1::JOB_STATE_QUEUED);
+  job.set_reason("queued");
+  *job.mutable_plan() = r.plan;
+  *job.mutable_schedule() = r.program;
+  job.mutable_metrics()->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
+  if (r.plan.layers_size() > 0) *job.add_plan_history() = PlanRecordOf(r.plan, r.cost_source, 0);
+  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
+  *job.mutable_update_time() = job.create_time();
+  const tandem::v1::TrainingSpec& training = r.spec.training();
+  job.mutable_progress()->set_total_steps(
+      training.duration_case() == tandem::v1::TrainingSpec::kSteps ? training.steps() : 0);
+  return job;
+}
+
+}  // namespace
+
 absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSpec& spec,
                                                          const std::string& request_id) {
   {
@@ -574,24 +601,7 @@ absl::StatusOr<JobManager::Submitted> JobManager::Submit(const tandem::v1::JobSp
   TANDEM_RETURN_IF_ERROR(CheckBudgets(estimate));
   TANDEM_RETURN_IF_ERROR(AdmitDistributed(resolved));
 
-  Job job;
-  job.set_request_id(request_id);
-  *job.mutable_spec() = spec;
-  *job.mutable_resolved_spec() = resolved;
-  job.set_precision_reason(r.precision_reason);
-  job.set_distributed_reason(r.distributed_reason);
-  job.set_state(tandem::v1::JOB_STATE_QUEUED);
-  job.set_reason("queued");
-  *job.mutable_plan() = r.plan;
-  *job.mutable_schedule() = r.program;
-  job.mutable_metrics()->set_predicted_step_seconds(r.plan.prediction().iteration_seconds());
-  if (r.plan.layers_size() > 0) *job.add_plan_history() = PlanRecordOf(r.plan, r.cost_source, 0);
-  *job.mutable_create_time() = TimeUtil::GetCurrentTime();
-  *job.mutable_update_time() = job.create_time();
-  job.mutable_progress()->set_total_steps(resolved.training().duration_case() ==
-                                                  tandem::v1::TrainingSpec::kSteps
-                                              ? resolved.training().steps()
-                                              : 0);
+  const Job job = NewJobRecord(spec, request_id, r);
   JobEvent queued;
   queued.set_sequence(1);
   *queued.mutable_time() = job.create_time();

@@ -652,12 +652,13 @@ void AddDispatch(const std::map<TimelineResource, double>& dispatch, Profile& pr
 
 // ---- PlanLoop ----
 
-absl::StatusOr<Plan> PlanLoop::Resimulate(const Plan& plan, const Profile& measured) const {
+absl::StatusOr<Plan> PlanLoop::Resimulate(const Plan& plan, const Profile& measured,
+                                          const planner::SimulationOptions& options) const {
   TANDEM_ASSIGN_OR_RETURN(planner::CostModel cost,
                           planner::CostModel::FromMeasuredProfile(measured));
   cost.set_clips_gradients(planner::ClipsGradients(resolved_));
   TANDEM_ASSIGN_OR_RETURN(const planner::SimulationResult sim,
-                          planner::PlanSimulator(cost).Simulate(plan));
+                          planner::PlanSimulator(cost).Simulate(plan, options));
   Plan timed = plan;
   *timed.mutable_prediction() = sim.prediction;
   *timed.mutable_timeline() = sim.timeline;
@@ -729,8 +730,15 @@ PlanLoop::Outcome PlanLoop::Decide(const PlanCheck& check) {
   };
   if (const std::string why = WhyNotReplan(); !why.empty()) return stop(why);
   const auto began = std::chrono::steady_clock::now();
-  absl::StatusOr<Decision> d = Replan(check);
-  if (!d.ok()) return stop(absl::StrCat("cannot re-plan: ", d.status().message()));
+  // A distributed job's ranks run one pinned plan: it is re-timed, never
+  // replaced.
+  absl::StatusOr<Decision> d = distributed() ? RetimeRank(check) : Replan(check);
+  if (!d.ok()) {
+    return stop(distributed() ? absl::StrCat("not re-planning a distributed job (its ranks run "
+                                             "one pinned rank plan), and cannot re-time it: ",
+                                             d.status().message())
+                              : absl::StrCat("cannot re-plan: ", d.status().message()));
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   out.log = absl::StrCat(
@@ -762,9 +770,10 @@ PlanLoop::Decision PlanLoop::SwitchBack(const PlanCheck& check) const {
 std::string PlanLoop::WhyNotReplan() const {
   if (options_.threshold < 0) return "not re-planning (placement.replan_threshold < 0)";
   if (forced_) return "not re-planning a forced plan (placement.plan)";
-  if (resolved_.distributed().replicas() > 1) {
-    return "not re-planning a distributed job: its ranks run one rank plan, pinned when the "
-           "run starts, and would have to switch together";
+  if (distributed() && recalibrated_) {
+    return "still off after re-timing the rank plan from what rank 0 measured; not "
+           "re-planning a distributed job (its ranks run one rank plan, pinned when the run "
+           "starts, and would have to switch together)";
   }
   if (recalibrated_) {
     return "still off after re-calibrating from measured spans (time the simulator does not "
@@ -878,6 +887,83 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
   d.plan = d.placement_changed ? std::move(split) : current;
   d.replaced_timed = std::move(current);
   d.corrections = std::move(next);
+  d.reason = check.off;
+  d.because = check.because;
+  d.check = check;
+  return d;
+}
+
+namespace {
+
+// Each collective kind's seconds as the timelines' NETWORK spans measured
+// them: latency + bytes / bandwidth fitted per kind (FitLink); a kind never
+// measured takes half an all-reduce's (one of its two phases), and an
+// all-reduce never measured twice a phase's. `said`: what was measured.
+absl::StatusOr<std::function<double(schedule::OpKind, int64_t)>> MeasuredCollectives(
+    const std::vector<Timeline>& timelines, std::string* said) {
+  const std::pair<tandem::v1::TimelinePhase, schedule::OpKind> kinds[] = {
+      {tandem::v1::TIMELINE_PHASE_ALL_REDUCE, schedule::OpKind::kAllReduce},
+      {tandem::v1::TIMELINE_PHASE_REDUCE_SCATTER, schedule::OpKind::kReduceScatter},
+      {tandem::v1::TIMELINE_PHASE_ALL_GATHER, schedule::OpKind::kAllGather}};
+  std::map<schedule::OpKind, LinkFit> fits;
+  for (const auto& [phase, kind] : kinds) {
+    std::vector<std::pair<double, double>> calls;
+    for (const Timeline& t : timelines) {
+      for (const auto& span : t.spans()) {
+        if (span.resource() != tandem::v1::TIMELINE_RESOURCE_NETWORK || span.phase() != phase ||
+            span.bytes() <= 0) {
+          continue;
+        }
+        calls.emplace_back(static_cast<double>(span.bytes()),
+                           span.end_seconds() - span.start_seconds());
+      }
+    }
+    const LinkFit fit = FitLink(calls);
+    if (fit.bytes_per_second <= 0) continue;
+    fits[kind] = fit;
+    absl::StrAppend(said, said->empty() ? "" : ", ", fit.copies, " ",
+                    tandem::v1::TimelinePhase_Name(phase).substr(15),
+                    absl::StrFormat(" at %.2f GB/s + %.0f us", fit.bytes_per_second / 1e9,
+                                    fit.latency_seconds * 1e6));
+  }
+  if (fits.empty()) return absl::FailedPreconditionError("no collective was measured");
+  return [fits](schedule::OpKind kind, int64_t bytes) {
+    auto seconds = [&](schedule::OpKind k) -> std::optional<double> {
+      auto it = fits.find(k);
+      if (it == fits.end()) return std::nullopt;
+      return it->second.latency_seconds + static_cast<double>(bytes) / it->second.bytes_per_second;
+    };
+    if (std::optional<double> s = seconds(kind)) return *s;
+    if (kind == schedule::OpKind::kAllReduce) {
+      for (schedule::OpKind phase :
+           {schedule::OpKind::kReduceScatter, schedule::OpKind::kAllGather}) {
+        if (std::optional<double> s = seconds(phase)) return 2 * *s;
+      }
+      return 0.0;
+    }
+    const std::optional<double> all = seconds(schedule::OpKind::kAllReduce);
+    return all ? *all / 2 : 0.0;
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<PlanLoop::Decision> PlanLoop::RetimeRank(const PlanCheck& check) const {
+  Decision d;
+  TANDEM_ASSIGN_OR_RETURN(
+      const Profile measured,
+      MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &d.cost_source));
+  std::string collectives;
+  planner::SimulationOptions ranks;
+  TANDEM_ASSIGN_OR_RETURN(ranks.collective_seconds,
+                          MeasuredCollectives(window_timelines_, &collectives));
+  const tandem::v1::DistributedSpec& dist = resolved_.distributed();
+  ranks.ranks = dist.replicas();
+  ranks.bucket_bytes = dist.bucket_bytes();
+  ranks.partition_host_state = dist.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  TANDEM_ASSIGN_OR_RETURN(d.plan, Resimulate(plan_, measured, ranks));
+  absl::StrAppend(&d.cost_source, "; as one of ", ranks.ranks, " ranks, its collectives as rank 0 ",
+                  "measured them: ", collectives);
   d.reason = check.off;
   d.because = check.because;
   d.check = check;

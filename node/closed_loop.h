@@ -21,6 +21,11 @@
 // (max_replans bounds that), nor from a switch a restarted run repeats (the
 // loop's memory is the run's).
 //
+// A distributed job's rank 0 is checked too, but its plan is never replaced
+// (every rank runs it): off the prediction, it is re-timed once as one of
+// the job's ranks runs it, from rank 0's measured spans and the rate its
+// collectives measured (RetimeRank).
+//
 // A pipeline (Plan.pipeline) is checked on its step time. Its window's
 // per-stage figures (PipelineStageStats: forward-backward busy time and
 // update) over what the planner predicts for the running split without
@@ -44,6 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "node/placement.h"
+#include "planner/simulator.h"
 #include "runtime/model/model.h"
 #include "runtime/profile/profile_cache.h"
 #include "runtime/train/trainer.h"
@@ -214,9 +220,16 @@ class PlanLoop {
   absl::StatusOr<Decision> Replan(const PlanCheck& check) const;
   // Replan for a pipeline: from the window's stage figures.
   absl::StatusOr<Decision> ReplanPipeline(const PlanCheck& check) const;
+  // A distributed job's rank plan, its placement kept (every rank runs it):
+  // re-timed from the window's measured spans as one of the job's ranks runs
+  // it (SimulationOptions: its buckets' collectives at the rate rank 0's
+  // NETWORK spans measured, its partitioned host updates).
+  absl::StatusOr<Decision> RetimeRank(const PlanCheck& check) const;
+  bool distributed() const { return resolved_.distributed().replicas() > 1; }
   // `plan` as it is, its prediction and timeline simulated from `measured`.
   absl::StatusOr<tandem::v1::Plan> Resimulate(const tandem::v1::Plan& plan,
-                                              const tandem::v1::Profile& measured) const;
+                                              const tandem::v1::Profile& measured,
+                                              const planner::SimulationOptions& options = {}) const;
 
   const Model& model_;
   tandem::v1::JobSpec resolved_;

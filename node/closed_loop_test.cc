@@ -436,6 +436,58 @@ TEST_F(MeasuredProfileTest, NegativeThresholdForcedPlanOrDistributedComparesButN
   }
 }
 
+// Rank 0 of a 2-rank job: off the prediction, its rank plan is re-timed from
+// what it measured, collectives included (all-reduces at 2 GB/s + 0.1 ms),
+// never replaced; still off after that, the loop stops.
+TEST_F(MeasuredProfileTest, ADistributedJobsRankPlanIsReTimedWithItsMeasuredCollectives) {
+  JobSpec distributed = spec_;
+  distributed.mutable_distributed()->set_replicas(2);
+  distributed.mutable_distributed()->set_bucket_bytes(1 << 20);
+  absl::StatusOr<Plan> rank_plan = RankPlan(*jm_.model, distributed, TestNode(), 2);
+  ASSERT_TRUE(rank_plan.ok()) << rank_plan.status();
+  PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
+  PlanLoop loop(*jm_.model, distributed, TestNode(), *rank_plan, options);
+  Timeline step = Step();
+  for (int64_t mb : {1, 4}) {
+    AddSpan(step, tandem::v1::TIMELINE_RESOURCE_NETWORK, -1, tandem::v1::TIMELINE_PHASE_ALL_REDUCE,
+            0, 1e-4 + mb * 5e-4, mb * 1000000);
+  }
+  const double slow = 3 * rank_plan->prediction().iteration_seconds();
+  EXPECT_FALSE(loop.AfterStep(slow, step).check);
+  PlanLoop::Outcome out = loop.AfterStep(slow, step);
+  ASSERT_TRUE(out.check);
+  ASSERT_TRUE(out.decision) << out.log;
+  EXPECT_FALSE(out.decision->placement_changed);
+  EXPECT_FALSE(out.decision->measured_profile);  // a rank's share: not cached
+  EXPECT_TRUE(SamePlacement(out.decision->plan, *rank_plan));
+  EXPECT_NE(out.decision->cost_source.find("4 ALL_REDUCE at 2.00 GB/s + 100 us"), std::string::npos)
+      << out.decision->cost_source;
+  int collectives = 0;
+  for (const auto& span : out.decision->plan.timeline().spans()) {
+    collectives += span.resource() == tandem::v1::TIMELINE_RESOURCE_NETWORK;
+  }
+  EXPECT_GT(collectives, 0);
+  // The same measured figures on one device: the rank's step is longer by
+  // what its collectives leave exposed, never shorter.
+  absl::StatusOr<tandem::v1::Profile> measured =
+      MeasuredLayerProfile(*jm_.model, distributed, TestNode(), *rank_plan, {step, step}, nullptr);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  absl::StatusOr<planner::CostModel> cost = planner::CostModel::FromMeasuredProfile(*measured);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  absl::StatusOr<planner::SimulationResult> alone =
+      planner::PlanSimulator(*cost).Simulate(*rank_plan);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_GT(out.decision->plan.prediction().iteration_seconds(),
+            alone->prediction.iteration_seconds());
+  loop.Adopt(*out.decision);
+  loop.AfterStep(10 * slow, step);
+  out = loop.AfterStep(10 * slow, step);
+  ASSERT_TRUE(out.check);
+  EXPECT_FALSE(out.decision);
+  EXPECT_NE(out.log.find("still off after re-timing the rank plan"), std::string::npos) << out.log;
+  EXPECT_TRUE(loop.done());
+}
+
 // A 2-stage 1F1B pipeline of the MLP on two emulated accelerators, and its
 // stages' figures as the runner reports them.
 class PipelineLoopTest : public ::testing::Test {

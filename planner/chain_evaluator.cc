@@ -6,7 +6,8 @@
 
 namespace tandem::planner {
 
-ChainEvaluator::ChainEvaluator(const CostModel& cost, const Decisions& base) : chain_(cost, base) {
+ChainEvaluator::ChainEvaluator(const CostModel& cost, const Decisions& base)
+    : chain_(cost, base), clip_(cost.clips_gradients()) {
   const int L = chain_.num_layers();
   const int M = chain_.micro_batches();
   layers_.resize(L);
@@ -84,6 +85,7 @@ ChainEvaluator::ChainEvaluator(const CostModel& cost, const Decisions& base) : c
 }
 
 double ChainEvaluator::ClosedFormSeconds(const std::vector<bool>& acc) const {
+  if (clip_) return ClippedClosedFormSeconds(acc);
   double t = program_before_last_backward_;
   double d2h_free = 0, pool_free = 0, h2d_free = 0, latest = 0;
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
@@ -102,12 +104,42 @@ double ChainEvaluator::ClosedFormSeconds(const std::vector<bool>& acc) const {
   return std::max(t, latest);
 }
 
+double ChainEvaluator::ClippedClosedFormSeconds(const std::vector<bool>& acc) const {
+  // The gradients go down during the last backward; the norm waits for the
+  // last of them; then every update, L-1 first: the accelerator's on the
+  // stream, the host's chains from the norm.
+  const int L = static_cast<int>(layers_.size());
+  double t = program_before_last_backward_, d2h_free = 0;
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& x = layers_[l];
+    t = t + x.recompute_seconds + x.backward_seconds;
+    if (x.has_params && !acc[l]) d2h_free = std::max(t, d2h_free) + x.grad_d2h;
+  }
+  const double norm = std::max(t, d2h_free);
+  t = norm;
+  double pool_free = 0, h2d_free = 0, latest = 0;
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& x = layers_[l];
+    if (!x.has_params) continue;
+    if (acc[l]) {
+      t += x.upd_acc;
+      continue;
+    }
+    pool_free = std::max(norm, pool_free) + x.upd_host;
+    h2d_free = std::max(pool_free, h2d_free) + x.param_h2d;
+    latest = std::max(latest, h2d_free - x.forward_start);
+  }
+  return std::max(t, latest);
+}
+
 ChainEvaluator::Estimate ChainEvaluator::Estimated(const std::vector<bool>& acc) {
   const int L = static_cast<int>(layers_.size());
   queue_end_.clear();
   queue_bytes_.clear();
   size_t head = 0;
-  int64_t waiting = 0, optimizer = 0, dynamic = early_level_bytes_;
+  // Under clipping the accelerator-updated layers' gradients stay until
+  // their updates, after the last backward.
+  int64_t waiting = 0, held = 0, optimizer = 0, dynamic = early_level_bytes_;
   double t = program_before_last_backward_;
   double d2h_free = 0, pool_free = 0, h2d_free = 0, latest = 0;
   for (int l = L - 1; l >= 0; --l) {
@@ -116,25 +148,29 @@ ChainEvaluator::Estimate ChainEvaluator::Estimated(const std::vector<bool>& acc)
     while (head < queue_end_.size() && queue_end_[head] <= backward_start + time_tolerance_) {
       waiting -= queue_bytes_[head++];
     }
-    if (x.level_counts) dynamic = std::max(dynamic, x.level_at_backward + waiting);
+    if (x.level_counts) dynamic = std::max(dynamic, x.level_at_backward + waiting + held);
     t = backward_start + x.backward_seconds;
     if (!x.has_params) continue;
     if (acc[l]) {
-      t += x.upd_acc;
+      if (!clip_) t += x.upd_acc;
+      if (clip_) held += x.grad;
       optimizer += x.opt;
       continue;
     }
     d2h_free = std::max(t, d2h_free) + x.grad_d2h;
-    pool_free = std::max(d2h_free, pool_free) + x.upd_host;
-    h2d_free = std::max(pool_free, h2d_free) + x.param_h2d;
-    latest = std::max(latest, h2d_free - x.forward_start);
+    if (!clip_) {
+      pool_free = std::max(d2h_free, pool_free) + x.upd_host;
+      h2d_free = std::max(pool_free, h2d_free) + x.param_h2d;
+      latest = std::max(latest, h2d_free - x.forward_start);
+    }
     if (x.grad != 0) {
       queue_end_.push_back(d2h_free);
       queue_bytes_.push_back(x.grad);
       waiting += x.grad;
     }
   }
-  return {std::max(t, latest), resident_bytes_ + optimizer + dynamic};
+  return {clip_ ? ClippedClosedFormSeconds(acc) : std::max(t, latest),
+          resident_bytes_ + optimizer + dynamic};
 }
 
 PlacementScore ChainEvaluator::Score(const std::vector<bool>& acc, bool need_peak) {

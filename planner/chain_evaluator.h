@@ -50,10 +50,13 @@ struct PlacementScore {
 class ChainEvaluator {
  public:
   // Whether `schedule` is in the class this evaluator is exact for.
-  // The schedules ResidentChain covers, of a job that does not clip its
-  // gradients (its recurrences time unclipped steps).
-  static bool Supports(const CostModel& cost, const Decisions& schedule) {
-    return !cost.clips_gradients() && ResidentChain::Covers(schedule);
+  // The schedules ResidentChain covers, with or without gradient clipping
+  // (CostModel::clips_gradients: then the closed form starts every update
+  // at the norm, after the last backward and every gradient's copy down,
+  // and the peak's bound keeps the accelerator-updated gradients until
+  // then).
+  static bool Supports(const CostModel& /*cost*/, const Decisions& schedule) {
+    return ResidentChain::Covers(schedule);
   }
 
   // `base` gives everything but the update placements; it must be Supported.
@@ -78,6 +81,10 @@ class ChainEvaluator {
   // Exact peaks computed so far (each costs O(iterations * micro-batches *
   // layers)).
   int64_t exact_runs() const { return exact_runs_; }
+
+  // Whether the job clips its gradients (the closed form and the exact
+  // search follow lower.h's "Gradient clipping").
+  bool clips_gradients() const { return clip_; }
 
   // The estimate's figures, per layer in layer order.
   struct Layer {
@@ -110,7 +117,10 @@ class ChainEvaluator {
   double time_tolerance() const { return time_tolerance_; }
 
  private:
+  double ClippedClosedFormSeconds(const std::vector<bool>& on_accelerator) const;
+
   ResidentChain chain_;
+  bool clip_ = false;
   std::vector<Layer> layers_;
   double program_before_last_backward_ = 0;
   int64_t resident_bytes_ = 0;

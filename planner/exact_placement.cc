@@ -19,6 +19,10 @@ struct State {
   int64_t level = 0;       // the largest level reached, less static bytes
   int head = 0, tail = 0;  // D2H copies not yet ended: queue[head, tail)
   int64_t waiting = 0;     // their gradient bytes
+  // Under clipping: the accelerator updates decided so far, which run after
+  // the norm, and the gradients they hold until then.
+  double acc_updates = 0;
+  int64_t held = 0;
 };
 
 struct Child {
@@ -41,7 +45,8 @@ class BranchAndBound {
         budget_(budget),
         max_nodes_(max_nodes),
         max_work_(max_work),
-        delayed_(evaluator->delayed_parameter_update()) {
+        delayed_(evaluator->delayed_parameter_update()),
+        clip_(evaluator->clips_gradients()) {
     const int L = static_cast<int>(layers_.size());
     later_level_.assign(L + 1, INT64_MIN);
     for (int l = 0; l < L; ++l) {
@@ -125,7 +130,7 @@ class BranchAndBound {
     while (s.head < s.tail && queue_end_[s.head] <= backward_start + ev_.time_tolerance()) {
       s.waiting -= queue_bytes_[s.head++];
     }
-    if (x.level_counts) s.level = std::max(s.level, x.level_at_backward + s.waiting);
+    if (x.level_counts) s.level = std::max(s.level, x.level_at_backward + s.waiting + s.held);
     s.t = backward_start + x.backward_seconds;
     count_[l] = 0;
     next_[l] = 0;
@@ -135,15 +140,23 @@ class BranchAndBound {
     }
     if (eligible_[l]) {
       State a = s;
-      a.t += x.upd_acc;
+      if (clip_) {
+        a.acc_updates += x.upd_acc;
+        a.held += x.grad;
+      } else {
+        a.t += x.upd_acc;
+      }
       a.optimizer += x.opt;
       Offer(l, a, true, 0, false);
     }
     State h = s;
     h.d2h = std::max(h.t, h.d2h) + x.grad_d2h;
-    h.pool = std::max(h.d2h, h.pool) + x.upd_host;
-    h.h2d = std::max(h.pool, h.h2d) + x.param_h2d;
-    h.latest = std::max(h.latest, h.h2d - x.forward_start);
+    // Under clipping the host chains start at the norm, known at the leaf.
+    if (!clip_) {
+      h.pool = std::max(h.d2h, h.pool) + x.upd_host;
+      h.h2d = std::max(h.pool, h.h2d) + x.param_h2d;
+      h.latest = std::max(h.latest, h.h2d - x.forward_start);
+    }
     const bool adds_copy = x.grad != 0;
     if (adds_copy) {
       ++h.tail;
@@ -157,14 +170,17 @@ class BranchAndBound {
 
   void Offer(int l, const State& s, bool on_accelerator, double copy_end, bool adds_copy) {
     const ChainEvaluator::Layer& x = layers_[l];
-    const int64_t level = std::max(s.level, later_level_[l]);
+    // The gradients clipping holds stay past every later backward.
+    const int64_t level = std::max(s.level, later_level_[l] + s.held);
     if (ev_.resident_bytes() + s.optimizer + level > budget_) return;
     // With delayed updates the simulator reports the period at which two
     // consecutive iterations agree, which may still be a transient (a copy
     // engine's backlog growing too slowly to stall yet): only the compute
-    // stream bounds it.
-    const double bound =
-        delayed_ ? s.t + x.compute_after : std::max(s.t + x.compute_after, s.latest);
+    // stream bounds it. Under clipping it runs the rest of backward, waits
+    // for the norm (every gradient down) and runs the accelerator updates.
+    const double bound = clip_      ? std::max(s.t + x.compute_after, s.d2h) + s.acc_updates
+                         : delayed_ ? s.t + x.compute_after
+                                    : std::max(s.t + x.compute_after, s.latest);
     if (have_best_ && !Shorter(bound, best_seconds_)) return;
     Child& c = children_[l][count_[l]++];
     c.state = s;
@@ -176,10 +192,10 @@ class BranchAndBound {
 
   void Leaf(const Child& c) {
     const State& s = c.state;
-    const double closed_form = std::max(s.t, s.latest);
-    if (!delayed_ && have_best_ && !Shorter(closed_form, best_seconds_)) return;
     std::vector<bool> acc(layers_.size());
     for (size_t l = 0; l < layers_.size(); ++l) acc[l] = choice_[l] != 0;
+    const double closed_form = clip_ ? ev_.ClosedFormSeconds(acc) : std::max(s.t, s.latest);
+    if (!delayed_ && have_best_ && !Shorter(closed_form, best_seconds_)) return;
     const PlacementScore score = evaluator_->Score(acc, /*need_peak=*/true);
     if (score.accelerator_peak_bytes > budget_) return;
     const double seconds = delayed_ ? score.iteration_seconds : closed_form;
@@ -198,6 +214,7 @@ class BranchAndBound {
   const int64_t max_nodes_;
   const int64_t max_work_;
   const bool delayed_;
+  const bool clip_;
   // later_level_[l]: the largest level_at_backward among layers below l.
   std::vector<int64_t> later_level_;
   int64_t run_cost_ = 0;

@@ -105,28 +105,45 @@ void Compare(uint32_t seed, int trial, int layers, const Answer& found,
   if (found.exact) std::printf("  ... and the search called its answer exact\n");
 }
 
+// Calls visit(trial, layers, problem, simulator) for `instances` random
+// chains of min_layers to max_layers layers (in turn), seeded `seed`.
+template <typename Visit>
+void ForEachInstance(int instances, int min_layers, int max_layers, uint32_t seed, Visit visit) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < instances; ++trial) {
+    const int layers = min_layers + trial % (max_layers - min_layers + 1);
+    const testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
+    const PlanSimulator simulator(p.chain.cost);
+    visit(trial, layers, p, simulator);
+  }
+}
+
+// PlannerAnswer, its wall time added to `*seconds`.
+Answer TimedAnswer(const testing::PlacementProblem& p, const PlanSimulator& simulator,
+                   const StreamSearchOptions& options, double* seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Answer a = PlannerAnswer(p, simulator, options);
+  *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return a;
+}
+
 // The planner's answers alone (no exhaustive search to compare with): how
 // many it calls exact, their summed step times (lower is better between two
 // builds on the same instances) and the search's cost.
 int RunSearchOnly(int instances, int min_layers, int max_layers, uint32_t seed,
                   const StreamSearchOptions& options) {
-  std::mt19937 rng(seed);
   int feasible = 0, exact = 0;
   double seconds = 0, search_seconds = 0;
   int64_t evaluations = 0;
-  for (int trial = 0; trial < instances; ++trial) {
-    const int layers = min_layers + trial % (max_layers - min_layers + 1);
-    testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
-    const PlanSimulator simulator(p.chain.cost);
-    auto t0 = std::chrono::steady_clock::now();
-    const Answer found = PlannerAnswer(p, simulator, options);
-    search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    evaluations += found.evaluations;
-    if (!found.feasible) continue;
-    ++feasible;
-    exact += found.exact;
-    seconds += found.seconds;
-  }
+  ForEachInstance(instances, min_layers, max_layers, seed,
+                  [&](int, int, const testing::PlacementProblem& p, const PlanSimulator& sim) {
+                    const Answer found = TimedAnswer(p, sim, options, &search_seconds);
+                    evaluations += found.evaluations;
+                    if (!found.feasible) return;
+                    ++feasible;
+                    exact += found.exact;
+                    seconds += found.seconds;
+                  });
   std::printf(
       "%d instances of %d-%d layers (seed %u), search only: %d feasible, %d answers called exact, "
       "their steps summed %.6g s; search %.1f ms and %.1f simulations per instance\n",
@@ -141,39 +158,36 @@ int RunSearchOnly(int instances, int min_layers, int max_layers, uint32_t seed,
 // where the planner is slower; exits non-zero on one.
 int RunAgainstProved(int instances, int min_layers, int max_layers, uint32_t seed,
                      const StreamSearchOptions& options, int64_t reference) {
-  std::mt19937 rng(seed);
   StreamSearchOptions proving = options;
   proving.max_exact_evaluations = reference;
   int feasible = 0, proved = 0, exact = 0, misses = 0, wrong_feasibility = 0;
   double worst = 0, search_seconds = 0;
-  for (int trial = 0; trial < instances; ++trial) {
-    const int layers = min_layers + trial % (max_layers - min_layers + 1);
-    testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
-    const PlanSimulator simulator(p.chain.cost);
-    auto t0 = std::chrono::steady_clock::now();
-    const Answer found = PlannerAnswer(p, simulator, options);
-    search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const Answer truth = PlannerAnswer(p, simulator, proving);
-    if (found.feasible != truth.feasible && truth.exact) {
-      ++wrong_feasibility;
-      std::printf("seed %u trial %d (%d layers): planner feasible=%d, proved %d\n", seed, trial,
-                  layers, found.feasible, truth.feasible);
-      continue;
-    }
-    if (!found.feasible || !truth.feasible) continue;
-    ++feasible;
-    exact += found.exact;
-    if (!truth.exact) continue;
-    ++proved;
-    const double excess = found.seconds / truth.seconds - 1;
-    if (excess <= 1e-9) continue;
-    ++misses;
-    worst = std::max(worst, excess);
-    std::printf(
-        "seed %u trial %d (%d layers): %.6g s (%s) vs proved optimum %.6g s (%s) (+%.3g%%)\n", seed,
-        trial, layers, found.seconds, found.places.c_str(), truth.seconds, truth.places.c_str(),
-        100 * excess);
-  }
+  ForEachInstance(instances, min_layers, max_layers, seed,
+                  [&](int trial, int layers, const testing::PlacementProblem& p,
+                      const PlanSimulator& simulator) {
+                    const Answer found = TimedAnswer(p, simulator, options, &search_seconds);
+                    const Answer truth = PlannerAnswer(p, simulator, proving);
+                    if (found.feasible != truth.feasible && truth.exact) {
+                      ++wrong_feasibility;
+                      std::printf("seed %u trial %d (%d layers): planner feasible=%d, proved %d\n",
+                                  seed, trial, layers, found.feasible, truth.feasible);
+                      return;
+                    }
+                    if (!found.feasible || !truth.feasible) return;
+                    ++feasible;
+                    exact += found.exact;
+                    if (!truth.exact) return;
+                    ++proved;
+                    const double excess = found.seconds / truth.seconds - 1;
+                    if (excess <= 1e-9) return;
+                    ++misses;
+                    worst = std::max(worst, excess);
+                    std::printf(
+                        "seed %u trial %d (%d layers): %.6g s (%s) vs proved optimum %.6g s (%s) "
+                        "(+%.3g%%)\n",
+                        seed, trial, layers, found.seconds, found.places.c_str(), truth.seconds,
+                        truth.places.c_str(), 100 * excess);
+                  });
   std::printf(
       "%d instances of %d-%d layers (seed %u): %d feasible, %d answers called exact; %d optima "
       "proved at %lld simulations, %d of them missed (worst +%.3g%%), %d wrong feasibility; "
@@ -186,23 +200,20 @@ int RunAgainstProved(int instances, int min_layers, int max_layers, uint32_t see
 
 int Run(int instances, int min_layers, int max_layers, uint32_t seed,
         const StreamSearchOptions& options) {
-  std::mt19937 rng(seed);
   Totals t;
-  for (int trial = 0; trial < instances; ++trial) {
-    const int layers = min_layers + trial % (max_layers - min_layers + 1);
-    testing::PlacementProblem p = testing::RandomPlacementProblemOf(layers, &rng);
-    const PlanSimulator simulator(p.chain.cost);
-    auto t0 = std::chrono::steady_clock::now();
-    const ExhaustiveResult truth = ExhaustivePlaces(simulator, p.chain.base, p.budget_bytes);
-    auto t1 = std::chrono::steady_clock::now();
-    const Answer found = PlannerAnswer(p, simulator, options);
-    auto t2 = std::chrono::steady_clock::now();
-    t.exhaustive_seconds += std::chrono::duration<double>(t1 - t0).count();
-    t.search_seconds += std::chrono::duration<double>(t2 - t1).count();
-    t.exhaustive_evaluations += truth.evaluations;
-    t.evaluations += found.evaluations;
-    Compare(seed, trial, layers, found, truth, &t);
-  }
+  ForEachInstance(
+      instances, min_layers, max_layers, seed,
+      [&](int trial, int layers, const testing::PlacementProblem& p,
+          const PlanSimulator& simulator) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const ExhaustiveResult truth = ExhaustivePlaces(simulator, p.chain.base, p.budget_bytes);
+        t.exhaustive_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const Answer found = TimedAnswer(p, simulator, options, &t.search_seconds);
+        t.exhaustive_evaluations += truth.evaluations;
+        t.evaluations += found.evaluations;
+        Compare(seed, trial, layers, found, truth, &t);
+      });
   std::printf(
       "%d instances of %d-%d layers (seed %u): %d feasible, %d whose optimum streams state; %d "
       "slower than the optimum (worst +%.3g%%, %d of them called exact), %d wrong feasibility; "

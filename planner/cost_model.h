@@ -112,10 +112,9 @@ class CostModel {
   // The job's steps read the global norm of every gradient before any update
   // (PlanRequest::clips_gradients): the simulator lowers its plans so
   // (schedule/lower.h, "Gradient clipping"), every update after the norm and
-  // every accelerator-updated layer's gradient held until its update;
-  // ResidentChain times such steps too, while HeteroReplicas and the exact
-  // update-placement search (ChainEvaluator), which time unclipped steps
-  // alone, step aside.
+  // every accelerator-updated layer's gradient held until its update (the
+  // recurrences, ResidentChain and HeteroReplicas, and the exact placement
+  // search, ChainEvaluator, follow the same rules).
   bool clips_gradients() const { return clips_gradients_; }
   void set_clips_gradients(bool clips) { clips_gradients_ = clips; }
   bool has_accelerator() const { return has_accelerator_; }

@@ -48,7 +48,7 @@ struct HeteroReplicas::Record : ChainTimeline {
 };
 
 HeteroReplicas::HeteroReplicas(const CostModel& cost, const Decisions& s)
-    : micro_batches_(s.micro_batches()), batch_size_(s.batch_size) {
+    : clip_(cost.clips_gradients()), micro_batches_(s.micro_batches()), batch_size_(s.batch_size) {
   const int L = cost.num_layers();
   const int m = s.micro_batch_size;
   const int host_samples = s.batch_size - s.accelerator_batch_share;
@@ -216,6 +216,24 @@ void HeteroReplicas::SyncGradients(Clocks& c, Record* record, Record* window) {
     down_end_[l] = c.d2h_free;
   }
   size_t averaged = 0, updated = 0;
+  // Under clipping the pool runs every average, then the norm (no time),
+  // then every host update: none waits for an average but the norm does.
+  double norm = 0;
+  if (clip_) {
+    for (; averaged < P; ++averaged) {
+      const int l = synced_[averaged];
+      average_start[l] = std::max(c.pool_free, std::max(down_end_[l], host_backward_end_[l]));
+      c.pool_free = average_start[l] + layers_[l].average;
+      average_end_[l] = c.pool_free;
+    }
+    norm = c.pool_free;
+    for (; updated < P; ++updated) {
+      const int l = synced_[updated];
+      host_update_start[l] = std::max(c.pool_free, std::max(average_end_[l], norm));
+      c.pool_free = host_update_start[l] + layers_[l].upd_host;
+      host_update_end_[l] = c.pool_free;
+    }
+  }
   while (updated < P) {
     bool average = averaged < P;
     if (average && updated < averaged) {
@@ -240,30 +258,44 @@ void HeteroReplicas::SyncGradients(Clocks& c, Record* record, Record* window) {
     c.h2d_free = up_start[l] + layers_[l].grad_h2d;
     up_end_[l] = c.h2d_free;
   }
+  // In the program's creation order: each layer's sync and (unclipped) its
+  // host update; clipped, the norm and the host updates after them all.
+  auto host_update = [&](int l) {
+    record->Busy(&record->pool_busy, host_update_start[l], host_update_end_[l]);
+    if (window == nullptr) return;
+    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, 0,
+                 host_update_start[l], host_update_end_[l], layers_[l].update_bytes);
+  };
   for (size_t a = 0; a < P && record != nullptr; ++a) {
     const int l = synced_[a];
     const Layer& x = layers_[l];
     record->Busy(&record->d2h_busy, down_start[l], down_end_[l]);
     record->Busy(&record->pool_busy, average_start[l], average_end_[l]);
     record->Busy(&record->h2d_busy, up_start[l], up_end_[l]);
-    record->Busy(&record->pool_busy, host_update_start[l], host_update_end_[l]);
-    if (window == nullptr) continue;
-    window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
-                 l, M - 1, down_start[l], down_end_[l], x.grad);
-    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
-                 tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, average_start[l], average_end_[l],
-                 3 * x.grad);
-    window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
-                 l, M - 1, up_start[l], up_end_[l], x.grad);
-    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, 0,
-                 host_update_start[l], host_update_end_[l], x.update_bytes);
-    window->d2h_bytes += x.grad;
-    window->h2d_bytes += x.grad;
+    if (window != nullptr) {
+      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                   l, M - 1, down_start[l], down_end_[l], x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
+                   tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, average_start[l],
+                   average_end_[l], 3 * x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                   l, M - 1, up_start[l], up_end_[l], x.grad);
+      window->d2h_bytes += x.grad;
+      window->h2d_bytes += x.grad;
+    }
+    if (!clip_) host_update(l);
+  }
+  if (clip_ && record != nullptr) {
+    if (window != nullptr) {
+      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
+                   0, norm, norm, 0);
+    }
+    for (size_t a = 0; a < P; ++a) host_update(synced_[a]);
   }
   for (size_t a = 0; a < P; ++a) {
     const int l = synced_[a];
     const Layer& x = layers_[l];
-    const double s = std::max(c.acc, up_end_[l]), e = s + x.upd_acc;
+    const double s = std::max(c.acc, std::max(up_end_[l], norm)), e = s + x.upd_acc;
     if (record != nullptr) Record::Change(&record->acc_memory, e, -x.grad, record->t1);
     AcceleratorSpan(record, window, tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, s, e,
                     x.update_bytes);

@@ -1,6 +1,9 @@
 // HeteroReplicas: PlanSimulator's rules (simulator.h) for hetero_dp, run as
 // recurrences instead of an event graph, bit for bit (a test holds every field
-// of the result to the event graph's on random schedules).
+// of the result to the event graph's on random schedules), with or without
+// gradient clipping (CostModel::clips_gradients: the host pool runs every
+// average, the norm, then every host update; the accelerator's updates wait
+// for the norm too).
 //
 // Why it is exact. Per iteration, the accelerator replica's program and the
 // host replica's program each run in order (the host's FORWARD(l) also
@@ -75,6 +78,9 @@ class HeteroReplicas {
   std::vector<Layer> layers_;
   // Layers with parameters, in backward order: the gradient sync's order.
   std::vector<int> synced_;
+  // The job clips its gradients (CostModel::clips_gradients): the host pool
+  // runs the norm after every average, and every update waits for it.
+  bool clip_ = false;
   int micro_batches_ = 1;
   int batch_size_ = 1;
   int64_t static_accelerator_ = 0, static_host_ = 0;

@@ -333,8 +333,7 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
     for (size_t l = 0; l < s.layers.size(); ++l) on_accelerator[l] = s.layers[l].update == kAcc;
     return ResidentChain(cost_, s).Simulate(on_accelerator, options.record_timeline);
   }
-  // HeteroReplicas times unclipped steps alone.
-  if (recurrence && !cost_.clips_gradients() && HeteroReplicas::Covers(s)) {
+  if (recurrence && HeteroReplicas::Covers(s)) {
     return HeteroReplicas(cost_, s).Simulate(options.record_timeline);
   }
   const Mode mode = schedule::ModeOf(s);

@@ -941,9 +941,27 @@ absl::StatusOr<std::function<double(schedule::OpKind, int64_t)>> MeasuredCollect
       }
       return 0.0;
     }
-    const std::optional<double> all = seconds(schedule::OpKind::kAllReduce);
-    return all ? *all / 2 : 0.0;
+    if (const std::optional<double> all = seconds(schedule::OpKind::kAllReduce)) return *all / 2;
+    // The other phase of the two.
+    const schedule::OpKind other = kind == schedule::OpKind::kReduceScatter
+                                       ? schedule::OpKind::kAllGather
+                                       : schedule::OpKind::kReduceScatter;
+    return seconds(other).value_or(0.0);
   };
+}
+
+// A partitioned rank's host updates step its piece of each bucket (rank 0's
+// spans measured those); the simulator divides every layer's host update by
+// the ranks itself, so the measured figures go in for the whole layer.
+void ScaleHostUpdates(double factor, Profile& profile) {
+  for (auto& layer : *profile.mutable_layers()) {
+    for (auto& device : *layer.mutable_devices()) {
+      if (device.device_id() != "cpu") continue;
+      tandem::v1::TimingStats* t = device.mutable_update()->mutable_timing();
+      t->set_median_seconds(t->median_seconds() * factor);
+      t->set_mean_seconds(t->mean_seconds() * factor);
+    }
+  }
 }
 
 }  // namespace
@@ -951,7 +969,7 @@ absl::StatusOr<std::function<double(schedule::OpKind, int64_t)>> MeasuredCollect
 absl::StatusOr<PlanLoop::Decision> PlanLoop::RetimeRank(const PlanCheck& check) const {
   Decision d;
   TANDEM_ASSIGN_OR_RETURN(
-      const Profile measured,
+      Profile measured,
       MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &d.cost_source));
   std::string collectives;
   planner::SimulationOptions ranks;
@@ -959,8 +977,9 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::RetimeRank(const PlanCheck& check) 
                           MeasuredCollectives(window_timelines_, &collectives));
   const tandem::v1::DistributedSpec& dist = resolved_.distributed();
   ranks.ranks = dist.replicas();
-  ranks.bucket_bytes = dist.bucket_bytes();
+  if (dist.bucket_bytes() > 0) ranks.bucket_bytes = dist.bucket_bytes();
   ranks.partition_host_state = dist.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  if (ranks.partition_host_state) ScaleHostUpdates(ranks.ranks, measured);
   TANDEM_ASSIGN_OR_RETURN(d.plan, Resimulate(plan_, measured, ranks));
   absl::StrAppend(&d.cost_source, "; as one of ", ranks.ranks, " ranks, its collectives as rank 0 ",
                   "measured them: ", collectives);

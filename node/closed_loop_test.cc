@@ -486,6 +486,23 @@ TEST_F(MeasuredProfileTest, ADistributedJobsRankPlanIsReTimedWithItsMeasuredColl
   EXPECT_FALSE(out.decision);
   EXPECT_NE(out.log.find("still off after re-timing the rank plan"), std::string::npos) << out.log;
   EXPECT_TRUE(loop.done());
+
+  // Partitioned, rank 0's host update of layer 1 (5 ms) stepped its piece of
+  // the layer: the re-timed plan's rank steps that piece in the same 5 ms,
+  // not half of it (the simulator divides by the ranks itself).
+  distributed.mutable_distributed()->set_sharding(tandem::v1::OPTIMIZER_SHARDING_PARTITIONED);
+  PlanLoop partitioned(*jm_.model, distributed, TestNode(), *rank_plan, options);
+  partitioned.AfterStep(slow, step);
+  out = partitioned.AfterStep(slow, step);
+  ASSERT_TRUE(out.decision) << out.log;
+  double host_update = 0;
+  for (const auto& span : out.decision->plan.timeline().spans()) {
+    if (span.resource() == kHostUpdate && span.phase() == tandem::v1::TIMELINE_PHASE_UPDATE &&
+        span.layer() == 1) {
+      host_update = span.end_seconds() - span.start_seconds();
+    }
+  }
+  EXPECT_NEAR(host_update, 0.005, 1e-9);
 }
 
 // A 2-stage 1F1B pipeline of the MLP on two emulated accelerators, and its

@@ -20,7 +20,8 @@
 //              yet), and (b) the level when BACKWARD(l, M-1) starts: the
 //              activations and workspace then held, every gradient allocated,
 //              less those already gone (accelerator-updated layers above l,
-//              host-updated ones whose D2H copy has ended).
+//              host-updated ones whose D2H copy has ended; under clipping
+//              the accelerator-updated ones stay until after the norm).
 //   Score      the iteration time and, when asked, the exact accelerator peak
 //              (ResidentChain::Run, equal to PlanSimulator to the last bit),
 //              unless the estimate's bound already exceeds the peak limit.

@@ -27,6 +27,14 @@
 //            + max(the levels reached so far, the levels still to come less
 //                  any waiting gradient).
 //
+// A job that clips its gradients (ChainEvaluator::clips_gradients) runs its
+// updates after the norm, which waits for the last backward and every
+// gradient's copy down: a node knows the D2H engine's time but not the host
+// chains', which start at the norm. Its time bound is the backward still to
+// run or the D2H engine, whichever ends later, plus the accelerator updates
+// fixed so far; its peak bound adds the gradients those hold until then (at
+// every later backward too); a leaf is timed by the closed form.
+//
 // A node is cut when its time bound is no shorter than the best plan found
 // (1e-12 relative) or its peak bound exceeds the budget; children are tried
 // in order of their time bound. A leaf's time is the closed form (without

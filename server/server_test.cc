@@ -550,7 +550,8 @@ TEST_F(JobManagerTest, ARecoveredCancelTheStoreCannotTakeYetStillEndsItsWatchers
   sqlite3* other = LockDatabase();  // the store's writes give up after 10 s
   ASSERT_NE(other, nullptr);
   ASSERT_TRUE(jobs_->Recover().ok());
-  UnlockDatabase(other);
+  // Checked while the database is still locked (WAL: reads go on): once it
+  // is not, the persister writes the end at any moment.
   EXPECT_EQ(jobs_->Get(id)->state(), tandem::v1::JOB_STATE_CANCELLED);
   EXPECT_EQ((*store_->GetJob(id))->state(), tandem::v1::JOB_STATE_RUNNING);  // not yet
   const absl::StatusOr<std::shared_ptr<EventLog>> log = jobs_->Events(id);
@@ -559,6 +560,7 @@ TEST_F(JobManagerTest, ARecoveredCancelTheStoreCannotTakeYetStillEndsItsWatchers
   // A watcher reading below memory gets the end the store has not taken.
   const std::vector<tandem::v1::JobEvent> held =
       jobs_->UnstoredEvents(id, 1, (*log)->last_sequence() + 1, 64);
+  UnlockDatabase(other);
   ASSERT_EQ(held.size(), 1u);
   EXPECT_EQ(held[0].state_change().to(), tandem::v1::JOB_STATE_CANCELLED);
   jobs_->Start();  // its loop writes what the store could not take

@@ -201,107 +201,104 @@ void HeteroReplicas::HostPass(int i, Clocks& c, Record* record, Record* window) 
 }
 
 void HeteroReplicas::SyncGradients(Clocks& c, Record* record, Record* window) {
-  // Downloads in backward order; the host pool merges the averages and the
-  // host updates by (ready time, creation order), an update (created right
-  // after its average) winning ties against any later average; uploads in
-  // backward order; then the accelerator's updates close its program.
-  const int L = static_cast<int>(layers_.size());
+  SyncStarts starts;
+  TimeSync(c, &starts);
+  if (record != nullptr) RecordSync(starts, record, window);
+  // The accelerator's updates close its program, each once its averaged
+  // gradient is back (and, clipped, the norm is known).
   const int M = micro_batches_;
-  std::vector<double> down_start(L), average_start(L), up_start(L), host_update_start(L);
-  const size_t P = synced_.size();
-  for (size_t a = 0; a < P; ++a) {
-    const int l = synced_[a];
-    down_start[l] = std::max(acc_backward_end_[l], c.d2h_free);
-    c.d2h_free = down_start[l] + layers_[l].grad_d2h;
-    down_end_[l] = c.d2h_free;
-  }
-  size_t averaged = 0, updated = 0;
-  // Under clipping the pool runs every average, then the norm (no time),
-  // then every host update: none waits for an average but the norm does.
-  double norm = 0;
-  if (clip_) {
-    for (; averaged < P; ++averaged) {
-      const int l = synced_[averaged];
-      average_start[l] = std::max(c.pool_free, std::max(down_end_[l], host_backward_end_[l]));
-      c.pool_free = average_start[l] + layers_[l].average;
-      average_end_[l] = c.pool_free;
-    }
-    norm = c.pool_free;
-    for (; updated < P; ++updated) {
-      const int l = synced_[updated];
-      host_update_start[l] = std::max(c.pool_free, std::max(average_end_[l], norm));
-      c.pool_free = host_update_start[l] + layers_[l].upd_host;
-      host_update_end_[l] = c.pool_free;
-    }
-  }
-  while (updated < P) {
-    bool average = averaged < P;
-    if (average && updated < averaged) {
-      const int la = synced_[averaged], lu = synced_[updated];
-      average = std::max(down_end_[la], host_backward_end_[la]) < average_end_[lu];
-    }
-    if (average) {
-      const int l = synced_[averaged++];
-      average_start[l] = std::max(c.pool_free, std::max(down_end_[l], host_backward_end_[l]));
-      c.pool_free = average_start[l] + layers_[l].average;
-      average_end_[l] = c.pool_free;
-    } else {
-      const int l = synced_[updated++];
-      host_update_start[l] = std::max(c.pool_free, average_end_[l]);
-      c.pool_free = host_update_start[l] + layers_[l].upd_host;
-      host_update_end_[l] = c.pool_free;
-    }
-  }
-  for (size_t a = 0; a < P; ++a) {
-    const int l = synced_[a];
-    up_start[l] = std::max(average_end_[l], c.h2d_free);
-    c.h2d_free = up_start[l] + layers_[l].grad_h2d;
-    up_end_[l] = c.h2d_free;
-  }
-  // In the program's creation order: each layer's sync and (unclipped) its
-  // host update; clipped, the norm and the host updates after them all.
-  auto host_update = [&](int l) {
-    record->Busy(&record->pool_busy, host_update_start[l], host_update_end_[l]);
-    if (window == nullptr) return;
-    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, 0,
-                 host_update_start[l], host_update_end_[l], layers_[l].update_bytes);
-  };
-  for (size_t a = 0; a < P && record != nullptr; ++a) {
-    const int l = synced_[a];
+  for (const int l : synced_) {
     const Layer& x = layers_[l];
-    record->Busy(&record->d2h_busy, down_start[l], down_end_[l]);
-    record->Busy(&record->pool_busy, average_start[l], average_end_[l]);
-    record->Busy(&record->h2d_busy, up_start[l], up_end_[l]);
-    if (window != nullptr) {
-      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
-                   l, M - 1, down_start[l], down_end_[l], x.grad);
-      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
-                   tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, average_start[l],
-                   average_end_[l], 3 * x.grad);
-      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
-                   l, M - 1, up_start[l], up_end_[l], x.grad);
-      window->d2h_bytes += x.grad;
-      window->h2d_bytes += x.grad;
-    }
-    if (!clip_) host_update(l);
-  }
-  if (clip_ && record != nullptr) {
-    if (window != nullptr) {
-      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
-                   0, norm, norm, 0);
-    }
-    for (size_t a = 0; a < P; ++a) host_update(synced_[a]);
-  }
-  for (size_t a = 0; a < P; ++a) {
-    const int l = synced_[a];
-    const Layer& x = layers_[l];
-    const double s = std::max(c.acc, std::max(up_end_[l], norm)), e = s + x.upd_acc;
+    const double s = std::max(c.acc, std::max(up_end_[l], starts.norm)), e = s + x.upd_acc;
     if (record != nullptr) Record::Change(&record->acc_memory, e, -x.grad, record->t1);
     AcceleratorSpan(record, window, tandem::v1::TIMELINE_PHASE_UPDATE, l, M - 1, s, e,
                     x.update_bytes);
     c.prefix += x.upd_acc;
     c.acc = e;
   }
+}
+
+void HeteroReplicas::TimeSync(Clocks& c, SyncStarts* starts) {
+  // Downloads in backward order; the host pool merges the averages and the
+  // host updates by (ready time, creation order), an update (created right
+  // after its average) winning ties against any later average; clipped, it
+  // runs every average, then the norm (no time), then every host update;
+  // uploads in backward order.
+  const int L = static_cast<int>(layers_.size());
+  starts->down.assign(L, 0.0);
+  starts->average.assign(L, 0.0);
+  starts->up.assign(L, 0.0);
+  starts->host_update.assign(L, 0.0);
+  const size_t P = synced_.size();
+  for (const int l : synced_) {
+    starts->down[l] = std::max(acc_backward_end_[l], c.d2h_free);
+    c.d2h_free = starts->down[l] + layers_[l].grad_d2h;
+    down_end_[l] = c.d2h_free;
+  }
+  size_t averaged = 0, updated = 0;
+  // Clipped, the norm follows the last average (or whatever the pool ran).
+  if (clip_ && P == 0) starts->norm = c.pool_free;
+  while (updated < P) {
+    bool average = averaged < P;
+    if (average && !clip_ && updated < averaged) {
+      const int la = synced_[averaged], lu = synced_[updated];
+      average = std::max(down_end_[la], host_backward_end_[la]) < average_end_[lu];
+    }
+    if (average) {
+      const int l = synced_[averaged++];
+      starts->average[l] = std::max(c.pool_free, std::max(down_end_[l], host_backward_end_[l]));
+      c.pool_free = starts->average[l] + layers_[l].average;
+      average_end_[l] = c.pool_free;
+      continue;
+    }
+    if (clip_ && updated == 0) starts->norm = c.pool_free;
+    const int l = synced_[updated++];
+    starts->host_update[l] =
+        std::max(c.pool_free, clip_ ? std::max(average_end_[l], starts->norm) : average_end_[l]);
+    c.pool_free = starts->host_update[l] + layers_[l].upd_host;
+    host_update_end_[l] = c.pool_free;
+  }
+  for (const int l : synced_) {
+    starts->up[l] = std::max(average_end_[l], c.h2d_free);
+    c.h2d_free = starts->up[l] + layers_[l].grad_h2d;
+    up_end_[l] = c.h2d_free;
+  }
+}
+
+void HeteroReplicas::RecordSync(const SyncStarts& starts, Record* record, Record* window) const {
+  // In the program's creation order: each layer's sync and (unclipped) its
+  // host update; clipped, the norm and the host updates after them all.
+  const int M = micro_batches_;
+  auto host_update = [&](int l) {
+    record->Busy(&record->pool_busy, starts.host_update[l], host_update_end_[l]);
+    if (window == nullptr) return;
+    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, l, 0,
+                 starts.host_update[l], host_update_end_[l], layers_[l].update_bytes);
+  };
+  for (const int l : synced_) {
+    const Layer& x = layers_[l];
+    record->Busy(&record->d2h_busy, starts.down[l], down_end_[l]);
+    record->Busy(&record->pool_busy, starts.average[l], average_end_[l]);
+    record->Busy(&record->h2d_busy, starts.up[l], up_end_[l]);
+    if (window != nullptr) {
+      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_D2H, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                   l, M - 1, starts.down[l], down_end_[l], x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE,
+                   tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC, l, 0, starts.average[l],
+                   average_end_[l], 3 * x.grad);
+      window->Span(tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_GRADIENT_SYNC,
+                   l, M - 1, starts.up[l], up_end_[l], x.grad);
+      window->d2h_bytes += x.grad;
+      window->h2d_bytes += x.grad;
+    }
+    if (!clip_) host_update(l);
+  }
+  if (!clip_) return;
+  if (window != nullptr) {
+    window->Span(tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE, -1,
+                 0, starts.norm, starts.norm, 0);
+  }
+  for (const int l : synced_) host_update(l);
 }
 
 // The run is repeated until settled (times only); then once more at that

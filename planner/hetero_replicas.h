@@ -74,6 +74,16 @@ class HeteroReplicas {
   void AcceleratorPass(Clocks& c, Record* record, Record* window);
   void HostPass(int iteration, Clocks& c, Record* record, Record* window);
   void SyncGradients(Clocks& c, Record* record, Record* window);
+  // The gradient sync's spans' starts (their ends are kept per layer), and
+  // when the norm ran (clipped).
+  struct SyncStarts {
+    std::vector<double> down, average, up, host_update;
+    double norm = 0;
+  };
+  // The sync's times on the D2H engine, the host pool and the H2D engine.
+  void TimeSync(Clocks& c, SyncStarts* starts);
+  // Its busy time and (in the reported window) its spans.
+  void RecordSync(const SyncStarts& starts, Record* record, Record* window) const;
 
   std::vector<Layer> layers_;
   // Layers with parameters, in backward order: the gradient sync's order.

@@ -306,6 +306,22 @@ SimulationResult Report(const Decisions& s, const schedule::Schedule& sched,
   return result;
 }
 
+// The step program of `s` as the simulator times it: the layers' sizes from
+// `numbers`, the ranks and the clipping of `options` and `cost`.
+absl::StatusOr<schedule::Schedule> LowerFor(const CostModel& cost, const Decisions& s,
+                                            const std::vector<LayerNumbers>& numbers,
+                                            const SimulationOptions& options) {
+  std::vector<schedule::LayerSizes> sizes(numbers.size());
+  for (size_t l = 0; l < numbers.size(); ++l) sizes[l] = numbers[l].sizes;
+  schedule::LowerOptions lower;
+  lower.has_accelerator = cost.has_accelerator();
+  lower.ranks = std::max(1, options.ranks);
+  lower.bucket_bytes = options.bucket_bytes;
+  lower.partition_host_state = options.ranks > 1 && options.partition_host_state;
+  lower.clip_gradients = cost.clips_gradients();
+  return schedule::Lower(s, sizes, lower);
+}
+
 }  // namespace
 
 absl::Status PlanSimulator::Validate(const Decisions& s) const {
@@ -336,18 +352,8 @@ absl::StatusOr<SimulationResult> PlanSimulator::Simulate(const Decisions& s,
   if (recurrence && HeteroReplicas::Covers(s)) {
     return HeteroReplicas(cost_, s).Simulate(options.record_timeline);
   }
-  const Mode mode = schedule::ModeOf(s);
-  const int L = cost_.num_layers();
-  const std::vector<LayerNumbers> numbers = Numbers(cost_, s, mode);
-  std::vector<schedule::LayerSizes> sizes(L);
-  for (int l = 0; l < L; ++l) sizes[l] = numbers[l].sizes;
-  schedule::LowerOptions lower;
-  lower.has_accelerator = cost_.has_accelerator();
-  lower.ranks = std::max(1, options.ranks);
-  lower.bucket_bytes = options.bucket_bytes;
-  lower.partition_host_state = ranks && options.partition_host_state;
-  lower.clip_gradients = cost_.clips_gradients();
-  absl::StatusOr<schedule::Schedule> lowered = schedule::Lower(s, sizes, lower);
+  const std::vector<LayerNumbers> numbers = Numbers(cost_, s, schedule::ModeOf(s));
+  absl::StatusOr<schedule::Schedule> lowered = LowerFor(cost_, s, numbers, options);
   if (!lowered.ok()) return lowered.status();
   const schedule::Schedule& sched = *lowered;
   std::vector<double> seconds(sched.num_ops());

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/atomic_file.h"
 #include "base/status_macros.h"
 #include "base/units.h"
 #include "google/protobuf/util/time_util.h"
@@ -608,6 +609,45 @@ absl::Status LayerProfileCache::Store(const Model& model, const JobSpec& resolve
   return files_.Store(key, profile, /*chrome_trace_json=*/"");
 }
 
+std::string CollectiveProfileCache::Key(const JobSpec& resolved, const NodeOffer& node) {
+  const tandem::v1::DistributedSpec& d = resolved.distributed();
+  if (!node.profile || d.replicas() <= 1) return "";
+  return profile::HexKey(absl::StrCat(
+      "collectives-v1|ranks=", d.replicas(), "|nodes=", absl::StrJoin(d.nodes(), ","),
+      "|backend=", d.backend(), "|accelerator=", resolved.placement().accelerator(),
+      "|threads=", resolved.training().threads(),
+      "|link=", resolved.resources().emulated_link_bytes_per_second(), "|throttle=",
+      node.emulated_link_throttle_bytes_per_second, "|node=", node.profile->fingerprint()));
+}
+
+std::optional<tandem::v1::CollectiveProfile> CollectiveProfileCache::Load(
+    const JobSpec& resolved, const NodeOffer& node) const {
+  const std::string key = Key(resolved, node);
+  if (dir_.empty() || key.empty()) return std::nullopt;
+  std::optional<std::string> bytes = ReadWholeFile(absl::StrCat(dir_, "/", key, ".collectives.pb"));
+  tandem::v1::CollectiveProfile profile;
+  if (!bytes || !profile.ParseFromString(*bytes) || profile.cache_key() != key ||
+      profile.fits_size() == 0) {
+    return std::nullopt;
+  }
+  return profile;
+}
+
+absl::Status CollectiveProfileCache::Store(const JobSpec& resolved, const NodeOffer& node,
+                                           tandem::v1::CollectiveProfile profile) const {
+  const std::string key = Key(resolved, node);
+  if (dir_.empty() || key.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create '", dir_, "': ", ec.message()));
+  }
+  profile.set_cache_key(key);
+  profile.set_ranks(resolved.distributed().replicas());
+  return WriteFileAtomically(absl::StrCat(dir_, "/", key, ".collectives.pb"),
+                             profile.SerializeAsString());
+}
+
 std::map<TimelineResource, double> DispatchSeconds(const std::vector<Timeline>& measured,
                                                    const Timeline& simulated) {
   std::map<TimelineResource, double> dispatch;
@@ -659,15 +699,7 @@ absl::StatusOr<Plan> PlanLoop::Resimulate(const Plan& plan, const Profile& measu
   cost.set_clips_gradients(planner::ClipsGradients(resolved_));
   TANDEM_ASSIGN_OR_RETURN(const planner::SimulationResult sim,
                           planner::PlanSimulator(cost).Simulate(plan, options));
-  Plan timed = plan;
-  *timed.mutable_prediction() = sim.prediction;
-  *timed.mutable_timeline() = sim.timeline;
-  for (int l = 0; l < timed.layers_size() && l < static_cast<int>(sim.layers.size()); ++l) {
-    timed.mutable_layers(l)->set_reuse_distance_seconds(sim.layers[l].reuse_distance_seconds);
-    timed.mutable_layers(l)->set_slack_seconds(sim.layers[l].slack_seconds);
-  }
-  timed.mutable_solver()->set_method("re-simulated with measured figures");
-  return timed;
+  return TimedBy(plan, sim, "re-simulated with measured figures");
 }
 
 PlanLoop::PlanLoop(const Model& model, JobSpec resolved, NodeOffer node, Plan plan,
@@ -700,6 +732,10 @@ PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timel
       CheckPlan(plan_, window_seconds_, window_timelines_, options_.threshold, dispatch_);
   Outcome out = Decide(check);
   out.check = check;
+  if (distributed()) {
+    absl::StatusOr<tandem::v1::CollectiveProfile> fits = FitCollectives(window_timelines_);
+    if (fits.ok()) out.collectives = *std::move(fits);
+  }
   window_seconds_.clear();
   window_timelines_.clear();
   window_stages_.clear();
@@ -895,18 +931,31 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::ReplanPipeline(const PlanCheck& che
 
 namespace {
 
-// Each collective kind's seconds as the timelines' NETWORK spans measured
-// them: latency + bytes / bandwidth fitted per kind (FitLink); a kind never
-// measured takes half an all-reduce's (one of its two phases), and an
-// all-reduce never measured twice a phase's. `said`: what was measured.
-absl::StatusOr<std::function<double(schedule::OpKind, int64_t)>> MeasuredCollectives(
-    const std::vector<Timeline>& timelines, std::string* said) {
-  const std::pair<tandem::v1::TimelinePhase, schedule::OpKind> kinds[] = {
-      {tandem::v1::TIMELINE_PHASE_ALL_REDUCE, schedule::OpKind::kAllReduce},
-      {tandem::v1::TIMELINE_PHASE_REDUCE_SCATTER, schedule::OpKind::kReduceScatter},
-      {tandem::v1::TIMELINE_PHASE_ALL_GATHER, schedule::OpKind::kAllGather}};
-  std::map<schedule::OpKind, LinkFit> fits;
-  for (const auto& [phase, kind] : kinds) {
+constexpr std::pair<tandem::v1::TimelinePhase, schedule::OpKind> kCollectiveKinds[] = {
+    {tandem::v1::TIMELINE_PHASE_ALL_REDUCE, schedule::OpKind::kAllReduce},
+    {tandem::v1::TIMELINE_PHASE_REDUCE_SCATTER, schedule::OpKind::kReduceScatter},
+    {tandem::v1::TIMELINE_PHASE_ALL_GATHER, schedule::OpKind::kAllGather}};
+
+// A partitioned rank's host updates step its piece of each bucket (rank 0's
+// spans measured those); the simulator divides every layer's host update by
+// the ranks itself, so the measured figures go in for the whole layer.
+void ScaleHostUpdates(double factor, Profile& profile) {
+  for (auto& layer : *profile.mutable_layers()) {
+    for (auto& device : *layer.mutable_devices()) {
+      if (device.device_id() != "cpu") continue;
+      tandem::v1::TimingStats* t = device.mutable_update()->mutable_timing();
+      t->set_median_seconds(t->median_seconds() * factor);
+      t->set_mean_seconds(t->mean_seconds() * factor);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<tandem::v1::CollectiveProfile> FitCollectives(
+    const std::vector<Timeline>& timelines) {
+  tandem::v1::CollectiveProfile out;
+  for (const auto& [phase, kind] : kCollectiveKinds) {
     std::vector<std::pair<double, double>> calls;
     for (const Timeline& t : timelines) {
       for (const auto& span : t.spans()) {
@@ -920,18 +969,41 @@ absl::StatusOr<std::function<double(schedule::OpKind, int64_t)>> MeasuredCollect
     }
     const LinkFit fit = FitLink(calls);
     if (fit.bytes_per_second <= 0) continue;
-    fits[kind] = fit;
-    absl::StrAppend(said, said->empty() ? "" : ", ", fit.copies, " ",
-                    tandem::v1::TimelinePhase_Name(phase).substr(15),
-                    absl::StrFormat(" at %.2f GB/s + %.0f us", fit.bytes_per_second / 1e9,
-                                    fit.latency_seconds * 1e6));
+    tandem::v1::CollectiveFit* f = out.add_fits();
+    f->set_phase(phase);
+    f->set_bytes_per_second(fit.bytes_per_second);
+    f->set_latency_seconds(fit.latency_seconds);
+    f->set_calls(fit.copies);
   }
-  if (fits.empty()) return absl::FailedPreconditionError("no collective was measured");
+  if (out.fits_size() == 0) return absl::FailedPreconditionError("no collective was measured");
+  return out;
+}
+
+std::string DescribeCollectives(const tandem::v1::CollectiveProfile& profile) {
+  std::string said;
+  for (const tandem::v1::CollectiveFit& f : profile.fits()) {
+    absl::StrAppend(&said, said.empty() ? "" : ", ", f.calls(), " ",
+                    tandem::v1::TimelinePhase_Name(f.phase()).substr(15),
+                    absl::StrFormat(" at %.2f GB/s + %.0f us", f.bytes_per_second() / 1e9,
+                                    f.latency_seconds() * 1e6));
+  }
+  return said;
+}
+
+std::function<double(schedule::OpKind, int64_t)> CollectiveSeconds(
+    const tandem::v1::CollectiveProfile& profile) {
+  std::map<schedule::OpKind, tandem::v1::CollectiveFit> fits;
+  for (const tandem::v1::CollectiveFit& f : profile.fits()) {
+    for (const auto& [phase, kind] : kCollectiveKinds) {
+      if (f.phase() == phase && f.bytes_per_second() > 0) fits[kind] = f;
+    }
+  }
   return [fits](schedule::OpKind kind, int64_t bytes) {
     auto seconds = [&](schedule::OpKind k) -> std::optional<double> {
       auto it = fits.find(k);
       if (it == fits.end()) return std::nullopt;
-      return it->second.latency_seconds + static_cast<double>(bytes) / it->second.bytes_per_second;
+      return it->second.latency_seconds() +
+             static_cast<double>(bytes) / it->second.bytes_per_second();
     };
     if (std::optional<double> s = seconds(kind)) return *s;
     if (kind == schedule::OpKind::kAllReduce) {
@@ -950,39 +1022,29 @@ absl::StatusOr<std::function<double(schedule::OpKind, int64_t)>> MeasuredCollect
   };
 }
 
-// A partitioned rank's host updates step its piece of each bucket (rank 0's
-// spans measured those); the simulator divides every layer's host update by
-// the ranks itself, so the measured figures go in for the whole layer.
-void ScaleHostUpdates(double factor, Profile& profile) {
-  for (auto& layer : *profile.mutable_layers()) {
-    for (auto& device : *layer.mutable_devices()) {
-      if (device.device_id() != "cpu") continue;
-      tandem::v1::TimingStats* t = device.mutable_update()->mutable_timing();
-      t->set_median_seconds(t->median_seconds() * factor);
-      t->set_mean_seconds(t->mean_seconds() * factor);
-    }
-  }
+planner::SimulationOptions RankSimulation(const JobSpec& resolved,
+                                          const tandem::v1::CollectiveProfile& profile) {
+  planner::SimulationOptions ranks;
+  ranks.collective_seconds = CollectiveSeconds(profile);
+  const tandem::v1::DistributedSpec& dist = resolved.distributed();
+  ranks.ranks = dist.replicas();
+  if (dist.bucket_bytes() > 0) ranks.bucket_bytes = dist.bucket_bytes();
+  ranks.partition_host_state = dist.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  return ranks;
 }
-
-}  // namespace
 
 absl::StatusOr<PlanLoop::Decision> PlanLoop::RetimeRank(const PlanCheck& check) const {
   Decision d;
   TANDEM_ASSIGN_OR_RETURN(
       Profile measured,
       MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &d.cost_source));
-  std::string collectives;
-  planner::SimulationOptions ranks;
-  TANDEM_ASSIGN_OR_RETURN(ranks.collective_seconds,
-                          MeasuredCollectives(window_timelines_, &collectives));
-  const tandem::v1::DistributedSpec& dist = resolved_.distributed();
-  ranks.ranks = dist.replicas();
-  if (dist.bucket_bytes() > 0) ranks.bucket_bytes = dist.bucket_bytes();
-  ranks.partition_host_state = dist.sharding() == tandem::v1::OPTIMIZER_SHARDING_PARTITIONED;
+  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::CollectiveProfile collectives,
+                          FitCollectives(window_timelines_));
+  const planner::SimulationOptions ranks = RankSimulation(resolved_, collectives);
   if (ranks.partition_host_state) ScaleHostUpdates(ranks.ranks, measured);
   TANDEM_ASSIGN_OR_RETURN(d.plan, Resimulate(plan_, measured, ranks));
   absl::StrAppend(&d.cost_source, "; as one of ", ranks.ranks, " ranks, its collectives as rank 0 ",
-                  "measured them: ", collectives);
+                  "measured them: ", DescribeCollectives(collectives));
   d.reason = check.off;
   d.because = check.because;
   d.check = check;
@@ -1116,6 +1178,7 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
         window && pipeline ? runner.pipeline_stats()
                            : std::vector<tandem::v1::PipelineStageStats>());
     if (out.check && state->hooks.checked) state->hooks.checked(*out.check);
+    if (out.collectives && state->hooks.collectives) state->hooks.collectives(*out.collectives);
     state->Log(out.log);
     if (!out.decision) return;
     if (out.decision->placement_changed) {

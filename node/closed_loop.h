@@ -144,6 +144,47 @@ class LayerProfileCache {
   profile::ProfileCache files_;
 };
 
+// A distributed job's gradient collectives as the NETWORK spans of
+// `timelines` (rank 0's steps) measured them: per kind, latency + bytes /
+// bandwidth fitted over its calls. FAILED_PRECONDITION when none was
+// measured.
+absl::StatusOr<tandem::v1::CollectiveProfile> FitCollectives(
+    const std::vector<tandem::v1::Timeline>& timelines);
+// Each collective's seconds under `profile`'s fits, for
+// planner::SimulationOptions::collective_seconds: a kind never measured takes
+// half an all-reduce's (one of its two phases), an all-reduce never measured
+// twice a phase's, and with none 0.
+std::function<double(schedule::OpKind, int64_t)> CollectiveSeconds(
+    const tandem::v1::CollectiveProfile& profile);
+// How one of `resolved`'s ranks is simulated with `profile`'s collectives:
+// its ranks, gradient buckets and sharding (planner::SimulationOptions).
+planner::SimulationOptions RankSimulation(const tandem::v1::JobSpec& resolved,
+                                          const tandem::v1::CollectiveProfile& profile);
+// "4 ALL_REDUCE at 2.00 GB/s + 100 us, ...".
+std::string DescribeCollectives(const tandem::v1::CollectiveProfile& profile);
+
+// The collectives the latest distributed job of as many ranks measured on
+// this node, kept under a directory (<key>.collectives.pb), keyed by the
+// ranks, the job's accelerator, backend, link cap and threads per rank, and
+// the node profile's hardware fingerprint: the next such job is predicted
+// with them at submission. Which daemons the ranks ran on is not part of the
+// key: the figures are this node's latest, whatever the peers. A file that
+// does not parse, or was stored under another key, is a miss.
+class CollectiveProfileCache {
+ public:
+  // Empty `dir`: caches nothing.
+  explicit CollectiveProfileCache(std::string dir) : dir_(std::move(dir)) {}
+  // Empty when the node has no profile or the job one rank.
+  static std::string Key(const tandem::v1::JobSpec& resolved, const NodeOffer& node);
+  std::optional<tandem::v1::CollectiveProfile> Load(const tandem::v1::JobSpec& resolved,
+                                                    const NodeOffer& node) const;
+  absl::Status Store(const tandem::v1::JobSpec& resolved, const NodeOffer& node,
+                     tandem::v1::CollectiveProfile profile) const;
+
+ private:
+  std::string dir_;
+};
+
 class PlanLoop {
  public:
   // `plan` is the plan the job starts under; `forced` plans (placement.plan)
@@ -179,6 +220,8 @@ class PlanLoop {
     std::optional<PlanCheck> check;  // a window just closed
     std::optional<Decision> decision;
     std::string log;  // a line for the job's log ("" none)
+    // A distributed job's window: its collectives as rank 0 measured them.
+    std::optional<tandem::v1::CollectiveProfile> collectives;
   };
   // After each step: its wall time and the runner's latest measured timeline
   // (a pipeline's: its stages' figures instead).
@@ -270,6 +313,8 @@ struct PlanLoopHooks {
   std::function<void(double seconds, int steps)> measured;
   std::function<void(const std::string&)> log;
   std::function<void(const PlanLoop::Decision&, int64_t step)> adopted;
+  // A distributed job's window measured its collectives (Outcome::collectives).
+  std::function<void(const tandem::v1::CollectiveProfile&)> collectives;
 };
 
 // Feeds `loop` from `callbacks`' after_step and switches the trainer to a

@@ -459,6 +459,13 @@ TEST_F(MeasuredProfileTest, ADistributedJobsRankPlanIsReTimedWithItsMeasuredColl
   ASSERT_TRUE(out.decision) << out.log;
   EXPECT_FALSE(out.decision->placement_changed);
   EXPECT_FALSE(out.decision->measured_profile);  // a rank's share: not cached
+  // The window's collectives, for the next submission of as many ranks.
+  ASSERT_TRUE(out.collectives);
+  ASSERT_EQ(out.collectives->fits_size(), 1);
+  EXPECT_EQ(out.collectives->fits(0).phase(), tandem::v1::TIMELINE_PHASE_ALL_REDUCE);
+  EXPECT_NEAR(out.collectives->fits(0).bytes_per_second(), 2e9, 1e3);
+  EXPECT_NEAR(out.collectives->fits(0).latency_seconds(), 1e-4, 1e-12);
+  EXPECT_EQ(out.collectives->fits(0).calls(), 4);
   EXPECT_TRUE(SamePlacement(out.decision->plan, *rank_plan));
   EXPECT_NE(out.decision->cost_source.find("4 ALL_REDUCE at 2.00 GB/s + 100 us"), std::string::npos)
       << out.decision->cost_source;
@@ -691,6 +698,78 @@ TEST_F(LayerProfileCacheTest, AnotherNodesOrADamagedFileIsIgnored) {
   EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_));
   // A node without a profile has nothing to tie figures to: no key.
   EXPECT_EQ(LayerProfileCache::Key(*jm_.model, spec_, TestNode()), "");
+  std::filesystem::remove_all(dir_);
+}
+
+// A distributed job's measured collectives kept for the next submission of
+// as many ranks: loaded under the same key only, and a rank plan timed with
+// them is the rank plan with its collectives (the same placement, slower by
+// what they leave exposed, NETWORK spans at the fitted seconds).
+TEST_F(LayerProfileCacheTest, CollectivesAreKeptAndTimeTheNextRankPlan) {
+  CollectiveProfileCache cache(dir_);
+  JobSpec distributed = spec_;
+  distributed.mutable_distributed()->set_replicas(2);
+  distributed.mutable_distributed()->set_bucket_bytes(1 << 20);
+  EXPECT_EQ(CollectiveProfileCache::Key(spec_, node_), "");             // one rank
+  EXPECT_EQ(CollectiveProfileCache::Key(distributed, TestNode()), "");  // no node profile
+  EXPECT_FALSE(cache.Load(distributed, node_));
+  Timeline step;
+  for (int64_t mb : {1, 4}) {
+    AddSpan(step, tandem::v1::TIMELINE_RESOURCE_NETWORK, -1, tandem::v1::TIMELINE_PHASE_ALL_REDUCE,
+            0, 1e-4 + mb * 5e-4, mb * 1000000);
+  }
+  EXPECT_FALSE(FitCollectives({Step()}).ok());  // none measured
+  absl::StatusOr<tandem::v1::CollectiveProfile> fits = FitCollectives({step});
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  fits->set_job_id("job-1");
+  ASSERT_TRUE(cache.Store(distributed, node_, *fits).ok());
+  std::optional<tandem::v1::CollectiveProfile> loaded = cache.Load(distributed, node_);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->job_id(), "job-1");
+  EXPECT_EQ(loaded->ranks(), 2);
+  EXPECT_EQ(DescribeCollectives(*loaded), "2 ALL_REDUCE at 2.00 GB/s + 100 us");
+  // An all-reduce of 2 MB at the fit; a phase, never measured, half of it.
+  const auto seconds = CollectiveSeconds(*loaded);
+  EXPECT_NEAR(seconds(schedule::OpKind::kAllReduce, 2000000), 1.1e-3, 1e-12);
+  EXPECT_NEAR(seconds(schedule::OpKind::kAllGather, 2000000), 0.55e-3, 1e-12);
+  // Other ranks, another node: other keys.
+  JobSpec four = distributed;
+  four.mutable_distributed()->set_replicas(4);
+  EXPECT_FALSE(cache.Load(four, node_));
+  NodeOffer node_b = node_;
+  node_b.profile->set_fingerprint("node B");
+  EXPECT_FALSE(cache.Load(distributed, node_b));
+
+  absl::StatusOr<Plan> rank_plan = RankPlan(*jm_.model, distributed, node_, 2);
+  ASSERT_TRUE(rank_plan.ok()) << rank_plan.status();
+  absl::StatusOr<Plan> timed =
+      TimeAsRank(*jm_.model, distributed, node_, *rank_plan, RankSimulation(distributed, *loaded));
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_TRUE(SamePlacement(*timed, *rank_plan));
+  EXPECT_GT(timed->prediction().iteration_seconds(), rank_plan->prediction().iteration_seconds());
+  int collectives = 0;
+  for (const auto& span : timed->timeline().spans()) {
+    if (span.resource() != tandem::v1::TIMELINE_RESOURCE_NETWORK) continue;
+    ++collectives;
+    EXPECT_NEAR(span.end_seconds() - span.start_seconds(),
+                seconds(schedule::OpKind::kAllReduce, span.bytes()), 1e-9);
+  }
+  EXPECT_GT(collectives, 0);
+  // With the collectives free the rank still runs its own program (updates
+  // wait for their buckets' sums): no faster than the plan alone, no slower
+  // than with its collectives.
+  planner::SimulationOptions free = RankSimulation(distributed, {});
+  EXPECT_EQ(free.collective_seconds(schedule::OpKind::kAllReduce, 1 << 20), 0.0);
+  absl::StatusOr<Plan> alone = TimeAsRank(*jm_.model, distributed, node_, *rank_plan, free);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_GE(alone->prediction().iteration_seconds(), rank_plan->prediction().iteration_seconds());
+  EXPECT_LT(alone->prediction().iteration_seconds(), timed->prediction().iteration_seconds());
+  EXPECT_FALSE(TimeAsRank(*jm_.model, spec_, node_, *rank_plan, {}).ok());
+  // A damaged file is a miss.
+  for (const auto& f : std::filesystem::directory_iterator(dir_)) {
+    std::ofstream(f.path(), std::ios::trunc) << "not collectives \xff\xfe";
+  }
+  EXPECT_FALSE(cache.Load(distributed, node_));
   std::filesystem::remove_all(dir_);
 }
 

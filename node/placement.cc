@@ -863,6 +863,30 @@ absl::StatusOr<JobSpec> ChosenStages(JobSpec resolved, const Plan& plan) {
 
 namespace {
 
+// The request PlanOneAccelerator solves: from `measured` when given (the
+// cost model comes from its timings and links), else from the analytic
+// profile on the node's rates at `capacity` of accelerator memory.
+absl::StatusOr<planner::PlanRequest> OneAcceleratorRequest(const Model& model,
+                                                           const JobSpec& resolved,
+                                                           const NodeOffer& node,
+                                                           const tandem::v1::Profile* measured,
+                                                           int64_t capacity) {
+  planner::PlanRequest request;
+  if (measured != nullptr) {
+    request.profile = *measured;
+  } else {
+    request.profile =
+        profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
+    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
+  }
+  request.batch_size = resolved.training().batch_size();
+  request.host_memory_bytes = resolved.resources().host_memory_bytes();
+  planner::TakePlacement(resolved, &request);
+  request.compare = {resolved.placement().strategy()};
+  request.accelerator_shares_host_cores = KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
+  return request;
+}
+
 absl::StatusOr<Plan> PlanOneAccelerator(const Model& model, const JobSpec& resolved,
                                         const NodeOffer& node,
                                         const tandem::v1::Profile* measured) {
@@ -881,19 +905,8 @@ absl::StatusOr<Plan> PlanOneAccelerator(const Model& model, const JobSpec& resol
     }
     capacity -= kCudaFixedBytes;
   }
-  planner::PlanRequest request;
-  if (measured != nullptr) {
-    request.profile = *measured;  // the cost model comes from its timings and links
-  } else {
-    request.profile =
-        profile::AnalyticProfile(model, resolved.optimizer(), resolved.training().batch_size());
-    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, capacity));
-  }
-  request.batch_size = resolved.training().batch_size();
-  request.host_memory_bytes = resolved.resources().host_memory_bytes();
-  planner::TakePlacement(resolved, &request);
-  request.compare = {placement.strategy()};
-  request.accelerator_shares_host_cores = KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
+  TANDEM_ASSIGN_OR_RETURN(const planner::PlanRequest request,
+                          OneAcceleratorRequest(model, resolved, node, measured, capacity));
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, SolveForExecutor(model, request, capacity));
   const Plan& plan = response.plan();
   if (!plan.feasible()) {
@@ -1262,27 +1275,69 @@ bool IsRankPlan(const Model& model, const JobSpec& resolved, const Plan& plan) {
          plan.batch_size() == RankBatch(resolved, std::max(1, resolved.distributed().replicas()));
 }
 
+namespace {
+
+// What a rank of `resolved` (one of `ranks`) plans as, and on: its spec, for
+// its share of the batch (RankBatch) and without streamed optimizer state
+// (a rank's step program does not stream it yet, schedule/lower.h: its plan
+// keeps to the host and resident places); and the node with its part of the
+// cores, the ranks on it sharing its host (for host work and, emulated, the
+// accelerator's compute).
+std::pair<JobSpec, NodeOffer> RankSetting(const JobSpec& resolved, const NodeOffer& node,
+                                          int ranks) {
+  JobSpec rank_spec = resolved;
+  rank_spec.mutable_training()->set_batch_size(RankBatch(resolved, ranks));
+  rank_spec.mutable_placement()->set_no_streamed_optimizer_state(true);
+  NodeOffer shared = node;
+  const int sharing = RanksSharingHost(resolved, node);
+  shared.host = OnThreads(node.host, std::max(1, node.host.threads() / sharing));
+  return {std::move(rank_spec), std::move(shared)};
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const NodeOffer& node,
                               int ranks, const Plan* stored) {
   if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE) {
     return absl::InvalidArgumentError(
         "placement.accelerator: a rank without an accelerator runs on the CPU engine");
   }
-  JobSpec rank_spec = resolved;
-  rank_spec.mutable_training()->set_batch_size(RankBatch(resolved, ranks));
-  // A rank's step program does not stream optimizer state yet
-  // (schedule/lower.h): its plan keeps to the host and resident places.
-  rank_spec.mutable_placement()->set_no_streamed_optimizer_state(true);
+  auto [rank_spec, shared] = RankSetting(resolved, node, ranks);
   if (stored != nullptr && !resolved.placement().has_plan() &&
       resolved.distributed().replicas() == ranks && IsRankPlan(model, resolved, *stored)) {
     *rank_spec.mutable_placement()->mutable_plan() = *stored;  // validated as a forced plan
   }
-  // The ranks on this node share its host: each plans with its part of the
-  // cores for its host work (and, emulated, its accelerator's compute).
-  NodeOffer shared = node;
-  const int sharing = RanksSharingHost(resolved, node);
-  shared.host = OnThreads(node.host, std::max(1, node.host.threads() / sharing));
   return PlanJob(model, rank_spec, shared);
+}
+
+Plan TimedBy(Plan plan, const planner::SimulationResult& sim, const std::string& method) {
+  *plan.mutable_prediction() = sim.prediction;
+  *plan.mutable_timeline() = sim.timeline;
+  for (int l = 0; l < plan.layers_size() && l < static_cast<int>(sim.layers.size()); ++l) {
+    plan.mutable_layers(l)->set_reuse_distance_seconds(sim.layers[l].reuse_distance_seconds);
+    plan.mutable_layers(l)->set_slack_seconds(sim.layers[l].slack_seconds);
+  }
+  plan.mutable_solver()->set_method(method);
+  return plan;
+}
+
+absl::StatusOr<Plan> TimeAsRank(const Model& model, const JobSpec& resolved, const NodeOffer& node,
+                                const Plan& plan, const planner::SimulationOptions& ranks) {
+  if (ranks.ranks <= 1 || !ranks.collective_seconds) {
+    return absl::InvalidArgumentError("a rank's timing needs ranks > 1 and their collectives");
+  }
+  const auto [rank_spec, shared] = RankSetting(resolved, node, ranks.ranks);
+  TANDEM_ASSIGN_OR_RETURN(int64_t capacity, AcceleratorCapacity(rank_spec, shared));
+  if (KindOf(rank_spec) == tandem::v1::ACCELERATOR_KIND_CUDA && capacity > kCudaFixedBytes) {
+    capacity -= kCudaFixedBytes;
+  }
+  TANDEM_ASSIGN_OR_RETURN(const planner::PlanRequest request,
+                          OneAcceleratorRequest(model, rank_spec, shared, nullptr, capacity));
+  TANDEM_ASSIGN_OR_RETURN(const planner::CostModel cost, planner::CostModelOf(request));
+  TANDEM_ASSIGN_OR_RETURN(const planner::SimulationResult sim,
+                          planner::PlanSimulator(cost).Simulate(plan, ranks));
+  return TimedBy(plan, sim,
+                 absl::StrCat(plan.solver().method(), "; timed as one of ", ranks.ranks, " ranks"));
 }
 
 absl::StatusOr<RankExecutor> PrepareRankExecutor(const Model& model, const JobSpec& resolved,

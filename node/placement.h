@@ -20,11 +20,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "node/resources.h"
 #include "planner/planner.h"
+#include "planner/simulator.h"
 #include "runtime/cuda/device_query.h"
 #include "runtime/device/accelerator.h"
 #include "runtime/exec/plan_executor.h"
@@ -252,6 +254,19 @@ RunnerFactory MakeRunnerFactory(NodeOffer node,
 absl::StatusOr<tandem::v1::Plan> RankPlan(const Model& model, const tandem::v1::JobSpec& resolved,
                                           const NodeOffer& node, int ranks,
                                           const tandem::v1::Plan* stored = nullptr);
+// `plan` (RankPlan's for `resolved` on `node`) timed as one of
+// `ranks.ranks` ranks runs it: its gradient buckets reduced over the ranks in
+// `ranks.collective_seconds`, from the cost source RankPlan plans from (the
+// analytic profile on the node's rates, with the rank's share of the cores).
+// The placement stays; the prediction, timeline and reuse distances are the
+// rank's. INVALID_ARGUMENT without ranks or collectives.
+absl::StatusOr<tandem::v1::Plan> TimeAsRank(const Model& model, const tandem::v1::JobSpec& resolved,
+                                            const NodeOffer& node, const tandem::v1::Plan& plan,
+                                            const planner::SimulationOptions& ranks);
+// `plan` with `sim`'s prediction, timeline and per-layer reuse distances and
+// slack, its solver method `method`.
+tandem::v1::Plan TimedBy(tandem::v1::Plan plan, const planner::SimulationResult& sim,
+                         const std::string& method);
 // How many of a distributed job's ranks share one node's host: one per
 // accelerator of the job's kind, up to its replicas (the coordinator fills its
 // own node's accelerators first); 1 for a job on the CPU engine. RankPlan

@@ -223,6 +223,7 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics
       store_(store),
       metrics_(metrics),
       layer_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/layer_profiles"),
+      collective_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/collectives"),
       node_(options_.node ? std::make_shared<const node::NodeOffer>(*options_.node) : nullptr) {
   persister_ = std::thread([this] { PersistLoop(); });
   // Its own thread: an estimate reads data files, which may hang on the very
@@ -416,6 +417,29 @@ std::string JobManager::ShareCoresAmongRanks(const node::NodeOffer& offer,
                       " each (training.threads)");
 }
 
+std::string JobManager::CountCollectives(const Model& model, const tandem::v1::JobSpec& resolved,
+                                         const node::NodeOffer& offer,
+                                         tandem::v1::Plan& plan) const {
+  const int ranks = resolved.distributed().replicas();
+  const std::optional<tandem::v1::CollectiveProfile> fits =
+      collective_profiles_.Load(resolved, offer);
+  // Without figures the collectives are free: the rank's own program still
+  // times its updates after their buckets' sums.
+  absl::StatusOr<tandem::v1::Plan> timed = node::TimeAsRank(
+      model, resolved, offer, plan,
+      node::RankSimulation(resolved, fits.value_or(tandem::v1::CollectiveProfile())));
+  if (!timed.ok()) return absl::StrCat("; as one device: ", timed.status().message());
+  plan = *std::move(timed);
+  if (!fits) {
+    return absl::StrCat("; as one of ", ranks, " ranks, its collectives not counted: no job of ",
+                        ranks,
+                        " ranks has measured them here yet (the plan check times them "
+                        "from its first window)");
+  }
+  return absl::StrCat("; as one of ", ranks, " ranks, its collectives as job ", fits->job_id(),
+                      "'s rank 0 measured them: ", node::DescribeCollectives(*fits));
+}
+
 absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSpec& spec,
                                                          bool plan) const {
   absl::StatusOr<tandem::v1::JobSpec> resolved = ResolveJobSpec(spec, options_.has_accelerator);
@@ -450,6 +474,7 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
         node::RankPlan(*jm->model, *resolved, *offer, resolved->distributed().replicas());
     if (!solved.ok()) return AsSpecError(solved.status());
     r.plan = *std::move(solved);
+    absl::StrAppend(&r.cost_source, CountCollectives(*jm->model, *resolved, *offer, r.plan));
     absl::StatusOr<MemoryEstimate> ranked = EstimateModel(*resolved, *jm, offer.get(), &r.plan);
     if (!ranked.ok()) return AsSpecError(ranked.status());
     r.estimate = *std::move(ranked);
@@ -1653,6 +1678,15 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
   };
   hooks.adopted = [this, entry, raw](const node::PlanLoop::Decision& d, int64_t step) {
     RecordReplan(*entry, *raw, d, step);
+  };
+  hooks.collectives = [this, id, raw](tandem::v1::CollectiveProfile fits) {
+    fits.set_job_id(id);
+    fits.set_measured_unix_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    const absl::Status kept = collective_profiles_.Store(raw->resolved_spec(), raw->node(), fits);
+    if (!kept.ok()) {
+      std::fprintf(stderr, "tandemd: cannot keep job %s's collectives: %s\n", id.c_str(),
+                   kept.ToString().c_str());
+    }
   };
   node::AttachPlanLoop(std::move(loop), std::move(hooks), trainer.callbacks());
 }

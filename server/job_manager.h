@@ -176,6 +176,12 @@ class JobManager {
   };
   // With `plan` false, the plan and program stay empty (nothing is solved).
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;
+  // A distributed job's rank plan timed as one of its ranks runs it
+  // (node::TimeAsRank), with the collectives this node's latest job of as
+  // many ranks measured (node::CollectiveProfileCache), or free when none
+  // has: what its cost source gains ("; as one of N ranks ...").
+  std::string CountCollectives(const Model& model, const tandem::v1::JobSpec& resolved,
+                               const node::NodeOffer& offer, tandem::v1::Plan& plan) const;
   // `plan`: a distributed job's stored plan (its rank plan), which says what
   // the coordinator's rank keeps on its host.
   absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved,
@@ -346,6 +352,8 @@ class JobManager {
   absl::Mutex mu_;
   // Measured layer profiles by model and node, under <state_dir>/layer_profiles.
   const node::LayerProfileCache layer_profiles_;
+  // Distributed jobs' measured collectives, under <state_dir>/collectives.
+  const node::CollectiveProfileCache collective_profiles_;
   mutable absl::Mutex node_mu_;
   std::shared_ptr<const node::NodeOffer> node_ ABSL_GUARDED_BY(node_mu_);
   std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);

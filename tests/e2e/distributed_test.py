@@ -223,7 +223,24 @@ class TwoDaemonsTest(unittest.TestCase, ParityMixin):
         self.check_parity(2)
 
     def test_two_ranks_with_emulated_accelerators_run_zero_offload_as_one_replica(self):
-        self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD")
+        first = self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD")
+        # Its rank 0 measured the collectives in its plan check's window: the
+        # next job of 2 ranks here is predicted with them at submission.
+        spec = emulated(gpt_spec(2, "OPTIMIZER_SHARDING_REPLICATED", steps=1),
+                        "STRATEGY_ZERO_OFFLOAD")
+        again = self.clients[0].SubmitJob(tandem_service_pb2.SubmitJobRequest(spec=spec),
+                                          timeout=60).job
+        source = again.plan_history[0].cost_source
+        print("first job predicted %.2f ms (%s); the next %.2f ms (%s)" % (
+            first.plan_history[0].predicted_step_seconds * 1e3,
+            first.plan_history[0].cost_source.split("; as one of ")[-1],
+            again.plan_history[0].predicted_step_seconds * 1e3, source.split("; as one of ")[-1]))
+        self.assertIn("as one of 2 ranks, its collectives as job %s's rank 0 measured them: " %
+                      first.id, source)
+        self.assertRegex(source, r"\d+ ALL_REDUCE at [0-9.]+ GB/s")
+        ended = wait_for_state(self.clients[0], again.id, [
+            job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED])
+        self.assertEqual(ended.state, job_pb2.JOB_STATE_SUCCEEDED, ended.reason)
 
     def test_two_ranks_run_zero_offload_with_partitioned_host_state_as_one_replica(self):
         job = self.check_hybrid_parity(2, "STRATEGY_ZERO_OFFLOAD",

@@ -563,11 +563,14 @@ std::string LayerProfileCache::Key(const Model& model, const JobSpec& resolved,
                                    const NodeOffer& node) {
   if (!node.profile) return "";
   // v2: 16-bit layers save their products' inputs for backward (other
-  // activation bytes and times than v1's).
+  // activation bytes and times than v1's). v3: the threads and ranks; a
+  // distributed job's profile is one rank's, for its share of the batch.
+  const int ranks = std::max(1, resolved.distributed().replicas());
   return profile::HexKey(absl::StrCat(
-      "layer-profile-v2|model=", model.fingerprint(), "|batch=", resolved.training().batch_size(),
-      "|optimizer=", resolved.optimizer().kind(), "|precision=",
-      PrecisionName(resolved.precision()), "|accelerator=", resolved.placement().accelerator(),
+      "layer-profile-v3|model=", model.fingerprint(), "|batch=", RankBatch(resolved, ranks),
+      "|ranks=", ranks, "|threads=", resolved.training().threads(), "|optimizer=",
+      resolved.optimizer().kind(), "|precision=", PrecisionName(resolved.precision()),
+      "|accelerator=", resolved.placement().accelerator(),
       "|link=", resolved.resources().emulated_link_bytes_per_second(), "|throttle=",
       node.emulated_link_throttle_bytes_per_second, "|node=", node.profile->fingerprint()));
 }
@@ -1045,6 +1048,7 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::RetimeRank(const PlanCheck& check) 
   TANDEM_ASSIGN_OR_RETURN(d.plan, Resimulate(plan_, measured, ranks));
   absl::StrAppend(&d.cost_source, "; as one of ", ranks.ranks, " ranks, its collectives as rank 0 ",
                   "measured them: ", DescribeCollectives(collectives));
+  d.measured_profile = std::move(measured);  // a rank's, for the next such job's rank plan
   d.reason = check.off;
   d.because = check.because;
   d.check = check;

@@ -121,9 +121,11 @@ absl::StatusOr<tandem::v1::Profile> MeasuredLayerProfile(
 bool SamePlacement(const tandem::v1::Plan& a, const tandem::v1::Plan& b);
 
 // Measured layer profiles kept under a directory, keyed by the model's
-// fingerprint, batch, optimizer, the job's accelerator and link cap, and the
-// node profile's hardware fingerprint: a job of the same model on the same
-// node is planned from it at submission. A file that does not parse, or
+// fingerprint, batch, ranks and threads, optimizer, the job's accelerator and
+// link cap, and the node profile's hardware fingerprint: a job of the same
+// model on the same node is planned from it at submission. A distributed
+// job's is one rank's (rank 0 measured it, for its share of the batch): the
+// next such job's rank plan is solved from it. A file that does not parse, or
 // whose key or layers do not match, is ignored with a line on stderr.
 class LayerProfileCache {
  public:

@@ -458,7 +458,10 @@ TEST_F(MeasuredProfileTest, ADistributedJobsRankPlanIsReTimedWithItsMeasuredColl
   ASSERT_TRUE(out.check);
   ASSERT_TRUE(out.decision) << out.log;
   EXPECT_FALSE(out.decision->placement_changed);
-  EXPECT_FALSE(out.decision->measured_profile);  // a rank's share: not cached
+  // A rank's profile, for its share of the batch: the next such job's rank
+  // plan is solved from it.
+  ASSERT_TRUE(out.decision->measured_profile);
+  EXPECT_EQ(out.decision->measured_profile->batch_size(), rank_plan->batch_size());
   // The window's collectives, for the next submission of as many ranks.
   ASSERT_TRUE(out.collectives);
   ASSERT_EQ(out.collectives->fits_size(), 1);

@@ -1297,7 +1297,7 @@ std::pair<JobSpec, NodeOffer> RankSetting(const JobSpec& resolved, const NodeOff
 }  // namespace
 
 absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const NodeOffer& node,
-                              int ranks, const Plan* stored) {
+                              int ranks, const Plan* stored, const tandem::v1::Profile* measured) {
   if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE) {
     return absl::InvalidArgumentError(
         "placement.accelerator: a rank without an accelerator runs on the CPU engine");
@@ -1307,7 +1307,7 @@ absl::StatusOr<Plan> RankPlan(const Model& model, const JobSpec& resolved, const
       resolved.distributed().replicas() == ranks && IsRankPlan(model, resolved, *stored)) {
     *rank_spec.mutable_placement()->mutable_plan() = *stored;  // validated as a forced plan
   }
-  return PlanJob(model, rank_spec, shared);
+  return PlanJob(model, rank_spec, shared, measured);
 }
 
 Plan TimedBy(Plan plan, const planner::SimulationResult& sim, const std::string& method) {
@@ -1322,7 +1322,8 @@ Plan TimedBy(Plan plan, const planner::SimulationResult& sim, const std::string&
 }
 
 absl::StatusOr<Plan> TimeAsRank(const Model& model, const JobSpec& resolved, const NodeOffer& node,
-                                const Plan& plan, const planner::SimulationOptions& ranks) {
+                                const Plan& plan, const planner::SimulationOptions& ranks,
+                                const tandem::v1::Profile* measured) {
   if (ranks.ranks <= 1 || !ranks.collective_seconds) {
     return absl::InvalidArgumentError("a rank's timing needs ranks > 1 and their collectives");
   }
@@ -1332,7 +1333,7 @@ absl::StatusOr<Plan> TimeAsRank(const Model& model, const JobSpec& resolved, con
     capacity -= kCudaFixedBytes;
   }
   TANDEM_ASSIGN_OR_RETURN(const planner::PlanRequest request,
-                          OneAcceleratorRequest(model, rank_spec, shared, nullptr, capacity));
+                          OneAcceleratorRequest(model, rank_spec, shared, measured, capacity));
   TANDEM_ASSIGN_OR_RETURN(const planner::CostModel cost, planner::CostModelOf(request));
   TANDEM_ASSIGN_OR_RETURN(const planner::SimulationResult sim,
                           planner::PlanSimulator(cost).Simulate(plan, ranks));

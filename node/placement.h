@@ -251,18 +251,24 @@ RunnerFactory MakeRunnerFactory(NodeOffer node,
 // measured. `stored`, when it is a plan of this model for a rank's share
 // (RankBatch), is that plan, kept as it is rather than solved again (a node
 // profile refreshed since would solve another).
+//
+// `measured`: a rank's layer profile measured here before (LayerProfileCache),
+// solved from instead of the analytic profile on the node's rates.
 absl::StatusOr<tandem::v1::Plan> RankPlan(const Model& model, const tandem::v1::JobSpec& resolved,
                                           const NodeOffer& node, int ranks,
-                                          const tandem::v1::Plan* stored = nullptr);
+                                          const tandem::v1::Plan* stored = nullptr,
+                                          const tandem::v1::Profile* measured = nullptr);
 // `plan` (RankPlan's for `resolved` on `node`) timed as one of
 // `ranks.ranks` ranks runs it: its gradient buckets reduced over the ranks in
-// `ranks.collective_seconds`, from the cost source RankPlan plans from (the
-// analytic profile on the node's rates, with the rank's share of the cores).
+// `ranks.collective_seconds`, from the cost source RankPlan plans from
+// (`measured`, else the analytic profile on the node's rates, with the rank's
+// share of the cores).
 // The placement stays; the prediction, timeline and reuse distances are the
 // rank's. INVALID_ARGUMENT without ranks or collectives.
 absl::StatusOr<tandem::v1::Plan> TimeAsRank(const Model& model, const tandem::v1::JobSpec& resolved,
                                             const NodeOffer& node, const tandem::v1::Plan& plan,
-                                            const planner::SimulationOptions& ranks);
+                                            const planner::SimulationOptions& ranks,
+                                            const tandem::v1::Profile* measured = nullptr);
 // `plan` with `sim`'s prediction, timeline and per-layer reuse distances and
 // slack, its solver method `method`.
 tandem::v1::Plan TimedBy(tandem::v1::Plan plan, const planner::SimulationResult& sim,

@@ -419,6 +419,7 @@ std::string JobManager::ShareCoresAmongRanks(const node::NodeOffer& offer,
 
 std::string JobManager::CountCollectives(const Model& model, const tandem::v1::JobSpec& resolved,
                                          const node::NodeOffer& offer,
+                                         const tandem::v1::Profile* measured,
                                          tandem::v1::Plan& plan) const {
   const int ranks = resolved.distributed().replicas();
   const std::optional<tandem::v1::CollectiveProfile> fits =
@@ -427,7 +428,7 @@ std::string JobManager::CountCollectives(const Model& model, const tandem::v1::J
   // times its updates after their buckets' sums.
   absl::StatusOr<tandem::v1::Plan> timed = node::TimeAsRank(
       model, resolved, offer, plan,
-      node::RankSimulation(resolved, fits.value_or(tandem::v1::CollectiveProfile())));
+      node::RankSimulation(resolved, fits.value_or(tandem::v1::CollectiveProfile())), measured);
   if (!timed.ok()) return absl::StrCat("; as one device: ", timed.status().message());
   plan = *std::move(timed);
   if (!fits) {
@@ -469,12 +470,18 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
     // A distributed job's ranks run the rank plan, for their share of each
     // batch; its step program is each rank's own (with its collectives). The
     // coordinator's rank reserves what that plan keeps on its host.
-    r.cost_source = node::AnalyticCostSource(*offer);
-    absl::StatusOr<tandem::v1::Plan> solved =
-        node::RankPlan(*jm->model, *resolved, *offer, resolved->distributed().replicas());
+    // A rank of this model measured here before: planned from what it measured.
+    const std::optional<tandem::v1::Profile> measured =
+        resolved->placement().has_plan() ? std::nullopt
+                                         : layer_profiles_.Load(*jm->model, *resolved, *offer);
+    r.cost_source =
+        measured ? node::MeasuredCostSource(*measured) : node::AnalyticCostSource(*offer);
+    const tandem::v1::Profile* from = measured ? &*measured : nullptr;
+    absl::StatusOr<tandem::v1::Plan> solved = node::RankPlan(
+        *jm->model, *resolved, *offer, resolved->distributed().replicas(), nullptr, from);
     if (!solved.ok()) return AsSpecError(solved.status());
     r.plan = *std::move(solved);
-    absl::StrAppend(&r.cost_source, CountCollectives(*jm->model, *resolved, *offer, r.plan));
+    absl::StrAppend(&r.cost_source, CountCollectives(*jm->model, *resolved, *offer, from, r.plan));
     absl::StatusOr<MemoryEstimate> ranked = EstimateModel(*resolved, *jm, offer.get(), &r.plan);
     if (!ranked.ok()) return AsSpecError(ranked.status());
     r.estimate = *std::move(ranked);

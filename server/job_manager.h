@@ -180,8 +180,10 @@ class JobManager {
   // (node::TimeAsRank), with the collectives this node's latest job of as
   // many ranks measured (node::CollectiveProfileCache), or free when none
   // has: what its cost source gains ("; as one of N ranks ...").
+  // `measured`: the rank's layer profile the plan was solved from, if any.
   std::string CountCollectives(const Model& model, const tandem::v1::JobSpec& resolved,
-                               const node::NodeOffer& offer, tandem::v1::Plan& plan) const;
+                               const node::NodeOffer& offer, const tandem::v1::Profile* measured,
+                               tandem::v1::Plan& plan) const;
   // `plan`: a distributed job's stored plan (its rank plan), which says what
   // the coordinator's rank keeps on its host.
   absl::StatusOr<MemoryEstimate> Estimate(const tandem::v1::JobSpec& resolved,

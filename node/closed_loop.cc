@@ -651,6 +651,66 @@ absl::Status CollectiveProfileCache::Store(const JobSpec& resolved, const NodeOf
                              profile.SerializeAsString());
 }
 
+std::string PipelineCorrectionCache::Key(const Model& model, const JobSpec& resolved,
+                                         const NodeOffer& node, const Profile* base) {
+  const tandem::v1::PipelineSpec& pipe = resolved.placement().pipeline();
+  if (!node.profile || pipe.stages() < 2) return "";
+  const std::string from = base == nullptr
+                               ? "analytic"
+                               : absl::StrCat(base->provenance().cache_key(), "@",
+                                              base->provenance().create_time().seconds(), ".",
+                                              base->provenance().create_time().nanos());
+  return profile::HexKey(absl::StrCat(
+      "pipeline-corrections-v1|model=", model.fingerprint(),
+      "|batch=", resolved.training().batch_size(), "|threads=", resolved.training().threads(),
+      "|stages=", pipe.stages(), "|schedule=", pipe.schedule(), "|micro_batches=",
+      pipe.micro_batches(), "|micro_batch=", resolved.placement().micro_batch_size(),
+      "|continuous=", pipe.continuous(), "|vertical_sync=", pipe.vertical_sync(),
+      "|strategy=", resolved.placement().strategy(), "|optimizer=", resolved.optimizer().kind(),
+      "|precision=", PrecisionName(resolved.precision()),
+      "|accelerator=", resolved.placement().accelerator(),
+      "|capacity=", resolved.resources().accelerator_memory_bytes(),
+      "|link=", resolved.resources().emulated_link_bytes_per_second(),
+      "|throttle=", node.emulated_link_throttle_bytes_per_second, "|peer=", node.emulated_peer_link,
+      "|node=", node.profile->fingerprint(), "|from=", from));
+}
+
+std::optional<tandem::v1::PipelineCorrectionProfile> PipelineCorrectionCache::Load(
+    const Model& model, const JobSpec& resolved, const NodeOffer& node, const Profile* base) const {
+  const std::string key = Key(model, resolved, node, base);
+  if (dir_.empty() || key.empty()) return std::nullopt;
+  std::optional<std::string> bytes = ReadWholeFile(absl::StrCat(dir_, "/", key, ".corrections.pb"));
+  tandem::v1::PipelineCorrectionProfile profile;
+  if (!bytes || !profile.ParseFromString(*bytes) || profile.cache_key() != key ||
+      profile.compute_scale_size() != model.num_layers() ||
+      profile.update_scale_size() != model.num_layers()) {
+    return std::nullopt;
+  }
+  return profile;
+}
+
+absl::Status PipelineCorrectionCache::Store(const Model& model, const JobSpec& resolved,
+                                            const NodeOffer& node, const Profile* base,
+                                            tandem::v1::PipelineCorrectionProfile profile) const {
+  const std::string key = Key(model, resolved, node, base);
+  if (dir_.empty() || key.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create '", dir_, "': ", ec.message()));
+  }
+  profile.set_cache_key(key);
+  return WriteFileAtomically(absl::StrCat(dir_, "/", key, ".corrections.pb"),
+                             profile.SerializeAsString());
+}
+
+PipelineCorrections CorrectionsOf(const tandem::v1::PipelineCorrectionProfile& profile) {
+  PipelineCorrections c;
+  c.compute_scale.assign(profile.compute_scale().begin(), profile.compute_scale().end());
+  c.update_scale.assign(profile.update_scale().begin(), profile.update_scale().end());
+  return c;
+}
+
 std::map<TimelineResource, double> DispatchSeconds(const std::vector<Timeline>& measured,
                                                    const Timeline& simulated) {
   std::map<TimelineResource, double> dispatch;
@@ -1139,6 +1199,19 @@ void PlanLoop::Adopt(const Decision& decision) {
   steps_ = 0;
   plan_seconds_.clear();
   plan_ = decision.plan;
+  corrections_ = decision.corrections;
+}
+
+std::optional<PipelineCorrections> PlanLoop::SettledCorrections(double* ratio) const {
+  const double predicted = plan_.prediction().iteration_seconds();
+  if (!corrections_ || plan_seconds_.empty() || !(predicted > 0)) return std::nullopt;
+  const double r = Factor(plan_measured_seconds(), predicted);
+  PipelineCorrections out = *corrections_;
+  out.stages.clear();
+  for (double& f : out.compute_scale) f *= r;
+  for (double& f : out.update_scale) f *= r;
+  if (ratio != nullptr) *ratio = r;
+  return out;
 }
 
 void PlanLoop::SwitchFailed() { done_ = true; }
@@ -1170,6 +1243,12 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
       const int n = state->loop->plan_measured_steps();
       if (state->hooks.measured && n > 0) {
         state->hooks.measured(state->loop->plan_measured_seconds(), n);
+      }
+      if (state->hooks.settled_corrections && n == kSettledCorrectionSteps) {
+        double ratio = 1;
+        if (std::optional<PipelineCorrections> c = state->loop->SettledCorrections(&ratio)) {
+          state->hooks.settled_corrections(*c, ratio);
+        }
       }
       return;
     }

@@ -187,6 +187,39 @@ class CollectiveProfileCache {
   std::string dir_;
 };
 
+// What pipeline jobs' stages measured (PlanLoop's corrections of a pipeline,
+// ReplanPipeline), kept under a directory (<key>.corrections.pb), keyed by
+// the model's fingerprint, batch, threads, stages, schedule and
+// micro-batches, precision, the job's accelerator and link cap, the node's
+// fingerprint and peer link, and the cost source the factors are over
+// (`base`: the cached layer profile the job was planned from, or none): the
+// next pipeline of the same model here is planned with them at submission. A
+// file that does not parse, was stored under another key or does not fit
+// the model is a miss. An auto_stages job (whose stages are chosen at
+// submission) is not planned from them.
+class PipelineCorrectionCache {
+ public:
+  // Empty `dir`: caches nothing.
+  explicit PipelineCorrectionCache(std::string dir) : dir_(std::move(dir)) {}
+  // Empty when the node has no profile or the job no pipeline of 2 stages or
+  // more.
+  static std::string Key(const Model& model, const tandem::v1::JobSpec& resolved,
+                         const NodeOffer& node, const tandem::v1::Profile* base);
+  std::optional<tandem::v1::PipelineCorrectionProfile> Load(const Model& model,
+                                                            const tandem::v1::JobSpec& resolved,
+                                                            const NodeOffer& node,
+                                                            const tandem::v1::Profile* base) const;
+  absl::Status Store(const Model& model, const tandem::v1::JobSpec& resolved, const NodeOffer& node,
+                     const tandem::v1::Profile* base,
+                     tandem::v1::PipelineCorrectionProfile profile) const;
+
+ private:
+  std::string dir_;
+};
+
+// `profile`'s factors as PipelineCorrections (a partition solved with them).
+PipelineCorrections CorrectionsOf(const tandem::v1::PipelineCorrectionProfile& profile);
+
 class PlanLoop {
  public:
   // `plan` is the plan the job starts under; `forced` plans (placement.plan)
@@ -235,6 +268,12 @@ class PlanLoop {
     planned_from_ = std::move(profile);
   }
   bool pipeline() const { return plan_.pipeline_size() > 1; }
+  const std::optional<tandem::v1::Profile>& planned_from() const { return planned_from_; }
+  // A pipeline re-planned from its stages' figures (Decision::corrections),
+  // once steps have run under the plan they gave: those factors scaled
+  // alike by the steps' median over the plan's prediction (`ratio`), so that
+  // a first window's transients do not outlive it; nullopt before either.
+  std::optional<PipelineCorrections> SettledCorrections(double* ratio = nullptr) const;
   // The job now runs decision.plan (switched, or re-calibrated in place).
   void Adopt(const Decision& decision);
   // The switch to decision.plan failed: the job goes on under the plan it had.
@@ -292,6 +331,8 @@ class PlanLoop {
   std::optional<tandem::v1::Profile> planned_from_;
   // The seconds of plan_'s steps after its warm-up (the first 256).
   std::vector<double> plan_seconds_;
+  // The corrections the running plan was solved or re-timed with.
+  std::optional<PipelineCorrections> corrections_;
   // The plan before the latest switch and its measured step.
   std::map<tandem::v1::TimelineResource, double> dispatch_;
   std::optional<tandem::v1::Plan> previous_;
@@ -307,6 +348,10 @@ class PlanLoop {
 // What the owner of a loop is told (each may be null): every closed window,
 // every line for the job's log, and every decision the job now runs under
 // (after its switch, for a new placement) with the step it took effect at.
+// Steps under a corrected pipeline plan before its corrections are kept as
+// settled (PlanLoopHooks::settled_corrections).
+inline constexpr int kSettledCorrectionSteps = 16;
+
 struct PlanLoopHooks {
   std::function<void(const PlanCheck&)> checked;
   // After the loop has settled (done): the running plan's
@@ -315,6 +360,9 @@ struct PlanLoopHooks {
   std::function<void(double seconds, int steps)> measured;
   std::function<void(const std::string&)> log;
   std::function<void(const PlanLoop::Decision&, int64_t step)> adopted;
+  // A pipeline's plan, solved or re-timed with its stages' corrections, has
+  // run kSettledCorrectionSteps steps: PlanLoop::SettledCorrections.
+  std::function<void(const PipelineCorrections&, double ratio)> settled_corrections;
   // A distributed job's window measured its collectives (Outcome::collectives).
   std::function<void(const tandem::v1::CollectiveProfile&)> collectives;
 };

@@ -602,13 +602,25 @@ TEST_F(PipelineLoopTest, ASlowStageMovesTheSplitAndAnEvenSlowdownRecalibrates) {
     const double next = out.decision->plan.prediction().iteration_seconds();
     EXPECT_GT(next, 1.3 * predicted) << out.log;
     EXPECT_LT(next, 1.7 * predicted) << out.log;
+    EXPECT_FALSE(loop.SettledCorrections());  // not adopted yet
     loop.Adopt(*out.decision);
+    EXPECT_FALSE(loop.SettledCorrections());  // no step under it yet
     // Steps as re-timed: the next window agrees and the loop stops.
     loop.AfterStep(next, Timeline(), Stages({1.5, 1.5}));
     out = loop.AfterStep(next, Timeline(), Stages({1.5, 1.5}));
     ASSERT_TRUE(out.check);
     EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << out.log;
     EXPECT_TRUE(loop.done());
+    // The factors as the steps under them bear out: 1.5, here at 0.9 of the
+    // re-timed prediction over the plan's steps (two at 1, three at 0.9).
+    for (int i = 0; i < 3; ++i) loop.AfterStep(0.9 * next, Timeline());
+    double ratio = 0;
+    std::optional<PipelineCorrections> settled = loop.SettledCorrections(&ratio);
+    ASSERT_TRUE(settled);
+    EXPECT_NEAR(ratio, 0.9, 1e-9);
+    EXPECT_TRUE(settled->stages.empty());
+    EXPECT_NEAR(settled->compute_scale[0], 1.5 * 0.9, 1e-9);
+    EXPECT_NEAR(settled->update_scale.back(), 1.5 * 0.9, 1e-9);
   }
   // A split or a schedule of its own is another placement.
   Plan other = plan_;
@@ -644,6 +656,59 @@ TEST_F(PipelineLoopTest, APipeDreamSplitIsReTimedNotMoved) {
   EXPECT_NE(out.decision->plan.prediction().iteration_seconds(), predicted) << out.log;
   EXPECT_NE(out.decision->cost_source.find("not taken: under PipeDream"), std::string::npos)
       << out.decision->cost_source;
+}
+
+// What a pipeline's stages measured, kept: the next job of the same pipeline
+// here is planned with the factors, which is the split the plan check solved
+// from them; another stage count, another cost source or a damaged file is
+// a miss.
+TEST_F(PipelineLoopTest, StageCorrectionsAreKeptForTheNextPipeline) {
+  const std::string dir =
+      ::testing::TempDir() + "/pipeline_corrections_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  PipelineCorrectionCache cache(dir);
+  EXPECT_EQ(PipelineCorrectionCache::Key(*jm_.model, spec_, node_, nullptr), "");  // no profile
+  node_.profile.emplace();
+  node_.profile->set_fingerprint("node A");
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_, nullptr));
+  const PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
+  const double predicted = plan_.prediction().iteration_seconds();
+  PlanLoop loop(*jm_.model, spec_, node_, plan_, options);
+  loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  const PlanLoop::Outcome out = loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  ASSERT_TRUE(out.decision) << out.log;
+  ASSERT_TRUE(out.decision->corrections);
+  ASSERT_TRUE(out.decision->placement_changed) << out.log;
+  tandem::v1::PipelineCorrectionProfile kept;
+  kept.mutable_compute_scale()->Add(out.decision->corrections->compute_scale.begin(),
+                                    out.decision->corrections->compute_scale.end());
+  kept.mutable_update_scale()->Add(out.decision->corrections->update_scale.begin(),
+                                   out.decision->corrections->update_scale.end());
+  kept.set_job_id("job-7");
+  ASSERT_TRUE(cache.Store(*jm_.model, spec_, node_, nullptr, kept).ok());
+  std::optional<tandem::v1::PipelineCorrectionProfile> loaded =
+      cache.Load(*jm_.model, spec_, node_, nullptr);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->job_id(), "job-7");
+  const PipelineCorrections c = CorrectionsOf(*loaded);
+  absl::StatusOr<Plan> next = PlanPipelineJob(*jm_.model, spec_, node_, nullptr, &c);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(SamePlacement(*next, out.decision->plan));
+  EXPECT_DOUBLE_EQ(next->prediction().iteration_seconds(),
+                   out.decision->plan.prediction().iteration_seconds());
+  // Planned from a measured layer profile, or as a 4-stage pipeline: the
+  // factors are over other figures.
+  tandem::v1::Profile base;
+  base.mutable_provenance()->set_cache_key("a layer profile");
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_, &base));
+  JobSpec four = spec_;
+  four.mutable_placement()->mutable_pipeline()->set_stages(4);
+  EXPECT_FALSE(cache.Load(*jm_.model, four, node_, nullptr));
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    std::ofstream(f.path(), std::ios::trunc) << "not corrections \xff";
+  }
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_, nullptr));
+  std::filesystem::remove_all(dir);
 }
 
 class LayerProfileCacheTest : public MeasuredProfileTest {

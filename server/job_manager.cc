@@ -224,6 +224,8 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics
       metrics_(metrics),
       layer_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/layer_profiles"),
       collective_profiles_(options_.state_dir.empty() ? "" : options_.state_dir + "/collectives"),
+      pipeline_corrections_(
+          options_.state_dir.empty() ? "" : options_.state_dir + "/pipeline_corrections"),
       node_(options_.node ? std::make_shared<const node::NodeOffer>(*options_.node) : nullptr) {
   persister_ = std::thread([this] { PersistLoop(); });
   // Its own thread: an estimate reads data files, which may hang on the very
@@ -494,8 +496,21 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
                                          : layer_profiles_.Load(*jm->model, *resolved, *offer);
     r.cost_source =
         measured ? node::MeasuredCostSource(*measured) : node::AnalyticCostSource(*offer);
-    absl::StatusOr<tandem::v1::Plan> solved =
-        node::PlanJob(*jm->model, *resolved, *offer, measured ? &*measured : nullptr);
+    const tandem::v1::Profile* from = measured ? &*measured : nullptr;
+    // A pipeline of this model here before: its stages as they measured.
+    const std::optional<tandem::v1::PipelineCorrectionProfile> corrected =
+        resolved->placement().has_plan()
+            ? std::nullopt
+            : pipeline_corrections_.Load(*jm->model, *resolved, *offer, from);
+    absl::StatusOr<tandem::v1::Plan> solved;
+    if (corrected) {
+      const node::PipelineCorrections c = node::CorrectionsOf(*corrected);
+      solved = node::PlanPipelineJob(*jm->model, *resolved, *offer, from, &c);
+      absl::StrAppend(&r.cost_source, "; corrected by what job ", corrected->job_id(),
+                      "'s stages measured: ", corrected->measured());
+    } else {
+      solved = node::PlanJob(*jm->model, *resolved, *offer, from);
+    }
     if (!solved.ok()) return AsSpecError(solved.status());
     r.plan = *std::move(solved);
     // auto_stages: the stored spec says what was chosen.
@@ -1686,6 +1701,12 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
   hooks.adopted = [this, entry, raw](const node::PlanLoop::Decision& d, int64_t step) {
     RecordReplan(*entry, *raw, d, step);
   };
+  hooks.settled_corrections = [this, entry, raw](const node::PipelineCorrections& c, double ratio) {
+    KeepCorrections(*entry, *raw, c,
+                    absl::StrFormat("its stages' factors scaled by x%.3f, what %d steps under the "
+                                    "plan they gave measured over its prediction",
+                                    ratio, node::kSettledCorrectionSteps));
+  };
   hooks.collectives = [this, id, raw](tandem::v1::CollectiveProfile fits) {
     fits.set_job_id(id);
     fits.set_measured_unix_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
@@ -1696,6 +1717,29 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
     }
   };
   node::AttachPlanLoop(std::move(loop), std::move(hooks), trainer.callbacks());
+}
+
+void JobManager::KeepCorrections(Entry& entry, const node::PlanLoop& loop,
+                                 const node::PipelineCorrections& corrections,
+                                 const std::string& measured) {
+  tandem::v1::PipelineCorrectionProfile kept;
+  kept.mutable_compute_scale()->Add(corrections.compute_scale.begin(),
+                                    corrections.compute_scale.end());
+  kept.mutable_update_scale()->Add(corrections.update_scale.begin(),
+                                   corrections.update_scale.end());
+  {
+    absl::MutexLock lock(&mu_);
+    kept.set_job_id(entry.job.id());
+  }
+  kept.set_measured_unix_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  kept.set_measured(measured);
+  const tandem::v1::Profile* base = loop.planned_from() ? &*loop.planned_from() : nullptr;
+  const absl::Status cached = pipeline_corrections_.Store(loop.model(), loop.resolved_spec(),
+                                                          loop.node(), base, std::move(kept));
+  if (!cached.ok()) {
+    std::fprintf(stderr, "tandemd: cannot keep a pipeline's stage corrections: %s\n",
+                 cached.ToString().c_str());
+  }
 }
 
 void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
@@ -1711,6 +1755,7 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
                    loop.model().fingerprint().substr(0, 12).c_str(), cached.ToString().c_str());
     }
   }
+  if (d.corrections) KeepCorrections(entry, loop, *d.corrections, d.cost_source);
   absl::MutexLock lock(&mu_);
   Job& job = entry.job;
   if (job.plan_history_size() == 0) {  // a job submitted before plan histories

@@ -286,6 +286,10 @@ class JobManager {
   // lines and re-plans go to the job's record, events and metrics.
   void StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
                      const std::shared_ptr<const node::NodeOffer>& offer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps a pipeline's stage corrections (node::PipelineCorrectionCache) for
+  // the next such job; `measured` says what they came from.
+  void KeepCorrections(Entry& entry, const node::PlanLoop& loop,
+                       const node::PipelineCorrections& corrections, const std::string& measured);
   void RecordReplan(Entry& entry, const node::PlanLoop& loop, const node::PlanLoop::Decision& d,
                     int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.
@@ -356,6 +360,8 @@ class JobManager {
   const node::LayerProfileCache layer_profiles_;
   // Distributed jobs' measured collectives, under <state_dir>/collectives.
   const node::CollectiveProfileCache collective_profiles_;
+  // Pipeline jobs' measured stage corrections, under <state_dir>/pipeline_corrections.
+  const node::PipelineCorrectionCache pipeline_corrections_;
   mutable absl::Mutex node_mu_;
   std::shared_ptr<const node::NodeOffer> node_ ABSL_GUARDED_BY(node_mu_);
   std::map<std::string, std::shared_ptr<Entry>> live_ ABSL_GUARDED_BY(mu_);

@@ -138,6 +138,10 @@ def main():
                         help="each pipeline stage's accelerator memory (default: the model's "
                         "128 MiB); a tight one makes stages recompute or offload their "
                         "optimizer state, as the plan's note says")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each pipeline this many times in a row on the same daemon: "
+                        "the second and later are planned with what the earlier ones' stages "
+                        "measured")
     parser.add_argument("--pipedream", action="store_true",
                         help="PipeDream pipelines instead, drained at each step's end and "
                         "continuous (no drain between steps); not one device's training, so "
@@ -211,11 +215,14 @@ def bench(args, server):
     rows = []
     within = total = 0
     loop_within = loop_total = 0
+    submitted = {}  # run index -> [within 10%, pipelines]
     for model in args.models.split(","):
         base = None
         schedules = (["PIPEDREAM", "PIPEDREAM_CONTINUOUS"] if args.pipedream
                      else ["GPIPE", "ONE_F_ONE_B"])
-        for stages, schedule in [(1, "")] + [(k, x) for k in (2, 4) for x in schedules]:
+        runs = [(1, "", 0)] + [(k, x, r) for k in (2, 4) for x in schedules
+                               for r in range(args.repeat)]
+        for stages, schedule, again in runs:
             path = job_file(model, args.steps, stages, schedule, args.threads,
                             args.measured_profile, int(args.stage_mib * 2**20), args.pipedream,
                             args.link_mbps * 1e6)
@@ -229,6 +236,8 @@ def bench(args, server):
             meas = m.get("measured_step_seconds", 0)
             err = meas / pred - 1 if pred and meas else float("nan")
             name = "one device" if stages == 1 else "%d x %s" % (stages, schedule.lower())
+            if args.repeat > 1 and stages > 1:
+                name += " #%d" % (again + 1)
             M = plan.get("micro_batches", 0)
             history = job.get("plan_history", [{}])
             source = history[0].get("cost_source", "")
@@ -244,6 +253,18 @@ def bench(args, server):
                 line += "  (one device %.5f)  step x%.2f of one device" % (
                     base["loss"], meas / base["measured_step_seconds"])
             print(line, flush=True)
+            if stages > 1:
+                # The plan it was submitted with against the steps run under it.
+                sub_pred = history[0].get("predicted_step_seconds", 0)
+                sub_meas = history[0].get("measured_step_seconds", 0)
+                sub_err = sub_meas / sub_pred - 1 if sub_pred and sub_meas else float("nan")
+                submitted.setdefault(again, [0, 0])
+                submitted[again][0] += abs(sub_err) <= 0.10
+                submitted[again][1] += 1
+                print("      submitted plan: predicted %.1f ms, measured %.1f ms under it "
+                      "(%+.1f%%)%s" % (sub_pred * 1e3, sub_meas * 1e3, sub_err * 100,
+                                       ", its stages corrected by an earlier job's"
+                                       if "corrected by what job" in source else ""), flush=True)
             loop = closed_loop(history)
             if loop:
                 print("      " + loop["line"], flush=True)
@@ -283,6 +304,9 @@ def bench(args, server):
                          "predicted": pred, "measured": meas, "loss": m["loss"],
                          "stages_stats": stage_rows})
     print("pipelines within 10%% of their predicted step: %d of %d" % (within, total))
+    for again in sorted(submitted):
+        print("run %d of each pipeline: submitted plan within 10%% of the steps under it: %d of %d"
+              % (again + 1, submitted[again][0], submitted[again][1]))
     print("pipelines re-planned by the closed loop whose last plan was within 10%% of the "
           "steps run under it: %d of %d" % (loop_within, loop_total))
     if args.json_out:

@@ -255,6 +255,10 @@ class PipelineClosedLoopTest(DaemonTest):
         reference = self.run_job(self.pipelined(-1))
         self.assertEqual(reference.state, job_pb2.JOB_STATE_SUCCEEDED, reference.reason)
         self.assertEqual(len(reference.plan_history), 1)
+        # It was planned with what the first job's stages measured (kept under
+        # the daemon's state directory; the threshold is not part of the key).
+        self.assertIn("corrected by what job %s's stages measured: " % job.id,
+                      reference.plan_history[0].cost_source)
         self.assertAlmostEqual(job.metrics.loss, reference.metrics.loss,
                                delta=1e-5 * abs(reference.metrics.loss))
 

@@ -29,15 +29,24 @@ int64_t ParameterCount(const tandem::v1::Profile& profile) {
   return p;
 }
 
-// The rank's best plan for `host_bytes` of host memory.
-absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes) {
+// The rank's best plan for `host_bytes` of host memory, solved as one
+// device's: with optimizer state streamed in where `stream` (and the request
+// allows it), else with the two-place search alone. Which is faster as a
+// rank depends on what one device's solve does not see: partitioned host
+// updates take 1/N of the time, and the collectives' share of the links.
+absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes, bool stream) {
   request.host_memory_bytes = host_bytes;
   request.pipeline_devices = 1;
   request.pipeline_auto = false;
-  // As tandemd's ranks run: without streamed optimizer state (not on ranks yet).
-  request.stream_optimizer_state = false;
+  request.stream_optimizer_state = request.stream_optimizer_state && stream;
   TANDEM_ASSIGN_OR_RETURN(const tandem::v1::PlanModelResponse r, SolvePlan(request));
   return r.plan();
+}
+
+// Of two predictions of one sharding, the one that fits, else the faster.
+ScaleOutPlan Faster(ScaleOutPlan a, ScaleOutPlan b) {
+  if (a.feasible() != b.feasible()) return a.feasible() ? a : b;
+  return b.step_seconds() < a.step_seconds() ? b : a;
 }
 
 // One node count's prediction under `sharding` with the rank's `plan`: the
@@ -242,25 +251,44 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
                              (rank.profile.optimizer_state_per_parameter() +
                               (request.gradient_bytes_per_element < 4 ? 1 : 0)) *
                              4.0;
-  TANDEM_ASSIGN_OR_RETURN(const Plan replicated_plan, RankPlan(rank, host));
   TANDEM_ASSIGN_OR_RETURN(const CostModel cost, CostModelOf(rank));
   const PlanSimulator simulator(cost, rank.stop);
+  // Each sharding's prediction with the faster of the two rank plans (with
+  // and without streamed optimizer state) for `host_bytes` of host memory.
+  // Rank plans solved, by host memory and whether they may stream state.
+  std::map<std::pair<int64_t, bool>, Plan> solved;
+  auto plan_for = [&](int64_t host_bytes, bool stream) -> absl::StatusOr<const Plan*> {
+    auto it = solved.find({host_bytes, stream});
+    if (it == solved.end()) {
+      TANDEM_ASSIGN_OR_RETURN(Plan p, RankPlan(rank, host_bytes, stream));
+      it = solved.emplace(std::pair{host_bytes, stream}, std::move(p)).first;
+    }
+    return &it->second;
+  };
+  auto predict = [&](int64_t host_bytes, int nodes,
+                     tandem::v1::OptimizerSharding sharding) -> absl::StatusOr<ScaleOutPlan> {
+    TANDEM_ASSIGN_OR_RETURN(const Plan* streaming, plan_for(host_bytes, true));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan best,
+                            Predict(request, simulator, *streaming, nodes, g, sharding));
+    if (!rank.stream_optimizer_state) return best;
+    TANDEM_ASSIGN_OR_RETURN(const Plan* two_place, plan_for(host_bytes, false));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan other,
+                            Predict(request, simulator, *two_place, nodes, g, sharding));
+    return Faster(std::move(best), std::move(other));
+  };
 
   auto choose = [&](int nodes) -> absl::StatusOr<ScaleOutPlan> {
     const int ranks = nodes * g;
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan rep, Predict(request, simulator, replicated_plan, nodes, g,
-                                                      tandem::v1::OPTIMIZER_SHARDING_REPLICATED));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan rep,
+                            predict(host, nodes, tandem::v1::OPTIMIZER_SHARDING_REPLICATED));
     // Partitioned, the host holds 1/ranks of the optimizer state: the plan
     // may keep more there.
-    Plan partitioned_plan = replicated_plan;
-    if (!replicated_plan.feasible() && ranks > 1) {
-      TANDEM_ASSIGN_OR_RETURN(
-          partitioned_plan,
-          RankPlan(rank, host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks))));
-    }
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan par,
-                            Predict(request, simulator, partitioned_plan, nodes, g,
-                                    tandem::v1::OPTIMIZER_SHARDING_PARTITIONED));
+    const int64_t partitioned_host =
+        rep.rank_plan().feasible() || ranks == 1
+            ? host
+            : host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan par, predict(partitioned_host, nodes,
+                                                      tandem::v1::OPTIMIZER_SHARDING_PARTITIONED));
     ScaleOutPlan chosen = Choose(request.sharding, ranks, std::move(rep), std::move(par));
     chosen.set_rank_batch_size(rank.batch_size);
     chosen.set_global_batch_size(rank.batch_size * ranks);

@@ -714,15 +714,6 @@ absl::StatusOr<Schedule> Lower(const Decisions& decisions, const std::vector<Lay
         "plan.strategy: hetero_dp already splits the batch between the host and the "
         "accelerator; it does not run as a data-parallel rank");
   }
-  if (options.ranks > 1) {
-    for (int l = 0; l < L; ++l) {
-      if (decisions.layers[l].stream_state) {
-        return Invalid(l, "stream_optimizer_state",
-                       "not supported on data-parallel ranks yet: keep the state resident or "
-                       "update on the host");
-      }
-    }
-  }
   return Lowering(decisions, sizes, ModeOf(decisions), options).Run();
 }
 

@@ -39,7 +39,9 @@
 // and for the STATE_D2H of the (k-2)-th to end; and for the layer's STATE_D2H
 // of the step before (lag 1), whose bytes it reads. S is allocated on the accelerator when the
 // STATE_H2D starts and freed when the STATE_D2H ends; the update holds update_staging (the bf16
-// gradient widened to fp32) while it runs. Not with data-parallel ranks.
+// gradient widened to fp32) while it runs. On a data-parallel rank the update
+// also waits for its bucket's ALL_REDUCE, as a resident one does (DATA-PARALLEL
+// RANKS), and S stays whole on every rank, partitioned host state or not.
 //
 // Activations, per micro-batch (A = activation bytes; checkpoint C = min(A,
 // output bytes of layer l-1), 0 for l = 0):

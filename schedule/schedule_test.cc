@@ -427,7 +427,7 @@ TEST(LowerTest, StreamedStateComesInForTheUpdateAndGoesBackTwoLayersAtATime) {
   EXPECT_EQ(most, 2);
 }
 
-TEST(LowerTest, StreamedStateNeedsAnAcceleratorUpdateToResidentWeightsAndOneRank) {
+TEST(LowerTest, StreamedStateNeedsAnAcceleratorUpdateToResidentWeights) {
   Decisions d = Chain(2, tandem::v1::STRATEGY_REUSE_DISTANCE);
   d.layers[1].stream_state = true;
   d.layers[1].update = tandem::v1::PLACEMENT_HOST;
@@ -440,16 +440,61 @@ TEST(LowerTest, StreamedStateNeedsAnAcceleratorUpdateToResidentWeightsAndOneRank
   EXPECT_EQ(Lower(d, Sizes(2)).status().code(), absl::StatusCode::kInvalidArgument);
   d.layers[1].parameter_home = tandem::v1::PARAMETER_HOME_ACCELERATOR;
   EXPECT_TRUE(Lower(d, Sizes(2)).ok());
-  LowerOptions ranks;
-  ranks.ranks = 2;
-  s = Lower(d, Sizes(2), ranks);
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("data-parallel"), std::string::npos) << s.status();
   Decisions cpu = CpuChain(2);
   cpu.layers[0].stream_state = true;
   s = Lower(cpu, Sizes(2));
   EXPECT_NE(s.status().message().find("plan.layers[0].stream_optimizer_state"), std::string::npos)
       << s.status();
+}
+
+// On a data-parallel rank a streamed update waits for its bucket's sum as
+// well as for its state (no lag: every update follows the buckets), and its
+// state goes back after it; the state is not partitioned with the host's.
+TEST(LowerTest, AStreamedUpdateOnARankWaitsForItsBucketsSumAndItsState) {
+  Decisions d = Chain(3, tandem::v1::STRATEGY_REUSE_DISTANCE);
+  d.layers[1].stream_state = true;
+  d.layers[2].update = tandem::v1::PLACEMENT_HOST;
+  d.state_update_lag = 1;
+  LowerOptions ranks;
+  ranks.ranks = 2;
+  ranks.partition_host_state = true;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(3), ranks);
+  ASSERT_TRUE(s.ok()) << s.status();
+  int update = -1, state_in = -1, state_out = -1;
+  for (int o = 0; o < s->num_ops(); ++o) {
+    const Op& op = s->ops[o];
+    if (op.layer != 1) continue;
+    if (op.kind == OpKind::kUpdate) update = o;
+    if (op.phase == tandem::v1::TIMELINE_PHASE_STATE_H2D) state_in = o;
+    if (op.phase == tandem::v1::TIMELINE_PHASE_STATE_D2H) state_out = o;
+  }
+  ASSERT_GE(update, 0);
+  ASSERT_GE(state_in, 0);
+  ASSERT_GE(state_out, 0);
+  bool after_sum = false, after_state = false;
+  for (const Dep& dep : s->ops[update].deps) {
+    const Op& pre = s->ops[dep.op];
+    after_sum |= pre.kind == OpKind::kAllReduce && pre.layer <= 1 &&
+                 1 < pre.layer + pre.bucket_layers && !dep.on_start;
+    after_state |= dep.op == state_in && !dep.on_start;
+  }
+  EXPECT_TRUE(after_sum) << "the update waits for its bucket's ALL_REDUCE";
+  EXPECT_TRUE(after_state);
+  bool back_after = false;
+  for (const Dep& dep : s->ops[state_out].deps) back_after |= dep.op == update;
+  EXPECT_TRUE(back_after);
+  // The rank's host holds the streamed layer's whole state; only the
+  // host-updated layer's is cut in two.
+  absl::StatusOr<Schedule> alone = Lower(d, Sizes(3), LowerOptions());
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  auto host_bytes = [](const Schedule& x) {
+    for (size_t p = 0; p < x.pools.size(); ++p) {
+      if (x.pools[p].host) return x.resident_bytes[p];
+    }
+    return int64_t{-1};
+  };
+  const int64_t cut = Sizes(3)[2].optimizer_state;
+  EXPECT_EQ(host_bytes(*alone) - host_bytes(*s), cut - (cut + 1) / 2);
 }
 
 // A lagged streamed update waits behind the backward of the layer `lag`

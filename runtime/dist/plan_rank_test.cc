@@ -3,7 +3,9 @@
 // the CPU engine: for every plan shape a rank can run (accelerator-resident,
 // ZeRO-Offload's CPU updates, reuse-distance updates split between host and
 // accelerator, streamed weights with offloaded and recomputed activations,
-// micro-batches, cpu_only), 2 and 4 ranks give the one replica's losses for 20
+// micro-batches, cpu_only, optimizer state streamed in for accelerator
+// updates beside host and resident ones), 2 and 4 ranks give the one
+// replica's losses for 20
 // steps within 1e-4, and every rank ends with the same weights. The step
 // program has a bucket ALL_REDUCE for the host's gradients and one for the
 // accelerator's wherever the plan puts both. With ZeRO-partitioned host state
@@ -151,22 +153,22 @@ TEST_P(PlanRankTest, TwentyStepsMatchOneReplica) {
 }
 
 // Cases(): 0 gpu_only, 1 zero_offload, 2 reuse_distance (host and accelerator
-// updates), 3 streamed_offload_recompute, 4 micro_batches, 5 cpu_only.
-INSTANTIATE_TEST_SUITE_P(Plans, PlanRankTest,
-                         testing::Values(RankCase{"mlp", exec_test::kMlp, 0, 2, 0},
-                                         RankCase{"mlp", exec_test::kMlp, 1, 2, 25 << 20},
-                                         RankCase{"mlp", exec_test::kMlp, 2, 2, 0},
-                                         RankCase{"mlp", exec_test::kMlp, 3, 2, 0},
-                                         RankCase{"mlp", exec_test::kMlp, 4, 2, 0},
-                                         RankCase{"mlp", exec_test::kMlp, 5, 2, 0},
-                                         RankCase{"mlp", exec_test::kMlp, 2, 4, 0},
-                                         RankCase{"gpt", exec_test::kGpt, 2, 2, 0},
-                                         RankCase{"gpt", exec_test::kGpt, 3, 4, 25 << 20}),
-                         [](const testing::TestParamInfo<RankCase>& info) {
-                           return std::string(info.param.model) + "_" +
-                                  Cases()[info.param.plan].name + "_" +
-                                  std::to_string(info.param.ranks) + "_ranks";
-                         });
+// updates), 3 streamed_offload_recompute, 4 micro_batches, 5 cpu_only,
+// 7 streamed_state (the three update places: state streamed in for an
+// accelerator update, host, resident).
+INSTANTIATE_TEST_SUITE_P(
+    Plans, PlanRankTest,
+    testing::Values(
+        RankCase{"mlp", exec_test::kMlp, 0, 2, 0}, RankCase{"mlp", exec_test::kMlp, 1, 2, 25 << 20},
+        RankCase{"mlp", exec_test::kMlp, 2, 2, 0}, RankCase{"mlp", exec_test::kMlp, 3, 2, 0},
+        RankCase{"mlp", exec_test::kMlp, 4, 2, 0}, RankCase{"mlp", exec_test::kMlp, 5, 2, 0},
+        RankCase{"mlp", exec_test::kMlp, 2, 4, 0}, RankCase{"gpt", exec_test::kGpt, 2, 2, 0},
+        RankCase{"gpt", exec_test::kGpt, 3, 4, 25 << 20}, RankCase{"mlp", exec_test::kMlp, 7, 2, 0},
+        RankCase{"gpt", exec_test::kGpt, 7, 2, 25 << 20}),
+    [](const testing::TestParamInfo<RankCase>& info) {
+      return std::string(info.param.model) + "_" + Cases()[info.param.plan].name + "_" +
+             std::to_string(info.param.ranks) + "_ranks";
+    });
 
 // In bf16 the host-updated layers keep working copies on each rank's
 // accelerator, and the host widens their bf16 gradients before the
@@ -327,7 +329,9 @@ INSTANTIATE_TEST_SUITE_P(Plans, PartitionedPlanRankTest,
                                          RankCase{"mlp", exec_test::kMlp, 4, 2, 0},
                                          RankCase{"mlp", exec_test::kMlp, 5, 2, 0},
                                          RankCase{"gpt", exec_test::kGpt, 1, 2, 0},
-                                         RankCase{"gpt", exec_test::kGpt, 3, 4, 25 << 20}),
+                                         RankCase{"gpt", exec_test::kGpt, 3, 4, 25 << 20},
+                                         RankCase{"mlp", exec_test::kMlp, 7, 2, 0},
+                                         RankCase{"gpt", exec_test::kGpt, 7, 4, 0}),
                          [](const testing::TestParamInfo<RankCase>& info) {
                            return std::string(info.param.model) + "_" +
                                   Cases()[info.param.plan].name + "_" +

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "base/atomic_file.h"
 #include "base/status_macros.h"
 #include "base/units.h"
@@ -623,32 +624,60 @@ std::string CollectiveProfileCache::Key(const JobSpec& resolved, const NodeOffer
       node.emulated_link_throttle_bytes_per_second, "|node=", node.profile->fingerprint()));
 }
 
+namespace {
+
+// <dir>/<key><suffix>: a proto whose cache_key() is `key`, or nothing (no
+// file, one that does not parse, or one stored under another key).
+template <typename Proto>
+std::optional<Proto> LoadKeyed(const std::string& dir, const std::string& key,
+                               absl::string_view suffix) {
+  if (dir.empty() || key.empty()) return std::nullopt;
+  std::optional<std::string> bytes = ReadWholeFile(absl::StrCat(dir, "/", key, suffix));
+  Proto proto;
+  if (!bytes || !proto.ParseFromString(*bytes) || proto.cache_key() != key) return std::nullopt;
+  return proto;
+}
+
+// Writes `proto` (its cache_key set to `key`) to <dir>/<key><suffix>,
+// atomically, creating `dir`.
+template <typename Proto>
+absl::Status StoreKeyed(const std::string& dir, const std::string& key, absl::string_view suffix,
+                        Proto proto) {
+  if (dir.empty() || key.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create '", dir, "': ", ec.message()));
+  proto.set_cache_key(key);
+  return WriteFileAtomically(absl::StrCat(dir, "/", key, suffix), proto.SerializeAsString());
+}
+
+constexpr absl::string_view kCollectivesSuffix = ".collectives.pb";
+constexpr absl::string_view kCorrectionsSuffix = ".corrections.pb";
+
+bool IsCollectiveFit(const tandem::v1::CollectiveFit& f) {
+  return (f.phase() == tandem::v1::TIMELINE_PHASE_ALL_REDUCE ||
+          f.phase() == tandem::v1::TIMELINE_PHASE_REDUCE_SCATTER ||
+          f.phase() == tandem::v1::TIMELINE_PHASE_ALL_GATHER) &&
+         f.bytes_per_second() > 0 && f.latency_seconds() >= 0;
+}
+
+}  // namespace
+
 std::optional<tandem::v1::CollectiveProfile> CollectiveProfileCache::Load(
     const JobSpec& resolved, const NodeOffer& node) const {
-  const std::string key = Key(resolved, node);
-  if (dir_.empty() || key.empty()) return std::nullopt;
-  std::optional<std::string> bytes = ReadWholeFile(absl::StrCat(dir_, "/", key, ".collectives.pb"));
-  tandem::v1::CollectiveProfile profile;
-  if (!bytes || !profile.ParseFromString(*bytes) || profile.cache_key() != key ||
-      profile.fits_size() == 0) {
-    return std::nullopt;
+  std::optional<tandem::v1::CollectiveProfile> profile =
+      LoadKeyed<tandem::v1::CollectiveProfile>(dir_, Key(resolved, node), kCollectivesSuffix);
+  if (!profile || profile->fits_size() == 0) return std::nullopt;
+  for (const tandem::v1::CollectiveFit& f : profile->fits()) {
+    if (!IsCollectiveFit(f)) return std::nullopt;
   }
   return profile;
 }
 
 absl::Status CollectiveProfileCache::Store(const JobSpec& resolved, const NodeOffer& node,
                                            tandem::v1::CollectiveProfile profile) const {
-  const std::string key = Key(resolved, node);
-  if (dir_.empty() || key.empty()) return absl::OkStatus();
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot create '", dir_, "': ", ec.message()));
-  }
-  profile.set_cache_key(key);
   profile.set_ranks(resolved.distributed().replicas());
-  return WriteFileAtomically(absl::StrCat(dir_, "/", key, ".collectives.pb"),
-                             profile.SerializeAsString());
+  return StoreKeyed(dir_, Key(resolved, node), kCollectivesSuffix, std::move(profile));
 }
 
 std::string PipelineCorrectionCache::Key(const Model& model, const JobSpec& resolved,
@@ -677,13 +706,11 @@ std::string PipelineCorrectionCache::Key(const Model& model, const JobSpec& reso
 
 std::optional<tandem::v1::PipelineCorrectionProfile> PipelineCorrectionCache::Load(
     const Model& model, const JobSpec& resolved, const NodeOffer& node, const Profile* base) const {
-  const std::string key = Key(model, resolved, node, base);
-  if (dir_.empty() || key.empty()) return std::nullopt;
-  std::optional<std::string> bytes = ReadWholeFile(absl::StrCat(dir_, "/", key, ".corrections.pb"));
-  tandem::v1::PipelineCorrectionProfile profile;
-  if (!bytes || !profile.ParseFromString(*bytes) || profile.cache_key() != key ||
-      profile.compute_scale_size() != model.num_layers() ||
-      profile.update_scale_size() != model.num_layers()) {
+  std::optional<tandem::v1::PipelineCorrectionProfile> profile =
+      LoadKeyed<tandem::v1::PipelineCorrectionProfile>(dir_, Key(model, resolved, node, base),
+                                                       kCorrectionsSuffix);
+  if (!profile || profile->compute_scale_size() != model.num_layers() ||
+      profile->update_scale_size() != model.num_layers()) {
     return std::nullopt;
   }
   return profile;
@@ -692,16 +719,22 @@ std::optional<tandem::v1::PipelineCorrectionProfile> PipelineCorrectionCache::Lo
 absl::Status PipelineCorrectionCache::Store(const Model& model, const JobSpec& resolved,
                                             const NodeOffer& node, const Profile* base,
                                             tandem::v1::PipelineCorrectionProfile profile) const {
+  return StoreKeyed(dir_, Key(model, resolved, node, base), kCorrectionsSuffix, std::move(profile));
+}
+
+void PipelineCorrectionCache::Forget(const Model& model, const JobSpec& resolved,
+                                     const NodeOffer& node, const Profile* base) const {
   const std::string key = Key(model, resolved, node, base);
-  if (dir_.empty() || key.empty()) return absl::OkStatus();
+  if (dir_.empty() || key.empty()) return;
   std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot create '", dir_, "': ", ec.message()));
-  }
-  profile.set_cache_key(key);
-  return WriteFileAtomically(absl::StrCat(dir_, "/", key, ".corrections.pb"),
-                             profile.SerializeAsString());
+  std::filesystem::remove(absl::StrCat(dir_, "/", key, kCorrectionsSuffix), ec);
+}
+
+tandem::v1::PipelineCorrectionProfile CorrectionProfileOf(const PipelineCorrections& c) {
+  tandem::v1::PipelineCorrectionProfile p;
+  p.mutable_compute_scale()->Add(c.compute_scale.begin(), c.compute_scale.end());
+  p.mutable_update_scale()->Add(c.update_scale.begin(), c.update_scale.end());
+  return p;
 }
 
 PipelineCorrections CorrectionsOf(const tandem::v1::PipelineCorrectionProfile& profile) {
@@ -1045,8 +1078,9 @@ absl::StatusOr<tandem::v1::CollectiveProfile> FitCollectives(
 std::string DescribeCollectives(const tandem::v1::CollectiveProfile& profile) {
   std::string said;
   for (const tandem::v1::CollectiveFit& f : profile.fits()) {
+    const std::string& name = tandem::v1::TimelinePhase_Name(f.phase());
     absl::StrAppend(&said, said.empty() ? "" : ", ", f.calls(), " ",
-                    tandem::v1::TimelinePhase_Name(f.phase()).substr(15),
+                    name.size() > 15 ? name.substr(15) : absl::StrCat("phase ", f.phase()),
                     absl::StrFormat(" at %.2f GB/s + %.0f us", f.bytes_per_second() / 1e9,
                                     f.latency_seconds() * 1e6));
   }
@@ -1200,17 +1234,25 @@ void PlanLoop::Adopt(const Decision& decision) {
   plan_seconds_.clear();
   plan_ = decision.plan;
   corrections_ = decision.corrections;
+  corrections_source_ = decision.cost_source;
+  settled_taken_ = false;
 }
 
-std::optional<PipelineCorrections> PlanLoop::SettledCorrections(double* ratio) const {
+std::optional<PipelineCorrections> PlanLoop::TakeSettledCorrections(double* ratio,
+                                                                    std::string* source) {
   const double predicted = plan_.prediction().iteration_seconds();
-  if (!corrections_ || plan_seconds_.empty() || !(predicted > 0)) return std::nullopt;
+  if (!corrections_ || settled_taken_ || plan_measured_steps() < kSettledCorrectionSteps ||
+      !(predicted > 0)) {
+    return std::nullopt;
+  }
+  settled_taken_ = true;
   const double r = Factor(plan_measured_seconds(), predicted);
   PipelineCorrections out = *corrections_;
   out.stages.clear();
   for (double& f : out.compute_scale) f *= r;
   for (double& f : out.update_scale) f *= r;
   if (ratio != nullptr) *ratio = r;
+  if (source != nullptr) *source = corrections_source_;
   return out;
 }
 
@@ -1244,10 +1286,12 @@ void AttachPlanLoop(std::shared_ptr<PlanLoop> loop, PlanLoopHooks hooks,
       if (state->hooks.measured && n > 0) {
         state->hooks.measured(state->loop->plan_measured_seconds(), n);
       }
-      if (state->hooks.settled_corrections && n == kSettledCorrectionSteps) {
+      if (state->hooks.settled_corrections) {
         double ratio = 1;
-        if (std::optional<PipelineCorrections> c = state->loop->SettledCorrections(&ratio)) {
-          state->hooks.settled_corrections(*c, ratio);
+        std::string source;
+        if (std::optional<PipelineCorrections> c =
+                state->loop->TakeSettledCorrections(&ratio, &source)) {
+          state->hooks.settled_corrections(*c, ratio, source);
         }
       }
       return;

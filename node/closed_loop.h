@@ -167,11 +167,13 @@ std::string DescribeCollectives(const tandem::v1::CollectiveProfile& profile);
 
 // The collectives the latest distributed job of as many ranks measured on
 // this node, kept under a directory (<key>.collectives.pb), keyed by the
-// ranks, the job's accelerator, backend, link cap and threads per rank, and
-// the node profile's hardware fingerprint: the next such job is predicted
-// with them at submission. Which daemons the ranks ran on is not part of the
-// key: the figures are this node's latest, whatever the peers. A file that
-// does not parse, or was stored under another key, is a miss.
+// ranks, the nodes the spec asks for (distributed.nodes, often none), the
+// backend, the job's accelerator, threads per rank, link cap and throttle,
+// and the node profile's hardware fingerprint: the next such job is
+// predicted with them at submission. Which peers the ranks ran on is not
+// part of the key: the figures are this node's latest, whatever the peers. A
+// file that does not parse, was stored under another key or holds a fit of
+// another kind or without a rate is a miss.
 class CollectiveProfileCache {
  public:
   // Empty `dir`: caches nothing.
@@ -189,10 +191,12 @@ class CollectiveProfileCache {
 
 // What pipeline jobs' stages measured (PlanLoop's corrections of a pipeline,
 // ReplanPipeline), kept under a directory (<key>.corrections.pb), keyed by
-// the model's fingerprint, batch, threads, stages, schedule and
-// micro-batches, precision, the job's accelerator and link cap, the node's
-// fingerprint and peer link, and the cost source the factors are over
-// (`base`: the cached layer profile the job was planned from, or none): the
+// the model's fingerprint, batch, threads, stages, schedule (continuous,
+// vertical sync), micro-batches and micro-batch size, strategy, optimizer,
+// precision, the job's accelerator, its capacity and link cap, the node's
+// link throttle, fingerprint and peer link, and the cost source the factors
+// are over (`base`: the cached layer profile the job was planned from, or
+// none): the
 // next pipeline of the same model here is planned with them at submission. A
 // file that does not parse, was stored under another key or does not fit
 // the model is a miss. An auto_stages job (whose stages are chosen at
@@ -212,6 +216,10 @@ class PipelineCorrectionCache {
   absl::Status Store(const Model& model, const tandem::v1::JobSpec& resolved, const NodeOffer& node,
                      const tandem::v1::Profile* base,
                      tandem::v1::PipelineCorrectionProfile profile) const;
+  // Removes what Store kept under that key (a split they chose measured
+  // slower than the one before it).
+  void Forget(const Model& model, const tandem::v1::JobSpec& resolved, const NodeOffer& node,
+              const tandem::v1::Profile* base) const;
 
  private:
   std::string dir_;
@@ -219,6 +227,8 @@ class PipelineCorrectionCache {
 
 // `profile`'s factors as PipelineCorrections (a partition solved with them).
 PipelineCorrections CorrectionsOf(const tandem::v1::PipelineCorrectionProfile& profile);
+// And back: `corrections`' factors (not its stages) as a profile to keep.
+tandem::v1::PipelineCorrectionProfile CorrectionProfileOf(const PipelineCorrections& corrections);
 
 class PlanLoop {
  public:
@@ -270,10 +280,13 @@ class PlanLoop {
   bool pipeline() const { return plan_.pipeline_size() > 1; }
   const std::optional<tandem::v1::Profile>& planned_from() const { return planned_from_; }
   // A pipeline re-planned from its stages' figures (Decision::corrections),
-  // once steps have run under the plan they gave: those factors scaled
-  // alike by the steps' median over the plan's prediction (`ratio`), so that
-  // a first window's transients do not outlive it; nullopt before either.
-  std::optional<PipelineCorrections> SettledCorrections(double* ratio = nullptr) const;
+  // once kSettledCorrectionSteps steps after their warm-up have run under the
+  // plan they gave: those factors scaled alike by the steps' median over the
+  // plan's prediction (`ratio`), so that a first window's transients do not
+  // outlive it, and (`source`) what they were measured from. Once per
+  // adopted decision; nullopt before, and after.
+  std::optional<PipelineCorrections> TakeSettledCorrections(double* ratio = nullptr,
+                                                            std::string* source = nullptr);
   // The job now runs decision.plan (switched, or re-calibrated in place).
   void Adopt(const Decision& decision);
   // The switch to decision.plan failed: the job goes on under the plan it had.
@@ -331,8 +344,11 @@ class PlanLoop {
   std::optional<tandem::v1::Profile> planned_from_;
   // The seconds of plan_'s steps after its warm-up (the first 256).
   std::vector<double> plan_seconds_;
-  // The corrections the running plan was solved or re-timed with.
+  // The corrections the running plan was solved or re-timed with, what they
+  // came from, and whether TakeSettledCorrections has given them.
   std::optional<PipelineCorrections> corrections_;
+  std::string corrections_source_;
+  bool settled_taken_ = false;
   // The plan before the latest switch and its measured step.
   std::map<tandem::v1::TimelineResource, double> dispatch_;
   std::optional<tandem::v1::Plan> previous_;
@@ -348,8 +364,8 @@ class PlanLoop {
 // What the owner of a loop is told (each may be null): every closed window,
 // every line for the job's log, and every decision the job now runs under
 // (after its switch, for a new placement) with the step it took effect at.
-// Steps under a corrected pipeline plan before its corrections are kept as
-// settled (PlanLoopHooks::settled_corrections).
+// Steps under a corrected pipeline plan, after its warm-up, before its
+// corrections are kept as settled (PlanLoopHooks::settled_corrections).
 inline constexpr int kSettledCorrectionSteps = 16;
 
 struct PlanLoopHooks {
@@ -361,8 +377,10 @@ struct PlanLoopHooks {
   std::function<void(const std::string&)> log;
   std::function<void(const PlanLoop::Decision&, int64_t step)> adopted;
   // A pipeline's plan, solved or re-timed with its stages' corrections, has
-  // run kSettledCorrectionSteps steps: PlanLoop::SettledCorrections.
-  std::function<void(const PipelineCorrections&, double ratio)> settled_corrections;
+  // run kSettledCorrectionSteps steps after its warm-up (the loop done):
+  // PlanLoop::TakeSettledCorrections.
+  std::function<void(const PipelineCorrections&, double ratio, const std::string& source)>
+      settled_corrections;
   // A distributed job's window measured its collectives (Outcome::collectives).
   std::function<void(const tandem::v1::CollectiveProfile&)> collectives;
 };

@@ -443,6 +443,9 @@ TEST_F(MeasuredProfileTest, ADistributedJobsRankPlanIsReTimedWithItsMeasuredColl
   JobSpec distributed = spec_;
   distributed.mutable_distributed()->set_replicas(2);
   distributed.mutable_distributed()->set_bucket_bytes(1 << 20);
+  // Layer 1 updates on the host (Step() times it), not with its state
+  // streamed in.
+  distributed.mutable_placement()->set_no_streamed_optimizer_state(true);
   absl::StatusOr<Plan> rank_plan = RankPlan(*jm_.model, distributed, TestNode(), 2);
   ASSERT_TRUE(rank_plan.ok()) << rank_plan.status();
   PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
@@ -602,21 +605,29 @@ TEST_F(PipelineLoopTest, ASlowStageMovesTheSplitAndAnEvenSlowdownRecalibrates) {
     const double next = out.decision->plan.prediction().iteration_seconds();
     EXPECT_GT(next, 1.3 * predicted) << out.log;
     EXPECT_LT(next, 1.7 * predicted) << out.log;
-    EXPECT_FALSE(loop.SettledCorrections());  // not adopted yet
+    EXPECT_FALSE(loop.TakeSettledCorrections());  // not adopted yet
     loop.Adopt(*out.decision);
-    EXPECT_FALSE(loop.SettledCorrections());  // no step under it yet
+    EXPECT_FALSE(loop.TakeSettledCorrections());  // no step under it yet
     // Steps as re-timed: the next window agrees and the loop stops.
     loop.AfterStep(next, Timeline(), Stages({1.5, 1.5}));
     out = loop.AfterStep(next, Timeline(), Stages({1.5, 1.5}));
     ASSERT_TRUE(out.check);
     EXPECT_EQ(out.check->off, tandem::v1::REPLAN_REASON_UNSPECIFIED) << out.log;
     EXPECT_TRUE(loop.done());
-    // The factors as the steps under them bear out: 1.5, here at 0.9 of the
-    // re-timed prediction over the plan's steps (two at 1, three at 0.9).
-    for (int i = 0; i < 3; ++i) loop.AfterStep(0.9 * next, Timeline());
+    // The factors as the steps under them bear out, once kSettledCorrection
+    // Steps have run: 1.5, here at 0.9 of the re-timed prediction over the
+    // plan's steps (two at 1, the rest at 0.9).
+    while (loop.plan_measured_steps() < kSettledCorrectionSteps - 1) {
+      loop.AfterStep(0.9 * next, Timeline());
+    }
+    EXPECT_FALSE(loop.TakeSettledCorrections());
+    loop.AfterStep(0.9 * next, Timeline());
     double ratio = 0;
-    std::optional<PipelineCorrections> settled = loop.SettledCorrections(&ratio);
+    std::string source;
+    std::optional<PipelineCorrections> settled = loop.TakeSettledCorrections(&ratio, &source);
     ASSERT_TRUE(settled);
+    EXPECT_FALSE(loop.TakeSettledCorrections()) << "once";
+    EXPECT_NE(source.find("stage 0 compute"), std::string::npos) << source;
     EXPECT_NEAR(ratio, 0.9, 1e-9);
     EXPECT_TRUE(settled->stages.empty());
     EXPECT_NEAR(settled->compute_scale[0], 1.5 * 0.9, 1e-9);
@@ -679,11 +690,7 @@ TEST_F(PipelineLoopTest, StageCorrectionsAreKeptForTheNextPipeline) {
   ASSERT_TRUE(out.decision) << out.log;
   ASSERT_TRUE(out.decision->corrections);
   ASSERT_TRUE(out.decision->placement_changed) << out.log;
-  tandem::v1::PipelineCorrectionProfile kept;
-  kept.mutable_compute_scale()->Add(out.decision->corrections->compute_scale.begin(),
-                                    out.decision->corrections->compute_scale.end());
-  kept.mutable_update_scale()->Add(out.decision->corrections->update_scale.begin(),
-                                   out.decision->corrections->update_scale.end());
+  tandem::v1::PipelineCorrectionProfile kept = CorrectionProfileOf(*out.decision->corrections);
   kept.set_job_id("job-7");
   ASSERT_TRUE(cache.Store(*jm_.model, spec_, node_, nullptr, kept).ok());
   std::optional<tandem::v1::PipelineCorrectionProfile> loaded =
@@ -704,6 +711,10 @@ TEST_F(PipelineLoopTest, StageCorrectionsAreKeptForTheNextPipeline) {
   JobSpec four = spec_;
   four.mutable_placement()->mutable_pipeline()->set_stages(4);
   EXPECT_FALSE(cache.Load(*jm_.model, four, node_, nullptr));
+  // A split they chose measured slower: forgotten.
+  cache.Forget(*jm_.model, spec_, node_, nullptr);
+  EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_, nullptr));
+  ASSERT_TRUE(cache.Store(*jm_.model, spec_, node_, nullptr, kept).ok());
   for (const auto& f : std::filesystem::directory_iterator(dir)) {
     std::ofstream(f.path(), std::ios::trunc) << "not corrections \xff";
   }
@@ -833,6 +844,17 @@ TEST_F(LayerProfileCacheTest, CollectivesAreKeptAndTimeTheNextRankPlan) {
   EXPECT_GE(alone->prediction().iteration_seconds(), rank_plan->prediction().iteration_seconds());
   EXPECT_LT(alone->prediction().iteration_seconds(), timed->prediction().iteration_seconds());
   EXPECT_FALSE(TimeAsRank(*jm_.model, spec_, node_, *rank_plan, {}).ok());
+  // A fit of a kind this build does not know, or without a rate, is a miss;
+  // described, it says its number.
+  tandem::v1::CollectiveProfile odd = *loaded;
+  odd.mutable_fits(0)->set_phase(static_cast<tandem::v1::TimelinePhase>(99));
+  EXPECT_EQ(DescribeCollectives(odd), "2 phase 99 at 2.00 GB/s + 100 us");
+  ASSERT_TRUE(cache.Store(distributed, node_, odd).ok());
+  EXPECT_FALSE(cache.Load(distributed, node_));
+  odd = *loaded;
+  odd.mutable_fits(0)->set_bytes_per_second(0);
+  ASSERT_TRUE(cache.Store(distributed, node_, odd).ok());
+  EXPECT_FALSE(cache.Load(distributed, node_));
   // A damaged file is a miss.
   for (const auto& f : std::filesystem::directory_iterator(dir_)) {
     std::ofstream(f.path(), std::ios::trunc) << "not collectives \xff\xfe";

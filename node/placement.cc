@@ -842,11 +842,12 @@ absl::StatusOr<Plan> PlanAutoStages(const Model& model, const JobSpec& resolved,
 }  // namespace
 
 absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const NodeOffer& node,
-                             const tandem::v1::Profile* measured) {
+                             const tandem::v1::Profile* measured,
+                             const PipelineCorrections* corrections) {
   work_counters::Count(work_counters::plan_solves);
   if (PlainCpu(resolved)) return Plan();
   if (resolved.placement().pipeline().stages() > 1) {
-    return PlanPipelineJob(model, resolved, node, measured);
+    return PlanPipelineJob(model, resolved, node, measured, corrections);
   }
   if (resolved.placement().pipeline().auto_stages() && !resolved.placement().has_plan()) {
     return PlanAutoStages(model, resolved, node, measured);
@@ -1278,16 +1279,13 @@ bool IsRankPlan(const Model& model, const JobSpec& resolved, const Plan& plan) {
 namespace {
 
 // What a rank of `resolved` (one of `ranks`) plans as, and on: its spec, for
-// its share of the batch (RankBatch) and without streamed optimizer state
-// (a rank's step program does not stream it yet, schedule/lower.h: its plan
-// keeps to the host and resident places); and the node with its part of the
+// its share of the batch (RankBatch); and the node with its part of the
 // cores, the ranks on it sharing its host (for host work and, emulated, the
 // accelerator's compute).
 std::pair<JobSpec, NodeOffer> RankSetting(const JobSpec& resolved, const NodeOffer& node,
                                           int ranks) {
   JobSpec rank_spec = resolved;
   rank_spec.mutable_training()->set_batch_size(RankBatch(resolved, ranks));
-  rank_spec.mutable_placement()->set_no_streamed_optimizer_state(true);
   NodeOffer shared = node;
   const int sharing = RanksSharingHost(resolved, node);
   shared.host = OnThreads(node.host, std::max(1, node.host.threads() / sharing));

@@ -155,9 +155,14 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolveForExecutor(const Model& mode
 // 2, 4, 8, ... accelerators are all solved, and the fastest predicted that
 // fits is returned, its solver note listing each candidate's prediction;
 // ChosenStages then makes the spec say what it chose.
+//
+// `corrections` (a pipeline of stages > 1 only): what an earlier run's stages
+// measured (PipelineCorrections, below), as PlanPipelineJob takes them.
+struct PipelineCorrections;
 absl::StatusOr<tandem::v1::Plan> PlanJob(const Model& model, const tandem::v1::JobSpec& resolved,
                                          const NodeOffer& node,
-                                         const tandem::v1::Profile* measured = nullptr);
+                                         const tandem::v1::Profile* measured = nullptr,
+                                         const PipelineCorrections* corrections = nullptr);
 
 // What a running pipeline measured, as corrections to its planning
 // (node/closed_loop.h; planner::PlanRequest's pipeline_* fields): per layer,

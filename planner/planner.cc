@@ -421,7 +421,7 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
           ? std::string("no bubble after the first step (it fills once)")
           : absl::StrFormat("bubble (K-1)/(M+K-1) = %.0f%%", 100.0 * (K - 1) / (M + K - 1)),
       f.update * 1e3, f.peak / 1048576.0,
-      rates.calibrated()    ? "; stage times corrected by what the running pipeline measured"
+      rates.calibrated()    ? "; stage times corrected by what a run of this pipeline measured"
       : !rates.shared_cores ? ""
       : f.in_turn
           ? absl::StrFormat("; the emulated stages, %d thread%s each (%.2fx slower than the "

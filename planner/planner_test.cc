@@ -1034,7 +1034,7 @@ TEST(SolvePipelinePlanTest, MeasuredCorrectionsRetimeAndMoveTheSplit) {
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_DOUBLE_EQ(slow->pipeline(0).compute_seconds(), 3 * plain->pipeline(0).compute_seconds());
   EXPECT_GT(slow->prediction().iteration_seconds(), plain->prediction().iteration_seconds());
-  EXPECT_NE(slow->solver().note().find("corrected by what the running pipeline measured"),
+  EXPECT_NE(slow->solver().note().find("corrected by what a run of this pipeline measured"),
             std::string::npos)
       << slow->solver().note();
   PlanRequest again = given;

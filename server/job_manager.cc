@@ -375,6 +375,14 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
 
 namespace {
 
+// Whether any layer of `plan` streams its optimizer state in for its update.
+bool StreamsState(const tandem::v1::Plan& plan) {
+  for (const auto& l : plan.layers()) {
+    if (l.stream_optimizer_state()) return true;
+  }
+  return false;
+}
+
 // Why a distributed job's sharding is what it is (Job.distributed_reason;
 // empty for one replica).
 std::string DistributedReason(const tandem::v1::JobSpec& spec, const tandem::v1::JobSpec& resolved,
@@ -467,68 +475,102 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};
   r.precision_reason = precision.reason;
   r.distributed_reason = DistributedReason(spec, *resolved, *estimate) + sharing;
-  if (plan && offer && resolved->distributed().replicas() > 1 &&
+  if (!plan || !offer) return r;
+  if (resolved->distributed().replicas() > 1 &&
       resolved->placement().accelerator() != tandem::v1::ACCELERATOR_KIND_NONE) {
-    // A distributed job's ranks run the rank plan, for their share of each
-    // batch; its step program is each rank's own (with its collectives). The
-    // coordinator's rank reserves what that plan keeps on its host.
-    // A rank of this model measured here before: planned from what it measured.
-    const std::optional<tandem::v1::Profile> measured =
-        resolved->placement().has_plan() ? std::nullopt
-                                         : layer_profiles_.Load(*jm->model, *resolved, *offer);
-    r.cost_source =
-        measured ? node::MeasuredCostSource(*measured) : node::AnalyticCostSource(*offer);
-    const tandem::v1::Profile* from = measured ? &*measured : nullptr;
-    absl::StatusOr<tandem::v1::Plan> solved = node::RankPlan(
-        *jm->model, *resolved, *offer, resolved->distributed().replicas(), nullptr, from);
-    if (!solved.ok()) return AsSpecError(solved.status());
-    r.plan = *std::move(solved);
-    absl::StrAppend(&r.cost_source, CountCollectives(*jm->model, *resolved, *offer, from, r.plan));
-    absl::StatusOr<MemoryEstimate> ranked = EstimateModel(*resolved, *jm, offer.get(), &r.plan);
-    if (!ranked.ok()) return AsSpecError(ranked.status());
-    r.estimate = *std::move(ranked);
-    return r;
-  }
-  if (plan && offer) {
-    // This model measured on this node before: planned from what was measured.
-    const std::optional<tandem::v1::Profile> measured =
-        resolved->placement().has_plan() ? std::nullopt
-                                         : layer_profiles_.Load(*jm->model, *resolved, *offer);
-    r.cost_source =
-        measured ? node::MeasuredCostSource(*measured) : node::AnalyticCostSource(*offer);
-    const tandem::v1::Profile* from = measured ? &*measured : nullptr;
-    // A pipeline of this model here before: its stages as they measured.
-    const std::optional<tandem::v1::PipelineCorrectionProfile> corrected =
-        resolved->placement().has_plan()
-            ? std::nullopt
-            : pipeline_corrections_.Load(*jm->model, *resolved, *offer, from);
-    absl::StatusOr<tandem::v1::Plan> solved;
-    if (corrected) {
-      const node::PipelineCorrections c = node::CorrectionsOf(*corrected);
-      solved = node::PlanPipelineJob(*jm->model, *resolved, *offer, from, &c);
-      absl::StrAppend(&r.cost_source, "; corrected by what job ", corrected->job_id(),
-                      "'s stages measured: ", corrected->measured());
-    } else {
-      solved = node::PlanJob(*jm->model, *resolved, *offer, from);
-    }
-    if (!solved.ok()) return AsSpecError(solved.status());
-    r.plan = *std::move(solved);
-    // auto_stages: the stored spec says what was chosen.
-    absl::StatusOr<tandem::v1::JobSpec> chosen = node::ChosenStages(*resolved, r.plan);
-    if (!chosen.ok()) return AsSpecError(chosen.status());
-    if (chosen->placement().pipeline().stages() != r.spec.placement().pipeline().stages()) {
-      absl::StatusOr<MemoryEstimate> staged = EstimateModel(*chosen, *jm, offer.get());
-      if (!staged.ok()) return AsSpecError(staged.status());
-      r.estimate = *std::move(staged);
-    }
-    r.spec = *std::move(chosen);
-    absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm->model, r.spec, r.plan);
-    if (!program.ok()) return AsSpecError(program.status());
-    // A program for thousands of micro-batches would outgrow the record's
-    // readers (GetJob under gRPC's default 4 MiB): the run lowers it instead.
-    if (program->ByteSizeLong() <= kMaxStoredProgramBytes) r.program = *std::move(program);
+    TANDEM_RETURN_IF_ERROR(PlanRanks(*jm, *offer, r));
+  } else {
+    TANDEM_RETURN_IF_ERROR(PlanHere(*jm, *offer, r));
   }
   return r;
+}
+
+std::optional<tandem::v1::Profile> JobManager::PlannedFrom(const JobModel& jm,
+                                                           const node::NodeOffer& offer,
+                                                           Resolved& r) const {
+  // This model (a distributed job: a rank of it) measured on this node
+  // before: planned from what was measured.
+  std::optional<tandem::v1::Profile> measured =
+      r.spec.placement().has_plan() ? std::nullopt : layer_profiles_.Load(*jm.model, r.spec, offer);
+  r.cost_source = measured ? node::MeasuredCostSource(*measured) : node::AnalyticCostSource(offer);
+  return measured;
+}
+
+absl::Status JobManager::PlanRanks(const JobModel& jm, const node::NodeOffer& offer,
+                                   Resolved& r) const {
+  // A distributed job's ranks run the rank plan, for their share of each
+  // batch; its step program is each rank's own (with its collectives). The
+  // coordinator's rank reserves what that plan keeps on its host.
+  const std::optional<tandem::v1::Profile> measured = PlannedFrom(jm, offer, r);
+  const tandem::v1::Profile* from = measured ? &*measured : nullptr;
+  const int ranks = r.spec.distributed().replicas();
+  absl::StatusOr<tandem::v1::Plan> solved =
+      node::RankPlan(*jm.model, r.spec, offer, ranks, nullptr, from);
+  if (!solved.ok()) return AsSpecError(solved.status());
+  r.plan = *std::move(solved);
+  std::string timed = CountCollectives(*jm.model, r.spec, offer, from, r.plan);
+  // The rank plan is solved as one device's, which does not see that a
+  // partitioned rank's host updates take 1/N of the time, nor the
+  // collectives: one that streams optimizer state is timed as a rank against
+  // the two-place plan, and the faster runs.
+  if (StreamsState(r.plan)) {
+    tandem::v1::JobSpec two_place = r.spec;
+    two_place.mutable_placement()->set_no_streamed_optimizer_state(true);
+    absl::StatusOr<tandem::v1::Plan> other =
+        node::RankPlan(*jm.model, two_place, offer, ranks, nullptr, from);
+    if (other.ok() && other->feasible()) {
+      const std::string other_timed = CountCollectives(*jm.model, r.spec, offer, from, *other);
+      const double streaming = r.plan.prediction().iteration_seconds();
+      const double without = other->prediction().iteration_seconds();
+      if (without < streaming) {
+        r.plan = *std::move(other);
+        timed = other_timed;
+      }
+      absl::StrAppend(&timed, absl::StrFormat("; as a rank, streaming optimizer state %.2f ms, "
+                                              "updating on the host or resident alone %.2f ms",
+                                              streaming * 1e3, without * 1e3));
+    }
+  }
+  absl::StrAppend(&r.cost_source, timed);
+  absl::StatusOr<MemoryEstimate> ranked = EstimateModel(r.spec, jm, &offer, &r.plan);
+  if (!ranked.ok()) return AsSpecError(ranked.status());
+  r.estimate = *std::move(ranked);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::PlanHere(const JobModel& jm, const node::NodeOffer& offer,
+                                  Resolved& r) const {
+  const std::optional<tandem::v1::Profile> measured = PlannedFrom(jm, offer, r);
+  const tandem::v1::Profile* from = measured ? &*measured : nullptr;
+  // A pipeline of this model here before: its stages as they measured.
+  const std::optional<tandem::v1::PipelineCorrectionProfile> corrected =
+      r.spec.placement().has_plan() ? std::nullopt
+                                    : pipeline_corrections_.Load(*jm.model, r.spec, offer, from);
+  std::optional<node::PipelineCorrections> corrections;
+  if (corrected) {
+    corrections = node::CorrectionsOf(*corrected);
+    absl::StrAppend(&r.cost_source, "; corrected by what job ", corrected->job_id(),
+                    "'s stages measured: ", corrected->measured());
+  }
+  absl::StatusOr<tandem::v1::Plan> solved =
+      node::PlanJob(*jm.model, r.spec, offer, from, corrections ? &*corrections : nullptr);
+  if (!solved.ok()) return AsSpecError(solved.status());
+  r.plan = *std::move(solved);
+  // auto_stages: the stored spec says what was chosen.
+  absl::StatusOr<tandem::v1::JobSpec> chosen = node::ChosenStages(r.spec, r.plan);
+  if (!chosen.ok()) return AsSpecError(chosen.status());
+  if (chosen->placement().pipeline().stages() != r.spec.placement().pipeline().stages()) {
+    absl::StatusOr<MemoryEstimate> staged = EstimateModel(*chosen, jm, &offer);
+    if (!staged.ok()) return AsSpecError(staged.status());
+    r.estimate = *std::move(staged);
+  }
+  r.spec = *std::move(chosen);
+  absl::StatusOr<tandem::v1::Schedule> program = node::StepProgram(*jm.model, r.spec, r.plan);
+  if (!program.ok()) return AsSpecError(program.status());
+  // A program for thousands of micro-batches would outgrow the record's
+  // readers (GetJob under gRPC's default 4 MiB): the run lowers it instead.
+  if (program->ByteSizeLong() <= kMaxStoredProgramBytes) r.program = *std::move(program);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<MemoryEstimate> JobManager::Estimate(const tandem::v1::JobSpec& resolved,
@@ -575,7 +617,9 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::ReserveNodeForMeasuring(int64_
 std::optional<tandem::v1::Profile> JobManager::MeasuredLayerProfile(
     const Model& model, const tandem::v1::JobSpec& resolved) const {
   const std::shared_ptr<const node::NodeOffer> offer = node();
-  if (!offer) return std::nullopt;
+  // PlanModel plans the whole batch on one device: a rank's profile (its
+  // share of the batch and the cores) is not for that.
+  if (!offer || resolved.distributed().replicas() > 1) return std::nullopt;
   return layer_profiles_.Load(model, resolved, *offer);
 }
 
@@ -1701,11 +1745,12 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
   hooks.adopted = [this, entry, raw](const node::PlanLoop::Decision& d, int64_t step) {
     RecordReplan(*entry, *raw, d, step);
   };
-  hooks.settled_corrections = [this, entry, raw](const node::PipelineCorrections& c, double ratio) {
-    KeepCorrections(*entry, *raw, c,
-                    absl::StrFormat("its stages' factors scaled by x%.3f, what %d steps under the "
-                                    "plan they gave measured over its prediction",
-                                    ratio, node::kSettledCorrectionSteps));
+  hooks.settled_corrections = [this, id, raw](const node::PipelineCorrections& c, double ratio,
+                                              const std::string& source) {
+    KeepCorrections(id, *raw, c,
+                    absl::StrFormat("%s; then scaled by x%.3f, what %d steps under the plan they "
+                                    "gave measured over its prediction",
+                                    source, ratio, node::kSettledCorrectionSteps));
   };
   hooks.collectives = [this, id, raw](tandem::v1::CollectiveProfile fits) {
     fits.set_job_id(id);
@@ -1719,18 +1764,11 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
   node::AttachPlanLoop(std::move(loop), std::move(hooks), trainer.callbacks());
 }
 
-void JobManager::KeepCorrections(Entry& entry, const node::PlanLoop& loop,
+void JobManager::KeepCorrections(const std::string& job_id, const node::PlanLoop& loop,
                                  const node::PipelineCorrections& corrections,
                                  const std::string& measured) {
-  tandem::v1::PipelineCorrectionProfile kept;
-  kept.mutable_compute_scale()->Add(corrections.compute_scale.begin(),
-                                    corrections.compute_scale.end());
-  kept.mutable_update_scale()->Add(corrections.update_scale.begin(),
-                                   corrections.update_scale.end());
-  {
-    absl::MutexLock lock(&mu_);
-    kept.set_job_id(entry.job.id());
-  }
+  tandem::v1::PipelineCorrectionProfile kept = node::CorrectionProfileOf(corrections);
+  kept.set_job_id(job_id);
   kept.set_measured_unix_seconds(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   kept.set_measured(measured);
   const tandem::v1::Profile* base = loop.planned_from() ? &*loop.planned_from() : nullptr;
@@ -1755,7 +1793,18 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
                    loop.model().fingerprint().substr(0, 12).c_str(), cached.ToString().c_str());
     }
   }
-  if (d.corrections) KeepCorrections(entry, loop, *d.corrections, d.cost_source);
+  if (loop.pipeline() && d.reason == tandem::v1::REPLAN_REASON_SLOWER) {
+    // The split those factors chose measured slower: not for the next job.
+    const tandem::v1::Profile* base = loop.planned_from() ? &*loop.planned_from() : nullptr;
+    pipeline_corrections_.Forget(loop.model(), loop.resolved_spec(), loop.node(), base);
+  } else if (d.corrections) {
+    std::string id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = entry.job.id();
+    }
+    KeepCorrections(id, loop, *d.corrections, d.cost_source);
+  }
   absl::MutexLock lock(&mu_);
   Job& job = entry.job;
   if (job.plan_history_size() == 0) {  // a job submitted before plan histories

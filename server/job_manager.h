@@ -29,6 +29,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/dist/rank_step.h"
 #include "runtime/profile/job_telemetry.h"
+#include "runtime/train/job_model.h"
 #include "runtime/train/trainer.h"
 #include "server/event_log.h"
 #include "server/path_policy.h"
@@ -176,6 +177,14 @@ class JobManager {
   };
   // With `plan` false, the plan and program stay empty (nothing is solved).
   absl::StatusOr<Resolved> Resolve(const tandem::v1::JobSpec& spec, bool plan = true) const;
+  // Resolve's plan for `r.spec` (its cost source, plan, program, estimate):
+  // PlanRanks for a distributed job on accelerators, PlanHere for the
+  // others; PlannedFrom sets r.cost_source and gives the cached layer
+  // profile it was planned from, if any.
+  std::optional<tandem::v1::Profile> PlannedFrom(const JobModel& jm, const node::NodeOffer& offer,
+                                                 Resolved& r) const;
+  absl::Status PlanRanks(const JobModel& jm, const node::NodeOffer& offer, Resolved& r) const;
+  absl::Status PlanHere(const JobModel& jm, const node::NodeOffer& offer, Resolved& r) const;
   // A distributed job's rank plan timed as one of its ranks runs it
   // (node::TimeAsRank), with the collectives this node's latest job of as
   // many ranks measured (node::CollectiveProfileCache), or free when none
@@ -288,8 +297,9 @@ class JobManager {
                      const std::shared_ptr<const node::NodeOffer>& offer) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps a pipeline's stage corrections (node::PipelineCorrectionCache) for
   // the next such job; `measured` says what they came from.
-  void KeepCorrections(Entry& entry, const node::PlanLoop& loop,
-                       const node::PipelineCorrections& corrections, const std::string& measured);
+  void KeepCorrections(const std::string& job_id, const node::PlanLoop& loop,
+                       const node::PipelineCorrections& corrections, const std::string& measured)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void RecordReplan(Entry& entry, const node::PlanLoop& loop, const node::PlanLoop::Decision& d,
                     int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops a finished job's per-job series from the metrics.

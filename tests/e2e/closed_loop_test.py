@@ -231,7 +231,7 @@ class PipelineClosedLoopTest(DaemonTest):
                 "; replaced: " + r.replaced_because if r.replaced_at_step else ""))
         self.assertEqual(history[0].replaced_reason, job_pb2.REPLAN_REASON_STEP_TIME)
         self.assertIn("the stages' figures over 5 steps: stage 0 compute", history[1].cost_source)
-        self.assertIn("corrected by what the running pipeline measured",
+        self.assertIn("corrected by what a run of this pipeline measured",
                       history[1].plan.solver.note)
         self.assertEqual(len(history[1].plan.pipeline), 2)
         self.assertGreater(history[1].plan.pipeline[0].update_seconds, 0)
@@ -252,13 +252,21 @@ class PipelineClosedLoopTest(DaemonTest):
         self.assertIn(", 4 micro-batches; predicted", status.stdout)
         # Re-timed or re-split, it is the same training: a pipeline at the
         # same micro-batches is one device's, whatever its stages.
-        reference = self.run_job(self.pipelined(-1))
+        # The reference runs the first plan's split, forced.
+        forced = self.pipelined(-1)
+        forced.placement.plan.CopyFrom(history[0].plan)
+        reference = self.run_job(forced)
         self.assertEqual(reference.state, job_pb2.JOB_STATE_SUCCEEDED, reference.reason)
         self.assertEqual(len(reference.plan_history), 1)
-        # It was planned with what the first job's stages measured (kept under
-        # the daemon's state directory; the threshold is not part of the key).
+        # The next such pipeline is planned with what the first job's stages
+        # measured (kept under the daemon's state directory; neither the
+        # threshold nor the steps are part of the key).
+        again = self.pipelined(-1)
+        again.training.steps = 1
+        again = self.run_job(again)
+        self.assertEqual(again.state, job_pb2.JOB_STATE_SUCCEEDED, again.reason)
         self.assertIn("corrected by what job %s's stages measured: " % job.id,
-                      reference.plan_history[0].cost_source)
+                      again.plan_history[0].cost_source)
         self.assertAlmostEqual(job.metrics.loss, reference.metrics.loss,
                                delta=1e-5 * abs(reference.metrics.loss))
 

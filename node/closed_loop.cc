@@ -1213,6 +1213,10 @@ void PlanLoop::Adopt(const Decision& decision) {
     plan_ = decision.plan;
     dispatch_.clear();
     previous_.reset();
+    // The split they chose measured slower: none are to be kept.
+    corrections_.reset();
+    corrections_source_.clear();
+    settled_taken_ = false;
     done_ = true;
     steps_ = 0;
     plan_seconds_.clear();

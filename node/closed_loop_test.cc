@@ -593,6 +593,16 @@ TEST_F(PipelineLoopTest, ASlowStageMovesTheSplitAndAnEvenSlowdownRecalibrates) {
         << out.log;
     EXPECT_NE(out.decision->cost_source.find("stage 0 compute"), std::string::npos)
         << out.decision->cost_source;
+    // The new split measures slower than the old one did: switched back, and
+    // the corrections that chose it are not kept, however long it runs.
+    loop.Adopt(*out.decision);
+    loop.AfterStep(4 * predicted, Timeline(), Stages({4, 4}));
+    out = loop.AfterStep(4 * predicted, Timeline(), Stages({4, 4}));
+    ASSERT_TRUE(out.decision) << out.log;
+    EXPECT_EQ(out.decision->reason, tandem::v1::REPLAN_REASON_SLOWER) << out.log;
+    loop.Adopt(*out.decision);
+    for (int i = 0; i < 2 * kSettledCorrectionSteps; ++i) loop.AfterStep(predicted, Timeline());
+    EXPECT_FALSE(loop.TakeSettledCorrections());
   }
   {
     // Every stage 1.5 times its prediction: the same split, re-timed.

@@ -1279,13 +1279,19 @@ bool IsRankPlan(const Model& model, const JobSpec& resolved, const Plan& plan) {
 namespace {
 
 // What a rank of `resolved` (one of `ranks`) plans as, and on: its spec, for
-// its share of the batch (RankBatch); and the node with its part of the
+// its share of the batch (RankBatch), streaming optimizer state in fp32
+// only; and the node with its part of the
 // cores, the ranks on it sharing its host (for host work and, emulated, the
 // accelerator's compute).
 std::pair<JobSpec, NodeOffer> RankSetting(const JobSpec& resolved, const NodeOffer& node,
                                           int ranks) {
   JobSpec rank_spec = resolved;
   rank_spec.mutable_training()->set_batch_size(RankBatch(resolved, ranks));
+  // A rank streams optimizer state in fp32 only (PlanExecutor: a 16-bit
+  // layer's gradient is not summed over the ranks as its own type yet).
+  if (resolved.precision() != tandem::v1::PRECISION_FP32) {
+    rank_spec.mutable_placement()->set_no_streamed_optimizer_state(true);
+  }
   NodeOffer shared = node;
   const int sharing = RanksSharingHost(resolved, node);
   shared.host = OnThreads(node.host, std::max(1, node.host.threads() / sharing));

@@ -41,7 +41,8 @@
 // STATE_H2D starts and freed when the STATE_D2H ends; the update holds update_staging (the bf16
 // gradient widened to fp32) while it runs. On a data-parallel rank the update
 // also waits for its bucket's ALL_REDUCE, as a resident one does (DATA-PARALLEL
-// RANKS), and S stays whole on every rank, partitioned host state or not.
+// RANKS; state_update_lag does not apply there), and S stays whole on every
+// rank, partitioned host state or not.
 //
 // Activations, per micro-batch (A = activation bytes; checkpoint C = min(A,
 // output bytes of layer l-1), 0 for l = 0):

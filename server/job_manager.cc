@@ -375,6 +375,12 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::HoldHostMemory(int64_t bytes,
 
 namespace {
 
+// Whether `plan`, timed as a rank, peaks within its accelerator budget.
+bool FitsAsRank(const tandem::v1::Plan& plan) {
+  const int64_t budget = plan.accelerator_memory_budget_bytes();
+  return budget <= 0 || plan.prediction().accelerator_peak_bytes() <= budget;
+}
+
 // Whether any layer of `plan` streams its optimizer state in for its update.
 bool StreamsState(const tandem::v1::Plan& plan) {
   for (const auto& l : plan.layers()) {
@@ -513,7 +519,7 @@ absl::Status JobManager::PlanRanks(const JobModel& jm, const node::NodeOffer& of
   // partitioned rank's host updates take 1/N of the time, nor the
   // collectives: one that streams optimizer state is timed as a rank against
   // the two-place plan, and the faster runs.
-  if (StreamsState(r.plan)) {
+  if (StreamsState(r.plan) && !r.spec.placement().has_plan()) {
     tandem::v1::JobSpec two_place = r.spec;
     two_place.mutable_placement()->set_no_streamed_optimizer_state(true);
     absl::StatusOr<tandem::v1::Plan> other =
@@ -522,7 +528,10 @@ absl::Status JobManager::PlanRanks(const JobModel& jm, const node::NodeOffer& of
       const std::string other_timed = CountCollectives(*jm.model, r.spec, offer, from, *other);
       const double streaming = r.plan.prediction().iteration_seconds();
       const double without = other->prediction().iteration_seconds();
-      if (without < streaming) {
+      // As a rank every gradient waits for its bucket's sum: a plan whose
+      // rank peak is over its budget does not fit, whatever its time.
+      const bool fits = FitsAsRank(r.plan), other_fits = FitsAsRank(*other);
+      if (other_fits != fits ? other_fits : without < streaming) {
         r.plan = *std::move(other);
         timed = other_timed;
       }

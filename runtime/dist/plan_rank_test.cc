@@ -385,6 +385,16 @@ TEST(PlanRankTest, RefusesWhatItCannotRun) {
                                        *Communicator::Connect(store, "one-c", 0, 1, {}), {});
   EXPECT_EQ(hetero.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(hetero.status().message().find("hetero_dp"), std::string::npos);
+  // A 16-bit layer streaming its optimizer state: its gradient would be
+  // summed as fp32.
+  options.plan = Cases()[7].plan(*f.model, 32);  // streamed_state
+  options.test_working_copies = true;
+  auto bf16 =
+      PlanRankRunner::Create(*f.model, options, 32, *Communicator::Connect(store, "two", 0, 1, {}),
+                             *Communicator::Connect(store, "two-c", 0, 1, {}), {});
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bf16.status().message().find("stream_optimizer_state"), std::string::npos)
+      << bf16.status();
 }
 
 }  // namespace

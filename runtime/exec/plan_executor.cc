@@ -133,6 +133,17 @@ absl::Status PlanExecutor::Init() {
   sizes_ =
       ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count(), state_type_);
   for (int l = 0; l < L; ++l) TANDEM_RETURN_IF_ERROR(InitLayer(l));
+  if (options_.collective != nullptr) {
+    for (int l = 0; l < L; ++l) {
+      // Its 16-bit gradient would be summed over the ranks as fp32 with the
+      // resident layers' (AllReduceBucket's accelerator buckets).
+      if (layers_[l]->stream_state && layers_[l]->working_copy) {
+        return PlanError(absl::StrCat("layers[", l, "].stream_optimizer_state"),
+                         "a data-parallel rank streams optimizer state in fp32 only so far; "
+                         "keep this layer's state resident or update it on the host");
+      }
+    }
+  }
   // The program of a full batch: an invalid plan fails here, not at its first
   // step. The job record's stored program runs when it is this lowering.
   TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(FullMicroBatches(plan, options_.max_batch),

@@ -265,30 +265,34 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
     }
     return &it->second;
   };
-  auto predict = [&](int64_t host_bytes, int nodes,
-                     tandem::v1::OptimizerSharding sharding) -> absl::StatusOr<ScaleOutPlan> {
-    TANDEM_ASSIGN_OR_RETURN(const Plan* streaming, plan_for(host_bytes, true));
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan best,
-                            Predict(request, simulator, *streaming, nodes, g, sharding));
-    if (!rank.stream_optimizer_state) return best;
+  // With `stream` false, the two-place plan alone: a partitioned rank's
+  // extra host room holds pieces of host-updated state, not a streamed
+  // layer's whole state.
+  auto predict = [&](int64_t host_bytes, int nodes, tandem::v1::OptimizerSharding sharding,
+                     bool stream) -> absl::StatusOr<ScaleOutPlan> {
     TANDEM_ASSIGN_OR_RETURN(const Plan* two_place, plan_for(host_bytes, false));
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan other,
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan best,
                             Predict(request, simulator, *two_place, nodes, g, sharding));
+    if (!stream || !rank.stream_optimizer_state) return best;
+    TANDEM_ASSIGN_OR_RETURN(const Plan* streaming, plan_for(host_bytes, true));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan other,
+                            Predict(request, simulator, *streaming, nodes, g, sharding));
     return Faster(std::move(best), std::move(other));
   };
 
   auto choose = [&](int nodes) -> absl::StatusOr<ScaleOutPlan> {
     const int ranks = nodes * g;
     TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan rep,
-                            predict(host, nodes, tandem::v1::OPTIMIZER_SHARDING_REPLICATED));
-    // Partitioned, the host holds 1/ranks of the optimizer state: the plan
-    // may keep more there.
+                            predict(host, nodes, tandem::v1::OPTIMIZER_SHARDING_REPLICATED, true));
+    // Partitioned, the host holds 1/ranks of the optimizer state: where the
+    // two-place plan does not fit, it may keep more there.
+    TANDEM_ASSIGN_OR_RETURN(const Plan* at_host, plan_for(host, false));
+    const bool more = !at_host->feasible() && ranks > 1;
     const int64_t partitioned_host =
-        rep.rank_plan().feasible() || ranks == 1
-            ? host
-            : host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks));
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan par, predict(partitioned_host, nodes,
-                                                      tandem::v1::OPTIMIZER_SHARDING_PARTITIONED));
+        more ? host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks)) : host;
+    TANDEM_ASSIGN_OR_RETURN(
+        ScaleOutPlan par,
+        predict(partitioned_host, nodes, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED, !more));
     ScaleOutPlan chosen = Choose(request.sharding, ranks, std::move(rep), std::move(par));
     chosen.set_rank_batch_size(rank.batch_size);
     chosen.set_global_batch_size(rank.batch_size * ranks);

@@ -558,6 +558,13 @@ class PipelineLoopTest : public ::testing::Test {
     }
     return out;
   }
+  // A window of two steps at three times the prediction, stage 0 three
+  // times its own and stage 1 as predicted: the outcome of its check.
+  PlanLoop::Outcome SlowFirstStage(PlanLoop& loop) const {
+    const double predicted = plan_.prediction().iteration_seconds();
+    loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+    return loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  }
   JobSpec spec_;
   JobModel jm_;
   NodeOffer node_;
@@ -668,8 +675,7 @@ TEST_F(PipelineLoopTest, APipeDreamSplitIsReTimedNotMoved) {
   const PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
   const double predicted = plan_.prediction().iteration_seconds();
   PlanLoop loop(*jm_.model, spec_, node_, plan_, options);
-  loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
-  const PlanLoop::Outcome out = loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  const PlanLoop::Outcome out = SlowFirstStage(loop);
   ASSERT_TRUE(out.decision) << out.log;
   EXPECT_FALSE(out.decision->placement_changed) << out.log;
   EXPECT_TRUE(SamePlacement(out.decision->plan, plan_));
@@ -693,10 +699,8 @@ TEST_F(PipelineLoopTest, StageCorrectionsAreKeptForTheNextPipeline) {
   node_.profile->set_fingerprint("node A");
   EXPECT_FALSE(cache.Load(*jm_.model, spec_, node_, nullptr));
   const PlanLoopOptions options{.threshold = 0.10, .warmup_steps = 0, .window_steps = 2};
-  const double predicted = plan_.prediction().iteration_seconds();
   PlanLoop loop(*jm_.model, spec_, node_, plan_, options);
-  loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
-  const PlanLoop::Outcome out = loop.AfterStep(3 * predicted, Timeline(), Stages({3, 1}));
+  const PlanLoop::Outcome out = SlowFirstStage(loop);
   ASSERT_TRUE(out.decision) << out.log;
   ASSERT_TRUE(out.decision->corrections);
   ASSERT_TRUE(out.decision->placement_changed) << out.log;

@@ -135,7 +135,8 @@ ScaleOutPlan Choose(tandem::v1::OptimizerSharding asked, int ranks, ScaleOutPlan
   } else if (!rep.feasible() && par.feasible()) {
     chosen = par;
     chosen.set_reason(absl::StrCat("replicated does not fit a rank (", rep.note(),
-                                   "); partitioned keeps 1/", ranks, " of the optimizer state"));
+                                   "); partitioned keeps 1/", ranks,
+                                   " of the host-updated layers' optimizer state"));
   } else if (rep.feasible() && par.feasible() && par.step_seconds() < rep.step_seconds()) {
     chosen = par;
     chosen.set_reason(absl::StrCat(

@@ -826,12 +826,12 @@ PlanLoop::Outcome PlanLoop::AfterStep(double step_seconds, const Timeline& timel
   if (static_cast<int>(window_seconds_.size()) < options_.window_steps) return {};
   const PlanCheck check =
       CheckPlan(plan_, window_seconds_, window_timelines_, options_.threshold, dispatch_);
+  // A distributed job's collectives, fitted once: for its re-time
+  // (RetimeRank) and for the next job's prediction.
+  if (distributed()) window_collectives_ = FitCollectives(window_timelines_);
   Outcome out = Decide(check);
   out.check = check;
-  if (distributed()) {
-    absl::StatusOr<tandem::v1::CollectiveProfile> fits = FitCollectives(window_timelines_);
-    if (fits.ok()) out.collectives = *std::move(fits);
-  }
+  if (distributed() && window_collectives_.ok()) out.collectives = *window_collectives_;
   window_seconds_.clear();
   window_timelines_.clear();
   window_stages_.clear();
@@ -1135,8 +1135,7 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::RetimeRank(const PlanCheck& check) 
   TANDEM_ASSIGN_OR_RETURN(
       Profile measured,
       MeasuredLayerProfile(model_, resolved_, node_, plan_, window_timelines_, &d.cost_source));
-  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::CollectiveProfile collectives,
-                          FitCollectives(window_timelines_));
+  TANDEM_ASSIGN_OR_RETURN(const tandem::v1::CollectiveProfile collectives, window_collectives_);
   const planner::SimulationOptions ranks = RankSimulation(resolved_, collectives);
   if (ranks.partition_host_state) ScaleHostUpdates(ranks.ranks, measured);
   TANDEM_ASSIGN_OR_RETURN(d.plan, Resimulate(plan_, measured, ranks));

@@ -344,6 +344,9 @@ class PlanLoop {
   std::optional<tandem::v1::Profile> planned_from_;
   // The seconds of plan_'s steps after its warm-up (the first 256).
   std::vector<double> plan_seconds_;
+  // The closing window's collectives, as FitCollectives fitted them.
+  absl::StatusOr<tandem::v1::CollectiveProfile> window_collectives_ =
+      absl::FailedPreconditionError("no window has closed");
   // The corrections the running plan was solved or re-timed with, what they
   // came from, and whether TakeSettledCorrections has given them.
   std::optional<PipelineCorrections> corrections_;

@@ -222,19 +222,14 @@ absl::Status CheckScaleOutRequest(const ScaleOutRequest& request, int g, int nod
 
 }  // namespace
 
-absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& request) {
-  if (!request.rank.hardware) {
-    return absl::InvalidArgumentError("hardware: a multi-node plan needs a hardware spec");
-  }
-  const tandem::v1::HardwareSpec& hw = *request.rank.hardware;
-  const int g = std::max(1, hw.accelerators_size());
-  const int node_batch =
-      request.rank.batch_size > 0 ? request.rank.batch_size : request.rank.profile.batch_size();
-  TANDEM_RETURN_IF_ERROR(CheckScaleOutRequest(request, g, node_batch));
+namespace {
+
+// One rank's request for a node of `g` accelerators: its share of the node's
+// batch, and of its host (each rank plans with 1/G of its cores, compute
+// rates and memory bandwidth).
+PlanRequest RankRequestOf(const ScaleOutRequest& request, int g, int node_batch) {
   PlanRequest rank = request.rank;
   rank.batch_size = std::max(1, node_batch / g);
-  // A node's ranks share its host: each plans with 1/G of its cores, compute
-  // rates and memory bandwidth.
   tandem::v1::ProcessorSpec* h = rank.hardware->mutable_host();
   h->set_threads(std::max(1, h->threads() / g));
   h->set_peak_matmul_flops_per_second(h->peak_matmul_flops_per_second() / g);
@@ -245,67 +240,104 @@ absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& re
   if (rank.micro_batch_size > 0 && rank.batch_size % rank.micro_batch_size != 0) {
     rank.micro_batch_size = 0;
   }
-  const int64_t host = (request.rank.host_memory_bytes > 0 ? request.rank.host_memory_bytes
-                                                           : hw.host().memory_bytes()) /
-                       g;
-  const double state_bytes = static_cast<double>(ParameterCount(rank.profile)) *
-                             (rank.profile.optimizer_state_per_parameter() +
-                              (request.gradient_bytes_per_element < 4 ? 1 : 0)) *
-                             4.0;
-  TANDEM_ASSIGN_OR_RETURN(const CostModel cost, CostModelOf(rank));
-  const PlanSimulator simulator(cost, rank.stop);
-  // Each sharding's prediction with the faster of the two rank plans (with
-  // and without streamed optimizer state) for `host_bytes` of host memory.
-  // Rank plans solved, by host memory and whether they may stream state.
-  std::map<std::pair<int64_t, bool>, Plan> solved;
-  auto plan_for = [&](int64_t host_bytes, bool stream) -> absl::StatusOr<const Plan*> {
-    auto it = solved.find({host_bytes, stream});
-    if (it == solved.end()) {
-      TANDEM_ASSIGN_OR_RETURN(Plan p, RankPlan(rank, host_bytes, stream));
-      it = solved.emplace(std::pair{host_bytes, stream}, std::move(p)).first;
-    }
-    return &it->second;
-  };
-  // With `stream` false, the two-place plan alone: a partitioned rank's
-  // extra host room holds pieces of host-updated state, not a streamed
-  // layer's whole state.
-  auto predict = [&](int64_t host_bytes, int nodes, tandem::v1::OptimizerSharding sharding,
-                     bool stream) -> absl::StatusOr<ScaleOutPlan> {
-    TANDEM_ASSIGN_OR_RETURN(const Plan* two_place, plan_for(host_bytes, false));
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan best,
-                            Predict(request, simulator, *two_place, nodes, g, sharding));
-    if (!stream || !rank.stream_optimizer_state) return best;
-    TANDEM_ASSIGN_OR_RETURN(const Plan* streaming, plan_for(host_bytes, true));
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan other,
-                            Predict(request, simulator, *streaming, nodes, g, sharding));
-    return Faster(std::move(best), std::move(other));
-  };
+  return rank;
+}
 
-  auto choose = [&](int nodes) -> absl::StatusOr<ScaleOutPlan> {
-    const int ranks = nodes * g;
+// The rows of one request: per node count, replicated and partitioned each
+// predicted with the faster of the rank's plans (with and without streamed
+// optimizer state), and the sharding chosen between them.
+class ScaleOutRows {
+ public:
+  ScaleOutRows(const ScaleOutRequest& request, int g, PlanRequest rank, const CostModel& cost)
+      : request_(request),
+        g_(g),
+        rank_(std::move(rank)),
+        simulator_(cost, rank_.stop),
+        host_((request.rank.host_memory_bytes > 0 ? request.rank.host_memory_bytes
+                                                  : request.rank.hardware->host().memory_bytes()) /
+              g),
+        state_bytes_(static_cast<double>(ParameterCount(rank_.profile)) *
+                     (rank_.profile.optimizer_state_per_parameter() +
+                      (request.gradient_bytes_per_element < 4 ? 1 : 0)) *
+                     4.0) {}
+
+  // The row for `nodes` nodes.
+  absl::StatusOr<ScaleOutPlan> Row(int nodes) {
+    const int ranks = nodes * g_;
     TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan rep,
-                            predict(host, nodes, tandem::v1::OPTIMIZER_SHARDING_REPLICATED, true));
+                            Sharded(host_, nodes, tandem::v1::OPTIMIZER_SHARDING_REPLICATED, true));
     // Partitioned, the host holds 1/ranks of the optimizer state: where the
     // two-place plan does not fit, it may keep more there.
-    TANDEM_ASSIGN_OR_RETURN(const Plan* at_host, plan_for(host, false));
+    TANDEM_ASSIGN_OR_RETURN(const Plan* at_host, PlanFor(host_, false));
     const bool more = !at_host->feasible() && ranks > 1;
     const int64_t partitioned_host =
-        more ? host + static_cast<int64_t>(state_bytes * (1.0 - 1.0 / ranks)) : host;
+        more ? host_ + static_cast<int64_t>(state_bytes_ * (1.0 - 1.0 / ranks)) : host_;
     TANDEM_ASSIGN_OR_RETURN(
         ScaleOutPlan par,
-        predict(partitioned_host, nodes, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED, !more));
-    ScaleOutPlan chosen = Choose(request.sharding, ranks, std::move(rep), std::move(par));
-    chosen.set_rank_batch_size(rank.batch_size);
-    chosen.set_global_batch_size(rank.batch_size * ranks);
+        Sharded(partitioned_host, nodes, tandem::v1::OPTIMIZER_SHARDING_PARTITIONED, !more));
+    ScaleOutPlan chosen = Choose(request_.sharding, ranks, std::move(rep), std::move(par));
+    chosen.set_rank_batch_size(rank_.batch_size);
+    chosen.set_global_batch_size(rank_.batch_size * ranks);
     if (chosen.step_seconds() > 0) {
       chosen.set_samples_per_second(chosen.global_batch_size() / chosen.step_seconds());
     }
     return chosen;
-  };
-  TANDEM_ASSIGN_OR_RETURN(const ScaleOutPlan one_node, choose(1));
+  }
+
+ private:
+  // The rank plan for `host_bytes` of host memory, streaming state or not,
+  // solved once.
+  absl::StatusOr<const Plan*> PlanFor(int64_t host_bytes, bool stream) {
+    auto it = solved_.find({host_bytes, stream});
+    if (it == solved_.end()) {
+      TANDEM_ASSIGN_OR_RETURN(Plan p, RankPlan(rank_, host_bytes, stream));
+      it = solved_.emplace(std::pair{host_bytes, stream}, std::move(p)).first;
+    }
+    return &it->second;
+  }
+
+  // `sharding`'s prediction on `nodes` nodes with the faster of the rank's
+  // plans; with `stream` false, the two-place plan alone (a partitioned
+  // rank's extra host room holds pieces of host-updated state, not a
+  // streamed layer's whole state).
+  absl::StatusOr<ScaleOutPlan> Sharded(int64_t host_bytes, int nodes,
+                                       tandem::v1::OptimizerSharding sharding, bool stream) {
+    TANDEM_ASSIGN_OR_RETURN(const Plan* two_place, PlanFor(host_bytes, false));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan best,
+                            Predict(request_, simulator_, *two_place, nodes, g_, sharding));
+    if (!stream || !rank_.stream_optimizer_state) return best;
+    TANDEM_ASSIGN_OR_RETURN(const Plan* streaming, PlanFor(host_bytes, true));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan other,
+                            Predict(request_, simulator_, *streaming, nodes, g_, sharding));
+    return Faster(std::move(best), std::move(other));
+  }
+
+  const ScaleOutRequest& request_;
+  const int g_;
+  const PlanRequest rank_;
+  const PlanSimulator simulator_;
+  const int64_t host_;
+  const double state_bytes_;
+  std::map<std::pair<int64_t, bool>, Plan> solved_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<ScaleOutPlan>> PlanScaleOut(const ScaleOutRequest& request) {
+  if (!request.rank.hardware) {
+    return absl::InvalidArgumentError("hardware: a multi-node plan needs a hardware spec");
+  }
+  const int g = std::max(1, request.rank.hardware->accelerators_size());
+  const int node_batch =
+      request.rank.batch_size > 0 ? request.rank.batch_size : request.rank.profile.batch_size();
+  TANDEM_RETURN_IF_ERROR(CheckScaleOutRequest(request, g, node_batch));
+  PlanRequest rank = RankRequestOf(request, g, node_batch);
+  TANDEM_ASSIGN_OR_RETURN(const CostModel cost, CostModelOf(rank));
+  ScaleOutRows rows(request, g, std::move(rank), cost);
+  TANDEM_ASSIGN_OR_RETURN(const ScaleOutPlan one_node, rows.Row(1));
   std::vector<ScaleOutPlan> out;
   for (int n : request.nodes) {
-    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan s, choose(n));
+    TANDEM_ASSIGN_OR_RETURN(ScaleOutPlan s, n == 1 ? one_node : rows.Row(n));
     if (one_node.samples_per_second() > 0) {
       s.set_scaling_efficiency(s.samples_per_second() / (n * one_node.samples_per_second()));
     }

@@ -113,7 +113,6 @@ absl::Status PlanExecutor::Init() {
   }
   if (plan.micro_batch_size() <= 0) return PlanError("micro_batch_size", "must be > 0");
   if (options_.host_allocator == nullptr) return absl::InvalidArgumentError("no host allocator");
-  Allocator* host = options_.host_allocator;
 
   state_type_ = options_.test_working_copies && !host_only_ && !hetero_
                     ? DType::kBF16
@@ -133,17 +132,7 @@ absl::Status PlanExecutor::Init() {
   sizes_ =
       ExecutorLayerSizes(model_, plan.micro_batch_size(), optimizer_->state_count(), state_type_);
   for (int l = 0; l < L; ++l) TANDEM_RETURN_IF_ERROR(InitLayer(l));
-  if (options_.collective != nullptr) {
-    for (int l = 0; l < L; ++l) {
-      // Its 16-bit gradient would be summed over the ranks as fp32 with the
-      // resident layers' (AllReduceBucket's accelerator buckets).
-      if (layers_[l]->stream_state && layers_[l]->working_copy) {
-        return PlanError(absl::StrCat("layers[", l, "].stream_optimizer_state"),
-                         "a data-parallel rank streams optimizer state in fp32 only so far; "
-                         "keep this layer's state resident or update it on the host");
-      }
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(CheckRankLayers());
   // The program of a full batch: an invalid plan fails here, not at its first
   // step. The job record's stored program runs when it is this lowering.
   TANDEM_ASSIGN_OR_RETURN(full_schedule_, ScheduleFor(FullMicroBatches(plan, options_.max_batch),
@@ -151,24 +140,49 @@ absl::Status PlanExecutor::Init() {
   const Program* full = full_schedule_;
   TANDEM_RETURN_IF_ERROR(PartitionHostState());
   TANDEM_RETURN_IF_ERROR(KeepOwnMasters());
+  TANDEM_RETURN_IF_ERROR(AllocateHostMoments());
+  // Pinned where the device can, so that copies run at the link's rate.
+  RegisterCopyBuffers();
+  StartEngine(*full);
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::CheckRankLayers() const {
+  if (options_.collective == nullptr) return absl::OkStatus();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    // Its 16-bit gradient would be summed over the ranks as fp32 with the
+    // resident layers' (AllReduceBucket's accelerator buckets).
+    if (layers_[l]->stream_state && layers_[l]->working_copy) {
+      return PlanError(absl::StrCat("layers[", l, "].stream_optimizer_state"),
+                       "a data-parallel rank streams optimizer state in fp32 only so far; "
+                       "keep this layer's state resident or update it on the host");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanExecutor::AllocateHostMoments() {
   // Host moments: for host updates (cpu_only, hetero_dp's host replica,
   // CPU-updated layers) and, for every plan, the checkpoint's copy of the
   // accelerator's (SyncStateToHost).
   for (int s = 0; s < optimizer_->state_count(); ++s) {
-    TANDEM_ASSIGN_OR_RETURN(Buffer m, Buffer::Allocate(host, host_state_elements_ * 4,
-                                                       MemoryCategory::kOptimizerState));
+    TANDEM_ASSIGN_OR_RETURN(Buffer m,
+                            Buffer::Allocate(options_.host_allocator, host_state_elements_ * 4,
+                                             MemoryCategory::kOptimizerState));
     std::memset(m.data(), 0, host_state_elements_ * 4);
     host_moments_.push_back(std::move(m));
   }
-  // Pinned where the device can, so that copies run at the link's rate.
-  RegisterCopyBuffers();
+  return absl::OkStatus();
+}
+
+void PlanExecutor::StartEngine(const Program& full) {
   const int update_threads = decisions_.host_update_threads;
   compute_threads_ = omp_get_max_threads();
   const int compute_threads = compute_threads_;
   std::vector<TimelineResource> resources;
-  for (size_t r = 0; r < full->resources.size(); ++r) {
-    if (!full->order[r].empty() || full->resources[r].kind == kHostUpdate)
-      resources.push_back(full->resources[r].kind);
+  for (size_t r = 0; r < full.resources.size(); ++r) {
+    if (!full.order[r].empty() || full.resources[r].kind == kHostUpdate)
+      resources.push_back(full.resources[r].kind);
   }
   engine_ = std::make_unique<SpanEngine>(
       resources,
@@ -185,7 +199,6 @@ absl::Status PlanExecutor::Init() {
     device_alloc_ = std::make_unique<BackpressureAllocator>(
         accel_->allocator(), [engine = engine_.get()] { return engine->active(); });
   }
-  return absl::OkStatus();
 }
 
 absl::Status PlanExecutor::InitHostState() {

@@ -168,6 +168,11 @@ class PlanExecutor final : public StepRunner {
   // The host's weights (or, under partitioned masters, their whole view),
   // gradients and running statistics, initialised from the seed.
   absl::Status InitHostState();
+  // Init's steps after the layers: a rank's refusals (CheckRankLayers), the
+  // host's optimizer moments, and the span engine for `full`'s resources.
+  absl::Status CheckRankLayers() const;
+  absl::Status AllocateHostMoments();
+  void StartEngine(const Program& full);
   absl::Status InitLayer(int l);
   // A layer's resident weights, running statistics and moments on the accelerator.
   absl::Status PlaceOnAccelerator(Layer& layer);

@@ -67,6 +67,10 @@ class Lowering {
     s_.pools = {MemoryPool{false, 0, 0}, MemoryPool{true, 0, 0}};
     s_.resident_bytes = {0, 0};
     s_.layers.resize(L_);
+    // About five operations per layer and micro-batch (forward, backward,
+    // copies, update); more only reallocates.
+    const int micro_batches = d.micro_batch_size > 0 ? std::max(1, d.micro_batches()) : 1;
+    s_.ops.reserve(static_cast<size_t>(L_) * 5 * micro_batches + 16);
     s_.program_resource = mode == Mode::kHost ? kHostCompute : kAccCompute;
     host_update_.assign(L_, -1);
     host_backward_.assign(L_, -1);
@@ -123,7 +127,9 @@ class Lowering {
   int Add(OpKind kind, int resource, Replica replica, TimelinePhase phase, int layer,
           int micro_batch, int64_t bytes = 0, TensorKind tensor = TensorKind::kNone,
           bool delivers_update = false) {
-    Op op;
+    // Built in place: an Op's inline vectors make a move no cheaper than
+    // the fields.
+    Op& op = s_.ops.emplace_back();
     op.kind = kind;
     op.resource = resource;
     op.replica = replica;
@@ -133,7 +139,6 @@ class Lowering {
     op.bytes = bytes;
     op.tensor = tensor;
     op.delivers_update = delivers_update;
-    s_.ops.push_back(std::move(op));
     const int id = static_cast<int>(s_.ops.size()) - 1;
     s_.order[resource].push_back(id);
     return id;

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "schedule/decisions.h"
 #include "tandem/v1/plan.pb.h"
 
@@ -133,8 +134,10 @@ struct Op {
   // layer + bucket_layers); the host's gradients (kHostReplica) or the
   // accelerator's (kAllReduce only).
   int bucket_layers = 0;
-  std::vector<Dep> deps;
-  std::vector<MemoryEvent> memory;
+  // Inline storage: an operation has a few of each, and a schedule has
+  // thousands of operations (the planner lowers one per simulation).
+  absl::InlinedVector<Dep, 4> deps;
+  absl::InlinedVector<MemoryEvent, 2> memory;
 };
 
 // Per layer, the operations the reuse distance and slack are measured

@@ -118,6 +118,55 @@ TEST(SimulateTest, ResourcesRunInTheirOrderAndIterationsRepeat) {
   EXPECT_DOUBLE_EQ(last_end, 3 * 15.0);
 }
 
+// Timing::started and ::ended list every operation once, in time order.
+TEST(SimulateTest, StartsAndEndsAreListedInTimeOrder) {
+  const int L = 4;
+  Decisions d = Chain(L, tandem::v1::STRATEGY_ZERO_OFFLOAD);
+  for (LayerDecisions& l : d.layers) l.update = tandem::v1::PLACEMENT_HOST;
+  absl::StatusOr<Schedule> s = Lower(d, Sizes(L));
+  ASSERT_TRUE(s.ok()) << s.status();
+  // Durations that vary, some zero, so that some operations end where they
+  // start and several at one instant.
+  std::vector<double> seconds(s->num_ops());
+  for (int o = 0; o < s->num_ops(); ++o) seconds[o] = (o * 7 % 5) * 0.5;
+  const int iterations = 3;
+  absl::StatusOr<Timing> t = Simulate(*s, seconds, iterations);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const int n = iterations * s->num_ops();
+  for (const std::vector<int>* listed : {&t->started, &t->ended}) {
+    ASSERT_EQ(static_cast<int>(listed->size()), n);
+    std::vector<int> seen(n, 0);
+    for (int x : *listed) ++seen[x];
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n);
+  }
+  for (int k = 1; k < n; ++k) {
+    EXPECT_LE(t->start[t->started[k - 1]], t->start[t->started[k]]) << k;
+    EXPECT_LE(t->end[t->ended[k - 1]], t->end[t->ended[k]]) << k;
+  }
+}
+
+// A queue starts the operations that become ready at one instant in program
+// order, whichever released them first: here #3 is released (by #0's end)
+// before #2 (by #1's), and #2 still runs first.
+TEST(SimulateTest, AQueueStartsWhatBecomesReadyTogetherInProgramOrder) {
+  Schedule s;
+  s.resources = {{tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, 0, 0, true},
+                 {tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, 0, 0, true},
+                 {tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, 0, 0, false}};
+  s.ops.resize(4);
+  s.ops[0].resource = 0;
+  s.ops[1].resource = 1;
+  s.ops[2].resource = 2;
+  s.ops[2].deps = {{1, 0, false}};
+  s.ops[3].resource = 2;
+  s.ops[3].deps = {{0, 0, false}};
+  s.order = {{0}, {1}, {2, 3}};
+  absl::StatusOr<Timing> t = Simulate(s, {1.0, 1.0, 1.0, 1.0}, 1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_DOUBLE_EQ(t->start[2], 1.0);
+  EXPECT_DOUBLE_EQ(t->start[3], 2.0);
+}
+
 TEST(SimulateTest, ADependencyAgainstTheOrderDeadlocks) {
   absl::StatusOr<Schedule> s = Lower(Chain(2, tandem::v1::STRATEGY_GPU_ONLY), Sizes(2));
   ASSERT_TRUE(s.ok());

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <queue>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,14 +19,18 @@ struct Dependent {
   bool on_start;
 };
 
-// Every operation's dependents over one iteration (`offsets` into
-// `dependents`): the dependencies of the schedule, and each in-order
-// resource's order as a dependency of each operation on the one before it in
-// line (the last of an iteration before the first of the next). Unrolled
-// over the iterations on the fly, so one table serves them all.
+// Every operation's dependents over one iteration: the dependencies of the
+// schedule, and each in-order resource's order as a dependency of each
+// operation on the one before it in line (the last of an iteration before
+// the first of the next). Unrolled over the iterations on the fly, so one
+// table serves them all. Event e = op * 2 + (1 at its end, 0 at its start)
+// releases dependents[offsets[e] .. offsets[e + 1]).
 struct Template {
   std::vector<int> offsets;
   std::vector<Dependent> dependents;
+  // Whether operation o's start releases anything (only those starts are
+  // events: one that releases nothing changes nothing).
+  bool ReleasesOnStart(int o) const { return offsets[2 * o + 1] > offsets[2 * o]; }
   // Per operation: all its prerequisites, and the lags of those in earlier
   // iterations (`lag_offsets` into `lags`): in iteration i those with a lag
   // above i are met before the run (a lag reaching before the first
@@ -57,24 +60,23 @@ void ForEachEdge(const Schedule& s, Edge edge) {
 Template Build(const Schedule& s) {
   const int n = s.num_ops();
   Template t;
-  t.offsets.assign(n + 1, 0);
+  auto event = [](int from, const Dependent& to) { return 2 * from + (to.on_start ? 0 : 1); };
+  t.offsets.assign(2 * n + 1, 0);
   t.prerequisites.assign(n, 0);
   t.lag_offsets.assign(n + 1, 0);
   ForEachEdge(s, [&](int from, const Dependent& to) {
-    ++t.offsets[from + 1];
+    ++t.offsets[event(from, to) + 1];
     ++t.prerequisites[to.op];
     if (to.lag > 0) ++t.lag_offsets[to.op + 1];
   });
-  for (int o = 0; o < n; ++o) {
-    t.offsets[o + 1] += t.offsets[o];
-    t.lag_offsets[o + 1] += t.lag_offsets[o];
-  }
-  t.dependents.resize(t.offsets[n]);
+  for (int e = 0; e < 2 * n; ++e) t.offsets[e + 1] += t.offsets[e];
+  for (int o = 0; o < n; ++o) t.lag_offsets[o + 1] += t.lag_offsets[o];
+  t.dependents.resize(t.offsets[2 * n]);
   t.lags.resize(t.lag_offsets[n]);
   std::vector<int> fill(t.offsets.begin(), t.offsets.end() - 1);
   std::vector<int> lag_fill(t.lag_offsets.begin(), t.lag_offsets.end() - 1);
   ForEachEdge(s, [&](int from, const Dependent& to) {
-    t.dependents[fill[from]++] = to;
+    t.dependents[fill[event(from, to)]++] = to;
     if (to.lag > 0) t.lags[lag_fill[to.op]++] = to.lag;
   });
   return t;
@@ -93,7 +95,10 @@ class EventLoop {
         n_(per_ * iterations),
         tpl_(Build(s)),
         queues_(s.resources.size()),
-        running_(s.resources.size(), -1) {}
+        running_(s.resources.size(), -1) {
+    resource_.reserve(per_);
+    for (const Op& op : s.ops) resource_.push_back(op.resource);
+  }
 
   absl::StatusOr<Timing> Run() {
     Start();
@@ -110,7 +115,7 @@ class EventLoop {
   }
 
  private:
-  int Resource(int x) const { return s_.ops[x % per_].resource; }
+  int Resource(int x) const { return resource_[op_[x]]; }
 
   // Every unrolled operation's unmet prerequisites (those with a lag
   // reaching before the first iteration are met); those with none are ready.
@@ -120,19 +125,25 @@ class EventLoop {
     run_.start.assign(n_, -1.0);
     run_.end.assign(n_, -1.0);
     run_.binding.assign(n_, -1);
+    run_.started.reserve(n_);
+    run_.ended.reserve(n_);
     ready_.assign(n_, 0.0);
     remaining_.resize(n_);
-    for (int i = 0; i < iterations_; ++i) {
-      for (int o = 0; o < per_; ++o) {
+    op_.resize(n_);
+    iteration_.resize(n_);
+    for (int i = 0, x = 0; i < iterations_; ++i) {
+      for (int o = 0; o < per_; ++o, ++x) {
         int count = tpl_.prerequisites[o];
         for (int k = tpl_.lag_offsets[o]; k < tpl_.lag_offsets[o + 1]; ++k) {
           count -= tpl_.lags[k] > i;
         }
-        remaining_[i * per_ + o] = count;
+        remaining_[x] = count;
+        op_[x] = o;
+        iteration_[x] = i;
       }
     }
     for (int x = 0; x < n_; ++x) {
-      if (remaining_[x] == 0) queues_[Resource(x)].push({0.0, x});
+      if (remaining_[x] == 0) queues_[Resource(x)].Push(0.0, x);
     }
   }
 
@@ -140,12 +151,12 @@ class EventLoop {
   void Dispatch() {
     for (size_t r = 0; r < queues_.size(); ++r) {
       if (running_[r] >= 0 || queues_[r].empty()) continue;
-      const int x = static_cast<int>(queues_[r].top().second);
-      queues_[r].pop();
+      const int x = queues_[r].Pop();
       running_[r] = x;
       run_.start[x] = now_;
-      run_.end[x] = now_ + seconds_[x % per_];
-      starts_.push_back(int64_t{x} * 2);
+      run_.end[x] = now_ + seconds_[op_[x]];
+      run_.started.push_back(x);
+      if (tpl_.ReleasesOnStart(op_[x])) starts_.push_back(int64_t{x} * 2);
     }
   }
 
@@ -170,6 +181,7 @@ class EventLoop {
     for (int& x : running_) {
       if (x >= 0 && run_.end[x] == now_) {
         batch_.push_back(int64_t{x} * 2 + 1);
+        run_.ended.push_back(x);
         x = -1;
         ++finished_;
       }
@@ -180,29 +192,56 @@ class EventLoop {
 
   // The dependents an operation's start or end releases.
   void Release(int64_t code) {
-    const int x = static_cast<int>(code / 2);
-    const bool is_end = (code & 1) != 0;
-    const int i = x / per_, o = x % per_;
-    for (int k = tpl_.offsets[o]; k < tpl_.offsets[o + 1]; ++k) {
+    const int x = static_cast<int>(code >> 1);
+    const int i = iteration_[x], e = 2 * op_[x] + static_cast<int>(code & 1);
+    for (int k = tpl_.offsets[e]; k < tpl_.offsets[e + 1]; ++k) {
       const Dependent& dep = tpl_.dependents[k];
-      if (dep.on_start == is_end || i + dep.lag >= iterations_) continue;
+      if (i + dep.lag >= iterations_) continue;
       const int d = (i + dep.lag) * per_ + dep.op;
       if (now_ >= ready_[d]) {
         ready_[d] = now_;
         run_.binding[d] = x;
       }
-      if (--remaining_[d] == 0) queues_[Resource(d)].push({now_, d});
+      if (--remaining_[d] == 0) queues_[Resource(d)].Push(now_, d);
     }
   }
 
-  using Entry = std::pair<double, int64_t>;
-  using MinHeap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  // A resource's ready operations, earliest ready first (ties: the lower
+  // index). Operations become ready at the loop's current time, which never
+  // falls, so the order is a queue whose tail of equal times is kept sorted.
+  class ReadyQueue {
+   public:
+    bool empty() const { return head_ == entries_.size(); }
+    void Push(double t, int x) {
+      entries_.push_back({t, x});
+      for (size_t k = entries_.size() - 1;
+           k > head_ && entries_[k - 1].first == t && entries_[k - 1].second > x; --k) {
+        std::swap(entries_[k - 1], entries_[k]);
+      }
+    }
+    int Pop() {
+      const int x = entries_[head_++].second;
+      if (empty()) {
+        entries_.clear();
+        head_ = 0;
+      }
+      return x;
+    }
+
+   private:
+    std::vector<std::pair<double, int>> entries_;
+    size_t head_ = 0;
+  };
   const Schedule& s_;
   const std::vector<double>& seconds_;
   const int iterations_, per_, n_;
   const Template tpl_;
+  // Per template operation its resource; per unrolled one its template
+  // operation and iteration (no division on the hot path).
+  std::vector<int> resource_;
+  std::vector<int> op_, iteration_;
   // Per resource: its ready operations, and the one it runs (-1: idle).
-  std::vector<MinHeap> queues_;
+  std::vector<ReadyQueue> queues_;
   std::vector<int> running_;
   std::vector<int> remaining_;
   std::vector<double> ready_;

@@ -24,6 +24,10 @@ struct Timing {
   // The dependency (an index as above) whose release made the operation ready
   // last, its predecessor on the resource included; -1 when none.
   std::vector<int> binding;
+  // Every operation (an index as above) in the order it started, and in the
+  // order it ended: each in nondecreasing time, so that what follows the
+  // run in time (memory levels) need not sort.
+  std::vector<int> started, ended;
 
   int Index(int iteration, int op) const { return iteration * ops_per_iteration + op; }
 };

@@ -1,6 +1,7 @@
 #include "planner/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -219,14 +220,20 @@ void SetResourceFigures(const schedule::Schedule& sched, const schedule::Timing&
   std::vector<double> busy(tandem::v1::TimelineResource_ARRAYSIZE, 0.0);
   int64_t h2d_bytes = 0, d2h_bytes = 0;
   double stall = 0;
-  for (int x = 0; x < per * run.iterations; ++x) {
-    const Op& op = sched.ops[x % per];
-    const double a = std::max(run.start[x], w.t0), b = std::min(run.end[x], w.t1);
-    const TimelineResource kind = sched.resources[op.resource].kind;
-    if (b > a) busy[kind] += b - a;
-    if (x / per != w.k) continue;
-    if (kind == tandem::v1::TIMELINE_RESOURCE_COPY_H2D) h2d_bytes += op.bytes;
-    if (kind == tandem::v1::TIMELINE_RESOURCE_COPY_D2H) d2h_bytes += op.bytes;
+  // Each operation's resource kind, looked up once rather than per iteration.
+  std::vector<TimelineResource> kinds(per);
+  for (int o = 0; o < per; ++o) kinds[o] = sched.resources[sched.ops[o].resource].kind;
+  for (int i = 0, x = 0; i < run.iterations; ++i) {
+    for (int o = 0; o < per; ++o, ++x) {
+      const double a = std::max(run.start[x], w.t0), b = std::min(run.end[x], w.t1);
+      if (b > a) busy[kinds[o]] += b - a;
+    }
+  }
+  for (int o = 0; o < per; ++o) {
+    const Op& op = sched.ops[o];
+    const int x = run.Index(w.k, o);
+    if (kinds[o] == tandem::v1::TIMELINE_RESOURCE_COPY_H2D) h2d_bytes += op.bytes;
+    if (kinds[o] == tandem::v1::TIMELINE_RESOURCE_COPY_D2H) d2h_bytes += op.bytes;
     if (op.resource == acc && run.binding[x] >= 0 &&
         sched.ops[run.binding[x] % per].delivers_update) {
       const int prev = previous(x);
@@ -248,7 +255,7 @@ void SetResourceFigures(const schedule::Schedule& sched, const schedule::Timing&
 // The accelerator's and the host's memory peaks in the window (and their
 // samples into `timeline`, when given). Every change at or before the
 // window's start goes into the level there; only those inside the window
-// are kept, and sorted, for the peak.
+// are kept for the peak, in time order: the run's starts and ends merged.
 void SetMemoryPeaks(const schedule::Schedule& sched, const schedule::Timing& run, const Window& w,
                     tandem::v1::Timeline* timeline, tandem::v1::PlanPrediction* p) {
   const int per = sched.num_ops();
@@ -257,21 +264,29 @@ void SetMemoryPeaks(const schedule::Schedule& sched, const schedule::Timing& run
     resident[sched.pools[pool].host ? 1 : 0] += sched.resident_bytes[pool];
   }
   std::vector<MemoryChange> changes[2];
-  for (int x = 0; x < per * run.iterations; ++x) {
+  // The events of operation `x` at its start or its end, at time `at`.
+  auto add = [&](int x, bool at_end, double at) {
     for (const schedule::MemoryEvent& m : sched.ops[x % per].memory) {
+      if (m.at_end != at_end) continue;
       const int side = sched.pools[m.pool].host ? 1 : 0;
-      const double at = m.at_end ? run.end[x] : run.start[x];
       if (at <= w.t0) {
         resident[side] += m.delta;
-      } else if (at < w.t1) {
+      } else {
         changes[side].push_back({at, m.delta});
       }
     }
-  }
-  for (std::vector<MemoryChange>& c : changes) {
-    std::sort(c.begin(), c.end(), [](const MemoryChange& x, const MemoryChange& y) {
-      return x.time_seconds < y.time_seconds;
-    });
+  };
+  const std::vector<int>&started = run.started, &ended = run.ended;
+  size_t a = 0, b = 0;
+  while (true) {
+    const double start = a < started.size() ? run.start[started[a]] : HUGE_VAL;
+    const double end = b < ended.size() ? run.end[ended[b]] : HUGE_VAL;
+    if (std::min(start, end) >= w.t1) break;
+    if (start <= end) {
+      add(started[a++], false, start);
+    } else {
+      add(ended[b++], true, end);
+    }
   }
   p->set_accelerator_peak_bytes(
       PeakInWindow(changes[0], resident[0], w.t0, w.t1,

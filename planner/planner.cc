@@ -110,6 +110,9 @@ struct StrategySelection {
   bool Compared(Strategy s) const {
     return std::find(compare.begin(), compare.end(), s) != compare.end();
   }
+  bool WantsAuto() const {
+    return requested == tandem::v1::STRATEGY_AUTO || Compared(tandem::v1::STRATEGY_AUTO);
+  }
   // Requested, compared, or a candidate of a requested or compared auto.
   bool Wanted(Strategy s) const {
     return requested == s || requested == tandem::v1::STRATEGY_AUTO || Compared(s) ||
@@ -286,8 +289,10 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   absl::StatusOr<std::map<Strategy, tandem::v1::Plan>> solved = SolveWanted(*c, want, request.stop);
   if (!solved.ok()) return solved.status();
   std::map<Strategy, tandem::v1::Plan>& plans = *solved;
-  tandem::v1::Plan auto_plan =
-      AutoPlan(&plans, cost->has_accelerator(), request.accelerator_shares_host_cores);
+  // Only when asked for: it copies a whole plan, timeline included.
+  tandem::v1::Plan auto_plan = want.WantsAuto() ? AutoPlan(&plans, cost->has_accelerator(),
+                                                           request.accelerator_shares_host_cores)
+                                                : tandem::v1::Plan();
   tandem::v1::PlanModelResponse response = Respond(want, &plans, std::move(auto_plan));
   if (request.pipeline_devices > 1) {
     PlanRequest pipelined = request;

@@ -216,6 +216,15 @@ struct JobManager::Entry {
   // RetryEstimates instead of being scheduled, until `estimate_deadline`.
   std::string estimate_error;
   absl::Time estimate_deadline = absl::InfiniteFuture();
+  // The record's writes (WriteRecord) land in the order their copies were
+  // taken: each copy to write takes the next version under mu_, and one
+  // older than the version stored is not written (the newer copy holds its
+  // change). Checkpoints and re-plans write without mu_, so that reads and
+  // other jobs' steps do not wait on the disk; state changes and cancels
+  // write under it.
+  uint64_t record_version = 0;   // under mu_
+  absl::Mutex write_mu;          // after mu_ where both are held
+  uint64_t written_version = 0;  // under write_mu
 };
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ServerMetrics* metrics)
@@ -835,7 +844,7 @@ absl::StatusOr<Job> JobManager::CancelLocked(std::shared_ptr<Entry> shared,
   Job requested = entry.job;
   requested.set_cancel_requested(why);
   if (!queued) requested.set_reason("cancelling at the next step boundary");
-  TANDEM_RETURN_IF_ERROR(store_->UpdateJob(requested));
+  TANDEM_RETURN_IF_ERROR(WriteRecord(entry, requested, ++entry.record_version));
   entry.job = std::move(requested);
   if (queued) {
     EndQueuedLocked(entry, tandem::v1::JOB_STATE_CANCELLED, why);
@@ -870,8 +879,8 @@ absl::Status JobManager::Transition(Entry& entry, JobState state, const std::str
     return absl::UnavailableError("an earlier state change is not recorded yet");
   }
   // A job's end may take the store's reserve on a full disk (job_store.h).
-  const absl::Status s = store_->UpdateJob(
-      entry.job, {event},
+  const absl::Status s = WriteRecord(
+      entry, entry.job, ++entry.record_version, {event},
       IsTerminal(state) ? JobStore::Priority::kMayUseReserve : JobStore::Priority::kNormal);
   // Kept in memory, served from there, and written when the store takes it.
   if (!s.ok()) HoldRefused(entry, event);
@@ -891,7 +900,8 @@ void JobManager::RetryUnrecorded() {
     const JobStore::Priority priority = IsTerminal(e.job.state())
                                             ? JobStore::Priority::kMayUseReserve
                                             : JobStore::Priority::kNormal;
-    if (e.unrecorded.empty() || !store_->UpdateJob(e.job, e.unrecorded, priority).ok()) {
+    if (e.unrecorded.empty() ||
+        !WriteRecord(e, e.job, ++e.record_version, e.unrecorded, priority).ok()) {
       ++it;
       continue;
     }
@@ -1553,16 +1563,34 @@ void JobManager::RecordStep(Entry& entry, const JobEvent::StepProgress& p,
 }
 
 void JobManager::RecordCheckpoint(Entry& entry, const JobEvent::CheckpointSaved& c) {
-  absl::MutexLock lock(&mu_);
-  entry.job.set_checkpoint_step(c.step());
-  entry.job.set_checkpoint_path(c.path());
-  *entry.job.mutable_update_time() = TimeUtil::GetCurrentTime();
+  Job record;
+  uint64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    entry.job.set_checkpoint_step(c.step());
+    entry.job.set_checkpoint_path(c.path());
+    *entry.job.mutable_update_time() = TimeUtil::GetCurrentTime();
+    record = entry.job;
+    version = ++entry.record_version;
+  }
   // The record on disk follows checkpoints, so a recovered job reports where it resumes.
-  const absl::Status s = store_->UpdateJob(entry.job);
+  const absl::Status s = WriteRecord(entry, record, version);
   if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", entry.job.id().c_str(),
+    std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", record.id().c_str(),
                  s.ToString().c_str());
   }
+}
+
+absl::Status JobManager::WriteRecord(Entry& entry, const Job& record, uint64_t version,
+                                     const std::vector<JobEvent>& events,
+                                     JobStore::Priority priority) {
+  absl::MutexLock lock(&entry.write_mu);
+  // A copy older than the one stored: its change is in that one. Events come
+  // only with the newest copy (they are written under mu_), so none is lost.
+  if (version <= entry.written_version && events.empty()) return absl::OkStatus();
+  absl::Status s = store_->UpdateJob(record, events, priority);
+  if (s.ok()) entry.written_version = std::max(entry.written_version, version);
+  return s;
 }
 
 // The state a run leaves its job in, and why.
@@ -1814,7 +1842,24 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
     }
     KeepCorrections(id, loop, *d.corrections, d.cost_source);
   }
-  absl::MutexLock lock(&mu_);
+  Job record;
+  uint64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    ApplyReplan(entry, d, step);
+    record = entry.job;
+    version = ++entry.record_version;
+  }
+  // The record follows the plan: a restart resumes under the plan the run
+  // switched to (checkpoints hold no plan, so either one resumes exactly).
+  const absl::Status s = WriteRecord(entry, record, version);
+  if (!s.ok()) {
+    std::fprintf(stderr, "tandemd: cannot record the new plan of %s: %s\n", record.id().c_str(),
+                 s.ToString().c_str());
+  }
+}
+
+void JobManager::ApplyReplan(Entry& entry, const node::PlanLoop::Decision& d, int64_t step) {
   Job& job = entry.job;
   if (job.plan_history_size() == 0) {  // a job submitted before plan histories
     *job.add_plan_history() = PlanRecordOf(job.plan(), "", 0);
@@ -1841,13 +1886,6 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
   job.mutable_metrics()->set_replans(job.metrics().replans() + 1);
   *job.mutable_update_time() = TimeUtil::GetCurrentTime();
   UpdateJobMetrics(entry);
-  // The record follows the plan: a restart resumes under the plan the run
-  // switched to (checkpoints hold no plan, so either one resumes exactly).
-  const absl::Status s = store_->UpdateJob(job);
-  if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: cannot record the new plan of %s: %s\n", job.id().c_str(),
-                 s.ToString().c_str());
-  }
 }
 
 void JobManager::ForgetJobSeries(const std::string& job_id) {

@@ -302,6 +302,15 @@ class JobManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   void RecordReplan(Entry& entry, const node::PlanLoop& loop, const node::PlanLoop::Decision& d,
                     int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  // The re-plan `d` at `step` in the job's record, history and metrics.
+  void ApplyReplan(Entry& entry, const node::PlanLoop::Decision& d, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `record`, the entry's record as of `version` (Entry::record_version),
+  // with `events`, unless a later version is stored already. Without mu_ or
+  // under it (never mu_ after the entry's write lock).
+  absl::Status WriteRecord(Entry& entry, const tandem::v1::Job& record, uint64_t version,
+                           const std::vector<tandem::v1::JobEvent>& events = {},
+                           JobStore::Priority priority = JobStore::Priority::kNormal);
   // Drops a finished job's per-job series from the metrics.
   void ForgetJobSeries(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a job that is not running (queued) in `state`: its end recorded (or

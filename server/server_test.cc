@@ -625,6 +625,55 @@ TEST_F(JobManagerTest, TheNodeSnapshotAnswersWhileAStoreWriteHoldsTheJobManager)
   EXPECT_EQ(jobs_->ProbeNotAccepting(), "");
 }
 
+// A checkpoint's record write waits on the disk without the job manager's
+// lock: reads answer meanwhile, with the checkpoint, and once the disk takes
+// writes again the record follows it. A cancel in that window is written
+// after it, so the stored record keeps the cancel.
+TEST_F(JobManagerTest, ACheckpointRecordWaitingOnTheDiskHoldsUpNoRead) {
+  Open("checkpoint-during-write");
+  ASSERT_TRUE(jobs_->Recover().ok());
+  jobs_->Start();
+  const std::string id = jobs_->Submit(Spec(100000), "")->job.id();
+  WaitFor(id, tandem::v1::JOB_STATE_RUNNING);
+  const int64_t before = jobs_->Get(id)->checkpoint_step();
+  // Another writer holds the database: each store write waits up to the
+  // store's busy timeout (10 s). The next checkpoint first flushes the
+  // job's events (given up after 10 s), then writes its record.
+  sqlite3* other = LockDatabase();
+  ASSERT_NE(other, nullptr);
+  const absl::Time locked = absl::Now();
+  absl::Duration slowest;
+  int64_t seen = before;
+  auto read = [&] {
+    const absl::Time t = absl::Now();
+    seen = jobs_->Get(id)->checkpoint_step();
+    ASSERT_TRUE(jobs_->List(JobFilter{}).ok());
+    slowest = std::max(slowest, absl::Now() - t);
+  };
+  while (seen == before && absl::Now() < locked + absl::Seconds(30)) {
+    read();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  // The record's write is waiting now: reads still answer.
+  for (int i = 0; i < 10; ++i) {
+    read();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::thread cancel([&] { EXPECT_TRUE(jobs_->Cancel(id, "while a checkpoint waits").ok()); });
+  absl::SleepFor(absl::Milliseconds(200));
+  UnlockDatabase(other);
+  cancel.join();
+  EXPECT_GT(seen, before);
+  // Well under the busy timeout: no read waited for a write to give up.
+  EXPECT_LT(slowest, absl::Seconds(5));
+  WaitFor(id, tandem::v1::JOB_STATE_CANCELLED);
+  const tandem::v1::Job stored = *store_->GetJob(id).value();
+  EXPECT_EQ(stored.state(), tandem::v1::JOB_STATE_CANCELLED);
+  EXPECT_NE(stored.cancel_requested().find("while a checkpoint waits"), std::string::npos)
+      << stored.cancel_requested();
+  EXPECT_GE(stored.checkpoint_step(), seen);
+}
+
 TEST_F(JobManagerTest, AnUnresponsiveJobManagerIsReportedAsNotAccepting) {
   Open("unresponsive");
   ASSERT_TRUE(jobs_->Recover().ok());

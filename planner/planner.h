@@ -147,6 +147,15 @@ void TakePlacement(const tandem::v1::JobSpec& spec, PlanRequest* r);
 // loss scaling.
 bool ClipsGradients(const tandem::v1::JobSpec& spec);
 
+// Of two rank plans of one data-parallel job (one streaming optimizer state,
+// one not: planner/scale_out.h, tandemd's distributed jobs), whether the
+// second is the one to run: the one that fits as a rank, else the faster;
+// the first on a tie.
+inline bool SecondRankPlanWins(bool first_fits, double first_seconds, bool second_fits,
+                               double second_seconds) {
+  return first_fits != second_fits ? second_fits : second_seconds < first_seconds;
+}
+
 // The request the RPC describes. `model_profile` is the model's profile when
 // the RPC carries none (cost source unset: the node's cached profile;
 // hardware: the runtime's analytic export for spec.model).

@@ -45,8 +45,7 @@ absl::StatusOr<Plan> RankPlan(PlanRequest request, int64_t host_bytes, bool stre
 
 // Of two predictions of one sharding, the one that fits, else the faster.
 ScaleOutPlan Faster(ScaleOutPlan a, ScaleOutPlan b) {
-  if (a.feasible() != b.feasible()) return a.feasible() ? a : b;
-  return b.step_seconds() < a.step_seconds() ? b : a;
+  return SecondRankPlanWins(a.feasible(), a.step_seconds(), b.feasible(), b.step_seconds()) ? b : a;
 }
 
 // One node count's prediction under `sharding` with the rank's `plan`: the

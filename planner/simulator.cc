@@ -278,10 +278,12 @@ void SetMemoryPeaks(const schedule::Schedule& sched, const schedule::Timing& run
   };
   const std::vector<int>&started = run.started, &ended = run.ended;
   size_t a = 0, b = 0;
-  while (true) {
+  while (a < started.size() || b < ended.size()) {
     const double start = a < started.size() ? run.start[started[a]] : HUGE_VAL;
     const double end = b < ended.size() ? run.end[ended[b]] : HUGE_VAL;
-    if (std::min(start, end) >= w.t1) break;
+    // Past the window (a window of no length still takes what is at its start).
+    const double next = std::min(start, end);
+    if (next >= w.t1 && next > w.t0) break;
     if (start <= end) {
       add(started[a++], false, start);
     } else {

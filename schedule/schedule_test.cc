@@ -165,6 +165,10 @@ TEST(SimulateTest, AQueueStartsWhatBecomesReadyTogetherInProgramOrder) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_DOUBLE_EQ(t->start[2], 1.0);
   EXPECT_DOUBLE_EQ(t->start[3], 2.0);
+  // Time never runs backwards in the loop: a negative duration is refused.
+  t = Simulate(s, {1.0, -1.0, 1.0, 1.0}, 1);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("seconds[1]"), std::string::npos) << t.status();
 }
 
 TEST(SimulateTest, ADependencyAgainstTheOrderDeadlocks) {

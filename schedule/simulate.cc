@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -258,6 +257,13 @@ absl::StatusOr<Timing> Simulate(const Schedule& s, const std::vector<double>& se
   if (static_cast<int>(seconds.size()) != s.num_ops()) {
     return absl::InvalidArgumentError(absl::StrCat("seconds: has ", seconds.size(),
                                                    " durations for ", s.num_ops(), " operations"));
+  }
+  // The event loop's time never falls (its ready queues rely on it).
+  for (size_t o = 0; o < seconds.size(); ++o) {
+    if (!(seconds[o] >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("seconds[", o, "]: ", seconds[o], " is not a duration (>= 0)"));
+    }
   }
   return EventLoop(s, seconds, iterations).Run();
 }

@@ -34,7 +34,8 @@ struct Timing {
 
 // `seconds[op]` is the duration of each operation of `schedule`.
 // INTERNAL when the schedule deadlocks (a dependency against its resources'
-// order); INVALID_ARGUMENT when `seconds` has the wrong size.
+// order); INVALID_ARGUMENT when `seconds` has the wrong size or a duration
+// below 0 (or NaN).
 absl::StatusOr<Timing> Simulate(const Schedule& schedule, const std::vector<double>& seconds,
                                 int iterations);
 

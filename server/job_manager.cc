@@ -15,6 +15,7 @@
 #include "base/units.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
+#include "planner/planner.h"
 #include "runtime/exec/plan_executor.h"
 #include "runtime/train/job_model.h"
 #include "runtime/train/update_rules.h"
@@ -540,7 +541,7 @@ absl::Status JobManager::PlanRanks(const JobModel& jm, const node::NodeOffer& of
       // As a rank every gradient waits for its bucket's sum: a plan whose
       // rank peak is over its budget does not fit, whatever its time.
       const bool fits = FitsAsRank(r.plan), other_fits = FitsAsRank(*other);
-      if (other_fits != fits ? other_fits : without < streaming) {
+      if (planner::SecondRankPlanWins(fits, streaming, other_fits, without)) {
         r.plan = *std::move(other);
         timed = other_timed;
       }
@@ -1563,20 +1564,27 @@ void JobManager::RecordStep(Entry& entry, const JobEvent::StepProgress& p,
 }
 
 void JobManager::RecordCheckpoint(Entry& entry, const JobEvent::CheckpointSaved& c) {
+  // The record on disk follows checkpoints, so a recovered job reports where it resumes.
+  ChangeAndWrite(entry, "checkpoint", [&] {
+    entry.job.set_checkpoint_step(c.step());
+    entry.job.set_checkpoint_path(c.path());
+    *entry.job.mutable_update_time() = TimeUtil::GetCurrentTime();
+  });
+}
+
+void JobManager::ChangeAndWrite(Entry& entry, const char* what,
+                                const std::function<void()>& change) {
   Job record;
   uint64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
-    entry.job.set_checkpoint_step(c.step());
-    entry.job.set_checkpoint_path(c.path());
-    *entry.job.mutable_update_time() = TimeUtil::GetCurrentTime();
+    change();
     record = entry.job;
     version = ++entry.record_version;
   }
-  // The record on disk follows checkpoints, so a recovered job reports where it resumes.
   const absl::Status s = WriteRecord(entry, record, version);
   if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: cannot record checkpoint of %s: %s\n", record.id().c_str(),
+    std::fprintf(stderr, "tandemd: cannot record the %s of %s: %s\n", what, record.id().c_str(),
                  s.ToString().c_str());
   }
 }
@@ -1842,21 +1850,9 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
     }
     KeepCorrections(id, loop, *d.corrections, d.cost_source);
   }
-  Job record;
-  uint64_t version = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    ApplyReplan(entry, d, step);
-    record = entry.job;
-    version = ++entry.record_version;
-  }
   // The record follows the plan: a restart resumes under the plan the run
   // switched to (checkpoints hold no plan, so either one resumes exactly).
-  const absl::Status s = WriteRecord(entry, record, version);
-  if (!s.ok()) {
-    std::fprintf(stderr, "tandemd: cannot record the new plan of %s: %s\n", record.id().c_str(),
-                 s.ToString().c_str());
-  }
+  ChangeAndWrite(entry, "new plan", [&] { ApplyReplan(entry, d, step); });
 }
 
 void JobManager::ApplyReplan(Entry& entry, const node::PlanLoop::Decision& d, int64_t step) {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -305,6 +306,11 @@ class JobManager {
   // The re-plan `d` at `step` in the job's record, history and metrics.
   void ApplyReplan(Entry& entry, const node::PlanLoop::Decision& d, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `change` to the entry's record under mu_, then the record written without
+  // it (WriteRecord); a write the store refuses is logged as the `what` of
+  // the job ("checkpoint").
+  void ChangeAndWrite(Entry& entry, const char* what, const std::function<void()>& change)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `record`, the entry's record as of `version` (Entry::record_version),
   // with `events`, unless a later version is stored already. Without mu_ or
   // under it (never mu_ after the entry's write lock).

@@ -194,7 +194,9 @@ class JobManagerTest : public testing::Test {
   // the database could not be taken.
   sqlite3* LockDatabase() {
     sqlite3* other = nullptr;
+    // A running job writes too: wait for its transaction rather than fail.
     if (sqlite3_open((dir_ + "/jobs.db").c_str(), &other) != SQLITE_OK ||
+        sqlite3_busy_timeout(other, 10000) != SQLITE_OK ||
         sqlite3_exec(other, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) != SQLITE_OK) {
       sqlite3_close(other);
       return nullptr;
@@ -672,6 +674,26 @@ TEST_F(JobManagerTest, ACheckpointRecordWaitingOnTheDiskHoldsUpNoRead) {
   EXPECT_NE(stored.cancel_requested().find("while a checkpoint waits"), std::string::npos)
       << stored.cancel_requested();
   EXPECT_GE(stored.checkpoint_step(), seen);
+}
+
+// A job that sets no threads is resolved to --job_threads (default_threads
+// here), which plans, keys its measured profiles and runs it; one that sets
+// them keeps its own; with no --job_threads it is left to all the cores.
+TEST_F(JobManagerTest, AJobWithoutThreadsIsResolvedToTheDaemonsJobThreads) {
+  Open("job-threads", int64_t{1} << 32, true, std::nullopt,
+       [](JobManagerOptions& options) { options.default_threads = 3; });
+  ASSERT_TRUE(jobs_->Recover().ok());
+  tandem::v1::JobSpec unset = Spec(5);
+  unset.mutable_training()->clear_threads();
+  tandem::v1::JobSpec set = Spec(5);
+  set.mutable_training()->set_threads(2);
+  EXPECT_EQ(jobs_->Submit(unset, "")->job.resolved_spec().training().threads(), 3);
+  EXPECT_EQ(jobs_->Submit(set, "")->job.resolved_spec().training().threads(), 2);
+  Close();
+  Open("job-threads-all", int64_t{1} << 32, true, std::nullopt,
+       [](JobManagerOptions& options) { options.default_threads = 0; });
+  ASSERT_TRUE(jobs_->Recover().ok());
+  EXPECT_EQ(jobs_->Submit(unset, "")->job.resolved_spec().training().threads(), 0);
 }
 
 TEST_F(JobManagerTest, AnUnresponsiveJobManagerIsReportedAsNotAccepting) {

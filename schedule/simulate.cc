@@ -87,8 +87,7 @@ Template Build(const Schedule& s) {
 class EventLoop {
  public:
   EventLoop(const Schedule& s, const std::vector<double>& seconds, int iterations)
-      : s_(s),
-        seconds_(seconds),
+      : seconds_(seconds),
         iterations_(iterations),
         per_(s.num_ops()),
         n_(per_ * iterations),
@@ -231,7 +230,7 @@ class EventLoop {
     std::vector<std::pair<double, int>> entries_;
     size_t head_ = 0;
   };
-  const Schedule& s_;
+
   const std::vector<double>& seconds_;
   const int iterations_, per_, n_;
   const Template tpl_;

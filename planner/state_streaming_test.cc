@@ -60,7 +60,7 @@ TEST(StateStreamingTest, OnSmallChainsTheSearchFindsTheExhaustiveOptimum) {
     ++feasible;
     const Decisions start = testing::WithUpdates(p.chain.base, two.on_accelerator);
     // The branch and bound with simulations enough for every placement
-    // (the planner gives it 20,000); the local search alone.
+    // (the planner gives it 30,000); the local search alone.
     StreamSearchOptions exact, local;
     exact.max_exact_evaluations = 100000;
     local.exact_layers = 0;

@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
   if (argc > 4) options.max_evaluations = std::atoll(argv[4]);
   const int min_layers = argc > 5 ? std::atoi(argv[5]) : 1;
   // The branch and bound's simulations on every chain; "planner" keeps the
-  // planner's (20,000).
+  // planner's (StreamSearchOptions::max_exact_evaluations).
   if (argc > 6 && std::string(argv[6]) != "planner")
     options.max_exact_evaluations = std::atoll(argv[6]);
   // "search": the planner's answers alone, without the exhaustive search.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -145,9 +146,13 @@ class EventLoop {
     }
   }
 
-  // Each idle resource starts its earliest ready operation now.
+  // Each idle resource starts its earliest ready operation now. Only a
+  // resource freed or given a ready operation since the last dispatch can
+  // start one (`touched_`, in resource order); past 64 resources, all.
   void Dispatch() {
-    for (size_t r = 0; r < queues_.size(); ++r) {
+    const size_t resources = queues_.size();
+    for (size_t r = 0; r < resources; ++r) {
+      if (resources <= 64 && (touched_ >> r & 1) == 0) continue;
       if (running_[r] >= 0 || queues_[r].empty()) continue;
       const int x = queues_[r].Pop();
       running_[r] = x;
@@ -156,6 +161,7 @@ class EventLoop {
       run_.started.push_back(x);
       if (tpl_.ReleasesOnStart(op_[x])) starts_.push_back(int64_t{x} * 2);
     }
+    touched_ = 0;
   }
 
   // Moves to the next instant: now while starts wait, else the earliest end
@@ -176,15 +182,17 @@ class EventLoop {
   const std::vector<int64_t>& TakeInstant() {
     batch_.swap(starts_);
     starts_.clear();
-    for (int& x : running_) {
+    for (size_t r = 0; r < running_.size(); ++r) {
+      int& x = running_[r];
       if (x >= 0 && run_.end[x] == now_) {
         batch_.push_back(int64_t{x} * 2 + 1);
         run_.ended.push_back(x);
         x = -1;
         ++finished_;
+        Touch(static_cast<int>(r));
       }
     }
-    std::sort(batch_.begin(), batch_.end());
+    if (batch_.size() > 1) std::sort(batch_.begin(), batch_.end());
     return batch_;
   }
 
@@ -200,8 +208,16 @@ class EventLoop {
         ready_[d] = now_;
         run_.binding[d] = x;
       }
-      if (--remaining_[d] == 0) queues_[Resource(d)].Push(now_, d);
+      if (--remaining_[d] == 0) {
+        const int r = Resource(d);
+        queues_[r].Push(now_, d);
+        Touch(r);
+      }
     }
+  }
+
+  void Touch(int r) {
+    if (r < 64) touched_ |= uint64_t{1} << r;
   }
 
   // A resource's ready operations, earliest ready first (ties: the lower
@@ -246,6 +262,9 @@ class EventLoop {
   std::vector<int64_t> starts_, batch_;
   double now_ = 0.0;
   int finished_ = 0;
+  // Bit r: resource r freed or given a ready operation since the last
+  // Dispatch (every resource at the start).
+  uint64_t touched_ = ~uint64_t{0};
   Timing run_;
 };
 

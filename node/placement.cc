@@ -1051,7 +1051,10 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   TANDEM_ASSIGN_OR_RETURN(const PrecisionChoice precision, PlanPrecision(rpc, *resolved));
   // Here the model is built as a job would run it (its layers' bf16 workspace);
   // for another machine ProfileInPrecision re-counts the fp32 analytic profile.
-  if (!remote) resolved->set_precision(precision.precision);
+  if (!remote) {
+    resolved->set_precision(precision.precision);
+    ResolveUnsetThreads(context.job_threads, *resolved);
+  }
   absl::StatusOr<JobModel> jm = BuildJobModel(
       *resolved, context.resolve, remote ? DType::kF32 : ComputeDType(precision.precision));
   if (!jm.ok()) return spec_error(jm.status());
@@ -1260,6 +1263,12 @@ int RanksSharingHost(const JobSpec& resolved, const NodeOffer& node) {
   const int ranks = resolved.distributed().replicas();
   if (ranks <= 1 || KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_NONE) return 1;
   return std::clamp(AcceleratorCount(resolved, node), 1, ranks);
+}
+
+void ResolveUnsetThreads(int job_threads, JobSpec& resolved) {
+  if (resolved.training().threads() == 0 && job_threads > 0) {
+    resolved.mutable_training()->set_threads(job_threads);
+  }
 }
 
 int ThreadsPerRank(int job_threads, int node_cores, int ranks) {

@@ -222,6 +222,9 @@ struct PlanModelContext {
   // profile it returns replaces the analytic profile and the node's rates, as
   // in PlanJob.
   LayerProfileLookup measured;
+  // Planning for this node: the threads of a spec that sets none, as its job
+  // would run (ResolveUnsetThreads; tandemd's --job_threads, 0: all cores).
+  int job_threads = 0;
 };
 absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& request,
                                                         const NodeOffer& node,
@@ -287,6 +290,12 @@ int RanksSharingHost(const tandem::v1::JobSpec& resolved, const NodeOffer& node)
 // Each of `ranks` ranks' threads on a node whose jobs get `job_threads`
 // (--job_threads; 0: all) of its `node_cores`: an even share, at least one.
 int ThreadsPerRank(int job_threads, int node_cores, int ranks);
+// A job that sets no training.threads runs on `job_threads` (--job_threads)
+// when that is > 0: `resolved` then says so, so that it is planned (an
+// emulated accelerator's rates) and keyed in the measured-profile caches on
+// that count, by submission and `tandem plan` alike. Unset, it runs on all
+// the node's cores.
+void ResolveUnsetThreads(int job_threads, tandem::v1::JobSpec& resolved);
 // `processor` on `threads` of its cores: the rates those reach
 // (planner::ThreadsRate, memory bandwidth alike); as it is for 0 or all.
 tandem::v1::ProcessorSpec OnThreads(const tandem::v1::ProcessorSpec& processor, int threads);

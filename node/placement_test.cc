@@ -470,6 +470,36 @@ TEST(PlacementTest, ANodeProfilesMeasuredFiguresReplaceTheAssumedOnes) {
   EXPECT_EQ(hw->host_to_accelerator().bandwidth_bytes_per_second(), 50e9);
 }
 
+// `tandem plan` resolves a spec without threads as tandemd resolves the
+// job (ResolveUnsetThreads): planned and looked up in the measured-profile
+// cache on --job_threads, or on all cores without it.
+TEST(PlacementTest, PlanModelResolvesUnsetThreadsAsTheJobWouldRun) {
+  tandem::v1::PlanModelRequest here;
+  *here.mutable_spec() = Gpt(tandem::v1::STRATEGY_REUSE_DISTANCE, int64_t{1} << 20);
+  here.mutable_spec()->mutable_training()->clear_threads();
+  int looked_up = -1;
+  PlanModelContext context;
+  context.measured = [&](const Model&, const tandem::v1::JobSpec& resolved) {
+    looked_up = resolved.training().threads();
+    return std::optional<tandem::v1::Profile>();
+  };
+  context.job_threads = 1;
+  ASSERT_TRUE(PlanModel(here, TestNode(), context).ok());
+  EXPECT_EQ(looked_up, 1);
+  context.job_threads = 0;
+  ASSERT_TRUE(PlanModel(here, TestNode(), context).ok());
+  EXPECT_EQ(looked_up, 0);
+  here.mutable_spec()->mutable_training()->set_threads(2);
+  context.job_threads = 1;
+  ASSERT_TRUE(PlanModel(here, TestNode(), context).ok());
+  EXPECT_EQ(looked_up, 2);
+  JobSpec spec;
+  ResolveUnsetThreads(3, spec);
+  EXPECT_EQ(spec.training().threads(), 3);
+  ResolveUnsetThreads(5, spec);
+  EXPECT_EQ(spec.training().threads(), 3);
+}
+
 TEST(PlacementTest, PlanModelComparesStrategiesHereAndForADescribedMachine) {
   tandem::v1::PlanModelRequest here;
   *here.mutable_spec() = Gpt(tandem::v1::STRATEGY_AUTO, int64_t{1} << 20);

@@ -486,13 +486,7 @@ absl::StatusOr<JobManager::Resolved> JobManager::Resolve(const tandem::v1::JobSp
   *resolved->mutable_model() = WithPresetDefaults(resolved->model(), jm->data);
   const std::shared_ptr<const node::NodeOffer> offer = node();
   const std::string sharing = offer ? ShareCoresAmongRanks(*offer, *resolved) : "";
-  // A job that sets no threads runs on --job_threads when that is set: its
-  // resolved spec says so, so that it is planned (an emulated accelerator's
-  // rates), keyed in the measured-profile caches and run on that count alike.
-  // (Unset, it runs on all the node's cores, which the node's profile keys.)
-  if (resolved->training().threads() == 0 && options_.default_threads > 0) {
-    resolved->mutable_training()->set_threads(options_.default_threads);
-  }
+  node::ResolveUnsetThreads(options_.default_threads, *resolved);
   absl::StatusOr<MemoryEstimate> estimate = EstimateModel(*resolved, *jm, offer.get());
   if (!estimate.ok()) return AsSpecError(estimate.status());
   Resolved r{*resolved, *estimate, tandem::v1::Plan()};

@@ -38,6 +38,8 @@ PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs) {
     context.measured = [jobs](const Model& model, const tandem::v1::JobSpec& resolved) {
       return jobs->MeasuredLayerProfile(model, resolved);
     };
+    // As the job would be resolved: the same rates and cache keys.
+    context.job_threads = jobs->options().default_threads;
     absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, *node, context);
     if (!answer.ok()) return ToGrpc(answer.status());
     *response = *std::move(answer);

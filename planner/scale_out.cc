@@ -219,10 +219,6 @@ absl::Status CheckScaleOutRequest(const ScaleOutRequest& request, int g, int nod
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
 // One rank's request for a node of `g` accelerators: its share of the node's
 // batch, and of its host (each rank plans with 1/G of its cores, compute
 // rates and memory bandwidth).

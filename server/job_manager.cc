@@ -1788,8 +1788,8 @@ void JobManager::StartPlanLoop(std::shared_ptr<Entry> entry, Trainer& trainer,
     e.mutable_log()->set_message(line);
     AppendEvent(*entry, e);
   };
-  hooks.adopted = [this, entry, raw](const node::PlanLoop::Decision& d, int64_t step) {
-    RecordReplan(*entry, *raw, d, step);
+  hooks.adopted = [this, entry, id, raw](const node::PlanLoop::Decision& d, int64_t step) {
+    RecordReplan(*entry, id, *raw, d, step);
   };
   hooks.settled_corrections = [this, id, raw](const node::PipelineCorrections& c, double ratio,
                                               const std::string& source) {
@@ -1826,7 +1826,7 @@ void JobManager::KeepCorrections(const std::string& job_id, const node::PlanLoop
   }
 }
 
-void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
+void JobManager::RecordReplan(Entry& entry, const std::string& job_id, const node::PlanLoop& loop,
                               const node::PlanLoop::Decision& d, int64_t step) {
   metrics_->replans
       .Add({{"reason", ReplanLabel(d.reason)}, {"placement", d.placement_changed ? "new" : "same"}})
@@ -1844,12 +1844,7 @@ void JobManager::RecordReplan(Entry& entry, const node::PlanLoop& loop,
     const tandem::v1::Profile* base = loop.planned_from() ? &*loop.planned_from() : nullptr;
     pipeline_corrections_.Forget(loop.model(), loop.resolved_spec(), loop.node(), base);
   } else if (d.corrections) {
-    std::string id;
-    {
-      absl::MutexLock lock(&mu_);
-      id = entry.job.id();
-    }
-    KeepCorrections(id, loop, *d.corrections, d.cost_source);
+    KeepCorrections(job_id, loop, *d.corrections, d.cost_source);
   }
   // The record follows the plan: a restart resumes under the plan the run
   // switched to (checkpoints hold no plan, so either one resumes exactly).

@@ -301,8 +301,8 @@ class JobManager {
   void KeepCorrections(const std::string& job_id, const node::PlanLoop& loop,
                        const node::PipelineCorrections& corrections, const std::string& measured)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void RecordReplan(Entry& entry, const node::PlanLoop& loop, const node::PlanLoop::Decision& d,
-                    int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
+  void RecordReplan(Entry& entry, const std::string& job_id, const node::PlanLoop& loop,
+                    const node::PlanLoop::Decision& d, int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
   // The re-plan `d` at `step` in the job's record, history and metrics.
   void ApplyReplan(Entry& entry, const node::PlanLoop::Decision& d, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -67,7 +68,28 @@ struct PipelineRunner::Stage {
   // offloading) have moments on the device and update there.
   int host_first = 0;
   bool offload() const { return host_first < end; }
+  // PipelineStageSpec::stream_weights: the host-updated layers' weights come
+  // from the host copy for each compute (WeightsFor). `held` is the weights
+  // of the layer computed last (held_layer; -1: none), kept while the next
+  // compute is of the same layer; `fetched` the one fetch queued ahead, of
+  // layer fetched_layer (-1: none). The fetch thread records its spans in
+  // fetch_spans. next_op_layer: the first streamed layer the stage's next op
+  // computes (-1: none), set by RunStageOps.
+  bool stream_weights = false;
+  bool streams(int l) const { return stream_weights && l >= host_first; }
+  Buffer held;
+  int held_layer = -1;
+  int fetched_layer = -1;
+  std::future<absl::StatusOr<Buffer>> fetched;
+  int next_op_layer = -1;
+  std::mutex fetch_mu;
+  std::vector<tandem::v1::TimelineSpan> fetch_spans;
+  // After what its tasks use: joined first.
+  std::unique_ptr<ThreadPool> fetches;
   int64_t device_param_n = 0;
+  // The parameters whose weights the device keeps (all of them unless
+  // streaming).
+  int64_t resident_param_n() const { return stream_weights ? device_param_n : param_n; }
   Buffer host_grads;
   // Offloading stages without gradient clipping (PipelineOptions::
   // overlap_host_updates): the host's update of each layer, queued as the
@@ -103,7 +125,8 @@ struct PipelineRunner::Stage {
   // link), and its spans (lane = the stage).
   // `phase_end`: when its last backward had ended (0: not yet).
   struct Times {
-    double busy = 0, copy = 0, peer = 0, update = 0, phase_end = 0;
+    // `fetch`: the part of `copy` waiting for streamed weights.
+    double busy = 0, copy = 0, peer = 0, fetch = 0, update = 0, phase_end = 0;
     // The stage thread's end-of-step update (UpdateAtEnd), from after the
     // global norm to its end: the part before the pipelined phase's end is
     // not bubble.
@@ -278,6 +301,11 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
                        "(offload_optimizer) updates from 1 to its ",
                        st.end_layer - st.first_layer, " layers there (0: all)"));
     }
+    if (st.stream_weights && !st.offload_optimizer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline: stage ", s,
+          " streams its weights, which only its host-updated layers can (offload_optimizer)"));
+    }
     if (st.offload_optimizer && options.schedule == PipelineSchedule::kPipeDream) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s,
@@ -322,6 +350,10 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
                                                      : spec.first_layer;
   stage->offload_activations = spec.offload_activations;
   stage->wait_for_copies = spec.wait_for_activation_copies;
+  stage->stream_weights = spec.stream_weights;
+  if (stage->stream_weights) {
+    stage->fetches = std::make_unique<ThreadPool>(1, absl::StrCat("stage", index, "-weights"));
+  }
   if (stage->offload_activations) {
     stage->copies = std::make_unique<ThreadPool>(1, absl::StrCat("stage", index, "-copies"));
   }
@@ -344,7 +376,8 @@ absl::StatusOr<std::unique_ptr<PipelineRunner::Stage>> PipelineRunner::MakeStage
     *b = *std::move(got);
     return absl::OkStatus();
   };
-  TANDEM_RETURN_IF_ERROR(allocate(&stage->params, stage->param_n, MemoryCategory::kParameters));
+  TANDEM_RETURN_IF_ERROR(
+      allocate(&stage->params, stage->resident_param_n(), MemoryCategory::kParameters));
   TANDEM_RETURN_IF_ERROR(allocate(&stage->grads, stage->param_n, MemoryCategory::kGradients));
   TANDEM_RETURN_IF_ERROR(allocate(&stage->buffers, stage->buffer_n, MemoryCategory::kParameters));
   if (stage->offload()) {
@@ -664,6 +697,87 @@ absl::Status PipelineRunner::FinishCopies(Stage& st) {
   return std::exchange(st.copies_status, absl::OkStatus());
 }
 
+int PipelineRunner::NextStreamed(const Stage& st, int l, bool backward, int after) const {
+  if (backward) {
+    for (int j = l - 1; j >= st.first; --j) {
+      if (st.streams(j) && model_.param_slice(j) > 0) return j;
+    }
+  } else {
+    for (int j = l + 1; j < st.end; ++j) {
+      if (st.streams(j) && model_.param_slice(j) > 0) return j;
+    }
+  }
+  return after;
+}
+
+absl::StatusOr<const float*> PipelineRunner::WeightsFor(Stage& st, int l, int m, int next,
+                                                        bool record) {
+  if (!st.streams(l) || model_.param_slice(l) == 0) return nullptr;
+  // Layer x's weights into a new buffer on the stage's device.
+  auto fetch = [this, &st, m, record](int x) -> absl::StatusOr<Buffer> {
+    const int64_t bytes = model_.param_slice(x) * 4;
+    const double t = WallSeconds();
+    TANDEM_ASSIGN_OR_RETURN(
+        Buffer b, Buffer::Allocate(st.device->allocator(), bytes, MemoryCategory::kParameters));
+    TANDEM_RETURN_IF_ERROR(
+        st.device->CopyToDevice(b.data(), host_params_.f32() + model_.param_offset(x), bytes));
+    if (record) {
+      std::lock_guard<std::mutex> lock(st.fetch_mu);
+      st.SpanTo(st.fetch_spans, tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+                tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, x, m, t, WallSeconds(), bytes);
+    }
+    return b;
+  };
+  if (st.held_layer != l) {
+    // The layer before's weights go first: the device holds at most two
+    // layers' (the one computing, the one coming).
+    st.held.Reset();
+    st.held_layer = -1;
+    const double t = WallSeconds();
+    absl::StatusOr<Buffer> got;
+    if (st.fetched_layer == l) {
+      got = st.fetched.get();
+      st.fetched_layer = -1;
+    } else {
+      FinishFetches(st);  // a fetch the compute did not take (none in order)
+      got = fetch(l);
+    }
+    const double waited = WallSeconds() - t;
+    st.times.copy += waited;
+    st.times.fetch += waited;
+    if (!got.ok()) return got.status();
+    st.held = *std::move(got);
+    st.held_layer = l;
+  }
+  if (next >= 0 && next != l && st.fetched_layer != next) {
+    FinishFetches(st);
+    auto promise = std::make_shared<std::promise<absl::StatusOr<Buffer>>>();
+    st.fetched = promise->get_future();
+    st.fetched_layer = next;
+    st.fetches->Schedule([fetch, promise, next] { promise->set_value(fetch(next)); });
+  }
+  return st.held.f32();
+}
+
+void PipelineRunner::FinishFetches(Stage& st) {
+  if (st.fetched_layer >= 0) {
+    st.fetched.wait();
+    st.fetched = {};
+    st.fetched_layer = -1;
+  }
+  std::lock_guard<std::mutex> lock(st.fetch_mu);
+  st.spans.insert(st.spans.end(), st.fetch_spans.begin(), st.fetch_spans.end());
+  st.fetch_spans.clear();
+}
+
+void PipelineRunner::ReleaseWeights(Stage& st) {
+  if (st.fetches == nullptr) return;
+  st.next_op_layer = -1;
+  FinishFetches(st);
+  st.held.Reset();
+  st.held_layer = -1;
+}
+
 absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute) {
   Stage& st = *stages_[s];
   Step::Slots& sl = step.slots[s];
@@ -671,7 +785,9 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
   Allocator* alloc = st.device->allocator();
   const Buffer* stashed =
       st.stash.empty() ? nullptr : &st.stash[(step.first_streamed + m) % st.stash.size()];
-  const double t = WallSeconds();
+  // Streamed weights: after a recompute, its backward's first layer.
+  const int after = recompute ? NextStreamed(st, st.end, /*backward=*/true, -1) : st.next_op_layer;
+  const double t = WallSeconds(), fetched = st.times.fetch;
   for (int l = st.first; l < st.end; ++l) {
     const Layer& layer = model_.layer(l);
     const int i = l - st.first;
@@ -686,11 +802,15 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
         sl.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+    TANDEM_ASSIGN_OR_RETURN(
+        const float* weights,
+        WeightsFor(st, l, m, NextStreamed(st, l, /*backward=*/false, after), step.training));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
     ctx.recompute = recompute;
     if (stashed != nullptr && step.training) {
       ctx.params = stashed->f32() + (model_.param_offset(l) - st.param_begin);
     }
+    if (weights != nullptr) ctx.params = weights;
     ctx.workspace = ws.data();
     ctx.targets = reinterpret_cast<const int32_t*>(sl.targets[m].data());
     const double began = WallSeconds();
@@ -703,7 +823,8 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
               l, m, began, WallSeconds());
     }
   }
-  st.times.busy += WallSeconds() - t;
+  // The waits for streamed weights are copy time.
+  st.times.busy += WallSeconds() - t - (st.times.fetch - fetched);
   return absl::OkStatus();
 }
 
@@ -792,7 +913,7 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     TANDEM_RETURN_IF_ERROR(ActivationsBack(step, st, m));
   }
   TANDEM_ASSIGN_OR_RETURN(Buffer dy, ReceiveGradient(step, s, m));
-  const double t = WallSeconds();
+  const double t = WallSeconds(), fetched = st.times.fetch;
   for (int l = st.end - 1; l >= st.first; --l) {
     const Layer& layer = model_.layer(l);
     const int i = l - st.first;
@@ -803,7 +924,11 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     }
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
+    TANDEM_ASSIGN_OR_RETURN(
+        const float* weights,
+        WeightsFor(st, l, m, NextStreamed(st, l, /*backward=*/true, st.next_op_layer), true));
     LayerContext ctx = ContextOf(st, l, step.mb_start[m], true, step.options);
+    if (weights != nullptr) ctx.params = weights;
     ctx.workspace = ws.data();
     if (options_.schedule == PipelineSchedule::kPipeDream) {
       ctx.accumulate_grads = false;
@@ -838,7 +963,7 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
   }
   sl.in[m].Reset();
   sl.targets[m].Reset();
-  st.times.busy += WallSeconds() - t;
+  st.times.busy += WallSeconds() - t - (st.times.fetch - fetched);
   // dy is now the gradient of the stage's input.
   if (s > 0) TANDEM_RETURN_IF_ERROR(SendGradient(step, s, m, std::move(dy)));
   if (options_.schedule == PipelineSchedule::kPipeDream) return UpdateAfter(step, s, m);
@@ -883,6 +1008,7 @@ absl::Status PipelineRunner::RunStage(const std::shared_ptr<Step>& current, int 
   const absl::Status done = RunStageOps(current, s);
   // Nothing of this stage's runs on past its part of the step: its copies
   // end (their spans join the step's), and after a failure its host updates.
+  ReleaseWeights(st);
   const absl::Status copied = FinishCopies(st);
   if (!done.ok() && st.host_updates != nullptr) FinishHostUpdates(st).IgnoreError();
   return done.ok() ? copied : done;
@@ -931,6 +1057,13 @@ absl::Status PipelineRunner::RunStageOps(const std::shared_ptr<Step>& current, i
   }
   for (size_t i = 0; i < ops.size(); ++i) {
     const auto [backward, m] = ops[i];
+    // Streamed weights: the first the next op computes, fetched during this
+    // one's last (a recomputing backward starts with a forward).
+    if (st.stream_weights) {
+      const bool down = i + 1 < ops.size() && ops[i + 1].first && !st.recompute;
+      st.next_op_layer =
+          i + 1 == ops.size() ? -1 : NextStreamed(st, down ? st.end : st.first - 1, down, -1);
+    }
     // Offloading activations: those of the next op, a backward whose
     // forward has run, start coming back during this one.
     if (st.offload_activations && !st.wait_for_copies && step.training && i + 1 < ops.size() &&
@@ -1016,6 +1149,8 @@ absl::Status PipelineRunner::UpdateOnHost(Stage& st, const StepConstants& c, int
   const double updated = WallSeconds();
   st.SpanTo(spans, tandem::v1::TIMELINE_RESOURCE_HOST_UPDATE, tandem::v1::TIMELINE_PHASE_UPDATE,
             layer, 0, down, updated, bytes);
+  // Streamed weights come up from the host copy when next computed.
+  if (st.stream_weights) return absl::OkStatus();
   TANDEM_RETURN_IF_ERROR(st.device->CopyToDevice(st.params.f32() + offset, params, bytes));
   st.SpanTo(spans, tandem::v1::TIMELINE_RESOURCE_COPY_H2D, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D,
             layer, 0, updated, WallSeconds(), bytes);
@@ -1174,6 +1309,7 @@ absl::Status PipelineRunner::RunStages(const std::shared_ptr<Step>& step) {
     out.copy_seconds = st.times.copy;
     out.peer_copy_seconds = st.times.peer;
     out.update_seconds = st.times.update;
+    out.weight_fetch_seconds = st.times.fetch;
     // Update time within the phase, which is not bubble.
     double updating = 0;
     if (options_.schedule == PipelineSchedule::kPipeDream) {
@@ -1242,6 +1378,7 @@ absl::StatusOr<EvalResult> PipelineRunner::EvalStageAfterStage(const Batch& batc
   for (int m = 0; m < step.micro_batches(); ++m) {
     for (int s = 0; s < num_stages(); ++s) TANDEM_RETURN_IF_ERROR(StageForward(step, s, m));
   }
+  for (auto& st : stages_) ReleaseWeights(*st);
   EvalResult r;
   r.samples = batch.size;
   for (int m = 0; m < step.micro_batches(); ++m) {
@@ -1256,7 +1393,7 @@ absl::Status PipelineRunner::SyncStateToHost() {
   TANDEM_RETURN_IF_ERROR(Drain());
   for (auto& st : stages_) {
     TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(host_params_.f32() + st->param_begin,
-                                                  st->params.data(), st->param_n * 4));
+                                                  st->params.data(), st->resident_param_n() * 4));
     if (st->buffer_n > 0) {
       TANDEM_RETURN_IF_ERROR(st->device->CopyToHost(host_buffers_.f32() + st->buffer_begin,
                                                     st->buffers.data(), st->buffer_n * 4));
@@ -1279,11 +1416,15 @@ HostStateView PipelineRunner::host_state() {
 }
 
 absl::Status PipelineRunner::StateChangedOnHost() {
-  // The host's state replaces whatever a continuous pipeline had in flight.
-  for (auto& st : stages_) st->pending.clear();
+  // The host's state replaces whatever a continuous pipeline had in flight,
+  // and any weights fetched from the host before.
+  for (auto& st : stages_) {
+    st->pending.clear();
+    ReleaseWeights(*st);
+  }
   for (auto& st : stages_) {
     TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
-        st->params.data(), host_params_.f32() + st->param_begin, st->param_n * 4));
+        st->params.data(), host_params_.f32() + st->param_begin, st->resident_param_n() * 4));
     if (st->buffer_n > 0) {
       TANDEM_RETURN_IF_ERROR(st->device->CopyToDevice(
           st->buffers.data(), host_buffers_.f32() + st->buffer_begin, st->buffer_n * 4));
@@ -1342,6 +1483,8 @@ std::vector<tandem::v1::PipelineStageStats> PipelineRunner::pipeline_stats() con
                                                                        : 0);
     o.set_offload_activations(st.offload_activations);
     o.set_wait_for_activation_copies(st.wait_for_copies);
+    o.set_stream_weights(st.stream_weights);
+    o.set_weight_fetch_seconds(stats_[s].weight_fetch_seconds);
   }
   return out;
 }

@@ -87,6 +87,16 @@ struct PipelineStageSpec {
   // most of it); the others keep theirs on the device and update there. 0:
   // every layer of the stage.
   int host_updated_layers = 0;
+  // With offload_optimizer: the host-updated layers' weights stay in the
+  // runner's host copy (their master, which their host update writes) and
+  // come up to the device for each forward and backward of each micro-batch
+  // (recompute's forward too), on a fetch thread of the stage's own that
+  // copies the next layer's while the stage computes the current one (the
+  // next op's first across ops). The device holds their gradients and at
+  // most two of their layers' weights; nothing goes back up after the
+  // update. The same training, for 2M (3M recomputing) copies of those
+  // weights a step instead of one.
+  bool stream_weights = false;
   // The other way to hold few micro-batches' activations (every schedule;
   // not with recompute): each micro-batch's layer outputs and saved tensors
   // go down to the device's staging host memory after its forward and come
@@ -144,6 +154,9 @@ struct PipelineStageStats {
   // The optimizer update: after the last backward, or (overlapped host
   // updates) the layers' updates' own time, part of it during backward.
   double update_seconds = 0;
+  // Streamed weights: the stage's thread's waits for them (part of
+  // copy_seconds).
+  double weight_fetch_seconds = 0;
   // Peak device bytes since the runner started.
   int64_t peak_bytes = 0;
 };
@@ -226,6 +239,24 @@ class PipelineRunner final : public StepRunner {
   void QueueActivations(Step& step, Stage& stage, int m, bool down);
   absl::Status ActivationsBack(Step& step, Stage& stage, int m);
   absl::Status FinishCopies(Stage& stage);
+  // Streamed weights (PipelineStageSpec::stream_weights): layer l's weights
+  // on the stage's device for the compute about to run (null when l's are
+  // resident or it has none): those held since the compute before when it
+  // was of l, else fetched (or taken from the fetch queued ahead), the
+  // layer before's freed first; then the fetch of `next` (a layer other
+  // than l, or -1) queued behind it. The wait is counted in the stage's
+  // copy time, and a fetch's span (micro-batch m) goes into the timeline
+  // when `record`.
+  absl::StatusOr<const float*> WeightsFor(Stage& stage, int l, int m, int next, bool record);
+  // The first streamed layer with weights after l in the direction the
+  // compute goes (`backward`: down), else `after`.
+  int NextStreamed(const Stage& stage, int l, bool backward, int after) const;
+  // Waits for a fetch still in flight and drops it; its spans taken into
+  // the stage's.
+  void FinishFetches(Stage& stage);
+  // After the stage's part of a step or evaluation, and when the host's
+  // state changes: no weights held or coming.
+  void ReleaseWeights(Stage& stage);
   // EvalBatch's work: each micro-batch through the stages in turn.
   absl::StatusOr<EvalResult> EvalStageAfterStage(const Batch& batch);
   // Continuous PipeDream: every stage's pending backwards (and updates) run,

@@ -623,6 +623,150 @@ TEST(PipelineRunnerTest, OffloadingStagesUpdateOnTheHostAlike) {
   }
 }
 
+// Streamed weights within the stages (PipelineStageSpec::stream_weights):
+// the host-updated layers' weights stay on the host and come up for each
+// forward and backward of each micro-batch. Against the same stages keeping
+// those weights on the device: the same losses and state to the bit (every
+// layer on the host, the last three, and every layer recomputing), evaluation
+// alike, each stage's parameters never above its resident ones plus two
+// streamed layers' weights, stage 0's peak lower, and one weight copy per
+// streamed layer with weights per forward and backward (and recompute) of
+// each micro-batch on the timeline, none after the update.
+TEST(PipelineRunnerTest, StreamingStagesTrainAlikeHoldingTwoLayersOfWeights) {
+  // Six blocks, so that each stage streams more layers than the two it holds.
+  std::string deeper = exec_test::kGpt;
+  ASSERT_NE(deeper.find("n_layer: 2"), std::string::npos);
+  deeper.replace(deeper.find("n_layer: 2"), 10, "n_layer: 6");
+  const Fixture f = MakeFixture(deeper);
+  const int kMicroBatches = 4;
+  struct Variant {
+    const char* name;
+    PipelineSchedule schedule;
+    int host_updated_layers;
+    bool recompute;
+  };
+  for (const Variant& v :
+       {Variant{"1F1B, every layer", PipelineSchedule::kOneFOneB, 0, false},
+        Variant{"GPipe, every layer", PipelineSchedule::kGPipe, 0, false},
+        Variant{"1F1B, last three layers", PipelineSchedule::kOneFOneB, 3, false},
+        Variant{"GPipe, recomputing", PipelineSchedule::kGPipe, 0, true}}) {
+    SCOPED_TRACE(v.name);
+    std::vector<double> losses[2];
+    std::vector<float> state[2];
+    double eval_loss[2] = {0, 0};
+    int64_t peak[2] = {0, 0};
+    for (const bool stream : {false, true}) {
+      Devices devices(2);
+      std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+      for (PipelineStageSpec& st : stages) {
+        st.offload_optimizer = true;
+        st.host_updated_layers = v.host_updated_layers;
+        st.recompute = v.recompute;
+        st.stream_weights = stream;
+      }
+      const std::unique_ptr<PipelineRunner> runner =
+          Over(f, stages, {.schedule = v.schedule, .micro_batches = kMicroBatches});
+      ASSERT_NE(runner, nullptr);
+      losses[stream] = RunSteps(f, *runner, 6);
+      BatchLoader loader(*f.data.train, f.spec.training().batch_size(), false, 1, false);
+      const absl::StatusOr<EvalResult> eval = runner->EvalBatch(loader.Next());
+      ASSERT_TRUE(eval.ok()) << eval.status();
+      eval_loss[stream] = eval->loss_sum;
+      peak[stream] = runner->stage_stats()[0].peak_bytes;
+      // Per stage on the latest step's timeline: its weight copies, and the
+      // layers it computed in order.
+      std::map<int, int> fetches;
+      std::map<int, std::vector<std::pair<double, int>>> computed;
+      const tandem::v1::Timeline timeline = runner->last_timeline();
+      for (const tandem::v1::TimelineSpan& span : timeline.spans()) {
+        if (span.phase() == tandem::v1::TIMELINE_PHASE_PARAMETER_H2D) ++fetches[span.lane()];
+        if (span.resource() == tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE &&
+            span.phase() != tandem::v1::TIMELINE_PHASE_UPDATE) {
+          computed[span.lane()].push_back({span.start_seconds(), span.layer()});
+        }
+      }
+      for (int s = 0; s < 2; ++s) {
+        const PipelineStageSpec& st = stages[s];
+        const int from =
+            v.host_updated_layers > 0 ? st.end_layer - v.host_updated_layers : st.first_layer;
+        int with_weights = 0;
+        int64_t most = 0, second = 0;
+        for (int l = from; l < st.end_layer; ++l) {
+          const int64_t bytes = f.model->param_slice(l) * 4;
+          if (bytes == 0) continue;
+          ++with_weights;
+          if (bytes > most) {
+            second = most;
+            most = bytes;
+          } else {
+            second = std::max(second, bytes);
+          }
+        }
+        // Streaming: a copy per compute of a streamed layer with weights,
+        // but where the compute before was of the same layer (which the
+        // stage holds on to); at most one per forward and backward (and
+        // recompute) of each micro-batch. Else one copy up of the stage's
+        // host-updated weights after its update (the job clips, so the
+        // stage updates at once).
+        std::sort(computed[s].begin(), computed[s].end());
+        int expected = 0, last = -1;
+        for (const auto& [start, l] : computed[s]) {
+          if (l < from || f.model->param_slice(l) == 0) continue;
+          if (l != last) ++expected;
+          last = l;
+        }
+        const int per_micro_batch = v.recompute ? 3 : 2;
+        EXPECT_GT(expected, 0) << "stage " << s;
+        EXPECT_LE(expected, per_micro_batch * kMicroBatches * with_weights) << "stage " << s;
+        EXPECT_EQ(fetches[s], stream ? expected : 1) << "stage " << s;
+        const tandem::v1::PipelineStageStats stats = runner->pipeline_stats()[s];
+        EXPECT_EQ(stats.stream_weights(), stream);
+        if (!stream) continue;
+        EXPECT_GT(stats.weight_fetch_seconds(), 0) << "stage " << s;
+        EXPECT_LE(stats.weight_fetch_seconds(), stats.copy_seconds()) << "stage " << s;
+        // Parameters on the device: the resident layers' weights, the
+        // stage's buffers, and at most two streamed layers' weights (the
+        // one computing, the one coming).
+        const int64_t resident =
+            (f.model->param_offset(from) - f.model->param_offset(st.first_layer)) * 4;
+        const int64_t buffers =
+            (f.model->buffer_offset(st.end_layer) - f.model->buffer_offset(st.first_layer)) * 4;
+        const MemoryStats mem = devices.owned[s]->allocator()->stats();
+        EXPECT_LE(mem.peak_bytes[static_cast<int>(MemoryCategory::kParameters)],
+                  std::max<int64_t>(resident, 4) + std::max<int64_t>(buffers, 4) + most + second)
+            << "stage " << s;
+      }
+      ASSERT_TRUE(runner->SyncStateToHost().ok());
+      const HostStateView host = runner->host_state();
+      const int64_t n = f.model->parameter_elements();
+      state[stream].assign(host.params, host.params + n);
+      for (const float* m : host.moments) state[stream].insert(state[stream].end(), m, m + n);
+    }
+    EXPECT_EQ(losses[true], losses[false]);
+    EXPECT_EQ(state[true], state[false]);
+    EXPECT_EQ(eval_loss[true], eval_loss[false]);
+    EXPECT_LT(peak[true], peak[false]);
+    std::cout << v.name << ": stage 0 peaks at " << peak[false] << " B with its weights, "
+              << peak[true] << " B streaming them\n";
+  }
+}
+
+// Streaming weights needs the stage's host updates: refused without them.
+TEST(PipelineRunnerTest, StreamedWeightsWithoutHostUpdatesAreRefused) {
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  Devices devices(2);
+  std::vector<PipelineStageSpec> stages = EvenStages(*f.model, devices);
+  stages[1].stream_weights = true;
+  PipelineOptions options{.schedule = PipelineSchedule::kOneFOneB, .micro_batches = 2};
+  options.max_batch = f.spec.training().batch_size();
+  const absl::StatusOr<std::unique_ptr<PipelineRunner>> r =
+      PipelineRunner::Create(*f.model, f.spec.optimizer(), stages, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("stage 1 streams its weights"), std::string::npos)
+      << r.status();
+}
+
 TEST(PipelineRunnerTest, EvaluationMatchesTheCpuEngine) {
   const Fixture f = MakeFixture(exec_test::kGpt);
   Devices devices(3);

@@ -220,6 +220,7 @@ bool SamePlacement(const Plan& a, const Plan& b) {
         x.last_layer() != y.last_layer() || x.recompute() != y.recompute() ||
         x.offload_optimizer() != y.offload_optimizer() ||
         x.host_updated_layers() != y.host_updated_layers() ||
+        x.stream_weights() != y.stream_weights() ||
         x.offload_activations() != y.offload_activations() ||
         x.wait_for_activation_copies() != y.wait_for_activation_copies()) {
       return false;

@@ -242,6 +242,17 @@ TEST(PipelineJobTest, A1F1BStageThatFitsOnlyByOffloadingOffloads) {
       " on the host and update");
 }
 
+// Below the capacity at which every layer's optimizer state on the host
+// makes a 1F1B stage fit, the stage keeps those layers' weights on the host
+// too and copies them up for each forward and backward (two layers' at a
+// time on its device): the same training, within its predicted memory.
+TEST(PipelineJobTest, A1F1BStageThatFitsOnlyByStreamingItsWeightsStreams) {
+  CheckAStageThatFitsOnlySo(
+      tandem::v1::PIPELINE_SCHEDULE_ONE_F_ONE_B,
+      [](const tandem::v1::PipelineStage& st) { return st.stream_weights(); },
+      "copies them up for each forward and backward");
+}
+
 // PipeDream through PlanJob: the record says how stale each stage ran and
 // how many updates a step made.
 // bf16 pipelines (asked for: auto stays fp32): the gpt, the cnn and the mlp
@@ -505,6 +516,12 @@ TEST(PipelineJobTest, SpecsTheNodeCannotRunAreRefusedNamingWhy) {
        },
        "placement.plan.pipeline[0].host_updated_layers: the stage keeps no optimizer state on "
        "the host"},
+      {[](tandem::v1::Plan& p) {
+         p.mutable_pipeline(1)->set_offload_optimizer(false);
+         p.mutable_pipeline(1)->set_stream_weights(true);
+       },
+       "placement.plan.pipeline[1].stream_weights: only layers that update on the host stream "
+       "their weights"},
       // The runner runs the plan's schedule and micro-batches, not the spec's.
       {[](tandem::v1::Plan& p) {
          p.set_pipeline_schedule(tandem::v1::PIPELINE_SCHEDULE_PIPEDREAM);

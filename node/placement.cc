@@ -544,6 +544,11 @@ absl::Status ValidateForcedPipeline(const Model& model, const JobSpec& resolved,
       return ForcedPlanError(field + ".host_updated_layers",
                              "the stage keeps no optimizer state on the host (offload_optimizer)");
     }
+    if (st.stream_weights() && !st.offload_optimizer()) {
+      return ForcedPlanError(field + ".stream_weights",
+                             "only layers that update on the host stream their weights; the "
+                             "stage keeps no optimizer state there (offload_optimizer)");
+    }
     if (st.wait_for_activation_copies() && !st.offload_activations()) {
       return ForcedPlanError(field + ".wait_for_activation_copies",
                              "the stage offloads no activations (offload_activations) to wait for");
@@ -1172,9 +1177,15 @@ absl::StatusOr<std::unique_ptr<StepRunner>> MakePipelineRunner(const Model& mode
   for (const tandem::v1::PipelineStage& st : plan.pipeline()) {
     TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> device,
                             CreateAccelerator(resolved, node, capacity, st.device_index()));
-    stages.push_back({st.first_layer(), st.last_layer() + 1, device.get(), st.recompute(),
-                      st.offload_optimizer(), st.host_updated_layers(), st.offload_activations(),
-                      st.wait_for_activation_copies()});
+    stages.push_back({.first_layer = st.first_layer(),
+                      .end_layer = st.last_layer() + 1,
+                      .device = device.get(),
+                      .recompute = st.recompute(),
+                      .offload_optimizer = st.offload_optimizer(),
+                      .host_updated_layers = st.host_updated_layers(),
+                      .stream_weights = st.stream_weights(),
+                      .offload_activations = st.offload_activations(),
+                      .wait_for_activation_copies = st.wait_for_activation_copies()});
     devices.push_back(std::move(device));
   }
   PipelineOptions options;

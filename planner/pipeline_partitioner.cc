@@ -9,11 +9,13 @@
 
 namespace tandem::planner {
 
-double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads) {
+double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads, bool weights_up) {
   return cost.CopySeconds(tandem::v1::LINK_DIRECTION_DEVICE_TO_HOST, cost.GradientBytes(layer)) +
          cost.UpdateSeconds(layer, tandem::v1::PLACEMENT_HOST,
                             host_threads > 0 ? host_threads : cost.host_threads()) +
-         cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ParameterBytes(layer));
+         (weights_up ? cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE,
+                                        cost.ParameterBytes(layer))
+                     : 0.0);
 }
 
 int HostUpdatedFrom(const tandem::v1::PipelineStage& stage) {
@@ -43,6 +45,10 @@ struct StageMode {
   bool wait_copies = false;
   // With offload: only the last this many layers (0: all of them).
   int host_layers = 0;
+  // With offload: the host-updated layers' weights stay on the host and
+  // come up for each forward and backward (and recompute) of each
+  // micro-batch, beside the compute.
+  bool stream_weights = false;
 };
 
 // The first layer of [i, j) that `mode` updates on the host (j: none).
@@ -57,7 +63,9 @@ class StageCosts {
   StageCosts(const CostModel& cost, const PipelineRequest& r, int stages)
       : cost_(cost), r_(r), S_(stages), m_(r.micro_batch_size) {
     const int L = cost.num_layers();
-    for (auto* v : {&time_, &forward_, &offload_extra_, &activation_copies_}) v->assign(L + 1, 0.0);
+    for (auto* v : {&time_, &forward_, &offload_extra_, &activation_copies_, &weights_up_}) {
+      v->assign(L + 1, 0.0);
+    }
     for (auto* v : {&state_, &activation_, &optimizer_, &parameters_}) v->assign(L + 1, 0);
     for (int l = 0; l < L; ++l) {
       const double scale = l < static_cast<int>(r.compute_scale.size()) ? r.compute_scale[l] : 1.0;
@@ -76,7 +84,29 @@ class StageCosts {
           cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ActivationBytes(l, m_));
       optimizer_[l + 1] = optimizer_[l] + cost.OptimizerStateBytes(l);
       parameters_[l + 1] = parameters_[l] + cost.ParameterBytes(l);
+      weights_up_[l + 1] =
+          weights_up_[l] +
+          cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ParameterBytes(l));
     }
+    // Sparse table of the largest layer weights over ranges of 2^e layers.
+    largest_weights_.push_back(std::vector<int64_t>(L));
+    for (int l = 0; l < L; ++l) largest_weights_[0][l] = cost.ParameterBytes(l);
+    for (int e = 1; (1 << e) <= L; ++e) {
+      const std::vector<int64_t>& below = largest_weights_[e - 1];
+      std::vector<int64_t> row(L - (1 << e) + 1);
+      for (size_t l = 0; l < row.size(); ++l) {
+        row[l] = std::max(below[l], below[l + (1 << (e - 1))]);
+      }
+      largest_weights_.push_back(std::move(row));
+    }
+  }
+
+  // The largest weights of one layer in [i, j) (0 when empty).
+  int64_t LargestWeights(int i, int j) const {
+    if (j <= i) return 0;
+    int e = 0;
+    while ((2 << e) <= j - i) ++e;
+    return std::max(largest_weights_[e][i], largest_weights_[e][j - (1 << e)]);
   }
 
   // Sending layer l's output one way.
@@ -93,13 +123,34 @@ class StageCosts {
   // The runner copies offloaded activations on the stage's copy thread
   // while it computes: only copies longer than the compute add, unless the
   // stage waits for each.
+  // Streamed weights come up beside the compute too (the same link as the
+  // activations' way back), once per forward and backward of each streamed
+  // layer and once more recomputing: only what the compute does not hide
+  // adds.
   double Extra(int i, int j, StageMode mode) const {
-    if (mode.recompute) return forward_[j] - forward_[i];
+    const double compute = time_[j] - time_[i];
+    const int h = HostFrom(i, j, mode);
+    const double fetches =
+        mode.stream_weights ? (mode.recompute ? 3 : 2) * (weights_up_[j] - weights_up_[h]) : 0.0;
+    if (mode.recompute) {
+      const double again = forward_[j] - forward_[i];
+      return again + std::max(0.0, fetches - compute - again);
+    }
     if (mode.offload_activations) {
       const double copies = activation_copies_[j] - activation_copies_[i];
-      return mode.wait_copies ? copies : std::max(0.0, copies - (time_[j] - time_[i]));
+      return mode.wait_copies ? copies + std::max(0.0, fetches - compute)
+                              : std::max(0.0, copies + fetches - compute);
     }
-    return 0.0;
+    return std::max(0.0, fetches - compute);
+  }
+
+  // What the update adds over the device's, per step: the offloaded layers'
+  // host updates, without their weights' copy up when streamed (the next
+  // forward fetches them).
+  double OffloadAdded(int i, int j, StageMode mode) const {
+    const int h = HostFrom(i, j, mode);
+    const double added = offload_extra_[j] - offload_extra_[h];
+    return std::max(0.0, mode.stream_weights ? added - (weights_up_[j] - weights_up_[h]) : added);
   }
 
   // Stage k holding layers [i, j) as `mode` says: their state (without the
@@ -131,7 +182,13 @@ class StageCosts {
                          : mode.offload_activations         ? std::min<int64_t>(in_flight, 2)
                                                             : in_flight;
     const int64_t activations = in_flight * input + held * (activation_[j] - activation_[i]);
-    const int64_t offloaded = optimizer_[j] - optimizer_[HostFrom(i, j, mode)];
+    const int h = HostFrom(i, j, mode);
+    // Streaming: the host-updated layers' weights stay on the host, but for
+    // the two layers' the device holds at a time (the one computing, the
+    // one coming; counted at the largest).
+    const int64_t offloaded =
+        optimizer_[j] - optimizer_[h] +
+        (mode.stream_weights ? parameters_[j] - parameters_[h] - 2 * LargestWeights(h, j) : 0);
     const int64_t awaiting_pull = cost_.has_peer_link() ? input : 0;
     return state_[j] - state_[i] - offloaded + activations + versions * weights + awaiting_pull;
   }
@@ -140,8 +197,15 @@ class StageCosts {
   // of recomputing or offloading its activations and offloading the
   // optimizer state of its fewest last layers that adds least to the step
   // ((M + S - 1) forwards, or activation copies, against the offloaded
-  // updates' extra time); nullopt when nothing fits.
+  // updates' extra time); only where none of those fits, the same with
+  // those layers' weights streamed; nullopt when nothing fits.
   std::optional<StageMode> Choose(int k, int i, int j) const {
+    std::optional<StageMode> best = ChooseAmong(k, i, j, /*stream_weights=*/false);
+    if (best || !r_.allow_stream_weights) return best;
+    return ChooseAmong(k, i, j, /*stream_weights=*/true);
+  }
+
+  std::optional<StageMode> ChooseAmong(int k, int i, int j, bool stream_weights) const {
     std::optional<StageMode> best;
     double best_added = 0;
     // {recompute, offload, offload_activations, wait_copies}
@@ -149,16 +213,18 @@ class StageCosts {
                            StageMode{false, false, true}, StageMode{false, false, true, true},
                            StageMode{false, true, false}, StageMode{true, true, false},
                            StageMode{false, true, true}, StageMode{false, true, true, true}}) {
+      mode.stream_weights = stream_weights;
       if ((mode.recompute && (!r_.allow_recompute || r_.stash_weights)) ||
           (mode.offload_activations && !r_.allow_offload_activations) ||
-          (mode.offload && (!r_.allow_offload || r_.stash_weights))) {
+          (mode.offload && (!r_.allow_offload || r_.stash_weights)) ||
+          (stream_weights && !mode.offload)) {
         continue;
       }
       if (mode.offload && !FewestHostLayers(k, i, j, &mode)) continue;
       if (r_.device_memory_bytes > 0 && Memory(k, i, j, mode) > r_.device_memory_bytes) continue;
       if (!mode.recompute && !mode.offload && !mode.offload_activations) return mode;  // fits
-      const double added = (r_.micro_batches + S_ - 1) * Extra(i, j, mode) +
-                           std::max(0.0, offload_extra_[j] - offload_extra_[HostFrom(i, j, mode)]);
+      const double added =
+          (r_.micro_batches + S_ - 1) * Extra(i, j, mode) + OffloadAdded(i, j, mode);
       if (!best || added < best_added) {
         best = mode;
         best_added = added;
@@ -198,6 +264,7 @@ class StageCosts {
     stage.set_recompute(mode.recompute);
     stage.set_offload_optimizer(mode.offload);
     stage.set_host_updated_layers(mode.offload ? mode.host_layers : 0);
+    stage.set_stream_weights(mode.offload && mode.stream_weights);
     stage.set_offload_activations(mode.offload_activations);
     stage.set_wait_for_activation_copies(mode.wait_copies);
     stage.set_compute_seconds(Time(i, j, mode));
@@ -210,8 +277,9 @@ class StageCosts {
   const CostModel& cost_;
   const PipelineRequest& r_;
   const int S_, m_;
-  std::vector<double> time_, forward_, offload_extra_, activation_copies_;
+  std::vector<double> time_, forward_, offload_extra_, activation_copies_, weights_up_;
   std::vector<int64_t> state_, activation_, optimizer_, parameters_;
+  std::vector<std::vector<int64_t>> largest_weights_;
 };
 
 }  // namespace
@@ -276,10 +344,10 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
                                                      "..", g.last_layer(), " do not follow layer ",
                                                      next - 1, " within ", L, " layers"));
     }
-    stages.push_back(
-        costs.Stage(s, g.first_layer(), g.last_layer() + 1,
-                    StageMode{g.recompute(), g.offload_optimizer(), g.offload_activations(),
-                              g.wait_for_activation_copies(), g.host_updated_layers()}));
+    stages.push_back(costs.Stage(
+        s, g.first_layer(), g.last_layer() + 1,
+        StageMode{g.recompute(), g.offload_optimizer(), g.offload_activations(),
+                  g.wait_for_activation_copies(), g.host_updated_layers(), g.stream_weights()}));
     next = g.last_layer() + 1;
   }
   if (next != L) {

@@ -64,6 +64,13 @@ struct PipelineRequest {
   // (PipelineStage.host_updated_layers), else all of them.
   bool allow_offload = false;
   bool offload_fewest_layers = true;
+  // Where no such way fits, an offloading stage may also keep its
+  // host-updated layers' weights on the host (PipelineStage.stream_weights):
+  // the device holds two of their layers' weights at a time (counted at the
+  // largest), and each forward and backward (and recompute) copies them up,
+  // beside the compute (what it does not hide adds to the stage's time);
+  // their weights no longer go up after the update.
+  bool allow_stream_weights = false;
   // A stage whose activations do not fit may instead send each micro-batch's
   // down to the host after its forward and fetch them back before its
   // backward: two micro-batches' activations (one waiting for each copy),
@@ -84,8 +91,8 @@ struct PipelineRequest {
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> PartitionPipeline(
     const CostModel& cost, const PipelineRequest& request);
 
-// `given`'s stages (their layers, recompute, offload_optimizer and
-// offload_activations) timed and
+// `given`'s stages (their layers, recompute, offload_optimizer,
+// host_updated_layers, stream_weights and offload_activations) timed and
 // sized as PartitionPipeline would: INVALID_ARGUMENT when they do not cover
 // the layers in order. A stage that does not fit is returned as it is.
 absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
@@ -97,8 +104,10 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> TimePipelineStages(
 int HostUpdatedFrom(const tandem::v1::PipelineStage& stage);
 
 // Layer `layer`'s update when its stage offloads it: its gradients down, the
-// host's update on `host_threads` threads (0: all of them), its weights up.
-double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads);
+// host's update on `host_threads` threads (0: all of them), its weights up
+// (not when its stage streams them: `weights_up` false).
+double OffloadedUpdateSeconds(const CostModel& cost, int layer, int host_threads,
+                              bool weights_up = true);
 
 // The slowest stage's time: what bounds the pipeline's throughput, in
 // seconds per micro-batch.

@@ -336,6 +336,58 @@ TEST(PartitionPipelineTest, AStageOffloadsItsOptimizerStateWhenOnlyThatFits) {
   EXPECT_EQ((*tight)[0].memory_bytes(), whole - optimizer);
 }
 
+// Streamed weights within a stage: where even every layer's optimizer state
+// on the host leaves a stage of four equal layers one layer's weights over
+// its device, it also keeps their weights on the host, holding two layers'
+// at a time (two fewer than its four), and copies them up for each forward
+// and backward; not where offloading the optimizer state fits, nor unless
+// allowed.
+TEST(PartitionPipelineTest, AStageStreamsItsWeightsWhenNothingElseFits) {
+  std::vector<testing::SyntheticLayer> chain = FourEqualLayers();
+  const std::vector<testing::SyntheticLayer> four = chain;
+  chain.insert(chain.end(), four.begin(), four.end());
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  PipelineRequest r = TwoStages(2);
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> roomy = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  ASSERT_EQ((*roomy)[1].first_layer(), 4);
+  const int64_t whole = (*roomy)[0].memory_bytes();
+  const int64_t weights = cost->ParameterBytes(0);
+  int64_t optimizer = 0;
+  for (int l = 0; l < 4; ++l) optimizer += cost->OptimizerStateBytes(l);
+  r.allow_offload = true;
+  r.allow_stream_weights = true;
+  // Offloading the optimizer state fits: nothing streams.
+  r.device_memory_bytes = whole - optimizer;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> offloading = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(offloading.ok()) << offloading.status();
+  for (const tandem::v1::PipelineStage& st : *offloading) {
+    EXPECT_TRUE(st.offload_optimizer()) << "stage " << st.device_index();
+    EXPECT_FALSE(st.stream_weights()) << "stage " << st.device_index();
+  }
+  r.device_memory_bytes = whole - optimizer - weights;
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> streaming = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(streaming.ok()) << streaming.status();
+  for (const tandem::v1::PipelineStage& st : *streaming) {
+    EXPECT_TRUE(st.offload_optimizer()) << "stage " << st.device_index();
+    EXPECT_TRUE(st.stream_weights()) << "stage " << st.device_index();
+    EXPECT_EQ(st.host_updated_layers(), 0) << "stage " << st.device_index();
+    EXPECT_LE(st.memory_bytes(), r.device_memory_bytes);
+    EXPECT_GE(st.compute_seconds(), (*roomy)[st.device_index()].compute_seconds());
+  }
+  EXPECT_EQ((*streaming)[0].memory_bytes(), whole - optimizer - 2 * weights);
+  // Timed as given, a forced stage that streams holds the same.
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> timed =
+      TimePipelineStages(*cost, r, *streaming);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_EQ((*timed)[0].memory_bytes(), (*streaming)[0].memory_bytes());
+  EXPECT_TRUE((*timed)[0].stream_weights());
+  r.allow_stream_weights = false;
+  EXPECT_EQ(PartitionPipeline(*cost, r).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 // PipeDream's weight versions: stage 0 of 2 stashes min(1, M) + 1 = 2 copies
 // of its weights and stage 1 none; with vertical sync stage 1 stashes one
 // and keeps 1 + 1 for its history.

@@ -466,6 +466,11 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
                       s.last_layer() - s.first_layer() + 1,
                       " layers on the host and updates them there");
     }
+    if (s.stream_weights()) {
+      absl::StrAppend(&note, "; stage ", s.device_index(),
+                      " keeps the weights of its host-updated layers on the host too and copies "
+                      "them up for each forward and backward, as nothing else fits its device");
+    }
   }
   return note;
 }
@@ -492,8 +497,9 @@ double UpdateTail(const CostModel& cost, const tandem::v1::PipelineStage& s,
     ready += rates.ComputeScale(l) *
              cost.BackwardSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, micro_batch_size);
     if (l < host_from || cost.ParameterBytes(l) == 0) continue;
-    end =
-        std::max(end, ready) + rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads);
+    end = std::max(end, ready) +
+          rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads,
+                                                        /*weights_up=*/!s.stream_weights());
   }
   return std::max(device_update, end - backward);
 }
@@ -543,7 +549,9 @@ void PredictPipeline(const CostModel& cost, const std::vector<tandem::v1::Pipeli
     const int host_from = HostUpdatedFrom(s);
     for (int l = s.first_layer(); l <= s.last_layer(); ++l) {
       if (l >= host_from) {
-        stage_update += rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads);
+        stage_update +=
+            rates.UpdateScale(l) * OffloadedUpdateSeconds(cost, l, host_threads,
+                                                          /*weights_up=*/!s.stream_weights());
       } else {
         device_update += rates.UpdateScale(l) * slower *
                          cost.UpdateSeconds(l, tandem::v1::PLACEMENT_ACCELERATOR, 1);
@@ -678,6 +686,7 @@ absl::StatusOr<tandem::v1::Plan> SolvePipelinePlan(const PlanRequest& request,
   p.continuous = p.stash_weights && !p.vertical_sync && request.pipeline_continuous;
   p.allow_recompute = !p.stash_weights;
   p.allow_offload = !p.stash_weights;
+  p.allow_stream_weights = p.allow_offload;
   p.allow_offload_activations = true;
   p.stop = request.stop;
   // Offloading stages update on the host at the same time: each with its

@@ -38,7 +38,8 @@ constexpr size_t kFinishedSeriesKept = 50;
 // one labelled "64+".
 constexpr int kMaxLagLabel = 64;
 // The phases of tandem_job_pipeline_stage_seconds: what is set is what goes.
-constexpr const char* kPipelinePhases[] = {"busy", "bubble", "copy", "peer_copy", "update"};
+constexpr const char* kPipelinePhases[] = {"busy",      "bubble",       "copy",
+                                           "peer_copy", "weight_fetch", "update"};
 // UpdateStats.rule's values (job.proto), the labels of tandem_job_update_rule_info.
 constexpr const char* kUpdateRules[] = {"synchronous", "hogwild",          "easgd",
                                         "swa",         "parameter_server", "pipedream"};
@@ -1371,8 +1372,9 @@ void JobManager::UpdateJobMetrics(const Entry& entry) {
           .Add({{"job_id", entry.job.id()}, {"stage", stage}, {"phase", phase}})
           .Set(v);
     };
-    const double values[] = {st.busy_seconds(), st.bubble_seconds(), st.copy_seconds(),
-                             st.peer_copy_seconds(), st.update_seconds()};
+    const double values[] = {st.busy_seconds(),         st.bubble_seconds(),
+                             st.copy_seconds(),         st.peer_copy_seconds(),
+                             st.weight_fetch_seconds(), st.update_seconds()};
     static_assert(std::size(values) == std::size(kPipelinePhases));
     for (size_t i = 0; i < std::size(values); ++i) seconds(kPipelinePhases[i], values[i]);
     metrics_->job_pipeline_stage_bytes

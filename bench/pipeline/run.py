@@ -276,7 +276,8 @@ def bench(args, server):
                                                 ("offload_activations", "offload activations"),
                                                 ("wait_for_activation_copies",
                                                  "(waiting for each copy)"),
-                                                ("offload_optimizer", "offload optimizer"))
+                                                ("offload_optimizer", "offload optimizer"),
+                                                ("stream_weights", "stream weights"))
                          if st.get(key))
                      + (" (last %d layers)" % st["host_updated_layers"]
                         if st.get("host_updated_layers") else ""))

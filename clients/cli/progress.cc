@@ -125,6 +125,11 @@ std::vector<std::string> DescribePipeline(const tandem::v1::JobMetrics& m) {
     } else if (s.offload_optimizer()) {
       lines.back() += "; optimizer state and update on the host";
     }
+    if (s.stream_weights()) {
+      lines.back() += absl::StrFormat(
+          ", and their weights, streamed up for each forward and backward (waited %.1f ms)",
+          s.weight_fetch_seconds() * 1e3);
+    }
   }
   return lines;
 }

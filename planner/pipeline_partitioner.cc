@@ -88,25 +88,40 @@ class StageCosts {
           weights_up_[l] +
           cost.CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost.ParameterBytes(l));
     }
-    // Sparse table of the largest layer weights over ranges of 2^e layers.
-    largest_weights_.push_back(std::vector<int64_t>(L));
-    for (int l = 0; l < L; ++l) largest_weights_[0][l] = cost.ParameterBytes(l);
+    // Sparse table of the layer with the largest weights over each range of
+    // 2^e layers.
+    largest_.push_back(std::vector<int>(L));
+    for (int l = 0; l < L; ++l) largest_[0][l] = l;
     for (int e = 1; (1 << e) <= L; ++e) {
-      const std::vector<int64_t>& below = largest_weights_[e - 1];
-      std::vector<int64_t> row(L - (1 << e) + 1);
+      const std::vector<int>& below = largest_[e - 1];
+      std::vector<int> row(L - (1 << e) + 1);
       for (size_t l = 0; l < row.size(); ++l) {
-        row[l] = std::max(below[l], below[l + (1 << (e - 1))]);
+        row[l] = Larger(below[l], below[l + (1 << (e - 1))]);
       }
-      largest_weights_.push_back(std::move(row));
+      largest_.push_back(std::move(row));
     }
   }
 
-  // The largest weights of one layer in [i, j) (0 when empty).
-  int64_t LargestWeights(int i, int j) const {
-    if (j <= i) return 0;
+  // The layer of [i, j) with the largest weights (-1 when empty).
+  int Largest(int i, int j) const {
+    if (j <= i) return -1;
     int e = 0;
     while ((2 << e) <= j - i) ++e;
-    return std::max(largest_weights_[e][i], largest_weights_[e][j - (1 << e)]);
+    return Larger(largest_[e][i], largest_[e][j - (1 << e)]);
+  }
+  // The weights of the two layers of [i, j) with the largest: what a stage
+  // streaming them holds at most (the one computing, the one coming).
+  int64_t TwoLargestWeights(int i, int j) const {
+    const int first = Largest(i, j);
+    if (first < 0) return 0;
+    const int second = Larger(Largest(i, first), Largest(first + 1, j));
+    return cost_.ParameterBytes(first) + (second < 0 ? 0 : cost_.ParameterBytes(second));
+  }
+
+  // Of two layers (-1: none), the one with larger weights.
+  int Larger(int a, int b) const {
+    if (a < 0 || b < 0) return std::max(a, b);
+    return cost_.ParameterBytes(b) > cost_.ParameterBytes(a) ? b : a;
   }
 
   // Sending layer l's output one way.
@@ -185,10 +200,10 @@ class StageCosts {
     const int h = HostFrom(i, j, mode);
     // Streaming: the host-updated layers' weights stay on the host, but for
     // the two layers' the device holds at a time (the one computing, the
-    // one coming; counted at the largest).
+    // one coming).
     const int64_t offloaded =
         optimizer_[j] - optimizer_[h] +
-        (mode.stream_weights ? parameters_[j] - parameters_[h] - 2 * LargestWeights(h, j) : 0);
+        (mode.stream_weights ? parameters_[j] - parameters_[h] - TwoLargestWeights(h, j) : 0);
     const int64_t awaiting_pull = cost_.has_peer_link() ? input : 0;
     return state_[j] - state_[i] - offloaded + activations + versions * weights + awaiting_pull;
   }
@@ -279,7 +294,7 @@ class StageCosts {
   const int S_, m_;
   std::vector<double> time_, forward_, offload_extra_, activation_copies_, weights_up_;
   std::vector<int64_t> state_, activation_, optimizer_, parameters_;
-  std::vector<std::vector<int64_t>> largest_weights_;
+  std::vector<std::vector<int>> largest_;
 };
 
 }  // namespace

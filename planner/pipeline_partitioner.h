@@ -66,8 +66,8 @@ struct PipelineRequest {
   bool offload_fewest_layers = true;
   // Where no such way fits, an offloading stage may also keep its
   // host-updated layers' weights on the host (PipelineStage.stream_weights):
-  // the device holds two of their layers' weights at a time (counted at the
-  // largest), and each forward and backward (and recompute) copies them up,
+  // the device holds two of their layers' weights at a time (counted as its
+  // two largest), and each forward and backward (and recompute) copies them up,
   // beside the compute (what it does not hide adds to the stage's time);
   // their weights no longer go up after the update.
   bool allow_stream_weights = false;

@@ -469,7 +469,7 @@ std::string PipelineNote(const tandem::v1::Plan& plan, const StageRates& rates,
     if (s.stream_weights()) {
       absl::StrAppend(&note, "; stage ", s.device_index(),
                       " keeps the weights of its host-updated layers on the host too and copies "
-                      "them up for each forward and backward, as nothing else fits its device");
+                      "them up for each forward and backward");
     }
   }
   return note;
@@ -628,6 +628,8 @@ absl::StatusOr<std::vector<tandem::v1::PipelineStage>> FastestOffload(
     std::vector<tandem::v1::PipelineStage> all = split;
     all[k].set_host_updated_layers(0);
     TANDEM_ASSIGN_OR_RETURN(all, TimePipelineStages(cost, p, all));
+    // Streaming, more layers on the host can hold more: their two largest.
+    if (p.device_memory_bytes > 0 && all[k].memory_bytes() > p.device_memory_bytes) continue;
     scratch = plan;
     const double step = predict(all, &scratch);
     if (step < best) {

@@ -74,17 +74,20 @@ struct PipelineRunner::Stage {
   // compute is of the same layer; `fetched` the one fetch queued ahead, of
   // layer fetched_layer (-1: none). The fetch thread records its spans in
   // fetch_spans. next_op_layer: the first streamed layer the stage's next op
-  // computes (-1: none), set by RunStageOps.
+  // computes (-1: none), and next_op_micro_batch that op's micro-batch, set
+  // by RunStageOps.
   bool stream_weights = false;
   bool streams(int l) const { return stream_weights && l >= host_first; }
   Buffer held;
   int held_layer = -1;
   int fetched_layer = -1;
   std::future<absl::StatusOr<Buffer>> fetched;
-  int next_op_layer = -1;
+  int next_op_layer = -1, next_op_micro_batch = -1;
   std::mutex fetch_mu;
   std::vector<tandem::v1::TimelineSpan> fetch_spans;
-  // After what its tasks use: joined first.
+  // After the stage's members its tasks use, so joined before them; the
+  // runner's host copy they read goes first, so a runner releases every
+  // stage's weights (ReleaseWeights) before it goes.
   std::unique_ptr<ThreadPool> fetches;
   int64_t device_param_n = 0;
   // The parameters whose weights the device keeps (all of them unless
@@ -247,7 +250,10 @@ struct PipelineRunner::Step {
 PipelineRunner::PipelineRunner(const Model& model, PipelineOptions options)
     : model_(model), options_(options) {}
 
-PipelineRunner::~PipelineRunner() = default;
+PipelineRunner::~PipelineRunner() {
+  // A fetch in flight reads host_params_, which goes before the stages.
+  for (auto& st : stages_) ReleaseWeights(*st);
+}
 
 namespace {
 
@@ -471,9 +477,14 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
 }
 
 LayerContext PipelineRunner::ContextOf(const Stage& stage, int l, int64_t mb_start, bool training,
-                                       const StepOptions& options) const {
+                                       const StepOptions& options, const float* weights) const {
   LayerContext ctx = stage.device->ComputeContext();
-  ctx.params = stage.params.f32() + (model_.param_offset(l) - stage.param_begin);
+  // A streamed layer's weights are where WeightsFor put them (none: it has
+  // none); stage.params holds the resident layers' alone.
+  ctx.params = weights != nullptr ? weights
+               : stage.streams(l)
+                   ? nullptr
+                   : stage.params.f32() + (model_.param_offset(l) - stage.param_begin);
   ctx.grads = stage.grads.f32() + (model_.param_offset(l) - stage.param_begin);
   ctx.buffers = model_.buffer_elements() == 0
                     ? nullptr
@@ -697,85 +708,86 @@ absl::Status PipelineRunner::FinishCopies(Stage& st) {
   return std::exchange(st.copies_status, absl::OkStatus());
 }
 
-int PipelineRunner::NextStreamed(const Stage& st, int l, bool backward, int after) const {
-  if (backward) {
-    for (int j = l - 1; j >= st.first; --j) {
-      if (st.streams(j) && model_.param_slice(j) > 0) return j;
-    }
-  } else {
-    for (int j = l + 1; j < st.end; ++j) {
-      if (st.streams(j) && model_.param_slice(j) > 0) return j;
-    }
+int PipelineRunner::NextStreamed(const Stage& st, int l, bool backward) const {
+  for (int j = backward ? l - 1 : l + 1; j >= st.first && j < st.end; j += backward ? -1 : 1) {
+    if (st.streams(j) && model_.param_slice(j) > 0) return j;
   }
-  return after;
+  return -1;
 }
 
-absl::StatusOr<const float*> PipelineRunner::WeightsFor(Stage& st, int l, int m, int next,
-                                                        bool record) {
+absl::StatusOr<Buffer> PipelineRunner::FetchWeights(Stage& st, int l, int m, bool record) {
+  const int64_t bytes = model_.param_slice(l) * 4;
+  const double t = WallSeconds();
+  TANDEM_ASSIGN_OR_RETURN(
+      Buffer b, Buffer::Allocate(st.device->allocator(), bytes, MemoryCategory::kParameters));
+  TANDEM_RETURN_IF_ERROR(
+      st.device->CopyToDevice(b.data(), host_params_.f32() + model_.param_offset(l), bytes));
+  if (record) {
+    std::lock_guard<std::mutex> lock(st.fetch_mu);
+    st.SpanTo(st.fetch_spans, tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
+              tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, l, m, t, WallSeconds(), bytes);
+  }
+  return b;
+}
+
+absl::StatusOr<const float*> PipelineRunner::WeightsFor(Stage& st, int l, int m, bool backward,
+                                                        int after, int after_m, bool record) {
   if (!st.streams(l) || model_.param_slice(l) == 0) return nullptr;
-  // Layer x's weights into a new buffer on the stage's device.
-  auto fetch = [this, &st, m, record](int x) -> absl::StatusOr<Buffer> {
-    const int64_t bytes = model_.param_slice(x) * 4;
-    const double t = WallSeconds();
-    TANDEM_ASSIGN_OR_RETURN(
-        Buffer b, Buffer::Allocate(st.device->allocator(), bytes, MemoryCategory::kParameters));
-    TANDEM_RETURN_IF_ERROR(
-        st.device->CopyToDevice(b.data(), host_params_.f32() + model_.param_offset(x), bytes));
-    if (record) {
-      std::lock_guard<std::mutex> lock(st.fetch_mu);
-      st.SpanTo(st.fetch_spans, tandem::v1::TIMELINE_RESOURCE_COPY_H2D,
-                tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, x, m, t, WallSeconds(), bytes);
-    }
-    return b;
-  };
+  const double t = WallSeconds();
   if (st.held_layer != l) {
     // The layer before's weights go first: the device holds at most two
     // layers' (the one computing, the one coming).
     st.held.Reset();
     st.held_layer = -1;
-    const double t = WallSeconds();
     absl::StatusOr<Buffer> got;
     if (st.fetched_layer == l) {
       got = st.fetched.get();
       st.fetched_layer = -1;
     } else {
-      FinishFetches(st);  // a fetch the compute did not take (none in order)
-      got = fetch(l);
+      DropFetch(st);  // one the compute did not take (none in order)
+      got = FetchWeights(st, l, m, record);
     }
-    const double waited = WallSeconds() - t;
-    st.times.copy += waited;
-    st.times.fetch += waited;
     if (!got.ok()) return got.status();
     st.held = *std::move(got);
     st.held_layer = l;
   }
+  int next = NextStreamed(st, l, backward), next_m = m;
+  if (next < 0) {
+    next = after;
+    next_m = after_m;
+  }
   if (next >= 0 && next != l && st.fetched_layer != next) {
-    FinishFetches(st);
+    DropFetch(st);
     auto promise = std::make_shared<std::promise<absl::StatusOr<Buffer>>>();
     st.fetched = promise->get_future();
     st.fetched_layer = next;
-    st.fetches->Schedule([fetch, promise, next] { promise->set_value(fetch(next)); });
+    st.fetches->Schedule([this, &st, promise, next, next_m, record] {
+      promise->set_value(FetchWeights(st, next, next_m, record));
+    });
   }
+  // The stage's thread waited for the copies: copy time.
+  const double waited = WallSeconds() - t;
+  st.times.copy += waited;
+  st.times.fetch += waited;
   return st.held.f32();
 }
 
-void PipelineRunner::FinishFetches(Stage& st) {
-  if (st.fetched_layer >= 0) {
-    st.fetched.wait();
-    st.fetched = {};
-    st.fetched_layer = -1;
-  }
-  std::lock_guard<std::mutex> lock(st.fetch_mu);
-  st.spans.insert(st.spans.end(), st.fetch_spans.begin(), st.fetch_spans.end());
-  st.fetch_spans.clear();
+void PipelineRunner::DropFetch(Stage& st) {
+  if (st.fetched_layer < 0) return;
+  st.fetched.wait();
+  st.fetched = {};
+  st.fetched_layer = -1;
 }
 
 void PipelineRunner::ReleaseWeights(Stage& st) {
-  if (st.fetches == nullptr) return;
-  st.next_op_layer = -1;
-  FinishFetches(st);
+  if (!st.stream_weights) return;
+  st.next_op_layer = st.next_op_micro_batch = -1;
+  DropFetch(st);
   st.held.Reset();
   st.held_layer = -1;
+  std::lock_guard<std::mutex> lock(st.fetch_mu);
+  st.spans.insert(st.spans.end(), st.fetch_spans.begin(), st.fetch_spans.end());
+  st.fetch_spans.clear();
 }
 
 absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute) {
@@ -785,8 +797,10 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
   Allocator* alloc = st.device->allocator();
   const Buffer* stashed =
       st.stash.empty() ? nullptr : &st.stash[(step.first_streamed + m) % st.stash.size()];
-  // Streamed weights: after a recompute, its backward's first layer.
-  const int after = recompute ? NextStreamed(st, st.end, /*backward=*/true, -1) : st.next_op_layer;
+  // Streamed weights: the next op's first, or after a recompute its
+  // backward's.
+  const int after = recompute ? NextStreamed(st, st.end, /*backward=*/true) : st.next_op_layer;
+  const int after_m = recompute ? m : st.next_op_micro_batch;
   const double t = WallSeconds(), fetched = st.times.fetch;
   for (int l = st.first; l < st.end; ++l) {
     const Layer& layer = model_.layer(l);
@@ -802,15 +816,13 @@ absl::Status PipelineRunner::RunForward(Step& step, int s, int m, bool recompute
         sl.saved[i][m], Buffer::Allocate(alloc, layer.SavedBytes(n), MemoryCategory::kActivations));
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
-    TANDEM_ASSIGN_OR_RETURN(
-        const float* weights,
-        WeightsFor(st, l, m, NextStreamed(st, l, /*backward=*/false, after), step.training));
-    LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options);
+    TANDEM_ASSIGN_OR_RETURN(const float* weights, WeightsFor(st, l, m, /*backward=*/false, after,
+                                                             after_m, step.training));
+    LayerContext ctx = ContextOf(st, l, step.mb_start[m], step.training, step.options, weights);
     ctx.recompute = recompute;
     if (stashed != nullptr && step.training) {
       ctx.params = stashed->f32() + (model_.param_offset(l) - st.param_begin);
     }
-    if (weights != nullptr) ctx.params = weights;
     ctx.workspace = ws.data();
     ctx.targets = reinterpret_cast<const int32_t*>(sl.targets[m].data());
     const double began = WallSeconds();
@@ -924,11 +936,10 @@ absl::Status PipelineRunner::StageBackward(Step& step, int s, int m) {
     }
     TANDEM_ASSIGN_OR_RETURN(
         Buffer ws, Buffer::Allocate(alloc, layer.WorkspaceBytes(n), MemoryCategory::kWorkspace));
-    TANDEM_ASSIGN_OR_RETURN(
-        const float* weights,
-        WeightsFor(st, l, m, NextStreamed(st, l, /*backward=*/true, st.next_op_layer), true));
-    LayerContext ctx = ContextOf(st, l, step.mb_start[m], true, step.options);
-    if (weights != nullptr) ctx.params = weights;
+    TANDEM_ASSIGN_OR_RETURN(const float* weights,
+                            WeightsFor(st, l, m, /*backward=*/true, st.next_op_layer,
+                                       st.next_op_micro_batch, /*record=*/true));
+    LayerContext ctx = ContextOf(st, l, step.mb_start[m], true, step.options, weights);
     ctx.workspace = ws.data();
     if (options_.schedule == PipelineSchedule::kPipeDream) {
       ctx.accumulate_grads = false;
@@ -1062,7 +1073,8 @@ absl::Status PipelineRunner::RunStageOps(const std::shared_ptr<Step>& current, i
     if (st.stream_weights) {
       const bool down = i + 1 < ops.size() && ops[i + 1].first && !st.recompute;
       st.next_op_layer =
-          i + 1 == ops.size() ? -1 : NextStreamed(st, down ? st.end : st.first - 1, down, -1);
+          i + 1 == ops.size() ? -1 : NextStreamed(st, down ? st.end : st.first - 1, down);
+      st.next_op_micro_batch = i + 1 == ops.size() ? -1 : ops[i + 1].second;
     }
     // Offloading activations: those of the next op, a backward whose
     // forward has run, start coming back during this one.
@@ -1375,10 +1387,13 @@ absl::StatusOr<EvalResult> PipelineRunner::EvalStageAfterStage(const Batch& batc
   Step step;
   Begin(step, batch, /*training=*/false);
   // Stage after stage, each micro-batch: evaluation needs no overlap.
-  for (int m = 0; m < step.micro_batches(); ++m) {
-    for (int s = 0; s < num_stages(); ++s) TANDEM_RETURN_IF_ERROR(StageForward(step, s, m));
+  absl::Status ran;
+  for (int m = 0; m < step.micro_batches() && ran.ok(); ++m) {
+    for (int s = 0; s < num_stages() && ran.ok(); ++s) ran = StageForward(step, s, m);
   }
+  // Failed or not, no weights held or coming.
   for (auto& st : stages_) ReleaseWeights(*st);
+  TANDEM_RETURN_IF_ERROR(ran);
   EvalResult r;
   r.samples = batch.size;
   for (int m = 0; m < step.micro_batches(); ++m) {

@@ -243,19 +243,24 @@ class PipelineRunner final : public StepRunner {
   // on the stage's device for the compute about to run (null when l's are
   // resident or it has none): those held since the compute before when it
   // was of l, else fetched (or taken from the fetch queued ahead), the
-  // layer before's freed first; then the fetch of `next` (a layer other
-  // than l, or -1) queued behind it. The wait is counted in the stage's
-  // copy time, and a fetch's span (micro-batch m) goes into the timeline
-  // when `record`.
-  absl::StatusOr<const float*> WeightsFor(Stage& stage, int l, int m, int next, bool record);
+  // layer before's freed first; then the fetch of the next streamed layer
+  // the op computes (`backward`: down), else of `after` (of micro-batch
+  // after_m; -1: none), queued behind it. The wait is counted in the
+  // stage's copy time, and a fetch's span goes into the timeline when
+  // `record`.
+  absl::StatusOr<const float*> WeightsFor(Stage& stage, int l, int m, bool backward, int after,
+                                          int after_m, bool record);
+  // Layer l's weights from the host copy into a new buffer on the stage's
+  // device (on the stage's thread or its fetch thread).
+  absl::StatusOr<Buffer> FetchWeights(Stage& stage, int l, int m, bool record);
   // The first streamed layer with weights after l in the direction the
-  // compute goes (`backward`: down), else `after`.
-  int NextStreamed(const Stage& stage, int l, bool backward, int after) const;
-  // Waits for a fetch still in flight and drops it; its spans taken into
-  // the stage's.
-  void FinishFetches(Stage& stage);
-  // After the stage's part of a step or evaluation, and when the host's
-  // state changes: no weights held or coming.
+  // compute goes (`backward`: down); -1: none.
+  int NextStreamed(const Stage& stage, int l, bool backward) const;
+  // Waits for a fetch still in flight and drops it.
+  void DropFetch(Stage& stage);
+  // After the stage's part of a step or evaluation, when the host's state
+  // changes, and before the runner goes: no weights held or coming, the
+  // fetches' spans taken into the stage's.
   void ReleaseWeights(Stage& stage);
   // EvalBatch's work: each micro-batch through the stages in turn.
   absl::StatusOr<EvalResult> EvalStageAfterStage(const Batch& batch);
@@ -313,8 +318,9 @@ class PipelineRunner final : public StepRunner {
   absl::Status StageForward(Step& step, int s, int m);
   absl::Status StageBackward(Step& step, int s, int m);
   absl::Status Update(const StepOptions& options, double* grad_norm);
+  // `weights`: a streamed layer's (WeightsFor).
   LayerContext ContextOf(const Stage& stage, int l, int64_t mb_start, bool training,
-                         const StepOptions& options) const;
+                         const StepOptions& options, const float* weights = nullptr) const;
 
   const Model& model_;
   const PipelineOptions options_;

@@ -341,6 +341,45 @@ TEST_F(MeasuredProfileTest, PlanModelPlansFromAMeasuredProfileAndSaysSo) {
             from_measured->plan().prediction().iteration_seconds());
 }
 
+// A pipeline spec planned on the server from a profile measured on one of
+// the node's accelerators: the stages each on an accelerator like it, within
+// each stage's room for its transients, as PlanJob plans the job (until
+// 2026-11-29 it answered INVALID_ARGUMENT, 2 stages exceeding the profile's
+// one accelerator, and planned without the stages' inputs in flight).
+TEST_F(MeasuredProfileTest, PlanModelPlansAPipelineAsPlanJobDoes) {
+  absl::StatusOr<tandem::v1::Profile> measured =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {Step(), Step()}, nullptr);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  JobSpec piped = spec_;
+  piped.mutable_placement()->set_strategy(tandem::v1::STRATEGY_UNSPECIFIED);
+  piped.mutable_placement()->mutable_pipeline()->set_stages(2);
+  piped.mutable_placement()->mutable_pipeline()->set_schedule(tandem::v1::PIPELINE_SCHEDULE_GPIPE);
+  NodeOffer node = TestNode();
+  node.emulated_accelerators = 2;
+  tandem::v1::PlanModelRequest request;
+  *request.mutable_spec() = piped;
+  PlanModelContext context;
+  context.measured = [&](const Model&, const JobSpec&) {
+    return std::optional<tandem::v1::Profile>(*measured);
+  };
+  absl::StatusOr<tandem::v1::PlanModelResponse> answer = PlanModel(request, node, context);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  absl::StatusOr<JobSpec> resolved = ResolveJobSpec(piped, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<Plan> job_plan = PlanJob(*jm_.model, *resolved, node, &*measured);
+  ASSERT_TRUE(job_plan.ok()) << job_plan.status();
+  const Plan& plan = answer->plan();
+  ASSERT_EQ(plan.pipeline_size(), 2) << plan.solver().note();
+  ASSERT_EQ(job_plan->pipeline_size(), 2);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(plan.pipeline(k).last_layer(), job_plan->pipeline(k).last_layer()) << k;
+    EXPECT_EQ(plan.pipeline(k).memory_bytes(), job_plan->pipeline(k).memory_bytes()) << k;
+    EXPECT_EQ(plan.pipeline(k).offload_optimizer(), job_plan->pipeline(k).offload_optimizer());
+  }
+  EXPECT_NE(plan.solver().note().find("kept for each stage's transient buffers"), std::string::npos)
+      << plan.solver().note();
+}
+
 TEST_F(MeasuredProfileTest, NoComputeSpansIsAnError) {
   Timeline copies_only;
   AddSpan(copies_only, kH2D, -1, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 0.001, 1000);

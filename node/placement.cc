@@ -410,23 +410,36 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   if (capacity <= 0) return planner::SolvePlan(request);
   const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
   auto solve = [&](int micro_batch) -> absl::StatusOr<PlanModelResponse> {
-    // The executor's fp32 transients: for a 16-bit plan twice what it needs,
-    // so such a plan errs on the side of fitting.
-    const int64_t margin = ExecutorMemoryMargin(model, micro_batch > 0 ? micro_batch : batch);
     planner::PlanRequest r = request;
     r.micro_batch_size = micro_batch;
+    // The executor's fp32 transients: for a 16-bit plan twice what it needs,
+    // so such a plan errs on the side of fitting. A pipeline's stages keep
+    // PlanPipelineJob's room for theirs (its inputs in flight too), which
+    // the one-device plans compared with it then keep as well.
+    int64_t margin = ExecutorMemoryMargin(model, micro_batch > 0 ? micro_batch : batch);
+    const bool pipeline = r.pipeline_devices > 1;
+    if (pipeline) {
+      TANDEM_ASSIGN_OR_RETURN(const int micro, planner::PipelineMicroBatch(r, batch));
+      tandem::v1::PipelineSpec pipe;
+      pipe.set_schedule(r.pipeline_schedule);
+      pipe.set_continuous(r.pipeline_continuous);
+      margin = PipelineStageMargin(model, micro,
+                                   PipelineInputsInFlight(pipe, r.pipeline_devices, batch / micro));
+    }
     r.accelerator_memory_bytes = std::max<int64_t>(1, capacity - margin);
     TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, planner::SolvePlan(r));
+    const char* whose = pipeline ? "each stage's" : "the executor's";
     const std::string note =
         margin >= capacity
-            ? absl::StrCat(
-                  "the executor's transient buffers (inputs, gradients between layers, "
-                  "prefetch slack) alone need ",
-                  FormatBytes(margin, 1), " of the accelerator's ", FormatBytes(capacity, 1))
+            ? absl::StrCat(whose,
+                           " transient buffers (inputs, gradients between layers, "
+                           "prefetch slack) alone need ",
+                           FormatBytes(margin, 1), " of the accelerator's ",
+                           FormatBytes(capacity, 1))
             : absl::StrCat(FormatBytes(margin, 1), " of the accelerator's ",
-                           FormatBytes(capacity, 1),
-                           " kept for the executor's transient buffers (inputs, gradients between "
-                           "layers, prefetch slack)");
+                           FormatBytes(capacity, 1), " kept for ", whose,
+                           " transient buffers (inputs, gradients between layers, prefetch "
+                           "slack)");
     auto annotate = [&](Plan& plan) {
       if (plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY) return;
       if (plan.min_accelerator_memory_bytes() > 0) {
@@ -439,7 +452,11 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
     return response;
   };
   TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, solve(request.micro_batch_size));
-  if (response.plan().feasible() || request.micro_batch_size > 0 || batch <= 1) return response;
+  // (A pipeline's micro-batch is its own: PipelineMicroBatch.)
+  if (response.plan().feasible() || request.micro_batch_size > 0 || batch <= 1 ||
+      request.pipeline_devices > 1) {
+    return response;
+  }
   // The margin scales with the micro-batch: try smaller ones, largest first.
   // When none fits, answer with the one that needs the least memory.
   PlanModelResponse least = response;
@@ -1096,7 +1113,14 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
     }
     if (measured) {
       cost_source = MeasuredCostSource(*measured);
-      request.profile = *std::move(measured);
+      // As PlanPipelineJob: a pipeline's stages each on an accelerator like
+      // the one measured.
+      request.profile =
+          request.pipeline_devices > 1
+              ? WithAcceleratorsAlike(*std::move(measured), request.pipeline_devices,
+                                      KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
+                                          node.emulated_peer_link)
+              : *std::move(measured);
     } else {
       cost_source = AnalyticCostSource(node);
       TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));

@@ -312,6 +312,22 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   return response;
 }
 
+// The request's micro-batch, or the largest divisor of the batch not above
+// 4 x stages micro-batches' worth (the rule spec/job_spec.cc resolves
+// placement.pipeline.micro_batches with; the planner does not depend on it).
+absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
+  int micro = request.micro_batch_size;
+  if (micro <= 0) {
+    int m = std::min(batch, 4 * request.pipeline_devices);
+    while (batch % m != 0) --m;
+    micro = batch / m;
+  }
+  if (batch % micro != 0) {
+    return Invalid("micro_batch_size", absl::StrCat(micro, " does not divide the batch ", batch));
+  }
+  return micro;
+}
+
 namespace {
 
 // SolvePipelinePlan's checks of the request against its cost source.
@@ -351,22 +367,6 @@ absl::Status CheckPipelineRequest(const PlanRequest& request, const CostModel& c
                                 request.pipeline_devices));
   }
   return absl::OkStatus();
-}
-
-// The request's micro-batch, or the largest divisor of the batch not above
-// 4 x stages micro-batches' worth (the rule spec/job_spec.cc resolves
-// placement.pipeline.micro_batches with; the planner does not depend on it).
-absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
-  int micro = request.micro_batch_size;
-  if (micro <= 0) {
-    int m = std::min(batch, 4 * request.pipeline_devices);
-    while (batch % m != 0) --m;
-    micro = batch / m;
-  }
-  if (batch % micro != 0) {
-    return Invalid("micro_batch_size", absl::StrCat(micro, " does not divide the batch ", batch));
-  }
-  return micro;
 }
 
 // How the stages of a pipeline compute: on emulated accelerators each with

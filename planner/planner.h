@@ -156,6 +156,11 @@ inline bool SecondRankPlanWins(bool first_fits, double first_seconds, bool secon
   return first_fits != second_fits ? second_fits : second_seconds < first_seconds;
 }
 
+// A pipeline's micro-batch size: the request's, or the largest divisor of
+// `batch` not above 4 x pipeline_devices micro-batches' worth;
+// INVALID_ARGUMENT when the request's does not divide the batch.
+absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch);
+
 // The request the RPC describes. `model_profile` is the model's profile when
 // the RPC carries none (cost source unset: the node's cached profile;
 // hardware: the runtime's analytic export for spec.model).

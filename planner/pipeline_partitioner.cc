@@ -138,25 +138,42 @@ class StageCosts {
   // The runner copies offloaded activations on the stage's copy thread
   // while it computes: only copies longer than the compute add, unless the
   // stage waits for each.
-  // Streamed weights come up beside the compute too (the same link as the
-  // activations' way back), once per forward and backward of each streamed
-  // layer and once more recomputing: only what the compute does not hide
-  // adds.
+  // Streamed weights' copies are what the stage's compute does not hide of
+  // them (ExposedFetches).
   double Extra(int i, int j, StageMode mode) const {
-    const double compute = time_[j] - time_[i];
-    const int h = HostFrom(i, j, mode);
     const double fetches =
-        mode.stream_weights ? (mode.recompute ? 3 : 2) * (weights_up_[j] - weights_up_[h]) : 0.0;
-    if (mode.recompute) {
-      const double again = forward_[j] - forward_[i];
-      return again + std::max(0.0, fetches - compute - again);
-    }
+        mode.stream_weights ? ExposedFetches(i, j, HostFrom(i, j, mode), mode.recompute) : 0.0;
+    if (mode.recompute) return forward_[j] - forward_[i] + fetches;
     if (mode.offload_activations) {
       const double copies = activation_copies_[j] - activation_copies_[i];
-      return mode.wait_copies ? copies + std::max(0.0, fetches - compute)
-                              : std::max(0.0, copies + fetches - compute);
+      return (mode.wait_copies ? copies : std::max(0.0, copies - (time_[j] - time_[i]))) + fetches;
     }
-    return std::max(0.0, fetches - compute);
+    return fetches;
+  }
+
+  // Per micro-batch, what of the streamed layers' (those of [h, j) with
+  // weights) copies up the compute of [i, j) does not hide. The runner
+  // copies a streamed layer's weights while the stage computes from the
+  // streamed layer before it in the op on (the op's first during the op
+  // before: counted hidden), one copy at a time: a forward up the stage, a
+  // backward down it, and recomputing one forward more.
+  double ExposedFetches(int i, int j, int h, bool recompute) const {
+    double exposed = 0;
+    for (const bool backward : {false, true}) {
+      double window = -1;  // compute since the streamed layer before began
+      for (int n = 0; n < j - i; ++n) {
+        const int l = backward ? j - 1 - n : i + n;
+        const double fetch = weights_up_[l + 1] - weights_up_[l];
+        if (l >= h && fetch > 0) {
+          const int passes = !backward && recompute ? 2 : 1;
+          if (window >= 0) exposed += passes * std::max(0.0, fetch - window);
+          window = 0;
+        }
+        const double forward = forward_[l + 1] - forward_[l];
+        if (window >= 0) window += backward ? time_[l + 1] - time_[l] - forward : forward;
+      }
+    }
+    return exposed;
   }
 
   // What the update adds over the device's, per step: the offloaded layers'

@@ -67,8 +67,9 @@ struct PipelineRequest {
   // Where no such way fits, an offloading stage may also keep its
   // host-updated layers' weights on the host (PipelineStage.stream_weights):
   // the device holds two of their layers' weights at a time (counted as its
-  // two largest), and each forward and backward (and recompute) copies them up,
-  // beside the compute (what it does not hide adds to the stage's time);
+  // two largest), and each forward and backward (and recompute) copies them
+  // up one layer ahead of the compute (what the compute since the streamed
+  // layer before does not hide adds to the stage's time);
   // their weights no longer go up after the update.
   bool allow_stream_weights = false;
   // A stage whose activations do not fit may instead send each micro-batch's

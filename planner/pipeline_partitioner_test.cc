@@ -388,6 +388,41 @@ TEST(PartitionPipelineTest, AStageStreamsItsWeightsWhenNothingElseFits) {
   EXPECT_EQ(PartitionPipeline(*cost, r).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// A streamed layer's copy up runs during the compute since the streamed
+// layer before it in the op began (the op's first during the op before):
+// with four equal layers a stage (forward 1 s, backward 2 s, a 3 s copy
+// each), the forward exposes 3 - 1 = 2 s for each of its last three layers
+// and the backward 3 - 2 = 1 s for each of its first three: 9 s more per
+// micro-batch.
+TEST(PartitionPipelineTest, StreamedWeightsAddWhatTheComputeBeforeThemDoesNotHide) {
+  std::vector<testing::SyntheticLayer> chain = FourEqualLayers();
+  for (testing::SyntheticLayer& x : chain) x.accelerator_backward_seconds = 2;
+  const std::vector<testing::SyntheticLayer> four = chain;
+  chain.insert(chain.end(), four.begin(), four.end());
+  testing::SyntheticNode node;
+  node.h2d_bytes_per_second = 1000.0 / 3;  // a layer's 1000 bytes in 3 s
+  absl::StatusOr<CostModel> cost =
+      CostModel::FromMeasuredProfile(testing::MeasuredChainProfile(chain, 1, node));
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  ASSERT_DOUBLE_EQ(
+      cost->CopySeconds(tandem::v1::LINK_DIRECTION_HOST_TO_DEVICE, cost->ParameterBytes(0)), 3.0);
+  PipelineRequest r = TwoStages(2);
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> roomy = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  ASSERT_EQ((*roomy)[1].first_layer(), 4);
+  int64_t optimizer = 0;
+  for (int l = 0; l < 4; ++l) optimizer += cost->OptimizerStateBytes(l);
+  r.allow_offload = r.allow_stream_weights = true;
+  r.device_memory_bytes = (*roomy)[0].memory_bytes() - optimizer - cost->ParameterBytes(0);
+  absl::StatusOr<std::vector<tandem::v1::PipelineStage>> streaming = PartitionPipeline(*cost, r);
+  ASSERT_TRUE(streaming.ok()) << streaming.status();
+  for (const tandem::v1::PipelineStage& st : *streaming) {
+    ASSERT_TRUE(st.stream_weights()) << "stage " << st.device_index();
+    EXPECT_DOUBLE_EQ(st.compute_seconds(), (*roomy)[st.device_index()].compute_seconds() + 9.0)
+        << "stage " << st.device_index();
+  }
+}
+
 // PipeDream's weight versions: stage 0 of 2 stashes min(1, M) + 1 = 2 copies
 // of its weights and stage 1 none; with vertical sync stage 1 stashes one
 // and keeps 1 + 1 for its history.

@@ -378,6 +378,17 @@ TEST_F(MeasuredProfileTest, PlanModelPlansAPipelineAsPlanJobDoes) {
   }
   EXPECT_NE(plan.solver().note().find("kept for each stage's transient buffers"), std::string::npos)
       << plan.solver().note();
+  // The same room per stage (the capacity less the stage's margin), the
+  // same micro-batches, and the same step.
+  EXPECT_EQ(plan.accelerator_memory_budget_bytes(), job_plan->accelerator_memory_budget_bytes());
+  EXPECT_EQ(plan.micro_batch_size(), job_plan->micro_batch_size());
+  EXPECT_EQ(plan.micro_batches(), job_plan->micro_batches());
+  EXPECT_DOUBLE_EQ(plan.prediction().iteration_seconds(),
+                   job_plan->prediction().iteration_seconds());
+  // More stages than the node has accelerators: refused, as a submission is.
+  request.mutable_spec()->mutable_placement()->mutable_pipeline()->set_stages(3);
+  const absl::StatusOr<tandem::v1::PlanModelResponse> three = PlanModel(request, node, context);
+  EXPECT_EQ(three.status().code(), absl::StatusCode::kInvalidArgument) << three.status();
 }
 
 TEST_F(MeasuredProfileTest, NoComputeSpansIsAnError) {

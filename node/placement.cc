@@ -975,7 +975,8 @@ namespace {
 // workspace.
 absl::StatusOr<PrecisionChoice> PlanPrecision(const tandem::v1::PlanModelRequest& rpc,
                                               const JobSpec& resolved) {
-  const tandem::v1::Precision asked = rpc.spec().precision();
+  // As resolved: a pipeline's AUTO is fp32 (spec/job_spec.cc), as it runs.
+  const tandem::v1::Precision asked = resolved.precision();
   switch (rpc.cost_source_case()) {
     case tandem::v1::PlanModelRequest::kProfile:
       return ChoosePrecisionForProfile(asked, rpc.profile());
@@ -1081,11 +1082,21 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       *resolved, context.resolve, remote ? DType::kF32 : ComputeDType(precision.precision));
   if (!jm.ok()) return spec_error(jm.status());
   const Model& model = *jm->model;
+  // As PlanPipelineJob: a pipeline's stages keep fp32 weights and gradients
+  // whatever their layers compute in.
+  const bool pipeline = rpc.pipeline_devices() > 1 || resolved->placement().pipeline().stages() > 1;
   const tandem::v1::Profile analytic =
-      profile::AnalyticProfile(model, resolved->optimizer(), resolved->training().batch_size());
+      pipeline ? profile::AnalyticProfile(model, resolved->optimizer(),
+                                          resolved->training().batch_size(), DType::kF32)
+               : profile::AnalyticProfile(model, resolved->optimizer(),
+                                          resolved->training().batch_size());
   TANDEM_RETURN_IF_ERROR(CheckRequestProfile(rpc, model));
   TANDEM_ASSIGN_OR_RETURN(planner::PlanRequest request, planner::PlanRequestFromRpc(rpc, analytic));
   request.stop = context.stop;
+  // As the job would run here: on --job_threads when the spec sets none.
+  if (!remote && request.host_update_threads == 0) {
+    request.host_update_threads = resolved->training().threads();
+  }
   std::shared_ptr<void> hold;
   if (context.reserve) {
     const int batch = request.batch_size > 0 ? request.batch_size : analytic.batch_size();
@@ -1115,11 +1126,15 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       cost_source = MeasuredCostSource(*measured);
       // As PlanPipelineJob: a pipeline's stages each on an accelerator like
       // the one measured.
+      // (No more than the node has: more stages are refused as the
+      // analytic profile's are.)
       request.profile =
           request.pipeline_devices > 1
-              ? WithAcceleratorsAlike(*std::move(measured), request.pipeline_devices,
-                                      KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
-                                          node.emulated_peer_link)
+              ? WithAcceleratorsAlike(
+                    *std::move(measured),
+                    std::min(request.pipeline_devices, AcceleratorCount(*resolved, node)),
+                    KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
+                        node.emulated_peer_link)
               : *std::move(measured);
     } else {
       cost_source = AnalyticCostSource(node);

@@ -316,6 +316,7 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
 // 4 x stages micro-batches' worth (the rule spec/job_spec.cc resolves
 // placement.pipeline.micro_batches with; the planner does not depend on it).
 absl::StatusOr<int> PipelineMicroBatch(const PlanRequest& request, int batch) {
+  if (batch <= 0) return Invalid("batch_size", "must be in [1, 65536]");
   int micro = request.micro_batch_size;
   if (micro <= 0) {
     int m = std::min(batch, 4 * request.pipeline_devices);

@@ -742,6 +742,8 @@ PipelineCorrections CorrectionsOf(const tandem::v1::PipelineCorrectionProfile& p
   PipelineCorrections c;
   c.compute_scale.assign(profile.compute_scale().begin(), profile.compute_scale().end());
   c.update_scale.assign(profile.update_scale().begin(), profile.update_scale().end());
+  c.note = absl::StrCat("corrected by what job ", profile.job_id(),
+                        "'s stages measured: ", profile.measured());
   return c;
 }
 

@@ -368,7 +368,7 @@ TEST_F(MeasuredProfileTest, PlanModelPlansAPipelineAsPlanJobDoes) {
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   absl::StatusOr<Plan> job_plan = PlanJob(*jm_.model, *resolved, node, &*measured);
   ASSERT_TRUE(job_plan.ok()) << job_plan.status();
-  const Plan& plan = answer->plan();
+  const Plan plan = answer->plan();  // a copy: the answer is asked again below
   ASSERT_EQ(plan.pipeline_size(), 2) << plan.solver().note();
   ASSERT_EQ(job_plan->pipeline_size(), 2);
   for (int k = 0; k < 2; ++k) {
@@ -385,6 +385,29 @@ TEST_F(MeasuredProfileTest, PlanModelPlansAPipelineAsPlanJobDoes) {
   EXPECT_EQ(plan.micro_batches(), job_plan->micro_batches());
   EXPECT_DOUBLE_EQ(plan.prediction().iteration_seconds(),
                    job_plan->prediction().iteration_seconds());
+  // With the factors an earlier run of the pipeline measured, as a
+  // submission plans with them.
+  PipelineCorrections corrections;
+  corrections.compute_scale.assign(jm_.model->num_layers(), 1.0);
+  corrections.compute_scale[0] = 3.0;
+  corrections.update_scale.assign(jm_.model->num_layers(), 2.0);
+  corrections.note = "corrected by what job job-000007's stages measured";
+  const tandem::v1::Profile* asked_base = nullptr;
+  context.pipeline_corrections = [&](const Model&, const JobSpec&,
+                                     const tandem::v1::Profile* base) {
+    asked_base = base;
+    return std::optional<PipelineCorrections>(corrections);
+  };
+  answer = PlanModel(request, node, context);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_NE(asked_base, nullptr) << "the measured profile the factors are over";
+  job_plan = PlanJob(*jm_.model, *resolved, node, &*measured, &corrections);
+  ASSERT_TRUE(job_plan.ok()) << job_plan.status();
+  EXPECT_DOUBLE_EQ(answer->plan().prediction().iteration_seconds(),
+                   job_plan->prediction().iteration_seconds());
+  EXPECT_GT(answer->plan().prediction().iteration_seconds(), plan.prediction().iteration_seconds());
+  EXPECT_NE(answer->cost_source().find(corrections.note), std::string::npos)
+      << answer->cost_source();
   // More stages than the node has accelerators: refused, as a submission is.
   request.mutable_spec()->mutable_placement()->mutable_pipeline()->set_stages(3);
   const absl::StatusOr<tandem::v1::PlanModelResponse> three = PlanModel(request, node, context);

@@ -1131,14 +1131,27 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
       request.profile =
           request.pipeline_devices > 1
               ? WithAcceleratorsAlike(
-                    *std::move(measured),
+                    *measured,
                     std::min(request.pipeline_devices, AcceleratorCount(*resolved, node)),
                     KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
                         node.emulated_peer_link)
-              : *std::move(measured);
+              : *measured;
     } else {
       cost_source = AnalyticCostSource(node);
       TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
+    }
+    // As a submission: the spec's pipeline with the factors an earlier run
+    // of it measured here (not an auto_stages one, nor stages the request
+    // overrides).
+    const int stages = resolved->placement().pipeline().stages();
+    if (stages > 1 && request.pipeline_devices == stages && context.pipeline_corrections) {
+      if (std::optional<PipelineCorrections> c =
+              context.pipeline_corrections(model, *resolved, measured ? &*measured : nullptr)) {
+        request.pipeline_compute_scale = std::move(c->compute_scale);
+        request.pipeline_update_scale = std::move(c->update_scale);
+        request.pipeline_stages = std::move(c->stages);
+        absl::StrAppend(&cost_source, "; ", c->note);
+      }
     }
   }
   if (!remote) {

@@ -172,7 +172,11 @@ struct PipelineCorrections {
   std::vector<double> compute_scale;
   std::vector<double> update_scale;
   std::vector<tandem::v1::PipelineStage> stages;
+  // For the plan's cost source: whose they are and what they measured.
+  std::string note;
 };
+using PipelineCorrectionLookup = std::function<std::optional<PipelineCorrections>(
+    const Model& model, const tandem::v1::JobSpec& resolved, const tandem::v1::Profile* base)>;
 
 // PlanJob for placement.pipeline.stages > 1: the planner's partition
 // (planner::SolvePipelinePlan) over that many accelerators of the job's
@@ -225,6 +229,10 @@ struct PlanModelContext {
   // Planning for this node: the threads of a spec that sets none, as its job
   // would run (ResolveUnsetThreads; tandemd's --job_threads, 0: all cores).
   int job_threads = 0;
+  // Null = none. Planning a pipeline spec for this node: the corrections an
+  // earlier run of the same pipeline measured here, given the profile it is
+  // planned from (null: the analytic one), as a submission plans with them.
+  PipelineCorrectionLookup pipeline_corrections;
 };
 absl::StatusOr<tandem::v1::PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& request,
                                                         const NodeOffer& node,

@@ -564,15 +564,10 @@ absl::Status JobManager::PlanHere(const JobModel& jm, const node::NodeOffer& off
   const std::optional<tandem::v1::Profile> measured = PlannedFrom(jm, offer, r);
   const tandem::v1::Profile* from = measured ? &*measured : nullptr;
   // A pipeline of this model here before: its stages as they measured.
-  const std::optional<tandem::v1::PipelineCorrectionProfile> corrected =
+  const std::optional<node::PipelineCorrections> corrections =
       r.spec.placement().has_plan() ? std::nullopt
-                                    : pipeline_corrections_.Load(*jm.model, r.spec, offer, from);
-  std::optional<node::PipelineCorrections> corrections;
-  if (corrected) {
-    corrections = node::CorrectionsOf(*corrected);
-    absl::StrAppend(&r.cost_source, "; corrected by what job ", corrected->job_id(),
-                    "'s stages measured: ", corrected->measured());
-  }
+                                    : CorrectionsHere(*jm.model, r.spec, offer, from);
+  if (corrections) absl::StrAppend(&r.cost_source, "; ", corrections->note);
   absl::StatusOr<tandem::v1::Plan> solved =
       node::PlanJob(*jm.model, r.spec, offer, from, corrections ? &*corrections : nullptr);
   if (!solved.ok()) return AsSpecError(solved.status());
@@ -633,6 +628,23 @@ absl::StatusOr<std::shared_ptr<void>> JobManager::ReserveNodeForMeasuring(int64_
     --measuring_;
     dirty_ = true;  // the queue may start jobs again
   });
+}
+
+std::optional<node::PipelineCorrections> JobManager::CorrectionsHere(
+    const Model& model, const tandem::v1::JobSpec& resolved, const node::NodeOffer& offer,
+    const tandem::v1::Profile* base) const {
+  const std::optional<tandem::v1::PipelineCorrectionProfile> corrected =
+      pipeline_corrections_.Load(model, resolved, offer, base);
+  if (!corrected) return std::nullopt;
+  return node::CorrectionsOf(*corrected);
+}
+
+std::optional<node::PipelineCorrections> JobManager::PipelineCorrections(
+    const Model& model, const tandem::v1::JobSpec& resolved,
+    const tandem::v1::Profile* base) const {
+  const std::shared_ptr<const node::NodeOffer> offer = node();
+  if (!offer || resolved.distributed().replicas() > 1) return std::nullopt;
+  return CorrectionsHere(model, resolved, *offer, base);
 }
 
 std::optional<tandem::v1::Profile> JobManager::MeasuredLayerProfile(

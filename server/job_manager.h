@@ -186,6 +186,11 @@ class JobManager {
                                                  Resolved& r) const;
   absl::Status PlanRanks(const JobModel& jm, const node::NodeOffer& offer, Resolved& r) const;
   absl::Status PlanHere(const JobModel& jm, const node::NodeOffer& offer, Resolved& r) const;
+  // PipelineCorrections on `offer`.
+  std::optional<node::PipelineCorrections> CorrectionsHere(const Model& model,
+                                                           const tandem::v1::JobSpec& resolved,
+                                                           const node::NodeOffer& offer,
+                                                           const tandem::v1::Profile* base) const;
   // A distributed job's rank plan timed as one of its ranks runs it
   // (node::TimeAsRank), with the collectives this node's latest job of as
   // many ranks measured (node::CollectiveProfileCache), or free when none
@@ -253,6 +258,13 @@ class JobManager {
   // line), for PlanModel.
   std::optional<tandem::v1::Profile> MeasuredLayerProfile(
       const Model& model, const tandem::v1::JobSpec& resolved) const;
+  // The corrections an earlier run of `resolved`'s pipeline measured on this
+  // node over `base` (the layer profile it is planned from; null: the
+  // analytic one), as a submission plans with them (node::PipelineCorrectionCache),
+  // for PlanModel.
+  std::optional<node::PipelineCorrections> PipelineCorrections(
+      const Model& model, const tandem::v1::JobSpec& resolved,
+      const tandem::v1::Profile* base) const;
 
  private:
   struct Entry;

@@ -38,6 +38,10 @@ PlanHandler MakePlanHandler(PathResolver resolve, JobManager* jobs) {
     context.measured = [jobs](const Model& model, const tandem::v1::JobSpec& resolved) {
       return jobs->MeasuredLayerProfile(model, resolved);
     };
+    context.pipeline_corrections = [jobs](const Model& model, const tandem::v1::JobSpec& resolved,
+                                          const tandem::v1::Profile* base) {
+      return jobs->PipelineCorrections(model, resolved, base);
+    };
     // As the job would be resolved: the same rates and cache keys.
     context.job_threads = jobs->options().default_threads;
     absl::StatusOr<tandem::v1::PlanModelResponse> answer = node::PlanModel(request, *node, context);

@@ -516,13 +516,16 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
   const Gpt models[] = {
       {"GPT-2 XL 1.6B", {32, 1024, 1600, 48, 25, 50257}},
       {"GPT 6.7B (32 x 4096)", {32, 1024, 4096, 32, 32, 50257}},
+      {"GPT 13B (40 x 5120)", {32, 1024, 5120, 40, 40, 50257}},
   };
   std::printf(
       "== Pipelines over %s's accelerators against one accelerator with the host, %s, Adam,\n"
       "   batch 32, context 1024; pipelines 1F1B with 4 micro-batches per stage, each stage\n"
       "   on one accelerator (%s); a stage that does not fit recomputes its activations or\n"
       "   keeps its optimizer state on the host (each layer updated there once its last\n"
-      "   backward is done, beside the rest of it), as the runner does. \"+ host\": each\n"
+      "   backward is done, beside the rest of it), and where nothing else fits streams\n"
+      "   those layers' weights up for each forward and backward, as the runner does.\n"
+      "   \"+ host\": each\n"
       "   stage runs a hybrid plan, planned alone with 1/K of\n"
       "   the host (an estimate: the runner's stages do not run hybrid plans).\n\n",
       spec.name().c_str(), IsMixed(precision) ? "bf16 mixed precision" : "fp32",
@@ -564,10 +567,20 @@ void PipelineVsOffload(const tandem::v1::HardwareSpec& spec, tandem::v1::Precisi
                               : std::string(plan.status().message()).c_str());
         continue;
       }
-      std::printf("  %-22s %-36s %-9s %13s %11.1f %14s\n", "", name.c_str(), "yes",
+      // How its stages hold their layers: r(ecompute), a(ctivations
+      // offloaded), o(ptimizer state offloaded), s(treamed weights), - (all
+      // on the device).
+      std::string held;
+      for (const tandem::v1::PipelineStage& st : plan->pipeline()) {
+        std::string how =
+            absl::StrCat(st.recompute() ? "r" : "", st.offload_activations() ? "a" : "",
+                         st.offload_optimizer() ? "o" : "", st.stream_weights() ? "s" : "");
+        absl::StrAppend(&held, held.empty() ? "  stages: " : " ", how.empty() ? "-" : how);
+      }
+      std::printf("  %-22s %-36s %-9s %13s %11.1f %14s%s\n", "", name.c_str(), "yes",
                   FormatSeconds(plan->prediction().iteration_seconds()).c_str(),
                   m.shape.batch_size / plan->prediction().iteration_seconds(),
-                  FormatBytes(plan->prediction().accelerator_peak_bytes()).c_str());
+                  FormatBytes(plan->prediction().accelerator_peak_bytes()).c_str(), held.c_str());
     }
     for (int k : {2, 4, 8}) {
       if (k > spec.accelerators_size()) break;

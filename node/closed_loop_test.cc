@@ -412,6 +412,28 @@ TEST_F(MeasuredProfileTest, PlanModelPlansAPipelineAsPlanJobDoes) {
   request.mutable_spec()->mutable_placement()->mutable_pipeline()->set_stages(3);
   const absl::StatusOr<tandem::v1::PlanModelResponse> three = PlanModel(request, node, context);
   EXPECT_EQ(three.status().code(), absl::StatusCode::kInvalidArgument) << three.status();
+  // pipeline_auto: its 2-stage candidate keeps each stage's room (1F1B's
+  // inputs in flight), the one-accelerator plan the executor's.
+  tandem::v1::PlanModelRequest automatic;
+  *automatic.mutable_spec() = spec_;
+  automatic.set_pipeline_auto(true);
+  context.pipeline_corrections = nullptr;
+  const absl::StatusOr<tandem::v1::PlanModelResponse> chosen = PlanModel(automatic, node, context);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  std::vector<Plan> all(chosen->alternatives().begin(), chosen->alternatives().end());
+  all.push_back(chosen->plan());
+  const int64_t capacity = spec_.resources().accelerator_memory_bytes();
+  int pipelines = 0;
+  for (const Plan& p : all) {
+    if (p.pipeline_size() != 2) continue;
+    ++pipelines;
+    EXPECT_EQ(p.accelerator_memory_budget_bytes(),
+              capacity - PipelineStageMargin(*jm_.model, p.micro_batch_size(),
+                                             std::min(2, p.micro_batches())));
+    EXPECT_NE(p.solver().note().find("kept for each stage's"), std::string::npos)
+        << p.solver().note();
+  }
+  EXPECT_EQ(pipelines, 1);
 }
 
 TEST_F(MeasuredProfileTest, NoComputeSpansIsAnError) {

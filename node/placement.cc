@@ -409,42 +409,46 @@ absl::StatusOr<PlanModelResponse> SolveForExecutor(const Model& model, planner::
   if (capacity <= 0) capacity = SourceCapacity(request);
   if (capacity <= 0) return planner::SolvePlan(request);
   const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+  // A pipeline's stages keep PlanPipelineJob's room for their transients
+  // and inputs in flight, whatever the stage count (pipeline_auto's too).
+  request.pipeline_stage_memory = [&model, batch, capacity, schedule = request.pipeline_schedule,
+                                   continuous = request.pipeline_continuous](int stages,
+                                                                             int micro) {
+    tandem::v1::PipelineSpec pipe;
+    pipe.set_schedule(schedule);
+    pipe.set_continuous(continuous);
+    return std::max<int64_t>(
+        1, capacity - PipelineStageMargin(model, micro,
+                                          PipelineInputsInFlight(pipe, stages, batch / micro)));
+  };
   auto solve = [&](int micro_batch) -> absl::StatusOr<PlanModelResponse> {
     planner::PlanRequest r = request;
     r.micro_batch_size = micro_batch;
     // The executor's fp32 transients: for a 16-bit plan twice what it needs,
-    // so such a plan errs on the side of fitting. A pipeline's stages keep
-    // PlanPipelineJob's room for theirs (its inputs in flight too), which
-    // the one-device plans compared with it then keep as well.
-    int64_t margin = ExecutorMemoryMargin(model, micro_batch > 0 ? micro_batch : batch);
-    const bool pipeline = r.pipeline_devices > 1;
-    if (pipeline) {
-      TANDEM_ASSIGN_OR_RETURN(const int micro, planner::PipelineMicroBatch(r, batch));
-      tandem::v1::PipelineSpec pipe;
-      pipe.set_schedule(r.pipeline_schedule);
-      pipe.set_continuous(r.pipeline_continuous);
-      margin = PipelineStageMargin(model, micro,
-                                   PipelineInputsInFlight(pipe, r.pipeline_devices, batch / micro));
-    }
+    // so such a plan errs on the side of fitting.
+    const int64_t margin = ExecutorMemoryMargin(model, micro_batch > 0 ? micro_batch : batch);
     r.accelerator_memory_bytes = std::max<int64_t>(1, capacity - margin);
     TANDEM_ASSIGN_OR_RETURN(PlanModelResponse response, planner::SolvePlan(r));
-    const char* whose = pipeline ? "each stage's" : "the executor's";
-    const std::string note =
-        margin >= capacity
-            ? absl::StrCat(whose,
-                           " transient buffers (inputs, gradients between layers, "
-                           "prefetch slack) alone need ",
-                           FormatBytes(margin, 1), " of the accelerator's ",
-                           FormatBytes(capacity, 1))
-            : absl::StrCat(FormatBytes(margin, 1), " of the accelerator's ",
-                           FormatBytes(capacity, 1), " kept for ", whose,
-                           " transient buffers (inputs, gradients between layers, prefetch "
-                           "slack)");
     auto annotate = [&](Plan& plan) {
       if (plan.strategy() == tandem::v1::STRATEGY_CPU_ONLY) return;
+      // A pipeline's: what its budget per stage left of the capacity.
+      const bool pipeline = plan.pipeline_size() > 0;
+      const int64_t kept = pipeline ? capacity - plan.accelerator_memory_budget_bytes() : margin;
+      const char* whose = pipeline ? "each stage's" : "the executor's";
       if (plan.min_accelerator_memory_bytes() > 0) {
-        plan.set_min_accelerator_memory_bytes(plan.min_accelerator_memory_bytes() + margin);
+        plan.set_min_accelerator_memory_bytes(plan.min_accelerator_memory_bytes() + kept);
       }
+      const std::string note =
+          kept >= capacity
+              ? absl::StrCat(whose,
+                             " transient buffers (inputs, gradients between layers, prefetch "
+                             "slack) alone need ",
+                             FormatBytes(kept, 1), " of the accelerator's ",
+                             FormatBytes(capacity, 1))
+              : absl::StrCat(FormatBytes(kept, 1), " of the accelerator's ",
+                             FormatBytes(capacity, 1), " kept for ", whose,
+                             " transient buffers (inputs, gradients between layers, prefetch "
+                             "slack)");
       plan.mutable_solver()->set_note(absl::StrCat(plan.solver().note(), "; ", note));
     };
     annotate(*response.mutable_plan());
@@ -1125,16 +1129,18 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
     if (measured) {
       cost_source = MeasuredCostSource(*measured);
       // As PlanPipelineJob: a pipeline's stages each on an accelerator like
-      // the one measured.
-      // (No more than the node has: more stages are refused as the
-      // analytic profile's are.)
+      // the one measured, no more than the node has (more stages are
+      // refused as with the analytic profile); pipeline_auto's candidates
+      // over as many as the node has.
+      const int accelerators = AcceleratorCount(*resolved, node);
+      const int copies = request.pipeline_devices > 1
+                             ? std::min(request.pipeline_devices, accelerators)
+                             : (request.pipeline_auto ? accelerators : 1);
       request.profile =
-          request.pipeline_devices > 1
-              ? WithAcceleratorsAlike(
-                    *measured,
-                    std::min(request.pipeline_devices, AcceleratorCount(*resolved, node)),
-                    KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
-                        node.emulated_peer_link)
+          copies > 1
+              ? WithAcceleratorsAlike(*measured, copies,
+                                      KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
+                                          node.emulated_peer_link)
               : *measured;
     } else {
       cost_source = AnalyticCostSource(node);

@@ -245,6 +245,12 @@ absl::Status AddPipelines(const PlanRequest& request, const CostModel& cost, int
     pipelined.pipeline_devices = k;
     pipelined.pipeline_auto = false;
     pipelined.accelerator_memory_bytes = budget;
+    if (request.pipeline_stage_memory) {
+      const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+      absl::StatusOr<int> micro = PipelineMicroBatch(pipelined, batch);
+      if (!micro.ok()) return micro.status();
+      pipelined.accelerator_memory_bytes = request.pipeline_stage_memory(k, *micro);
+    }
     absl::StatusOr<tandem::v1::Plan> p = SolvePipelinePlan(pipelined, request.pipeline_schedule);
     if (!p.ok()) return p.status();
     absl::StrAppend(&compared, ", ", k, " stages ", TimedOr(*p, "do not fit"));
@@ -297,6 +303,13 @@ absl::StatusOr<tandem::v1::PlanModelResponse> SolvePlan(const PlanRequest& reque
   if (request.pipeline_devices > 1) {
     PlanRequest pipelined = request;
     pipelined.accelerator_memory_bytes = c->accelerator_memory_budget_bytes;
+    if (request.pipeline_stage_memory) {
+      const int batch = request.batch_size > 0 ? request.batch_size : request.profile.batch_size();
+      absl::StatusOr<int> micro = PipelineMicroBatch(request, batch);
+      if (!micro.ok()) return micro.status();
+      pipelined.accelerator_memory_bytes =
+          request.pipeline_stage_memory(request.pipeline_devices, *micro);
+    }
     absl::StatusOr<tandem::v1::Plan> pipeline =
         SolvePipelinePlan(pipelined, request.pipeline_schedule);
     if (!pipeline.ok()) return pipeline.status();

@@ -73,6 +73,11 @@ struct PlanRequest {
   // fastest feasible one is SolvePlan's plan; the others are alternatives,
   // and the plan's note says what was compared.
   bool pipeline_auto = false;
+  // Null: a pipeline's stages each have the one-accelerator budget. Else the
+  // budget per accelerator of a pipeline of `stages` at micro-batches of
+  // `micro_batch_size` samples (an executor's room for each stage's
+  // transients and inputs in flight differs from one device's).
+  std::function<int64_t(int stages, int micro_batch_size)> pipeline_stage_memory;
   // PipeDream pipelines: vertical sync (its extra weight versions count in
   // each stage's memory; pipeline_partitioner.h).
   bool pipeline_vertical_sync = false;

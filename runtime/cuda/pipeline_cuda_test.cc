@@ -5,8 +5,9 @@
 // they would between two GPUs without peer access. GPipe and 1F1B must match
 // the CPU engine's losses (TF32 off: summation order only, as the plan
 // executor's CUDA test); PipeDream must follow the same schedule on emulated
-// accelerators (the same stale updates in the same order). Skipped without a
-// GPU.
+// accelerators (the same stale updates in the same order); stages streaming
+// their weights from the host must match the CPU engine too. Skipped without
+// a GPU.
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -153,6 +154,50 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.model) + "_" + PipelineScheduleName(info.param.schedule) + "_" +
              std::to_string(info.param.stages) + "stages";
     });
+
+// Stages that keep their optimizer state and their weights on the host
+// (PipelineStageSpec::stream_weights): each layer's weights come up from
+// pageable host memory on the stage's fetch thread for every forward and
+// backward, into the CUDA device; the losses are the CPU engine's (1F1B, 4
+// micro-batches), within each stage's budget.
+TEST(CudaPipelineTest, StreamedStageWeightsTrainAsTheCpuEngine) {
+  if (QueryCudaDevices().empty()) GTEST_SKIP() << "no CUDA device";
+  const Fixture f = MakeFixture(exec_test::kGpt);
+  const int steps = 30;
+  const std::vector<double> reference = Reference(f, steps);
+  std::vector<std::unique_ptr<Accelerator>> devices = CudaStages(2);
+  ASSERT_EQ(devices.size(), 2u);
+  const int L = f.model->num_layers();
+  std::vector<PipelineStageSpec> stages;
+  for (int s = 0; s < 2; ++s) {
+    stages.push_back({.first_layer = s * L / 2,
+                      .end_layer = (s + 1) * L / 2,
+                      .device = devices[s].get(),
+                      .offload_optimizer = true,
+                      .stream_weights = true});
+  }
+  PipelineOptions options;
+  options.schedule = PipelineSchedule::kOneFOneB;
+  options.micro_batches = 4;
+  options.max_batch = f.spec.training().batch_size();
+  options.init_seed = f.spec.training().seed();
+  absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+      PipelineRunner::Create(*f.model, f.spec.optimizer(), std::move(stages), options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const std::vector<double> losses = RunSteps(f, **runner, steps);
+  ASSERT_EQ(losses.size(), reference.size());
+  const double worst = exec_test::ExpectLossesClose(losses, reference, 1e-4, "streamed gpt");
+  EXPECT_LT(losses.back(), losses.front());
+  for (const tandem::v1::PipelineStageStats& st : (*runner)->pipeline_stats()) {
+    EXPECT_TRUE(st.stream_weights()) << "stage " << st.stage();
+    EXPECT_GT(st.weight_fetch_seconds(), 0) << "stage " << st.stage();
+    EXPECT_LE(st.peak_bytes(), kStageBudgetBytes) << "stage " << st.stage();
+  }
+  std::cout << "gpt on 2 CUDA stages streaming their weights: loss " << losses.front() << " -> "
+            << losses.back() << ", max relative deviation from the CPU engine " << worst
+            << "; stage 0 waited " << (*runner)->pipeline_stats()[0].weight_fetch_seconds() * 1e3
+            << " ms for weights in the last step\n";
+}
 
 // PipeDream is not one device's training, so its reference is the same
 // schedule on emulated accelerators: the same stashed weights, the same stale

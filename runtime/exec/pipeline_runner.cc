@@ -756,20 +756,22 @@ absl::StatusOr<const float*> PipelineRunner::WeightsFor(Stage& st, int l, int m,
     next = after;
     next_m = after_m;
   }
-  if (next >= 0 && next != l && st.fetched_layer != next) {
-    DropFetch(st);
-    auto promise = std::make_shared<std::promise<absl::StatusOr<Buffer>>>();
-    st.fetched = promise->get_future();
-    st.fetched_layer = next;
-    st.fetches->Schedule([this, &st, promise, next, next_m, record] {
-      promise->set_value(FetchWeights(st, next, next_m, record));
-    });
-  }
+  PrefetchWeights(st, next, next_m, record);
   // The stage's thread waited for the copies: copy time.
   const double waited = WallSeconds() - t;
   st.times.copy += waited;
   st.times.fetch += waited;
   return st.held.f32();
+}
+
+void PipelineRunner::PrefetchWeights(Stage& st, int l, int m, bool record) {
+  if (l < 0 || l == st.held_layer || l == st.fetched_layer) return;
+  DropFetch(st);
+  auto promise = std::make_shared<std::promise<absl::StatusOr<Buffer>>>();
+  st.fetched = promise->get_future();
+  st.fetched_layer = l;
+  st.fetches->Schedule(
+      [this, &st, promise, l, m, record] { promise->set_value(FetchWeights(st, l, m, record)); });
 }
 
 void PipelineRunner::DropFetch(Stage& st) {
@@ -1053,6 +1055,11 @@ absl::Status PipelineRunner::RunStageOps(const std::shared_ptr<Step>& current, i
   }
   // Vertical sync: the step's first version, before any update.
   if (step.training) TANDEM_RETURN_IF_ERROR(KeepVersion(st));
+  // Streamed weights: the first forward's first layer comes while the stage
+  // waits for its input (stages after the first) or sets up.
+  if (st.stream_weights) {
+    PrefetchWeights(st, NextStreamed(st, st.first - 1, /*backward=*/false), 0, step.training);
+  }
   std::vector<std::pair<bool, int>> ops;  // (backward, micro-batch) in order
   if (options_.schedule == PipelineSchedule::kGPipe) {
     for (int m = 0; m < M; ++m) ops.push_back({false, m});

@@ -256,6 +256,10 @@ class PipelineRunner final : public StepRunner {
   // The first streamed layer with weights after l in the direction the
   // compute goes (`backward`: down); -1: none.
   int NextStreamed(const Stage& stage, int l, bool backward) const;
+  // Queues the fetch of layer l's weights (for micro-batch m; -1: none) on
+  // the stage's fetch thread, dropping one of another layer first; nothing
+  // when they are held or coming already.
+  void PrefetchWeights(Stage& stage, int l, int m, bool record);
   // Waits for a fetch still in flight and drops it.
   void DropFetch(Stage& stage);
   // After the stage's part of a step or evaluation, when the host's state

@@ -437,9 +437,10 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
 };
 
 // The gRPC server with the service, health and (without a token) reflection,
-// listening on --listen; its port written.
+// listening on --listen, on `*port`. The port file is the caller's to write,
+// once the daemon answers health checks as it should.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
-                                                        grpc::Service* cluster) {
+                                                        grpc::Service* cluster, int* bound) {
   TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                           CredentialsFromFlags());
   grpc::EnableDefaultHealthCheckService(true);
@@ -462,11 +463,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
   }
-  if (!WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
-    server->Shutdown();
-    return absl::InternalError(
-        absl::StrCat("--port_file: cannot write '", absl::GetFlag(FLAGS_port_file), "'"));
-  }
+  *bound = port;
   std::fprintf(stderr, "tandemd %s: serving gRPC on %s (port %d)%s%s\n",
                tandem::VersionString().c_str(), absl::GetFlag(FLAGS_listen).c_str(), port,
                absl::GetFlag(FLAGS_tls_cert).empty() ? "" : ", TLS",
@@ -565,20 +562,31 @@ int main(int argc, char** argv) {
   const std::vector<std::shared_ptr<prometheus::Collectable>> sources =
       MetricsSources(metrics, jobs, absl::GetFlag(FLAGS_nvml_library));
   absl::StatusOr<std::unique_ptr<tandem::metrics::MetricsExposer>> exposer = StartMetrics(sources);
+  int port = 0;
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
-      exposer.ok() ? StartGrpc(&service, role.service.get()) : exposer.status();
+      exposer.ok() ? StartGrpc(&service, role.service.get(), &port) : exposer.status();
   if (!server.ok()) {
     jobs.Shutdown();
     return Fail(std::string(server.status().message()));
   }
+  // Health answers for tandem.v1.Tandem from the watchdog's first probe on;
+  // the port file, which clients and tests wait for, is written after it (a
+  // check right after start-up found "service name unknown").
+  grpc::HealthCheckServiceInterface* health = (*server)->GetHealthCheckService();
+  std::unique_ptr<HealthWatchdog> watchdog = WatchHealth(jobs, health);
+  if (!WritePortFile(absl::GetFlag(FLAGS_port_file), port)) {
+    watchdog.reset();
+    jobs.Shutdown();
+    (*server)->Shutdown();
+    return Fail(absl::StrCat("--port_file: cannot write '", absl::GetFlag(FLAGS_port_file), "'"));
+  }
   // Jobs start once the daemon serves: one that cannot listen (its port
-  // taken) exits without having started, and stopped, its recovered jobs.
+  // taken) or write its port file exits without having started, and
+  // stopped, its recovered jobs.
   jobs.Start();
   StartPeers(peers->get());
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
-  grpc::HealthCheckServiceInterface* health = (*server)->GetHealthCheckService();
-  std::unique_ptr<HealthWatchdog> watchdog = WatchHealth(jobs, health);
 
   int signal_number = 0;
   sigwait(&shutdown_signals, &signal_number);

@@ -52,7 +52,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address (host:port; port 0 picks one).");
 ABSL_FLAG(std::string, port_file, "",
-          "Once serving, write the bound gRPC port here (for --listen=HOST:0).");
+          "Once serving and its health answers for tandem.v1.Tandem, write the bound gRPC "
+          "port here (for --listen=HOST:0).");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus metrics listen address (host:port); empty disables.");
 ABSL_FLAG(std::string, metrics_port_file, "", "Once serving, write the bound metrics port here.");

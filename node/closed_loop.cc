@@ -765,7 +765,38 @@ std::map<TimelineResource, double> DispatchSeconds(const std::vector<Timeline>& 
   return dispatch;
 }
 
+std::map<TimelineResource, double> DispatchOf(const tandem::v1::PlanPrediction& prediction) {
+  std::map<TimelineResource, double> dispatch;
+  if (prediction.accelerator_dispatch_seconds() > 0) {
+    dispatch[tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE] =
+        prediction.accelerator_dispatch_seconds();
+  }
+  if (prediction.host_dispatch_seconds() > 0) {
+    dispatch[tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE] = prediction.host_dispatch_seconds();
+  }
+  return dispatch;
+}
+
+void SetDispatch(const std::map<TimelineResource, double>& dispatch,
+                 tandem::v1::PlanPrediction* prediction) {
+  auto of = [&](TimelineResource r) {
+    const auto it = dispatch.find(r);
+    return it == dispatch.end() ? 0.0 : it->second;
+  };
+  prediction->set_accelerator_dispatch_seconds(
+      of(tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE));
+  prediction->set_host_dispatch_seconds(of(tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE));
+}
+
 void AddDispatch(const std::map<TimelineResource, double>& dispatch, Profile& profile) {
+  // Said in the profile, so that a plan solved from it says what its
+  // prediction charges per call (PlanJob), and its check does not count it
+  // as busy time.
+  tandem::v1::PlanPrediction charged;
+  SetDispatch(dispatch, &charged);
+  profile.mutable_provenance()->set_accelerator_dispatch_seconds(
+      charged.accelerator_dispatch_seconds());
+  profile.mutable_provenance()->set_host_dispatch_seconds(charged.host_dispatch_seconds());
   for (auto& layer : *profile.mutable_layers()) {
     for (auto& device : *layer.mutable_devices()) {
       const TimelineResource r = device.device_id() == "cpu"
@@ -812,6 +843,8 @@ PlanLoop::PlanLoop(const Model& model, JobSpec resolved, NodeOffer node, Plan pl
   if (options_.threshold == 0) options_.threshold = resolved_.placement().replan_threshold();
   if (options_.threshold == 0) options_.threshold = kDefaultReplanThreshold;
   done_ = plan_.layers_size() == 0;  // the CPU engine: nothing predicted
+  // A plan solved from a closed-loop profile charged its dispatch already.
+  dispatch_ = DispatchOf(plan_.prediction());
 }
 
 double PlanLoop::plan_measured_seconds() const {
@@ -1195,6 +1228,7 @@ absl::StatusOr<PlanLoop::Decision> PlanLoop::Replan(const PlanCheck& check) cons
                     absl::StrFormat("; the best other placement, %s, gains too little", Ms(then)));
   }
   d.plan = d.placement_changed ? std::move(next) : current;
+  SetDispatch(d.dispatch_seconds, d.plan.mutable_prediction());
   d.replaced_timed = std::move(current);
   d.reason = check.off;
   d.because = check.because;

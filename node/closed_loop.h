@@ -94,6 +94,22 @@ struct PlanCheck {
 // `dispatch_seconds`: per resource, the dispatch time the plan's prediction
 // charges to each call (PlanLoop::Decision), idle rather than busy when
 // measured.
+// Per compute resource, the idle time per call the `measured` steps show
+// between their spans beyond what `simulated` (the running plan re-timed
+// with their figures) has; only where it is more.
+std::map<tandem::v1::TimelineResource, double> DispatchSeconds(
+    const std::vector<tandem::v1::Timeline>& measured, const tandem::v1::Timeline& simulated);
+// `dispatch` added to every forward and backward (and the accelerator's
+// updates) of `profile`'s devices, and said in its provenance.
+void AddDispatch(const std::map<tandem::v1::TimelineResource, double>& dispatch,
+                 tandem::v1::Profile& profile);
+// The per-call dispatch a plan's prediction charges (PlanPrediction's
+// accelerator_ and host_dispatch_seconds), by compute resource; and back.
+std::map<tandem::v1::TimelineResource, double> DispatchOf(
+    const tandem::v1::PlanPrediction& prediction);
+void SetDispatch(const std::map<tandem::v1::TimelineResource, double>& dispatch,
+                 tandem::v1::PlanPrediction* prediction);
+
 PlanCheck CheckPlan(const tandem::v1::Plan& plan, const std::vector<double>& step_seconds,
                     const std::vector<tandem::v1::Timeline>& timelines, double threshold,
                     const std::map<tandem::v1::TimelineResource, double>& dispatch_seconds = {});

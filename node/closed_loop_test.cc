@@ -436,6 +436,39 @@ TEST_F(MeasuredProfileTest, PlanModelPlansAPipelineAsPlanJobDoes) {
   EXPECT_EQ(pipelines, 1);
 }
 
+// The executor's per-call dispatch the loop measured is folded into the
+// layer profile's compute phases and said in its provenance; a plan solved
+// from that profile (the next job's, from the cache) says what its
+// prediction charges per call, so that its window check counts it as idle
+// time as the loop that measured it does (until 2026-11-29 only that loop
+// knew it).
+TEST_F(MeasuredProfileTest, AProfilesDispatchChargeTravelsWithThePlansSolvedFromIt) {
+  absl::StatusOr<tandem::v1::Profile> measured =
+      MeasuredLayerProfile(*jm_.model, spec_, TestNode(), plan_, {Step(), Step()}, nullptr);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  absl::StatusOr<Plan> plain = PlanJob(*jm_.model, spec_, TestNode(), &*measured);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(DispatchOf(plain->prediction()).empty());
+  tandem::v1::Profile charged = *measured;
+  const std::map<tandem::v1::TimelineResource, double> dispatch = {
+      {tandem::v1::TIMELINE_RESOURCE_ACCELERATOR_COMPUTE, 50e-6}};
+  AddDispatch(dispatch, charged);
+  EXPECT_DOUBLE_EQ(charged.provenance().accelerator_dispatch_seconds(), 50e-6);
+  EXPECT_EQ(charged.provenance().host_dispatch_seconds(), 0);
+  EXPECT_DOUBLE_EQ(charged.layers(1).devices(1).forward().timing().median_seconds(),
+                   measured->layers(1).devices(1).forward().timing().median_seconds() + 50e-6);
+  absl::StatusOr<Plan> solved = PlanJob(*jm_.model, spec_, TestNode(), &charged);
+  ASSERT_TRUE(solved.ok()) << solved.status();
+  EXPECT_EQ(DispatchOf(solved->prediction()), dispatch);
+  EXPECT_GT(solved->prediction().iteration_seconds(), plain->prediction().iteration_seconds());
+  // And back: what SetDispatch writes, DispatchOf reads.
+  tandem::v1::PlanPrediction p;
+  SetDispatch({{tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, 7e-6}}, &p);
+  EXPECT_EQ(p.accelerator_dispatch_seconds(), 0);
+  EXPECT_EQ(DispatchOf(p), (std::map<tandem::v1::TimelineResource, double>{
+                               {tandem::v1::TIMELINE_RESOURCE_HOST_COMPUTE, 7e-6}}));
+}
+
 TEST_F(MeasuredProfileTest, NoComputeSpansIsAnError) {
   Timeline copies_only;
   AddSpan(copies_only, kH2D, -1, tandem::v1::TIMELINE_PHASE_PARAMETER_H2D, 0, 0.001, 1000);

@@ -872,13 +872,21 @@ absl::StatusOr<Plan> PlanJob(const Model& model, const JobSpec& resolved, const 
                              const PipelineCorrections* corrections) {
   work_counters::Count(work_counters::plan_solves);
   if (PlainCpu(resolved)) return Plan();
-  if (resolved.placement().pipeline().stages() > 1) {
-    return PlanPipelineJob(model, resolved, node, measured, corrections);
+  absl::StatusOr<Plan> plan =
+      resolved.placement().pipeline().stages() > 1
+          ? PlanPipelineJob(model, resolved, node, measured, corrections)
+      : resolved.placement().pipeline().auto_stages() && !resolved.placement().has_plan()
+          ? PlanAutoStages(model, resolved, node, measured)
+          : PlanOneAccelerator(model, resolved, node, measured);
+  // A closed-loop profile's per-call dispatch is in its phases: the plan
+  // says so, so that its check counts it as idle time, not busy.
+  if (plan.ok() && measured != nullptr) {
+    plan->mutable_prediction()->set_accelerator_dispatch_seconds(
+        measured->provenance().accelerator_dispatch_seconds());
+    plan->mutable_prediction()->set_host_dispatch_seconds(
+        measured->provenance().host_dispatch_seconds());
   }
-  if (resolved.placement().pipeline().auto_stages() && !resolved.placement().has_plan()) {
-    return PlanAutoStages(model, resolved, node, measured);
-  }
-  return PlanOneAccelerator(model, resolved, node, measured);
+  return plan;
 }
 
 absl::StatusOr<JobSpec> ChosenStages(JobSpec resolved, const Plan& plan) {

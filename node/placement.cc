@@ -1067,6 +1067,62 @@ absl::StatusOr<std::optional<planner::ScaleOutRequest>> ScaleOutRequestFor(
   return s;
 }
 
+// PlanModel for this node (no cost source in the request), as PlanJob plans
+// the job: `request` from the layer profile a run of the model measured here
+// (context.measured) or the node's rates, and a pipeline's stage
+// corrections; `*capacity` the accelerator's (the request's when it gives
+// one), and `*cost_source` says which figures.
+absl::Status PlanForThisNode(const Model& model, const JobSpec& resolved, const NodeOffer& node,
+                             const PlanModelContext& context, planner::PlanRequest& request,
+                             int64_t* capacity, std::string* cost_source) {
+  if (KindOf(resolved) != tandem::v1::ACCELERATOR_KIND_NONE && *capacity == 0) {
+    TANDEM_ASSIGN_OR_RETURN(*capacity, AcceleratorCapacity(resolved, node));
+  }
+  if (KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_CUDA && *capacity > kCudaFixedBytes) {
+    *capacity -= kCudaFixedBytes;  // as PlanJob: what the GPU holds for itself
+  }
+  // As PlanJob: a layer profile measured here replaces the analytic one and
+  // the node's rates.
+  std::optional<tandem::v1::Profile> measured;
+  if (context.measured && KindOf(resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
+    measured = context.measured(model, resolved);
+  }
+  if (measured) {
+    *cost_source = MeasuredCostSource(*measured);
+    // As PlanPipelineJob: a pipeline's stages each on an accelerator like
+    // the one measured, no more than the node has (more stages are
+    // refused as with the analytic profile); pipeline_auto's candidates
+    // over as many as the node has.
+    const int accelerators = AcceleratorCount(resolved, node);
+    const int copies = request.pipeline_devices > 1
+                           ? std::min(request.pipeline_devices, accelerators)
+                           : (request.pipeline_auto ? accelerators : 1);
+    request.profile = copies > 1 ? WithAcceleratorsAlike(
+                                       *measured, copies,
+                                       KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
+                                           node.emulated_peer_link)
+                                 : *measured;
+  } else {
+    *cost_source = AnalyticCostSource(node);
+    TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(resolved, node, *capacity));
+  }
+  // As a submission: the spec's pipeline with the factors an earlier run
+  // of it measured here (not an auto_stages one, nor stages the request
+  // overrides).
+  const int stages = resolved.placement().pipeline().stages();
+  if (stages > 1 && request.pipeline_devices == stages && context.pipeline_corrections) {
+    if (std::optional<PipelineCorrections> c =
+            context.pipeline_corrections(model, resolved, measured ? &*measured : nullptr)) {
+      request.pipeline_compute_scale = std::move(c->compute_scale);
+      request.pipeline_update_scale = std::move(c->update_scale);
+      request.pipeline_stages = std::move(c->stages);
+      absl::StrAppend(cost_source, "; ", c->note);
+    }
+  }
+  request.accelerator_shares_host_cores = KindOf(resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& rpc,
@@ -1122,55 +1178,8 @@ absl::StatusOr<PlanModelResponse> PlanModel(const tandem::v1::PlanModelRequest& 
   }
   int64_t capacity = request.accelerator_memory_bytes;
   if (!remote) {
-    if (KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE && capacity == 0) {
-      TANDEM_ASSIGN_OR_RETURN(capacity, AcceleratorCapacity(*resolved, node));
-    }
-    if (KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_CUDA && capacity > kCudaFixedBytes) {
-      capacity -= kCudaFixedBytes;  // as PlanJob: what the GPU holds for itself
-    }
-    // As PlanJob: a layer profile measured here replaces the analytic one and
-    // the node's rates.
-    std::optional<tandem::v1::Profile> measured;
-    if (context.measured && KindOf(*resolved) != tandem::v1::ACCELERATOR_KIND_NONE) {
-      measured = context.measured(model, *resolved);
-    }
-    if (measured) {
-      cost_source = MeasuredCostSource(*measured);
-      // As PlanPipelineJob: a pipeline's stages each on an accelerator like
-      // the one measured, no more than the node has (more stages are
-      // refused as with the analytic profile); pipeline_auto's candidates
-      // over as many as the node has.
-      const int accelerators = AcceleratorCount(*resolved, node);
-      const int copies = request.pipeline_devices > 1
-                             ? std::min(request.pipeline_devices, accelerators)
-                             : (request.pipeline_auto ? accelerators : 1);
-      request.profile =
-          copies > 1
-              ? WithAcceleratorsAlike(*measured, copies,
-                                      KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED &&
-                                          node.emulated_peer_link)
-              : *measured;
-    } else {
-      cost_source = AnalyticCostSource(node);
-      TANDEM_ASSIGN_OR_RETURN(request.hardware, NodeHardware(*resolved, node, capacity));
-    }
-    // As a submission: the spec's pipeline with the factors an earlier run
-    // of it measured here (not an auto_stages one, nor stages the request
-    // overrides).
-    const int stages = resolved->placement().pipeline().stages();
-    if (stages > 1 && request.pipeline_devices == stages && context.pipeline_corrections) {
-      if (std::optional<PipelineCorrections> c =
-              context.pipeline_corrections(model, *resolved, measured ? &*measured : nullptr)) {
-        request.pipeline_compute_scale = std::move(c->compute_scale);
-        request.pipeline_update_scale = std::move(c->update_scale);
-        request.pipeline_stages = std::move(c->stages);
-        absl::StrAppend(&cost_source, "; ", c->note);
-      }
-    }
-  }
-  if (!remote) {
-    request.accelerator_shares_host_cores =
-        KindOf(*resolved) == tandem::v1::ACCELERATOR_KIND_EMULATED;
+    TANDEM_RETURN_IF_ERROR(
+        PlanForThisNode(model, *resolved, node, context, request, &capacity, &cost_source));
   }
   TANDEM_ASSIGN_OR_RETURN(const std::optional<planner::ScaleOutRequest> scale_out,
                           ScaleOutRequestFor(rpc, *resolved, request, precision.precision));

@@ -438,7 +438,7 @@ class WithoutReflection final : public grpc::ServerBuilderOption {
 };
 
 // The gRPC server with the service, health and (without a token) reflection,
-// listening on --listen, on `*port`. The port file is the caller's to write,
+// listening on --listen, its port in `*bound`. The port file is the caller's to write,
 // once the daemon answers health checks as it should.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(grpc::Service* service,
                                                         grpc::Service* cluster, int* bound) {
@@ -512,6 +512,25 @@ std::unique_ptr<tandem::server::HealthWatchdog> WatchHealth(
                                          "(a store write stuck on a slow or failing disk?)");
         }
       });
+}
+
+// Waits for SIGTERM or SIGINT, then drains: health says NOT_SERVING; no new
+// jobs; running jobs checkpoint and re-queue; watch streams end; in-flight
+// RPCs get up to 10 s.
+void DrainOnSignal(const sigset_t& shutdown_signals,
+                   std::unique_ptr<tandem::server::HealthWatchdog> watchdog,
+                   grpc::HealthCheckServiceInterface* health, ClusterRole& role,
+                   tandem::server::JobManager& jobs, grpc::Server& server) {
+  int signal_number = 0;
+  sigwait(&shutdown_signals, &signal_number);
+  std::fprintf(stderr, "tandemd: %s received: draining\n", strsignal(signal_number));
+  watchdog.reset();
+  health->SetServingStatus(false);
+  if (role.ranks != nullptr) role.ranks->StopAll("tandemd is stopping");
+  jobs.Shutdown();
+  server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  server.Wait();
+  role.ranks.reset();
 }
 
 }  // namespace
@@ -589,18 +608,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "tandemd: state in %s, data under %s%s\n", state_dir.c_str(),
                policy->root().c_str(), auth->enabled() ? ", token auth" : "");
 
-  int signal_number = 0;
-  sigwait(&shutdown_signals, &signal_number);
-  std::fprintf(stderr, "tandemd: %s received: draining\n", strsignal(signal_number));
-  // Health says NOT_SERVING; no new jobs; running jobs checkpoint and re-queue;
-  // watch streams end; in-flight RPCs get up to 10 s.
-  watchdog.reset();
-  health->SetServingStatus(false);
-  if (role.ranks != nullptr) role.ranks->StopAll("tandemd is stopping");
-  jobs.Shutdown();
-  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  (*server)->Wait();
-  role.ranks.reset();
+  DrainOnSignal(shutdown_signals, std::move(watchdog), health, role, jobs, **server);
   std::fprintf(stderr, "tandemd: shutting down cleanly\n");
   return 0;
 }

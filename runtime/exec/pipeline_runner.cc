@@ -257,6 +257,45 @@ PipelineRunner::~PipelineRunner() {
 
 namespace {
 
+// How stage s holds its layers (recompute, offloads, streamed weights)
+// against itself and the schedule; INVALID_ARGUMENT naming the fault.
+absl::Status CheckHolding(const PipelineStageSpec& st, size_t s, PipelineSchedule schedule) {
+  if (st.recompute && schedule == PipelineSchedule::kPipeDream) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: stage ", s,
+                     " recomputes its activations, which PipeDream's stashed weights do not "
+                     "support (GPipe and 1F1B do)"));
+  }
+  if (st.offload_activations && st.recompute) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: stage ", s, " both recomputes and offloads its activations; one of them"));
+  }
+  if (st.wait_for_activation_copies && !st.offload_activations) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: stage ", s, " waits for activation copies but offloads no activations"));
+  }
+  if (st.host_updated_layers < 0 || st.host_updated_layers > st.end_layer - st.first_layer ||
+      (st.host_updated_layers > 0 && !st.offload_optimizer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: stage ", s, " updates ", st.host_updated_layers,
+                     " layers on the host; a stage offloading its optimizer state "
+                     "(offload_optimizer) updates from 1 to its ",
+                     st.end_layer - st.first_layer, " layers there (0: all)"));
+  }
+  if (st.stream_weights && !st.offload_optimizer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: stage ", s,
+        " streams its weights, which only its host-updated layers can (offload_optimizer)"));
+  }
+  if (st.offload_optimizer && schedule == PipelineSchedule::kPipeDream) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline: stage ", s,
+                     " offloads its optimizer state, which PipeDream's update per micro-batch "
+                     "does not support (GPipe and 1F1B do)"));
+  }
+  return absl::OkStatus();
+}
+
 // The stages against the model and the options; INVALID_ARGUMENT naming the
 // first fault.
 absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec>& stages,
@@ -285,39 +324,7 @@ absl::Status CheckStages(const Model& model, const std::vector<PipelineStageSpec
     if (st.device == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("pipeline: stage ", s, " has no device"));
     }
-    if (st.recompute && options.schedule == PipelineSchedule::kPipeDream) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pipeline: stage ", s,
-                       " recomputes its activations, which PipeDream's stashed weights do not "
-                       "support (GPipe and 1F1B do)"));
-    }
-    if (st.offload_activations && st.recompute) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline: stage ", s, " both recomputes and offloads its activations; one of them"));
-    }
-    if (st.wait_for_activation_copies && !st.offload_activations) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline: stage ", s, " waits for activation copies but offloads no activations"));
-    }
-    if (st.host_updated_layers < 0 || st.host_updated_layers > st.end_layer - st.first_layer ||
-        (st.host_updated_layers > 0 && !st.offload_optimizer)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pipeline: stage ", s, " updates ", st.host_updated_layers,
-                       " layers on the host; a stage offloading its optimizer state "
-                       "(offload_optimizer) updates from 1 to its ",
-                       st.end_layer - st.first_layer, " layers there (0: all)"));
-    }
-    if (st.stream_weights && !st.offload_optimizer) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline: stage ", s,
-          " streams its weights, which only its host-updated layers can (offload_optimizer)"));
-    }
-    if (st.offload_optimizer && options.schedule == PipelineSchedule::kPipeDream) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pipeline: stage ", s,
-                       " offloads its optimizer state, which PipeDream's update per micro-batch "
-                       "does not support (GPipe and 1F1B do)"));
-    }
+    TANDEM_RETURN_IF_ERROR(CheckHolding(st, s, options.schedule));
     if (!devices.insert(st.device).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline: stage ", s, " shares device ", st.device->id(),
